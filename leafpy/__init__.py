@@ -1,0 +1,22 @@
+"""leafpy: a layer-and-solver deep learning framework in the style of Leaf and Caffe.
+
+Networks are declared as LayerConfigs nested in Sequential containers, trained by a Solver, and run unchanged on
+the native (NumPy), cuda (CuPy) and webgpu (wgpu-py) backends. ``import leafpy`` imports neither CuPy nor wgpu.
+"""
+
+from .backends import available_backends, backend
+from .backends.base import Backend
+from .errors import BackendError, BackendUnavailable, ConfigError, LeafpyError, SerializationError, ShapeError
+from .layers import (ConvolutionConfig, DropoutConfig, FillerConfig, Layer, LayerConfig, LinearConfig,
+                     NegativeLogLikelihoodConfig, PoolingConfig, ReshapeConfig, Sequential, SequentialConfig,
+                     WeightConfig, layer_types, register_layer)
+from .tensor import SharedTensor
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Backend", "BackendError", "BackendUnavailable", "ConfigError", "ConvolutionConfig", "DropoutConfig",
+    "FillerConfig", "Layer", "LayerConfig", "LeafpyError", "LinearConfig", "NegativeLogLikelihoodConfig",
+    "PoolingConfig", "ReshapeConfig", "SerializationError", "Sequential", "SequentialConfig", "ShapeError",
+    "SharedTensor", "WeightConfig", "available_backends", "backend", "layer_types", "register_layer",
+]

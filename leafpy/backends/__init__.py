@@ -1,0 +1,50 @@
+"""Backend selection: ``backend(name)`` imports a backend's module only when it is first asked for."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ..errors import BackendUnavailable, ConfigError
+from .base import PRIMITIVES, Backend
+
+_MODULES = {
+    "native": ("leafpy.backends.native", "NativeBackend"),
+    "cuda": ("leafpy.backends.cuda", "CudaBackend"),
+    "webgpu": ("leafpy.backends.webgpu", "WebGPUBackend"),
+}
+BACKEND_NAMES = tuple(_MODULES)
+_default: dict[str, Backend] = {}
+
+
+def backend(name: str = "native", **options: Any) -> Backend:
+    """The backend called ``name`` ("native", "cuda" or "webgpu").
+
+    Without options the same instance is returned on every call. Raises BackendUnavailable when the backend's
+    package or device is missing, saying what to install.
+    """
+    if name not in _MODULES:
+        raise ConfigError(f"backend: unknown backend {name!r}; valid backends: {', '.join(BACKEND_NAMES)}")
+    if not options and name in _default:
+        return _default[name]
+    module_name, class_name = _MODULES[name]
+    module = importlib.import_module(module_name)
+    instance = getattr(module, class_name)(**options)
+    if not options:
+        _default[name] = instance
+    return instance
+
+
+def available_backends() -> list[str]:
+    """Names of the backends that can run here (their package imports and a device exists)."""
+    names = []
+    for name in BACKEND_NAMES:
+        try:
+            backend(name)
+        except BackendUnavailable:
+            continue
+        names.append(name)
+    return names
+
+
+__all__ = ["Backend", "BACKEND_NAMES", "PRIMITIVES", "available_backends", "backend"]

@@ -1,0 +1,200 @@
+"""The backend interface: a small memory contract and a closed set of primitives.
+
+Primitives read device buffers (as returned by :meth:`Backend.view`) and write into an ``out`` buffer. They
+never allocate behind the caller's back except through a ``ws`` workspace (a dict that the calling layer owns and
+keeps between calls), and never see a SharedTensor. Layers call primitives only, so one layer file serves every
+backend.
+
+Conventions: 2-D convolution and pooling take NCHW tensors and ``(h, w)`` pairs for kernel, stride and padding.
+Softmax-like primitives work over axis 1 of an ``[N, C, ...]`` tensor. Reductions that produce a scalar write it
+into a one-element buffer, so nothing is read back to the host inside a step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+Buffer = Any
+Pair = tuple[int, int]
+
+
+class Backend:
+    """Base class of every backend; subclasses implement every method below."""
+
+    name: str = "base"
+    key: str = "base"
+    dtype: np.dtype = np.dtype(np.float32)
+
+    # --- memory contract ------------------------------------------------------------------------------------
+    def allocate(self, size: int, dtype: Any) -> Buffer:
+        """A flat buffer of ``size`` elements of ``dtype`` (contents undefined)."""
+        raise NotImplementedError
+
+    def upload(self, host: np.ndarray, out: Buffer) -> None:
+        """Copy a flat host array into a flat buffer of this backend."""
+        raise NotImplementedError
+
+    def download(self, buf: Buffer, host: np.ndarray) -> None:
+        """Copy a flat buffer of this backend into a flat host array."""
+        raise NotImplementedError
+
+    def view(self, buf: Buffer, shape: tuple[int, ...]) -> Buffer:
+        """The flat buffer seen with ``shape`` (no copy)."""
+        raise NotImplementedError
+
+    def synchronize(self) -> None:
+        """Wait until all submitted work is done."""
+        raise NotImplementedError
+
+    # --- BLAS -----------------------------------------------------------------------------------------------
+    def gemm(self, a: Buffer, trans_a: bool, b: Buffer, trans_b: bool, out: Buffer,
+             alpha: float = 1.0, beta: float = 0.0) -> None:
+        """``out = alpha * op(a) @ op(b) + beta * out`` on 2-D buffers."""
+        raise NotImplementedError
+
+    def axpby(self, alpha: float, x: Buffer, beta: float, y: Buffer) -> None:
+        """``y = alpha * x + beta * y``."""
+        raise NotImplementedError
+
+    def scal(self, alpha: float, x: Buffer) -> None:
+        """``x *= alpha``."""
+        raise NotImplementedError
+
+    def copy(self, x: Buffer, out: Buffer) -> None:
+        """``out = x`` (same number of elements)."""
+        raise NotImplementedError
+
+    def fill(self, value: float, out: Buffer) -> None:
+        """Set every element of ``out`` to ``value``."""
+        raise NotImplementedError
+
+    def mul(self, x: Buffer, y: Buffer, out: Buffer) -> None:
+        """Elementwise ``out = x * y``."""
+        raise NotImplementedError
+
+    def dot(self, x: Buffer, y: Buffer, out: Buffer) -> None:
+        """``out[0] = sum(x * y)``."""
+        raise NotImplementedError
+
+    def nrm2(self, x: Buffer, out: Buffer) -> None:
+        """``out[0] = sqrt(sum(x * x))``."""
+        raise NotImplementedError
+
+    def read_scalar(self, buf: Buffer) -> float:
+        """The first element of ``buf`` as a Python float (reads back to the host)."""
+        raise NotImplementedError
+
+    # --- activations ------------------------------------------------------------------------------------------
+    def relu(self, x: Buffer, out: Buffer) -> None:
+        raise NotImplementedError
+
+    def relu_grad(self, y: Buffer, dy: Buffer, dx: Buffer) -> None:
+        """``dx = dy * (y > 0)`` from the output ``y`` (so it works in place)."""
+        raise NotImplementedError
+
+    def sigmoid(self, x: Buffer, out: Buffer) -> None:
+        raise NotImplementedError
+
+    def sigmoid_grad(self, y: Buffer, dy: Buffer, dx: Buffer) -> None:
+        """``dx = dy * y * (1 - y)``."""
+        raise NotImplementedError
+
+    def tanh(self, x: Buffer, out: Buffer) -> None:
+        raise NotImplementedError
+
+    def tanh_grad(self, y: Buffer, dy: Buffer, dx: Buffer) -> None:
+        """``dx = dy * (1 - y * y)``."""
+        raise NotImplementedError
+
+    def softmax(self, x: Buffer, out: Buffer) -> None:
+        """Softmax over axis 1 of ``[N, C, ...]``, separately for each sample and position."""
+        raise NotImplementedError
+
+    def softmax_grad(self, y: Buffer, dy: Buffer, dx: Buffer) -> None:
+        """``dx = y * (dy - sum_c(dy * y))``."""
+        raise NotImplementedError
+
+    def log_softmax(self, x: Buffer, out: Buffer) -> None:
+        """Log-softmax over axis 1 of ``[N, C, ...]``."""
+        raise NotImplementedError
+
+    def log_softmax_grad(self, y: Buffer, dy: Buffer, dx: Buffer) -> None:
+        """``dx = dy - exp(y) * sum_c(dy)``."""
+        raise NotImplementedError
+
+    # --- losses -------------------------------------------------------------------------------------------------
+    def nll(self, logp: Buffer, labels: Buffer, out: Buffer) -> None:
+        """``out[0] = -mean_i logp[i, labels[i]]`` for ``logp`` of shape ``[N, C]`` and ``N`` labels."""
+        raise NotImplementedError
+
+    def nll_grad(self, labels: Buffer, dloss: Buffer, dx: Buffer) -> None:
+        """``dx = 0; dx[i, labels[i]] = -dloss[0] / N``."""
+        raise NotImplementedError
+
+    def mse(self, x: Buffer, t: Buffer, diff: Buffer, out: Buffer) -> None:
+        """``diff = x - t; out[0] = mean(diff ** 2)``."""
+        raise NotImplementedError
+
+    def mse_grad(self, diff: Buffer, dloss: Buffer, dx: Buffer) -> None:
+        """``dx = diff * 2 * dloss[0] / diff.size``."""
+        raise NotImplementedError
+
+    # --- bias ---------------------------------------------------------------------------------------------------
+    def bias_add(self, y: Buffer, b: Buffer) -> None:
+        """``y[:, c, ...] += b[c]`` in place."""
+        raise NotImplementedError
+
+    def bias_grad(self, dy: Buffer, db: Buffer, beta: float = 0.0) -> None:
+        """``db = sum over all axes but 1 of dy + beta * db``."""
+        raise NotImplementedError
+
+    # --- convolution and pooling ----------------------------------------------------------------------------
+    def conv2d(self, x: Buffer, w: Buffer, out: Buffer, stride: Pair, padding: Pair, ws: dict) -> None:
+        """Cross-correlation of NCHW ``x`` with ``w`` ``[O, C, kh, kw]`` into ``out`` ``[N, O, oh, ow]``."""
+        raise NotImplementedError
+
+    def conv2d_grad_data(self, dy: Buffer, w: Buffer, dx: Buffer, stride: Pair, padding: Pair, ws: dict) -> None:
+        """Gradient of :meth:`conv2d` w.r.t. its input, written into ``dx``."""
+        raise NotImplementedError
+
+    def conv2d_grad_filter(self, x: Buffer, dy: Buffer, dw: Buffer, stride: Pair, padding: Pair, ws: dict,
+                           beta: float = 0.0) -> None:
+        """Gradient of :meth:`conv2d` w.r.t. its filter: ``dw = grad + beta * dw``."""
+        raise NotImplementedError
+
+    def pool2d(self, x: Buffer, out: Buffer, mask: Buffer | None, mode: str, kernel: Pair, stride: Pair,
+               padding: Pair) -> None:
+        """Max or average pooling (average counts padding). Max pooling records argmax positions in ``mask``."""
+        raise NotImplementedError
+
+    def pool2d_grad(self, dy: Buffer, dx: Buffer, mask: Buffer | None, mode: str, kernel: Pair, stride: Pair,
+                    padding: Pair) -> None:
+        """Gradient of :meth:`pool2d` w.r.t. its input, written into ``dx``."""
+        raise NotImplementedError
+
+    # --- randomness -------------------------------------------------------------------------------------------
+    def dropout_mask(self, mask: Buffer, ratio: float, seed: int) -> None:
+        """Fill ``mask`` with 0 (probability ``ratio``) or ``1 / (1 - ratio)``, reproducibly from ``seed``."""
+        raise NotImplementedError
+
+    # --- solver updates ---------------------------------------------------------------------------------------
+    def adam_update(self, w: Buffer, g: Buffer, m: Buffer, v: Buffer, lr: float, beta1: float, beta2: float,
+                    eps: float) -> None:
+        """``m = b1 m + (1-b1) g; v = b2 v + (1-b2) g²; w -= lr * m / (sqrt(v) + eps)`` (``lr`` bias-corrected)."""
+        raise NotImplementedError
+
+    def rmsprop_update(self, w: Buffer, g: Buffer, h: Buffer, lr: float, decay: float, eps: float) -> None:
+        """``h = decay h + (1-decay) g²; w -= lr * g / (sqrt(h) + eps)``."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.key} {self.dtype}>"
+
+
+PRIMITIVES = tuple(
+    name for name, value in vars(Backend).items()
+    if callable(value) and not name.startswith("_")
+)
+"""Every method a backend must implement (used by the signature-consistency test)."""

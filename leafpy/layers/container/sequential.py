@@ -1,0 +1,341 @@
+"""Sequential: a container layer that runs its layers in order, and nests.
+
+Wiring follows Leaf. The first layer reads the container's declared inputs; each later layer reads the previous
+layer's outputs, then any declared inputs not read yet, up to its arity (so an objective ``[LogSoftmax, NLL]`` over
+inputs ``(network_out, label)`` wires itself). A layer may name its ``inputs``/``outputs`` instead. Unnamed
+intermediate blobs are ``SEQUENTIAL_{i}``, the last layer's ``SEQUENTIAL_OUTPUT_{i}``.
+
+In place: a layer that can run in place (ReLU, Sigmoid, TanH, Reshape, Flatten, Dropout) writes into its input's
+storage when that input comes from an earlier layer, nothing else reads it, and overwriting it cannot spoil the
+earlier layer's backward pass (a layer whose backward reads its own output keeps it).
+
+Backward pruning: a blob needs a gradient if it comes from a layer with learnable weights or from a blob that
+needs one; the container's inputs need one only with ``force_backward`` (or when an enclosing container asks).
+``propagate_down: [false]`` stops the gradient into that input. A layer runs backward only if it has weights or an
+input that needs a gradient, and some gradient reaches its outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from ... import _checks
+from ...backends.base import Backend
+from ...errors import ConfigError, ShapeError
+from ...tensor import SharedTensor
+from ..layer import Layer, LayerConfig, register_layer
+
+
+@dataclass(eq=True)
+class SequentialConfig:
+    """Layers in order, the container's named inputs with their shapes (the first dimension is the batch and
+    may vary), and force_backward (compute gradients for the inputs too)."""
+
+    layers: list[LayerConfig] = field(default_factory=list)
+    inputs: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
+    force_backward: bool = False
+
+    def __post_init__(self) -> None:
+        inputs = list(self.inputs)
+        self.inputs = []
+        for item in inputs:
+            if isinstance(item, dict):
+                name, shape = item.get("name"), item.get("shape")
+            else:
+                name, shape = item
+            self.add_input(name, shape)
+        layers = list(self.layers)
+        self.layers = []
+        for layer in layers:
+            self.add_layer(layer)
+        if not isinstance(self.force_backward, bool):
+            raise ConfigError(f"SequentialConfig.force_backward: expected true or false, got {self.force_backward!r}")
+
+    def add_input(self, name: str, shape: Sequence[int]) -> None:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"SequentialConfig.inputs: expected a non-empty input name, got {name!r}")
+        if any(n == name for n, _ in self.inputs):
+            raise ConfigError(f"SequentialConfig.inputs: input {name!r} is declared twice")
+        self.inputs.append((name, _checks.shape(f"SequentialConfig.inputs[{name!r}].shape", shape)))
+
+    def add_layer(self, layer: LayerConfig) -> None:
+        if not isinstance(layer, LayerConfig):
+            raise ConfigError(f"SequentialConfig.add_layer: expected a LayerConfig, got {type(layer).__name__}")
+        if any(existing.name == layer.name for existing in self.layers):
+            raise ConfigError(f"SequentialConfig.layers: two layers are named {layer.name!r}; names must be unique")
+        self.layers.append(layer)
+
+
+@dataclass
+class _Plan:
+    inputs: list[str]
+    outputs: list[str]
+    in_place: bool
+
+
+@register_layer("Sequential", SequentialConfig)
+class Sequential(Layer):
+    """A network: layers run in order, wired by blob name."""
+
+    def __init__(self, backend: Backend, config: LayerConfig, *, seed: int | None = None,
+                 weight_registry: dict | None = None) -> None:
+        super().__init__(backend, config, seed=seed, weight_registry=weight_registry)
+        cfg: SequentialConfig = config.config
+        self.seq_config = cfg
+        if not cfg.layers:
+            raise ConfigError(f"layer '{self.name}' (Sequential): a Sequential needs at least one layer")
+        if not cfg.inputs:
+            raise ConfigError(f"layer '{self.name}' (Sequential): declare its inputs, e.g. "
+                              "inputs=[('data', [64, 1, 28, 28])]")
+        self.input_names = [n for n, _ in cfg.inputs]
+        self.input_shapes = [tuple(s) for _, s in cfg.inputs]
+        self.layers: list[Layer] = [
+            Layer.from_config(backend, c, seed=int(self._rng.integers(2**63)), weight_registry=self._registry)
+            for c in cfg.layers
+        ]
+        self._plan = self._wire()
+        self._input_needs_grad = [cfg.force_backward] * len(self.input_names)
+        self._bound_shapes: list[tuple[int, ...]] | None = None
+        if self.input_shapes and weight_registry is None:
+            # a top-level network: build everything for the declared shapes now
+            self._own_inputs = [SharedTensor(s, backend.dtype) for s in self.input_shapes]
+            self._bind_top()
+
+    # --- wiring --------------------------------------------------------------------------------------------
+    def _wire(self) -> list[_Plan]:
+        plans: list[_Plan] = []
+        producer: dict[str, int] = {}  # blob -> index of the producing layer (-1: a container input)
+        consumers: dict[str, list[int]] = {}
+        for n in self.input_names:
+            producer[n] = -1
+        unread = list(self.input_names)
+        prev_outputs: list[str] = []
+        last = len(self.layers) - 1
+        for i, (layer, lc) in enumerate(zip(self.layers, self.seq_config.layers)):
+            arity = layer.num_inputs
+            if lc.inputs:
+                names = list(lc.inputs)
+            else:
+                names = list(prev_outputs) if i > 0 else []
+                for n in list(unread):
+                    if len(names) >= arity:
+                        break
+                    if n not in names:
+                        names.append(n)
+            for n in names:
+                if n not in producer:
+                    raise ConfigError(f"layer '{lc.name}' ({lc.type}): input blob {n!r} does not exist; available "
+                                      f"blobs: {', '.join(producer) or 'none'}")
+                if n in unread:
+                    unread.remove(n)
+                consumers.setdefault(n, []).append(i)
+            if lc.propagate_down and len(lc.propagate_down) != len(names):
+                raise ConfigError(f"layer '{lc.name}' ({lc.type}).propagate_down: expected {len(names)} values "
+                                  f"(one per input), got {len(lc.propagate_down)}")
+            n_out = layer.worker.num_outputs if layer.worker is not None else 1
+            if lc.outputs:
+                outs = list(lc.outputs)
+                if len(outs) != n_out:
+                    raise ConfigError(f"layer '{lc.name}' ({lc.type}).outputs: expected {n_out} name(s), got {outs}")
+            else:
+                stem = "SEQUENTIAL_OUTPUT" if i == last else "SEQUENTIAL"
+                outs = [f"{stem}_{i}"] if n_out == 1 else [f"{stem}_{i}_{k}" for k in range(n_out)]
+            for o in outs:
+                if o in producer:
+                    raise ConfigError(f"layer '{lc.name}' ({lc.type}): output blob {o!r} is already written by "
+                                      f"{'an input' if producer[o] < 0 else repr(self.layers[producer[o]].name)}; "
+                                      "blob names must be unique")
+                producer[o] = i
+            plans.append(_Plan(names, outs, False))
+            prev_outputs = outs
+        for blob, users in consumers.items():
+            if len(users) > 1:
+                names = ", ".join(repr(self.layers[u].name) for u in users)
+                raise ConfigError(f"layer '{self.name}' (Sequential): blob {blob!r} feeds layers {names}; each blob "
+                                  "may feed one layer")
+        # in-place decisions; 'keeps' tracks whether a storage's current contents are needed by a backward pass
+        storage_of: dict[str, str] = {}
+        keeps: dict[str, bool] = {}
+        for i, (layer, plan) in enumerate(zip(self.layers, plans)):
+            w = layer.worker
+            reads_out = True if w is None else w.backward_reads_output
+            if (w is not None and w.in_place and len(plan.inputs) == 1 and len(plan.outputs) == 1
+                    and producer[plan.inputs[0]] >= 0):
+                st = storage_of[plan.inputs[0]]
+                if not w.modifies_data or not keeps[st]:
+                    plan.in_place = True
+                    storage_of[plan.outputs[0]] = st
+                    if w.modifies_data:
+                        keeps[st] = reads_out
+                    continue
+            for o in plan.outputs:
+                storage_of[o] = o
+                keeps[o] = reads_out
+        return plans
+
+    # --- properties -------------------------------------------------------------------------------------
+    @property
+    def has_weights(self) -> bool:
+        return any(layer.has_weights for layer in self.layers)
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.input_names)
+
+    @property
+    def backward_reads_output(self) -> bool:
+        return True
+
+    @property
+    def outputs(self) -> list[SharedTensor]:  # type: ignore[override]
+        return self.layers[-1].outputs if hasattr(self, "layers") else []
+
+    @outputs.setter
+    def outputs(self, value: list[SharedTensor]) -> None:
+        pass
+
+    @property
+    def output_grads(self) -> list[SharedTensor]:  # type: ignore[override]
+        return self.layers[-1].output_grads if hasattr(self, "layers") else []
+
+    @output_grads.setter
+    def output_grads(self, value: list[SharedTensor]) -> None:
+        pass
+
+    def set_training(self, training: bool = True) -> None:
+        self.training = bool(training)
+        for layer in self.layers:
+            layer.set_training(training)
+
+    def _weight_entries(self):
+        entries = []
+        for layer in self.layers:
+            for d, g, n, c in layer._weight_entries():
+                prefix = isinstance(layer, Sequential) and c.name is None
+                entries.append((d, g, f"{layer.name}/{n}" if prefix else n, c))
+        return entries
+
+    def require_input_gradients(self, flags: Sequence[bool]) -> None:
+        """Which declared inputs get a gradient (default: all if force_backward, none otherwise)."""
+        if len(flags) != len(self.input_names):
+            raise ConfigError(f"layer '{self.name}': expected {len(self.input_names)} flags, got {len(flags)}")
+        self._input_needs_grad = [bool(f) for f in flags]
+        if self._own_inputs:
+            self._bind_top()
+
+    # --- binding ------------------------------------------------------------------------------------------
+    def bind(self, inputs: list[SharedTensor], input_grads: list[SharedTensor | None], *,
+             in_place: bool = False) -> None:
+        if len(inputs) != len(self.input_names):
+            shapes = ", ".join(str(t.shape) for t in inputs) or "none"
+            raise ShapeError(f"layer '{self.name}' (Sequential): expected {len(self.input_names)} input(s) "
+                             f"({', '.join(self.input_names)}), got {len(inputs)} (shapes {shapes})")
+        self._check_declared([t.shape for t in inputs])
+        self.inputs = list(inputs)
+        self.input_grads = list(input_grads)
+        blobs: dict[str, tuple[SharedTensor, SharedTensor | None, int]] = {
+            n: (t, g, -1) for n, t, g in zip(self.input_names, inputs, input_grads)}
+        receives: list[list[bool]] = []
+        for i, (layer, plan) in enumerate(zip(self.layers, self._plan)):
+            entries = [blobs[n] for n in plan.inputs]
+            pd = self.seq_config.layers[i].propagate_down
+            grads = [g if (not pd or pd[j]) and g is not None and _differentiable(layer, j) else None
+                     for j, (_, g, _) in enumerate(entries)]
+            try:
+                layer.bind([t for t, _, _ in entries], grads, in_place=plan.in_place)
+            except ShapeError as e:
+                raise ShapeError(self._explain(e, plan, blobs)) from None
+            needs = layer.has_weights or any(g is not None for g in grads)
+            for n, t, g in zip(plan.outputs, layer.outputs, layer.output_grads):
+                blobs[n] = (t, g if needs else None, i)
+            receives.append(grads)  # type: ignore[arg-type]
+        # a layer runs backward if some gradient reaches its outputs
+        written: set[int] = set()
+        for i, (plan, grads) in enumerate(zip(self._plan, receives)):
+            for n, g in zip(plan.inputs, grads):
+                if g is not None:
+                    written.add(id(blobs[n][0]))
+        for i, layer in enumerate(self.layers):
+            reached = i == len(self.layers) - 1 or any(id(blobs[n][0]) in written for n in self._plan[i].outputs)
+            layer.runs_backward = reached and (layer.has_weights or any(g is not None for g in layer.input_grads))
+        # shared weights: the first layer to run backward writes the gradient, the others add to it
+        seen: set[int] = set()
+        for layer in reversed(self.layers):
+            if isinstance(layer, Sequential) or not layer.runs_backward:
+                continue
+            for k, g in enumerate(layer.weight_grads):
+                layer.weight_beta[k] = 1.0 if id(g) in seen else 0.0
+                seen.add(id(g))
+        self._bound_shapes = [t.shape for t in inputs]
+
+    def _explain(self, e: ShapeError, plan: _Plan, blobs: dict) -> str:
+        parts = []
+        for n in plan.inputs:
+            t, _, src = blobs[n]
+            origin = f"layer '{self.layers[src].name}' ({self.layers[src].config.type})" if src >= 0 else \
+                f"input of '{self.name}'"
+            parts.append(f"input {n!r} comes from {origin} with shape {t.shape}")
+        return f"{e}; " + "; ".join(parts)
+
+    def _check_declared(self, shapes: list[tuple[int, ...]]) -> None:
+        for i, got in enumerate(shapes):
+            self._check_input(i, got)
+
+    def _check_input(self, i: int, got: tuple[int, ...]) -> None:
+        if i < len(self.input_shapes):
+            name, declared = self.input_names[i], self.input_shapes[i]
+            if len(got) != len(declared) or tuple(got[1:]) != tuple(declared[1:]):
+                want = "[N, " + ", ".join(map(str, declared[1:])) + "]" if len(declared) > 1 else "[N]"
+                raise ShapeError(f"layer '{self.name}' (Sequential): input {name!r} must have shape {want} "
+                                 f"(declared {list(declared)}), got {tuple(got)}")
+
+    def _bind_top(self) -> None:
+        dtype = self.backend.dtype
+        grads = [SharedTensor(t.shape, dtype) if need else None
+                 for t, need in zip(self._own_inputs, self._input_needs_grad)]
+        self._own_input_grads = grads
+        self.bind(self._own_inputs, grads)
+
+    # --- compute --------------------------------------------------------------------------------------------
+    def run_forward(self) -> None:
+        for layer in self.layers:
+            layer.run_forward()
+
+    def run_backward(self) -> None:
+        for layer in reversed(self.layers):
+            if layer.runs_backward:
+                layer.run_backward()
+
+    def forward(self, inputs: Sequence[Any]) -> list[SharedTensor]:
+        """Run the network on its inputs (numpy arrays or SharedTensors, one per declared input)."""
+        if isinstance(inputs, (list, tuple)) and len(inputs) != len(self.input_names):
+            shapes = ", ".join(str(np.shape(x) if not isinstance(x, SharedTensor) else x.shape) for x in inputs)
+            raise ShapeError(f"layer '{self.name}' (Sequential): expected {len(self.input_names)} input(s) "
+                             f"({', '.join(self.input_names)}), got {len(inputs)} (shapes {shapes or 'none'})")
+
+        tensors, changed = self._to_input_tensors(inputs, self._check_input)
+        batch = {t.shape[0] for t in tensors}
+        if len(batch) > 1:
+            raise ShapeError(f"layer '{self.name}' (Sequential): inputs have different batch sizes "
+                             f"{[t.shape for t in tensors]}")
+        if changed or self._bound_shapes != [t.shape for t in tensors]:
+            self._bind_top()
+        self.run_forward()
+        return list(self.outputs)
+
+    def backward(self, output_grads: Sequence[Any]) -> list[SharedTensor | None]:
+        """Backpropagate gradients of the outputs; returns input gradients (None unless force_backward or
+        required). Weight gradients land in :meth:`learnable_weights_gradients`."""
+        return super().backward(output_grads)
+
+    def __repr__(self) -> str:
+        return f"<Sequential {self.name!r}: {len(self.layers)} layers on {self.backend.name}>"
+
+
+def _differentiable(layer: Layer, j: int) -> bool:
+    diff = layer.worker.differentiable if layer.worker is not None else None
+    return True if diff is None else diff[j]
+

@@ -1,0 +1,527 @@
+"""Layer, LayerConfig, WeightConfig, the layer registry and the Worker base class.
+
+A layer is a config dataclass plus a worker. The worker declares its arity and whether it can run in place,
+computes output and weight shapes from input shapes, and implements ``forward``, ``backward_input`` and
+``backward_parameters`` with backend primitives. The :class:`Layer` wrapper owns the SharedTensors (outputs and
+their gradients, weights and weight gradients), is connected to its inputs by its container, and runs the worker.
+
+Lifecycle: construct (config checked) -> ``bind`` (shapes checked, weights created, outputs sized; again when the
+batch size changes) -> ``run_forward`` / ``run_backward``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Sequence
+
+import numpy as np
+
+from .. import _checks
+from ..backends.base import Backend, Buffer
+from ..errors import ConfigError, ShapeError
+from ..tensor import SharedTensor
+
+Shape = tuple[int, ...]
+
+# --------------------------------------------------------------------------------------------------------------
+# Weight configuration
+# --------------------------------------------------------------------------------------------------------------
+FILLER_TYPES = ("constant", "glorot_uniform", "gaussian", "he")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FillerConfig:
+    """How a weight is initialised: constant ``value``, Glorot/Xavier uniform, Gaussian ``std``, or He (normal)."""
+
+    type: str = "glorot_uniform"
+    value: float = 0.0
+    std: float = 0.01
+
+    def __post_init__(self) -> None:
+        kind = {"xavier": "glorot_uniform", "xavier_uniform": "glorot_uniform", "kaiming": "he"}.get(self.type, self.type)
+        object.__setattr__(self, "type", _checks.choice("filler.type", kind, FILLER_TYPES))
+        object.__setattr__(self, "value", _checks.number("filler.value", self.value))
+        object.__setattr__(self, "std", _checks.number("filler.std", self.std, minimum=0.0))
+
+    def fill(self, shape: Shape, rng: np.random.Generator) -> np.ndarray:
+        fan_in = math.prod(shape[1:]) if len(shape) > 1 else shape[0]
+        fan_out = shape[0] * math.prod(shape[2:]) if len(shape) > 1 else shape[0]
+        if self.type == "constant":
+            return np.full(shape, self.value)
+        if self.type == "glorot_uniform":
+            limit = math.sqrt(6.0 / (fan_in + fan_out))
+            return rng.uniform(-limit, limit, shape)
+        if self.type == "gaussian":
+            return rng.normal(0.0, self.std, shape)
+        return rng.normal(0.0, math.sqrt(2.0 / fan_in), shape)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightConfig:
+    """Per-weight settings: a ``name`` to share the weight between layers, learning-rate and decay multipliers,
+    and the filler (None: the layer's default)."""
+
+    name: str | None = None
+    lr_mult: float = 1.0
+    decay_mult: float = 1.0
+    filler: FillerConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.name is not None and (not isinstance(self.name, str) or not self.name):
+            raise ConfigError(f"params.name: expected a non-empty string, got {self.name!r}")
+        object.__setattr__(self, "lr_mult", _checks.number("params.lr_mult", self.lr_mult, minimum=0.0))
+        object.__setattr__(self, "decay_mult", _checks.number("params.decay_mult", self.decay_mult, minimum=0.0))
+        if isinstance(self.filler, dict):
+            object.__setattr__(self, "filler", FillerConfig(**self.filler))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Registry
+# --------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LayerType:
+    name: str
+    config_class: type | None
+    impl: type  # a Worker subclass, or a Layer subclass for containers
+
+    @property
+    def is_container(self) -> bool:
+        return issubclass(self.impl, Layer)
+
+
+_REGISTRY: dict[str, LayerType] = {}
+_BY_CONFIG: dict[type, str] = {}
+
+
+def register_layer(name: str, config_class: type | None = None) -> Callable[[type], type]:
+    """Class decorator registering a Worker (or container Layer) under a type name and its config class."""
+
+    def deco(cls: type) -> type:
+        if name in _REGISTRY:
+            raise ConfigError(f"layer type {name!r} is registered twice")
+        _REGISTRY[name] = LayerType(name, config_class, cls)
+        if config_class is not None:
+            _BY_CONFIG[config_class] = name
+        cls.type_name = name
+        return cls
+
+    return deco
+
+
+def layer_types() -> list[str]:
+    """The registered layer type names."""
+    from . import _load_all  # noqa: F401  (makes sure every layer module registered itself)
+
+    return sorted(_REGISTRY)
+
+
+def lookup(name: str, where: str = "layer type") -> LayerType:
+    layer_types()
+    if name not in _REGISTRY:
+        raise ConfigError(f"{where}: unknown layer type {name!r}; known types: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def type_of_config(config: Any) -> str | None:
+    layer_types()
+    return _BY_CONFIG.get(type(config))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# LayerConfig
+# --------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, init=False)
+class LayerConfig:
+    """A named layer: its type (a config object, or the type name for types whose config has defaults), the
+    blob names it reads and writes (empty: wired by its container), per-weight settings, and ``propagate_down``
+    (one bool per input; False stops the gradient into that input)."""
+
+    name: str
+    type: str
+    config: Any
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    params: tuple[WeightConfig, ...]
+    propagate_down: tuple[bool, ...]
+
+    def __init__(self, name: str, layer_type: Any, *, inputs: Sequence[str] = (), outputs: Sequence[str] = (),
+                 params: Sequence[WeightConfig | dict] = (), propagate_down: Sequence[bool] = ()) -> None:
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ConfigError(f"layer name: expected a non-empty string without '/', got {name!r}")
+        if isinstance(layer_type, str):
+            entry = lookup(layer_type, f"layer '{name}'")
+            if entry.config_class is None:
+                config = None
+            else:
+                try:
+                    config = entry.config_class()
+                except TypeError:
+                    raise ConfigError(
+                        f"layer '{name}' ({layer_type}): this type needs settings; give a "
+                        f"{entry.config_class.__name__}(...) instead of the string {layer_type!r}") from None
+            type_name = layer_type
+        else:
+            type_name = type_of_config(layer_type)
+            if type_name is None:
+                raise ConfigError(f"layer '{name}': {type(layer_type).__name__} is not a layer config; known types: "
+                                  f"{', '.join(layer_types())}")
+            config = layer_type
+        for what, names in (("inputs", inputs), ("outputs", outputs)):
+            if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
+                raise ConfigError(f"layer '{name}'.{what}: expected a list of blob names, got {names!r}")
+        params_t = tuple(p if isinstance(p, WeightConfig) else WeightConfig(**p) for p in params)
+        if isinstance(propagate_down, bool) or not all(isinstance(p, bool) for p in propagate_down):
+            raise ConfigError(f"layer '{name}'.propagate_down: expected a list of booleans, got {propagate_down!r}")
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "type", type_name)
+        object.__setattr__(self, "config", config)
+        object.__setattr__(self, "inputs", tuple(inputs))
+        object.__setattr__(self, "outputs", tuple(outputs))
+        object.__setattr__(self, "params", params_t)
+        object.__setattr__(self, "propagate_down", tuple(propagate_down))
+
+    @property
+    def layer_type(self) -> Any:
+        """The config object, or the type name for parameterless types."""
+        return self.config if self.config is not None else self.type
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Worker
+# --------------------------------------------------------------------------------------------------------------
+class Worker:
+    """What a layer computes. Subclasses declare arity and capabilities as class attributes."""
+
+    type_name: ClassVar[str] = ""
+    num_inputs: ClassVar[int] = 1
+    num_outputs: ClassVar[int] = 1
+    in_place: ClassVar[bool] = False
+    """The output may share the input's storage."""
+    modifies_data: ClassVar[bool] = True
+    """False for layers whose output is their input seen with another shape."""
+    backward_reads_output: ClassVar[bool] = False
+    """backward_input reads the layer's output (so a later layer must not overwrite it in place)."""
+    differentiable: ClassVar[tuple[bool, ...] | None] = None
+    """Per input: whether it can take a gradient (None: all)."""
+    weight_names: ClassVar[tuple[str, ...]] = ()
+    running_in_place: bool = False
+    """Set by the Layer: the output shares the input's storage in this network."""
+
+    def __init__(self, config: Any, layer_name: str) -> None:
+        self.config = config
+        self.layer_name = layer_name
+        self.training = True
+        self.seed = 0
+        self.ws: dict = {}
+
+    @property
+    def where(self) -> str:
+        return f"layer '{self.layer_name}' ({self.type_name})"
+
+    def check_inputs(self, input_shapes: list[Shape]) -> None:
+        if len(input_shapes) != self.num_inputs:
+            shapes = ", ".join(str(tuple(s)) for s in input_shapes) or "none"
+            raise ShapeError(f"{self.where}: expected {self.num_inputs} input{'s' * (self.num_inputs != 1)}, "
+                             f"got {len(input_shapes)} (shapes {shapes})")
+
+    def output_shapes(self, input_shapes: list[Shape]) -> list[Shape]:
+        """Output shapes for these input shapes; raises ShapeError naming the layer when they don't fit."""
+        return [tuple(input_shapes[0])]
+
+    def weight_shapes(self, input_shapes: list[Shape]) -> list[Shape]:
+        return []
+
+    def default_filler(self, index: int) -> FillerConfig:
+        return FillerConfig(type="glorot_uniform") if index == 0 else FillerConfig(type="constant", value=0.0)
+
+    def setup(self, backend: Backend, input_shapes: list[Shape]) -> None:
+        """Allocate scratch for these shapes (called on every bind)."""
+
+    def forward(self, backend: Backend, x: list[Buffer], w: list[Buffer], y: list[Buffer]) -> None:
+        raise NotImplementedError
+
+    def backward_input(self, backend: Backend, x: list[Buffer], y: list[Buffer], dy: list[Buffer],
+                       w: list[Buffer], dx: list[Buffer | None]) -> None:
+        raise NotImplementedError
+
+    def backward_parameters(self, backend: Backend, x: list[Buffer], y: list[Buffer], dy: list[Buffer],
+                            dw: list[Buffer], beta: list[float]) -> None:
+        """Write weight gradients: ``dw[i] = grad + beta[i] * dw[i]`` (beta 1 accumulates into a shared weight)."""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Layer
+# --------------------------------------------------------------------------------------------------------------
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, SharedTensor)
+
+
+class Layer:
+    """A layer instance on a backend: config, worker, and the tensors it owns."""
+
+    def __init__(self, backend: Backend, config: LayerConfig, *, seed: int | None = None,
+                 weight_registry: dict | None = None, _worker: Worker | None = None) -> None:
+        self.backend = backend
+        self.config = config
+        self.name = config.name
+        self._rng = np.random.default_rng(seed)
+        self._registry = weight_registry if weight_registry is not None else {}
+        self.worker = _worker
+        if _worker is not None:
+            _worker.seed = int(self._rng.integers(2**31))
+            n_w = len(_worker.weight_names)
+            if len(config.params) > n_w:
+                raise ConfigError(f"layer '{self.name}' ({config.type}): {len(config.params)} params entries given, "
+                                  f"but this layer has {n_w} weight{'s' * (n_w != 1)} "
+                                  f"({', '.join(_worker.weight_names) or 'none'})")
+        self.training = True
+        self.weights: list[SharedTensor] = []
+        self.weight_grads: list[SharedTensor] = []
+        self._weight_names: list[str] = []
+        self._weight_configs: list[WeightConfig] = []
+        self.weight_beta: list[float] = []
+        self.inputs: list[SharedTensor] = []
+        self.input_grads: list[SharedTensor | None] = []
+        self.outputs: list[SharedTensor] = []
+        self.output_grads: list[SharedTensor] = []
+        self.in_place = False
+        self.runs_backward = True
+        self._own_inputs: list[SharedTensor] = []
+        self._own_input_grads: list[SharedTensor | None] = []
+
+    # --- construction ------------------------------------------------------------------------------------
+    @staticmethod
+    def from_config(backend: Backend, config: LayerConfig, *, seed: int | None = None,
+                    weight_registry: dict | None = None) -> "Layer":
+        """Build a layer (or a whole network, for a Sequential config) on ``backend``.
+
+        ``seed`` makes weight initialisation and dropout reproducible.
+        """
+        if not isinstance(config, LayerConfig):
+            raise ConfigError(f"Layer.from_config: expected a LayerConfig, got {type(config).__name__}")
+        if not isinstance(backend, Backend):
+            raise ConfigError(f"Layer.from_config: expected a backend (leafpy.backend(name)), got {backend!r}")
+        entry = lookup(config.type, f"layer '{config.name}'")
+        if entry.is_container:
+            return entry.impl(backend, config, seed=seed, weight_registry=weight_registry)
+        return Layer(backend, config, seed=seed, weight_registry=weight_registry,
+                     _worker=entry.impl(config.config, config.name))
+
+    @staticmethod
+    def load(backend: Backend, path: str) -> "Layer":
+        """Read a layer (config and weights) saved with :meth:`save`, or by Leaf 0.2.1."""
+        from ..serialization import load_layer
+
+        return load_layer(backend, path)
+
+    def save(self, path: str) -> None:
+        """Write this layer's config and weights to ``path`` (Cap'n Proto, atomically)."""
+        from ..serialization import save_layer
+
+        save_layer(self, path)
+
+    # --- properties -------------------------------------------------------------------------------------
+    @property
+    def has_weights(self) -> bool:
+        return bool(self.worker is not None and self.worker.weight_names)
+
+    @property
+    def num_inputs(self) -> int:
+        return self.worker.num_inputs  # type: ignore[union-attr]
+
+    @property
+    def backward_reads_output(self) -> bool:
+        return self.worker.backward_reads_output  # type: ignore[union-attr]
+
+    def set_training(self, training: bool = True) -> None:
+        """Training mode (dropout active) or inference mode."""
+        self.training = bool(training)
+        if self.worker is not None:
+            self.worker.training = self.training
+
+    def learnable_weights_data(self) -> list[SharedTensor]:
+        return _unique(self._weight_entries())[0]
+
+    def learnable_weights_gradients(self) -> list[SharedTensor]:
+        return _unique(self._weight_entries())[1]
+
+    def learnable_weights_names(self) -> list[str]:
+        return _unique(self._weight_entries())[2]
+
+    def learnable_weights_configs(self) -> list[WeightConfig]:
+        return _unique(self._weight_entries())[3]
+
+    def _weight_entries(self) -> list[tuple[SharedTensor, SharedTensor, str, WeightConfig]]:
+        return list(zip(self.weights, self.weight_grads, self._weight_names, self._weight_configs))
+
+    def num_parameters(self) -> int:
+        return sum(w.size for w in self.learnable_weights_data())
+
+    # --- wiring -------------------------------------------------------------------------------------------
+    def _create_weights(self, shapes: list[Shape]) -> None:
+        worker = self.worker
+        assert worker is not None
+        w_shapes = worker.weight_shapes(shapes)
+        if self.weights:
+            for name, w, s in zip(self._weight_names, self.weights, w_shapes):
+                if w.shape != tuple(s):
+                    raise ShapeError(f"{worker.where}: weight '{name}' has shape {w.shape}, but inputs of shapes "
+                                     f"{[tuple(x) for x in shapes]} need {tuple(s)}")
+            return
+        dtype = self.backend.dtype
+        for i, (wname, shape) in enumerate(zip(worker.weight_names, w_shapes)):
+            cfg = self.config.params[i] if i < len(self.config.params) else WeightConfig()
+            full = cfg.name or f"{self.name}/{wname}"
+            shared = self._registry.get(full) if cfg.name else None
+            if shared is not None:
+                data, grad = shared
+                if data.shape != tuple(shape):
+                    raise ShapeError(f"{worker.where}: shared weight '{full}' has shape {data.shape}, "
+                                     f"this layer needs {tuple(shape)}")
+            else:
+                filler = cfg.filler or worker.default_filler(i)
+                data = SharedTensor(shape, dtype)
+                data.set(filler.fill(tuple(shape), self._rng))
+                grad = SharedTensor(shape, dtype)
+                if cfg.name:
+                    self._registry[full] = (data, grad)
+            self.weights.append(data)
+            self.weight_grads.append(grad)
+            self._weight_names.append(full)
+            self._weight_configs.append(cfg)
+            self.weight_beta.append(0.0)
+
+    def bind(self, inputs: list[SharedTensor], input_grads: list[SharedTensor | None], *,
+             in_place: bool = False) -> None:
+        """Connect input tensors (and the gradient tensors to write, None where not needed); size the outputs."""
+        worker = self.worker
+        assert worker is not None
+        shapes = [t.shape for t in inputs]
+        worker.check_inputs(shapes)
+        out_shapes = [tuple(s) for s in worker.output_shapes(shapes)]
+        self._create_weights(shapes)
+        self.inputs = list(inputs)
+        self.input_grads = list(input_grads)
+        dtype = self.backend.dtype
+        if in_place:
+            self.outputs = [inputs[0].alias(out_shapes[0])]
+            g = input_grads[0]
+            self.output_grads = [g.alias(out_shapes[0]) if g is not None else SharedTensor(out_shapes[0], dtype)]
+        else:
+            if self.in_place or len(self.outputs) != len(out_shapes):
+                self.outputs = [SharedTensor(s, dtype) for s in out_shapes]
+                self.output_grads = [SharedTensor(s, dtype) for s in out_shapes]
+            else:
+                for t, g, s in zip(self.outputs, self.output_grads, out_shapes):
+                    t.resize(s)
+                    g.resize(s)
+        self.in_place = in_place
+        worker.running_in_place = in_place
+        worker.setup(self.backend, shapes)
+
+    # --- compute --------------------------------------------------------------------------------------------
+    def run_forward(self) -> None:
+        be = self.backend
+        worker = self.worker
+        validate = getattr(worker, "validate", None)
+        if validate is not None:
+            validate([t.peek_host() for t in self.inputs])
+        x = [t.read(be) for t in self.inputs]
+        w = [t.read(be) for t in self.weights]
+        y = [t.write(be) for t in self.outputs]
+        worker.forward(be, x, w, y)  # type: ignore[union-attr]  # type: ignore[union-attr]
+
+    def run_backward(self) -> None:
+        be = self.backend
+        worker = self.worker
+        assert worker is not None
+        want_dx = any(g is not None for g in self.input_grads)
+        if not self.weights and not want_dx:
+            return
+        x = [t.read(be) for t in self.inputs]
+        y = [t.read(be) for t in self.outputs]
+        dy = [t.read(be) for t in self.output_grads]
+        if self.weights:
+            dw = [g.read_write(be) if b else g.write(be) for g, b in zip(self.weight_grads, self.weight_beta)]
+            worker.backward_parameters(be, x, y, dy, dw, list(self.weight_beta))
+        if want_dx:
+            w = [t.read(be) for t in self.weights]
+            dx = [g.write(be) if g is not None else None for g in self.input_grads]
+            worker.backward_input(be, x, y, dy, w, dx)
+
+    # --- standalone use -------------------------------------------------------------------------------------
+    def _to_input_tensors(self, inputs: Sequence[Any], shapes_ok: Callable[[int, Shape], None] | None = None
+                          ) -> tuple[list[SharedTensor], bool]:
+        """Host arrays go into tensors this layer keeps; SharedTensors are copied on the backend."""
+        if isinstance(inputs, (np.ndarray, SharedTensor)) or not isinstance(inputs, (list, tuple)):
+            raise ShapeError(f"layer '{self.name}': forward takes a list of inputs, got {type(inputs).__name__}")
+        changed = len(self._own_inputs) != len(inputs)
+        if changed:
+            self._own_inputs = [SharedTensor(np.shape(x) if not _is_tensor(x) else x.shape, self.backend.dtype)
+                                for x in inputs]
+        be = self.backend
+        for i, (own, x) in enumerate(zip(self._own_inputs, inputs)):
+            shape = x.shape if _is_tensor(x) else np.shape(x)
+            if shapes_ok is not None:
+                shapes_ok(i, tuple(shape))
+            if own.shape != tuple(shape):
+                own.resize(shape)
+                changed = True
+            if _is_tensor(x):
+                be.copy(x.read(be), own.write(be))
+            else:
+                own.set(x)
+        return self._own_inputs, changed
+
+    def _want_input_grads(self) -> list[bool]:
+        diff = self.worker.differentiable if self.worker is not None else None
+        return [True if diff is None else diff[i] for i in range(len(self._own_inputs))]
+
+    def forward(self, inputs: Sequence[Any]) -> list[SharedTensor]:
+        """Run forward on a list of inputs (numpy arrays or SharedTensors); returns the output tensors."""
+        tensors, changed = self._to_input_tensors(inputs)
+        if changed or not self.outputs:
+            want = self._want_input_grads()
+            self._own_input_grads = [SharedTensor(t.shape, self.backend.dtype) if need else None
+                                     for t, need in zip(tensors, want)]
+            self.bind(tensors, self._own_input_grads)
+        self.run_forward()
+        return list(self.outputs)
+
+    def backward(self, output_grads: Sequence[Any]) -> list[SharedTensor | None]:
+        """Backpropagate gradients of the outputs; returns gradients of the inputs (None where not computed).
+        Weight gradients land in :meth:`learnable_weights_gradients`."""
+        if not self.outputs:
+            raise ShapeError(f"layer '{self.name}': call forward before backward")
+        if len(output_grads) != len(self.output_grads):
+            raise ShapeError(f"layer '{self.name}': backward expected {len(self.output_grads)} output gradients, "
+                             f"got {len(output_grads)}")
+        be = self.backend
+        for i, (g, t) in enumerate(zip(output_grads, self.output_grads)):
+            shape = g.shape if _is_tensor(g) else np.shape(g)
+            if tuple(shape) != t.shape and math.prod(shape) != t.size:
+                raise ShapeError(f"layer '{self.name}': output gradient {i} must have shape {t.shape}, "
+                                 f"got {tuple(shape)}")
+            if _is_tensor(g):
+                be.copy(g.read(be), t.write(be))
+            else:
+                t.set(np.reshape(g, t.shape))
+        self.run_backward()
+        return list(self.input_grads)
+
+    def __repr__(self) -> str:
+        return f"<Layer {self.name!r} ({self.config.type}) on {self.backend.name}>"
+
+
+def _unique(entries: list[tuple[SharedTensor, SharedTensor, str, WeightConfig]]
+            ) -> tuple[list[SharedTensor], list[SharedTensor], list[str], list[WeightConfig]]:
+    seen: set[int] = set()
+    out: tuple[list, list, list, list] = ([], [], [], [])
+    for d, g, n, c in entries:
+        if id(d) in seen:
+            continue
+        seen.add(id(d))
+        for lst, v in zip(out, (d, g, n, c)):
+            lst.append(v)
+    return out

@@ -1,0 +1,1 @@
+"""utility layers."""

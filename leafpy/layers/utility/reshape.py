@@ -1,0 +1,61 @@
+"""Reshape: the same data with a new per-sample shape. ``shape`` includes the batch dimension as Leaf's does;
+its first entry is replaced by the actual batch size, and one other entry may be -1 (inferred)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ... import _checks
+from ...errors import ShapeError
+from ..layer import Worker, register_layer
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReshapeConfig:
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        shape = self.shape
+        if isinstance(shape, (str, bytes)) or not hasattr(shape, "__len__") or not shape:
+            raise _checks.ConfigError(f"ReshapeConfig.shape: expected a non-empty list of integers, got {shape!r}")
+        out = []
+        for i, d in enumerate(shape):
+            if isinstance(d, bool) or not isinstance(d, int) or (d <= 0 and d != -1):
+                raise _checks.ConfigError(f"ReshapeConfig.shape[{i}]: expected a positive integer or -1, got {d!r}")
+            out.append(int(d))
+        if out[1:].count(-1) > 1:
+            raise _checks.ConfigError(f"ReshapeConfig.shape: at most one -1 after the batch dimension, got {out}")
+        object.__setattr__(self, "shape", tuple(out))
+
+
+class ViewWorker(Worker):
+    """A layer whose output is its input seen with another shape: in place it does nothing at all."""
+
+    in_place = True
+    modifies_data = False
+
+    def forward(self, backend, x, w, y):
+        if not self.running_in_place:
+            backend.copy(x[0], y[0])
+
+    def backward_input(self, backend, x, y, dy, w, dx):
+        if not self.running_in_place:
+            backend.copy(dy[0], dx[0])
+
+
+@register_layer("Reshape", ReshapeConfig)
+class Reshape(ViewWorker):
+    def output_shapes(self, input_shapes):
+        shape = tuple(input_shapes[0])
+        n, per_sample = shape[0], math.prod(shape[1:])
+        rest = list(self.config.shape[1:])
+        known = math.prod(d for d in rest if d != -1)
+        if -1 in rest:
+            if known == 0 or per_sample % known:
+                raise ShapeError(f"{self.where}: cannot reshape {shape} to {self.config.shape}")
+            rest[rest.index(-1)] = per_sample // known
+        elif known != per_sample:
+            raise ShapeError(f"{self.where}: cannot reshape {shape} ({per_sample} values per sample) to "
+                             f"{self.config.shape} ({known} values per sample)")
+        return [(n, *rest)]

@@ -1,0 +1,210 @@
+"""SharedTensor: one logical tensor with a copy per backend that touched it.
+
+A tensor tracks which copies are fresh. Reading on a backend syncs that backend's copy only when it is stale;
+writing makes that copy the only fresh one. Device copies sync through the host copy, and every host<->device
+copy is counted, so tests can prove that a GPU training step does not move data back and forth.
+
+Several SharedTensors may share one storage with different shapes (``alias``): that is how layers run in place
+(an in-place ReLU's output is its input's storage; a Reshape's output is the same storage seen with a new shape).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from .errors import ShapeError
+
+if TYPE_CHECKING:
+    from .backends.base import Backend
+
+HOST = "host"
+
+
+def _as_shape(shape: Sequence[int] | int) -> tuple[int, ...]:
+    if isinstance(shape, (int, np.integer)):
+        shape = (int(shape),)
+    out = tuple(int(d) for d in shape)
+    if any(d < 0 for d in out):
+        raise ShapeError(f"tensor shape: expected non-negative dimensions, got {out}")
+    return out
+
+
+class _Storage:
+    """Flat buffers, one per backend key, and which of them hold the current data."""
+
+    __slots__ = ("size", "dtype", "copies", "fresh")
+
+    def __init__(self, size: int, dtype: np.dtype) -> None:
+        self.size = size
+        self.dtype = dtype
+        # key -> (backend or None for the host, flat buffer)
+        self.copies: dict[str, tuple[Any, Any]] = {}
+        self.fresh: set[str] = set()
+
+
+class SharedTensor:
+    """A tensor whose data lives on one or more backends; see the module docstring."""
+
+    transfers_total: int = 0
+    """Host<->device copies made by all tensors since start (or since :meth:`reset_transfer_count`)."""
+
+    __slots__ = ("_st", "_shape")
+
+    def __init__(self, shape: Sequence[int] | int, dtype: Any = np.float32) -> None:
+        self._shape = _as_shape(shape)
+        self._st = _Storage(math.prod(self._shape), np.dtype(dtype))
+
+    # --- construction -------------------------------------------------------------------------------------
+    @classmethod
+    def from_numpy(cls, array: Any, dtype: Any = None) -> "SharedTensor":
+        """A tensor whose only fresh copy is a host copy of ``array`` (``dtype`` defaults to the array's float type)."""
+        a = np.asarray(array)
+        if dtype is None:
+            dtype = a.dtype if a.dtype in (np.float32, np.float64) else np.float32
+        t = cls(a.shape, dtype)
+        t.set(a)
+        return t
+
+    def alias(self, shape: Sequence[int] | None = None) -> "SharedTensor":
+        """Another tensor over the same storage, seen with ``shape`` (same number of elements)."""
+        t = SharedTensor.__new__(SharedTensor)
+        t._st = self._st
+        t._shape = self._shape
+        if shape is not None:
+            t.reshape(shape)
+        return t
+
+    def shares_storage(self, other: "SharedTensor") -> bool:
+        return self._st is other._st
+
+    # --- shape --------------------------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def size(self) -> int:
+        return self._st.size
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._st.dtype
+
+    def reshape(self, shape: Sequence[int]) -> None:
+        """See the same data with a new shape of the same size; buffers are kept."""
+        new = _as_shape(shape)
+        if math.prod(new) != self._st.size:
+            raise ShapeError(
+                f"SharedTensor.reshape: {self._shape} has {self._st.size} elements, {new} has {math.prod(new)}; "
+                "use resize() to change the size"
+            )
+        self._shape = new
+
+    def resize(self, shape: Sequence[int]) -> None:
+        """Change the shape; when the size changes, buffers are dropped and the data reads as zeros."""
+        new = _as_shape(shape)
+        n = math.prod(new)
+        if n != self._st.size:
+            self._st.copies.clear()
+            self._st.fresh.clear()
+            self._st.size = n
+        self._shape = new
+
+    # --- access -------------------------------------------------------------------------------------------
+    def _buffer(self, backend: "Backend | None", key: str) -> Any:
+        st = self._st
+        entry = st.copies.get(key)
+        if entry is None:
+            if backend is None:
+                buf = np.zeros(st.size, st.dtype)
+            else:
+                buf = backend.allocate(st.size, st.dtype)
+            st.copies[key] = (backend, buf)
+            return buf
+        return entry[1]
+
+    def _sync(self, backend: "Backend | None", key: str) -> Any:
+        st = self._st
+        buf = self._buffer(backend, key)
+        if key in st.fresh:
+            return buf
+        if not st.fresh:  # never written: zeros everywhere
+            if backend is None:
+                buf.fill(0)
+            else:
+                backend.fill(0.0, buf)
+            st.fresh.add(key)
+            return buf
+        if key == HOST:
+            src_key = next(iter(st.fresh))
+            src_backend, src_buf = st.copies[src_key]
+            src_backend.download(src_buf, buf)
+            SharedTensor.transfers_total += 1
+        else:
+            host = self._sync(None, HOST)
+            backend.upload(host, buf)  # type: ignore[union-attr]
+            SharedTensor.transfers_total += 1
+        st.fresh.add(key)
+        return buf
+
+    def read(self, backend: "Backend") -> Any:
+        """This tensor's data on ``backend``, synced if stale, for reading only."""
+        key = backend.key
+        buf = self._sync(None if key == HOST else backend, key)
+        return backend.view(buf, self._shape)
+
+    def write(self, backend: "Backend") -> Any:
+        """A buffer on ``backend`` to overwrite completely; afterwards that copy is the only fresh one."""
+        key = backend.key
+        buf = self._buffer(None if key == HOST else backend, key)
+        st = self._st
+        st.fresh.clear()
+        st.fresh.add(key)
+        return backend.view(buf, self._shape)
+
+    def read_write(self, backend: "Backend") -> Any:
+        """This tensor's data on ``backend``, synced, to modify in place; afterwards that copy is the only fresh one."""
+        key = backend.key
+        buf = self._sync(None if key == HOST else backend, key)
+        st = self._st
+        if len(st.fresh) > 1:
+            st.fresh.clear()
+            st.fresh.add(key)
+        return backend.view(buf, self._shape)
+
+    def to_numpy(self) -> np.ndarray:
+        """A host copy of the data (syncs from a device when the host copy is stale)."""
+        return self._sync(None, HOST).reshape(self._shape).copy()
+
+    def set(self, array: Any) -> None:
+        """Copy host data in (cast to this tensor's dtype); every device copy becomes stale."""
+        a = np.asarray(array)
+        if a.shape != self._shape:
+            if a.size == self._st.size and a.ndim <= 1 and len(self._shape) <= 1:
+                a = a.reshape(self._shape)
+            else:
+                raise ShapeError(f"SharedTensor.set: expected an array of shape {self._shape}, got {a.shape}")
+        buf = self._buffer(None, HOST)
+        np.copyto(buf.reshape(self._shape), a, casting="unsafe")
+        st = self._st
+        st.fresh.clear()
+        st.fresh.add(HOST)
+
+    def peek_host(self) -> np.ndarray | None:
+        """The host data without syncing or copying, or None when the host copy is stale (for cheap checks)."""
+        if HOST not in self._st.fresh:
+            return None
+        return self._st.copies[HOST][1].reshape(self._shape)
+
+    def is_fresh_on(self, key: str) -> bool:
+        return key in self._st.fresh
+
+    @classmethod
+    def reset_transfer_count(cls) -> None:
+        cls.transfers_total = 0
+
+    def __repr__(self) -> str:
+        return f"SharedTensor(shape={self._shape}, dtype={self._st.dtype}, fresh={sorted(self._st.fresh)})"
