@@ -28,7 +28,10 @@ def backend(name: str = "native", **options: Any) -> Backend:
     if not options and name in _default:
         return _default[name]
     module_name, class_name = _MODULES[name]
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise BackendUnavailable(f"backend {name!r} is not part of this leafpy installation ({e})") from e
     instance = getattr(module, class_name)(**options)
     if not options:
         _default[name] = instance

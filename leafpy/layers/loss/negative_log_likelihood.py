@@ -29,7 +29,7 @@ def check_labels(where: str, labels: np.ndarray | None, num_classes: int) -> Non
     bad = (flat < 0) | (flat >= num_classes) | (flat != np.floor(flat))
     if bad.any():
         i = int(np.argmax(bad))
-        raise ShapeError(f"{where}: label {i} is {flat[i]!r}; labels must be class indices in "
+        raise ShapeError(f"{where}: label {i} is {float(flat[i])!r}; labels must be class indices in "
                          f"[0, {num_classes - 1}]")
 
 

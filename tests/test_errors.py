@@ -1,0 +1,113 @@
+"""Bad input raises the right LeafpyError subclass, naming the layer or config field and the fix."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import leafpy as lp
+
+
+def test_unknown_layer_type_lists_known_types():
+    with pytest.raises(lp.ConfigError) as e:
+        lp.LayerConfig("x", "Convolutoin")
+    msg = str(e.value)
+    assert "'Convolutoin'" in msg and "layer 'x'" in msg
+    for known in ("Convolution", "Linear", "ReLU", "TanH", "Sequential"):
+        assert known in msg
+
+
+@pytest.mark.parametrize("make,field", [
+    (lambda: lp.ConvolutionConfig(num_output=-4, filter_shape=[3]), "num_output"),
+    (lambda: lp.ConvolutionConfig(num_output=4, filter_shape=[3, 3, 3]), "filter_shape"),
+    (lambda: lp.ConvolutionConfig(num_output=4, filter_shape=[3], padding=[-1]), "padding"),
+    (lambda: lp.LinearConfig(output_size=0), "output_size"),
+    (lambda: lp.LinearConfig(output_size="ten"), "output_size"),
+    (lambda: lp.PoolingConfig(mode="median", filter_shape=[2]), "mode"),
+    (lambda: lp.PoolingConfig(filter_shape=[2], padding=[2]), "padding"),
+    (lambda: lp.DropoutConfig(ratio=1.0), "ratio"),
+    (lambda: lp.NegativeLogLikelihoodConfig(num_classes=0), "num_classes"),
+    (lambda: lp.ReshapeConfig(shape=[1, -1, -1]), "shape"),
+    (lambda: lp.WeightConfig(lr_mult=-1), "lr_mult"),
+    (lambda: lp.FillerConfig(type="zeros"), "filler.type"),
+    (lambda: lp.LayerConfig("fc", "Linear"), "LinearConfig"),
+    (lambda: lp.SequentialConfig(inputs=[("data", [0, 3])]), "shape"),
+])
+def test_bad_config_values(make, field):
+    with pytest.raises(lp.ConfigError, match=field):
+        make()
+
+
+def test_duplicate_layer_names():
+    cfg = lp.SequentialConfig(inputs=[("data", [1, 2])])
+    cfg.add_layer(lp.LayerConfig("a", "ReLU"))
+    with pytest.raises(lp.ConfigError, match="'a'"):
+        cfg.add_layer(lp.LayerConfig("a", "TanH"))
+
+
+def test_wrong_number_of_inputs_names_the_layer(native):
+    layer = lp.Layer.from_config(native, lp.LayerConfig("fc1", lp.LinearConfig(output_size=3)))
+    with pytest.raises(lp.ShapeError) as e:
+        layer.forward([np.zeros((64, 784)), np.zeros((64, 10))])
+    assert str(e.value) == "layer 'fc1' (Linear): expected 1 input, got 2 (shapes (64, 784), (64, 10))"
+
+
+def test_network_input_count_and_shape(native):
+    cfg = lp.SequentialConfig(inputs=[("data", [8, 1, 28, 28])])
+    cfg.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=3)))
+    net = lp.Layer.from_config(native, lp.LayerConfig("lenet", cfg))
+    with pytest.raises(lp.ShapeError, match=r"layer 'lenet' \(Sequential\): expected 1 input"):
+        net.forward([np.zeros((8, 1, 28, 28)), np.zeros((8, 1))])
+    with pytest.raises(lp.ShapeError) as e:
+        net.forward([np.zeros((8, 1, 28, 27))])
+    assert "'data'" in str(e.value) and "[N, 1, 28, 28]" in str(e.value) and "(8, 1, 28, 27)" in str(e.value)
+    # a different batch size is fine
+    assert net.forward([np.zeros((3, 1, 28, 28))])[0].shape == (3, 3)
+
+
+def test_shapes_that_do_not_fit_between_layers_name_both(native):
+    cfg = lp.SequentialConfig(inputs=[("data", [4, 10])])
+    cfg.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=16)))
+    cfg.add_layer(lp.LayerConfig("conv2", lp.ConvolutionConfig(num_output=3, filter_shape=[3])))
+    with pytest.raises(lp.ShapeError) as e:
+        lp.Layer.from_config(native, lp.LayerConfig("net", cfg))
+    msg = str(e.value)
+    assert "layer 'conv2' (Convolution)" in msg and "(4, 16)" in msg and "layer 'fc1' (Linear)" in msg
+
+
+def test_objective_class_count_mismatch(native):
+    cfg = lp.SequentialConfig(inputs=[("network_out", [4, 12]), ("label", [4, 1])])
+    cfg.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=10)))
+    with pytest.raises(lp.ShapeError, match=r"layer 'nll' \(NegativeLogLikelihood\).*\[N, 10\].*\(4, 12\)"):
+        lp.Layer.from_config(native, lp.LayerConfig("loss", cfg))
+
+
+def test_label_out_of_range(native):
+    layer = lp.Layer.from_config(native, lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=3)))
+    with pytest.raises(lp.ShapeError, match=r"layer 'nll'.*label 1 is 3\.0.*\[0, 2\]"):
+        layer.forward([np.zeros((2, 3)), np.array([0, 3])])
+    with pytest.raises(lp.ShapeError, match="layer 'nll'"):
+        layer.forward([np.zeros((2, 3)), np.array([0.5, 1])])
+
+
+def test_missing_blob_and_fan_out(native):
+    cfg = lp.SequentialConfig(inputs=[("data", [1, 4])])
+    cfg.add_layer(lp.LayerConfig("a", "ReLU", inputs=["nope"]))
+    with pytest.raises(lp.ConfigError, match=r"layer 'a' \(ReLU\): input blob 'nope' does not exist.*data"):
+        lp.Layer.from_config(native, lp.LayerConfig("net", cfg))
+    cfg = lp.SequentialConfig(inputs=[("data", [1, 4])])
+    cfg.add_layer(lp.LayerConfig("a", "ReLU", inputs=["data"]))
+    cfg.add_layer(lp.LayerConfig("b", "TanH", inputs=["data"]))
+    with pytest.raises(lp.ConfigError, match="feeds layers 'a', 'b'"):
+        lp.Layer.from_config(native, lp.LayerConfig("net", cfg))
+
+
+def test_too_small_input_for_filter(native):
+    layer = lp.Layer.from_config(native, lp.LayerConfig("c", lp.ConvolutionConfig(num_output=1, filter_shape=[5])))
+    with pytest.raises(lp.ShapeError, match=r"layer 'c' \(Convolution\).*smaller than the filter"):
+        layer.forward([np.zeros((1, 1, 3, 3))])
+
+
+def test_unknown_backend():
+    with pytest.raises(lp.ConfigError, match="native, cuda, webgpu"):
+        lp.backend("opencl")

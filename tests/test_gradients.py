@@ -1,0 +1,118 @@
+"""Every registered layer's input and weight gradients against central differences (float64, native)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import leafpy as lp
+from gradcheck import check_layer_gradients
+
+
+def away_from_zero(rng, shape, gap=0.05):
+    x = rng.uniform(-1, 1, shape)
+    return np.where(np.abs(x) < gap, np.sign(x + 1e-12) * gap + x, x)
+
+
+def distinct(rng, shape):
+    """Values at least 0.01 apart, so max pooling never has near ties."""
+    return rng.permutation(np.arange(np.prod(shape))).reshape(shape) * 0.01 - 0.3
+
+
+def labels(rng, n, k):
+    return rng.integers(0, k, (n, 1)).astype(np.float64)
+
+
+# One or more cases for every registered layer type; test_every_layer_type_has_a_case keeps this complete.
+CASES = {
+    "Linear": [
+        (lp.LinearConfig(output_size=5), lambda r: [r.standard_normal((3, 4))]),
+        (lp.LinearConfig(output_size=3, bias=False), lambda r: [r.standard_normal((2, 2, 3))]),
+    ],
+    "Convolution": [
+        (lp.ConvolutionConfig(num_output=4, filter_shape=[3], stride=[1], padding=[1]),
+         lambda r: [r.standard_normal((2, 3, 5, 5))]),
+        (lp.ConvolutionConfig(num_output=2, filter_shape=[3, 2], stride=[1, 2], padding=[1, 0]),
+         lambda r: [r.standard_normal((2, 2, 5, 6))]),
+    ],
+    "Pooling": [
+        (lp.PoolingConfig(mode="max", filter_shape=[2], stride=[2]), lambda r: [distinct(r, (2, 2, 4, 4))]),
+        (lp.PoolingConfig(mode="max", filter_shape=[3], stride=[2], padding=[1]),
+         lambda r: [distinct(r, (1, 2, 5, 5))]),
+        (lp.PoolingConfig(mode="average", filter_shape=[3, 2], stride=[2, 1], padding=[1, 0]),
+         lambda r: [r.standard_normal((2, 2, 5, 4))]),
+    ],
+    "ReLU": [("ReLU", lambda r: [away_from_zero(r, (3, 7))])],
+    "Sigmoid": [("Sigmoid", lambda r: [r.standard_normal((3, 5))])],
+    "TanH": [("TanH", lambda r: [r.standard_normal((3, 5))])],
+    "Softmax": [("Softmax", lambda r: [r.standard_normal((3, 5))]),
+                ("Softmax", lambda r: [r.standard_normal((2, 3, 2))])],
+    "LogSoftmax": [("LogSoftmax", lambda r: [r.standard_normal((3, 5))]),
+                   ("LogSoftmax", lambda r: [r.standard_normal((2, 4, 3))])],
+    "NegativeLogLikelihood": [
+        (lp.NegativeLogLikelihoodConfig(num_classes=5), lambda r: [r.standard_normal((4, 5)), labels(r, 4, 5)]),
+        (lp.NegativeLogLikelihoodConfig(num_classes=3),
+         lambda r: [r.standard_normal((6, 3)), labels(r, 6, 3).reshape(6)]),
+    ],
+    "MeanSquaredError": [("MeanSquaredError", lambda r: [r.standard_normal((3, 4)), r.standard_normal((3, 4))])],
+    "Reshape": [(lp.ReshapeConfig(shape=[1, 3, -1]), lambda r: [r.standard_normal((2, 6))])],
+    "Flatten": [("Flatten", lambda r: [r.standard_normal((2, 3, 2, 2))])],
+    "Dropout": [(lp.DropoutConfig(ratio=0.3), lambda r: [r.standard_normal((4, 6))])],
+}
+
+
+def _params():
+    for type_name, cases in sorted(CASES.items()):
+        for i, case in enumerate(cases):
+            yield pytest.param(type_name, case, id=f"{type_name}-{i}")
+
+
+def test_every_layer_type_has_a_case():
+    missing = set(lp.layer_types()) - set(CASES) - {"Sequential"}
+    assert not missing, f"layer types without a gradient check: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("type_name,case", list(_params()))
+def test_layer_gradients(native64, type_name, case):
+    config, make_inputs = case
+    rng = np.random.default_rng(7)
+    layer = lp.Layer.from_config(native64, lp.LayerConfig("l", config), seed=3)
+    inputs = make_inputs(rng)
+    hook = (lambda: setattr(layer.worker, "calls", 0)) if type_name == "Dropout" else (lambda: None)
+    checked = check_layer_gradients(layer, inputs, before_forward=hook)
+    assert checked >= inputs[0].size
+
+
+def test_dropout_check_really_drops(native64):
+    layer = lp.Layer.from_config(native64, lp.LayerConfig("d", lp.DropoutConfig(ratio=0.5)), seed=1)
+    x = np.ones((50, 40))
+    y = layer.forward([x])[0].to_numpy()
+    assert 0.4 < np.mean(y == 0) < 0.6
+    assert np.allclose(y[y != 0], 2.0)
+    layer.set_training(False)
+    assert np.allclose(layer.forward([x])[0].to_numpy(), x)
+
+
+def nested_config(force_backward=True):
+    inner = lp.SequentialConfig(inputs=[("h", [2, 6])])
+    inner.add_layer(lp.LayerConfig("fc_a", lp.LinearConfig(output_size=5)))
+    inner.add_layer(lp.LayerConfig("tanh_a", "TanH"))
+    inner.add_layer(lp.LayerConfig("fc_b", lp.LinearConfig(output_size=4)))
+    outer = lp.SequentialConfig(inputs=[("data", [2, 1, 4, 4])], force_backward=force_backward)
+    outer.add_layer(lp.LayerConfig("conv", lp.ConvolutionConfig(num_output=2, filter_shape=[3], padding=[1])))
+    outer.add_layer(lp.LayerConfig("pool", lp.PoolingConfig(mode="average", filter_shape=[2])))
+    outer.add_layer(lp.LayerConfig("sig", "Sigmoid"))
+    outer.add_layer(lp.LayerConfig("flat", "Flatten"))
+    outer.add_layer(lp.LayerConfig("fc0", lp.LinearConfig(output_size=6)))
+    outer.add_layer(lp.LayerConfig("block", inner))
+    outer.add_layer(lp.LayerConfig("logsm", "LogSoftmax"))
+    return outer
+
+
+def test_nested_sequential_gradients(native64):
+    net = lp.Layer.from_config(native64, lp.LayerConfig("net", nested_config()), seed=5)
+    assert "block/fc_a/weight" in net.learnable_weights_names()
+    x = np.random.default_rng(0).standard_normal((2, 1, 4, 4))
+    checked = check_layer_gradients(net, [x])
+    n_weights = sum(w.size for w in net.learnable_weights_data())
+    assert checked == x.size + n_weights

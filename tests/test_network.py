@@ -1,0 +1,331 @@
+"""Networks on native: a LeNet against a loop reference, any batch size, in-place reuse, backward pruning,
+Leaf's sigmoid spec and the Leaf defects that concern layers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import leafpy as lp
+import reference as ref
+
+
+def lenet_config(batch=8, force_backward=False):
+    cfg = lp.SequentialConfig(inputs=[("data", [batch, 1, 28, 28])], force_backward=force_backward)
+    cfg.add_layer(lp.LayerConfig("conv1", lp.ConvolutionConfig(num_output=20, filter_shape=[5])))
+    cfg.add_layer(lp.LayerConfig("pool1", lp.PoolingConfig(mode="max", filter_shape=[2], stride=[2])))
+    cfg.add_layer(lp.LayerConfig("conv2", lp.ConvolutionConfig(num_output=50, filter_shape=[5])))
+    cfg.add_layer(lp.LayerConfig("pool2", lp.PoolingConfig(mode="max", filter_shape=[2], stride=[2])))
+    cfg.add_layer(lp.LayerConfig("flat", "Flatten"))
+    cfg.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=500)))
+    cfg.add_layer(lp.LayerConfig("relu1", "ReLU"))
+    cfg.add_layer(lp.LayerConfig("fc2", lp.LinearConfig(output_size=10)))
+    cfg.add_layer(lp.LayerConfig("logsm", "LogSoftmax"))
+    return cfg
+
+
+def rel_err(a, b):
+    return np.linalg.norm(np.asarray(a, np.float64) - b) / max(np.linalg.norm(b), 1e-30)
+
+
+def test_lenet_matches_loop_reference(native):
+    net = lp.Layer.from_config(native, lp.LayerConfig("lenet", lenet_config(force_backward=True)), seed=0)
+    rng = np.random.default_rng(0)
+    x = rng.random((8, 1, 28, 28)).astype(np.float32)
+    dout = rng.standard_normal((8, 10)).astype(np.float32)
+    out = net.forward([x])[0].to_numpy()
+    dx = net.backward([dout])[0].to_numpy()
+    W = {n: w.to_numpy().astype(np.float64) for n, w in zip(net.learnable_weights_names(), net.learnable_weights_data())}
+    G = {n: g.to_numpy() for n, g in zip(net.learnable_weights_names(), net.learnable_weights_gradients())}
+
+    x64 = x.astype(np.float64)
+    c1 = ref.conv2d(x64, W["conv1/weight"], W["conv1/bias"])
+    p1, a1 = ref.maxpool(c1, 2, 2)
+    c2 = ref.conv2d(p1, W["conv2/weight"], W["conv2/bias"])
+    p2, a2 = ref.maxpool(c2, 2, 2)
+    f = p2.reshape(8, -1)
+    h = f @ W["fc1/weight"].T + W["fc1/bias"]
+    r = np.maximum(h, 0)
+    z = r @ W["fc2/weight"].T + W["fc2/bias"]
+    y = ref.log_softmax(z)
+    assert rel_err(out, y) < 1e-5
+
+    d = dout.astype(np.float64)
+    dz = d - np.exp(y) * d.sum(axis=1, keepdims=True)
+    g_fc2w, g_fc2b = dz.T @ r, dz.sum(0)
+    dh = (dz @ W["fc2/weight"]) * (h > 0)
+    g_fc1w, g_fc1b = dh.T @ f, dh.sum(0)
+    dp2 = (dh @ W["fc1/weight"]).reshape(p2.shape)
+    dc2 = ref.maxpool_backward(c2.shape, a2, dp2)
+    dp1, g_c2w, g_c2b = ref.conv2d_backward(p1, W["conv2/weight"], dc2)
+    dc1 = ref.maxpool_backward(c1.shape, a1, dp1)
+    dx_ref, g_c1w, g_c1b = ref.conv2d_backward(x64, W["conv1/weight"], dc1)
+    expected = {"fc2/weight": g_fc2w, "fc2/bias": g_fc2b, "fc1/weight": g_fc1w, "fc1/bias": g_fc1b,
+                "conv2/weight": g_c2w, "conv2/bias": g_c2b, "conv1/weight": g_c1w, "conv1/bias": g_c1b}
+    for name, want in expected.items():
+        assert rel_err(G[name], want) < 1e-5, name
+    assert rel_err(dx, dx_ref) < 1e-5
+
+
+def test_per_dimension_convolution_matches_reference(native64, rng):
+    cfg = lp.ConvolutionConfig(num_output=3, filter_shape=[3, 2], stride=[2, 1], padding=[1, 0])
+    layer = lp.Layer.from_config(native64, lp.LayerConfig("c", cfg), seed=0)
+    x = rng.standard_normal((2, 2, 7, 5))
+    y = layer.forward([x])[0].to_numpy()
+    w, b = (t.to_numpy() for t in layer.learnable_weights_data())
+    assert w.shape == (3, 2, 3, 2)
+    np.testing.assert_allclose(y, ref.conv2d(x, w, b, (2, 1), (1, 0)), rtol=1e-10, atol=1e-12)
+
+
+def test_any_batch_size_and_buffers_kept(native):
+    net = lp.Layer.from_config(native, lp.LayerConfig("lenet", lenet_config(batch=4)), seed=0)
+    rng = np.random.default_rng(1)
+    x = rng.random((4, 1, 28, 28)).astype(np.float32)
+    out4 = net.forward([x])[0]
+    first = out4.to_numpy()
+    storage = net.layers[0].outputs[0]._st
+    net.forward([x])
+    assert net.layers[0].outputs[0]._st is storage  # same batch: buffers kept
+    for n in (1, 3, 9):
+        xb = rng.random((n, 1, 28, 28)).astype(np.float32)
+        out = net.forward([xb])[0].to_numpy()
+        assert out.shape == (n, 10)
+        # each sample is computed independently of the batch it is in
+        single = net.forward([xb[:1]])[0].to_numpy()
+        np.testing.assert_allclose(out[:1], single, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(net.forward([x])[0].to_numpy(), first, rtol=1e-6)
+
+
+def test_forward_leaves_inputs_unchanged(native):
+    cfg = lp.SequentialConfig(inputs=[("data", [3, 4])])
+    cfg.add_layer(lp.LayerConfig("relu", "ReLU"))
+    cfg.add_layer(lp.LayerConfig("sig", "Sigmoid"))
+    net = lp.Layer.from_config(native, lp.LayerConfig("net", cfg))
+    x = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
+    t = lp.SharedTensor.from_numpy(x)
+    before = x.copy()
+    net.forward([x])
+    net.forward([t])
+    np.testing.assert_array_equal(x, before)
+    np.testing.assert_array_equal(t.to_numpy(), before)
+
+
+def test_in_place_layers_share_buffers_and_match_out_of_place(native, rng):
+    cfg = lp.SequentialConfig(inputs=[("data", [4, 2, 6, 6])], force_backward=True)
+    cfg.add_layer(lp.LayerConfig("conv", lp.ConvolutionConfig(num_output=3, filter_shape=[3], padding=[1])))
+    cfg.add_layer(lp.LayerConfig("relu", "ReLU"))
+    cfg.add_layer(lp.LayerConfig("flat", "Flatten"))
+    cfg.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=5)))
+    cfg.add_layer(lp.LayerConfig("sig", "Sigmoid"))
+    cfg.add_layer(lp.LayerConfig("drop", lp.DropoutConfig(ratio=0.5)))
+    cfg.add_layer(lp.LayerConfig("reshape", lp.ReshapeConfig(shape=[1, 5, 1])))
+    cfg.add_layer(lp.LayerConfig("smax", "Softmax"))
+    net = lp.Layer.from_config(native, lp.LayerConfig("net", cfg), seed=2)
+    L = {layer.name: layer for layer in net.layers}
+    assert L["relu"].in_place and L["relu"].outputs[0].shares_storage(L["conv"].outputs[0])
+    assert L["flat"].in_place and L["flat"].outputs[0].shares_storage(L["conv"].outputs[0])
+    assert L["sig"].in_place and L["sig"].outputs[0].shares_storage(L["fc"].outputs[0])
+    # dropout would overwrite the sigmoid output that sigmoid's backward reads: it must not run in place
+    assert not L["drop"].in_place
+    assert L["reshape"].in_place and L["reshape"].outputs[0].shares_storage(L["drop"].outputs[0])
+    assert L["relu"].output_grads[0].shares_storage(L["conv"].output_grads[0])
+
+    net.set_training(False)
+    x = rng.standard_normal((4, 2, 6, 6)).astype(np.float32)
+    dout = rng.standard_normal((4, 5, 1)).astype(np.float32)
+    y = net.forward([x])[0].to_numpy()
+    dx = net.backward([dout])[0].to_numpy()
+    grads = [g.to_numpy() for g in net.learnable_weights_gradients()]
+
+    # the same computation, each layer standalone (out of place), with the network's weights
+    chain = []
+    for lc in cfg.layers:
+        layer = lp.Layer.from_config(native, lc)
+        layer.set_training(False)
+        chain.append(layer)
+    h = x
+    for layer in chain:
+        layer.forward([h])  # creates the weights (their shapes follow the input)
+        for mine, theirs in zip(layer.learnable_weights_data(), L[layer.name].learnable_weights_data()):
+            mine.set(theirs.to_numpy())
+        h = layer.forward([h])[0].to_numpy()
+    np.testing.assert_allclose(y, h, rtol=1e-5, atol=1e-6)
+    g = dout
+    out_of_place_grads = []
+    for layer in reversed(chain):
+        g = layer.backward([g])[0].to_numpy()
+        out_of_place_grads = [w.to_numpy() for w in layer.learnable_weights_gradients()] + out_of_place_grads
+    np.testing.assert_allclose(dx, g, rtol=1e-5, atol=1e-6)
+    for a, b in zip(grads, out_of_place_grads):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _count_calls(monkeypatch, worker):
+    calls = []
+    original = worker.backward_input
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(worker, "backward_input", spy)
+    return calls
+
+
+def test_pruning_skips_first_layer_input_gradient(native, monkeypatch, rng):
+    net = lp.Layer.from_config(native, lp.LayerConfig("lenet", lenet_config(batch=2)), seed=0)
+    calls = _count_calls(monkeypatch, net.layers[0].worker)
+    fc2_calls = _count_calls(monkeypatch, net.layers[7].worker)
+    net.forward([rng.random((2, 1, 28, 28))])
+    dx = net.backward([np.ones((2, 10))])
+    assert calls == [] and dx == [None]
+    assert fc2_calls == [1]
+    # the first layer's weights still get gradients
+    assert np.abs(net.learnable_weights_gradients()[0].to_numpy()).sum() > 0
+
+
+def test_force_backward_computes_input_gradient(native, monkeypatch, rng):
+    net = lp.Layer.from_config(native, lp.LayerConfig("lenet", lenet_config(batch=2, force_backward=True)), seed=0)
+    calls = _count_calls(monkeypatch, net.layers[0].worker)
+    net.forward([rng.random((2, 1, 28, 28))])
+    dx = net.backward([np.ones((2, 10))])
+    assert calls == [1] and dx[0] is not None and np.abs(dx[0].to_numpy()).sum() > 0
+
+
+def test_layers_before_the_first_weighted_layer_are_pruned(native, monkeypatch, rng):
+    """Leaf counted every layer as feeding the loss, so nothing was ever pruned."""
+    cfg = lp.SequentialConfig(inputs=[("data", [2, 16])])
+    cfg.add_layer(lp.LayerConfig("sig", "Sigmoid"))
+    cfg.add_layer(lp.LayerConfig("reshape", lp.ReshapeConfig(shape=[2, 1, 4, 4])))
+    cfg.add_layer(lp.LayerConfig("conv", lp.ConvolutionConfig(num_output=2, filter_shape=[3])))
+    net = lp.Layer.from_config(native, lp.LayerConfig("net", cfg))
+    sig_calls = _count_calls(monkeypatch, net.layers[0].worker)
+    conv_calls = _count_calls(monkeypatch, net.layers[2].worker)
+    net.forward([rng.random((2, 16))])
+    net.backward([np.ones((2, 2, 2, 2))])
+    assert sig_calls == [] and conv_calls == []
+    assert [layer.runs_backward for layer in net.layers] == [False, False, True]
+
+
+def test_propagate_down_false_stops_gradient(native, monkeypatch, rng):
+    cfg = lp.SequentialConfig(inputs=[("data", [2, 6])], force_backward=True)
+    cfg.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=4)))
+    cfg.add_layer(lp.LayerConfig("tanh", "TanH"))
+    cfg.add_layer(lp.LayerConfig("fc2", lp.LinearConfig(output_size=3), propagate_down=[False]))
+    net = lp.Layer.from_config(native, lp.LayerConfig("net", cfg), seed=1)
+    fc2_calls = _count_calls(monkeypatch, net.layers[2].worker)
+    tanh_calls = _count_calls(monkeypatch, net.layers[1].worker)
+    net.forward([rng.random((2, 6))])
+    dx = net.backward([np.ones((2, 3))])
+    assert fc2_calls == [] and tanh_calls == []
+    assert dx == [None] or np.abs(dx[0].to_numpy()).sum() == 0
+    names = net.learnable_weights_names()
+    grads = dict(zip(names, (g.to_numpy() for g in net.learnable_weights_gradients())))
+    assert np.abs(grads["fc2/weight"]).sum() > 0
+    assert np.abs(grads["fc1/weight"]).sum() == 0  # nothing flowed past fc2
+
+
+@pytest.mark.parametrize("with_reshape", [False, True])
+def test_leaf_sigmoid_spec(native, with_reshape):
+    cfg = lp.SequentialConfig(inputs=[("in", [1, 1, 3] if with_reshape else [1, 3])])
+    if with_reshape:
+        cfg.add_layer(lp.LayerConfig("reshape", lp.ReshapeConfig(shape=[1, 1, 3])))
+    cfg.add_layer(lp.LayerConfig("sigmoid", "Sigmoid"))
+    net = lp.Layer.from_config(native, lp.LayerConfig("net", cfg))
+    x = np.array([1.0, 1.0, 2.0], np.float32).reshape([1, 1, 3] if with_reshape else [1, 3])
+    out = net.forward([x])[0].to_numpy().reshape(-1)
+    np.testing.assert_allclose(out, [0.7310586, 0.7310586, 0.8807971], rtol=1e-6)
+
+
+# --- Leaf's defects --------------------------------------------------------------------------------------------
+def test_nll_uses_every_row_and_the_batch_size(native):
+    """Leaf's NLL read only row 0 and ignored the batch size."""
+    layer = lp.Layer.from_config(native, lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=3)))
+    logp = np.log(np.array([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8], [0.25, 0.5, 0.25]], np.float32))
+    lab = np.array([0, 2, 1])
+    loss = layer.forward([logp, lab])[0].to_numpy()[0]
+    assert loss == pytest.approx(-(np.log(0.7) + np.log(0.8) + np.log(0.5)) / 3, rel=1e-6)
+    dx = layer.backward([np.ones(1)])[0].to_numpy()
+    expected = np.zeros((3, 3))
+    expected[[0, 1, 2], lab] = -1 / 3
+    np.testing.assert_allclose(dx, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["Softmax", "LogSoftmax"])
+def test_softmax_normalises_each_sample(native, rng, kind):
+    """Leaf's native Softmax/LogSoftmax normalised across the whole batch."""
+    layer = lp.Layer.from_config(native, lp.LayerConfig("s", kind))
+    x = rng.standard_normal((4, 6)).astype(np.float32) * 3
+    y = layer.forward([x])[0].to_numpy()
+    p = y if kind == "Softmax" else np.exp(y)
+    np.testing.assert_allclose(p.sum(axis=1), np.ones(4), rtol=1e-6)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(p, e / e.sum(axis=1, keepdims=True), rtol=1e-5)
+
+
+def test_tanh_has_a_config_entry(native):
+    """Leaf had no TanH entry in its layer type config."""
+    layer = lp.Layer.from_config(native, lp.LayerConfig("t", "TanH"))
+    np.testing.assert_allclose(layer.forward([np.array([[0.5, -1.0]])])[0].to_numpy(), np.tanh([[0.5, -1.0]]),
+                               rtol=1e-6)
+
+
+def test_average_pooling_and_cpu_convolution(native):
+    """Leaf had no average pooling, and no Convolution or Pooling on the CPU."""
+    layer = lp.Layer.from_config(native, lp.LayerConfig("p", lp.PoolingConfig(mode="average", filter_shape=[2])))
+    x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
+    np.testing.assert_allclose(layer.forward([x])[0].to_numpy().reshape(2, 2), [[2.5, 4.5], [10.5, 12.5]])
+
+
+@pytest.mark.parametrize("config", [lp.LinearConfig(output_size=2),
+                                    lp.ConvolutionConfig(num_output=2, filter_shape=[1])])
+def test_linear_and_convolution_have_bias(native, config):
+    """Leaf's Linear and Convolution had no bias."""
+    layer = lp.Layer.from_config(native, lp.LayerConfig("l", config))
+    x = np.zeros((1, 3, 1, 1), np.float32) if isinstance(config, lp.ConvolutionConfig) else np.zeros((1, 3), np.float32)
+    layer.forward([x])  # a standalone layer's weights take their shapes from the first input
+    assert layer.learnable_weights_names() == ["l/weight", "l/bias"]
+    layer.learnable_weights_data()[1].set(np.array([1.5, -2.0], np.float32))
+    y = layer.forward([x])[0].to_numpy().reshape(-1)
+    np.testing.assert_allclose(y, [1.5, -2.0])
+    off = lp.Layer.from_config(native, lp.LayerConfig("n", type(config)(**{**config.__dict__, "bias": False})))
+    off.forward([x])
+    assert off.learnable_weights_names() == ["n/weight"]
+
+
+def test_weight_sharing_by_name(native, rng):
+    """Leaf never matched weights shared by name."""
+    cfg = lp.SequentialConfig(inputs=[("data", [2, 4])])
+    shared = [lp.WeightConfig(name="tied_w"), lp.WeightConfig(name="tied_b")]
+    cfg.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=4), params=shared))
+    cfg.add_layer(lp.LayerConfig("tanh", "TanH"))
+    cfg.add_layer(lp.LayerConfig("fc2", lp.LinearConfig(output_size=4), params=shared))
+    net = lp.Layer.from_config(native, lp.LayerConfig("net", cfg), seed=0)
+    assert net.learnable_weights_names() == ["tied_w", "tied_b"]
+    assert net.layers[0].weights[0] is net.layers[2].weights[0]
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    dout = rng.standard_normal((2, 4)).astype(np.float32)
+    net.forward([x])
+    net.backward([dout])
+    gw = net.learnable_weights_gradients()[0].to_numpy()
+    # the shared gradient is the sum of both uses
+    W = net.learnable_weights_data()[0].to_numpy().astype(np.float64)
+    b = net.learnable_weights_data()[1].to_numpy().astype(np.float64)
+    h = np.tanh(x @ W.T + b)
+    dh = (dout @ W) * (1 - h * h)
+    np.testing.assert_allclose(gw, dout.T @ h + dh.T @ x, rtol=1e-4, atol=1e-5)
+
+
+def test_weight_fillers(native):
+    for filler, check in [
+        (lp.FillerConfig(type="constant", value=0.25), lambda w: np.allclose(w, 0.25)),
+        (lp.FillerConfig(type="gaussian", std=0.1), lambda w: 0.08 < w.std() < 0.12),
+        (lp.FillerConfig(type="glorot_uniform"), lambda w: np.abs(w).max() <= np.sqrt(6 / (200 + 100)) + 1e-7),
+        (lp.FillerConfig(type="he"), lambda w: 0.85 * np.sqrt(2 / 200) < w.std() < 1.15 * np.sqrt(2 / 200)),
+    ]:
+        layer = lp.Layer.from_config(native, lp.LayerConfig(
+            "fc", lp.LinearConfig(output_size=100), params=[lp.WeightConfig(filler=filler)]), seed=0)
+        layer.forward([np.zeros((1, 200), np.float32)])
+        w = layer.learnable_weights_data()[0].to_numpy()
+        assert check(w), filler
+        assert np.all(layer.learnable_weights_data()[1].to_numpy() == 0)
