@@ -10,7 +10,10 @@ from .errors import BackendError, BackendUnavailable, ConfigError, LeafpyError, 
 from .layers import (ConvolutionConfig, DropoutConfig, FillerConfig, Layer, LayerConfig, LinearConfig,
                      NegativeLogLikelihoodConfig, PoolingConfig, ReshapeConfig, Sequential, SequentialConfig,
                      WeightConfig, layer_types, register_layer)
+from .metrics import ConfusionMatrix, predictions
+from .solvers import LR_POLICIES, Solver, SolverConfig
 from .tensor import SharedTensor
+from . import data  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -19,4 +22,5 @@ __all__ = [
     "FillerConfig", "Layer", "LayerConfig", "LeafpyError", "LinearConfig", "NegativeLogLikelihoodConfig",
     "PoolingConfig", "ReshapeConfig", "SerializationError", "Sequential", "SequentialConfig", "ShapeError",
     "SharedTensor", "WeightConfig", "available_backends", "backend", "layer_types", "register_layer",
+    "ConfusionMatrix", "LR_POLICIES", "Solver", "SolverConfig", "data", "predictions",
 ]

@@ -17,6 +17,7 @@ input that needs a gradient, and some gradient reaches its outputs.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -292,6 +293,17 @@ class Sequential(Layer):
                 raise ShapeError(f"layer '{self.name}' (Sequential): input {name!r} must have shape {want} "
                                  f"(declared {list(declared)}), got {tuple(got)}")
 
+    def _conform(self, i: int, x: Any) -> Any:
+        """Give an input the declared per-sample layout when only its layout differs (labels [N] vs [N, 1])."""
+        declared = self.input_shapes[i]
+        shape = tuple(x.shape) if isinstance(x, SharedTensor) else np.shape(x)
+        if not shape or tuple(shape[1:]) == tuple(declared[1:]):
+            return x
+        if math.prod(shape[1:]) != math.prod(declared[1:]):
+            return x  # _check_input reports it
+        want = (shape[0], *declared[1:])
+        return x.alias(want) if isinstance(x, SharedTensor) else np.reshape(x, want)
+
     def _bind_top(self) -> None:
         dtype = self.backend.dtype
         grads = [SharedTensor(t.shape, dtype) if need else None
@@ -316,6 +328,7 @@ class Sequential(Layer):
             raise ShapeError(f"layer '{self.name}' (Sequential): expected {len(self.input_names)} input(s) "
                              f"({', '.join(self.input_names)}), got {len(inputs)} (shapes {shapes or 'none'})")
 
+        inputs = [self._conform(i, x) for i, x in enumerate(inputs)]
         tensors, changed = self._to_input_tensors(inputs, self._check_input)
         batch = {t.shape[0] for t in tensors}
         if len(batch) > 1:

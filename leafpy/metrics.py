@@ -1,0 +1,88 @@
+"""Classification metrics: predictions from network outputs and a confusion matrix with accuracy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import _checks
+from .errors import ShapeError
+from .tensor import SharedTensor
+
+
+def predictions(output: Any) -> np.ndarray:
+    """Class predictions (argmax over axis 1) of a network output [N, C] (SharedTensor or array)."""
+    a = output.to_numpy() if isinstance(output, SharedTensor) else np.asarray(output)
+    if a.ndim < 2:
+        raise ShapeError(f"predictions: expected network outputs of shape [N, C], got {a.shape}")
+    return a.reshape(a.shape[0], a.shape[1], -1)[:, :, 0].argmax(axis=1)
+
+
+class ConfusionMatrix:
+    """Counts (target, prediction) pairs. With ``capacity``, only the last ``capacity`` samples count (a running
+    accuracy during training)."""
+
+    def __init__(self, num_classes: int, capacity: int | None = None) -> None:
+        self.num_classes = _checks.positive_int("ConfusionMatrix.num_classes", num_classes)
+        self.capacity = None if capacity is None else _checks.positive_int("ConfusionMatrix.capacity", capacity)
+        self._targets: list[np.ndarray] = []
+        self._preds: list[np.ndarray] = []
+        self._matrix = np.zeros((self.num_classes, self.num_classes), dtype=np.int64)
+
+    def add(self, predictions: Any, targets: Any) -> None:
+        """Add predicted and true class indices (any shapes with the same number of elements)."""
+        p = np.asarray(predictions).reshape(-1).astype(np.int64)
+        t = np.asarray(targets).reshape(-1).astype(np.int64)
+        if p.size != t.size:
+            raise ShapeError(f"ConfusionMatrix.add: {p.size} predictions but {t.size} targets")
+        k = self.num_classes
+        for name, v in (("prediction", p), ("target", t)):
+            if v.size and (v.min() < 0 or v.max() >= k):
+                raise ShapeError(f"ConfusionMatrix.add: a {name} is outside [0, {k - 1}]")
+        np.add.at(self._matrix, (t, p), 1)
+        if self.capacity is not None:
+            self._targets.append(t)
+            self._preds.append(p)
+            total = sum(x.size for x in self._targets)
+            while total > self.capacity:
+                drop = min(total - self.capacity, self._targets[0].size)
+                np.add.at(self._matrix, (self._targets[0][:drop], self._preds[0][:drop]), -1)
+                self._targets[0], self._preds[0] = self._targets[0][drop:], self._preds[0][drop:]
+                if not self._targets[0].size:
+                    self._targets.pop(0)
+                    self._preds.pop(0)
+                total -= drop
+
+    def add_outputs(self, outputs: Any, targets: Any) -> None:
+        """Add network outputs [N, C] (their argmax is the prediction) and targets."""
+        self.add(predictions(outputs), targets)
+
+    @property
+    def matrix(self) -> np.ndarray:
+        """Counts: rows are targets, columns predictions."""
+        return self._matrix.copy()
+
+    @property
+    def samples(self) -> int:
+        return int(self._matrix.sum())
+
+    def accuracy(self) -> float:
+        n = self.samples
+        return float(np.trace(self._matrix)) / n if n else 0.0
+
+    def reset(self) -> None:
+        self._matrix[...] = 0
+        self._targets.clear()
+        self._preds.clear()
+
+    def __str__(self) -> str:
+        k = self.num_classes
+        width = max(5, len(str(int(self._matrix.max(initial=0)))) + 1)
+        lines = ["target\\pred " + "".join(f"{c:>{width}}" for c in range(k)) + f"{'recall':>8}"]
+        for t in range(k):
+            row = self._matrix[t]
+            recall = row[t] / row.sum() if row.sum() else 0.0
+            lines.append(f"{t:>11} " + "".join(f"{v:>{width}}" for v in row) + f"{recall:>8.1%}")
+        lines.append(f"accuracy {self.accuracy():.2%} of {self.samples} samples")
+        return "\n".join(lines)

@@ -1,0 +1,22 @@
+"""Adam (Caffe's form): moment estimates m and v, with the bias correction folded into the step size:
+``lr_t = lr·sqrt(1 - beta2^t) / (1 - beta1^t)``, ``w -= lr_t·m / (sqrt(v) + epsilon)``, t = iteration + 1."""
+
+from __future__ import annotations
+
+import math
+
+from .solver import UpdateRule
+from . import register_rule
+
+
+@register_rule
+class Adam(UpdateRule):
+    name = "adam"
+    state_names = ("m", "v")
+
+    def update(self, backend, w, g, state, lr, iteration):
+        m, v = state
+        c = self.config
+        t = iteration + 1
+        lr_t = lr * math.sqrt(1.0 - c.beta2 ** t) / (1.0 - c.beta1 ** t)
+        backend.adam_update(w, g, m, v, lr_t, c.beta1, c.beta2, c.epsilon)

@@ -1,0 +1,17 @@
+"""Momentum SGD as in Leaf and Caffe: ``h = momentum·h + lr·g; w -= h`` (history starts at zero)."""
+
+from __future__ import annotations
+
+from .solver import UpdateRule
+from . import register_rule
+
+
+@register_rule
+class Momentum(UpdateRule):
+    name = "momentum"
+    state_names = ("history",)
+
+    def update(self, backend, w, g, state, lr, iteration):
+        (h,) = state
+        backend.axpby(lr, g, self.config.momentum, h)
+        backend.axpby(-1.0, h, 1.0, w)

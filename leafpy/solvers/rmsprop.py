@@ -1,0 +1,16 @@
+"""RMSprop (Caffe's form): ``h = rms_decay·h + (1 - rms_decay)·g²; w -= lr·g / (sqrt(h) + epsilon)``."""
+
+from __future__ import annotations
+
+from .solver import UpdateRule
+from . import register_rule
+
+
+@register_rule
+class RMSprop(UpdateRule):
+    name = "rmsprop"
+    state_names = ("history",)
+
+    def update(self, backend, w, g, state, lr, iteration):
+        (h,) = state
+        backend.rmsprop_update(w, g, h, lr, self.config.rms_decay, self.config.epsilon)

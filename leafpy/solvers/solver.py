@@ -1,0 +1,246 @@
+"""Solver and SolverConfig: one training step is forward, objective forward/backward, network backward, then
+Caffe's update sequence: clip gradients -> normalize (accumulation) -> regularize (L2) -> the update rule.
+
+Learning-rate policies: Leaf's fixed, step and exp, and Caffe's inv, multistep, poly and sigmoid, with Caffe's
+formulas (``iteration`` counts updates).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+from .. import _checks
+from ..backends.base import Backend
+from ..errors import ConfigError
+from ..layers.layer import Layer, LayerConfig, WeightConfig
+from ..tensor import SharedTensor
+
+LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SolverConfig:
+    """How to train: the network, the objective (a loss over the network's output and the target), the update
+    rule and its hyperparameters, the learning-rate policy, clipping, weight decay and gradient accumulation."""
+
+    name: str = ""
+    network: LayerConfig | None = None
+    objective: LayerConfig | None = None
+    solver: str = "momentum"
+    minibatch_size: int = 1
+    lr_policy: str = "fixed"
+    base_lr: float = 0.01
+    gamma: float = 0.1
+    stepsize: int = 10
+    stepvalues: tuple[int, ...] = ()
+    power: float = 1.0
+    max_iter: int | None = None
+    clip_gradients: float | None = None
+    weight_decay: float | None = None
+    momentum: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    epsilon: float = 1e-8
+    rms_decay: float = 0.99
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        s = object.__setattr__
+        from . import update_rules
+
+        if not isinstance(self.name, str):
+            raise ConfigError(f"solver.name: expected a string, got {self.name!r}")
+        for what in ("network", "objective"):
+            v = getattr(self, what)
+            if v is not None and not isinstance(v, LayerConfig):
+                raise ConfigError(f"solver.{what}: expected a LayerConfig, got {type(v).__name__}")
+        s(self, "solver", _checks.choice("solver.solver", self.solver, sorted(update_rules())))
+        s(self, "lr_policy", _checks.choice("solver.lr_policy", self.lr_policy, LR_POLICIES))
+        s(self, "minibatch_size", _checks.positive_int("solver.minibatch_size", self.minibatch_size))
+        s(self, "base_lr", _checks.number("solver.base_lr", self.base_lr, minimum=0.0))
+        s(self, "gamma", _checks.number("solver.gamma", self.gamma))  # sigmoid decays with a negative gamma
+        s(self, "stepsize", _checks.positive_int("solver.stepsize", self.stepsize))
+        steps = tuple(_checks.non_negative_int(f"solver.stepvalues[{i}]", v) for i, v in enumerate(self.stepvalues))
+        if any(b <= a for a, b in zip(steps, steps[1:])):
+            raise ConfigError(f"solver.stepvalues: expected increasing iterations, got {list(steps)}")
+        s(self, "stepvalues", steps)
+        s(self, "power", _checks.number("solver.power", self.power))
+        if self.max_iter is not None:
+            s(self, "max_iter", _checks.positive_int("solver.max_iter", self.max_iter))
+        elif self.lr_policy == "poly":
+            raise ConfigError("solver.max_iter: the poly policy needs max_iter (a positive integer)")
+        if self.lr_policy == "multistep" and not steps:
+            raise ConfigError("solver.stepvalues: the multistep policy needs stepvalues, e.g. [1000, 2000]")
+        if self.clip_gradients is not None:
+            s(self, "clip_gradients", _checks.number("solver.clip_gradients", self.clip_gradients, minimum=0.0,
+                                                     min_open=True))
+        if self.weight_decay is not None:
+            s(self, "weight_decay", _checks.number("solver.weight_decay", self.weight_decay, minimum=0.0))
+        s(self, "momentum", _checks.number("solver.momentum", self.momentum, minimum=0.0, maximum=1.0,
+                                           max_open=True))
+        s(self, "beta1", _checks.number("solver.beta1", self.beta1, minimum=0.0, maximum=1.0, max_open=True))
+        s(self, "beta2", _checks.number("solver.beta2", self.beta2, minimum=0.0, maximum=1.0, max_open=True))
+        s(self, "epsilon", _checks.number("solver.epsilon", self.epsilon, minimum=0.0, min_open=True))
+        s(self, "rms_decay", _checks.number("solver.rms_decay", self.rms_decay, minimum=0.0, maximum=1.0,
+                                            max_open=True))
+        if self.seed is not None:
+            s(self, "seed", _checks.non_negative_int("solver.seed", self.seed))
+
+    def learning_rate(self, iteration: int) -> float:
+        """The learning rate at ``iteration`` under this config's policy (Caffe's formulas)."""
+        base, gamma, it = self.base_lr, self.gamma, iteration
+        policy = self.lr_policy
+        if policy == "fixed":
+            return base
+        if policy == "step":
+            return base * gamma ** (it // self.stepsize)
+        if policy == "exp":
+            return base * gamma ** it
+        if policy == "inv":
+            return base * (1.0 + gamma * it) ** (-self.power)
+        if policy == "multistep":
+            return base * gamma ** sum(1 for v in self.stepvalues if it >= v)
+        if policy == "poly":
+            assert self.max_iter is not None
+            return base * max(0.0, 1.0 - it / self.max_iter) ** self.power
+        return base / (1.0 + math.exp(-gamma * (it - self.stepsize)))
+
+
+class UpdateRule:
+    """An update rule: per weight, a list of history tensors (named for checkpoints) and the update itself."""
+
+    name: ClassVar[str] = ""
+    state_names: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, config: SolverConfig) -> None:
+        self.config = config
+
+    def update(self, backend: Backend, w: Any, g: Any, state: list[Any], lr: float, iteration: int) -> None:
+        raise NotImplementedError
+
+
+class Solver:
+    """Trains ``network`` against ``objective``; see the module docstring for the step."""
+
+    def __init__(self, network: Layer, objective: Layer, config: SolverConfig) -> None:
+        from . import update_rules
+
+        self.network = network
+        self.objective = objective
+        self.config = config
+        self.iteration = 0
+        self.rule: UpdateRule = update_rules()[config.solver](config)
+        self._calls = 0  # train_minibatch calls since the last update
+        be = network.backend
+        weights = network.learnable_weights_data()
+        dtype = be.dtype
+        self.state: list[list[SharedTensor]] = [[SharedTensor(w.shape, dtype) for _ in self.rule.state_names]
+                                                for w in weights]
+        self._accum = [SharedTensor(w.shape, dtype) for w in weights] if config.minibatch_size > 1 else []
+        self._one = SharedTensor.from_numpy(np.ones(1, dtype=objective.backend.dtype))
+        self._scratch = SharedTensor((1,), dtype)
+
+    @staticmethod
+    def from_config(network_backend: Backend, objective_backend: Backend, config: SolverConfig) -> "Solver":
+        """Build the network and objective of ``config`` on their backends."""
+        if not isinstance(config, SolverConfig):
+            raise ConfigError(f"Solver.from_config: expected a SolverConfig, got {type(config).__name__}")
+        if config.network is None or config.objective is None:
+            raise ConfigError("solver.network and solver.objective: both must be given (LayerConfigs)")
+        network = Layer.from_config(network_backend, config.network, seed=config.seed)
+        objective = Layer.from_config(objective_backend, config.objective)
+        return Solver(network, objective, config)
+
+    @property
+    def objective(self) -> Layer:
+        return self._objective
+
+    @objective.setter
+    def objective(self, layer: Layer) -> None:
+        n = getattr(layer, "num_inputs", 0)
+        if not hasattr(layer, "require_input_gradients") or n < 1:
+            raise ConfigError(f"solver.objective: expected a Sequential whose first input is the network output, "
+                              f"got {layer!r}")
+        layer.require_input_gradients([True] + [False] * (n - 1))  # type: ignore[attr-defined]
+        self._objective = layer
+
+    # --- training -----------------------------------------------------------------------------------------
+    def train_minibatch(self, data: Any, target: Any) -> SharedTensor:
+        """One forward/backward pass and (every minibatch_size-th call) one update; returns the network output."""
+        self.network.set_training(True)
+        out = self.network.forward([data])[0]
+        self.objective.forward([out, target])
+        dnet = self.objective.backward([self._one])[0]
+        self.network.backward([dnet])
+        be = self.network.backend
+        grads = self.network.learnable_weights_gradients()
+        k = self.config.minibatch_size
+        if k > 1:
+            first = self._calls == 0
+            for g, acc in zip(grads, self._accum):
+                a = acc.write(be) if first else acc.read_write(be)
+                be.axpby(1.0, g.read(be), 0.0 if first else 1.0, a)
+            self._calls += 1
+            if self._calls < k:
+                return out
+            self._calls = 0
+            grads = self._accum
+        self._update(grads)
+        return out
+
+    def loss(self) -> float:
+        """The objective's value for the last minibatch (reads it back to the host)."""
+        return float(self.objective.outputs[0].to_numpy().reshape(-1)[0])
+
+    def _update(self, grads: Sequence[SharedTensor]) -> None:
+        cfg = self.config
+        be = self.network.backend
+        weights = self.network.learnable_weights_data()
+        configs: list[WeightConfig] = self.network.learnable_weights_configs()
+        g_bufs = [g.read_write(be) for g in grads]
+        if cfg.clip_gradients is not None:
+            self._clip(be, g_bufs, cfg.clip_gradients)
+        if cfg.minibatch_size > 1:
+            for g in g_bufs:
+                be.scal(1.0 / cfg.minibatch_size, g)
+        rate = cfg.learning_rate(self.iteration)
+        for w, g, wc, state in zip(weights, g_bufs, configs, self.state):
+            wb = w.read_write(be)
+            if cfg.weight_decay and wc.decay_mult:
+                be.axpby(cfg.weight_decay * wc.decay_mult, wb, 1.0, g)
+            st = [s.read_write(be) for s in state]
+            self.rule.update(be, wb, g, st, rate * wc.lr_mult, self.iteration)
+        self.iteration += 1
+
+    def _clip(self, be: Backend, g_bufs: list[Any], threshold: float) -> None:
+        scratch = self._scratch.write(be)
+        total = 0.0
+        for g in g_bufs:
+            be.dot(g, g, scratch)
+            total += be.read_scalar(scratch)
+        norm = math.sqrt(total)
+        if norm > threshold:
+            for g in g_bufs:
+                be.scal(threshold / norm, g)
+
+    def learning_rate(self) -> float:
+        """The learning rate the next update will use."""
+        return self.config.learning_rate(self.iteration)
+
+    # --- checkpoints ------------------------------------------------------------------------------------
+    def save_checkpoint(self, path: str) -> None:
+        """Write config, weights, iteration and update-rule state to ``path`` (atomically)."""
+        from ..serialization import save_checkpoint
+
+        save_checkpoint(self, path)
+
+    @staticmethod
+    def load_checkpoint(network_backend: Backend, objective_backend: Backend, path: str) -> "Solver":
+        """Resume a solver saved with :meth:`save_checkpoint`."""
+        from ..serialization import load_checkpoint
+
+        return load_checkpoint(network_backend, objective_backend, path)

@@ -1,0 +1,241 @@
+"""The solver: learning-rate policies, the update rules step by step, clipping, accumulation, weight decay,
+lr_mult, and real training on scikit-learn's digits."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import leafpy as lp
+
+
+def policy(**kw):
+    return lp.SolverConfig(**kw).learning_rate
+
+
+def test_leaf_learning_rate_numbers():
+    fixed = policy(lr_policy="fixed", base_lr=5)
+    assert [fixed(i) for i in (0, 100, 1000)] == [5, 5, 5]
+    step = policy(lr_policy="step", base_lr=5, gamma=0.5, stepsize=10)
+    assert [step(i) for i in (0, 10, 20)] == pytest.approx([5, 2.5, 1.25])
+    exp = policy(lr_policy="exp", base_lr=5, gamma=0.5)
+    assert [exp(i) for i in range(4)] == pytest.approx([5, 2.5, 1.25, 0.625])
+
+
+@pytest.mark.parametrize("it", [0, 1, 7, 250, 999])
+def test_caffe_learning_rate_formulas(it):
+    base, gamma, power = 0.1, 0.01, 0.75
+    assert policy(lr_policy="inv", base_lr=base, gamma=gamma, power=power)(it) == pytest.approx(
+        base * (1 + gamma * it) ** -power)
+    steps = (5, 100, 500)
+    assert policy(lr_policy="multistep", base_lr=base, gamma=0.5, stepvalues=steps)(it) == pytest.approx(
+        base * 0.5 ** sum(it >= s for s in steps))
+    assert policy(lr_policy="poly", base_lr=base, power=2.0, max_iter=1000)(it) == pytest.approx(
+        base * (1 - it / 1000) ** 2)
+    assert policy(lr_policy="sigmoid", base_lr=base, gamma=-0.05, stepsize=200)(it) == pytest.approx(
+        base / (1 + math.exp(0.05 * (it - 200))))
+
+
+@pytest.mark.parametrize("kw,field", [
+    ({"base_lr": -0.1}, "base_lr"),
+    ({"momentum": 1.0}, "momentum"),
+    ({"momentum": -0.5}, "momentum"),
+    ({"stepsize": 0}, "stepsize"),
+    ({"lr_policy": "cosine"}, "fixed.*step.*exp.*inv.*multistep.*poly.*sigmoid"),
+    ({"solver": "lbfgs"}, "adam.*momentum.*nesterov.*rmsprop"),
+    ({"lr_policy": "poly"}, "max_iter"),
+    ({"lr_policy": "multistep"}, "stepvalues"),
+    ({"clip_gradients": 0}, "clip_gradients"),
+    ({"minibatch_size": 0}, "minibatch_size"),
+])
+def test_invalid_solver_config(kw, field):
+    with pytest.raises(lp.ConfigError, match=field):
+        lp.SolverConfig(**kw)
+
+
+def tiny_solver(backend, solver, batch=4, **kw):
+    """Linear 3 -> 2 (bias lr_mult 2, decay_mult 0) under a mean-squared-error objective."""
+    net = lp.SequentialConfig(inputs=[("data", [batch, 3])])
+    net.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=2),
+                                 params=[lp.WeightConfig(), lp.WeightConfig(lr_mult=2.0, decay_mult=0.0)]))
+    obj = lp.SequentialConfig(inputs=[("network_out", [batch, 2]), ("target", [batch, 2])])
+    obj.add_layer(lp.LayerConfig("mse", "MeanSquaredError"))
+    cfg = lp.SolverConfig(network=lp.LayerConfig("net", net), objective=lp.LayerConfig("loss", obj),
+                          solver=solver, seed=0, **kw)
+    return lp.Solver.from_config(backend, backend, cfg)
+
+
+def by_hand(solver_name, W, b, xs, ts, *, lr, m=0.9, wd=0.01, b1=0.9, b2=0.999, eps=1e-8, decay=0.99):
+    """The same updates written out in NumPy (float64)."""
+    W, b = W.copy(), b.copy()
+    hist = {k: [np.zeros_like(W), np.zeros_like(b)] for k in ("h", "m", "v")}
+    out = []
+    for it, (x, t) in enumerate(zip(xs, ts)):
+        y = x @ W.T + b
+        dy = 2 * (y - t) / y.size
+        gW, gb = dy.T @ x + wd * W, dy.sum(0)  # bias: decay_mult 0
+        for k, (p, g, mult) in enumerate(((W, gW, 1.0), (b, gb, 2.0))):
+            rate = lr * mult
+            if solver_name == "momentum":
+                hist["h"][k] = m * hist["h"][k] + rate * g
+                p -= hist["h"][k]
+            elif solver_name == "nesterov":
+                prev = hist["h"][k].copy()
+                hist["h"][k] = m * hist["h"][k] + rate * g
+                p -= (1 + m) * hist["h"][k] - m * prev
+            elif solver_name == "adam":
+                hist["m"][k] = b1 * hist["m"][k] + (1 - b1) * g
+                hist["v"][k] = b2 * hist["v"][k] + (1 - b2) * g * g
+                t_ = it + 1
+                rate_t = rate * np.sqrt(1 - b2 ** t_) / (1 - b1 ** t_)
+                p -= rate_t * hist["m"][k] / (np.sqrt(hist["v"][k]) + eps)
+            elif solver_name == "rmsprop":
+                hist["h"][k] = decay * hist["h"][k] + (1 - decay) * g * g
+                p -= rate * g / (np.sqrt(hist["h"][k]) + eps)
+        out.append((W.copy(), b.copy()))
+    return out
+
+
+@pytest.mark.parametrize("rule", ["momentum", "nesterov", "adam", "rmsprop"])
+def test_first_three_steps_by_hand(native64, rule):
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal((4, 3)) for _ in range(3)]
+    ts = [rng.standard_normal((4, 2)) for _ in range(3)]
+    lr = 0.1
+    solver = tiny_solver(native64, rule, base_lr=lr, momentum=0.9, weight_decay=0.01)
+    W0, b0 = (w.to_numpy() for w in solver.network.learnable_weights_data())
+    expected = by_hand(rule, W0, b0, xs, ts, lr=lr)
+    for step, (x, t) in enumerate(zip(xs, ts)):
+        solver.train_minibatch(x, t)
+        W, b = (w.to_numpy() for w in solver.network.learnable_weights_data())
+        tol = 1e-12
+        np.testing.assert_allclose(W, expected[step][0], rtol=tol, atol=tol, err_msg=f"{rule} step {step}")
+        np.testing.assert_allclose(b, expected[step][1], rtol=tol, atol=tol, err_msg=f"{rule} step {step}")
+        assert not np.allclose(W, W0)
+    assert solver.iteration == 3
+
+
+def test_clipping_clips_to_the_threshold_and_leaves_small_gradients(native64):
+    rng = np.random.default_rng(0)
+    x, t = rng.standard_normal((4, 3)) * 10, rng.standard_normal((4, 2)) * 10
+    probe = tiny_solver(native64, "momentum", base_lr=0.0)
+    probe.train_minibatch(x, t)
+    norm = math.sqrt(sum(np.sum(g.to_numpy() ** 2) for g in probe.network.learnable_weights_gradients()))
+    for threshold in (norm / 4, norm * 2):
+        s = tiny_solver(native64, "momentum", base_lr=1.0, clip_gradients=threshold)
+        w0 = [w.to_numpy() for w in s.network.learnable_weights_data()]
+        s.train_minibatch(x, t)
+        # with lr 1 and zero momentum history, the applied step is lr_mult * clipped gradient
+        steps = [(a - w.to_numpy()) / mult for a, w, mult in zip(w0, s.network.learnable_weights_data(), (1, 2))]
+        applied = math.sqrt(sum(np.sum(d ** 2) for d in steps))
+        assert applied == pytest.approx(min(threshold, norm), rel=1e-9)
+
+
+@pytest.mark.parametrize("rule", ["momentum", "adam"])
+def test_accumulation_equals_the_concatenated_batch(native64, rule):
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal((4, 3)) for _ in range(6)]
+    ts = [rng.standard_normal((4, 2)) for _ in range(6)]
+    accumulated = tiny_solver(native64, rule, base_lr=0.05, momentum=0.9, minibatch_size=3, weight_decay=0.01)
+    whole = tiny_solver(native64, rule, batch=12, base_lr=0.05, momentum=0.9, weight_decay=0.01)
+    for x, t in zip(xs, ts):
+        accumulated.train_minibatch(x, t)
+    for k in (0, 3):
+        whole.train_minibatch(np.concatenate(xs[k:k + 3]), np.concatenate(ts[k:k + 3]))
+    assert accumulated.iteration == whole.iteration == 2
+    for a, b in zip(accumulated.network.learnable_weights_data(), whole.network.learnable_weights_data()):
+        np.testing.assert_allclose(a.to_numpy(), b.to_numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_weight_decay_is_applied(native64):
+    """Leaf never implemented weight decay: with zero gradient signal, decay alone shrinks the weights."""
+    s = tiny_solver(native64, "momentum", base_lr=0.1, weight_decay=0.5)
+    x = np.zeros((4, 3))
+    W0 = s.network.learnable_weights_data()[0].to_numpy()
+    b0 = s.network.learnable_weights_data()[1].to_numpy()
+    s.train_minibatch(x, np.zeros((4, 2)) + b0)  # prediction equals target: zero loss gradient
+    np.testing.assert_allclose(s.network.learnable_weights_data()[0].to_numpy(), W0 * (1 - 0.1 * 0.5), rtol=1e-12)
+
+
+def test_lr_mult_zero_freezes_a_weight(native64):
+    net = lp.SequentialConfig(inputs=[("data", [2, 3])])
+    net.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=2), params=[lp.WeightConfig(lr_mult=0.0)]))
+    obj = lp.SequentialConfig(inputs=[("network_out", [2, 2]), ("target", [2, 2])])
+    obj.add_layer(lp.LayerConfig("mse", "MeanSquaredError"))
+    s = lp.Solver.from_config(native64, native64, lp.SolverConfig(
+        network=lp.LayerConfig("n", net), objective=lp.LayerConfig("o", obj), base_lr=0.5))
+    W0, b0 = (w.to_numpy() for w in s.network.learnable_weights_data())
+    s.train_minibatch(np.ones((2, 3)), np.full((2, 2), 3.0))
+    W1, b1 = (w.to_numpy() for w in s.network.learnable_weights_data())
+    np.testing.assert_array_equal(W0, W1)
+    assert not np.allclose(b0, b1)
+
+
+def test_confusion_matrix():
+    cm = lp.ConfusionMatrix(3)
+    cm.add([0, 1, 2, 2], [0, 1, 1, 2])
+    assert cm.accuracy() == 0.75 and cm.samples == 4
+    assert cm.matrix[1, 2] == 1
+    assert "accuracy 75.00% of 4 samples" in str(cm)
+    running = lp.ConfusionMatrix(3, capacity=2)
+    running.add([0, 0, 0], [1, 1, 1])
+    running.add([2], [2])
+    assert running.samples == 2 and running.accuracy() == 0.5
+    out = np.array([[0.1, 0.9, 0.0], [0.8, 0.1, 0.1]])
+    assert list(lp.predictions(out)) == [1, 0]
+    with pytest.raises(lp.ShapeError):
+        cm.add([3], [0])
+
+
+# --- real data ------------------------------------------------------------------------------------------------
+def train_digits(net_cfg, epochs, batch=32, lr=0.05):
+    ds = lp.data.digits(test_fraction=0.2, seed=0)
+    be = lp.backend("native")
+    obj = lp.SequentialConfig(inputs=[("network_out", [batch, 10]), ("label", [batch, 1])])
+    obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=10)))
+    cfg = lp.SolverConfig(network=lp.LayerConfig("net", net_cfg), objective=lp.LayerConfig("loss", obj),
+                          solver="momentum", base_lr=lr, momentum=0.9, weight_decay=1e-4, lr_policy="step",
+                          gamma=0.5, stepsize=400, seed=0)
+    solver = lp.Solver.from_config(be, be, cfg)
+    for epoch in range(epochs):
+        for xb, yb in lp.data.batches(ds.x_train, ds.y_train, batch, seed=0, epoch=epoch):
+            solver.train_minibatch(xb, yb)
+    solver.network.set_training(False)
+    cm = lp.ConfusionMatrix(10)
+    cm.add_outputs(solver.network.forward([ds.x_test])[0], ds.y_test)
+    assert cm.samples == 359
+    return cm.accuracy(), solver
+
+
+@pytest.mark.slow
+def test_digits_mlp_reaches_96_percent():
+    cfg = lp.SequentialConfig(inputs=[("data", [32, 1, 8, 8])])
+    cfg.add_layer(lp.LayerConfig("flat", "Flatten"))
+    cfg.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=128)))
+    cfg.add_layer(lp.LayerConfig("relu1", "ReLU"))
+    cfg.add_layer(lp.LayerConfig("fc2", lp.LinearConfig(output_size=10)))
+    cfg.add_layer(lp.LayerConfig("logsm", "LogSoftmax"))
+    acc, solver = train_digits(cfg, epochs=20)
+    assert acc >= 0.96, acc
+    assert solver.loss() < 0.5
+
+
+@pytest.mark.slow
+def test_digits_convnet_reaches_97_percent():
+    cfg = lp.SequentialConfig(inputs=[("data", [32, 1, 8, 8])])
+    cfg.add_layer(lp.LayerConfig("conv1", lp.ConvolutionConfig(num_output=20, filter_shape=[3], padding=[1])))
+    cfg.add_layer(lp.LayerConfig("relu1", "ReLU"))
+    cfg.add_layer(lp.LayerConfig("pool1", lp.PoolingConfig(mode="max", filter_shape=[2])))
+    cfg.add_layer(lp.LayerConfig("conv2", lp.ConvolutionConfig(num_output=40, filter_shape=[3], padding=[1])))
+    cfg.add_layer(lp.LayerConfig("relu2", "ReLU"))
+    cfg.add_layer(lp.LayerConfig("pool2", lp.PoolingConfig(mode="max", filter_shape=[2])))
+    cfg.add_layer(lp.LayerConfig("flat", "Flatten"))
+    cfg.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=100)))
+    cfg.add_layer(lp.LayerConfig("relu3", "ReLU"))
+    cfg.add_layer(lp.LayerConfig("drop", lp.DropoutConfig(ratio=0.2)))
+    cfg.add_layer(lp.LayerConfig("fc2", lp.LinearConfig(output_size=10)))
+    cfg.add_layer(lp.LayerConfig("logsm", "LogSoftmax"))
+    acc, _ = train_digits(cfg, epochs=15)
+    assert acc >= 0.97, acc
