@@ -13,7 +13,7 @@ from .layers import (ConvolutionConfig, DropoutConfig, FillerConfig, Layer, Laye
 from .metrics import ConfusionMatrix, predictions
 from .solvers import LR_POLICIES, Solver, SolverConfig
 from .tensor import SharedTensor
-from . import data  # noqa: E402
+from . import config, data  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -22,5 +22,5 @@ __all__ = [
     "FillerConfig", "Layer", "LayerConfig", "LeafpyError", "LinearConfig", "NegativeLogLikelihoodConfig",
     "PoolingConfig", "ReshapeConfig", "SerializationError", "Sequential", "SequentialConfig", "ShapeError",
     "SharedTensor", "WeightConfig", "available_backends", "backend", "layer_types", "register_layer",
-    "ConfusionMatrix", "LR_POLICIES", "Solver", "SolverConfig", "data", "predictions",
+    "ConfusionMatrix", "LR_POLICIES", "Solver", "SolverConfig", "config", "data", "predictions",
 ]

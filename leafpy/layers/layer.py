@@ -391,6 +391,12 @@ class Layer:
             self._weight_names.append(full)
             self._weight_configs.append(cfg)
             self.weight_beta.append(0.0)
+        pending = getattr(self, "_pending_weights", None)
+        if pending is not None:
+            from ..serialization import apply_weights
+
+            del self._pending_weights
+            apply_weights(self, *pending)
 
     def bind(self, inputs: list[SharedTensor], input_grads: list[SharedTensor | None], *,
              in_place: bool = False) -> None:

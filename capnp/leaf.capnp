@@ -1,0 +1,156 @@
+@0x8316e0f30c445924;
+
+# leafpy's file format: models (Layer) and solver checkpoints (SolverCheckpoint), packed encoding.
+# Everything Leaf 0.2.1 wrote keeps its struct, field name and ordinal, so Leaf's files load; leafpy's additions
+# come after them, with defaults under which a Leaf file means what it meant in Leaf (a missing bias field reads
+# as "no bias", as Leaf's Linear and Convolution had none).
+
+struct Weight {
+  name @0 :Text;
+  tensor @1 :Tensor;
+}
+
+struct Tensor {
+  shape @0 :List(UInt64);
+  data @1 :List(Float32);
+}
+
+struct Layer {
+  name @0 :Text;
+  config @1 :LayerConfig;
+  weightsData @2 :List(Weight);
+}
+
+struct LayerConfig {
+  name @0 :Text;
+  layerType :union {
+    # Common layers
+    convolution @1 :ConvolutionConfig;
+    linear @2 :LinearConfig;
+    logSoftmax @3 :Void;
+    pooling @4 :PoolingConfig;
+    sequential @5 :SequentialConfig;
+    softmax @6 :Void;
+    # Activation layers
+    relu @7 :Void;
+    sigmoid @8 :Void;
+    # Loss layers
+    negativeLogLikelihood @9 :NegativeLogLikelihoodConfig;
+    # Utility layers
+    reshape @10 :ReshapeConfig;
+    # leafpy's layer types
+    tanh @15 :Void;
+    dropout @16 :DropoutConfig;
+    flatten @17 :Void;
+    meanSquaredError @18 :Void;
+  }
+
+  outputs @11 :List(Text);
+  inputs @12 :List(Text);
+  params @13 :List(WeightConfig);
+  propagateDown @14 :List(Bool);
+}
+
+struct WeightConfig {
+  name @0 :Text;            # empty: not shared
+  lrMult @1 :Float64 = 1.0;
+  decayMult @2 :Float64 = 1.0;
+  filler @3 :FillerConfig;  # absent: the layer's default
+}
+
+struct FillerConfig {
+  type @0 :FillerType;
+  value @1 :Float64;
+  std @2 :Float64 = 0.01;
+}
+
+enum FillerType {
+  glorotUniform @0;
+  constant @1;
+  gaussian @2;
+  he @3;
+}
+
+struct ConvolutionConfig {
+  numOutput @0 :UInt64;
+  filterShape @1 :List(UInt64);
+  stride @2 :List(UInt64);
+  padding @3 :List(UInt64);
+  bias @4 :Bool;
+}
+
+struct LinearConfig {
+  outputSize @0 :UInt64;
+  bias @1 :Bool;
+}
+
+struct PoolingConfig {
+  mode @0 :PoolingMode;
+  filterShape @1 :List(UInt64);
+  stride @2 :List(UInt64);
+  padding @3 :List(UInt64);
+}
+
+enum PoolingMode {
+  max @0;
+  average @1;
+}
+
+struct SequentialConfig {
+  layers @0 :List(LayerConfig);
+  inputs @1 :List(ShapedInput);
+  forceBackward @2 :Bool;
+}
+
+struct ShapedInput {
+  name @0 :Text;
+  shape @1 :List(UInt64);
+}
+
+struct NegativeLogLikelihoodConfig {
+  numClasses @0 :UInt64;
+}
+
+struct ReshapeConfig {
+  shape @0 :List(UInt64);   # 0 after the batch dimension: inferred (leafpy's -1)
+}
+
+struct DropoutConfig {
+  ratio @0 :Float64;
+}
+
+# Solver checkpoints
+
+struct SolverConfig {
+  name @0 :Text;
+  network @1 :LayerConfig;
+  objective @2 :LayerConfig;
+  solver @3 :Text;
+  minibatchSize @4 :UInt64;
+  lrPolicy @5 :Text;
+  baseLr @6 :Float64;
+  gamma @7 :Float64;
+  stepsize @8 :UInt64;
+  stepvalues @9 :List(UInt64);
+  power @10 :Float64;
+  maxIter @11 :UInt64;        # 0: none
+  clipGradients @12 :Float64; # 0: no clipping
+  weightDecay @13 :Float64;   # 0: none
+  momentum @14 :Float64;
+  beta1 @15 :Float64;
+  beta2 @16 :Float64;
+  epsilon @17 :Float64;
+  rmsDecay @18 :Float64;
+  seed @19 :Int64 = -1;       # -1: none
+}
+
+struct SolverCheckpoint {
+  config @0 :SolverConfig;
+  network @1 :Layer;
+  iteration @2 :UInt64;
+  state @3 :List(Weight);        # update-rule history, named "{weight}#{state}"
+  pendingCalls @4 :UInt64;       # gradient accumulation: calls since the last update
+  accumulated @5 :List(Weight);  # and their summed gradients
+  rngSeeds @6 :List(UInt64);     # per random layer (dropout), in network order: its seed
+  rngCalls @7 :List(UInt64);     # and how many masks it has drawn
+}

@@ -1,0 +1,304 @@
+"""The ``leafpy`` command: train, evaluate and summarise networks described by YAML run files.
+
+    leafpy train RUN.yaml [--backend B] [--epochs N] [--out DIR] [--resume CHECKPOINT] [--seed S]
+    leafpy evaluate RUN.yaml --weights FILE [--backend B]
+    leafpy summary RUN.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import signal
+import sys
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import config as run_config
+from . import data as datasets
+from .backends import BACKEND_NAMES, backend as get_backend
+from .errors import LeafpyError, SerializationError
+from .layers.container.sequential import Sequential
+from .layers.layer import Layer
+from .metrics import ConfusionMatrix, predictions
+from .solvers.solver import Solver
+
+
+class TrainingDiverged(LeafpyError):
+    """The loss became NaN or infinite."""
+
+
+def _out(msg: str = "") -> None:
+    print(msg, flush=True)
+
+
+# --- summary --------------------------------------------------------------------------------------------------
+def summary_rows(layer: Layer, depth: int = 0) -> list[tuple[str, str, str, int]]:
+    rows = []
+    if isinstance(layer, Sequential):
+        for child in layer.layers:
+            shape = "x".join(map(str, child.outputs[0].shape)) if child.outputs else "?"
+            params = child.num_parameters()
+            note = " (in place)" if child.in_place else ""
+            rows.append(("  " * depth + child.name, child.config.type + note, shape, params))
+            if isinstance(child, Sequential):
+                rows.extend(summary_rows(child, depth + 1))
+    return rows
+
+
+def summary_text(net: Layer) -> str:
+    rows = summary_rows(net)
+    header = ("layer", "type", "output shape", "parameters")
+    widths = [max(len(header[i]), *(len(str(r[i]) if i < 3 else f"{r[i]:,}") for r in rows)) for i in range(4)]
+    line = "  ".join(h.ljust(w) if i < 3 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths)))
+    out = [line, "-" * len(line)]
+    for r in rows:
+        out.append("  ".join([str(r[0]).ljust(widths[0]), r[1].ljust(widths[1]), r[2].ljust(widths[2]),
+                              f"{r[3]:,}".rjust(widths[3])]))
+    out.append("-" * len(line))
+    out.append(f"total parameters: {net.num_parameters():,}")
+    return "\n".join(out)
+
+
+# --- evaluation -----------------------------------------------------------------------------------------------
+def evaluate(net: Layer, x: np.ndarray, y: np.ndarray, num_classes: int, batch_size: int) -> ConfusionMatrix:
+    net.set_training(False)
+    cm = ConfusionMatrix(num_classes)
+    for xb, yb in datasets.batches(x, y, batch_size, seed=None):
+        cm.add(predictions(net.forward([xb])[0]), yb)
+    net.set_training(True)
+    return cm
+
+
+def first_non_finite(net: Layer, xb: np.ndarray) -> str:
+    """The first layer (in network order) whose output is NaN or infinite for this batch."""
+    net.forward([xb])
+
+    def walk(layer: Layer) -> str | None:
+        if isinstance(layer, Sequential):
+            for child in layer.layers:
+                found = walk(child)
+                if found:
+                    return found
+            return None
+        for t in layer.outputs:
+            if not np.all(np.isfinite(t.to_numpy())):
+                return f"layer '{layer.name}' ({layer.config.type})"
+        return None
+
+    bad_weights = [n for n, w in zip(net.learnable_weights_names(), net.learnable_weights_data())
+                   if not np.all(np.isfinite(w.to_numpy()))]
+    found = walk(net)
+    if found:
+        return found + (f"; non-finite weights: {', '.join(bad_weights)}" if bad_weights else "")
+    return "the objective (every network output is finite)"
+
+
+# --- train ------------------------------------------------------------------------------------------------------
+def _plot(history: list[dict], path: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    epochs = [h["epoch"] for h in history]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    a1.plot(epochs, [h["loss"] for h in history], marker="o")
+    a1.set_xlabel("epoch")
+    a1.set_ylabel("training loss")
+    a2.plot(epochs, [h["train_accuracy"] for h in history], marker="o", label="training")
+    a2.plot(epochs, [h["test_accuracy"] for h in history], marker="o", label="held-out")
+    a2.set_xlabel("epoch")
+    a2.set_ylabel("accuracy")
+    a2.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def _progress(total: int, desc: str) -> Any:
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc=desc, unit="batch", leave=False, mininterval=0.25, dynamic_ncols=True,
+                file=sys.stderr)
+
+
+def train(args: argparse.Namespace) -> int:
+    run = run_config.load(args.config)
+    if args.seed is not None:
+        run.data["seed"] = args.seed
+        run.solver = dataclasses.replace(run.solver, seed=args.seed)
+    epochs = args.epochs if args.epochs is not None else run.epochs
+    be = get_backend(args.backend)
+    ds = datasets.load(run.data)
+    batch = run.batch_size
+    out_dir = args.out or os.path.join("runs", run.name or "run")
+    os.makedirs(out_dir, exist_ok=True)
+    ckpt_path = os.path.join(out_dir, "checkpoint.leaf")
+    if args.resume:
+        solver = Solver.load_checkpoint(be, be, args.resume)
+    else:
+        solver = Solver.from_config(be, be, run.solver)
+    net = solver.network
+    batches_per_epoch = math.ceil(len(ds.x_train) / batch)
+    updates_per_epoch = max(1, batches_per_epoch // run.solver.minibatch_size)
+    start_epoch = solver.iteration // updates_per_epoch
+    history_path = os.path.join(out_dir, "history.json")
+    history: list[dict] = []
+    if args.resume and os.path.exists(history_path):
+        with open(history_path) as f:
+            history = [h for h in json.load(f) if h["epoch"] <= start_epoch]
+    _out(f"leafpy: training {run.name or args.config} on {be.name}: {len(ds.x_train)} training and "
+         f"{len(ds.x_test)} held-out samples ({ds.name}), batch {batch}, {net.num_parameters():,} parameters, "
+         f"epochs {start_epoch + 1}..{epochs}")
+    running = ConfusionMatrix(ds.num_classes, capacity=10 * batch)
+    interrupted = False
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        nonlocal interrupted
+        interrupted = True
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    epoch = start_epoch
+    try:
+        for epoch in range(start_epoch, epochs):
+            bar = _progress(batches_per_epoch, f"epoch {epoch + 1}/{epochs}")
+            t0 = time.perf_counter()
+            seen = 0
+            losses = []
+            for xb, yb in datasets.batches(ds.x_train, ds.y_train, batch, seed=int(run.data.get("seed", 0)),
+                                           epoch=epoch):
+                out = solver.train_minibatch(xb, yb)
+                loss = solver.loss()
+                if not math.isfinite(loss):
+                    where = first_non_finite(net, xb)
+                    raise TrainingDiverged(
+                        f"the loss became {loss} at iteration {solver.iteration}; first non-finite output: {where}. "
+                        f"The last good checkpoint is {ckpt_path if os.path.exists(ckpt_path) else 'not written yet'}"
+                        "; try a smaller base_lr or clip_gradients")
+                losses.append(loss)
+                running.add(predictions(out), yb)
+                seen += len(xb)
+                if bar is not None:
+                    rate = seen / max(time.perf_counter() - t0, 1e-9)
+                    bar.set_postfix_str(f"loss {loss:.4f} acc {running.accuracy():.1%} {rate:,.0f} samples/s",
+                                        refresh=False)
+                    bar.update(1)
+                if interrupted:
+                    break
+            if bar is not None:
+                bar.close()
+            if interrupted:
+                solver.save_checkpoint(ckpt_path)
+                _out(f"interrupted at iteration {solver.iteration}: checkpoint saved to {ckpt_path}; "
+                     f"continue with --resume {ckpt_path}")
+                return 130
+            elapsed = time.perf_counter() - t0
+            test_cm = evaluate(net, ds.x_test, ds.y_test, ds.num_classes, batch)
+            record = {"epoch": epoch + 1, "iteration": solver.iteration, "loss": float(np.mean(losses)),
+                      "train_accuracy": running.accuracy(), "test_accuracy": test_cm.accuracy(),
+                      "seconds": elapsed, "samples_per_second": seen / elapsed}
+            history.append(record)
+            solver.save_checkpoint(ckpt_path)
+            with open(history_path, "w") as f:
+                json.dump(history, f, indent=1)
+            _out(f"epoch {epoch + 1}/{epochs}: loss {record['loss']:.4f}, training accuracy "
+                 f"{record['train_accuracy']:.2%}, held-out accuracy {record['test_accuracy']:.2%} "
+                 f"({elapsed:.1f} s, {record['samples_per_second']:,.0f} samples/s)")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    model_path = os.path.join(out_dir, "model.leaf")
+    net.save(model_path)
+    final = evaluate(net, ds.x_test, ds.y_test, ds.num_classes, batch)
+    _out("\nconfusion matrix on the held-out set:")
+    _out(str(final))
+    if history and _plot(history, os.path.join(out_dir, "training.png")):
+        _out(f"plot: {os.path.join(out_dir, 'training.png')}")
+    _out(f"model: {model_path}  checkpoint: {ckpt_path}")
+    _out(f"held-out accuracy: {final.accuracy():.2%}")
+    return 0
+
+
+def _load_weights_into(net: Layer, path: str) -> None:
+    from . import serialization as ser
+
+    try:
+        msg = ser._read_message(path, "Layer")
+        saved = ser._guard(path, lambda: ser._read_weights(msg.weightsData, path))
+        if not saved:
+            raise SerializationError(f"{path}: no weights")
+    except SerializationError:
+        msg = ser._read_message(path, "SolverCheckpoint")
+        saved = ser._guard(path, lambda: ser._read_weights(msg.network.weightsData, path))
+    ser._guard(path, lambda: ser.apply_weights(net, saved, path))
+
+
+def evaluate_cmd(args: argparse.Namespace) -> int:
+    run = run_config.load(args.config)
+    be = get_backend(args.backend)
+    ds = datasets.load(run.data)
+    net = Layer.from_config(be, run.network)
+    _load_weights_into(net, args.weights)
+    cm = evaluate(net, ds.x_test, ds.y_test, ds.num_classes, run.batch_size)
+    _out(str(cm))
+    _out(f"held-out accuracy: {cm.accuracy():.2%}")
+    return 0
+
+
+def summary_cmd(args: argparse.Namespace) -> int:
+    run = run_config.load(args.config)
+    net = Layer.from_config(get_backend("native"), run.network)
+    _out(f"{run.name or args.config}: network '{net.name}'")
+    _out(summary_text(net))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="leafpy", description="Train and evaluate leafpy networks from YAML run files.")
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="train a run file's network", description="Train a run file's network; a "
+                       "checkpoint is written after each epoch, and Ctrl-C saves one and stops.")
+    t.add_argument("config", help="the YAML run file")
+    t.add_argument("--backend", choices=BACKEND_NAMES, default="native")
+    t.add_argument("--epochs", type=int, help="train up to this epoch (default: the run file's train.epochs)")
+    t.add_argument("--out", help="output directory (default: runs/NAME)")
+    t.add_argument("--resume", metavar="CHECKPOINT", help="continue from a checkpoint")
+    t.add_argument("--seed", type=int, help="seed for weights, dropout and shuffling")
+    t.set_defaults(func=train)
+    e = sub.add_parser("evaluate", help="held-out accuracy of saved weights",
+                       description="Evaluate saved weights (a model or a checkpoint) on the run's held-out data.")
+    e.add_argument("config", help="the YAML run file")
+    e.add_argument("--weights", required=True, help="a model.leaf or checkpoint.leaf file")
+    e.add_argument("--backend", choices=BACKEND_NAMES, default="native")
+    e.set_defaults(func=evaluate_cmd)
+    s = sub.add_parser("summary", help="table of layers, output shapes and parameter counts",
+                       description="Print the network's layers, output shapes and parameter counts.")
+    s.add_argument("config", help="the YAML run file")
+    s.set_defaults(func=summary_cmd)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "epochs", None) is not None and args.epochs <= 0:
+        print("leafpy: error: --epochs must be a positive integer", file=sys.stderr)
+        return 2
+    try:
+        return args.func(args)
+    except LeafpyError as e:
+        print(f"leafpy: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""YAML run files <-> config objects.
+
+A run file has ``name``, ``data``, ``network``, ``objective``, ``solver`` and optionally ``train`` sections (see
+``configs/``). Only ``yaml.safe_load`` is used. Errors name the path inside the file
+(``network.layers[2].num_output``), what was expected, and the valid keys or types.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import yaml
+
+from .errors import ConfigError, LeafpyError, SerializationError
+from .layers.container.sequential import SequentialConfig
+from .layers.layer import FillerConfig, LayerConfig, WeightConfig, layer_types, lookup
+from .solvers.solver import SolverConfig
+
+LAYER_KEYS = ("name", "type", "inputs", "outputs", "params", "propagate_down")
+DATA_KEYS = ("dataset", "batch_size", "test_fraction", "seed", "path")
+TRAIN_KEYS = ("epochs",)
+RUN_KEYS = ("name", "data", "network", "objective", "solver", "train")
+
+
+@dataclass
+class RunConfig:
+    """Everything one training run needs: the solver config holds the network and objective too."""
+
+    name: str
+    network: LayerConfig
+    objective: LayerConfig
+    solver: SolverConfig
+    data: dict = field(default_factory=dict)
+    train: dict = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.data.get("batch_size", self.network.config.inputs[0][1][0]))
+
+    @property
+    def epochs(self) -> int:
+        return int(self.train.get("epochs", 10))
+
+
+def _wrap(path: str, fn: Callable[[], Any]) -> Any:
+    """Run a constructor; rewrite a ConfigError's ``SomeConfig.field`` prefix into the path in the file."""
+    try:
+        return fn()
+    except ConfigError as e:
+        msg = str(e)
+        m = re.match(r"^(\w+Config|solver|params|filler)\.", msg)
+        if m:
+            msg = f"{path}." + msg[m.end():]
+        elif not msg.startswith(path):
+            msg = f"{path}: {msg}"
+        raise ConfigError(msg) from None
+    except TypeError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def _mapping(value: Any, path: str) -> dict:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _check_keys(d: dict, valid: tuple[str, ...] | list[str], path: str, what: str) -> None:
+    for key in d:
+        if key not in valid:
+            raise ConfigError(f"{path}: unknown key {key!r} for {what}; valid keys: {', '.join(valid)}")
+
+
+# --- layers -----------------------------------------------------------------------------------------------------
+def _weight_from_dict(d: Any, path: str) -> WeightConfig:
+    d = dict(_mapping(d, path))
+    _check_keys(d, ("name", "lr_mult", "decay_mult", "filler"), path, "a weight")
+    if "filler" in d:
+        f = _mapping(d["filler"], f"{path}.filler")
+        _check_keys(f, ("type", "value", "std"), f"{path}.filler", "a filler")
+        d["filler"] = _wrap(f"{path}", lambda: FillerConfig(**f))
+    return _wrap(path, lambda: WeightConfig(**d))
+
+
+def layer_from_dict(d: Any, path: str = "network") -> LayerConfig:
+    """A LayerConfig from its YAML mapping."""
+    d = _mapping(d, path)
+    if "type" not in d:
+        raise ConfigError(f"{path}: missing 'type'; known types: {', '.join(layer_types())}")
+    type_name = d["type"]
+    if not isinstance(type_name, str):
+        raise ConfigError(f"{path}.type: expected a layer type name, got {type_name!r}")
+    entry = _wrap(f"{path}.type", lambda: lookup(type_name, f"{path}.type"))
+    name = d.get("name", path if "." not in path and "[" not in path else None)
+    if name is None:
+        raise ConfigError(f"{path}: missing 'name'")
+    if type_name == "Sequential":
+        _check_keys(d, ("name", "type", "inputs", "layers", "force_backward"), path, "a Sequential")
+        inputs = d.get("inputs") or []
+        if not isinstance(inputs, list):
+            raise ConfigError(f"{path}.inputs: expected a list of {{name, shape}}, got {inputs!r}")
+        seq = _wrap(path, lambda: SequentialConfig(force_backward=d.get("force_backward", False)))
+        for i, item in enumerate(inputs):
+            item = _mapping(item, f"{path}.inputs[{i}]")
+            _check_keys(item, ("name", "shape"), f"{path}.inputs[{i}]", "an input")
+            _wrap(f"{path}.inputs[{i}]", lambda: seq.add_input(item.get("name"), item.get("shape")))
+        layers = d.get("layers") or []
+        if not isinstance(layers, list):
+            raise ConfigError(f"{path}.layers: expected a list of layers, got {layers!r}")
+        for i, item in enumerate(layers):
+            lc = layer_from_dict(item, f"{path}.layers[{i}]")
+            _wrap(f"{path}.layers[{i}]", lambda: seq.add_layer(lc))
+        return _wrap(path, lambda: LayerConfig(name, seq))
+    cls = entry.config_class
+    own = [f.name for f in dataclasses.fields(cls)] if cls is not None else []
+    _check_keys(d, list(LAYER_KEYS) + own, path, f"a {type_name} layer")
+    kwargs = {k: v for k, v in d.items() if k in own}
+    config: Any = type_name if cls is None else _wrap(path, lambda: cls(**kwargs))
+    params = [_weight_from_dict(p, f"{path}.params[{i}]") for i, p in enumerate(d.get("params") or [])]
+    return _wrap(path, lambda: LayerConfig(
+        name, config, inputs=d.get("inputs") or [], outputs=d.get("outputs") or [], params=params,
+        propagate_down=d.get("propagate_down") or []))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _non_default(obj: Any) -> dict:
+    out = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        default = f.default if f.default is not dataclasses.MISSING else dataclasses.MISSING
+        if default is dataclasses.MISSING or value != default:
+            out[f.name] = _plain(value)
+    return out
+
+
+def layer_to_dict(config: LayerConfig) -> dict:
+    """The YAML mapping of a LayerConfig."""
+    d: dict[str, Any] = {"name": config.name, "type": config.type}
+    if config.type == "Sequential":
+        seq: SequentialConfig = config.config
+        d["inputs"] = [{"name": n, "shape": list(s)} for n, s in seq.inputs]
+        if seq.force_backward:
+            d["force_backward"] = True
+        d["layers"] = [layer_to_dict(lc) for lc in seq.layers]
+        return d
+    if config.config is not None:
+        d.update(_non_default(config.config))
+    if config.inputs:
+        d["inputs"] = list(config.inputs)
+    if config.outputs:
+        d["outputs"] = list(config.outputs)
+    if config.params:
+        params = []
+        for p in config.params:
+            pd = {k: v for k, v in _non_default(p).items() if k != "filler"}
+            if p.filler is not None:
+                pd["filler"] = _non_default(p.filler) or {"type": p.filler.type}
+            params.append(pd)
+        d["params"] = params
+    if config.propagate_down:
+        d["propagate_down"] = list(config.propagate_down)
+    return d
+
+
+# --- run files ----------------------------------------------------------------------------------------------------
+SOLVER_KEYS = tuple(f.name for f in dataclasses.fields(SolverConfig) if f.name not in ("network", "objective"))
+
+
+def from_dict(doc: Any, source: str = "<run>") -> RunConfig:
+    doc = _mapping(doc, source)
+    _check_keys(doc, RUN_KEYS, source, "a run file")
+    for key in ("network", "objective"):
+        if key not in doc:
+            raise ConfigError(f"{source}: missing the '{key}' section")
+    network = layer_from_dict(doc["network"], "network")
+    objective = layer_from_dict(doc["objective"], "objective")
+    for key, cfg in (("network", network), ("objective", objective)):
+        if cfg.type != "Sequential":
+            raise ConfigError(f"{key}.type: expected Sequential, got {cfg.type!r}")
+    solver_doc = dict(_mapping(doc.get("solver") or {}, "solver"))
+    _check_keys(solver_doc, SOLVER_KEYS, "solver", "the solver")
+    name = str(doc.get("name", ""))
+    solver_doc.setdefault("name", name)
+    solver = _wrap("solver", lambda: SolverConfig(network=network, objective=objective, **solver_doc))
+    data = dict(_mapping(doc.get("data") or {}, "data"))
+    _check_keys(data, DATA_KEYS, "data", "the data section")
+    train = dict(_mapping(doc.get("train") or {}, "train"))
+    _check_keys(train, TRAIN_KEYS, "train", "the train section")
+    for key, value in (("data.batch_size", data.get("batch_size")), ("train.epochs", train.get("epochs"))):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            raise ConfigError(f"{key}: expected a positive integer, got {value!r}")
+    return RunConfig(name=name, network=network, objective=objective, solver=solver, data=data, train=train)
+
+
+def to_dict(run: RunConfig) -> dict:
+    solver = _non_default(dataclasses.replace(run.solver, network=None, objective=None))
+    solver.pop("network", None)
+    solver.pop("objective", None)
+    if solver.get("name") == run.name:
+        solver.pop("name")
+    doc: dict[str, Any] = {"name": run.name}
+    if run.data:
+        doc["data"] = dict(run.data)
+    if run.train:
+        doc["train"] = dict(run.train)
+    doc["network"] = layer_to_dict(run.network)
+    doc["objective"] = layer_to_dict(run.objective)
+    doc["solver"] = solver
+    return doc
+
+
+def loads(text: str, source: str = "<string>") -> RunConfig:
+    """A RunConfig from YAML text."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{source}: not valid YAML: {e}") from None
+    return from_dict(doc, source)
+
+
+def load(path: str | os.PathLike) -> RunConfig:
+    """A RunConfig from a YAML run file."""
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise LeafpyError(f"{path}: cannot read the run file: {e.strerror or e}") from e
+    try:
+        return loads(text, path)
+    except ConfigError as e:
+        msg = str(e)
+        raise ConfigError(msg if msg.startswith(path) else f"{path}: {msg}") from None
+
+
+def dumps(run: RunConfig) -> str:
+    return yaml.safe_dump(to_dict(run), sort_keys=False, default_flow_style=None, width=120)
+
+
+def save(run: RunConfig, path: str | os.PathLike) -> None:
+    from .serialization import atomic_write
+
+    try:
+        atomic_write(path, dumps(run).encode("utf-8"))
+    except SerializationError:
+        raise

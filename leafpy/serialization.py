@@ -1,0 +1,424 @@
+"""Cap'n Proto reading and writing of layers (config and weights) and solver checkpoints.
+
+The schema is ``capnp/leaf.capnp``; files use the packed encoding, as Leaf 0.2.1's did, and Leaf's files load
+(its weight names ``"{layer}-{i}"`` are understood). Config dataclasses map onto schema structs field by field
+(snake_case to camelCase), so a new layer type needs only its schema entry.
+
+Saving is atomic: a temporary file in the target's directory, flushed and fsynced, then renamed over the target.
+Loading never trusts the file: its size is capped, the reader has a traversal and a nesting limit, and every
+problem is reported as SerializationError naming the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from .backends.base import Backend
+from .errors import ConfigError, LeafpyError, SerializationError, ShapeError
+from .layers.layer import FillerConfig, Layer, LayerConfig, WeightConfig, layer_types, lookup
+from .layers.container.sequential import Sequential, SequentialConfig
+
+if TYPE_CHECKING:
+    from .solvers.solver import Solver
+
+MAX_FILE_BYTES = 4 * 1024**3
+"""Files larger than this are refused before they are parsed."""
+NESTING_LIMIT = 64
+
+_SCHEMA: Any = None
+
+
+def schema() -> Any:
+    """The parsed leaf.capnp schema (loaded once)."""
+    global _SCHEMA
+    if _SCHEMA is None:
+        import capnp
+
+        here = Path(__file__).resolve().parent
+        for candidate in (here / "leaf.capnp", here.parent / "capnp" / "leaf.capnp"):
+            if candidate.exists():
+                _SCHEMA = capnp.load(str(candidate))
+                break
+        else:
+            raise SerializationError(f"leaf.capnp schema not found next to {here}")
+    return _SCHEMA
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+def _union_member(type_name: str) -> str:
+    members = schema().LayerConfig.LayerType.schema.union_fields
+    for m in members:
+        if m.lower() == type_name.lower():
+            return m
+    raise SerializationError(f"layer type {type_name!r} has no entry in leaf.capnp's LayerConfig union")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# config -> capnp
+# --------------------------------------------------------------------------------------------------------------
+def _write_value(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [max(int(v), 0) if isinstance(v, int) else v for v in value]
+    return value
+
+
+def _fill_struct(builder: Any, config: Any) -> None:
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if value is None:
+            continue
+        setattr(builder, _camel(f.name), _write_value(value))
+
+
+def write_layer_config(builder: Any, config: LayerConfig) -> None:
+    builder.name = config.name
+    member = _union_member(config.type)
+    ltype = builder.layerType
+    if config.type == "Sequential":
+        seq: SequentialConfig = config.config
+        sb = ltype.init("sequential")
+        layers = sb.init("layers", len(seq.layers))
+        for i, lc in enumerate(seq.layers):
+            write_layer_config(layers[i], lc)
+        ins = sb.init("inputs", len(seq.inputs))
+        for i, (n, shape) in enumerate(seq.inputs):
+            ins[i].name = n
+            ins[i].shape = list(shape)
+        sb.forceBackward = seq.force_backward
+    elif config.config is None:
+        setattr(ltype, member, None)
+    else:
+        _fill_struct(ltype.init(member), config.config)
+    builder.outputs = list(config.outputs)
+    builder.inputs = list(config.inputs)
+    params = builder.init("params", len(config.params))
+    for i, p in enumerate(config.params):
+        params[i].name = p.name or ""
+        params[i].lrMult = p.lr_mult
+        params[i].decayMult = p.decay_mult
+        if p.filler is not None:
+            fb = params[i].init("filler")
+            fb.type = _camel(p.filler.type)
+            fb.value = p.filler.value
+            fb.std = p.filler.std
+    builder.propagateDown = list(config.propagate_down)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# capnp -> config
+# --------------------------------------------------------------------------------------------------------------
+def _snake(name: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() else c for c in name)
+
+
+def _read_value(value: Any) -> Any:
+    if hasattr(value, "__len__") and not isinstance(value, (str, bytes)):
+        return tuple(_read_value(v) for v in value)
+    if hasattr(value, "raw") or type(value).__name__ == "_DynamicEnum":
+        return str(value)
+    return value
+
+
+def read_layer_config(reader: Any, where: str = "config") -> LayerConfig:
+    name = reader.name
+    which = reader.layerType.which()
+    type_name = next((t for t in layer_types() if t.lower() == which.lower()), None)
+    if type_name is None:
+        raise SerializationError(f"{where}: unknown layer type {which!r}")
+    entry = lookup(type_name)
+    if type_name == "Sequential":
+        sr = reader.layerType.sequential
+        config: Any = SequentialConfig(
+            layers=[read_layer_config(lc, f"{where}.layers[{i}]") for i, lc in enumerate(sr.layers)],
+            inputs=[(i.name, tuple(i.shape)) for i in sr.inputs],
+            force_backward=bool(sr.forceBackward))
+    elif entry.config_class is None:
+        config = type_name
+    else:
+        sub = getattr(reader.layerType, which)
+        kwargs = {}
+        for f in dataclasses.fields(entry.config_class):
+            camel = _camel(f.name)
+            if camel in sub.schema.fieldnames:
+                kwargs[f.name] = _read_value(getattr(sub, camel))
+        config = entry.config_class(**kwargs)
+    params = []
+    for p in reader.params:
+        filler = None
+        if p._has("filler"):
+            filler = FillerConfig(type=_snake(str(p.filler.type)), value=p.filler.value, std=p.filler.std)
+        params.append(WeightConfig(name=p.name or None, lr_mult=p.lrMult, decay_mult=p.decayMult, filler=filler))
+    return LayerConfig(name, config, inputs=list(reader.inputs), outputs=list(reader.outputs), params=params,
+                       propagate_down=[bool(b) for b in reader.propagateDown])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# files
+# --------------------------------------------------------------------------------------------------------------
+def atomic_write(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a failure at any point leaves the previous file intact."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    except OSError as e:
+        raise SerializationError(f"{path}: cannot write: {e}") from e
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            raise SerializationError(f"{path}: cannot write: {e}") from e
+        raise
+    try:
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+def _read_message(path: str | os.PathLike, struct: str) -> Any:
+    path = os.fspath(path)
+    try:
+        size = os.path.getsize(path)
+    except OSError as e:
+        raise SerializationError(f"{path}: cannot read: {e.strerror or e}") from e
+    if size == 0:
+        raise SerializationError(f"{path}: the file is empty")
+    if size > MAX_FILE_BYTES:
+        raise SerializationError(f"{path}: the file is {size} bytes, over the limit of {MAX_FILE_BYTES} "
+                                 "(leafpy.serialization.MAX_FILE_BYTES)")
+    with open(path, "rb") as f:
+        data = f.read()
+    # packed data expands at most 8x; a hostile file cannot make the reader walk more than that
+    limit = min(2**62, 8 * size + 1024)
+    try:
+        return getattr(schema(), struct).from_bytes_packed(data, traversal_limit_in_words=limit,
+                                                           nesting_limit=NESTING_LIMIT)
+    except Exception as e:  # capnp reports malformed input as KjException
+        raise SerializationError(f"{path}: not a valid leafpy/Leaf {struct} file (truncated, corrupted or another "
+                                 f"format): {_short(e)}") from None
+
+
+def _short(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[-1][:200] if text else type(e).__name__
+
+
+def _guard(path: str, fn: Callable[[], Any]) -> Any:
+    """Run a reading step; anything but a LeafpyError becomes a SerializationError naming the file."""
+    try:
+        return fn()
+    except (ConfigError, ShapeError, SerializationError) as e:
+        raise SerializationError(f"{path}: {e}") from e
+    except LeafpyError:
+        raise
+    except Exception as e:
+        raise SerializationError(f"{path}: malformed contents: {_short(e)}") from None
+
+
+def _write_weights(builder_list: Any, items: list[tuple[str, np.ndarray]]) -> None:
+    for i, (name, arr) in enumerate(items):
+        builder_list[i].name = name
+        t = builder_list[i].init("tensor")
+        t.shape = list(arr.shape)
+        t.data = np.ascontiguousarray(arr, dtype=np.float32).reshape(-1).tolist()
+
+
+def _read_weights(reader_list: Any, where: str) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for w in reader_list:
+        shape = tuple(int(d) for d in w.tensor.shape)
+        data = np.asarray(w.tensor.data, dtype=np.float32)
+        if data.size != int(np.prod(shape)):
+            raise SerializationError(f"{where}: weight {w.name!r} declares shape {shape} but holds {data.size} "
+                                     "values")
+        out[w.name] = data.reshape(shape)
+    return out
+
+
+def _layer_message(layer: Layer, builder: Any) -> None:
+    builder.name = layer.name
+    write_layer_config(builder.init("config"), layer.config)
+    names = layer.learnable_weights_names()
+    data = [t.to_numpy() for t in layer.learnable_weights_data()]
+    _write_weights(builder.init("weightsData", len(names)), list(zip(names, data)))
+
+
+def save_layer(layer: Layer, path: str | os.PathLike) -> None:
+    """Write ``layer``'s config and weights to ``path`` atomically."""
+    msg = schema().Layer.new_message()
+    _layer_message(layer, msg)
+    atomic_write(path, msg.to_bytes_packed())
+
+
+def leaf_aliases(layer: Layer, prefix: str = "") -> dict[str, str]:
+    """Leaf's weight names ("{layer}-{i}") mapped to leafpy's, for every layer in the tree."""
+    out: dict[str, str] = {}
+    if isinstance(layer, Sequential):
+        for child in layer.layers:
+            sub = f"{prefix}{child.name}/" if isinstance(child, Sequential) else prefix
+            out.update(leaf_aliases(child, sub))
+        return out
+    for i, (name, cfg) in enumerate(zip(layer._weight_names, layer._weight_configs)):
+        out[f"{layer.name}-{i}"] = name if cfg.name else prefix + name
+    return out
+
+
+def apply_weights(layer: Layer, saved: dict[str, np.ndarray], where: str) -> None:
+    """Set ``layer``'s weights from ``saved`` by name (leafpy's or Leaf's), naming any missing or misfit one."""
+    names = layer.learnable_weights_names()
+    if not names:
+        if saved:
+            layer._pending_weights = (dict(saved), where)
+        return
+    aliases = leaf_aliases(layer)
+    by_name = {}
+    for key, arr in saved.items():
+        target = key if key in names else aliases.get(key)
+        if target is None:
+            raise SerializationError(f"{where}: saved weight {key!r} matches no weight of the network "
+                                     f"(weights: {', '.join(names)})")
+        by_name[target] = arr
+    for name, tensor in zip(names, layer.learnable_weights_data()):
+        if name not in by_name:
+            raise SerializationError(f"{where}: weight {name!r} is missing from the file")
+        arr = by_name[name]
+        if arr.shape != tensor.shape:
+            raise SerializationError(f"{where}: weight {name!r} has shape {arr.shape} in the file, the network "
+                                     f"needs {tensor.shape}")
+        tensor.set(arr)
+
+
+def load_layer(backend: Backend, path: str | os.PathLike) -> Layer:
+    """Read a layer written by :func:`save_layer` or by Leaf 0.2.1."""
+    path = os.fspath(path)
+    msg = _read_message(path, "Layer")
+
+    def build() -> Layer:
+        config = read_layer_config(msg.config)
+        saved = _read_weights(msg.weightsData, path)
+        layer = Layer.from_config(backend, config)
+        apply_weights(layer, saved, path)
+        return layer
+
+    return _guard(path, build)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# solver checkpoints
+# --------------------------------------------------------------------------------------------------------------
+_SOLVER_OPTIONAL_ZERO = {"max_iter", "clip_gradients", "weight_decay"}
+
+
+def _write_solver_config(builder: Any, cfg: Any) -> None:
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        camel = _camel(f.name)
+        if f.name in ("network", "objective"):
+            if value is not None:
+                write_layer_config(builder.init(camel), value)
+        elif f.name == "seed":
+            builder.seed = -1 if value is None else int(value)
+        elif value is None:
+            continue
+        else:
+            setattr(builder, camel, list(value) if isinstance(value, tuple) else value)
+
+
+def _read_solver_config(reader: Any) -> Any:
+    from .solvers.solver import SolverConfig
+
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(SolverConfig):
+        camel = _camel(f.name)
+        if f.name in ("network", "objective"):
+            kwargs[f.name] = read_layer_config(getattr(reader, camel), f"solver.{f.name}") \
+                if reader._has(camel) else None
+        elif f.name == "seed":
+            kwargs["seed"] = None if reader.seed < 0 else int(reader.seed)
+        else:
+            v = _read_value(getattr(reader, camel))
+            if f.name in _SOLVER_OPTIONAL_ZERO and not v:
+                v = None
+            kwargs[f.name] = v
+    return SolverConfig(**kwargs)
+
+
+def _random_workers(layer: Layer) -> list[Any]:
+    if isinstance(layer, Sequential):
+        return [w for child in layer.layers for w in _random_workers(child)]
+    return [layer.worker] if hasattr(layer.worker, "calls") else []
+
+
+def save_checkpoint(solver: "Solver", path: str | os.PathLike) -> None:
+    """Write the solver's config, network weights, iteration and update-rule state atomically."""
+    msg = schema().SolverCheckpoint.new_message()
+    _write_solver_config(msg.init("config"), solver.config)
+    _layer_message(solver.network, msg.init("network"))
+    msg.iteration = solver.iteration
+    names = solver.network.learnable_weights_names()
+    state = [(f"{n}#{s}", t.to_numpy()) for n, tensors in zip(names, solver.state)
+             for s, t in zip(solver.rule.state_names, tensors)]
+    _write_weights(msg.init("state", len(state)), state)
+    msg.pendingCalls = solver._calls
+    acc = [(n, t.to_numpy()) for n, t in zip(names, solver._accum)] if solver._calls else []
+    _write_weights(msg.init("accumulated", len(acc)), acc)
+    workers = _random_workers(solver.network)
+    msg.rngSeeds = [int(w.seed) for w in workers]
+    msg.rngCalls = [int(w.calls) for w in workers]
+    atomic_write(path, msg.to_bytes_packed())
+
+
+def load_checkpoint(network_backend: Backend, objective_backend: Backend, path: str | os.PathLike) -> "Solver":
+    """Rebuild a solver from a checkpoint; training continues exactly where it stopped."""
+    from .solvers.solver import Solver
+
+    path = os.fspath(path)
+    msg = _read_message(path, "SolverCheckpoint")
+
+    def build() -> Solver:
+        cfg = _read_solver_config(msg.config)
+        solver = Solver.from_config(network_backend, objective_backend, cfg)
+        apply_weights(solver.network, _read_weights(msg.network.weightsData, path), path)
+        solver.iteration = int(msg.iteration)
+        state = _read_weights(msg.state, path)
+        names = solver.network.learnable_weights_names()
+        for n, tensors in zip(names, solver.state):
+            for s, t in zip(solver.rule.state_names, tensors):
+                key = f"{n}#{s}"
+                if key not in state or state[key].shape != t.shape:
+                    raise SerializationError(f"{path}: solver state {key!r} is missing or has the wrong shape")
+                t.set(state[key])
+        solver._calls = int(msg.pendingCalls)
+        if solver._calls:
+            acc = _read_weights(msg.accumulated, path)
+            for n, t in zip(names, solver._accum):
+                t.set(acc[n])
+        workers = _random_workers(solver.network)
+        if len(msg.rngSeeds) == len(workers):
+            for w, seed, calls in zip(workers, msg.rngSeeds, msg.rngCalls):
+                w.seed, w.calls = int(seed), int(calls)
+        return solver
+
+    return _guard(path, build)
