@@ -22,10 +22,11 @@ import numpy as np
 from . import config as run_config
 from . import data as datasets
 from .backends import BACKEND_NAMES, backend as get_backend
-from .errors import LeafpyError, SerializationError
+from .errors import LeafpyError
 from .layers.container.sequential import Sequential
 from .layers.layer import Layer
 from .metrics import ConfusionMatrix, predictions
+from .serialization import load_weights
 from .solvers.solver import Solver
 
 
@@ -229,26 +230,12 @@ def train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_weights_into(net: Layer, path: str) -> None:
-    from . import serialization as ser
-
-    try:
-        msg = ser._read_message(path, "Layer")
-        saved = ser._guard(path, lambda: ser._read_weights(msg.weightsData, path))
-        if not saved:
-            raise SerializationError(f"{path}: no weights")
-    except SerializationError:
-        msg = ser._read_message(path, "SolverCheckpoint")
-        saved = ser._guard(path, lambda: ser._read_weights(msg.network.weightsData, path))
-    ser._guard(path, lambda: ser.apply_weights(net, saved, path))
-
-
 def evaluate_cmd(args: argparse.Namespace) -> int:
     run = run_config.load(args.config)
     be = get_backend(args.backend)
     ds = datasets.load(run.data)
     net = Layer.from_config(be, run.network)
-    _load_weights_into(net, args.weights)
+    load_weights(net, args.weights)
     cm = evaluate(net, ds.x_test, ds.y_test, ds.num_classes, run.batch_size)
     _out(str(cm))
     _out(f"held-out accuracy: {cm.accuracy():.2%}")

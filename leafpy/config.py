@@ -106,7 +106,7 @@ def layer_from_dict(d: Any, path: str = "network") -> LayerConfig:
         for i, item in enumerate(inputs):
             item = _mapping(item, f"{path}.inputs[{i}]")
             _check_keys(item, ("name", "shape"), f"{path}.inputs[{i}]", "an input")
-            _wrap(f"{path}.inputs[{i}]", lambda: seq.add_input(item.get("name"), item.get("shape")))
+            _wrap(path, lambda: seq.add_input(item.get("name"), item.get("shape")))
         layers = d.get("layers") or []
         if not isinstance(layers, list):
             raise ConfigError(f"{path}.layers: expected a list of layers, got {layers!r}")

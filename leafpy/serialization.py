@@ -230,6 +230,8 @@ def _guard(path: str, fn: Callable[[], Any]) -> Any:
     try:
         return fn()
     except (ConfigError, ShapeError, SerializationError) as e:
+        if str(e).startswith(path):
+            raise
         raise SerializationError(f"{path}: {e}") from e
     except LeafpyError:
         raise
@@ -323,6 +325,21 @@ def load_layer(backend: Backend, path: str | os.PathLike) -> Layer:
         return layer
 
     return _guard(path, build)
+
+
+def load_weights(layer: Layer, path: str | os.PathLike) -> None:
+    """Set ``layer``'s weights from a model file or from the network in a solver checkpoint, by name."""
+    path = os.fspath(path)
+    errors = []
+    for struct, weights_of in (("Layer", lambda m: m.weightsData), ("SolverCheckpoint", lambda m: m.network.weightsData)):
+        try:
+            msg = _read_message(path, struct)
+            saved = _guard(path, lambda: _read_weights(weights_of(msg), path))
+            _guard(path, lambda: apply_weights(layer, saved, path))
+            return
+        except SerializationError as e:
+            errors.append(e)
+    raise errors[0]
 
 
 # --------------------------------------------------------------------------------------------------------------

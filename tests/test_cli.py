@@ -1,0 +1,114 @@
+"""The leafpy command end to end, in subprocesses, on the bundled digits data."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import leafpy as lp
+
+ROOT = Path(__file__).resolve().parent.parent
+DIGITS = str(ROOT / "configs" / "digits_lenet.yaml")
+
+
+def leafpy_cmd() -> list[str]:
+    script = Path(sys.executable).parent / "leafpy"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "leafpy.cli"]
+
+
+def run(*args, timeout=300, **kw):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+    return subprocess.run(leafpy_cmd() + list(args), capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env=env, **kw)
+
+
+def accuracy(text: str) -> float:
+    m = re.search(r"held-out accuracy: ([\d.]+)%", text)
+    assert m, text
+    return float(m.group(1)) / 100
+
+
+@pytest.mark.slow
+def test_train_the_default_model_end_to_end(tmp_path):
+    out = tmp_path / "run"
+    p = run("train", DIGITS, "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    assert "epoch 15/15" in p.stdout and "confusion matrix" in p.stdout
+    acc = accuracy(p.stdout)
+    assert acc >= 0.97
+    assert (out / "checkpoint.leaf").exists() and (out / "model.leaf").exists()
+    solver = lp.Solver.load_checkpoint(lp.backend("native"), lp.backend("native"), out / "checkpoint.leaf")
+    assert solver.iteration == 15 * 45
+    e = run("evaluate", DIGITS, "--weights", str(out / "model.leaf"))
+    assert e.returncode == 0, e.stderr
+    assert accuracy(e.stdout) == pytest.approx(acc)
+    e2 = run("evaluate", DIGITS, "--weights", str(out / "checkpoint.leaf"))
+    assert e2.returncode == 0 and accuracy(e2.stdout) == pytest.approx(acc)
+
+
+def test_resume_continues_where_it_stopped(tmp_path):
+    out = tmp_path / "run"
+    p = run("train", DIGITS, "--out", str(out), "--epochs", "1")
+    assert p.returncode == 0, p.stderr
+    p2 = run("train", DIGITS, "--out", str(out), "--epochs", "2", "--resume", str(out / "checkpoint.leaf"))
+    assert p2.returncode == 0, p2.stderr
+    assert "epochs 2..2" in p2.stdout and "epoch 2/2" in p2.stdout and "epoch 1/2" not in p2.stdout
+    solver = lp.Solver.load_checkpoint(lp.backend("native"), lp.backend("native"), out / "checkpoint.leaf")
+    assert solver.iteration == 2 * 45
+
+
+def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(leafpy_cmd() + ["train", DIGITS, "--out", str(out), "--epochs", "500"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None
+    deadline = time.time() + 120
+    for line in proc.stdout:
+        if line.startswith("epoch 1/500"):
+            break
+        assert time.time() < deadline
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "checkpoint saved to" in rest and "Traceback" not in err
+    solver = lp.Solver.load_checkpoint(lp.backend("native"), lp.backend("native"), out / "checkpoint.leaf")
+    assert solver.iteration >= 45
+
+
+def test_diverging_loss_names_iteration_and_layer(tmp_path):
+    text = Path(DIGITS).read_text().replace("base_lr: 0.05", "base_lr: 1.0e+12")
+    cfg = tmp_path / "diverge.yaml"
+    cfg.write_text(text)
+    p = run("train", str(cfg), "--out", str(tmp_path / "run"), "--epochs", "2")
+    assert p.returncode == 1
+    assert re.search(r"the loss became (nan|inf) at iteration \d+; first non-finite output: (layer '\w+'|the objective)",
+                     p.stderr), p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_summary_and_help():
+    p = run("summary", DIGITS)
+    assert p.returncode == 0, p.stderr
+    assert "conv1" in p.stdout and "32x20x8x8" in p.stdout and "total parameters: 24,550" in p.stdout
+    for args in (["--help"], ["train", "--help"], ["evaluate", "--help"], ["summary", "--help"]):
+        h = run(*args)
+        assert h.returncode == 0 and "usage: leafpy" in h.stdout
+
+
+def test_bad_input_gives_a_clear_error(tmp_path):
+    p = run("train", str(tmp_path / "missing.yaml"))
+    assert p.returncode == 1 and "leafpy: error:" in p.stderr and "cannot read" in p.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(Path(DIGITS).read_text().replace("num_output: 20", "num_output: -20"))
+    p = run("summary", str(bad))
+    assert p.returncode == 1 and "network.layers[0].num_output" in p.stderr
+    p = run("evaluate", DIGITS, "--weights", str(bad))
+    assert p.returncode == 1 and "leafpy: error:" in p.stderr and "Traceback" not in p.stderr

@@ -1,0 +1,133 @@
+"""YAML run files: round trips, the shipped configs, and every error path naming its place."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import leafpy as lp
+from leafpy import serialization
+
+CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs")
+SHIPPED = ["digits_lenet.yaml", "digits_mlp.yaml", "mnist_lenet.yaml", "alexnet.yaml"]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_configs_round_trip(name, tmp_path):
+    run = lp.config.load(os.path.join(CONFIGS, name))
+    again = lp.config.loads(lp.config.dumps(run))
+    assert again == run
+    lp.config.save(run, tmp_path / name)
+    assert lp.config.load(tmp_path / name) == run
+    assert lp.config.dumps(lp.config.load(tmp_path / name)) == lp.config.dumps(run)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_config_to_capnp_to_config(name):
+    run = lp.config.load(os.path.join(CONFIGS, name))
+    for cfg in (run.network, run.objective):
+        msg = serialization.schema().LayerConfig.new_message()
+        serialization.write_layer_config(msg, cfg)
+        back = serialization.read_layer_config(serialization.schema().LayerConfig.from_bytes_packed(
+            msg.to_bytes_packed()))
+        assert back == cfg
+
+
+def test_every_layer_type_and_option_in_yaml():
+    text = """
+name: all
+network:
+  type: Sequential
+  inputs: [{name: data, shape: [4, 1, 6, 6]}]
+  force_backward: true
+  layers:
+    - {name: conv, type: Convolution, num_output: 2, filter_shape: [3, 2], stride: [1, 2], padding: [1, 0],
+       params: [{lr_mult: 2, decay_mult: 0, filler: {type: gaussian, std: 0.1}}, {name: tied}]}
+    - {name: pool, type: Pooling, mode: average, filter_shape: [2], stride: [1]}
+    - {name: tanh, type: TanH}
+    - {name: sig, type: Sigmoid}
+    - {name: reshape, type: Reshape, shape: [4, -1]}
+    - {name: drop, type: Dropout, ratio: 0.1}
+    - {name: fc, type: Linear, output_size: 3, bias: false, propagate_down: [true]}
+    - name: block
+      type: Sequential
+      inputs: [{name: h, shape: [4, 3]}]
+      layers: [{name: relu, type: ReLU}, {name: flat, type: Flatten}]
+    - {name: soft, type: Softmax}
+objective:
+  type: Sequential
+  inputs: [{name: out, shape: [4, 3]}, {name: target, shape: [4, 3]}]
+  layers: [{name: mse, type: MeanSquaredError}]
+solver: {solver: adam, base_lr: 0.001, lr_policy: multistep, stepvalues: [10, 20], clip_gradients: 1.0}
+"""
+    run = lp.config.loads(text)
+    assert lp.config.loads(lp.config.dumps(run)) == run
+    conv = run.network.config.layers[0]
+    assert conv.params[0].filler.type == "gaussian" and conv.params[1].name == "tied"
+    assert run.solver.stepvalues == (10, 20)
+    net = lp.Layer.from_config(lp.backend("native"), run.network)
+    assert net.forward([__import__("numpy").zeros((4, 1, 6, 6))])[0].shape == (4, 3)
+
+
+BASE = """
+network:
+  type: Sequential
+  inputs: [{name: data, shape: [2, 4]}]
+  layers:
+    - {name: fc1, type: Linear, output_size: 3}
+    - {name: relu, type: ReLU}
+    - {name: fc2, type: Linear, output_size: 2}
+objective:
+  type: Sequential
+  inputs: [{name: out, shape: [2, 2]}, {name: label, shape: [2, 1]}]
+  layers: [{name: nll, type: NegativeLogLikelihood, num_classes: 2}]
+"""
+
+
+@pytest.mark.parametrize("old,new,message", [
+    ("output_size: 2}", "output_size: -4}", r"network\.layers\[2\]\.output_size: expected a positive integer, got -4"),
+    ("type: ReLU", "type: Relu", r"network\.layers\[1\]\.type: unknown layer type 'Relu'; known types: .*ReLU"),
+    ("{name: relu, type: ReLU}", "{name: relu, type: ReLU, ratio: 3}",
+     r"network\.layers\[1\]: unknown key 'ratio' for a ReLU layer; valid keys: name, type"),
+    ("output_size: 3}", "output_sise: 3}", r"network\.layers\[0\]: unknown key 'output_sise'.*output_size"),
+    ("{name: fc1, type: Linear, output_size: 3}", "{type: Linear, output_size: 3}", r"network\.layers\[0\]: missing 'name'"),
+    ("num_classes: 2", "num_classes: zero", r"objective\.layers\[0\]\.num_classes"),
+    ("shape: [2, 4]", "shape: [2, x]", r"network\.inputs\['data'\]\.shape\[1\]: expected a positive integer, got 'x'"),
+    ("layers:\n    - {name: fc1", "layer:\n    - {name: fc1", r"network: unknown key 'layer' for a Sequential"),
+])
+def test_errors_name_the_path(old, new, message):
+    assert old in BASE
+    with pytest.raises(lp.ConfigError, match=message):
+        lp.config.loads(BASE.replace(old, new, 1))
+
+
+@pytest.mark.parametrize("extra,message", [
+    ("solver: {momentum: 1.5}", r"solver\.momentum: expected a number in \[0, 1\)"),
+    ("solver: {lr_policy: cosine}", r"solver\.lr_policy: expected one of 'fixed'"),
+    ("solver: {learning_rate: 0.1}", r"solver: unknown key 'learning_rate'.*base_lr"),
+    ("data: {dataset: cifar}", None),
+    ("data: {batch_size: -1}", r"data\.batch_size"),
+    ("train: {epochs: 0}", r"train\.epochs"),
+    ("trian: {epochs: 2}", r"unknown key 'trian'.*train"),
+])
+def test_run_file_section_errors(extra, message):
+    if message is None:
+        run = lp.config.loads(BASE + extra)  # the dataset is checked when data is loaded
+        with pytest.raises(lp.ConfigError, match="data.dataset.*'digits'"):
+            lp.data.load(run.data)
+        return
+    with pytest.raises(lp.ConfigError, match=message):
+        lp.config.loads(BASE + extra)
+
+
+def test_unsafe_yaml_is_refused(tmp_path):
+    p = tmp_path / "evil.yaml"
+    p.write_text("!!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(lp.ConfigError, match="not valid YAML"):
+        lp.config.load(p)
+    with pytest.raises(lp.LeafpyError, match="cannot read"):
+        lp.config.load(tmp_path / "nope.yaml")
+    p.write_text("- just\n- a list\n")
+    with pytest.raises(lp.ConfigError, match="expected a mapping"):
+        lp.config.load(p)

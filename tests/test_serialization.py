@@ -1,0 +1,296 @@
+"""Cap'n Proto models and checkpoints: round trips, Leaf 0.2.1 files, resume, bad files, atomic saves."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import leafpy as lp
+from leafpy import serialization
+from test_gradients import CASES, nested_config
+
+
+def _roundtrip(layer, path, backend, inputs):
+    layer.save(path)
+    loaded = lp.Layer.load(backend, path)
+    loaded.set_training(layer.training)
+    assert loaded.config == layer.config
+    a = [o.to_numpy() for o in layer.forward(inputs)]
+    b = [o.to_numpy() for o in loaded.forward(inputs)]  # a standalone layer's weights arrive with its shapes
+    assert loaded.learnable_weights_names() == layer.learnable_weights_names()
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+    for w1, w2 in zip(layer.learnable_weights_data(), loaded.learnable_weights_data()):
+        np.testing.assert_array_equal(w1.to_numpy(), w2.to_numpy())
+    return loaded
+
+
+@pytest.mark.parametrize("type_name", sorted(CASES))
+def test_every_layer_type_round_trips(tmp_path, native, type_name):
+    for k, (config, make_inputs) in enumerate(CASES[type_name]):
+        layer = lp.Layer.from_config(native, lp.LayerConfig("l", config, params=[]), seed=1)
+        layer.set_training(False)
+        inputs = [x.astype(np.float32) for x in make_inputs(np.random.default_rng(0))]
+        layer.forward(inputs)  # creates weights
+        loaded = _roundtrip(layer, tmp_path / f"{type_name}{k}.leaf", native, inputs)
+        assert loaded.config.type == type_name
+
+
+def test_nested_network_round_trips_with_params(tmp_path, native):
+    cfg = nested_config()
+    cfg.layers[0] = lp.LayerConfig("conv", cfg.layers[0].config, params=[
+        lp.WeightConfig(lr_mult=2.0, decay_mult=0.0, filler=lp.FillerConfig(type="gaussian", std=0.5)),
+        lp.WeightConfig(name="shared_bias", filler=lp.FillerConfig(type="constant", value=0.1))])
+    net = lp.Layer.from_config(native, lp.LayerConfig("net", cfg), seed=4)
+    x = np.random.default_rng(1).random((2, 1, 4, 4)).astype(np.float32)
+    loaded = _roundtrip(net, tmp_path / "net.leaf", native, [x])
+    assert loaded.learnable_weights_configs()[0].lr_mult == 2.0
+    assert "block/fc_a/weight" in loaded.learnable_weights_names()
+
+
+def test_standalone_layer_weights_apply_on_first_forward(tmp_path, native):
+    layer = lp.Layer.from_config(native, lp.LayerConfig("fc", lp.LinearConfig(output_size=3)), seed=0)
+    x = np.ones((2, 4), np.float32)
+    y = layer.forward([x])[0].to_numpy()
+    layer.save(tmp_path / "fc.leaf")
+    loaded = lp.Layer.load(native, tmp_path / "fc.leaf")
+    np.testing.assert_array_equal(loaded.forward([x])[0].to_numpy(), y)
+
+
+# Leaf 0.2.1's schema: exactly the structs and ordinals Leaf wrote, nothing of leafpy's.
+LEAF_SCHEMA = """@0xc3a4e1f2b5d60718;  # its own file id: message bytes do not depend on it
+struct Weight { name @0 :Text; tensor @1 :Tensor; }
+struct Tensor { shape @0 :List(UInt64); data @1 :List(Float32); }
+struct Layer { name @0 :Text; config @1 :LayerConfig; weightsData @2 :List(Weight); }
+struct LayerConfig {
+  name @0 :Text;
+  layerType :union {
+    convolution @1 :ConvolutionConfig; linear @2 :LinearConfig; logSoftmax @3 :Void; pooling @4 :PoolingConfig;
+    sequential @5 :SequentialConfig; softmax @6 :Void; relu @7 :Void; sigmoid @8 :Void;
+    negativeLogLikelihood @9 :NegativeLogLikelihoodConfig; reshape @10 :ReshapeConfig;
+  }
+  outputs @11 :List(Text); inputs @12 :List(Text); params @13 :List(WeightConfig); propagateDown @14 :List(Bool);
+}
+struct WeightConfig { name @0 :Text; }
+struct ConvolutionConfig { numOutput @0 :UInt64; filterShape @1 :List(UInt64); stride @2 :List(UInt64);
+                           padding @3 :List(UInt64); }
+struct LinearConfig { outputSize @0 :UInt64; }
+struct PoolingConfig { mode @0 :PoolingMode; filterShape @1 :List(UInt64); stride @2 :List(UInt64);
+                       padding @3 :List(UInt64); }
+enum PoolingMode { max @0; average @1; }
+struct SequentialConfig { layers @0 :List(LayerConfig); inputs @1 :List(ShapedInput); forceBackward @2 :Bool; }
+struct ShapedInput { name @0 :Text; shape @1 :List(UInt64); }
+struct NegativeLogLikelihoodConfig { numClasses @0 :UInt64; }
+struct ReshapeConfig { shape @0 :List(UInt64); }
+"""
+
+
+def write_leaf_file(tmp_path, rng):
+    """A network as Leaf 0.2.1 would save it: Reshape, Convolution (no bias), Pooling, ReLU, Linear (no bias),
+    Sigmoid, with weights named "{layer}-{i}"."""
+    import capnp
+
+    schema_path = tmp_path / "leaf_021.capnp"
+    schema_path.write_text(LEAF_SCHEMA)
+    leaf = capnp.load(str(schema_path))
+    msg = leaf.Layer.new_message()
+    msg.name = "leafnet"
+    cfg = msg.init("config")
+    cfg.name = "leafnet"
+    seq = cfg.layerType.init("sequential")
+    ins = seq.init("inputs", 1)
+    ins[0].name = "data"
+    ins[0].shape = [2, 16]
+    layers = seq.init("layers", 6)
+    layers[0].name = "reshape"
+    layers[0].layerType.init("reshape").shape = [2, 1, 4, 4]
+    layers[1].name = "conv"
+    conv = layers[1].layerType.init("convolution")
+    conv.numOutput, conv.filterShape, conv.stride, conv.padding = 2, [3], [1], [0]
+    layers[2].name = "pool"
+    pool = layers[2].layerType.init("pooling")
+    pool.mode, pool.filterShape, pool.stride, pool.padding = "max", [2], [2], [0]
+    layers[3].name = "relu"
+    layers[3].layerType.relu = None
+    layers[4].name = "fc"
+    layers[4].layerType.init("linear").outputSize = 3
+    layers[5].name = "sig"
+    layers[5].layerType.sigmoid = None
+    conv_w = rng.standard_normal((2, 1, 3, 3)).astype(np.float32)
+    fc_w = rng.standard_normal((3, 2)).astype(np.float32)
+    weights = msg.init("weightsData", 2)
+    for w, (name, arr) in zip(weights, (("conv-0", conv_w), ("fc-0", fc_w))):
+        w.name = name
+        t = w.init("tensor")
+        t.shape = list(arr.shape)
+        t.data = arr.reshape(-1).tolist()
+    path = tmp_path / "leaf.model"
+    path.write_bytes(msg.to_bytes_packed())
+    return path, conv_w, fc_w
+
+
+def test_leaf_021_file_loads_and_computes_what_leaf_computed(tmp_path, native):
+    import reference as ref
+
+    rng = np.random.default_rng(3)
+    path, conv_w, fc_w = write_leaf_file(tmp_path, rng)
+    net = lp.Layer.load(native, path)
+    assert net.learnable_weights_names() == ["conv/weight", "fc/weight"]  # Leaf's layers had no bias
+    x = rng.standard_normal((2, 16)).astype(np.float32)
+    y = net.forward([x])[0].to_numpy()
+    c = ref.conv2d(x.reshape(2, 1, 4, 4).astype(np.float64), conv_w.astype(np.float64), None)
+    p, _ = ref.maxpool(c, 2, 2)
+    h = np.maximum(p, 0).reshape(2, -1)
+    expected = 1 / (1 + np.exp(-(h @ fc_w.T)))
+    np.testing.assert_allclose(y, expected, rtol=1e-5)
+
+
+def test_weights_are_matched_by_name_not_position(tmp_path, native):
+    """Leaf's Layer.load matched weights by position."""
+    cfg = lp.SequentialConfig(inputs=[("data", [1, 3])])
+    cfg.add_layer(lp.LayerConfig("a", lp.LinearConfig(output_size=3)))
+    cfg.add_layer(lp.LayerConfig("b", lp.LinearConfig(output_size=3)))
+    net = lp.Layer.from_config(native, lp.LayerConfig("net", cfg), seed=0)
+    path = tmp_path / "net.leaf"
+    net.save(path)
+    msg = serialization._read_message(path, "Layer").as_builder()
+    names = [w.name for w in msg.weightsData]
+    order = [2, 3, 0, 1]  # store b's weights first
+    data = [(names[i], np.array(msg.weightsData[i].tensor.data, np.float32).reshape(
+        tuple(msg.weightsData[i].tensor.shape))) for i in order]
+    serialization._write_weights(msg.init("weightsData", 4), data)
+    path.write_bytes(msg.to_bytes_packed())
+    loaded = lp.Layer.load(native, path)
+    for w1, w2 in zip(net.learnable_weights_data(), loaded.learnable_weights_data()):
+        np.testing.assert_array_equal(w1.to_numpy(), w2.to_numpy())
+
+
+def test_missing_and_misshapen_weights_are_named(tmp_path, native):
+    cfg = lp.SequentialConfig(inputs=[("data", [1, 3])])
+    cfg.add_layer(lp.LayerConfig("a", lp.LinearConfig(output_size=3)))
+    net = lp.Layer.from_config(native, lp.LayerConfig("net", cfg), seed=0)
+    path = tmp_path / "net.leaf"
+    net.save(path)
+    msg = serialization._read_message(path, "Layer").as_builder()
+    serialization._write_weights(msg.init("weightsData", 1), [("a/weight", np.zeros((3, 3), np.float32))])
+    path.write_bytes(msg.to_bytes_packed())
+    with pytest.raises(lp.SerializationError, match="'a/bias' is missing"):
+        lp.Layer.load(native, path)
+    msg.clear_write_flag()
+    serialization._write_weights(msg.init("weightsData", 2), [("a/weight", np.zeros((3, 4), np.float32)),
+                                                              ("a/bias", np.zeros(3, np.float32))])
+    path.write_bytes(msg.to_bytes_packed())
+    with pytest.raises(lp.SerializationError, match=r"'a/weight' has shape \(3, 4\).*needs \(3, 3\)"):
+        lp.Layer.load(native, path)
+
+
+# --- checkpoints ------------------------------------------------------------------------------------------------
+def _solver(backend, rule="momentum", minibatch_size=1):
+    run = lp.config.load(os.path.join(os.path.dirname(__file__), "..", "configs", "digits_lenet.yaml"))
+    import dataclasses
+    cfg = dataclasses.replace(run.solver, solver=rule, minibatch_size=minibatch_size, clip_gradients=5.0)
+    return lp.Solver.from_config(backend, backend, cfg)
+
+
+@pytest.mark.parametrize("rule,k", [("momentum", 1), ("adam", 1), ("nesterov", 2)])
+def test_resume_equals_uninterrupted_training_bit_for_bit(tmp_path, native, rule, k):
+    ds = lp.data.digits()
+    batches = list(lp.data.batches(ds.x_train[:320], ds.y_train[:320], 32, seed=0))
+    straight = _solver(native, rule, k)
+    for xb, yb in batches:
+        straight.train_minibatch(xb, yb)
+    first = _solver(native, rule, k)
+    for xb, yb in batches[:5]:  # stops in the middle of an accumulation when k == 2
+        first.train_minibatch(xb, yb)
+    first.save_checkpoint(tmp_path / "ckpt.leaf")
+    resumed = lp.Solver.load_checkpoint(native, native, tmp_path / "ckpt.leaf")
+    assert resumed.iteration == first.iteration and resumed.config == first.config
+    for xb, yb in batches[5:]:
+        resumed.train_minibatch(xb, yb)
+    assert resumed.iteration == straight.iteration
+    for a, b in zip(straight.network.learnable_weights_data(), resumed.network.learnable_weights_data()):
+        np.testing.assert_array_equal(a.to_numpy(), b.to_numpy())
+
+
+# --- bad files ------------------------------------------------------------------------------------------------------
+@pytest.fixture
+def good_file(tmp_path, native):
+    net = lp.Layer.from_config(native, lp.LayerConfig("net", nested_config()), seed=0)
+    path = tmp_path / "good.leaf"
+    net.save(path)
+    return path
+
+
+def test_bad_files_raise_serialization_error(tmp_path, native, good_file, monkeypatch):
+    data = good_file.read_bytes()
+    cases = {
+        "empty": b"",
+        "truncated": data[: len(data) // 2],
+        "corrupted": bytes(b ^ 0x5A if i % 7 == 3 else b for i, b in enumerate(data)),
+        "garbage": os.urandom(4096),
+        "text": b"name: not a capnp file\n" * 20,
+    }
+    for name, content in cases.items():
+        p = tmp_path / f"{name}.leaf"
+        p.write_bytes(content)
+        with pytest.raises(lp.SerializationError) as e:
+            lp.Layer.load(native, p)
+        assert str(p) in str(e.value), name
+    with pytest.raises(lp.SerializationError, match="cannot read"):
+        lp.Layer.load(native, tmp_path / "missing.leaf")
+    # a checkpoint is not a model, and the other way round
+    with pytest.raises(lp.SerializationError):
+        lp.Solver.load_checkpoint(native, native, good_file)
+    monkeypatch.setattr(serialization, "MAX_FILE_BYTES", 100)
+    with pytest.raises(lp.SerializationError, match="over the limit"):
+        lp.Layer.load(native, good_file)
+
+
+def test_hostile_file_is_stopped_by_the_traversal_limit(tmp_path, native):
+    """A tiny packed file whose pointers claim a huge list must not be walked."""
+    import capnp  # noqa: F401
+
+    msg = serialization.schema().Layer.new_message()
+    msg.name = "x"
+    w = msg.init("weightsData", 1)
+    w[0].name = "huge"
+    t = w[0].init("tensor")
+    t.shape = [50_000_000]
+    t.init("data", 50_000_000)  # all zeros: packs to almost nothing
+    path = tmp_path / "bomb.leaf"
+    path.write_bytes(msg.to_bytes_packed())
+    assert path.stat().st_size < 200_000
+    with pytest.raises(lp.SerializationError):
+        lp.Layer.load(native, path)
+
+
+def test_a_failed_save_leaves_the_old_file(tmp_path, native, good_file, monkeypatch):
+    before = good_file.read_bytes()
+    net = lp.Layer.from_config(native, lp.LayerConfig("other", nested_config()), seed=9)
+
+    def broken_fsync(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", broken_fsync)
+    with pytest.raises(lp.SerializationError, match="No space left"):
+        net.save(good_file)
+    monkeypatch.undo()
+    assert good_file.read_bytes() == before
+    assert lp.Layer.load(native, good_file).name == "net"
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_save_interrupted_by_an_exception_in_serialising(tmp_path, native, good_file, monkeypatch):
+    before = good_file.read_bytes()
+    net = lp.Layer.from_config(native, lp.LayerConfig("other", nested_config()), seed=9)
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(KeyboardInterrupt):
+        net.save(good_file)
+    monkeypatch.undo()
+    assert good_file.read_bytes() == before
