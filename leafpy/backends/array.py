@@ -174,120 +174,155 @@ class ArrayBackend(Backend):
             db *= beta
             db += s
 
-    # --- convolution (im2col in (C, kh, kw, N, oh, ow) order + one GEMM) ----------------------------------
+    # --- convolution: im2col in (C, kh, kw, oh, ow, N) order, then one GEMM ------------------------------------
+    # The batch is the innermost axis of the columns, so every window copy and every col2im addition runs over
+    # long contiguous rows (ow * N values) instead of short image rows.
     def _scratch(self, ws: dict, name: str, shape: tuple[int, ...], dtype: Any = None) -> Buffer:
         a = ws.get(name)
-        if a is None or a.shape != shape:
+        if a is None or a.shape != shape or (dtype is not None and a.dtype != dtype):
             a = self.xp.empty(shape, dtype or self.dtype)
             ws[name] = a
         return a
 
     @staticmethod
-    def _out_hw(h: int, w: int, kh: int, kw: int, stride: Pair, padding: Pair) -> tuple[int, int]:
-        return (h + 2 * padding[0] - kh) // stride[0] + 1, (w + 2 * padding[1] - kw) // stride[1] + 1
+    def _windows(kh: int, kw: int, oh: int, ow: int, stride: Pair):
+        sh, sw = stride
+        for i in range(kh):
+            for j in range(kw):
+                yield i, j, slice(i, i + sh * (oh - 1) + 1, sh), slice(j, j + sw * (ow - 1) + 1, sw)
 
-    def _padded(self, x: Buffer, padding: Pair, ws: dict, name: str, value: float = 0.0) -> Buffer:
+    def _to_chwn(self, x: Buffer, padding: Pair, ws: dict, name: str) -> Buffer:
+        """x [N, C, H, W] as [C, H + 2ph, W + 2pw, N], zero padded."""
+        n, c, h, w = x.shape
         ph, pw = padding
-        if ph == 0 and pw == 0:
-            return x
-        n, c, h, w = x.shape
-        xp_ = self._scratch(ws, name, (n, c, h + 2 * ph, w + 2 * pw), x.dtype)
-        if ws.get(name + "_fill") != (value, xp_.shape):
-            xp_.fill(value)
-            ws[name + "_fill"] = (value, xp_.shape)
-        xp_[:, :, ph:ph + h, pw:pw + w] = x
-        return xp_
+        t = self._scratch(ws, name, (c, h + 2 * ph, w + 2 * pw, n), x.dtype)
+        if ph or pw:
+            if ws.get(name + "_zeroed") is not t:
+                t.fill(0)
+                ws[name + "_zeroed"] = t
+        t[:, ph:ph + h, pw:pw + w, :] = x.transpose(1, 2, 3, 0)
+        return t
 
-    def _im2col(self, x: Buffer, kh: int, kw: int, stride: Pair, padding: Pair, ws: dict) -> Buffer:
-        n, c, h, w = x.shape
-        oh, ow = self._out_hw(h, w, kh, kw, stride, padding)
-        xpad = self._padded(x, padding, ws, "xpad")
-        sn, sc, sh, sw = xpad.strides
-        win = self.xp.lib.stride_tricks.as_strided(
-            xpad, shape=(c, kh, kw, n, oh, ow), strides=(sc, sh, sw, sn, sh * stride[0], sw * stride[1]))
-        cols = self._scratch(ws, "cols", (c * kh * kw, n * oh * ow), x.dtype)
-        cols.reshape(c, kh, kw, n, oh, ow)[...] = win
-        return cols
+    def _im2col(self, x: Buffer, kh: int, kw: int, oh: int, ow: int, stride: Pair, padding: Pair,
+                ws: dict) -> Buffer:
+        xt = self._to_chwn(x, padding, ws, "x_chwn")
+        c, n = xt.shape[0], xt.shape[3]
+        cols = self._scratch(ws, "cols", (c, kh, kw, oh, ow, n), x.dtype)
+        for i, j, rows, columns in self._windows(kh, kw, oh, ow, stride):
+            cols[:, i, j] = xt[:, rows, columns, :]
+        ws["cols_of"] = self._identity(x)
+        return cols.reshape(c * kh * kw, oh * ow * n)
+
+    @staticmethod
+    def _identity(a: Buffer) -> tuple:
+        """What a cached derived buffer was computed from (data pointer and shape)."""
+        ptr = a.__array_interface__["data"][0] if hasattr(a, "__array_interface__") else a.data.ptr
+        return ptr, a.shape
+
+    def _dy_t(self, dy: Buffer, ws: dict) -> Buffer:
+        """dy [N, O, oh, ow] as [O, oh * ow * N] (computed once per backward pass)."""
+        n, o, oh, ow = dy.shape
+        t = self._scratch(ws, "dy_t", (o, oh, ow, n), dy.dtype)
+        key = self._identity(dy)
+        if ws.get("dy_t_of") != key or ws.get("dy_t_fresh") is not True:
+            t[...] = dy.transpose(1, 2, 3, 0)
+            ws["dy_t_of"] = key
+            ws["dy_t_fresh"] = True
+        return t.reshape(o, -1)
 
     def conv2d(self, x, w, out, stride, padding, ws):
         o, c, kh, kw = w.shape
-        n = x.shape[0]
-        oh, ow = out.shape[2], out.shape[3]
-        cols = self._im2col(x, kh, kw, stride, padding, ws)
-        y = self._scratch(ws, "y_onp", (o, n * oh * ow), x.dtype)
+        n, _, oh, ow = out.shape
+        cols = self._im2col(x, kh, kw, oh, ow, stride, padding, ws)
+        y = self._scratch(ws, "y_t", (o, oh * ow * n), x.dtype)
         self.xp.matmul(w.reshape(o, -1), cols, out=y)
-        out[...] = y.reshape(o, n, oh, ow).transpose(1, 0, 2, 3)
+        out[...] = y.reshape(o, oh, ow, n).transpose(3, 0, 1, 2)
+        ws["dy_t_fresh"] = False  # a new forward pass: the next backward brings a new dy
 
-    def _dy_onp(self, dy: Buffer, ws: dict) -> Buffer:
-        n, o, oh, ow = dy.shape
-        t = self._scratch(ws, "dy_onp", (o, n * oh * ow), dy.dtype)
-        t.reshape(o, n, oh, ow)[...] = dy.transpose(1, 0, 2, 3)
-        return t
+    def conv2d_grad_filter(self, x, dy, dw, stride, padding, ws, beta=0.0):
+        o, c, kh, kw = dw.shape
+        oh, ow = dy.shape[2], dy.shape[3]
+        if ws.get("cols_of") == self._identity(x) and "cols" in ws:
+            cols = ws["cols"].reshape(c * kh * kw, -1)  # the columns of the forward pass on this x
+        else:
+            cols = self._im2col(x, kh, kw, oh, ow, stride, padding, ws)
+        self.gemm(self._dy_t(dy, ws), False, cols, True, dw.reshape(o, -1), 1.0, beta)
 
     def conv2d_grad_data(self, dy, w, dx, stride, padding, ws):
         o, c, kh, kw = w.shape
         n, _, h, wd = dx.shape
         oh, ow = dy.shape[2], dy.shape[3]
-        dyt = self._dy_onp(dy, ws)
-        dcols = self._scratch(ws, "dcols", (c * kh * kw, n * oh * ow), dy.dtype)
-        self.xp.matmul(w.reshape(o, -1).T, dyt, out=dcols)
-        d6 = dcols.reshape(c, kh, kw, n, oh, ow).transpose(3, 0, 1, 2, 4, 5)
         ph, pw = padding
-        sh, sw = stride
-        dxp = dx if ph == 0 and pw == 0 else self._scratch(ws, "dxpad", (n, c, h + 2 * ph, wd + 2 * pw), dx.dtype)
-        dxp.fill(0)
-        for i in range(kh):
-            for j in range(kw):
-                dxp[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw] += d6[:, :, i, j]
-        if dxp is not dx:
-            dx[...] = dxp[:, :, ph:ph + h, pw:pw + wd]
+        dcols = self._scratch(ws, "dcols", (c * kh * kw, oh * ow * n), dy.dtype)
+        self.xp.matmul(w.reshape(o, -1).T, self._dy_t(dy, ws), out=dcols)
+        d6 = dcols.reshape(c, kh, kw, oh, ow, n)
+        dxt = self._scratch(ws, "dx_chwn", (c, h + 2 * ph, wd + 2 * pw, n), dx.dtype)
+        dxt.fill(0)
+        for i, j, rows, columns in self._windows(kh, kw, oh, ow, stride):
+            dxt[:, rows, columns, :] += d6[:, i, j]
+        dx[...] = dxt[:, ph:ph + h, pw:pw + wd, :].transpose(3, 0, 1, 2)
 
-    def conv2d_grad_filter(self, x, dy, dw, stride, padding, ws, beta=0.0):
-        o, c, kh, kw = dw.shape
-        cols = self._im2col(x, kh, kw, stride, padding, ws)
-        dyt = self._dy_onp(dy, ws)
-        self.gemm(dyt, False, cols, True, dw.reshape(o, -1), 1.0, beta)
+    # --- pooling: one pass per window offset over strided views ----------------------------------------------
+    def _pool_input(self, x: Buffer, padding: Pair, value: float) -> Buffer:
+        ph, pw = padding
+        if not ph and not pw:
+            return x
+        n, c, h, w = x.shape
+        xp_ = self.xp.full((n, c, h + 2 * ph, w + 2 * pw), value, x.dtype)
+        xp_[:, :, ph:ph + h, pw:pw + w] = x
+        return xp_
 
-    # --- pooling --------------------------------------------------------------------------------------------
     def pool2d(self, x, out, mask, mode, kernel, stride, padding):
         kh, kw = kernel
-        sh, sw = stride
         oh, ow = out.shape[2], out.shape[3]
-        ws: dict = {}
+        xp = self.xp
+        src = self._pool_input(x, padding, -np.inf if mode == "max" else 0.0)
+        first = True
         if mode == "max":
-            xpad = self._padded(x, padding, ws, "xpad", -np.inf)
-            out.fill(-np.inf)
-            mask.fill(0)
-            for i in range(kh):
-                for j in range(kw):
-                    s = xpad[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
-                    better = s > out
-                    self.xp.copyto(out, s, where=better)
-                    self.xp.copyto(mask, i * kw + j, where=better)
-        else:
-            xpad = self._padded(x, padding, ws, "xpad", 0.0)
-            out.fill(0)
-            for i in range(kh):
-                for j in range(kw):
-                    out += xpad[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
+            better = xp.empty(out.shape, dtype=bool)
+            step = xp.empty(out.shape, dtype=mask.dtype)
+        for i, j, rows, columns in self._windows(kh, kw, oh, ow, stride):
+            s = src[:, :, rows, columns]
+            if first:
+                out[...] = s
+                if mode == "max":
+                    mask.fill(0)
+                first = False
+            elif mode == "max":
+                # ties keep the first position; mask += better * (t - mask)
+                xp.greater(s, out, out=better)
+                xp.maximum(out, s, out=out)
+                xp.subtract(i * kw + j, mask, out=step)
+                step *= better
+                mask += step
+            else:
+                out += s
+        if mode != "max":
             out *= 1.0 / (kh * kw)
 
     def pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding):
         kh, kw = kernel
-        sh, sw = stride
         ph, pw = padding
         n, c, h, w = dx.shape
         oh, ow = dy.shape[2], dy.shape[3]
-        dxp = dx if ph == 0 and pw == 0 else self.xp.zeros((n, c, h + 2 * ph, w + 2 * pw), dx.dtype)
-        dxp.fill(0)
-        for i in range(kh):
-            for j in range(kw):
-                sl = dxp[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
-                if mode == "max":
-                    sl += dy * (mask == i * kw + j)
+        overlap = stride[0] < kh or stride[1] < kw or ph or pw
+        dxp = self.xp.zeros((n, c, h + 2 * ph, w + 2 * pw), dx.dtype) if overlap else dx
+        if not overlap:
+            dx.fill(0)
+        scale = 1.0 / (kh * kw)
+        for i, j, rows, columns in self._windows(kh, kw, oh, ow, stride):
+            target = dxp[:, :, rows, columns]
+            if mode == "max":
+                hit = mask == i * kw + j
+                if overlap:
+                    target += dy * hit
                 else:
-                    sl += dy * (1.0 / (kh * kw))
-        if dxp is not dx:
+                    self.xp.multiply(dy, hit, out=target)
+            elif overlap:
+                target += dy * scale
+            else:
+                self.xp.multiply(dy, scale, out=target)
+        if overlap:
             dx[...] = dxp[:, :, ph:ph + h, pw:pw + w]
 
     # --- randomness -----------------------------------------------------------------------------------------
@@ -297,6 +332,12 @@ class ArrayBackend(Backend):
         self.xp.multiply(keep, 1.0 / (1.0 - ratio), out=mask)
 
     # --- solver updates -----------------------------------------------------------------------------------
+    def momentum_update(self, w, g, h, lr, momentum):
+        g *= lr
+        h *= momentum
+        h += g
+        w -= h
+
     def adam_update(self, w, g, m, v, lr, beta1, beta2, eps):
         xp = self.xp
         m *= beta1

@@ -179,7 +179,11 @@ class Backend:
         """Fill ``mask`` with 0 (probability ``ratio``) or ``1 / (1 - ratio)``, reproducibly from ``seed``."""
         raise NotImplementedError
 
-    # --- solver updates ---------------------------------------------------------------------------------------
+    # --- solver updates (the gradient buffer g may be used as scratch) ---------------------------------------
+    def momentum_update(self, w: Buffer, g: Buffer, h: Buffer, lr: float, momentum: float) -> None:
+        """``h = momentum * h + lr * g; w -= h``."""
+        raise NotImplementedError
+
     def adam_update(self, w: Buffer, g: Buffer, m: Buffer, v: Buffer, lr: float, beta1: float, beta2: float,
                     eps: float) -> None:
         """``m = b1 m + (1-b1) g; v = b2 v + (1-b2) g²; w -= lr * m / (sqrt(v) + eps)`` (``lr`` bias-corrected)."""

@@ -13,5 +13,4 @@ class Momentum(UpdateRule):
 
     def update(self, backend, w, g, state, lr, iteration):
         (h,) = state
-        backend.axpby(lr, g, self.config.momentum, h)
-        backend.axpby(-1.0, h, 1.0, w)
+        backend.momentum_update(w, g, h, lr, self.config.momentum)

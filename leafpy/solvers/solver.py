@@ -170,7 +170,9 @@ class Solver:
 
     # --- training -----------------------------------------------------------------------------------------
     def train_minibatch(self, data: Any, target: Any) -> SharedTensor:
-        """One forward/backward pass and (every minibatch_size-th call) one update; returns the network output."""
+        """One forward/backward pass and (every minibatch_size-th call) one update; returns the network output.
+
+        The update works in the gradient buffers, so after an update they no longer hold the raw gradients."""
         self.network.set_training(True)
         out = self.network.forward([data])[0]
         self.objective.forward([out, target])

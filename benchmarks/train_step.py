@@ -1,0 +1,297 @@
+"""Training-step benchmark: leafpy against PyTorch, side by side in one process.
+
+For each network both frameworks start from identical weights, train on identical batches with momentum SGD,
+and are timed alternately (whole steps: forward, backward, update; GPU-synchronised). The table reports
+milliseconds per step, the ratio torch/leafpy (above 1: leafpy is faster), peak memory, and both losses after
+10 identical steps, so a speed win can never hide a wrong result.
+
+    python benchmarks/train_step.py --backend native --vs torch [--nets mlp128,lenet64] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import os
+
+# Both frameworks share two cores in one process: threads that spin after their work (OpenMP in torch, OpenBLAS
+# in numpy) would steal the other framework's cores, so both are asked to sleep when idle.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import leafpy as lp  # noqa: E402
+
+LR, MOMENTUM = 0.01, 0.9
+
+
+def mlp_config(batch: int) -> lp.LayerConfig:
+    cfg = lp.SequentialConfig(inputs=[("data", [batch, 784])])
+    cfg.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=512)))
+    cfg.add_layer(lp.LayerConfig("relu1", "ReLU"))
+    cfg.add_layer(lp.LayerConfig("fc2", lp.LinearConfig(output_size=512)))
+    cfg.add_layer(lp.LayerConfig("relu2", "ReLU"))
+    cfg.add_layer(lp.LayerConfig("fc3", lp.LinearConfig(output_size=10)))
+    cfg.add_layer(lp.LayerConfig("logsm", "LogSoftmax"))
+    return lp.LayerConfig("mlp", cfg)
+
+
+def from_run_file(name: str, batch: int) -> lp.LayerConfig:
+    """A shipped network with the batch size changed and Dropout removed (so both frameworks compute the same)."""
+    net = lp.config.load(ROOT / "configs" / name).network
+    seq = net.config
+    cfg = lp.SequentialConfig(inputs=[(n, [batch, *s[1:]]) for n, s in seq.inputs])
+    for layer in seq.layers:
+        if layer.type != "Dropout":
+            cfg.add_layer(layer)
+    return lp.LayerConfig(net.name, cfg)
+
+
+NETWORKS = {
+    "mlp128": (lambda: mlp_config(128), 128, (784,), 10),
+    "mlp4096": (lambda: mlp_config(4096), 4096, (784,), 10),
+    "lenet64": (lambda: from_run_file("mnist_lenet.yaml", 64), 64, (1, 28, 28), 10),
+    "lenet1024": (lambda: from_run_file("mnist_lenet.yaml", 1024), 1024, (1, 28, 28), 10),
+    "alexnet128": (lambda: from_run_file("alexnet.yaml", 128), 128, (3, 224, 224), 1000),
+}
+GPU_ONLY = {"alexnet128"}
+
+
+# --- leafpy -----------------------------------------------------------------------------------------------------
+def leafpy_solver(backend, net_cfg: lp.LayerConfig, batch: int, classes: int) -> lp.Solver:
+    obj = lp.SequentialConfig(inputs=[("network_out", [batch, classes]), ("label", [batch, 1])])
+    obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=classes)))
+    cfg = lp.SolverConfig(network=net_cfg, objective=lp.LayerConfig("loss", obj), solver="momentum",
+                          base_lr=LR, momentum=MOMENTUM, seed=0)
+    return lp.Solver.from_config(backend, backend, cfg)
+
+
+# --- torch ------------------------------------------------------------------------------------------------------
+def torch_model(torch, net: lp.Layer, initial: list[np.ndarray]):
+    """The same network in PyTorch, with leafpy's initial weights copied in."""
+    nn = torch.nn
+    mods = []
+    weights = iter(initial)
+    for layer in net.layers:
+        c, t = layer.config.config, layer.config.type
+        if t == "Linear":
+            w = layer.weights[0]
+            m = nn.Linear(w.shape[1], w.shape[0], bias=c.bias)
+        elif t == "Convolution":
+            w = layer.weights[0]
+            m = nn.Conv2d(w.shape[1], w.shape[0], tuple(c.filter_shape), tuple(c.stride), tuple(c.padding),
+                          bias=c.bias)
+        elif t == "Pooling":
+            cls = nn.MaxPool2d if c.mode == "max" else nn.AvgPool2d
+            m = cls(tuple(c.filter_shape), tuple(c.stride), tuple(c.padding))
+        else:
+            m = {"ReLU": nn.ReLU, "Flatten": nn.Flatten, "LogSoftmax": lambda: nn.LogSoftmax(dim=1),
+                 "Sigmoid": nn.Sigmoid, "TanH": nn.Tanh}[t]()
+        if layer.weights:
+            with torch.no_grad():
+                m.weight.copy_(torch.from_numpy(next(weights)))
+                if len(layer.weights) > 1:
+                    m.bias.copy_(torch.from_numpy(next(weights)))
+        mods.append(m)
+    return nn.Sequential(*mods)
+
+
+class TorchTrainer:
+    def __init__(self, torch, net: lp.Layer, initial: list[np.ndarray], device: str, tf32: bool) -> None:
+        self.torch = torch
+        self.device = device
+        self.model = torch_model(torch, net, initial).to(device)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=LR, momentum=MOMENTUM)
+        self.loss_fn = torch.nn.NLLLoss()
+        if device == "cuda":
+            torch.backends.cudnn.allow_tf32 = tf32
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            torch.backends.cudnn.benchmark = True
+        self.last = None
+
+    def to_device(self, x, y):
+        t = self.torch
+        return t.from_numpy(x).to(self.device), t.from_numpy(y.astype(np.int64)).to(self.device)
+
+    def step(self, x, y) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        self.last = self.loss_fn(self.model(x), y)
+        self.last.backward()
+        self.opt.step()
+
+    def sync(self) -> None:
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+
+    def loss(self) -> float:
+        return float(self.last.item())
+
+
+# --- timing -----------------------------------------------------------------------------------------------------
+def timed(step, sync, n: int) -> float:
+    sync()
+    t = time.perf_counter()
+    for _ in range(n):
+        step()
+    sync()
+    return (time.perf_counter() - t) / n * 1000
+
+
+def bench_network(name: str, backend, torch, device: str, args) -> dict:
+    make, batch, shape, classes = NETWORKS[name]
+    rng = np.random.default_rng(0)
+    xs = [rng.random((batch, *shape), dtype=np.float32) for _ in range(4)]
+    ys = [rng.integers(0, classes, batch) for _ in range(4)]
+    if backend.name == "native":
+        tracemalloc.start()  # numpy reports its buffers to tracemalloc: the peak of everything leafpy holds
+    solver = leafpy_solver(backend, make(), batch, classes)
+    row: dict = {"network": name, "batch": batch}
+    initial = [w.to_numpy() for w in solver.network.learnable_weights_data()]
+    data_l = [(lp.SharedTensor.from_numpy(x), lp.SharedTensor.from_numpy(y.astype(np.float32)))
+              for x, y in zip(xs, ys)]
+    # identical steps: both losses after 10 steps
+    for i in range(10):
+        solver.train_minibatch(*data_l[i % 4])
+    row["leafpy_loss10"] = solver.loss()
+    if backend.name == "native":
+        outside = sum(a.nbytes for a in initial)  # the copy kept for torch
+        row["leafpy_peak_mb"] = (tracemalloc.get_traced_memory()[1] - outside) / 2**20
+        tracemalloc.stop()
+    trainer = None
+    if torch is not None:
+        trainer = TorchTrainer(torch, solver.network, initial, device, args.tf32)
+        data_t = [trainer.to_device(x, y) for x, y in zip(xs, ys)]
+        for i in range(10):
+            trainer.step(*data_t[i % 4])
+        row["torch_loss10"] = trainer.loss()
+
+    k = [0]
+
+    def l_step():
+        solver.train_minibatch(*data_l[k[0] % 4])
+        k[0] += 1
+
+    def t_step():
+        trainer.step(*data_t[k[0] % 4])
+        k[0] += 1
+
+    n = args.steps if args.steps else max(3, min(50, int(2000 / max(batch, 1))))
+    for _ in range(args.warmup):
+        l_step()
+        if trainer:
+            t_step()
+    lt, tt = [], []
+    for _ in range(args.rounds):
+        lt.append(timed(l_step, backend.synchronize, n))
+        if trainer:
+            tt.append(timed(t_step, trainer.sync, n))
+    if backend.name == "cuda":
+        row["leafpy_peak_mb"] = backend.peak_memory() / 2**20
+    row["leafpy_ms"] = statistics.median(lt)
+    if trainer:
+        row["torch_ms"] = statistics.median(tt)
+        row["ratio"] = row["torch_ms"] / row["leafpy_ms"]
+        if device == "cuda":
+            row["torch_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
+            torch.cuda.reset_peak_memory_stats()
+    return row
+
+
+def bench_gemm(backend, torch, device: str, n: int = 4096, reps: int = 10) -> dict:
+    rng = np.random.default_rng(0)
+    a_h = rng.random((n, n), dtype=np.float32)
+    b_h = rng.random((n, n), dtype=np.float32)
+    ta, tb, tc = (lp.SharedTensor.from_numpy(m) for m in (a_h, b_h, np.zeros((n, n), np.float32)))
+    a, b = ta.read(backend), tb.read(backend)
+    c = tc.write(backend)
+
+    def l_step():
+        backend.gemm(a, False, b, False, c)
+
+    flops = 2 * n ** 3
+    l_step()
+    ms = min(timed(l_step, backend.synchronize, reps) for _ in range(3))
+    row = {"gemm": n, "leafpy_tflops": flops / ms / 1e9}
+    if backend.name == "native":
+        ref = np.empty((n, n), np.float32)
+        np_ms = min(timed(lambda: np.matmul(a_h, b_h, out=ref), lambda: None, reps) for _ in range(3))
+        row["numpy_tflops"] = flops / np_ms / 1e9
+        row["of_numpy"] = row["leafpy_tflops"] / row["numpy_tflops"]
+    if torch is not None:
+        at, bt = torch.from_numpy(a_h).to(device), torch.from_numpy(b_h).to(device)
+        sync = (lambda: torch.cuda.synchronize()) if device == "cuda" else (lambda: None)
+        t_ms = min(timed(lambda: torch.mm(at, bt), sync, reps) for _ in range(3))
+        row["torch_tflops"] = flops / t_ms / 1e9
+    ct = tc.to_numpy()
+    err = float(np.abs(ct[:64, :64] - a_h[:64] @ b_h[:, :64]).max() / np.abs(ct[:64, :64]).max())
+    row["max_rel_error"] = err
+    return row
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", default="native", choices=lp.backends.BACKEND_NAMES)
+    p.add_argument("--vs", choices=["torch", "none"], default="torch")
+    p.add_argument("--nets", default="", help="comma-separated subset of " + ", ".join(NETWORKS))
+    p.add_argument("--steps", type=int, default=0, help="steps per timing round (default: by batch size)")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads for both frameworks")
+    p.add_argument("--tf32", action="store_true", help="let torch use TF32 (GPU)")
+    p.add_argument("--no-gemm", action="store_true")
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args()
+
+    backend = lp.backend(args.backend)
+    device = "cpu" if args.backend == "native" else "cuda"
+    torch = None
+    if args.vs == "torch":
+        import torch
+        torch.set_num_threads(args.threads)
+    limiter = None
+    try:
+        from threadpoolctl import threadpool_limits
+        limiter = threadpool_limits(args.threads)
+    except ImportError:
+        pass
+    names = [n for n in (args.nets.split(",") if args.nets else NETWORKS) if n]
+    if device == "cpu":
+        names = [n for n in names if n not in GPU_ONLY]
+    rows = []
+    print(f"# leafpy {args.backend} vs {args.vs} on {platform.processor() or platform.machine()}, "
+          f"{args.threads} threads, torch {torch.__version__ if torch else '-'}, numpy {np.__version__}")
+    print(f"{'network':<12}{'batch':>6}{'leafpy ms':>11}{'torch ms':>10}{'torch/leafpy':>14}{'leafpy MB':>11}"
+          f"{'torch MB':>10}{'loss@10 leafpy':>16}{'loss@10 torch':>15}")
+    for name in names:
+        r = bench_network(name, backend, torch, device, args)
+        rows.append(r)
+        f = lambda k, fmt: (format(r[k], fmt) if k in r else "n/a")  # noqa: E731
+        print(f"{name:<12}{r['batch']:>6}{f('leafpy_ms', '.2f'):>11}{f('torch_ms', '.2f'):>10}"
+              f"{f('ratio', '.2f'):>14}{f('leafpy_peak_mb', '.0f'):>11}{f('torch_peak_mb', '.0f'):>10}"
+              f"{f('leafpy_loss10', '.5f'):>16}{f('torch_loss10', '.5f'):>15}", flush=True)
+    if not args.no_gemm:
+        g = bench_gemm(backend, torch, device)
+        rows.append(g)
+        extra = f", numpy {g['numpy_tflops']:.3f} ({g['of_numpy']:.0%} of numpy)" if "numpy_tflops" in g else ""
+        extra += f", torch {g['torch_tflops']:.3f}" if "torch_tflops" in g else ""
+        print(f"SGEMM 4096: leafpy {g['leafpy_tflops']:.3f} TFLOP/s{extra}; max rel error {g['max_rel_error']:.1e}")
+    if limiter is not None:
+        limiter.unregister() if hasattr(limiter, "unregister") else None
+    if args.json:
+        Path(args.json).write_text(json.dumps({"backend": args.backend, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
