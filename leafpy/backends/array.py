@@ -12,6 +12,20 @@ import numpy as np
 from .base import Backend, Buffer, Pair
 
 
+DROPOUT_HASH_ROUNDS = ((16, 0x85EBCA6B), (13, 0xC2B2AE35), (16, 0))
+"""The murmur3 finaliser: h ^= h >> 16; h *= 0x85EBCA6B; h ^= h >> 13; h *= 0xC2B2AE35; h ^= h >> 16."""
+
+
+def dropout_key(seed: int) -> int:
+    """The per-call offset added to the element index before hashing."""
+    return (seed * 0x9E3779B9) & 0xFFFFFFFF
+
+
+def dropout_threshold(ratio: float) -> int:
+    """An element is kept when its 32-bit hash is at least this."""
+    return min(int(ratio * 2**32), 2**32 - 1)
+
+
 class ArrayBackend(Backend):
     """A backend whose buffers are ``xp`` arrays."""
 
@@ -327,9 +341,16 @@ class ArrayBackend(Backend):
 
     # --- randomness -----------------------------------------------------------------------------------------
     def dropout_mask(self, mask, ratio, seed):
-        rng = self.xp.random.default_rng(seed)
-        keep = rng.random(mask.shape, dtype=np.float32) >= ratio
-        self.xp.multiply(keep, 1.0 / (1.0 - ratio), out=mask)
+        # a counter-based hash of (seed, index), the same on every backend: masks agree across backends
+        xp = self.xp
+        h = xp.arange(mask.size, dtype=xp.uint32)
+        h += xp.uint32(dropout_key(seed))
+        for shift, mult in DROPOUT_HASH_ROUNDS:
+            h ^= h >> xp.uint32(shift)
+            if mult:
+                h *= xp.uint32(mult)
+        keep = h >= xp.uint32(dropout_threshold(ratio))
+        xp.multiply(keep.reshape(mask.shape), 1.0 / (1.0 - ratio), out=mask)
 
     # --- solver updates -----------------------------------------------------------------------------------
     def momentum_update(self, w, g, h, lr, momentum):

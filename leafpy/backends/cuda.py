@@ -1,0 +1,292 @@
+"""The cuda backend: CuPy arrays on an NVIDIA GPU.
+
+GEMM goes to cuBLAS through CuPy; elementwise work runs in fused kernels; convolution runs through cuDNN graphs
+(NVIDIA's ``nvidia-cudnn-frontend``), built once per shape and cached, with the shared im2col + GEMM path when
+the frontend cannot be imported (or with ``use_cudnn=False``); pooling runs in one kernel per pass.
+
+Importing this module does not import CuPy; constructing the backend does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import BackendError, BackendUnavailable
+from .array import ArrayBackend
+
+_INSTALL = ("pip install 'leafpy[cuda]' (CuPy for CUDA 12: cupy-cuda12x; with CUDA 13 drivers install "
+            "cupy-cuda13x instead)")
+
+_POOL_SOURCE = r"""
+extern "C" __global__ void pool_fwd(const float* x, float* y, int* mask, int total, int C, int H, int W,
+        int OH, int OW, int kh, int kw, int sh, int sw, int ph, int pw, int is_max) {
+    int i = blockDim.x * blockIdx.x + threadIdx.x;
+    if (i >= total) return;
+    int ow = i % OW, oh = (i / OW) % OH, nc = i / (OW * OH);
+    const float* src = x + (long long)nc * H * W;
+    int h0 = oh * sh - ph, w0 = ow * sw - pw;
+    float best = -INFINITY, sum = 0.f; int arg = 0;
+    for (int a = 0; a < kh; ++a) {
+        int h = h0 + a;
+        for (int b = 0; b < kw; ++b) {
+            int w = w0 + b;
+            bool inside = h >= 0 && h < H && w >= 0 && w < W;
+            float v = inside ? src[h * W + w] : (is_max ? -INFINITY : 0.f);
+            if (is_max) { if (v > best) { best = v; arg = a * kw + b; } } else { sum += v; }
+        }
+    }
+    if (is_max) { y[i] = best; mask[i] = arg; } else { y[i] = sum / (float)(kh * kw); }
+}
+extern "C" __global__ void pool_bwd(const float* dy, float* dx, const int* mask, int total, int C, int H, int W,
+        int OH, int OW, int kh, int kw, int sh, int sw, int ph, int pw, int is_max) {
+    int i = blockDim.x * blockIdx.x + threadIdx.x;
+    if (i >= total) return;
+    int ow = i % OW, oh = (i / OW) % OH, nc = i / (OW * OH);
+    float* dst = dx + (long long)nc * H * W;
+    int h0 = oh * sh - ph, w0 = ow * sw - pw;
+    float g = dy[i];
+    if (is_max) {
+        int a = mask[i] / kw, b = mask[i] % kw, h = h0 + a, w = w0 + b;
+        if (h >= 0 && h < H && w >= 0 && w < W) atomicAdd(dst + h * W + w, g);
+    } else {
+        float share = g / (float)(kh * kw);
+        for (int a = 0; a < kh; ++a) for (int b = 0; b < kw; ++b) {
+            int h = h0 + a, w = w0 + b;
+            if (h >= 0 && h < H && w >= 0 && w < W) atomicAdd(dst + h * W + w, share);
+        }
+    }
+}
+"""
+
+
+class CudaBackend(ArrayBackend):
+    """CuPy on one NVIDIA GPU. ``use_cudnn``: None (use cuDNN graphs when importable), True (require), False
+    (im2col + GEMM). ``tf32``: let cuDNN convolutions use TF32 tensor cores (faster, ~1e-3 relative error)."""
+
+    name = "cuda"
+
+    def __init__(self, dtype: Any = np.float32, device: int = 0, use_cudnn: bool | None = None,
+                 tf32: bool = False) -> None:
+        super().__init__(dtype)
+        try:
+            import cupy
+        except ImportError as e:
+            raise BackendUnavailable(f"backend 'cuda' needs CuPy, which is not installed: {_INSTALL}") from e
+        try:
+            count = cupy.cuda.runtime.getDeviceCount()
+        except Exception as e:  # no driver, no device
+            raise BackendUnavailable(f"backend 'cuda': no usable NVIDIA GPU ({e})") from e
+        if device >= count:
+            raise BackendUnavailable(f"backend 'cuda': device {device} requested, {count} present")
+        self.xp = cupy
+        self.device = cupy.cuda.Device(device)
+        self.device.use()
+        self.key = f"cuda:{device}"
+        self.tf32 = tf32
+        self._kernels = self._build_kernels(cupy)
+        self._pool_module = cupy.RawModule(code=_POOL_SOURCE)
+        self._cudnn = None
+        self._graphs: dict = {}
+        if use_cudnn is not False:
+            try:
+                self._cudnn = _CudnnConv(cupy, tf32)
+            except Exception as e:  # ImportError, or a frontend/runtime mismatch
+                if use_cudnn:
+                    raise BackendUnavailable(f"backend 'cuda': cuDNN graphs unavailable ({e}); "
+                                             "pip install nvidia-cudnn-frontend nvidia-cudnn-cu12") from e
+
+    @property
+    def uses_cudnn(self) -> bool:
+        return self._cudnn is not None
+
+    @staticmethod
+    def _build_kernels(cp: Any) -> dict:
+        ek = cp.ElementwiseKernel
+        return {
+            "axpby": ek("T x, T a, T b", "T y", "y = a * x + b * y", "leafpy_axpby"),
+            "relu_grad": ek("T y, T dy", "T dx", "dx = y > 0 ? dy : (T)0", "leafpy_relu_grad"),
+            "sigmoid": ek("T x", "T y", "y = (T)1 / ((T)1 + exp(-x))", "leafpy_sigmoid"),
+            "sigmoid_grad": ek("T y, T dy", "T dx", "dx = dy * y * ((T)1 - y)", "leafpy_sigmoid_grad"),
+            "tanh_grad": ek("T y, T dy", "T dx", "dx = dy * ((T)1 - y * y)", "leafpy_tanh_grad"),
+            "momentum": ek("T g, T lr, T m", "T w, T h", "h = m * h + lr * g; w -= h", "leafpy_momentum"),
+            "adam": ek("T g, T lr, T b1, T b2, T eps", "T w, T m, T v",
+                       "m = b1 * m + ((T)1 - b1) * g; v = b2 * v + ((T)1 - b2) * g * g;"
+                       " w -= lr * m / (sqrt(v) + eps)", "leafpy_adam"),
+            "rmsprop": ek("T g, T lr, T d, T eps", "T w, T h",
+                          "h = d * h + ((T)1 - d) * g * g; w -= lr * g / (sqrt(h) + eps)", "leafpy_rmsprop"),
+            "dropout": ek("uint32 key, uint32 threshold, T scale", "T mask",
+                          "unsigned int h = (unsigned int)i + key;"
+                          " h ^= h >> 16; h *= 0x85EBCA6Bu; h ^= h >> 13; h *= 0xC2B2AE35u; h ^= h >> 16;"
+                          " mask = h >= threshold ? scale : (T)0", "leafpy_dropout"),
+        }
+
+    # --- memory contract --------------------------------------------------------------------------------------
+    def allocate(self, size: int, dtype: Any) -> Any:
+        return self.xp.empty(size, dtype)
+
+    def upload(self, host: np.ndarray, out: Any) -> None:
+        out.set(np.ascontiguousarray(host))
+
+    def download(self, buf: Any, host: np.ndarray) -> None:
+        buf.get(out=host)
+
+    def synchronize(self) -> None:
+        self.device.synchronize()
+
+    def peak_memory(self) -> int:
+        """Bytes held by CuPy's memory pool (it keeps freed blocks, so this is close to the peak)."""
+        return int(self.xp.get_default_memory_pool().total_bytes())
+
+    def _scalar(self, v: float) -> Any:
+        return self.dtype.type(v)
+
+    # --- fused elementwise ------------------------------------------------------------------------------------
+    def axpby(self, alpha, x, beta, y):
+        self._kernels["axpby"](x, self._scalar(alpha), self._scalar(beta), y)
+
+    def relu_grad(self, y, dy, dx):
+        self._kernels["relu_grad"](y, dy, dx)
+
+    def sigmoid(self, x, out):
+        self._kernels["sigmoid"](x, out)
+
+    def sigmoid_grad(self, y, dy, dx):
+        self._kernels["sigmoid_grad"](y, dy, dx)
+
+    def tanh_grad(self, y, dy, dx):
+        self._kernels["tanh_grad"](y, dy, dx)
+
+    def momentum_update(self, w, g, h, lr, momentum):
+        self._kernels["momentum"](g, self._scalar(lr), self._scalar(momentum), w, h)
+
+    def adam_update(self, w, g, m, v, lr, beta1, beta2, eps):
+        s = self._scalar
+        self._kernels["adam"](g, s(lr), s(beta1), s(beta2), s(eps), w, m, v)
+
+    def rmsprop_update(self, w, g, h, lr, decay, eps):
+        s = self._scalar
+        self._kernels["rmsprop"](g, s(lr), s(decay), s(eps), w, h)
+
+    def dropout_mask(self, mask, ratio, seed):
+        from .array import dropout_key, dropout_threshold
+
+        self._kernels["dropout"](np.uint32(dropout_key(seed)), np.uint32(dropout_threshold(ratio)),
+                                 self._scalar(1.0 / (1.0 - ratio)), mask)
+
+    # --- pooling: one kernel per pass ---------------------------------------------------------------------------
+    def _pool_args(self, x_shape, y_shape, kernel, stride, padding, is_max):
+        n, c, h, w = x_shape
+        oh, ow = y_shape[2], y_shape[3]
+        total = n * c * oh * ow
+        i32 = np.int32
+        return total, (i32(total), i32(c), i32(h), i32(w), i32(oh), i32(ow), i32(kernel[0]), i32(kernel[1]),
+                       i32(stride[0]), i32(stride[1]), i32(padding[0]), i32(padding[1]), i32(is_max))
+
+    def pool2d(self, x, out, mask, mode, kernel, stride, padding):
+        if self.dtype != np.float32:
+            return super().pool2d(x, out, mask, mode, kernel, stride, padding)
+        total, args = self._pool_args(x.shape, out.shape, kernel, stride, padding, mode == "max")
+        m = mask if mask is not None else out  # unused for average pooling
+        self._pool_module.get_function("pool_fwd")(((total + 255) // 256,), (256,), (x, out, m) + args)
+
+    def pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding):
+        if self.dtype != np.float32:
+            return super().pool2d_grad(dy, dx, mask, mode, kernel, stride, padding)
+        dx.fill(0)
+        total, args = self._pool_args(dx.shape, dy.shape, kernel, stride, padding, mode == "max")
+        m = mask if mask is not None else dy
+        self._pool_module.get_function("pool_bwd")(((total + 255) // 256,), (256,), (dy, dx, m) + args)
+
+    # --- convolution through cuDNN graphs -----------------------------------------------------------------------
+    def conv2d(self, x, w, out, stride, padding, ws):
+        if self._cudnn is None:
+            return super().conv2d(x, w, out, stride, padding, ws)
+        self._cudnn.run("fprop", x.shape, w.shape, out.shape, stride, padding, x, w, out, 0.0)
+
+    def conv2d_grad_data(self, dy, w, dx, stride, padding, ws):
+        if self._cudnn is None:
+            return super().conv2d_grad_data(dy, w, dx, stride, padding, ws)
+        self._cudnn.run("dgrad", dx.shape, w.shape, dy.shape, stride, padding, dx, w, dy, 0.0)
+
+    def conv2d_grad_filter(self, x, dy, dw, stride, padding, ws, beta=0.0):
+        if self._cudnn is None:
+            return super().conv2d_grad_filter(x, dy, dw, stride, padding, ws, beta)
+        if beta:
+            tmp = self.xp.empty_like(dw)
+            self._cudnn.run("wgrad", x.shape, dw.shape, dy.shape, stride, padding, x, tmp, dy, 0.0)
+            dw += tmp
+        else:
+            self._cudnn.run("wgrad", x.shape, dw.shape, dy.shape, stride, padding, x, dw, dy, 0.0)
+
+
+def _nchw_strides(shape: tuple[int, ...]) -> list[int]:
+    n, c, h, w = shape
+    return [c * h * w, h * w, w, 1]
+
+
+class _CudnnConv:
+    """cuDNN frontend graphs for the three convolution passes, one graph per (pass, shapes, stride, padding)."""
+
+    def __init__(self, cp: Any, tf32: bool) -> None:
+        import cudnn
+
+        self.cudnn = cudnn
+        self.cp = cp
+        self.tf32 = tf32
+        self.handle = cudnn.create_handle()
+        self.graphs: dict = {}
+        self.workspace = cp.empty(0, dtype=cp.uint8)
+
+    def _build(self, kind: str, x_shape, w_shape, y_shape, stride, padding) -> tuple:
+        cudnn = self.cudnn
+        f32 = cudnn.data_type.FLOAT
+        g = cudnn.pygraph(io_data_type=f32, intermediate_data_type=f32, compute_data_type=f32, handle=self.handle)
+        pad, st, dil = list(padding), list(stride), [1, 1]
+        if kind == "fprop":
+            X = g.tensor(name="X", dim=list(x_shape), stride=_nchw_strides(x_shape), data_type=f32)
+            W = g.tensor(name="W", dim=list(w_shape), stride=_nchw_strides(w_shape), data_type=f32)
+            Y = g.conv_fprop(image=X, weight=W, padding=pad, stride=st, dilation=dil, compute_data_type=f32)
+            Y.set_output(True).set_dim(list(y_shape)).set_stride(_nchw_strides(y_shape)).set_data_type(f32)
+            names = (X, W, Y)
+        elif kind == "dgrad":
+            DY = g.tensor(name="DY", dim=list(y_shape), stride=_nchw_strides(y_shape), data_type=f32)
+            W = g.tensor(name="W", dim=list(w_shape), stride=_nchw_strides(w_shape), data_type=f32)
+            DX = g.conv_dgrad(loss=DY, filter=W, padding=pad, stride=st, dilation=dil, compute_data_type=f32)
+            DX.set_output(True).set_dim(list(x_shape)).set_stride(_nchw_strides(x_shape)).set_data_type(f32)
+            names = (DX, W, DY)
+        else:
+            X = g.tensor(name="X", dim=list(x_shape), stride=_nchw_strides(x_shape), data_type=f32)
+            DY = g.tensor(name="DY", dim=list(y_shape), stride=_nchw_strides(y_shape), data_type=f32)
+            DW = g.conv_wgrad(image=X, loss=DY, padding=pad, stride=st, dilation=dil, compute_data_type=f32)
+            DW.set_output(True).set_dim(list(w_shape)).set_stride(_nchw_strides(w_shape)).set_data_type(f32)
+            names = (X, DW, DY)
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        if not self.tf32:
+            try:
+                g.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE])
+            except Exception:
+                pass  # frontends without the filter: cuDNN's FLOAT compute type is used as asked
+        g.check_support()
+        g.build_plans()
+        size = g.get_workspace_size()
+        if size > self.workspace.size:
+            self.workspace = self.cp.empty(size, dtype=self.cp.uint8)
+        return g, names
+
+    def run(self, kind, x_shape, w_shape, y_shape, stride, padding, x, w, y, beta) -> None:
+        key = (kind, tuple(x_shape), tuple(w_shape), tuple(y_shape), tuple(stride), tuple(padding))
+        entry = self.graphs.get(key)
+        if entry is None:
+            try:
+                entry = self._build(kind, x_shape, w_shape, y_shape, stride, padding)
+            except Exception as e:
+                raise BackendError(f"cuDNN could not build a {kind} graph for input {tuple(x_shape)}, filter "
+                                   f"{tuple(w_shape)}: {e}") from e
+            self.graphs[key] = entry
+        g, (a, b, c) = entry
+        self.cudnn.set_stream(handle=self.handle, stream=self.cp.cuda.get_current_stream().ptr)
+        g.execute({a: x.data.ptr, b: w.data.ptr, c: y.data.ptr}, self.workspace.data.ptr, handle=self.handle)

@@ -1,0 +1,116 @@
+"""Every layer, a whole solver step and checkpoints on the GPU backends, against native.
+
+Each device backend is tried; where its package or device is missing the tests skip with the reason."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import leafpy as lp
+from test_gradients import CASES
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+
+DEVICE_BACKENDS = [
+    pytest.param(("cuda", {}), id="cuda", marks=pytest.mark.cuda),
+    pytest.param(("cuda", {"use_cudnn": False}), id="cuda-im2col", marks=pytest.mark.cuda),
+    pytest.param(("webgpu", {}), id="webgpu", marks=pytest.mark.webgpu),
+]
+
+
+@pytest.fixture(params=DEVICE_BACKENDS)
+def device(request):
+    name, options = request.param
+    try:
+        return lp.backend(name, **options)
+    except lp.BackendUnavailable as e:
+        pytest.skip(f"{name} backend unavailable: {e}")
+
+
+def close(a, b, what, rtol=2e-4, atol=2e-5):
+    scale = max(float(np.abs(b).max()), 1.0)
+    np.testing.assert_allclose(a, b, rtol=rtol, atol=atol * scale, err_msg=what)
+
+
+def _cases():
+    for type_name, cases in sorted(CASES.items()):
+        for i, case in enumerate(cases):
+            yield pytest.param(case, id=f"{type_name}-{i}")
+
+
+@pytest.mark.parametrize("case", list(_cases()))
+def test_layer_matches_native(device, case):
+    config, make_inputs = case
+    native = lp.backend("native")
+    rng = np.random.default_rng(11)
+    inputs = [x.astype(np.float32) for x in make_inputs(rng)]
+    results = []
+    for be in (native, device):
+        layer = lp.Layer.from_config(be, lp.LayerConfig("l", config), seed=5)
+        outs = [o.to_numpy() for o in layer.forward(inputs)]
+        douts = [np.random.default_rng(3).standard_normal(o.shape).astype(np.float32) for o in outs]
+        grads = layer.backward(douts)
+        results.append((outs, [g.to_numpy() if g is not None else None for g in grads],
+                        [g.to_numpy() for g in layer.learnable_weights_gradients()]))
+    (o1, g1, w1), (o2, g2, w2) = results
+    for a, b in zip(o2, o1):
+        close(a, b, "output")
+    for a, b in zip(g2, g1):
+        assert (a is None) == (b is None)
+        if a is not None:
+            close(a, b, "input gradient")
+    for a, b in zip(w2, w1):
+        close(a, b, "weight gradient")
+
+
+def _solver(backend, **changes):
+    import dataclasses
+
+    run = lp.config.load(os.path.join(ROOT, "configs", "digits_lenet.yaml"))
+    return lp.Solver.from_config(backend, backend, dataclasses.replace(run.solver, **changes))
+
+
+@pytest.mark.parametrize("rule", ["momentum", "adam"])
+def test_solver_steps_match_native(device, rule):
+    ds = lp.data.digits()
+    batches = list(lp.data.batches(ds.x_train[:96], ds.y_train[:96], 32, seed=0))
+    solvers = [_solver(be, solver=rule, clip_gradients=10.0, weight_decay=1e-3)
+               for be in (lp.backend("native"), device)]
+    for xb, yb in batches:
+        for s in solvers:
+            s.train_minibatch(xb, yb)
+    assert solvers[0].loss() == pytest.approx(solvers[1].loss(), rel=1e-3)
+    for a, b in zip(*(s.network.learnable_weights_data() for s in solvers)):
+        close(b.to_numpy(), a.to_numpy(), "weights after 3 steps", rtol=1e-3, atol=1e-4)
+
+
+def test_checkpoints_move_between_backends(device, tmp_path):
+    native = lp.backend("native")
+    x = lp.data.digits().x_test[:16]
+    for src, dst in ((device, native), (native, device)):
+        s = _solver(src)
+        s.train_minibatch(x, np.arange(16) % 10)
+        s.save_checkpoint(tmp_path / "c.leaf")
+        t = lp.Solver.load_checkpoint(dst, dst, tmp_path / "c.leaf")
+        assert t.iteration == 1
+        s.network.set_training(False)
+        t.network.set_training(False)
+        close(t.network.forward([x])[0].to_numpy(), s.network.forward([x])[0].to_numpy(), "outputs")
+
+
+def test_a_training_step_moves_no_data(device):
+    s = _solver(device)
+    ds = lp.data.digits()
+    x = lp.SharedTensor.from_numpy(ds.x_train[:32])
+    y = lp.SharedTensor.from_numpy(ds.y_train[:32].astype(np.float32))
+    s.train_minibatch(x, y)  # uploads the batch once
+    lp.SharedTensor.reset_transfer_count()
+    for _ in range(3):
+        s.train_minibatch(x, y)
+    device.synchronize()
+    assert lp.SharedTensor.transfers_total == 0
+    assert np.isfinite(s.loss())  # reading the loss is the caller's choice
+    assert lp.SharedTensor.transfers_total == 1
