@@ -383,9 +383,7 @@ def _read_solver_config(reader: Any) -> Any:
 
 
 def _random_workers(layer: Layer) -> list[Any]:
-    if isinstance(layer, Sequential):
-        return [w for child in layer.layers for w in _random_workers(child)]
-    return [layer.worker] if hasattr(layer.worker, "calls") else []
+    return [w for w in layer.workers() if hasattr(w, "draws_random")]
 
 
 def save_checkpoint(solver: "Solver", path: str | os.PathLike) -> None:

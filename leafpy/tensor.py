@@ -50,6 +50,8 @@ class SharedTensor:
 
     transfers_total: int = 0
     """Host<->device copies made by all tensors since start (or since :meth:`reset_transfer_count`)."""
+    recorder: list | None = None
+    """When a list, every read/write access appends (tensor, writes) to it (used to capture a step)."""
 
     __slots__ = ("_st", "_shape")
 
@@ -154,6 +156,8 @@ class SharedTensor:
         """This tensor's data on ``backend``, synced if stale, for reading only."""
         key = backend.key
         buf = self._sync(None if key == HOST else backend, key)
+        if SharedTensor.recorder is not None:
+            SharedTensor.recorder.append((self, False))
         return backend.view(buf, self._shape)
 
     def write(self, backend: "Backend") -> Any:
@@ -163,6 +167,8 @@ class SharedTensor:
         st = self._st
         st.fresh.clear()
         st.fresh.add(key)
+        if SharedTensor.recorder is not None:
+            SharedTensor.recorder.append((self, True))
         return backend.view(buf, self._shape)
 
     def read_write(self, backend: "Backend") -> Any:
@@ -173,7 +179,19 @@ class SharedTensor:
         if len(st.fresh) > 1:
             st.fresh.clear()
             st.fresh.add(key)
+        if SharedTensor.recorder is not None:
+            SharedTensor.recorder.append((self, True))
         return backend.view(buf, self._shape)
+
+    def buffer_on(self, key: str) -> Any:
+        """The flat buffer of the copy on backend ``key`` (None if there is none), without syncing."""
+        entry = self._st.copies.get(key)
+        return None if entry is None else entry[1]
+
+    def mark_fresh_only(self, key: str) -> None:
+        """Record that the copy on ``key`` was written outside read/write (a replayed step)."""
+        self._st.fresh.clear()
+        self._st.fresh.add(key)
 
     def to_numpy(self) -> np.ndarray:
         """A host copy of the data (syncs from a device when the host copy is stale)."""

@@ -193,12 +193,23 @@ class Backend:
         """``h = decay h + (1-decay) g²; w -= lr * g / (sqrt(h) + eps)``."""
         raise NotImplementedError
 
+    # --- optional hooks (defaults suit every backend) -------------------------------------------------------
+    def run_step(self, key: Any, step: Any) -> None:
+        """Run ``step()``, a whole training step. A backend may record it the first times a ``key`` is seen and
+        replay the recording afterwards (the key covers everything the step's launches depend on)."""
+        step()
+
+    def peak_memory(self) -> int:
+        """Bytes of device memory held at the peak, where the backend can tell (0 otherwise)."""
+        return 0
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.key} {self.dtype}>"
 
 
+OPTIONAL_HOOKS = ("run_step", "peak_memory")
 PRIMITIVES = tuple(
     name for name, value in vars(Backend).items()
-    if callable(value) and not name.startswith("_")
+    if callable(value) and not name.startswith("_") and name not in OPTIONAL_HOOKS
 )
 """Every method a backend must implement (used by the signature-consistency test)."""

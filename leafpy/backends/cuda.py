@@ -27,13 +27,14 @@ extern "C" __global__ void pool_fwd(const float* x, float* y, int* mask, int tot
     int ow = i % OW, oh = (i / OW) % OH, nc = i / (OW * OH);
     const float* src = x + (long long)nc * H * W;
     int h0 = oh * sh - ph, w0 = ow * sw - pw;
-    float best = -INFINITY, sum = 0.f; int arg = 0;
+    const float NEG_INF = __int_as_float(0xff800000);
+    float best = NEG_INF, sum = 0.f; int arg = 0;
     for (int a = 0; a < kh; ++a) {
         int h = h0 + a;
         for (int b = 0; b < kw; ++b) {
             int w = w0 + b;
             bool inside = h >= 0 && h < H && w >= 0 && w < W;
-            float v = inside ? src[h * W + w] : (is_max ? -INFINITY : 0.f);
+            float v = inside ? src[h * W + w] : (is_max ? NEG_INF : 0.f);
             if (is_max) { if (v > best) { best = v; arg = a * kw + b; } } else { sum += v; }
         }
     }
@@ -63,12 +64,13 @@ extern "C" __global__ void pool_bwd(const float* dy, float* dx, const int* mask,
 
 class CudaBackend(ArrayBackend):
     """CuPy on one NVIDIA GPU. ``use_cudnn``: None (use cuDNN graphs when importable), True (require), False
-    (im2col + GEMM). ``tf32``: let cuDNN convolutions use TF32 tensor cores (faster, ~1e-3 relative error)."""
+    (im2col + GEMM). ``tf32``: let cuDNN convolutions use TF32 tensor cores (faster, ~1e-3 relative error).
+    ``graphs``: record training steps with static shapes as CUDA graphs and replay them."""
 
     name = "cuda"
 
     def __init__(self, dtype: Any = np.float32, device: int = 0, use_cudnn: bool | None = None,
-                 tf32: bool = False) -> None:
+                 tf32: bool = False, graphs: bool = True) -> None:
         super().__init__(dtype)
         try:
             import cupy
@@ -88,7 +90,10 @@ class CudaBackend(ArrayBackend):
         self._kernels = self._build_kernels(cupy)
         self._pool_module = cupy.RawModule(code=_POOL_SOURCE)
         self._cudnn = None
-        self._graphs: dict = {}
+        self.graphs = graphs
+        self._steps: dict = {}
+        self._step_pool = cupy.cuda.MemoryPool()  # private: addresses baked into recorded steps stay theirs
+        self._step_stream = cupy.cuda.Stream()  # blocking: ordered with work on the default stream
         if use_cudnn is not False:
             try:
                 self._cudnn = _CudnnConv(cupy, tf32)
@@ -141,6 +146,68 @@ class CudaBackend(ArrayBackend):
 
     def _scalar(self, v: float) -> Any:
         return self.dtype.type(v)
+
+    # --- recorded training steps (CUDA graphs) -----------------------------------------------------------------
+    MAX_RECORDED_STEPS = 4
+
+    def run_step(self, key, step):
+        if not self.graphs:
+            return step()
+        cp = self.xp
+        if key not in self._steps:
+            # first sight: run eagerly from the private pool, so the recording finds every block it needs
+            with cp.cuda.using_allocator(self._step_pool.malloc):
+                step()
+            if len(self._steps) >= self.MAX_RECORDED_STEPS:
+                self._steps.pop(next(iter(self._steps)))
+            self._steps[key] = None
+            return
+        entry = self._steps[key]
+        if entry == "eager":
+            return step()
+        if entry is None:
+            entry = self._record(key, step)
+            if entry is None:
+                return step()
+        graph, tensors = entry
+        for t, writes, buf in tensors:
+            if t.buffer_on(self.key) is not buf:  # reallocated since the recording
+                self._steps[key] = None
+                return step()
+            if not t.is_fresh_on(self.key):
+                t.read(self)  # host data changed (weights set, say): upload into the same buffer
+        graph.launch(self._step_stream)
+        for t, writes, buf in tensors:
+            if writes:
+                t.mark_fresh_only(self.key)
+
+    def _record(self, key, step):
+        from ..tensor import SharedTensor
+
+        cp = self.xp
+        stream = self._step_stream
+        accesses: list = []
+        SharedTensor.recorder = accesses
+        graph = None
+        try:
+            with cp.cuda.using_allocator(self._step_pool.malloc), stream:
+                stream.begin_capture()
+                try:
+                    step()
+                finally:
+                    graph = stream.end_capture()
+        except Exception:
+            self._steps[key] = "eager"  # something in the step cannot be recorded
+            return None
+        finally:
+            SharedTensor.recorder = None
+        seen: dict = {}
+        for t, writes in accesses:
+            prev = seen.get(id(t))
+            seen[id(t)] = (t, writes or (prev is not None and prev[1]), t.buffer_on(self.key))
+        entry = (graph, list(seen.values()))
+        self._steps[key] = entry
+        return entry
 
     # --- fused elementwise ------------------------------------------------------------------------------------
     def axpby(self, alpha, x, beta, y):

@@ -334,6 +334,16 @@ class Layer:
     def backward_reads_output(self) -> bool:
         return self.worker.backward_reads_output  # type: ignore[union-attr]
 
+    def workers(self) -> list[Worker]:
+        """The workers of this layer and, for containers, of every layer inside, in network order."""
+        return [self.worker] if self.worker is not None else []
+
+    def validate(self) -> None:
+        """Check input values that a worker can check cheaply on the host (labels in range)."""
+        check = getattr(self.worker, "validate", None)
+        if check is not None:
+            check([t.peek_host() for t in self.inputs])
+
     def set_training(self, training: bool = True) -> None:
         """Training mode (dropout active) or inference mode."""
         self.training = bool(training)
@@ -430,9 +440,7 @@ class Layer:
     def run_forward(self) -> None:
         be = self.backend
         worker = self.worker
-        validate = getattr(worker, "validate", None)
-        if validate is not None:
-            validate([t.peek_host() for t in self.inputs])
+        self.validate()
         x = [t.read(be) for t in self.inputs]
         w = [t.read(be) for t in self.weights]
         y = [t.write(be) for t in self.outputs]

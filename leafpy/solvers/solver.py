@@ -141,8 +141,9 @@ class Solver:
         self.state: list[list[SharedTensor]] = [[SharedTensor(w.shape, dtype) for _ in self.rule.state_names]
                                                 for w in weights]
         self._accum = [SharedTensor(w.shape, dtype) for w in weights] if config.minibatch_size > 1 else []
-        self._one = SharedTensor.from_numpy(np.ones(1, dtype=objective.backend.dtype))
         self._scratch = SharedTensor((1,), dtype)
+        self._target: SharedTensor | None = None
+        self._generation = 0
 
     @staticmethod
     def from_config(network_backend: Backend, objective_backend: Backend, config: SolverConfig) -> "Solver":
@@ -162,23 +163,72 @@ class Solver:
     @objective.setter
     def objective(self, layer: Layer) -> None:
         n = getattr(layer, "num_inputs", 0)
-        if not hasattr(layer, "require_input_gradients") or n < 1:
-            raise ConfigError(f"solver.objective: expected a Sequential whose first input is the network output, "
-                              f"got {layer!r}")
+        if not hasattr(layer, "require_input_gradients") or n != 2:
+            raise ConfigError(f"solver.objective: expected a Sequential with two inputs (the network output, then "
+                              f"the target), got {layer!r}")
         layer.require_input_gradients([True] + [False] * (n - 1))  # type: ignore[attr-defined]
         self._objective = layer
 
     # --- training -----------------------------------------------------------------------------------------
+    def _stage(self, data: Any, target: Any) -> None:
+        """Put the batch into the network's input and the objective's target; (re)connect the objective to the
+        network's output and output gradient when shapes change, so no step copies between them."""
+        net, obj = self.network, self.objective
+        rebound = net.stage([data])  # type: ignore[attr-defined]
+        target = obj._conform(1, target)  # type: ignore[attr-defined]
+        shape = tuple(target.shape) if isinstance(target, SharedTensor) else tuple(np.shape(target))
+        obj._check_input(1, shape)  # type: ignore[attr-defined]
+        be = obj.backend
+        t = self._target
+        if t is None or t.shape != shape:
+            t = self._target = SharedTensor(shape, be.dtype)
+        if isinstance(target, SharedTensor):
+            be.copy(target.read(be), t.write(be))
+        else:
+            t.set(target)
+        out, dout = net.outputs[0], net.output_grads[0]
+        if rebound or len(obj.inputs) != 2 or obj.inputs[0] is not out or obj.inputs[1] is not t:
+            obj.bind([out, t], [dout, None])
+            obj.output_grads[0].set(np.ones(obj.output_grads[0].shape))
+            self._generation += 1
+        obj.validate()
+
+    def _compute(self) -> None:
+        self.network.run_forward()
+        self.objective.run_forward()
+        self.objective.run_backward()
+        self.network.run_backward()
+
+    def _replayable(self) -> bool:
+        """Whether a step's device launches depend only on shapes and the learning rate (so a backend may
+        record and replay it): no host readback (clipping), no per-step scalars (Adam's bias correction),
+        no accumulation, no fresh dropout masks."""
+        cfg = self.config
+        if cfg.solver not in ("momentum", "nesterov", "rmsprop") or cfg.clip_gradients is not None:
+            return False
+        if cfg.minibatch_size > 1:
+            return False
+        return not any(getattr(w, "draws_random", False) and w.training for w in self.network.workers())
+
     def train_minibatch(self, data: Any, target: Any) -> SharedTensor:
         """One forward/backward pass and (every minibatch_size-th call) one update; returns the network output.
 
         The update works in the gradient buffers, so after an update they no longer hold the raw gradients."""
         self.network.set_training(True)
-        out = self.network.forward([data])[0]
-        self.objective.forward([out, target])
-        dnet = self.objective.backward([self._one])[0]
-        self.network.backward([dnet])
+        self._stage(data, target)
         be = self.network.backend
+        if self._replayable():
+            rate = self.config.learning_rate(self.iteration)
+            grads = self.network.learnable_weights_gradients()
+
+            def step() -> None:
+                self._compute()
+                self._update(grads, rate)
+
+            be.run_step((id(self), self._generation, rate), step)
+            self.iteration += 1
+            return self.network.outputs[0]
+        self._compute()
         grads = self.network.learnable_weights_gradients()
         k = self.config.minibatch_size
         if k > 1:
@@ -188,17 +238,18 @@ class Solver:
                 be.axpby(1.0, g.read(be), 0.0 if first else 1.0, a)
             self._calls += 1
             if self._calls < k:
-                return out
+                return self.network.outputs[0]
             self._calls = 0
             grads = self._accum
-        self._update(grads)
-        return out
+        self._update(grads, self.config.learning_rate(self.iteration))
+        self.iteration += 1
+        return self.network.outputs[0]
 
     def loss(self) -> float:
         """The objective's value for the last minibatch (reads it back to the host)."""
         return float(self.objective.outputs[0].to_numpy().reshape(-1)[0])
 
-    def _update(self, grads: Sequence[SharedTensor]) -> None:
+    def _update(self, grads: Sequence[SharedTensor], rate: float) -> None:
         cfg = self.config
         be = self.network.backend
         weights = self.network.learnable_weights_data()
@@ -209,14 +260,12 @@ class Solver:
         if cfg.minibatch_size > 1:
             for g in g_bufs:
                 be.scal(1.0 / cfg.minibatch_size, g)
-        rate = cfg.learning_rate(self.iteration)
         for w, g, wc, state in zip(weights, g_bufs, configs, self.state):
             wb = w.read_write(be)
             if cfg.weight_decay and wc.decay_mult:
                 be.axpby(cfg.weight_decay * wc.decay_mult, wb, 1.0, g)
             st = [s.read_write(be) for s in state]
             self.rule.update(be, wb, g, st, rate * wc.lr_mult, self.iteration)
-        self.iteration += 1
 
     def _clip(self, be: Backend, g_bufs: list[Any], threshold: float) -> None:
         scratch = self._scratch.write(be)

@@ -23,6 +23,11 @@ class DropoutConfig:
 class Dropout(Worker):
     in_place = True
 
+    @property
+    def draws_random(self) -> bool:
+        """A new mask every training forward pass (so a recorded step cannot be replayed)."""
+        return self.config.ratio > 0.0
+
     def __init__(self, config: DropoutConfig, layer_name: str) -> None:
         super().__init__(config, layer_name)
         self.mask = None

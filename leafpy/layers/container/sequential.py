@@ -206,6 +206,13 @@ class Sequential(Layer):
     def output_grads(self, value: list[SharedTensor]) -> None:
         pass
 
+    def workers(self):
+        return [w for layer in self.layers for w in layer.workers()]
+
+    def validate(self) -> None:
+        for layer in self.layers:
+            layer.validate()
+
     def set_training(self, training: bool = True) -> None:
         self.training = bool(training)
         for layer in self.layers:
@@ -323,6 +330,13 @@ class Sequential(Layer):
 
     def forward(self, inputs: Sequence[Any]) -> list[SharedTensor]:
         """Run the network on its inputs (numpy arrays or SharedTensors, one per declared input)."""
+        self.stage(inputs)
+        self.run_forward()
+        return list(self.outputs)
+
+    def stage(self, inputs: Sequence[Any]) -> bool:
+        """Copy the inputs into the network's input tensors, rebinding everything when a shape changed (then
+        True is returned)."""
         if isinstance(inputs, (list, tuple)) and len(inputs) != len(self.input_names):
             shapes = ", ".join(str(np.shape(x) if not isinstance(x, SharedTensor) else x.shape) for x in inputs)
             raise ShapeError(f"layer '{self.name}' (Sequential): expected {len(self.input_names)} input(s) "
@@ -334,10 +348,10 @@ class Sequential(Layer):
         if len(batch) > 1:
             raise ShapeError(f"layer '{self.name}' (Sequential): inputs have different batch sizes "
                              f"{[t.shape for t in tensors]}")
-        if changed or self._bound_shapes != [t.shape for t in tensors]:
+        if changed or self.inputs != tensors or self._bound_shapes != [t.shape for t in tensors]:
             self._bind_top()
-        self.run_forward()
-        return list(self.outputs)
+            return True
+        return False
 
     def backward(self, output_grads: Sequence[Any]) -> list[SharedTensor | None]:
         """Backpropagate gradients of the outputs; returns input gradients (None unless force_backward or
