@@ -92,6 +92,9 @@ class CudaBackend(ArrayBackend):
         self._cudnn = None
         self.graphs = graphs
         self._steps: dict = {}
+        self.record_error: str | None = None
+        self._capture_blas: _CaptureBlas | None = None
+        self._capturing = False
         self._step_pool = cupy.cuda.MemoryPool()  # private: addresses baked into recorded steps stay theirs
         self._step_stream = cupy.cuda.Stream()  # blocking: ordered with work on the default stream
         if use_cudnn is not False:
@@ -142,7 +145,7 @@ class CudaBackend(ArrayBackend):
 
     def peak_memory(self) -> int:
         """Bytes held by CuPy's memory pool (it keeps freed blocks, so this is close to the peak)."""
-        return int(self.xp.get_default_memory_pool().total_bytes())
+        return int(self.xp.get_default_memory_pool().total_bytes() + self._step_pool.total_bytes())
 
     def _scalar(self, v: float) -> Any:
         return self.dtype.type(v)
@@ -187,20 +190,26 @@ class CudaBackend(ArrayBackend):
         cp = self.xp
         stream = self._step_stream
         accesses: list = []
-        SharedTensor.recorder = accesses
         graph = None
         try:
+            if self._capture_blas is None:
+                self._capture_blas = _CaptureBlas(cp)
+            self._capture_blas.prepare(stream)
+            SharedTensor.recorder = accesses
+            self._capturing = True
             with cp.cuda.using_allocator(self._step_pool.malloc), stream:
                 stream.begin_capture()
                 try:
                     step()
                 finally:
                     graph = stream.end_capture()
-        except Exception:
-            self._steps[key] = "eager"  # something in the step cannot be recorded
+        except Exception as e:
+            self._steps[key] = "eager"  # something in the step cannot be recorded: run it eagerly from now on
+            self.record_error = f"{type(e).__name__}: {e}"
             return None
         finally:
             SharedTensor.recorder = None
+            self._capturing = False
         seen: dict = {}
         for t, writes in accesses:
             prev = seen.get(id(t))
@@ -208,6 +217,12 @@ class CudaBackend(ArrayBackend):
         entry = (graph, list(seen.values()))
         self._steps[key] = entry
         return entry
+
+    def gemm(self, a, trans_a, b, trans_b, out, alpha=1.0, beta=0.0):
+        if self._capturing:  # CuPy refuses cuBLAS calls while a stream records; cuBLAS itself allows them
+            self._capture_blas.gemm(a, trans_a, b, trans_b, out, alpha, beta)
+        else:
+            super().gemm(a, trans_a, b, trans_b, out, alpha, beta)
 
     # --- fused elementwise ------------------------------------------------------------------------------------
     def axpby(self, alpha, x, beta, y):
@@ -286,6 +301,58 @@ class CudaBackend(ArrayBackend):
             dw += tmp
         else:
             self._cudnn.run("wgrad", x.shape, dw.shape, dy.shape, stride, padding, x, dw, dy, 0.0)
+
+
+class _CaptureBlas:
+    """cuBLAS called directly (ctypes) on its own handle, with a fixed workspace, for recording CUDA graphs."""
+
+    WORKSPACE = 32 << 20
+
+    def __init__(self, cp: Any) -> None:
+        import ctypes
+        import ctypes.util
+
+        major = cp.cuda.runtime.runtimeGetVersion() // 1000
+        names = [f"libcublas.so.{major}", ctypes.util.find_library("cublas") or "libcublas.so"]
+        lib = None
+        for name in names:
+            try:
+                lib = ctypes.CDLL(name)
+                break
+            except OSError:
+                continue
+        if lib is None:
+            raise BackendError(f"cuBLAS library not found (tried {', '.join(names)})")
+        self.ct = ctypes
+        self.lib = lib
+        self.handle = ctypes.c_void_p()
+        if lib.cublasCreate_v2(ctypes.byref(self.handle)) != 0:
+            raise BackendError("cublasCreate failed")
+        self.workspace = cp.empty(self.WORKSPACE, dtype=cp.uint8)
+        vp, i, f, d = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_double
+        for fn, t in (("cublasSgemm_v2", ctypes.POINTER(f)), ("cublasDgemm_v2", ctypes.POINTER(d))):
+            getattr(lib, fn).argtypes = [vp, i, i, i, i, i, t, vp, i, vp, i, t, vp, i]
+
+    def prepare(self, stream: Any) -> None:
+        ct = self.ct
+        self.lib.cublasSetStream_v2(self.handle, ct.c_void_p(stream.ptr))
+        self.lib.cublasSetWorkspace_v2(self.handle, ct.c_void_p(self.workspace.data.ptr), ct.c_size_t(self.WORKSPACE))
+
+    def gemm(self, a, trans_a, b, trans_b, out, alpha, beta) -> None:
+        ct = self.ct
+        for arr in (a, b, out):
+            if arr.ndim != 2 or not arr.flags.c_contiguous:
+                raise BackendError("recorded GEMM needs contiguous 2-D operands")
+        m, n = out.shape
+        k = a.shape[0] if trans_a else a.shape[1]
+        # row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T
+        scalar = ct.c_float if out.dtype.itemsize == 4 else ct.c_double
+        fn = self.lib.cublasSgemm_v2 if out.dtype.itemsize == 4 else self.lib.cublasDgemm_v2
+        al, be = scalar(alpha), scalar(beta)
+        status = fn(self.handle, int(trans_b), int(trans_a), n, m, k, ct.byref(al), ct.c_void_p(b.data.ptr),
+                    b.shape[1], ct.c_void_p(a.data.ptr), a.shape[1], ct.byref(be), ct.c_void_p(out.data.ptr), n)
+        if status != 0:
+            raise BackendError(f"cuBLAS gemm failed with status {status}")
 
 
 def _nchw_strides(shape: tuple[int, ...]) -> list[int]:

@@ -192,6 +192,9 @@ class Solver:
             obj.output_grads[0].set(np.ones(obj.output_grads[0].shape))
             self._generation += 1
         obj.validate()
+        for tensor in net.inputs:  # uploads happen here, before the step (a recorded step cannot upload)
+            tensor.read(net.backend)
+        t.read(be)
 
     def _compute(self) -> None:
         self.network.run_forward()

@@ -1,0 +1,68 @@
+"""Where a training step's time goes: each layer's forward, backward_input and backward_parameters, timed with
+the backend synchronised around every call (so the numbers add up to more than a real step).
+
+    python benchmarks/profile_layers.py --backend cuda --net alexnet128
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import leafpy as lp  # noqa: E402
+from train_step import NETWORKS, leafpy_solver  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", default="native")
+    p.add_argument("--net", default="lenet64", choices=sorted(NETWORKS))
+    p.add_argument("--steps", type=int, default=10)
+    args = p.parse_args()
+    be = lp.backend(args.backend, graphs=False) if args.backend == "cuda" else lp.backend(args.backend)
+    make, batch, shape, classes = NETWORKS[args.net]
+    solver = leafpy_solver(be, make(), batch, classes)
+    rng = np.random.default_rng(0)
+    x = lp.SharedTensor.from_numpy(rng.random((batch, *shape), dtype=np.float32))
+    y = lp.SharedTensor.from_numpy(rng.integers(0, classes, batch).astype(np.float32))
+    for _ in range(3):
+        solver.train_minibatch(x, y)
+    times: collections.Counter = collections.Counter()
+    for net in (solver.network, solver.objective):
+        for layer in net.layers:
+            for method in ("forward", "backward_input", "backward_parameters"):
+                original = getattr(layer.worker, method)
+
+                def timed(*a, _f=original, _k=(layer.name, method), **kw):
+                    be.synchronize()
+                    t = time.perf_counter()
+                    result = _f(*a, **kw)
+                    be.synchronize()
+                    times[_k] += time.perf_counter() - t
+                    return result
+
+                setattr(layer.worker, method, timed)
+    be.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        solver.train_minibatch(x, y)
+    be.synchronize()
+    total = (time.perf_counter() - t0) / args.steps * 1000
+    layers = sum(times.values()) / args.steps * 1000
+    print(f"{args.net} on {args.backend}: {total:.2f} ms/step synchronised per call; layers {layers:.2f} ms, "
+          f"rest (update, bookkeeping) {total - layers:.2f} ms")
+    for (name, method), t in times.most_common():
+        print(f"  {name:>8} {method:<20} {t / args.steps * 1000:8.3f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
