@@ -181,7 +181,7 @@ class ArrayBackend(Backend):
 
     def bias_grad(self, dy, db, beta=0.0):
         dy3 = dy.reshape(dy.shape[0], dy.shape[1], -1)
-        s = dy3.sum(axis=(0, 2))
+        s = dy3.sum(axis=2).sum(axis=0) if dy3.shape[2] > 1 else dy3[:, :, 0].sum(axis=0)  # contiguous first
         if beta == 0.0:
             db[...] = s
         else:

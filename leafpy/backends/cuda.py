@@ -363,6 +363,9 @@ def _nchw_strides(shape: tuple[int, ...]) -> list[int]:
 class _CudnnConv:
     """cuDNN frontend graphs for the three convolution passes, one graph per (pass, shapes, stride, padding)."""
 
+    MAX_WORKSPACE = 256 << 20
+    """Plans that need more scratch memory than this are not considered."""
+
     def __init__(self, cp: Any, tf32: bool) -> None:
         import cudnn
 
@@ -398,29 +401,57 @@ class _CudnnConv:
             names = (X, DW, DY)
         g.validate()
         g.build_operation_graph()
-        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.B, cudnn.heur_mode.FALLBACK])
         if not self.tf32:
-            try:
-                g.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE])
-            except Exception:
-                pass  # frontends without the filter: cuDNN's FLOAT compute type is used as asked
+            g.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE])
         g.check_support()
-        g.build_plans()
-        size = g.get_workspace_size()
-        if size > self.workspace.size:
-            self.workspace = self.cp.empty(size, dtype=self.cp.uint8)
+        g.build_plans(cudnn.build_plan_policy.ALL)
         return g, names
+
+    def _autotune(self, g: Any, pack: dict) -> int:
+        """Time every built plan on the real buffers and keep the fastest (as cudnn.benchmark does)."""
+        cp = self.cp
+        best, best_ms = 0, float("inf")
+        for i in range(g.get_execution_plan_count()):
+            try:
+                size = g.get_workspace_size_plan_at_index(i)
+                if size > self.MAX_WORKSPACE:
+                    continue
+                trial = cp.empty(size, dtype=cp.uint8)  # freed after the trial: only the winner's size is kept
+                g.execute_plan_at_index(pack, trial.data.ptr, i, handle=self.handle)
+                start, stop = cp.cuda.Event(), cp.cuda.Event()
+                start.record()
+                for _ in range(3):
+                    g.execute_plan_at_index(pack, trial.data.ptr, i, handle=self.handle)
+                stop.record()
+                stop.synchronize()
+                ms = cp.cuda.get_elapsed_time(start, stop)
+            except Exception:
+                continue  # a plan that cannot run here
+            if ms < best_ms:
+                best, best_ms = i, ms
+        if best_ms == float("inf"):
+            raise BackendError("no cuDNN plan could run")
+        size = g.get_workspace_size_plan_at_index(best)
+        if size > self.workspace.size:
+            self.workspace = cp.empty(size, dtype=cp.uint8)
+        return best
 
     def run(self, kind, x_shape, w_shape, y_shape, stride, padding, x, w, y, beta) -> None:
         key = (kind, tuple(x_shape), tuple(w_shape), tuple(y_shape), tuple(stride), tuple(padding))
         entry = self.graphs.get(key)
         if entry is None:
             try:
-                entry = self._build(kind, x_shape, w_shape, y_shape, stride, padding)
+                entry = (*self._build(kind, x_shape, w_shape, y_shape, stride, padding), None)
             except Exception as e:
                 raise BackendError(f"cuDNN could not build a {kind} graph for input {tuple(x_shape)}, filter "
                                    f"{tuple(w_shape)}: {e}") from e
             self.graphs[key] = entry
-        g, (a, b, c) = entry
         self.cudnn.set_stream(handle=self.handle, stream=self.cp.cuda.get_current_stream().ptr)
-        g.execute({a: x.data.ptr, b: w.data.ptr, c: y.data.ptr}, self.workspace.data.ptr, handle=self.handle)
+        g, (a, b, c), plan = entry
+        pack = {a: x.data.ptr, b: w.data.ptr, c: y.data.ptr}
+        if plan is None:
+            # the first run on real buffers picks the plan (outputs are overwritten, so timing them is harmless)
+            plan = self._autotune(g, pack)
+            self.graphs[key] = (g, (a, b, c), plan)
+        g.execute_plan_at_index(pack, self.workspace.data.ptr, plan, handle=self.handle)
