@@ -4,19 +4,34 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench clean
+.PHONY: test demo vulkan bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test,data,cli]"
+	$(PY) -m pip install -q -e ".[test,data,cli,webgpu]"
 	touch $(STAMP)
 
-test: $(STAMP)
+# webgpu tests run on Mesa's CPU Vulkan driver (lavapipe) where no GPU exists
+vulkan:
+	@if [ -z "$$(ls /usr/share/vulkan/icd.d 2>/dev/null)" ] || ! ldconfig -p | grep -q libvulkan.so.1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing mesa-vulkan-drivers and libvulkan1 for the webgpu tests"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null; \
+	  else \
+	    echo "no Vulkan driver and no root: the webgpu tests will skip (install mesa-vulkan-drivers libvulkan1)"; \
+	  fi; \
+	fi
+
+test: $(STAMP) vulkan
 	$(PY) -m pytest -q tests
 
 demo: $(STAMP)
 	$(VENV)/bin/leafpy train configs/digits_lenet.yaml --backend native --out runs/demo
+
+bench: $(STAMP)
+	$(PY) -m pip install -q "torch==2.13.0"
+	$(PY) benchmarks/train_step.py --backend native --vs torch
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

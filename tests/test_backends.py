@@ -143,3 +143,59 @@ def test_cuda_graph_replay_equals_eager_steps():
     assert solvers[0].loss() == pytest.approx(solvers[1].loss(), rel=1e-5)
     for a, b in zip(*(s.network.learnable_weights_data() for s in solvers)):
         close(a.to_numpy(), b.to_numpy(), "weights", rtol=1e-5, atol=1e-6)
+
+
+def _webgpu(**options):
+    try:
+        return lp.backend("webgpu", **options)
+    except lp.BackendUnavailable as e:
+        pytest.skip(f"webgpu backend unavailable: {e}")
+
+
+@pytest.mark.webgpu
+def test_webgpu_step_is_one_submission():
+    be = _webgpu()
+    run = lp.config.load(os.path.join(ROOT, "configs", "digits_mlp.yaml"))  # no dropout: no per-step seed
+    s = lp.Solver.from_config(be, be, run.solver)
+    ds = lp.data.digits()
+    x = lp.SharedTensor.from_numpy(ds.x_train[:32])
+    y = lp.SharedTensor.from_numpy(ds.y_train[:32].astype(np.float32))
+    s.train_minibatch(x, y)
+    s.train_minibatch(x, y)
+    before, dispatched = be.submissions, be.dispatches
+    pipelines, groups = len(be._pipelines), len(be._bind_groups)
+    for _ in range(3):
+        s.train_minibatch(x, y)
+    assert be.submissions - before == 3  # no readback or upload inside a step
+    assert be.dispatches - dispatched > 3 * 10
+    assert (len(be._pipelines), len(be._bind_groups)) == (pipelines, groups)  # everything cached
+
+
+@pytest.mark.webgpu
+def test_webgpu_splits_work_over_the_binding_limit():
+    be = lp.backend("webgpu", power_preference="low-power")  # a separate instance whose limit we can lower
+    be.max_binding = 1024  # bytes: forces elementwise work into pieces
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(5000).astype(np.float32)
+    tx, ty = lp.SharedTensor.from_numpy(x), lp.SharedTensor((5000,))
+    be.relu(tx.read(be), ty.write(be))
+    np.testing.assert_allclose(ty.to_numpy(), np.maximum(x, 0))
+    b = rng.standard_normal(10).astype(np.float32)
+    y4 = lp.SharedTensor.from_numpy(x.reshape(5, 10, 100))
+    be.bias_add(y4.read_write(be), lp.SharedTensor.from_numpy(b).read(be))
+    np.testing.assert_allclose(y4.to_numpy(), x.reshape(5, 10, 100) + b.reshape(1, 10, 1), rtol=1e-6)
+
+
+@pytest.mark.webgpu
+def test_webgpu_adapter_choice_and_errors():
+    be = _webgpu()
+    from leafpy.backends.webgpu import adapters
+
+    names = adapters()
+    assert be.adapter_name in names
+    by_name = lp.backend("webgpu", adapter=be.adapter_name.split(" ")[0])
+    assert by_name.adapter_name == be.adapter_name
+    with pytest.raises(lp.BackendUnavailable, match="no adapter matches 'no-such-gpu'"):
+        lp.backend("webgpu", adapter="no-such-gpu")
+    with pytest.raises(lp.ConfigError, match="float32"):
+        lp.backend("webgpu", dtype="float64")

@@ -196,7 +196,8 @@ class Backend:
     # --- optional hooks (defaults suit every backend) -------------------------------------------------------
     def run_step(self, key: Any, step: Any) -> None:
         """Run ``step()``, a whole training step. A backend may record it the first times a ``key`` is seen and
-        replay the recording afterwards (the key covers everything the step's launches depend on)."""
+        replay the recording afterwards (the key covers everything the step's launches depend on; None: the step
+        must run as it is)."""
         step()
 
     def peak_memory(self) -> int:

@@ -154,7 +154,7 @@ class CudaBackend(ArrayBackend):
     MAX_RECORDED_STEPS = 4
 
     def run_step(self, key, step):
-        if not self.graphs:
+        if not self.graphs or key is None:
             return step()
         cp = self.xp
         if key not in self._steps:

@@ -220,32 +220,29 @@ class Solver:
         self.network.set_training(True)
         self._stage(data, target)
         be = self.network.backend
-        if self._replayable():
-            rate = self.config.learning_rate(self.iteration)
-            grads = self.network.learnable_weights_gradients()
-
-            def step() -> None:
-                self._compute()
-                self._update(grads, rate)
-
-            be.run_step((id(self), self._generation, rate), step)
-            self.iteration += 1
-            return self.network.outputs[0]
-        self._compute()
-        grads = self.network.learnable_weights_gradients()
         k = self.config.minibatch_size
+        first = self._calls == 0
+        update_now = k == 1 or self._calls + 1 == k
+        rate = self.config.learning_rate(self.iteration)
+
+        def step() -> None:
+            self._compute()
+            grads = self.network.learnable_weights_gradients()
+            if k > 1:
+                for g, acc in zip(grads, self._accum):
+                    a = acc.write(be) if first else acc.read_write(be)
+                    be.axpby(1.0, g.read(be), 0.0 if first else 1.0, a)
+                if not update_now:
+                    return
+                grads = self._accum
+            self._update(grads, rate)
+
+        # a step whose launches depend only on shapes and the rate may be recorded and replayed by the backend
+        be.run_step((id(self), self._generation, rate) if self._replayable() else None, step)
         if k > 1:
-            first = self._calls == 0
-            for g, acc in zip(grads, self._accum):
-                a = acc.write(be) if first else acc.read_write(be)
-                be.axpby(1.0, g.read(be), 0.0 if first else 1.0, a)
-            self._calls += 1
-            if self._calls < k:
-                return self.network.outputs[0]
-            self._calls = 0
-            grads = self._accum
-        self._update(grads, self.config.learning_rate(self.iteration))
-        self.iteration += 1
+            self._calls = 0 if update_now else self._calls + 1
+        if update_now:
+            self.iteration += 1
         return self.network.outputs[0]
 
     def loss(self) -> float:

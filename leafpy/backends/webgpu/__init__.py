@@ -1,0 +1,522 @@
+"""The webgpu backend: WGSL compute shaders through wgpu-py, on any GPU WebGPU reaches (Vulkan, Metal, DX12).
+
+How it stays fast: every dispatch is recorded into one command encoder (one compute pass) that is submitted only
+when the host needs data (a download) or new data goes up (an upload), so a training step is one submission with
+no readback inside it; pipelines are cached per entry point, with sizes in uniform buffers (cached by content);
+bind groups are cached; buffers are padded to 4 bytes; reads go through one reused MAP_READ staging buffer;
+elementwise work larger than the device's storage-binding limit is split into bindable pieces, and large launches
+use a 2-D grid to stay under the per-dimension workgroup limit.
+
+Importing this module does not import wgpu; constructing the backend does.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...errors import BackendError, BackendUnavailable, ConfigError
+from ..array import dropout_key, dropout_threshold
+from ..base import Backend
+
+_HERE = Path(__file__).parent
+_MODULES = ("elementwise", "reduce", "classes", "gemm", "conv", "pool")
+WG = 256
+
+
+class WView:
+    """A WebGPU buffer seen with a shape (the webgpu backend's array type)."""
+
+    __slots__ = ("raw", "shape", "dtype")
+
+    def __init__(self, raw: Any, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self.raw = raw
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = dtype
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def reshape(self, *shape: Any) -> "WView":
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        shape = list(shape)
+        if -1 in shape:
+            known = math.prod(d for d in shape if d != -1)
+            shape[shape.index(-1)] = self.size // known if known else 0
+        if math.prod(shape) != self.size:
+            raise BackendError(f"webgpu: cannot view {self.shape} as {tuple(shape)}")
+        return WView(self.raw, tuple(shape), self.dtype)
+
+    def __repr__(self) -> str:
+        return f"WView(shape={self.shape}, dtype={self.dtype})"
+
+
+def _pack(u: tuple = (), f: tuple = ()) -> bytes:
+    ints = list(u) + [0] * (8 - len(u))
+    floats = list(f) + [0.0] * (8 - len(f))
+    return struct.pack("<8I8f", *[int(v) & 0xFFFFFFFF for v in ints], *[float(v) for v in floats])
+
+
+def _pair(a: int, b: int) -> int:
+    return (int(a) & 0xFFFF) | (int(b) << 16)
+
+
+class WebGPUBackend(Backend):
+    """WGSL compute shaders on one WebGPU adapter.
+
+    ``power_preference``: "high-performance" or "low-power"; ``adapter``: a substring of the adapter's name to
+    pick one explicitly (see :func:`adapters`).
+    """
+
+    name = "webgpu"
+
+    def __init__(self, dtype: Any = np.float32, power_preference: str = "high-performance",
+                 adapter: str | None = None) -> None:
+        if np.dtype(dtype) != np.float32:
+            raise ConfigError(f"backend 'webgpu': WGSL computes in float32 only, got dtype {np.dtype(dtype)}")
+        if power_preference not in ("high-performance", "low-power"):
+            raise ConfigError(f"backend 'webgpu': power_preference must be 'high-performance' or 'low-power', "
+                              f"got {power_preference!r}")
+        self.dtype = np.dtype(np.float32)
+        try:
+            import wgpu
+        except ImportError as e:
+            raise BackendUnavailable("backend 'webgpu' needs wgpu-py, which is not installed: "
+                                     "pip install 'leafpy[webgpu]'") from e
+        self.wgpu = wgpu
+        try:
+            if adapter is not None:
+                found = [a for a in wgpu.gpu.enumerate_adapters_sync() if adapter.lower() in _describe(a).lower()]
+                if not found:
+                    names = ", ".join(_describe(a) for a in wgpu.gpu.enumerate_adapters_sync()) or "none"
+                    raise BackendUnavailable(f"backend 'webgpu': no adapter matches {adapter!r}; adapters: {names}")
+                chosen = found[0]
+            else:
+                chosen = wgpu.gpu.request_adapter_sync(power_preference=power_preference)
+        except BackendUnavailable:
+            raise
+        except Exception as e:
+            raise BackendUnavailable(f"backend 'webgpu': no WebGPU adapter ({e}); on Linux install a Vulkan "
+                                     "driver (e.g. Debian's mesa-vulkan-drivers and libvulkan1)") from e
+        if chosen is None:
+            raise BackendUnavailable("backend 'webgpu': no WebGPU adapter found; on Linux install a Vulkan driver "
+                                     "(e.g. Debian's mesa-vulkan-drivers and libvulkan1)")
+        self.adapter = chosen
+        self.adapter_name = _describe(chosen)
+        limits = chosen.limits
+        want = {k: limits[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size",
+                                       "max-compute-workgroup-storage-size") if k in limits}
+        try:
+            self.device = chosen.request_device_sync(required_limits=want)
+        except Exception as e:
+            raise BackendUnavailable(f"backend 'webgpu': could not open {self.adapter_name}: {e}") from e
+        self.key = f"webgpu:{id(self.device):x}"
+        lim = self.device.limits
+        self.max_binding = int(lim["max-storage-buffer-binding-size"])
+        self.max_groups = int(lim["max-compute-workgroups-per-dimension"])
+        self.offset_align = int(lim["min-storage-buffer-offset-alignment"])
+        self.queue = self.device.queue
+        common = (_HERE / "params.wgsl").read_text()
+        self._modules = {m: self.device.create_shader_module(code=common + (_HERE / f"{m}.wgsl").read_text())
+                         for m in _MODULES}
+        self._pipelines: dict = {}
+        self._uniforms: dict = {}
+        self._bind_groups: dict = {}
+        self._scratch: dict = {}
+        self._encoder: Any = None
+        self._pass: Any = None
+        self._staging: Any = None
+        self.dispatches = 0
+        self.submissions = 0
+
+    # --- memory contract ------------------------------------------------------------------------------------
+    def allocate(self, size: int, dtype: Any) -> WView:
+        dtype = np.dtype(dtype)
+        if dtype.itemsize != 4:
+            raise BackendError(f"webgpu: buffers hold 4-byte elements, got {dtype}")
+        nbytes = max(4, size * 4)  # WebGPU buffers: non-empty, 4-byte multiples
+        u = self.wgpu.BufferUsage
+        raw = self.device.create_buffer(size=nbytes, usage=u.STORAGE | u.COPY_SRC | u.COPY_DST)
+        return WView(raw, (size,), dtype)
+
+    def upload(self, host: np.ndarray, out: WView) -> None:
+        self.flush()  # a queued write lands before unsubmitted work: submit that work first
+        data = np.ascontiguousarray(host, dtype=out.dtype)
+        if data.nbytes:
+            self.queue.write_buffer(out.raw, 0, data.tobytes())
+
+    def download(self, buf: WView, host: np.ndarray) -> None:
+        nbytes = buf.size * 4
+        if nbytes == 0:
+            return
+        self.flush()
+        u = self.wgpu.BufferUsage
+        if self._staging is None or self._staging.size < nbytes:
+            size = max(nbytes, 1 << 16)
+            self._staging = self.device.create_buffer(size=size, usage=u.MAP_READ | u.COPY_DST)
+        enc = self.device.create_command_encoder()
+        enc.copy_buffer_to_buffer(buf.raw, 0, self._staging, 0, nbytes)
+        self.queue.submit([enc.finish()])
+        self.submissions += 1
+        # wgpu-py's on_submitted_work_done is unreliable: mapping waits for the copy
+        self._staging.map_sync(self.wgpu.MapMode.READ, 0, nbytes)
+        try:
+            data = self._staging.read_mapped(0, nbytes, copy=True)
+        finally:
+            self._staging.unmap()
+        host.reshape(-1)[...] = np.frombuffer(data, dtype=buf.dtype, count=buf.size)
+
+    def view(self, buf: WView, shape: tuple[int, ...]) -> WView:
+        return WView(buf.raw, shape, buf.dtype)
+
+    def synchronize(self) -> None:
+        self.flush()
+        # a tiny read waits for everything submitted before it
+        probe = self._scratch_buffer(1, "sync")
+        self.download(probe, np.empty(1, np.float32))
+
+    def run_step(self, key: Any, step: Any) -> None:
+        """A training step is recorded into one command buffer and submitted once."""
+        step()
+        self.flush()
+
+    def flush(self) -> None:
+        """Submit the recorded dispatches (one command buffer)."""
+        if self._encoder is None:
+            return
+        self._pass.end()
+        self.queue.submit([self._encoder.finish()])
+        self.submissions += 1
+        self._encoder = self._pass = None
+
+    # --- dispatch machinery -------------------------------------------------------------------------------------
+    def _pipeline(self, module: str, entry: str) -> Any:
+        key = (module, entry)
+        p = self._pipelines.get(key)
+        if p is None:
+            p = self.device.create_compute_pipeline(layout="auto",
+                                                    compute={"module": self._modules[module], "entry_point": entry})
+            self._pipelines[key] = p
+        return p
+
+    def _uniform(self, data: bytes) -> Any:
+        buf = self._uniforms.get(data)
+        if buf is None:
+            if len(self._uniforms) > 8192:  # per-step scalars (Adam's rate) must not grow this forever
+                self.flush()
+                self._uniforms.clear()
+                self._bind_groups.clear()
+            u = self.wgpu.BufferUsage
+            buf = self.device.create_buffer_with_data(data=data, usage=u.UNIFORM)
+            self._uniforms[data] = buf
+        return buf
+
+    def _dispatch(self, module: str, entry: str, params: bytes, buffers: list, groups: tuple[int, int, int],
+                  ranges: list | None = None) -> None:
+        pipe = self._pipeline(module, entry)
+        ubuf = self._uniform(params)
+        entries = [(0, ubuf, 0, ubuf.size)]
+        for i, b in enumerate(buffers):
+            off, size = ranges[i] if ranges and ranges[i] is not None else (0, b.raw.size)
+            entries.append((i + 1, b.raw, off, size))
+        key = (id(pipe), tuple((n, id(r), o, s) for n, r, o, s in entries))
+        cached = self._bind_groups.get(key)
+        if cached is None:
+            bg = self.device.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
+                {"binding": n, "resource": {"buffer": r, "offset": o, "size": s}} for n, r, o, s in entries])
+            cached = self._bind_groups[key] = (bg, entries)  # the entries keep their buffers (and ids) alive
+        if self._encoder is None:
+            self._encoder = self.device.create_command_encoder()
+            self._pass = self._encoder.begin_compute_pass()
+        self._pass.set_pipeline(pipe)
+        self._pass.set_bind_group(0, cached[0])
+        self._pass.dispatch_workgroups(*groups)
+        self.dispatches += 1
+
+    def _grid(self, n: int) -> tuple[int, int, int]:
+        groups = max(1, -(-n // WG))
+        x = min(groups, self.max_groups)
+        return x, -(-groups // x), 1
+
+    def _scratch_buffer(self, size: int, tag: str) -> WView:
+        key = (tag, size)
+        b = self._scratch.get(key)
+        if b is None:
+            b = self.allocate(size, np.float32)
+            self._scratch[key] = b
+        return b
+
+    def _elementwise(self, entry: str, n: int, buffers: list, u: tuple = (), f: tuple = (),
+                     whole: tuple[int, ...] = (), base_slot: int | None = None) -> None:
+        """Run an elementwise entry point over n elements. Buffers at positions in ``whole`` are bound entirely;
+        the others are per-element and, past the binding limit, bound piece by piece. An output that aliases an
+        input (an in-place layer) is computed into scratch and copied back, as WebGPU forbids aliased writes."""
+        if n == 0:
+            return
+        raws = [b.raw for b in buffers]
+        alias = {i for i in range(len(buffers)) if raws[i] in raws[:i]}
+        real = list(buffers)
+        if alias:
+            for i in alias:
+                buffers = list(buffers)
+                buffers[i] = self._scratch_buffer(n, f"alias{i}")
+        piece = (self.max_binding // 4 // self.offset_align) * self.offset_align
+        for start in range(0, n, piece):
+            count = min(piece, n - start)
+            ranges = [None if i in whole else (start * 4, _pad4(count * 4)) for i in range(len(buffers))]
+            uu = list(u) + [0] * (8 - len(u))
+            uu[0] = count
+            if base_slot is not None:
+                uu[base_slot] = start
+            self._dispatch("elementwise", entry, _pack(tuple(uu), f), buffers, self._grid(count), ranges)
+        for i in alias:
+            self._elementwise("copy", n, [buffers[i], real[i]])
+
+    # --- BLAS ---------------------------------------------------------------------------------------------------
+    def gemm(self, a, trans_a, b, trans_b, out, alpha=1.0, beta=0.0):
+        m, n = out.shape
+        k = a.shape[0] if trans_a else a.shape[1]
+        self._gemm(a, trans_a, b, trans_b, out, m, n, k, alpha, beta)
+
+    def _gemm(self, a, trans_a, b, trans_b, out, m, n, k, alpha, beta, offsets=(0, 0, 0)) -> None:
+        flags = (1 if trans_a else 0) | (2 if trans_b else 0)
+        params = _pack((m, n, k, flags, *offsets), (alpha, beta))
+        for v in (a, b, out):
+            if v.raw.size > self.max_binding:
+                raise BackendError(f"webgpu: a {v.raw.size}-byte GEMM operand exceeds the device's storage binding "
+                                   f"limit ({self.max_binding} bytes)")
+        gx, gy = -(-n // 64), -(-m // 64)
+        if gx > self.max_groups or gy > self.max_groups:
+            raise BackendError(f"webgpu: GEMM of {m}x{n} needs more workgroups than the device allows")
+        self._dispatch("gemm", "gemm", params, [a, b, out], (gx, gy, 1))
+
+    def axpby(self, alpha, x, beta, y):
+        if beta == 0.0 and alpha == 1.0:
+            return self.copy(x, y)
+        self._elementwise("axpby", y.size, [x, y], f=(alpha, beta))
+
+    def scal(self, alpha, x):
+        self._elementwise("scal", x.size, [x], f=(alpha,))
+
+    def copy(self, x, out):
+        if x.raw is out.raw:
+            return
+        self._elementwise("copy", out.size, [x, out])
+
+    def fill(self, value, out):
+        self._elementwise("fill", out.size, [out], f=(value,))
+
+    def mul(self, x, y, out):
+        self._elementwise("mul", out.size, [x, y, out])
+
+    def _reduce(self, entry: str, buffers: list, u: tuple, f: tuple = (), groups: int = 1) -> None:
+        for v in buffers:
+            if v.raw.size > self.max_binding:
+                raise BackendError(f"webgpu: a {v.raw.size}-byte operand of {entry} exceeds the storage binding limit")
+        self._dispatch("reduce", entry, _pack(u, f), buffers, (groups, 1, 1))
+
+    def dot(self, x, y, out):
+        if x.raw is y.raw:
+            return self._reduce("dot", [x, self._copy_of(y), out], (x.size, 0))
+        self._reduce("dot", [x, y, out], (x.size, 0))
+
+    def nrm2(self, x, out):
+        self._reduce("dot", [x, self._copy_of(x), out], (x.size, 1))
+
+    def _copy_of(self, x: WView) -> WView:
+        s = self._scratch_buffer(x.size, "copy")
+        self.copy(x, s)
+        return s
+
+    def read_scalar(self, buf):
+        host = np.empty(1, np.float32)
+        self.download(WView(buf.raw, (1,), buf.dtype), host)
+        return float(host[0])
+
+    # --- activations ----------------------------------------------------------------------------------------------
+    def relu(self, x, out):
+        self._elementwise("relu", out.size, [x, out])
+
+    def relu_grad(self, y, dy, dx):
+        self._elementwise("relu_grad", dx.size, [y, dy, dx])
+
+    def sigmoid(self, x, out):
+        self._elementwise("sigmoid", out.size, [x, out])
+
+    def sigmoid_grad(self, y, dy, dx):
+        self._elementwise("sigmoid_grad", dx.size, [y, dy, dx])
+
+    def tanh(self, x, out):
+        self._elementwise("tanh_fwd", out.size, [x, out])
+
+    def tanh_grad(self, y, dy, dx):
+        self._elementwise("tanh_grad", dx.size, [y, dy, dx])
+
+    def _rows(self, a: WView) -> tuple[int, int, int]:
+        n, c = a.shape[0], a.shape[1]
+        inner = a.size // (n * c) if n * c else 1
+        return n * inner, c, inner
+
+    def softmax(self, x, out):
+        rows, c, inner = self._rows(x)
+        self._dispatch("classes", "softmax", _pack((rows, c, inner, 0)), [x, out], self._grid(rows))
+
+    def log_softmax(self, x, out):
+        rows, c, inner = self._rows(x)
+        self._dispatch("classes", "softmax", _pack((rows, c, inner, 1)), [x, out], self._grid(rows))
+
+    def softmax_grad(self, y, dy, dx):
+        rows, c, inner = self._rows(y)
+        self._dispatch("classes", "softmax_grad", _pack((rows, c, inner, 0)), self._no_alias([y, dy, dx]),
+                       self._grid(rows))
+        self._copy_back([y, dy, dx])
+
+    def log_softmax_grad(self, y, dy, dx):
+        rows, c, inner = self._rows(y)
+        self._dispatch("classes", "softmax_grad", _pack((rows, c, inner, 1)), self._no_alias([y, dy, dx]),
+                       self._grid(rows))
+        self._copy_back([y, dy, dx])
+
+    def _no_alias(self, buffers: list) -> list:
+        out = list(buffers)
+        if out[-1].raw in [b.raw for b in out[:-1]]:
+            out[-1] = self._scratch_buffer(out[-1].size, "alias_out")
+        return out
+
+    def _copy_back(self, buffers: list) -> None:
+        if buffers[-1].raw in [b.raw for b in buffers[:-1]]:
+            self._elementwise("copy", buffers[-1].size, [self._scratch_buffer(buffers[-1].size, "alias_out"),
+                                                         buffers[-1]])
+
+    # --- losses -----------------------------------------------------------------------------------------------
+    def nll(self, logp, labels, out):
+        n = logp.shape[0]
+        self._reduce("nll", [logp, labels, out], (n, logp.size // n))
+
+    def nll_grad(self, labels, dloss, dx):
+        n = dx.shape[0]
+        c = dx.size // n
+        self._dispatch("classes", "nll_grad", _pack((n * c, c, n)), [labels, dloss, dx], self._grid(n * c))
+
+    def mse(self, x, t, diff, out):
+        self._elementwise("sub", x.size, [x, t, diff])
+        self._dispatch("reduce", "mean_square", _pack((diff.size,)), [diff, out], (1, 1, 1))
+
+    def mse_grad(self, diff, dloss, dx):
+        self._elementwise("scale_by_scalar", dx.size, [diff, dloss, dx], f=(2.0 / diff.size,), whole=(1,))
+
+    # --- bias ---------------------------------------------------------------------------------------------------
+    def bias_add(self, y, b):
+        n, c = y.shape[0], y.shape[1]
+        inner = y.size // (n * c)
+        self._elementwise("bias_add", y.size, [y, b], u=(0, c, inner), whole=(1,), base_slot=3)
+
+    def bias_grad(self, dy, db, beta=0.0):
+        n, c = dy.shape[0], dy.shape[1]
+        inner = dy.size // (n * c)
+        self._reduce("bias_grad", [dy, db], (n, c, inner), (beta,), groups=c)
+
+    # --- convolution: im2col + GEMM over batch chunks that fit the binding limit ---------------------------------
+    def _conv_geometry(self, x_shape, w_shape, y_shape, stride, padding):
+        n, c, h, w = x_shape
+        o, _, kh, kw = w_shape
+        oh, ow = y_shape[2], y_shape[3]
+        k = c * kh * kw
+        per_sample = k * oh * ow * 4
+        limit = min(self.max_binding, 64 << 20)
+        chunk = max(1, min(n, limit // max(per_sample, 1)))
+        u = (0, c, h, w, _pair(kh, kw), _pair(*stride), _pair(*padding), _pair(oh, ow))
+        return n, c, o, k, oh * ow, chunk, u
+
+    def _conv_scratch(self, k: int, p: int, chunk: int, o: int) -> tuple[WView, WView]:
+        return self._scratch_buffer(k * p * chunk, "cols"), self._scratch_buffer(o * p * chunk, "ymat")
+
+    def _conv_launch(self, entry: str, u: tuple, count: int, n0: int, nc: int, o: int, src: WView, dst: WView):
+        uu = list(u)
+        uu[0] = count
+        self._dispatch("conv", entry, _pack(tuple(uu), (n0, nc, o)), [src, dst], self._grid(count))
+
+    def conv2d(self, x, w, out, stride, padding, ws):
+        n, c, o, k, p, chunk, u = self._conv_geometry(x.shape, w.shape, out.shape, stride, padding)
+        cols, ymat = self._conv_scratch(k, p, chunk, o)
+        for n0 in range(0, n, chunk):
+            nc = min(chunk, n - n0)
+            self._conv_launch("im2col", u, k * nc * p, n0, nc, o, x, cols)
+            self._gemm(w, False, cols, False, ymat, o, nc * p, k, 1.0, 0.0)
+            self._conv_launch("scatter_out", u, nc * o * p, n0, nc, o, ymat, out)
+
+    def conv2d_grad_data(self, dy, w, dx, stride, padding, ws):
+        n, c, o, k, p, chunk, u = self._conv_geometry(dx.shape, w.shape, dy.shape, stride, padding)
+        cols, ymat = self._conv_scratch(k, p, chunk, o)
+        for n0 in range(0, n, chunk):
+            nc = min(chunk, n - n0)
+            self._conv_launch("gather_dy", u, nc * o * p, n0, nc, o, dy, ymat)
+            self._gemm(w, True, ymat, False, cols, k, nc * p, o, 1.0, 0.0)
+            h, wd = dx.shape[2], dx.shape[3]
+            self._conv_launch("col2im", u, nc * c * h * wd, n0, nc, o, cols, dx)
+
+    def conv2d_grad_filter(self, x, dy, dw, stride, padding, ws, beta=0.0):
+        n, c, o, k, p, chunk, u = self._conv_geometry(x.shape, dw.shape, dy.shape, stride, padding)
+        cols, ymat = self._conv_scratch(k, p, chunk, o)
+        for n0 in range(0, n, chunk):
+            nc = min(chunk, n - n0)
+            self._conv_launch("im2col", u, k * nc * p, n0, nc, o, x, cols)
+            self._conv_launch("gather_dy", u, nc * o * p, n0, nc, o, dy, ymat)
+            self._gemm(ymat, False, cols, True, dw, o, k, nc * p, 1.0, beta if n0 == 0 else 1.0)
+
+    # --- pooling ------------------------------------------------------------------------------------------------
+    def _pool_params(self, count, x_shape, y_shape, kernel, stride, padding, is_max):
+        return _pack((count, x_shape[2], x_shape[3], _pair(*kernel), _pair(*stride), _pair(*padding),
+                      _pair(y_shape[2], y_shape[3]), 1 if is_max else 0))
+
+    def pool2d(self, x, out, mask, mode, kernel, stride, padding):
+        m = mask if mask is not None else self._scratch_buffer(out.size, "nomask")
+        params = self._pool_params(out.size, x.shape, out.shape, kernel, stride, padding, mode == "max")
+        self._dispatch("pool", "pool_fwd", params, [x, out, m], self._grid(out.size))
+
+    def pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding):
+        m = mask if mask is not None else self._scratch_buffer(dy.size, "nomask")
+        params = self._pool_params(dx.size, dx.shape, dy.shape, kernel, stride, padding, mode == "max")
+        self._dispatch("pool", "pool_bwd", params, [dy, dx, m], self._grid(dx.size))
+
+    # --- randomness and solver updates -----------------------------------------------------------------------
+    def dropout_mask(self, mask, ratio, seed):
+        self._elementwise("dropout_mask", mask.size, [mask], u=(0, dropout_key(seed), dropout_threshold(ratio)),
+                          f=(1.0 / (1.0 - ratio),))
+
+    def momentum_update(self, w, g, h, lr, momentum):
+        self._elementwise("momentum_update", w.size, [w, g, h], f=(lr, momentum))
+
+    def adam_update(self, w, g, m, v, lr, beta1, beta2, eps):
+        self._elementwise("adam_update", w.size, [w, g, m, v], f=(lr, beta1, beta2, eps))
+
+    def rmsprop_update(self, w, g, h, lr, decay, eps):
+        self._elementwise("rmsprop_update", w.size, [w, g, h], f=(lr, decay, 0.0, eps))
+
+
+def _pad4(n: int) -> int:
+    return max(4, (n + 3) // 4 * 4)
+
+
+def _describe(adapter: Any) -> str:
+    info = adapter.info
+    return f"{info.get('device', '?')} ({info.get('backend_type', '?')})"
+
+
+def adapters() -> list[str]:
+    """Names of the WebGPU adapters on this machine (for ``lp.backend('webgpu', adapter=...)``)."""
+    try:
+        import wgpu
+    except ImportError:
+        return []
+    return [_describe(a) for a in wgpu.gpu.enumerate_adapters_sync()]

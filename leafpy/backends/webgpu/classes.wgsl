@@ -1,0 +1,53 @@
+// Per-sample work over the class axis of [N, C, inner]: one thread per (n, r). u0 = N * inner, u1 = C, u2 = inner.
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> a: array<f32>;
+@group(0) @binding(2) var<storage, read_write> b: array<f32>;
+@group(0) @binding(3) var<storage, read_write> c: array<f32>;
+
+fn at(row: u32, k: u32) -> u32 {
+    let n = row / p.u2;
+    let r = row % p.u2;
+    return (n * p.u1 + k) * p.u2 + r;
+}
+
+// softmax / log_softmax: b = f(a); u3 = 1 for log
+@compute @workgroup_size(256)
+fn softmax(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let row = flat_index(gid, nw);
+    if (row >= p.u0) { return; }
+    var m = a[at(row, 0u)];
+    for (var k = 1u; k < p.u1; k = k + 1u) { m = max(m, a[at(row, k)]); }
+    var s = 0.0;
+    for (var k = 0u; k < p.u1; k = k + 1u) { s = s + exp(a[at(row, k)] - m); }
+    let ls = log(s);
+    for (var k = 0u; k < p.u1; k = k + 1u) {
+        let z = a[at(row, k)] - m;
+        b[at(row, k)] = select(exp(z) / s, z - ls, p.u3 == 1u);
+    }
+}
+
+// softmax_grad: c = a * (b - sum(b * a)) with a = y, b = dy;  log: c = b - exp(a) * sum(b)
+@compute @workgroup_size(256)
+fn softmax_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let row = flat_index(gid, nw);
+    if (row >= p.u0) { return; }
+    var s = 0.0;
+    for (var k = 0u; k < p.u1; k = k + 1u) {
+        let i = at(row, k);
+        s = s + select(b[i] * a[i], b[i], p.u3 == 1u);
+    }
+    for (var k = 0u; k < p.u1; k = k + 1u) {
+        let i = at(row, k);
+        c[i] = select(a[i] * (b[i] - s), b[i] - exp(a[i]) * s, p.u3 == 1u);
+    }
+}
+
+// nll_grad: c = 0 except c[n, label_n] = -b[0] / N; a = labels, b = dloss. One thread per (n, k): u0 = N * C.
+@compute @workgroup_size(256)
+fn nll_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i >= p.u0) { return; }
+    let n = i / p.u1;
+    let k = i % p.u1;
+    c[i] = select(0.0, -b[0] / f32(p.u2), u32(a[n]) == k);
+}

@@ -1,0 +1,140 @@
+// Elementwise kernels. p.u0 is the element count everywhere.
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> a: array<f32>;
+@group(0) @binding(2) var<storage, read_write> b: array<f32>;
+@group(0) @binding(3) var<storage, read_write> c: array<f32>;
+@group(0) @binding(4) var<storage, read_write> d: array<f32>;
+
+// fill: a = f0
+@compute @workgroup_size(256)
+fn fill(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) { a[i] = p.f0; }
+}
+
+// scal: a *= f0
+@compute @workgroup_size(256)
+fn scal(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) { a[i] = a[i] * p.f0; }
+}
+
+// copy: b = a
+@compute @workgroup_size(256)
+fn copy(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) { b[i] = a[i]; }
+}
+
+// axpby: b = f0 * a + f1 * b
+@compute @workgroup_size(256)
+fn axpby(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) { b[i] = p.f0 * a[i] + p.f1 * b[i]; }
+}
+
+// mul: c = a * b
+@compute @workgroup_size(256)
+fn mul(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) { c[i] = a[i] * b[i]; }
+}
+
+// activations: b = f(a); gradients: c = g(a = y, b = dy)
+@compute @workgroup_size(256)
+fn relu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) { b[i] = max(a[i], 0.0); }
+}
+
+@compute @workgroup_size(256)
+fn relu_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) { c[i] = select(0.0, b[i], a[i] > 0.0); }
+}
+
+@compute @workgroup_size(256)
+fn sigmoid(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) { b[i] = 0.5 * (1.0 + tanh(0.5 * a[i])); }
+}
+
+@compute @workgroup_size(256)
+fn sigmoid_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) { let y = a[i]; c[i] = b[i] * y * (1.0 - y); }
+}
+
+@compute @workgroup_size(256)
+fn tanh_fwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) { b[i] = tanh(a[i]); }
+}
+
+@compute @workgroup_size(256)
+fn tanh_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) { let y = a[i]; c[i] = b[i] * (1.0 - y * y); }
+}
+
+// bias_add: a[(n * C + c) * inner + r] += b[c]; u1 = C, u2 = inner, u3 = index of a[0] in the whole tensor
+@compute @workgroup_size(256)
+fn bias_add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) { a[i] = a[i] + b[((i + p.u3) / p.u2) % p.u1]; }
+}
+
+// dropout mask (the same hash as every backend): a = hash(i + u1) >= u2 ? f0 : 0
+@compute @workgroup_size(256)
+fn dropout_mask(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) {
+        var h = i + p.u1;
+        h = h ^ (h >> 16u); h = h * 0x85EBCA6Bu; h = h ^ (h >> 13u); h = h * 0xC2B2AE35u; h = h ^ (h >> 16u);
+        a[i] = select(0.0, p.f0, h >= p.u2);
+    }
+}
+
+// solver updates: a = w, b = g, c, d = history. f0 = lr, f1 = momentum / beta1 / decay, f2 = beta2, f3 = eps
+@compute @workgroup_size(256)
+fn momentum_update(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) { let h = p.f1 * c[i] + p.f0 * b[i]; c[i] = h; a[i] = a[i] - h; }
+}
+
+@compute @workgroup_size(256)
+fn adam_update(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) {
+        let g = b[i];
+        let m = p.f1 * c[i] + (1.0 - p.f1) * g;
+        let v = p.f2 * d[i] + (1.0 - p.f2) * g * g;
+        c[i] = m; d[i] = v;
+        a[i] = a[i] - p.f0 * m / (sqrt(v) + p.f3);
+    }
+}
+
+@compute @workgroup_size(256)
+fn rmsprop_update(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) {
+        let g = b[i];
+        let h = p.f1 * c[i] + (1.0 - p.f1) * g * g;
+        c[i] = h;
+        a[i] = a[i] - p.f0 * g / (sqrt(h) + p.f3);
+    }
+}
+
+// mse_diff: c = a - b
+@compute @workgroup_size(256)
+fn sub(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) { c[i] = a[i] - b[i]; }
+}
+
+// mse_grad: c = a * b[0] * f0   (a = diff, b = dloss, f0 = 2 / n)
+@compute @workgroup_size(256)
+fn scale_by_scalar(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) { c[i] = a[i] * b[0] * p.f0; }
+}
