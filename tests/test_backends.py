@@ -199,3 +199,17 @@ def test_webgpu_adapter_choice_and_errors():
         lp.backend("webgpu", adapter="no-such-gpu")
     with pytest.raises(lp.ConfigError, match="float32"):
         lp.backend("webgpu", dtype="float64")
+
+
+@pytest.mark.parametrize("m,n,k,ta,tb,beta", [(70, 90, 50, False, False, 0.0), (20, 25, 5000, False, True, 0.0),
+                                              (30, 40, 9000, True, False, 0.5), (129, 65, 33, True, True, 1.0)])
+def test_gemm_shapes_transposes_and_split_k(device, m, n, k, ta, tb, beta):
+    rng = np.random.default_rng(0)
+    a = rng.random((k, m) if ta else (m, k), dtype=np.float32)
+    b = rng.random((n, k) if tb else (k, n), dtype=np.float32)
+    c0 = rng.random((m, n), dtype=np.float32)
+    tc = lp.SharedTensor.from_numpy(c0)
+    device.gemm(lp.SharedTensor.from_numpy(a).read(device), ta, lp.SharedTensor.from_numpy(b).read(device), tb,
+                tc.read_write(device), 2.0, beta)
+    ref = 2.0 * ((a.T if ta else a) @ (b.T if tb else b)) + beta * c0
+    close(tc.to_numpy(), ref, "gemm", rtol=1e-4, atol=1e-5)

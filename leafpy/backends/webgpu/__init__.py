@@ -288,9 +288,11 @@ class WebGPUBackend(Backend):
         k = a.shape[0] if trans_a else a.shape[1]
         self._gemm(a, trans_a, b, trans_b, out, m, n, k, alpha, beta)
 
-    def _gemm(self, a, trans_a, b, trans_b, out, m, n, k, alpha, beta, offsets=(0, 0, 0)) -> None:
+    SPLIT_K_TILES = 256
+    """Split K across the grid when C has fewer 64x64 tiles than this and K is long (weight gradients)."""
+
+    def _gemm(self, a, trans_a, b, trans_b, out, m, n, k, alpha, beta) -> None:
         flags = (1 if trans_a else 0) | (2 if trans_b else 0)
-        params = _pack((m, n, k, flags, *offsets), (alpha, beta))
         for v in (a, b, out):
             if v.raw.size > self.max_binding:
                 raise BackendError(f"webgpu: a {v.raw.size}-byte GEMM operand exceeds the device's storage binding "
@@ -298,7 +300,23 @@ class WebGPUBackend(Backend):
         gx, gy = -(-n // 64), -(-m // 64)
         if gx > self.max_groups or gy > self.max_groups:
             raise BackendError(f"webgpu: GEMM of {m}x{n} needs more workgroups than the device allows")
-        self._dispatch("gemm", "gemm", params, [a, b, out], (gx, gy, 1))
+        tiles = gx * gy
+        splits = 1
+        if tiles < self.SPLIT_K_TILES and k >= 2048:
+            splits = max(1, min(-(-self.SPLIT_K_TILES // tiles), k // 512, self.max_groups))
+            while splits > 1 and splits * m * n * 4 > self.max_binding:
+                splits //= 2
+        if splits == 1:
+            self._dispatch("gemm", "gemm", _pack((m, n, k, flags, 0, 0, 0, k), (alpha, beta)), [a, b, out],
+                           (gx, gy, 1))
+            return
+        chunk = -(-k // splits)
+        chunk = -(-chunk // 16) * 16
+        splits = -(-k // chunk)
+        partial = self._scratch_buffer(splits * m * n, "splitk")
+        self._dispatch("gemm", "gemm", _pack((m, n, k, flags, 0, 0, 0, chunk), (1.0, 0.0)), [a, b, partial],
+                       (gx, gy, splits))
+        self._elementwise("split_sum", m * n, [partial, out], u=(0, splits), f=(alpha, beta), whole=(0,))
 
     def axpby(self, alpha, x, beta, y):
         if beta == 0.0 and alpha == 1.0:

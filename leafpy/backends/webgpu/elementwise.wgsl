@@ -138,3 +138,15 @@ fn scale_by_scalar(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
     let i = flat_index(gid, nw);
     if (i < p.u0) { c[i] = a[i] * b[0] * p.f0; }
 }
+
+// split-K: b = f0 * sum_s a[s * u0 + i] + f1 * b, over u1 slices
+@compute @workgroup_size(256)
+fn split_sum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i >= p.u0) { return; }
+    var s = 0.0;
+    for (var z = 0u; z < p.u1; z = z + 1u) { s = s + a[z * p.u0 + i]; }
+    var v = p.f0 * s;
+    if (p.f1 != 0.0) { v = v + p.f1 * b[i]; }
+    b[i] = v;
+}
