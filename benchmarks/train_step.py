@@ -248,12 +248,12 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads for both frameworks")
-    p.add_argument("--tf32", action="store_true", help="let torch use TF32 (GPU)")
+    p.add_argument("--tf32", action="store_true", help="let both frameworks use TF32 tensor cores (cuda)")
     p.add_argument("--no-gemm", action="store_true")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
 
-    backend = lp.backend(args.backend)
+    backend = lp.backend(args.backend, tf32=True) if args.backend == "cuda" and args.tf32 else lp.backend(args.backend)
     device = "cpu" if args.backend == "native" else "cuda"
     torch = None
     if args.vs == "torch":
@@ -283,6 +283,16 @@ def main() -> int:
     if not args.no_gemm:
         g = bench_gemm(backend, torch, device)
         rows.append(g)
+        for r in rows:
+            if r.get("network", "").startswith("mlp"):
+                # forward, weight gradients, and input gradients of every layer but the first
+                dims = [784, 512, 512, 10]
+                macs = sum(a * b for a, b in zip(dims, dims[1:]))
+                flops = 2 * r["batch"] * (3 * macs - dims[0] * dims[1])
+                r["leafpy_gflops"] = flops / r["leafpy_ms"] / 1e6
+                r["of_sgemm"] = r["leafpy_gflops"] / (g["leafpy_tflops"] * 1000)
+                print(f"{r['network']}: {r['leafpy_gflops']:.1f} GFLOP/s in the training step, "
+                      f"{r['of_sgemm']:.0%} of the SGEMM rate")
         extra = f", numpy {g['numpy_tflops']:.3f} ({g['of_numpy']:.0%} of numpy)" if "numpy_tflops" in g else ""
         extra += f", torch {g['torch_tflops']:.3f}" if "torch_tflops" in g else ""
         print(f"SGEMM 4096: leafpy {g['leafpy_tflops']:.3f} TFLOP/s{extra}; max rel error {g['max_rel_error']:.1e}")

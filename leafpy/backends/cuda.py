@@ -375,6 +375,7 @@ class _CudnnConv:
         self.handle = cudnn.create_handle()
         self.graphs: dict = {}
         self.workspace = cp.empty(0, dtype=cp.uint8)
+        self._trials: list[int] = []
 
     def _build(self, kind: str, x_shape, w_shape, y_shape, stride, padding) -> tuple:
         cudnn = self.cudnn
@@ -417,13 +418,15 @@ class _CudnnConv:
                 size = g.get_workspace_size_plan_at_index(i)
                 if size > self.MAX_WORKSPACE:
                     continue
-                trial = cp.empty(size, dtype=cp.uint8)  # freed after the trial: only the winner's size is kept
-                g.execute_plan_at_index(pack, trial.data.ptr, i, handle=self.handle)
+                # trial workspaces bypass the memory pool, so they are really freed afterwards
+                trial = cp.cuda.runtime.malloc(max(size, 1))
+                self._trials.append(trial)
+                g.execute_plan_at_index(pack, trial, i, handle=self.handle)
                 runs = []
                 for _ in range(5):  # the fastest of five runs: one slow run must not decide
                     start, stop = cp.cuda.Event(), cp.cuda.Event()
                     start.record()
-                    g.execute_plan_at_index(pack, trial.data.ptr, i, handle=self.handle)
+                    g.execute_plan_at_index(pack, trial, i, handle=self.handle)
                     stop.record()
                     stop.synchronize()
                     runs.append(cp.cuda.get_elapsed_time(start, stop))
@@ -432,6 +435,10 @@ class _CudnnConv:
                 continue  # a plan that cannot run here
             if ms < best_ms:
                 best, best_ms = i, ms
+        cp.cuda.runtime.deviceSynchronize()
+        for trial in self._trials:
+            cp.cuda.runtime.free(trial)
+        self._trials.clear()
         if best_ms == float("inf"):
             raise BackendError("no cuDNN plan could run")
         size = g.get_workspace_size_plan_at_index(best)
