@@ -17,8 +17,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import leafpy as lp  # noqa: E402
 from train_step import NETWORKS, leafpy_solver  # noqa: E402
+
+import leafpy as lp  # noqa: E402
 
 
 def main() -> int:

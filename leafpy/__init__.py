@@ -4,16 +4,29 @@ Networks are declared as LayerConfigs nested in Sequential containers, trained b
 the native (NumPy), cuda (CuPy) and webgpu (wgpu-py) backends. ``import leafpy`` imports neither CuPy nor wgpu.
 """
 
+from . import config, data  # noqa: E402
 from .backends import available_backends, backend
 from .backends.base import Backend
 from .errors import BackendError, BackendUnavailable, ConfigError, LeafpyError, SerializationError, ShapeError
-from .layers import (ConvolutionConfig, DropoutConfig, FillerConfig, Layer, LayerConfig, LinearConfig,
-                     NegativeLogLikelihoodConfig, PoolingConfig, ReshapeConfig, Sequential, SequentialConfig,
-                     WeightConfig, layer_types, register_layer)
+from .layers import (
+                     ConvolutionConfig,
+                     DropoutConfig,
+                     FillerConfig,
+                     Layer,
+                     LayerConfig,
+                     LinearConfig,
+                     NegativeLogLikelihoodConfig,
+                     PoolingConfig,
+                     ReshapeConfig,
+                     Sequential,
+                     SequentialConfig,
+                     WeightConfig,
+                     layer_types,
+                     register_layer,
+)
 from .metrics import ConfusionMatrix, predictions
 from .solvers import LR_POLICIES, Solver, SolverConfig
 from .tensor import SharedTensor
-from . import config, data  # noqa: E402
 
 __version__ = "0.1.0"
 

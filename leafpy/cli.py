@@ -15,13 +15,15 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from . import config as run_config
 from . import data as datasets
-from .backends import BACKEND_NAMES, backend as get_backend
+from .backends import BACKEND_NAMES
+from .backends import backend as get_backend
 from .errors import LeafpyError
 from .layers.container.sequential import Sequential
 from .layers.layer import Layer

@@ -14,15 +14,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .backends.base import Backend
 from .errors import ConfigError, LeafpyError, SerializationError, ShapeError
-from .layers.layer import FillerConfig, Layer, LayerConfig, WeightConfig, layer_types, lookup
 from .layers.container.sequential import Sequential, SequentialConfig
+from .layers.layer import FillerConfig, Layer, LayerConfig, WeightConfig, layer_types, lookup
 
 if TYPE_CHECKING:
     from .solvers.solver import Solver
@@ -331,7 +332,8 @@ def load_weights(layer: Layer, path: str | os.PathLike) -> None:
     """Set ``layer``'s weights from a model file or from the network in a solver checkpoint, by name."""
     path = os.fspath(path)
     errors = []
-    for struct, weights_of in (("Layer", lambda m: m.weightsData), ("SolverCheckpoint", lambda m: m.network.weightsData)):
+    readers = (("Layer", lambda m: m.weightsData), ("SolverCheckpoint", lambda m: m.network.weightsData))
+    for struct, weights_of in readers:
         try:
             msg = _read_message(path, struct)
             saved = _guard(path, lambda: _read_weights(weights_of(msg), path))
@@ -386,7 +388,7 @@ def _random_workers(layer: Layer) -> list[Any]:
     return [w for w in layer.workers() if hasattr(w, "draws_random")]
 
 
-def save_checkpoint(solver: "Solver", path: str | os.PathLike) -> None:
+def save_checkpoint(solver: Solver, path: str | os.PathLike) -> None:
     """Write the solver's config, network weights, iteration and update-rule state atomically."""
     msg = schema().SolverCheckpoint.new_message()
     _write_solver_config(msg.init("config"), solver.config)
@@ -405,7 +407,7 @@ def save_checkpoint(solver: "Solver", path: str | os.PathLike) -> None:
     atomic_write(path, msg.to_bytes_packed())
 
 
-def load_checkpoint(network_backend: Backend, objective_backend: Backend, path: str | os.PathLike) -> "Solver":
+def load_checkpoint(network_backend: Backend, objective_backend: Backend, path: str | os.PathLike) -> Solver:
     """Rebuild a solver from a checkpoint; training continues exactly where it stopped."""
     from .solvers.solver import Solver
 

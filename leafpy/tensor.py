@@ -11,7 +11,8 @@ Several SharedTensors may share one storage with different shapes (``alias``): t
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -61,7 +62,7 @@ class SharedTensor:
 
     # --- construction -------------------------------------------------------------------------------------
     @classmethod
-    def from_numpy(cls, array: Any, dtype: Any = None) -> "SharedTensor":
+    def from_numpy(cls, array: Any, dtype: Any = None) -> SharedTensor:
         """A tensor whose only fresh copy is a host copy of ``array`` (``dtype`` defaults to the array's float type)."""
         a = np.asarray(array)
         if dtype is None:
@@ -70,7 +71,7 @@ class SharedTensor:
         t.set(a)
         return t
 
-    def alias(self, shape: Sequence[int] | None = None) -> "SharedTensor":
+    def alias(self, shape: Sequence[int] | None = None) -> SharedTensor:
         """Another tensor over the same storage, seen with ``shape`` (same number of elements)."""
         t = SharedTensor.__new__(SharedTensor)
         t._st = self._st
@@ -79,7 +80,7 @@ class SharedTensor:
             t.reshape(shape)
         return t
 
-    def shares_storage(self, other: "SharedTensor") -> bool:
+    def shares_storage(self, other: SharedTensor) -> bool:
         return self._st is other._st
 
     # --- shape --------------------------------------------------------------------------------------------
@@ -116,7 +117,7 @@ class SharedTensor:
         self._shape = new
 
     # --- access -------------------------------------------------------------------------------------------
-    def _buffer(self, backend: "Backend | None", key: str) -> Any:
+    def _buffer(self, backend: Backend | None, key: str) -> Any:
         st = self._st
         entry = st.copies.get(key)
         if entry is None:
@@ -128,7 +129,7 @@ class SharedTensor:
             return buf
         return entry[1]
 
-    def _sync(self, backend: "Backend | None", key: str) -> Any:
+    def _sync(self, backend: Backend | None, key: str) -> Any:
         st = self._st
         buf = self._buffer(backend, key)
         if key in st.fresh:
@@ -152,7 +153,7 @@ class SharedTensor:
         st.fresh.add(key)
         return buf
 
-    def read(self, backend: "Backend") -> Any:
+    def read(self, backend: Backend) -> Any:
         """This tensor's data on ``backend``, synced if stale, for reading only."""
         key = backend.key
         buf = self._sync(None if key == HOST else backend, key)
@@ -160,7 +161,7 @@ class SharedTensor:
             SharedTensor.recorder.append((self, False))
         return backend.view(buf, self._shape)
 
-    def write(self, backend: "Backend") -> Any:
+    def write(self, backend: Backend) -> Any:
         """A buffer on ``backend`` to overwrite completely; afterwards that copy is the only fresh one."""
         key = backend.key
         buf = self._buffer(None if key == HOST else backend, key)
@@ -171,7 +172,7 @@ class SharedTensor:
             SharedTensor.recorder.append((self, True))
         return backend.view(buf, self._shape)
 
-    def read_write(self, backend: "Backend") -> Any:
+    def read_write(self, backend: Backend) -> Any:
         """This tensor's data on ``backend``, synced, to modify in place; afterwards that copy is the only fresh one."""
         key = backend.key
         buf = self._sync(None if key == HOST else backend, key)

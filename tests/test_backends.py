@@ -8,9 +8,9 @@ import os
 
 import numpy as np
 import pytest
+from test_gradients import CASES
 
 import leafpy as lp
-from test_gradients import CASES
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 

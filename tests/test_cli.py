@@ -89,7 +89,8 @@ def test_diverging_loss_names_iteration_and_layer(tmp_path):
     cfg.write_text(text)
     p = run("train", str(cfg), "--out", str(tmp_path / "run"), "--epochs", "2")
     assert p.returncode == 1
-    assert re.search(r"the loss became (nan|inf) at iteration \d+; first non-finite output: (layer '\w+'|the objective)",
+    assert re.search(r"the loss became (nan|inf) at iteration \d+; "
+                     r"first non-finite output: (layer '\w+'|the objective)",
                      p.stderr), p.stderr
     assert "Traceback" not in p.stderr
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gradcheck import check_layer_gradients
 
 import leafpy as lp
-from gradcheck import check_layer_gradients
 
 
 def away_from_zero(rng, shape, gap=0.05):

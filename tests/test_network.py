@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import reference as ref
 
 import leafpy as lp
-import reference as ref
 
 
 def lenet_config(batch=8, force_backward=False):
@@ -35,7 +35,8 @@ def test_lenet_matches_loop_reference(native):
     dout = rng.standard_normal((8, 10)).astype(np.float32)
     out = net.forward([x])[0].to_numpy()
     dx = net.backward([dout])[0].to_numpy()
-    W = {n: w.to_numpy().astype(np.float64) for n, w in zip(net.learnable_weights_names(), net.learnable_weights_data())}
+    names = net.learnable_weights_names()
+    W = {n: w.to_numpy().astype(np.float64) for n, w in zip(names, net.learnable_weights_data())}
     G = {n: g.to_numpy() for n, g in zip(net.learnable_weights_names(), net.learnable_weights_gradients())}
 
     x64 = x.astype(np.float64)

@@ -6,10 +6,10 @@ import os
 
 import numpy as np
 import pytest
+from test_gradients import CASES, nested_config
 
 import leafpy as lp
 from leafpy import serialization
-from test_gradients import CASES, nested_config
 
 
 def _roundtrip(layer, path, backend, inputs):

@@ -11,7 +11,6 @@ import numpy as np
 
 from .base import Backend, Buffer, Pair
 
-
 DROPOUT_HASH_ROUNDS = ((16, 0x85EBCA6B), (13, 0xC2B2AE35), (16, 0))
 """The murmur3 finaliser: h ^= h >> 16; h *= 0x85EBCA6B; h ^= h >> 13; h *= 0xC2B2AE35; h ^= h >> 16."""
 

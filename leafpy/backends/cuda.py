@@ -173,14 +173,14 @@ class CudaBackend(ArrayBackend):
             if entry is None:
                 return step()
         graph, tensors = entry
-        for t, writes, buf in tensors:
+        for t, _, buf in tensors:
             if t.buffer_on(self.key) is not buf:  # reallocated since the recording
                 self._steps[key] = None
                 return step()
             if not t.is_fresh_on(self.key):
                 t.read(self)  # host data changed (weights set, say): upload into the same buffer
         graph.launch(self._step_stream)
-        for t, writes, buf in tensors:
+        for t, writes, _ in tensors:
             if writes:
                 t.mark_fresh_only(self.key)
 

@@ -12,8 +12,9 @@ batch size changes) -> ``run_forward`` / ``run_backward``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -39,7 +40,8 @@ class FillerConfig:
     std: float = 0.01
 
     def __post_init__(self) -> None:
-        kind = {"xavier": "glorot_uniform", "xavier_uniform": "glorot_uniform", "kaiming": "he"}.get(self.type, self.type)
+        aliases = {"xavier": "glorot_uniform", "xavier_uniform": "glorot_uniform", "kaiming": "he"}
+        kind = aliases.get(self.type, self.type)
         object.__setattr__(self, "type", _checks.choice("filler.type", kind, FILLER_TYPES))
         object.__setattr__(self, "value", _checks.number("filler.value", self.value))
         object.__setattr__(self, "std", _checks.number("filler.std", self.std, minimum=0.0))
@@ -293,7 +295,7 @@ class Layer:
     # --- construction ------------------------------------------------------------------------------------
     @staticmethod
     def from_config(backend: Backend, config: LayerConfig, *, seed: int | None = None,
-                    weight_registry: dict | None = None) -> "Layer":
+                    weight_registry: dict | None = None) -> Layer:
         """Build a layer (or a whole network, for a Sequential config) on ``backend``.
 
         ``seed`` makes weight initialisation and dropout reproducible.
@@ -309,7 +311,7 @@ class Layer:
                      _worker=entry.impl(config.config, config.name))
 
     @staticmethod
-    def load(backend: Backend, path: str) -> "Layer":
+    def load(backend: Backend, path: str) -> Layer:
         """Read a layer (config and weights) saved with :meth:`save`, or by Leaf 0.2.1."""
         from ..serialization import load_layer
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
-from .solver import UpdateRule
 from . import register_rule
+from .solver import UpdateRule
 
 
 @register_rule

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .solver import UpdateRule
 from . import register_rule
+from .solver import UpdateRule
 
 
 @register_rule

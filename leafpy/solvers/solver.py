@@ -8,8 +8,9 @@ formulas (``iteration`` counts updates).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -146,7 +147,7 @@ class Solver:
         self._generation = 0
 
     @staticmethod
-    def from_config(network_backend: Backend, objective_backend: Backend, config: SolverConfig) -> "Solver":
+    def from_config(network_backend: Backend, objective_backend: Backend, config: SolverConfig) -> Solver:
         """Build the network and objective of ``config`` on their backends."""
         if not isinstance(config, SolverConfig):
             raise ConfigError(f"Solver.from_config: expected a SolverConfig, got {type(config).__name__}")
@@ -290,7 +291,7 @@ class Solver:
         save_checkpoint(self, path)
 
     @staticmethod
-    def load_checkpoint(network_backend: Backend, objective_backend: Backend, path: str) -> "Solver":
+    def load_checkpoint(network_backend: Backend, objective_backend: Backend, path: str) -> Solver:
         """Resume a solver saved with :meth:`save_checkpoint`."""
         from ..serialization import load_checkpoint
 

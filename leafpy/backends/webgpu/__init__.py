@@ -46,7 +46,7 @@ class WView:
     def ndim(self) -> int:
         return len(self.shape)
 
-    def reshape(self, *shape: Any) -> "WView":
+    def reshape(self, *shape: Any) -> WView:
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
         shape = list(shape)

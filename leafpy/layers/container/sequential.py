@@ -18,8 +18,9 @@ input that needs a gradient, and some gradient reaches its outputs.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -160,7 +161,7 @@ class Sequential(Layer):
         # in-place decisions; 'keeps' tracks whether a storage's current contents are needed by a backward pass
         storage_of: dict[str, str] = {}
         keeps: dict[str, bool] = {}
-        for i, (layer, plan) in enumerate(zip(self.layers, plans)):
+        for layer, plan in zip(self.layers, plans):
             w = layer.worker
             reads_out = True if w is None else w.backward_reads_output
             if (w is not None and w.in_place and len(plan.inputs) == 1 and len(plan.outputs) == 1
@@ -262,7 +263,7 @@ class Sequential(Layer):
             receives.append(grads)  # type: ignore[arg-type]
         # a layer runs backward if some gradient reaches its outputs
         written: set[int] = set()
-        for i, (plan, grads) in enumerate(zip(self._plan, receives)):
+        for plan, grads in zip(self._plan, receives):
             for n, g in zip(plan.inputs, grads):
                 if g is not None:
                     written.add(id(blobs[n][0]))
