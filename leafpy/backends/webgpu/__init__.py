@@ -394,14 +394,14 @@ class WebGPUBackend(Backend):
         self._dispatch("classes", "softmax", _pack((rows, c, inner, 1)), [x, out], self._grid(rows))
 
     def softmax_grad(self, y, dy, dx):
-        rows, c, inner = self._rows(y)
-        self._dispatch("classes", "softmax_grad", _pack((rows, c, inner, 0)), self._no_alias([y, dy, dx]),
-                       self._grid(rows))
-        self._copy_back([y, dy, dx])
+        self._class_grad(y, dy, dx, log=False)
 
     def log_softmax_grad(self, y, dy, dx):
+        self._class_grad(y, dy, dx, log=True)
+
+    def _class_grad(self, y, dy, dx, log: bool) -> None:
         rows, c, inner = self._rows(y)
-        self._dispatch("classes", "softmax_grad", _pack((rows, c, inner, 1)), self._no_alias([y, dy, dx]),
+        self._dispatch("classes", "softmax_grad", _pack((rows, c, inner, int(log))), self._no_alias([y, dy, dx]),
                        self._grid(rows))
         self._copy_back([y, dy, dx])
 
@@ -459,10 +459,12 @@ class WebGPUBackend(Backend):
     def _conv_scratch(self, k: int, p: int, chunk: int, o: int) -> tuple[WView, WView]:
         return self._scratch_buffer(k * p * chunk, "cols"), self._scratch_buffer(o * p * chunk, "ymat")
 
-    def _conv_launch(self, entry: str, u: tuple, count: int, n0: int, nc: int, o: int, src: WView, dst: WView):
+    def _conv_launch(self, entry: str, u: tuple, count: int, n0: int, nc: int, o: int, src: WView, dst: WView,
+                     to_gemm: bool = False):
         uu = list(u)
         uu[0] = count
-        self._dispatch("conv", entry, _pack(tuple(uu), (n0, nc, o)), [src, dst], self._grid(count))
+        self._dispatch("conv", entry, _pack(tuple(uu), (n0, nc, o, 1.0 if to_gemm else 0.0)), [src, dst],
+                       self._grid(count))
 
     def conv2d(self, x, w, out, stride, padding, ws):
         n, c, o, k, p, chunk, u = self._conv_geometry(x.shape, w.shape, out.shape, stride, padding)
@@ -471,14 +473,14 @@ class WebGPUBackend(Backend):
             nc = min(chunk, n - n0)
             self._conv_launch("im2col", u, k * nc * p, n0, nc, o, x, cols)
             self._gemm(w, False, cols, False, ymat, o, nc * p, k, 1.0, 0.0)
-            self._conv_launch("scatter_out", u, nc * o * p, n0, nc, o, ymat, out)
+            self._conv_launch("relayout", u, nc * o * p, n0, nc, o, ymat, out)
 
     def conv2d_grad_data(self, dy, w, dx, stride, padding, ws):
         n, c, o, k, p, chunk, u = self._conv_geometry(dx.shape, w.shape, dy.shape, stride, padding)
         cols, ymat = self._conv_scratch(k, p, chunk, o)
         for n0 in range(0, n, chunk):
             nc = min(chunk, n - n0)
-            self._conv_launch("gather_dy", u, nc * o * p, n0, nc, o, dy, ymat)
+            self._conv_launch("relayout", u, nc * o * p, n0, nc, o, dy, ymat, to_gemm=True)
             self._gemm(w, True, ymat, False, cols, k, nc * p, o, 1.0, 0.0)
             h, wd = dx.shape[2], dx.shape[3]
             self._conv_launch("col2im", u, nc * c * h * wd, n0, nc, o, cols, dx)
@@ -489,7 +491,7 @@ class WebGPUBackend(Backend):
         for n0 in range(0, n, chunk):
             nc = min(chunk, n - n0)
             self._conv_launch("im2col", u, k * nc * p, n0, nc, o, x, cols)
-            self._conv_launch("gather_dy", u, nc * o * p, n0, nc, o, dy, ymat)
+            self._conv_launch("relayout", u, nc * o * p, n0, nc, o, dy, ymat, to_gemm=True)
             self._gemm(ymat, False, cols, True, dw, o, k, nc * p, 1.0, beta if n0 == 0 else 1.0)
 
     # --- pooling ------------------------------------------------------------------------------------------------

@@ -70,9 +70,10 @@ fn col2im(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     dst[((n * p.u1 + c) * p.u2 + h) * p.u3 + w] = s;
 }
 
-// y[n0 + nl][o][q] = tmp[o][nl * P + q]   (GEMM output -> NCHW); u0 = nc * O * P
+// between the GEMM layout [O][nc * P] and NCHW for samples n0.. n0 + nc; f3 = 0: GEMM -> NCHW (outputs),
+// f3 = 1: NCHW -> GEMM (output gradients). u0 = nc * O * P
 @compute @workgroup_size(256)
-fn scatter_out(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+fn relayout(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let idx = flat_index(gid, nw);
     if (idx >= p.u0) { return; }
     let P = lo(p.u7) * hi(p.u7);
@@ -81,19 +82,7 @@ fn scatter_out(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
     let q = idx % P;
     let o = (idx / P) % O;
     let nl = idx / (P * O);
-    dst[((u32(p.f0) + nl) * O + o) * P + q] = src[o * nc * P + nl * P + q];
-}
-
-// dyt[o][nl * P + q] = dy[n0 + nl][o][q]   (NCHW -> GEMM operand)
-@compute @workgroup_size(256)
-fn gather_dy(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
-    let idx = flat_index(gid, nw);
-    if (idx >= p.u0) { return; }
-    let P = lo(p.u7) * hi(p.u7);
-    let O = u32(p.f2);
-    let nc = u32(p.f1);
-    let q = idx % P;
-    let o = (idx / P) % O;
-    let nl = idx / (P * O);
-    dst[o * nc * P + nl * P + q] = src[((u32(p.f0) + nl) * O + o) * P + q];
+    let gemm = o * nc * P + nl * P + q;
+    let nchw = ((u32(p.f0) + nl) * O + o) * P + q;
+    if (p.f3 == 0.0) { dst[nchw] = src[gemm]; } else { dst[gemm] = src[nchw]; }
 }
