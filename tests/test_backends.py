@@ -201,8 +201,10 @@ def test_webgpu_adapter_choice_and_errors():
         lp.backend("webgpu", dtype="float64")
 
 
-@pytest.mark.parametrize("m,n,k,ta,tb,beta", [(70, 90, 50, False, False, 0.0), (20, 25, 5000, False, True, 0.0),
-                                              (30, 40, 9000, True, False, 0.5), (129, 65, 33, True, True, 1.0)])
+@pytest.mark.parametrize("m,n,k,ta,tb,beta", [
+    (70, 90, 50, False, False, 0.0), (20, 25, 5000, False, True, 0.0), (30, 40, 9000, True, False, 0.5),
+    (129, 65, 33, True, True, 1.0), (200, 130, 40, False, False, 0.0), (130, 257, 70, True, False, 1.0),
+    (140, 150, 3000, False, True, 0.5), (256, 128, 17, True, True, 0.0)])
 def test_gemm_shapes_transposes_and_split_k(device, m, n, k, ta, tb, beta):
     rng = np.random.default_rng(0)
     a = rng.random((k, m) if ta else (m, k), dtype=np.float32)
