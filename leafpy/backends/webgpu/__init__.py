@@ -24,7 +24,7 @@ from ..array import dropout_key, dropout_threshold
 from ..base import Backend
 
 _HERE = Path(__file__).parent
-_MODULES = ("elementwise", "reduce", "classes", "gemm", "gemm_big", "conv", "pool")
+_MODULES = ("elementwise", "reduce", "classes", "gemm", "conv", "pool")
 WG = 256
 
 
@@ -297,10 +297,7 @@ class WebGPUBackend(Backend):
             if v.raw.size > self.max_binding:
                 raise BackendError(f"webgpu: a {v.raw.size}-byte GEMM operand exceeds the device's storage binding "
                                    f"limit ({self.max_binding} bytes)")
-        big = m >= 128 and n >= 128
-        tile = 128 if big else 64
-        module = "gemm_big" if big else "gemm"
-        gx, gy = -(-n // tile), -(-m // tile)
+        gx, gy = -(-n // 64), -(-m // 64)
         if gx > self.max_groups or gy > self.max_groups:
             raise BackendError(f"webgpu: GEMM of {m}x{n} needs more workgroups than the device allows")
         tiles = gx * gy
@@ -310,14 +307,14 @@ class WebGPUBackend(Backend):
             while splits > 1 and splits * m * n * 4 > self.max_binding:
                 splits //= 2
         if splits == 1:
-            self._dispatch(module, module, _pack((m, n, k, flags, 0, 0, 0, k), (alpha, beta)), [a, b, out],
+            self._dispatch("gemm", "gemm", _pack((m, n, k, flags, 0, 0, 0, k), (alpha, beta)), [a, b, out],
                            (gx, gy, 1))
             return
         chunk = -(-k // splits)
         chunk = -(-chunk // 16) * 16
         splits = -(-k // chunk)
         partial = self._scratch_buffer(splits * m * n, "splitk")
-        self._dispatch(module, module, _pack((m, n, k, flags, 0, 0, 0, chunk), (1.0, 0.0)), [a, b, partial],
+        self._dispatch("gemm", "gemm", _pack((m, n, k, flags, 0, 0, 0, chunk), (1.0, 0.0)), [a, b, partial],
                        (gx, gy, splits))
         self._elementwise("split_sum", m * n, [partial, out], u=(0, splits), f=(alpha, beta), whole=(0,))
 
