@@ -113,3 +113,19 @@ def test_bad_input_gives_a_clear_error(tmp_path):
     assert p.returncode == 1 and "network.layers[0].num_output" in p.stderr
     p = run("evaluate", DIGITS, "--weights", str(bad))
     assert p.returncode == 1 and "leafpy: error:" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("backend", [pytest.param("webgpu", marks=pytest.mark.webgpu),
+                                     pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_train_on_a_device_backend(tmp_path, backend):
+    try:
+        lp.backend(backend)
+    except lp.BackendUnavailable as e:
+        pytest.skip(f"{backend} backend unavailable: {e}")
+    out = tmp_path / "run"
+    p = run("train", str(ROOT / "configs" / "digits_mlp.yaml"), "--backend", backend, "--epochs", "2",
+            "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    assert accuracy(p.stdout) >= 0.85
+    e = run("evaluate", str(ROOT / "configs" / "digits_mlp.yaml"), "--weights", str(out / "model.leaf"))
+    assert e.returncode == 0 and accuracy(e.stdout) == pytest.approx(accuracy(p.stdout), abs=0.01)

@@ -243,13 +243,15 @@ class ArrayBackend(Backend):
             ws["dy_t_fresh"] = True
         return t.reshape(o, -1)
 
-    def conv2d(self, x, w, out, stride, padding, ws):
+    def conv2d(self, x, w, out, stride, padding, ws, bias=None):
         o, c, kh, kw = w.shape
         n, _, oh, ow = out.shape
         cols = self._im2col(x, kh, kw, oh, ow, stride, padding, ws)
         y = self._scratch(ws, "y_t", (o, oh * ow * n), x.dtype)
         self.xp.matmul(w.reshape(o, -1), cols, out=y)
         out[...] = y.reshape(o, oh, ow, n).transpose(3, 0, 1, 2)
+        if bias is not None:
+            self.bias_add(out, bias)
         ws["dy_t_fresh"] = False  # a new forward pass: the next backward brings a new dy
 
     def conv2d_grad_filter(self, x, dy, dw, stride, padding, ws, beta=0.0):

@@ -151,8 +151,10 @@ class Backend:
         raise NotImplementedError
 
     # --- convolution and pooling ----------------------------------------------------------------------------
-    def conv2d(self, x: Buffer, w: Buffer, out: Buffer, stride: Pair, padding: Pair, ws: dict) -> None:
-        """Cross-correlation of NCHW ``x`` with ``w`` ``[O, C, kh, kw]`` into ``out`` ``[N, O, oh, ow]``."""
+    def conv2d(self, x: Buffer, w: Buffer, out: Buffer, stride: Pair, padding: Pair, ws: dict,
+               bias: Buffer | None = None) -> None:
+        """Cross-correlation of NCHW ``x`` with ``w`` ``[O, C, kh, kw]`` into ``out`` ``[N, O, oh, ow]``, plus
+        ``bias[o]`` on output channel o when given."""
         raise NotImplementedError
 
     def conv2d_grad_data(self, dy: Buffer, w: Buffer, dx: Buffer, stride: Pair, padding: Pair, ws: dict) -> None:

@@ -40,24 +40,30 @@ extern "C" __global__ void pool_fwd(const float* x, float* y, int* mask, int tot
     }
     if (is_max) { y[i] = best; mask[i] = arg; } else { y[i] = sum / (float)(kh * kw); }
 }
+// one thread per input element: the sum over the windows that contain it (a gather: no zeroing, no atomics)
 extern "C" __global__ void pool_bwd(const float* dy, float* dx, const int* mask, int total, int C, int H, int W,
         int OH, int OW, int kh, int kw, int sh, int sw, int ph, int pw, int is_max) {
     int i = blockDim.x * blockIdx.x + threadIdx.x;
     if (i >= total) return;
-    int ow = i % OW, oh = (i / OW) % OH, nc = i / (OW * OH);
-    float* dst = dx + (long long)nc * H * W;
-    int h0 = oh * sh - ph, w0 = ow * sw - pw;
-    float g = dy[i];
-    if (is_max) {
-        int a = mask[i] / kw, b = mask[i] % kw, h = h0 + a, w = w0 + b;
-        if (h >= 0 && h < H && w >= 0 && w < W) atomicAdd(dst + h * W + w, g);
-    } else {
-        float share = g / (float)(kh * kw);
-        for (int a = 0; a < kh; ++a) for (int b = 0; b < kw; ++b) {
-            int h = h0 + a, w = w0 + b;
-            if (h >= 0 && h < H && w >= 0 && w < W) atomicAdd(dst + h * W + w, share);
+    int w = i % W, h = (i / W) % H, nc = i / (W * H);
+    const float* g = dy + (long long)nc * OH * OW;
+    const int* m = mask + (long long)nc * OH * OW;
+    float s = 0.f;
+    for (int a = 0; a < kh; ++a) {
+        int ty = h + ph - a;
+        if (ty < 0 || ty % sh) continue;
+        int y = ty / sh;
+        if (y >= OH) continue;
+        for (int b = 0; b < kw; ++b) {
+            int tx = w + pw - b;
+            if (tx < 0 || tx % sw) continue;
+            int x = tx / sw;
+            if (x >= OW) continue;
+            int o = y * OW + x;
+            if (is_max) { if (m[o] == a * kw + b) s += g[o]; } else { s += g[o] / (float)(kh * kw); }
         }
     }
+    dx[i] = s;
 }
 """
 
@@ -276,16 +282,22 @@ class CudaBackend(ArrayBackend):
     def pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding):
         if self.dtype != np.float32:
             return super().pool2d_grad(dy, dx, mask, mode, kernel, stride, padding)
-        dx.fill(0)
-        total, args = self._pool_args(dx.shape, dy.shape, kernel, stride, padding, mode == "max")
+        _, args = self._pool_args(dx.shape, dy.shape, kernel, stride, padding, mode == "max")
+        total = dx.size
+        args = (np.int32(total),) + args[1:]
         m = mask if mask is not None else dy
         self._pool_module.get_function("pool_bwd")(((total + 255) // 256,), (256,), (dy, dx, m) + args)
 
     # --- convolution through cuDNN graphs -----------------------------------------------------------------------
-    def conv2d(self, x, w, out, stride, padding, ws):
+    def conv2d(self, x, w, out, stride, padding, ws, bias=None):
         if self._cudnn is None:
-            return super().conv2d(x, w, out, stride, padding, ws)
+            return super().conv2d(x, w, out, stride, padding, ws, bias)
+        if bias is not None and self._cudnn.run("fprop_bias", x.shape, w.shape, out.shape, stride, padding, x, w,
+                                                out, 0.0, bias):
+            return
         self._cudnn.run("fprop", x.shape, w.shape, out.shape, stride, padding, x, w, out, 0.0)
+        if bias is not None:
+            self.bias_add(out, bias)
 
     def conv2d_grad_data(self, dy, w, dx, stride, padding, ws):
         if self._cudnn is None:
@@ -363,7 +375,7 @@ def _nchw_strides(shape: tuple[int, ...]) -> list[int]:
 class _CudnnConv:
     """cuDNN frontend graphs for the three convolution passes, one graph per (pass, shapes, stride, padding)."""
 
-    MAX_WORKSPACE = 256 << 20
+    MAX_WORKSPACE = 64 << 20
     """Plans that need more scratch memory than this are not considered."""
 
     def __init__(self, cp: Any, tf32: bool) -> None:
@@ -382,12 +394,16 @@ class _CudnnConv:
         f32 = cudnn.data_type.FLOAT
         g = cudnn.pygraph(io_data_type=f32, intermediate_data_type=f32, compute_data_type=f32, handle=self.handle)
         pad, st, dil = list(padding), list(stride), [1, 1]
-        if kind == "fprop":
+        if kind in ("fprop", "fprop_bias"):
             X = g.tensor(name="X", dim=list(x_shape), stride=_nchw_strides(x_shape), data_type=f32)
             W = g.tensor(name="W", dim=list(w_shape), stride=_nchw_strides(w_shape), data_type=f32)
             Y = g.conv_fprop(image=X, weight=W, padding=pad, stride=st, dilation=dil, compute_data_type=f32)
+            if kind == "fprop_bias":
+                o = w_shape[0]
+                Bt = g.tensor(name="B", dim=[1, o, 1, 1], stride=[o, 1, 1, 1], data_type=f32)
+                Y = g.bias(name="bias", input=Y, bias=Bt)
             Y.set_output(True).set_dim(list(y_shape)).set_stride(_nchw_strides(y_shape)).set_data_type(f32)
-            names = (X, W, Y)
+            names = (X, W, Y) if kind == "fprop" else (X, W, Y, Bt)
         elif kind == "dgrad":
             DY = g.tensor(name="DY", dim=list(y_shape), stride=_nchw_strides(y_shape), data_type=f32)
             W = g.tensor(name="W", dim=list(w_shape), stride=_nchw_strides(w_shape), data_type=f32)
@@ -446,21 +462,28 @@ class _CudnnConv:
             self.workspace = cp.empty(size, dtype=cp.uint8)
         return best
 
-    def run(self, kind, x_shape, w_shape, y_shape, stride, padding, x, w, y, beta) -> None:
+    def run(self, kind, x_shape, w_shape, y_shape, stride, padding, x, w, y, beta, bias=None) -> bool:
+        """Run one pass; False when cuDNN has no engine for it (only asked of optional fusions)."""
         key = (kind, tuple(x_shape), tuple(w_shape), tuple(y_shape), tuple(stride), tuple(padding))
         entry = self.graphs.get(key)
         if entry is None:
             try:
                 entry = (*self._build(kind, x_shape, w_shape, y_shape, stride, padding), None)
             except Exception as e:
+                if kind == "fprop_bias":
+                    self.graphs[key] = "unsupported"
+                    return False
                 raise BackendError(f"cuDNN could not build a {kind} graph for input {tuple(x_shape)}, filter "
                                    f"{tuple(w_shape)}: {e}") from e
             self.graphs[key] = entry
+        if entry == "unsupported":
+            return False
         self.cudnn.set_stream(handle=self.handle, stream=self.cp.cuda.get_current_stream().ptr)
-        g, (a, b, c), plan = entry
-        pack = {a: x.data.ptr, b: w.data.ptr, c: y.data.ptr}
+        g, tensors, plan = entry
+        pack = {t: arr.data.ptr for t, arr in zip(tensors, (x, w, y, bias))}
         if plan is None:
             # the first run on real buffers picks the plan (outputs are overwritten, so timing them is harmless)
             plan = self._autotune(g, pack)
-            self.graphs[key] = (g, (a, b, c), plan)
+            self.graphs[key] = (g, tensors, plan)
         g.execute_plan_at_index(pack, self.workspace.data.ptr, plan, handle=self.handle)
+        return True

@@ -466,7 +466,7 @@ class WebGPUBackend(Backend):
         self._dispatch("conv", entry, _pack(tuple(uu), (n0, nc, o, 1.0 if to_gemm else 0.0)), [src, dst],
                        self._grid(count))
 
-    def conv2d(self, x, w, out, stride, padding, ws):
+    def conv2d(self, x, w, out, stride, padding, ws, bias=None):
         n, c, o, k, p, chunk, u = self._conv_geometry(x.shape, w.shape, out.shape, stride, padding)
         cols, ymat = self._conv_scratch(k, p, chunk, o)
         for n0 in range(0, n, chunk):
@@ -474,6 +474,8 @@ class WebGPUBackend(Backend):
             self._conv_launch("im2col", u, k * nc * p, n0, nc, o, x, cols)
             self._gemm(w, False, cols, False, ymat, o, nc * p, k, 1.0, 0.0)
             self._conv_launch("relayout", u, nc * o * p, n0, nc, o, ymat, out)
+        if bias is not None:
+            self.bias_add(out, bias)
 
     def conv2d_grad_data(self, dy, w, dx, stride, padding, ws):
         n, c, o, k, p, chunk, u = self._conv_geometry(dx.shape, w.shape, dy.shape, stride, padding)

@@ -65,9 +65,7 @@ class Convolution(Worker):
 
     def forward(self, backend, x, w, y):
         c = self.config
-        backend.conv2d(x[0], w[0], y[0], c.stride, c.padding, self.ws)
-        if c.bias:
-            backend.bias_add(y[0], w[1])
+        backend.conv2d(x[0], w[0], y[0], c.stride, c.padding, self.ws, w[1] if c.bias else None)
 
     def backward_input(self, backend, x, y, dy, w, dx):
         if dx[0] is not None:
