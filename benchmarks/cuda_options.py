@@ -14,9 +14,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from train_step import NETWORKS, leafpy_solver  # noqa: E402
+
 import leafpy as lp  # noqa: E402
 from leafpy.backends import cuda  # noqa: E402
-from train_step import NETWORKS, leafpy_solver  # noqa: E402
 
 
 def step_ms(be, name: str, steps: int = 20) -> float:
