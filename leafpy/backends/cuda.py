@@ -386,7 +386,6 @@ class _CudnnConv:
         self.cudnn = cudnn
         self.cp = cp
         self.tf32 = tf32
-        self.fuse_bias = fuse_bias
         self.handle = cudnn.create_handle()
         self.graphs: dict = {}
         self.workspace = cp.empty(0, dtype=cp.uint8)
