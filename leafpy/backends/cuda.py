@@ -40,30 +40,26 @@ extern "C" __global__ void pool_fwd(const float* x, float* y, int* mask, int tot
     }
     if (is_max) { y[i] = best; mask[i] = arg; } else { y[i] = sum / (float)(kh * kw); }
 }
-// one thread per input element: the sum over the windows that contain it (a gather: no zeroing, no atomics)
+// one thread per output element adds its gradient where the forward pass took its value (measured faster on an
+// H200 than one thread per input element gathering over its windows)
 extern "C" __global__ void pool_bwd(const float* dy, float* dx, const int* mask, int total, int C, int H, int W,
         int OH, int OW, int kh, int kw, int sh, int sw, int ph, int pw, int is_max) {
     int i = blockDim.x * blockIdx.x + threadIdx.x;
     if (i >= total) return;
-    int w = i % W, h = (i / W) % H, nc = i / (W * H);
-    const float* g = dy + (long long)nc * OH * OW;
-    const int* m = mask + (long long)nc * OH * OW;
-    float s = 0.f;
-    for (int a = 0; a < kh; ++a) {
-        int ty = h + ph - a;
-        if (ty < 0 || ty % sh) continue;
-        int y = ty / sh;
-        if (y >= OH) continue;
-        for (int b = 0; b < kw; ++b) {
-            int tx = w + pw - b;
-            if (tx < 0 || tx % sw) continue;
-            int x = tx / sw;
-            if (x >= OW) continue;
-            int o = y * OW + x;
-            if (is_max) { if (m[o] == a * kw + b) s += g[o]; } else { s += g[o] / (float)(kh * kw); }
+    int ow = i % OW, oh = (i / OW) % OH, nc = i / (OW * OH);
+    float* dst = dx + (long long)nc * H * W;
+    int h0 = oh * sh - ph, w0 = ow * sw - pw;
+    float g = dy[i];
+    if (is_max) {
+        int a = mask[i] / kw, b = mask[i] % kw, h = h0 + a, w = w0 + b;
+        if (h >= 0 && h < H && w >= 0 && w < W) atomicAdd(dst + h * W + w, g);
+    } else {
+        float share = g / (float)(kh * kw);
+        for (int a = 0; a < kh; ++a) for (int b = 0; b < kw; ++b) {
+            int h = h0 + a, w = w0 + b;
+            if (h >= 0 && h < H && w >= 0 && w < W) atomicAdd(dst + h * W + w, share);
         }
     }
-    dx[i] = s;
 }
 """
 
@@ -284,9 +280,8 @@ class CudaBackend(ArrayBackend):
     def pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding):
         if self.dtype != np.float32:
             return super().pool2d_grad(dy, dx, mask, mode, kernel, stride, padding)
-        _, args = self._pool_args(dx.shape, dy.shape, kernel, stride, padding, mode == "max")
-        total = dx.size
-        args = (np.int32(total),) + args[1:]
+        dx.fill(0)
+        total, args = self._pool_args(dx.shape, dy.shape, kernel, stride, padding, mode == "max")
         m = mask if mask is not None else dy
         self._pool_module.get_function("pool_bwd")(((total + 255) // 256,), (256,), (dy, dx, m) + args)
 
