@@ -9,23 +9,17 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from train_step import NETWORKS, leafpy_solver  # noqa: E402
+from train_step import solver_and_batch  # noqa: E402
 
 import leafpy as lp  # noqa: E402
 from leafpy.backends import cuda  # noqa: E402
 
 
 def step_ms(be, name: str, steps: int = 20) -> float:
-    make, batch, shape, classes = NETWORKS[name]
-    s = leafpy_solver(be, make(), batch, classes)
-    rng = np.random.default_rng(0)
-    x = lp.SharedTensor.from_numpy(rng.random((batch, *shape), dtype=np.float32))
-    y = lp.SharedTensor.from_numpy(rng.integers(0, classes, batch).astype(np.float32))
+    s, x, y = solver_and_batch(be, name)
     for _ in range(5):
         s.train_minibatch(x, y)
     be.synchronize()

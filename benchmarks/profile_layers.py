@@ -12,12 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from train_step import NETWORKS, leafpy_solver  # noqa: E402
+from train_step import NETWORKS, solver_and_batch  # noqa: E402
 
 import leafpy as lp  # noqa: E402
 
@@ -29,11 +27,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=10)
     args = p.parse_args()
     be = lp.backend(args.backend, graphs=False) if args.backend == "cuda" else lp.backend(args.backend)
-    make, batch, shape, classes = NETWORKS[args.net]
-    solver = leafpy_solver(be, make(), batch, classes)
-    rng = np.random.default_rng(0)
-    x = lp.SharedTensor.from_numpy(rng.random((batch, *shape), dtype=np.float32))
-    y = lp.SharedTensor.from_numpy(rng.integers(0, classes, batch).astype(np.float32))
+    solver, x, y = solver_and_batch(be, args.net)
     for _ in range(3):
         solver.train_minibatch(x, y)
     times: collections.Counter = collections.Counter()

@@ -69,6 +69,16 @@ GPU_ONLY = {"alexnet128"}
 
 
 # --- leafpy -----------------------------------------------------------------------------------------------------
+def solver_and_batch(backend, name: str) -> tuple[lp.Solver, lp.SharedTensor, lp.SharedTensor]:
+    """A solver for one of NETWORKS and a random batch for it (used by the other benchmark scripts)."""
+    make, batch, shape, classes = NETWORKS[name]
+    solver = leafpy_solver(backend, make(), batch, classes)
+    rng = np.random.default_rng(0)
+    x = lp.SharedTensor.from_numpy(rng.random((batch, *shape), dtype=np.float32))
+    y = lp.SharedTensor.from_numpy(rng.integers(0, classes, batch).astype(np.float32))
+    return solver, x, y
+
+
 def leafpy_solver(backend, net_cfg: lp.LayerConfig, batch: int, classes: int) -> lp.Solver:
     obj = lp.SequentialConfig(inputs=[("network_out", [batch, classes]), ("label", [batch, 1])])
     obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=classes)))

@@ -143,6 +143,7 @@ class Solver:
                                                 for w in weights]
         self._accum = [SharedTensor(w.shape, dtype) for w in weights] if config.minibatch_size > 1 else []
         self._scratch = SharedTensor((1,), dtype)
+        self._norm = SharedTensor((1,), dtype)
         self._target: SharedTensor | None = None
         self._generation = 0
 
@@ -269,12 +270,13 @@ class Solver:
             self.rule.update(be, wb, g, st, rate * wc.lr_mult, self.iteration)
 
     def _clip(self, be: Backend, g_bufs: list[Any], threshold: float) -> None:
-        scratch = self._scratch.write(be)
-        total = 0.0
+        # the squared norms add up on the device; one scalar comes back
+        scratch, total = self._scratch.write(be), self._norm.write(be)
+        be.fill(0.0, total)
         for g in g_bufs:
             be.dot(g, g, scratch)
-            total += be.read_scalar(scratch)
-        norm = math.sqrt(total)
+            be.axpby(1.0, scratch, 1.0, total)
+        norm = math.sqrt(max(be.read_scalar(total), 0.0))
         if norm > threshold:
             for g in g_bufs:
                 be.scal(threshold / norm, g)
