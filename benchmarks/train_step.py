@@ -165,6 +165,8 @@ def bench_network(name: str, backend, torch, device: str, args) -> dict:
     ys = [rng.integers(0, classes, batch) for _ in range(4)]
     if backend.name == "native":
         tracemalloc.start()  # numpy reports its buffers to tracemalloc: the peak of everything leafpy holds
+    elif backend.name == "cuda":
+        backend.track_memory()  # peak bytes in use, as torch.cuda.max_memory_allocated counts
     solver = leafpy_solver(backend, make(), batch, classes)
     row: dict = {"network": name, "batch": batch}
     initial = [w.to_numpy() for w in solver.network.learnable_weights_data()]

@@ -100,6 +100,7 @@ class CudaBackend(ArrayBackend):
         self._capture_blas: _CaptureBlas | None = None
         self._capturing = False
         self._step_pool = cupy.cuda.MemoryPool()  # private: addresses baked into recorded steps stay theirs
+        self._peak_used = 0
         self._step_stream = cupy.cuda.Stream()  # blocking: ordered with work on the default stream
         if use_cudnn is not False:
             try:
@@ -148,8 +149,35 @@ class CudaBackend(ArrayBackend):
         self.device.synchronize()
 
     def peak_memory(self) -> int:
-        """Bytes held by CuPy's memory pool (it keeps freed blocks, so this is close to the peak)."""
+        """The most bytes in use at once (blocks handed out by CuPy's pools, cached free blocks not counted)
+        since :meth:`track_memory`; before that, what the pools hold, free blocks included."""
+        if self._peak_used:
+            return self._peak_used
         return int(self.xp.get_default_memory_pool().total_bytes() + self._step_pool.total_bytes())
+
+    def track_memory(self) -> None:
+        """Record the peak of bytes in use from now on (routes CuPy's default allocator through a counter; a
+        second call starts a new peak)."""
+        default = self.xp.get_default_memory_pool()
+
+        def tracked(size: int) -> Any:
+            mem = default.malloc(size)
+            self._note_usage()
+            return mem
+
+        self.xp.cuda.set_allocator(tracked)
+        self._peak_used = 0
+        self._note_usage()
+
+    def _note_usage(self) -> None:
+        used = self.xp.get_default_memory_pool().used_bytes() + self._step_pool.used_bytes()
+        if used > self._peak_used:
+            self._peak_used = int(used)
+
+    def _step_malloc(self, size: int) -> Any:
+        mem = self._step_pool.malloc(size)
+        self._note_usage()
+        return mem
 
     def _scalar(self, v: float) -> Any:
         return self.dtype.type(v)
@@ -163,7 +191,7 @@ class CudaBackend(ArrayBackend):
         cp = self.xp
         if key not in self._steps:
             # first sight: run eagerly from the private pool, so the recording finds every block it needs
-            with cp.cuda.using_allocator(self._step_pool.malloc):
+            with cp.cuda.using_allocator(self._step_malloc):
                 step()
             if len(self._steps) >= self.MAX_RECORDED_STEPS:
                 self._steps.pop(next(iter(self._steps)))
@@ -201,7 +229,7 @@ class CudaBackend(ArrayBackend):
             self._capture_blas.prepare(stream)
             SharedTensor.recorder = accesses
             self._capturing = True
-            with cp.cuda.using_allocator(self._step_pool.malloc), stream:
+            with cp.cuda.using_allocator(self._step_malloc), stream:
                 stream.begin_capture()
                 try:
                     step()
