@@ -215,3 +215,16 @@ def test_gemm_shapes_transposes_and_split_k(device, m, n, k, ta, tb, beta):
                 tc.read_write(device), 2.0, beta)
     ref = 2.0 * ((a.T if ta else a) @ (b.T if tb else b)) + beta * c0
     close(tc.to_numpy(), ref, "gemm", rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.cuda
+def test_cuda_tracks_peak_memory_in_use():
+    try:
+        be = lp.backend("cuda", graphs=False)
+    except lp.BackendUnavailable as e:
+        pytest.skip(f"cuda backend unavailable: {e}")
+    be.track_memory()
+    t = lp.SharedTensor((1 << 20,))
+    t.write(be)
+    assert be.peak_memory() >= 4 << 20
+    del t
