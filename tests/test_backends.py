@@ -228,3 +228,26 @@ def test_cuda_tracks_peak_memory_in_use():
     t.write(be)
     assert be.peak_memory() >= 4 << 20
     del t
+
+
+@pytest.mark.cuda
+def test_cuda_graphs_of_a_deleted_solver_are_not_replayed_for_a_new_one():
+    import gc
+
+    try:
+        graphs = lp.backend("cuda")
+        eager = lp.backend("cuda", graphs=False)
+    except lp.BackendUnavailable as e:
+        pytest.skip(f"cuda backend unavailable: {e}")
+    ds = lp.data.digits()
+    x, y = ds.x_train[:32], ds.y_train[:32]
+    for round_ in range(3):  # new solvers often land at a deleted one's address
+        losses = []
+        for be in (graphs, eager):
+            s = _solver(be, solver="momentum")
+            for _ in range(4):
+                s.train_minibatch(x, y)
+            losses.append(s.loss())
+            del s
+            gc.collect()
+        assert losses[0] == pytest.approx(losses[1], rel=1e-4), f"round {round_}"

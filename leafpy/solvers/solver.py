@@ -21,6 +21,7 @@ from ..layers.layer import Layer, LayerConfig, WeightConfig
 from ..tensor import SharedTensor
 
 LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
+_SOLVER_TOKENS = itertools.count()
 
 
 @dataclass(frozen=True, kw_only=True)
