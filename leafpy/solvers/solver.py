@@ -7,6 +7,7 @@ formulas (``iteration`` counts updates).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -135,6 +136,7 @@ class Solver:
         self.objective = objective
         self.config = config
         self.iteration = 0
+        self._token = next(_SOLVER_TOKENS)  # unique for the process's life (id() is reused after deletion)
         self.rule: UpdateRule = update_rules()[config.solver](config)
         self._calls = 0  # train_minibatch calls since the last update
         be = network.backend
@@ -241,7 +243,7 @@ class Solver:
             self._update(grads, rate)
 
         # a step whose launches depend only on shapes and the rate may be recorded and replayed by the backend
-        be.run_step((id(self), self._generation, rate) if self._replayable() else None, step)
+        be.run_step((self._token, self._generation, rate) if self._replayable() else None, step)
         if k > 1:
             self._calls = 0 if update_now else self._calls + 1
         if update_now:
