@@ -6,6 +6,8 @@ copy is counted, so tests can prove that a GPU training step does not move data 
 
 Several SharedTensors may share one storage with different shapes (``alias``): that is how layers run in place
 (an in-place ReLU's output is its input's storage; a Reshape's output is the same storage seen with a new shape).
+A tensor may also use only the first elements of a larger storage (``prefix_view``): a container shares one
+gradient buffer between layers whose backward passes do not overlap.
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ class SharedTensor:
 
     @property
     def size(self) -> int:
-        return self._st.size
+        return math.prod(self._shape)
 
     @property
     def dtype(self) -> np.dtype:
@@ -99,22 +101,42 @@ class SharedTensor:
     def reshape(self, shape: Sequence[int]) -> None:
         """See the same data with a new shape of the same size; buffers are kept."""
         new = _as_shape(shape)
-        if math.prod(new) != self._st.size:
+        if math.prod(new) != self.size:
             raise ShapeError(
-                f"SharedTensor.reshape: {self._shape} has {self._st.size} elements, {new} has {math.prod(new)}; "
+                f"SharedTensor.reshape: {self._shape} has {self.size} elements, {new} has {math.prod(new)}; "
                 "use resize() to change the size"
             )
         self._shape = new
 
     def resize(self, shape: Sequence[int]) -> None:
-        """Change the shape; when the size changes, buffers are dropped and the data reads as zeros."""
+        """Change the shape; when the size changes the data reads as zeros (buffers are reallocated only to grow,
+        so a batch that shrinks and grows back keeps its memory)."""
         new = _as_shape(shape)
         n = math.prod(new)
-        if n != self._st.size:
-            self._st.copies.clear()
-            self._st.fresh.clear()
-            self._st.size = n
+        if n != self.size:
+            st = self._st
+            if n > st.size:
+                st.copies.clear()
+                st.size = n
+            st.fresh.clear()
         self._shape = new
+
+    def prefix_view(self, shape: Sequence[int]) -> "SharedTensor":
+        """Another tensor over the first ``prod(shape)`` elements of this tensor's storage (grown if needed)."""
+        new = _as_shape(shape)
+        st = self._st
+        if math.prod(new) > st.size:
+            st.copies.clear()
+            st.fresh.clear()
+            st.size = math.prod(new)
+        t = SharedTensor.__new__(SharedTensor)
+        t._st = st
+        t._shape = new
+        return t
+
+    def _prefix(self, buf: Any) -> Any:
+        n = math.prod(self._shape)
+        return buf if n == self._st.size else buf[:n]
 
     # --- access -------------------------------------------------------------------------------------------
     def _buffer(self, backend: Backend | None, key: str) -> Any:
@@ -159,7 +181,7 @@ class SharedTensor:
         buf = self._sync(None if key == HOST else backend, key)
         if SharedTensor.recorder is not None:
             SharedTensor.recorder.append((self, False))
-        return backend.view(buf, self._shape)
+        return backend.view(self._prefix(buf), self._shape)
 
     def write(self, backend: Backend) -> Any:
         """A buffer on ``backend`` to overwrite completely; afterwards that copy is the only fresh one."""
@@ -170,7 +192,7 @@ class SharedTensor:
         st.fresh.add(key)
         if SharedTensor.recorder is not None:
             SharedTensor.recorder.append((self, True))
-        return backend.view(buf, self._shape)
+        return backend.view(self._prefix(buf), self._shape)
 
     def read_write(self, backend: Backend) -> Any:
         """This tensor's data on ``backend``, synced, to modify in place; afterwards that copy is the only fresh one."""
@@ -182,7 +204,7 @@ class SharedTensor:
             st.fresh.add(key)
         if SharedTensor.recorder is not None:
             SharedTensor.recorder.append((self, True))
-        return backend.view(buf, self._shape)
+        return backend.view(self._prefix(buf), self._shape)
 
     def buffer_on(self, key: str) -> Any:
         """The flat buffer of the copy on backend ``key`` (None if there is none), without syncing."""
@@ -196,18 +218,18 @@ class SharedTensor:
 
     def to_numpy(self) -> np.ndarray:
         """A host copy of the data (syncs from a device when the host copy is stale)."""
-        return self._sync(None, HOST).reshape(self._shape).copy()
+        return self._prefix(self._sync(None, HOST)).reshape(self._shape).copy()
 
     def set(self, array: Any) -> None:
         """Copy host data in (cast to this tensor's dtype); every device copy becomes stale."""
         a = np.asarray(array)
         if a.shape != self._shape:
-            if a.size == self._st.size and a.ndim <= 1 and len(self._shape) <= 1:
+            if a.size == self.size and a.ndim <= 1 and len(self._shape) <= 1:
                 a = a.reshape(self._shape)
             else:
                 raise ShapeError(f"SharedTensor.set: expected an array of shape {self._shape}, got {a.shape}")
         buf = self._buffer(None, HOST)
-        np.copyto(buf.reshape(self._shape), a, casting="unsafe")
+        np.copyto(self._prefix(buf).reshape(self._shape), a, casting="unsafe")
         st = self._st
         st.fresh.clear()
         st.fresh.add(HOST)
@@ -216,7 +238,7 @@ class SharedTensor:
         """The host data without syncing or copying, or None when the host copy is stale (for cheap checks)."""
         if HOST not in self._st.fresh:
             return None
-        return self._st.copies[HOST][1].reshape(self._shape)
+        return self._prefix(self._st.copies[HOST][1]).reshape(self._shape)
 
     def is_fresh_on(self, key: str) -> bool:
         return key in self._st.fresh

@@ -46,6 +46,12 @@ class WView:
     def ndim(self) -> int:
         return len(self.shape)
 
+    def __getitem__(self, index: slice) -> WView:
+        """A prefix of a flat buffer (``buf[:n]``), the only slicing SharedTensor needs."""
+        if not isinstance(index, slice) or index.start not in (None, 0) or index.step not in (None, 1):
+            raise BackendError("webgpu: a buffer view can only be cut to a prefix")
+        return WView(self.raw, (min(index.stop, self.size),), self.dtype)
+
     def reshape(self, *shape: Any) -> WView:
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
