@@ -121,7 +121,7 @@ class SharedTensor:
             st.fresh.clear()
         self._shape = new
 
-    def prefix_view(self, shape: Sequence[int]) -> "SharedTensor":
+    def prefix_view(self, shape: Sequence[int]) -> SharedTensor:
         """Another tensor over the first ``prod(shape)`` elements of this tensor's storage (grown if needed)."""
         new = _as_shape(shape)
         st = self._st
