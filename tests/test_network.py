@@ -330,3 +330,17 @@ def test_weight_fillers(native):
         w = layer.learnable_weights_data()[0].to_numpy()
         assert check(w), filler
         assert np.all(layer.learnable_weights_data()[1].to_numpy() == 0)
+
+
+def test_output_gradients_share_two_buffers_in_a_chain(native, rng):
+    net = lp.Layer.from_config(native, lp.LayerConfig("lenet", lenet_config(batch=4)), seed=0)
+    net.forward([rng.random((4, 1, 28, 28)).astype(np.float32)])
+    net.backward([np.ones((4, 10), np.float32)])
+    inner = net.layers[:-1]  # the last layer's output gradient comes from outside
+    storages = {id(layer.output_grads[0]._st) for layer in inner if layer.runs_backward}
+    assert len(storages) == 2
+    # a layer's output gradient and the gradient it writes for its input never share storage
+    for layer in inner:
+        for g in layer.input_grads:
+            if g is not None and not layer.in_place:
+                assert not g.shares_storage(layer.output_grads[0]), layer.name

@@ -99,6 +99,7 @@ class Sequential(Layer):
             for c in cfg.layers
         ]
         self._plan = self._wire()
+        self._grad_pool: list[SharedTensor] = []
         self._input_needs_grad = [cfg.force_backward] * len(self.input_names)
         self._bound_shapes: list[tuple[int, ...]] | None = None
         if self.input_shapes and weight_registry is None:
@@ -270,6 +271,7 @@ class Sequential(Layer):
         for i, layer in enumerate(self.layers):
             reached = i == len(self.layers) - 1 or any(id(blobs[n][0]) in written for n in self._plan[i].outputs)
             layer.runs_backward = reached and (layer.has_weights or any(g is not None for g in layer.input_grads))
+        self._share_gradients()
         # shared weights: the first layer to run backward writes the gradient, the others add to it
         seen: set[int] = set()
         for layer in reversed(self.layers):
@@ -279,6 +281,59 @@ class Sequential(Layer):
                 layer.weight_beta[k] = 1.0 if id(g) in seen else 0.0
                 seen.add(id(g))
         self._bound_shapes = [t.shape for t in inputs]
+
+    def _share_gradients(self) -> None:
+        """Give output gradients whose lifetimes never overlap one storage. Backward runs from the last layer to
+        the first; a blob's gradient is written by its consumer and read by its producer (and by the in-place
+        layers between them, which work on the same storage), so in a chain two buffers serve every layer."""
+        layers, plans = self.layers, self._plan
+        consumer = {n: i for i, plan in enumerate(plans) for n in plan.inputs}
+        groups: list[dict] = []
+        group_of: dict[str, dict] = {}
+        for i, (layer, plan) in enumerate(zip(layers, plans)):
+            if isinstance(layer, Sequential) or len(plan.outputs) != 1:
+                continue
+            if plan.in_place:
+                g = group_of.get(plan.inputs[0])
+                if g is None:
+                    continue
+                g["members"].append(i)
+            else:
+                g = {"root": i, "members": [i]}
+                groups.append(g)
+            g["blob"] = plan.outputs[0]
+            group_of[plan.outputs[0]] = g
+        usable = []
+        for g in groups:
+            c = consumer.get(g["blob"])  # None: the container's output, whose gradient comes from outside
+            if c is None or isinstance(layers[c], Sequential):
+                continue
+            k = plans[c].inputs.index(g["blob"])
+            if layers[c].input_grads[k] is None:
+                continue
+            g["consumer"], g["k"] = c, k
+            usable.append(g)
+        slots: list[list] = []  # [storage, index of the layer that last reads it]
+        pool = iter(self._grad_pool)
+        used: list[SharedTensor] = []
+        for g in sorted(usable, key=lambda g: -g["consumer"]):
+            for slot in slots:
+                if g["consumer"] < slot[1]:  # the occupant's gradient is consumed before this one is written
+                    slot[1] = g["root"]
+                    storage = slot[0]
+                    break
+            else:
+                storage = next(pool, None) or SharedTensor((1,), self.backend.dtype)
+                used.append(storage)
+                slots.append([storage, g["root"]])
+            for m in g["members"]:
+                layer = layers[m]
+                layer.output_grads = [storage.prefix_view(layer.outputs[0].shape)]
+                if m != g["root"]:
+                    layer.input_grads = [storage.prefix_view(layer.inputs[0].shape)]
+            c = layers[g["consumer"]]
+            c.input_grads[g["k"]] = storage.prefix_view(c.inputs[g["k"]].shape)
+        self._grad_pool = used
 
     def _explain(self, e: ShapeError, plan: _Plan, blobs: dict) -> str:
         parts = []
