@@ -222,8 +222,16 @@ def _read_message(path: str | os.PathLike, struct: str) -> Any:
 
 
 def _short(e: Exception) -> str:
-    text = str(e).strip().splitlines()
-    return text[-1][:200] if text else type(e).__name__
+    """The reason in a capnp exception, without its source location and stack addresses."""
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip() and not ln.startswith("stack:")]
+    if not lines:
+        return type(e).__name__
+    text = lines[0]
+    if "failed:" in text:
+        text = text.split("failed:", 1)[1].strip()
+    if "; " in text and text.startswith("expected "):
+        text = text.split("; ", 1)[1]  # capnp's internal condition, then its explanation
+    return text[:200]
 
 
 def _guard(path: str, fn: Callable[[], Any]) -> Any:
