@@ -251,3 +251,18 @@ def test_cuda_graphs_of_a_deleted_solver_are_not_replayed_for_a_new_one():
             del s
             gc.collect()
         assert losses[0] == pytest.approx(losses[1], rel=1e-4), f"round {round_}"
+
+
+@pytest.mark.webgpu
+def test_webgpu_buffers_return_to_a_pool():
+    import gc
+
+    be = _webgpu()
+    t = lp.SharedTensor((1234,))
+    t.write(be)
+    raw = t.buffer_on(be.key).raw
+    del t
+    gc.collect()
+    u = lp.SharedTensor((1234,))
+    u.write(be)
+    assert u.buffer_on(be.key).raw is raw

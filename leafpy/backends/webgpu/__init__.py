@@ -1,11 +1,11 @@
 """The webgpu backend: WGSL compute shaders through wgpu-py, on any GPU WebGPU reaches (Vulkan, Metal, DX12).
 
-How it stays fast: every dispatch is recorded into one command encoder (one compute pass) that is submitted only
-when the host needs data (a download) or new data goes up (an upload), so a training step is one submission with
+How it stays fast: every dispatch is recorded into one command encoder (one compute pass) that is submitted once
+per training step, or earlier when the host needs data (a download) or new data goes up (an upload), so a step has
 no readback inside it; pipelines are cached per entry point, with sizes in uniform buffers (cached by content);
-bind groups are cached; buffers are padded to 4 bytes; reads go through one reused MAP_READ staging buffer;
-elementwise work larger than the device's storage-binding limit is split into bindable pieces, and large launches
-use a 2-D grid to stay under the per-dimension workgroup limit.
+bind groups are cached; buffers are pooled by size and padded to 4 bytes; reads go through one reused MAP_READ
+staging buffer; elementwise work larger than the device's storage-binding limit is split into bindable pieces, and
+large launches use a 2-D grid to stay under the per-dimension workgroup limit.
 
 Importing this module does not import wgpu; constructing the backend does.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import struct
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +32,13 @@ WG = 256
 class WView:
     """A WebGPU buffer seen with a shape (the webgpu backend's array type)."""
 
-    __slots__ = ("raw", "shape", "dtype")
+    __slots__ = ("raw", "shape", "dtype", "owner", "__weakref__")
 
-    def __init__(self, raw: Any, shape: tuple[int, ...], dtype: np.dtype) -> None:
+    def __init__(self, raw: Any, shape: tuple[int, ...], dtype: np.dtype, owner: WView | None = None) -> None:
         self.raw = raw
         self.shape = tuple(int(d) for d in shape)
         self.dtype = dtype
+        self.owner = owner  # the allocation this view was made from: alive while any view of it is
 
     @property
     def size(self) -> int:
@@ -50,7 +52,7 @@ class WView:
         """A prefix of a flat buffer (``buf[:n]``), the only slicing SharedTensor needs."""
         if not isinstance(index, slice) or index.start not in (None, 0) or index.step not in (None, 1):
             raise BackendError("webgpu: a buffer view can only be cut to a prefix")
-        return WView(self.raw, (min(index.stop, self.size),), self.dtype)
+        return WView(self.raw, (min(index.stop, self.size),), self.dtype, self.owner or self)
 
     def reshape(self, *shape: Any) -> WView:
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
@@ -61,7 +63,7 @@ class WView:
             shape[shape.index(-1)] = self.size // known if known else 0
         if math.prod(shape) != self.size:
             raise BackendError(f"webgpu: cannot view {self.shape} as {tuple(shape)}")
-        return WView(self.raw, tuple(shape), self.dtype)
+        return WView(self.raw, tuple(shape), self.dtype, self.owner or self)
 
     def __repr__(self) -> str:
         return f"WView(shape={self.shape}, dtype={self.dtype})"
@@ -139,6 +141,7 @@ class WebGPUBackend(Backend):
         self._uniforms: dict = {}
         self._bind_groups: dict = {}
         self._scratch: dict = {}
+        self._free: dict[int, list] = {}  # buffer pool: byte size -> buffers no tensor holds
         self._encoder: Any = None
         self._pass: Any = None
         self._staging: Any = None
@@ -151,9 +154,17 @@ class WebGPUBackend(Backend):
         if dtype.itemsize != 4:
             raise BackendError(f"webgpu: buffers hold 4-byte elements, got {dtype}")
         nbytes = max(4, size * 4)  # WebGPU buffers: non-empty, 4-byte multiples
-        u = self.wgpu.BufferUsage
-        raw = self.device.create_buffer(size=nbytes, usage=u.STORAGE | u.COPY_SRC | u.COPY_DST)
-        return WView(raw, (size,), dtype)
+        free = self._free.get(nbytes)
+        if free:
+            raw = free.pop()
+        else:
+            u = self.wgpu.BufferUsage
+            raw = self.device.create_buffer(size=nbytes, usage=u.STORAGE | u.COPY_SRC | u.COPY_DST)
+        view = WView(raw, (size,), dtype)
+        # when the tensor that owns this buffer lets it go, the buffer returns to the pool for its size (work
+        # still recorded against it runs before any later use, as dispatches execute in order)
+        weakref.finalize(view, self._free.setdefault(nbytes, []).append, raw)
+        return view
 
     def upload(self, host: np.ndarray, out: WView) -> None:
         self.flush()  # a queued write lands before unsubmitted work: submit that work first
@@ -183,7 +194,7 @@ class WebGPUBackend(Backend):
         host.reshape(-1)[...] = np.frombuffer(data, dtype=buf.dtype, count=buf.size)
 
     def view(self, buf: WView, shape: tuple[int, ...]) -> WView:
-        return WView(buf.raw, shape, buf.dtype)
+        return WView(buf.raw, shape, buf.dtype, buf.owner or buf)
 
     def synchronize(self) -> None:
         self.flush()
@@ -364,7 +375,7 @@ class WebGPUBackend(Backend):
 
     def read_scalar(self, buf):
         host = np.empty(1, np.float32)
-        self.download(WView(buf.raw, (1,), buf.dtype), host)
+        self.download(WView(buf.raw, (1,), buf.dtype, buf.owner or buf), host)
         return float(host[0])
 
     # --- activations ----------------------------------------------------------------------------------------------
