@@ -150,6 +150,10 @@ def train(args: argparse.Namespace) -> int:
     ckpt_path = os.path.join(out_dir, "checkpoint.leaf")
     if args.resume:
         solver = Solver.load_checkpoint(be, be, args.resume)
+        for part in ("network", "objective"):
+            if getattr(solver.config, part) != getattr(run.solver, part):
+                raise LeafpyError(f"{args.resume}: this checkpoint's {part} differs from the one in {args.config}; "
+                                  "resume with the run file it was trained from")
     else:
         solver = Solver.from_config(be, be, run.solver)
     net = solver.network

@@ -62,6 +62,9 @@ def test_resume_continues_where_it_stopped(tmp_path):
     assert "epochs 2..2" in p2.stdout and "epoch 2/2" in p2.stdout and "epoch 1/2" not in p2.stdout
     solver = lp.Solver.load_checkpoint(lp.backend("native"), lp.backend("native"), out / "checkpoint.leaf")
     assert solver.iteration == 2 * 45
+    other = run("train", str(ROOT / "configs" / "digits_mlp.yaml"), "--out", str(out), "--epochs", "3",
+                "--resume", str(out / "checkpoint.leaf"))
+    assert other.returncode == 1 and "network differs" in other.stderr
 
 
 def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):

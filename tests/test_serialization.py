@@ -271,6 +271,22 @@ def test_hostile_file_is_stopped_by_the_traversal_limit(tmp_path, native):
         lp.Layer.load(native, path)
 
 
+def test_deeply_nested_file_is_stopped_by_the_nesting_limit(tmp_path, native):
+    msg = serialization.schema().Layer.new_message()
+    msg.name = "deep"
+    cfg = msg.init("config")
+    for depth in range(serialization.NESTING_LIMIT + 10):
+        cfg.name = f"level{depth}"
+        seq = cfg.layerType.init("sequential")
+        cfg = seq.init("layers", 1)[0]
+    cfg.name = "leaf"
+    cfg.layerType.relu = None
+    path = tmp_path / "deep.leaf"
+    path.write_bytes(msg.to_bytes_packed())
+    with pytest.raises(lp.SerializationError, match="deep.leaf.*too deeply-nested"):
+        lp.Layer.load(native, path)
+
+
 def test_a_failed_save_leaves_the_old_file(tmp_path, native, good_file, monkeypatch):
     before = good_file.read_bytes()
     net = lp.Layer.from_config(native, lp.LayerConfig("other", nested_config()), seed=9)
