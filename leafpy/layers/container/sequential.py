@@ -13,6 +13,10 @@ Backward pruning: a blob needs a gradient if it comes from a layer with learnabl
 needs one; the container's inputs need one only with ``force_backward`` (or when an enclosing container asks).
 ``propagate_down: [false]`` stops the gradient into that input. A layer runs backward only if it has weights or an
 input that needs a gradient, and some gradient reaches its outputs.
+
+Gradient memory: a blob's gradient lives from its consumer's backward pass to its producer's, so layers whose
+gradients never live at the same time share one storage (a chain needs two). After a backward pass, only the
+container's input and output gradients and the weight gradients keep their values.
 """
 
 from __future__ import annotations
@@ -198,7 +202,7 @@ class Sequential(Layer):
 
     @outputs.setter
     def outputs(self, value: list[SharedTensor]) -> None:
-        pass
+        pass  # a container's outputs are its last layer's; Layer.__init__'s assignment has nothing to set
 
     @property
     def output_grads(self) -> list[SharedTensor]:  # type: ignore[override]
@@ -206,7 +210,7 @@ class Sequential(Layer):
 
     @output_grads.setter
     def output_grads(self, value: list[SharedTensor]) -> None:
-        pass
+        pass  # as for outputs
 
     def workers(self):
         return [w for layer in self.layers for w in layer.workers()]
