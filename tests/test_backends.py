@@ -266,3 +266,38 @@ def test_webgpu_buffers_return_to_a_pool():
     u = lp.SharedTensor((1234,))
     u.write(be)
     assert u.buffer_on(be.key).raw is raw
+
+
+@pytest.mark.webgpu
+@pytest.mark.parametrize("m,n,k,ta,tb,beta", [(300, 200, 50, False, True, 0.0), (100, 250, 30, False, False, 0.5),
+                                              (90, 300, 20, True, True, 1.0)])
+def test_webgpu_splits_gemm_over_the_binding_limit(m, n, k, ta, tb, beta):
+    try:
+        be = lp.backend("webgpu", power_preference="low-power")
+    except lp.BackendUnavailable as e:
+        pytest.skip(f"webgpu backend unavailable: {e}")
+    be.max_binding = 40_000  # bytes: C (and A or B) exceed it in every case
+    rng = np.random.default_rng(0)
+    a = rng.random((k, m) if ta else (m, k), dtype=np.float32)
+    b = rng.random((n, k) if tb else (k, n), dtype=np.float32)
+    c0 = rng.random((m, n), dtype=np.float32)
+    assert c0.nbytes > be.max_binding
+    tc = lp.SharedTensor.from_numpy(c0)
+    be.gemm(lp.SharedTensor.from_numpy(a).read(be), ta, lp.SharedTensor.from_numpy(b).read(be), tb,
+            tc.read_write(be), 1.5, beta)
+    ref = 1.5 * ((a.T if ta else a) @ (b.T if tb else b)) + beta * c0
+    close(tc.to_numpy(), ref, "blocked gemm", rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.webgpu
+def test_webgpu_gemm_that_cannot_be_split_says_so():
+    try:
+        be = lp.backend("webgpu", power_preference="low-power")
+    except lp.BackendUnavailable as e:
+        pytest.skip(f"webgpu backend unavailable: {e}")
+    be.max_binding = 40_000
+    a = lp.SharedTensor((40, 400))  # transposed A of 64 KB: its columns are not contiguous
+    b = lp.SharedTensor((30, 40))
+    c = lp.SharedTensor((400, 30))
+    with pytest.raises(lp.BackendError, match="cannot be split"):
+        be.gemm(a.read(be), True, b.read(be), True, c.write(be))

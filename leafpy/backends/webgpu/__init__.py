@@ -70,9 +70,9 @@ class WView:
 
 
 def _pack(u: tuple = (), f: tuple = ()) -> bytes:
-    ints = list(u) + [0] * (8 - len(u))
+    ints = list(u) + [0] * (12 - len(u))
     floats = list(f) + [0.0] * (8 - len(f))
-    return struct.pack("<8I8f", *[int(v) & 0xFFFFFFFF for v in ints], *[float(v) for v in floats])
+    return struct.pack("<12I8f", *[int(v) & 0xFFFFFFFF for v in ints], *[float(v) for v in floats])
 
 
 def _pair(a: int, b: int) -> int:
@@ -310,10 +310,9 @@ class WebGPUBackend(Backend):
 
     def _gemm(self, a, trans_a, b, trans_b, out, m, n, k, alpha, beta) -> None:
         flags = (1 if trans_a else 0) | (2 if trans_b else 0)
-        for v in (a, b, out):
-            if v.raw.size > self.max_binding:
-                raise BackendError(f"webgpu: a {v.raw.size}-byte GEMM operand exceeds the device's storage binding "
-                                   f"limit ({self.max_binding} bytes)")
+        lds = (m if trans_a else k, k if trans_b else n, n)
+        if max(a.raw.size, b.raw.size, out.raw.size) > self.max_binding:
+            return self._gemm_blocks(a, trans_a, b, trans_b, out, m, n, k, alpha, beta, flags, lds)
         gx, gy = -(-n // 64), -(-m // 64)
         if gx > self.max_groups or gy > self.max_groups:
             raise BackendError(f"webgpu: GEMM of {m}x{n} needs more workgroups than the device allows")
@@ -324,16 +323,54 @@ class WebGPUBackend(Backend):
             while splits > 1 and splits * m * n * 4 > self.max_binding:
                 splits //= 2
         if splits == 1:
-            self._dispatch("gemm", "gemm", _pack((m, n, k, flags, 0, 0, 0, k), (alpha, beta)), [a, b, out],
+            self._dispatch("gemm", "gemm", _pack((m, n, k, flags, 0, 0, 0, k, *lds), (alpha, beta)), [a, b, out],
                            (gx, gy, 1))
             return
         chunk = -(-k // splits)
         chunk = -(-chunk // 16) * 16
         splits = -(-k // chunk)
         partial = self._scratch_buffer(splits * m * n, "splitk")
-        self._dispatch("gemm", "gemm", _pack((m, n, k, flags, 0, 0, 0, chunk), (1.0, 0.0)), [a, b, partial],
-                       (gx, gy, splits))
+        self._dispatch("gemm", "gemm", _pack((m, n, k, flags, 0, 0, 0, chunk, *lds), (1.0, 0.0)),
+                       [a, b, partial], (gx, gy, splits))
         self._elementwise("split_sum", m * n, [partial, out], u=(0, splits), f=(alpha, beta), whole=(0,))
+
+    def _gemm_blocks(self, a, trans_a, b, trans_b, out, m, n, k, alpha, beta, flags, lds) -> None:
+        """A product whose operands exceed the storage-binding limit, in blocks of C whose rows of A, rows of B^T
+        and rows of C can each be bound (A transposed or B untransposed must fit whole)."""
+        limit = self.max_binding - self.offset_align  # room for aligning each binding's start down
+
+        def a_bytes(mb: int) -> int:
+            return a.raw.size if trans_a else mb * k * 4
+
+        def b_bytes(nb: int) -> int:
+            return nb * k * 4 if trans_b else b.raw.size
+
+        mb, nb = m, n
+        while mb > 1 and (a_bytes(mb) > limit or mb * n * 4 > limit):
+            mb = -(-mb // 2)
+        while nb > 1 and b_bytes(nb) > limit:
+            nb = -(-nb // 2)
+        if a_bytes(mb) > limit or b_bytes(nb) > limit or mb * n * 4 > limit:
+            raise BackendError(f"webgpu: a {m}x{k} by {k}x{n} GEMM cannot be split under the device's storage "
+                               f"binding limit ({self.max_binding} bytes): a transposed A or an untransposed B "
+                               "must fit in one binding")
+
+        def span(start: int, end: int) -> tuple[int, int, int]:
+            base = start // self.offset_align * self.offset_align
+            return base, _pad4(end - base), (start - base) // 4
+
+        for m0 in range(0, m, mb):
+            mm = min(mb, m - m0)
+            for n0 in range(0, n, nb):
+                nn = min(nb, n - n0)
+                ra = (0, a.raw.size, 0) if trans_a else span(m0 * k * 4, (m0 + mm) * k * 4)
+                rb = span(n0 * k * 4, (n0 + nn) * k * 4) if trans_b else (0, b.raw.size, 0)
+                rc = span((m0 * n + n0) * 4, ((m0 + mm - 1) * n + n0 + nn) * 4)
+                a_off = ra[2] + (m0 if trans_a else 0)
+                b_off = rb[2] + (0 if trans_b else n0)
+                params = _pack((mm, nn, k, flags, a_off, b_off, rc[2], k, *lds), (alpha, beta))
+                self._dispatch("gemm", "gemm", params, [a, b, out], (-(-nn // 64), -(-mm // 64), 1),
+                               [ra[:2], rb[:2], rc[:2]])
 
     def axpby(self, alpha, x, beta, y):
         if beta == 0.0 and alpha == 1.0:

@@ -1,7 +1,8 @@
 // C = f0 * op(A) op(B) + f1 * C, row-major, register tiled: a 16x16 workgroup computes a 64x64 tile of C,
 // each thread a 4x4 block held in registers; K advances in slices of 16 staged in workgroup memory.
 // u0 = M, u1 = N, u2 = K, u3 = flags (1: A transposed, 2: B transposed), u4/u5/u6 = element offsets of A/B/C,
-// u7 = the K range of one z-slice of the grid (split-K: slice z writes its partial product at C + z * M * N).
+// u7 = the K range of one z-slice of the grid (split-K: slice z writes its partial product at C + z * M * N),
+// u8/u9/u10 = row strides of A, B and C as stored (a block of a larger product is bound with its parent's strides).
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> A: array<f32>;
 @group(0) @binding(2) var<storage, read> B: array<f32>;
@@ -14,14 +15,14 @@ var<workgroup> Bs: array<vec4<f32>, 256>;  // [k][n / 4]
 
 fn load_a(m: u32, k: u32, kend: u32) -> f32 {
     if (m >= p.u0 || k >= kend) { return 0.0; }
-    if ((p.u3 & 1u) != 0u) { return A[p.u4 + k * p.u0 + m]; }
-    return A[p.u4 + m * p.u2 + k];
+    if ((p.u3 & 1u) != 0u) { return A[p.u4 + k * p.u8 + m]; }
+    return A[p.u4 + m * p.u8 + k];
 }
 
 fn load_b(k: u32, n: u32, kend: u32) -> f32 {
     if (k >= kend || n >= p.u1) { return 0.0; }
-    if ((p.u3 & 2u) != 0u) { return B[p.u5 + n * p.u2 + k]; }
-    return B[p.u5 + k * p.u1 + n];
+    if ((p.u3 & 2u) != 0u) { return B[p.u5 + n * p.u9 + k]; }
+    return B[p.u5 + k * p.u9 + n];
 }
 
 @compute @workgroup_size(16, 16)
@@ -64,7 +65,7 @@ fn gemm(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         for (var j = 0u; j < 4u; j = j + 1u) {
             let cidx = col0 + lid.x * 4u + j;
             if (cidx >= N) { continue; }
-            let o = p.u6 + wid.z * M * N + r * N + cidx;
+            let o = p.u6 + wid.z * M * N + r * p.u10 + cidx;
             var v = p.f0 * acc[i][j];
             if (p.f1 != 0.0) { v = v + p.f1 * C[o]; }
             C[o] = v;
