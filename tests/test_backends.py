@@ -301,3 +301,16 @@ def test_webgpu_gemm_that_cannot_be_split_says_so():
     c = lp.SharedTensor((400, 30))
     with pytest.raises(lp.BackendError, match="cannot be split"):
         be.gemm(a.read(be), True, b.read(be), True, c.write(be))
+
+
+@pytest.mark.webgpu
+def test_webgpu_work_it_cannot_split_is_a_clear_error():
+    try:
+        be = lp.backend("webgpu", power_preference="low-power")
+    except lp.BackendUnavailable as e:
+        pytest.skip(f"webgpu backend unavailable: {e}")
+    be.max_binding = 4096
+    x = lp.SharedTensor.from_numpy(np.zeros((4, 1000), np.float32))  # 16 KB: softmax rows are not split
+    y = lp.SharedTensor((4, 1000))
+    with pytest.raises(lp.BackendError, match="softmax would bind 16000 bytes.*limit of 4096"):
+        be.softmax(x.read(be), y.write(be))

@@ -245,6 +245,9 @@ class WebGPUBackend(Backend):
         entries = [(0, ubuf, 0, ubuf.size)]
         for i, b in enumerate(buffers):
             off, size = ranges[i] if ranges and ranges[i] is not None else (0, b.raw.size)
+            if size > self.max_binding:
+                raise BackendError(f"webgpu: {entry} would bind {size} bytes, over this device's storage binding "
+                                   f"limit of {self.max_binding} bytes; use a smaller batch")
             entries.append((i + 1, b.raw, off, size))
         key = (id(pipe), tuple((n, id(r), o, s) for n, r, o, s in entries))
         cached = self._bind_groups.get(key)
