@@ -173,7 +173,7 @@ def test_webgpu_step_is_one_submission():
 
 @pytest.mark.webgpu
 def test_webgpu_splits_work_over_the_binding_limit():
-    be = lp.backend("webgpu", power_preference="low-power")  # a separate instance whose limit we can lower
+    be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
     be.max_binding = 1024  # bytes: forces elementwise work into pieces
     rng = np.random.default_rng(0)
     x = rng.standard_normal(5000).astype(np.float32)
@@ -272,10 +272,7 @@ def test_webgpu_buffers_return_to_a_pool():
 @pytest.mark.parametrize("m,n,k,ta,tb,beta", [(300, 200, 50, False, True, 0.0), (100, 250, 30, False, False, 0.5),
                                               (90, 300, 20, True, True, 1.0)])
 def test_webgpu_splits_gemm_over_the_binding_limit(m, n, k, ta, tb, beta):
-    try:
-        be = lp.backend("webgpu", power_preference="low-power")
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"webgpu backend unavailable: {e}")
+    be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
     be.max_binding = 40_000  # bytes: C (and A or B) exceed it in every case
     rng = np.random.default_rng(0)
     a = rng.random((k, m) if ta else (m, k), dtype=np.float32)
@@ -291,10 +288,7 @@ def test_webgpu_splits_gemm_over_the_binding_limit(m, n, k, ta, tb, beta):
 
 @pytest.mark.webgpu
 def test_webgpu_gemm_that_cannot_be_split_says_so():
-    try:
-        be = lp.backend("webgpu", power_preference="low-power")
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"webgpu backend unavailable: {e}")
+    be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
     be.max_binding = 40_000
     a = lp.SharedTensor((40, 400))  # transposed A of 64 KB: its columns are not contiguous
     b = lp.SharedTensor((30, 40))
@@ -305,10 +299,7 @@ def test_webgpu_gemm_that_cannot_be_split_says_so():
 
 @pytest.mark.webgpu
 def test_webgpu_work_it_cannot_split_is_a_clear_error():
-    try:
-        be = lp.backend("webgpu", power_preference="low-power")
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"webgpu backend unavailable: {e}")
+    be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
     be.max_binding = 4096
     x = lp.SharedTensor.from_numpy(np.zeros((4, 1000), np.float32))  # 16 KB: softmax rows are not split
     y = lp.SharedTensor((4, 1000))
