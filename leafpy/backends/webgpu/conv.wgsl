@@ -6,9 +6,6 @@
 @group(0) @binding(1) var<storage, read_write> src: array<f32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<f32>;
 
-fn lo(v: u32) -> u32 { return v & 0xFFFFu; }
-fn hi(v: u32) -> u32 { return v >> 16u; }
-
 // cols[(c * kh + i) * kw + j][nl * P + y * ow + x] = x_padded[n0 + nl][c][y * sh + i - ph][x * sw + j - pw]
 @compute @workgroup_size(256)
 fn im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {

@@ -5,9 +5,6 @@
 @group(0) @binding(2) var<storage, read_write> dst: array<f32>;
 @group(0) @binding(3) var<storage, read_write> mask: array<i32>;
 
-fn lo(v: u32) -> u32 { return v & 0xFFFFu; }
-fn hi(v: u32) -> u32 { return v >> 16u; }
-
 @compute @workgroup_size(256)
 fn pool_fwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let idx = flat_index(gid, nw);
