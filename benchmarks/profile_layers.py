@@ -1,7 +1,10 @@
 """Where a training step's time goes: each layer's forward, backward_input and backward_parameters, timed with
 the backend synchronised around every call (so the numbers add up to more than a real step).
 
-    python benchmarks/profile_layers.py --backend cuda --net alexnet128
+    python benchmarks/profile_layers.py --backend cuda --net alexnet128 [--vs torch]
+
+On cuda it also lists, per convolution pass, the cuDNN plans timed by the autotuner (time and workspace); with
+``--vs torch`` it adds PyTorch's own profile of the same network's steps (operators by GPU time).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import numpy as np  # noqa: E402
 from train_step import NETWORKS, solver_and_batch  # noqa: E402
 
 import leafpy as lp  # noqa: E402
@@ -25,6 +29,7 @@ def main() -> int:
     p.add_argument("--backend", default="native")
     p.add_argument("--net", default="lenet64", choices=sorted(NETWORKS))
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--vs", choices=["torch", "none"], default="none")
     args = p.parse_args()
     be = lp.backend(args.backend, graphs=False) if args.backend == "cuda" else lp.backend(args.backend)
     solver, x, y = solver_and_batch(be, args.net)
@@ -56,7 +61,40 @@ def main() -> int:
           f"rest (update, bookkeeping) {total - layers:.2f} ms")
     for (name, method), t in times.most_common():
         print(f"  {name:>8} {method:<20} {t / args.steps * 1000:8.3f} ms")
+    cudnn = getattr(be, "_cudnn", None)
+    if cudnn is not None:
+        print("cuDNN plans per pass (ms, workspace MB), fastest first; * = chosen")
+        for key, timings in cudnn.timings.items():
+            chosen = cudnn.graphs[key][2]
+            plans = sorted(timings)[:6]
+            text = ", ".join(f"{'*' if i == chosen else ''}{ms:.3f}/{ws / 2**20:.0f}" for ms, ws, i in plans)
+            print(f"  {key[0]:<6} x{key[1]} w{key[2]}: {text}")
+    if args.vs == "torch":
+        profile_torch(solver, x, y, args)
     return 0
+
+
+def profile_torch(solver, x, y, args) -> None:
+    """PyTorch's profile of the same network and batch, by operator, GPU time per step."""
+    import torch
+    from train_step import TorchTrainer
+
+    initial = [w.to_numpy() for w in solver.network.learnable_weights_data()]
+    device = "cuda" if args.backend == "cuda" else "cpu"
+    trainer = TorchTrainer(torch, solver.network, initial, device, tf32=False)
+    xt, yt = trainer.to_device(x.to_numpy(), y.to_numpy().reshape(-1).astype(np.int64))
+    for _ in range(5):
+        trainer.step(xt, yt)
+    trainer.sync()
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(args.steps):
+            trainer.step(xt, yt)
+        trainer.sync()
+    sort = "cuda_time_total" if device == "cuda" else "cpu_time_total"
+    print(prof.key_averages().table(sort_by=sort, row_limit=30))
 
 
 if __name__ == "__main__":

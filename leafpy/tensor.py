@@ -56,7 +56,7 @@ class SharedTensor:
     recorder: list | None = None
     """When a list, every read/write access appends (tensor, writes) to it (used to capture a step)."""
 
-    __slots__ = ("_st", "_shape")
+    __slots__ = ("_st", "_shape", "__weakref__")
 
     def __init__(self, shape: Sequence[int] | int, dtype: Any = np.float32) -> None:
         self._shape = _as_shape(shape)

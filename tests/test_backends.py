@@ -5,6 +5,7 @@ Each device backend is tried; where its package or device is missing the tests s
 from __future__ import annotations
 
 import os
+import weakref
 
 import numpy as np
 import pytest
@@ -138,7 +139,7 @@ def test_cuda_graph_replay_equals_eager_steps():
                 w.set(w.to_numpy() * 0.5)
         for s in solvers:
             s.train_minibatch(xb, yb)
-    recorded = [e for e in graphs._steps.values() if isinstance(e, tuple)]
+    recorded = [e for e in graphs._steps.values() if e.graph is not None]
     assert recorded, f"no step was recorded as a CUDA graph: {graphs.record_error}"
     assert solvers[0].loss() == pytest.approx(solvers[1].loss(), rel=1e-5)
     for a, b in zip(*(s.network.learnable_weights_data() for s in solvers)):
@@ -251,6 +252,49 @@ def test_cuda_graphs_of_a_deleted_solver_are_not_replayed_for_a_new_one():
             del s
             gc.collect()
         assert losses[0] == pytest.approx(losses[1], rel=1e-4), f"round {round_}"
+
+
+@pytest.mark.cuda
+def test_cuda_graphs_of_two_live_solvers_alternating_equal_eager():
+    """Each recorded step owns its scratch memory: one solver's replay never writes another's tensors."""
+    try:
+        graphs = lp.backend("cuda")
+        eager = lp.backend("cuda", graphs=False)
+    except lp.BackendUnavailable as e:
+        pytest.skip(f"cuda backend unavailable: {e}")
+    ds = lp.data.digits()
+    x, y = ds.x_train[:32], ds.y_train[:32]
+    pairs = {be.name + str(be.graphs): [_solver(be, solver=r) for r in ("momentum", "adam")] for be in (graphs, eager)}
+    for _ in range(6):
+        for solvers in pairs.values():
+            for s in solvers:
+                s.train_minibatch(x, y)
+    assert sum(e.graph is not None for e in graphs._steps.values()) >= 2, graphs.record_error
+    for a, b in zip(*pairs.values()):
+        assert a.loss() == pytest.approx(b.loss(), rel=1e-4)
+        for wa, wb in zip(a.network.learnable_weights_data(), b.network.learnable_weights_data()):
+            close(wa.to_numpy(), wb.to_numpy(), "weights", rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.cuda
+def test_cuda_recorded_steps_do_not_keep_a_deleted_solver_alive():
+    import gc
+
+    try:
+        be = lp.backend("cuda")
+    except lp.BackendUnavailable as e:
+        pytest.skip(f"cuda backend unavailable: {e}")
+    ds = lp.data.digits()
+    s = _solver(be, solver="momentum")
+    for _ in range(3):
+        s.train_minibatch(ds.x_train[:32], ds.y_train[:32])
+    assert any(e.graph is not None for e in be._steps.values()), be.record_error
+    weights = weakref.ref(s.network.learnable_weights_data()[0])
+    del s
+    gc.collect()
+    assert weights() is None, "a recorded step kept the deleted solver's weights alive"
+    be.run_step(("another",), lambda: None)  # the next step drops what the deleted solver left
+    assert not any(e.graph is not None for e in be._steps.values())
 
 
 @pytest.mark.webgpu

@@ -9,6 +9,7 @@ Importing this module does not import CuPy; constructing the backend does.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -99,7 +100,7 @@ class CudaBackend(ArrayBackend):
         self.record_error: str | None = None
         self._capture_blas: _CaptureBlas | None = None
         self._capturing = False
-        self._step_pool = cupy.cuda.MemoryPool()  # private: addresses baked into recorded steps stay theirs
+        self._pools: list = []  # each recorded step's private pool: addresses baked into a graph stay its own
         self._peak_used = 0
         self._step_stream = cupy.cuda.Stream()  # blocking: ordered with work on the default stream
         if use_cudnn is not False:
@@ -153,7 +154,7 @@ class CudaBackend(ArrayBackend):
         since :meth:`track_memory`; before that, what the pools hold, free blocks included."""
         if self._peak_used:
             return self._peak_used
-        return int(self.xp.get_default_memory_pool().total_bytes() + self._step_pool.total_bytes())
+        return int(self.xp.get_default_memory_pool().total_bytes() + sum(p.total_bytes() for p in self._pools))
 
     def track_memory(self) -> None:
         """Record the peak of bytes in use from now on (routes CuPy's default allocator through a counter; a
@@ -170,14 +171,9 @@ class CudaBackend(ArrayBackend):
         self._note_usage()
 
     def _note_usage(self) -> None:
-        used = self.xp.get_default_memory_pool().used_bytes() + self._step_pool.used_bytes()
+        used = self.xp.get_default_memory_pool().used_bytes() + sum(p.used_bytes() for p in self._pools)
         if used > self._peak_used:
             self._peak_used = int(used)
-
-    def _step_malloc(self, size: int) -> Any:
-        mem = self._step_pool.malloc(size)
-        self._note_usage()
-        return mem
 
     def _scalar(self, v: float) -> Any:
         return self.dtype.type(v)
@@ -189,66 +185,75 @@ class CudaBackend(ArrayBackend):
         if not self.graphs or key is None:
             return step()
         cp = self.xp
-        if key not in self._steps:
-            # first sight: run eagerly from the private pool, so the recording finds every block it needs
-            with cp.cuda.using_allocator(self._step_malloc):
-                step()
+        self._drop_dead_steps()
+        entry = self._steps.get(key)
+        if entry is None:
+            # first sight: run eagerly from the step's own pool, so the recording finds every block it needs
             if len(self._steps) >= self.MAX_RECORDED_STEPS:
                 self._steps.pop(next(iter(self._steps)))
-            self._steps[key] = None
+            entry = self._steps[key] = _RecordedStep(cp.cuda.MemoryPool())
+            self._pools.append(entry.pool)
+            with cp.cuda.using_allocator(entry.malloc(self)):
+                step()
             return
-        entry = self._steps[key]
-        if entry == "eager":
+        if entry.eager:
             return step()
-        if entry is None:
-            entry = self._record(key, step)
-            if entry is None:
+        if entry.graph is None:
+            if not self._record(entry, step):
                 return step()
-        graph, tensors = entry
-        for t, _, buf in tensors:
-            if t.buffer_on(self.key) is not buf:  # reallocated since the recording
-                self._steps[key] = None
+            # recording only captures: run the recorded step once for this call
+        for ref, _, ptr in entry.tensors:
+            t = ref()
+            buf = t.buffer_on(self.key)
+            if buf is None or buf.data.ptr != ptr:  # reallocated since the recording: record again
+                entry.graph = None
                 return step()
             if not t.is_fresh_on(self.key):
                 t.read(self)  # host data changed (weights set, say): upload into the same buffer
-        graph.launch(self._step_stream)
-        for t, writes, _ in tensors:
+        entry.graph.launch(self._step_stream)
+        for ref, writes, _ in entry.tensors:
             if writes:
-                t.mark_fresh_only(self.key)
+                ref().mark_fresh_only(self.key)
 
-    def _record(self, key, step):
+    def _drop_dead_steps(self) -> None:
+        """Forget recorded steps whose tensors are gone (their solver was deleted); release idle pools."""
+        for key in [k for k, e in self._steps.items() if e.dead()]:
+            del self._steps[key]
+        live = {id(e.pool) for e in self._steps.values()}
+        self._pools = [p for p in self._pools if id(p) in live or p.used_bytes()]
+
+    def _record(self, entry: _RecordedStep, step) -> bool:
         from ..tensor import SharedTensor
 
         cp = self.xp
         stream = self._step_stream
         accesses: list = []
-        graph = None
         try:
             if self._capture_blas is None:
                 self._capture_blas = _CaptureBlas(cp)
             self._capture_blas.prepare(stream)
             SharedTensor.recorder = accesses
             self._capturing = True
-            with cp.cuda.using_allocator(self._step_malloc), stream:
+            with cp.cuda.using_allocator(entry.malloc(self)), stream:
                 stream.begin_capture()
                 try:
                     step()
                 finally:
                     graph = stream.end_capture()
         except Exception as e:
-            self._steps[key] = "eager"  # something in the step cannot be recorded: run it eagerly from now on
+            entry.eager = True  # something in the step cannot be recorded: run it eagerly from now on
             self.record_error = f"{type(e).__name__}: {e}"
-            return None
+            return False
         finally:
             SharedTensor.recorder = None
             self._capturing = False
         seen: dict = {}
         for t, writes in accesses:
             prev = seen.get(id(t))
-            seen[id(t)] = (t, writes or (prev is not None and prev[1]), t.buffer_on(self.key))
-        entry = (graph, list(seen.values()))
-        self._steps[key] = entry
-        return entry
+            seen[id(t)] = (t, writes or (prev is not None and prev[1]))
+        entry.tensors = [(weakref.ref(t), w, t.buffer_on(self.key).data.ptr) for t, w in seen.values()]
+        entry.graph = graph
+        return True
 
     def gemm(self, a, trans_a, b, trans_b, out, alpha=1.0, beta=0.0):
         if self._capturing:  # CuPy refuses cuBLAS calls while a stream records; cuBLAS itself allows them
@@ -340,6 +345,31 @@ class CudaBackend(ArrayBackend):
             self._cudnn.run("wgrad", x.shape, dw.shape, dy.shape, stride, padding, x, dw, dy, 0.0)
 
 
+class _RecordedStep:
+    """One recorded training step: its CUDA graph, the tensors it touches (weakly: a deleted solver's step is
+    dropped, not kept alive) with the addresses baked in, and the private pool its scratch memory came from (no
+    other step or eager code can be handed those blocks while the graph may still write them)."""
+
+    __slots__ = ("pool", "graph", "tensors", "eager")
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.graph: Any = None
+        self.tensors: list = []
+        self.eager = False
+
+    def malloc(self, backend: CudaBackend) -> Any:
+        def allocate(size: int) -> Any:
+            mem = self.pool.malloc(size)
+            backend._note_usage()
+            return mem
+
+        return allocate
+
+    def dead(self) -> bool:
+        return any(ref() is None for ref, _, _ in self.tensors)
+
+
 class _CaptureBlas:
     """cuBLAS called directly (ctypes) on its own handle, with a fixed workspace, for recording CUDA graphs."""
 
@@ -413,6 +443,7 @@ class _CudnnConv:
         self.graphs: dict = {}
         self.workspace = cp.empty(0, dtype=cp.uint8)
         self._trials: list[int] = []
+        self.timings: dict = {}  # graph key -> [(ms, workspace bytes, plan index)] of every plan that ran
 
     def _build(self, kind: str, x_shape, w_shape, y_shape, stride, padding) -> tuple:
         cudnn = self.cudnn
@@ -450,10 +481,11 @@ class _CudnnConv:
         g.build_plans(cudnn.build_plan_policy.ALL)
         return g, names
 
-    def _autotune(self, g: Any, pack: dict) -> int:
+    def _autotune(self, g: Any, pack: dict, key: tuple) -> int:
         """Time every built plan on the real buffers and keep the fastest (as cudnn.benchmark does)."""
         cp = self.cp
         best, best_ms = 0, float("inf")
+        timings = self.timings[key] = []
         for i in range(g.get_execution_plan_count()):
             try:
                 size = g.get_workspace_size_plan_at_index(i)
@@ -474,6 +506,7 @@ class _CudnnConv:
                 ms = min(runs)
             except Exception:
                 continue  # a plan that cannot run here
+            timings.append((ms, size, i))
             if ms < best_ms:
                 best, best_ms = i, ms
         cp.cuda.runtime.deviceSynchronize()
@@ -508,7 +541,7 @@ class _CudnnConv:
         pack = {t: arr.data.ptr for t, arr in zip(tensors, (x, w, y, bias))}
         if plan is None:
             # the first run on real buffers picks the plan (outputs are overwritten, so timing them is harmless)
-            plan = self._autotune(g, pack)
+            plan = self._autotune(g, pack, key)
             self.graphs[key] = (g, tensors, plan)
         g.execute_plan_at_index(pack, self.workspace.data.ptr, plan, handle=self.handle)
         return True
