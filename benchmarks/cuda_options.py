@@ -1,10 +1,12 @@
-"""AlexNet training steps on the cuda backend under its options (bias fusion, workspace cap), one process.
+"""Training steps on the cuda backend under its cuDNN plan options (workspace cap, plan tolerance, TF32), one
+process, with the peak GPU memory in use for each.
 
-    python benchmarks/cuda_options.py
+    python benchmarks/cuda_options.py [alexnet128]
 """
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 from pathlib import Path
@@ -18,7 +20,8 @@ import leafpy as lp  # noqa: E402
 from leafpy.backends import cuda  # noqa: E402
 
 
-def step_ms(be, name: str, steps: int = 20) -> float:
+def step_ms(be, name: str, steps: int = 20) -> tuple[float, float]:
+    be.track_memory()
     s, x, y = solver_and_batch(be, name)
     for _ in range(5):
         s.train_minibatch(x, y)
@@ -27,16 +30,23 @@ def step_ms(be, name: str, steps: int = 20) -> float:
     for _ in range(steps):
         s.train_minibatch(x, y)
     be.synchronize()
-    return (time.perf_counter() - t) / steps * 1000
+    ms = (time.perf_counter() - t) / steps * 1000
+    return ms, be.peak_memory() / 2**20
 
 
 def main() -> int:
     net = sys.argv[1] if len(sys.argv) > 1 else "alexnet128"
-    for fuse in (False, True):
-        for cap in (64 << 20, 256 << 20):
-            cuda._CudnnConv.MAX_WORKSPACE = cap
-            be = lp.backend("cuda", fuse_bias=fuse)
-            print(f"{net}: fuse_bias={fuse} workspace cap {cap >> 20} MB: {step_ms(be, net):.2f} ms/step", flush=True)
+    for tf32 in (False, True):
+        for cap in (256 << 20, 1 << 30):
+            for tol in (0.0, 0.03, 0.1):
+                cuda._CudnnConv.MAX_WORKSPACE, cuda._CudnnConv.PLAN_TOLERANCE = cap, tol
+                be = lp.backend("cuda", tf32=tf32)
+                ms, mb = step_ms(be, net)
+                ws = be._cudnn.workspace.nbytes >> 20 if be._cudnn else 0
+                print(f"{net}: tf32={tf32} workspace cap {cap >> 20} MB tolerance {tol:.2f}: {ms:.2f} ms/step, "
+                      f"peak {mb:.0f} MB (cuDNN workspace {ws} MB)", flush=True)
+                del be
+                gc.collect()
     return 0
 
 

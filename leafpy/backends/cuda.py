@@ -9,6 +9,7 @@ Importing this module does not import CuPy; constructing the backend does.
 
 from __future__ import annotations
 
+import atexit
 import weakref
 from typing import Any
 
@@ -67,7 +68,8 @@ extern "C" __global__ void pool_bwd(const float* dy, float* dx, const int* mask,
 
 class CudaBackend(ArrayBackend):
     """CuPy on one NVIDIA GPU. ``use_cudnn``: None (use cuDNN graphs when importable), True (require), False
-    (im2col + GEMM). ``tf32``: let cuDNN convolutions use TF32 tensor cores (faster, ~1e-3 relative error).
+    (im2col + GEMM). ``tf32``: let convolutions (cuDNN) and GEMMs (cuBLAS) use TF32 tensor cores (faster, ~1e-3
+    relative error; PyTorch's ``allow_tf32`` switches for both).
     ``graphs``: record training steps with static shapes as CUDA graphs and replay them. ``fuse_bias``: add the
     convolution bias inside the cuDNN forward graph (measured slower than a separate add on an H200 in float32)."""
 
@@ -230,7 +232,7 @@ class CudaBackend(ArrayBackend):
         accesses: list = []
         try:
             if self._capture_blas is None:
-                self._capture_blas = _CaptureBlas(cp)
+                self._capture_blas = _CaptureBlas(cp, self.tf32)
             self._capture_blas.prepare(stream)
             SharedTensor.recorder = accesses
             self._capturing = True
@@ -258,6 +260,15 @@ class CudaBackend(ArrayBackend):
     def gemm(self, a, trans_a, b, trans_b, out, alpha=1.0, beta=0.0):
         if self._capturing:  # CuPy refuses cuBLAS calls while a stream records; cuBLAS itself allows them
             self._capture_blas.gemm(a, trans_a, b, trans_b, out, alpha, beta)
+        elif self.tf32:
+            from cupy_backends.cuda.libs import cublas
+
+            handle = self.device.cublas_handle  # CuPy's, shared: TF32 only for the duration of this call
+            cublas.setMathMode(handle, _CaptureBlas.TF32_TENSOR_OP_MATH)
+            try:
+                super().gemm(a, trans_a, b, trans_b, out, alpha, beta)
+            finally:
+                cublas.setMathMode(handle, 0)  # CUBLAS_DEFAULT_MATH
         else:
             super().gemm(a, trans_a, b, trans_b, out, alpha, beta)
 
@@ -375,7 +386,9 @@ class _CaptureBlas:
 
     WORKSPACE = 32 << 20
 
-    def __init__(self, cp: Any) -> None:
+    TF32_TENSOR_OP_MATH = 3  # cublasMath_t
+
+    def __init__(self, cp: Any, tf32: bool = False) -> None:
         import ctypes
         import ctypes.util
 
@@ -395,6 +408,8 @@ class _CaptureBlas:
         self.handle = ctypes.c_void_p()
         if lib.cublasCreate_v2(ctypes.byref(self.handle)) != 0:
             raise BackendError("cublasCreate failed")
+        if tf32:
+            lib.cublasSetMathMode(self.handle, ctypes.c_int(self.TF32_TENSOR_OP_MATH))
         self.workspace = cp.empty(self.WORKSPACE, dtype=cp.uint8)
         vp, i, f, d = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_double
         for fn, t in (("cublasSgemm_v2", ctypes.POINTER(f)), ("cublasDgemm_v2", ctypes.POINTER(d))):
@@ -430,8 +445,10 @@ def _nchw_strides(shape: tuple[int, ...]) -> list[int]:
 class _CudnnConv:
     """cuDNN frontend graphs for the three convolution passes, one graph per (pass, shapes, stride, padding)."""
 
-    MAX_WORKSPACE = 256 << 20
+    MAX_WORKSPACE = 1 << 30
     """Plans that need more scratch memory than this are not considered."""
+    PLAN_TOLERANCE = 0.03
+    """Among plans at most this fraction slower than the fastest, the one with the smallest workspace is kept."""
 
     def __init__(self, cp: Any, tf32: bool) -> None:
         import cudnn
@@ -444,6 +461,7 @@ class _CudnnConv:
         self.workspace = cp.empty(0, dtype=cp.uint8)
         self._trials: list[int] = []
         self.timings: dict = {}  # graph key -> [(ms, workspace bytes, plan index)] of every plan that ran
+        atexit.register(self.graphs.clear)  # release the graphs while their library is still loaded
 
     def _build(self, kind: str, x_shape, w_shape, y_shape, stride, padding) -> tuple:
         cudnn = self.cudnn
@@ -482,9 +500,9 @@ class _CudnnConv:
         return g, names
 
     def _autotune(self, g: Any, pack: dict, key: tuple) -> int:
-        """Time every built plan on the real buffers and keep the fastest (as cudnn.benchmark does)."""
+        """Time every built plan on the real buffers and keep the fastest (as cudnn.benchmark does), preferring a
+        smaller workspace where the difference in time is within :attr:`PLAN_TOLERANCE`."""
         cp = self.cp
-        best, best_ms = 0, float("inf")
         timings = self.timings[key] = []
         for i in range(g.get_execution_plan_count()):
             try:
@@ -507,15 +525,14 @@ class _CudnnConv:
             except Exception:
                 continue  # a plan that cannot run here
             timings.append((ms, size, i))
-            if ms < best_ms:
-                best, best_ms = i, ms
         cp.cuda.runtime.deviceSynchronize()
         for trial in self._trials:
             cp.cuda.runtime.free(trial)
         self._trials.clear()
-        if best_ms == float("inf"):
+        if not timings:
             raise BackendError("no cuDNN plan could run")
-        size = g.get_workspace_size_plan_at_index(best)
+        limit = min(ms for ms, _, _ in timings) * (1.0 + self.PLAN_TOLERANCE)
+        size, _, best = min((size, ms, i) for ms, size, i in timings if ms <= limit)
         if size > self.workspace.size:
             self.workspace = cp.empty(size, dtype=cp.uint8)
         return best
