@@ -30,8 +30,10 @@ def main() -> int:
     p.add_argument("--net", default="lenet64", choices=sorted(NETWORKS))
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--vs", choices=["torch", "none"], default="none")
+    p.add_argument("--tf32", action="store_true", help="TF32 convolutions and GEMMs in both frameworks (cuda)")
     args = p.parse_args()
-    be = lp.backend(args.backend, graphs=False) if args.backend == "cuda" else lp.backend(args.backend)
+    cuda = {"graphs": False, "tf32": args.tf32} if args.backend == "cuda" else {}
+    be = lp.backend(args.backend, **cuda)
     solver, x, y = solver_and_batch(be, args.net)
     for _ in range(3):
         solver.train_minibatch(x, y)
@@ -81,7 +83,7 @@ def profile_torch(solver, x, y, args) -> None:
 
     initial = [w.to_numpy() for w in solver.network.learnable_weights_data()]
     device = "cuda" if args.backend == "cuda" else "cpu"
-    trainer = TorchTrainer(torch, solver.network, initial, device, tf32=False)
+    trainer = TorchTrainer(torch, solver.network, initial, device, tf32=args.tf32)
     xt, yt = trainer.to_device(x.to_numpy(), y.to_numpy().reshape(-1).astype(np.int64))
     for _ in range(5):
         trainer.step(xt, yt)
