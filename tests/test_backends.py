@@ -270,7 +270,7 @@ def test_cuda_graphs_of_two_live_solvers_alternating_equal_eager():
         pytest.skip(f"cuda backend unavailable: {e}")
     ds = lp.data.digits()
     x, y = ds.x_train[:32], ds.y_train[:32]
-    rules = ("momentum", "rmsprop")
+    rules = ("momentum", "nesterov")  # adaptive rules would amplify plan-dependent rounding of tiny gradients
     pairs = {str(be.graphs): [_solver(be, dropout=False, solver=r) for r in rules] for be in (graphs, eager)}
     for _ in range(6):
         for solvers in pairs.values():
