@@ -1,5 +1,7 @@
 """Where a training step's time goes: each layer's forward, backward_input and backward_parameters, timed with
-the backend synchronised around every call (so the numbers add up to more than a real step).
+the backend synchronised around every call (so the numbers add up to more than a real step). With ``--repeat R``
+each call is issued R times between two synchronisations and the time divided by R, which takes the cost of a
+synchronisation (large on webgpu) out of the per-layer figures.
 
     python benchmarks/profile_layers.py --backend cuda --net alexnet128 [--vs torch]
 
@@ -30,6 +32,7 @@ def main() -> int:
     p.add_argument("--net", default="lenet64", choices=sorted(NETWORKS))
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--vs", choices=["torch", "none"], default="none")
+    p.add_argument("--repeat", type=int, default=1, help="issue each call this many times per synchronisation")
     p.add_argument("--tf32", action="store_true", help="TF32 convolutions and GEMMs in both frameworks (cuda)")
     args = p.parse_args()
     cuda = {"graphs": False, "tf32": args.tf32} if args.backend == "cuda" else {}
@@ -46,9 +49,10 @@ def main() -> int:
                 def timed(*a, _f=original, _k=(layer.name, method), **kw):
                     be.synchronize()
                     t = time.perf_counter()
-                    result = _f(*a, **kw)
+                    for _ in range(args.repeat):
+                        result = _f(*a, **kw)
                     be.synchronize()
-                    times[_k] += time.perf_counter() - t
+                    times[_k] += (time.perf_counter() - t) / args.repeat
                     return result
 
                 setattr(layer.worker, method, timed)
@@ -59,8 +63,12 @@ def main() -> int:
     be.synchronize()
     total = (time.perf_counter() - t0) / args.steps * 1000
     layers = sum(times.values()) / args.steps * 1000
-    print(f"{args.net} on {args.backend}: {total:.2f} ms/step synchronised per call; layers {layers:.2f} ms, "
-          f"rest (update, bookkeeping) {total - layers:.2f} ms")
+    if args.repeat == 1:
+        print(f"{args.net} on {args.backend}: {total:.2f} ms/step synchronised per call; layers {layers:.2f} ms, "
+              f"rest (update, bookkeeping) {total - layers:.2f} ms")
+    else:
+        print(f"{args.net} on {args.backend}: layers {layers:.2f} ms per step, each call issued {args.repeat} times "
+              "per synchronisation")
     for (name, method), t in times.most_common():
         print(f"  {name:>8} {method:<20} {t / args.steps * 1000:8.3f} ms")
     cudnn = getattr(be, "_cudnn", None)
