@@ -217,12 +217,16 @@ class WebGPUBackend(Backend):
         self._encoder = self._pass = None
 
     # --- dispatch machinery -------------------------------------------------------------------------------------
-    def _pipeline(self, module: str, entry: str) -> Any:
-        key = (module, entry)
+    def _pipeline(self, module: str, entry: str, constants: tuple = ()) -> Any:
+        """The compute pipeline of an entry point, specialised by pipeline-overridable ``constants`` (name, value)
+        pairs (a few choices such as a GEMM operand's transpose; sizes travel in uniforms)."""
+        key = (module, entry, constants)
         p = self._pipelines.get(key)
         if p is None:
-            p = self.device.create_compute_pipeline(layout="auto",
-                                                    compute={"module": self._modules[module], "entry_point": entry})
+            stage = {"module": self._modules[module], "entry_point": entry}
+            if constants:
+                stage["constants"] = dict(constants)
+            p = self.device.create_compute_pipeline(layout="auto", compute=stage)
             self._pipelines[key] = p
         return p
 
@@ -239,8 +243,8 @@ class WebGPUBackend(Backend):
         return buf
 
     def _dispatch(self, module: str, entry: str, params: bytes, buffers: list, groups: tuple[int, int, int],
-                  ranges: list | None = None) -> None:
-        pipe = self._pipeline(module, entry)
+                  ranges: list | None = None, constants: tuple = ()) -> None:
+        pipe = self._pipeline(module, entry, constants)
         ubuf = self._uniform(params)
         entries = [(0, ubuf, 0, ubuf.size)]
         for i, b in enumerate(buffers):
@@ -309,14 +313,21 @@ class WebGPUBackend(Backend):
         self._gemm(a, trans_a, b, trans_b, out, m, n, k, alpha, beta)
 
     SPLIT_K_TILES = 256
-    """Split K across the grid when C has fewer 64x64 tiles than this and K is long (weight gradients)."""
+    """Split K across the grid when C has fewer tiles than this and K is long (weight gradients)."""
+
+    @staticmethod
+    def _gemm_tile(m: int, n: int) -> tuple[str, int]:
+        """The kernel for an m x n product: 128x128 tiles (twice the work per workgroup-memory read) where both
+        sides fill one, else 64x64."""
+        return ("gemm_big", 128) if m >= 128 and n >= 128 else ("gemm", 64)
 
     def _gemm(self, a, trans_a, b, trans_b, out, m, n, k, alpha, beta) -> None:
-        flags = (1 if trans_a else 0) | (2 if trans_b else 0)
         lds = (m if trans_a else k, k if trans_b else n, n)
+        consts = (("TRANS_A", int(trans_a)), ("TRANS_B", int(trans_b)))
         if max(a.raw.size, b.raw.size, out.raw.size) > self.max_binding:
-            return self._gemm_blocks(a, trans_a, b, trans_b, out, m, n, k, alpha, beta, flags, lds)
-        gx, gy = -(-n // 64), -(-m // 64)
+            return self._gemm_blocks(a, trans_a, b, trans_b, out, m, n, k, alpha, beta, consts, lds)
+        entry, tile = self._gemm_tile(m, n)
+        gx, gy = -(-n // tile), -(-m // tile)
         if gx > self.max_groups or gy > self.max_groups:
             raise BackendError(f"webgpu: GEMM of {m}x{n} needs more workgroups than the device allows")
         tiles = gx * gy
@@ -326,18 +337,18 @@ class WebGPUBackend(Backend):
             while splits > 1 and splits * m * n * 4 > self.max_binding:
                 splits //= 2
         if splits == 1:
-            self._dispatch("gemm", "gemm", _pack((m, n, k, flags, 0, 0, 0, k, *lds), (alpha, beta)), [a, b, out],
-                           (gx, gy, 1))
+            self._dispatch("gemm", entry, _pack((m, n, k, 0, 0, 0, 0, k, *lds), (alpha, beta)), [a, b, out],
+                           (gx, gy, 1), constants=consts)
             return
         chunk = -(-k // splits)
-        chunk = -(-chunk // 16) * 16
+        chunk = -(-chunk // 16) * 16  # whole K slices of either kernel
         splits = -(-k // chunk)
         partial = self._scratch_buffer(splits * m * n, "splitk")
-        self._dispatch("gemm", "gemm", _pack((m, n, k, flags, 0, 0, 0, chunk, *lds), (1.0, 0.0)),
-                       [a, b, partial], (gx, gy, splits))
+        self._dispatch("gemm", entry, _pack((m, n, k, 0, 0, 0, 0, chunk, *lds), (1.0, 0.0)),
+                       [a, b, partial], (gx, gy, splits), constants=consts)
         self._elementwise("split_sum", m * n, [partial, out], u=(0, splits), f=(alpha, beta), whole=(0,))
 
-    def _gemm_blocks(self, a, trans_a, b, trans_b, out, m, n, k, alpha, beta, flags, lds) -> None:
+    def _gemm_blocks(self, a, trans_a, b, trans_b, out, m, n, k, alpha, beta, consts, lds) -> None:
         """A product whose operands exceed the storage-binding limit, in blocks of C whose rows of A, rows of B^T
         and rows of C can each be bound (A transposed or B untransposed must fit whole)."""
         limit = self.max_binding - self.offset_align  # room for aligning each binding's start down
@@ -371,9 +382,10 @@ class WebGPUBackend(Backend):
                 rc = span((m0 * n + n0) * 4, ((m0 + mm - 1) * n + n0 + nn) * 4)
                 a_off = ra[2] + (m0 if trans_a else 0)
                 b_off = rb[2] + (0 if trans_b else n0)
-                params = _pack((mm, nn, k, flags, a_off, b_off, rc[2], k, *lds), (alpha, beta))
-                self._dispatch("gemm", "gemm", params, [a, b, out], (-(-nn // 64), -(-mm // 64), 1),
-                               [ra[:2], rb[:2], rc[:2]])
+                params = _pack((mm, nn, k, 0, a_off, b_off, rc[2], k, *lds), (alpha, beta))
+                entry, tile = self._gemm_tile(mm, nn)
+                self._dispatch("gemm", entry, params, [a, b, out], (-(-nn // tile), -(-mm // tile), 1),
+                               [ra[:2], rb[:2], rc[:2]], constants=consts)
 
     def axpby(self, alpha, x, beta, y):
         if beta == 0.0 and alpha == 1.0:

@@ -1,55 +1,102 @@
-// C = f0 * op(A) op(B) + f1 * C, row-major, register tiled: a 16x16 workgroup computes a 64x64 tile of C,
-// each thread a 4x4 block held in registers; K advances in slices of 16 staged in workgroup memory.
-// u0 = M, u1 = N, u2 = K, u3 = flags (1: A transposed, 2: B transposed), u4/u5/u6 = element offsets of A/B/C,
-// u7 = the K range of one z-slice of the grid (split-K: slice z writes its partial product at C + z * M * N),
-// u8/u9/u10 = row strides of A, B and C as stored (a block of a larger product is bound with its parent's strides).
+// C = f0 * op(A) op(B) + f1 * C, row-major, register tiled, in two sizes:
+//   gemm:     a 16x16 workgroup computes a 64x64 tile of C, each thread a 4x4 block; K in slices of 16;
+//   gemm_big: a 16x16 workgroup computes a 128x128 tile, each thread four 4x4 blocks (rows ty*4 and 64 + ty*4,
+//             columns tx*4 and 64 + tx*4, so that a warp's workgroup-memory reads do not collide); K in slices of 8.
+// Tiles of A and B are staged in workgroup memory as vec4 along m (A) and n (B); global reads walk the stored
+// contiguous dimension, so they coalesce whichever operand is transposed. The transposes are pipeline constants.
+// u0 = M, u1 = N, u2 = K, u4/u5/u6 = element offsets of A/B/C, u7 = the K range of one z-slice of the grid
+// (split-K: slice z writes its partial product at C + z * M * N), u8/u9/u10 = row strides of A, B and C as stored
+// (a block of a larger product is bound with its parent's strides).
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> A: array<f32>;
 @group(0) @binding(2) var<storage, read> B: array<f32>;
 @group(0) @binding(3) var<storage, read_write> C: array<f32>;
 
-const TILE: u32 = 64u;
-const KT: u32 = 16u;
-var<workgroup> As: array<vec4<f32>, 256>;  // [k][m / 4]: 16 x 16 vec4
-var<workgroup> Bs: array<vec4<f32>, 256>;  // [k][n / 4]
+override TRANS_A: bool = false;
+override TRANS_B: bool = false;
 
+// op(A)[m][k], zero outside [0, M) x [0, kend)
 fn load_a(m: u32, k: u32, kend: u32) -> f32 {
     if (m >= p.u0 || k >= kend) { return 0.0; }
-    if ((p.u3 & 1u) != 0u) { return A[p.u4 + k * p.u8 + m]; }
+    if (TRANS_A) { return A[p.u4 + k * p.u8 + m]; }
     return A[p.u4 + m * p.u8 + k];
 }
 
+// op(B)[k][n], zero outside [0, kend) x [0, N)
 fn load_b(k: u32, n: u32, kend: u32) -> f32 {
     if (k >= kend || n >= p.u1) { return 0.0; }
-    if ((p.u3 & 2u) != 0u) { return B[p.u5 + n * p.u9 + k]; }
+    if (TRANS_B) { return B[p.u5 + n * p.u9 + k]; }
     return B[p.u5 + k * p.u9 + n];
+}
+
+fn store_c(r: u32, c: u32, v: f32, z: u32) {
+    if (r >= p.u0 || c >= p.u1) { return; }
+    let o = p.u6 + z * p.u0 * p.u1 + r * p.u10 + c;
+    var s = p.f0 * v;
+    if (p.f1 != 0.0) { s = s + p.f1 * C[o]; }
+    C[o] = s;
+}
+
+var<workgroup> As: array<vec4<f32>, 256>;  // gemm: [k 16][m / 4 16]; gemm_big: [k 8][m / 4 32]
+var<workgroup> Bs: array<vec4<f32>, 256>;  // [k][n / 4], the same shapes
+
+// Stage a (rows x kt) tile of op(A) at (row0, k0) into As, four values per thread of a 256-thread workgroup.
+// Stored transposed (m contiguous), a thread reads 4 consecutive m; otherwise 4 consecutive k.
+fn stage_a(t: u32, row0: u32, k0: u32, kend: u32, rows: u32) {
+    let q = rows / 4u;  // vec4s per k row of the tile
+    if (TRANS_A) {
+        let kk = t / q;
+        let mq = t % q;
+        let m = row0 + mq * 4u;
+        let k = k0 + kk;
+        As[kk * q + mq] = vec4<f32>(load_a(m, k, kend), load_a(m + 1u, k, kend), load_a(m + 2u, k, kend),
+                                    load_a(m + 3u, k, kend));
+    } else {
+        let per_row = 1024u / rows;  // k values of one m row staged by one thread group
+        let mm = t / (per_row / 4u);
+        let k4 = (t % (per_row / 4u)) * 4u;
+        let m = row0 + mm;
+        for (var j = 0u; j < 4u; j = j + 1u) {
+            As[(k4 + j) * q + mm / 4u][mm % 4u] = load_a(m, k0 + k4 + j, kend);
+        }
+    }
+}
+
+// Stage a (kt x cols) tile of op(B) at (k0, col0) into Bs, as stage_a does for A.
+fn stage_b(t: u32, col0: u32, k0: u32, kend: u32, cols: u32) {
+    let q = cols / 4u;
+    if (TRANS_B) {
+        let per_col = 1024u / cols;
+        let nn = t / (per_col / 4u);
+        let k4 = (t % (per_col / 4u)) * 4u;
+        let n = col0 + nn;
+        for (var j = 0u; j < 4u; j = j + 1u) {
+            Bs[(k4 + j) * q + nn / 4u][nn % 4u] = load_b(k0 + k4 + j, n, kend);
+        }
+    } else {
+        let kk = t / q;
+        let nq = t % q;
+        let n = col0 + nq * 4u;
+        let k = k0 + kk;
+        Bs[kk * q + nq] = vec4<f32>(load_b(k, n, kend), load_b(k, n + 1u, kend), load_b(k, n + 2u, kend),
+                                    load_b(k, n + 3u, kend));
+    }
 }
 
 @compute @workgroup_size(16, 16)
 fn gemm(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let M = p.u0;
-    let N = p.u1;
-    let K = p.u2;
-    let row0 = wid.y * TILE;
-    let col0 = wid.x * TILE;
+    let row0 = wid.y * 64u;
+    let col0 = wid.x * 64u;
     let t = lid.y * 16u + lid.x;
     var acc: array<vec4<f32>, 4>;
     for (var i = 0u; i < 4u; i = i + 1u) { acc[i] = vec4<f32>(0.0); }
     let kbeg = wid.z * p.u7;
-    let kend = min(K, kbeg + p.u7);
-    for (var k0 = kbeg; k0 < kend; k0 = k0 + KT) {
-        // each thread stages 4 values of A (one vec4 along m) and 4 of B (one vec4 along n)
-        let kk = t / 16u;
-        let q = t % 16u;
-        let m = row0 + q * 4u;
-        let ka = k0 + kk;
-        As[kk * 16u + q] = vec4<f32>(load_a(m, ka, kend), load_a(m + 1u, ka, kend), load_a(m + 2u, ka, kend),
-                                     load_a(m + 3u, ka, kend));
-        let n = col0 + q * 4u;
-        Bs[kk * 16u + q] = vec4<f32>(load_b(ka, n, kend), load_b(ka, n + 1u, kend), load_b(ka, n + 2u, kend),
-                                     load_b(ka, n + 3u, kend));
+    let kend = min(p.u2, kbeg + p.u7);
+    for (var k0 = kbeg; k0 < kend; k0 = k0 + 16u) {
+        stage_a(t, row0, k0, kend, 64u);
+        stage_b(t, col0, k0, kend, 64u);
         workgroupBarrier();
-        for (var k = 0u; k < KT; k = k + 1u) {
+        for (var k = 0u; k < 16u; k = k + 1u) {
             let a = As[k * 16u + lid.y];
             let b = Bs[k * 16u + lid.x];
             acc[0] = acc[0] + a.x * b;
@@ -60,15 +107,56 @@ fn gemm(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         workgroupBarrier();
     }
     for (var i = 0u; i < 4u; i = i + 1u) {
-        let r = row0 + lid.y * 4u + i;
-        if (r >= M) { continue; }
         for (var j = 0u; j < 4u; j = j + 1u) {
-            let cidx = col0 + lid.x * 4u + j;
-            if (cidx >= N) { continue; }
-            let o = p.u6 + wid.z * M * N + r * p.u10 + cidx;
-            var v = p.f0 * acc[i][j];
-            if (p.f1 != 0.0) { v = v + p.f1 * C[o]; }
-            C[o] = v;
+            store_c(row0 + lid.y * 4u + i, col0 + lid.x * 4u + j, acc[i][j], wid.z);
+        }
+    }
+}
+
+@compute @workgroup_size(16, 16)
+fn gemm_big(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let row0 = wid.y * 128u;
+    let col0 = wid.x * 128u;
+    let t = lid.y * 16u + lid.x;
+    // acc[h * 4 + i]: row (h / 2) * 64 + ty * 4 + i, columns (h % 2) * 64 + tx * 4 .. + 3
+    var acc: array<vec4<f32>, 16>;
+    for (var i = 0u; i < 16u; i = i + 1u) { acc[i] = vec4<f32>(0.0); }
+    let kbeg = wid.z * p.u7;
+    let kend = min(p.u2, kbeg + p.u7);
+    for (var k0 = kbeg; k0 < kend; k0 = k0 + 8u) {
+        stage_a(t, row0, k0, kend, 128u);
+        stage_b(t, col0, k0, kend, 128u);
+        workgroupBarrier();
+        for (var k = 0u; k < 8u; k = k + 1u) {
+            let a0 = As[k * 32u + lid.y];
+            let a1 = As[k * 32u + 16u + lid.y];
+            let b0 = Bs[k * 32u + lid.x];
+            let b1 = Bs[k * 32u + 16u + lid.x];
+            acc[0] = acc[0] + a0.x * b0;
+            acc[1] = acc[1] + a0.y * b0;
+            acc[2] = acc[2] + a0.z * b0;
+            acc[3] = acc[3] + a0.w * b0;
+            acc[4] = acc[4] + a0.x * b1;
+            acc[5] = acc[5] + a0.y * b1;
+            acc[6] = acc[6] + a0.z * b1;
+            acc[7] = acc[7] + a0.w * b1;
+            acc[8] = acc[8] + a1.x * b0;
+            acc[9] = acc[9] + a1.y * b0;
+            acc[10] = acc[10] + a1.z * b0;
+            acc[11] = acc[11] + a1.w * b0;
+            acc[12] = acc[12] + a1.x * b1;
+            acc[13] = acc[13] + a1.y * b1;
+            acc[14] = acc[14] + a1.z * b1;
+            acc[15] = acc[15] + a1.w * b1;
+        }
+        workgroupBarrier();
+    }
+    for (var h = 0u; h < 4u; h = h + 1u) {
+        for (var i = 0u; i < 4u; i = i + 1u) {
+            let r = row0 + (h / 2u) * 64u + lid.y * 4u + i;
+            for (var j = 0u; j < 4u; j = j + 1u) {
+                store_c(r, col0 + (h % 2u) * 64u + lid.x * 4u + j, acc[h * 4u + i][j], wid.z);
+            }
         }
     }
 }
