@@ -83,13 +83,23 @@ fn stage_b(t: u32, col0: u32, k0: u32, kend: u32, cols: u32) {
     }
 }
 
+fn store4(r: u32, c: u32, v: vec4<f32>, z: u32) {
+    store_c(r, c, v.x, z);
+    store_c(r, c + 1u, v.y, z);
+    store_c(r, c + 2u, v.z, z);
+    store_c(r, c + 3u, v.w, z);
+}
+
+// Accumulators are named registers, not arrays: an array indexed in a loop may be placed in slow local memory.
 @compute @workgroup_size(16, 16)
 fn gemm(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let row0 = wid.y * 64u;
     let col0 = wid.x * 64u;
     let t = lid.y * 16u + lid.x;
-    var acc: array<vec4<f32>, 4>;
-    for (var i = 0u; i < 4u; i = i + 1u) { acc[i] = vec4<f32>(0.0); }
+    var c0 = vec4<f32>(0.0);
+    var c1 = vec4<f32>(0.0);
+    var c2 = vec4<f32>(0.0);
+    var c3 = vec4<f32>(0.0);
     let kbeg = wid.z * p.u7;
     let kend = min(p.u2, kbeg + p.u7);
     for (var k0 = kbeg; k0 < kend; k0 = k0 + 16u) {
@@ -99,28 +109,43 @@ fn gemm(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         for (var k = 0u; k < 16u; k = k + 1u) {
             let a = As[k * 16u + lid.y];
             let b = Bs[k * 16u + lid.x];
-            acc[0] = acc[0] + a.x * b;
-            acc[1] = acc[1] + a.y * b;
-            acc[2] = acc[2] + a.z * b;
-            acc[3] = acc[3] + a.w * b;
+            c0 = c0 + a.x * b;
+            c1 = c1 + a.y * b;
+            c2 = c2 + a.z * b;
+            c3 = c3 + a.w * b;
         }
         workgroupBarrier();
     }
-    for (var i = 0u; i < 4u; i = i + 1u) {
-        for (var j = 0u; j < 4u; j = j + 1u) {
-            store_c(row0 + lid.y * 4u + i, col0 + lid.x * 4u + j, acc[i][j], wid.z);
-        }
-    }
+    let r = row0 + lid.y * 4u;
+    let c = col0 + lid.x * 4u;
+    store4(r, c, c0, wid.z);
+    store4(r + 1u, c, c1, wid.z);
+    store4(r + 2u, c, c2, wid.z);
+    store4(r + 3u, c, c3, wid.z);
 }
 
+// cHI holds row (H / 2) * 64 + ty * 4 + I, columns (H % 2) * 64 + tx * 4 .. + 3
 @compute @workgroup_size(16, 16)
 fn gemm_big(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let row0 = wid.y * 128u;
     let col0 = wid.x * 128u;
     let t = lid.y * 16u + lid.x;
-    // acc[h * 4 + i]: row (h / 2) * 64 + ty * 4 + i, columns (h % 2) * 64 + tx * 4 .. + 3
-    var acc: array<vec4<f32>, 16>;
-    for (var i = 0u; i < 16u; i = i + 1u) { acc[i] = vec4<f32>(0.0); }
+    var c00 = vec4<f32>(0.0);
+    var c01 = vec4<f32>(0.0);
+    var c02 = vec4<f32>(0.0);
+    var c03 = vec4<f32>(0.0);
+    var c10 = vec4<f32>(0.0);
+    var c11 = vec4<f32>(0.0);
+    var c12 = vec4<f32>(0.0);
+    var c13 = vec4<f32>(0.0);
+    var c20 = vec4<f32>(0.0);
+    var c21 = vec4<f32>(0.0);
+    var c22 = vec4<f32>(0.0);
+    var c23 = vec4<f32>(0.0);
+    var c30 = vec4<f32>(0.0);
+    var c31 = vec4<f32>(0.0);
+    var c32 = vec4<f32>(0.0);
+    var c33 = vec4<f32>(0.0);
     let kbeg = wid.z * p.u7;
     let kend = min(p.u2, kbeg + p.u7);
     for (var k0 = kbeg; k0 < kend; k0 = k0 + 8u) {
@@ -132,31 +157,43 @@ fn gemm_big(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id)
             let a1 = As[k * 32u + 16u + lid.y];
             let b0 = Bs[k * 32u + lid.x];
             let b1 = Bs[k * 32u + 16u + lid.x];
-            acc[0] = acc[0] + a0.x * b0;
-            acc[1] = acc[1] + a0.y * b0;
-            acc[2] = acc[2] + a0.z * b0;
-            acc[3] = acc[3] + a0.w * b0;
-            acc[4] = acc[4] + a0.x * b1;
-            acc[5] = acc[5] + a0.y * b1;
-            acc[6] = acc[6] + a0.z * b1;
-            acc[7] = acc[7] + a0.w * b1;
-            acc[8] = acc[8] + a1.x * b0;
-            acc[9] = acc[9] + a1.y * b0;
-            acc[10] = acc[10] + a1.z * b0;
-            acc[11] = acc[11] + a1.w * b0;
-            acc[12] = acc[12] + a1.x * b1;
-            acc[13] = acc[13] + a1.y * b1;
-            acc[14] = acc[14] + a1.z * b1;
-            acc[15] = acc[15] + a1.w * b1;
+            c00 = c00 + a0.x * b0;
+            c01 = c01 + a0.y * b0;
+            c02 = c02 + a0.z * b0;
+            c03 = c03 + a0.w * b0;
+            c10 = c10 + a0.x * b1;
+            c11 = c11 + a0.y * b1;
+            c12 = c12 + a0.z * b1;
+            c13 = c13 + a0.w * b1;
+            c20 = c20 + a1.x * b0;
+            c21 = c21 + a1.y * b0;
+            c22 = c22 + a1.z * b0;
+            c23 = c23 + a1.w * b0;
+            c30 = c30 + a1.x * b1;
+            c31 = c31 + a1.y * b1;
+            c32 = c32 + a1.z * b1;
+            c33 = c33 + a1.w * b1;
         }
         workgroupBarrier();
     }
-    for (var h = 0u; h < 4u; h = h + 1u) {
-        for (var i = 0u; i < 4u; i = i + 1u) {
-            let r = row0 + (h / 2u) * 64u + lid.y * 4u + i;
-            for (var j = 0u; j < 4u; j = j + 1u) {
-                store_c(r, col0 + (h % 2u) * 64u + lid.x * 4u + j, acc[h * 4u + i][j], wid.z);
-            }
-        }
-    }
+    let r0 = row0 + lid.y * 4u;
+    let r1 = r0 + 64u;
+    let q0 = col0 + lid.x * 4u;
+    let q1 = q0 + 64u;
+    store4(r0 + 0u, q0, c00, wid.z);
+    store4(r0 + 1u, q0, c01, wid.z);
+    store4(r0 + 2u, q0, c02, wid.z);
+    store4(r0 + 3u, q0, c03, wid.z);
+    store4(r0 + 0u, q1, c10, wid.z);
+    store4(r0 + 1u, q1, c11, wid.z);
+    store4(r0 + 2u, q1, c12, wid.z);
+    store4(r0 + 3u, q1, c13, wid.z);
+    store4(r1 + 0u, q0, c20, wid.z);
+    store4(r1 + 1u, q0, c21, wid.z);
+    store4(r1 + 2u, q0, c22, wid.z);
+    store4(r1 + 3u, q0, c23, wid.z);
+    store4(r1 + 0u, q1, c30, wid.z);
+    store4(r1 + 1u, q1, c31, wid.z);
+    store4(r1 + 2u, q1, c32, wid.z);
+    store4(r1 + 3u, q1, c33, wid.z);
 }
