@@ -338,6 +338,26 @@ def test_webgpu_splits_gemm_over_the_binding_limit(m, n, k, ta, tb, beta):
 
 
 @pytest.mark.webgpu
+def test_webgpu_convolution_in_batch_chunks_matches_native():
+    be = _webgpu(power_preference="low-power")  # a separate instance whose chunk size we can lower
+    be.CONV_SCRATCH = 2 * 3 * 9 * 36 * 4  # im2col columns of two samples: a batch of 5 runs in 3 chunks
+    native = lp.backend("native")
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((5, 3, 6, 6), dtype=np.float32), rng.standard_normal((4, 3, 3, 3), dtype=np.float32)
+    dy, dw0 = rng.standard_normal((5, 4, 6, 6), dtype=np.float32), rng.standard_normal(w.shape, dtype=np.float32)
+    results = []
+    for bk in (native, be):
+        t = {name: lp.SharedTensor.from_numpy(v) for name, v in (("x", x), ("w", w), ("dy", dy), ("dw", dw0))}
+        y, dx = lp.SharedTensor((5, 4, 6, 6)), lp.SharedTensor(x.shape)
+        bk.conv2d(t["x"].read(bk), t["w"].read(bk), y.write(bk), (1, 1), (1, 1), {})
+        bk.conv2d_grad_data(t["dy"].read(bk), t["w"].read(bk), dx.write(bk), (1, 1), (1, 1), {})
+        bk.conv2d_grad_filter(t["x"].read(bk), t["dy"].read(bk), t["dw"].read_write(bk), (1, 1), (1, 1), {}, 0.5)
+        results.append([y.to_numpy(), dx.to_numpy(), t["dw"].to_numpy()])
+    for got, ref, what in zip(results[1], results[0], ("forward", "data gradient", "filter gradient")):
+        close(got, ref, what)
+
+
+@pytest.mark.webgpu
 def test_webgpu_gemm_that_cannot_be_split_says_so():
     be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
     be.max_binding = 40_000

@@ -312,14 +312,18 @@ class WebGPUBackend(Backend):
         k = a.shape[0] if trans_a else a.shape[1]
         self._gemm(a, trans_a, b, trans_b, out, m, n, k, alpha, beta)
 
-    SPLIT_K_TILES = 256
-    """Split K across the grid when C has fewer tiles than this and K is long (weight gradients)."""
+    SPLIT_K_TILES = 1024
+    """Split K across the grid when C has fewer tiles than this and K is long (weight gradients): a large GPU
+    holds several 256-thread workgroups per multiprocessor, so a grid needs about this many to fill it."""
 
     @staticmethod
     def _gemm_tile(m: int, n: int) -> tuple[str, int]:
-        """The kernel for an m x n product: 128x128 tiles (twice the work per workgroup-memory read) where both
-        sides fill one, else 64x64."""
-        return ("gemm_big", 128) if m >= 128 and n >= 128 else ("gemm", 64)
+        """The kernel for an m x n product: 128x128 tiles (twice the work per workgroup-memory read; ~1.2x the
+        rate of 64x64 on large products) where there are enough of them to fill the GPU and padding m and n to
+        128 wastes little, else 64x64."""
+        t64 = -(-m // 64) * -(-n // 64)
+        t128 = -(-m // 128) * -(-n // 128)
+        return ("gemm_big", 128) if t128 >= 256 and 4 * t128 <= 1.1 * t64 else ("gemm", 64)
 
     def _gemm(self, a, trans_a, b, trans_b, out, m, n, k, alpha, beta) -> None:
         lds = (m if trans_a else k, k if trans_b else n, n)
@@ -514,13 +518,16 @@ class WebGPUBackend(Backend):
         self._reduce("bias_grad", [dy, db], (n, c, inner), (beta,), groups=c)
 
     # --- convolution: im2col + GEMM over batch chunks that fit the binding limit ---------------------------------
+    CONV_SCRATCH = 256 << 20
+    """Bytes of im2col columns per batch chunk: larger chunks give each GEMM enough tiles to fill a large GPU."""
+
     def _conv_geometry(self, x_shape, w_shape, y_shape, stride, padding):
         n, c, h, w = x_shape
         o, _, kh, kw = w_shape
         oh, ow = y_shape[2], y_shape[3]
         k = c * kh * kw
         per_sample = k * oh * ow * 4
-        limit = min(self.max_binding, 64 << 20)
+        limit = min(self.max_binding, self.CONV_SCRATCH)
         chunk = max(1, min(n, limit // max(per_sample, 1)))
         u = (0, c, h, w, _pair(kh, kw), _pair(*stride), _pair(*padding), _pair(oh, ow))
         return n, c, o, k, oh * ow, chunk, u
