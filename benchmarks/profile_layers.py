@@ -33,6 +33,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--vs", choices=["torch", "none"], default="none")
     p.add_argument("--repeat", type=int, default=1, help="issue each call this many times per synchronisation")
+    p.add_argument("--kernels", action="store_true",
+                   help="webgpu: GPU time per kernel (timestamp queries) instead of per layer")
     p.add_argument("--tf32", action="store_true", help="TF32 convolutions and GEMMs in both frameworks (cuda)")
     args = p.parse_args()
     cuda = {"graphs": False, "tf32": args.tf32} if args.backend == "cuda" else {}
@@ -40,6 +42,9 @@ def main() -> int:
     solver, x, y = solver_and_batch(be, args.net)
     for _ in range(3):
         solver.train_minibatch(x, y)
+    if args.kernels:
+        profile_kernels(be, solver, x, y, args)
+        return 0
     times: collections.Counter = collections.Counter()
     for net in (solver.network, solver.objective):
         for layer in net.layers:
@@ -82,6 +87,21 @@ def main() -> int:
     if args.vs == "torch":
         profile_torch(solver, x, y, args)
     return 0
+
+
+def profile_kernels(be, solver, x, y, args) -> None:
+    """Each kernel's GPU time per step, every dispatch timed in its own pass (webgpu)."""
+    be.profile()
+    for _ in range(args.steps):
+        solver.train_minibatch(x, y)
+    be.synchronize()
+    times = be.kernel_times
+    be.profile(False)
+    total = sum(t for t, _ in times.values()) / args.steps * 1000
+    print(f"{args.net} on {args.backend}: {total:.2f} ms of GPU time per step in "
+          f"{sum(n for _, n in times.values()) // args.steps} dispatches")
+    for name, (t, n) in sorted(times.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {t / args.steps * 1000:8.3f} ms  {n // args.steps:4d}x  {name}")
 
 
 def profile_torch(solver, x, y, args) -> None:

@@ -358,6 +358,29 @@ def test_webgpu_convolution_in_batch_chunks_matches_native():
 
 
 @pytest.mark.webgpu
+def test_webgpu_profile_times_each_dispatch_by_entry_point():
+    be = _webgpu(power_preference="low-power")
+    if not be.can_profile:
+        pytest.skip(f"{be.adapter_name} offers no timestamp queries")
+    rng = np.random.default_rng(0)
+    a, b = rng.random((70, 40), dtype=np.float32), rng.random((40, 30), dtype=np.float32)
+    c, r = lp.SharedTensor((70, 30)), lp.SharedTensor((70, 30))
+    be.profile()
+    be.gemm(lp.SharedTensor.from_numpy(a).read(be), False, lp.SharedTensor.from_numpy(b).read(be), False,
+            c.write(be))
+    be.relu(c.read(be), r.write(be))
+    be.relu(c.read(be), r.write(be))
+    close(r.to_numpy(), np.maximum(a @ b, 0), "profiled results")  # timed passes compute the same
+    times = be.kernel_times
+    assert times["gemm TRANS_A=0 TRANS_B=0"][1] == 1 and times["relu"][1] == 2, times
+    assert all(seconds >= 0.0 for seconds, _ in times.values())
+    be.profile(False)
+    be.relu(c.read(be), r.write(be))
+    be.synchronize()
+    assert be.kernel_times is None
+
+
+@pytest.mark.webgpu
 def test_webgpu_gemm_that_cannot_be_split_says_so():
     be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
     be.max_binding = 40_000

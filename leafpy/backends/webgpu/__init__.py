@@ -124,8 +124,9 @@ class WebGPUBackend(Backend):
         limits = chosen.limits
         want = {k: limits[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size",
                                        "max-compute-workgroup-storage-size") if k in limits}
+        features = [f for f in ("timestamp-query",) if f in chosen.features]
         try:
-            self.device = chosen.request_device_sync(required_limits=want)
+            self.device = chosen.request_device_sync(required_limits=want, required_features=features)
         except Exception as e:
             raise BackendUnavailable(f"backend 'webgpu': could not open {self.adapter_name}: {e}") from e
         self.key = f"webgpu:{id(self.device):x}"
@@ -147,6 +148,55 @@ class WebGPUBackend(Backend):
         self._staging: Any = None
         self.dispatches = 0
         self.submissions = 0
+        self.kernel_times: dict | None = None  # entry point -> [GPU seconds, dispatches] while profiling
+        self._stamps: list = []  # entry points of this command buffer's timed passes
+        self._query_set: Any = None
+        self.can_profile = "timestamp-query" in features
+
+    # --- profiling ----------------------------------------------------------------------------------------------
+    PROFILE_PASSES = 2048  # two timestamps each; a query set holds at most 4096
+    """Timed dispatches per command buffer while profiling (a step with more is submitted in parts)."""
+
+    def profile(self, on: bool = True) -> None:
+        """Time every dispatch on the GPU (each in its own compute pass, with timestamp queries) and add the times
+        to :attr:`kernel_times` by entry point; for finding where a step's GPU time goes, not for training."""
+        if on and not self.can_profile:
+            raise BackendError(f"webgpu: {self.adapter_name} does not offer timestamp queries")
+        self.flush()
+        self.kernel_times = {} if on else None
+        if on and self._query_set is None:
+            u = self.wgpu.BufferUsage
+            n = 2 * self.PROFILE_PASSES
+            self._query_set = self.device.create_query_set(type="timestamp", count=n)
+            self._resolve = self.device.create_buffer(size=8 * n, usage=u.QUERY_RESOLVE | u.COPY_SRC)
+            self._stamp_read = self.device.create_buffer(size=8 * n, usage=u.MAP_READ | u.COPY_DST)
+
+    def _timed_pass(self, label: str) -> None:
+        """While profiling: end the current pass and begin one whose start and end are timestamped."""
+        if len(self._stamps) == self.PROFILE_PASSES:
+            self.flush()
+            self._encoder = self.device.create_command_encoder()
+        elif self._pass is not None:
+            self._pass.end()
+        i = len(self._stamps)
+        self._stamps.append(label)
+        self._pass = self._encoder.begin_compute_pass(timestamp_writes={
+            "query_set": self._query_set, "beginning_of_pass_write_index": 2 * i,
+            "end_of_pass_write_index": 2 * i + 1})
+
+    def _collect_stamps(self) -> None:
+        n = len(self._stamps)
+        self._stamp_read.map_sync(self.wgpu.MapMode.READ, 0, 16 * n)
+        try:
+            ticks = np.frombuffer(self._stamp_read.read_mapped(0, 16 * n, copy=True), dtype=np.uint64)
+        finally:
+            self._stamp_read.unmap()
+        period = self.queue.get_timestamp_period() if hasattr(self.queue, "get_timestamp_period") else 1.0
+        for label, t0, t1 in zip(self._stamps, ticks[0::2], ticks[1::2]):
+            entry = self.kernel_times.setdefault(label, [0.0, 0])  # type: ignore[union-attr]
+            entry[0] += float(t1 - t0) * period * 1e-9 if t1 > t0 else 0.0
+            entry[1] += 1
+        self._stamps = []
 
     # --- memory contract ------------------------------------------------------------------------------------
     def allocate(self, size: int, dtype: Any) -> WView:
@@ -211,10 +261,17 @@ class WebGPUBackend(Backend):
         """Submit the recorded dispatches (one command buffer)."""
         if self._encoder is None:
             return
-        self._pass.end()
+        if self._pass is not None:
+            self._pass.end()
+        stamps = len(self._stamps)
+        if stamps:
+            self._encoder.resolve_query_set(self._query_set, 0, 2 * stamps, self._resolve, 0)
+            self._encoder.copy_buffer_to_buffer(self._resolve, 0, self._stamp_read, 0, 16 * stamps)
         self.queue.submit([self._encoder.finish()])
         self.submissions += 1
         self._encoder = self._pass = None
+        if stamps:
+            self._collect_stamps()
 
     # --- dispatch machinery -------------------------------------------------------------------------------------
     def _pipeline(self, module: str, entry: str, constants: tuple = ()) -> Any:
@@ -261,7 +318,9 @@ class WebGPUBackend(Backend):
             cached = self._bind_groups[key] = (bg, entries)  # the entries keep their buffers (and ids) alive
         if self._encoder is None:
             self._encoder = self.device.create_command_encoder()
-            self._pass = self._encoder.begin_compute_pass()
+            self._pass = None if self.kernel_times is not None else self._encoder.begin_compute_pass()
+        if self.kernel_times is not None:
+            self._timed_pass(entry + "".join(f" {k}={v}" for k, v in constants))
         self._pass.set_pipeline(pipe)
         self._pass.set_bind_group(0, cached[0])
         self._pass.dispatch_workgroups(*groups)
