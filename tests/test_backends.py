@@ -380,6 +380,14 @@ def test_webgpu_profile_times_each_dispatch_by_entry_point():
     assert be.kernel_times is None
 
 
+def test_bias_grad_over_many_blocks_matches_native(device):
+    rng = np.random.default_rng(0)
+    dy, db0 = rng.standard_normal((9, 3, 41, 43), dtype=np.float32), rng.standard_normal(3, dtype=np.float32)
+    tb = lp.SharedTensor.from_numpy(db0)
+    device.bias_grad(lp.SharedTensor.from_numpy(dy).read(device), tb.read_write(device), 0.5)
+    close(tb.to_numpy(), dy.sum(axis=(0, 2, 3)) + 0.5 * db0, "bias gradient", rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.webgpu
 def test_webgpu_gemm_that_cannot_be_split_says_so():
     be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower

@@ -375,6 +375,9 @@ class WebGPUBackend(Backend):
     """Split K across the grid when C has fewer tiles than this and K is long (weight gradients): a large GPU
     holds several 256-thread workgroups per multiprocessor, so a grid needs about this many to fill it."""
 
+    SPLIT_SUM_ROWS = 16384
+    """Split-K products with at most this many outputs sum their partials with a workgroup per output."""
+
     @staticmethod
     def _gemm_tile(m: int, n: int) -> tuple[str, int]:
         """The kernel for an m x n product: 128x128 tiles (twice the work per workgroup-memory read; ~1.2x the
@@ -409,7 +412,10 @@ class WebGPUBackend(Backend):
         partial = self._scratch_buffer(splits * m * n, "splitk")
         self._dispatch("gemm", entry, _pack((m, n, k, 0, 0, 0, 0, chunk, *lds), (1.0, 0.0)),
                        [a, b, partial], (gx, gy, splits), constants=consts)
-        self._elementwise("split_sum", m * n, [partial, out], u=(0, splits), f=(alpha, beta), whole=(0,))
+        if m * n <= self.SPLIT_SUM_ROWS:  # few outputs, many partials each: one workgroup per output
+            self._sum_rows(partial, out, splits, m * n, alpha, beta, columns=True)
+        else:
+            self._elementwise("split_sum", m * n, [partial, out], u=(0, splits), f=(alpha, beta), whole=(0,))
 
     def _gemm_blocks(self, a, trans_a, b, trans_b, out, m, n, k, alpha, beta, consts, lds) -> None:
         """A product whose operands exceed the storage-binding limit, in blocks of C whose rows of A, rows of B^T
@@ -469,11 +475,12 @@ class WebGPUBackend(Backend):
     def mul(self, x, y, out):
         self._elementwise("mul", out.size, [x, y, out])
 
-    def _reduce(self, entry: str, buffers: list, u: tuple, f: tuple = (), groups: int = 1) -> None:
+    def _reduce(self, entry: str, buffers: list, u: tuple, f: tuple = (), groups: int | tuple = 1) -> None:
         for v in buffers:
             if v.raw.size > self.max_binding:
                 raise BackendError(f"webgpu: a {v.raw.size}-byte operand of {entry} exceeds the storage binding limit")
-        self._dispatch("reduce", entry, _pack(u, f), buffers, (groups, 1, 1))
+        gx, gy = groups if isinstance(groups, tuple) else (groups, 1)
+        self._dispatch("reduce", entry, _pack(u, f), buffers, (gx, gy, 1))
 
     def dot(self, x, y, out):
         if x.raw is y.raw:
@@ -572,9 +579,21 @@ class WebGPUBackend(Backend):
         self._elementwise("bias_add", y.size, [y, b], u=(0, c, inner), whole=(1,), base_slot=3)
 
     def bias_grad(self, dy, db, beta=0.0):
+        """Per channel, partial sums over blocks of the batch in parallel, then one sum of the partials each."""
         n, c = dy.shape[0], dy.shape[1]
         inner = dy.size // (n * c)
-        self._reduce("bias_grad", [dy, db], (n, c, inner), (beta,), groups=c)
+        per = n * inner
+        blocks = max(1, min(256, -(-per // 4096), self.max_groups))
+        length = -(-per // blocks)
+        part = self._scratch_buffer(c * blocks, "bias_part")
+        self._dispatch("reduce", "bias_grad_part", _pack((n, c, inner, blocks, length)), [dy, part], (c, blocks, 1))
+        self._sum_rows(part, db, blocks, c, 1.0, beta)
+
+    def _sum_rows(self, a, out, length: int, rows: int, alpha: float, beta: float, columns: bool = False) -> None:
+        """out[r] = alpha * (sum of row r of a [rows x length], or of column r of a [length x rows]) + beta * out[r],
+        one workgroup per output."""
+        gx = min(rows, 65535)
+        self._reduce("sum_rows", [a, out], (length, int(columns), rows), (alpha, beta), groups=(gx, -(-rows // gx)))
 
     # --- convolution: im2col + GEMM over batch chunks that fit the binding limit ---------------------------------
     CONV_SCRATCH = 256 << 20

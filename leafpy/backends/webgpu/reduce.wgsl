@@ -46,19 +46,41 @@ fn mean_square(@builtin(local_invocation_id) lid: vec3<u32>) {
     if (lid.x == 0u) { b[0] = total / f32(p.u0); }
 }
 
-// bias_grad: one workgroup per channel c: b[c] = sum_{n,r} a[(n * C + c) * inner + r] + f0 * b[c]
-// u0 = N, u1 = C, u2 = inner
+// bias_grad_part: workgroup (c, blk) sums channel c over its block of the N * inner values:
+// b[c * u3 + blk] = sum a[(n * C + c) * inner + r]; u0 = N, u1 = C, u2 = inner, u3 = blocks, u4 = block length
 @compute @workgroup_size(256)
-fn bias_grad(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+fn bias_grad_part(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let ch = wid.x;
     let per = p.u0 * p.u2;
+    let end = min(per, (wid.y + 1u) * p.u4);
     var s = 0.0;
-    for (var j = lid.x; j < per; j = j + 256u) {
+    for (var j = wid.y * p.u4 + lid.x; j < end; j = j + 256u) {
         let n = j / p.u2;
         let r = j % p.u2;
         s = s + a[(n * p.u1 + ch) * p.u2 + r];
     }
     partial[lid.x] = s;
     let total = tree(lid.x);
-    if (lid.x == 0u) { b[ch] = total + p.f0 * b[ch]; }
+    if (lid.x == 0u) { b[ch * p.u3 + wid.y] = total; }
+}
+
+// sum_rows: one workgroup per row r < u2 of a [u2 x u0]: b[r] = f0 * sum_j a[r * u0 + j] + f1 * b[r]; with u1 = 1
+// a is read as [u0 x u2] (b[r] sums column r): split-K partial products with few outputs
+@compute @workgroup_size(256)
+fn sum_rows(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let r = wid.x + wid.y * 65535u;
+    if (r >= p.u2) { return; }
+    var s = 0.0;
+    if (p.u1 == 1u) {
+        for (var j = lid.x; j < p.u0; j = j + 256u) { s = s + a[j * p.u2 + r]; }
+    } else {
+        for (var j = lid.x; j < p.u0; j = j + 256u) { s = s + a[r * p.u0 + j]; }
+    }
+    partial[lid.x] = s;
+    let total = tree(lid.x);
+    if (lid.x == 0u) {
+        var v = p.f0 * total;
+        if (p.f1 != 0.0) { v = v + p.f1 * b[r]; }
+        b[r] = v;
+    }
 }
