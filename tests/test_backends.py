@@ -338,8 +338,10 @@ def test_webgpu_splits_gemm_over_the_binding_limit(m, n, k, ta, tb, beta):
 
 
 @pytest.mark.webgpu
-def test_webgpu_convolution_in_batch_chunks_matches_native():
+@pytest.mark.parametrize("implicit", [True, False], ids=["implicit", "im2col"])
+def test_webgpu_convolution_in_batch_chunks_matches_native(implicit):
     be = _webgpu(power_preference="low-power")  # a separate instance whose chunk size we can lower
+    be.implicit_conv = implicit
     be.CONV_SCRATCH = 2 * 3 * 9 * 36 * 4  # im2col columns of two samples: a batch of 5 runs in 3 chunks
     native = lp.backend("native")
     rng = np.random.default_rng(0)
@@ -386,6 +388,27 @@ def test_bias_grad_over_many_blocks_matches_native(device):
     tb = lp.SharedTensor.from_numpy(db0)
     device.bias_grad(lp.SharedTensor.from_numpy(dy).read(device), tb.read_write(device), 0.5)
     close(tb.to_numpy(), dy.sum(axis=(0, 2, 3)) + 0.5 * db0, "bias gradient", rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.webgpu
+def test_webgpu_implicit_convolution_on_large_tiles_and_split_k_matches_native():
+    """Big enough for 128x128 tiles in the forward pass and split-K in the filter gradient."""
+    be = _webgpu()
+    native = lp.backend("native")
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((32, 8, 32, 32), dtype=np.float32), rng.standard_normal((128, 8, 3, 3), dtype=np.float32)
+    dy = rng.standard_normal((32, 128, 32, 32), dtype=np.float32)
+    assert be._gemm_tile(128, 32 * 32 * 32)[1] == 128
+    results = []
+    for bk in (native, be):
+        y, dx, dw = lp.SharedTensor((32, 128, 32, 32)), lp.SharedTensor(x.shape), lp.SharedTensor(w.shape)
+        xt, wt, dyt = (lp.SharedTensor.from_numpy(v) for v in (x, w, dy))
+        bk.conv2d(xt.read(bk), wt.read(bk), y.write(bk), (1, 1), (1, 1), {})
+        bk.conv2d_grad_data(dyt.read(bk), wt.read(bk), dx.write(bk), (1, 1), (1, 1), {})
+        bk.conv2d_grad_filter(xt.read(bk), dyt.read(bk), dw.write(bk), (1, 1), (1, 1), {})
+        results.append([y.to_numpy(), dx.to_numpy(), dw.to_numpy()])
+    for got, ref, what in zip(results[1], results[0], ("forward", "data gradient", "filter gradient")):
+        close(got, ref, what, rtol=1e-3, atol=1e-4)
 
 
 @pytest.mark.webgpu

@@ -387,10 +387,12 @@ class WebGPUBackend(Backend):
         t128 = -(-m // 128) * -(-n // 128)
         return ("gemm_big", 128) if t128 >= 256 and 4 * t128 <= 1.1 * t64 else ("gemm", 64)
 
-    def _gemm(self, a, trans_a, b, trans_b, out, m, n, k, alpha, beta) -> None:
+    def _gemm(self, a, trans_a, b, trans_b, out, m, n, k, alpha, beta, conv: tuple = (), n0: int = 0) -> None:
+        """``conv``: convolution geometry and operand modes as pipeline constants (see gemm.wgsl), with ``n0`` the
+        first sample; the caller makes sure every operand fits one binding."""
         lds = (m if trans_a else k, k if trans_b else n, n)
-        consts = (("TRANS_A", int(trans_a)), ("TRANS_B", int(trans_b)))
-        if max(a.raw.size, b.raw.size, out.raw.size) > self.max_binding:
+        consts = (("TRANS_A", int(trans_a)), ("TRANS_B", int(trans_b))) + conv
+        if not conv and max(a.raw.size, b.raw.size, out.raw.size) > self.max_binding:
             return self._gemm_blocks(a, trans_a, b, trans_b, out, m, n, k, alpha, beta, consts, lds)
         entry, tile = self._gemm_tile(m, n)
         gx, gy = -(-n // tile), -(-m // tile)
@@ -398,19 +400,19 @@ class WebGPUBackend(Backend):
             raise BackendError(f"webgpu: GEMM of {m}x{n} needs more workgroups than the device allows")
         tiles = gx * gy
         splits = 1
-        if tiles < self.SPLIT_K_TILES and k >= 2048:
+        if tiles < self.SPLIT_K_TILES and k >= 2048 and ("C_MODE", 1) not in conv:
             splits = max(1, min(-(-self.SPLIT_K_TILES // tiles), k // 512, self.max_groups))
             while splits > 1 and splits * m * n * 4 > self.max_binding:
                 splits //= 2
         if splits == 1:
-            self._dispatch("gemm", entry, _pack((m, n, k, 0, 0, 0, 0, k, *lds), (alpha, beta)), [a, b, out],
+            self._dispatch("gemm", entry, _pack((m, n, k, n0, 0, 0, 0, k, *lds), (alpha, beta)), [a, b, out],
                            (gx, gy, 1), constants=consts)
             return
         chunk = -(-k // splits)
         chunk = -(-chunk // 16) * 16  # whole K slices of either kernel
         splits = -(-k // chunk)
         partial = self._scratch_buffer(splits * m * n, "splitk")
-        self._dispatch("gemm", entry, _pack((m, n, k, 0, 0, 0, 0, chunk, *lds), (1.0, 0.0)),
+        self._dispatch("gemm", entry, _pack((m, n, k, n0, 0, 0, 0, chunk, *lds), (1.0, 0.0)),
                        [a, b, partial], (gx, gy, splits), constants=consts)
         if m * n <= self.SPLIT_SUM_ROWS:  # few outputs, many partials each: one workgroup per output
             self._sum_rows(partial, out, splits, m * n, alpha, beta, columns=True)
@@ -595,7 +597,8 @@ class WebGPUBackend(Backend):
         gx = min(rows, 65535)
         self._reduce("sum_rows", [a, out], (length, int(columns), rows), (alpha, beta), groups=(gx, -(-rows // gx)))
 
-    # --- convolution: im2col + GEMM over batch chunks that fit the binding limit ---------------------------------
+    # --- convolution: implicit GEMM (the GEMM kernel reads x and dy and writes y in NCHW itself); the data gradient
+    # and tensors past the binding limit go through im2col columns in batch chunks ----------------------------------
     CONV_SCRATCH = 256 << 20
     """Bytes of im2col columns per batch chunk: larger chunks give each GEMM enough tiles to fill a large GPU."""
 
@@ -610,6 +613,20 @@ class WebGPUBackend(Backend):
         u = (0, c, h, w, _pair(kh, kw), _pair(*stride), _pair(*padding), _pair(oh, ow))
         return n, c, o, k, oh * ow, chunk, u
 
+    @staticmethod
+    def _conv_constants(x_shape, w_shape, y_shape, stride, padding, **modes) -> tuple:
+        _, c, h, w = x_shape
+        o, _, kh, kw = w_shape
+        geometry = dict(CONV_C=c, CONV_H=h, CONV_W=w, CONV_O=o, KH=kh, KW=kw, SH=stride[0], SW=stride[1],
+                        PH=padding[0], PW=padding[1], OH=y_shape[2], OW=y_shape[3])
+        return tuple(modes.items()) + tuple(geometry.items())
+
+    implicit_conv = True
+    """Convolutions read x and dy in place (implicit GEMM); False: always through im2col columns."""
+
+    def _fits(self, *buffers: WView) -> bool:
+        return self.implicit_conv and max(b.raw.size for b in buffers) <= self.max_binding
+
     def _conv_scratch(self, k: int, p: int, chunk: int, o: int) -> tuple[WView, WView]:
         return self._scratch_buffer(k * p * chunk, "cols"), self._scratch_buffer(o * p * chunk, "ymat")
 
@@ -622,27 +639,41 @@ class WebGPUBackend(Backend):
 
     def conv2d(self, x, w, out, stride, padding, ws, bias=None):
         n, c, o, k, p, chunk, u = self._conv_geometry(x.shape, w.shape, out.shape, stride, padding)
-        cols, ymat = self._conv_scratch(k, p, chunk, o)
-        for n0 in range(0, n, chunk):
-            nc = min(chunk, n - n0)
-            self._conv_launch("im2col", u, k * nc * p, n0, nc, o, x, cols)
-            self._gemm(w, False, cols, False, ymat, o, nc * p, k, 1.0, 0.0)
-            self._conv_launch("relayout", u, nc * o * p, n0, nc, o, ymat, out)
+        if self._fits(x, w, out):
+            conv = self._conv_constants(x.shape, w.shape, out.shape, stride, padding, B_MODE=1, C_MODE=1)
+            self._gemm(w, False, x, False, out, o, n * p, k, 1.0, 0.0, conv)
+        else:
+            cols, ymat = self._conv_scratch(k, p, chunk, o)
+            for n0 in range(0, n, chunk):
+                nc = min(chunk, n - n0)
+                self._conv_launch("im2col", u, k * nc * p, n0, nc, o, x, cols)
+                self._gemm(w, False, cols, False, ymat, o, nc * p, k, 1.0, 0.0)
+                self._conv_launch("relayout", u, nc * o * p, n0, nc, o, ymat, out)
         if bias is not None:
             self.bias_add(out, bias)
 
     def conv2d_grad_data(self, dy, w, dx, stride, padding, ws):
         n, c, o, k, p, chunk, u = self._conv_geometry(dx.shape, w.shape, dy.shape, stride, padding)
         cols, ymat = self._conv_scratch(k, p, chunk, o)
+        direct = self._fits(dy)
+        conv = self._conv_constants(dx.shape, w.shape, dy.shape, stride, padding, B_MODE=3)
         for n0 in range(0, n, chunk):
             nc = min(chunk, n - n0)
-            self._conv_launch("relayout", u, nc * o * p, n0, nc, o, dy, ymat, to_gemm=True)
-            self._gemm(w, True, ymat, False, cols, k, nc * p, o, 1.0, 0.0)
+            if direct:  # dy read in NCHW by the GEMM
+                self._gemm(w, True, dy, False, cols, k, nc * p, o, 1.0, 0.0, conv, n0)
+            else:
+                self._conv_launch("relayout", u, nc * o * p, n0, nc, o, dy, ymat, to_gemm=True)
+                self._gemm(w, True, ymat, False, cols, k, nc * p, o, 1.0, 0.0)
             h, wd = dx.shape[2], dx.shape[3]
             self._conv_launch("col2im", u, nc * c * h * wd, n0, nc, o, cols, dx)
 
     def conv2d_grad_filter(self, x, dy, dw, stride, padding, ws, beta=0.0):
         n, c, o, k, p, chunk, u = self._conv_geometry(x.shape, dw.shape, dy.shape, stride, padding)
+        if self._fits(x, dy):
+            # dw [O x CKK] = dy [O x N*P] times the im2col columns transposed [N*P x CKK], both read in place
+            conv = self._conv_constants(x.shape, dw.shape, dy.shape, stride, padding, A_MODE=1, B_MODE=2)
+            self._gemm(dy, False, x, True, dw, o, k, n * p, 1.0, beta, conv)
+            return
         cols, ymat = self._conv_scratch(k, p, chunk, o)
         for n0 in range(0, n, chunk):
             nc = min(chunk, n - n0)

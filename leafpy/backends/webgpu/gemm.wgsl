@@ -4,9 +4,17 @@
 //             columns tx*4 and 64 + tx*4, so that a warp's workgroup-memory reads do not collide); K in slices of 8.
 // Tiles of A and B are staged in workgroup memory as vec4 along m (A) and n (B); global reads walk the stored
 // contiguous dimension, so they coalesce whichever operand is transposed. The transposes are pipeline constants.
-// u0 = M, u1 = N, u2 = K, u4/u5/u6 = element offsets of A/B/C, u7 = the K range of one z-slice of the grid
-// (split-K: slice z writes its partial product at C + z * M * N), u8/u9/u10 = row strides of A, B and C as stored
-// (a block of a larger product is bound with its parent's strides).
+// u0 = M, u1 = N, u2 = K, u3 = first sample (convolution modes), u4/u5/u6 = element offsets of A/B/C, u7 = the K
+// range of one z-slice of the grid (split-K: slice z writes its partial product at C + z * M * N), u8/u9/u10 =
+// row strides of A, B and C as stored (a block of a larger product is bound with its parent's strides).
+//
+// Convolution as implicit GEMM: pipeline constants describe one convolution's geometry, and the modes read an
+// operand or write the product in place of the im2col columns and GEMM-layout matrices (positions
+// pos = sample * OH * OW + y * OW + x count from sample u3; ckk = (c * KH + i) * KW + j):
+//   A_MODE 1: op(A)[o][pos] = dy in NCHW;
+//   B_MODE 1: op(B)[ckk][pos] = the im2col column of x; B_MODE 2: op(B)[pos][ckk] = the same, transposed;
+//   B_MODE 3: op(B)[o][pos] = dy in NCHW;
+//   C_MODE 1: C[o][pos] is stored to y in NCHW.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> A: array<f32>;
 @group(0) @binding(2) var<storage, read> B: array<f32>;
@@ -14,10 +22,44 @@
 
 override TRANS_A: bool = false;
 override TRANS_B: bool = false;
+override A_MODE: u32 = 0u;
+override B_MODE: u32 = 0u;
+override C_MODE: u32 = 0u;
+override CONV_C: u32 = 1u;
+override CONV_H: u32 = 1u;
+override CONV_W: u32 = 1u;
+override CONV_O: u32 = 1u;
+override KH: u32 = 1u;
+override KW: u32 = 1u;
+override SH: u32 = 1u;
+override SW: u32 = 1u;
+override PH: u32 = 0u;
+override PW: u32 = 0u;
+override OH: u32 = 1u;
+override OW: u32 = 1u;
+
+// offset of (channel ch, position pos) in an NCHW tensor of CONV_O channels over OH x OW
+fn nchw_out(ch: u32, pos: u32) -> u32 {
+    let P = OH * OW;
+    return ((p.u3 + pos / P) * CONV_O + ch) * P + pos % P;
+}
+
+fn im2col_at(ckk: u32, pos: u32) -> f32 {
+    let c = ckk / (KH * KW);
+    let i = (ckk / KW) % KH;
+    let j = ckk % KW;
+    let P = OH * OW;
+    let q = pos % P;
+    let hy = i32((q / OW) * SH + i) - i32(PH);
+    let wx = i32((q % OW) * SW + j) - i32(PW);
+    if (hy < 0 || hy >= i32(CONV_H) || wx < 0 || wx >= i32(CONV_W)) { return 0.0; }
+    return B[(((p.u3 + pos / P) * CONV_C + c) * CONV_H + u32(hy)) * CONV_W + u32(wx)];
+}
 
 // op(A)[m][k], zero outside [0, M) x [0, kend)
 fn load_a(m: u32, k: u32, kend: u32) -> f32 {
     if (m >= p.u0 || k >= kend) { return 0.0; }
+    if (A_MODE == 1u) { return A[nchw_out(m, k)]; }
     if (TRANS_A) { return A[p.u4 + k * p.u8 + m]; }
     return A[p.u4 + m * p.u8 + k];
 }
@@ -25,13 +67,17 @@ fn load_a(m: u32, k: u32, kend: u32) -> f32 {
 // op(B)[k][n], zero outside [0, kend) x [0, N)
 fn load_b(k: u32, n: u32, kend: u32) -> f32 {
     if (k >= kend || n >= p.u1) { return 0.0; }
+    if (B_MODE == 1u) { return im2col_at(k, n); }
+    if (B_MODE == 2u) { return im2col_at(n, k); }
+    if (B_MODE == 3u) { return B[nchw_out(k, n)]; }
     if (TRANS_B) { return B[p.u5 + n * p.u9 + k]; }
     return B[p.u5 + k * p.u9 + n];
 }
 
 fn store_c(r: u32, c: u32, v: f32, z: u32) {
     if (r >= p.u0 || c >= p.u1) { return; }
-    let o = p.u6 + z * p.u0 * p.u1 + r * p.u10 + c;
+    var o = p.u6 + z * p.u0 * p.u1 + r * p.u10 + c;
+    if (C_MODE == 1u) { o = nchw_out(r, c); }
     var s = p.f0 * v;
     if (p.f1 != 0.0) { s = s + p.f1 * C[o]; }
     C[o] = s;
