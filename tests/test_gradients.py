@@ -46,9 +46,11 @@ CASES = {
     "Sigmoid": [("Sigmoid", lambda r: [r.standard_normal((3, 5))])],
     "TanH": [("TanH", lambda r: [r.standard_normal((3, 5))])],
     "Softmax": [("Softmax", lambda r: [r.standard_normal((3, 5))]),
-                ("Softmax", lambda r: [r.standard_normal((2, 3, 2))])],
+                ("Softmax", lambda r: [r.standard_normal((2, 3, 2))]),
+                ("Softmax", lambda r: [r.standard_normal((2, 300))])],  # long rows: a workgroup per row
     "LogSoftmax": [("LogSoftmax", lambda r: [r.standard_normal((3, 5))]),
-                   ("LogSoftmax", lambda r: [r.standard_normal((2, 4, 3))])],
+                   ("LogSoftmax", lambda r: [r.standard_normal((2, 4, 3))]),
+                   ("LogSoftmax", lambda r: [r.standard_normal((2, 100, 3))])],
     "NegativeLogLikelihood": [
         (lp.NegativeLogLikelihoodConfig(num_classes=5), lambda r: [r.standard_normal((4, 5)), labels(r, 4, 5)]),
         (lp.NegativeLogLikelihoodConfig(num_classes=3),

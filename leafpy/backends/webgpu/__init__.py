@@ -526,13 +526,22 @@ class WebGPUBackend(Backend):
         inner = a.size // (n * c) if n * c else 1
         return n * inner, c, inner
 
+    LONG_ROWS = 64
+    """Rows of at least this many classes are reduced by a workgroup each, shorter ones by a thread each."""
+
+    def _class_dispatch(self, entry: str, rows: int, c: int, inner: int, log: bool, buffers: list) -> None:
+        params = _pack((rows, c, inner, int(log)))
+        if c >= self.LONG_ROWS:
+            gx = min(rows, 65535)
+            self._dispatch("classes", entry + "_rows", params, buffers, (gx, -(-rows // gx), 1))
+        else:
+            self._dispatch("classes", entry, params, buffers, self._grid(rows))
+
     def softmax(self, x, out):
-        rows, c, inner = self._rows(x)
-        self._dispatch("classes", "softmax", _pack((rows, c, inner, 0)), [x, out], self._grid(rows))
+        self._class_dispatch("softmax", *self._rows(x), False, [x, out])
 
     def log_softmax(self, x, out):
-        rows, c, inner = self._rows(x)
-        self._dispatch("classes", "softmax", _pack((rows, c, inner, 1)), [x, out], self._grid(rows))
+        self._class_dispatch("softmax", *self._rows(x), True, [x, out])
 
     def softmax_grad(self, y, dy, dx):
         self._class_grad(y, dy, dx, log=False)
@@ -541,9 +550,7 @@ class WebGPUBackend(Backend):
         self._class_grad(y, dy, dx, log=True)
 
     def _class_grad(self, y, dy, dx, log: bool) -> None:
-        rows, c, inner = self._rows(y)
-        self._dispatch("classes", "softmax_grad", _pack((rows, c, inner, int(log))), self._no_alias([y, dy, dx]),
-                       self._grid(rows))
+        self._class_dispatch("softmax_grad", *self._rows(y), log, self._no_alias([y, dy, dx]))
         self._copy_back([y, dy, dx])
 
     def _no_alias(self, buffers: list) -> list:

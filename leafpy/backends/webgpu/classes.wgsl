@@ -51,3 +51,66 @@ fn nll_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let k = i % p.u1;
     c[i] = select(0.0, -b[0] / f32(p.u2), u32(a[n]) == k);
 }
+
+// The same over long rows, one 256-thread workgroup per row (workgroup (x, y) is row x + 65535 * y); the row's
+// maximum and sums are trees in workgroup memory.
+var<workgroup> red: array<f32, 256>;
+
+fn reduce_max(t: u32, v: f32) -> f32 {
+    red[t] = v;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s = s >> 1u) {
+        if (t < s) { red[t] = max(red[t], red[t + s]); }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn reduce_sum(t: u32, v: f32) -> f32 {
+    red[t] = v;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s = s >> 1u) {
+        if (t < s) { red[t] = red[t] + red[t + s]; }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+@compute @workgroup_size(256)
+fn softmax_rows(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let row = wid.x + wid.y * 65535u;
+    if (row >= p.u0) { return; }
+    let t = lid.x;
+    var m = -3.0e38;
+    for (var k = t; k < p.u1; k = k + 256u) { m = max(m, a[at(row, k)]); }
+    m = reduce_max(t, m);
+    var s = 0.0;
+    for (var k = t; k < p.u1; k = k + 256u) { s = s + exp(a[at(row, k)] - m); }
+    s = reduce_sum(t, s);
+    let ls = log(s);
+    for (var k = t; k < p.u1; k = k + 256u) {
+        let z = a[at(row, k)] - m;
+        b[at(row, k)] = select(exp(z) / s, z - ls, p.u3 == 1u);
+    }
+}
+
+@compute @workgroup_size(256)
+fn softmax_grad_rows(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let row = wid.x + wid.y * 65535u;
+    if (row >= p.u0) { return; }
+    let t = lid.x;
+    var s = 0.0;
+    for (var k = t; k < p.u1; k = k + 256u) {
+        let i = at(row, k);
+        s = s + select(b[i] * a[i], b[i], p.u3 == 1u);
+    }
+    s = reduce_sum(t, s);
+    for (var k = t; k < p.u1; k = k + 256u) {
+        let i = at(row, k);
+        c[i] = select(a[i] * (b[i] - s), b[i] - exp(a[i]) * s, p.u3 == 1u);
+    }
+}
