@@ -382,6 +382,25 @@ def test_webgpu_profile_times_each_dispatch_by_entry_point():
     assert be.kernel_times is None
 
 
+@pytest.mark.parametrize("op", ["relu", "sigmoid", "tanh"])
+def test_activations_in_place_match_out_of_place(device, op):
+    rng = np.random.default_rng(0)
+    x, dy = rng.standard_normal(1000, dtype=np.float32), rng.standard_normal(1000, dtype=np.float32)
+    f = {"relu": lambda v: np.maximum(v, 0), "sigmoid": lambda v: 1 / (1 + np.exp(-v)), "tanh": np.tanh}[op]
+    g = {"relu": lambda y: (y > 0).astype(np.float32), "sigmoid": lambda y: y * (1 - y), "tanh": lambda y: 1 - y * y}
+    t = lp.SharedTensor.from_numpy(x)
+    xb = t.read(device)
+    before = getattr(device, "dispatches", 0)
+    getattr(device, op)(xb, t.read_write(device))  # y overwrites x
+    if device.name == "webgpu":
+        assert device.dispatches - before == 1, "in place: one kernel, no scratch copy"
+    y = f(x)
+    close(t.to_numpy(), y, f"{op} in place")
+    td = lp.SharedTensor.from_numpy(dy)
+    getattr(device, op + "_grad")(t.read(device), td.read(device), td.read_write(device))  # dx overwrites dy
+    close(td.to_numpy(), dy * g[op](t.to_numpy()), f"{op} gradient in place")
+
+
 def test_bias_grad_over_many_blocks_matches_native(device):
     rng = np.random.default_rng(0)
     dy, db0 = rng.standard_normal((9, 3, 41, 43), dtype=np.float32), rng.standard_normal(3, dtype=np.float32)

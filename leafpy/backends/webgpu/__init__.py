@@ -343,11 +343,17 @@ class WebGPUBackend(Backend):
                      whole: tuple[int, ...] = (), base_slot: int | None = None) -> None:
         """Run an elementwise entry point over n elements. Buffers at positions in ``whole`` are bound entirely;
         the others are per-element and, past the binding limit, bound piece by piece. An output that aliases an
-        input (an in-place layer) is computed into scratch and copied back, as WebGPU forbids aliased writes."""
+        input (an in-place layer) runs the entry's in-place variant where one exists; otherwise it is computed into
+        scratch and copied back, as WebGPU forbids aliased writable bindings."""
         if n == 0:
             return
         raws = [b.raw for b in buffers]
         alias = {i for i in range(len(buffers)) if raws[i] in raws[:i]}
+        inplace = _INPLACE.get(entry)
+        if inplace and alias == {inplace[0]} and raws[inplace[0]] is raws[inplace[1]]:
+            # a kernel that overwrites its input: bind the buffer once
+            entry, alias = entry + "_inplace", set()
+            buffers = [b for i, b in enumerate(buffers) if i != inplace[0]]
         real = list(buffers)
         if alias:
             for i in alias:
@@ -716,6 +722,11 @@ class WebGPUBackend(Backend):
 
     def rmsprop_update(self, w, g, h, lr, decay, eps):
         self._elementwise("rmsprop_update", w.size, [w, g, h], f=(lr, decay, 0.0, eps))
+
+
+# elementwise entries with an in-place variant: (output position, the input position it may overwrite)
+_INPLACE = {"relu": (1, 0), "sigmoid": (1, 0), "tanh_fwd": (1, 0),
+            "relu_grad": (2, 1), "sigmoid_grad": (2, 1), "tanh_grad": (2, 1)}
 
 
 def _pad4(n: int) -> int:

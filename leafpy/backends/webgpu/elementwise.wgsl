@@ -77,6 +77,43 @@ fn tanh_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     if (i < p.u0) { let y = a[i]; c[i] = b[i] * (1.0 - y * y); }
 }
 
+// the same in place (an output bound once with the input it overwrites): forward a = f(a), gradients b = g(a, b)
+@compute @workgroup_size(256)
+fn relu_inplace(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) { a[i] = max(a[i], 0.0); }
+}
+
+@compute @workgroup_size(256)
+fn relu_grad_inplace(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) { b[i] = select(0.0, b[i], a[i] > 0.0); }
+}
+
+@compute @workgroup_size(256)
+fn sigmoid_inplace(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) { a[i] = 0.5 * (1.0 + tanh(0.5 * a[i])); }
+}
+
+@compute @workgroup_size(256)
+fn sigmoid_grad_inplace(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) { let y = a[i]; b[i] = b[i] * y * (1.0 - y); }
+}
+
+@compute @workgroup_size(256)
+fn tanh_fwd_inplace(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) { a[i] = tanh(a[i]); }
+}
+
+@compute @workgroup_size(256)
+fn tanh_grad_inplace(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) { let y = a[i]; b[i] = b[i] * (1.0 - y * y); }
+}
+
 // bias_add: a[(n * C + c) * inner + r] += b[c]; u1 = C, u2 = inner, u3 = index of a[0] in the whole tensor
 @compute @workgroup_size(256)
 fn bias_add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
