@@ -447,7 +447,7 @@ def test_webgpu_work_it_cannot_split_is_a_clear_error():
     be.max_binding = 4096
     x = lp.SharedTensor.from_numpy(np.zeros((4, 1000), np.float32))  # 16 KB: softmax rows are not split
     y = lp.SharedTensor((4, 1000))
-    with pytest.raises(lp.BackendError, match="softmax would bind 16000 bytes.*limit of 4096"):
+    with pytest.raises(lp.BackendError, match="softmax_rows would bind 16000 bytes.*limit of 4096"):
         be.softmax(x.read(be), y.write(be))
 
 
