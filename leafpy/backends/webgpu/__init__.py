@@ -406,7 +406,7 @@ class WebGPUBackend(Backend):
             raise BackendError(f"webgpu: GEMM of {m}x{n} needs more workgroups than the device allows")
         tiles = gx * gy
         splits = 1
-        if tiles < self.SPLIT_K_TILES and k >= 2048 and ("C_MODE", 1) not in conv:
+        if tiles < self.SPLIT_K_TILES and k >= 2048 and not any(name == "C_MODE" for name, _ in conv):
             splits = max(1, min(-(-self.SPLIT_K_TILES // tiles), k // 512, self.max_groups))
             while splits > 1 and splits * m * n * 4 > self.max_binding:
                 splits //= 2
@@ -667,6 +667,13 @@ class WebGPUBackend(Backend):
 
     def conv2d_grad_data(self, dy, w, dx, stride, padding, ws):
         n, c, o, k, p, chunk, u = self._conv_geometry(dx.shape, w.shape, dy.shape, stride, padding)
+        if tuple(stride) == (1, 1) and self._fits(dy, w, dx):
+            # dx [C x N*H*W] = w as [C x O*KH*KW] times dy gathered per (o, i, j) and x position: no columns
+            # (with a stride, most gathered terms would be zeros: the column path below does less work)
+            conv = self._conv_constants(dx.shape, w.shape, dy.shape, stride, padding, A_MODE=2, B_MODE=4, C_MODE=2)
+            h, wd = dx.shape[2], dx.shape[3]
+            self._gemm(w, False, dy, False, dx, c, n * h * wd, o * w.shape[2] * w.shape[3], 1.0, 0.0, conv)
+            return
         cols, ymat = self._conv_scratch(k, p, chunk, o)
         direct = self._fits(dy)
         conv = self._conv_constants(dx.shape, w.shape, dy.shape, stride, padding, B_MODE=3)

@@ -15,6 +15,9 @@
 //   B_MODE 1: op(B)[ckk][pos] = the im2col column of x; B_MODE 2: op(B)[pos][ckk] = the same, transposed;
 //   B_MODE 3: op(B)[o][pos] = dy in NCHW;
 //   C_MODE 1: C[o][pos] is stored to y in NCHW.
+// and for the data gradient (positions xpos = sample * H * W + h * W + w of x, okk = (o * KH + i) * KW + j):
+//   A_MODE 2: op(A)[c][okk] = w[o][c][i][j];  B_MODE 4: op(B)[okk][xpos] = the dy element that x[xpos] met
+//   through w[o][.][i][j] (zero where none);  C_MODE 2: C[c][xpos] is stored to dx in NCHW.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> A: array<f32>;
 @group(0) @binding(2) var<storage, read> B: array<f32>;
@@ -44,6 +47,28 @@ fn nchw_out(ch: u32, pos: u32) -> u32 {
     return ((p.u3 + pos / P) * CONV_O + ch) * P + pos % P;
 }
 
+// offset of (channel ch, position pos) in an NCHW tensor shaped like x
+fn nchw_in(ch: u32, pos: u32) -> u32 {
+    let P = CONV_H * CONV_W;
+    return ((p.u3 + pos / P) * CONV_C + ch) * P + pos % P;
+}
+
+// dy[n][o][y][x] with y * SH + i - PH = h and x * SW + j - PW = w, for okk = (o, i, j) and xpos = (n, h, w)
+fn dy_at(okk: u32, xpos: u32) -> f32 {
+    let o = okk / (KH * KW);
+    let i = (okk / KW) % KH;
+    let j = okk % KW;
+    let P = CONV_H * CONV_W;
+    let q = xpos % P;
+    let ty = i32(q / CONV_W + PH) - i32(i);
+    let tx = i32(q % CONV_W + PW) - i32(j);
+    if (ty < 0 || tx < 0 || u32(ty) % SH != 0u || u32(tx) % SW != 0u) { return 0.0; }
+    let y = u32(ty) / SH;
+    let x = u32(tx) / SW;
+    if (y >= OH || x >= OW) { return 0.0; }
+    return B[(((p.u3 + xpos / P) * CONV_O + o) * OH + y) * OW + x];
+}
+
 fn im2col_at(ckk: u32, pos: u32) -> f32 {
     let c = ckk / (KH * KW);
     let i = (ckk / KW) % KH;
@@ -60,6 +85,7 @@ fn im2col_at(ckk: u32, pos: u32) -> f32 {
 fn load_a(m: u32, k: u32, kend: u32) -> f32 {
     if (m >= p.u0 || k >= kend) { return 0.0; }
     if (A_MODE == 1u) { return A[nchw_out(m, k)]; }
+    if (A_MODE == 2u) { return A[((k / (KH * KW)) * CONV_C + m) * KH * KW + k % (KH * KW)]; }
     if (TRANS_A) { return A[p.u4 + k * p.u8 + m]; }
     return A[p.u4 + m * p.u8 + k];
 }
@@ -70,6 +96,7 @@ fn load_b(k: u32, n: u32, kend: u32) -> f32 {
     if (B_MODE == 1u) { return im2col_at(k, n); }
     if (B_MODE == 2u) { return im2col_at(n, k); }
     if (B_MODE == 3u) { return B[nchw_out(k, n)]; }
+    if (B_MODE == 4u) { return dy_at(k, n); }
     if (TRANS_B) { return B[p.u5 + n * p.u9 + k]; }
     return B[p.u5 + k * p.u9 + n];
 }
@@ -78,6 +105,7 @@ fn store_c(r: u32, c: u32, v: f32, z: u32) {
     if (r >= p.u0 || c >= p.u1) { return; }
     var o = p.u6 + z * p.u0 * p.u1 + r * p.u10 + c;
     if (C_MODE == 1u) { o = nchw_out(r, c); }
+    if (C_MODE == 2u) { o = nchw_in(r, c); }
     var s = p.f0 * v;
     if (p.f1 != 0.0) { s = s + p.f1 * C[o]; }
     C[o] = s;
