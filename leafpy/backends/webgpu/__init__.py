@@ -702,19 +702,21 @@ class WebGPUBackend(Backend):
             self._gemm(ymat, False, cols, True, dw, o, k, nc * p, 1.0, beta if n0 == 0 else 1.0)
 
     # --- pooling ------------------------------------------------------------------------------------------------
-    def _pool_params(self, count, x_shape, y_shape, kernel, stride, padding, is_max):
-        return _pack((count, x_shape[2], x_shape[3], _pair(*kernel), _pair(*stride), _pair(*padding),
-                      _pair(y_shape[2], y_shape[3]), 1 if is_max else 0))
+    @staticmethod
+    def _pool_constants(x_shape, y_shape, kernel, stride, padding, is_max) -> tuple:
+        return (("IS_MAX", int(is_max)), ("H", x_shape[2]), ("W", x_shape[3]), ("KH", kernel[0]), ("KW", kernel[1]),
+                ("SH", stride[0]), ("SW", stride[1]), ("PH", padding[0]), ("PW", padding[1]), ("OH", y_shape[2]),
+                ("OW", y_shape[3]))
 
     def pool2d(self, x, out, mask, mode, kernel, stride, padding):
         m = mask if mask is not None else self._scratch_buffer(out.size, "nomask")
-        params = self._pool_params(out.size, x.shape, out.shape, kernel, stride, padding, mode == "max")
-        self._dispatch("pool", "pool_fwd", params, [x, out, m], self._grid(out.size))
+        consts = self._pool_constants(x.shape, out.shape, kernel, stride, padding, mode == "max")
+        self._dispatch("pool", "pool_fwd", _pack((out.size,)), [x, out, m], self._grid(out.size), constants=consts)
 
     def pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding):
         m = mask if mask is not None else self._scratch_buffer(dy.size, "nomask")
-        params = self._pool_params(dx.size, dx.shape, dy.shape, kernel, stride, padding, mode == "max")
-        self._dispatch("pool", "pool_bwd", params, [dy, dx, m], self._grid(dx.size))
+        consts = self._pool_constants(dx.shape, dy.shape, kernel, stride, padding, mode == "max")
+        self._dispatch("pool", "pool_bwd", _pack((dx.size,)), [dy, dx, m], self._grid(dx.size), constants=consts)
 
     # --- randomness and solver updates -----------------------------------------------------------------------
     def dropout_mask(self, mask, ratio, seed):

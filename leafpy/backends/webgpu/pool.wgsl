@@ -1,43 +1,53 @@
-// 2-D pooling over NCHW. u0 = N * C * OH * OW (forward) or N * C * H * W (backward), u1 = H, u2 = W,
-// u3 = kh | kw << 16, u4 = sh | sw << 16, u5 = ph | pw << 16, u6 = oh | ow << 16, u7 = 1 for max.
+// 2-D pooling over NCHW. u0 = N * C * OH * OW (forward) or N * C * H * W (backward); the geometry is pipeline
+// constants (one pipeline per pooling shape, so the index arithmetic divides by constants).
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> src: array<f32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<f32>;
 @group(0) @binding(3) var<storage, read_write> mask: array<i32>;
 
+override IS_MAX: bool = true;
+override H: u32 = 1u;
+override W: u32 = 1u;
+override KH: u32 = 1u;
+override KW: u32 = 1u;
+override SH: u32 = 1u;
+override SW: u32 = 1u;
+override PH: u32 = 0u;
+override PW: u32 = 0u;
+override OH: u32 = 1u;
+override OW: u32 = 1u;
+
 @compute @workgroup_size(256)
 fn pool_fwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let idx = flat_index(gid, nw);
     if (idx >= p.u0) { return; }
-    let kh = lo(p.u3); let kw = hi(p.u3);
-    let oh = lo(p.u6); let ow = hi(p.u6);
-    let x = idx % ow;
-    let y = (idx / ow) % oh;
-    let plane = idx / (ow * oh);
-    let h0 = i32(y * lo(p.u4)) - i32(lo(p.u5));
-    let w0 = i32(x * hi(p.u4)) - i32(hi(p.u5));
+    let x = idx % OW;
+    let y = (idx / OW) % OH;
+    let plane = idx / (OW * OH);
+    let h0 = i32(y * SH) - i32(PH);
+    let w0 = i32(x * SW) - i32(PW);
     var best = -3.0e38;
     var arg = 0;
     var sum = 0.0;
-    for (var i = 0u; i < kh; i = i + 1u) {
-        for (var j = 0u; j < kw; j = j + 1u) {
+    for (var i = 0u; i < KH; i = i + 1u) {
+        for (var j = 0u; j < KW; j = j + 1u) {
             let h = h0 + i32(i);
             let w = w0 + i32(j);
             var v = 0.0;
-            let inside = h >= 0 && h < i32(p.u1) && w >= 0 && w < i32(p.u2);
-            if (inside) { v = src[(plane * p.u1 + u32(h)) * p.u2 + u32(w)]; }
-            if (p.u7 == 1u) {
-                if (inside && v > best) { best = v; arg = i32(i * kw + j); }
+            let inside = h >= 0 && h < i32(H) && w >= 0 && w < i32(W);
+            if (inside) { v = src[(plane * H + u32(h)) * W + u32(w)]; }
+            if (IS_MAX) {
+                if (inside && v > best) { best = v; arg = i32(i * KW + j); }
             } else {
                 sum = sum + v;
             }
         }
     }
-    if (p.u7 == 1u) {
+    if (IS_MAX) {
         dst[idx] = best;
         mask[idx] = arg;
     } else {
-        dst[idx] = sum / f32(kh * kw);
+        dst[idx] = sum / f32(KH * KW);
     }
 }
 
@@ -46,28 +56,25 @@ fn pool_fwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 fn pool_bwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let idx = flat_index(gid, nw);
     if (idx >= p.u0) { return; }
-    let kh = lo(p.u3); let kw = hi(p.u3);
-    let sh = lo(p.u4); let sw = hi(p.u4);
-    let oh = lo(p.u6); let ow = hi(p.u6);
-    let w = idx % p.u2;
-    let h = (idx / p.u2) % p.u1;
-    let plane = idx / (p.u2 * p.u1);
+    let w = idx % W;
+    let h = (idx / W) % H;
+    let plane = idx / (W * H);
     var s = 0.0;
-    for (var i = 0u; i < kh; i = i + 1u) {
-        let ty = i32(h + lo(p.u5)) - i32(i);
-        if (ty < 0 || (u32(ty) % sh) != 0u) { continue; }
-        let y = u32(ty) / sh;
-        if (y >= oh) { continue; }
-        for (var j = 0u; j < kw; j = j + 1u) {
-            let tx = i32(w + hi(p.u5)) - i32(j);
-            if (tx < 0 || (u32(tx) % sw) != 0u) { continue; }
-            let x = u32(tx) / sw;
-            if (x >= ow) { continue; }
-            let o = (plane * oh + y) * ow + x;
-            if (p.u7 == 1u) {
-                if (mask[o] == i32(i * kw + j)) { s = s + src[o]; }
+    for (var i = 0u; i < KH; i = i + 1u) {
+        let ty = i32(h + PH) - i32(i);
+        if (ty < 0 || (u32(ty) % SH) != 0u) { continue; }
+        let y = u32(ty) / SH;
+        if (y >= OH) { continue; }
+        for (var j = 0u; j < KW; j = j + 1u) {
+            let tx = i32(w + PW) - i32(j);
+            if (tx < 0 || (u32(tx) % SW) != 0u) { continue; }
+            let x = u32(tx) / SW;
+            if (x >= OW) { continue; }
+            let o = (plane * OH + y) * OW + x;
+            if (IS_MAX) {
+                if (mask[o] == i32(i * KW + j)) { s = s + src[o]; }
             } else {
-                s = s + src[o] / f32(kh * kw);
+                s = s + src[o] / f32(KH * KW);
             }
         }
     }
