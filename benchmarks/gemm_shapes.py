@@ -38,7 +38,7 @@ def main() -> int:
     be = lp.backend(args.backend)
     if args.tile:
         fixed = ("gemm_big", 128) if args.tile == 128 else ("gemm", 64)
-        type(be)._gemm_tile = staticmethod(lambda m, n: fixed)
+        be._gemm_tile = lambda m, n, k=0: fixed
     rng = np.random.default_rng(0)
     print(f"{'m':>6} {'n':>6} {'k':>6} ta tb   TFLOP/s")
     for m, n, k, ta, tb in SHAPES:

@@ -35,10 +35,16 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=1, help="issue each call this many times per synchronisation")
     p.add_argument("--kernels", action="store_true",
                    help="webgpu: GPU time per kernel (timestamp queries) instead of per layer")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="set a backend attribute first (an integer or float), e.g. SPLIT_K_TILES=512")
     p.add_argument("--tf32", action="store_true", help="TF32 convolutions and GEMMs in both frameworks (cuda)")
     args = p.parse_args()
     cuda = {"graphs": False, "tf32": args.tf32} if args.backend == "cuda" else {}
     be = lp.backend(args.backend, **cuda)
+    for item in args.set:
+        name, value = item.split("=", 1)
+        kind = type(getattr(be, name))
+        setattr(be, name, kind(float(value)) if "." in value else kind(int(value)))
     solver, x, y = solver_and_batch(be, args.net)
     for _ in range(3):
         solver.train_minibatch(x, y)

@@ -431,6 +431,29 @@ def test_webgpu_implicit_convolution_on_large_tiles_and_split_k_matches_native()
 
 
 @pytest.mark.webgpu
+@pytest.mark.parametrize("stride,dispatches", [((1, 1), 1), ((2, 2), 2)], ids=["implicit", "columns"])
+def test_webgpu_convolution_data_gradient_paths_match_native(stride, dispatches):
+    """Many input channels and a padded stride-1 window: one implicit GEMM; strided: GEMM then col2im."""
+    be = _webgpu()
+    native = lp.backend("native")
+    rng = np.random.default_rng(2)
+    x_shape, w = (3, 64, 7, 7), rng.standard_normal((16, 64, 3, 3), dtype=np.float32)
+    oh = (7 + 2 - 3) // stride[0] + 1
+    dy = rng.standard_normal((3, 16, oh, oh), dtype=np.float32)
+    results = []
+    for bk in (native, be):
+        dx = lp.SharedTensor(x_shape)
+        wt, dyt = lp.SharedTensor.from_numpy(w), lp.SharedTensor.from_numpy(dy)
+        args = dyt.read(bk), wt.read(bk), dx.write(bk)
+        before = getattr(bk, "dispatches", 0)
+        bk.conv2d_grad_data(*args, stride, (1, 1), {})
+        if bk is be:
+            assert be.dispatches - before == dispatches
+        results.append(dx.to_numpy())
+    close(results[1], results[0], "data gradient", rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.webgpu
 def test_webgpu_gemm_that_cannot_be_split_says_so():
     be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
     be.max_binding = 40_000

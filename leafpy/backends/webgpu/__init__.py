@@ -384,14 +384,17 @@ class WebGPUBackend(Backend):
     SPLIT_SUM_ROWS = 16384
     """Split-K products with at most this many outputs sum their partials with a workgroup per output."""
 
-    @staticmethod
-    def _gemm_tile(m: int, n: int) -> tuple[str, int]:
+    BIG_TILES_SPLIT_K = False
+    """Whether products too small for 128x128 tiles take them anyway when split-K will fill the GPU."""
+
+    def _gemm_tile(self, m: int, n: int, k: int = 0) -> tuple[str, int]:
         """The kernel for an m x n product: 128x128 tiles (twice the work per workgroup-memory read; ~1.2x the
         rate of 64x64 on large products) where there are enough of them to fill the GPU and padding m and n to
         128 wastes little, else 64x64."""
         t64 = -(-m // 64) * -(-n // 64)
         t128 = -(-m // 128) * -(-n // 128)
-        return ("gemm_big", 128) if t128 >= 256 and 4 * t128 <= 1.1 * t64 else ("gemm", 64)
+        fills = t128 >= 256 or (self.BIG_TILES_SPLIT_K and k >= 2048)
+        return ("gemm_big", 128) if fills and 4 * t128 <= 1.1 * t64 else ("gemm", 64)
 
     def _gemm(self, a, trans_a, b, trans_b, out, m, n, k, alpha, beta, conv: tuple = (), n0: int = 0) -> None:
         """``conv``: convolution geometry and operand modes as pipeline constants (see gemm.wgsl), with ``n0`` the
@@ -400,7 +403,7 @@ class WebGPUBackend(Backend):
         consts = (("TRANS_A", int(trans_a)), ("TRANS_B", int(trans_b))) + conv
         if not conv and max(a.raw.size, b.raw.size, out.raw.size) > self.max_binding:
             return self._gemm_blocks(a, trans_a, b, trans_b, out, m, n, k, alpha, beta, consts, lds)
-        entry, tile = self._gemm_tile(m, n)
+        entry, tile = self._gemm_tile(m, n, k)
         gx, gy = -(-n // tile), -(-m // tile)
         if gx > self.max_groups or gy > self.max_groups:
             raise BackendError(f"webgpu: GEMM of {m}x{n} needs more workgroups than the device allows")
@@ -460,7 +463,7 @@ class WebGPUBackend(Backend):
                 a_off = ra[2] + (m0 if trans_a else 0)
                 b_off = rb[2] + (0 if trans_b else n0)
                 params = _pack((mm, nn, k, 0, a_off, b_off, rc[2], k, *lds), (alpha, beta))
-                entry, tile = self._gemm_tile(mm, nn)
+                entry, tile = self._gemm_tile(mm, nn, k)
                 self._dispatch("gemm", entry, params, [a, b, out], (-(-nn // tile), -(-mm // tile), 1),
                                [ra[:2], rb[:2], rc[:2]], constants=consts)
 
@@ -667,11 +670,14 @@ class WebGPUBackend(Backend):
 
     def conv2d_grad_data(self, dy, w, dx, stride, padding, ws):
         n, c, o, k, p, chunk, u = self._conv_geometry(dx.shape, w.shape, dy.shape, stride, padding)
-        if tuple(stride) == (1, 1) and self._fits(dy, w, dx):
-            # dx [C x N*H*W] = w as [C x O*KH*KW] times dy gathered per (o, i, j) and x position: no columns
-            # (with a stride, most gathered terms would be zeros: the column path below does less work)
+        h, wd = dx.shape[2], dx.shape[3]
+        # implicit: dx [C x N*H*W] = w as [C x O*KH*KW] times dy gathered per (o, i, j) and x position, with no
+        # columns or col2im; it multiplies every x position by every window offset, so it does more work than the
+        # columns where the stride or a smaller output leaves many of those terms zero, or C is far below a tile
+        implicit = -(-c // 64) * 64 * n * h * wd * o * w.shape[2] * w.shape[3]
+        columns = -(-k // 64) * 64 * n * p * o
+        if tuple(stride) == (1, 1) and implicit <= 1.1 * columns and self._fits(dy, w, dx):
             conv = self._conv_constants(dx.shape, w.shape, dy.shape, stride, padding, A_MODE=2, B_MODE=4, C_MODE=2)
-            h, wd = dx.shape[2], dx.shape[3]
             self._gemm(w, False, dy, False, dx, c, n * h * wd, o * w.shape[2] * w.shape[3], 1.0, 0.0, conv)
             return
         cols, ymat = self._conv_scratch(k, p, chunk, o)
