@@ -384,13 +384,17 @@ class WebGPUBackend(Backend):
     SPLIT_SUM_ROWS = 16384
     """Split-K products with at most this many outputs sum their partials with a workgroup per output."""
 
+    SMALL_TILES = True
+    """Products with a side of at most 32 use 32x32 tiles."""
     BIG_TILES_SPLIT_K = False
     """Whether products too small for 128x128 tiles take them anyway when split-K will fill the GPU."""
 
     def _gemm_tile(self, m: int, n: int, k: int = 0) -> tuple[str, int]:
-        """The kernel for an m x n product: 128x128 tiles (twice the work per workgroup-memory read; ~1.2x the
-        rate of 64x64 on large products) where there are enough of them to fill the GPU and padding m and n to
-        128 wastes little, else 64x64."""
+        """The kernel for an m x n product: 32x32 tiles where a side is that short; 128x128 tiles (twice the work
+        per workgroup-memory read; ~1.2x the rate of 64x64 on large products) where there are enough of them to
+        fill the GPU and padding m and n to 128 wastes little; else 64x64."""
+        if self.SMALL_TILES and min(m, n) <= 32:
+            return "gemm_small", 32
         t64 = -(-m // 64) * -(-n // 64)
         t128 = -(-m // 128) * -(-n // 128)
         fills = t128 >= 256 or (self.BIG_TILES_SPLIT_K and k >= 2048)

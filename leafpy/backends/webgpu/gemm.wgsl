@@ -1,4 +1,4 @@
-// C = f0 * op(A) op(B) + f1 * C, row-major, register tiled, in two sizes:
+// C = f0 * op(A) op(B) + f1 * C, row-major, register tiled, in three sizes (gemm_small, below, takes 32x32):
 //   gemm:     a 16x16 workgroup computes a 64x64 tile of C, each thread a 4x4 block; K in slices of 16;
 //   gemm_big: a 16x16 workgroup computes a 128x128 tile, each thread four 4x4 blocks (rows ty*4 and 64 + ty*4,
 //             columns tx*4 and 64 + tx*4, so that a warp's workgroup-memory reads do not collide); K in slices of 8.
@@ -114,46 +114,48 @@ fn store_c(r: u32, c: u32, v: f32, z: u32) {
 var<workgroup> As: array<vec4<f32>, 256>;  // gemm: [k 16][m / 4 16]; gemm_big: [k 8][m / 4 32]
 var<workgroup> Bs: array<vec4<f32>, 256>;  // [k][n / 4], the same shapes
 
-// Stage a (rows x kt) tile of op(A) at (row0, k0) into As, four values per thread of a 256-thread workgroup.
-// Stored transposed (m contiguous), a thread reads 4 consecutive m; otherwise 4 consecutive k.
-fn stage_a(t: u32, row0: u32, k0: u32, kend: u32, rows: u32) {
+// Stage a (rows x kt) tile of op(A) at (row0, k0) into As, in groups of four values spread over the nt threads
+// of the workgroup. Stored transposed (m contiguous), a group is 4 consecutive m; otherwise 4 consecutive k.
+fn stage_a(t: u32, nt: u32, row0: u32, k0: u32, kend: u32, rows: u32, kt: u32) {
     let q = rows / 4u;  // vec4s per k row of the tile
-    if (TRANS_A) {
-        let kk = t / q;
-        let mq = t % q;
-        let m = row0 + mq * 4u;
-        let k = k0 + kk;
-        As[kk * q + mq] = vec4<f32>(load_a(m, k, kend), load_a(m + 1u, k, kend), load_a(m + 2u, k, kend),
-                                    load_a(m + 3u, k, kend));
-    } else {
-        let per_row = 1024u / rows;  // k values of one m row staged by one thread group
-        let mm = t / (per_row / 4u);
-        let k4 = (t % (per_row / 4u)) * 4u;
-        let m = row0 + mm;
-        for (var j = 0u; j < 4u; j = j + 1u) {
-            As[(k4 + j) * q + mm / 4u][mm % 4u] = load_a(m, k0 + k4 + j, kend);
+    for (var g = t; g < rows * kt / 4u; g = g + nt) {
+        if (TRANS_A) {
+            let kk = g / q;
+            let mq = g % q;
+            let m = row0 + mq * 4u;
+            let k = k0 + kk;
+            As[kk * q + mq] = vec4<f32>(load_a(m, k, kend), load_a(m + 1u, k, kend), load_a(m + 2u, k, kend),
+                                        load_a(m + 3u, k, kend));
+        } else {
+            let mm = g / (kt / 4u);
+            let k4 = (g % (kt / 4u)) * 4u;
+            let m = row0 + mm;
+            for (var j = 0u; j < 4u; j = j + 1u) {
+                As[(k4 + j) * q + mm / 4u][mm % 4u] = load_a(m, k0 + k4 + j, kend);
+            }
         }
     }
 }
 
 // Stage a (kt x cols) tile of op(B) at (k0, col0) into Bs, as stage_a does for A.
-fn stage_b(t: u32, col0: u32, k0: u32, kend: u32, cols: u32) {
+fn stage_b(t: u32, nt: u32, col0: u32, k0: u32, kend: u32, cols: u32, kt: u32) {
     let q = cols / 4u;
-    if (TRANS_B) {
-        let per_col = 1024u / cols;
-        let nn = t / (per_col / 4u);
-        let k4 = (t % (per_col / 4u)) * 4u;
-        let n = col0 + nn;
-        for (var j = 0u; j < 4u; j = j + 1u) {
-            Bs[(k4 + j) * q + nn / 4u][nn % 4u] = load_b(k0 + k4 + j, n, kend);
+    for (var g = t; g < cols * kt / 4u; g = g + nt) {
+        if (TRANS_B) {
+            let nn = g / (kt / 4u);
+            let k4 = (g % (kt / 4u)) * 4u;
+            let n = col0 + nn;
+            for (var j = 0u; j < 4u; j = j + 1u) {
+                Bs[(k4 + j) * q + nn / 4u][nn % 4u] = load_b(k0 + k4 + j, n, kend);
+            }
+        } else {
+            let kk = g / q;
+            let nq = g % q;
+            let n = col0 + nq * 4u;
+            let k = k0 + kk;
+            Bs[kk * q + nq] = vec4<f32>(load_b(k, n, kend), load_b(k, n + 1u, kend), load_b(k, n + 2u, kend),
+                                        load_b(k, n + 3u, kend));
         }
-    } else {
-        let kk = t / q;
-        let nq = t % q;
-        let n = col0 + nq * 4u;
-        let k = k0 + kk;
-        Bs[kk * q + nq] = vec4<f32>(load_b(k, n, kend), load_b(k, n + 1u, kend), load_b(k, n + 2u, kend),
-                                    load_b(k, n + 3u, kend));
     }
 }
 
@@ -177,8 +179,8 @@ fn gemm(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let kbeg = wid.z * p.u7;
     let kend = min(p.u2, kbeg + p.u7);
     for (var k0 = kbeg; k0 < kend; k0 = k0 + 16u) {
-        stage_a(t, row0, k0, kend, 64u);
-        stage_b(t, col0, k0, kend, 64u);
+        stage_a(t, 256u, row0, k0, kend, 64u, 16u);
+        stage_b(t, 256u, col0, k0, kend, 64u, 16u);
         workgroupBarrier();
         for (var k = 0u; k < 16u; k = k + 1u) {
             let a = As[k * 16u + lid.y];
@@ -223,8 +225,8 @@ fn gemm_big(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id)
     let kbeg = wid.z * p.u7;
     let kend = min(p.u2, kbeg + p.u7);
     for (var k0 = kbeg; k0 < kend; k0 = k0 + 8u) {
-        stage_a(t, row0, k0, kend, 128u);
-        stage_b(t, col0, k0, kend, 128u);
+        stage_a(t, 256u, row0, k0, kend, 128u, 8u);
+        stage_b(t, 256u, col0, k0, kend, 128u, 8u);
         workgroupBarrier();
         for (var k = 0u; k < 8u; k = k + 1u) {
             let a0 = As[k * 32u + lid.y];
@@ -270,4 +272,39 @@ fn gemm_big(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id)
     store4(r1 + 1u, q1, c31, wid.z);
     store4(r1 + 2u, q1, c32, wid.z);
     store4(r1 + 3u, q1, c33, wid.z);
+}
+
+// gemm_small: an 8x8 workgroup computes a 32x32 tile, each thread a 4x4 block (products with a side of at most
+// 32, such as the filter gradients of small convolutions, waste less of each tile); K in slices of 16.
+@compute @workgroup_size(8, 8)
+fn gemm_small(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let row0 = wid.y * 32u;
+    let col0 = wid.x * 32u;
+    let t = lid.y * 8u + lid.x;
+    var c0 = vec4<f32>(0.0);
+    var c1 = vec4<f32>(0.0);
+    var c2 = vec4<f32>(0.0);
+    var c3 = vec4<f32>(0.0);
+    let kbeg = wid.z * p.u7;
+    let kend = min(p.u2, kbeg + p.u7);
+    for (var k0 = kbeg; k0 < kend; k0 = k0 + 16u) {
+        stage_a(t, 64u, row0, k0, kend, 32u, 16u);
+        stage_b(t, 64u, col0, k0, kend, 32u, 16u);
+        workgroupBarrier();
+        for (var k = 0u; k < 16u; k = k + 1u) {
+            let a = As[k * 8u + lid.y];
+            let b = Bs[k * 8u + lid.x];
+            c0 = c0 + a.x * b;
+            c1 = c1 + a.y * b;
+            c2 = c2 + a.z * b;
+            c3 = c3 + a.w * b;
+        }
+        workgroupBarrier();
+    }
+    let r = row0 + lid.y * 4u;
+    let c = col0 + lid.x * 4u;
+    store4(r, c, c0, wid.z);
+    store4(r + 1u, c, c1, wid.z);
+    store4(r + 2u, c, c2, wid.z);
+    store4(r + 3u, c, c3, wid.z);
 }
