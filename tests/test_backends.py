@@ -497,3 +497,26 @@ def test_cuda_tf32_convolution_and_gemm_stay_within_tf32_error():
                   (1, 1), (1, 1), {})
         outs.append(ty.to_numpy())
     assert np.abs(outs[1] - outs[0]).max() <= 1e-2 * np.abs(outs[0]).max()
+
+
+@pytest.mark.cuda
+def test_cuda_without_the_cudnn_frontend_convolves_through_im2col(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "cudnn", None)  # `import cudnn` now raises ImportError
+    try:
+        be = lp.backend("cuda")
+    except lp.BackendUnavailable as e:
+        pytest.skip(f"cuda backend unavailable: {e}")
+    assert not be.uses_cudnn
+    with pytest.raises(lp.BackendUnavailable, match="cuDNN graphs unavailable"):
+        lp.backend("cuda", use_cudnn=True)
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((2, 3, 7, 7), dtype=np.float32), rng.standard_normal((4, 3, 3, 3), dtype=np.float32)
+    outs = []
+    for bk in (lp.backend("native"), be):
+        y = lp.SharedTensor((2, 4, 4, 4))
+        bk.conv2d(lp.SharedTensor.from_numpy(x).read(bk), lp.SharedTensor.from_numpy(w).read(bk), y.write(bk),
+                  (2, 2), (1, 1), {})
+        outs.append(y.to_numpy())
+    close(outs[1], outs[0], "im2col convolution")
