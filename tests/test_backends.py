@@ -434,8 +434,10 @@ def test_webgpu_implicit_convolution_on_large_tiles_and_split_k_matches_native()
 @pytest.mark.webgpu
 @pytest.mark.parametrize("stride,dispatches", [((1, 1), 1), ((2, 2), 2)], ids=["implicit", "columns"])
 def test_webgpu_convolution_data_gradient_paths_match_native(stride, dispatches):
-    """Many input channels and a padded stride-1 window: one implicit GEMM; strided: GEMM then col2im."""
-    be = _webgpu()
+    """With the implicit data gradient on: many input channels and a padded stride-1 window take one implicit
+    GEMM; strided, GEMM then col2im."""
+    be = _webgpu(power_preference="low-power")  # a separate instance whose options we can change
+    be.implicit_data_grad = True
     native = lp.backend("native")
     rng = np.random.default_rng(2)
     x_shape, w = (3, 64, 7, 7), rng.standard_normal((16, 64, 3, 3), dtype=np.float32)
@@ -505,7 +507,7 @@ def test_cuda_without_the_cudnn_frontend_convolves_through_im2col(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "cudnn", None)  # `import cudnn` now raises ImportError
     try:
-        be = lp.backend("cuda")
+        be = lp.backend("cuda", use_cudnn=None)  # a new instance (the default one is cached)
     except lp.BackendUnavailable as e:
         pytest.skip(f"cuda backend unavailable: {e}")
     assert not be.uses_cudnn
