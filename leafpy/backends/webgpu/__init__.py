@@ -395,7 +395,7 @@ class WebGPUBackend(Backend):
         per workgroup-memory read; ~1.2x the rate of 64x64 on large products) where there are enough of them to
         fill the GPU and padding m and n to 128 wastes little; else 64x64."""
         if self.SMALL_TILES and min(m, n) <= 32:
-            return "gemm_small", 32
+            return "gemm", 32
         t64 = -(-m // 64) * -(-n // 64)
         t128 = -(-m // 128) * -(-n // 128)
         fills = t128 >= 256 or (self.BIG_TILES_SPLIT_K and k >= 2048)
@@ -409,6 +409,7 @@ class WebGPUBackend(Backend):
         if not conv and max(a.raw.size, b.raw.size, out.raw.size) > self.max_binding:
             return self._gemm_blocks(a, trans_a, b, trans_b, out, m, n, k, alpha, beta, consts, lds)
         entry, tile = self._gemm_tile(m, n, k)
+        consts += (("TS", 8),) if tile == 32 else ()
         gx, gy = -(-n // tile), -(-m // tile)
         if gx > self.max_groups or gy > self.max_groups:
             raise BackendError(f"webgpu: GEMM of {m}x{n} needs more workgroups than the device allows")
@@ -470,7 +471,7 @@ class WebGPUBackend(Backend):
                 params = _pack((mm, nn, k, 0, a_off, b_off, rc[2], k, *lds), (alpha, beta))
                 entry, tile = self._gemm_tile(mm, nn, k)
                 self._dispatch("gemm", entry, params, [a, b, out], (-(-nn // tile), -(-mm // tile), 1),
-                               [ra[:2], rb[:2], rc[:2]], constants=consts)
+                               [ra[:2], rb[:2], rc[:2]], constants=consts + ((("TS", 8),) if tile == 32 else ()))
 
     def axpby(self, alpha, x, beta, y):
         if beta == 0.0 and alpha == 1.0:

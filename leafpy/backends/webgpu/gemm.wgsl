@@ -1,5 +1,6 @@
-// C = f0 * op(A) op(B) + f1 * C, row-major, register tiled, in three sizes (gemm_small, below, takes 32x32):
-//   gemm:     a 16x16 workgroup computes a 64x64 tile of C, each thread a 4x4 block; K in slices of 16;
+// C = f0 * op(A) op(B) + f1 * C, row-major, register tiled, in three sizes:
+//   gemm:     a 16x16 workgroup computes a 64x64 tile of C (8x8 and 32x32 with TS = 8), each thread a 4x4 block;
+//             K in slices of 16;
 //   gemm_big: a 16x16 workgroup computes a 128x128 tile, each thread four 4x4 blocks (rows ty*4 and 64 + ty*4,
 //             columns tx*4 and 64 + tx*4, so that a warp's workgroup-memory reads do not collide); K in slices of 8.
 // Tiles of A and B are staged in workgroup memory as vec4 along m (A) and n (B); global reads walk the stored
@@ -166,12 +167,17 @@ fn store4(r: u32, c: u32, v: vec4<f32>, z: u32) {
     store_c(r, c + 3u, v.w, z);
 }
 
-// Accumulators are named registers, not arrays: an array indexed in a loop may be placed in slow local memory.
-@compute @workgroup_size(16, 16)
+// gemm: a TS x TS workgroup computes a (4 TS) x (4 TS) tile, each thread a 4x4 block; TS = 16 (64x64 tiles) or,
+// for products with a side of at most 32, TS = 8 (32x32 tiles waste less of each tile). Accumulators are named
+// registers, not arrays: an array indexed in a loop may be placed in slow local memory.
+override TS: u32 = 16u;
+
+@compute @workgroup_size(TS, TS)
 fn gemm(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let row0 = wid.y * 64u;
-    let col0 = wid.x * 64u;
-    let t = lid.y * 16u + lid.x;
+    let tile = TS * 4u;
+    let row0 = wid.y * tile;
+    let col0 = wid.x * tile;
+    let t = lid.y * TS + lid.x;
     var c0 = vec4<f32>(0.0);
     var c1 = vec4<f32>(0.0);
     var c2 = vec4<f32>(0.0);
@@ -179,12 +185,12 @@ fn gemm(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let kbeg = wid.z * p.u7;
     let kend = min(p.u2, kbeg + p.u7);
     for (var k0 = kbeg; k0 < kend; k0 = k0 + 16u) {
-        stage_a(t, 256u, row0, k0, kend, 64u, 16u);
-        stage_b(t, 256u, col0, k0, kend, 64u, 16u);
+        stage_a(t, TS * TS, row0, k0, kend, tile, 16u);
+        stage_b(t, TS * TS, col0, k0, kend, tile, 16u);
         workgroupBarrier();
         for (var k = 0u; k < 16u; k = k + 1u) {
-            let a = As[k * 16u + lid.y];
-            let b = Bs[k * 16u + lid.x];
+            let a = As[k * TS + lid.y];
+            let b = Bs[k * TS + lid.x];
             c0 = c0 + a.x * b;
             c1 = c1 + a.y * b;
             c2 = c2 + a.z * b;
@@ -274,37 +280,3 @@ fn gemm_big(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id)
     store4(r1 + 3u, q1, c33, wid.z);
 }
 
-// gemm_small: an 8x8 workgroup computes a 32x32 tile, each thread a 4x4 block (products with a side of at most
-// 32, such as the filter gradients of small convolutions, waste less of each tile); K in slices of 16.
-@compute @workgroup_size(8, 8)
-fn gemm_small(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let row0 = wid.y * 32u;
-    let col0 = wid.x * 32u;
-    let t = lid.y * 8u + lid.x;
-    var c0 = vec4<f32>(0.0);
-    var c1 = vec4<f32>(0.0);
-    var c2 = vec4<f32>(0.0);
-    var c3 = vec4<f32>(0.0);
-    let kbeg = wid.z * p.u7;
-    let kend = min(p.u2, kbeg + p.u7);
-    for (var k0 = kbeg; k0 < kend; k0 = k0 + 16u) {
-        stage_a(t, 64u, row0, k0, kend, 32u, 16u);
-        stage_b(t, 64u, col0, k0, kend, 32u, 16u);
-        workgroupBarrier();
-        for (var k = 0u; k < 16u; k = k + 1u) {
-            let a = As[k * 8u + lid.y];
-            let b = Bs[k * 8u + lid.x];
-            c0 = c0 + a.x * b;
-            c1 = c1 + a.y * b;
-            c2 = c2 + a.z * b;
-            c3 = c3 + a.w * b;
-        }
-        workgroupBarrier();
-    }
-    let r = row0 + lid.y * 4u;
-    let c = col0 + lid.x * 4u;
-    store4(r, c, c0, wid.z);
-    store4(r + 1u, c, c1, wid.z);
-    store4(r + 2u, c, c2, wid.z);
-    store4(r + 3u, c, c3, wid.z);
-}
