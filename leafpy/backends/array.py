@@ -243,13 +243,17 @@ class ArrayBackend(Backend):
             ws["dy_t_fresh"] = True
         return t.reshape(o, -1)
 
+    def _to_batch_first(self, dst: Buffer, src: Buffer) -> None:
+        """dst [N, R] = src [R, N] transposed (a batch-innermost layout back to NCHW)."""
+        dst[...] = src.T
+
     def conv2d(self, x, w, out, stride, padding, ws, bias=None):
         o, c, kh, kw = w.shape
         n, _, oh, ow = out.shape
         cols = self._im2col(x, kh, kw, oh, ow, stride, padding, ws)
         y = self._scratch(ws, "y_t", (o, oh * ow * n), x.dtype)
         self.xp.matmul(w.reshape(o, -1), cols, out=y)
-        out[...] = y.reshape(o, oh, ow, n).transpose(3, 0, 1, 2)
+        self._to_batch_first(out.reshape(n, -1), y.reshape(-1, n))
         if bias is not None:
             self.bias_add(out, bias)
         ws["dy_t_fresh"] = False  # a new forward pass: the next backward brings a new dy
@@ -275,7 +279,10 @@ class ArrayBackend(Backend):
         dxt.fill(0)
         for i, j, rows, columns in self._windows(kh, kw, oh, ow, stride):
             dxt[:, rows, columns, :] += d6[:, i, j]
-        dx[...] = dxt[:, ph:ph + h, pw:pw + wd, :].transpose(3, 0, 1, 2)
+        if ph or pw:
+            dx[...] = dxt[:, ph:ph + h, pw:pw + wd, :].transpose(3, 0, 1, 2)
+        else:
+            self._to_batch_first(dx.reshape(n, -1), dxt.reshape(-1, n))
 
     # --- pooling: one pass per window offset over strided views ----------------------------------------------
     def _pool_input(self, x: Buffer, padding: Pair, value: float) -> Buffer:
