@@ -75,10 +75,6 @@ def _pack(u: tuple = (), f: tuple = ()) -> bytes:
     return struct.pack("<12I8f", *[int(v) & 0xFFFFFFFF for v in ints], *[float(v) for v in floats])
 
 
-def _pair(a: int, b: int) -> int:
-    return (int(a) & 0xFFFF) | (int(b) << 16)
-
-
 class WebGPUBackend(Backend):
     """WGSL compute shaders on one WebGPU adapter.
 
@@ -632,8 +628,8 @@ class WebGPUBackend(Backend):
         per_sample = k * oh * ow * 4
         limit = min(self.max_binding, self.CONV_SCRATCH)
         chunk = max(1, min(n, limit // max(per_sample, 1)))
-        u = (0, c, h, w, _pair(kh, kw), _pair(*stride), _pair(*padding), _pair(oh, ow))
-        return n, c, o, k, oh * ow, chunk, u
+        geometry = self._conv_constants(x_shape, w_shape, y_shape, stride, padding)
+        return n, c, o, k, oh * ow, chunk, tuple(g for g in geometry if g[0] != "CONV_O")
 
     @staticmethod
     def _conv_constants(x_shape, w_shape, y_shape, stride, padding, **modes) -> tuple:
@@ -655,12 +651,10 @@ class WebGPUBackend(Backend):
     def _conv_scratch(self, k: int, p: int, chunk: int, o: int) -> tuple[WView, WView]:
         return self._scratch_buffer(k * p * chunk, "cols"), self._scratch_buffer(o * p * chunk, "ymat")
 
-    def _conv_launch(self, entry: str, u: tuple, count: int, n0: int, nc: int, o: int, src: WView, dst: WView,
-                     to_gemm: bool = False):
-        uu = list(u)
-        uu[0] = count
-        self._dispatch("conv", entry, _pack(tuple(uu), (n0, nc, o, 1.0 if to_gemm else 0.0)), [src, dst],
-                       self._grid(count))
+    def _conv_launch(self, entry: str, geometry: tuple, count: int, n0: int, nc: int, o: int, src: WView,
+                     dst: WView, to_gemm: bool = False):
+        self._dispatch("conv", entry, _pack((count,), (n0, nc, o, 1.0 if to_gemm else 0.0)), [src, dst],
+                       self._grid(count), constants=geometry)
 
     def conv2d(self, x, w, out, stride, padding, ws, bias=None):
         n, c, o, k, p, chunk, u = self._conv_geometry(x.shape, w.shape, out.shape, stride, padding)

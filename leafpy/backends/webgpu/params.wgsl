@@ -8,7 +8,3 @@ struct Params {
 fn flat_index(gid: vec3<u32>, nw: vec3<u32>) -> u32 {
     return gid.x + gid.y * nw.x * 256u;
 }
-
-// Two 16-bit numbers packed in one parameter (kernel, stride, padding and output sizes as (h, w) pairs).
-fn lo(v: u32) -> u32 { return v & 0xFFFFu; }
-fn hi(v: u32) -> u32 { return v >> 16u; }
