@@ -457,6 +457,32 @@ def test_webgpu_convolution_data_gradient_paths_match_native(stride, dispatches)
 
 
 @pytest.mark.webgpu
+@pytest.mark.parametrize("mode,kernel,stride,padding", [("max", (3, 3), (2, 2), (1, 1)), ("average", (2, 2), (2, 2),
+                                                                                             (0, 0))])
+def test_webgpu_pooling_past_the_binding_limit_runs_in_pieces(mode, kernel, stride, padding):
+    be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
+    be.max_binding = 4096  # bytes: x (4800) and dx exceed it; a run of planes fits
+    native = lp.backend("native")
+    rng = np.random.default_rng(0)
+    x = rng.permutation(1200).reshape(3, 4, 10, 10).astype(np.float32)  # distinct: no ties in the max
+    oh = (10 + 2 * padding[0] - kernel[0]) // stride[0] + 1
+    dy = rng.standard_normal((3, 4, oh, oh), dtype=np.float32)
+    results = []
+    for bk in (native, be):
+        y, m, dx = lp.SharedTensor((3, 4, oh, oh)), lp.SharedTensor((3, 4, oh, oh), np.int32), lp.SharedTensor(x.shape)
+        mask = m.write(bk) if mode == "max" else None
+        xb, before = lp.SharedTensor.from_numpy(x).read(bk), getattr(bk, "dispatches", 0)
+        bk.pool2d(xb, y.write(bk), mask, mode, kernel, stride, padding)
+        if bk is be:
+            assert be.dispatches - before >= 2, "in pieces"
+        bk.pool2d_grad(lp.SharedTensor.from_numpy(dy).read(bk), dx.write(bk), m.read(bk) if mode == "max" else None,
+                       mode, kernel, stride, padding)
+        results.append([y.to_numpy(), dx.to_numpy()])
+    close(results[1][0], results[0][0], "pooled")
+    close(results[1][1], results[0][1], "pooling gradient")
+
+
+@pytest.mark.webgpu
 def test_webgpu_gemm_that_cannot_be_split_says_so():
     be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
     be.max_binding = 40_000

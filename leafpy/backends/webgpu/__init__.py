@@ -322,6 +322,27 @@ class WebGPUBackend(Backend):
         self._pass.dispatch_workgroups(*groups)
         self.dispatches += 1
 
+    def _span(self, start: int, end: int) -> tuple[int, int, int]:
+        """A binding of bytes [start, end) of a buffer: (offset aligned down, size, elements from there to start)."""
+        base = start // self.offset_align * self.offset_align
+        return base, _pad4(end - base), (start - base) // 4
+
+    def _item_chunks(self, count: int, per_item: list[int]):
+        """Split ``count`` items (samples, planes), each of ``per_item[i]`` elements in bound tensor i, into runs
+        whose bindings fit the device's limit. Yields (first, last + 1, [(offset, size, element offset)] per
+        tensor), or one run with None ranges where everything fits whole."""
+        biggest = 4 * count * max(per_item)
+        if biggest <= self.max_binding:
+            yield 0, count, [None] * len(per_item)
+            return
+        step = (self.max_binding - self.offset_align) // (4 * max(per_item))
+        if step < 1:
+            raise BackendError(f"webgpu: one item of {4 * max(per_item)} bytes exceeds the storage binding limit "
+                               f"of {self.max_binding} bytes")
+        for i0 in range(0, count, step):
+            i1 = min(count, i0 + step)
+            yield i0, i1, [self._span(i0 * e * 4, i1 * e * 4) for e in per_item]
+
     def _grid(self, n: int) -> tuple[int, int, int]:
         groups = max(1, -(-n // WG))
         x = min(groups, self.max_groups)
@@ -451,17 +472,13 @@ class WebGPUBackend(Backend):
                                f"binding limit ({self.max_binding} bytes): a transposed A or an untransposed B "
                                "must fit in one binding")
 
-        def span(start: int, end: int) -> tuple[int, int, int]:
-            base = start // self.offset_align * self.offset_align
-            return base, _pad4(end - base), (start - base) // 4
-
         for m0 in range(0, m, mb):
             mm = min(mb, m - m0)
             for n0 in range(0, n, nb):
                 nn = min(nb, n - n0)
-                ra = (0, a.raw.size, 0) if trans_a else span(m0 * k * 4, (m0 + mm) * k * 4)
-                rb = span(n0 * k * 4, (n0 + nn) * k * 4) if trans_b else (0, b.raw.size, 0)
-                rc = span((m0 * n + n0) * 4, ((m0 + mm - 1) * n + n0 + nn) * 4)
+                ra = (0, a.raw.size, 0) if trans_a else self._span(m0 * k * 4, (m0 + mm) * k * 4)
+                rb = self._span(n0 * k * 4, (n0 + nn) * k * 4) if trans_b else (0, b.raw.size, 0)
+                rc = self._span((m0 * n + n0) * 4, ((m0 + mm - 1) * n + n0 + nn) * 4)
                 a_off = ra[2] + (m0 if trans_a else 0)
                 b_off = rb[2] + (0 if trans_b else n0)
                 params = _pack((mm, nn, k, 0, a_off, b_off, rc[2], k, *lds), (alpha, beta))
@@ -720,12 +737,22 @@ class WebGPUBackend(Backend):
     def pool2d(self, x, out, mask, mode, kernel, stride, padding):
         m = mask if mask is not None else self._scratch_buffer(out.size, "nomask")
         consts = self._pool_constants(x.shape, out.shape, kernel, stride, padding, mode == "max")
-        self._dispatch("pool", "pool_fwd", _pack((out.size,)), [x, out, m], self._grid(out.size), constants=consts)
+        self._pool("pool_fwd", [x, out, m], x.shape, out.shape, out.shape, consts)
 
     def pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding):
         m = mask if mask is not None else self._scratch_buffer(dy.size, "nomask")
         consts = self._pool_constants(dx.shape, dy.shape, kernel, stride, padding, mode == "max")
-        self._dispatch("pool", "pool_bwd", _pack((dx.size,)), [dy, dx, m], self._grid(dx.size), constants=consts)
+        self._pool("pool_bwd", [dy, dx, m], dy.shape, dx.shape, dy.shape, consts)
+
+    def _pool(self, entry: str, buffers: list, src_shape, dst_shape, mask_shape, consts: tuple) -> None:
+        """One thread per dst element, over runs of (n, c) planes whose bindings fit the device's limit."""
+        planes = dst_shape[0] * dst_shape[1]
+        sizes = [s[2] * s[3] for s in (src_shape, dst_shape, mask_shape)]
+        for p0, p1, ranges in self._item_chunks(planes, sizes):
+            count = (p1 - p0) * sizes[1]
+            offsets = [r[2] if r else 0 for r in ranges]
+            self._dispatch("pool", entry, _pack((count, *offsets)), buffers, self._grid(count),
+                           [r[:2] if r else None for r in ranges], constants=consts)
 
     # --- randomness and solver updates -----------------------------------------------------------------------
     def dropout_mask(self, mask, ratio, seed):

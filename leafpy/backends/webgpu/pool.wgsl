@@ -1,5 +1,6 @@
-// 2-D pooling over NCHW. u0 = N * C * OH * OW (forward) or N * C * H * W (backward); the geometry is pipeline
-// constants (one pipeline per pooling shape, so the index arithmetic divides by constants).
+// 2-D pooling over NCHW, over a run of (n, c) planes. u0 = planes * OH * OW (forward) or planes * H * W
+// (backward); u1/u2/u3 = element offsets of the run in src/dst/mask as bound. The geometry is pipeline constants
+// (one pipeline per pooling shape, so the index arithmetic divides by constants).
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> src: array<f32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<f32>;
@@ -35,7 +36,7 @@ fn pool_fwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
             let w = w0 + i32(j);
             var v = 0.0;
             let inside = h >= 0 && h < i32(H) && w >= 0 && w < i32(W);
-            if (inside) { v = src[(plane * H + u32(h)) * W + u32(w)]; }
+            if (inside) { v = src[p.u1 + (plane * H + u32(h)) * W + u32(w)]; }
             if (IS_MAX) {
                 if (inside && v > best) { best = v; arg = i32(i * KW + j); }
             } else {
@@ -44,10 +45,10 @@ fn pool_fwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
         }
     }
     if (IS_MAX) {
-        dst[idx] = best;
-        mask[idx] = arg;
+        dst[p.u2 + idx] = best;
+        mask[p.u3 + idx] = arg;
     } else {
-        dst[idx] = sum / f32(KH * KW);
+        dst[p.u2 + idx] = sum / f32(KH * KW);
     }
 }
 
@@ -72,11 +73,11 @@ fn pool_bwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
             if (x >= OW) { continue; }
             let o = (plane * OH + y) * OW + x;
             if (IS_MAX) {
-                if (mask[o] == i32(i * KW + j)) { s = s + src[o]; }
+                if (mask[p.u3 + o] == i32(i * KW + j)) { s = s + src[p.u1 + o]; }
             } else {
-                s = s + src[o] / f32(KH * KW);
+                s = s + src[p.u1 + o] / f32(KH * KW);
             }
         }
     }
-    dst[idx] = s;
+    dst[p.u2 + idx] = s;
 }
