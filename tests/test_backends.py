@@ -494,13 +494,24 @@ def test_webgpu_gemm_that_cannot_be_split_says_so():
 
 
 @pytest.mark.webgpu
-def test_webgpu_work_it_cannot_split_is_a_clear_error():
+def test_webgpu_class_rows_past_the_binding_limit_run_in_pieces_or_say_why():
     be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
     be.max_binding = 4096
-    x = lp.SharedTensor.from_numpy(np.zeros((4, 1000), np.float32))  # 16 KB: softmax rows are not split
-    y = lp.SharedTensor((4, 1000))
-    with pytest.raises(lp.BackendError, match="softmax_rows would bind 16000 bytes.*limit of 4096"):
-        be.softmax(x.read(be), y.write(be))
+    rng = np.random.default_rng(0)
+    for n, c in ((6, 1000), (200, 30)):  # a workgroup per row, a thread per row; both over 4096 bytes
+        x, dy = rng.standard_normal((n, c), dtype=np.float32), rng.standard_normal((n, c), dtype=np.float32)
+        y, dx = lp.SharedTensor((n, c)), lp.SharedTensor((n, c))
+        before = be.dispatches
+        be.log_softmax(lp.SharedTensor.from_numpy(x).read(be), y.write(be))
+        assert be.dispatches - before >= 2, "in pieces"
+        ref = x - x.max(1, keepdims=True)
+        ref -= np.log(np.exp(ref).sum(1, keepdims=True))
+        close(y.to_numpy(), ref, "log_softmax in pieces")
+        be.log_softmax_grad(y.read(be), lp.SharedTensor.from_numpy(dy).read(be), dx.write(be))
+        close(dx.to_numpy(), dy - np.exp(ref) * dy.sum(1, keepdims=True), "log_softmax_grad in pieces")
+    x = lp.SharedTensor.from_numpy(np.zeros((2, 2000), np.float32))  # one sample's 8000 bytes cannot be split
+    with pytest.raises(lp.BackendError, match="one item of 8000 bytes exceeds the storage binding limit of 4096"):
+        be.softmax(x.read(be), lp.SharedTensor((2, 2000)).write(be))
 
 
 @pytest.mark.cuda

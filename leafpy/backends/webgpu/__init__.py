@@ -558,12 +558,18 @@ class WebGPUBackend(Backend):
     """Rows of at least this many classes are reduced by a workgroup each, shorter ones by a thread each."""
 
     def _class_dispatch(self, entry: str, rows: int, c: int, inner: int, log: bool, buffers: list) -> None:
-        params = _pack((rows, c, inner, int(log)))
-        if c >= self.LONG_ROWS:
-            gx = min(rows, 65535)
-            self._dispatch("classes", entry + "_rows", params, buffers, (gx, -(-rows // gx), 1))
-        else:
-            self._dispatch("classes", entry, params, buffers, self._grid(rows))
+        """Over runs of samples whose bindings fit the device's limit."""
+        n = rows // inner
+        for n0, n1, ranges in self._item_chunks(n, [c * inner] * len(buffers)):
+            count = (n1 - n0) * inner
+            offsets = [r[2] if r else 0 for r in ranges] + [0] * (3 - len(ranges))
+            params = _pack((count, c, inner, int(log), *offsets))
+            binds = [r[:2] if r else None for r in ranges]
+            if c >= self.LONG_ROWS:
+                gx = min(count, 65535)
+                self._dispatch("classes", entry + "_rows", params, buffers, (gx, -(-count // gx), 1), binds)
+            else:
+                self._dispatch("classes", entry, params, buffers, self._grid(count), binds)
 
     def softmax(self, x, out):
         self._class_dispatch("softmax", *self._rows(x), False, [x, out])

@@ -1,4 +1,5 @@
-// Per-sample work over the class axis of [N, C, inner]: one thread per (n, r). u0 = N * inner, u1 = C, u2 = inner.
+// Per-sample work over the class axis of [N, C, inner]: one thread per (n, r). u0 = N * inner, u1 = C, u2 = inner;
+// u4/u5/u6 = element offsets of the first sample in a/b/c as bound (a run of samples past the binding limit).
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> a: array<f32>;
 @group(0) @binding(2) var<storage, read_write> b: array<f32>;
@@ -15,14 +16,14 @@ fn at(row: u32, k: u32) -> u32 {
 fn softmax(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let row = flat_index(gid, nw);
     if (row >= p.u0) { return; }
-    var m = a[at(row, 0u)];
-    for (var k = 1u; k < p.u1; k = k + 1u) { m = max(m, a[at(row, k)]); }
+    var m = a[p.u4 + at(row, 0u)];
+    for (var k = 1u; k < p.u1; k = k + 1u) { m = max(m, a[p.u4 + at(row, k)]); }
     var s = 0.0;
-    for (var k = 0u; k < p.u1; k = k + 1u) { s = s + exp(a[at(row, k)] - m); }
+    for (var k = 0u; k < p.u1; k = k + 1u) { s = s + exp(a[p.u4 + at(row, k)] - m); }
     let ls = log(s);
     for (var k = 0u; k < p.u1; k = k + 1u) {
-        let z = a[at(row, k)] - m;
-        b[at(row, k)] = select(exp(z) / s, z - ls, p.u3 == 1u);
+        let z = a[p.u4 + at(row, k)] - m;
+        b[p.u5 + at(row, k)] = select(exp(z) / s, z - ls, p.u3 == 1u);
     }
 }
 
@@ -34,11 +35,11 @@ fn softmax_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
     var s = 0.0;
     for (var k = 0u; k < p.u1; k = k + 1u) {
         let i = at(row, k);
-        s = s + select(b[i] * a[i], b[i], p.u3 == 1u);
+        s = s + select(b[p.u5 + i] * a[p.u4 + i], b[p.u5 + i], p.u3 == 1u);
     }
     for (var k = 0u; k < p.u1; k = k + 1u) {
         let i = at(row, k);
-        c[i] = select(a[i] * (b[i] - s), b[i] - exp(a[i]) * s, p.u3 == 1u);
+        c[p.u6 + i] = select(a[p.u4 + i] * (b[p.u5 + i] - s), b[p.u5 + i] - exp(a[p.u4 + i]) * s, p.u3 == 1u);
     }
 }
 
@@ -86,15 +87,15 @@ fn softmax_rows(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup
     if (row >= p.u0) { return; }
     let t = lid.x;
     var m = -3.0e38;
-    for (var k = t; k < p.u1; k = k + 256u) { m = max(m, a[at(row, k)]); }
+    for (var k = t; k < p.u1; k = k + 256u) { m = max(m, a[p.u4 + at(row, k)]); }
     m = reduce_max(t, m);
     var s = 0.0;
-    for (var k = t; k < p.u1; k = k + 256u) { s = s + exp(a[at(row, k)] - m); }
+    for (var k = t; k < p.u1; k = k + 256u) { s = s + exp(a[p.u4 + at(row, k)] - m); }
     s = reduce_sum(t, s);
     let ls = log(s);
     for (var k = t; k < p.u1; k = k + 256u) {
-        let z = a[at(row, k)] - m;
-        b[at(row, k)] = select(exp(z) / s, z - ls, p.u3 == 1u);
+        let z = a[p.u4 + at(row, k)] - m;
+        b[p.u5 + at(row, k)] = select(exp(z) / s, z - ls, p.u3 == 1u);
     }
 }
 
@@ -106,11 +107,11 @@ fn softmax_grad_rows(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(work
     var s = 0.0;
     for (var k = t; k < p.u1; k = k + 256u) {
         let i = at(row, k);
-        s = s + select(b[i] * a[i], b[i], p.u3 == 1u);
+        s = s + select(b[p.u5 + i] * a[p.u4 + i], b[p.u5 + i], p.u3 == 1u);
     }
     s = reduce_sum(t, s);
     for (var k = t; k < p.u1; k = k + 256u) {
         let i = at(row, k);
-        c[i] = select(a[i] * (b[i] - s), b[i] - exp(a[i]) * s, p.u3 == 1u);
+        c[p.u6 + i] = select(a[p.u4 + i] * (b[p.u5 + i] - s), b[p.u5 + i] - exp(a[p.u4 + i]) * s, p.u3 == 1u);
     }
 }
