@@ -483,6 +483,19 @@ def test_webgpu_pooling_past_the_binding_limit_runs_in_pieces(mode, kernel, stri
 
 
 @pytest.mark.webgpu
+def test_webgpu_bias_gradient_past_the_binding_limit_runs_in_pieces():
+    be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
+    be.max_binding = 8192
+    rng = np.random.default_rng(0)
+    dy, db0 = rng.standard_normal((40, 3, 8, 8), dtype=np.float32), rng.standard_normal(3, dtype=np.float32)
+    tb = lp.SharedTensor.from_numpy(db0)
+    before = be.dispatches
+    be.bias_grad(lp.SharedTensor.from_numpy(dy).read(be), tb.read_write(be), 0.5)
+    assert be.dispatches - before >= 3, "runs of samples, then the sum"
+    close(tb.to_numpy(), dy.sum(axis=(0, 2, 3)) + 0.5 * db0, "bias gradient in pieces", rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.webgpu
 def test_webgpu_gemm_that_cannot_be_split_says_so():
     be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
     be.max_binding = 40_000

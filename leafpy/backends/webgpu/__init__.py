@@ -625,12 +625,16 @@ class WebGPUBackend(Backend):
         """Per channel, partial sums over blocks of the batch in parallel, then one sum of the partials each."""
         n, c = dy.shape[0], dy.shape[1]
         inner = dy.size // (n * c)
-        per = n * inner
-        blocks = max(1, min(256, -(-per // 4096), self.max_groups))
+        runs = list(self._item_chunks(n, [c * inner]))  # runs of samples whose binding fits
+        per = max((n1 - n0) for n0, n1, _ in runs) * inner
+        blocks = max(1, min(256, -(-per // 4096), self.max_groups))  # per run
         length = -(-per // blocks)
-        part = self._scratch_buffer(c * blocks, "bias_part")
-        self._dispatch("reduce", "bias_grad_part", _pack((n, c, inner, blocks, length)), [dy, part], (c, blocks, 1))
-        self._sum_rows(part, db, blocks, c, 1.0, beta)
+        total = blocks * len(runs)
+        part = self._scratch_buffer(c * total, "bias_part")
+        for i, (n0, n1, (r,)) in enumerate(runs):
+            params = _pack((n1 - n0, c, inner, total, length, i * blocks, r[2] if r else 0))
+            self._dispatch("reduce", "bias_grad_part", params, [dy, part], (c, blocks, 1), [r[:2] if r else None, None])
+        self._sum_rows(part, db, total, c, 1.0, beta)
 
     def _sum_rows(self, a, out, length: int, rows: int, alpha: float, beta: float, columns: bool = False) -> None:
         """out[r] = alpha * (sum of row r of a [rows x length], or of column r of a [length x rows]) + beta * out[r],

@@ -46,8 +46,9 @@ fn mean_square(@builtin(local_invocation_id) lid: vec3<u32>) {
     if (lid.x == 0u) { b[0] = total / f32(p.u0); }
 }
 
-// bias_grad_part: workgroup (c, blk) sums channel c over its block of the N * inner values:
-// b[c * u3 + blk] = sum a[(n * C + c) * inner + r]; u0 = N, u1 = C, u2 = inner, u3 = blocks, u4 = block length
+// bias_grad_part: workgroup (c, blk) sums channel c over its block of the N * inner values of a run of samples:
+// b[c * u3 + u5 + blk] = sum a[u6 + (n * C + c) * inner + r]; u0 = N (of the run), u1 = C, u2 = inner,
+// u3 = blocks of all runs, u4 = block length, u5 = this run's first block, u6 = the run's offset in a as bound
 @compute @workgroup_size(256)
 fn bias_grad_part(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let ch = wid.x;
@@ -57,11 +58,11 @@ fn bias_grad_part(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
     for (var j = wid.y * p.u4 + lid.x; j < end; j = j + 256u) {
         let n = j / p.u2;
         let r = j % p.u2;
-        s = s + a[(n * p.u1 + ch) * p.u2 + r];
+        s = s + a[p.u6 + (n * p.u1 + ch) * p.u2 + r];
     }
     partial[lid.x] = s;
     let total = tree(lid.x);
-    if (lid.x == 0u) { b[ch * p.u3 + wid.y] = total; }
+    if (lid.x == 0u) { b[ch * p.u3 + p.u5 + wid.y] = total; }
 }
 
 // sum_rows: one workgroup per row r < u2 of a [u2 x u0]: b[r] = f0 * sum_j a[r * u0 + j] + f1 * b[r]; with u1 = 1
