@@ -411,6 +411,26 @@ def test_bias_grad_over_many_blocks_matches_native(device):
 
 
 @pytest.mark.webgpu
+def test_webgpu_convolution_past_the_binding_limit_binds_chunks_of_samples():
+    be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
+    be.max_binding = 4096  # x (5184 bytes), y, dy and dx exceed it; one sample's columns (3888) fit
+    native = lp.backend("native")
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((12, 3, 6, 6), dtype=np.float32), rng.standard_normal((4, 3, 3, 3), dtype=np.float32)
+    dy, dw0 = rng.standard_normal((12, 4, 6, 6), dtype=np.float32), rng.standard_normal(w.shape, dtype=np.float32)
+    results = []
+    for bk in (native, be):
+        t = {name: lp.SharedTensor.from_numpy(v) for name, v in (("x", x), ("w", w), ("dy", dy), ("dw", dw0))}
+        y, dx = lp.SharedTensor((12, 4, 6, 6)), lp.SharedTensor(x.shape)
+        bk.conv2d(t["x"].read(bk), t["w"].read(bk), y.write(bk), (1, 1), (1, 1), {})
+        bk.conv2d_grad_data(t["dy"].read(bk), t["w"].read(bk), dx.write(bk), (1, 1), (1, 1), {})
+        bk.conv2d_grad_filter(t["x"].read(bk), t["dy"].read(bk), t["dw"].read_write(bk), (1, 1), (1, 1), {}, 0.5)
+        results.append([y.to_numpy(), dx.to_numpy(), t["dw"].to_numpy()])
+    for got, ref, what in zip(results[1], results[0], ("forward", "data gradient", "filter gradient")):
+        close(got, ref, what)
+
+
+@pytest.mark.webgpu
 def test_webgpu_implicit_convolution_on_large_tiles_and_split_k_matches_native():
     """Big enough for 128x128 tiles in the forward pass and split-K in the filter gradient."""
     be = _webgpu()

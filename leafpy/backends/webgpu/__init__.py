@@ -655,6 +655,8 @@ class WebGPUBackend(Backend):
         per_sample = k * oh * ow * 4
         limit = min(self.max_binding, self.CONV_SCRATCH)
         chunk = max(1, min(n, limit // max(per_sample, 1)))
+        # a chunk's samples of x and y are bound as one range each
+        chunk = max(1, min(chunk, (self.max_binding - self.offset_align) // (4 * max(c * h * w, o * oh * ow))))
         geometry = self._conv_constants(x_shape, w_shape, y_shape, stride, padding)
         return n, c, o, k, oh * ow, chunk, tuple(g for g in geometry if g[0] != "CONV_O")
 
@@ -680,8 +682,18 @@ class WebGPUBackend(Backend):
 
     def _conv_launch(self, entry: str, geometry: tuple, count: int, n0: int, nc: int, o: int, src: WView,
                      dst: WView, to_gemm: bool = False):
-        self._dispatch("conv", entry, _pack((count,), (n0, nc, o, 1.0 if to_gemm else 0.0)), [src, dst],
-                       self._grid(count), constants=geometry)
+        """A layout pass over samples [n0, n0 + nc); the NCHW tensor (x or dy read, y or dx written) is bound
+        whole where it fits, else just those samples."""
+        nchw = 0 if entry == "im2col" or to_gemm else 1
+        tensor = (src, dst)[nchw]
+        per_sample = tensor.size // tensor.shape[0]
+        ranges: list = [None, None]
+        offset = n0 * per_sample
+        if tensor.raw.size > self.max_binding:
+            base, size, offset = self._span(offset * 4, (n0 + nc) * per_sample * 4)
+            ranges[nchw] = (base, size)
+        self._dispatch("conv", entry, _pack((count, offset), (0.0, nc, o, 1.0 if to_gemm else 0.0)), [src, dst],
+                       self._grid(count), ranges, constants=geometry)
 
     def conv2d(self, x, w, out, stride, padding, ws, bias=None):
         n, c, o, k, p, chunk, u = self._conv_geometry(x.shape, w.shape, out.shape, stride, padding)

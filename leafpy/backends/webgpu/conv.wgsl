@@ -1,6 +1,6 @@
-// Convolution layout kernels for im2col + GEMM, over a chunk of the batch [n0, n0 + nc). The geometry is pipeline
-// constants (index arithmetic divides by constants); u0 = element count of the launch, f0 = n0, f1 = nc,
-// f2 = O (channels of y/dy), f3 = relayout direction.
+// Convolution layout kernels for im2col + GEMM, over a chunk of nc samples of the batch. The geometry is pipeline
+// constants (index arithmetic divides by constants); u0 = element count of the launch, u1 = element offset of the
+// chunk's first sample in the NCHW tensor as bound, f1 = nc, f2 = O (channels of y/dy), f3 = relayout direction.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> src: array<f32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<f32>;
@@ -17,7 +17,7 @@ override PW: u32 = 0u;
 override OH: u32 = 1u;
 override OW: u32 = 1u;
 
-// cols[(c * kh + i) * kw + j][nl * P + y * ow + x] = x_padded[n0 + nl][c][y * sh + i - ph][x * sw + j - pw]
+// cols[(c * kh + i) * kw + j][nl * P + y * ow + x] = x_padded[nl][c][y * sh + i - ph][x * sw + j - pw]
 @compute @workgroup_size(256)
 fn im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let idx = flat_index(gid, nw);
@@ -37,13 +37,12 @@ fn im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     let wx = i32(x * SW + j) - i32(PW);
     var v = 0.0;
     if (hy >= 0 && hy < i32(CONV_H) && wx >= 0 && wx < i32(CONV_W)) {
-        let n = u32(p.f0) + nl;
-        v = src[((n * CONV_C + c) * CONV_H + u32(hy)) * CONV_W + u32(wx)];
+        v = src[p.u1 + ((nl * CONV_C + c) * CONV_H + u32(hy)) * CONV_W + u32(wx)];
     }
     dst[idx] = v;
 }
 
-// dx[n0 + nl][c][h][w] = sum of dcols over every (i, j, y, x) that im2col read (h, w) from (a gather: no atomics)
+// dx[nl][c][h][w] = sum of dcols over every (i, j, y, x) that im2col read (h, w) from (a gather: no atomics)
 @compute @workgroup_size(256)
 fn col2im(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let idx = flat_index(gid, nw);
@@ -68,11 +67,10 @@ fn col2im(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
             s = s + src[((c * KH + i) * KW + j) * cols + nl * P + y * OW + x];
         }
     }
-    let n = u32(p.f0) + nl;
-    dst[((n * CONV_C + c) * CONV_H + h) * CONV_W + w] = s;
+    dst[p.u1 + ((nl * CONV_C + c) * CONV_H + h) * CONV_W + w] = s;
 }
 
-// between the GEMM layout [O][nc * P] and NCHW for samples n0.. n0 + nc; f3 = 0: GEMM -> NCHW (outputs),
+// between the GEMM layout [O][nc * P] and NCHW for the chunk's samples; f3 = 0: GEMM -> NCHW (outputs),
 // f3 = 1: NCHW -> GEMM (output gradients). u0 = nc * O * P
 @compute @workgroup_size(256)
 fn relayout(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
@@ -85,6 +83,6 @@ fn relayout(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let o = (idx / P) % O;
     let nl = idx / (P * O);
     let gemm = o * nc * P + nl * P + q;
-    let nchw = ((u32(p.f0) + nl) * O + o) * P + q;
+    let nchw = p.u1 + (nl * O + o) * P + q;
     if (p.f3 == 0.0) { dst[nchw] = src[gemm]; } else { dst[gemm] = src[nchw]; }
 }
