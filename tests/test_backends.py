@@ -516,6 +516,38 @@ def test_webgpu_bias_gradient_past_the_binding_limit_runs_in_pieces():
 
 
 @pytest.mark.webgpu
+@pytest.mark.parametrize("limit", [None, 4096], ids=["whole", "past-the-limit"])
+def test_webgpu_reductions_in_blocks_and_pieces_match_numpy(limit):
+    be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
+    be.PARTS_BLOCK = 1000  # several blocks per run
+    if limit:
+        be.max_binding = limit
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal(5000, dtype=np.float32), rng.standard_normal(5000, dtype=np.float32)
+    tx, ty = lp.SharedTensor.from_numpy(x), lp.SharedTensor.from_numpy(y)
+    out = lp.SharedTensor((1,))
+    be.dot(tx.read(be), ty.read(be), out.write(be))
+    assert out.to_numpy()[0] == pytest.approx(float(x @ y), rel=1e-4, abs=1e-3)
+    be.dot(tx.read(be), tx.read(be), out.write(be))
+    assert out.to_numpy()[0] == pytest.approx(float(x @ x), rel=1e-4)
+    be.nrm2(tx.read(be), out.write(be))
+    assert out.to_numpy()[0] == pytest.approx(float(np.linalg.norm(x)), rel=1e-4)
+    diff = lp.SharedTensor((5000,))
+    be.mse(tx.read(be), ty.read(be), diff.write(be), out.write(be))
+    assert out.to_numpy()[0] == pytest.approx(float(np.mean((x - y) ** 2)), rel=1e-4)
+    logp = rng.standard_normal((300, 7), dtype=np.float32)
+    labels = rng.integers(0, 7, 300)
+    tl, tp = lp.SharedTensor.from_numpy(labels.astype(np.float32)), lp.SharedTensor.from_numpy(logp)
+    be.nll(tp.read(be), tl.read(be), out.write(be))
+    assert out.to_numpy()[0] == pytest.approx(float(-logp[np.arange(300), labels].mean()), rel=1e-4)
+    dx, dloss = lp.SharedTensor((300, 7)), lp.SharedTensor.from_numpy(np.array([2.0], np.float32))
+    be.nll_grad(tl.read(be), dloss.read(be), dx.write(be))
+    ref = np.zeros((300, 7), np.float32)
+    ref[np.arange(300), labels] = -2.0 / 300
+    close(dx.to_numpy(), ref, "nll gradient")
+
+
+@pytest.mark.webgpu
 def test_webgpu_gemm_that_cannot_be_split_says_so():
     be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
     be.max_binding = 40_000

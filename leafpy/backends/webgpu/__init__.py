@@ -514,16 +514,30 @@ class WebGPUBackend(Backend):
 
     def dot(self, x, y, out):
         if x.raw is y.raw:
-            return self._reduce("dot", [x, self._copy_of(y), out], (x.size, 0))
-        self._reduce("dot", [x, y, out], (x.size, 0))
+            return self._sum_parts("square_parts", [x], x.size, [1], out)
+        self._sum_parts("dot_parts", [x, y], x.size, [1, 1], out)
 
     def nrm2(self, x, out):
-        self._reduce("dot", [x, self._copy_of(x), out], (x.size, 1))
+        self._sum_parts("square_parts", [x], x.size, [1], out, root=True)
 
-    def _copy_of(self, x: WView) -> WView:
-        s = self._scratch_buffer(x.size, "copy")
-        self.copy(x, s)
-        return s
+    PARTS_BLOCK = 16384
+    """Elements per workgroup in the first pass of a long reduction."""
+
+    def _sum_parts(self, entry: str, inputs: list, count: int, per_item: list, out: WView, alpha: float = 1.0,
+                   root: bool = False, u1: int = 0) -> None:
+        """out[0] = alpha * (sum of the entry's terms over ``count`` items) (its square root with ``root``): partial
+        sums of blocks, a workgroup each, over runs of items whose bindings fit, then one sum of the partials."""
+        runs = list(self._item_chunks(count, per_item))
+        longest = max(i1 - i0 for i0, i1, _ in runs)
+        blocks = max(1, min(self.max_groups, -(-longest // self.PARTS_BLOCK)))
+        length = -(-longest // blocks)
+        parts = self._scratch_buffer(blocks * len(runs), "parts")
+        for i, (i0, i1, ranges) in enumerate(runs):
+            offsets = [r[2] if r else 0 for r in ranges] + [0] * (2 - len(ranges))
+            params = _pack((i1 - i0, u1, 0, length, i * blocks, *offsets))
+            binds = [r[:2] if r else None for r in ranges] + [None]
+            self._dispatch("reduce", entry, params, [*inputs, parts], (blocks, 1, 1), binds)
+        self._reduce("sum_rows", [parts, out], (blocks * len(runs), 0, 1, int(root)), (alpha, 0.0))
 
     def read_scalar(self, buf):
         host = np.empty(1, np.float32)
@@ -601,16 +615,21 @@ class WebGPUBackend(Backend):
     # --- losses -----------------------------------------------------------------------------------------------
     def nll(self, logp, labels, out):
         n = logp.shape[0]
-        self._reduce("nll", [logp, labels, out], (n, logp.size // n))
+        c = logp.size // n
+        self._sum_parts("nll_parts", [logp, labels], n, [c, 1], out, alpha=-1.0 / n, u1=c)
 
     def nll_grad(self, labels, dloss, dx):
         n = dx.shape[0]
         c = dx.size // n
-        self._dispatch("classes", "nll_grad", _pack((n * c, c, n)), [labels, dloss, dx], self._grid(n * c))
+        for n0, n1, (rl, _, rx) in self._item_chunks(n, [1, 1, c]):
+            count = (n1 - n0) * c
+            params = _pack((count, c, n, rl[2] if rl else 0, rx[2] if rx else 0))
+            self._dispatch("classes", "nll_grad", params, [labels, dloss, dx], self._grid(count),
+                           [rl[:2] if rl else None, None, rx[:2] if rx else None])
 
     def mse(self, x, t, diff, out):
         self._elementwise("sub", x.size, [x, t, diff])
-        self._dispatch("reduce", "mean_square", _pack((diff.size,)), [diff, out], (1, 1, 1))
+        self._sum_parts("square_parts", [diff], diff.size, [1], out, alpha=1.0 / diff.size)
 
     def mse_grad(self, diff, dloss, dx):
         self._elementwise("scale_by_scalar", dx.size, [diff, dloss, dx], f=(2.0 / diff.size,), whole=(1,))

@@ -43,14 +43,15 @@ fn softmax_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
     }
 }
 
-// nll_grad: c = 0 except c[n, label_n] = -b[0] / N; a = labels, b = dloss. One thread per (n, k): u0 = N * C.
+// nll_grad: c = 0 except c[n, label_n] = -b[0] / N; a = labels, b = dloss. One thread per (n, k) of a run of
+// samples: u0 = its samples * C, u1 = C, u2 = N, u3/u4 = the run's offsets in a/c as bound.
 @compute @workgroup_size(256)
 fn nll_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
     if (i >= p.u0) { return; }
     let n = i / p.u1;
     let k = i % p.u1;
-    c[i] = select(0.0, -b[0] / f32(p.u2), u32(a[n]) == k);
+    c[p.u4 + i] = select(0.0, -b[0] / f32(p.u2), u32(a[p.u3 + n]) == k);
 }
 
 // The same over long rows, one 256-thread workgroup per row (workgroup (x, y) is row x + 65535 * y); the row's

@@ -1,4 +1,4 @@
-// Reductions in one workgroup of 256 threads (tree in workgroup memory; no float atomics).
+// Reductions by workgroups of 256 threads (trees in workgroup memory; no float atomics).
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> a: array<f32>;
 @group(0) @binding(2) var<storage, read_write> b: array<f32>;
@@ -16,34 +16,45 @@ fn tree(t: u32) -> f32 {
     return partial[0];
 }
 
-// dot: c[0] = sum(a * b); u1 = 1 for sqrt (nrm2 of a with b = a)
-@compute @workgroup_size(256)
-fn dot(@builtin(local_invocation_id) lid: vec3<u32>) {
-    var s = 0.0;
-    for (var i = lid.x; i < p.u0; i = i + 256u) { s = s + a[i] * b[i]; }
-    partial[lid.x] = s;
-    let total = tree(lid.x);
-    if (lid.x == 0u) { c[0] = select(total, sqrt(total), p.u1 == 1u); }
+// Partial sums over blocks of a run of elements, a workgroup per block, finished by sum_rows (so long vectors are
+// reduced in parallel, and a run past the storage-binding limit is bound on its own). u0 = elements (samples for
+// nll) in the run, u3 = block length, u4 = index of the run's first block in the partial sums, u5/u6 = offsets of
+// the run in a/b as bound.
+fn block_range(blk: u32) -> vec2<u32> {
+    return vec2<u32>(blk * p.u3, min(p.u0, (blk + 1u) * p.u3));
 }
 
-// nll: c[0] = -mean_i a[i * C + label_i], labels in b; u0 = N, u1 = C
+// dot_parts: c[u4 + blk] = sum a * b over the block
 @compute @workgroup_size(256)
-fn nll(@builtin(local_invocation_id) lid: vec3<u32>) {
+fn dot_parts(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let r = block_range(wid.x);
     var s = 0.0;
-    for (var i = lid.x; i < p.u0; i = i + 256u) { s = s + a[i * p.u1 + u32(b[i])]; }
+    for (var i = r.x + lid.x; i < r.y; i = i + 256u) { s = s + a[p.u5 + i] * b[p.u6 + i]; }
     partial[lid.x] = s;
     let total = tree(lid.x);
-    if (lid.x == 0u) { c[0] = -total / f32(p.u0); }
+    if (lid.x == 0u) { c[p.u4 + wid.x] = total; }
 }
 
-// sum of squares / n: b[0] = sum(a * a) / u0
+// square_parts: b[u4 + blk] = sum a * a over the block
 @compute @workgroup_size(256)
-fn mean_square(@builtin(local_invocation_id) lid: vec3<u32>) {
+fn square_parts(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let r = block_range(wid.x);
     var s = 0.0;
-    for (var i = lid.x; i < p.u0; i = i + 256u) { s = s + a[i] * a[i]; }
+    for (var i = r.x + lid.x; i < r.y; i = i + 256u) { let v = a[p.u5 + i]; s = s + v * v; }
     partial[lid.x] = s;
     let total = tree(lid.x);
-    if (lid.x == 0u) { b[0] = total / f32(p.u0); }
+    if (lid.x == 0u) { b[p.u4 + wid.x] = total; }
+}
+
+// nll_parts: c[u4 + blk] = sum over the block's samples i of a[i * C + label_i], labels in b; u1 = C
+@compute @workgroup_size(256)
+fn nll_parts(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let r = block_range(wid.x);
+    var s = 0.0;
+    for (var i = r.x + lid.x; i < r.y; i = i + 256u) { s = s + a[p.u5 + i * p.u1 + u32(b[p.u6 + i])]; }
+    partial[lid.x] = s;
+    let total = tree(lid.x);
+    if (lid.x == 0u) { c[p.u4 + wid.x] = total; }
 }
 
 // bias_grad_part: workgroup (c, blk) sums channel c over its block of the N * inner values of a run of samples:
@@ -66,7 +77,7 @@ fn bias_grad_part(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
 }
 
 // sum_rows: one workgroup per row r < u2 of a [u2 x u0]: b[r] = f0 * sum_j a[r * u0 + j] + f1 * b[r]; with u1 = 1
-// a is read as [u0 x u2] (b[r] sums column r): split-K partial products with few outputs
+// a is read as [u0 x u2] (b[r] sums column r): split-K partial products with few outputs; u3 = 1: b[r] = sqrt(b[r])
 @compute @workgroup_size(256)
 fn sum_rows(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let r = wid.x + wid.y * 65535u;
@@ -82,6 +93,7 @@ fn sum_rows(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id)
     if (lid.x == 0u) {
         var v = p.f0 * total;
         if (p.f1 != 0.0) { v = v + p.f1 * b[r]; }
+        if (p.u3 == 1u) { v = sqrt(v); }
         b[r] = v;
     }
 }
