@@ -26,6 +26,7 @@ from ..base import Backend
 
 _HERE = Path(__file__).parent
 _MODULES = ("elementwise", "reduce", "classes", "gemm", "conv", "pool")
+_WINDOWED = ("gemm", "conv", "pool")  # modules that include window.wgsl
 WG = 256
 
 
@@ -132,8 +133,9 @@ class WebGPUBackend(Backend):
         self.offset_align = int(lim["min-storage-buffer-offset-alignment"])
         self.queue = self.device.queue
         common = (_HERE / "params.wgsl").read_text()
-        self._modules = {m: self.device.create_shader_module(code=common + (_HERE / f"{m}.wgsl").read_text())
-                         for m in _MODULES}
+        window = (_HERE / "window.wgsl").read_text()
+        self._modules = {m: self.device.create_shader_module(
+            code=common + (window if m in _WINDOWED else "") + (_HERE / f"{m}.wgsl").read_text()) for m in _MODULES}
         self._pipelines: dict = {}
         self._uniforms: dict = {}
         self._bind_groups: dict = {}
@@ -683,7 +685,7 @@ class WebGPUBackend(Backend):
     def _conv_constants(x_shape, w_shape, y_shape, stride, padding, **modes) -> tuple:
         _, c, h, w = x_shape
         o, _, kh, kw = w_shape
-        geometry = dict(CONV_C=c, CONV_H=h, CONV_W=w, CONV_O=o, KH=kh, KW=kw, SH=stride[0], SW=stride[1],
+        geometry = dict(CONV_C=c, IN_H=h, IN_W=w, CONV_O=o, KH=kh, KW=kw, SH=stride[0], SW=stride[1],
                         PH=padding[0], PW=padding[1], OH=y_shape[2], OW=y_shape[3])
         return tuple(modes.items()) + tuple(geometry.items())
 
@@ -771,9 +773,9 @@ class WebGPUBackend(Backend):
     # --- pooling ------------------------------------------------------------------------------------------------
     @staticmethod
     def _pool_constants(x_shape, y_shape, kernel, stride, padding, is_max) -> tuple:
-        return (("IS_MAX", int(is_max)), ("H", x_shape[2]), ("W", x_shape[3]), ("KH", kernel[0]), ("KW", kernel[1]),
-                ("SH", stride[0]), ("SW", stride[1]), ("PH", padding[0]), ("PW", padding[1]), ("OH", y_shape[2]),
-                ("OW", y_shape[3]))
+        return (("IS_MAX", int(is_max)), ("IN_H", x_shape[2]), ("IN_W", x_shape[3]), ("KH", kernel[0]),
+                ("KW", kernel[1]), ("SH", stride[0]), ("SW", stride[1]), ("PH", padding[0]), ("PW", padding[1]),
+                ("OH", y_shape[2]), ("OW", y_shape[3]))
 
     def pool2d(self, x, out, mask, mode, kernel, stride, padding):
         m = mask if mask is not None else self._scratch_buffer(out.size, "nomask")

@@ -6,16 +6,6 @@
 @group(0) @binding(2) var<storage, read_write> dst: array<f32>;
 
 override CONV_C: u32 = 1u;
-override CONV_H: u32 = 1u;
-override CONV_W: u32 = 1u;
-override KH: u32 = 1u;
-override KW: u32 = 1u;
-override SH: u32 = 1u;
-override SW: u32 = 1u;
-override PH: u32 = 0u;
-override PW: u32 = 0u;
-override OH: u32 = 1u;
-override OW: u32 = 1u;
 
 // cols[(c * kh + i) * kw + j][nl * P + y * ow + x] = x_padded[nl][c][y * sh + i - ph][x * sw + j - pw]
 @compute @workgroup_size(256)
@@ -36,8 +26,8 @@ fn im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     let hy = i32(y * SH + i) - i32(PH);
     let wx = i32(x * SW + j) - i32(PW);
     var v = 0.0;
-    if (hy >= 0 && hy < i32(CONV_H) && wx >= 0 && wx < i32(CONV_W)) {
-        v = src[p.u1 + ((nl * CONV_C + c) * CONV_H + u32(hy)) * CONV_W + u32(wx)];
+    if (hy >= 0 && hy < i32(IN_H) && wx >= 0 && wx < i32(IN_W)) {
+        v = src[p.u1 + ((nl * CONV_C + c) * IN_H + u32(hy)) * IN_W + u32(wx)];
     }
     dst[idx] = v;
 }
@@ -49,25 +39,21 @@ fn col2im(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     if (idx >= p.u0) { return; }
     let P = OH * OW;
     let cols = u32(p.f1) * P;
-    let w = idx % CONV_W;
-    let h = (idx / CONV_W) % CONV_H;
-    let c = (idx / (CONV_W * CONV_H)) % CONV_C;
-    let nl = idx / (CONV_W * CONV_H * CONV_C);
+    let w = idx % IN_W;
+    let h = (idx / IN_W) % IN_H;
+    let c = (idx / (IN_W * IN_H)) % CONV_C;
+    let nl = idx / (IN_W * IN_H * CONV_C);
     var s = 0.0;
     for (var i = 0u; i < KH; i = i + 1u) {
-        let ty = i32(h + PH) - i32(i);
-        if (ty < 0 || (u32(ty) % SH) != 0u) { continue; }
-        let y = u32(ty) / SH;
-        if (y >= OH) { continue; }
+        let y = window_row(h, i);
+        if (y < 0) { continue; }
         for (var j = 0u; j < KW; j = j + 1u) {
-            let tx = i32(w + PW) - i32(j);
-            if (tx < 0 || (u32(tx) % SW) != 0u) { continue; }
-            let x = u32(tx) / SW;
-            if (x >= OW) { continue; }
-            s = s + src[((c * KH + i) * KW + j) * cols + nl * P + y * OW + x];
+            let x = window_col(w, j);
+            if (x < 0) { continue; }
+            s = s + src[((c * KH + i) * KW + j) * cols + nl * P + u32(y) * OW + u32(x)];
         }
     }
-    dst[p.u1 + ((nl * CONV_C + c) * CONV_H + h) * CONV_W + w] = s;
+    dst[p.u1 + ((nl * CONV_C + c) * IN_H + h) * IN_W + w] = s;
 }
 
 // between the GEMM layout [O][nc * P] and NCHW for the chunk's samples; f3 = 0: GEMM -> NCHW (outputs),

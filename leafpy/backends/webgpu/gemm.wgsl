@@ -30,17 +30,7 @@ override A_MODE: u32 = 0u;
 override B_MODE: u32 = 0u;
 override C_MODE: u32 = 0u;
 override CONV_C: u32 = 1u;
-override CONV_H: u32 = 1u;
-override CONV_W: u32 = 1u;
 override CONV_O: u32 = 1u;
-override KH: u32 = 1u;
-override KW: u32 = 1u;
-override SH: u32 = 1u;
-override SW: u32 = 1u;
-override PH: u32 = 0u;
-override PW: u32 = 0u;
-override OH: u32 = 1u;
-override OW: u32 = 1u;
 
 // offset of (channel ch, position pos) in an NCHW tensor of CONV_O channels over OH x OW
 fn nchw_out(ch: u32, pos: u32) -> u32 {
@@ -50,7 +40,7 @@ fn nchw_out(ch: u32, pos: u32) -> u32 {
 
 // offset of (channel ch, position pos) in an NCHW tensor shaped like x
 fn nchw_in(ch: u32, pos: u32) -> u32 {
-    let P = CONV_H * CONV_W;
+    let P = IN_H * IN_W;
     return ((p.u3 + pos / P) * CONV_C + ch) * P + pos % P;
 }
 
@@ -59,15 +49,12 @@ fn dy_at(okk: u32, xpos: u32) -> f32 {
     let o = okk / (KH * KW);
     let i = (okk / KW) % KH;
     let j = okk % KW;
-    let P = CONV_H * CONV_W;
+    let P = IN_H * IN_W;
     let q = xpos % P;
-    let ty = i32(q / CONV_W + PH) - i32(i);
-    let tx = i32(q % CONV_W + PW) - i32(j);
-    if (ty < 0 || tx < 0 || u32(ty) % SH != 0u || u32(tx) % SW != 0u) { return 0.0; }
-    let y = u32(ty) / SH;
-    let x = u32(tx) / SW;
-    if (y >= OH || x >= OW) { return 0.0; }
-    return B[(((p.u3 + xpos / P) * CONV_O + o) * OH + y) * OW + x];
+    let y = window_row(q / IN_W, i);
+    let x = window_col(q % IN_W, j);
+    if (y < 0 || x < 0) { return 0.0; }
+    return B[(((p.u3 + xpos / P) * CONV_O + o) * OH + u32(y)) * OW + u32(x)];
 }
 
 fn im2col_at(ckk: u32, pos: u32) -> f32 {
@@ -78,8 +65,8 @@ fn im2col_at(ckk: u32, pos: u32) -> f32 {
     let q = pos % P;
     let hy = i32((q / OW) * SH + i) - i32(PH);
     let wx = i32((q % OW) * SW + j) - i32(PW);
-    if (hy < 0 || hy >= i32(CONV_H) || wx < 0 || wx >= i32(CONV_W)) { return 0.0; }
-    return B[(((p.u3 + pos / P) * CONV_C + c) * CONV_H + u32(hy)) * CONV_W + u32(wx)];
+    if (hy < 0 || hy >= i32(IN_H) || wx < 0 || wx >= i32(IN_W)) { return 0.0; }
+    return B[(((p.u3 + pos / P) * CONV_C + c) * IN_H + u32(hy)) * IN_W + u32(wx)];
 }
 
 // op(A)[m][k], zero outside [0, M) x [0, kend)
