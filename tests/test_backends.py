@@ -337,26 +337,32 @@ def test_webgpu_splits_gemm_over_the_binding_limit(m, n, k, ta, tb, beta):
     close(tc.to_numpy(), ref, "blocked gemm", rtol=1e-4, atol=1e-5)
 
 
+def _convolution_passes_match_native(be, n, c, o, size, seed=0, rtol=2e-4, atol=2e-5):
+    """Forward, data gradient and filter gradient (accumulating with beta 0.5) of a 3x3, padding-1 convolution of
+    n x c x size x size into o channels, on ``be`` against native."""
+    native = lp.backend("native")
+    rng = np.random.default_rng(seed)
+    x, w, dy, dw0 = (rng.standard_normal(shape, dtype=np.float32)
+                     for shape in ((n, c, size, size), (o, c, 3, 3), (n, o, size, size), (o, c, 3, 3)))
+    results = []
+    for bk in (native, be):
+        t = {name: lp.SharedTensor.from_numpy(v) for name, v in (("x", x), ("w", w), ("dy", dy), ("dw", dw0))}
+        y, dx = lp.SharedTensor(dy.shape), lp.SharedTensor(x.shape)
+        bk.conv2d(t["x"].read(bk), t["w"].read(bk), y.write(bk), (1, 1), (1, 1), {})
+        bk.conv2d_grad_data(t["dy"].read(bk), t["w"].read(bk), dx.write(bk), (1, 1), (1, 1), {})
+        bk.conv2d_grad_filter(t["x"].read(bk), t["dy"].read(bk), t["dw"].read_write(bk), (1, 1), (1, 1), {}, 0.5)
+        results.append([y.to_numpy(), dx.to_numpy(), t["dw"].to_numpy()])
+    for got, ref, what in zip(results[1], results[0], ("forward", "data gradient", "filter gradient")):
+        close(got, ref, what, rtol=rtol, atol=atol)
+
+
 @pytest.mark.webgpu
 @pytest.mark.parametrize("implicit", [True, False], ids=["implicit", "im2col"])
 def test_webgpu_convolution_in_batch_chunks_matches_native(implicit):
     be = _webgpu(power_preference="low-power")  # a separate instance whose chunk size we can lower
     be.implicit_conv = implicit
     be.CONV_SCRATCH = 2 * 3 * 9 * 36 * 4  # im2col columns of two samples: a batch of 5 runs in 3 chunks
-    native = lp.backend("native")
-    rng = np.random.default_rng(0)
-    x, w = rng.standard_normal((5, 3, 6, 6), dtype=np.float32), rng.standard_normal((4, 3, 3, 3), dtype=np.float32)
-    dy, dw0 = rng.standard_normal((5, 4, 6, 6), dtype=np.float32), rng.standard_normal(w.shape, dtype=np.float32)
-    results = []
-    for bk in (native, be):
-        t = {name: lp.SharedTensor.from_numpy(v) for name, v in (("x", x), ("w", w), ("dy", dy), ("dw", dw0))}
-        y, dx = lp.SharedTensor((5, 4, 6, 6)), lp.SharedTensor(x.shape)
-        bk.conv2d(t["x"].read(bk), t["w"].read(bk), y.write(bk), (1, 1), (1, 1), {})
-        bk.conv2d_grad_data(t["dy"].read(bk), t["w"].read(bk), dx.write(bk), (1, 1), (1, 1), {})
-        bk.conv2d_grad_filter(t["x"].read(bk), t["dy"].read(bk), t["dw"].read_write(bk), (1, 1), (1, 1), {}, 0.5)
-        results.append([y.to_numpy(), dx.to_numpy(), t["dw"].to_numpy()])
-    for got, ref, what in zip(results[1], results[0], ("forward", "data gradient", "filter gradient")):
-        close(got, ref, what)
+    _convolution_passes_match_native(be, 5, 3, 4, 6)
 
 
 @pytest.mark.webgpu
@@ -414,41 +420,15 @@ def test_bias_grad_over_many_blocks_matches_native(device):
 def test_webgpu_convolution_past_the_binding_limit_binds_chunks_of_samples():
     be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
     be.max_binding = 4096  # x (5184 bytes), y, dy and dx exceed it; one sample's columns (3888) fit
-    native = lp.backend("native")
-    rng = np.random.default_rng(3)
-    x, w = rng.standard_normal((12, 3, 6, 6), dtype=np.float32), rng.standard_normal((4, 3, 3, 3), dtype=np.float32)
-    dy, dw0 = rng.standard_normal((12, 4, 6, 6), dtype=np.float32), rng.standard_normal(w.shape, dtype=np.float32)
-    results = []
-    for bk in (native, be):
-        t = {name: lp.SharedTensor.from_numpy(v) for name, v in (("x", x), ("w", w), ("dy", dy), ("dw", dw0))}
-        y, dx = lp.SharedTensor((12, 4, 6, 6)), lp.SharedTensor(x.shape)
-        bk.conv2d(t["x"].read(bk), t["w"].read(bk), y.write(bk), (1, 1), (1, 1), {})
-        bk.conv2d_grad_data(t["dy"].read(bk), t["w"].read(bk), dx.write(bk), (1, 1), (1, 1), {})
-        bk.conv2d_grad_filter(t["x"].read(bk), t["dy"].read(bk), t["dw"].read_write(bk), (1, 1), (1, 1), {}, 0.5)
-        results.append([y.to_numpy(), dx.to_numpy(), t["dw"].to_numpy()])
-    for got, ref, what in zip(results[1], results[0], ("forward", "data gradient", "filter gradient")):
-        close(got, ref, what)
+    _convolution_passes_match_native(be, 12, 3, 4, 6, seed=3)
 
 
 @pytest.mark.webgpu
 def test_webgpu_implicit_convolution_on_large_tiles_and_split_k_matches_native():
     """Big enough for 128x128 tiles in the forward pass and split-K in the filter gradient."""
     be = _webgpu()
-    native = lp.backend("native")
-    rng = np.random.default_rng(1)
-    x, w = rng.standard_normal((32, 8, 32, 32), dtype=np.float32), rng.standard_normal((128, 8, 3, 3), dtype=np.float32)
-    dy = rng.standard_normal((32, 128, 32, 32), dtype=np.float32)
     assert be._gemm_tile(128, 32 * 32 * 32)[1] == 128
-    results = []
-    for bk in (native, be):
-        y, dx, dw = lp.SharedTensor((32, 128, 32, 32)), lp.SharedTensor(x.shape), lp.SharedTensor(w.shape)
-        xt, wt, dyt = (lp.SharedTensor.from_numpy(v) for v in (x, w, dy))
-        bk.conv2d(xt.read(bk), wt.read(bk), y.write(bk), (1, 1), (1, 1), {})
-        bk.conv2d_grad_data(dyt.read(bk), wt.read(bk), dx.write(bk), (1, 1), (1, 1), {})
-        bk.conv2d_grad_filter(xt.read(bk), dyt.read(bk), dw.write(bk), (1, 1), (1, 1), {})
-        results.append([y.to_numpy(), dx.to_numpy(), dw.to_numpy()])
-    for got, ref, what in zip(results[1], results[0], ("forward", "data gradient", "filter gradient")):
-        close(got, ref, what, rtol=1e-3, atol=1e-4)
+    _convolution_passes_match_native(be, 32, 8, 128, 32, seed=1, rtol=1e-3, atol=1e-4)
 
 
 @pytest.mark.webgpu
