@@ -12,6 +12,7 @@ Importing this module does not import wgpu; constructing the backend does.
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 import weakref
@@ -70,7 +71,9 @@ class WView:
         return f"WView(shape={self.shape}, dtype={self.dtype})"
 
 
+@functools.lru_cache(maxsize=8192)
 def _pack(u: tuple = (), f: tuple = ()) -> bytes:
+    """Kernel parameters as the Params struct's bytes (memoised: a training step packs the same values each time)."""
     ints = list(u) + [0] * (12 - len(u))
     floats = list(f) + [0.0] * (8 - len(f))
     return struct.pack("<12I8f", *[int(v) & 0xFFFFFFFF for v in ints], *[float(v) for v in floats])
@@ -143,6 +146,7 @@ class WebGPUBackend(Backend):
         self._free: dict[int, list] = {}  # buffer pool: byte size -> buffers no tensor holds
         self._encoder: Any = None
         self._pass: Any = None
+        self._pass_pipeline: Any = None
         self._staging: Any = None
         self.dispatches = 0
         self.submissions = 0
@@ -301,26 +305,31 @@ class WebGPUBackend(Backend):
                   ranges: list | None = None, constants: tuple = ()) -> None:
         pipe = self._pipeline(module, entry, constants)
         ubuf = self._uniform(params)
-        entries = [(0, ubuf, 0, ubuf.size)]
-        for i, b in enumerate(buffers):
-            off, size = ranges[i] if ranges and ranges[i] is not None else (0, b.raw.size)
-            if size > self.max_binding:
-                raise BackendError(f"webgpu: {entry} would bind {size} bytes, over this device's storage binding "
-                                   f"limit of {self.max_binding} bytes; use a smaller batch")
-            entries.append((i + 1, b.raw, off, size))
-        key = (id(pipe), tuple((n, id(r), o, s) for n, r, o, s in entries))
+        raws = tuple(b.raw for b in buffers)
+        key = (pipe, ubuf, raws, tuple(ranges) if ranges else None)  # wgpu objects hash by identity
         cached = self._bind_groups.get(key)
         if cached is None:
+            entries = [(0, ubuf, 0, ubuf.size)]
+            for i, raw in enumerate(raws):
+                off, size = ranges[i] if ranges and ranges[i] is not None else (0, raw.size)
+                if size > self.max_binding:
+                    raise BackendError(f"webgpu: {entry} would bind {size} bytes, over this device's storage binding "
+                                       f"limit of {self.max_binding} bytes; use a smaller batch")
+                entries.append((i + 1, raw, off, size))
             bg = self.device.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
-                {"binding": n, "resource": {"buffer": r, "offset": o, "size": s}} for n, r, o, s in entries])
-            cached = self._bind_groups[key] = (bg, entries)  # the entries keep their buffers (and ids) alive
+                {"binding": n, "resource": {"buffer": r, "offset": o, "size": sz}} for n, r, o, sz in entries])
+            cached = self._bind_groups[key] = bg  # the key keeps its buffers alive while the group is cached
         if self._encoder is None:
             self._encoder = self.device.create_command_encoder()
             self._pass = None if self.kernel_times is not None else self._encoder.begin_compute_pass()
+            self._pass_pipeline = None
         if self.kernel_times is not None:
             self._timed_pass(entry + "".join(f" {k}={v}" for k, v in constants))
-        self._pass.set_pipeline(pipe)
-        self._pass.set_bind_group(0, cached[0])
+            self._pass_pipeline = None
+        if pipe is not self._pass_pipeline:  # consecutive dispatches of one kernel set it once
+            self._pass.set_pipeline(pipe)
+            self._pass_pipeline = pipe
+        self._pass.set_bind_group(0, cached)
         self._pass.dispatch_workgroups(*groups)
         self.dispatches += 1
 
