@@ -655,6 +655,8 @@ class WebGPUBackend(Backend):
         """Per channel, partial sums over blocks of the batch in parallel, then one sum of the partials each."""
         n, c = dy.shape[0], dy.shape[1]
         inner = dy.size // (n * c)
+        if inner == 1 and dy.raw.size <= self.max_binding:  # [N, C] (linear layers): column sums, one pass
+            return self._sum_rows(dy, db, n, c, 1.0, beta, columns=True)
         runs = list(self._item_chunks(n, [c * inner]))  # runs of samples whose binding fits
         per = max((n1 - n0) for n0, n1, _ in runs) * inner
         blocks = max(1, min(256, -(-per // 4096), self.max_groups))  # per run
