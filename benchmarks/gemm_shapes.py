@@ -37,7 +37,7 @@ def main() -> int:
     args = p.parse_args()
     be = lp.backend(args.backend)
     if args.tile:
-        fixed = ("gemm_big", 128) if args.tile == 128 else ("gemm", 64)
+        fixed = ("gemm_big", 128, ()) if args.tile == 128 else ("gemm", 64, ())
         be._gemm_tile = lambda m, n, k=0: fixed
     rng = np.random.default_rng(0)
     print(f"{'m':>6} {'n':>6} {'k':>6} ta tb   TFLOP/s")

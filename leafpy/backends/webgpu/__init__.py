@@ -278,7 +278,8 @@ class WebGPUBackend(Backend):
     # --- dispatch machinery -------------------------------------------------------------------------------------
     def _pipeline(self, module: str, entry: str, constants: tuple = ()) -> Any:
         """The compute pipeline of an entry point, specialised by pipeline-overridable ``constants`` (name, value)
-        pairs (a few choices such as a GEMM operand's transpose; sizes travel in uniforms)."""
+        pairs: a GEMM operand's transpose, a convolution's or pooling's geometry (divisions by constants are cheap);
+        sizes that only bound loops travel in uniforms."""
         key = (module, entry, constants)
         p = self._pipelines.get(key)
         if p is None:
@@ -340,11 +341,12 @@ class WebGPUBackend(Backend):
 
     def _item_chunks(self, count: int, per_item: list[int]):
         """Split ``count`` items (samples, planes), each of ``per_item[i]`` elements in bound tensor i, into runs
-        whose bindings fit the device's limit. Yields (first, last + 1, [(offset, size, element offset)] per
-        tensor), or one run with None ranges where everything fits whole."""
+        whose bindings fit the device's limit. Yields (first, last + 1, binding ranges, element offsets) with a
+        (byte offset, size) range and the run's element offset in it per tensor; one run of whole bindings (None
+        ranges) and zero offsets where everything fits."""
         biggest = 4 * count * max(per_item)
         if biggest <= self.max_binding:
-            yield 0, count, [None] * len(per_item)
+            yield 0, count, [None] * len(per_item), [0] * len(per_item)
             return
         step = (self.max_binding - self.offset_align) // (4 * max(per_item))
         if step < 1:
@@ -352,7 +354,8 @@ class WebGPUBackend(Backend):
                                f"of {self.max_binding} bytes")
         for i0 in range(0, count, step):
             i1 = min(count, i0 + step)
-            yield i0, i1, [self._span(i0 * e * 4, i1 * e * 4) for e in per_item]
+            spans = [self._span(i0 * e * 4, i1 * e * 4) for e in per_item]
+            yield i0, i1, [sp[:2] for sp in spans], [sp[2] for sp in spans]
 
     def _grid(self, n: int) -> tuple[int, int, int]:
         groups = max(1, -(-n // WG))
@@ -418,16 +421,17 @@ class WebGPUBackend(Backend):
     """Whether products too small for 128x128 tiles take them anyway when split-K will fill the GPU (the filter
     gradients of AlexNet's conv3-5 ran 1.15-1.2x faster so on an H200)."""
 
-    def _gemm_tile(self, m: int, n: int, k: int = 0) -> tuple[str, int]:
-        """The kernel for an m x n product: 32x32 tiles where a side is that short; 128x128 tiles (twice the work
-        per workgroup-memory read; ~1.2x the rate of 64x64 on large products) where there are enough of them to
-        fill the GPU and padding m and n to 128 wastes little; else 64x64."""
+    def _gemm_tile(self, m: int, n: int, k: int = 0) -> tuple[str, int, tuple]:
+        """The kernel for an m x n product as (entry point, tile, its pipeline constants): 32x32 tiles where a side
+        is that short; 128x128 tiles (twice the work per workgroup-memory read; ~1.2x the rate of 64x64 on large
+        products) where there are enough of them to fill the GPU and padding m and n to 128 wastes little; else
+        64x64."""
         if self.SMALL_TILES and min(m, n) <= 32:
-            return "gemm", 32
+            return "gemm", 32, (("TS", 8),)
         t64 = -(-m // 64) * -(-n // 64)
         t128 = -(-m // 128) * -(-n // 128)
         fills = t128 >= 256 or (self.BIG_TILES_SPLIT_K and k >= 2048)
-        return ("gemm_big", 128) if fills and 4 * t128 <= 1.1 * t64 else ("gemm", 64)
+        return ("gemm_big", 128, ()) if fills and 4 * t128 <= 1.1 * t64 else ("gemm", 64, ())
 
     def _gemm(self, a, trans_a, b, trans_b, out, m, n, k, alpha, beta, conv: tuple = (), n0: int = 0) -> None:
         """``conv``: convolution geometry and operand modes as pipeline constants (see gemm.wgsl), with ``n0`` the
@@ -436,8 +440,8 @@ class WebGPUBackend(Backend):
         consts = (("TRANS_A", int(trans_a)), ("TRANS_B", int(trans_b))) + conv
         if not conv and max(a.raw.size, b.raw.size, out.raw.size) > self.max_binding:
             return self._gemm_blocks(a, trans_a, b, trans_b, out, m, n, k, alpha, beta, consts, lds)
-        entry, tile = self._gemm_tile(m, n, k)
-        consts += (("TS", 8),) if tile == 32 else ()
+        entry, tile, tile_consts = self._gemm_tile(m, n, k)
+        consts += tile_consts
         gx, gy = -(-n // tile), -(-m // tile)
         if gx > self.max_groups or gy > self.max_groups:
             raise BackendError(f"webgpu: GEMM of {m}x{n} needs more workgroups than the device allows")
@@ -493,9 +497,9 @@ class WebGPUBackend(Backend):
                 a_off = ra[2] + (m0 if trans_a else 0)
                 b_off = rb[2] + (0 if trans_b else n0)
                 params = _pack((mm, nn, k, 0, a_off, b_off, rc[2], k, *lds), (alpha, beta))
-                entry, tile = self._gemm_tile(mm, nn, k)
+                entry, tile, tile_consts = self._gemm_tile(mm, nn, k)
                 self._dispatch("gemm", entry, params, [a, b, out], (-(-nn // tile), -(-mm // tile), 1),
-                               [ra[:2], rb[:2], rc[:2]], constants=consts + ((("TS", 8),) if tile == 32 else ()))
+                               [ra[:2], rb[:2], rc[:2]], constants=consts + tile_consts)
 
     def axpby(self, alpha, x, beta, y):
         if beta == 0.0 and alpha == 1.0:
@@ -520,8 +524,7 @@ class WebGPUBackend(Backend):
         for v in buffers:
             if v.raw.size > self.max_binding:
                 raise BackendError(f"webgpu: a {v.raw.size}-byte operand of {entry} exceeds the storage binding limit")
-        gx, gy = groups if isinstance(groups, tuple) else (groups, 1)
-        self._dispatch("reduce", entry, _pack(u, f), buffers, (gx, gy, 1))
+        self._dispatch("reduce", entry, _pack(u, f), buffers, groups if isinstance(groups, tuple) else (groups, 1, 1))
 
     def dot(self, x, y, out):
         if x.raw is y.raw:
@@ -539,15 +542,13 @@ class WebGPUBackend(Backend):
         """out[0] = alpha * (sum of the entry's terms over ``count`` items) (its square root with ``root``): partial
         sums of blocks, a workgroup each, over runs of items whose bindings fit, then one sum of the partials."""
         runs = list(self._item_chunks(count, per_item))
-        longest = max(i1 - i0 for i0, i1, _ in runs)
+        longest = max(run[1] - run[0] for run in runs)
         blocks = max(1, min(self.max_groups, -(-longest // self.PARTS_BLOCK)))
         length = -(-longest // blocks)
         parts = self._scratch_buffer(blocks * len(runs), "parts")
-        for i, (i0, i1, ranges) in enumerate(runs):
-            offsets = [r[2] if r else 0 for r in ranges] + [0] * (2 - len(ranges))
+        for i, (i0, i1, binds, offsets) in enumerate(runs):
             params = _pack((i1 - i0, u1, 0, length, i * blocks, *offsets))
-            binds = [r[:2] if r else None for r in ranges] + [None]
-            self._dispatch("reduce", entry, params, [*inputs, parts], (blocks, 1, 1), binds)
+            self._dispatch("reduce", entry, params, [*inputs, parts], (blocks, 1, 1), [*binds, None])
         self._reduce("sum_rows", [parts, out], (blocks * len(runs), 0, 1, int(root)), (alpha, 0.0))
 
     def read_scalar(self, buf):
@@ -585,14 +586,11 @@ class WebGPUBackend(Backend):
     def _class_dispatch(self, entry: str, rows: int, c: int, inner: int, log: bool, buffers: list) -> None:
         """Over runs of samples whose bindings fit the device's limit."""
         n = rows // inner
-        for n0, n1, ranges in self._item_chunks(n, [c * inner] * len(buffers)):
+        for n0, n1, binds, offsets in self._item_chunks(n, [c * inner] * len(buffers)):
             count = (n1 - n0) * inner
-            offsets = [r[2] if r else 0 for r in ranges] + [0] * (3 - len(ranges))
             params = _pack((count, c, inner, int(log), *offsets))
-            binds = [r[:2] if r else None for r in ranges]
             if c >= self.LONG_ROWS:
-                gx = min(count, 65535)
-                self._dispatch("classes", entry + "_rows", params, buffers, (gx, -(-count // gx), 1), binds)
+                self._dispatch("classes", entry + "_rows", params, buffers, _workgroup_each(count), binds)
             else:
                 self._dispatch("classes", entry, params, buffers, self._grid(count), binds)
 
@@ -632,11 +630,10 @@ class WebGPUBackend(Backend):
     def nll_grad(self, labels, dloss, dx):
         n = dx.shape[0]
         c = dx.size // n
-        for n0, n1, (rl, _, rx) in self._item_chunks(n, [1, 1, c]):
+        for n0, n1, (bl, bx), (ol, ox) in self._item_chunks(n, [1, c]):
             count = (n1 - n0) * c
-            params = _pack((count, c, n, rl[2] if rl else 0, rx[2] if rx else 0))
-            self._dispatch("classes", "nll_grad", params, [labels, dloss, dx], self._grid(count),
-                           [rl[:2] if rl else None, None, rx[:2] if rx else None])
+            self._dispatch("classes", "nll_grad", _pack((count, c, n, ol, ox)), [labels, dloss, dx], self._grid(count),
+                           [bl, None, bx])
 
     def mse(self, x, t, diff, out):
         self._elementwise("sub", x.size, [x, t, diff])
@@ -658,21 +655,20 @@ class WebGPUBackend(Backend):
         if inner == 1 and dy.raw.size <= self.max_binding:  # [N, C] (linear layers): column sums, one pass
             return self._sum_rows(dy, db, n, c, 1.0, beta, columns=True)
         runs = list(self._item_chunks(n, [c * inner]))  # runs of samples whose binding fits
-        per = max((n1 - n0) for n0, n1, _ in runs) * inner
+        per = max(run[1] - run[0] for run in runs) * inner
         blocks = max(1, min(256, -(-per // 4096), self.max_groups))  # per run
         length = -(-per // blocks)
         total = blocks * len(runs)
         part = self._scratch_buffer(c * total, "bias_part")
-        for i, (n0, n1, (r,)) in enumerate(runs):
-            params = _pack((n1 - n0, c, inner, total, length, i * blocks, r[2] if r else 0))
-            self._dispatch("reduce", "bias_grad_part", params, [dy, part], (c, blocks, 1), [r[:2] if r else None, None])
+        for i, (n0, n1, (bind,), (offset,)) in enumerate(runs):
+            params = _pack((n1 - n0, c, inner, total, length, i * blocks, offset))
+            self._dispatch("reduce", "bias_grad_part", params, [dy, part], (c, blocks, 1), [bind, None])
         self._sum_rows(part, db, total, c, 1.0, beta)
 
     def _sum_rows(self, a, out, length: int, rows: int, alpha: float, beta: float, columns: bool = False) -> None:
         """out[r] = alpha * (sum of row r of a [rows x length], or of column r of a [length x rows]) + beta * out[r],
         one workgroup per output."""
-        gx = min(rows, 65535)
-        self._reduce("sum_rows", [a, out], (length, int(columns), rows), (alpha, beta), groups=(gx, -(-rows // gx)))
+        self._reduce("sum_rows", [a, out], (length, int(columns), rows), (alpha, beta), groups=_workgroup_each(rows))
 
     # --- convolution: implicit GEMM (the GEMM kernel reads x and dy and writes y in NCHW itself); the data gradient
     # and tensors past the binding limit go through im2col columns in batch chunks ----------------------------------
@@ -764,7 +760,6 @@ class WebGPUBackend(Backend):
             else:
                 self._conv_launch("relayout", u, nc * o * p, n0, nc, o, dy, ymat, to_gemm=True)
                 self._gemm(w, True, ymat, False, cols, k, nc * p, o, 1.0, 0.0)
-            h, wd = dx.shape[2], dx.shape[3]
             self._conv_launch("col2im", u, nc * c * h * wd, n0, nc, o, cols, dx)
 
     def conv2d_grad_filter(self, x, dy, dw, stride, padding, ws, beta=0.0):
@@ -802,11 +797,9 @@ class WebGPUBackend(Backend):
         """One thread per dst element, over runs of (n, c) planes whose bindings fit the device's limit."""
         planes = dst_shape[0] * dst_shape[1]
         sizes = [s[2] * s[3] for s in (src_shape, dst_shape, mask_shape)]
-        for p0, p1, ranges in self._item_chunks(planes, sizes):
+        for p0, p1, binds, offsets in self._item_chunks(planes, sizes):
             count = (p1 - p0) * sizes[1]
-            offsets = [r[2] if r else 0 for r in ranges]
-            self._dispatch("pool", entry, _pack((count, *offsets)), buffers, self._grid(count),
-                           [r[:2] if r else None for r in ranges], constants=consts)
+            self._dispatch("pool", entry, _pack((count, *offsets)), buffers, self._grid(count), binds, constants=consts)
 
     # --- randomness and solver updates -----------------------------------------------------------------------
     def dropout_mask(self, mask, ratio, seed):
@@ -826,6 +819,12 @@ class WebGPUBackend(Backend):
 # elementwise entries with an in-place variant: (output position, the input position it may overwrite)
 _INPLACE = {"relu": (1, 0), "sigmoid": (1, 0), "tanh_fwd": (1, 0),
             "relu_grad": (2, 1), "sigmoid_grad": (2, 1), "tanh_grad": (2, 1)}
+
+
+def _workgroup_each(count: int) -> tuple[int, int, int]:
+    """A grid of one workgroup per item: item x + 65535 * y (a dimension holds at most 65535 workgroups)."""
+    gx = min(count, 65535)
+    return gx, -(-count // gx), 1
 
 
 def _pad4(n: int) -> int:
