@@ -17,18 +17,10 @@ fn im2col(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     let cols = nc * P;
     let row = idx / cols;
     let col = idx % cols;
-    let c = row / (KH * KW);
-    let i = (row / KW) % KH;
-    let j = row % KW;
     let nl = col / P;
-    let y = (col % P) / OW;
-    let x = col % OW;
-    let hy = i32(y * SH + i) - i32(PH);
-    let wx = i32(x * SW + j) - i32(PW);
+    let tap = window_tap(row, col % P);
     var v = 0.0;
-    if (hy >= 0 && hy < i32(IN_H) && wx >= 0 && wx < i32(IN_W)) {
-        v = src[p.u1 + ((nl * CONV_C + c) * IN_H + u32(hy)) * IN_W + u32(wx)];
-    }
+    if (tap >= 0) { v = src[p.u1 + nl * CONV_C * IN_H * IN_W + u32(tap)]; }
     dst[idx] = v;
 }
 

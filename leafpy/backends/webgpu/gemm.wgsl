@@ -58,15 +58,10 @@ fn dy_at(okk: u32, xpos: u32) -> f32 {
 }
 
 fn im2col_at(ckk: u32, pos: u32) -> f32 {
-    let c = ckk / (KH * KW);
-    let i = (ckk / KW) % KH;
-    let j = ckk % KW;
     let P = OH * OW;
-    let q = pos % P;
-    let hy = i32((q / OW) * SH + i) - i32(PH);
-    let wx = i32((q % OW) * SW + j) - i32(PW);
-    if (hy < 0 || hy >= i32(IN_H) || wx < 0 || wx >= i32(IN_W)) { return 0.0; }
-    return B[(((p.u3 + pos / P) * CONV_C + c) * IN_H + u32(hy)) * IN_W + u32(wx)];
+    let tap = window_tap(ckk, pos % P);
+    if (tap < 0) { return 0.0; }
+    return B[(p.u3 + pos / P) * CONV_C * IN_H * IN_W + u32(tap)];
 }
 
 // op(A)[m][k], zero outside [0, M) x [0, kend)

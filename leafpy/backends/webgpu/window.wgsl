@@ -24,3 +24,14 @@ fn window_col(w: u32, j: u32) -> i32 {
     if (t < 0 || u32(t) % SW != 0u || u32(t) / SW >= OW) { return -1; }
     return t / i32(SW);
 }
+
+// Where im2col row ckk = (c * KH + i) * KW + j, output position q = y * OW + x reads within one sample of x: the
+// offset c * IN_H * IN_W + h * IN_W + w, or -1 in the padding.
+fn window_tap(ckk: u32, q: u32) -> i32 {
+    let i = (ckk / KW) % KH;
+    let j = ckk % KW;
+    let h = i32((q / OW) * SH + i) - i32(PH);
+    let w = i32((q % OW) * SW + j) - i32(PW);
+    if (h < 0 || h >= i32(IN_H) || w < 0 || w >= i32(IN_W)) { return -1; }
+    return i32((ckk / (KH * KW)) * IN_H * IN_W) + h * i32(IN_W) + w;
+}
