@@ -235,17 +235,22 @@ def test_cuda_tracks_peak_memory_in_use():
     del t
 
 
-@pytest.mark.cuda
-def test_cuda_graphs_of_a_deleted_solver_are_not_replayed_for_a_new_one():
-    import gc
-
+def _cuda_graphs_and_eager():
+    """A cuda backend that records steps, one that runs them eagerly, and a batch of the default model's data."""
     try:
         graphs = lp.backend("cuda")
         eager = lp.backend("cuda", graphs=False)
     except lp.BackendUnavailable as e:
         pytest.skip(f"cuda backend unavailable: {e}")
     ds = lp.data.digits()
-    x, y = ds.x_train[:32], ds.y_train[:32]
+    return graphs, eager, ds.x_train[:32], ds.y_train[:32]
+
+
+@pytest.mark.cuda
+def test_cuda_graphs_of_a_deleted_solver_are_not_replayed_for_a_new_one():
+    import gc
+
+    graphs, eager, x, y = _cuda_graphs_and_eager()
     for round_ in range(3):  # new solvers often land at a deleted one's address
         losses = []
         for be in (graphs, eager):
@@ -263,13 +268,7 @@ def test_cuda_graphs_of_a_deleted_solver_are_not_replayed_for_a_new_one():
 @pytest.mark.cuda
 def test_cuda_graphs_of_two_live_solvers_alternating_equal_eager():
     """Each recorded step owns its scratch memory: one solver's replay never writes another's tensors."""
-    try:
-        graphs = lp.backend("cuda")
-        eager = lp.backend("cuda", graphs=False)
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"cuda backend unavailable: {e}")
-    ds = lp.data.digits()
-    x, y = ds.x_train[:32], ds.y_train[:32]
+    graphs, eager, x, y = _cuda_graphs_and_eager()
     rules = ("momentum", "nesterov")  # adaptive rules would amplify plan-dependent rounding of tiny gradients
     pairs = {str(be.graphs): [_solver(be, dropout=False, solver=r) for r in rules] for be in (graphs, eager)}
     for _ in range(6):
