@@ -1,6 +1,6 @@
 """GEMM rates of one backend over square and convolution-like shapes, each transpose combination, in TFLOP/s.
 
-    python benchmarks/gemm_shapes.py --backend webgpu [--tile 64|128]
+    python benchmarks/gemm_shapes.py --backend webgpu [--tile 64|64x128|128]
 
 ``--tile`` forces the webgpu kernel's tile size (default: the backend's own choice per shape).
 """
@@ -32,12 +32,13 @@ SHAPES = [  # m, n, k, trans_a, trans_b: squares, then AlexNet/LeNet convolution
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", default="webgpu")
-    p.add_argument("--tile", type=int, choices=[64, 128])
+    p.add_argument("--tile", choices=["64", "64x128", "128"])
     p.add_argument("--reps", type=int, default=10)
     args = p.parse_args()
     be = lp.backend(args.backend)
     if args.tile:
-        fixed = ("gemm_big", 128, ()) if args.tile == 128 else ("gemm", 64, ())
+        fixed = {"64": ("gemm", 64, 64, ()), "64x128": ("gemm_big", 64, 128, (("BIG_ROWS", 64),)),
+                 "128": ("gemm_big", 128, 128, ())}[args.tile]
         be._gemm_tile = lambda m, n, k=0: fixed
     rng = np.random.default_rng(0)
     print(f"{'m':>6} {'n':>6} {'k':>6} ta tb   TFLOP/s")

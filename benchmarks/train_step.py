@@ -149,11 +149,15 @@ class TorchTrainer:
 
 
 # --- timing -----------------------------------------------------------------------------------------------------
-def timed(step, sync, n: int) -> float:
+def timed(step, sync, n: int, issue: list | None = None) -> float:
+    """Milliseconds per step over n steps; ``issue`` collects the CPU time of issuing them (before the final
+    synchronisation: a step's launches are asynchronous on GPU backends), so a launch-bound row shows itself."""
     sync()
     t = time.perf_counter()
     for _ in range(n):
         step()
+    if issue is not None:
+        issue.append((time.perf_counter() - t) / n * 1000)
     sync()
     return (time.perf_counter() - t) / n * 1000
 
@@ -203,14 +207,16 @@ def bench_network(name: str, backend, torch, device: str, args) -> dict:
         l_step()
         if trainer:
             t_step()
-    lt, tt = [], []
+    lt, tt, issue = [], [], []
     for _ in range(args.rounds):
-        lt.append(timed(l_step, backend.synchronize, n))
+        lt.append(timed(l_step, backend.synchronize, n, issue))
         if trainer:
             tt.append(timed(t_step, trainer.sync, n))
     if backend.name == "cuda":
         row["leafpy_peak_mb"] = backend.peak_memory() / 2**20
     row["leafpy_ms"] = statistics.median(lt)
+    if device == "cuda":
+        row["leafpy_issue_ms"] = statistics.median(issue)
     if trainer:
         row["torch_ms"] = statistics.median(tt)
         row["ratio"] = row["torch_ms"] / row["leafpy_ms"]
@@ -283,13 +289,16 @@ def main() -> int:
     rows = []
     print(f"# leafpy {args.backend} vs {args.vs} on {platform.processor() or platform.machine()}, "
           f"{args.threads} threads, torch {torch.__version__ if torch else '-'}, numpy {np.__version__}")
-    print(f"{'network':<12}{'batch':>6}{'leafpy ms':>11}{'torch ms':>10}{'torch/leafpy':>14}{'leafpy MB':>11}"
-          f"{'torch MB':>10}{'loss@10 leafpy':>16}{'loss@10 torch':>15}")
+    gpu = device == "cuda"
+    issue_head = f"{'(issue)':>9}" if gpu else ""
+    print(f"{'network':<12}{'batch':>6}{'leafpy ms':>11}{issue_head}{'torch ms':>10}{'torch/leafpy':>14}"
+          f"{'leafpy MB':>11}{'torch MB':>10}{'loss@10 leafpy':>16}{'loss@10 torch':>15}")
     for name in names:
         r = bench_network(name, backend, torch, device, args)
         rows.append(r)
         f = lambda k, fmt: (format(r[k], fmt) if k in r else "n/a")  # noqa: E731
-        print(f"{name:<12}{r['batch']:>6}{f('leafpy_ms', '.2f'):>11}{f('torch_ms', '.2f'):>10}"
+        issue_cell = f"{f('leafpy_issue_ms', '.2f'):>9}" if gpu else ""
+        print(f"{name:<12}{r['batch']:>6}{f('leafpy_ms', '.2f'):>11}{issue_cell}{f('torch_ms', '.2f'):>10}"
               f"{f('ratio', '.2f'):>14}{f('leafpy_peak_mb', '.0f'):>11}{f('torch_peak_mb', '.0f'):>10}"
               f"{f('leafpy_loss10', '.5f'):>16}{f('torch_loss10', '.5f'):>15}", flush=True)
     if not args.no_gemm:

@@ -426,7 +426,7 @@ def test_webgpu_convolution_past_the_binding_limit_binds_chunks_of_samples():
 def test_webgpu_implicit_convolution_on_large_tiles_and_split_k_matches_native():
     """Big enough for 128x128 tiles in the forward pass and split-K in the filter gradient."""
     be = _webgpu()
-    assert be._gemm_tile(128, 32 * 32 * 32)[1] == 128
+    assert be._gemm_tile(128, 32 * 32 * 32)[1:3] == (128, 128)
     _convolution_passes_match_native(be, 32, 8, 128, 32, seed=1, rtol=1e-3, atol=1e-4)
 
 
@@ -524,6 +524,27 @@ def test_webgpu_reductions_in_blocks_and_pieces_match_numpy(limit):
     ref = np.zeros((300, 7), np.float32)
     ref[np.arange(300), labels] = -2.0 / 300
     close(dx.to_numpy(), ref, "nll gradient")
+
+
+@pytest.mark.webgpu
+@pytest.mark.parametrize("tile", [("gemm", 32, 32, (("TS", 8), ("TILES", 128))), ("gemm", 64, 64, ()),
+                                  ("gemm_big", 64, 128, (("BIG_ROWS", 64),)), ("gemm_big", 128, 128, ())],
+                         ids=["32x32", "64x64", "64x128", "128x128"])
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+def test_webgpu_every_gemm_tile_matches_numpy(tile, ta, tb):
+    """Each tile kernel, forced, on ragged shapes: partial tiles in m, n and the last K slice."""
+    be = _webgpu(power_preference="low-power")  # a separate instance whose tile choice we can force
+    be._gemm_tile = lambda m, n, k=0: tile
+    rng = np.random.default_rng(1)
+    m, n, k = 133, 70, 45
+    a = rng.random((k, m) if ta else (m, k), dtype=np.float32)
+    b = rng.random((n, k) if tb else (k, n), dtype=np.float32)
+    c0 = rng.random((m, n), dtype=np.float32)
+    tc = lp.SharedTensor.from_numpy(c0)
+    be.gemm(lp.SharedTensor.from_numpy(a).read(be), ta, lp.SharedTensor.from_numpy(b).read(be), tb,
+            tc.read_write(be), 1.5, 0.5)
+    ref = 1.5 * ((a.T if ta else a) @ (b.T if tb else b)) + 0.5 * c0
+    close(tc.to_numpy(), ref, f"{tile[0]} {tile[1]}x{tile[2]}", rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.webgpu

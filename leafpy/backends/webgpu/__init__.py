@@ -412,47 +412,72 @@ class WebGPUBackend(Backend):
     """Split K across the grid when C has fewer tiles than this and K is long (weight gradients): a large GPU
     holds several 256-thread workgroups per multiprocessor, so a grid needs about this many to fill it."""
 
+    SPLIT_K_MIN = 256
+    """The shortest K range of one split (its partial product is written out and summed)."""
+
     SPLIT_SUM_ROWS = 16384
     """Split-K products with at most this many outputs sum their partials with a workgroup per output."""
 
     SMALL_TILES = True
-    """Products with a side of at most 32 use 32x32 tiles."""
+    SMALL_GRID = 256
+    """Products with a side of at most 32 use 32x32 tiles, and so do those with fewer 64x64 tiles than SMALL_GRID
+    that split-K will not fill (four times the workgroups, of a quarter the threads, spread over more of a large
+    GPU)."""
     BIG_TILES_SPLIT_K = True
     """Whether products too small for 128x128 tiles take them anyway when split-K will fill the GPU (the filter
     gradients of AlexNet's conv3-5 ran 1.15-1.2x faster so on an H200)."""
 
-    def _gemm_tile(self, m: int, n: int, k: int = 0) -> tuple[str, int, tuple]:
-        """The kernel for an m x n product as (entry point, tile, its pipeline constants): 32x32 tiles where a side
-        is that short; 128x128 tiles (twice the work per workgroup-memory read; ~1.2x the rate of 64x64 on large
-        products) where there are enough of them to fill the GPU and padding m and n to 128 wastes little; else
-        64x64."""
-        if self.SMALL_TILES and min(m, n) <= 32:
-            return "gemm", 32, (("TS", 8),)
-        t64 = -(-m // 64) * -(-n // 64)
-        t128 = -(-m // 128) * -(-n // 128)
-        fills = t128 >= 256 or (self.BIG_TILES_SPLIT_K and k >= 2048)
-        return ("gemm_big", 128, ()) if fills and 4 * t128 <= 1.1 * t64 else ("gemm", 64, ())
+    WIDE_TILE_RATE = 1.1
+    BIG_TILE_RATE = 1.2
+    """Speeds of 64x128 and 128x128 tiles relative to 64x64 on products large enough for them: the choice weighs a
+    tile's rate against the padding it adds to m and n."""
 
-    def _gemm(self, a, trans_a, b, trans_b, out, m, n, k, alpha, beta, conv: tuple = (), n0: int = 0) -> None:
+    def _gemm_tile(self, m: int, n: int, k: int = 0) -> tuple[str, int, int, tuple]:
+        """The kernel for an m x n product as (entry point, tile rows, tile columns, its pipeline constants): 32x32
+        tiles where a side is that short or the product small (SMALL_GRID); otherwise, of 64x64, 64x128 and
+        128x128 tiles, the one with the least padded area per unit of speed, among those with enough tiles to fill
+        the GPU (256, or fewer where split-K will fill it); 64x64 always qualifies."""
+        small = min(m, n) <= 32 or (-(-m // 64) * -(-n // 64) < self.SMALL_GRID and k < 2048)
+        if self.SMALL_TILES and small:
+            return "gemm", 32, 32, (("TS", 8), ("TILES", 128))
+        best, choice = None, ("gemm", 64, 64, ())
+        for tm, tn, rate in ((64, 64, 1.0), (64, 128, self.WIDE_TILE_RATE), (128, 128, self.BIG_TILE_RATE)):
+            tiles = -(-m // tm) * -(-n // tn)
+            if (tm, tn) != (64, 64) and not (tiles >= 256 or (self.BIG_TILES_SPLIT_K and k >= 2048)):
+                continue
+            cost = tiles * tm * tn / rate
+            if best is None or cost < best:
+                best = cost
+                choice = ("gemm", 64, 64, ()) if tm == tn == 64 else \
+                    ("gemm_big", tm, tn, (("BIG_ROWS", tm),) if tm != 128 else ())
+        return choice
+
+    def _gemm(self, a, trans_a, b, trans_b, out, m, n, k, alpha, beta, conv: tuple = (), n0: int = 0,
+              bias: WView | None = None) -> None:
         """``conv``: convolution geometry and operand modes as pipeline constants (see gemm.wgsl), with ``n0`` the
-        first sample; the caller makes sure every operand fits one binding."""
+        first sample; the caller makes sure every operand fits one binding. ``bias``: added per row of C (a
+        convolution's output channel; C_MODE 1 only)."""
         lds = (m if trans_a else k, k if trans_b else n, n)
         consts = (("TRANS_A", int(trans_a)), ("TRANS_B", int(trans_b))) + conv
+        if bias is not None:
+            consts += (("HAS_BIAS", 1),)
+        operands = [a, b, out, bias if bias is not None else self._scratch_buffer(1, "nobias")]
         if not conv and max(a.raw.size, b.raw.size, out.raw.size) > self.max_binding:
-            return self._gemm_blocks(a, trans_a, b, trans_b, out, m, n, k, alpha, beta, consts, lds)
-        entry, tile, tile_consts = self._gemm_tile(m, n, k)
+            return self._gemm_blocks(operands, trans_a, trans_b, m, n, k, alpha, beta, consts, lds)
+        entry, tm, tn, tile_consts = self._gemm_tile(m, n, k)
         consts += tile_consts
-        gx, gy = -(-n // tile), -(-m // tile)
+        gx, gy = -(-n // tn), -(-m // tm)
         if gx > self.max_groups or gy > self.max_groups:
             raise BackendError(f"webgpu: GEMM of {m}x{n} needs more workgroups than the device allows")
         tiles = gx * gy
         splits = 1
-        if tiles < self.SPLIT_K_TILES and k >= 2048 and not any(name == "C_MODE" for name, _ in conv):
-            splits = max(1, min(-(-self.SPLIT_K_TILES // tiles), k // 512, self.max_groups))
+        fill = self.SPLIT_K_TILES * (4 if tm == 32 else 1)  # 32x32 tiles run 64 threads, the others 256
+        if tiles < fill and k >= 2048 and not any(name == "C_MODE" for name, _ in conv):
+            splits = max(1, min(-(-fill // tiles), k // self.SPLIT_K_MIN, self.max_groups))
             while splits > 1 and splits * m * n * 4 > self.max_binding:
                 splits //= 2
         if splits == 1:
-            self._dispatch("gemm", entry, _pack((m, n, k, n0, 0, 0, 0, k, *lds), (alpha, beta)), [a, b, out],
+            self._dispatch("gemm", entry, _pack((m, n, k, n0, 0, 0, 0, k, *lds), (alpha, beta)), operands,
                            (gx, gy, 1), constants=consts)
             return
         chunk = -(-k // splits)
@@ -460,15 +485,16 @@ class WebGPUBackend(Backend):
         splits = -(-k // chunk)
         partial = self._scratch_buffer(splits * m * n, "splitk")
         self._dispatch("gemm", entry, _pack((m, n, k, n0, 0, 0, 0, chunk, *lds), (1.0, 0.0)),
-                       [a, b, partial], (gx, gy, splits), constants=consts)
+                       [a, b, partial, operands[3]], (gx, gy, splits), constants=consts)
         if m * n <= self.SPLIT_SUM_ROWS:  # few outputs, many partials each: one workgroup per output
             self._sum_rows(partial, out, splits, m * n, alpha, beta, columns=True)
         else:
             self._elementwise("split_sum", m * n, [partial, out], u=(0, splits), f=(alpha, beta), whole=(0,))
 
-    def _gemm_blocks(self, a, trans_a, b, trans_b, out, m, n, k, alpha, beta, consts, lds) -> None:
+    def _gemm_blocks(self, operands, trans_a, trans_b, m, n, k, alpha, beta, consts, lds) -> None:
         """A product whose operands exceed the storage-binding limit, in blocks of C whose rows of A, rows of B^T
         and rows of C can each be bound (A transposed or B untransposed must fit whole)."""
+        a, b, out = operands[:3]
         limit = self.max_binding - self.offset_align  # room for aligning each binding's start down
 
         def a_bytes(mb: int) -> int:
@@ -497,9 +523,9 @@ class WebGPUBackend(Backend):
                 a_off = ra[2] + (m0 if trans_a else 0)
                 b_off = rb[2] + (0 if trans_b else n0)
                 params = _pack((mm, nn, k, 0, a_off, b_off, rc[2], k, *lds), (alpha, beta))
-                entry, tile, tile_consts = self._gemm_tile(mm, nn, k)
-                self._dispatch("gemm", entry, params, [a, b, out], (-(-nn // tile), -(-mm // tile), 1),
-                               [ra[:2], rb[:2], rc[:2]], constants=consts + tile_consts)
+                entry, tm, tn, tile_consts = self._gemm_tile(mm, nn, k)
+                self._dispatch("gemm", entry, params, operands, (-(-nn // tn), -(-mm // tm), 1),
+                               [ra[:2], rb[:2], rc[:2], None], constants=consts + tile_consts)
 
     def axpby(self, alpha, x, beta, y):
         if beta == 0.0 and alpha == 1.0:
@@ -727,14 +753,14 @@ class WebGPUBackend(Backend):
         n, c, o, k, p, chunk, u = self._conv_geometry(x.shape, w.shape, out.shape, stride, padding)
         if self._fits(x, w, out):
             conv = self._conv_constants(x.shape, w.shape, out.shape, stride, padding, B_MODE=1, C_MODE=1)
-            self._gemm(w, False, x, False, out, o, n * p, k, 1.0, 0.0, conv)
-        else:
-            cols, ymat = self._conv_scratch(k, p, chunk, o)
-            for n0 in range(0, n, chunk):
-                nc = min(chunk, n - n0)
-                self._conv_launch("im2col", u, k * nc * p, n0, nc, o, x, cols)
-                self._gemm(w, False, cols, False, ymat, o, nc * p, k, 1.0, 0.0)
-                self._conv_launch("relayout", u, nc * o * p, n0, nc, o, ymat, out)
+            self._gemm(w, False, x, False, out, o, n * p, k, 1.0, 0.0, conv, bias=bias)  # bias in the store
+            return
+        cols, ymat = self._conv_scratch(k, p, chunk, o)
+        for n0 in range(0, n, chunk):
+            nc = min(chunk, n - n0)
+            self._conv_launch("im2col", u, k * nc * p, n0, nc, o, x, cols)
+            self._gemm(w, False, cols, False, ymat, o, nc * p, k, 1.0, 0.0)
+            self._conv_launch("relayout", u, nc * o * p, n0, nc, o, ymat, out)
         if bias is not None:
             self.bias_add(out, bias)
 
@@ -791,14 +817,21 @@ class WebGPUBackend(Backend):
     def pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding):
         m = mask if mask is not None else self._scratch_buffer(dy.size, "nomask")
         consts = self._pool_constants(dx.shape, dy.shape, kernel, stride, padding, mode == "max")
-        self._pool("pool_bwd", [dy, dx, m], dy.shape, dx.shape, dy.shape, consts)
+        tiled = (tuple(kernel) == tuple(stride) and tuple(padding) == (0, 0)
+                 and (dx.shape[2], dx.shape[3]) == (dy.shape[2] * stride[0], dy.shape[3] * stride[1]))
+        if tiled:  # each input in exactly one window: a thread per output writes its window
+            self._pool("pool_bwd_tiled", [dy, dx, m], dy.shape, dx.shape, dy.shape, consts, per_thread=0)
+        else:  # a thread per input sums over the windows that hold it
+            self._pool("pool_bwd", [dy, dx, m], dy.shape, dx.shape, dy.shape, consts)
 
-    def _pool(self, entry: str, buffers: list, src_shape, dst_shape, mask_shape, consts: tuple) -> None:
-        """One thread per dst element, over runs of (n, c) planes whose bindings fit the device's limit."""
+    def _pool(self, entry: str, buffers: list, src_shape, dst_shape, mask_shape, consts: tuple,
+              per_thread: int = 1) -> None:
+        """One thread per dst element (per src element with ``per_thread=0``), over runs of (n, c) planes whose
+        bindings fit the device's limit."""
         planes = dst_shape[0] * dst_shape[1]
         sizes = [s[2] * s[3] for s in (src_shape, dst_shape, mask_shape)]
         for p0, p1, binds, offsets in self._item_chunks(planes, sizes):
-            count = (p1 - p0) * sizes[1]
+            count = (p1 - p0) * sizes[per_thread]
             self._dispatch("pool", entry, _pack((count, *offsets)), buffers, self._grid(count), binds, constants=consts)
 
     # --- randomness and solver updates -----------------------------------------------------------------------

@@ -1,6 +1,6 @@
 // C = f0 * op(A) op(B) + f1 * C, row-major, register tiled, in three sizes:
 //   gemm:     a 16x16 workgroup computes a 64x64 tile of C (8x8 and 32x32 with TS = 8), each thread a 4x4 block;
-//             K in slices of 16;
+//             K in slices of TS;
 //   gemm_big: a 16x16 workgroup computes a 128x128 tile, each thread four 4x4 blocks (rows ty*4 and 64 + ty*4,
 //             columns tx*4 and 64 + tx*4, so that a warp's workgroup-memory reads do not collide); K in slices of 8.
 // Tiles of A and B are staged in workgroup memory as vec4 along m (A) and n (B); global reads walk the stored
@@ -15,7 +15,7 @@
 //   A_MODE 1: op(A)[o][pos] = dy in NCHW;
 //   B_MODE 1: op(B)[ckk][pos] = the im2col column of x; B_MODE 2: op(B)[pos][ckk] = the same, transposed;
 //   B_MODE 3: op(B)[o][pos] = dy in NCHW;
-//   C_MODE 1: C[o][pos] is stored to y in NCHW.
+//   C_MODE 1: C[o][pos] is stored to y in NCHW, plus Bias[o] with HAS_BIAS (the convolution's bias, fused).
 // and for the data gradient (positions xpos = sample * H * W + h * W + w of x, okk = (o * KH + i) * KW + j):
 //   A_MODE 2: op(A)[c][okk] = w[o][c][i][j];  B_MODE 4: op(B)[okk][xpos] = the dy element that x[xpos] met
 //   through w[o][.][i][j] (zero where none);  C_MODE 2: C[c][xpos] is stored to dx in NCHW.
@@ -23,6 +23,7 @@
 @group(0) @binding(1) var<storage, read> A: array<f32>;
 @group(0) @binding(2) var<storage, read> B: array<f32>;
 @group(0) @binding(3) var<storage, read_write> C: array<f32>;
+@group(0) @binding(4) var<storage, read> Bias: array<f32>;  // with HAS_BIAS: added to row r of C (a channel of y)
 
 override TRANS_A: bool = false;
 override TRANS_B: bool = false;
@@ -31,6 +32,7 @@ override B_MODE: u32 = 0u;
 override C_MODE: u32 = 0u;
 override CONV_C: u32 = 1u;
 override CONV_O: u32 = 1u;
+override HAS_BIAS: bool = false;
 
 // offset of (channel ch, position pos) in an NCHW tensor of CONV_O channels over OH x OW
 fn nchw_out(ch: u32, pos: u32) -> u32 {
@@ -90,56 +92,73 @@ fn store_c(r: u32, c: u32, v: f32, z: u32) {
     if (C_MODE == 1u) { o = nchw_out(r, c); }
     if (C_MODE == 2u) { o = nchw_in(r, c); }
     var s = p.f0 * v;
+    if (HAS_BIAS) { s = s + Bias[r]; }
     if (p.f1 != 0.0) { s = s + p.f1 * C[o]; }
     C[o] = s;
 }
 
-var<workgroup> As: array<vec4<f32>, 256>;  // gemm: [k 16][m / 4 16]; gemm_big: [k 8][m / 4 32]
-var<workgroup> Bs: array<vec4<f32>, 256>;  // [k][n / 4], the same shapes
+// Two tiles each (double buffering) of TILES / 2 vec4s: 256 (gemm_big, gemm with TS = 16) or 64 (TS = 8: a
+// smaller footprint lets more 64-thread workgroups share a multiprocessor). An array sized by an expression of
+// overrides (2 * TS * TS) breaks naga 29's specialisation of kernels using other overrides; one override works.
+override TILES: u32 = 512u;
+var<workgroup> As: array<vec4<f32>, TILES>;  // two tiles of [k][m / 4]: gemm [TS][TS], gemm_big [8][BIG_ROWS / 4]
+var<workgroup> Bs: array<vec4<f32>, TILES>;  // two tiles of [k][n / 4]: gemm [TS][TS], gemm_big [8][32]
 
-// Stage a (rows x kt) tile of op(A) at (row0, k0) into As, in groups of four values spread over the nt threads
-// of the workgroup. Stored transposed (m contiguous), a group is 4 consecutive m; otherwise 4 consecutive k.
-fn stage_a(t: u32, nt: u32, row0: u32, k0: u32, kend: u32, rows: u32, kt: u32) {
-    let q = rows / 4u;  // vec4s per k row of the tile
-    for (var g = t; g < rows * kt / 4u; g = g + nt) {
-        if (TRANS_A) {
-            let kk = g / q;
-            let mq = g % q;
-            let m = row0 + mq * 4u;
-            let k = k0 + kk;
-            As[kk * q + mq] = vec4<f32>(load_a(m, k, kend), load_a(m + 1u, k, kend), load_a(m + 2u, k, kend),
-                                        load_a(m + 3u, k, kend));
-        } else {
-            let mm = g / (kt / 4u);
-            let k4 = (g % (kt / 4u)) * 4u;
-            let m = row0 + mm;
-            for (var j = 0u; j < 4u; j = j + 1u) {
-                As[(k4 + j) * q + mm / 4u][mm % 4u] = load_a(m, k0 + k4 + j, kend);
-            }
-        }
+// Tiles of op(A) (rows x kt at row0, k0) and op(B) (kt x cols at k0, col0) move in groups of four values, one
+// group per thread (rows * kt / 4 = the workgroup size in every kernel). Stored transposed (m or n contiguous in
+// memory) a group is 4 consecutive m (n); otherwise 4 consecutive k. A thread fetches its groups of the next K
+// slice into registers before it computes on the current one, so global latency hides behind the arithmetic,
+// and puts them into the other of two workgroup tiles: one barrier per K slice.
+fn fetch_a(g: u32, row0: u32, k0: u32, kend: u32, rows: u32, kt: u32) -> vec4<f32> {
+    if (TRANS_A) {
+        let m = row0 + (g % (rows / 4u)) * 4u;
+        let k = k0 + g / (rows / 4u);
+        return vec4<f32>(load_a(m, k, kend), load_a(m + 1u, k, kend), load_a(m + 2u, k, kend), load_a(m + 3u, k, kend));
     }
+    let m = row0 + g / (kt / 4u);
+    let k = k0 + (g % (kt / 4u)) * 4u;
+    return vec4<f32>(load_a(m, k, kend), load_a(m, k + 1u, kend), load_a(m, k + 2u, kend), load_a(m, k + 3u, kend));
 }
 
-// Stage a (kt x cols) tile of op(B) at (k0, col0) into Bs, as stage_a does for A.
-fn stage_b(t: u32, nt: u32, col0: u32, k0: u32, kend: u32, cols: u32, kt: u32) {
-    let q = cols / 4u;
-    for (var g = t; g < cols * kt / 4u; g = g + nt) {
-        if (TRANS_B) {
-            let nn = g / (kt / 4u);
-            let k4 = (g % (kt / 4u)) * 4u;
-            let n = col0 + nn;
-            for (var j = 0u; j < 4u; j = j + 1u) {
-                Bs[(k4 + j) * q + nn / 4u][nn % 4u] = load_b(k0 + k4 + j, n, kend);
-            }
-        } else {
-            let kk = g / q;
-            let nq = g % q;
-            let n = col0 + nq * 4u;
-            let k = k0 + kk;
-            Bs[kk * q + nq] = vec4<f32>(load_b(k, n, kend), load_b(k, n + 1u, kend), load_b(k, n + 2u, kend),
-                                        load_b(k, n + 3u, kend));
-        }
+fn put_a(g: u32, v: vec4<f32>, base: u32, rows: u32, kt: u32) {
+    let q = rows / 4u;  // vec4s per k row of the tile
+    if (TRANS_A) {
+        As[base + g] = v;  // g = kk * q + m / 4
+        return;
     }
+    let mm = g / (kt / 4u);
+    let k4 = (g % (kt / 4u)) * 4u;
+    let at = base + k4 * q + mm / 4u;
+    As[at][mm % 4u] = v.x;
+    As[at + q][mm % 4u] = v.y;
+    As[at + 2u * q][mm % 4u] = v.z;
+    As[at + 3u * q][mm % 4u] = v.w;
+}
+
+fn fetch_b(g: u32, col0: u32, k0: u32, kend: u32, cols: u32, kt: u32) -> vec4<f32> {
+    if (TRANS_B) {
+        let n = col0 + g / (kt / 4u);
+        let k = k0 + (g % (kt / 4u)) * 4u;
+        return vec4<f32>(load_b(k, n, kend), load_b(k + 1u, n, kend), load_b(k + 2u, n, kend), load_b(k + 3u, n, kend));
+    }
+    let n = col0 + (g % (cols / 4u)) * 4u;
+    let k = k0 + g / (cols / 4u);
+    return vec4<f32>(load_b(k, n, kend), load_b(k, n + 1u, kend), load_b(k, n + 2u, kend), load_b(k, n + 3u, kend));
+}
+
+fn put_b(g: u32, v: vec4<f32>, base: u32, cols: u32, kt: u32) {
+    let q = cols / 4u;
+    if (!TRANS_B) {
+        Bs[base + g] = v;
+        return;
+    }
+    let nn = g / (kt / 4u);
+    let k4 = (g % (kt / 4u)) * 4u;
+    let at = base + k4 * q + nn / 4u;
+    Bs[at][nn % 4u] = v.x;
+    Bs[at + q][nn % 4u] = v.y;
+    Bs[at + 2u * q][nn % 4u] = v.z;
+    Bs[at + 3u * q][nn % 4u] = v.w;
 }
 
 fn store4(r: u32, c: u32, v: vec4<f32>, z: u32) {
@@ -166,19 +185,25 @@ fn gemm(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     var c3 = vec4<f32>(0.0);
     let kbeg = wid.z * p.u7;
     let kend = min(p.u2, kbeg + p.u7);
-    for (var k0 = kbeg; k0 < kend; k0 = k0 + 16u) {
-        stage_a(t, TS * TS, row0, k0, kend, tile, 16u);
-        stage_b(t, TS * TS, col0, k0, kend, tile, 16u);
+    let kt = TS;  // K slice: tile * kt / 4 = TS * TS groups, one per thread
+    var fa = fetch_a(t, row0, kbeg, kend, tile, kt);
+    var fb = fetch_b(t, col0, kbeg, kend, tile, kt);
+    var base = 0u;
+    for (var k0 = kbeg; k0 < kend; k0 = k0 + kt) {
+        put_a(t, fa, base, tile, kt);
+        put_b(t, fb, base, tile, kt);
         workgroupBarrier();
-        for (var k = 0u; k < 16u; k = k + 1u) {
-            let a = As[k * TS + lid.y];
-            let b = Bs[k * TS + lid.x];
+        fa = fetch_a(t, row0, k0 + kt, kend, tile, kt);
+        fb = fetch_b(t, col0, k0 + kt, kend, tile, kt);
+        for (var k = 0u; k < kt; k = k + 1u) {
+            let a = As[base + k * TS + lid.y];
+            let b = Bs[base + k * TS + lid.x];
             c0 = c0 + a.x * b;
             c1 = c1 + a.y * b;
             c2 = c2 + a.z * b;
             c3 = c3 + a.w * b;
         }
-        workgroupBarrier();
+        base = TS * TS - base;
     }
     let r = row0 + lid.y * 4u;
     let c = col0 + lid.x * 4u;
@@ -188,10 +213,15 @@ fn gemm(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     store4(r + 3u, c, c3, wid.z);
 }
 
-// cHI holds row (H / 2) * 64 + ty * 4 + I, columns (H % 2) * 64 + tx * 4 .. + 3
+// gemm_big: BIG_ROWS = 128: cHI holds row (H / 2) * 64 + ty * 4 + I, columns (H % 2) * 64 + tx * 4 .. + 3;
+// BIG_ROWS = 64 (a 64x128 tile for products of 64 or 192 rows): only c0I and c1I, from half as much of A.
+override BIG_ROWS: u32 = 128u;
+
 @compute @workgroup_size(16, 16)
 fn gemm_big(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let row0 = wid.y * 128u;
+    let row0 = wid.y * BIG_ROWS;
+    let tall = BIG_ROWS == 128u;
+    let qa = BIG_ROWS / 4u;  // vec4s per k row of the A tile
     let col0 = wid.x * 128u;
     let t = lid.y * 16u + lid.x;
     var c00 = vec4<f32>(0.0);
@@ -212,15 +242,21 @@ fn gemm_big(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id)
     var c33 = vec4<f32>(0.0);
     let kbeg = wid.z * p.u7;
     let kend = min(p.u2, kbeg + p.u7);
+    let loads_a = t < BIG_ROWS * 2u;  // the A tile has BIG_ROWS * 8 / 4 groups
+    var fa = vec4<f32>(0.0);
+    if (loads_a) { fa = fetch_a(t, row0, kbeg, kend, BIG_ROWS, 8u); }
+    var fb = fetch_b(t, col0, kbeg, kend, 128u, 8u);
+    var base = 0u;
     for (var k0 = kbeg; k0 < kend; k0 = k0 + 8u) {
-        stage_a(t, 256u, row0, k0, kend, 128u, 8u);
-        stage_b(t, 256u, col0, k0, kend, 128u, 8u);
+        if (loads_a) { put_a(t, fa, base, BIG_ROWS, 8u); }
+        put_b(t, fb, base, 128u, 8u);
         workgroupBarrier();
+        if (loads_a) { fa = fetch_a(t, row0, k0 + 8u, kend, BIG_ROWS, 8u); }
+        fb = fetch_b(t, col0, k0 + 8u, kend, 128u, 8u);
         for (var k = 0u; k < 8u; k = k + 1u) {
-            let a0 = As[k * 32u + lid.y];
-            let a1 = As[k * 32u + 16u + lid.y];
-            let b0 = Bs[k * 32u + lid.x];
-            let b1 = Bs[k * 32u + 16u + lid.x];
+            let a0 = As[base + k * qa + lid.y];
+            let b0 = Bs[base + k * 32u + lid.x];
+            let b1 = Bs[base + k * 32u + 16u + lid.x];
             c00 = c00 + a0.x * b0;
             c01 = c01 + a0.y * b0;
             c02 = c02 + a0.z * b0;
@@ -229,16 +265,19 @@ fn gemm_big(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id)
             c11 = c11 + a0.y * b1;
             c12 = c12 + a0.z * b1;
             c13 = c13 + a0.w * b1;
-            c20 = c20 + a1.x * b0;
-            c21 = c21 + a1.y * b0;
-            c22 = c22 + a1.z * b0;
-            c23 = c23 + a1.w * b0;
-            c30 = c30 + a1.x * b1;
-            c31 = c31 + a1.y * b1;
-            c32 = c32 + a1.z * b1;
-            c33 = c33 + a1.w * b1;
+            if (tall) {
+                let a1 = As[base + k * qa + 16u + lid.y];
+                c20 = c20 + a1.x * b0;
+                c21 = c21 + a1.y * b0;
+                c22 = c22 + a1.z * b0;
+                c23 = c23 + a1.w * b0;
+                c30 = c30 + a1.x * b1;
+                c31 = c31 + a1.y * b1;
+                c32 = c32 + a1.z * b1;
+                c33 = c33 + a1.w * b1;
+            }
         }
-        workgroupBarrier();
+        base = 256u - base;
     }
     let r0 = row0 + lid.y * 4u;
     let r1 = r0 + 64u;
@@ -252,6 +291,7 @@ fn gemm_big(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id)
     store4(r0 + 1u, q1, c11, wid.z);
     store4(r0 + 2u, q1, c12, wid.z);
     store4(r0 + 3u, q1, c13, wid.z);
+    if (!tall) { return; }
     store4(r1 + 0u, q0, c20, wid.z);
     store4(r1 + 1u, q0, c21, wid.z);
     store4(r1 + 2u, q0, c22, wid.z);

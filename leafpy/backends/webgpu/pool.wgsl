@@ -67,3 +67,23 @@ fn pool_bwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     }
     dst[p.u2 + idx] = s;
 }
+
+// windows that tile the input exactly (kernel = stride, no padding, IN = OUT * stride): one thread per output
+// element writes its window of dx, each input element belonging to exactly one window. u0 = planes * OH * OW.
+@compute @workgroup_size(256)
+fn pool_bwd_tiled(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let idx = flat_index(gid, nw);
+    if (idx >= p.u0) { return; }
+    let x = idx % OW;
+    let y = (idx / OW) % OH;
+    let plane = idx / (OW * OH);
+    let g = src[p.u1 + idx];
+    let arg = mask[p.u3 + idx];
+    for (var i = 0u; i < KH; i = i + 1u) {
+        for (var j = 0u; j < KW; j = j + 1u) {
+            var v = g / f32(KH * KW);
+            if (IS_MAX) { v = select(0.0, g, arg == i32(i * KW + j)); }
+            dst[p.u2 + (plane * IN_H + y * SH + i) * IN_W + x * SW + j] = v;
+        }
+    }
+}
