@@ -412,6 +412,8 @@ class WebGPUBackend(Backend):
     """Split K across the grid when C has fewer tiles than this and K is long (weight gradients): a large GPU
     holds several 256-thread workgroups per multiprocessor, so a grid needs about this many to fill it."""
 
+    SPLIT_K_FROM = 2048
+    """Products with at least this long a K may be split."""
     SPLIT_K_MIN = 256
     """The shortest K range of one split (its partial product is written out and summed)."""
 
@@ -419,10 +421,7 @@ class WebGPUBackend(Backend):
     """Split-K products with at most this many outputs sum their partials with a workgroup per output."""
 
     SMALL_TILES = True
-    SMALL_GRID = 256
-    """Products with a side of at most 32 use 32x32 tiles, and so do those with fewer 64x64 tiles than SMALL_GRID
-    that split-K will not fill (four times the workgroups, of a quarter the threads, spread over more of a large
-    GPU)."""
+    """Products with a side of at most 32 use 32x32 tiles."""
     BIG_TILES_SPLIT_K = True
     """Whether products too small for 128x128 tiles take them anyway when split-K will fill the GPU (the filter
     gradients of AlexNet's conv3-5 ran 1.15-1.2x faster so on an H200)."""
@@ -434,16 +433,15 @@ class WebGPUBackend(Backend):
 
     def _gemm_tile(self, m: int, n: int, k: int = 0) -> tuple[str, int, int, tuple]:
         """The kernel for an m x n product as (entry point, tile rows, tile columns, its pipeline constants): 32x32
-        tiles where a side is that short or the product small (SMALL_GRID); otherwise, of 64x64, 64x128 and
+        tiles where a side is that short; otherwise, of 64x64, 64x128 and
         128x128 tiles, the one with the least padded area per unit of speed, among those with enough tiles to fill
         the GPU (256, or fewer where split-K will fill it); 64x64 always qualifies."""
-        small = min(m, n) <= 32 or (-(-m // 64) * -(-n // 64) < self.SMALL_GRID and k < 2048)
-        if self.SMALL_TILES and small:
+        if self.SMALL_TILES and min(m, n) <= 32:
             return "gemm", 32, 32, (("TS", 8), ("TILES", 128))
         best, choice = None, ("gemm", 64, 64, ())
         for tm, tn, rate in ((64, 64, 1.0), (64, 128, self.WIDE_TILE_RATE), (128, 128, self.BIG_TILE_RATE)):
             tiles = -(-m // tm) * -(-n // tn)
-            if (tm, tn) != (64, 64) and not (tiles >= 256 or (self.BIG_TILES_SPLIT_K and k >= 2048)):
+            if (tm, tn) != (64, 64) and not (tiles >= 256 or (self.BIG_TILES_SPLIT_K and k >= self.SPLIT_K_FROM)):
                 continue
             cost = tiles * tm * tn / rate
             if best is None or cost < best:
@@ -472,7 +470,7 @@ class WebGPUBackend(Backend):
         tiles = gx * gy
         splits = 1
         fill = self.SPLIT_K_TILES * (4 if tm == 32 else 1)  # 32x32 tiles run 64 threads, the others 256
-        if tiles < fill and k >= 2048 and not any(name == "C_MODE" for name, _ in conv):
+        if tiles < fill and k >= self.SPLIT_K_FROM and not any(name == "C_MODE" for name, _ in conv):
             splits = max(1, min(-(-fill // tiles), k // self.SPLIT_K_MIN, self.max_groups))
             while splits > 1 and splits * m * n * 4 > self.max_binding:
                 splits //= 2
