@@ -548,6 +548,38 @@ def test_webgpu_every_gemm_tile_matches_numpy(tile, ta, tb):
 
 
 @pytest.mark.webgpu
+def test_webgpu_bias_and_relu_join_the_gemm_that_wrote_them():
+    """A linear layer's bias add and an in-place ReLU on the product run in the GEMM's store: one kernel. A ReLU
+    into another buffer, or a bias after the ReLU, runs on its own."""
+    be = _webgpu(power_preference="low-power")
+    rng = np.random.default_rng(4)
+    x, w, b = (rng.standard_normal(s, dtype=np.float32) for s in ((37, 50), (70, 50), (70,)))
+    tx, tw, tb = (lp.SharedTensor.from_numpy(a) for a in (x, w, b))
+    y, y2 = lp.SharedTensor((37, 70)), lp.SharedTensor((37, 70))
+    xb, wb, bb, yb, y2b = tx.read(be), tw.read(be), tb.read(be), y.write(be), y2.write(be)  # uploads done
+    be.flush()
+    encoded = []
+    real = be._encode
+    be._encode = lambda module, entry, *a, **k: (encoded.append(entry), real(module, entry, *a, **k))
+    be.gemm(xb, False, wb, True, yb)
+    be.bias_add(yb, bb)
+    be.relu(yb, yb)
+    be.flush()
+    assert encoded == ["gemm"], encoded
+    ref = np.maximum(x @ w.T + b, 0)
+    close(y.to_numpy(), ref, "gemm + bias + relu", rtol=1e-4, atol=1e-5)
+    encoded.clear()
+    yb, y2b = y.write(be), y2.write(be)
+    be.gemm(xb, False, wb, True, yb)
+    be.relu(yb, y2b)  # not in place: y keeps the product
+    be.bias_add(yb, bb)  # y's GEMM is already encoded
+    be.flush()
+    assert encoded == ["gemm", "relu", "bias_add"], encoded
+    close(y2.to_numpy(), np.maximum(x @ w.T, 0), "relu of the product", rtol=1e-4, atol=1e-5)
+    close(y.to_numpy(), x @ w.T + b, "product + bias", rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.webgpu
 def test_webgpu_gemm_that_cannot_be_split_says_so():
     be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
     be.max_binding = 40_000

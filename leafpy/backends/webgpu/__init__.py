@@ -145,6 +145,7 @@ class WebGPUBackend(Backend):
         self._scratch: dict = {}
         self._free: dict[int, list] = {}  # buffer pool: byte size -> buffers no tensor holds
         self._encoder: Any = None
+        self._pending: dict | None = None  # the last GEMM, not yet encoded: a bias or ReLU may join its epilogue
         self._pass: Any = None
         self._pass_pipeline: Any = None
         self._staging: Any = None
@@ -261,6 +262,7 @@ class WebGPUBackend(Backend):
 
     def flush(self) -> None:
         """Submit the recorded dispatches (one command buffer)."""
+        self._emit_pending()
         if self._encoder is None:
             return
         if self._pass is not None:
@@ -304,6 +306,12 @@ class WebGPUBackend(Backend):
 
     def _dispatch(self, module: str, entry: str, params: bytes, buffers: list, groups: tuple[int, int, int],
                   ranges: list | None = None, constants: tuple = ()) -> None:
+        self._emit_pending()
+        self._encode(module, entry, params, buffers, groups, ranges, constants)
+        self.dispatches += 1
+
+    def _encode(self, module: str, entry: str, params: bytes, buffers: list, groups: tuple[int, int, int],
+                ranges: list | None = None, constants: tuple = ()) -> None:
         pipe = self._pipeline(module, entry, constants)
         ubuf = self._uniform(params)
         raws = tuple(b.raw for b in buffers)
@@ -332,7 +340,28 @@ class WebGPUBackend(Backend):
             self._pass_pipeline = pipe
         self._pass.set_bind_group(0, cached)
         self._pass.dispatch_workgroups(*groups)
-        self.dispatches += 1
+
+    def _emit_pending(self) -> None:
+        if self._pending is not None:
+            g, self._pending = self._pending, None
+            self._encode("gemm", g["entry"], g["params"], g["operands"], g["groups"], constants=g["consts"])
+
+    def _fuse(self, out: WView, kind: str, bias: WView | None = None) -> bool:
+        """Join a bias add or an in-place ReLU on ``out`` to the epilogue of the GEMM that is about to write all of
+        ``out`` (recorded, not yet encoded), saving a dispatch and a pass over the product. False where it cannot:
+        no such GEMM, another buffer, or (for a bias) one already added or a ReLU already applied."""
+        g = self._pending
+        if g is None or out.raw is not g["operands"][2].raw or out.size != g["size"]:
+            return False
+        names = {name for name, _ in g["consts"]}
+        if "RELU" in names or (kind == "bias" and "HAS_BIAS" in names):
+            return False
+        if kind == "bias":
+            g["operands"][3] = bias
+            g["consts"] += (("HAS_BIAS", 1),)
+        else:
+            g["consts"] += (("RELU", 1),)
+        return True
 
     def _span(self, start: int, end: int) -> tuple[int, int, int]:
         """A binding of bytes [start, end) of a buffer: (offset aligned down, size, elements from there to start)."""
@@ -474,9 +503,11 @@ class WebGPUBackend(Backend):
             splits = max(1, min(-(-fill // tiles), k // self.SPLIT_K_MIN, self.max_groups))
             while splits > 1 and splits * m * n * 4 > self.max_binding:
                 splits //= 2
-        if splits == 1:
-            self._dispatch("gemm", entry, _pack((m, n, k, n0, 0, 0, 0, k, *lds), (alpha, beta)), operands,
-                           (gx, gy, 1), constants=consts)
+        if splits == 1:  # encoded at the next dispatch, so that a bias add or ReLU can join its epilogue
+            self._emit_pending()
+            self._pending = {"entry": entry, "params": _pack((m, n, k, n0, 0, 0, 0, k, *lds), (alpha, beta)),
+                             "operands": operands, "groups": (gx, gy, 1), "consts": consts, "size": m * n}
+            self.dispatches += 1
             return
         chunk = -(-k // splits)
         chunk = -(-chunk // 16) * 16  # whole K slices of either kernel
@@ -582,6 +613,8 @@ class WebGPUBackend(Backend):
 
     # --- activations ----------------------------------------------------------------------------------------------
     def relu(self, x, out):
+        if x.raw is out.raw and self._fuse(out, "relu"):
+            return
         self._elementwise("relu", out.size, [x, out])
 
     def relu_grad(self, y, dy, dx):
@@ -670,7 +703,13 @@ class WebGPUBackend(Backend):
     def bias_add(self, y, b):
         n, c = y.shape[0], y.shape[1]
         inner = y.size // (n * c)
+        if (inner == 1 or self._pending_mode() == 1) and self._fuse(y, "bias", b):
+            return
         self._elementwise("bias_add", y.size, [y, b], u=(0, c, inner), whole=(1,), base_slot=3)
+
+    def _pending_mode(self) -> int:
+        """The recorded GEMM's C_MODE (1: it stores a convolution's output, channels along its rows)."""
+        return dict(self._pending["consts"]).get("C_MODE", 0) if self._pending else 0
 
     def bias_grad(self, dy, db, beta=0.0):
         """Per channel, partial sums over blocks of the batch in parallel, then one sum of the partials each."""

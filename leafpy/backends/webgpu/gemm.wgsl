@@ -15,7 +15,7 @@
 //   A_MODE 1: op(A)[o][pos] = dy in NCHW;
 //   B_MODE 1: op(B)[ckk][pos] = the im2col column of x; B_MODE 2: op(B)[pos][ckk] = the same, transposed;
 //   B_MODE 3: op(B)[o][pos] = dy in NCHW;
-//   C_MODE 1: C[o][pos] is stored to y in NCHW, plus Bias[o] with HAS_BIAS (the convolution's bias, fused).
+//   C_MODE 1: C[o][pos] is stored to y in NCHW.
 // and for the data gradient (positions xpos = sample * H * W + h * W + w of x, okk = (o * KH + i) * KW + j):
 //   A_MODE 2: op(A)[c][okk] = w[o][c][i][j];  B_MODE 4: op(B)[okk][xpos] = the dy element that x[xpos] met
 //   through w[o][.][i][j] (zero where none);  C_MODE 2: C[c][xpos] is stored to dx in NCHW.
@@ -23,7 +23,9 @@
 @group(0) @binding(1) var<storage, read> A: array<f32>;
 @group(0) @binding(2) var<storage, read> B: array<f32>;
 @group(0) @binding(3) var<storage, read_write> C: array<f32>;
-@group(0) @binding(4) var<storage, read> Bias: array<f32>;  // with HAS_BIAS: added to row r of C (a channel of y)
+// Epilogue: with HAS_BIAS, Bias[c] is added to column c of C (a linear layer's bias), or with C_MODE 1 Bias[o] to
+// channel o of y (a convolution's); with RELU the result is clamped at zero (a ReLU run in place on the product).
+@group(0) @binding(4) var<storage, read> Bias: array<f32>;
 
 override TRANS_A: bool = false;
 override TRANS_B: bool = false;
@@ -33,6 +35,7 @@ override C_MODE: u32 = 0u;
 override CONV_C: u32 = 1u;
 override CONV_O: u32 = 1u;
 override HAS_BIAS: bool = false;
+override RELU: bool = false;
 
 // offset of (channel ch, position pos) in an NCHW tensor of CONV_O channels over OH x OW
 fn nchw_out(ch: u32, pos: u32) -> u32 {
@@ -92,8 +95,9 @@ fn store_c(r: u32, c: u32, v: f32, z: u32) {
     if (C_MODE == 1u) { o = nchw_out(r, c); }
     if (C_MODE == 2u) { o = nchw_in(r, c); }
     var s = p.f0 * v;
-    if (HAS_BIAS) { s = s + Bias[r]; }
     if (p.f1 != 0.0) { s = s + p.f1 * C[o]; }
+    if (HAS_BIAS) { s = s + Bias[select(c, r, C_MODE == 1u)]; }
+    if (RELU) { s = max(s, 0.0); }
     C[o] = s;
 }
 
