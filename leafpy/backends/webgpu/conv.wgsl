@@ -2,7 +2,7 @@
 // constants (index arithmetic divides by constants); u0 = element count of the launch, u1 = element offset of the
 // chunk's first sample in the NCHW tensor as bound, f1 = nc, f2 = O (channels of y/dy), f3 = relayout direction.
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> src: array<f32>;
+@group(0) @binding(1) var<storage, read> src: array<f32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<f32>;
 
 override CONV_C: u32 = 1u;

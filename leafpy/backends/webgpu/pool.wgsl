@@ -2,9 +2,11 @@
 // (backward); u1/u2/u3 = element offsets of the run in src/dst/mask as bound. The geometry is pipeline constants
 // (one pipeline per pooling shape, so the index arithmetic divides by constants).
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> src: array<f32>;
+@group(0) @binding(1) var<storage, read> src: array<f32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<f32>;
 @group(0) @binding(3) var<storage, read_write> mask: array<i32>;
+// the backward kernels only read the mask: bound read-only (the same binding, other entry points)
+@group(0) @binding(3) var<storage, read> argmax: array<i32>;
 
 override IS_MAX: bool = true;
 
@@ -59,7 +61,7 @@ fn pool_bwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
             if (x < 0) { continue; }
             let o = (plane * OH + u32(y)) * OW + u32(x);
             if (IS_MAX) {
-                if (mask[p.u3 + o] == i32(i * KW + j)) { s = s + src[p.u1 + o]; }
+                if (argmax[p.u3 + o] == i32(i * KW + j)) { s = s + src[p.u1 + o]; }
             } else {
                 s = s + src[p.u1 + o] / f32(KH * KW);
             }
@@ -78,7 +80,7 @@ fn pool_bwd_tiled(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
     let y = (idx / OW) % OH;
     let plane = idx / (OW * OH);
     let g = src[p.u1 + idx];
-    let arg = mask[p.u3 + idx];
+    let arg = argmax[p.u3 + idx];
     for (var i = 0u; i < KH; i = i + 1u) {
         for (var j = 0u; j < KW; j = j + 1u) {
             var v = g / f32(KH * KW);
