@@ -456,9 +456,6 @@ class WebGPUBackend(Backend):
     """Whether products too small for 128x128 tiles take them anyway when split-K will fill the GPU (the filter
     gradients of AlexNet's conv3-5 ran 1.15-1.2x faster so on an H200)."""
 
-    BIG_K = 8
-    """The K slice of 64x128 and 128x128 tiles: 8, or 16 (twice the workgroup memory, half the barriers)."""
-
     WIDE_TILE_RATE = 1.1
     BIG_TILE_RATE = 1.2
     """Speeds of 64x128 and 128x128 tiles relative to 64x64 on products large enough for them: the choice weighs a
@@ -479,9 +476,8 @@ class WebGPUBackend(Backend):
             cost = tiles * tm * tn / rate
             if best is None or cost < best:
                 best = cost
-                big = ((("BIG_ROWS", tm),) if tm != 128 else ()) + \
-                    ((("BIG_K", 16), ("TILES", 1024)) if self.BIG_K == 16 else ())
-                choice = ("gemm", 64, 64, ()) if tm == tn == 64 else ("gemm_big", tm, tn, big)
+                choice = ("gemm", 64, 64, ()) if tm == tn == 64 else \
+                    ("gemm_big", tm, tn, (("BIG_ROWS", tm),) if tm != 128 else ())
         return choice
 
     def _gemm(self, a, trans_a, b, trans_b, out, m, n, k, alpha, beta, conv: tuple = (), n0: int = 0,

@@ -2,7 +2,7 @@
 //   gemm:     a 16x16 workgroup computes a 64x64 tile of C (8x8 and 32x32 with TS = 8), each thread a 4x4 block;
 //             K in slices of TS;
 //   gemm_big: a 16x16 workgroup computes a 128x128 tile, each thread four 4x4 blocks (rows ty*4 and 64 + ty*4,
-//             columns tx*4 and 64 + tx*4, so that a warp's workgroup-memory reads do not collide); K in slices of BIG_K.
+//             columns tx*4 and 64 + tx*4, so that a warp's workgroup-memory reads do not collide); K in slices of 8.
 // Tiles of A and B are staged in workgroup memory as vec4 along m (A) and n (B); global reads walk the stored
 // contiguous dimension, so they coalesce whichever operand is transposed. The transposes are pipeline constants.
 // u0 = M, u1 = N, u2 = K, u3 = first sample (convolution modes), u4/u5/u6 = element offsets of A/B/C, u7 = the K
@@ -101,16 +101,15 @@ fn store_c(r: u32, c: u32, v: f32, z: u32) {
     C[o] = s;
 }
 
-// Two tiles each (double buffering) of TILES / 2 vec4s: 256 (gemm_big, gemm with TS = 16), 512 (BIG_K = 16) or
-// 64 (TS = 8: a smaller footprint lets more 64-thread workgroups share a multiprocessor). An array sized by an
-// expression of overrides (2 * TS * TS) breaks naga 29's specialisation of kernels using other overrides; one
-// override works.
+// Two tiles each (double buffering) of TILES / 2 vec4s: 256 (gemm_big, gemm with TS = 16) or 64 (TS = 8: a
+// smaller footprint lets more 64-thread workgroups share a multiprocessor). An array sized by an expression of
+// overrides (2 * TS * TS) breaks naga 29's specialisation of kernels using other overrides; one override works.
 override TILES: u32 = 512u;
-var<workgroup> As: array<vec4<f32>, TILES>;  // [k][m / 4]: gemm [TS][TS], gemm_big [BIG_K][BIG_ROWS / 4]
-var<workgroup> Bs: array<vec4<f32>, TILES>;  // [k][n / 4]: gemm [TS][TS], gemm_big [BIG_K][32]
+var<workgroup> As: array<vec4<f32>, TILES>;  // two tiles of [k][m / 4]: gemm [TS][TS], gemm_big [8][BIG_ROWS / 4]
+var<workgroup> Bs: array<vec4<f32>, TILES>;  // two tiles of [k][n / 4]: gemm [TS][TS], gemm_big [8][32]
 
-// Tiles of op(A) (rows x kt at row0, k0) and op(B) (kt x cols at k0, col0) move in groups of four values, at
-// most two groups per thread (group g is thread g, or g - 256 in gemm_big). Stored transposed (m or n contiguous in
+// Tiles of op(A) (rows x kt at row0, k0) and op(B) (kt x cols at k0, col0) move in groups of four values, one
+// group per thread (rows * kt / 4 = the workgroup size in every kernel). Stored transposed (m or n contiguous in
 // memory) a group is 4 consecutive m (n); otherwise 4 consecutive k. A thread fetches its groups of the next K
 // slice into registers before it computes on the current one, so global latency hides behind the arithmetic,
 // and puts them into the other of two workgroup tiles: one barrier per K slice.
@@ -220,9 +219,7 @@ fn gemm(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
 
 // gemm_big: BIG_ROWS = 128: cHI holds row (H / 2) * 64 + ty * 4 + I, columns (H % 2) * 64 + tx * 4 .. + 3;
 // BIG_ROWS = 64 (a 64x128 tile for products of 64 or 192 rows): only c0I and c1I, from half as much of A.
-// BIG_K: the K slice, 8 (TILES = 512) or 16 (TILES = 1024: twice the workgroup memory, half the barriers).
 override BIG_ROWS: u32 = 128u;
-override BIG_K: u32 = 8u;
 
 @compute @workgroup_size(16, 16)
 fn gemm_big(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -249,29 +246,18 @@ fn gemm_big(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id)
     var c33 = vec4<f32>(0.0);
     let kbeg = wid.z * p.u7;
     let kend = min(p.u2, kbeg + p.u7);
-    // the tiles hold BIG_ROWS * BIG_K / 4 (A) and 32 * BIG_K (B) groups: one or two per thread
-    let ga = BIG_ROWS * BIG_K / 4u;
-    let gb = 32u * BIG_K;
-    var fa0 = vec4<f32>(0.0);
-    var fa1 = vec4<f32>(0.0);
-    var fb0 = vec4<f32>(0.0);
-    var fb1 = vec4<f32>(0.0);
-    if (t < ga) { fa0 = fetch_a(t, row0, kbeg, kend, BIG_ROWS, BIG_K); }
-    if (t + 256u < ga) { fa1 = fetch_a(t + 256u, row0, kbeg, kend, BIG_ROWS, BIG_K); }
-    fb0 = fetch_b(t, col0, kbeg, kend, 128u, BIG_K);
-    if (t + 256u < gb) { fb1 = fetch_b(t + 256u, col0, kbeg, kend, 128u, BIG_K); }
+    let loads_a = t < BIG_ROWS * 2u;  // the A tile has BIG_ROWS * 8 / 4 groups
+    var fa = vec4<f32>(0.0);
+    if (loads_a) { fa = fetch_a(t, row0, kbeg, kend, BIG_ROWS, 8u); }
+    var fb = fetch_b(t, col0, kbeg, kend, 128u, 8u);
     var base = 0u;
-    for (var k0 = kbeg; k0 < kend; k0 = k0 + BIG_K) {
-        if (t < ga) { put_a(t, fa0, base, BIG_ROWS, BIG_K); }
-        if (t + 256u < ga) { put_a(t + 256u, fa1, base, BIG_ROWS, BIG_K); }
-        put_b(t, fb0, base, 128u, BIG_K);
-        if (t + 256u < gb) { put_b(t + 256u, fb1, base, 128u, BIG_K); }
+    for (var k0 = kbeg; k0 < kend; k0 = k0 + 8u) {
+        if (loads_a) { put_a(t, fa, base, BIG_ROWS, 8u); }
+        put_b(t, fb, base, 128u, 8u);
         workgroupBarrier();
-        if (t < ga) { fa0 = fetch_a(t, row0, k0 + BIG_K, kend, BIG_ROWS, BIG_K); }
-        if (t + 256u < ga) { fa1 = fetch_a(t + 256u, row0, k0 + BIG_K, kend, BIG_ROWS, BIG_K); }
-        fb0 = fetch_b(t, col0, k0 + BIG_K, kend, 128u, BIG_K);
-        if (t + 256u < gb) { fb1 = fetch_b(t + 256u, col0, k0 + BIG_K, kend, 128u, BIG_K); }
-        for (var k = 0u; k < BIG_K; k = k + 1u) {
+        if (loads_a) { fa = fetch_a(t, row0, k0 + 8u, kend, BIG_ROWS, 8u); }
+        fb = fetch_b(t, col0, k0 + 8u, kend, 128u, 8u);
+        for (var k = 0u; k < 8u; k = k + 1u) {
             let a0 = As[base + k * qa + lid.y];
             let b0 = Bs[base + k * 32u + lid.x];
             let b1 = Bs[base + k * 32u + 16u + lid.x];
@@ -295,7 +281,7 @@ fn gemm_big(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id)
                 c33 = c33 + a1.w * b1;
             }
         }
-        base = 32u * BIG_K - base;
+        base = 256u - base;
     }
     let r0 = row0 + lid.y * 4u;
     let r1 = r0 + 64u;
