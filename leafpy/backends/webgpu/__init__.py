@@ -463,9 +463,9 @@ class WebGPUBackend(Backend):
 
     def _gemm_tile(self, m: int, n: int, k: int = 0) -> tuple[str, int, int, tuple]:
         """The kernel for an m x n product as (entry point, tile rows, tile columns, its pipeline constants): 32x32
-        tiles where a side is that short; otherwise, of 64x64, 64x128 and
-        128x128 tiles, the one with the least padded area per unit of speed, among those with enough tiles to fill
-        the GPU (256, or fewer where split-K will fill it); 64x64 always qualifies."""
+        tiles where a side is that short; otherwise, of 64x64, 64x128 and 128x128 tiles, the one with the least
+        padded area per unit of speed among those with enough tiles to fill the GPU (256, or fewer where split-K
+        will fill it); 64x64 always qualifies."""
         if self.SMALL_TILES and min(m, n) <= 32:
             return "gemm", 32, 32, (("TS", 8), ("TILES", 128))
         best, choice = None, ("gemm", 64, 64, ())
