@@ -177,6 +177,51 @@ def test_webgpu_step_is_one_submission():
 
 
 @pytest.mark.webgpu
+def test_webgpu_replayed_steps_equal_encoded_ones_and_see_host_changes():
+    """Replayable steps are re-encoded from their recorded dispatches; they train exactly as steps run through the
+    layers, including after weights are set from the host between steps."""
+    replaying = _webgpu(power_preference="low-power")  # separate instances whose option we can change
+    encoding = _webgpu(adapter=replaying.adapter_name)
+    encoding.replay = False
+    ds = lp.data.digits()
+    x, y = ds.x_train[:32], ds.y_train[:32]
+    solvers = [_solver(be, dropout=False, solver="momentum") for be in (replaying, encoding)]
+    before = replaying.replays
+    for step in range(6):
+        if step == 4:  # the same new weights in both, from the host
+            for s in solvers:
+                w = s.network.learnable_weights_data()[0]
+                w.set(np.full(w.shape, 0.01, np.float32))
+        for s in solvers:
+            s.train_minibatch(x, y)
+    assert replaying.replays - before >= 3, "steps from the third on are replayed"
+    assert encoding.replays == 0
+    a, b = solvers
+    assert a.loss() == pytest.approx(b.loss(), rel=1e-5)
+    for wa, wb in zip(a.network.learnable_weights_data(), b.network.learnable_weights_data()):
+        close(wa.to_numpy(), wb.to_numpy(), "weights", rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.webgpu
+def test_webgpu_recorded_steps_of_a_deleted_solver_are_dropped():
+    import gc
+
+    be = _webgpu(power_preference="low-power")
+    ds = lp.data.digits()
+    s = _solver(be, dropout=False, solver="momentum")
+    for _ in range(3):
+        s.train_minibatch(ds.x_train[:32], ds.y_train[:32])
+    assert any(e.items is not None for e in be._steps.values())
+    weights = weakref.ref(s.network.learnable_weights_data()[0])
+    del s
+    gc.collect()
+    assert weights() is None, "a recorded step kept the deleted solver's weights alive"
+    t = _solver(be, dropout=False, solver="momentum")
+    t.train_minibatch(ds.x_train[:32], ds.y_train[:32])
+    assert not any(e.dead() for e in be._steps.values())
+
+
+@pytest.mark.webgpu
 def test_webgpu_splits_work_over_the_binding_limit():
     be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
     be.max_binding = 1024  # bytes: forces elementwise work into pieces

@@ -146,6 +146,10 @@ class WebGPUBackend(Backend):
         self._free: dict[int, list] = {}  # buffer pool: byte size -> buffers no tensor holds
         self._encoder: Any = None
         self._pending: dict | None = None  # the last GEMM, not yet encoded: a bias or ReLU may join its epilogue
+        self._steps: dict = {}  # replayable step key -> _RecordedStep
+        self._recording: list | None = None  # (pipeline, bind group, grid) of each dispatch while recording
+        self.allocations = 0
+        self.replays = 0
         self._pass: Any = None
         self._pass_pipeline: Any = None
         self._staging: Any = None
@@ -207,6 +211,7 @@ class WebGPUBackend(Backend):
         if dtype.itemsize != 4:
             raise BackendError(f"webgpu: buffers hold 4-byte elements, got {dtype}")
         nbytes = max(4, size * 4)  # WebGPU buffers: non-empty, 4-byte multiples
+        self.allocations += 1
         free = self._free.get(nbytes)
         if free:
             raw = free.pop()
@@ -255,10 +260,83 @@ class WebGPUBackend(Backend):
         probe = self._scratch_buffer(1, "sync")
         self.download(probe, np.empty(1, np.float32))
 
+    replay = True
+    """Replay replayable training steps from their recorded dispatches (see :meth:`run_step`)."""
+    MAX_RECORDED_STEPS = 8
+
     def run_step(self, key: Any, step: Any) -> None:
-        """A training step is recorded into one command buffer and submitted once."""
-        step()
+        """A training step is encoded into one command buffer and submitted once. A replayable step (``key`` not
+        None: its dispatches depend only on shapes and the learning rate) is recorded on its second sight as the
+        list of its dispatches (pipeline, bind group, grid) and from then on encoded straight from that list,
+        without running the layers' Python, while the tensors it touches keep their buffers."""
+        if key is None or not self.replay or self.kernel_times is not None:
+            step()
+            self.flush()
+            return
+        for k in [k for k, e in self._steps.items() if e.dead()]:  # their solver is gone
+            del self._steps[k]
+        entry = self._steps.get(key)
+        if entry is None:  # first sight: the step allocates what it needs
+            if len(self._steps) >= self.MAX_RECORDED_STEPS:
+                self._steps.pop(next(iter(self._steps)))
+            self._steps[key] = _RecordedStep()
+            step()
+        elif entry.eager:
+            step()
+        elif entry.items is None or not self._replay(entry):
+            self._record(entry, step)
         self.flush()
+
+    def _record(self, entry: _RecordedStep, step: Any) -> None:
+        from ...tensor import SharedTensor
+
+        self._emit_pending()
+        accesses: list = []
+        allocations, submissions = self.allocations, self.submissions
+        self._recording = []
+        SharedTensor.recorder = accesses
+        try:
+            step()
+            self._emit_pending()
+        finally:
+            SharedTensor.recorder = None
+            items, self._recording = self._recording, None
+        if self.allocations != allocations or self.submissions != submissions:
+            entry.eager = True  # it allocated or submitted midway: its buffers are not fixed, so never replay it
+            return
+        seen: dict = {}
+        for t, writes in accesses:
+            prev = seen.get(id(t))
+            seen[id(t)] = (t, writes or (prev is not None and prev[1]))
+        entry.tensors = [(weakref.ref(t), w, t.buffer_on(self.key).raw) for t, w in seen.values()]
+        entry.items = items
+
+    def _replay(self, entry: _RecordedStep) -> bool:
+        """Encode a recorded step; False (nothing encoded) where a tensor it touches has a new buffer."""
+        stale = []
+        for ref, _, raw in entry.tensors:
+            t = ref()
+            buf = t.buffer_on(self.key) if t is not None else None
+            if buf is None or buf.raw is not raw:
+                return False
+            if not t.is_fresh_on(self.key):
+                stale.append(t)
+        for t in stale:  # host data changed (weights set, say): upload into the same buffer
+            t.read(self)
+        self._emit_pending()
+        self._begin()
+        for pipe, group, grid in entry.items:
+            if pipe is not self._pass_pipeline:
+                self._pass.set_pipeline(pipe)
+                self._pass_pipeline = pipe
+            self._pass.set_bind_group(0, group)
+            self._pass.dispatch_workgroups(*grid)
+        self.dispatches += len(entry.items)
+        self.replays += 1
+        for ref, writes, _ in entry.tensors:
+            if writes:
+                ref().mark_fresh_only(self.key)
+        return True
 
     def flush(self) -> None:
         """Submit the recorded dispatches (one command buffer)."""
@@ -328,10 +406,9 @@ class WebGPUBackend(Backend):
             bg = self.device.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
                 {"binding": n, "resource": {"buffer": r, "offset": o, "size": sz}} for n, r, o, sz in entries])
             cached = self._bind_groups[key] = bg  # the key keeps its buffers alive while the group is cached
-        if self._encoder is None:
-            self._encoder = self.device.create_command_encoder()
-            self._pass = None if self.kernel_times is not None else self._encoder.begin_compute_pass()
-            self._pass_pipeline = None
+        self._begin()
+        if self._recording is not None:
+            self._recording.append((pipe, cached, groups))
         if self.kernel_times is not None:
             self._timed_pass(entry + "".join(f" {k}={v}" for k, v in constants))
             self._pass_pipeline = None
@@ -340,6 +417,13 @@ class WebGPUBackend(Backend):
             self._pass_pipeline = pipe
         self._pass.set_bind_group(0, cached)
         self._pass.dispatch_workgroups(*groups)
+
+    def _begin(self) -> None:
+        """Open the step's command encoder and compute pass if none is open."""
+        if self._encoder is None:
+            self._encoder = self.device.create_command_encoder()
+            self._pass = None if self.kernel_times is not None else self._encoder.begin_compute_pass()
+            self._pass_pipeline = None
 
     def _emit_pending(self) -> None:
         if self._pending is not None:
@@ -888,6 +972,21 @@ class WebGPUBackend(Backend):
 
 
 # elementwise entries with an in-place variant: (output position, the input position it may overwrite)
+class _RecordedStep:
+    """A replayable training step: its dispatches, and the tensors it touches (weakly: a deleted solver's step is
+    dropped) with the buffers its bind groups hold."""
+
+    __slots__ = ("items", "tensors", "eager")
+
+    def __init__(self) -> None:
+        self.items: list | None = None
+        self.tensors: list = []
+        self.eager = False
+
+    def dead(self) -> bool:
+        return any(ref() is None for ref, _, _ in self.tensors)
+
+
 _INPLACE = {"relu": (1, 0), "sigmoid": (1, 0), "tanh_fwd": (1, 0),
             "relu_grad": (2, 1), "sigmoid_grad": (2, 1), "tanh_grad": (2, 1)}
 
