@@ -203,6 +203,37 @@ def test_webgpu_replayed_steps_equal_encoded_ones_and_see_host_changes():
 
 
 @pytest.mark.webgpu
+def test_webgpu_replay_runs_the_recorded_work_and_never_a_step_that_allocates():
+    be = _webgpu(power_preference="low-power")
+    acc = lp.SharedTensor.from_numpy(np.zeros(300, np.float32))
+    one = lp.SharedTensor.from_numpy(np.ones(300, np.float32))
+    one.read(be)
+
+    def step():  # acc += 1
+        be.axpby(1.0, one.read(be), 1.0, acc.read_write(be))
+
+    before = be.replays
+    for _ in range(5):
+        be.run_step(("counting", 1), step)
+    assert be.replays - before == 3  # first sight runs, second records, the rest replay
+    np.testing.assert_array_equal(acc.to_numpy(), np.full(300, 5.0, np.float32))
+    acc.set(np.full(300, 10.0, np.float32))  # a host change reaches the replayed step
+    be.run_step(("counting", 1), step)
+    np.testing.assert_array_equal(acc.to_numpy(), np.full(300, 11.0, np.float32))
+
+    def allocating():  # a temporary per step: its buffer may be another tensor's by the next step
+        tmp = lp.SharedTensor((300,))
+        be.copy(one.read(be), tmp.write(be))
+        be.axpby(1.0, tmp.read(be), 1.0, acc.read_write(be))
+
+    before = be.replays
+    for _ in range(4):
+        be.run_step(("allocating", 1), allocating)
+    assert be.replays == before and be._steps[("allocating", 1)].eager
+    np.testing.assert_array_equal(acc.to_numpy(), np.full(300, 15.0, np.float32))
+
+
+@pytest.mark.webgpu
 def test_webgpu_recorded_steps_of_a_deleted_solver_are_dropped():
     import gc
 
