@@ -656,6 +656,28 @@ def test_webgpu_bias_and_relu_join_the_gemm_that_wrote_them():
 
 
 @pytest.mark.webgpu
+@pytest.mark.parametrize("k", [40, 3000], ids=["plain", "split-k"])
+def test_webgpu_gemm_wider_than_the_grid_runs_in_column_spans(k):
+    be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
+    be.max_groups = 3  # workgroups per grid dimension: every product below is wider
+    rng = np.random.default_rng(5)
+    a, b = rng.random((70, k), dtype=np.float32), rng.random((k, 700), dtype=np.float32)
+    tc = lp.SharedTensor((70, 700))
+    before = be.dispatches
+    be.gemm(lp.SharedTensor.from_numpy(a).read(be), False, lp.SharedTensor.from_numpy(b).read(be), False,
+            tc.write(be))
+    assert be.dispatches - before >= 3
+    close(tc.to_numpy(), a @ b, "gemm in column spans", rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.webgpu
+def test_webgpu_convolution_wider_than_the_grid_runs_in_column_spans():
+    be = _webgpu(power_preference="low-power")
+    be.max_groups = 4
+    _convolution_passes_match_native(be, 6, 3, 4, 9, seed=2)
+
+
+@pytest.mark.webgpu
 def test_webgpu_gemm_that_cannot_be_split_says_so():
     be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
     be.max_binding = 40_000

@@ -579,8 +579,9 @@ class WebGPUBackend(Backend):
         entry, tm, tn, tile_consts = self._gemm_tile(m, n, k)
         consts += tile_consts
         gx, gy = -(-n // tn), -(-m // tm)
-        if gx > self.max_groups or gy > self.max_groups:
-            raise BackendError(f"webgpu: GEMM of {m}x{n} needs more workgroups than the device allows")
+        if gy > self.max_groups:
+            raise BackendError(f"webgpu: a GEMM of {m} rows needs {gy} workgroups in a grid dimension; this device "
+                               f"allows {self.max_groups}: use a smaller batch")
         tiles = gx * gy
         splits = 1
         fill = self.SPLIT_K_TILES * (4 if tm == 32 else 1)  # 32x32 tiles run 64 threads, the others 256
@@ -588,18 +589,26 @@ class WebGPUBackend(Backend):
             splits = max(1, min(-(-fill // tiles), k // self.SPLIT_K_MIN, self.max_groups))
             while splits > 1 and splits * m * n * 4 > self.max_binding:
                 splits //= 2
-        if splits == 1:  # encoded at the next dispatch, so that a bias add or ReLU can join its epilogue
+        # columns past the device's grid width run as several dispatches, each from its first column (u11)
+        spans = [(c0, min(gx - c0, self.max_groups)) for c0 in range(0, gx, self.max_groups)]
+        if splits == 1 and len(spans) == 1:  # encoded at the next dispatch, so a bias add or ReLU can join it
             self._emit_pending()
-            self._pending = {"entry": entry, "params": _pack((m, n, k, n0, 0, 0, 0, k, *lds), (alpha, beta)),
+            self._pending = {"entry": entry, "params": _pack((m, n, k, n0, 0, 0, 0, k, *lds, 0), (alpha, beta)),
                              "operands": operands, "groups": (gx, gy, 1), "consts": consts, "size": m * n}
             self.dispatches += 1
+            return
+        if splits == 1:
+            for c0, cx in spans:
+                self._dispatch("gemm", entry, _pack((m, n, k, n0, 0, 0, 0, k, *lds, c0 * tn), (alpha, beta)),
+                               operands, (cx, gy, 1), constants=consts)
             return
         chunk = -(-k // splits)
         chunk = -(-chunk // 16) * 16  # whole K slices of either kernel
         splits = -(-k // chunk)
         partial = self._scratch_buffer(splits * m * n, "splitk")
-        self._dispatch("gemm", entry, _pack((m, n, k, n0, 0, 0, 0, chunk, *lds), (1.0, 0.0)),
-                       [a, b, partial, operands[3]], (gx, gy, splits), constants=consts)
+        for c0, cx in spans:
+            self._dispatch("gemm", entry, _pack((m, n, k, n0, 0, 0, 0, chunk, *lds, c0 * tn), (1.0, 0.0)),
+                           [a, b, partial, operands[3]], (cx, gy, splits), constants=consts)
         if m * n <= self.SPLIT_SUM_ROWS:  # few outputs, many partials each: one workgroup per output
             self._sum_rows(partial, out, splits, m * n, alpha, beta, columns=True)
         else:
@@ -617,7 +626,7 @@ class WebGPUBackend(Backend):
         def b_bytes(nb: int) -> int:
             return nb * k * 4 if trans_b else b.raw.size
 
-        mb, nb = m, n
+        mb, nb = min(m, 32 * self.max_groups), min(n, 32 * self.max_groups)  # any tile's grid fits the device's
         while mb > 1 and (a_bytes(mb) > limit or mb * n * 4 > limit):
             mb = -(-mb // 2)
         while nb > 1 and b_bytes(nb) > limit:

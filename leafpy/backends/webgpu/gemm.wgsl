@@ -7,7 +7,8 @@
 // contiguous dimension, so they coalesce whichever operand is transposed. The transposes are pipeline constants.
 // u0 = M, u1 = N, u2 = K, u3 = first sample (convolution modes), u4/u5/u6 = element offsets of A/B/C, u7 = the K
 // range of one z-slice of the grid (split-K: slice z writes its partial product at C + z * M * N), u8/u9/u10 =
-// row strides of A, B and C as stored (a block of a larger product is bound with its parent's strides).
+// row strides of A, B and C as stored (a block of a larger product is bound with its parent's strides), u11 =
+// the first column of this dispatch (a product wider than the device's grid runs as several).
 //
 // Convolution as implicit GEMM: pipeline constants describe one convolution's geometry, and the modes read an
 // operand or write the product in place of the im2col columns and GEMM-layout matrices (positions
@@ -181,7 +182,7 @@ override TS: u32 = 16u;
 fn gemm(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let tile = TS * 4u;
     let row0 = wid.y * tile;
-    let col0 = wid.x * tile;
+    let col0 = p.u11 + wid.x * tile;
     let t = lid.y * TS + lid.x;
     var c0 = vec4<f32>(0.0);
     var c1 = vec4<f32>(0.0);
@@ -226,7 +227,7 @@ fn gemm_big(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id)
     let row0 = wid.y * BIG_ROWS;
     let tall = BIG_ROWS == 128u;
     let qa = BIG_ROWS / 4u;  // vec4s per k row of the A tile
-    let col0 = wid.x * 128u;
+    let col0 = p.u11 + wid.x * 128u;
     let t = lid.y * 16u + lid.x;
     var c00 = vec4<f32>(0.0);
     var c01 = vec4<f32>(0.0);
