@@ -1,10 +1,12 @@
-// C = f0 * op(A) op(B) + f1 * C, row-major, register tiled, in three sizes:
+// C = f0 * op(A) op(B) + f1 * C, row-major, register tiled, in four sizes:
 //   gemm:     a 16x16 workgroup computes a 64x64 tile of C (8x8 and 32x32 with TS = 8), each thread a 4x4 block;
 //             K in slices of TS;
 //   gemm_big: a 16x16 workgroup computes a 128x128 tile, each thread four 4x4 blocks (rows ty*4 and 64 + ty*4,
-//             columns tx*4 and 64 + tx*4, so that a warp's workgroup-memory reads do not collide); K in slices of 8.
-// Tiles of A and B are staged in workgroup memory as vec4 along m (A) and n (B); global reads walk the stored
-// contiguous dimension, so they coalesce whichever operand is transposed. The transposes are pipeline constants.
+//             columns tx*4 and 64 + tx*4, so that a warp's workgroup-memory reads do not collide), or with
+//             BIG_ROWS = 64 a 64x128 tile, each thread two; K in slices of 8.
+// Tiles of A and B are staged in workgroup memory as vec4 along m (A) and n (B), double-buffered; global reads walk
+// the stored contiguous dimension, so they coalesce whichever operand is transposed. The transposes are pipeline
+// constants.
 // u0 = M, u1 = N, u2 = K, u3 = first sample (convolution modes), u4/u5/u6 = element offsets of A/B/C, u7 = the K
 // range of one z-slice of the grid (split-K: slice z writes its partial product at C + z * M * N), u8/u9/u10 =
 // row strides of A, B and C as stored (a block of a larger product is bound with its parent's strides), u11 =
