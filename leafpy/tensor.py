@@ -211,6 +211,15 @@ class SharedTensor:
         entry = self._st.copies.get(key)
         return None if entry is None else entry[1]
 
+    @staticmethod
+    def touched(accesses: list) -> list:
+        """The distinct tensors of a :attr:`recorder` list as (tensor, written), in first-access order."""
+        seen: dict = {}
+        for t, writes in accesses:
+            prev = seen.get(id(t))
+            seen[id(t)] = (t, writes or (prev is not None and prev[1]))
+        return list(seen.values())
+
     def mark_fresh_only(self, key: str) -> None:
         """Record that the copy on ``key`` was written outside read/write (a replayed step)."""
         self._st.fresh.clear()

@@ -249,11 +249,7 @@ class CudaBackend(ArrayBackend):
         finally:
             SharedTensor.recorder = None
             self._capturing = False
-        seen: dict = {}
-        for t, writes in accesses:
-            prev = seen.get(id(t))
-            seen[id(t)] = (t, writes or (prev is not None and prev[1]))
-        entry.tensors = [(weakref.ref(t), w, t.buffer_on(self.key).data.ptr) for t, w in seen.values()]
+        entry.tensors = [(weakref.ref(t), w, t.buffer_on(self.key).data.ptr) for t, w in SharedTensor.touched(accesses)]
         entry.graph = graph
         return True
 

@@ -273,10 +273,10 @@ class WebGPUBackend(Backend):
             step()
             self.flush()
             return
-        for k in [k for k, e in self._steps.items() if e.dead()]:  # their solver is gone
-            del self._steps[k]
         entry = self._steps.get(key)
         if entry is None:  # first sight: the step allocates what it needs
+            for k in [k for k, e in self._steps.items() if e.dead()]:  # their solver is gone (keys never recur)
+                del self._steps[k]
             if len(self._steps) >= self.MAX_RECORDED_STEPS:
                 self._steps.pop(next(iter(self._steps)))
             self._steps[key] = _RecordedStep()
@@ -304,11 +304,7 @@ class WebGPUBackend(Backend):
         if self.allocations != allocations or self.submissions != submissions:
             entry.eager = True  # it allocated or submitted midway: its buffers are not fixed, so never replay it
             return
-        seen: dict = {}
-        for t, writes in accesses:
-            prev = seen.get(id(t))
-            seen[id(t)] = (t, writes or (prev is not None and prev[1]))
-        entry.tensors = [(weakref.ref(t), w, t.buffer_on(self.key).raw) for t, w in seen.values()]
+        entry.tensors = [(weakref.ref(t), w, t.buffer_on(self.key).raw) for t, w in SharedTensor.touched(accesses)]
         entry.items = items
 
     def _replay(self, entry: _RecordedStep) -> bool:
@@ -435,12 +431,15 @@ class WebGPUBackend(Backend):
         ``out`` (recorded, not yet encoded), saving a dispatch and a pass over the product. False where it cannot:
         no such GEMM, another buffer, or (for a bias) one already added or a ReLU already applied."""
         g = self._pending
-        if g is None or out.raw is not g["operands"][2].raw or out.size != g["size"]:
+        if g is None or out.raw is not g["operands"][2].raw or out.size != math.prod(g["shape"]):
             return False
-        names = {name for name, _ in g["consts"]}
-        if "RELU" in names or (kind == "bias" and "HAS_BIAS" in names):
+        consts = dict(g["consts"])
+        if "RELU" in consts or (kind == "bias" and "HAS_BIAS" in consts):
             return False
         if kind == "bias":
+            # the store adds Bias[column], or Bias[row] where it writes a convolution's channels (C_MODE 1)
+            if bias.size != g["shape"][1 if consts.get("C_MODE", 0) == 0 else 0]:
+                return False
             g["operands"][3] = bias
             g["consts"] += (("HAS_BIAS", 1),)
         else:
@@ -594,7 +593,7 @@ class WebGPUBackend(Backend):
         if splits == 1 and len(spans) == 1:  # encoded at the next dispatch, so a bias add or ReLU can join it
             self._emit_pending()
             self._pending = {"entry": entry, "params": _pack((m, n, k, n0, 0, 0, 0, k, *lds, 0), (alpha, beta)),
-                             "operands": operands, "groups": (gx, gy, 1), "consts": consts, "size": m * n}
+                             "operands": operands, "groups": (gx, gy, 1), "consts": consts, "shape": (m, n)}
             self.dispatches += 1
             return
         if splits == 1:
@@ -797,13 +796,9 @@ class WebGPUBackend(Backend):
     def bias_add(self, y, b):
         n, c = y.shape[0], y.shape[1]
         inner = y.size // (n * c)
-        if (inner == 1 or self._pending_mode() == 1) and self._fuse(y, "bias", b):
+        if inner == 1 and self._fuse(y, "bias", b):  # [N, C]: a linear layer's product
             return
         self._elementwise("bias_add", y.size, [y, b], u=(0, c, inner), whole=(1,), base_slot=3)
-
-    def _pending_mode(self) -> int:
-        """The recorded GEMM's C_MODE (1: it stores a convolution's output, channels along its rows)."""
-        return dict(self._pending["consts"]).get("C_MODE", 0) if self._pending else 0
 
     def bias_grad(self, dy, db, beta=0.0):
         """Per channel, partial sums over blocks of the batch in parallel, then one sum of the partials each."""
@@ -980,7 +975,6 @@ class WebGPUBackend(Backend):
         self._elementwise("rmsprop_update", w.size, [w, g, h], f=(lr, decay, 0.0, eps))
 
 
-# elementwise entries with an in-place variant: (output position, the input position it may overwrite)
 class _RecordedStep:
     """A replayable training step: its dispatches, and the tensors it touches (weakly: a deleted solver's step is
     dropped) with the buffers its bind groups hold."""
@@ -996,6 +990,7 @@ class _RecordedStep:
         return any(ref() is None for ref, _, _ in self.tensors)
 
 
+# elementwise entries with an in-place variant: (output position, the input position it may overwrite)
 _INPLACE = {"relu": (1, 0), "sigmoid": (1, 0), "tanh_fwd": (1, 0),
             "relu_grad": (2, 1), "sigmoid_grad": (2, 1), "tanh_grad": (2, 1)}
 
