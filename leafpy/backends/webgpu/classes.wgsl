@@ -58,23 +58,12 @@ fn nll_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 // maximum and sums are trees in workgroup memory.
 var<workgroup> red: array<f32, 256>;
 
-fn reduce_max(t: u32, v: f32) -> f32 {
+// the maximum (is_max) or the sum of v over the workgroup's 256 threads
+fn reduce_rows(t: u32, v: f32, is_max: bool) -> f32 {
     red[t] = v;
     workgroupBarrier();
     for (var s = 128u; s > 0u; s = s >> 1u) {
-        if (t < s) { red[t] = max(red[t], red[t + s]); }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
-
-fn reduce_sum(t: u32, v: f32) -> f32 {
-    red[t] = v;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s = s >> 1u) {
-        if (t < s) { red[t] = red[t] + red[t + s]; }
+        if (t < s) { red[t] = select(red[t] + red[t + s], max(red[t], red[t + s]), is_max); }
         workgroupBarrier();
     }
     let r = red[0];
@@ -89,10 +78,10 @@ fn softmax_rows(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup
     let t = lid.x;
     var m = -3.0e38;
     for (var k = t; k < p.u1; k = k + 256u) { m = max(m, a[p.u4 + at(row, k)]); }
-    m = reduce_max(t, m);
+    m = reduce_rows(t, m, true);
     var s = 0.0;
     for (var k = t; k < p.u1; k = k + 256u) { s = s + exp(a[p.u4 + at(row, k)] - m); }
-    s = reduce_sum(t, s);
+    s = reduce_rows(t, s, false);
     let ls = log(s);
     for (var k = t; k < p.u1; k = k + 256u) {
         let z = a[p.u4 + at(row, k)] - m;
@@ -110,7 +99,7 @@ fn softmax_grad_rows(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(work
         let i = at(row, k);
         s = s + select(b[p.u5 + i] * a[p.u4 + i], b[p.u5 + i], p.u3 == 1u);
     }
-    s = reduce_sum(t, s);
+    s = reduce_rows(t, s, false);
     for (var k = t; k < p.u1; k = k + 256u) {
         let i = at(row, k);
         c[p.u6 + i] = select(a[p.u4 + i] * (b[p.u5 + i] - s), b[p.u5 + i] - exp(a[p.u4 + i]) * s, p.u3 == 1u);
