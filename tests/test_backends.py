@@ -36,6 +36,33 @@ def close(a, b, what, rtol=2e-4, atol=2e-5):
     np.testing.assert_allclose(a, b, rtol=rtol, atol=atol * scale, err_msg=what)
 
 
+def _webgpu(**options):
+    try:
+        return lp.backend("webgpu", **options)
+    except lp.BackendUnavailable as e:
+        pytest.skip(f"webgpu backend unavailable: {e}")
+
+
+def _cuda(**options):
+    try:
+        return lp.backend("cuda", **options)
+    except lp.BackendUnavailable as e:
+        pytest.skip(f"cuda backend unavailable: {e}")
+
+
+def _gemm_matches_numpy(be, m, n, k, ta, tb, alpha, beta, what, seed=0):
+    """C = alpha op(A) op(B) + beta C on ``be`` against NumPy, from random operands of those shapes."""
+    rng = np.random.default_rng(seed)
+    a = rng.random((k, m) if ta else (m, k), dtype=np.float32)
+    b = rng.random((n, k) if tb else (k, n), dtype=np.float32)
+    c0 = rng.random((m, n), dtype=np.float32)
+    tc = lp.SharedTensor.from_numpy(c0)
+    be.gemm(lp.SharedTensor.from_numpy(a).read(be), ta, lp.SharedTensor.from_numpy(b).read(be), tb,
+            tc.read_write(be), alpha, beta)
+    ref = alpha * ((a.T if ta else a) @ (b.T if tb else b)) + beta * c0
+    close(tc.to_numpy(), ref, what, rtol=1e-4, atol=1e-5)
+
+
 def _cases():
     for type_name, cases in sorted(CASES.items()):
         for i, case in enumerate(cases):
@@ -124,11 +151,7 @@ def test_a_training_step_moves_no_data(device):
 
 @pytest.mark.cuda
 def test_cuda_graph_replay_equals_eager_steps():
-    try:
-        graphs = lp.backend("cuda", graphs=True)
-        eager = lp.backend("cuda", graphs=False)
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"cuda backend unavailable: {e}")
+    graphs, eager = _cuda(graphs=True), _cuda(graphs=False)
     import dataclasses
 
     run = lp.config.load(os.path.join(ROOT, "configs", "digits_mlp.yaml"))
@@ -148,13 +171,6 @@ def test_cuda_graph_replay_equals_eager_steps():
     assert solvers[0].loss() == pytest.approx(solvers[1].loss(), rel=1e-5)
     for a, b in zip(*(s.network.learnable_weights_data() for s in solvers)):
         close(a.to_numpy(), b.to_numpy(), "weights", rtol=1e-5, atol=1e-6)
-
-
-def _webgpu(**options):
-    try:
-        return lp.backend("webgpu", **options)
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"webgpu backend unavailable: {e}")
 
 
 @pytest.mark.webgpu
@@ -287,23 +303,12 @@ def test_webgpu_adapter_choice_and_errors():
     (129, 65, 33, True, True, 1.0), (200, 130, 40, False, False, 0.0), (130, 257, 70, True, False, 1.0),
     (140, 150, 3000, False, True, 0.5), (256, 128, 17, True, True, 0.0)])
 def test_gemm_shapes_transposes_and_split_k(device, m, n, k, ta, tb, beta):
-    rng = np.random.default_rng(0)
-    a = rng.random((k, m) if ta else (m, k), dtype=np.float32)
-    b = rng.random((n, k) if tb else (k, n), dtype=np.float32)
-    c0 = rng.random((m, n), dtype=np.float32)
-    tc = lp.SharedTensor.from_numpy(c0)
-    device.gemm(lp.SharedTensor.from_numpy(a).read(device), ta, lp.SharedTensor.from_numpy(b).read(device), tb,
-                tc.read_write(device), 2.0, beta)
-    ref = 2.0 * ((a.T if ta else a) @ (b.T if tb else b)) + beta * c0
-    close(tc.to_numpy(), ref, "gemm", rtol=1e-4, atol=1e-5)
+    _gemm_matches_numpy(device, m, n, k, ta, tb, 2.0, beta, "gemm")
 
 
 @pytest.mark.cuda
 def test_cuda_tracks_peak_memory_in_use():
-    try:
-        be = lp.backend("cuda", graphs=False)
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"cuda backend unavailable: {e}")
+    be = _cuda(graphs=False)
     be.track_memory()
     t = lp.SharedTensor((1 << 20,))
     t.write(be)
@@ -313,11 +318,7 @@ def test_cuda_tracks_peak_memory_in_use():
 
 def _cuda_graphs_and_eager():
     """A cuda backend that records steps, one that runs them eagerly, and a batch of the default model's data."""
-    try:
-        graphs = lp.backend("cuda")
-        eager = lp.backend("cuda", graphs=False)
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"cuda backend unavailable: {e}")
+    graphs, eager = _cuda(), _cuda(graphs=False)
     ds = lp.data.digits()
     return graphs, eager, ds.x_train[:32], ds.y_train[:32]
 
@@ -362,10 +363,7 @@ def test_cuda_graphs_of_two_live_solvers_alternating_equal_eager():
 def test_cuda_recorded_steps_do_not_keep_a_deleted_solver_alive():
     import gc
 
-    try:
-        be = lp.backend("cuda")
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"cuda backend unavailable: {e}")
+    be = _cuda()
     ds = lp.data.digits()
     s = _solver(be, dropout=False, solver="momentum")
     for _ in range(3):
@@ -400,16 +398,8 @@ def test_webgpu_buffers_return_to_a_pool():
 def test_webgpu_splits_gemm_over_the_binding_limit(m, n, k, ta, tb, beta):
     be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
     be.max_binding = 40_000  # bytes: C (and A or B) exceed it in every case
-    rng = np.random.default_rng(0)
-    a = rng.random((k, m) if ta else (m, k), dtype=np.float32)
-    b = rng.random((n, k) if tb else (k, n), dtype=np.float32)
-    c0 = rng.random((m, n), dtype=np.float32)
-    assert c0.nbytes > be.max_binding
-    tc = lp.SharedTensor.from_numpy(c0)
-    be.gemm(lp.SharedTensor.from_numpy(a).read(be), ta, lp.SharedTensor.from_numpy(b).read(be), tb,
-            tc.read_write(be), 1.5, beta)
-    ref = 1.5 * ((a.T if ta else a) @ (b.T if tb else b)) + beta * c0
-    close(tc.to_numpy(), ref, "blocked gemm", rtol=1e-4, atol=1e-5)
+    assert 4 * m * n > be.max_binding
+    _gemm_matches_numpy(be, m, n, k, ta, tb, 1.5, beta, "blocked gemm")
 
 
 def _convolution_passes_match_native(be, n, c, o, size, seed=0, rtol=2e-4, atol=2e-5):
@@ -611,16 +601,7 @@ def test_webgpu_every_gemm_tile_matches_numpy(tile, ta, tb):
     """Each tile kernel, forced, on ragged shapes: partial tiles in m, n and the last K slice."""
     be = _webgpu(power_preference="low-power")  # a separate instance whose tile choice we can force
     be._gemm_tile = lambda m, n, k=0: tile
-    rng = np.random.default_rng(1)
-    m, n, k = 133, 70, 45
-    a = rng.random((k, m) if ta else (m, k), dtype=np.float32)
-    b = rng.random((n, k) if tb else (k, n), dtype=np.float32)
-    c0 = rng.random((m, n), dtype=np.float32)
-    tc = lp.SharedTensor.from_numpy(c0)
-    be.gemm(lp.SharedTensor.from_numpy(a).read(be), ta, lp.SharedTensor.from_numpy(b).read(be), tb,
-            tc.read_write(be), 1.5, 0.5)
-    ref = 1.5 * ((a.T if ta else a) @ (b.T if tb else b)) + 0.5 * c0
-    close(tc.to_numpy(), ref, f"{tile[0]} {tile[1]}x{tile[2]}", rtol=1e-4, atol=1e-5)
+    _gemm_matches_numpy(be, 133, 70, 45, ta, tb, 1.5, 0.5, f"{tile[0]} {tile[1]}x{tile[2]}", seed=1)
 
 
 @pytest.mark.webgpu
@@ -711,10 +692,7 @@ def test_webgpu_class_rows_past_the_binding_limit_run_in_pieces_or_say_why():
 
 @pytest.mark.cuda
 def test_cuda_tf32_convolution_and_gemm_stay_within_tf32_error():
-    try:
-        be = lp.backend("cuda", tf32=True)
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"cuda backend unavailable: {e}")
+    be = _cuda(tf32=True)
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((256, 512), dtype=np.float32), rng.standard_normal((512, 128), dtype=np.float32)
     tc = lp.SharedTensor((256, 128))
@@ -738,10 +716,7 @@ def test_cuda_without_the_cudnn_frontend_convolves_through_im2col(monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "cudnn", None)  # `import cudnn` now raises ImportError
-    try:
-        be = lp.backend("cuda", use_cudnn=None)  # a new instance (the default one is cached)
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"cuda backend unavailable: {e}")
+    be = _cuda(use_cudnn=None)  # a new instance (the default one is cached)
     assert not be.uses_cudnn
     with pytest.raises(lp.BackendUnavailable, match="cuDNN graphs unavailable"):
         lp.backend("cuda", use_cudnn=True)
