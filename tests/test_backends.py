@@ -402,23 +402,30 @@ def test_webgpu_splits_gemm_over_the_binding_limit(m, n, k, ta, tb, beta):
     _gemm_matches_numpy(be, m, n, k, ta, tb, 1.5, beta, "blocked gemm")
 
 
-def _convolution_passes_match_native(be, n, c, o, size, seed=0, rtol=2e-4, atol=2e-5):
-    """Forward, data gradient and filter gradient (accumulating with beta 0.5) of a 3x3, padding-1 convolution of
-    n x c x size x size into o channels, on ``be`` against native."""
+def _convolution_passes_match_native(be, n, c, o, size, seed=0, rtol=2e-4, atol=2e-5, padding=1, bias=False):
+    """Forward (with a bias), data gradient and filter gradient (accumulating with beta 0.5) of a 3x3 stride-1
+    convolution of n x c x size x size into o channels, on ``be`` against native; returns the dispatches each pass
+    took on ``be``."""
     native = lp.backend("native")
     rng = np.random.default_rng(seed)
-    x, w, dy, dw0 = (rng.standard_normal(shape, dtype=np.float32)
-                     for shape in ((n, c, size, size), (o, c, 3, 3), (n, o, size, size), (o, c, 3, 3)))
-    results = []
+    out = size + 2 * padding - 2
+    x, w, dy, dw0, b = (rng.standard_normal(shape, dtype=np.float32) for shape in (
+        (n, c, size, size), (o, c, 3, 3), (n, o, out, out), (o, c, 3, 3), (o,)))
+    results, pad = [], (padding, padding)
     for bk in (native, be):
-        t = {name: lp.SharedTensor.from_numpy(v) for name, v in (("x", x), ("w", w), ("dy", dy), ("dw", dw0))}
+        t = {name: lp.SharedTensor.from_numpy(v) for name, v in (("x", x), ("w", w), ("dy", dy), ("dw", dw0), ("b", b))}
         y, dx = lp.SharedTensor(dy.shape), lp.SharedTensor(x.shape)
-        bk.conv2d(t["x"].read(bk), t["w"].read(bk), y.write(bk), (1, 1), (1, 1), {})
-        bk.conv2d_grad_data(t["dy"].read(bk), t["w"].read(bk), dx.write(bk), (1, 1), (1, 1), {})
-        bk.conv2d_grad_filter(t["x"].read(bk), t["dy"].read(bk), t["dw"].read_write(bk), (1, 1), (1, 1), {}, 0.5)
+        counts = [getattr(bk, "dispatches", 0)]
+        bk.conv2d(t["x"].read(bk), t["w"].read(bk), y.write(bk), (1, 1), pad, {},
+                  bias=t["b"].read(bk) if bias else None)
+        counts.append(getattr(bk, "dispatches", 0))
+        bk.conv2d_grad_data(t["dy"].read(bk), t["w"].read(bk), dx.write(bk), (1, 1), pad, {})
+        counts.append(getattr(bk, "dispatches", 0))
+        bk.conv2d_grad_filter(t["x"].read(bk), t["dy"].read(bk), t["dw"].read_write(bk), (1, 1), pad, {}, 0.5)
         results.append([y.to_numpy(), dx.to_numpy(), t["dw"].to_numpy()])
     for got, ref, what in zip(results[1], results[0], ("forward", "data gradient", "filter gradient")):
         close(got, ref, what, rtol=rtol, atol=atol)
+    return counts[1] - counts[0], counts[2] - counts[1]
 
 
 @pytest.mark.webgpu
@@ -428,6 +435,39 @@ def test_webgpu_convolution_in_batch_chunks_matches_native(implicit):
     be.implicit_conv = implicit
     be.CONV_SCRATCH = 2 * 3 * 9 * 36 * 4  # im2col columns of two samples: a batch of 5 runs in 3 chunks
     _convolution_passes_match_native(be, 5, 3, 4, 6)
+
+
+@pytest.mark.webgpu
+@pytest.mark.parametrize("padding,size", [(1, 7), (1, 6), (0, 9), (2, 5)])
+def test_webgpu_winograd_convolution_matches_native(padding, size):
+    """3x3 stride-1 convolutions with enough channels run forward and data gradient as Winograd F(2x2, 3x3): odd
+    and even outputs (a last block half outside), each padding the data gradient can mirror, a bias in the
+    output transform."""
+    be = _webgpu(power_preference="low-power")  # a separate instance whose threshold we can lower
+    be.WINOGRAD_MIN_CHANNELS = 5
+    forward, data = _convolution_passes_match_native(be, 3, 6, 5, size, seed=padding, padding=padding, bias=True)
+    assert (forward, data) == (4, 4), "filter and input transforms, one batched GEMM, output transform"
+    be.winograd = False
+    assert _convolution_passes_match_native(be, 3, 6, 5, size, padding=padding, bias=True) == (1, 2)
+
+
+@pytest.mark.webgpu
+def test_webgpu_winograd_output_takes_an_in_place_relu():
+    be = _webgpu(power_preference="low-power")
+    be.WINOGRAD_MIN_CHANNELS = 4
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((2, 4, 5, 5), dtype=np.float32), rng.standard_normal((4, 4, 3, 3), dtype=np.float32)
+    ref = lp.SharedTensor((2, 4, 5, 5))
+    native = lp.backend("native")
+    native.conv2d(lp.SharedTensor.from_numpy(x).read(native), lp.SharedTensor.from_numpy(w).read(native),
+                  ref.write(native), (1, 1), (1, 1), {})
+    y = lp.SharedTensor((2, 4, 5, 5))
+    be.conv2d(lp.SharedTensor.from_numpy(x).read(be), lp.SharedTensor.from_numpy(w).read(be), y.write(be),
+              (1, 1), (1, 1), {})
+    before = be.dispatches
+    be.relu(y.read(be), y.read_write(be))
+    assert be.dispatches == before, "the ReLU joins the output transform"
+    close(y.to_numpy(), np.maximum(ref.to_numpy(), 0), "Winograd convolution and ReLU")
 
 
 @pytest.mark.webgpu
@@ -600,8 +640,19 @@ def test_webgpu_reductions_in_blocks_and_pieces_match_numpy(limit):
 def test_webgpu_every_gemm_tile_matches_numpy(tile, ta, tb):
     """Each tile kernel, forced, on ragged shapes: partial tiles in m, n and the last K slice."""
     be = _webgpu(power_preference="low-power")  # a separate instance whose tile choice we can force
-    be._gemm_tile = lambda m, n, k=0: tile
+    be._gemm_tile = lambda *shape: tile
     _gemm_matches_numpy(be, 133, 70, 45, ta, tb, 1.5, 0.5, f"{tile[0]} {tile[1]}x{tile[2]}", seed=1)
+    if ta or tb:
+        return
+    # a batch of three products in one dispatch (the Winograd convolution's GEMMs)
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((3, 133, 45), dtype=np.float32), rng.standard_normal((3, 45, 70), dtype=np.float32)
+    c = lp.SharedTensor((3, 133, 70))
+    before = be.dispatches
+    be._gemm(lp.SharedTensor.from_numpy(a).read(be), False, lp.SharedTensor.from_numpy(b).read(be), False,
+             c.write(be), 133, 70, 45, 1.0, 0.0, batch=3)
+    assert be.dispatches - before == 1
+    close(c.to_numpy(), a @ b, f"batched {tile[0]} {tile[1]}x{tile[2]}", rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.webgpu

@@ -10,7 +10,8 @@
 // u0 = M, u1 = N, u2 = K, u3 = first sample (convolution modes), u4/u5/u6 = element offsets of A/B/C, u7 = the K
 // range of one z-slice of the grid (split-K: slice z writes its partial product at C + z * M * N), u8/u9/u10 =
 // row strides of A, B and C as stored (a block of a larger product is bound with its parent's strides), u11 =
-// the first column of this dispatch (a product wider than the device's grid runs as several).
+// the first column of this dispatch (a product wider than the device's grid runs as several). With BATCHED, z
+// is the product's index in a batch instead (A, B and C each hold the batch's products one after another).
 //
 // Convolution as implicit GEMM: pipeline constants describe one convolution's geometry, and the modes read an
 // operand or write the product in place of the im2col columns and GEMM-layout matrices (positions
@@ -39,6 +40,10 @@ override CONV_C: u32 = 1u;
 override CONV_O: u32 = 1u;
 override HAS_BIAS: bool = false;
 override RELU: bool = false;
+// BATCHED: grid z indexes a batch of products of one shape, stored one after another in A, B and C (no split-K)
+override BATCHED: bool = false;
+var<private> batch_a: u32 = 0u;  // element offsets of this z's A and B
+var<private> batch_b: u32 = 0u;
 
 // offset of (channel ch, position pos) in an NCHW tensor of CONV_O channels over OH x OW
 fn nchw_out(ch: u32, pos: u32) -> u32 {
@@ -65,31 +70,104 @@ fn dy_at(okk: u32, xpos: u32) -> f32 {
     return B[(((p.u3 + xpos / P) * CONV_O + o) * OH + u32(y)) * OW + u32(x)];
 }
 
-fn im2col_at(ckk: u32, pos: u32) -> f32 {
-    let P = OH * OW;
-    let tap = window_tap(ckk, pos % P);
-    if (tap < 0) { return 0.0; }
-    return B[(p.u3 + pos / P) * CONV_C * IN_H * IN_W + u32(tap)];
+// The convolution gathers of a K slice. A thread fetches the same four columns of op(B) (B_MODE 1 and 3: four
+// positions) or the same column (B_MODE 2: one (c, i, j)) in every slice, so what locates them in x or dy is
+// worked out once, before the K loop (thread_setup), and each slice adds only its own rows' part. Lanes outside
+// the product or in the padding read index 0 and yield zero.
+var<private> g_base: vec4<u32>;  // B_MODE 1: each position's sample offset in x; 3: its offset in dy less o * P;
+                                 // 2 (.x): c * IN_H * IN_W
+var<private> g_y: vec4<i32>;     // B_MODE 1: y * SH - PH (far negative past the last column); 2 (.x): i - PH;
+                                 // 3: 0, or -1 past the last column
+var<private> g_x: vec4<i32>;     // B_MODE 1: x * SW - PW; 2 (.x): j - PW
+
+fn thread_setup(g: u32, col0: u32, cols: u32, kt: u32, z: u32) {
+    if (BATCHED) {
+        batch_a = z * p.u0 * p.u2;
+        batch_b = z * p.u2 * p.u1;
+    }
+    if (B_MODE == 1u || B_MODE == 3u) {
+        let n = col0 + (g % (cols / 4u)) * 4u;
+        let pos = vec4<u32>(n) + vec4<u32>(0u, 1u, 2u, 3u);
+        let P = OH * OW;
+        let q = pos % vec4<u32>(P);
+        let sample = vec4<u32>(p.u3) + pos / vec4<u32>(P);
+        let inside = pos < vec4<u32>(p.u1);
+        if (B_MODE == 1u) {
+            g_base = sample * (CONV_C * IN_H * IN_W);
+            g_y = select(vec4<i32>(-65536), vec4<i32>((q / vec4<u32>(OW)) * SH) - i32(PH), inside);
+            g_x = vec4<i32>((q % vec4<u32>(OW)) * SW) - i32(PW);
+        } else {
+            g_base = sample * (CONV_O * P) + q;
+            g_y = select(vec4<i32>(-1), vec4<i32>(0), inside);
+        }
+    }
+    if (B_MODE == 2u) {
+        let ckk = col0 + g / (kt / 4u);
+        let r = ckk % (KH * KW);
+        g_base = vec4<u32>((ckk / (KH * KW)) * IN_H * IN_W);
+        g_y = vec4<i32>(select(-65536, i32(r / KW) - i32(PH), ckk < p.u1));
+        g_x = vec4<i32>(i32(r % KW) - i32(PW));
+    }
 }
 
-// op(A)[m][k], zero outside [0, M) x [0, kend)
+fn read4(at: vec4<u32>, ok: vec4<bool>) -> vec4<f32> {
+    let i = select(vec4<u32>(0u), at, ok);
+    return select(vec4<f32>(0.0), vec4<f32>(B[i.x], B[i.y], B[i.z], B[i.w]), ok);
+}
+
+fn in_x(h: vec4<i32>, w: vec4<i32>) -> vec4<bool> {
+    return (vec4<u32>(h) < vec4<u32>(IN_H)) & (vec4<u32>(w) < vec4<u32>(IN_W));
+}
+
+// B_MODE 1: row ckk of the im2col columns at the thread's four positions
+fn gather_columns(ckk: u32, kend: u32) -> vec4<f32> {
+    let r = ckk % (KH * KW);
+    let h = g_y + i32(r / KW);
+    let w = g_x + i32(r % KW);
+    let at = g_base + (ckk / (KH * KW)) * IN_H * IN_W + vec4<u32>(h * i32(IN_W) + w);
+    return read4(at, in_x(h, w) & vec4<bool>(ckk < kend));
+}
+
+// B_MODE 2: the thread's im2col row at positions pos .. pos + 3
+fn gather_taps(pos0: u32, kend: u32) -> vec4<f32> {
+    let pos = vec4<u32>(pos0) + vec4<u32>(0u, 1u, 2u, 3u);
+    let P = OH * OW;
+    let q = pos % vec4<u32>(P);
+    let h = vec4<i32>((q / vec4<u32>(OW)) * SH) + g_y.x;
+    let w = vec4<i32>((q % vec4<u32>(OW)) * SW) + g_x.x;
+    let at = (vec4<u32>(p.u3) + pos / vec4<u32>(P)) * (CONV_C * IN_H * IN_W) + g_base.x + vec4<u32>(h * i32(IN_W) + w);
+    return read4(at, in_x(h, w) & (pos < vec4<u32>(kend)));
+}
+
+// B_MODE 3: dy at channel o and the thread's four positions
+fn gather_dy_columns(o: u32, kend: u32) -> vec4<f32> {
+    return read4(g_base + o * OH * OW, (g_y == vec4<i32>(0)) & vec4<bool>(o < kend));
+}
+
+// A_MODE 1: dy at channel o and positions pos .. pos + 3
+fn gather_dy_rows(o: u32, pos0: u32, kend: u32) -> vec4<f32> {
+    let pos = vec4<u32>(pos0) + vec4<u32>(0u, 1u, 2u, 3u);
+    let P = OH * OW;
+    let at = ((vec4<u32>(p.u3) + pos / vec4<u32>(P)) * CONV_O + o) * P + pos % vec4<u32>(P);
+    let ok = (pos < vec4<u32>(kend)) & vec4<bool>(o < p.u0);
+    let i = select(vec4<u32>(0u), at, ok);
+    return select(vec4<f32>(0.0), vec4<f32>(A[i.x], A[i.y], A[i.z], A[i.w]), ok);
+}
+
+// op(A)[m][k], zero outside [0, M) x [0, kend) (the plain operands and A_MODE 2; A_MODE 1 gathers below)
 fn load_a(m: u32, k: u32, kend: u32) -> f32 {
     if (m >= p.u0 || k >= kend) { return 0.0; }
-    if (A_MODE == 1u) { return A[nchw_out(m, k)]; }
     if (A_MODE == 2u) { return A[((k / (KH * KW)) * CONV_C + m) * KH * KW + k % (KH * KW)]; }
-    if (TRANS_A) { return A[p.u4 + k * p.u8 + m]; }
-    return A[p.u4 + m * p.u8 + k];
+    if (TRANS_A) { return A[p.u4 + batch_a + k * p.u8 + m]; }
+    return A[p.u4 + batch_a + m * p.u8 + k];
 }
 
-// op(B)[k][n], zero outside [0, kend) x [0, N)
+// op(B)[k][n], zero outside [0, kend) x [0, N) (the plain operands and B_MODE 4; B_MODE 1-3 gather below)
 fn load_b(k: u32, n: u32, kend: u32) -> f32 {
     if (k >= kend || n >= p.u1) { return 0.0; }
-    if (B_MODE == 1u) { return im2col_at(k, n); }
-    if (B_MODE == 2u) { return im2col_at(n, k); }
-    if (B_MODE == 3u) { return B[nchw_out(k, n)]; }
     if (B_MODE == 4u) { return dy_at(k, n); }
-    if (TRANS_B) { return B[p.u5 + n * p.u9 + k]; }
-    return B[p.u5 + k * p.u9 + n];
+    if (TRANS_B) { return B[p.u5 + batch_b + n * p.u9 + k]; }
+    return B[p.u5 + batch_b + k * p.u9 + n];
 }
 
 fn store_c(r: u32, c: u32, v: f32, z: u32) {
@@ -124,6 +202,7 @@ fn fetch_a(g: u32, row0: u32, k0: u32, kend: u32, rows: u32, kt: u32) -> vec4<f3
     }
     let m = row0 + g / (kt / 4u);
     let k = k0 + (g % (kt / 4u)) * 4u;
+    if (A_MODE == 1u) { return gather_dy_rows(m, k, kend); }
     return vec4<f32>(load_a(m, k, kend), load_a(m, k + 1u, kend), load_a(m, k + 2u, kend), load_a(m, k + 3u, kend));
 }
 
@@ -146,10 +225,13 @@ fn fetch_b(g: u32, col0: u32, k0: u32, kend: u32, cols: u32, kt: u32) -> vec4<f3
     if (TRANS_B) {
         let n = col0 + g / (kt / 4u);
         let k = k0 + (g % (kt / 4u)) * 4u;
+        if (B_MODE == 2u) { return gather_taps(k, kend); }
         return vec4<f32>(load_b(k, n, kend), load_b(k + 1u, n, kend), load_b(k + 2u, n, kend), load_b(k + 3u, n, kend));
     }
     let n = col0 + (g % (cols / 4u)) * 4u;
     let k = k0 + g / (cols / 4u);
+    if (B_MODE == 1u) { return gather_columns(k, kend); }
+    if (B_MODE == 3u) { return gather_dy_columns(k, kend); }
     return vec4<f32>(load_b(k, n, kend), load_b(k, n + 1u, kend), load_b(k, n + 2u, kend), load_b(k, n + 3u, kend));
 }
 
@@ -190,9 +272,10 @@ fn gemm(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     var c1 = vec4<f32>(0.0);
     var c2 = vec4<f32>(0.0);
     var c3 = vec4<f32>(0.0);
-    let kbeg = wid.z * p.u7;
+    let kbeg = select(wid.z * p.u7, 0u, BATCHED);
     let kend = min(p.u2, kbeg + p.u7);
     let kt = TS;  // K slice: tile * kt / 4 = TS * TS groups, one per thread
+    thread_setup(t, col0, tile, kt, wid.z);
     var fa = fetch_a(t, row0, kbeg, kend, tile, kt);
     var fb = fetch_b(t, col0, kbeg, kend, tile, kt);
     var base = 0u;
@@ -247,9 +330,10 @@ fn gemm_big(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id)
     var c31 = vec4<f32>(0.0);
     var c32 = vec4<f32>(0.0);
     var c33 = vec4<f32>(0.0);
-    let kbeg = wid.z * p.u7;
+    let kbeg = select(wid.z * p.u7, 0u, BATCHED);
     let kend = min(p.u2, kbeg + p.u7);
     let loads_a = t < BIG_ROWS * 2u;  // the A tile has BIG_ROWS * 8 / 4 groups
+    thread_setup(t, col0, 128u, 8u, wid.z);
     var fa = vec4<f32>(0.0);
     if (loads_a) { fa = fetch_a(t, row0, kbeg, kend, BIG_ROWS, 8u); }
     var fb = fetch_b(t, col0, kbeg, kend, 128u, 8u);

@@ -1,0 +1,145 @@
+// Winograd F(2x2, 3x3) for 3x3 stride-1 convolutions: each 2x2 block of y is A^T [sum over c of (G g G^T) .*
+// (B^T d B)] A, with g = w[o][c] and d the 4x4 patch of x under the block, so the sum over c becomes 16 GEMMs
+// (one per point xi of the 4x4 transformed tile) between three transforms:
+//   winograd_filter: U[xi][o][c] = (G w[o][c] G^T)[xi]
+//   winograd_input:  V[xi][c][t] = (B^T d B)[xi] for block t
+//   (GEMM)           M[xi] = U[xi] V[xi], [O x C] times [C x T]
+//   winograd_output: y[n][o] at block t = A^T m A (+ bias[o]), m[xi] = M[xi][o][t]
+// with B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1], G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1] and
+// A^T = [1 1 1 0; 0 1 -1 -1]. Blocks t = (n * TH + by) * TW + bx tile y (TH = ceil(OH / 2), TW = ceil(OW / 2));
+// the patch of block (by, bx) starts at row 2 by - PH, column 2 bx - PW of x, zero outside it. x has CONV_C
+// channels of IN_H x IN_W, y CONV_O channels of OH x OW.
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> src: array<f32>;
+@group(0) @binding(2) var<storage, read_write> dst: array<f32>;
+@group(0) @binding(3) var<storage, read> bias: array<f32>;
+
+override CONV_C: u32 = 1u;
+override CONV_O: u32 = 1u;
+override FLIP: bool = false;
+override HAS_BIAS: bool = false;
+override RELU: bool = false;
+
+// dst[(4 r + j) * stride + at] = v[j]: row r of a transformed tile
+fn put_row(at: u32, stride: u32, r: u32, v: vec4<f32>) {
+    dst[(4u * r) * stride + at] = v.x;
+    dst[(4u * r + 1u) * stride + at] = v.y;
+    dst[(4u * r + 2u) * stride + at] = v.z;
+    dst[(4u * r + 3u) * stride + at] = v.w;
+}
+
+// Row r of the 3x3 filter at src[base], rotated 180 degrees with FLIP.
+fn filter_row(base: u32, r: u32) -> vec3<f32> {
+    if (FLIP) { return vec3<f32>(src[base + 8u - 3u * r], src[base + 7u - 3u * r], src[base + 6u - 3u * r]); }
+    return vec3<f32>(src[base + 3u * r], src[base + 3u * r + 1u], src[base + 3u * r + 2u]);
+}
+
+// A row t of G g, times G^T.
+fn times_gt(t: vec3<f32>) -> vec4<f32> {
+    return vec4<f32>(t.x, 0.5 * (t.x + t.y + t.z), 0.5 * (t.x - t.y + t.z), t.z);
+}
+
+// One thread per filter w[i / u2][i % u2] of w [u1][u2][3][3] (u0 = u1 * u2 filters). The transformed convolution
+// has output channel o = i / u2 and input channel c = i % u2, or with FLIP (the data gradient: x is dy, y is dx,
+// through w rotated 180 degrees) the reverse; U is written [xi][o][c].
+@compute @workgroup_size(256)
+fn winograd_filter(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i >= p.u0) { return; }
+    let g0 = filter_row(i * 9u, 0u);
+    let g1 = filter_row(i * 9u, 1u);
+    let g2 = filter_row(i * 9u, 2u);
+    var at = i;
+    if (FLIP) { at = (i % p.u2) * p.u1 + i / p.u2; }
+    put_row(at, p.u0, 0u, times_gt(g0));
+    put_row(at, p.u0, 1u, times_gt(0.5 * (g0 + g1 + g2)));
+    put_row(at, p.u0, 2u, times_gt(0.5 * (g0 - g1 + g2)));
+    put_row(at, p.u0, 3u, times_gt(g2));
+}
+
+fn x_at(row: u32, x: i32) -> f32 {
+    if (x < 0 || x >= i32(IN_W)) { return 0.0; }
+    return src[row + u32(x)];
+}
+
+// Four values of row y of the plane at src[plane], from column x0.
+fn patch_row(plane: u32, y: i32, x0: i32) -> vec4<f32> {
+    if (y < 0 || y >= i32(IN_H)) { return vec4<f32>(0.0); }
+    let row = plane + u32(y) * IN_W;
+    return vec4<f32>(x_at(row, x0), x_at(row, x0 + 1), x_at(row, x0 + 2), x_at(row, x0 + 3));
+}
+
+// A row r of B^T d, times B.
+fn times_b(r: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(r.x - r.z, r.y + r.z, r.z - r.y, r.y - r.w);
+}
+
+// One thread per (channel c, block t): i = c * T + t, u0 = C * T, u1 = T; V[xi][c][t] = dst[xi * u0 + i].
+@compute @workgroup_size(256)
+fn winograd_input(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i >= p.u0) { return; }
+    let c = i / p.u1;
+    let t = i % p.u1;
+    let tw = (OW + 1u) / 2u;
+    let blocks = ((OH + 1u) / 2u) * tw;
+    let b = t % blocks;
+    let y0 = i32((b / tw) * 2u) - i32(PH);
+    let x0 = i32((b % tw) * 2u) - i32(PW);
+    let plane = ((t / blocks) * CONV_C + c) * IN_H * IN_W;
+    let d0 = patch_row(plane, y0, x0);
+    let d1 = patch_row(plane, y0 + 1, x0);
+    let d2 = patch_row(plane, y0 + 2, x0);
+    let d3 = patch_row(plane, y0 + 3, x0);
+    put_row(i, p.u0, 0u, times_b(d0 - d2));
+    put_row(i, p.u0, 1u, times_b(d1 + d2));
+    put_row(i, p.u0, 2u, times_b(d2 - d1));
+    put_row(i, p.u0, 3u, times_b(d1 - d3));
+}
+
+// Row r of a transformed tile: src[(4 r + j) * stride + at], j = 0..3.
+fn get_row(at: u32, stride: u32, r: u32) -> vec4<f32> {
+    return vec4<f32>(src[(4u * r) * stride + at], src[(4u * r + 1u) * stride + at],
+                     src[(4u * r + 2u) * stride + at], src[(4u * r + 3u) * stride + at]);
+}
+
+// A row s of A^T m, times A.
+fn times_a(s: vec4<f32>) -> vec2<f32> {
+    return vec2<f32>(s.x + s.y + s.z, s.y - s.z - s.w);
+}
+
+fn put_y(at: u32, y: u32, x: u32, v: f32) {
+    if (y >= OH || x >= OW) { return; }
+    var s = v;
+    if (RELU) { s = max(s, 0.0); }
+    dst[at + y * OW + x] = s;
+}
+
+// One thread per (channel o, block t): i = o * T + t, u0 = O * T, u1 = T; M[xi][o][t] = src[xi * u0 + i].
+@compute @workgroup_size(256)
+fn winograd_output(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i >= p.u0) { return; }
+    let o = i / p.u1;
+    let t = i % p.u1;
+    let m0 = get_row(i, p.u0, 0u);
+    let m1 = get_row(i, p.u0, 1u);
+    let m2 = get_row(i, p.u0, 2u);
+    let m3 = get_row(i, p.u0, 3u);
+    var top = times_a(m0 + m1 + m2);
+    var bottom = times_a(m1 - m2 - m3);
+    if (HAS_BIAS) {
+        top = top + bias[o];
+        bottom = bottom + bias[o];
+    }
+    let tw = (OW + 1u) / 2u;
+    let blocks = ((OH + 1u) / 2u) * tw;
+    let b = t % blocks;
+    let y = (b / tw) * 2u;
+    let x = (b % tw) * 2u;
+    let at = ((t / blocks) * CONV_O + o) * OH * OW;
+    put_y(at, y, x, top.x);
+    put_y(at, y, x + 1u, top.y);
+    put_y(at, y + 1u, x, bottom.x);
+    put_y(at, y + 1u, x + 1u, bottom.y);
+}
