@@ -404,8 +404,8 @@ def test_webgpu_splits_gemm_over_the_binding_limit(m, n, k, ta, tb, beta):
 
 def _convolution_passes_match_native(be, n, c, o, size, seed=0, rtol=2e-4, atol=2e-5, padding=1, bias=False):
     """Forward (with a bias), data gradient and filter gradient (accumulating with beta 0.5) of a 3x3 stride-1
-    convolution of n x c x size x size into o channels, on ``be`` against native; returns the dispatches each pass
-    took on ``be``."""
+    convolution of n x c x size x size into o channels, on ``be`` against native; returns the dispatches each of
+    the three passes took on ``be``."""
     native = lp.backend("native")
     rng = np.random.default_rng(seed)
     out = size + 2 * padding - 2
@@ -422,10 +422,11 @@ def _convolution_passes_match_native(be, n, c, o, size, seed=0, rtol=2e-4, atol=
         bk.conv2d_grad_data(t["dy"].read(bk), t["w"].read(bk), dx.write(bk), (1, 1), pad, {})
         counts.append(getattr(bk, "dispatches", 0))
         bk.conv2d_grad_filter(t["x"].read(bk), t["dy"].read(bk), t["dw"].read_write(bk), (1, 1), pad, {}, 0.5)
+        counts.append(getattr(bk, "dispatches", 0))
         results.append([y.to_numpy(), dx.to_numpy(), t["dw"].to_numpy()])
     for got, ref, what in zip(results[1], results[0], ("forward", "data gradient", "filter gradient")):
         close(got, ref, what, rtol=rtol, atol=atol)
-    return counts[1] - counts[0], counts[2] - counts[1]
+    return tuple(int(b - a) for a, b in zip(counts, counts[1:]))
 
 
 @pytest.mark.webgpu
@@ -438,17 +439,18 @@ def test_webgpu_convolution_in_batch_chunks_matches_native(implicit):
 
 
 @pytest.mark.webgpu
-@pytest.mark.parametrize("padding,size", [(1, 7), (1, 6), (0, 9), (2, 5)])
-def test_webgpu_winograd_convolution_matches_native(padding, size):
-    """3x3 stride-1 convolutions with enough channels run forward and data gradient as Winograd F(2x2, 3x3): odd
-    and even outputs (a last block half outside), each padding the data gradient can mirror, a bias in the
-    output transform."""
+@pytest.mark.parametrize("n,padding,size,dispatches", [(3, 1, 7, 4), (3, 1, 6, 4), (3, 0, 9, 4), (3, 2, 5, 4),
+                                                       (2, 1, 45, 5)])
+def test_webgpu_winograd_convolution_matches_native(n, padding, size, dispatches):
+    """3x3 stride-1 convolutions with enough channels run all three passes as Winograd F(2x2, 3x3): odd and even
+    outputs (a last block half outside), each padding the data gradient can mirror, a bias in the output
+    transform; with 1058 blocks the filter gradient's batched GEMM splits K (and sums the splits)."""
     be = _webgpu(power_preference="low-power")  # a separate instance whose threshold we can lower
     be.WINOGRAD_MIN_CHANNELS = 5
-    forward, data = _convolution_passes_match_native(be, 3, 6, 5, size, seed=padding, padding=padding, bias=True)
-    assert (forward, data) == (4, 4), "filter and input transforms, one batched GEMM, output transform"
+    counts = _convolution_passes_match_native(be, n, 6, 5, size, seed=padding, padding=padding, bias=True)
+    assert counts == (4, 4, dispatches), "two transforms, one batched GEMM (and a sum of splits), a transform"
     be.winograd = False
-    assert _convolution_passes_match_native(be, 3, 6, 5, size, padding=padding, bias=True) == (1, 2)
+    assert _convolution_passes_match_native(be, n, 6, 5, size, padding=padding, bias=True)[:2] == (1, 2)
 
 
 @pytest.mark.webgpu

@@ -568,7 +568,7 @@ class WebGPUBackend(Backend):
         """``conv``: convolution geometry and operand modes as pipeline constants (see gemm.wgsl), with ``n0`` the
         first sample; the caller makes sure every operand fits one binding. ``bias``: added per row of C (a
         convolution's output channel; C_MODE 1 only). ``batch``: that many products of this shape, stored one
-        after another in a, b and out (plain operands, one span of columns)."""
+        after another in a, b and out (plain operands), in one dispatch."""
         lds = (m if trans_a else k, k if trans_b else n, n)
         consts = (("TRANS_A", int(trans_a)), ("TRANS_B", int(trans_b))) + conv
         if bias is not None:
@@ -582,21 +582,20 @@ class WebGPUBackend(Backend):
         if gy > self.max_groups:
             raise BackendError(f"webgpu: a GEMM of {m} rows needs {gy} workgroups in a grid dimension; this device "
                                f"allows {self.max_groups}: use a smaller batch")
-        if batch > 1:
+        if batch > 1:  # z = split * batch + product: u3 holds the batch size
             consts += (("BATCHED", 1),)
-            self._dispatch("gemm", entry, _pack((m, n, k, 0, 0, 0, 0, k, *lds, 0), (alpha, beta)), operands,
-                           (gx, gy, batch), constants=consts)
-            return
-        tiles = gx * gy
+            n0 = batch
+        tiles = gx * gy * batch
+        outputs = batch * m * n
         splits = 1
         fill = self.SPLIT_K_TILES * (4 if tm == 32 else 1)  # 32x32 tiles run 64 threads, the others 256
         if tiles < fill and k >= self.SPLIT_K_FROM and not any(name == "C_MODE" for name, _ in conv):
-            splits = max(1, min(-(-fill // tiles), k // self.SPLIT_K_MIN, self.max_groups))
-            while splits > 1 and splits * m * n * 4 > self.max_binding:
+            splits = max(1, min(-(-fill // tiles), k // self.SPLIT_K_MIN, self.max_groups // batch))
+            while splits > 1 and splits * outputs * 4 > self.max_binding:
                 splits //= 2
         # columns past the device's grid width run as several dispatches, each from its first column (u11)
         spans = [(c0, min(gx - c0, self.max_groups)) for c0 in range(0, gx, self.max_groups)]
-        if splits == 1 and len(spans) == 1:  # encoded at the next dispatch, so a bias add or ReLU can join it
+        if splits == 1 and len(spans) == 1 and batch == 1:  # encoded at the next dispatch: a bias or ReLU may join
             self._emit_pending()
             self._pending = {"module": "gemm", "entry": entry,
                              "params": _pack((m, n, k, n0, 0, 0, 0, k, *lds, 0), (alpha, beta)),
@@ -607,19 +606,19 @@ class WebGPUBackend(Backend):
         if splits == 1:
             for c0, cx in spans:
                 self._dispatch("gemm", entry, _pack((m, n, k, n0, 0, 0, 0, k, *lds, c0 * tn), (alpha, beta)),
-                               operands, (cx, gy, 1), constants=consts)
+                               operands, (cx, gy, batch), constants=consts)
             return
         chunk = -(-k // splits)
         chunk = -(-chunk // 16) * 16  # whole K slices of either kernel
         splits = -(-k // chunk)
-        partial = self._scratch_buffer(splits * m * n, "splitk")
+        partial = self._scratch_buffer(splits * outputs, "splitk")
         for c0, cx in spans:
             self._dispatch("gemm", entry, _pack((m, n, k, n0, 0, 0, 0, chunk, *lds, c0 * tn), (1.0, 0.0)),
-                           [a, b, partial, operands[3]], (cx, gy, splits), constants=consts)
-        if m * n <= self.SPLIT_SUM_ROWS:  # few outputs, many partials each: one workgroup per output
-            self._sum_rows(partial, out, splits, m * n, alpha, beta, columns=True)
+                           [a, b, partial, operands[3]], (cx, gy, splits * batch), constants=consts)
+        if outputs <= self.SPLIT_SUM_ROWS:  # few outputs, many partials each: one workgroup per output
+            self._sum_rows(partial, out, splits, outputs, alpha, beta, columns=True)
         else:
-            self._elementwise("split_sum", m * n, [partial, out], u=(0, splits), f=(alpha, beta), whole=(0,))
+            self._elementwise("split_sum", outputs, [partial, out], u=(0, splits), f=(alpha, beta), whole=(0,))
 
     def _gemm_blocks(self, operands, trans_a, trans_b, m, n, k, alpha, beta, consts, lds) -> None:
         """A product whose operands exceed the storage-binding limit, in blocks of C whose rows of A, rows of B^T
@@ -884,9 +883,9 @@ class WebGPUBackend(Backend):
                        self._grid(count), ranges, constants=geometry)
 
     winograd = True
-    """3x3 stride-1 convolutions with at least WINOGRAD_MIN_CHANNELS channels in and out run their forward and data
-    gradient as Winograd F(2x2, 3x3) (winograd.wgsl): 16 batched GEMMs over 2x2 output blocks, with 2.25x fewer
-    multiplications than the direct product (1.94x on odd maps such as 13x13), between three transforms."""
+    """3x3 stride-1 convolutions with at least WINOGRAD_MIN_CHANNELS channels in and out run forward, data gradient
+    and filter gradient as Winograd F(2x2, 3x3) (winograd.wgsl): 16 batched GEMMs over 2x2 output blocks, with
+    2.25x fewer multiplications than the direct product (1.94x on odd maps such as 13x13), between transforms."""
     WINOGRAD_MIN_CHANNELS = 64
 
     def _winograd_fits(self, x_shape, w_shape, y_shape, stride, padding) -> bool:
@@ -924,6 +923,24 @@ class WebGPUBackend(Backend):
                          "operands": [m, y, bias if bias is not None else self._scratch_buffer(1, "nobias")],
                          "consts": consts, "shape": tuple(y.shape), "out": y}
         self.dispatches += 1
+
+    def _winograd_filter_grad(self, x: WView, dy: WView, dw: WView, padding, beta: float) -> None:
+        """dw = the filter gradient of a 3x3 stride-1 convolution (+ beta dw) through Winograd F(2x2, 3x3): the
+        transformed x and dy blocks multiplied per point of the 4x4 tile (K = the blocks: split-K)."""
+        n, c, h, wd = x.shape
+        o, oh, ow = dy.shape[1], dy.shape[2], dy.shape[3]
+        blocks = n * -(-oh // 2) * -(-ow // 2)
+        geometry = (("CONV_C", c), ("CONV_O", o), ("IN_H", h), ("IN_W", wd), ("PH", padding[0]),
+                    ("PW", padding[1]), ("OH", oh), ("OW", ow))
+        v = self._scratch_buffer(16 * c * blocks, "winograd_v")
+        z = self._scratch_buffer(16 * o * blocks, "winograd_m")
+        du = self._scratch_buffer(16 * o * c, "winograd_u")
+        self._dispatch("winograd", "winograd_input", _pack((c * blocks, blocks)), [x, v], self._grid(c * blocks),
+                       constants=geometry)
+        self._dispatch("winograd", "winograd_dy", _pack((o * blocks, blocks)), [dy, z], self._grid(o * blocks),
+                       constants=geometry)
+        self._gemm(z, False, v, True, du, o, c, blocks, 1.0, 0.0, batch=16)
+        self._dispatch("winograd", "winograd_filter_grad", _pack((o * c,), (beta,)), [du, dw], self._grid(o * c))
 
     def conv2d(self, x, w, out, stride, padding, ws, bias=None):
         if self._winograd_fits(x.shape, w.shape, out.shape, stride, padding):
@@ -970,6 +987,8 @@ class WebGPUBackend(Backend):
             self._conv_launch("col2im", u, nc * c * h * wd, n0, nc, o, cols, dx)
 
     def conv2d_grad_filter(self, x, dy, dw, stride, padding, ws, beta=0.0):
+        if self._winograd_fits(x.shape, dw.shape, dy.shape, stride, padding):
+            return self._winograd_filter_grad(x, dy, dw, padding, beta)
         n, c, o, k, p, chunk, u = self._conv_geometry(x.shape, dw.shape, dy.shape, stride, padding)
         if self._fits(x, dy):
             # dw [O x CKK] = dy [O x N*P] times the im2col columns transposed [N*P x CKK], both read in place

@@ -10,8 +10,8 @@
 // u0 = M, u1 = N, u2 = K, u3 = first sample (convolution modes), u4/u5/u6 = element offsets of A/B/C, u7 = the K
 // range of one z-slice of the grid (split-K: slice z writes its partial product at C + z * M * N), u8/u9/u10 =
 // row strides of A, B and C as stored (a block of a larger product is bound with its parent's strides), u11 =
-// the first column of this dispatch (a product wider than the device's grid runs as several). With BATCHED, z
-// is the product's index in a batch instead (A, B and C each hold the batch's products one after another).
+// the first column of this dispatch (a product wider than the device's grid runs as several). With BATCHED, u3
+// is the number of products in a batch (see BATCHED).
 //
 // Convolution as implicit GEMM: pipeline constants describe one convolution's geometry, and the modes read an
 // operand or write the product in place of the im2col columns and GEMM-layout matrices (positions
@@ -40,7 +40,8 @@ override CONV_C: u32 = 1u;
 override CONV_O: u32 = 1u;
 override HAS_BIAS: bool = false;
 override RELU: bool = false;
-// BATCHED: grid z indexes a batch of products of one shape, stored one after another in A, B and C (no split-K)
+// BATCHED: a batch of u3 products of one shape, stored one after another in A, B and C; grid z = split * u3 +
+// product (C + z * M * N holds product z's result, or with split-K its partial, as in a single product)
 override BATCHED: bool = false;
 var<private> batch_a: u32 = 0u;  // element offsets of this z's A and B
 var<private> batch_b: u32 = 0u;
@@ -82,8 +83,8 @@ var<private> g_x: vec4<i32>;     // B_MODE 1: x * SW - PW; 2 (.x): j - PW
 
 fn thread_setup(g: u32, col0: u32, cols: u32, kt: u32, z: u32) {
     if (BATCHED) {
-        batch_a = z * p.u0 * p.u2;
-        batch_b = z * p.u2 * p.u1;
+        batch_a = (z % p.u3) * p.u0 * p.u2;
+        batch_b = (z % p.u3) * p.u2 * p.u1;
     }
     if (B_MODE == 1u || B_MODE == 3u) {
         let n = col0 + (g % (cols / 4u)) * 4u;
@@ -272,7 +273,7 @@ fn gemm(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     var c1 = vec4<f32>(0.0);
     var c2 = vec4<f32>(0.0);
     var c3 = vec4<f32>(0.0);
-    let kbeg = select(wid.z * p.u7, 0u, BATCHED);
+    let kbeg = select(wid.z, wid.z / p.u3, BATCHED) * p.u7;
     let kend = min(p.u2, kbeg + p.u7);
     let kt = TS;  // K slice: tile * kt / 4 = TS * TS groups, one per thread
     thread_setup(t, col0, tile, kt, wid.z);
@@ -330,7 +331,7 @@ fn gemm_big(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id)
     var c31 = vec4<f32>(0.0);
     var c32 = vec4<f32>(0.0);
     var c33 = vec4<f32>(0.0);
-    let kbeg = select(wid.z * p.u7, 0u, BATCHED);
+    let kbeg = select(wid.z, wid.z / p.u3, BATCHED) * p.u7;
     let kend = min(p.u2, kbeg + p.u7);
     let loads_a = t < BIG_ROWS * 2u;  // the A tile has BIG_ROWS * 8 / 4 groups
     thread_setup(t, col0, 128u, 8u, wid.z);

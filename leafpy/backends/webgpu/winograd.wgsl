@@ -5,6 +5,10 @@
 //   winograd_input:  V[xi][c][t] = (B^T d B)[xi] for block t
 //   (GEMM)           M[xi] = U[xi] V[xi], [O x C] times [C x T]
 //   winograd_output: y[n][o] at block t = A^T m A (+ bias[o]), m[xi] = M[xi][o][t]
+// and for the filter gradient (dL/dU = (A dY A^T) .* V, dL/dg = G^T (dL/dU) G):
+//   winograd_dy:          Z[xi][o][t] = (A dy A^T)[xi], dy the 2x2 block t of dy (zero past its edge)
+//   (GEMM)                dU[xi] = Z[xi] V[xi]^T, [O x T] times [T x C]
+//   winograd_filter_grad: dw[o][c] = G^T dU[.][o][c] G + beta dw[o][c]
 // with B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1], G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1] and
 // A^T = [1 1 1 0; 0 1 -1 -1]. Blocks t = (n * TH + by) * TW + bx tile y (TH = ceil(OH / 2), TW = ceil(OW / 2));
 // the patch of block (by, bx) starts at row 2 by - PH, column 2 bx - PW of x, zero outside it. x has CONV_C
@@ -142,4 +146,63 @@ fn winograd_output(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
     put_y(at, y, x + 1u, top.y);
     put_y(at, y + 1u, x, bottom.x);
     put_y(at, y + 1u, x + 1u, bottom.y);
+}
+
+fn dy_at(plane: u32, y: u32, x: u32) -> f32 {
+    if (y >= OH || x >= OW) { return 0.0; }
+    return src[plane + y * OW + x];
+}
+
+// A row (a, b) of A dy, times A^T.
+fn times_at(r: vec2<f32>) -> vec4<f32> {
+    return vec4<f32>(r.x, r.x + r.y, r.x - r.y, -r.y);
+}
+
+// One thread per (channel o, block t) of dy (OH x OW, CONV_O channels): i = o * T + t, u0 = O * T, u1 = T;
+// Z[xi][o][t] = dst[xi * u0 + i].
+@compute @workgroup_size(256)
+fn winograd_dy(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i >= p.u0) { return; }
+    let o = i / p.u1;
+    let t = i % p.u1;
+    let tw = (OW + 1u) / 2u;
+    let blocks = ((OH + 1u) / 2u) * tw;
+    let b = t % blocks;
+    let y = (b / tw) * 2u;
+    let x = (b % tw) * 2u;
+    let plane = ((t / blocks) * CONV_O + o) * OH * OW;
+    let top = vec2<f32>(dy_at(plane, y, x), dy_at(plane, y, x + 1u));
+    let bottom = vec2<f32>(dy_at(plane, y + 1u, x), dy_at(plane, y + 1u, x + 1u));
+    put_row(i, p.u0, 0u, times_at(top));
+    put_row(i, p.u0, 1u, times_at(top + bottom));
+    put_row(i, p.u0, 2u, times_at(top - bottom));
+    put_row(i, p.u0, 3u, times_at(-bottom));
+}
+
+// A row s of G^T dU, times G.
+fn times_g(s: vec4<f32>) -> vec3<f32> {
+    let h = 0.5 * (s.y + s.z);
+    return vec3<f32>(s.x + h, 0.5 * (s.y - s.z), h + s.w);
+}
+
+// One thread per filter w[o][c]: i = o * C + c, u0 = O * C filters; dU[xi][o][c] = src[xi * u0 + i]; f0 = beta.
+@compute @workgroup_size(256)
+fn winograd_filter_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i >= p.u0) { return; }
+    let u0 = get_row(i, p.u0, 0u);
+    let u1 = get_row(i, p.u0, 1u);
+    let u2 = get_row(i, p.u0, 2u);
+    let u3 = get_row(i, p.u0, 3u);
+    let h = 0.5 * (u1 + u2);
+    let rows = array<vec3<f32>, 3>(times_g(u0 + h), times_g(0.5 * (u1 - u2)), times_g(h + u3));
+    for (var r = 0u; r < 3u; r = r + 1u) {
+        for (var j = 0u; j < 3u; j = j + 1u) {
+            let at = i * 9u + r * 3u + j;
+            var v = rows[r][j];
+            if (p.f0 != 0.0) { v = v + p.f0 * dst[at]; }
+            dst[at] = v;
+        }
+    }
 }
