@@ -35,13 +35,13 @@ fn col2im(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     let h = (idx / IN_W) % IN_H;
     let c = (idx / (IN_W * IN_H)) % CONV_C;
     let nl = idx / (IN_W * IN_H * CONV_C);
+    let rows = covering_rows(h);
+    let cs = covering_cols(w);
     var s = 0.0;
-    for (var i = 0u; i < KH; i = i + 1u) {
-        let y = window_row(h, i);
-        if (y < 0) { continue; }
-        for (var j = 0u; j < KW; j = j + 1u) {
-            let x = window_col(w, j);
-            if (x < 0) { continue; }
+    for (var y = rows.x; y <= rows.y; y = y + 1) {
+        let i = h + PH - u32(y) * SH;
+        for (var x = cs.x; x <= cs.y; x = x + 1) {
+            let j = w + PW - u32(x) * SW;
             s = s + src[((c * KH + i) * KW + j) * cols + nl * P + u32(y) * OW + u32(x)];
         }
     }

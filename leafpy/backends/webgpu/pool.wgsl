@@ -52,13 +52,13 @@ fn pool_bwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let w = idx % IN_W;
     let h = (idx / IN_W) % IN_H;
     let plane = idx / (IN_W * IN_H);
+    let rows = covering_rows(h);
+    let cols = covering_cols(w);
     var s = 0.0;
-    for (var i = 0u; i < KH; i = i + 1u) {
-        let y = window_row(h, i);
-        if (y < 0) { continue; }
-        for (var j = 0u; j < KW; j = j + 1u) {
-            let x = window_col(w, j);
-            if (x < 0) { continue; }
+    for (var y = rows.x; y <= rows.y; y = y + 1) {
+        let i = h + PH - u32(y) * SH;
+        for (var x = cols.x; x <= cols.y; x = x + 1) {
+            let j = w + PW - u32(x) * SW;
             let o = (plane * OH + u32(y)) * OW + u32(x);
             if (IS_MAX) {
                 if (argmax[p.u3 + o] == i32(i * KW + j)) { s = s + src[p.u1 + o]; }

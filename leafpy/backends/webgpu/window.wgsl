@@ -25,6 +25,20 @@ fn window_col(w: u32, j: u32) -> i32 {
     return t / i32(SW);
 }
 
+// The first and last output rows whose windows cover input row h (first > last where none does).
+fn covering_rows(h: u32) -> vec2<i32> {
+    let t = i32(h + PH);
+    let lo = t - i32(KH) + 1;
+    return vec2<i32>(select(0, (lo + i32(SH) - 1) / i32(SH), lo > 0), min(i32(OH) - 1, t / i32(SH)));
+}
+
+// The first and last output columns whose windows cover input column w (first > last where none does).
+fn covering_cols(w: u32) -> vec2<i32> {
+    let t = i32(w + PW);
+    let lo = t - i32(KW) + 1;
+    return vec2<i32>(select(0, (lo + i32(SW) - 1) / i32(SW), lo > 0), min(i32(OW) - 1, t / i32(SW)));
+}
+
 // Where im2col row ckk = (c * KH + i) * KW + j, output position q = y * OW + x reads within one sample of x: the
 // offset c * IN_H * IN_W + h * IN_W + w, or -1 in the padding.
 fn window_tap(ckk: u32, q: u32) -> i32 {
