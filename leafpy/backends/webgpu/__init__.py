@@ -887,6 +887,8 @@ class WebGPUBackend(Backend):
     and filter gradient as Winograd F(2x2, 3x3) (winograd.wgsl): 16 batched GEMMs over 2x2 output blocks, with
     2.25x fewer multiplications than the direct product (1.94x on odd maps such as 13x13), between transforms."""
     WINOGRAD_MIN_CHANNELS = 64
+    winograd_filter_grad = True
+    """Whether the filter gradient takes Winograd too (where ``winograd`` applies)."""
 
     def _winograd_fits(self, x_shape, w_shape, y_shape, stride, padding) -> bool:
         """Whether ``y = conv(x, w)`` (or the data gradient of that geometry: the same test with x and y swapped)
@@ -987,7 +989,7 @@ class WebGPUBackend(Backend):
             self._conv_launch("col2im", u, nc * c * h * wd, n0, nc, o, cols, dx)
 
     def conv2d_grad_filter(self, x, dy, dw, stride, padding, ws, beta=0.0):
-        if self._winograd_fits(x.shape, dw.shape, dy.shape, stride, padding):
+        if self.winograd_filter_grad and self._winograd_fits(x.shape, dw.shape, dy.shape, stride, padding):
             return self._winograd_filter_grad(x, dy, dw, padding, beta)
         n, c, o, k, p, chunk, u = self._conv_geometry(x.shape, dw.shape, dy.shape, stride, padding)
         if self._fits(x, dy):
