@@ -898,7 +898,7 @@ class WebGPUBackend(Backend):
         if not (self.winograd and tuple(w_shape[2:]) == (3, 3) and tuple(stride) == (1, 1)
                 and all(0 <= q <= 2 for q in padding) and min(c, o) >= self.WINOGRAD_MIN_CHANNELS):
             return False
-        blocks = n * -(-oh // 2) * -(-ow // 2)
+        blocks = n * -(-max(h, oh) // 2) * -(-max(wd, ow) // 2)  # the data gradient's blocks tile x
         biggest = 4 * max(16 * max(c, o) * blocks, n * c * h * wd, n * o * oh * ow)
         return biggest <= self.max_binding and -(-blocks // 32) <= self.max_groups
 
