@@ -402,15 +402,16 @@ def test_webgpu_splits_gemm_over_the_binding_limit(m, n, k, ta, tb, beta):
     _gemm_matches_numpy(be, m, n, k, ta, tb, 1.5, beta, "blocked gemm")
 
 
-def _convolution_passes_match_native(be, n, c, o, size, seed=0, rtol=2e-4, atol=2e-5, padding=1, bias=False):
-    """Forward (with a bias), data gradient and filter gradient (accumulating with beta 0.5) of a 3x3 stride-1
-    convolution of n x c x size x size into o channels, on ``be`` against native; returns the dispatches each of
-    the three passes took on ``be``."""
+def _convolution_passes_match_native(be, n, c, o, size, seed=0, rtol=2e-4, atol=2e-5, padding=1, bias=False,
+                                     kernel=3):
+    """Forward (with a bias), data gradient and filter gradient (accumulating with beta 0.5) of a kernel x kernel
+    stride-1 convolution of n x c x size x size into o channels, on ``be`` against native; returns the dispatches
+    each of the three passes took on ``be``."""
     native = lp.backend("native")
     rng = np.random.default_rng(seed)
-    out = size + 2 * padding - 2
+    out = size + 2 * padding - kernel + 1
     x, w, dy, dw0, b = (rng.standard_normal(shape, dtype=np.float32) for shape in (
-        (n, c, size, size), (o, c, 3, 3), (n, o, out, out), (o, c, 3, 3), (o,)))
+        (n, c, size, size), (o, c, kernel, kernel), (n, o, out, out), (o, c, kernel, kernel), (o,)))
     results, pad = [], (padding, padding)
     for bk in (native, be):
         t = {name: lp.SharedTensor.from_numpy(v) for name, v in (("x", x), ("w", w), ("dy", dy), ("dw", dw0), ("b", b))}
@@ -439,18 +440,32 @@ def test_webgpu_convolution_in_batch_chunks_matches_native(implicit):
 
 
 @pytest.mark.webgpu
-@pytest.mark.parametrize("n,padding,size,dispatches", [(3, 1, 7, 4), (3, 1, 6, 4), (3, 0, 9, 4), (3, 2, 5, 4),
-                                                       (2, 1, 45, 5)])
-def test_webgpu_winograd_convolution_matches_native(n, padding, size, dispatches):
-    """3x3 stride-1 convolutions with enough channels run all three passes as Winograd F(2x2, 3x3): odd and even
-    outputs (a last block half outside), each padding the data gradient can mirror, a bias in the output
-    transform; with 1058 blocks the filter gradient's batched GEMM splits K (and sums the splits)."""
+@pytest.mark.parametrize("kernel,n,padding,size,dispatches", [
+    (3, 3, 1, 7, 4), (3, 3, 1, 6, 4), (3, 3, 0, 9, 4), (3, 3, 2, 5, 4), (3, 2, 1, 45, 5),
+    (5, 3, 2, 7, 4), (5, 3, 1, 8, 4), (5, 2, 0, 9, 4), (5, 2, 4, 3, 4)])
+def test_webgpu_winograd_convolution_matches_native(kernel, n, padding, size, dispatches):
+    """3x3 and 5x5 stride-1 convolutions with enough channels run all three passes as Winograd F(2x2, 3x3) and
+    F(2x2, 5x5): odd and even outputs (a last block half outside), each padding the data gradient can mirror, a
+    bias in the output transform; with 1058 blocks the filter gradient's batched GEMM splits K (and sums the
+    splits)."""
     be = _webgpu(power_preference="low-power")  # a separate instance whose threshold we can lower
     be.WINOGRAD_MIN_CHANNELS = 5
-    counts = _convolution_passes_match_native(be, n, 6, 5, size, seed=padding, padding=padding, bias=True)
+    counts = _convolution_passes_match_native(be, n, 6, 5, size, seed=padding, padding=padding, bias=True,
+                                              kernel=kernel, rtol=5e-4, atol=5e-5)
     assert counts == (4, 4, dispatches), "two transforms, one batched GEMM (and a sum of splits), a transform"
     be.winograd = False
-    assert _convolution_passes_match_native(be, n, 6, 5, size, padding=padding, bias=True)[:2] == (1, 2)
+    assert _convolution_passes_match_native(be, n, 6, 5, size, padding=padding, bias=True, kernel=kernel)[:2] == (1, 2)
+
+
+@pytest.mark.webgpu
+def test_webgpu_winograd_runs_in_batch_chunks():
+    """Transformed tiles over the scratch limit: the batch runs two samples at a time (three chunks); the filter
+    gradient accumulates the chunks' products."""
+    be = _webgpu(power_preference="low-power")
+    be.WINOGRAD_MIN_CHANNELS = 5
+    be.WINOGRAD_SCRATCH = 2 * 36 * 6 * 16 * 4  # two samples of 4x4 blocks, 36 points, 6 channels
+    counts = _convolution_passes_match_native(be, 5, 6, 5, 8, padding=2, bias=True, kernel=5, rtol=5e-4, atol=5e-5)
+    assert counts == (10, 10, 10), "the filter transform (or the filter gradient's), then three per chunk"
 
 
 @pytest.mark.webgpu

@@ -883,70 +883,94 @@ class WebGPUBackend(Backend):
                        self._grid(count), ranges, constants=geometry)
 
     winograd = True
-    """3x3 stride-1 convolutions with at least WINOGRAD_MIN_CHANNELS channels in and out run forward, data gradient
-    and filter gradient as Winograd F(2x2, 3x3) (winograd.wgsl): 16 batched GEMMs over 2x2 output blocks, with
-    2.25x fewer multiplications than the direct product (1.94x on odd maps such as 13x13), between transforms."""
+    """Stride-1 convolutions with 3x3 or 5x5 windows and at least WINOGRAD_MIN_CHANNELS channels in and out run
+    forward, data gradient and filter gradient as Winograd F(2x2, 3x3) or F(2x2, 5x5) (winograd.wgsl): 16 or 36
+    batched GEMMs over 2x2 output blocks, with 2.25x or 6.25x/2.25 = 2.78x fewer multiplications than the direct
+    product (1.94x and 2.58x on AlexNet's 13x13 and 27x27 maps), between transforms."""
     WINOGRAD_MIN_CHANNELS = 64
+    WINOGRAD_SCRATCH = 1 << 30
+    """Bytes of transformed tiles per batch chunk (and at most the device's storage-binding limit)."""
     winograd_filter_grad = True
     """Whether the filter gradient takes Winograd too (where ``winograd`` applies)."""
 
-    def _winograd_fits(self, x_shape, w_shape, y_shape, stride, padding) -> bool:
-        """Whether ``y = conv(x, w)`` (or the data gradient of that geometry: the same test with x and y swapped)
-        can run as Winograd F(2x2, 3x3) on this device."""
+    def _winograd_chunk(self, x_shape, w_shape, y_shape, stride, padding) -> int:
+        """Samples per batch chunk where ``y = conv(x, w)`` (and the data and filter gradients of that geometry) can
+        run as Winograd on this device; 0 where it cannot."""
         n, c, h, wd = x_shape
         o, oh, ow = y_shape[1], y_shape[2], y_shape[3]
-        if not (self.winograd and tuple(w_shape[2:]) == (3, 3) and tuple(stride) == (1, 1)
-                and all(0 <= q <= 2 for q in padding) and min(c, o) >= self.WINOGRAD_MIN_CHANNELS):
-            return False
-        blocks = n * -(-max(h, oh) // 2) * -(-max(wd, ow) // 2)  # the data gradient's blocks tile x
-        biggest = 4 * max(16 * max(c, o) * blocks, n * c * h * wd, n * o * oh * ow)
-        return biggest <= self.max_binding and -(-blocks // 32) <= self.max_groups
+        r = w_shape[2]
+        if not (self.winograd and r in (3, 5) and w_shape[3] == r and tuple(stride) == (1, 1)
+                and all(0 <= q < r for q in padding) and min(c, o) >= self.WINOGRAD_MIN_CHANNELS):
+            return 0
+        if 4 * max(n * c * h * wd, n * o * oh * ow) > self.max_binding:
+            return 0
+        per_sample = -(-max(h, oh) // 2) * -(-max(wd, ow) // 2)  # blocks: the data gradient's tile x
+        tile_bytes = 4 * (r + 1) ** 2 * max(c, o) * per_sample
+        chunk = min(n, min(self.max_binding, self.WINOGRAD_SCRATCH) // tile_bytes)
+        if chunk < 1 or -(-chunk * per_sample // 32) > self.max_groups:
+            return 0
+        return chunk
 
-    def _winograd(self, x: WView, w: WView, y: WView, padding, flip: bool, bias: WView | None = None) -> None:
-        """y = the 3x3 stride-1 correlation of x with w [O][C][3][3] padded by ``padding``, as Winograd F(2x2, 3x3);
-        with ``flip`` the data gradient's: x has w's O channels, y its C, through w rotated 180 degrees."""
-        n, cin, h, wd = x.shape
-        cout, oh, ow = y.shape[1], y.shape[2], y.shape[3]
-        blocks = n * -(-oh // 2) * -(-ow // 2)
+    def _winograd_setup(self, x_shape, y_shape, r: int, padding, chunk: int):
+        """(geometry constants, blocks per sample, points per tile, scratch for U, V and M) of one Winograd pass,
+        x the transform's input and y its output."""
+        _, cin, h, wd = x_shape
+        cout, oh, ow = y_shape[1], y_shape[2], y_shape[3]
+        per_sample = -(-oh // 2) * -(-ow // 2)
+        points = (r + 1) ** 2
         geometry = (("CONV_C", cin), ("CONV_O", cout), ("IN_H", h), ("IN_W", wd), ("PH", padding[0]),
-                    ("PW", padding[1]), ("OH", oh), ("OW", ow))
-        u = self._scratch_buffer(16 * cout * cin, "winograd_u")
-        v = self._scratch_buffer(16 * cin * blocks, "winograd_v")
-        m = self._scratch_buffer(16 * cout * blocks, "winograd_m")
-        self._dispatch("winograd", "winograd_filter", _pack((cout * cin, w.shape[0], w.shape[1])), [w, u],
-                       self._grid(cout * cin), constants=(("FLIP", int(flip)),))
-        self._dispatch("winograd", "winograd_input", _pack((cin * blocks, blocks)), [x, v], self._grid(cin * blocks),
-                       constants=geometry)
-        self._gemm(u, False, v, False, m, cout, blocks, cin, 1.0, 0.0, batch=16)
-        consts = geometry + ((("HAS_BIAS", 1),) if bias is not None else ())
-        self._emit_pending()  # encoded at the next dispatch, so an in-place ReLU on y can join it
-        self._pending = {"module": "winograd", "entry": "winograd_output",
-                         "params": _pack((cout * blocks, blocks)), "groups": self._grid(cout * blocks),
-                         "operands": [m, y, bias if bias is not None else self._scratch_buffer(1, "nobias")],
-                         "consts": consts, "shape": tuple(y.shape), "out": y}
-        self.dispatches += 1
+                    ("PW", padding[1]), ("OH", oh), ("OW", ow), ("R", r))
+        blocks = chunk * per_sample
+        scratch = (self._scratch_buffer(points * cout * cin, "winograd_u"),
+                   self._scratch_buffer(points * cin * blocks, "winograd_v"),
+                   self._scratch_buffer(points * cout * blocks, "winograd_m"))
+        return geometry, per_sample, points, scratch
 
-    def _winograd_filter_grad(self, x: WView, dy: WView, dw: WView, padding, beta: float) -> None:
-        """dw = the filter gradient of a 3x3 stride-1 convolution (+ beta dw) through Winograd F(2x2, 3x3): the
-        transformed x and dy blocks multiplied per point of the 4x4 tile (K = the blocks: split-K)."""
-        n, c, h, wd = x.shape
-        o, oh, ow = dy.shape[1], dy.shape[2], dy.shape[3]
-        blocks = n * -(-oh // 2) * -(-ow // 2)
-        geometry = (("CONV_C", c), ("CONV_O", o), ("IN_H", h), ("IN_W", wd), ("PH", padding[0]),
-                    ("PW", padding[1]), ("OH", oh), ("OW", ow))
-        v = self._scratch_buffer(16 * c * blocks, "winograd_v")
-        z = self._scratch_buffer(16 * o * blocks, "winograd_m")
-        du = self._scratch_buffer(16 * o * c, "winograd_u")
-        self._dispatch("winograd", "winograd_input", _pack((c * blocks, blocks)), [x, v], self._grid(c * blocks),
-                       constants=geometry)
-        self._dispatch("winograd", "winograd_dy", _pack((o * blocks, blocks)), [dy, z], self._grid(o * blocks),
-                       constants=geometry)
-        self._gemm(z, False, v, True, du, o, c, blocks, 1.0, 0.0, batch=16)
-        self._dispatch("winograd", "winograd_filter_grad", _pack((o * c,), (beta,)), [du, dw], self._grid(o * c))
+    def _winograd(self, x: WView, w: WView, y: WView, padding, flip: bool, chunk: int,
+                  bias: WView | None = None) -> None:
+        """y = the RxR stride-1 correlation of x with w [O][C][R][R] padded by ``padding``, as Winograd F(2x2, RxR)
+        in batch chunks; with ``flip`` the data gradient's: x has w's O channels, y its C, through w rotated 180
+        degrees."""
+        n, cin = x.shape[:2]
+        cout, r = y.shape[1], w.shape[2]
+        geometry, per_sample, points, (u, v, m) = self._winograd_setup(x.shape, y.shape, r, padding, chunk)
+        self._dispatch("winograd", "winograd_filter", _pack((cout * cin, w.shape[0], w.shape[1])), [w, u],
+                       self._grid(cout * cin), constants=(("FLIP", int(flip)), ("R", r)))
+        out_consts = geometry + ((("HAS_BIAS", 1),) if bias is not None else ())
+        for n0 in range(0, n, chunk):
+            blocks = min(chunk, n - n0) * per_sample
+            self._dispatch("winograd", "winograd_input", _pack((cin * blocks, blocks, n0)), [x, v],
+                           self._grid(cin * blocks), constants=geometry)
+            self._gemm(u, False, v, False, m, cout, blocks, cin, 1.0, 0.0, batch=points)
+            self._emit_pending()  # the output transform is encoded at the next dispatch: an in-place ReLU may join
+            self._pending = {"module": "winograd", "entry": "winograd_output",
+                             "params": _pack((cout * blocks, blocks, n0)), "groups": self._grid(cout * blocks),
+                             "operands": [m, y, bias if bias is not None else self._scratch_buffer(1, "nobias")],
+                             "consts": out_consts, "shape": tuple(y.shape), "out": y}
+            self.dispatches += 1
+        if chunk < n:
+            self._emit_pending()  # a ReLU over all of y cannot join the last chunk's store
+
+    def _winograd_filter_grad(self, x: WView, dy: WView, dw: WView, padding, beta: float, chunk: int) -> None:
+        """dw = the filter gradient of an RxR stride-1 convolution (+ beta dw) through Winograd F(2x2, RxR): the
+        transformed x and dy blocks multiplied per point of the tile (K = the blocks: split-K), chunk by chunk."""
+        n, c = x.shape[:2]
+        o, r = dy.shape[1], dw.shape[2]
+        geometry, per_sample, points, (du, v, z) = self._winograd_setup(x.shape, dy.shape, r, padding, chunk)
+        for n0 in range(0, n, chunk):
+            blocks = min(chunk, n - n0) * per_sample
+            self._dispatch("winograd", "winograd_input", _pack((c * blocks, blocks, n0)), [x, v],
+                           self._grid(c * blocks), constants=geometry)
+            self._dispatch("winograd", "winograd_dy", _pack((o * blocks, blocks, n0)), [dy, z],
+                           self._grid(o * blocks), constants=geometry)
+            self._gemm(z, False, v, True, du, o, c, blocks, 1.0, 0.0 if n0 == 0 else 1.0, batch=points)
+        self._dispatch("winograd", "winograd_filter_grad", _pack((o * c,), (beta,)), [du, dw], self._grid(o * c),
+                       constants=(("R", r),))
 
     def conv2d(self, x, w, out, stride, padding, ws, bias=None):
-        if self._winograd_fits(x.shape, w.shape, out.shape, stride, padding):
-            return self._winograd(x, w, out, padding, False, bias)
+        chunk = self._winograd_chunk(x.shape, w.shape, out.shape, stride, padding)
+        if chunk:
+            return self._winograd(x, w, out, padding, False, chunk, bias)
         n, c, o, k, p, chunk, u = self._conv_geometry(x.shape, w.shape, out.shape, stride, padding)
         if self._fits(x, w, out):
             conv = self._conv_constants(x.shape, w.shape, out.shape, stride, padding, B_MODE=1, C_MODE=1)
@@ -962,9 +986,10 @@ class WebGPUBackend(Backend):
             self.bias_add(out, bias)
 
     def conv2d_grad_data(self, dy, w, dx, stride, padding, ws):
-        if self._winograd_fits(dx.shape, w.shape, dy.shape, stride, padding):
-            # dx = dy correlated with w rotated 180 degrees (channels swapped), padded by 2 - padding
-            return self._winograd(dy, w, dx, (2 - padding[0], 2 - padding[1]), True)
+        chunk = self._winograd_chunk(dx.shape, w.shape, dy.shape, stride, padding)
+        if chunk:  # dx = dy correlated with w rotated 180 degrees (channels swapped), padded by R - 1 - padding
+            r = w.shape[2]
+            return self._winograd(dy, w, dx, (r - 1 - padding[0], r - 1 - padding[1]), True, chunk)
         n, c, o, k, p, chunk, u = self._conv_geometry(dx.shape, w.shape, dy.shape, stride, padding)
         h, wd = dx.shape[2], dx.shape[3]
         # implicit: dx [C x N*H*W] = w as [C x O*KH*KW] times dy gathered per (o, i, j) and x position, with no
@@ -989,8 +1014,9 @@ class WebGPUBackend(Backend):
             self._conv_launch("col2im", u, nc * c * h * wd, n0, nc, o, cols, dx)
 
     def conv2d_grad_filter(self, x, dy, dw, stride, padding, ws, beta=0.0):
-        if self.winograd_filter_grad and self._winograd_fits(x.shape, dw.shape, dy.shape, stride, padding):
-            return self._winograd_filter_grad(x, dy, dw, padding, beta)
+        chunk = self.winograd_filter_grad and self._winograd_chunk(x.shape, dw.shape, dy.shape, stride, padding)
+        if chunk:
+            return self._winograd_filter_grad(x, dy, dw, padding, beta, chunk)
         n, c, o, k, p, chunk, u = self._conv_geometry(x.shape, dw.shape, dy.shape, stride, padding)
         if self._fits(x, dy):
             # dw [O x CKK] = dy [O x N*P] times the im2col columns transposed [N*P x CKK], both read in place
