@@ -71,43 +71,34 @@ fn dy_at(okk: u32, xpos: u32) -> f32 {
     return B[(((p.u3 + xpos / P) * CONV_O + o) * OH + u32(y)) * OW + u32(x)];
 }
 
-// The convolution gathers of a K slice. A thread fetches the same four columns of op(B) (B_MODE 1 and 3: four
-// positions) or the same column (B_MODE 2: one (c, i, j)) in every slice, so what locates them in x or dy is
-// worked out once, before the K loop (thread_setup), and each slice adds only its own rows' part. Lanes outside
-// the product or in the padding read index 0 and yield zero.
-var<private> g_base: vec4<u32>;  // B_MODE 1: each position's sample offset in x; 3: its offset in dy less o * P;
-                                 // 2 (.x): c * IN_H * IN_W
-var<private> g_y: vec4<i32>;     // B_MODE 1: y * SH - PH (far negative past the last column); 2 (.x): i - PH;
-                                 // 3: 0, or -1 past the last column
-var<private> g_x: vec4<i32>;     // B_MODE 1: x * SW - PW; 2 (.x): j - PW
+fn im2col_at(ckk: u32, pos: u32) -> f32 {
+    let P = OH * OW;
+    let tap = window_tap(ckk, pos % P);
+    if (tap < 0) { return 0.0; }
+    return B[(p.u3 + pos / P) * CONV_C * IN_H * IN_W + u32(tap)];
+}
 
+// The filter gradient's gathers (A_MODE 1, B_MODE 2) of a K slice, four positions at a time. A thread fetches
+// the same column of op(B) (one (c, i, j)) in every slice, so where it lies in x is worked out once, before the
+// K loop (thread_setup). (Doing the same for the four positions of B_MODE 1 and 3 measured slower on an H200: the
+// twelve registers it holds through the loop cost more than the divisions it saves.) Lanes outside the product
+// or in the padding read index 0 and yield zero.
+var<private> g_base: u32;  // c * IN_H * IN_W
+var<private> g_y: i32;     // i - PH (far negative past the last column)
+var<private> g_x: i32;     // j - PW
+
+// Once per thread, before the K loop: a batched product's offsets and the filter gradient's gather state.
 fn thread_setup(g: u32, col0: u32, cols: u32, kt: u32, z: u32) {
     if (BATCHED) {
         batch_a = (z % p.u3) * p.u0 * p.u2;
         batch_b = (z % p.u3) * p.u2 * p.u1;
     }
-    if (B_MODE == 1u || B_MODE == 3u) {
-        let n = col0 + (g % (cols / 4u)) * 4u;
-        let pos = vec4<u32>(n) + vec4<u32>(0u, 1u, 2u, 3u);
-        let P = OH * OW;
-        let q = pos % vec4<u32>(P);
-        let sample = vec4<u32>(p.u3) + pos / vec4<u32>(P);
-        let inside = pos < vec4<u32>(p.u1);
-        if (B_MODE == 1u) {
-            g_base = sample * (CONV_C * IN_H * IN_W);
-            g_y = select(vec4<i32>(-65536), vec4<i32>((q / vec4<u32>(OW)) * SH) - i32(PH), inside);
-            g_x = vec4<i32>((q % vec4<u32>(OW)) * SW) - i32(PW);
-        } else {
-            g_base = sample * (CONV_O * P) + q;
-            g_y = select(vec4<i32>(-1), vec4<i32>(0), inside);
-        }
-    }
     if (B_MODE == 2u) {
         let ckk = col0 + g / (kt / 4u);
         let r = ckk % (KH * KW);
-        g_base = vec4<u32>((ckk / (KH * KW)) * IN_H * IN_W);
-        g_y = vec4<i32>(select(-65536, i32(r / KW) - i32(PH), ckk < p.u1));
-        g_x = vec4<i32>(i32(r % KW) - i32(PW));
+        g_base = (ckk / (KH * KW)) * IN_H * IN_W;
+        g_y = select(-65536, i32(r / KW) - i32(PH), ckk < p.u1);
+        g_x = i32(r % KW) - i32(PW);
     }
 }
 
@@ -120,29 +111,15 @@ fn in_x(h: vec4<i32>, w: vec4<i32>) -> vec4<bool> {
     return (vec4<u32>(h) < vec4<u32>(IN_H)) & (vec4<u32>(w) < vec4<u32>(IN_W));
 }
 
-// B_MODE 1: row ckk of the im2col columns at the thread's four positions
-fn gather_columns(ckk: u32, kend: u32) -> vec4<f32> {
-    let r = ckk % (KH * KW);
-    let h = g_y + i32(r / KW);
-    let w = g_x + i32(r % KW);
-    let at = g_base + (ckk / (KH * KW)) * IN_H * IN_W + vec4<u32>(h * i32(IN_W) + w);
-    return read4(at, in_x(h, w) & vec4<bool>(ckk < kend));
-}
-
 // B_MODE 2: the thread's im2col row at positions pos .. pos + 3
 fn gather_taps(pos0: u32, kend: u32) -> vec4<f32> {
     let pos = vec4<u32>(pos0) + vec4<u32>(0u, 1u, 2u, 3u);
     let P = OH * OW;
     let q = pos % vec4<u32>(P);
-    let h = vec4<i32>((q / vec4<u32>(OW)) * SH) + g_y.x;
-    let w = vec4<i32>((q % vec4<u32>(OW)) * SW) + g_x.x;
-    let at = (vec4<u32>(p.u3) + pos / vec4<u32>(P)) * (CONV_C * IN_H * IN_W) + g_base.x + vec4<u32>(h * i32(IN_W) + w);
+    let h = vec4<i32>((q / vec4<u32>(OW)) * SH) + g_y;
+    let w = vec4<i32>((q % vec4<u32>(OW)) * SW) + g_x;
+    let at = (vec4<u32>(p.u3) + pos / vec4<u32>(P)) * (CONV_C * IN_H * IN_W) + g_base + vec4<u32>(h * i32(IN_W) + w);
     return read4(at, in_x(h, w) & (pos < vec4<u32>(kend)));
-}
-
-// B_MODE 3: dy at channel o and the thread's four positions
-fn gather_dy_columns(o: u32, kend: u32) -> vec4<f32> {
-    return read4(g_base + o * OH * OW, (g_y == vec4<i32>(0)) & vec4<bool>(o < kend));
 }
 
 // A_MODE 1: dy at channel o and positions pos .. pos + 3
@@ -155,7 +132,7 @@ fn gather_dy_rows(o: u32, pos0: u32, kend: u32) -> vec4<f32> {
     return select(vec4<f32>(0.0), vec4<f32>(A[i.x], A[i.y], A[i.z], A[i.w]), ok);
 }
 
-// op(A)[m][k], zero outside [0, M) x [0, kend) (the plain operands and A_MODE 2; A_MODE 1 gathers below)
+// op(A)[m][k], zero outside [0, M) x [0, kend) (the plain operands and A_MODE 2; A_MODE 1 gathers above)
 fn load_a(m: u32, k: u32, kend: u32) -> f32 {
     if (m >= p.u0 || k >= kend) { return 0.0; }
     if (A_MODE == 2u) { return A[((k / (KH * KW)) * CONV_C + m) * KH * KW + k % (KH * KW)]; }
@@ -163,10 +140,12 @@ fn load_a(m: u32, k: u32, kend: u32) -> f32 {
     return A[p.u4 + batch_a + m * p.u8 + k];
 }
 
-// op(B)[k][n], zero outside [0, kend) x [0, N) (the plain operands and B_MODE 4; B_MODE 1-3 gather below)
+// op(B)[k][n], zero outside [0, kend) x [0, N) (the plain operands and B_MODE 1, 3 and 4; B_MODE 2 gathers above)
 fn load_b(k: u32, n: u32, kend: u32) -> f32 {
     if (k >= kend || n >= p.u1) { return 0.0; }
     if (B_MODE == 4u) { return dy_at(k, n); }
+    if (B_MODE == 1u) { return im2col_at(k, n); }
+    if (B_MODE == 3u) { return B[nchw_out(k, n)]; }
     if (TRANS_B) { return B[p.u5 + batch_b + n * p.u9 + k]; }
     return B[p.u5 + batch_b + k * p.u9 + n];
 }
@@ -231,8 +210,6 @@ fn fetch_b(g: u32, col0: u32, k0: u32, kend: u32, cols: u32, kt: u32) -> vec4<f3
     }
     let n = col0 + (g % (cols / 4u)) * 4u;
     let k = k0 + g / (cols / 4u);
-    if (B_MODE == 1u) { return gather_columns(k, kend); }
-    if (B_MODE == 3u) { return gather_dy_columns(k, kend); }
     return vec4<f32>(load_b(k, n, kend), load_b(k, n + 1u, kend), load_b(k, n + 2u, kend), load_b(k, n + 3u, kend));
 }
 

@@ -267,56 +267,85 @@ fn times_gt6(u: Six) -> Five {
                 2.0 * s2 / 3.0 - s / 6.0 + u[5]);
 }
 
+// Every 6-point loop below is written out: arrays indexed by a loop counter may be placed in slow local memory.
 fn put_six(at: u32, r: u32, v: Six) {
-    for (var j = 0u; j < 6u; j = j + 1u) { dst[(6u * r + j) * p.u0 + at] = v[j]; }
+    let base = 6u * r * p.u0 + at;
+    dst[base] = v[0];
+    dst[base + p.u0] = v[1];
+    dst[base + 2u * p.u0] = v[2];
+    dst[base + 3u * p.u0] = v[3];
+    dst[base + 4u * p.u0] = v[4];
+    dst[base + 5u * p.u0] = v[5];
+}
+
+// Column b of a 6x6 tile: src[(6 a + b) * u0 + at], a = 0..5.
+fn tile_col(at: u32, b: u32) -> Six {
+    let s = p.u0 * 6u;
+    let base = b * p.u0 + at;
+    return Six(src[base], src[base + s], src[base + 2u * s], src[base + 3u * s], src[base + 4u * s], src[base + 5u * s]);
+}
+
+// Column b of the (flipped) 5x5 filter at src[base].
+fn filter_col(base: u32, b: u32) -> Five {
+    if (FLIP) {
+        let e = base + 24u - b;
+        return Five(src[e], src[e - 5u], src[e - 10u], src[e - 15u], src[e - 20u]);
+    }
+    return Five(src[base + b], src[base + 5u + b], src[base + 10u + b], src[base + 15u + b], src[base + 20u + b]);
 }
 
 fn filter5(i: u32, at: u32) {
-    var cols: array<Six, 5>;  // G applied to each column of the filter
-    for (var b = 0u; b < 5u; b = b + 1u) {
-        var col: Five;
-        for (var a = 0u; a < 5u; a = a + 1u) {
-            var k = i * 25u + a * 5u + b;
-            if (FLIP) { k = i * 25u + 24u - a * 5u - b; }
-            col[a] = src[k];
-        }
-        cols[b] = times_g5(col);
-    }
-    for (var r = 0u; r < 6u; r = r + 1u) {
-        put_six(at, r, times_g5(Five(cols[0][r], cols[1][r], cols[2][r], cols[3][r], cols[4][r])));
-    }
+    let c0 = times_g5(filter_col(i * 25u, 0u));  // G applied to each column of the filter
+    let c1 = times_g5(filter_col(i * 25u, 1u));
+    let c2 = times_g5(filter_col(i * 25u, 2u));
+    let c3 = times_g5(filter_col(i * 25u, 3u));
+    let c4 = times_g5(filter_col(i * 25u, 4u));
+    put_six(at, 0u, times_g5(Five(c0[0], c1[0], c2[0], c3[0], c4[0])));
+    put_six(at, 1u, times_g5(Five(c0[1], c1[1], c2[1], c3[1], c4[1])));
+    put_six(at, 2u, times_g5(Five(c0[2], c1[2], c2[2], c3[2], c4[2])));
+    put_six(at, 3u, times_g5(Five(c0[3], c1[3], c2[3], c3[3], c4[3])));
+    put_six(at, 4u, times_g5(Five(c0[4], c1[4], c2[4], c3[4], c4[4])));
+    put_six(at, 5u, times_g5(Five(c0[5], c1[5], c2[5], c3[5], c4[5])));
+}
+
+// Column x of the patch: rows y0 .. y0 + 5 of the plane, zero outside it.
+fn patch_col(plane: u32, y0: i32, x: i32) -> Six {
+    if (x < 0 || x >= i32(IN_W)) { return Six(0.0, 0.0, 0.0, 0.0, 0.0, 0.0); }
+    let at = i32(plane) + y0 * i32(IN_W) + x;
+    let w = i32(IN_W);
+    return Six(x_row(at, y0), x_row(at + w, y0 + 1), x_row(at + 2 * w, y0 + 2), x_row(at + 3 * w, y0 + 3),
+               x_row(at + 4 * w, y0 + 4), x_row(at + 5 * w, y0 + 5));
+}
+
+fn x_row(at: i32, y: i32) -> f32 {
+    if (y < 0 || y >= i32(IN_H)) { return 0.0; }
+    return src[u32(at)];
 }
 
 fn input5(i: u32, plane: u32, y0: i32, x0: i32) {
-    var cols: array<Six, 6>;  // B^T applied to each column of the patch
-    for (var b = 0u; b < 6u; b = b + 1u) {
-        var col: Six;
-        let x = x0 + i32(b);
-        for (var a = 0u; a < 6u; a = a + 1u) {
-            let y = y0 + i32(a);
-            var v = 0.0;
-            if (y >= 0 && y < i32(IN_H) && x >= 0 && x < i32(IN_W)) { v = src[plane + u32(y) * IN_W + u32(x)]; }
-            col[a] = v;
-        }
-        cols[b] = times_bt6(col);
-    }
-    for (var r = 0u; r < 6u; r = r + 1u) {
-        put_six(i, r, times_bt6(Six(cols[0][r], cols[1][r], cols[2][r], cols[3][r], cols[4][r], cols[5][r])));
-    }
+    let c0 = times_bt6(patch_col(plane, y0, x0));  // B^T applied to each column of the patch
+    let c1 = times_bt6(patch_col(plane, y0, x0 + 1));
+    let c2 = times_bt6(patch_col(plane, y0, x0 + 2));
+    let c3 = times_bt6(patch_col(plane, y0, x0 + 3));
+    let c4 = times_bt6(patch_col(plane, y0, x0 + 4));
+    let c5 = times_bt6(patch_col(plane, y0, x0 + 5));
+    put_six(i, 0u, times_bt6(Six(c0[0], c1[0], c2[0], c3[0], c4[0], c5[0])));
+    put_six(i, 1u, times_bt6(Six(c0[1], c1[1], c2[1], c3[1], c4[1], c5[1])));
+    put_six(i, 2u, times_bt6(Six(c0[2], c1[2], c2[2], c3[2], c4[2], c5[2])));
+    put_six(i, 3u, times_bt6(Six(c0[3], c1[3], c2[3], c3[3], c4[3], c5[3])));
+    put_six(i, 4u, times_bt6(Six(c0[4], c1[4], c2[4], c3[4], c4[4], c5[4])));
+    put_six(i, 5u, times_bt6(Six(c0[5], c1[5], c2[5], c3[5], c4[5], c5[5])));
 }
 
 fn output5(i: u32, at: u32, y: u32, x: u32, bias_o: f32) {
-    var top: Six;  // the two rows of A^T m
-    var bottom: Six;
-    for (var b = 0u; b < 6u; b = b + 1u) {
-        var col: Six;
-        for (var a = 0u; a < 6u; a = a + 1u) { col[a] = src[(6u * a + b) * p.u0 + i]; }
-        let v = times_at6(col);
-        top[b] = v.x;
-        bottom[b] = v.y;
-    }
-    let y0 = times_at6(top) + bias_o;
-    let y1 = times_at6(bottom) + bias_o;
+    let c0 = times_at6(tile_col(i, 0u));  // A^T applied to each column of m: (top, bottom)
+    let c1 = times_at6(tile_col(i, 1u));
+    let c2 = times_at6(tile_col(i, 2u));
+    let c3 = times_at6(tile_col(i, 3u));
+    let c4 = times_at6(tile_col(i, 4u));
+    let c5 = times_at6(tile_col(i, 5u));
+    let y0 = times_at6(Six(c0.x, c1.x, c2.x, c3.x, c4.x, c5.x)) + bias_o;
+    let y1 = times_at6(Six(c0.y, c1.y, c2.y, c3.y, c4.y, c5.y)) + bias_o;
     put_y(at, y, x, y0.x);
     put_y(at, y, x + 1u, y0.y);
     put_y(at, y + 1u, x, y1.x);
@@ -324,20 +353,34 @@ fn output5(i: u32, at: u32, y: u32, x: u32, bias_o: f32) {
 }
 
 fn dy5(i: u32, top: vec2<f32>, bottom: vec2<f32>) {
-    let left = times_a6(vec2<f32>(top.x, bottom.x));  // A applied to the block's two columns
-    let right = times_a6(vec2<f32>(top.y, bottom.y));
-    for (var r = 0u; r < 6u; r = r + 1u) { put_six(i, r, times_a6(vec2<f32>(left[r], right[r]))); }
+    let l = times_a6(vec2<f32>(top.x, bottom.x));  // A applied to the block's two columns
+    let r = times_a6(vec2<f32>(top.y, bottom.y));
+    put_six(i, 0u, times_a6(vec2<f32>(l[0], r[0])));
+    put_six(i, 1u, times_a6(vec2<f32>(l[1], r[1])));
+    put_six(i, 2u, times_a6(vec2<f32>(l[2], r[2])));
+    put_six(i, 3u, times_a6(vec2<f32>(l[3], r[3])));
+    put_six(i, 4u, times_a6(vec2<f32>(l[4], r[4])));
+    put_six(i, 5u, times_a6(vec2<f32>(l[5], r[5])));
+}
+
+fn put_dw_row(at: u32, v: Five) {
+    put_dw(at, v[0]);
+    put_dw(at + 1u, v[1]);
+    put_dw(at + 2u, v[2]);
+    put_dw(at + 3u, v[3]);
+    put_dw(at + 4u, v[4]);
 }
 
 fn filter_grad5(i: u32) {
-    var cols: array<Five, 6>;  // G^T applied to each column of dU
-    for (var b = 0u; b < 6u; b = b + 1u) {
-        var col: Six;
-        for (var a = 0u; a < 6u; a = a + 1u) { col[a] = src[(6u * a + b) * p.u0 + i]; }
-        cols[b] = times_gt6(col);
-    }
-    for (var r = 0u; r < 5u; r = r + 1u) {
-        let v = times_gt6(Six(cols[0][r], cols[1][r], cols[2][r], cols[3][r], cols[4][r], cols[5][r]));
-        for (var c = 0u; c < 5u; c = c + 1u) { put_dw(i * 25u + r * 5u + c, v[c]); }
-    }
+    let c0 = times_gt6(tile_col(i, 0u));  // G^T applied to each column of dU
+    let c1 = times_gt6(tile_col(i, 1u));
+    let c2 = times_gt6(tile_col(i, 2u));
+    let c3 = times_gt6(tile_col(i, 3u));
+    let c4 = times_gt6(tile_col(i, 4u));
+    let c5 = times_gt6(tile_col(i, 5u));
+    put_dw_row(i * 25u, times_gt6(Six(c0[0], c1[0], c2[0], c3[0], c4[0], c5[0])));
+    put_dw_row(i * 25u + 5u, times_gt6(Six(c0[1], c1[1], c2[1], c3[1], c4[1], c5[1])));
+    put_dw_row(i * 25u + 10u, times_gt6(Six(c0[2], c1[2], c2[2], c3[2], c4[2], c5[2])));
+    put_dw_row(i * 25u + 15u, times_gt6(Six(c0[3], c1[3], c2[3], c3[3], c4[3], c5[3])));
+    put_dw_row(i * 25u + 20u, times_gt6(Six(c0[4], c1[4], c2[4], c3[4], c4[4], c5[4])));
 }
