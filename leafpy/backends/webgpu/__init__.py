@@ -885,8 +885,8 @@ class WebGPUBackend(Backend):
     winograd = True
     """Stride-1 convolutions with 3x3 or 5x5 windows and at least WINOGRAD_MIN_CHANNELS channels in and out run
     forward, data gradient and filter gradient as Winograd F(2x2, 3x3) or F(2x2, 5x5) (winograd.wgsl): 16 or 36
-    batched GEMMs over 2x2 output blocks, with 2.25x or 6.25x/2.25 = 2.78x fewer multiplications than the direct
-    product (1.94x and 2.58x on AlexNet's 13x13 and 27x27 maps), between transforms."""
+    batched GEMMs over 2x2 output blocks, so 4 or 9 multiplications per output instead of 9 or 25 (2.25x and 2.78x
+    fewer; 1.94x and 2.58x on AlexNet's 13x13 and 27x27 maps, whose last blocks overhang), between transforms."""
     WINOGRAD_MIN_CHANNELS = 64
     WINOGRAD_SCRATCH = 1 << 30
     """Bytes of transformed tiles per batch chunk (and at most the device's storage-binding limit)."""
