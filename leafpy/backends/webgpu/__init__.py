@@ -421,6 +421,15 @@ class WebGPUBackend(Backend):
             self._pass = None if self.kernel_times is not None else self._encoder.begin_compute_pass()
             self._pass_pipeline = None
 
+    def _defer(self, module: str, entry: str, params: bytes, operands: list, groups: tuple, consts: tuple,
+               shape: tuple, out: WView) -> None:
+        """Hold a dispatch that writes all of ``out`` (``shape``) until the next one, so that a bias add or an
+        in-place ReLU on ``out`` can join its store (see :meth:`_fuse`)."""
+        self._emit_pending()
+        self._pending = {"module": module, "entry": entry, "params": params, "operands": operands,
+                         "groups": groups, "consts": consts, "shape": shape, "out": out}
+        self.dispatches += 1
+
     def _emit_pending(self) -> None:
         if self._pending is not None:
             g, self._pending = self._pending, None
@@ -596,12 +605,8 @@ class WebGPUBackend(Backend):
         # columns past the device's grid width run as several dispatches, each from its first column (u11)
         spans = [(c0, min(gx - c0, self.max_groups)) for c0 in range(0, gx, self.max_groups)]
         if splits == 1 and len(spans) == 1 and batch == 1:  # encoded at the next dispatch: a bias or ReLU may join
-            self._emit_pending()
-            self._pending = {"module": "gemm", "entry": entry,
-                             "params": _pack((m, n, k, n0, 0, 0, 0, k, *lds, 0), (alpha, beta)),
-                             "operands": operands, "groups": (gx, gy, 1), "consts": consts, "shape": (m, n),
-                             "out": out}
-            self.dispatches += 1
+            self._defer("gemm", entry, _pack((m, n, k, n0, 0, 0, 0, k, *lds, 0), (alpha, beta)), operands,
+                        (gx, gy, 1), consts, (m, n), out)
             return
         if splits == 1:
             for c0, cx in spans:
@@ -926,6 +931,12 @@ class WebGPUBackend(Backend):
                    self._scratch_buffer(points * cout * blocks, "winograd_m"))
         return geometry, per_sample, points, scratch
 
+    def _winograd_blocks(self, entry: str, src: WView, dst: WView, channels: int, blocks: int, n0: int,
+                         geometry: tuple) -> None:
+        """A transform with a thread per (channel, 2x2 block) of the chunk from sample n0."""
+        self._dispatch("winograd", entry, _pack((channels * blocks, blocks, n0)), [src, dst],
+                       self._grid(channels * blocks), constants=geometry)
+
     def _winograd(self, x: WView, w: WView, y: WView, padding, flip: bool, chunk: int,
                   bias: WView | None = None) -> None:
         """y = the RxR stride-1 correlation of x with w [O][C][R][R] padded by ``padding``, as Winograd F(2x2, RxR)
@@ -937,17 +948,13 @@ class WebGPUBackend(Backend):
         self._dispatch("winograd", "winograd_filter", _pack((cout * cin, w.shape[0], w.shape[1])), [w, u],
                        self._grid(cout * cin), constants=(("FLIP", int(flip)), ("R", r)))
         out_consts = geometry + ((("HAS_BIAS", 1),) if bias is not None else ())
+        bias_or_none = bias if bias is not None else self._scratch_buffer(1, "nobias")
         for n0 in range(0, n, chunk):
             blocks = min(chunk, n - n0) * per_sample
-            self._dispatch("winograd", "winograd_input", _pack((cin * blocks, blocks, n0)), [x, v],
-                           self._grid(cin * blocks), constants=geometry)
+            self._winograd_blocks("winograd_input", x, v, cin, blocks, n0, geometry)
             self._gemm(u, False, v, False, m, cout, blocks, cin, 1.0, 0.0, batch=points)
-            self._emit_pending()  # the output transform is encoded at the next dispatch: an in-place ReLU may join
-            self._pending = {"module": "winograd", "entry": "winograd_output",
-                             "params": _pack((cout * blocks, blocks, n0)), "groups": self._grid(cout * blocks),
-                             "operands": [m, y, bias if bias is not None else self._scratch_buffer(1, "nobias")],
-                             "consts": out_consts, "shape": tuple(y.shape), "out": y}
-            self.dispatches += 1
+            self._defer("winograd", "winograd_output", _pack((cout * blocks, blocks, n0)), [m, y, bias_or_none],
+                        self._grid(cout * blocks), out_consts, tuple(y.shape), y)  # an in-place ReLU may join
         if chunk < n:
             self._emit_pending()  # a ReLU over all of y cannot join the last chunk's store
 
@@ -959,10 +966,8 @@ class WebGPUBackend(Backend):
         geometry, per_sample, points, (du, v, z) = self._winograd_setup(x.shape, dy.shape, r, padding, chunk)
         for n0 in range(0, n, chunk):
             blocks = min(chunk, n - n0) * per_sample
-            self._dispatch("winograd", "winograd_input", _pack((c * blocks, blocks, n0)), [x, v],
-                           self._grid(c * blocks), constants=geometry)
-            self._dispatch("winograd", "winograd_dy", _pack((o * blocks, blocks, n0)), [dy, z],
-                           self._grid(o * blocks), constants=geometry)
+            self._winograd_blocks("winograd_input", x, v, c, blocks, n0, geometry)
+            self._winograd_blocks("winograd_dy", dy, z, o, blocks, n0, geometry)
             self._gemm(z, False, v, True, du, o, c, blocks, 1.0, 0.0 if n0 == 0 else 1.0, batch=points)
         self._dispatch("winograd", "winograd_filter_grad", _pack((o * c,), (beta,)), [du, dw], self._grid(o * c),
                        constants=(("R", r),))

@@ -102,15 +102,6 @@ fn thread_setup(g: u32, col0: u32, cols: u32, kt: u32, z: u32) {
     }
 }
 
-fn read4(at: vec4<u32>, ok: vec4<bool>) -> vec4<f32> {
-    let i = select(vec4<u32>(0u), at, ok);
-    return select(vec4<f32>(0.0), vec4<f32>(B[i.x], B[i.y], B[i.z], B[i.w]), ok);
-}
-
-fn in_x(h: vec4<i32>, w: vec4<i32>) -> vec4<bool> {
-    return (vec4<u32>(h) < vec4<u32>(IN_H)) & (vec4<u32>(w) < vec4<u32>(IN_W));
-}
-
 // B_MODE 2: the thread's im2col row at positions pos .. pos + 3
 fn gather_taps(pos0: u32, kend: u32) -> vec4<f32> {
     let pos = vec4<u32>(pos0) + vec4<u32>(0u, 1u, 2u, 3u);
@@ -119,7 +110,9 @@ fn gather_taps(pos0: u32, kend: u32) -> vec4<f32> {
     let h = vec4<i32>((q / vec4<u32>(OW)) * SH) + g_y;
     let w = vec4<i32>((q % vec4<u32>(OW)) * SW) + g_x;
     let at = (vec4<u32>(p.u3) + pos / vec4<u32>(P)) * (CONV_C * IN_H * IN_W) + g_base + vec4<u32>(h * i32(IN_W) + w);
-    return read4(at, in_x(h, w) & (pos < vec4<u32>(kend)));
+    let ok = (vec4<u32>(h) < vec4<u32>(IN_H)) & (vec4<u32>(w) < vec4<u32>(IN_W)) & (pos < vec4<u32>(kend));
+    let i = select(vec4<u32>(0u), at, ok);
+    return select(vec4<f32>(0.0), vec4<f32>(B[i.x], B[i.y], B[i.z], B[i.w]), ok);
 }
 
 // A_MODE 1: dy at channel o and positions pos .. pos + 3
