@@ -265,7 +265,11 @@ class ArrayBackend(Backend):
             cols = ws["cols"].reshape(c * kh * kw, -1)  # the columns of the forward pass on this x
         else:
             cols = self._im2col(x, kh, kw, oh, ow, stride, padding, ws)
-        self.gemm(self._dy_t(dy, ws), False, cols, True, dw.reshape(o, -1), 1.0, beta)
+        self._filter_product(self._dy_t(dy, ws), cols, dw.reshape(o, -1), beta, ws)
+
+    def _filter_product(self, dy_t: Buffer, cols: Buffer, dw: Buffer, beta: float, ws: dict) -> None:
+        """dw [O, K] = dy_t [O, L] @ cols [K, L]^T + beta * dw (the filter gradient's GEMM)."""
+        self.gemm(dy_t, False, cols, True, dw, 1.0, beta)
 
     def conv2d_grad_data(self, dy, w, dx, stride, padding, ws):
         o, c, kh, kw = w.shape

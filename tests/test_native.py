@@ -1,0 +1,89 @@
+"""The native backend's convolution layouts, each forced on shapes that would not pick it, against loop references
+and central differences (float64)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import reference as ref
+from gradcheck import check_layer_gradients
+
+import leafpy as lp
+
+# (N, C, H, W), (O, kh, kw), stride, padding
+SHAPES = [
+    ((2, 3, 7, 6), (4, 3, 3), (1, 1), (1, 1)),
+    ((3, 2, 9, 8), (5, 3, 2), (2, 1), (0, 1)),
+    ((2, 1, 10, 10), (3, 5, 5), (1, 1), (2, 2)),
+    ((1, 4, 6, 9), (2, 2, 4), (2, 3), (1, 0)),
+]
+PATHS = {
+    "per-image": {"PER_IMAGE_MAX_K": 10**9, "PER_IMAGE_MIN_P": 0},
+    "batch-innermost": {"PER_IMAGE_MAX_K": 0},
+    "batch-innermost, split filter gradient": {"PER_IMAGE_MAX_K": 0, "FILTER_SPLIT": 4},
+}
+
+
+def _force(backend, monkeypatch, path):
+    for name, value in PATHS[path].items():
+        monkeypatch.setattr(backend, name, value)
+
+
+def _conv_passes(backend, x, w, b, dy, stride, padding, dw0):
+    """Forward (with bias), data gradient and filter gradient (beta 0.5 onto dw0) through the primitives."""
+    ws: dict = {}
+    out = np.empty(dy.shape)
+    backend.conv2d(x, w, out, stride, padding, ws, b)
+    dx = np.empty(x.shape)
+    backend.conv2d_grad_data(dy, w, dx, stride, padding, ws)
+    dw = dw0.copy()
+    backend.conv2d_grad_filter(x, dy, dw, stride, padding, ws, 0.5)
+    return out, dx, dw
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("shape,filt,stride,padding", SHAPES)
+def test_convolution_layouts_match_loop_reference(native64, monkeypatch, rng, path, shape, filt, stride, padding):
+    _force(native64, monkeypatch, path)
+    x = rng.standard_normal(shape)
+    w = rng.standard_normal((filt[0], shape[1], filt[1], filt[2]))
+    b = rng.standard_normal(filt[0])
+    want_y = ref.conv2d(x, w, b, stride, padding)
+    dy = rng.standard_normal(want_y.shape)
+    dw0 = rng.standard_normal(w.shape)
+    y, dx, dw = _conv_passes(native64, x, w, b, dy, stride, padding, dw0)
+    want_dx, want_dw, _ = ref.conv2d_backward(x, w, dy, stride, padding)
+    np.testing.assert_allclose(y, want_y, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(dx, want_dx, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(dw, want_dw + 0.5 * dw0, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_convolution_layouts_pass_gradient_checks(native64, monkeypatch, path):
+    _force(native64, monkeypatch, path)
+    cfg = lp.ConvolutionConfig(num_output=3, filter_shape=[3, 2], stride=[1, 2], padding=[1, 1])
+    layer = lp.Layer.from_config(native64, lp.LayerConfig("c", cfg), seed=2)
+    x = np.random.default_rng(5).standard_normal((2, 2, 5, 6))
+    assert check_layer_gradients(layer, [x]) >= x.size
+
+
+def test_the_shapes_pick_their_layouts(native):
+    """LeNet's first convolution (1 channel, 24 x 24 outputs) takes per-image columns, its second (20 channels of
+    5 x 5, 8 x 8 outputs) the batch-innermost ones."""
+    assert native._per_image(np.empty((20, 1, 5, 5)), (64, 20, 24, 24))
+    assert not native._per_image(np.empty((50, 20, 5, 5)), (64, 50, 8, 8))
+    assert not native._per_image(np.empty((20, 1, 5, 5)), (64, 20, 8, 8))
+
+
+def test_float32_layouts_agree(native, monkeypatch, rng):
+    """float32 convolutions through both layouts agree with the float64 loop reference to float32 rounding."""
+    x = rng.standard_normal((4, 1, 20, 20)).astype(np.float32)
+    w = rng.standard_normal((6, 1, 5, 5)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    want = ref.conv2d(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64))
+    for path in ("per-image", "batch-innermost"):
+        with monkeypatch.context() as m:
+            _force(native, m, path)
+            out = np.empty(want.shape, np.float32)
+            native.conv2d(x, w, out, (1, 1), (0, 0), {}, b)
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4, err_msg=path)
