@@ -797,3 +797,38 @@ def test_cuda_without_the_cudnn_frontend_convolves_through_im2col(monkeypatch):
                   (2, 2), (1, 1), {})
         outs.append(y.to_numpy())
     close(outs[1], outs[0], "im2col convolution")
+
+
+@pytest.mark.webgpu
+def test_webgpu_scratch_grows_in_place_and_recorded_steps_forget_the_old_buffer():
+    """One scratch buffer per use, grown to the largest size asked for; when it grows, the old buffer goes back to
+    the pool, so steps recorded against it are forgotten: a replay must never write into a tensor that took it."""
+    import gc
+
+    be = _webgpu(power_preference="low-power")
+    twin = _webgpu(adapter=be.adapter_name)
+    twin.replay = False
+    ds = lp.data.digits()
+    x, y = ds.x_train[:32], ds.y_train[:32]
+    solvers = [_solver(b, dropout=False, solver="momentum") for b in (be, twin)]
+    for _ in range(3):
+        for s in solvers:
+            s.train_minibatch(x, y)
+    assert be.replays >= 1 and be._steps
+    tag = max(be._scratch, key=lambda t: be._scratch[t].size)
+    old = be._scratch[tag].size
+    assert be._scratch_buffer(old // 2, tag).size == old // 2  # smaller asks are prefixes of the same buffer
+    assert be._scratch_buffer(old // 2, tag).raw is be._scratch[tag].raw
+    be._scratch_buffer(old + 1, tag)
+    assert be._scratch[tag].size == old + 1
+    gc.collect()
+    bystander = lp.SharedTensor.from_numpy(np.full(old, 7.0, np.float32))
+    be.scal(1.0, bystander.read_write(be))  # on the device only; its buffer is most likely the old scratch buffer
+    for _ in range(3):
+        for s in solvers:
+            s.train_minibatch(x, y)
+    np.testing.assert_array_equal(bystander.to_numpy(), np.full(old, 7.0, np.float32))
+    a, b = solvers
+    assert a.loss() == pytest.approx(b.loss(), rel=1e-5)
+    for wa, wb in zip(a.network.learnable_weights_data(), b.network.learnable_weights_data()):
+        close(wa.to_numpy(), wb.to_numpy(), "weights", rtol=1e-5, atol=1e-7)

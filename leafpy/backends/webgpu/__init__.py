@@ -484,12 +484,16 @@ class WebGPUBackend(Backend):
         return x, -(-groups // x), 1
 
     def _scratch_buffer(self, size: int, tag: str) -> WView:
-        key = (tag, size)
-        b = self._scratch.get(key)
-        if b is None:
-            b = self.allocate(size, np.float32)
-            self._scratch[key] = b
-        return b
+        """A prefix of the one scratch buffer kept per use (``tag``), grown to the largest size asked for: the
+        layers of a network share it (dispatches run in order), and a work-in-progress value never outlives the
+        primitive that wrote it."""
+        b = self._scratch.get(tag)
+        if b is None or b.size < size:
+            if b is not None:
+                # recorded steps bind the old buffer, which returns to the pool for other tensors: forget them
+                self._steps.clear()
+            b = self._scratch[tag] = self.allocate(size, np.float32)
+        return b if b.size == size else b[:size]
 
     def _elementwise(self, entry: str, n: int, buffers: list, u: tuple = (), f: tuple = (),
                      whole: tuple[int, ...] = (), base_slot: int | None = None) -> None:
