@@ -824,10 +824,15 @@ def test_webgpu_scratch_grows_in_place_and_recorded_steps_forget_the_old_buffer(
     gc.collect()
     bystander = lp.SharedTensor.from_numpy(np.full(old, 7.0, np.float32))
     be.scal(1.0, bystander.read_write(be))  # on the device only; its buffer is most likely the old scratch buffer
+    replays = be.replays
     for _ in range(3):
         for s in solvers:
             s.train_minibatch(x, y)
+    assert be.replays - replays == 1  # seen, recorded again, replayed
     np.testing.assert_array_equal(bystander.to_numpy(), np.full(old, 7.0, np.float32))
+    # a step seen for the first time keeps its place when it grows a buffer (it has recorded nothing yet)
+    be.run_step(("growing", 1), lambda: be._scratch_buffer(be._scratch[tag].size + 1, tag))
+    assert ("growing", 1) in be._steps
     a, b = solvers
     assert a.loss() == pytest.approx(b.loss(), rel=1e-5)
     for wa, wb in zip(a.network.learnable_weights_data(), b.network.learnable_weights_data()):

@@ -491,7 +491,7 @@ class WebGPUBackend(Backend):
         if b is None or b.size < size:
             if b is not None:
                 # recorded steps bind the old buffer, which returns to the pool for other tensors: forget them
-                self._steps.clear()
+                self._steps = {k: e for k, e in self._steps.items() if e.items is None}
             b = self._scratch[tag] = self.allocate(size, np.float32)
         return b if b.size == size else b[:size]
 
