@@ -21,6 +21,8 @@ PATHS = {
     "per-image": {"PER_IMAGE_MAX_K": 10**9, "PER_IMAGE_MIN_P": 0},
     "batch-innermost": {"PER_IMAGE_MAX_K": 0},
     "batch-innermost, split filter gradient": {"PER_IMAGE_MAX_K": 0, "FILTER_SPLIT": 4},
+    "per-image, in pieces": {"PER_IMAGE_MAX_K": 10**9, "PER_IMAGE_MIN_P": 0, "CONV_PIECE_BYTES": 1},
+    "batch-innermost, in pieces": {"PER_IMAGE_MAX_K": 0, "CONV_PIECE_BYTES": 1},
 }
 
 
@@ -87,3 +89,29 @@ def test_float32_layouts_agree(native, monkeypatch, rng):
             out = np.empty(want.shape, np.float32)
             native.conv2d(x, w, out, (1, 1), (0, 0), {}, b)
         np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4, err_msg=path)
+
+
+@pytest.mark.parametrize("mode,kernel,stride,padding", [
+    ("max", (2, 2), (2, 2), (0, 0)), ("max", (3, 3), (2, 2), (1, 1)), ("average", (3, 2), (2, 1), (1, 0))])
+def test_pooling_in_pieces_matches_whole(native64, monkeypatch, rng, mode, kernel, stride, padding):
+    """Pooling in pieces of one sample gives what one pass over the batch gives, argmax positions included."""
+    x = rng.permutation(np.arange(5 * 3 * 7 * 6)).reshape(5, 3, 7, 6) * 0.01
+    oh = (7 + 2 * padding[0] - kernel[0]) // stride[0] + 1
+    ow = (6 + 2 * padding[1] - kernel[1]) // stride[1] + 1
+    dy = rng.standard_normal((5, 3, oh, ow))
+    results = []
+    for piece in (1 << 30, 1):
+        monkeypatch.setattr(native64, "POOL_PIECE_BYTES", piece)
+        out, mask, dx = np.empty(dy.shape), np.full(dy.shape, -1, np.int32), np.empty(x.shape)
+        native64.pool2d(x, out, mask, mode, kernel, stride, padding)
+        native64.pool2d_grad(dy, dx, mask, mode, kernel, stride, padding)
+        results.append((out, mask, dx))
+    (out, mask, dx), (out1, mask1, dx1) = results
+    np.testing.assert_array_equal(out1, out)
+    np.testing.assert_allclose(dx1, dx, rtol=1e-12, atol=1e-12)
+    if mode == "max":
+        np.testing.assert_array_equal(mask1, mask)
+    if mode == "max" and padding == (0, 0):
+        want, arg = ref.maxpool(x, kernel[0], stride[0])
+        np.testing.assert_array_equal(out1, want)
+        np.testing.assert_allclose(dx1, ref.maxpool_backward(x.shape, arg, dy), rtol=1e-12, atol=1e-12)

@@ -55,8 +55,17 @@ class NativeBackend(ArrayBackend):
         return c * kh * kw <= self.PER_IMAGE_MAX_K and out_shape[2] * out_shape[3] >= self.PER_IMAGE_MIN_P
 
     def _image_cols(self, x, kh, kw, oh, ow, stride, padding, ws):
-        """cols [N, C, kh, kw, oh, ow] of x, zero padded."""
+        """cols [N, C * kh * kw, oh * ow] of x, zero padded."""
+        n, c = x.shape[:2]
+        cols = self._scratch(ws, "image_cols", (n, c, kh, kw, oh, ow), x.dtype)
+        self._fill_image_cols(cols, x, stride, padding, ws)
+        ws["image_cols_of"] = self._identity(x)
+        return cols.reshape(n, c * kh * kw, oh * ow)
+
+    def _fill_image_cols(self, cols, x, stride, padding, ws):
+        """cols [n, C, kh, kw, oh, ow] from x [n, C, H, W]."""
         n, c, h, w = x.shape
+        kh, kw, oh, ow = cols.shape[2:]
         ph, pw = padding
         src = x
         if ph or pw:
@@ -65,20 +74,20 @@ class NativeBackend(ArrayBackend):
                 src.fill(0)
                 ws["x_padded_zeroed"] = src
             src[:, :, ph:ph + h, pw:pw + w] = x
-        cols = self._scratch(ws, "image_cols", (n, c, kh, kw, oh, ow), x.dtype)
         for i, j, rows, columns in self._windows(kh, kw, oh, ow, stride):
             cols[:, :, i, j] = src[:, :, rows, columns]
-        ws["image_cols_of"] = self._identity(x)
-        return cols.reshape(n, c * kh * kw, oh * ow)
 
     def conv2d(self, x, w, out, stride, padding, ws, bias=None):
         if not self._per_image(w, out.shape):
             return super().conv2d(x, w, out, stride, padding, ws, bias)
         o, c, kh, kw = w.shape
         n, _, oh, ow = out.shape
-        cols = self._image_cols(x, kh, kw, oh, ow, stride, padding, ws)
+        cols = self._scratch(ws, "image_cols", (n, c, kh, kw, oh, ow), x.dtype)
         y = out.reshape(n, o, oh * ow)
-        np.matmul(w.reshape(o, -1), cols, out=y)
+        for a, b in self._batch_spans(n, cols[0].nbytes, self.CONV_PIECE_BYTES):  # each piece's GEMM in cache
+            self._fill_image_cols(cols[a:b], x[a:b], stride, padding, ws)
+            np.matmul(w.reshape(o, -1), cols[a:b].reshape(b - a, c * kh * kw, oh * ow), out=y[a:b])
+        ws["image_cols_of"] = self._identity(x)
         if bias is not None:
             y += bias.reshape(o, 1)
 
@@ -121,6 +130,37 @@ class NativeBackend(ArrayBackend):
         else:
             dw *= beta
             dw += grad
+
+    # --- work in pieces that stay in cache ---------------------------------------------------------------------
+    CONV_PIECE_BYTES = 4 << 20
+    """Columns per piece of a convolution whose columns exceed this many bytes: each piece is gathered and
+    multiplied while it is in cache (the whole columns are still kept for the filter gradient). LeNet-1024 on a
+    2-core machine: conv1 forward 27.7 -> 19.5 ms, conv2 forward 49.9 -> 39.0, conv2 data gradient 36.9 -> 25.7;
+    at batch 64 everything fits one piece."""
+    POOL_PIECE_BYTES = 512 << 10
+    """Input bytes per piece of a pooling pass: its per-window passes and temporaries then stay in cache. LeNet's
+    first pooling on a 2-core machine, batch 1024: forward 44.3 -> 24.1 ms, gradient 31.1 -> 18.6; batch 64:
+    1.29 -> 1.08 and 0.92 -> 0.78."""
+
+    @staticmethod
+    def _batch_spans(n: int, sample_bytes: int, piece_bytes: int) -> list[tuple[int, int]]:
+        per = max(1, piece_bytes // max(1, sample_bytes))
+        return [(a, min(n, a + per)) for a in range(0, n, per)]
+
+    def _row_spans(self, oh, row_bytes):
+        if oh * row_bytes <= 4 * self.CONV_PIECE_BYTES:
+            return [(0, oh)]
+        per = max(1, self.CONV_PIECE_BYTES // row_bytes)
+        return [(a, min(oh, a + per)) for a in range(0, oh, per)]
+
+    def pool2d(self, x, out, mask, mode, kernel, stride, padding):
+        for a, b in self._batch_spans(x.shape[0], x[0].nbytes, self.POOL_PIECE_BYTES):
+            super().pool2d(x[a:b], out[a:b], None if mask is None else mask[a:b], mode, kernel, stride, padding)
+
+    def pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding):
+        for a, b in self._batch_spans(dx.shape[0], dx[0].nbytes, self.POOL_PIECE_BYTES):
+            super().pool2d_grad(dy[a:b], dx[a:b], None if mask is None else mask[a:b], mode, kernel, stride,
+                                padding)
 
     FILTER_SPLIT = 1024
     """Columns per product when a filter gradient is small: a [O, K] result of a few hundred values from a long
