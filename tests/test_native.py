@@ -21,7 +21,6 @@ PATHS = {
     "per-image": {"PER_IMAGE_MAX_K": 10**9, "PER_IMAGE_MIN_P": 0},
     "batch-innermost": {"PER_IMAGE_MAX_K": 0},
     "batch-innermost, split filter gradient": {"PER_IMAGE_MAX_K": 0, "FILTER_SPLIT": 4},
-    "per-image, in pieces": {"PER_IMAGE_MAX_K": 10**9, "PER_IMAGE_MIN_P": 0, "CONV_PIECE_BYTES": 1},
     "batch-innermost, in pieces": {"PER_IMAGE_MAX_K": 0, "CONV_PIECE_BYTES": 1},
 }
 

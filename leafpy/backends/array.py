@@ -219,20 +219,15 @@ class ArrayBackend(Backend):
     def _im2col(self, x: Buffer, kh: int, kw: int, oh: int, ow: int, stride: Pair, padding: Pair,
                 ws: dict) -> Buffer:
         xt = self._to_chwn(x, padding, ws, "x_chwn")
-        cols = self._scratch(ws, "cols", (xt.shape[0], kh, kw, oh, ow, xt.shape[3]), x.dtype)
-        self._fill_cols(cols, xt, 0, oh, stride)
+        c, n = xt.shape[0], xt.shape[3]
+        cols = self._scratch(ws, "cols", (c, kh, kw, oh, ow, n), x.dtype)
+        for i, j, rows, columns in self._windows(kh, kw, oh, ow, stride):
+            cols[:, i, j] = xt[:, rows, columns, :]
         ws["cols_of"] = self._identity(x)
-        return cols.reshape(-1, oh * ow * xt.shape[3])
-
-    def _fill_cols(self, cols: Buffer, xt: Buffer, a: int, b: int, stride: Pair) -> None:
-        """Output rows a..b of the columns cols [C, kh, kw, oh, ow, N] from xt [C, H, W, N]."""
-        sh, sw = stride
-        kh, kw, ow = cols.shape[1], cols.shape[2], cols.shape[4]
-        for i, j, _, columns in self._windows(kh, kw, b - a, ow, stride):
-            cols[:, i, j, a:b] = xt[:, i + sh * a:i + sh * (b - 1) + 1:sh, columns, :]
+        return cols.reshape(c * kh * kw, oh * ow * n)
 
     def _row_spans(self, oh: int, row_bytes: int) -> list[tuple[int, int]]:
-        """Output rows per piece of a convolution's columns (row_bytes: the columns of one output row): all at once
+        """Output rows per piece of a data gradient's columns (row_bytes: the columns of one output row): all at once
         here; the native backend cuts large columns into pieces that stay in cache."""
         return [(0, oh)]
 
@@ -260,15 +255,9 @@ class ArrayBackend(Backend):
     def conv2d(self, x, w, out, stride, padding, ws, bias=None):
         o, c, kh, kw = w.shape
         n, _, oh, ow = out.shape
-        xt = self._to_chwn(x, padding, ws, "x_chwn")
-        cols = self._scratch(ws, "cols", (c, kh, kw, oh, ow, n), x.dtype)
-        flat = cols.reshape(c * kh * kw, -1)
+        cols = self._im2col(x, kh, kw, oh, ow, stride, padding, ws)
         y = self._scratch(ws, "y_t", (o, oh * ow * n), x.dtype)
-        row = ow * n
-        for a, b in self._row_spans(oh, flat.shape[0] * row * cols.itemsize):  # each piece's GEMM while in cache
-            self._fill_cols(cols, xt, a, b, stride)
-            self.xp.matmul(w.reshape(o, -1), flat[:, a * row:b * row], out=y[:, a * row:b * row])
-        ws["cols_of"] = self._identity(x)
+        self.xp.matmul(w.reshape(o, -1), cols, out=y)
         self._to_batch_first(out.reshape(n, -1), y.reshape(-1, n))
         if bias is not None:
             self.bias_add(out, bias)
@@ -292,14 +281,14 @@ class ArrayBackend(Backend):
         n, _, h, wd = dx.shape
         oh, ow = dy.shape[2], dy.shape[3]
         ph, pw = padding
-        sh, sw = stride
+        sh = stride[0]
         dy_t = self._dy_t(dy, ws)
         dxt = self._scratch(ws, "dx_chwn", (c, h + 2 * ph, wd + 2 * pw, n), dx.dtype)
         dxt.fill(0)
         k, row = c * kh * kw, ow * n
         spans = self._row_spans(oh, k * row * dy.itemsize)
         piece = self._scratch(ws, "dcols", (k * max(b - a for a, b in spans) * row,), dy.dtype)
-        for a, b in spans:
+        for a, b in spans:  # each piece's scatter while it is in cache
             dcols = piece[:k * (b - a) * row].reshape(k, -1)
             self.xp.matmul(w.reshape(o, -1).T, dy_t[:, a * row:b * row], out=dcols)
             d6 = dcols.reshape(c, kh, kw, b - a, ow, n)

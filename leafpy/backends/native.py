@@ -56,16 +56,7 @@ class NativeBackend(ArrayBackend):
 
     def _image_cols(self, x, kh, kw, oh, ow, stride, padding, ws):
         """cols [N, C * kh * kw, oh * ow] of x, zero padded."""
-        n, c = x.shape[:2]
-        cols = self._scratch(ws, "image_cols", (n, c, kh, kw, oh, ow), x.dtype)
-        self._fill_image_cols(cols, x, stride, padding, ws)
-        ws["image_cols_of"] = self._identity(x)
-        return cols.reshape(n, c * kh * kw, oh * ow)
-
-    def _fill_image_cols(self, cols, x, stride, padding, ws):
-        """cols [n, C, kh, kw, oh, ow] from x [n, C, H, W]."""
         n, c, h, w = x.shape
-        kh, kw, oh, ow = cols.shape[2:]
         ph, pw = padding
         src = x
         if ph or pw:
@@ -74,20 +65,19 @@ class NativeBackend(ArrayBackend):
                 src.fill(0)
                 ws["x_padded_zeroed"] = src
             src[:, :, ph:ph + h, pw:pw + w] = x
+        cols = self._scratch(ws, "image_cols", (n, c, kh, kw, oh, ow), x.dtype)
         for i, j, rows, columns in self._windows(kh, kw, oh, ow, stride):
             cols[:, :, i, j] = src[:, :, rows, columns]
+        ws["image_cols_of"] = self._identity(x)
+        return cols.reshape(n, c * kh * kw, oh * ow)
 
     def conv2d(self, x, w, out, stride, padding, ws, bias=None):
         if not self._per_image(w, out.shape):
             return super().conv2d(x, w, out, stride, padding, ws, bias)
         o, c, kh, kw = w.shape
         n, _, oh, ow = out.shape
-        cols = self._scratch(ws, "image_cols", (n, c, kh, kw, oh, ow), x.dtype)
         y = out.reshape(n, o, oh * ow)
-        for a, b in self._batch_spans(n, cols[0].nbytes, self.CONV_PIECE_BYTES):  # each piece's GEMM in cache
-            self._fill_image_cols(cols[a:b], x[a:b], stride, padding, ws)
-            np.matmul(w.reshape(o, -1), cols[a:b].reshape(b - a, c * kh * kw, oh * ow), out=y[a:b])
-        ws["image_cols_of"] = self._identity(x)
+        np.matmul(w.reshape(o, -1), self._image_cols(x, kh, kw, oh, ow, stride, padding, ws), out=y)
         if bias is not None:
             y += bias.reshape(o, 1)
 
@@ -133,10 +123,11 @@ class NativeBackend(ArrayBackend):
 
     # --- work in pieces that stay in cache ---------------------------------------------------------------------
     CONV_PIECE_BYTES = 4 << 20
-    """Columns per piece of a convolution whose columns exceed this many bytes: each piece is gathered and
-    multiplied while it is in cache (the whole columns are still kept for the filter gradient). LeNet-1024 on a
-    2-core machine: conv1 forward 27.7 -> 19.5 ms, conv2 forward 49.9 -> 39.0, conv2 data gradient 36.9 -> 25.7;
-    at batch 64 everything fits one piece."""
+    """Bytes per piece of a data gradient whose batch-innermost columns exceed four times this size: its GEMM and
+    scatter back into the image run for a few output rows at a time, while those rows' columns are in cache. LeNet's
+    second convolution on a 2-core machine, batch 1024: 45.8 -> 36.3 ms (at batch 64: one piece). Doing the same
+    for the forward pass measured no faster, as the whole columns must still be written for the filter
+    gradient."""
     POOL_PIECE_BYTES = 512 << 10
     """Input bytes per piece of a pooling pass: its per-window passes and temporaries then stay in cache. LeNet's
     first pooling on a 2-core machine, batch 1024: forward 44.3 -> 24.1 ms, gradient 31.1 -> 18.6; batch 64:
@@ -163,10 +154,11 @@ class NativeBackend(ArrayBackend):
                                 padding)
 
     FILTER_SPLIT = 1024
-    """Columns per product when a filter gradient is small: a [O, K] result of a few hundred values from a long
-    product (LeNet-64's first convolution: 20 x 25 over 36864 columns) keeps one core busy and reads its operands
-    once from memory (0.99 ms on a 2-core machine); as a batch of products over 1024-column slices, summed, it
-    takes 0.50 ms."""
+    FILTER_SPLIT_MAX_OUTPUTS = 4096
+    """Columns per product when a filter gradient has at most FILTER_SPLIT_MAX_OUTPUTS values: such a small [O, K]
+    result of a long product (20 x 25 over 36864 columns: a 1-channel 5x5 convolution, batch 64, 24 x 24 outputs)
+    keeps one core busy and reads its operands once from memory (0.99 ms on a 2-core machine); as a batch of
+    products over 1024-column slices, summed, it takes 0.50 ms."""
 
     def _filter_product(self, dy_t, cols, dw, beta, ws):
         # dw^T = cols @ dy_t^T: BLAS runs this orientation faster for every filter gradient measured (LeNet-64's
@@ -174,7 +166,7 @@ class NativeBackend(ArrayBackend):
         o, k = dw.shape
         length = cols.shape[1]
         split = self.FILTER_SPLIT
-        if o * k <= 4096 and length >= 2 * split:
+        if o * k <= self.FILTER_SPLIT_MAX_OUTPUTS and length >= 2 * split:
             b = length // split
             head = b * split
             parts = self._scratch(ws, "dw_parts", (b, k, o), dw.dtype)
