@@ -39,6 +39,9 @@ def _conv_passes(backend, x, w, b, dy, stride, padding, dw0):
     backend.conv2d_grad_data(dy, w, dx, stride, padding, ws)
     dw = dw0.copy()
     backend.conv2d_grad_filter(x, dy, dw, stride, padding, ws, 0.5)
+    alone = dw0.copy()  # without the forward pass's columns at hand
+    backend.conv2d_grad_filter(x, dy, alone, stride, padding, {}, 0.5)
+    np.testing.assert_allclose(alone, dw, rtol=1e-12, atol=1e-12)
     return out, dx, dw
 
 

@@ -214,20 +214,31 @@ class ArrayBackend(Backend):
                 t.fill(0)
                 ws[name + "_zeroed"] = t
         t[:, ph:ph + h, pw:pw + w, :] = x.transpose(1, 2, 3, 0)
+        ws[name + "_of"] = self._identity(x)
         return t
 
     def _im2col(self, x: Buffer, kh: int, kw: int, oh: int, ow: int, stride: Pair, padding: Pair,
                 ws: dict) -> Buffer:
         xt = self._to_chwn(x, padding, ws, "x_chwn")
-        c, n = xt.shape[0], xt.shape[3]
-        cols = self._scratch(ws, "cols", (c, kh, kw, oh, ow, n), x.dtype)
-        for i, j, rows, columns in self._windows(kh, kw, oh, ow, stride):
-            cols[:, i, j] = xt[:, rows, columns, :]
+        cols = self._cols_of_rows(xt, kh, kw, 0, oh, ow, stride, ws, "cols")
         ws["cols_of"] = self._identity(x)
-        return cols.reshape(c * kh * kw, oh * ow * n)
+        return cols
+
+    def _cols_of_rows(self, xt: Buffer, kh: int, kw: int, a: int, b: int, ow: int, stride: Pair, ws: dict,
+                      name: str, rows: int | None = None) -> Buffer:
+        """The columns [C * kh * kw, (b - a) * ow * N] of output rows a..b, gathered from xt [C, H, W, N] into the
+        scratch ``name`` (sized for ``rows`` output rows)."""
+        c, n = xt.shape[0], xt.shape[3]
+        sh = stride[0]
+        k = c * kh * kw
+        buf = self._scratch(ws, name, (k * (rows or b - a) * ow * n,), xt.dtype)
+        cols = buf[:k * (b - a) * ow * n].reshape(c, kh, kw, b - a, ow, n)
+        for i, j, _, columns in self._windows(kh, kw, b - a, ow, stride):
+            cols[:, i, j] = xt[:, i + sh * a:i + sh * (b - 1) + 1:sh, columns, :]
+        return cols.reshape(k, -1)
 
     def _row_spans(self, oh: int, row_bytes: int) -> list[tuple[int, int]]:
-        """Output rows per piece of a data gradient's columns (row_bytes: the columns of one output row): all at once
+        """Output rows per piece of a convolution's columns (row_bytes: the columns of one output row): all at once
         here; the native backend cuts large columns into pieces that stay in cache."""
         return [(0, oh)]
 
@@ -255,9 +266,18 @@ class ArrayBackend(Backend):
     def conv2d(self, x, w, out, stride, padding, ws, bias=None):
         o, c, kh, kw = w.shape
         n, _, oh, ow = out.shape
-        cols = self._im2col(x, kh, kw, oh, ow, stride, padding, ws)
         y = self._scratch(ws, "y_t", (o, oh * ow * n), x.dtype)
-        self.xp.matmul(w.reshape(o, -1), cols, out=y)
+        row = ow * n
+        spans = self._row_spans(oh, c * kh * kw * row * x.itemsize)
+        if len(spans) == 1:
+            self.xp.matmul(w.reshape(o, -1), self._im2col(x, kh, kw, oh, ow, stride, padding, ws), out=y)
+        else:  # columns too large to keep: gathered and multiplied a piece at a time, while in cache
+            ws.pop("cols_of", None)
+            xt = self._to_chwn(x, padding, ws, "x_chwn")
+            rows = max(b - a for a, b in spans)
+            for a, b in spans:
+                cols = self._cols_of_rows(xt, kh, kw, a, b, ow, stride, ws, "cols_piece", rows)
+                self.xp.matmul(w.reshape(o, -1), cols, out=y[:, a * row:b * row])
         self._to_batch_first(out.reshape(n, -1), y.reshape(-1, n))
         if bias is not None:
             self.bias_add(out, bias)
@@ -266,11 +286,18 @@ class ArrayBackend(Backend):
     def conv2d_grad_filter(self, x, dy, dw, stride, padding, ws, beta=0.0):
         o, c, kh, kw = dw.shape
         oh, ow = dy.shape[2], dy.shape[3]
-        if ws.get("cols_of") == self._identity(x) and "cols" in ws:
-            cols = ws["cols"].reshape(c * kh * kw, -1)  # the columns of the forward pass on this x
-        else:
-            cols = self._im2col(x, kh, kw, oh, ow, stride, padding, ws)
-        self._filter_product(self._dy_t(dy, ws), cols, dw.reshape(o, -1), beta, ws)
+        dy_t, dw2 = self._dy_t(dy, ws), dw.reshape(o, -1)
+        if ws.get("cols_of") == self._identity(x) and "cols" in ws:  # the forward pass's columns of this x
+            return self._filter_product(dy_t, ws["cols"].reshape(c * kh * kw, -1), dw2, beta, ws)
+        row = ow * dy.shape[0]
+        spans = self._row_spans(oh, c * kh * kw * row * x.itemsize)
+        if len(spans) == 1:
+            return self._filter_product(dy_t, self._im2col(x, kh, kw, oh, ow, stride, padding, ws), dw2, beta, ws)
+        xt = ws["x_chwn"] if ws.get("x_chwn_of") == self._identity(x) else self._to_chwn(x, padding, ws, "x_chwn")
+        rows = max(b - a for a, b in spans)
+        for a, b in spans:  # gathered again a piece at a time, the pieces' products summed into dw
+            cols = self._cols_of_rows(xt, kh, kw, a, b, ow, stride, ws, "cols_piece", rows)
+            self._filter_product(dy_t[:, a * row:b * row], cols, dw2, beta if a == 0 else 1.0, ws)
 
     def _filter_product(self, dy_t: Buffer, cols: Buffer, dw: Buffer, beta: float, ws: dict) -> None:
         """dw [O, K] = dy_t [O, L] @ cols [K, L]^T + beta * dw (the filter gradient's GEMM)."""
