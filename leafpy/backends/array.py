@@ -197,6 +197,11 @@ class ArrayBackend(Backend):
             ws[name] = a
         return a
 
+    def _work(self, ws: dict, name: str, shape: tuple[int, ...], dtype: Any = None) -> Buffer:
+        """Scratch that lives for one primitive call only (nothing reads it afterwards): kept per layer here; the
+        native backend shares one buffer per name across layers."""
+        return self._scratch(ws, name, shape, dtype)
+
     @staticmethod
     def _windows(kh: int, kw: int, oh: int, ow: int, stride: Pair):
         sh, sw = stride
@@ -231,7 +236,8 @@ class ArrayBackend(Backend):
         c, n = xt.shape[0], xt.shape[3]
         sh = stride[0]
         k = c * kh * kw
-        buf = self._scratch(ws, name, (k * (rows or b - a) * ow * n,), xt.dtype)
+        size = (k * (rows or b - a) * ow * n,)
+        buf = self._scratch(ws, name, size, xt.dtype) if name == "cols" else self._work(ws, name, size, xt.dtype)
         cols = buf[:k * (b - a) * ow * n].reshape(c, kh, kw, b - a, ow, n)
         for i, j, _, columns in self._windows(kh, kw, b - a, ow, stride):
             cols[:, i, j] = xt[:, i + sh * a:i + sh * (b - 1) + 1:sh, columns, :]
@@ -266,7 +272,7 @@ class ArrayBackend(Backend):
     def conv2d(self, x, w, out, stride, padding, ws, bias=None):
         o, c, kh, kw = w.shape
         n, _, oh, ow = out.shape
-        y = self._scratch(ws, "y_t", (o, oh * ow * n), x.dtype)
+        y = self._work(ws, "y_t", (o, oh * ow * n), x.dtype)
         row = ow * n
         spans = self._row_spans(oh, c * kh * kw * row * x.itemsize)
         if len(spans) == 1:
@@ -310,11 +316,11 @@ class ArrayBackend(Backend):
         ph, pw = padding
         sh = stride[0]
         dy_t = self._dy_t(dy, ws)
-        dxt = self._scratch(ws, "dx_chwn", (c, h + 2 * ph, wd + 2 * pw, n), dx.dtype)
+        dxt = self._work(ws, "dx_chwn", (c, h + 2 * ph, wd + 2 * pw, n), dx.dtype)
         dxt.fill(0)
         k, row = c * kh * kw, ow * n
         spans = self._row_spans(oh, k * row * dy.itemsize)
-        piece = self._scratch(ws, "dcols", (k * max(b - a for a, b in spans) * row,), dy.dtype)
+        piece = self._work(ws, "dcols", (k * max(b - a for a, b in spans) * row,), dy.dtype)
         for a, b in spans:  # each piece's scatter while it is in cache
             dcols = piece[:k * (b - a) * row].reshape(k, -1)
             self.xp.matmul(w.reshape(o, -1).T, dy_t[:, a * row:b * row], out=dcols)
