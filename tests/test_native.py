@@ -117,3 +117,21 @@ def test_pooling_in_pieces_matches_whole(native64, monkeypatch, rng, mode, kerne
         want, arg = ref.maxpool(x, kernel[0], stride[0])
         np.testing.assert_array_equal(out1, want)
         np.testing.assert_allclose(dx1, ref.maxpool_backward(x.shape, arg, dy), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("path", ["batch-innermost", "batch-innermost, in pieces"])
+def test_layers_sharing_scratch_pass_gradient_checks(native64, monkeypatch, path):
+    """Three convolutions of different sizes in a row share the native backend's per-call scratch (one buffer per
+    name, grown to the largest); the network's gradients still pass the check."""
+    _force(native64, monkeypatch, path)
+    cfg = lp.SequentialConfig(inputs=[("data", [2, 2, 7, 7])], force_backward=True)
+    cfg.add_layer(lp.LayerConfig("c1", lp.ConvolutionConfig(num_output=3, filter_shape=[3], padding=[1])))
+    cfg.add_layer(lp.LayerConfig("t1", "TanH"))
+    cfg.add_layer(lp.LayerConfig("c2", lp.ConvolutionConfig(num_output=4, filter_shape=[2], stride=[2])))
+    cfg.add_layer(lp.LayerConfig("t2", "TanH"))
+    cfg.add_layer(lp.LayerConfig("c3", lp.ConvolutionConfig(num_output=2, filter_shape=[3], padding=[2])))
+    net = lp.Layer.from_config(native64, lp.LayerConfig("net", cfg), seed=4)
+    x = np.random.default_rng(3).standard_normal((2, 2, 7, 7))
+    checked = check_layer_gradients(net, [x])
+    assert checked == x.size + sum(w.size for w in net.learnable_weights_data())
+    assert ("dcols", np.dtype(np.float64)) in native64._shared_work
