@@ -225,19 +225,20 @@ class ArrayBackend(Backend):
     def _im2col(self, x: Buffer, kh: int, kw: int, oh: int, ow: int, stride: Pair, padding: Pair,
                 ws: dict) -> Buffer:
         xt = self._to_chwn(x, padding, ws, "x_chwn")
-        cols = self._cols_of_rows(xt, kh, kw, 0, oh, ow, stride, ws, "cols")
+        cols = self._cols_of_rows(xt, kh, kw, 0, oh, ow, stride, ws, oh, keep=True)
         ws["cols_of"] = self._identity(x)
         return cols
 
     def _cols_of_rows(self, xt: Buffer, kh: int, kw: int, a: int, b: int, ow: int, stride: Pair, ws: dict,
-                      name: str, rows: int | None = None) -> Buffer:
-        """The columns [C * kh * kw, (b - a) * ow * N] of output rows a..b, gathered from xt [C, H, W, N] into the
-        scratch ``name`` (sized for ``rows`` output rows)."""
+                      rows: int, keep: bool = False) -> Buffer:
+        """The columns [C * kh * kw, (b - a) * ow * N] of output rows a..b, gathered from xt [C, H, W, N] into
+        scratch sized for ``rows`` output rows: the layer's own ("cols", kept for the filter gradient) or a piece
+        that lives for this call."""
         c, n = xt.shape[0], xt.shape[3]
         sh = stride[0]
         k = c * kh * kw
-        size = (k * (rows or b - a) * ow * n,)
-        buf = self._scratch(ws, name, size, xt.dtype) if name == "cols" else self._work(ws, name, size, xt.dtype)
+        size = (k * rows * ow * n,)
+        buf = self._scratch(ws, "cols", size, xt.dtype) if keep else self._work(ws, "cols_piece", size, xt.dtype)
         cols = buf[:k * (b - a) * ow * n].reshape(c, kh, kw, b - a, ow, n)
         for i, j, _, columns in self._windows(kh, kw, b - a, ow, stride):
             cols[:, i, j] = xt[:, i + sh * a:i + sh * (b - 1) + 1:sh, columns, :]
@@ -282,7 +283,7 @@ class ArrayBackend(Backend):
             xt = self._to_chwn(x, padding, ws, "x_chwn")
             rows = max(b - a for a, b in spans)
             for a, b in spans:
-                cols = self._cols_of_rows(xt, kh, kw, a, b, ow, stride, ws, "cols_piece", rows)
+                cols = self._cols_of_rows(xt, kh, kw, a, b, ow, stride, ws, rows)
                 self.xp.matmul(w.reshape(o, -1), cols, out=y[:, a * row:b * row])
         self._to_batch_first(out.reshape(n, -1), y.reshape(-1, n))
         if bias is not None:
@@ -302,7 +303,7 @@ class ArrayBackend(Backend):
         xt = ws["x_chwn"] if ws.get("x_chwn_of") == self._identity(x) else self._to_chwn(x, padding, ws, "x_chwn")
         rows = max(b - a for a, b in spans)
         for a, b in spans:  # gathered again a piece at a time, the pieces' products summed into dw
-            cols = self._cols_of_rows(xt, kh, kw, a, b, ow, stride, ws, "cols_piece", rows)
+            cols = self._cols_of_rows(xt, kh, kw, a, b, ow, stride, ws, rows)
             self._filter_product(dy_t[:, a * row:b * row], cols, dw2, beta if a == 0 else 1.0, ws)
 
     def _filter_product(self, dy_t: Buffer, cols: Buffer, dw: Buffer, beta: float, ws: dict) -> None:
