@@ -135,3 +135,30 @@ def test_layers_sharing_scratch_pass_gradient_checks(native64, monkeypatch, path
     checked = check_layer_gradients(net, [x])
     assert checked == x.size + sum(w.size for w in net.learnable_weights_data())
     assert ("dcols", np.dtype(np.float64)) in native64._shared_work
+
+
+@pytest.mark.parametrize("shape,kernel,stride", [((2, 3, 8, 6), (2, 2), (2, 2)), ((2, 3, 9, 7), (2, 2), (2, 2)),
+                                                 ((1, 2, 9, 9), (2, 2), (3, 3)), ((1, 2, 6, 6), (3, 2), (3, 2))])
+@pytest.mark.parametrize("mode", ["max", "average"])
+def test_pooling_gradient_writes_every_input(native64, rng, shape, kernel, stride, mode):
+    """Windows that tile the input write every element of dx; inputs no window covers (a ragged edge, gaps between
+    windows) get zero: nothing of what dx held before survives."""
+    x = rng.permutation(np.arange(np.prod(shape))).reshape(shape) * 0.01
+    oh, ow = (shape[2] - kernel[0]) // stride[0] + 1, (shape[3] - kernel[1]) // stride[1] + 1
+    dy = rng.standard_normal((shape[0], shape[1], oh, ow))
+    out, mask = np.empty(dy.shape), np.empty(dy.shape, np.int32)
+    native64.pool2d(x, out, mask, mode, kernel, stride, (0, 0))
+    dx = np.full(shape, np.nan)
+    native64.pool2d_grad(dy, dx, mask, mode, kernel, stride, (0, 0))
+    want = np.zeros(shape)
+    for i in range(oh):
+        for j in range(ow):
+            rows = slice(i * stride[0], i * stride[0] + kernel[0])
+            cols = slice(j * stride[1], j * stride[1] + kernel[1])
+            win = x[:, :, rows, cols].reshape(shape[0], shape[1], -1)
+            if mode == "max":
+                hit = (win == win.max(axis=2, keepdims=True)).reshape(shape[0], shape[1], *kernel)
+                want[:, :, rows, cols] += hit * dy[:, :, i:i + 1, j:j + 1]
+            else:
+                want[:, :, rows, cols] += dy[:, :, i:i + 1, j:j + 1] / (kernel[0] * kernel[1])
+    np.testing.assert_allclose(dx, want, rtol=1e-12, atol=1e-12)
