@@ -360,12 +360,11 @@ class ArrayBackend(Backend):
                     mask.fill(0)
                 first = False
             elif mode == "max":
-                # ties keep the first position; mask += better * (t - mask)
+                # ties keep the first position; offsets t only grow, so mask = max(mask, t * better)
                 xp.greater(s, out, out=better)
                 xp.maximum(out, s, out=out)
-                xp.subtract(i * kw + j, mask, out=step)
-                step *= better
-                mask += step
+                xp.multiply(better, mask.dtype.type(i * kw + j), out=step)  # an int32 scalar: the int32 loop
+                xp.maximum(mask, step, out=mask)
             else:
                 out += s
         if mode != "max":
