@@ -1,5 +1,5 @@
-"""The native backend's convolution layouts, each forced on shapes that would not pick it, against loop references
-and central differences (float64)."""
+"""The native backend's own paths: its convolution layouts, each forced on shapes that would not pick it, against
+loop references and central differences; scratch shared by layers; pooling in pieces (float64 unless said)."""
 
 from __future__ import annotations
 
