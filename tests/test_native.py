@@ -58,6 +58,9 @@ def test_convolution_layouts_match_loop_reference(native64, monkeypatch, rng, pa
     y, dx, dw = _conv_passes(native64, x, w, b, dy, stride, padding, dw0)
     want_dx, want_dw, _ = ref.conv2d_backward(x, w, dy, stride, padding)
     np.testing.assert_allclose(y, want_y, rtol=1e-10, atol=1e-10)
+    no_bias = np.empty(want_y.shape)
+    native64.conv2d(x, w, no_bias, stride, padding, {}, None)
+    np.testing.assert_allclose(no_bias, ref.conv2d(x, w, None, stride, padding), rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(dx, want_dx, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(dw, want_dw + 0.5 * dw0, rtol=1e-10, atol=1e-10)
 
