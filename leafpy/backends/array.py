@@ -231,18 +231,20 @@ class ArrayBackend(Backend):
 
     def _cols_of_rows(self, xt: Buffer, kh: int, kw: int, a: int, b: int, ow: int, stride: Pair, ws: dict,
                       rows: int, keep: bool = False) -> Buffer:
-        """The columns [C * kh * kw, (b - a) * ow * N] of output rows a..b, gathered from xt [C, H, W, N] into
-        scratch sized for ``rows`` output rows: the layer's own ("cols", kept for the filter gradient) or a piece
-        that lives for this call."""
+        """The columns [C * kh * kw + 1, (b - a) * ow * N] of output rows a..b, gathered from xt [C, H, W, N], with a
+        last row of ones (the bias's column), into scratch sized for ``rows`` output rows: the layer's own ("cols",
+        kept for the filter gradient) or a piece that lives for this call."""
         c, n = xt.shape[0], xt.shape[3]
         sh = stride[0]
         k = c * kh * kw
-        size = (k * rows * ow * n,)
+        size = ((k + 1) * rows * ow * n,)
         buf = self._scratch(ws, "cols", size, xt.dtype) if keep else self._work(ws, "cols_piece", size, xt.dtype)
-        cols = buf[:k * (b - a) * ow * n].reshape(c, kh, kw, b - a, ow, n)
+        cols = buf[:(k + 1) * (b - a) * ow * n].reshape(k + 1, -1)
+        windows = cols[:k].reshape(c, kh, kw, b - a, ow, n)
         for i, j, _, columns in self._windows(kh, kw, b - a, ow, stride):
-            cols[:, i, j] = xt[:, i + sh * a:i + sh * (b - 1) + 1:sh, columns, :]
-        return cols.reshape(k, -1)
+            windows[:, i, j] = xt[:, i + sh * a:i + sh * (b - 1) + 1:sh, columns, :]
+        cols[k] = 1
+        return cols
 
     def _row_spans(self, oh: int, row_bytes: int) -> list[tuple[int, int]]:
         """Output rows per piece of a convolution's columns (row_bytes: the columns of one output row): all at once
@@ -273,38 +275,46 @@ class ArrayBackend(Backend):
     def conv2d(self, x, w, out, stride, padding, ws, bias=None):
         o, c, kh, kw = w.shape
         n, _, oh, ow = out.shape
+        k = c * kh * kw
         y = self._work(ws, "y_t", (o, oh * ow * n), x.dtype)
+        if bias is None:
+            filt, rows_used = w.reshape(o, k), k
+        else:  # the bias as one more filter column against the columns' row of ones: no pass over the output
+            filt, rows_used = self._work(ws, "filter_and_bias", (o, k + 1), w.dtype), k + 1
+            filt[:, :k] = w.reshape(o, k)
+            filt[:, k] = bias
         row = ow * n
-        spans = self._row_spans(oh, c * kh * kw * row * x.itemsize)
+        spans = self._row_spans(oh, k * row * x.itemsize)
         if len(spans) == 1:
-            self.xp.matmul(w.reshape(o, -1), self._im2col(x, kh, kw, oh, ow, stride, padding, ws), out=y)
+            cols = self._im2col(x, kh, kw, oh, ow, stride, padding, ws)
+            self.xp.matmul(filt, cols[:rows_used], out=y)
         else:  # columns too large to keep: gathered and multiplied a piece at a time, while in cache
             ws.pop("cols_of", None)
             xt = self._to_chwn(x, padding, ws, "x_chwn")
             rows = max(b - a for a, b in spans)
             for a, b in spans:
                 cols = self._cols_of_rows(xt, kh, kw, a, b, ow, stride, ws, rows)
-                self.xp.matmul(w.reshape(o, -1), cols, out=y[:, a * row:b * row])
+                self.xp.matmul(filt, cols[:rows_used], out=y[:, a * row:b * row])
         self._to_batch_first(out.reshape(n, -1), y.reshape(-1, n))
-        if bias is not None:
-            self.bias_add(out, bias)
         ws["dy_t_fresh"] = False  # a new forward pass: the next backward brings a new dy
 
     def conv2d_grad_filter(self, x, dy, dw, stride, padding, ws, beta=0.0):
         o, c, kh, kw = dw.shape
         oh, ow = dy.shape[2], dy.shape[3]
+        k = c * kh * kw
         dy_t, dw2 = self._dy_t(dy, ws), dw.reshape(o, -1)
         if ws.get("cols_of") == self._identity(x) and "cols" in ws:  # the forward pass's columns of this x
-            return self._filter_product(dy_t, ws["cols"].reshape(c * kh * kw, -1), dw2, beta, ws)
+            return self._filter_product(dy_t, ws["cols"].reshape(k + 1, -1)[:k], dw2, beta, ws)
         row = ow * dy.shape[0]
-        spans = self._row_spans(oh, c * kh * kw * row * x.itemsize)
+        spans = self._row_spans(oh, k * row * x.itemsize)
         if len(spans) == 1:
-            return self._filter_product(dy_t, self._im2col(x, kh, kw, oh, ow, stride, padding, ws), dw2, beta, ws)
+            cols = self._im2col(x, kh, kw, oh, ow, stride, padding, ws)
+            return self._filter_product(dy_t, cols[:k], dw2, beta, ws)
         xt = ws["x_chwn"] if ws.get("x_chwn_of") == self._identity(x) else self._to_chwn(x, padding, ws, "x_chwn")
         rows = max(b - a for a, b in spans)
         for a, b in spans:  # gathered again a piece at a time, the pieces' products summed into dw
             cols = self._cols_of_rows(xt, kh, kw, a, b, ow, stride, ws, rows)
-            self._filter_product(dy_t[:, a * row:b * row], cols, dw2, beta if a == 0 else 1.0, ws)
+            self._filter_product(dy_t[:, a * row:b * row], cols[:k], dw2, beta if a == 0 else 1.0, ws)
 
     def _filter_product(self, dy_t: Buffer, cols: Buffer, dw: Buffer, beta: float, ws: dict) -> None:
         """dw [O, K] = dy_t [O, L] @ cols [K, L]^T + beta * dw (the filter gradient's GEMM)."""
