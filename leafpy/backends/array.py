@@ -197,6 +197,34 @@ class ArrayBackend(Backend):
             ws[name] = a
         return a
 
+    def _zeroed_once(self, ws: dict, name: str, shape: tuple[int, ...], dtype: Any = None) -> Buffer:
+        """The layer's scratch ``name``, zero filled when it is (re)allocated: a padded copy whose border stays zero
+        while only its interior is written."""
+        t = self._scratch(ws, name, shape, dtype)
+        if ws.get(name + "_zeroed") is not t:
+            t.fill(0)
+            ws[name + "_zeroed"] = t
+        return t
+
+    @staticmethod
+    def _pieces(count: int, item_bytes: int, piece_bytes: int) -> list[tuple[int, int]]:
+        """Ranges [a, b) of ``count`` items of ``item_bytes`` each, about ``piece_bytes`` per range (at least one
+        item)."""
+        per = max(1, piece_bytes // max(1, item_bytes))
+        return [(a, min(count, a + per)) for a in range(0, count, per)]
+
+    def _filter_with_bias(self, w: Buffer, bias: Buffer | None, ws: dict) -> Buffer:
+        """w as [O, C * kh * kw], with the bias as one more column when there is one: multiplied against columns
+        that end in a row of ones, the product then includes the bias (no pass over the output for it)."""
+        o = w.shape[0]
+        if bias is None:
+            return w.reshape(o, -1)
+        k = w.size // o
+        filt = self._work(ws, "filter_and_bias", (o, k + 1), w.dtype)
+        filt[:, :k] = w.reshape(o, k)
+        filt[:, k] = bias
+        return filt
+
     def _work(self, ws: dict, name: str, shape: tuple[int, ...], dtype: Any = None) -> Buffer:
         """Scratch that lives for one primitive call only (nothing reads it afterwards): kept per layer here; the
         native backend shares one buffer per name across layers."""
@@ -213,11 +241,8 @@ class ArrayBackend(Backend):
         """x [N, C, H, W] as [C, H + 2ph, W + 2pw, N], zero padded."""
         n, c, h, w = x.shape
         ph, pw = padding
-        t = self._scratch(ws, name, (c, h + 2 * ph, w + 2 * pw, n), x.dtype)
-        if ph or pw:
-            if ws.get(name + "_zeroed") is not t:
-                t.fill(0)
-                ws[name + "_zeroed"] = t
+        shape = (c, h + 2 * ph, w + 2 * pw, n)
+        t = self._zeroed_once(ws, name, shape, x.dtype) if ph or pw else self._scratch(ws, name, shape, x.dtype)
         t[:, ph:ph + h, pw:pw + w, :] = x.transpose(1, 2, 3, 0)
         ws[name + "_of"] = self._identity(x)
         return t
@@ -277,12 +302,8 @@ class ArrayBackend(Backend):
         n, _, oh, ow = out.shape
         k = c * kh * kw
         y = self._work(ws, "y_t", (o, oh * ow * n), x.dtype)
-        if bias is None:
-            filt, rows_used = w.reshape(o, k), k
-        else:  # the bias as one more filter column against the columns' row of ones: no pass over the output
-            filt, rows_used = self._work(ws, "filter_and_bias", (o, k + 1), w.dtype), k + 1
-            filt[:, :k] = w.reshape(o, k)
-            filt[:, k] = bias
+        filt = self._filter_with_bias(w, bias, ws)
+        rows_used = filt.shape[1]
         row = ow * n
         spans = self._row_spans(oh, k * row * x.itemsize)
         if len(spans) == 1:
