@@ -98,8 +98,11 @@ def by_hand(solver_name, W, b, xs, ts, *, lr, m=0.9, wd=0.01, b1=0.9, b2=0.999, 
     return out
 
 
+@pytest.mark.parametrize("piece", [None, 4], ids=["whole", "in-pieces"])
 @pytest.mark.parametrize("rule", ["momentum", "nesterov", "adam", "rmsprop"])
-def test_first_three_steps_by_hand(native64, rule):
+def test_first_three_steps_by_hand(native64, rule, piece):
+    if piece:
+        native64.UPDATE_PIECE = piece  # the 2x3 weight updates in two pieces, on this instance only
     rng = np.random.default_rng(3)
     xs = [rng.standard_normal((4, 3)) for _ in range(3)]
     ts = [rng.standard_normal((4, 2)) for _ in range(3)]
