@@ -1,7 +1,8 @@
 """YAML run files <-> config objects.
 
 A run file has ``name``, ``data``, ``network``, ``objective``, ``solver`` and optionally ``train`` sections (see
-``configs/``). Only ``yaml.safe_load`` is used. Errors name the path inside the file
+``configs/``). Only PyYAML's safe loader is used (with YAML 1.2's numbers: ``1e-3`` is a float). Errors name the
+path inside the file
 (``network.layers[2].num_output``), what was expected, and the valid keys or types.
 """
 
@@ -218,10 +219,26 @@ def to_dict(run: RunConfig) -> dict:
     return doc
 
 
+class _SafeLoader(yaml.SafeLoader):
+    """``yaml.safe_load``'s loader, reading exponent floats without a dot (``1e-3``, ``5e-4``) as numbers, as YAML
+    1.2 does; YAML 1.1, which PyYAML follows, reads them as strings."""
+
+
+_SafeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
 def loads(text: str, source: str = "<string>") -> RunConfig:
     """A RunConfig from YAML text."""
     try:
-        doc = yaml.safe_load(text)
+        loader = _SafeLoader(text)
+        try:
+            doc = loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.YAMLError as e:
         raise ConfigError(f"{source}: not valid YAML: {e}") from None
     return from_dict(doc, source)

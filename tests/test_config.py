@@ -122,6 +122,19 @@ def test_run_file_section_errors(extra, message):
         lp.config.loads(BASE + extra)
 
 
+def test_exponent_numbers_without_a_dot_are_numbers():
+    # YAML 1.1 (PyYAML's default) reads 5e-4 as a string; run files read it as YAML 1.2 does
+    run = lp.config.loads(BASE + "solver: {solver: adam, base_lr: 1e-3, weight_decay: 5E-4, epsilon: 1e-8, "
+                                 "clip_gradients: +2e1, momentum: .5e0}\n")
+    s = run.solver
+    assert (s.base_lr, s.weight_decay, s.epsilon, s.clip_gradients, s.momentum) == (1e-3, 5e-4, 1e-8, 20.0, 0.5)
+    assert lp.config.loads(lp.config.dumps(run)) == run
+    run = lp.config.loads(BASE.replace("name: fc1", "name: 1e5x") + "name: 2e3e\n")  # not numbers: still text
+    assert run.name == "2e3e" and run.network.config.layers[0].name == "1e5x"
+    with pytest.raises(lp.ConfigError, match=r"solver\.base_lr: expected a number, got '1e'"):
+        lp.config.loads(BASE + "solver: {base_lr: 1e}\n")
+
+
 def test_unsafe_yaml_is_refused(tmp_path):
     p = tmp_path / "evil.yaml"
     p.write_text("!!python/object/apply:os.system ['echo pwned']\n")
