@@ -16,7 +16,7 @@ class ConfigError(LeafpyError, ValueError):
 
 
 class ShapeError(LeafpyError, ValueError):
-    """A tensor shape does not fit what a layer or network expects."""
+    """A tensor's shape (or the type of its values) does not fit what a layer or network expects."""
 
 
 class BackendError(LeafpyError, RuntimeError):

@@ -209,8 +209,11 @@ def _read_message(path: str | os.PathLike, struct: str) -> Any:
     if size > MAX_FILE_BYTES:
         raise SerializationError(f"{path}: the file is {size} bytes, over the limit of {MAX_FILE_BYTES} "
                                  "(leafpy.serialization.MAX_FILE_BYTES)")
-    with open(path, "rb") as f:
-        data = f.read()
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:  # a directory, no permission
+        raise SerializationError(f"{path}: cannot read: {e.strerror or e}") from e
     # packed data expands at most 8x; a hostile file cannot make the reader walk more than that
     limit = min(2**62, 8 * size + 1024)
     try:

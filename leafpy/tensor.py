@@ -26,6 +26,18 @@ if TYPE_CHECKING:
 HOST = "host"
 
 
+def as_numbers(array: Any, where: str) -> np.ndarray:
+    """``array`` as a NumPy array of real numbers (bool, integer or float); anything else is a ShapeError naming
+    ``where``."""
+    try:
+        a = np.asarray(array)
+    except (ValueError, TypeError) as e:  # ragged nested lists
+        raise ShapeError(f"{where}: expected an array of numbers, got {type(array).__name__} ({e})") from None
+    if a.dtype.kind not in "biuf":
+        raise ShapeError(f"{where}: expected real numbers (bool, integer or float), got an array of dtype {a.dtype}")
+    return a
+
+
 def _as_shape(shape: Sequence[int] | int) -> tuple[int, ...]:
     if isinstance(shape, (int, np.integer)):
         shape = (int(shape),)
@@ -66,7 +78,7 @@ class SharedTensor:
     @classmethod
     def from_numpy(cls, array: Any, dtype: Any = None) -> SharedTensor:
         """A tensor whose only fresh copy is a host copy of ``array`` (``dtype`` defaults to the array's float type)."""
-        a = np.asarray(array)
+        a = as_numbers(array, "SharedTensor.from_numpy")
         if dtype is None:
             dtype = a.dtype if a.dtype in (np.float32, np.float64) else np.float32
         t = cls(a.shape, dtype)
@@ -231,7 +243,7 @@ class SharedTensor:
 
     def set(self, array: Any) -> None:
         """Copy host data in (cast to this tensor's dtype); every device copy becomes stale."""
-        a = np.asarray(array)
+        a = as_numbers(array, "SharedTensor.set")
         if a.shape != self._shape:
             if a.size == self.size and a.ndim <= 1 and len(self._shape) <= 1:
                 a = a.reshape(self._shape)

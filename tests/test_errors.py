@@ -61,6 +61,9 @@ def test_network_input_count_and_shape(native):
     with pytest.raises(lp.ShapeError) as e:
         net.forward([np.zeros((8, 1, 28, 27))])
     assert "'data'" in str(e.value) and "[N, 1, 28, 28]" in str(e.value) and "(8, 1, 28, 27)" in str(e.value)
+    for not_a_list in (np.zeros((8, 1, 28, 28)), lp.SharedTensor.from_numpy(np.zeros((8, 1, 28, 28)))):
+        with pytest.raises(lp.ShapeError, match=r"layer 'lenet': forward takes a list of inputs .*\[x\]"):
+            net.forward(not_a_list)
     # a different batch size is fine
     assert net.forward([np.zeros((3, 1, 28, 28))])[0].shape == (3, 3)
 
@@ -111,3 +114,28 @@ def test_too_small_input_for_filter(native):
 def test_unknown_backend():
     with pytest.raises(lp.ConfigError, match="native, cuda, webgpu"):
         lp.backend("opencl")
+
+
+def test_inputs_that_are_not_numbers_name_the_place(native):
+    cfg = lp.SequentialConfig(inputs=[("data", [4, 5])])
+    cfg.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=3)))
+    net = lp.Layer.from_config(native, lp.LayerConfig("net", cfg))
+    where = r"layer 'net' \(Sequential\): input 0: "
+    with pytest.raises(lp.ShapeError, match=where + r"expected real numbers .*dtype <U1"):
+        net.forward([np.full((4, 5), "a")])
+    with pytest.raises(lp.ShapeError, match=where + r"expected real numbers .*dtype complex128"):
+        net.forward([np.zeros((4, 5), complex)])
+    with pytest.raises(lp.ShapeError, match=where + r"expected an array of numbers, got list"):
+        net.forward([[[1.0, 2.0], [3.0]]])
+    assert net.forward([[[1] * 5] * 4])[0].shape == (4, 3)  # nested lists and integers are fine
+    with pytest.raises(lp.ShapeError, match=r"SharedTensor\.from_numpy: expected real numbers"):
+        lp.SharedTensor.from_numpy("abc")
+    with pytest.raises(lp.ShapeError, match=r"layer 'fc': input 0: expected real numbers"):
+        net.layers[0].forward([np.full((4, 5), "a")])
+    obj = lp.SequentialConfig(inputs=[("out", [4, 3]), ("label", [4, 1])])
+    obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=3)))
+    solver = lp.Solver.from_config(native, native, lp.SolverConfig(
+        network=lp.LayerConfig("net", cfg), objective=lp.LayerConfig("loss", obj), base_lr=0.1))
+    with pytest.raises(lp.ShapeError, match=r"Solver\.train_minibatch: target: expected real numbers"):
+        solver.train_minibatch(np.zeros((4, 5)), np.array(["0", "1", "2", "0"]))
+    solver.train_minibatch(np.zeros((4, 5)), [0, 1, 2, 0])

@@ -21,7 +21,7 @@ import numpy as np
 from .. import _checks
 from ..backends.base import Backend, Buffer
 from ..errors import ConfigError, ShapeError
-from ..tensor import SharedTensor
+from ..tensor import SharedTensor, as_numbers
 
 Shape = tuple[int, ...]
 
@@ -470,14 +470,15 @@ class Layer:
     def _to_input_tensors(self, inputs: Sequence[Any], shapes_ok: Callable[[int, Shape], None] | None = None
                           ) -> tuple[list[SharedTensor], bool]:
         """Host arrays go into tensors this layer keeps; SharedTensors are copied on the backend."""
-        if isinstance(inputs, (np.ndarray, SharedTensor)) or not isinstance(inputs, (list, tuple)):
-            raise ShapeError(f"layer '{self.name}': forward takes a list of inputs, got {type(inputs).__name__}")
+        self._check_input_list(inputs)
         changed = len(self._own_inputs) != len(inputs)
         if changed:
             self._own_inputs = [SharedTensor(np.shape(x) if not _is_tensor(x) else x.shape, self.backend.dtype)
                                 for x in inputs]
         be = self.backend
         for i, (own, x) in enumerate(zip(self._own_inputs, inputs)):
+            if not _is_tensor(x):
+                x = as_numbers(x, f"layer '{self.name}': input {i}")
             shape = x.shape if _is_tensor(x) else np.shape(x)
             if shapes_ok is not None:
                 shapes_ok(i, tuple(shape))
@@ -489,6 +490,11 @@ class Layer:
             else:
                 own.set(x)
         return self._own_inputs, changed
+
+    def _check_input_list(self, inputs: Any) -> None:
+        if not isinstance(inputs, (list, tuple)):
+            raise ShapeError(f"layer '{self.name}': forward takes a list of inputs (one per input, e.g. [x]), "
+                             f"got {type(inputs).__name__}")
 
     def _want_input_grads(self) -> list[bool]:
         diff = self.worker.differentiable if self.worker is not None else None

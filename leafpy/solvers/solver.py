@@ -19,7 +19,7 @@ from .. import _checks
 from ..backends.base import Backend
 from ..errors import ConfigError
 from ..layers.layer import Layer, LayerConfig, WeightConfig
-from ..tensor import SharedTensor
+from ..tensor import SharedTensor, as_numbers
 
 LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
 _SOLVER_TOKENS = itertools.count()
@@ -180,6 +180,8 @@ class Solver:
         network's output and output gradient when shapes change, so no step copies between them."""
         net, obj = self.network, self.objective
         rebound = net.stage([data])  # type: ignore[attr-defined]
+        if not isinstance(target, SharedTensor):
+            target = as_numbers(target, "Solver.train_minibatch: target")
         target = obj._conform(1, target)  # type: ignore[attr-defined]
         shape = tuple(target.shape) if isinstance(target, SharedTensor) else tuple(np.shape(target))
         obj._check_input(1, shape)  # type: ignore[attr-defined]

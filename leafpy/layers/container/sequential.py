@@ -31,7 +31,7 @@ import numpy as np
 from ... import _checks
 from ...backends.base import Backend
 from ...errors import ConfigError, ShapeError
-from ...tensor import SharedTensor
+from ...tensor import SharedTensor, as_numbers
 from ..layer import Layer, LayerConfig, register_layer
 
 
@@ -397,7 +397,10 @@ class Sequential(Layer):
     def stage(self, inputs: Sequence[Any]) -> bool:
         """Copy the inputs into the network's input tensors, rebinding everything when a shape changed (then
         True is returned)."""
-        if isinstance(inputs, (list, tuple)) and len(inputs) != len(self.input_names):
+        self._check_input_list(inputs)
+        inputs = [x if isinstance(x, SharedTensor) else as_numbers(x, f"layer '{self.name}' (Sequential): input {i}")
+                  for i, x in enumerate(inputs)]
+        if len(inputs) != len(self.input_names):
             shapes = ", ".join(str(np.shape(x) if not isinstance(x, SharedTensor) else x.shape) for x in inputs)
             raise ShapeError(f"layer '{self.name}' (Sequential): expected {len(self.input_names)} input(s) "
                              f"({', '.join(self.input_names)}), got {len(inputs)} (shapes {shapes or 'none'})")
