@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from . import __version__
 from . import config as run_config
 from . import data as datasets
 from .backends import BACKEND_NAMES
@@ -146,7 +147,10 @@ def train(args: argparse.Namespace) -> int:
     ds = datasets.load(run.data)
     batch = run.batch_size
     out_dir = args.out or os.path.join("runs", run.name or "run")
-    os.makedirs(out_dir, exist_ok=True)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise LeafpyError(f"--out {out_dir}: cannot create the output directory: {e.strerror or e}") from e
     ckpt_path = os.path.join(out_dir, "checkpoint.leaf")
     if args.resume:
         solver = Solver.load_checkpoint(be, be, args.resume)
@@ -258,6 +262,7 @@ def summary_cmd(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="leafpy", description="Train and evaluate leafpy networks from YAML run files.")
+    p.add_argument("--version", action="version", version=f"leafpy {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train a run file's network", description="Train a run file's network; a "
                        "checkpoint is written after each epoch, and Ctrl-C saves one and stops.")

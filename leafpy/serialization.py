@@ -237,8 +237,15 @@ def _short(e: Exception) -> str:
     return text[:200]
 
 
-def _guard(path: str, fn: Callable[[], Any]) -> Any:
-    """Run a reading step; anything but a LeafpyError becomes a SerializationError naming the file."""
+MALFORMED_HINT = {
+    "Layer": " (if it is a solver checkpoint: Solver.load_checkpoint reads it)",
+    "SolverCheckpoint": " (if it is a model file: Layer.load reads it; `leafpy train --resume` needs a checkpoint)",
+}
+
+
+def _guard(path: str, fn: Callable[[], Any], struct: str = "") -> Any:
+    """Run a reading step; anything but a LeafpyError becomes a SerializationError naming the file (and, for a
+    ``struct`` of the wrong kind, the reader that takes it)."""
     try:
         return fn()
     except (ConfigError, ShapeError, SerializationError) as e:
@@ -248,7 +255,7 @@ def _guard(path: str, fn: Callable[[], Any]) -> Any:
     except LeafpyError:
         raise
     except Exception as e:
-        raise SerializationError(f"{path}: malformed contents: {_short(e)}") from None
+        raise SerializationError(f"{path}: malformed contents: {_short(e)}{MALFORMED_HINT.get(struct, '')}") from None
 
 
 def _write_weights(builder_list: Any, items: list[tuple[str, np.ndarray]]) -> None:
@@ -336,7 +343,7 @@ def load_layer(backend: Backend, path: str | os.PathLike) -> Layer:
         apply_weights(layer, saved, path)
         return layer
 
-    return _guard(path, build)
+    return _guard(path, build, "Layer")
 
 
 def load_weights(layer: Layer, path: str | os.PathLike) -> None:
@@ -449,4 +456,4 @@ def load_checkpoint(network_backend: Backend, objective_backend: Backend, path: 
                 w.seed, w.calls = int(seed), int(calls)
         return solver
 
-    return _guard(path, build)
+    return _guard(path, build, "SolverCheckpoint")

@@ -105,6 +105,8 @@ def test_summary_and_help():
     for args in (["--help"], ["train", "--help"], ["evaluate", "--help"], ["summary", "--help"]):
         h = run(*args)
         assert h.returncode == 0 and "usage: leafpy" in h.stdout
+    v = run("--version")
+    assert v.returncode == 0 and v.stdout.strip() == f"leafpy {lp.__version__}"
 
 
 def test_bad_input_gives_a_clear_error(tmp_path):
@@ -116,6 +118,15 @@ def test_bad_input_gives_a_clear_error(tmp_path):
     assert p.returncode == 1 and "network.layers[0].num_output" in p.stderr
     p = run("evaluate", DIGITS, "--weights", str(bad))
     assert p.returncode == 1 and "leafpy: error:" in p.stderr and "Traceback" not in p.stderr
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    p = run("train", DIGITS, "--out", str(a_file))
+    assert p.returncode == 1 and f"--out {a_file}: cannot create the output directory" in p.stderr, p.stderr
+    model = tmp_path / "model.leaf"
+    lp.Layer.from_config(lp.backend("native"), lp.config.load(DIGITS).network).save(model)
+    p = run("train", DIGITS, "--out", str(tmp_path / "run"), "--resume", str(model))
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert f"{model}: malformed contents" in p.stderr and "needs a checkpoint" in p.stderr
 
 
 @pytest.mark.parametrize("backend", [pytest.param("webgpu", marks=pytest.mark.webgpu),

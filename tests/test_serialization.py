@@ -243,13 +243,14 @@ def test_bad_files_raise_serialization_error(tmp_path, native, good_file, monkey
     with pytest.raises(lp.SerializationError, match=f"{tmp_path}: cannot read: Is a directory"):
         lp.Layer.load(native, tmp_path)
     # a checkpoint is not a model, and the other way round
-    with pytest.raises(lp.SerializationError):
+    with pytest.raises(lp.SerializationError, match="if it is a model file: Layer.load reads it"):
         lp.Solver.load_checkpoint(native, native, good_file)
     run = lp.config.load(os.path.join(os.path.dirname(__file__), "..", "configs", "digits_mlp.yaml"))
     lp.Solver.from_config(native, native, run.solver).save_checkpoint(tmp_path / "ckpt.leaf")
     with pytest.raises(lp.SerializationError) as e:
         lp.Layer.load(native, tmp_path / "ckpt.leaf")
     assert str(tmp_path / "ckpt.leaf") in str(e.value) and "stack:" not in str(e.value)
+    assert "if it is a solver checkpoint: Solver.load_checkpoint reads it" in str(e.value)
     monkeypatch.setattr(serialization, "MAX_FILE_BYTES", 100)
     with pytest.raises(lp.SerializationError, match="over the limit"):
         lp.Layer.load(native, good_file)
