@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
-from train_step import NETWORKS, solver_and_batch  # noqa: E402
+from train_step import NETWORKS, SETTLE_S, solver_and_batch  # noqa: E402
 
 import leafpy as lp  # noqa: E402
 
@@ -122,6 +122,7 @@ def profile_torch(solver, x, y, args) -> None:
     for _ in range(5):
         trainer.step(xt, yt)
     trainer.sync()
+    time.sleep(SETTLE_S)  # numpy's idle threads go to sleep first (see train_step.SETTLE_S)
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)

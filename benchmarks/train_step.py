@@ -1,7 +1,8 @@
 """Training-step benchmark: leafpy against PyTorch, side by side in one process.
 
 For each network both frameworks start from identical weights, train on identical batches with momentum SGD,
-and are timed alternately (whole steps: forward, backward, update; GPU-synchronised). The table reports
+and are timed alternately (whole steps: forward, backward, update; GPU-synchronised), each with its default
+thread behaviour and each round started after the other framework's idle threads have gone to sleep. The table reports
 milliseconds per step, the ratio torch/leafpy (above 1: leafpy is faster), peak memory, and both losses after
 10 identical steps, so a speed win can never hide a wrong result.
 
@@ -10,15 +11,9 @@ milliseconds per step, the ratio torch/leafpy (above 1: leafpy is faster), peak 
 
 from __future__ import annotations
 
-import os
-
-# Both frameworks share two cores in one process: threads that spin after their work (OpenMP in torch, OpenBLAS
-# in numpy) would steal the other framework's cores, so both are asked to sleep when idle.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
-
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -34,6 +29,14 @@ sys.path.insert(0, str(ROOT))
 import leafpy as lp  # noqa: E402
 
 LR, MOMENTUM = 0.01, 0.9
+
+SETTLE_S = 0.3
+"""Seconds to wait before each timed round. Both frameworks keep their default thread behaviour: after its work, a
+worker thread of OpenBLAS (numpy) or of PyTorch's OpenMP spins for a while before it sleeps, and a framework whose
+threads spin while the other is timed takes that one's cores (PyTorch's MLP-128 step measured 8.9 ms instead of
+2.5 with numpy's threads spinning). Forcing both to sleep at once instead (OMP_WAIT_POLICY=PASSIVE,
+OPENBLAS_THREAD_TIMEOUT=4) is not neutral: it slows PyTorch's small steps about 2x (MLP-128 4.7 against 2.5 ms)
+and leafpy's by ~10%. So each round starts after the other framework's threads have gone to sleep."""
 
 
 def mlp_config(batch: int) -> lp.LayerConfig:
@@ -152,6 +155,7 @@ class TorchTrainer:
 def timed(step, sync, n: int, issue: list | None = None) -> float:
     """Milliseconds per step over n steps; ``issue`` collects the CPU time of issuing them (before the final
     synchronisation: a step's launches are asynchronous on GPU backends), so a launch-bound row shows itself."""
+    time.sleep(SETTLE_S)
     sync()
     t = time.perf_counter()
     for _ in range(n):
@@ -258,6 +262,7 @@ def bench_gemm(backend, torch, device: str, n: int = 4096, reps: int = 10) -> di
 
 
 def main() -> int:
+    global SETTLE_S
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", default="native", choices=lp.backends.BACKEND_NAMES)
     p.add_argument("--vs", choices=["torch", "none"], default="torch")
@@ -269,7 +274,10 @@ def main() -> int:
     p.add_argument("--tf32", action="store_true", help="let both frameworks use TF32 tensor cores (cuda)")
     p.add_argument("--no-gemm", action="store_true")
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--settle", type=float, default=0.3,
+                   help="seconds to wait before each timed round, so the other framework's idle threads sleep")
     args = p.parse_args()
+    SETTLE_S = args.settle
 
     backend = lp.backend(args.backend, tf32=True) if args.backend == "cuda" and args.tf32 else lp.backend(args.backend)
     device = "cpu" if args.backend == "native" else "cuda"
