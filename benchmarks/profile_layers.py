@@ -122,7 +122,8 @@ def profile_torch(solver, x, y, args) -> None:
     for _ in range(5):
         trainer.step(xt, yt)
     trainer.sync()
-    time.sleep(SETTLE_S)  # numpy's idle threads go to sleep first (see train_step.SETTLE_S)
+    if device == "cpu":
+        time.sleep(SETTLE_S)  # numpy's idle threads go to sleep first (see train_step.SETTLE_S)
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)

@@ -31,12 +31,13 @@ import leafpy as lp  # noqa: E402
 LR, MOMENTUM = 0.01, 0.9
 
 SETTLE_S = 0.3
-"""Seconds to wait before each timed round. Both frameworks keep their default thread behaviour: after its work, a
-worker thread of OpenBLAS (numpy) or of PyTorch's OpenMP spins for a while before it sleeps, and a framework whose
-threads spin while the other is timed takes that one's cores (PyTorch's MLP-128 step measured 8.9 ms instead of
-2.5 with numpy's threads spinning). Forcing both to sleep at once instead (OMP_WAIT_POLICY=PASSIVE,
-OPENBLAS_THREAD_TIMEOUT=4) is not neutral: it slows PyTorch's small steps about 2x (MLP-128 4.7 against 2.5 ms)
-and leafpy's by ~10%. So each round starts after the other framework's threads have gone to sleep."""
+"""Seconds to wait before each timed round on the CPU (GPU rounds start at once: an idle GPU lowers its clocks).
+Both frameworks keep their default thread behaviour: after its work, a worker thread of OpenBLAS (numpy) or of
+PyTorch's OpenMP spins for a while before it sleeps, and a framework whose threads spin while the other is timed
+takes that one's cores (PyTorch's MLP-128 step measured 8.9 ms instead of 2.5 with numpy's threads spinning).
+Forcing both to sleep at once instead (OMP_WAIT_POLICY=PASSIVE, OPENBLAS_THREAD_TIMEOUT=4) is not neutral: it
+slows PyTorch's small steps about 2x (MLP-128 4.7 against 2.5 ms) and leafpy's by ~10%. So each round starts
+after the other framework's threads have gone to sleep."""
 
 
 def mlp_config(batch: int) -> lp.LayerConfig:
@@ -274,10 +275,11 @@ def main() -> int:
     p.add_argument("--tf32", action="store_true", help="let both frameworks use TF32 tensor cores (cuda)")
     p.add_argument("--no-gemm", action="store_true")
     p.add_argument("--json", help="write the results here")
-    p.add_argument("--settle", type=float, default=0.3,
-                   help="seconds to wait before each timed round, so the other framework's idle threads sleep")
+    p.add_argument("--settle", type=float, default=None,
+                   help="seconds to wait before each timed round, so the other framework's idle threads sleep "
+                        "(default: 0.3 on native, 0 on GPU backends, whose clocks drop while idle)")
     args = p.parse_args()
-    SETTLE_S = args.settle
+    SETTLE_S = args.settle if args.settle is not None else (0.3 if args.backend == "native" else 0.0)
 
     backend = lp.backend(args.backend, tf32=True) if args.backend == "cuda" and args.tf32 else lp.backend(args.backend)
     device = "cpu" if args.backend == "native" else "cuda"
