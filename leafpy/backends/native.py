@@ -210,29 +210,32 @@ class NativeBackend(ArrayBackend):
             hp += gp
             wp -= hp
 
+    @staticmethod
+    def _toward_square(g, s, decay, t):
+        """s = decay s + (1 - decay) g², as s += (1 - decay)(g² - s), with t as scratch."""
+        np.multiply(g, g, out=t)
+        t -= s
+        t *= 1.0 - decay
+        s += t
+
+    @staticmethod
+    def _scaled_step(w, step, s, lr, eps, t):
+        """w -= lr step / (sqrt(s) + eps), with t as scratch."""
+        np.sqrt(s, out=t)
+        t += eps
+        np.divide(step, t, out=t)
+        t *= lr
+        w -= t
+
     def rmsprop_update(self, w, g, h, lr, decay, eps):
         for t, wp, gp, hp in self._update_pieces(w, g, h):
-            np.multiply(gp, gp, out=t)  # h += (1 - decay)(g² - h)
-            t -= hp
-            t *= 1.0 - decay
-            hp += t
-            np.sqrt(hp, out=t)  # w -= lr g / (sqrt(h) + eps)
-            t += eps
-            np.divide(gp, t, out=t)
-            t *= lr
-            wp -= t
+            self._toward_square(gp, hp, decay, t)
+            self._scaled_step(wp, gp, hp, lr, eps, t)
 
     def adam_update(self, w, g, m, v, lr, beta1, beta2, eps):
         for t, wp, gp, mp, vp in self._update_pieces(w, g, m, v):
             np.subtract(gp, mp, out=t)  # m += (1 - b1)(g - m)
             t *= 1.0 - beta1
             mp += t
-            gp *= gp  # v += (1 - b2)(g² - v), in g's piece
-            gp -= vp
-            gp *= 1.0 - beta2
-            vp += gp
-            np.sqrt(vp, out=t)  # w -= lr m / (sqrt(v) + eps)
-            t += eps
-            np.divide(mp, t, out=t)
-            t *= lr
-            wp -= t
+            self._toward_square(gp, vp, beta2, t)
+            self._scaled_step(wp, mp, vp, lr, eps, t)
