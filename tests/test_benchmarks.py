@@ -1,0 +1,40 @@
+"""The benchmark scripts still run (on native, without PyTorch): a smoke test, not a timing."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def script(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / name), *args], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+
+
+def test_train_step_prints_and_writes_its_rows(tmp_path):
+    out = tmp_path / "rows.json"
+    p = script("train_step.py", "--backend", "native", "--vs", "none", "--nets", "mlp128,lenet64", "--steps", "2",
+               "--rounds", "1", "--warmup", "0", "--settle", "0", "--no-gemm", "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["network"] for r in rows] == ["mlp128", "lenet64"]
+    for r in rows:
+        assert r["leafpy_ms"] > 0 and r["leafpy_peak_mb"] > 0
+        # ten steps of momentum SGD from random weights on a random batch: a finite loss near ln(10)
+        assert math.isfinite(r["leafpy_loss10"]) and 1.5 < r["leafpy_loss10"] < 3.0
+        assert "torch_ms" not in r
+        assert f"{r['network']:<12}{r['batch']:>6}" in p.stdout
+
+
+def test_profile_layers_lists_every_layer():
+    p = script("profile_layers.py", "--backend", "native", "--net", "mlp128", "--steps", "2")
+    assert p.returncode == 0, p.stderr
+    assert "mlp128 on native:" in p.stdout
+    for layer in ("fc1", "fc2", "fc3", "relu1", "relu2", "logsm", "nll"):
+        assert f"{layer} forward" in p.stdout
+    assert "fc1 backward_parameters" in p.stdout
