@@ -3,6 +3,8 @@ loop references and central differences; scratch shared by layers; pooling in pi
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import reference as ref
@@ -137,7 +139,49 @@ def test_layers_sharing_scratch_pass_gradient_checks(native64, monkeypatch, path
     x = np.random.default_rng(3).standard_normal((2, 2, 7, 7))
     checked = check_layer_gradients(net, [x])
     assert checked == x.size + sum(w.size for w in net.learnable_weights_data())
-    assert ("dcols", np.dtype(np.float64)) in native64._shared_work
+    assert ("dcols", np.dtype(np.float64)) in native64._threads.work
+
+
+def test_networks_in_two_threads_keep_their_own_scratch():
+    """The backend is shared (lp.backend returns one instance), its per-call scratch is not: two networks run
+    forward and backward at the same time in two threads and get what they get alone."""
+    be = lp.backend("native")
+
+    def lenet(seed):
+        cfg = lp.SequentialConfig(inputs=[("data", [8, 1, 20, 20])], force_backward=True)
+        cfg.add_layer(lp.LayerConfig("conv1", lp.ConvolutionConfig(num_output=8, filter_shape=[5])))
+        cfg.add_layer(lp.LayerConfig("pool1", lp.PoolingConfig(mode="max", filter_shape=[2], stride=[2])))
+        cfg.add_layer(lp.LayerConfig("conv2", lp.ConvolutionConfig(num_output=16, filter_shape=[3])))
+        cfg.add_layer(lp.LayerConfig("flat", "Flatten"))
+        cfg.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=10)))
+        return lp.Layer.from_config(be, lp.LayerConfig("net", cfg), seed=seed)
+
+    rng = np.random.default_rng(0)
+    nets = [lenet(seed) for seed in range(2)]
+    xs = [rng.random((8, 1, 20, 20), dtype=np.float32) for _ in nets]
+    dys = [rng.random((8, 10), dtype=np.float32) for _ in nets]
+
+    def run(i):
+        out = nets[i].forward([xs[i]])[0].to_numpy().copy()
+        dx = nets[i].backward([dys[i]])[0].to_numpy().copy()
+        return out, dx, [g.to_numpy().copy() for g in nets[i].learnable_weights_gradients()]
+
+    alone = [run(i) for i in range(2)]
+    wrong = []
+
+    def repeat(i):
+        for _ in range(40):
+            got = run(i)
+            if not all(np.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in
+                       zip([got[0], got[1], *got[2]], [alone[i][0], alone[i][1], *alone[i][2]])):
+                wrong.append(i)
+
+    threads = [threading.Thread(target=repeat, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong, f"{len(wrong)} of 80 concurrent runs differ from the runs alone"
 
 
 @pytest.mark.parametrize("shape,kernel,stride", [((2, 3, 8, 6), (2, 2), (2, 2)), ((2, 3, 9, 7), (2, 2), (2, 2)),
