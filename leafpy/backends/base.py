@@ -3,7 +3,8 @@
 Primitives read device buffers (as returned by :meth:`Backend.view`) and write into an ``out`` buffer. They
 never allocate behind the caller's back except through a ``ws`` workspace (a dict that the calling layer owns and
 keeps between calls) or the backend's own scratch for work that lives within one call (one buffer per use, grown
-once and shared by every layer), and never see a SharedTensor. Layers call primitives only, so one layer file
+once and shared by every layer; on the CPU one set per thread, since one backend instance serves every thread),
+and never see a SharedTensor. Layers call primitives only, so one layer file
 serves every backend.
 
 Conventions: 2-D convolution and pooling take NCHW tensors and ``(h, w)`` pairs for kernel, stride and padding.
