@@ -184,6 +184,46 @@ def test_networks_in_two_threads_keep_their_own_scratch():
     assert not wrong, f"{len(wrong)} of 80 concurrent runs differ from the runs alone"
 
 
+def test_solvers_in_two_threads_train_as_they_do_alone():
+    """Adam's update works in per-call scratch pieces too: two solvers training at once in two threads end with
+    the weights each reaches alone."""
+    be = lp.backend("native")
+    rng = np.random.default_rng(1)
+    xs = [rng.random((16, 300), dtype=np.float32) for _ in range(2)]
+    ys = [rng.integers(0, 5, 16) for _ in range(2)]
+
+    def solver(seed):
+        net = lp.SequentialConfig(inputs=[("data", [16, 300])])
+        net.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=400)))  # 120k weights: two update pieces
+        net.add_layer(lp.LayerConfig("relu", "ReLU"))
+        net.add_layer(lp.LayerConfig("fc2", lp.LinearConfig(output_size=5)))
+        net.add_layer(lp.LayerConfig("logsm", "LogSoftmax"))
+        obj = lp.SequentialConfig(inputs=[("out", [16, 5]), ("label", [16, 1])])
+        obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=5)))
+        return lp.Solver.from_config(be, be, lp.SolverConfig(
+            network=lp.LayerConfig("net", net), objective=lp.LayerConfig("loss", obj), solver="adam",
+            base_lr=0.01, seed=seed))
+
+    def train(s, i):
+        for _ in range(30):
+            s.train_minibatch(xs[i], ys[i])
+
+    alone = []
+    for i in range(2):
+        s = solver(i)
+        train(s, i)
+        alone.append([w.to_numpy() for w in s.network.learnable_weights_data()])
+    together = [solver(i) for i in range(2)]
+    threads = [threading.Thread(target=train, args=(together[i], i)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(2):
+        for got, want in zip(together[i].network.learnable_weights_data(), alone[i]):
+            np.testing.assert_allclose(got.to_numpy(), want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("shape,kernel,stride", [((2, 3, 8, 6), (2, 2), (2, 2)), ((2, 3, 9, 7), (2, 2), (2, 2)),
                                                  ((1, 2, 9, 9), (2, 2), (3, 3)), ((1, 2, 6, 6), (3, 2), (3, 2))])
 @pytest.mark.parametrize("mode", ["max", "average"])
