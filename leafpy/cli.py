@@ -133,8 +133,9 @@ def _progress(total: int, desc: str) -> Any:
         from tqdm import tqdm
     except ImportError:
         return None
+    # disable=None: no bar when stderr is not a terminal (a log file, CI), where it would only add lines
     return tqdm(total=total, desc=desc, unit="batch", leave=False, mininterval=0.25, dynamic_ncols=True,
-                file=sys.stderr)
+                file=sys.stderr, disable=None)
 
 
 def train(args: argparse.Namespace) -> int:
