@@ -31,7 +31,7 @@ demo: $(STAMP)
 	$(VENV)/bin/leafpy train configs/digits_lenet.yaml --backend native --out runs/demo
 
 bench: $(STAMP)
-	$(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q "torch==2.13.0" "threadpoolctl>=3"
 	$(PY) benchmarks/train_step.py --backend native --vs torch
 
 clean:

@@ -292,7 +292,7 @@ def main() -> int:
         from threadpoolctl import threadpool_limits
         limiter = threadpool_limits(args.threads)
     except ImportError:
-        pass
+        print("# threadpoolctl is not installed: numpy's BLAS keeps its own thread count (pip install threadpoolctl)")
     names = [n for n in (args.nets.split(",") if args.nets else NETWORKS) if n]
     if device == "cpu":
         names = [n for n in names if n not in GPU_ONLY]
