@@ -132,6 +132,8 @@ def test_inputs_that_are_not_numbers_name_the_place(native):
         lp.SharedTensor.from_numpy("abc")
     with pytest.raises(lp.ShapeError, match=r"layer 'fc': input 0: expected real numbers"):
         net.layers[0].forward([np.full((4, 5), "a")])
+    with pytest.raises(lp.ShapeError, match=r"layer 'fc': input 0: expected an array of numbers, got list"):
+        net.layers[0].forward([[[1.0, 2.0], [3.0]]])
     obj = lp.SequentialConfig(inputs=[("out", [4, 3]), ("label", [4, 1])])
     obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=3)))
     solver = lp.Solver.from_config(native, native, lp.SolverConfig(

@@ -4,8 +4,7 @@ Primitives read device buffers (as returned by :meth:`Backend.view`) and write i
 never allocate behind the caller's back except through a ``ws`` workspace (a dict that the calling layer owns and
 keeps between calls) or the backend's own scratch for work that lives within one call (one buffer per use, grown
 once and shared by every layer; on the CPU one set per thread, since one backend instance serves every thread),
-and never see a SharedTensor. Layers call primitives only, so one layer file
-serves every backend.
+and never see a SharedTensor. Layers call primitives only, so one layer file serves every backend.
 
 Conventions: 2-D convolution and pooling take NCHW tensors and ``(h, w)`` pairs for kernel, stride and padding.
 Softmax-like primitives work over axis 1 of an ``[N, C, ...]`` tensor. Reductions that produce a scalar write it

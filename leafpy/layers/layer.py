@@ -471,14 +471,14 @@ class Layer:
                           ) -> tuple[list[SharedTensor], bool]:
         """Host arrays go into tensors this layer keeps; SharedTensors are copied on the backend."""
         self._check_input_list(inputs)
+        inputs = [x if _is_tensor(x) else as_numbers(x, f"layer '{self.name}': input {i}")
+                  for i, x in enumerate(inputs)]
         changed = len(self._own_inputs) != len(inputs)
         if changed:
             self._own_inputs = [SharedTensor(np.shape(x) if not _is_tensor(x) else x.shape, self.backend.dtype)
                                 for x in inputs]
         be = self.backend
         for i, (own, x) in enumerate(zip(self._own_inputs, inputs)):
-            if not _is_tensor(x):
-                x = as_numbers(x, f"layer '{self.name}': input {i}")
             shape = x.shape if _is_tensor(x) else np.shape(x)
             if shapes_ok is not None:
                 shapes_ok(i, tuple(shape))
