@@ -201,18 +201,15 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
 def _read_message(path: str | os.PathLike, struct: str) -> Any:
     path = os.fspath(path)
     try:
-        size = os.path.getsize(path)
-    except OSError as e:
-        raise SerializationError(f"{path}: cannot read: {e.strerror or e}") from e
-    if size == 0:
-        raise SerializationError(f"{path}: the file is empty")
-    if size > MAX_FILE_BYTES:
-        raise SerializationError(f"{path}: the file is {size} bytes, over the limit of {MAX_FILE_BYTES} "
-                                 "(leafpy.serialization.MAX_FILE_BYTES)")
-    try:
-        with open(path, "rb") as f:
+        with open(path, "rb") as f:  # a missing file, a directory, no permission: OSError
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                raise SerializationError(f"{path}: the file is empty")
+            if size > MAX_FILE_BYTES:
+                raise SerializationError(f"{path}: the file is {size} bytes, over the limit of {MAX_FILE_BYTES} "
+                                         "(leafpy.serialization.MAX_FILE_BYTES)")
             data = f.read()
-    except OSError as e:  # a directory, no permission
+    except OSError as e:
         raise SerializationError(f"{path}: cannot read: {e.strerror or e}") from e
     # packed data expands at most 8x; a hostile file cannot make the reader walk more than that
     limit = min(2**62, 8 * size + 1024)

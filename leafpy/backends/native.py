@@ -117,7 +117,8 @@ class NativeBackend(ArrayBackend):
             cols = self._image_cols(x, kh, kw, oh, ow, stride, padding, ws)
         parts = self._work(ws, "dw_parts", (n, o, k), dw.dtype)
         np.matmul(dy.reshape(n, o, oh * ow), cols[:, :k].transpose(0, 2, 1), out=parts)
-        self.axpby(1.0, parts.sum(axis=0), beta, dw.reshape(o, -1))
+        self.axpby(1.0, np.sum(parts, axis=0, out=self._work(ws, "dw_sum", (o, k), dw.dtype)), beta,
+                   dw.reshape(o, -1))
 
     def conv2d_grad_data(self, dy, w, dx, stride, padding, ws):
         if not self._per_image(w, dy.shape):
@@ -177,15 +178,16 @@ class NativeBackend(ArrayBackend):
         o, k = dw.shape
         length = cols.shape[1]
         split = self.FILTER_SPLIT
+        grad_t = self._work(ws, "dw_sum", (k, o), dw.dtype)
         if o * k <= self.FILTER_SPLIT_MAX_OUTPUTS and length >= 2 * split:
             b = length // split
             head = b * split
             parts = self._work(ws, "dw_parts", (b, k, o), dw.dtype)
             np.matmul(cols[:, :head].reshape(k, b, split).transpose(1, 0, 2),
                       dy_t[:, :head].reshape(o, b, split).transpose(1, 2, 0), out=parts)
-            grad_t = parts.sum(axis=0)
+            np.sum(parts, axis=0, out=grad_t)
             if head < length:
                 grad_t += cols[:, head:] @ dy_t[:, head:].T
         else:
-            grad_t = cols @ dy_t.T
+            np.matmul(cols, dy_t.T, out=grad_t)
         self.axpby(1.0, grad_t.T, beta, dw)
