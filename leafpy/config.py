@@ -219,9 +219,30 @@ def to_dict(run: RunConfig) -> dict:
     return doc
 
 
+class _DuplicateKey(yaml.YAMLError):
+    pass
+
+
 class _SafeLoader(yaml.SafeLoader):
     """``yaml.safe_load``'s loader, reading exponent floats without a dot (``1e-3``, ``5e-4``) as numbers, as YAML
-    1.2 does; YAML 1.1, which PyYAML follows, reads them as strings."""
+    1.2 does (YAML 1.1, which PyYAML follows, reads them as strings), and refusing a key given twice in one mapping
+    (PyYAML keeps the last silently, so a second ``base_lr:`` would quietly win)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *anchor' entries may be overridden
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node)
+                except TypeError:  # an unhashable key: the base class reports it
+                    continue
+                if first is not key_node:
+                    raise _DuplicateKey(f"line {key_node.start_mark.line + 1}: key {key!r} is given twice (first "
+                                        f"at line {first.start_mark.line + 1}); keep one")
+        return super().construct_mapping(node, deep=deep)
 
 
 _SafeLoader.add_implicit_resolver(
@@ -239,6 +260,8 @@ def loads(text: str, source: str = "<string>") -> RunConfig:
             doc = loader.get_single_data()
         finally:
             loader.dispose()
+    except _DuplicateKey as e:
+        raise ConfigError(f"{source}: {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{source}: not valid YAML: {e}") from None
     return from_dict(doc, source)

@@ -170,10 +170,15 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` so that a failure at any point leaves the previous file intact."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise SerializationError(f"{path}: cannot write: it is a directory; give a file name such as "
+                                 f"{os.path.join(path, 'model.leaf')}")
+    if not os.path.isdir(directory):
+        raise SerializationError(f"{path}: cannot write: the directory {directory} does not exist")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
     except OSError as e:
-        raise SerializationError(f"{path}: cannot write: {e}") from e
+        raise SerializationError(f"{path}: cannot write: {e.strerror or e}") from e
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -186,7 +191,7 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
         except OSError:
             pass
         if isinstance(e, OSError):
-            raise SerializationError(f"{path}: cannot write: {e}") from e
+            raise SerializationError(f"{path}: cannot write: {e.strerror or e}") from e
         raise
     try:
         dfd = os.open(directory, os.O_RDONLY)

@@ -135,6 +135,19 @@ def test_exponent_numbers_without_a_dot_are_numbers():
         lp.config.loads(BASE + "solver: {base_lr: 1e}\n")
 
 
+def test_a_key_given_twice_is_refused(tmp_path):
+    # PyYAML keeps the last of two equal keys silently; a run file names the line of both
+    p = tmp_path / "twice.yaml"
+    p.write_text(BASE + "solver:\n  base_lr: 0.1\n  momentum: 0.9\n  base_lr: 0.01\n")
+    with pytest.raises(lp.ConfigError, match=r"twice\.yaml: line 16: key 'base_lr' is given twice \(first at line 14\)"):
+        lp.config.load(p)
+    with pytest.raises(lp.ConfigError, match=r"line 6: key 'output_size' is given twice \(first at line 6\)"):
+        lp.config.loads(BASE.replace("output_size: 3}", "output_size: 3, output_size: 4}"))
+    # a merge key's values may be overridden, as YAML allows
+    run = lp.config.loads(BASE + "solver: {<<: {solver: adam, base_lr: 0.5}, base_lr: 0.25}\n")
+    assert (run.solver.solver, run.solver.base_lr) == ("adam", 0.25)
+
+
 def test_unsafe_yaml_is_refused(tmp_path):
     p = tmp_path / "evil.yaml"
     p.write_text("!!python/object/apply:os.system ['echo pwned']\n")

@@ -68,6 +68,21 @@ def test_network_input_count_and_shape(native):
     assert net.forward([np.zeros((3, 1, 28, 28))])[0].shape == (3, 3)
 
 
+def test_backward_before_forward(native):
+    # a network is built with its tensors sized, so without this check backward would differentiate zeros
+    cfg = lp.SequentialConfig(inputs=[("data", [4, 6])])
+    cfg.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=3)))
+    net = lp.Layer.from_config(native, lp.LayerConfig("mlp", cfg), seed=0)
+    single = lp.Layer.from_config(native, lp.LayerConfig("fc1", lp.LinearConfig(output_size=3)), seed=0)
+    for layer in (net, single):
+        with pytest.raises(lp.ShapeError, match=rf"layer '{layer.name}': call forward before backward"):
+            layer.backward([np.ones((4, 3), np.float32)])
+    x = np.arange(24, dtype=np.float32).reshape(4, 6)
+    net.forward([x])
+    net.backward([np.ones((4, 3), np.float32)])
+    np.testing.assert_allclose(net.learnable_weights_gradients()[0].to_numpy(), np.tile(x.sum(axis=0), (3, 1)))
+
+
 def test_shapes_that_do_not_fit_between_layers_name_both(native):
     cfg = lp.SequentialConfig(inputs=[("data", [4, 10])])
     cfg.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=16)))

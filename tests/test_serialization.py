@@ -318,3 +318,12 @@ def test_save_interrupted_by_an_exception_in_serialising(tmp_path, native, good_
         net.save(good_file)
     monkeypatch.undo()
     assert good_file.read_bytes() == before
+
+
+def test_save_to_a_directory_or_a_missing_one_says_so(tmp_path, native):
+    net = lp.Layer.from_config(native, lp.LayerConfig("net", nested_config()), seed=9)
+    with pytest.raises(lp.SerializationError, match="it is a directory; give a file name such as .*model.leaf"):
+        net.save(tmp_path)
+    with pytest.raises(lp.SerializationError, match=r"the directory .*missing does not exist"):
+        net.save(tmp_path / "missing" / "net.leaf")
+    assert list(tmp_path.iterdir()) == [] and not list(tmp_path.parent.glob(f".{tmp_path.name}.*.tmp"))

@@ -289,6 +289,7 @@ class Layer:
         self.output_grads: list[SharedTensor] = []
         self.in_place = False
         self.runs_backward = True
+        self.ran_forward = False
         self._own_inputs: list[SharedTensor] = []
         self._own_input_grads: list[SharedTensor | None] = []
 
@@ -446,7 +447,8 @@ class Layer:
         x = [t.read(be) for t in self.inputs]
         w = [t.read(be) for t in self.weights]
         y = [t.write(be) for t in self.outputs]
-        worker.forward(be, x, w, y)  # type: ignore[union-attr]  # type: ignore[union-attr]
+        worker.forward(be, x, w, y)  # type: ignore[union-attr]
+        self.ran_forward = True
 
     def run_backward(self) -> None:
         be = self.backend
@@ -514,8 +516,9 @@ class Layer:
     def backward(self, output_grads: Sequence[Any]) -> list[SharedTensor | None]:
         """Backpropagate gradients of the outputs; returns gradients of the inputs (None where not computed).
         Weight gradients land in :meth:`learnable_weights_gradients`."""
-        if not self.outputs:
-            raise ShapeError(f"layer '{self.name}': call forward before backward")
+        if not self.outputs or not self.ran_forward:
+            raise ShapeError(f"layer '{self.name}': call forward before backward (backward differentiates the "
+                             "last forward's inputs)")
         if len(output_grads) != len(self.output_grads):
             raise ShapeError(f"layer '{self.name}': backward expected {len(self.output_grads)} output gradients, "
                              f"got {len(output_grads)}")

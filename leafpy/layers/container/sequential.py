@@ -382,6 +382,7 @@ class Sequential(Layer):
     def run_forward(self) -> None:
         for layer in self.layers:
             layer.run_forward()
+        self.ran_forward = True
 
     def run_backward(self) -> None:
         for layer in reversed(self.layers):
