@@ -9,6 +9,7 @@ import weakref
 
 import numpy as np
 import pytest
+import random_nets
 from test_gradients import CASES
 
 import leafpy as lp
@@ -92,6 +93,24 @@ def test_layer_matches_native(device, case):
             close(a, b, "input gradient")
     for a, b in zip(w2, w1):
         close(a, b, "weight gradient")
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_random_networks_match_native(device, seed):
+    # in-place runs, nested containers and shared weights, at the declared batch and at another one
+    rng = np.random.default_rng(seed)
+    config, shape = random_nets.random_network(rng)
+    nets = [random_nets.build(be, config, np.random.default_rng(seed)) for be in (lp.backend("native"), device)]
+    for batch in (shape[0], 3):
+        x = rng.standard_normal((batch, *shape[1:])).astype(np.float32)
+        outs = [net.forward([x])[0].to_numpy() for net in nets]
+        close(outs[1], outs[0], "output")
+        dy = rng.standard_normal(outs[0].shape).astype(np.float32)
+        dxs = [net.backward([dy])[0].to_numpy() for net in nets]
+        close(dxs[1], dxs[0], "input gradient")
+        grads = [[g.to_numpy() for g in net.learnable_weights_gradients()] for net in nets]
+        for name, a, b in zip(nets[0].learnable_weights_names(), grads[1], grads[0]):
+            close(a, b, f"{name} gradient")
 
 
 def _solver(backend, dropout=True, **changes):

@@ -139,7 +139,7 @@ def test_a_key_given_twice_is_refused(tmp_path):
     # PyYAML keeps the last of two equal keys silently; a run file names the line of both
     p = tmp_path / "twice.yaml"
     p.write_text(BASE + "solver:\n  base_lr: 0.1\n  momentum: 0.9\n  base_lr: 0.01\n")
-    with pytest.raises(lp.ConfigError, match=r"twice\.yaml: line 16: key 'base_lr' is given twice \(first at line 14\)"):
+    with pytest.raises(lp.ConfigError, match=r"twice\.yaml: line 16: key 'base_lr' is given twice \(first at line 14"):
         lp.config.load(p)
     with pytest.raises(lp.ConfigError, match=r"line 6: key 'output_size' is given twice \(first at line 6\)"):
         lp.config.loads(BASE.replace("output_size: 3}", "output_size: 3, output_size: 4}"))

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import random_nets
 import reference as ref
+from gradcheck import check_layer_gradients
 
 import leafpy as lp
 
@@ -344,3 +346,12 @@ def test_output_gradients_share_two_buffers_in_a_chain(native, rng):
         for g in layer.input_grads:
             if g is not None and not layer.in_place:
                 assert not g.shares_storage(layer.output_grads[0]), layer.name
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_networks_pass_the_gradient_check(native64, seed):
+    # the wiring in combination: in-place runs after every kind of layer, nested containers, shared weights
+    rng = np.random.default_rng(seed)
+    config, shape = random_nets.random_network(rng)
+    net = random_nets.build(native64, config, rng)
+    assert check_layer_gradients(net, [rng.standard_normal(shape)], tol=1e-5) > 0
