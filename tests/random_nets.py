@@ -64,6 +64,8 @@ def random_network(rng: np.random.Generator) -> tuple[lp.LayerConfig, list[int]]
             inner.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=3)))
             cfg.add_layer(lp.LayerConfig(name, inner))
             cur = [n, 3]
+    if not cfg.layers:
+        cfg.add_layer(lp.LayerConfig("act", str(rng.choice(ACTIVATIONS))))
     if len(cur) == 2 and rng.random() < 0.5:
         cfg.add_layer(lp.LayerConfig("out", str(rng.choice(["Softmax", "LogSoftmax"]))))
     return lp.LayerConfig("net", cfg), shape
