@@ -103,6 +103,23 @@ def first_non_finite(net: Layer, xb: np.ndarray) -> str:
     return "the objective (every network output is finite)"
 
 
+def load_data(run: run_config.RunConfig) -> datasets.Dataset:
+    """The run's dataset, checked against the network's input and the objective's classes before any training."""
+    ds = datasets.load(run.data)
+    name, declared = run.network.config.inputs[0]
+    if math.prod(declared[1:]) != math.prod(ds.input_shape):
+        raise LeafpyError(f"data: the {ds.name} samples have shape {list(ds.input_shape)}, but the network's input "
+                          f"{name!r} is declared {list(declared)}; declare [{declared[0]}, "
+                          f"{', '.join(map(str, ds.input_shape))}] in network.inputs")
+    for layer in run.objective.config.layers:
+        classes = getattr(layer.config, "num_classes", None)
+        if classes is not None and ds.num_classes > classes:
+            raise LeafpyError(f"data: the {ds.name} labels go up to {ds.num_classes - 1}, but objective layer "
+                              f"'{layer.name}' has num_classes {classes}; set it (and the network's output size) to "
+                              f"{ds.num_classes}")
+    return ds
+
+
 # --- train ------------------------------------------------------------------------------------------------------
 def _plot(history: list[dict], path: str) -> bool:
     try:
@@ -145,7 +162,7 @@ def train(args: argparse.Namespace) -> int:
         run.solver = dataclasses.replace(run.solver, seed=args.seed)
     epochs = args.epochs if args.epochs is not None else run.epochs
     be = get_backend(args.backend)
-    ds = datasets.load(run.data)
+    ds = load_data(run)
     batch = run.batch_size
     out_dir = args.out or os.path.join("runs", run.name or "run")
     try:
@@ -244,7 +261,7 @@ def train(args: argparse.Namespace) -> int:
 def evaluate_cmd(args: argparse.Namespace) -> int:
     run = run_config.load(args.config)
     be = get_backend(args.backend)
-    ds = datasets.load(run.data)
+    ds = load_data(run)
     net = Layer.from_config(be, run.network)
     load_weights(net, args.weights)
     cm = evaluate(net, ds.x_test, ds.y_test, ds.num_classes, run.batch_size)

@@ -17,13 +17,14 @@ from typing import Any
 
 import yaml
 
+from . import _checks
 from .errors import ConfigError, LeafpyError, SerializationError
 from .layers.container.sequential import SequentialConfig
 from .layers.layer import FillerConfig, LayerConfig, WeightConfig, layer_types, lookup
 from .solvers.solver import SolverConfig
 
 LAYER_KEYS = ("name", "type", "inputs", "outputs", "params", "propagate_down")
-DATA_KEYS = ("dataset", "batch_size", "test_fraction", "seed", "path")
+DATA_KEYS = ("dataset", "batch_size", "test_fraction", "seed", "path", "num_classes")
 TRAIN_KEYS = ("epochs",)
 RUN_KEYS = ("name", "data", "network", "objective", "solver", "train")
 
@@ -196,10 +197,27 @@ def from_dict(doc: Any, source: str = "<run>") -> RunConfig:
     _check_keys(data, DATA_KEYS, "data", "the data section")
     train = dict(_mapping(doc.get("train") or {}, "train"))
     _check_keys(train, TRAIN_KEYS, "train", "the train section")
-    for key, value in (("data.batch_size", data.get("batch_size")), ("train.epochs", train.get("epochs"))):
+    for key, value in (("data.batch_size", data.get("batch_size")), ("train.epochs", train.get("epochs")),
+                       ("data.num_classes", data.get("num_classes"))):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
             raise ConfigError(f"{key}: expected a positive integer, got {value!r}")
+    _check_data(data)
     return RunConfig(name=name, network=network, objective=objective, solver=solver, data=data, train=train)
+
+
+DATASETS = ("digits", "mnist", "fashion_mnist", "npz")
+
+
+def _check_data(data: dict) -> None:
+    """The data section's values (what the dataset files hold is checked when they are read)."""
+    _checks.choice("data.dataset", data.get("dataset", "digits"), DATASETS)
+    if data.get("test_fraction") is not None:
+        _checks.number("data.test_fraction", data["test_fraction"], minimum=0.0, maximum=1.0, min_open=True,
+                       max_open=True)
+    if "seed" in data:
+        _checks.non_negative_int("data.seed", data["seed"])
+    if "path" in data and (not isinstance(data["path"], str) or not data["path"]):
+        raise ConfigError(f"data.path: expected a file or directory path, got {data['path']!r}")
 
 
 def to_dict(run: RunConfig) -> dict:

@@ -1,10 +1,11 @@
-"""Datasets and batching: scikit-learn's bundled digits, MNIST and Fashion-MNIST from IDX files, and
-deterministic shuffled batches (the last partial batch is kept)."""
+"""Datasets and batching: scikit-learn's bundled digits, MNIST and Fashion-MNIST from IDX files, a user's own
+arrays from a NumPy ``.npz`` file, and deterministic shuffled batches (the last partial batch is kept)."""
 
 from __future__ import annotations
 
 import gzip
 import os
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -104,6 +105,84 @@ def mnist(directory: str, *, test_fraction: float | None = None, seed: int = 0, 
     return Dataset(name, xs["train_x"], ys["train_y"], xs["test_x"], ys["test_y"], 10)
 
 
+NPZ_KEYS = (("x", "y"), ("x_train", "y_train", "x_test", "y_test"))
+
+
+def npz(path: str, *, test_fraction: float | None = None, seed: int = 0, num_classes: int | None = None) -> Dataset:
+    """A user's arrays from a NumPy ``.npz`` file (``np.savez``): ``x`` and ``y``, split at random by
+    ``test_fraction`` (0.2 unless given), or ``x_train``, ``y_train``, ``x_test`` and ``y_test``, kept as they are
+    unless ``test_fraction`` asks for a random split of everything.
+
+    Samples are ``x[i]`` of any shape (unsigned bytes are scaled to [0, 1], other numbers become float32 as they
+    are); labels are class indices, shape [N] or [N, 1]. ``num_classes`` defaults to the largest label + 1. The
+    file is read without pickle: arrays of Python objects are refused."""
+    try:
+        with open(path, "rb") as fh:
+            if not zipfile.is_zipfile(fh):
+                raise SerializationError(f"{path}: not a NumPy .npz file (np.savez(path, x=..., y=...) writes one)")
+            fh.seek(0)
+            with np.load(fh, allow_pickle=False) as f:
+                keys = set(f.files)
+                layout = next((k for k in NPZ_KEYS if keys >= set(k)), None)
+                if layout is None:
+                    raise SerializationError(
+                        f"{path}: expected arrays named x and y, or x_train, y_train, x_test and y_test "
+                        f"(np.savez(path, x=..., y=...)); the file has {', '.join(sorted(keys)) or 'none'}")
+                arrays = {k: f[k] for k in layout}
+    except (OSError, EOFError) as e:
+        raise LeafpyError(f"{path}: cannot read the dataset: {getattr(e, 'strerror', None) or e}") from e
+    except (ValueError, zipfile.BadZipFile) as e:
+        why = ("it holds arrays of Python objects; save plain arrays of numbers" if "allow_pickle" in str(e)
+               else f"not a readable NumPy .npz file ({e})")
+        raise SerializationError(f"{path}: {why}") from e
+    pairs = [(arrays[x_key], arrays[y_key], x_key, y_key) for x_key, y_key in zip(layout[::2], layout[1::2])]
+    xs, ys = [], []
+    for x, y, x_key, y_key in pairs:
+        xs.append(_samples(path, x_key, x))
+        ys.append(_labels(path, y_key, y, len(x), x_key))
+    top = max(int(y.max(initial=-1)) for y in ys) + 1
+    if num_classes is None:
+        num_classes = top
+    elif top > num_classes:
+        raise ConfigError(f"data.num_classes: {path} has label {top - 1}, so num_classes must be at least {top}, "
+                          f"got {num_classes}")
+    name = os.path.basename(path)
+    if len(pairs) == 1 or test_fraction is not None:
+        x, y = np.concatenate(xs), np.concatenate(ys)
+        return split(name, x, y, 0.2 if test_fraction is None else test_fraction, seed, num_classes)
+    return Dataset(name, xs[0], ys[0], xs[1], ys[1], num_classes)
+
+
+def _samples(path: str, key: str, x: np.ndarray) -> np.ndarray:
+    if x.ndim < 2 or len(x) == 0:
+        raise SerializationError(f"{path}: {key} must hold samples as [N, ...] with N >= 1, got shape {x.shape}")
+    if x.dtype == np.uint8:
+        return x.astype(np.float32) / 255.0
+    if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_) or np.iscomplexobj(x):
+        raise SerializationError(f"{path}: {key} must hold real numbers, got dtype {x.dtype}")
+    x = x.astype(np.float32)
+    bad = int(np.count_nonzero(~np.isfinite(x)))
+    if bad:
+        raise SerializationError(f"{path}: {key} has {bad} NaN or infinite values")
+    return x
+
+
+def _labels(path: str, key: str, y: np.ndarray, n: int, x_key: str) -> np.ndarray:
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.shape != (n,):
+        raise SerializationError(f"{path}: {key} must be class indices of shape [{n}] or [{n}, 1] (one per sample "
+                                 f"of {x_key}), got shape {y.shape}")
+    if not np.issubdtype(y.dtype, np.number) or np.iscomplexobj(y):
+        raise SerializationError(f"{path}: {key} must hold class indices, got dtype {y.dtype}")
+    labels = y.astype(np.int64)
+    wrong = np.flatnonzero((labels != y) | (labels < 0))
+    if len(wrong):
+        raise SerializationError(f"{path}: {key}[{wrong[0]}] is {y[wrong[0]]}; labels must be class indices 0, 1, "
+                                 "2, ...")
+    return labels
+
+
 def batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, seed: int | None = 0, epoch: int = 0
             ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Batches of (x, y), shuffled reproducibly from (seed, epoch) unless seed is None; the last partial
@@ -118,15 +197,21 @@ def batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, seed: int | None =
 
 
 def load(spec: dict) -> Dataset:
-    """A dataset from a run file's ``data`` section: dataset digits | mnist | fashion_mnist."""
+    """A dataset from a run file's ``data`` section: dataset digits | mnist | fashion_mnist | npz."""
     kind = spec.get("dataset", "digits")
     seed = int(spec.get("seed", 0))
+    tf = spec.get("test_fraction")
     if kind == "digits":
-        return digits(float(spec.get("test_fraction", 0.2)), seed)
-    if kind in ("mnist", "fashion_mnist"):
-        directory = spec.get("path")
-        if not directory:
-            raise ConfigError(f"data.path: the {kind} dataset needs the directory holding its IDX files")
-        tf = spec.get("test_fraction")
-        return mnist(directory, test_fraction=None if tf is None else float(tf), seed=seed, name=kind)
-    raise ConfigError(f"data.dataset: expected one of 'digits', 'mnist', 'fashion_mnist', got {kind!r}")
+        return digits(float(0.2 if tf is None else tf), seed)
+    if kind in ("mnist", "fashion_mnist", "npz"):
+        path = spec.get("path")
+        if not path:
+            what = "the .npz file" if kind == "npz" else "the directory holding its IDX files"
+            raise ConfigError(f"data.path: the {kind} dataset needs {what}")
+        if kind == "npz":
+            classes = spec.get("num_classes")
+            if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int) or classes < 1):
+                raise ConfigError(f"data.num_classes: expected a positive integer, got {classes!r}")
+            return npz(path, test_fraction=None if tf is None else float(tf), seed=seed, num_classes=classes)
+        return mnist(path, test_fraction=None if tf is None else float(tf), seed=seed, name=kind)
+    raise ConfigError(f"data.dataset: expected one of 'digits', 'mnist', 'fashion_mnist', 'npz', got {kind!r}")

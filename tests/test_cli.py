@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import leafpy as lp
@@ -127,6 +128,52 @@ def test_bad_input_gives_a_clear_error(tmp_path):
     p = run("train", DIGITS, "--out", str(tmp_path / "run"), "--resume", str(model))
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
     assert f"{model}: malformed contents" in p.stderr and "needs a checkpoint" in p.stderr
+
+
+NPZ_RUN = """
+name: blobs
+data: {dataset: npz, path: DATA, batch_size: 20, test_fraction: 0.25}
+network:
+  type: Sequential
+  inputs: [{name: data, shape: [20, 16]}]
+  layers:
+    - {name: fc1, type: Linear, output_size: 16}
+    - {name: relu1, type: ReLU}
+    - {name: fc2, type: Linear, output_size: 3}
+    - {name: logsm, type: LogSoftmax}
+objective:
+  type: Sequential
+  inputs: [{name: network_out, shape: [20, 3]}, {name: label, shape: [20, 1]}]
+  layers: [{name: nll, type: NegativeLogLikelihood, num_classes: 3}]
+solver: {solver: momentum, base_lr: 0.05, momentum: 0.9}
+train: {epochs: 4}
+"""
+
+
+def test_train_on_your_own_arrays_and_data_that_does_not_fit(tmp_path):
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 400)
+    x = (rng.standard_normal((3, 16)) * 3)[y] + rng.standard_normal((400, 16))
+    np.savez(tmp_path / "blobs.npz", x=x.reshape(400, 4, 4), y=y)  # [4, 4] samples into a [N, 16] input
+    run_file = tmp_path / "blobs.yaml"
+    run_file.write_text(NPZ_RUN.replace("DATA", str(tmp_path / "blobs.npz")))
+    p = run("train", str(run_file), "--out", str(tmp_path / "run"))
+    assert p.returncode == 0, p.stderr
+    assert "300 training and 100 held-out samples (blobs.npz)" in p.stdout and "epoch 4/4" in p.stdout
+    assert accuracy(p.stdout) >= 0.95
+    e = run("evaluate", str(run_file), "--weights", str(tmp_path / "run" / "model.leaf"))
+    assert e.returncode == 0 and accuracy(e.stdout) == pytest.approx(accuracy(p.stdout))
+    # the data is checked against the network before training starts
+    wide = tmp_path / "wide.yaml"
+    wide.write_text(run_file.read_text().replace("shape: [20, 16]", "shape: [20, 1, 8, 8]"))
+    p = run("train", str(wide), "--out", str(tmp_path / "wide"))
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert ("data: the blobs.npz samples have shape [4, 4], but the network's input 'data' is declared "
+            "[20, 1, 8, 8]; declare [20, 4, 4] in network.inputs") in p.stderr
+    two = tmp_path / "two.yaml"
+    two.write_text(run_file.read_text().replace("num_classes: 3", "num_classes: 2"))
+    p = run("evaluate", str(two), "--weights", str(tmp_path / "run" / "model.leaf"))
+    assert p.returncode == 1 and "labels go up to 2, but objective layer 'nll' has num_classes 2" in p.stderr
 
 
 @pytest.mark.parametrize("backend", [pytest.param("webgpu", marks=pytest.mark.webgpu),

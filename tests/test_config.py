@@ -107,17 +107,17 @@ def test_errors_name_the_path(old, new, message):
     ("solver: {momentum: 1.5}", r"solver\.momentum: expected a number in \[0, 1\)"),
     ("solver: {lr_policy: cosine}", r"solver\.lr_policy: expected one of 'fixed'"),
     ("solver: {learning_rate: 0.1}", r"solver: unknown key 'learning_rate'.*base_lr"),
-    ("data: {dataset: cifar}", None),
+    ("data: {dataset: cifar}", r"data\.dataset: expected one of 'digits', 'mnist', 'fashion_mnist', 'npz'"),
     ("data: {batch_size: -1}", r"data\.batch_size"),
+    ("data: {test_fraction: 1.5}", r"data\.test_fraction: expected a number in \(0, 1\)"),
+    ("data: {test_fraction: half}", r"data\.test_fraction: expected a number, got 'half'"),
+    ("data: {seed: -1}", r"data\.seed: expected a non-negative integer"),
+    ("data: {dataset: npz, path: [a.npz]}", r"data\.path: expected a file or directory path"),
+    ("data: {dataset: npz, num_classes: 0}", r"data\.num_classes: expected a positive integer"),
     ("train: {epochs: 0}", r"train\.epochs"),
     ("trian: {epochs: 2}", r"unknown key 'trian'.*train"),
 ])
 def test_run_file_section_errors(extra, message):
-    if message is None:
-        run = lp.config.loads(BASE + extra)  # the dataset is checked when data is loaded
-        with pytest.raises(lp.ConfigError, match="data.dataset.*'digits'"):
-            lp.data.load(run.data)
-        return
     with pytest.raises(lp.ConfigError, match=message):
         lp.config.loads(BASE + extra)
 

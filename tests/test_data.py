@@ -79,3 +79,61 @@ def test_batches_are_deterministic_and_keep_the_last_partial_batch():
     assert [list(b[1]) for b in lp.data.batches(x, y, 6, seed=None)] == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9]]
     with pytest.raises(lp.ConfigError):
         list(lp.data.batches(x, y, 0))
+
+
+def _blobs(n=300, classes=3, seed=0):
+    """Well-separated classes of 4x4 samples."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, classes, n)
+    centers = rng.standard_normal((classes, 16)) * 3
+    return (centers[y] + rng.standard_normal((n, 16))).reshape(n, 4, 4).astype(np.float32), y
+
+
+def test_npz_arrays_split_or_kept(tmp_path):
+    x, y = _blobs()
+    np.savez(tmp_path / "one.npz", x=x, y=y.reshape(-1, 1).astype(np.float32))
+    ds = lp.data.load({"dataset": "npz", "path": str(tmp_path / "one.npz"), "test_fraction": 0.25, "seed": 3})
+    assert (len(ds.x_train), len(ds.x_test), ds.num_classes, ds.input_shape) == (225, 75, 3, (4, 4))
+    assert ds.y_train.dtype == np.int64 and ds.x_train.dtype == np.float32
+    order = np.random.default_rng(3).permutation(300)
+    np.testing.assert_array_equal(ds.x_test, x[order[:75]])
+    np.testing.assert_array_equal(ds.y_train, y[order[75:]])
+    assert len(lp.data.npz(str(tmp_path / "one.npz")).x_test) == 60  # 0.2 unless given
+    images = (x - x.min()) / (x.max() - x.min()) * 255
+    np.savez(tmp_path / "two.npz", x_train=images[:200].astype(np.uint8), y_train=y[:200],
+             x_test=images[200:].astype(np.uint8), y_test=y[200:])
+    ds = lp.data.npz(str(tmp_path / "two.npz"), num_classes=5)
+    assert (len(ds.x_train), len(ds.x_test), ds.num_classes) == (200, 100, 5)
+    np.testing.assert_allclose(ds.x_test, images[200:].astype(np.uint8) / 255.0)  # bytes scaled to [0, 1]
+    np.testing.assert_array_equal(ds.y_test, y[200:])
+    assert len(lp.data.npz(str(tmp_path / "two.npz"), test_fraction=0.5).x_test) == 150
+
+
+@pytest.mark.parametrize("arrays,message", [
+    (dict(a=np.zeros((3, 2))), r"expected arrays named x and y.*the file has a"),
+    (dict(x=np.zeros(3), y=np.zeros(3)), r"x must hold samples as \[N, \.\.\.\]"),
+    (dict(x=np.zeros((3, 2)), y=np.zeros(4)), r"y must be class indices of shape \[3\] or \[3, 1\]"),
+    (dict(x=np.zeros((3, 2)), y=np.array([0, 1.5, 2])), r"y\[1\] is 1\.5; labels must be class indices"),
+    (dict(x=np.zeros((3, 2)), y=np.array([0, -1, 2])), r"y\[1\] is -1"),
+    (dict(x=np.array([[0, np.nan]] * 3), y=np.zeros(3)), r"x has 3 NaN or infinite values"),
+    (dict(x=np.array([["a", "b"]] * 3), y=np.zeros(3)), r"x must hold real numbers, got dtype <U1"),
+    (dict(x=np.array([[{}, 1]] * 3, dtype=object), y=np.zeros(3)), r"it holds arrays of Python objects"),
+])
+def test_npz_problems_name_the_file_and_the_fix(tmp_path, arrays, message):
+    path = tmp_path / "d.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(lp.LeafpyError, match=rf"d\.npz: {message}"):
+        lp.data.npz(str(path))
+
+
+def test_npz_files_that_cannot_be_read(tmp_path):
+    with pytest.raises(lp.LeafpyError, match=r"missing\.npz: cannot read the dataset: No such file"):
+        lp.data.npz(str(tmp_path / "missing.npz"))
+    (tmp_path / "text.npz").write_text("x: 1\n")
+    with pytest.raises(lp.SerializationError, match=r"text\.npz: not a NumPy \.npz file"):
+        lp.data.npz(str(tmp_path / "text.npz"))
+    np.savez(tmp_path / "d.npz", x=np.zeros((3, 2)), y=np.array([0, 1, 4]))
+    with pytest.raises(lp.ConfigError, match=r"data\.num_classes: .* has label 4, so num_classes must be at least 5"):
+        lp.data.npz(str(tmp_path / "d.npz"), num_classes=3)
+    with pytest.raises(lp.ConfigError, match=r"data\.path: the npz dataset needs the \.npz file"):
+        lp.data.load({"dataset": "npz"})
