@@ -70,13 +70,32 @@ def summary_text(net: Layer) -> str:
 
 
 # --- evaluation -----------------------------------------------------------------------------------------------
-def evaluate(net: Layer, x: np.ndarray, y: np.ndarray, num_classes: int, batch_size: int) -> ConfusionMatrix:
+def is_classifier(run: run_config.RunConfig) -> bool:
+    """Whether the run's objective scores classes (a layer of it has num_classes, as NegativeLogLikelihood does);
+    otherwise it regresses on values (MeanSquaredError)."""
+    return any(getattr(layer.config, "num_classes", None) is not None for layer in run.objective.config.layers)
+
+
+@dataclasses.dataclass
+class Scores:
+    """A network on held-out data: the objective's mean over the samples and, for classes, the confusion matrix."""
+
+    loss: float
+    matrix: ConfusionMatrix | None
+
+
+def evaluate(net: Layer, objective: Layer, x: np.ndarray, y: np.ndarray, num_classes: int,
+             batch_size: int) -> Scores:
     net.set_training(False)
-    cm = ConfusionMatrix(num_classes)
+    cm = ConfusionMatrix(num_classes) if num_classes else None
+    total = 0.0
     for xb, yb in datasets.batches(x, y, batch_size, seed=None):
-        cm.add(predictions(net.forward([xb])[0]), yb)
+        out = net.forward([xb])[0]
+        total += float(objective.forward([out, yb])[0].to_numpy().reshape(-1)[0]) * len(xb)
+        if cm is not None:
+            cm.add(predictions(out), yb)
     net.set_training(True)
-    return cm
+    return Scores(total / len(x), cm)
 
 
 def first_non_finite(net: Layer, xb: np.ndarray) -> str:
@@ -104,19 +123,29 @@ def first_non_finite(net: Layer, xb: np.ndarray) -> str:
 
 
 def load_data(run: run_config.RunConfig) -> datasets.Dataset:
-    """The run's dataset, checked against the network's input and the objective's classes before any training."""
-    ds = datasets.load(run.data)
+    """The run's dataset (class labels or regression values, as its objective needs), checked against the
+    network's input and the objective before any training."""
+    classes = is_classifier(run)
+    ds = datasets.load(run.data, targets="classes" if classes else "values")
     name, declared = run.network.config.inputs[0]
     if math.prod(declared[1:]) != math.prod(ds.input_shape):
         raise LeafpyError(f"data: the {ds.name} samples have shape {list(ds.input_shape)}, but the network's input "
                           f"{name!r} is declared {list(declared)}; declare [{declared[0]}, "
                           f"{', '.join(map(str, ds.input_shape))}] in network.inputs")
-    for layer in run.objective.config.layers:
-        classes = getattr(layer.config, "num_classes", None)
-        if classes is not None and ds.num_classes > classes:
-            raise LeafpyError(f"data: the {ds.name} labels go up to {ds.num_classes - 1}, but objective layer "
-                              f"'{layer.name}' has num_classes {classes}; set it (and the network's output size) to "
-                              f"{ds.num_classes}")
+    if classes:
+        for layer in run.objective.config.layers:
+            n = getattr(layer.config, "num_classes", None)
+            if n is not None and ds.num_classes > n:
+                raise LeafpyError(f"data: the {ds.name} labels go up to {ds.num_classes - 1}, but objective layer "
+                                  f"'{layer.name}' has num_classes {n}; set it (and the network's output size) to "
+                                  f"{ds.num_classes}")
+    else:
+        inputs = run.objective.config.inputs
+        target_name, target = inputs[-1]
+        if len(inputs) < 2 or math.prod(target[1:]) != math.prod(ds.target_shape):
+            raise LeafpyError(f"data: the {ds.name} targets have shape {list(ds.target_shape)} per sample, but the "
+                              f"objective's target input {target_name!r} is declared {list(target)}; declare "
+                              f"[{target[0]}, {', '.join(map(str, ds.target_shape))}] in objective.inputs")
     return ds
 
 
@@ -130,15 +159,22 @@ def _plot(history: list[dict], path: str) -> bool:
     except ImportError:
         return False
     epochs = [h["epoch"] for h in history]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-    a1.plot(epochs, [h["loss"] for h in history], marker="o")
+    classes = all(h.get("test_accuracy") is not None for h in history)
+    fig, axes = plt.subplots(1, 2 if classes else 1, figsize=(10 if classes else 5, 4), squeeze=False)
+    a1 = axes[0][0]
+    a1.plot(epochs, [h["loss"] for h in history], marker="o", label="training")
+    if all("test_loss" in h for h in history):
+        a1.plot(epochs, [h["test_loss"] for h in history], marker="o", label="held-out")
+        a1.legend()
     a1.set_xlabel("epoch")
-    a1.set_ylabel("training loss")
-    a2.plot(epochs, [h["train_accuracy"] for h in history], marker="o", label="training")
-    a2.plot(epochs, [h["test_accuracy"] for h in history], marker="o", label="held-out")
-    a2.set_xlabel("epoch")
-    a2.set_ylabel("accuracy")
-    a2.legend()
+    a1.set_ylabel("loss")
+    if classes:
+        a2 = axes[0][1]
+        a2.plot(epochs, [h["train_accuracy"] for h in history], marker="o", label="training")
+        a2.plot(epochs, [h["test_accuracy"] for h in history], marker="o", label="held-out")
+        a2.set_xlabel("epoch")
+        a2.set_ylabel("accuracy")
+        a2.legend()
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -179,6 +215,7 @@ def train(args: argparse.Namespace) -> int:
     else:
         solver = Solver.from_config(be, be, run.solver)
     net = solver.network
+    objective = Layer.from_config(be, run.solver.objective)  # scores held-out data beside the solver's own
     batches_per_epoch = math.ceil(len(ds.x_train) / batch)
     updates_per_epoch = max(1, batches_per_epoch // run.solver.minibatch_size)
     start_epoch = solver.iteration // updates_per_epoch
@@ -190,7 +227,7 @@ def train(args: argparse.Namespace) -> int:
     _out(f"leafpy: training {run.name or args.config} on {be.name}: {len(ds.x_train)} training and "
          f"{len(ds.x_test)} held-out samples ({ds.name}), batch {batch}, {net.num_parameters():,} parameters, "
          f"epochs {start_epoch + 1}..{epochs}")
-    running = ConfusionMatrix(ds.num_classes, capacity=10 * batch)
+    running = ConfusionMatrix(ds.num_classes, capacity=10 * batch) if ds.num_classes else None
     interrupted = False
 
     def on_sigint(signum: int, frame: Any) -> None:
@@ -216,12 +253,13 @@ def train(args: argparse.Namespace) -> int:
                         f"The last good checkpoint is {ckpt_path if os.path.exists(ckpt_path) else 'not written yet'}"
                         "; try a smaller base_lr or clip_gradients")
                 losses.append(loss)
-                running.add(predictions(out), yb)
+                if running is not None:
+                    running.add(predictions(out), yb)
                 seen += len(xb)
                 if bar is not None:
                     rate = seen / max(time.perf_counter() - t0, 1e-9)
-                    bar.set_postfix_str(f"loss {loss:.4f} acc {running.accuracy():.1%} {rate:,.0f} samples/s",
-                                        refresh=False)
+                    acc = f" acc {running.accuracy():.1%}" if running is not None else ""
+                    bar.set_postfix_str(f"loss {loss:.4f}{acc} {rate:,.0f} samples/s", refresh=False)
                     bar.update(1)
                 if interrupted:
                     break
@@ -233,29 +271,39 @@ def train(args: argparse.Namespace) -> int:
                      f"continue with --resume {ckpt_path}")
                 return 130
             elapsed = time.perf_counter() - t0
-            test_cm = evaluate(net, ds.x_test, ds.y_test, ds.num_classes, batch)
+            held_out = evaluate(net, objective, ds.x_test, ds.y_test, ds.num_classes, batch)
             record = {"epoch": epoch + 1, "iteration": solver.iteration, "loss": float(np.mean(losses)),
-                      "train_accuracy": running.accuracy(), "test_accuracy": test_cm.accuracy(),
-                      "seconds": elapsed, "samples_per_second": seen / elapsed}
+                      "test_loss": held_out.loss, "seconds": elapsed, "samples_per_second": seen / elapsed}
+            line = f"epoch {epoch + 1}/{epochs}: loss {record['loss']:.4f}, held-out loss {held_out.loss:.4f}"
+            if held_out.matrix is not None and running is not None:
+                record["train_accuracy"] = running.accuracy()
+                record["test_accuracy"] = held_out.matrix.accuracy()
+                line += (f", training accuracy {record['train_accuracy']:.2%}, held-out accuracy "
+                         f"{record['test_accuracy']:.2%}")
             history.append(record)
             solver.save_checkpoint(ckpt_path)
             with open(history_path, "w") as f:
                 json.dump(history, f, indent=1)
-            _out(f"epoch {epoch + 1}/{epochs}: loss {record['loss']:.4f}, training accuracy "
-                 f"{record['train_accuracy']:.2%}, held-out accuracy {record['test_accuracy']:.2%} "
-                 f"({elapsed:.1f} s, {record['samples_per_second']:,.0f} samples/s)")
+            _out(f"{line} ({elapsed:.1f} s, {record['samples_per_second']:,.0f} samples/s)")
     finally:
         signal.signal(signal.SIGINT, previous)
     model_path = os.path.join(out_dir, "model.leaf")
     net.save(model_path)
-    final = evaluate(net, ds.x_test, ds.y_test, ds.num_classes, batch)
-    _out("\nconfusion matrix on the held-out set:")
-    _out(str(final))
+    final = evaluate(net, objective, ds.x_test, ds.y_test, ds.num_classes, batch)
+    if final.matrix is not None:
+        _out("\nconfusion matrix on the held-out set:")
+        _out(str(final.matrix))
     if history and _plot(history, os.path.join(out_dir, "training.png")):
         _out(f"plot: {os.path.join(out_dir, 'training.png')}")
     _out(f"model: {model_path}  checkpoint: {ckpt_path}")
-    _out(f"held-out accuracy: {final.accuracy():.2%}")
+    _report(final)
     return 0
+
+
+def _report(scores: Scores) -> None:
+    _out(f"held-out loss: {scores.loss:.6g}")
+    if scores.matrix is not None:
+        _out(f"held-out accuracy: {scores.matrix.accuracy():.2%}")
 
 
 def evaluate_cmd(args: argparse.Namespace) -> int:
@@ -264,9 +312,11 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
     ds = load_data(run)
     net = Layer.from_config(be, run.network)
     load_weights(net, args.weights)
-    cm = evaluate(net, ds.x_test, ds.y_test, ds.num_classes, run.batch_size)
-    _out(str(cm))
-    _out(f"held-out accuracy: {cm.accuracy():.2%}")
+    scores = evaluate(net, Layer.from_config(be, run.objective), ds.x_test, ds.y_test, ds.num_classes,
+                      run.batch_size)
+    if scores.matrix is not None:
+        _out(str(scores.matrix))
+    _report(scores)
     return 0
 
 

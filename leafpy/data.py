@@ -16,7 +16,8 @@ from .errors import ConfigError, LeafpyError, SerializationError
 
 @dataclass
 class Dataset:
-    """Train and held-out splits: images [N, C, H, W] float32 in [0, 1], labels [N] int64."""
+    """Train and held-out splits: samples [N, ...] float32 (images [N, C, H, W] in [0, 1]) and targets: class
+    indices [N] int64 with ``num_classes`` > 0, or values [N, ...] float32 with ``num_classes`` 0 (regression)."""
 
     name: str
     x_train: np.ndarray
@@ -28,6 +29,10 @@ class Dataset:
     @property
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.x_train.shape[1:])
+
+    @property
+    def target_shape(self) -> tuple[int, ...]:
+        return tuple(self.y_train.shape[1:])
 
 
 def split(name: str, x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int, num_classes: int) -> Dataset:
@@ -108,14 +113,18 @@ def mnist(directory: str, *, test_fraction: float | None = None, seed: int = 0, 
 NPZ_KEYS = (("x", "y"), ("x_train", "y_train", "x_test", "y_test"))
 
 
-def npz(path: str, *, test_fraction: float | None = None, seed: int = 0, num_classes: int | None = None) -> Dataset:
+def npz(path: str, *, test_fraction: float | None = None, seed: int = 0, num_classes: int | None = None,
+        targets: str = "classes") -> Dataset:
     """A user's arrays from a NumPy ``.npz`` file (``np.savez``): ``x`` and ``y``, split at random by
     ``test_fraction`` (0.2 unless given), or ``x_train``, ``y_train``, ``x_test`` and ``y_test``, kept as they are
     unless ``test_fraction`` asks for a random split of everything.
 
     Samples are ``x[i]`` of any shape (unsigned bytes are scaled to [0, 1], other numbers become float32 as they
-    are); labels are class indices, shape [N] or [N, 1]. ``num_classes`` defaults to the largest label + 1. The
-    file is read without pickle: arrays of Python objects are refused."""
+    are). With ``targets="classes"`` the labels ``y`` are class indices, shape [N] or [N, 1], and ``num_classes``
+    defaults to the largest label + 1; with ``targets="values"`` (regression) ``y[i]`` are real numbers of any
+    shape. The file is read without pickle: arrays of Python objects are refused."""
+    if targets not in ("classes", "values"):
+        raise ConfigError(f"npz: targets must be 'classes' or 'values', got {targets!r}")
     try:
         with open(path, "rb") as fh:
             if not zipfile.is_zipfile(fh):
@@ -139,8 +148,18 @@ def npz(path: str, *, test_fraction: float | None = None, seed: int = 0, num_cla
     xs, ys = [], []
     for x, y, x_key, y_key in pairs:
         xs.append(_samples(path, x_key, x))
-        ys.append(_labels(path, y_key, y, len(x), x_key))
-    top = max(int(y.max(initial=-1)) for y in ys) + 1
+        if targets == "values":
+            if len(y) != len(x):
+                raise SerializationError(f"{path}: {y_key} must hold one target per sample of {x_key} ({len(x)}), "
+                                         f"got shape {y.shape}")
+            ys.append(_samples(path, y_key, y if y.ndim > 1 else y.reshape(-1, 1), scale_bytes=False))
+        else:
+            ys.append(_labels(path, y_key, y, len(x), x_key))
+    if targets == "values":
+        num_classes = 0
+        top = 0
+    else:
+        top = max(int(y.max(initial=-1)) for y in ys) + 1
     if num_classes is None:
         num_classes = top
     elif top > num_classes:
@@ -153,10 +172,10 @@ def npz(path: str, *, test_fraction: float | None = None, seed: int = 0, num_cla
     return Dataset(name, xs[0], ys[0], xs[1], ys[1], num_classes)
 
 
-def _samples(path: str, key: str, x: np.ndarray) -> np.ndarray:
+def _samples(path: str, key: str, x: np.ndarray, scale_bytes: bool = True) -> np.ndarray:
     if x.ndim < 2 or len(x) == 0:
         raise SerializationError(f"{path}: {key} must hold samples as [N, ...] with N >= 1, got shape {x.shape}")
-    if x.dtype == np.uint8:
+    if x.dtype == np.uint8 and scale_bytes:
         return x.astype(np.float32) / 255.0
     if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_) or np.iscomplexobj(x):
         raise SerializationError(f"{path}: {key} must hold real numbers, got dtype {x.dtype}")
@@ -196,11 +215,15 @@ def batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, seed: int | None =
         yield x[idx], y[idx]
 
 
-def load(spec: dict) -> Dataset:
-    """A dataset from a run file's ``data`` section: dataset digits | mnist | fashion_mnist | npz."""
+def load(spec: dict, targets: str = "classes") -> Dataset:
+    """A dataset from a run file's ``data`` section: dataset digits | mnist | fashion_mnist | npz. ``targets``
+    "values" reads an npz file's ``y`` as regression targets (the others hold classes only)."""
     kind = spec.get("dataset", "digits")
     seed = int(spec.get("seed", 0))
     tf = spec.get("test_fraction")
+    if targets == "values" and kind != "npz":
+        raise ConfigError(f"data.dataset: {kind} has class labels, and this objective needs values to regress "
+                          "on: give them in an npz file (dataset: npz)")
     if kind == "digits":
         return digits(float(0.2 if tf is None else tf), seed)
     if kind in ("mnist", "fashion_mnist", "npz"):
@@ -212,6 +235,7 @@ def load(spec: dict) -> Dataset:
             classes = spec.get("num_classes")
             if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int) or classes < 1):
                 raise ConfigError(f"data.num_classes: expected a positive integer, got {classes!r}")
-            return npz(path, test_fraction=None if tf is None else float(tf), seed=seed, num_classes=classes)
+            return npz(path, test_fraction=None if tf is None else float(tf), seed=seed, num_classes=classes,
+                       targets=targets)
         return mnist(path, test_fraction=None if tf is None else float(tf), seed=seed, name=kind)
     raise ConfigError(f"data.dataset: expected one of 'digits', 'mnist', 'fashion_mnist', 'npz', got {kind!r}")

@@ -1,4 +1,4 @@
-"""The leafpy command end to end, in subprocesses, on the bundled digits data."""
+"""The leafpy command end to end, in subprocesses, on the bundled digits data and small generated arrays."""
 
 from __future__ import annotations
 
@@ -174,6 +174,53 @@ def test_train_on_your_own_arrays_and_data_that_does_not_fit(tmp_path):
     two.write_text(run_file.read_text().replace("num_classes: 3", "num_classes: 2"))
     p = run("evaluate", str(two), "--weights", str(tmp_path / "run" / "model.leaf"))
     assert p.returncode == 1 and "labels go up to 2, but objective layer 'nll' has num_classes 2" in p.stderr
+
+
+REGRESSION_RUN = """
+name: curve
+data: {dataset: npz, path: DATA, batch_size: 25}
+network:
+  type: Sequential
+  inputs: [{name: data, shape: [25, 4]}]
+  layers:
+    - {name: fc1, type: Linear, output_size: 16}
+    - {name: act, type: TanH}
+    - {name: fc2, type: Linear, output_size: 2}
+objective:
+  type: Sequential
+  inputs: [{name: network_out, shape: [25, 2]}, {name: target, shape: [25, 2]}]
+  layers: [{name: mse, type: MeanSquaredError}]
+solver: {solver: adam, base_lr: 0.02}
+train: {epochs: 6}
+"""
+
+
+def test_train_a_regression_objective(tmp_path):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((500, 4))
+    y = np.tanh(x @ rng.standard_normal((4, 2)))
+    np.savez(tmp_path / "curve.npz", x=x, y=y)
+    run_file = tmp_path / "curve.yaml"
+    run_file.write_text(REGRESSION_RUN.replace("DATA", str(tmp_path / "curve.npz")))
+    p = run("train", str(run_file), "--out", str(tmp_path / "run"))
+    assert p.returncode == 0, p.stderr
+    assert "confusion matrix" not in p.stdout and "accuracy" not in p.stdout
+    epochs = re.findall(r"epoch (\d)/6: loss ([\d.]+), held-out loss ([\d.]+) \(", p.stdout)
+    assert [int(e[0]) for e in epochs] == [1, 2, 3, 4, 5, 6], p.stdout
+    final = float(re.search(r"held-out loss: ([\d.e-]+)", p.stdout).group(1))
+    assert final < 0.2 * float(epochs[0][1])  # it learned
+    # the reported held-out loss is the mean squared error of the saved model on the held-out split
+    ds = lp.data.npz(str(tmp_path / "curve.npz"), targets="values")
+    net = lp.Layer.load(lp.backend("native"), tmp_path / "run" / "model.leaf")
+    mse = float(np.mean((net.forward([ds.x_test])[0].to_numpy() - ds.y_test) ** 2))
+    assert final == pytest.approx(mse, rel=1e-4)
+    e = run("evaluate", str(run_file), "--weights", str(tmp_path / "run" / "model.leaf"))
+    assert e.returncode == 0 and f"held-out loss: {final:.6g}" in e.stdout, e.stdout
+    narrow = tmp_path / "narrow.yaml"
+    narrow.write_text(run_file.read_text().replace("{name: target, shape: [25, 2]}", "{name: target, shape: [25, 3]}"))
+    p = run("train", str(narrow), "--out", str(tmp_path / "narrow"))
+    assert p.returncode == 1 and ("the curve.npz targets have shape [2] per sample, but the objective's target "
+                                  "input 'target' is declared [25, 3]; declare [25, 2] in objective.inputs") in p.stderr
 
 
 @pytest.mark.parametrize("backend", [pytest.param("webgpu", marks=pytest.mark.webgpu),

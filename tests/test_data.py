@@ -137,3 +137,24 @@ def test_npz_files_that_cannot_be_read(tmp_path):
         lp.data.npz(str(tmp_path / "d.npz"), num_classes=3)
     with pytest.raises(lp.ConfigError, match=r"data\.path: the npz dataset needs the \.npz file"):
         lp.data.load({"dataset": "npz"})
+
+
+def test_npz_regression_targets(tmp_path):
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((50, 3)), rng.standard_normal((50, 2, 2))
+    np.savez(tmp_path / "r.npz", x=x, y=y)
+    ds = lp.data.load({"dataset": "npz", "path": str(tmp_path / "r.npz"), "test_fraction": 0.2}, targets="values")
+    assert (ds.num_classes, ds.target_shape, ds.y_train.dtype, len(ds.y_test)) == (0, (2, 2), np.float32, 10)
+    order = np.random.default_rng(0).permutation(50)
+    np.testing.assert_allclose(ds.y_test, y[order[:10]].astype(np.float32))
+    np.savez(tmp_path / "flat.npz", x=x, y=np.arange(50, dtype=np.uint8))  # [N] values: one per sample, unscaled
+    ds = lp.data.npz(str(tmp_path / "flat.npz"), targets="values", test_fraction=0.5)
+    assert ds.target_shape == (1,) and sorted(np.concatenate([ds.y_train, ds.y_test])[:, 0]) == list(range(50))
+    np.savez(tmp_path / "bad.npz", x=x, y=np.zeros((49, 2)))
+    with pytest.raises(lp.SerializationError, match=r"bad\.npz: y must hold one target per sample of x \(50\)"):
+        lp.data.npz(str(tmp_path / "bad.npz"), targets="values")
+    np.savez(tmp_path / "nan.npz", x=x, y=np.full(50, np.inf))
+    with pytest.raises(lp.SerializationError, match=r"nan\.npz: y has 50 NaN or infinite values"):
+        lp.data.npz(str(tmp_path / "nan.npz"), targets="values")
+    with pytest.raises(lp.ConfigError, match=r"data\.dataset: digits has class labels.*dataset: npz"):
+        lp.data.load({"dataset": "digits"}, targets="values")
