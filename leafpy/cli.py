@@ -2,6 +2,7 @@
 
     leafpy train RUN.yaml [--backend B] [--epochs N] [--out DIR] [--resume CHECKPOINT] [--seed S]
     leafpy evaluate RUN.yaml --weights FILE [--backend B]
+    leafpy predict RUN.yaml --weights FILE --input SAMPLES.npz [--out PREDICTIONS.npz|.csv] [--backend B]
     leafpy summary RUN.yaml
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import json
 import math
 import os
@@ -29,7 +31,7 @@ from .errors import LeafpyError
 from .layers.container.sequential import Sequential
 from .layers.layer import Layer
 from .metrics import ConfusionMatrix, predictions
-from .serialization import load_weights
+from .serialization import atomic_write, load_weights
 from .solvers.solver import Solver
 
 
@@ -122,16 +124,20 @@ def first_non_finite(net: Layer, xb: np.ndarray) -> str:
     return "the objective (every network output is finite)"
 
 
+def check_samples(run: run_config.RunConfig, shape: Sequence[int], what: str) -> None:
+    """Samples of this per-sample shape fit the network's input (any layout of the same size does)."""
+    name, declared = run.network.config.inputs[0]
+    if math.prod(declared[1:]) != math.prod(shape):
+        raise LeafpyError(f"{what} have shape {list(shape)}, but the network's input {name!r} is declared "
+                          f"{list(declared)}; declare [{declared[0]}, {', '.join(map(str, shape))}] in network.inputs")
+
+
 def load_data(run: run_config.RunConfig) -> datasets.Dataset:
     """The run's dataset (class labels or regression values, as its objective needs), checked against the
     network's input and the objective before any training."""
     classes = is_classifier(run)
     ds = datasets.load(run.data, targets="classes" if classes else "values")
-    name, declared = run.network.config.inputs[0]
-    if math.prod(declared[1:]) != math.prod(ds.input_shape):
-        raise LeafpyError(f"data: the {ds.name} samples have shape {list(ds.input_shape)}, but the network's input "
-                          f"{name!r} is declared {list(declared)}; declare [{declared[0]}, "
-                          f"{', '.join(map(str, ds.input_shape))}] in network.inputs")
+    check_samples(run, ds.input_shape, f"data: the {ds.name} samples")
     if classes:
         for layer in run.objective.config.layers:
             n = getattr(layer.config, "num_classes", None)
@@ -320,6 +326,50 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def predict_cmd(args: argparse.Namespace) -> int:
+    if args.out and not args.out.endswith((".npz", ".csv")):
+        raise LeafpyError(f"--out {args.out}: predictions are written as .npz or .csv; name the file so")
+    run = run_config.load(args.config)
+    be = get_backend(args.backend)
+    x = datasets.npz_samples(args.input)
+    check_samples(run, x.shape[1:], f"{args.input}: the samples")
+    net = Layer.from_config(be, run.network)
+    load_weights(net, args.weights)
+    net.set_training(False)
+    batch = run.batch_size
+    outputs = np.concatenate([net.forward([x[i:i + batch]])[0].to_numpy() for i in range(0, len(x), batch)])
+    classes = predictions(outputs) if is_classifier(run) else None
+    if args.out:
+        write_predictions(args.out, outputs, classes)
+    _out(f"leafpy: {len(x)} samples of {args.input} through {args.weights}: outputs {list(outputs.shape)}")
+    if classes is not None:
+        counts = np.bincount(classes)
+        _out("predicted classes: " + ", ".join(f"{k}: {n}" for k, n in enumerate(counts) if n))
+        shown = " ".join(map(str, classes[:20])) + (" ..." if len(classes) > 20 else "")
+        _out(f"first samples: {shown}")
+    _out(f"written: {args.out}" if args.out else "write them with --out FILE.npz or FILE.csv")
+    return 0
+
+
+def write_predictions(path: str, outputs: np.ndarray, classes: np.ndarray | None) -> None:
+    """``outputs`` (and ``classes``) into an .npz file, or a .csv file of one row per sample (atomically)."""
+    if path.endswith(".csv"):
+        flat = outputs.reshape(len(outputs), -1)
+        header = [f"output_{i}" for i in range(flat.shape[1])]
+        rows = flat if classes is None else np.column_stack([classes, flat])
+        if classes is not None:
+            header.insert(0, "class")
+        text = io.StringIO()
+        fmt = (["%d"] if classes is not None else []) + ["%.9g"] * flat.shape[1]
+        np.savetxt(text, rows, fmt=fmt, delimiter=",", header=",".join(header), comments="")
+        data = text.getvalue().encode()
+    else:
+        buf = io.BytesIO()
+        np.savez(buf, outputs=outputs, **({"classes": classes} if classes is not None else {}))
+        data = buf.getvalue()
+    atomic_write(path, data)
+
+
 def summary_cmd(args: argparse.Namespace) -> int:
     run = run_config.load(args.config)
     net = Layer.from_config(get_backend("native"), run.network)
@@ -347,6 +397,15 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--weights", required=True, help="a model.leaf or checkpoint.leaf file")
     e.add_argument("--backend", choices=BACKEND_NAMES, default="native")
     e.set_defaults(func=evaluate_cmd)
+    r = sub.add_parser("predict", help="run saved weights on new samples",
+                       description="Run saved weights (a model or a checkpoint) on the samples x of an .npz file; "
+                       "prints the predicted classes and writes the outputs with --out.")
+    r.add_argument("config", help="the YAML run file")
+    r.add_argument("--weights", required=True, help="a model.leaf or checkpoint.leaf file")
+    r.add_argument("--input", required=True, help="an .npz file with the samples as x (np.savez(path, x=...))")
+    r.add_argument("--out", help="write the outputs (and classes) to this .npz or .csv file")
+    r.add_argument("--backend", choices=BACKEND_NAMES, default="native")
+    r.set_defaults(func=predict_cmd)
     s = sub.add_parser("summary", help="table of layers, output shapes and parameter counts",
                        description="Print the network's layers, output shapes and parameter counts.")
     s.add_argument("config", help="the YAML run file")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gzip
 import os
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -125,25 +125,9 @@ def npz(path: str, *, test_fraction: float | None = None, seed: int = 0, num_cla
     shape. The file is read without pickle: arrays of Python objects are refused."""
     if targets not in ("classes", "values"):
         raise ConfigError(f"npz: targets must be 'classes' or 'values', got {targets!r}")
-    try:
-        with open(path, "rb") as fh:
-            if not zipfile.is_zipfile(fh):
-                raise SerializationError(f"{path}: not a NumPy .npz file (np.savez(path, x=..., y=...) writes one)")
-            fh.seek(0)
-            with np.load(fh, allow_pickle=False) as f:
-                keys = set(f.files)
-                layout = next((k for k in NPZ_KEYS if keys >= set(k)), None)
-                if layout is None:
-                    raise SerializationError(
-                        f"{path}: expected arrays named x and y, or x_train, y_train, x_test and y_test "
-                        f"(np.savez(path, x=..., y=...)); the file has {', '.join(sorted(keys)) or 'none'}")
-                arrays = {k: f[k] for k in layout}
-    except (OSError, EOFError) as e:
-        raise LeafpyError(f"{path}: cannot read the dataset: {getattr(e, 'strerror', None) or e}") from e
-    except (ValueError, zipfile.BadZipFile) as e:
-        why = ("it holds arrays of Python objects; save plain arrays of numbers" if "allow_pickle" in str(e)
-               else f"not a readable NumPy .npz file ({e})")
-        raise SerializationError(f"{path}: {why}") from e
+    arrays = _read_npz(path, NPZ_KEYS, "x and y, or x_train, y_train, x_test and y_test (np.savez(path, x=..., "
+                               "y=...))")
+    layout = next(k for k in NPZ_KEYS if set(k) <= set(arrays))
     pairs = [(arrays[x_key], arrays[y_key], x_key, y_key) for x_key, y_key in zip(layout[::2], layout[1::2])]
     xs, ys = [], []
     for x, y, x_key, y_key in pairs:
@@ -170,6 +154,36 @@ def npz(path: str, *, test_fraction: float | None = None, seed: int = 0, num_cla
         x, y = np.concatenate(xs), np.concatenate(ys)
         return split(name, x, y, 0.2 if test_fraction is None else test_fraction, seed, num_classes)
     return Dataset(name, xs[0], ys[0], xs[1], ys[1], num_classes)
+
+
+def npz_samples(path: str) -> np.ndarray:
+    """The samples ``x`` (or ``x_test``) of a NumPy ``.npz`` file, as :func:`npz` reads them (labels, if any, are
+    not read): inputs for a trained network."""
+    arrays = _read_npz(path, (("x",), ("x_test",)), "x (np.savez(path, x=...))")
+    key = "x" if "x" in arrays else "x_test"
+    return _samples(path, key, arrays[key])
+
+
+def _read_npz(path: str, layouts: Sequence[Sequence[str]], wanted: str) -> dict[str, np.ndarray]:
+    """The arrays of the first of ``layouts`` (tuples of names) that the file has, read without pickle."""
+    try:
+        with open(path, "rb") as fh:
+            if not zipfile.is_zipfile(fh):
+                raise SerializationError(f"{path}: not a NumPy .npz file (np.savez(path, x=..., y=...) writes one)")
+            fh.seek(0)
+            with np.load(fh, allow_pickle=False) as f:
+                keys = set(f.files)
+                layout = next((k for k in layouts if keys >= set(k)), None)
+                if layout is None:
+                    raise SerializationError(f"{path}: expected arrays named {wanted}; the file has "
+                                             f"{', '.join(sorted(keys)) or 'none'}")
+                return {k: f[k] for k in layout}
+    except (OSError, EOFError) as e:
+        raise LeafpyError(f"{path}: cannot read the dataset: {getattr(e, 'strerror', None) or e}") from e
+    except (ValueError, zipfile.BadZipFile) as e:
+        why = ("it holds arrays of Python objects; save plain arrays of numbers" if "allow_pickle" in str(e)
+               else f"not a readable NumPy .npz file ({e})")
+        raise SerializationError(f"{path}: {why}") from e
 
 
 def _samples(path: str, key: str, x: np.ndarray, scale_bytes: bool = True) -> np.ndarray:

@@ -103,7 +103,7 @@ def test_summary_and_help():
     p = run("summary", DIGITS)
     assert p.returncode == 0, p.stderr
     assert "conv1" in p.stdout and "32x20x8x8" in p.stdout and "total parameters: 24,550" in p.stdout
-    for args in (["--help"], ["train", "--help"], ["evaluate", "--help"], ["summary", "--help"]):
+    for args in (["--help"], ["train", "--help"], ["evaluate", "--help"], ["predict", "--help"], ["summary", "--help"]):
         h = run(*args)
         assert h.returncode == 0 and "usage: leafpy" in h.stdout
     v = run("--version")
@@ -176,6 +176,40 @@ def test_train_on_your_own_arrays_and_data_that_does_not_fit(tmp_path):
     assert p.returncode == 1 and "labels go up to 2, but objective layer 'nll' has num_classes 2" in p.stderr
 
 
+def test_predict_writes_classes_and_outputs(tmp_path):
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 400)
+    x = (rng.standard_normal((3, 16)) * 3)[y] + rng.standard_normal((400, 16))
+    np.savez(tmp_path / "blobs.npz", x=x, y=y)
+    run_file = tmp_path / "blobs.yaml"
+    run_file.write_text(NPZ_RUN.replace("DATA", str(tmp_path / "blobs.npz")))
+    assert run("train", str(run_file), "--out", str(tmp_path / "run"), "--epochs", "2").returncode == 0
+    model = tmp_path / "run" / "model.leaf"
+    new = rng.standard_normal((45, 4, 4))  # 45 samples: two full batches of 20 and a partial one
+    np.savez(tmp_path / "new.npz", x=new)
+    net = lp.Layer.load(lp.backend("native"), model)
+    want = net.forward([new.reshape(45, 16).astype(np.float32)])[0].to_numpy()
+    p = run("predict", str(run_file), "--weights", str(model), "--input", str(tmp_path / "new.npz"),
+            "--out", str(tmp_path / "p.npz"))
+    assert p.returncode == 0, p.stderr
+    assert "45 samples" in p.stdout and "predicted classes: " in p.stdout
+    with np.load(tmp_path / "p.npz") as f:
+        np.testing.assert_allclose(f["outputs"], want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(f["classes"], want.argmax(axis=1))
+    p = run("predict", str(run_file), "--weights", str(model), "--input", str(tmp_path / "new.npz"),
+            "--out", str(tmp_path / "p.csv"))
+    table = np.loadtxt(tmp_path / "p.csv", delimiter=",", skiprows=1)
+    assert (tmp_path / "p.csv").read_text().startswith("class,output_0,output_1,output_2\n")
+    np.testing.assert_array_equal(table[:, 0], want.argmax(axis=1))
+    np.testing.assert_allclose(table[:, 1:], want, rtol=1e-5, atol=1e-5)
+    p = run("predict", str(run_file), "--weights", str(model), "--input", str(tmp_path / "new.npz"),
+            "--out", str(tmp_path / "p.txt"))
+    assert p.returncode == 1 and "predictions are written as .npz or .csv" in p.stderr
+    np.savez(tmp_path / "wide.npz", x=np.zeros((3, 5, 5)))
+    p = run("predict", str(run_file), "--weights", str(model), "--input", str(tmp_path / "wide.npz"))
+    assert p.returncode == 1 and "wide.npz: the samples have shape [5, 5]" in p.stderr and "Traceback" not in p.stderr
+
+
 REGRESSION_RUN = """
 name: curve
 data: {dataset: npz, path: DATA, batch_size: 25}
@@ -216,6 +250,12 @@ def test_train_a_regression_objective(tmp_path):
     assert final == pytest.approx(mse, rel=1e-4)
     e = run("evaluate", str(run_file), "--weights", str(tmp_path / "run" / "model.leaf"))
     assert e.returncode == 0 and f"held-out loss: {final:.6g}" in e.stdout, e.stdout
+    p = run("predict", str(run_file), "--weights", str(tmp_path / "run" / "model.leaf"), "--input",
+            str(tmp_path / "curve.npz"), "--out", str(tmp_path / "p.csv"))
+    assert p.returncode == 0 and "predicted classes" not in p.stdout, p.stderr
+    assert (tmp_path / "p.csv").read_text().startswith("output_0,output_1\n")
+    np.testing.assert_allclose(np.loadtxt(tmp_path / "p.csv", delimiter=",", skiprows=1),
+                               net.forward([x.astype(np.float32)])[0].to_numpy(), rtol=1e-5, atol=1e-6)
     narrow = tmp_path / "narrow.yaml"
     narrow.write_text(run_file.read_text().replace("{name: target, shape: [25, 2]}", "{name: target, shape: [25, 3]}"))
     p = run("train", str(narrow), "--out", str(tmp_path / "narrow"))
