@@ -124,12 +124,20 @@ def _solver(backend, dropout=True, **changes):
     return lp.Solver.from_config(backend, backend, dataclasses.replace(run.solver, **changes))
 
 
-@pytest.mark.parametrize("rule,lr,atol", [("momentum", 0.05, 1e-4), ("adam", 0.001, 5e-4)])
-def test_solver_steps_match_native(device, rule, lr, atol):
-    # Adam divides by sqrt(v): where a gradient is near zero its step is decided by rounding, hence a looser atol
+@pytest.mark.parametrize("changes,atol", [
+    pytest.param(dict(solver="momentum", base_lr=0.05), 1e-4, id="momentum"),
+    pytest.param(dict(solver="nesterov", base_lr=0.05), 1e-4, id="nesterov"),
+    pytest.param(dict(solver="rmsprop", base_lr=0.001), 5e-4, id="rmsprop"),
+    pytest.param(dict(solver="adam", base_lr=0.001), 5e-4, id="adam"),
+    pytest.param(dict(solver="momentum", base_lr=0.05, minibatch_size=2, lr_policy="step", stepsize=1, gamma=0.5),
+                 1e-4, id="momentum-accumulated"),
+])
+def test_solver_steps_match_native(device, changes, atol):
+    # Adam and RMSprop divide by sqrt(v): where a gradient is near zero the step is decided by rounding, hence a
+    # looser atol
     ds = lp.data.digits()
     batches = list(lp.data.batches(ds.x_train[:96], ds.y_train[:96], 32, seed=0))
-    solvers = [_solver(be, solver=rule, base_lr=lr, clip_gradients=10.0, weight_decay=1e-3)
+    solvers = [_solver(be, momentum=0.9, clip_gradients=10.0, weight_decay=1e-3, **changes)
                for be in (lp.backend("native"), device)]
     for xb, yb in batches:
         for s in solvers:
