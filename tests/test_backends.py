@@ -129,6 +129,8 @@ def _solver(backend, dropout=True, **changes):
     pytest.param(dict(solver="nesterov", base_lr=0.05), 1e-4, id="nesterov"),
     pytest.param(dict(solver="rmsprop", base_lr=0.001), 5e-4, id="rmsprop"),
     pytest.param(dict(solver="adam", base_lr=0.001), 5e-4, id="adam"),
+    pytest.param(dict(solver="adagrad", base_lr=0.01), 5e-4, id="adagrad"),
+    pytest.param(dict(solver="adadelta", base_lr=1.0, epsilon=1e-6), 5e-4, id="adadelta"),
     pytest.param(dict(solver="momentum", base_lr=0.05, minibatch_size=2, lr_policy="step", stepsize=1, gamma=0.5),
                  1e-4, id="momentum-accumulated"),
 ])
@@ -176,13 +178,18 @@ def test_a_training_step_moves_no_data(device):
     assert lp.SharedTensor.transfers_total == 1
 
 
+REPLAYED_RULES = {"momentum": 0.05, "nesterov": 0.05, "rmsprop": 0.001, "adagrad": 0.01, "adadelta": 1.0}
+"""Every rule a step may be recorded and replayed with, and a learning rate for it."""
+
+
 @pytest.mark.cuda
-def test_cuda_graph_replay_equals_eager_steps():
+@pytest.mark.parametrize("rule", sorted(REPLAYED_RULES))
+def test_cuda_graph_replay_equals_eager_steps(rule):
     graphs, eager = _cuda(graphs=True), _cuda(graphs=False)
     import dataclasses
 
     run = lp.config.load(os.path.join(ROOT, "configs", "digits_mlp.yaml"))
-    cfg = dataclasses.replace(run.solver, lr_policy="step", stepsize=3)
+    cfg = dataclasses.replace(run.solver, lr_policy="step", stepsize=3, solver=rule, base_lr=REPLAYED_RULES[rule])
     solvers = [lp.Solver.from_config(be, be, cfg) for be in (graphs, eager)]
     ds = lp.data.digits()
     batches = list(lp.data.batches(ds.x_train[:256], ds.y_train[:256], 32, seed=0))
@@ -220,7 +227,8 @@ def test_webgpu_step_is_one_submission():
 
 
 @pytest.mark.webgpu
-def test_webgpu_replayed_steps_equal_encoded_ones_and_see_host_changes():
+@pytest.mark.parametrize("rule", sorted(REPLAYED_RULES))
+def test_webgpu_replayed_steps_equal_encoded_ones_and_see_host_changes(rule):
     """Replayable steps are re-encoded from their recorded dispatches; they train exactly as steps run through the
     layers, including after weights are set from the host between steps."""
     replaying = _webgpu(power_preference="low-power")  # separate instances whose option we can change
@@ -228,7 +236,7 @@ def test_webgpu_replayed_steps_equal_encoded_ones_and_see_host_changes():
     encoding.replay = False
     ds = lp.data.digits()
     x, y = ds.x_train[:32], ds.y_train[:32]
-    solvers = [_solver(be, dropout=False, solver="momentum") for be in (replaying, encoding)]
+    solvers = [_solver(be, dropout=False, solver=rule, base_lr=REPLAYED_RULES[rule]) for be in (replaying, encoding)]
     before = replaying.replays
     for step in range(6):
         if step == 4:  # the same new weights in both, from the host

@@ -70,7 +70,7 @@ def tiny_solver(backend, solver, batch=4, **kw):
 def by_hand(solver_name, W, b, xs, ts, *, lr, m=0.9, wd=0.01, b1=0.9, b2=0.999, eps=1e-8, decay=0.99):
     """The same updates written out in NumPy (float64)."""
     W, b = W.copy(), b.copy()
-    hist = {k: [np.zeros_like(W), np.zeros_like(b)] for k in ("h", "m", "v")}
+    hist = {k: [np.zeros_like(W), np.zeros_like(b)] for k in ("h", "m", "v", "u")}
     out = []
     for it, (x, t) in enumerate(zip(xs, ts)):
         y = x @ W.T + b
@@ -94,22 +94,32 @@ def by_hand(solver_name, W, b, xs, ts, *, lr, m=0.9, wd=0.01, b1=0.9, b2=0.999, 
             elif solver_name == "rmsprop":
                 hist["h"][k] = decay * hist["h"][k] + (1 - decay) * g * g
                 p -= rate * g / (np.sqrt(hist["h"][k]) + eps)
+            elif solver_name == "adagrad":
+                hist["h"][k] = hist["h"][k] + g * g
+                p -= rate * g / (np.sqrt(hist["h"][k]) + eps)
+            elif solver_name == "adadelta":
+                hist["h"][k] = decay * hist["h"][k] + (1 - decay) * g * g
+                step = g * np.sqrt((hist["u"][k] + eps) / (hist["h"][k] + eps))
+                hist["u"][k] = decay * hist["u"][k] + (1 - decay) * step * step
+                p -= rate * step
+            else:
+                raise ValueError(solver_name)
         out.append((W.copy(), b.copy()))
     return out
 
 
 @pytest.mark.parametrize("piece", [None, 4], ids=["whole", "in-pieces"])
-@pytest.mark.parametrize("rule", ["momentum", "nesterov", "adam", "rmsprop"])
+@pytest.mark.parametrize("rule", ["momentum", "nesterov", "adam", "rmsprop", "adagrad", "adadelta"])
 def test_first_three_steps_by_hand(native64, rule, piece):
     if piece:
         native64.UPDATE_PIECE = piece  # the 2x3 weight updates in two pieces, on this instance only
     rng = np.random.default_rng(3)
     xs = [rng.standard_normal((4, 3)) for _ in range(3)]
     ts = [rng.standard_normal((4, 2)) for _ in range(3)]
-    lr = 0.1
-    solver = tiny_solver(native64, rule, base_lr=lr, momentum=0.9, weight_decay=0.01)
+    lr, eps = 0.1, 1e-6 if rule == "adadelta" else 1e-8  # AdaDelta's first steps are ~sqrt(eps): keep them visible
+    solver = tiny_solver(native64, rule, base_lr=lr, momentum=0.9, weight_decay=0.01, epsilon=eps)
     W0, b0 = (w.to_numpy() for w in solver.network.learnable_weights_data())
-    expected = by_hand(rule, W0, b0, xs, ts, lr=lr)
+    expected = by_hand(rule, W0, b0, xs, ts, lr=lr, eps=eps)
     for step, (x, t) in enumerate(zip(xs, ts)):
         solver.train_minibatch(x, t)
         W, b = (w.to_numpy() for w in solver.network.learnable_weights_data())
@@ -138,7 +148,7 @@ def test_clipping_clips_to_the_threshold_and_leaves_small_gradients(native64):
         assert applied == pytest.approx(min(threshold, norm), rel=1e-9)
 
 
-@pytest.mark.parametrize("rule", ["momentum", "adam"])
+@pytest.mark.parametrize("rule", ["momentum", "adam", "adagrad"])
 def test_accumulation_equals_the_concatenated_batch(native64, rule):
     rng = np.random.default_rng(5)
     xs = [rng.standard_normal((4, 3)) for _ in range(6)]

@@ -483,6 +483,26 @@ class ArrayBackend(Backend):
             self._toward_square(gp, hp, decay, t)
             self._scaled_step(wp, gp, hp, lr, eps, t)
 
+    def adagrad_update(self, w, g, h, lr, eps):
+        for t, wp, gp, hp in self._update_pieces(w, g, h):
+            self.xp.multiply(gp, gp, out=t)
+            hp += t
+            self._scaled_step(wp, gp, hp, lr, eps, t)
+
+    def adadelta_update(self, w, g, h, u, lr, decay, eps):
+        xp = self.xp
+        for t, wp, gp, hp, up in self._update_pieces(w, g, h, u):
+            self._toward_square(gp, hp, decay, t)
+            xp.add(up, eps, out=t)  # g becomes the step d = g sqrt((u + eps) / (h + eps))
+            xp.sqrt(t, out=t)
+            gp *= t
+            xp.add(hp, eps, out=t)
+            xp.sqrt(t, out=t)
+            gp /= t
+            self._toward_square(gp, up, decay, t)
+            gp *= lr
+            wp -= gp
+
     def adam_update(self, w, g, m, v, lr, beta1, beta2, eps):
         for t, wp, gp, mp, vp in self._update_pieces(w, g, m, v):
             self.xp.subtract(gp, mp, out=t)  # m += (1 - b1)(g - m)

@@ -196,6 +196,16 @@ class Backend:
         """``h = decay h + (1-decay) g²; w -= lr * g / (sqrt(h) + eps)``."""
         raise NotImplementedError
 
+    def adagrad_update(self, w: Buffer, g: Buffer, h: Buffer, lr: float, eps: float) -> None:
+        """``h += g²; w -= lr * g / (sqrt(h) + eps)``."""
+        raise NotImplementedError
+
+    def adadelta_update(self, w: Buffer, g: Buffer, h: Buffer, u: Buffer, lr: float, decay: float,
+                        eps: float) -> None:
+        """``h = decay h + (1-decay) g²; d = g sqrt((u + eps) / (h + eps)); u = decay u + (1-decay) d²;
+        w -= lr * d``."""
+        raise NotImplementedError
+
     # --- optional hooks (defaults suit every backend) -------------------------------------------------------
     def run_step(self, key: Any, step: Any) -> None:
         """Run ``step()``, a whole training step. A backend may record it the first times a ``key`` is seen and

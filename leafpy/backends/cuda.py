@@ -132,6 +132,11 @@ class CudaBackend(ArrayBackend):
                        " w -= lr * m / (sqrt(v) + eps)", "leafpy_adam"),
             "rmsprop": ek("T g, T lr, T d, T eps", "T w, T h",
                           "h = d * h + ((T)1 - d) * g * g; w -= lr * g / (sqrt(h) + eps)", "leafpy_rmsprop"),
+            "adagrad": ek("T g, T lr, T eps", "T w, T h", "h += g * g; w -= lr * g / (sqrt(h) + eps)",
+                          "leafpy_adagrad"),
+            "adadelta": ek("T g, T lr, T d, T eps", "T w, T h, T u",
+                           "h = d * h + ((T)1 - d) * g * g; T step = g * sqrt((u + eps) / (h + eps));"
+                           " u = d * u + ((T)1 - d) * step * step; w -= lr * step", "leafpy_adadelta"),
             "dropout": ek("uint32 key, uint32 threshold, T scale", "T mask",
                           "unsigned int h = (unsigned int)i + key;"
                           " h ^= h >> 16; h *= 0x85EBCA6Bu; h ^= h >> 13; h *= 0xC2B2AE35u; h ^= h >> 16;"
@@ -294,6 +299,14 @@ class CudaBackend(ArrayBackend):
     def rmsprop_update(self, w, g, h, lr, decay, eps):
         s = self._scalar
         self._kernels["rmsprop"](g, s(lr), s(decay), s(eps), w, h)
+
+    def adagrad_update(self, w, g, h, lr, eps):
+        s = self._scalar
+        self._kernels["adagrad"](g, s(lr), s(eps), w, h)
+
+    def adadelta_update(self, w, g, h, u, lr, decay, eps):
+        s = self._scalar
+        self._kernels["adadelta"](g, s(lr), s(decay), s(eps), w, h, u)
 
     def dropout_mask(self, mask, ratio, seed):
         from .array import dropout_key, dropout_threshold

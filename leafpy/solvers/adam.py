@@ -13,6 +13,7 @@ from .solver import UpdateRule
 class Adam(UpdateRule):
     name = "adam"
     state_names = ("m", "v")
+    per_step_scalars = True
 
     def update(self, backend, w, g, state, lr, iteration):
         m, v = state

@@ -118,6 +118,9 @@ class UpdateRule:
 
     name: ClassVar[str] = ""
     state_names: ClassVar[tuple[str, ...]] = ()
+    per_step_scalars: ClassVar[bool] = False
+    """True when an update's launches take values that change every step (Adam's bias correction): such a step
+    is never recorded for replay."""
 
     def __init__(self, config: SolverConfig) -> None:
         self.config = config
@@ -214,7 +217,7 @@ class Solver:
         record and replay it): no host readback (clipping), no per-step scalars (Adam's bias correction),
         no accumulation, no fresh dropout masks."""
         cfg = self.config
-        if cfg.solver not in ("momentum", "nesterov", "rmsprop") or cfg.clip_gradients is not None:
+        if self.rule.per_step_scalars or cfg.clip_gradients is not None:
             return False
         if cfg.minibatch_size > 1:
             return False

@@ -1085,6 +1085,12 @@ class WebGPUBackend(Backend):
     def rmsprop_update(self, w, g, h, lr, decay, eps):
         self._elementwise("rmsprop_update", w.size, [w, g, h], f=(lr, decay, 0.0, eps))
 
+    def adagrad_update(self, w, g, h, lr, eps):
+        self._elementwise("adagrad_update", w.size, [w, g, h], f=(lr, 0.0, 0.0, eps))
+
+    def adadelta_update(self, w, g, h, u, lr, decay, eps):
+        self._elementwise("adadelta_update", w.size, [w, g, h, u], f=(lr, decay, 0.0, eps))
+
 
 class _RecordedStep:
     """A replayable training step: its dispatches, and the tensors it touches (weakly: a deleted solver's step is

@@ -168,6 +168,30 @@ fn rmsprop_update(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
     }
 }
 
+@compute @workgroup_size(256)
+fn adagrad_update(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) {
+        let g = b[i];
+        let h = c[i] + g * g;
+        c[i] = h;
+        a[i] = a[i] - p.f0 * g / (sqrt(h) + p.f3);
+    }
+}
+
+@compute @workgroup_size(256)
+fn adadelta_update(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) {
+        let g = b[i];
+        let h = p.f1 * c[i] + (1.0 - p.f1) * g * g;
+        let step = g * sqrt((d[i] + p.f3) / (h + p.f3));
+        c[i] = h;
+        d[i] = p.f1 * d[i] + (1.0 - p.f1) * step * step;
+        a[i] = a[i] - p.f0 * step;
+    }
+}
+
 // mse_diff: c = a - b
 @compute @workgroup_size(256)
 fn sub(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
