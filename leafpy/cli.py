@@ -278,8 +278,10 @@ def train(args: argparse.Namespace) -> int:
                 return 130
             elapsed = time.perf_counter() - t0
             held_out = evaluate(net, objective, ds.x_test, ds.y_test, ds.num_classes, batch)
+            rate = run.solver.learning_rate(max(solver.iteration - 1, 0))  # the epoch's last update's rate
             record = {"epoch": epoch + 1, "iteration": solver.iteration, "loss": float(np.mean(losses)),
-                      "test_loss": held_out.loss, "seconds": elapsed, "samples_per_second": seen / elapsed}
+                      "test_loss": held_out.loss, "learning_rate": rate, "seconds": elapsed,
+                      "samples_per_second": seen / elapsed}
             line = f"epoch {epoch + 1}/{epochs}: loss {record['loss']:.4f}, held-out loss {held_out.loss:.4f}"
             if held_out.matrix is not None and running is not None:
                 record["train_accuracy"] = running.accuracy()
@@ -290,7 +292,7 @@ def train(args: argparse.Namespace) -> int:
             solver.save_checkpoint(ckpt_path)
             with open(history_path, "w") as f:
                 json.dump(history, f, indent=1)
-            _out(f"{line} ({elapsed:.1f} s, {record['samples_per_second']:,.0f} samples/s)")
+            _out(f"{line}, lr {rate:.3g} ({elapsed:.1f} s, {record['samples_per_second']:,.0f} samples/s)")
     finally:
         signal.signal(signal.SIGINT, previous)
     model_path = os.path.join(out_dir, "model.leaf")
