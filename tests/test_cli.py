@@ -239,7 +239,7 @@ def test_train_a_regression_objective(tmp_path):
     p = run("train", str(run_file), "--out", str(tmp_path / "run"))
     assert p.returncode == 0, p.stderr
     assert "confusion matrix" not in p.stdout and "accuracy" not in p.stdout
-    epochs = re.findall(r"epoch (\d)/6: loss ([\d.]+), held-out loss ([\d.]+) \(", p.stdout)
+    epochs = re.findall(r"epoch (\d)/6: loss ([\d.]+), held-out loss ([\d.]+), lr 0.02 \(", p.stdout)
     assert [int(e[0]) for e in epochs] == [1, 2, 3, 4, 5, 6], p.stdout
     final = float(re.search(r"held-out loss: ([\d.e-]+)", p.stdout).group(1))
     assert final < 0.2 * float(epochs[0][1])  # it learned
