@@ -198,7 +198,7 @@ def _progress(total: int, desc: str) -> Any:
 
 
 def train(args: argparse.Namespace) -> int:
-    run = run_config.load(args.config)
+    run = run_config.load(args.config, args.set)
     if args.seed is not None:
         run.data["seed"] = args.seed
         run.solver = dataclasses.replace(run.solver, seed=args.seed)
@@ -315,7 +315,7 @@ def _report(scores: Scores) -> None:
 
 
 def evaluate_cmd(args: argparse.Namespace) -> int:
-    run = run_config.load(args.config)
+    run = run_config.load(args.config, args.set)
     be = get_backend(args.backend)
     ds = load_data(run)
     net = Layer.from_config(be, run.network)
@@ -331,7 +331,7 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
 def predict_cmd(args: argparse.Namespace) -> int:
     if args.out and not args.out.endswith((".npz", ".csv")):
         raise LeafpyError(f"--out {args.out}: predictions are written as .npz or .csv; name the file so")
-    run = run_config.load(args.config)
+    run = run_config.load(args.config, args.set)
     be = get_backend(args.backend)
     x = datasets.npz_samples(args.input)
     check_samples(run, x.shape[1:], f"{args.input}: the samples")
@@ -373,11 +373,17 @@ def write_predictions(path: str, outputs: np.ndarray, classes: np.ndarray | None
 
 
 def summary_cmd(args: argparse.Namespace) -> int:
-    run = run_config.load(args.config)
+    run = run_config.load(args.config, args.set)
     net = Layer.from_config(get_backend("native"), run.network)
     _out(f"{run.name or args.config}: network '{net.name}'")
     _out(summary_text(net))
     return 0
+
+
+def _add_set(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="change one value of the run file, e.g. solver.base_lr=0.01 or "
+                        "network.layers.conv1.num_output=32 (repeatable)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -387,6 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train a run file's network", description="Train a run file's network; a "
                        "checkpoint is written after each epoch, and Ctrl-C saves one and stops.")
     t.add_argument("config", help="the YAML run file")
+    _add_set(t)
     t.add_argument("--backend", choices=BACKEND_NAMES, default="native")
     t.add_argument("--epochs", type=int, help="train up to this epoch (default: the run file's train.epochs)")
     t.add_argument("--out", help="output directory (default: runs/NAME)")
@@ -396,6 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("evaluate", help="held-out accuracy of saved weights",
                        description="Evaluate saved weights (a model or a checkpoint) on the run's held-out data.")
     e.add_argument("config", help="the YAML run file")
+    _add_set(e)
     e.add_argument("--weights", required=True, help="a model.leaf or checkpoint.leaf file")
     e.add_argument("--backend", choices=BACKEND_NAMES, default="native")
     e.set_defaults(func=evaluate_cmd)
@@ -403,6 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run saved weights (a model or a checkpoint) on the samples x of an .npz file; "
                        "prints the predicted classes and writes the outputs with --out.")
     r.add_argument("config", help="the YAML run file")
+    _add_set(r)
     r.add_argument("--weights", required=True, help="a model.leaf or checkpoint.leaf file")
     r.add_argument("--input", required=True, help="an .npz file with the samples as x (np.savez(path, x=...))")
     r.add_argument("--out", help="write the outputs (and classes) to this .npz or .csv file")
@@ -411,6 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("summary", help="table of layers, output shapes and parameter counts",
                        description="Print the network's layers, output shapes and parameter counts.")
     s.add_argument("config", help="the YAML run file")
+    _add_set(s)
     s.set_defaults(func=summary_cmd)
     return p
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -270,23 +270,75 @@ _SafeLoader.add_implicit_resolver(
 )
 
 
-def loads(text: str, source: str = "<string>") -> RunConfig:
-    """A RunConfig from YAML text."""
+def _yaml(text: str) -> Any:
+    loader = _SafeLoader(text)
     try:
-        loader = _SafeLoader(text)
-        try:
-            doc = loader.get_single_data()
-        finally:
-            loader.dispose()
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def loads(text: str, source: str = "<string>", overrides: Sequence[str] = ()) -> RunConfig:
+    """A RunConfig from YAML text, with ``overrides`` (``"solver.base_lr=0.01"``, see :func:`override`) applied."""
+    try:
+        doc = _yaml(text)
     except _DuplicateKey as e:
         raise ConfigError(f"{source}: {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{source}: not valid YAML: {e}") from None
+    for item in overrides:
+        doc = override(doc, item)
     return from_dict(doc, source)
 
 
-def load(path: str | os.PathLike) -> RunConfig:
-    """A RunConfig from a YAML run file."""
+def override(doc: Any, item: str) -> Any:
+    """``doc`` (a run file's YAML data) with one value replaced: ``item`` is ``KEY=VALUE`` where KEY is a dotted
+    path (``solver.base_lr``, ``data.batch_size``; a list element by index or, for layers, by name:
+    ``network.layers.conv1.num_output``) and VALUE is read as YAML (``0.01``, ``adam``, ``[5, 5]``)."""
+    where = f"--set {item}"
+    key, sep, text = item.partition("=")
+    parts = key.strip().split(".")
+    if not sep or not all(parts):
+        raise ConfigError(f"{where}: expected KEY=VALUE with a dotted KEY, e.g. solver.base_lr=0.01")
+    try:
+        value = _yaml(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where}: the value is not valid YAML: {e}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{where}: the run file is not a mapping")
+    node: Any = doc
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        here = ".".join(parts[:depth + 1])
+        if isinstance(node, dict):
+            if last:
+                node[part] = value
+            else:
+                if node.get(part) is None:  # a section the file leaves out
+                    node[part] = {}
+                node = node[part]
+        elif isinstance(node, list):
+            if part.isdigit():
+                index = int(part)
+                if index >= len(node):
+                    raise ConfigError(f"{where}: {here}: the list has {len(node)} entries")
+            else:
+                names = [e.get("name") for e in node if isinstance(e, dict)]
+                if part not in names:
+                    raise ConfigError(f"{where}: {here}: no entry named {part!r} (entries: "
+                                      f"{', '.join(map(str, names)) or 'none'})")
+                index = names.index(part)
+            if last:
+                node[index] = value
+            else:
+                node = node[index]
+        else:
+            raise ConfigError(f"{where}: {'.'.join(parts[:depth])} is {node!r}, not a section to set {part!r} in")
+    return doc
+
+
+def load(path: str | os.PathLike, overrides: Sequence[str] = ()) -> RunConfig:
+    """A RunConfig from a YAML run file, with ``overrides`` (``"solver.base_lr=0.01"``) applied."""
     path = os.fspath(path)
     try:
         with open(path, encoding="utf-8") as f:
@@ -294,7 +346,7 @@ def load(path: str | os.PathLike) -> RunConfig:
     except OSError as e:
         raise LeafpyError(f"{path}: cannot read the run file: {e.strerror or e}") from e
     try:
-        return loads(text, path)
+        return loads(text, path, overrides)
     except ConfigError as e:
         msg = str(e)
         raise ConfigError(msg if msg.startswith(path) else f"{path}: {msg}") from None

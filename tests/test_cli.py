@@ -106,6 +106,11 @@ def test_summary_and_help():
     for args in (["--help"], ["train", "--help"], ["evaluate", "--help"], ["predict", "--help"], ["summary", "--help"]):
         h = run(*args)
         assert h.returncode == 0 and "usage: leafpy" in h.stdout
+    p = run("summary", DIGITS, "--set", "network.layers.conv1.num_output=8",
+            "--set", "network.layers.fc1.output_size=10")
+    assert p.returncode == 0 and "32x8x8x8" in p.stdout and "total parameters: 4,720" in p.stdout, p.stdout
+    p = run("summary", DIGITS, "--set", "network.layers.conv9.num_output=8")
+    assert p.returncode == 1 and "no entry named 'conv9'" in p.stderr
     v = run("--version")
     assert v.returncode == 0 and v.stdout.strip() == f"leafpy {lp.__version__}"
 

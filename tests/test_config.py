@@ -148,6 +148,28 @@ def test_a_key_given_twice_is_refused(tmp_path):
     assert (run.solver.solver, run.solver.base_lr) == ("adam", 0.25)
 
 
+def test_overrides_change_one_value_each():
+    run = lp.config.loads(BASE, overrides=["solver.base_lr=1e-3", "solver.solver=adagrad", "data.batch_size=2",
+                                           "network.layers.fc1.output_size=7", "network.layers.2.bias=false",
+                                           "objective.layers.nll.num_classes=2", "train={epochs: 3}"])
+    assert (run.solver.base_lr, run.solver.solver, run.batch_size, run.epochs) == (1e-3, "adagrad", 2, 3)
+    layers = run.network.config.layers
+    assert layers[0].config.output_size == 7 and layers[2].config.bias is False
+    plain = lp.config.loads(BASE)
+    assert plain.network.config.layers[0].config.output_size == 3  # each load reads the text afresh
+    for item, message in [
+        ("solver.base_lr", r"expected KEY=VALUE"),
+        ("network.layers.fc9.output_size=2", r"network\.layers\.fc9: no entry named 'fc9' \(entries: fc1, relu, fc2\)"),
+        ("network.layers.7.output_size=2", r"network\.layers\.7: the list has 3 entries"),
+        ("network.type.x=1", r"network\.type is 'Sequential', not a section to set 'x' in"),
+        ("solver.base_lr=[", r"the value is not valid YAML"),
+        ("solver.base_lr=-1", r"solver\.base_lr: expected a number in \[0, inf\)"),  # then checked as in a file
+        ("solver.learning_rate=1", r"solver: unknown key 'learning_rate'"),
+    ]:
+        with pytest.raises(lp.ConfigError, match=message):
+            lp.config.loads(BASE, overrides=[item])
+
+
 def test_unsafe_yaml_is_refused(tmp_path):
     p = tmp_path / "evil.yaml"
     p.write_text("!!python/object/apply:os.system ['echo pwned']\n")
