@@ -43,6 +43,7 @@ struct LayerConfig {
     dropout @16 :DropoutConfig;
     flatten @17 :Void;
     meanSquaredError @18 :Void;
+    batchNorm @19 :BatchNormConfig;
   }
 
   outputs @11 :List(Text);
@@ -117,6 +118,12 @@ struct ReshapeConfig {
 
 struct DropoutConfig {
   ratio @0 :Float64;
+}
+
+struct BatchNormConfig {
+  eps @0 :Float64 = 1e-5;
+  momentum @1 :Float64 = 0.1;
+  affine @2 :Bool = true;
 }
 
 # Solver checkpoints

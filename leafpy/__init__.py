@@ -9,6 +9,7 @@ from .backends import available_backends, backend
 from .backends.base import Backend
 from .errors import BackendError, BackendUnavailable, ConfigError, LeafpyError, SerializationError, ShapeError
 from .layers import (
+                     BatchNormConfig,
                      ConvolutionConfig,
                      DropoutConfig,
                      FillerConfig,
@@ -31,7 +32,8 @@ from .tensor import SharedTensor
 __version__ = "0.1.0"
 
 __all__ = [
-    "Backend", "BackendError", "BackendUnavailable", "ConfigError", "ConvolutionConfig", "DropoutConfig",
+    "Backend", "BackendError", "BackendUnavailable", "BatchNormConfig", "ConfigError", "ConvolutionConfig",
+    "DropoutConfig",
     "FillerConfig", "Layer", "LayerConfig", "LeafpyError", "LinearConfig", "NegativeLogLikelihoodConfig",
     "PoolingConfig", "ReshapeConfig", "SerializationError", "Sequential", "SequentialConfig", "ShapeError",
     "SharedTensor", "WeightConfig", "available_backends", "backend", "layer_types", "register_layer",

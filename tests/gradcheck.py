@@ -19,9 +19,11 @@ def _close(analytic: np.ndarray, numeric: np.ndarray, tol: float, what: str) -> 
 
 
 def check_layer_gradients(layer: lp.Layer, inputs: list[np.ndarray], *, eps: float = 1e-6, tol: float = 1e-6,
-                          before_forward: Callable[[], None] = lambda: None, seed: int = 0) -> int:
+                          before_forward: Callable[[], None] = lambda: None, seed: int = 0,
+                          untrained: tuple[str, ...] = ()) -> int:
     """Check input and weight gradients of ``layer`` (on a float64 backend) against central differences of
-    ``sum(R * output)`` for a fixed random R. Returns how many values were checked."""
+    ``sum(R * output)`` for a fixed random R. Returns how many values were checked. Weights named in
+    ``untrained`` (running statistics, which get no gradient by design) are left out."""
     rng = np.random.default_rng(seed)
 
     def run() -> list[np.ndarray]:
@@ -54,6 +56,8 @@ def check_layer_gradients(layer: lp.Layer, inputs: list[np.ndarray], *, eps: flo
         _close(analytic_in[i], num, tol, f"{layer.name}: input {i}")
         checked += x.size
     for j, w in enumerate(layer.learnable_weights_data()):
+        if layer.learnable_weights_names()[j] in untrained:
+            continue
         base = w.to_numpy()
         num = np.zeros_like(base)
         for k in range(base.size):

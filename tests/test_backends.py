@@ -149,6 +149,49 @@ def test_solver_steps_match_native(device, changes, atol):
         close(b.to_numpy(), a.to_numpy(), "weights after 3 steps", rtol=1e-3, atol=atol)
 
 
+def test_batch_norm_trains_and_infers_as_on_native(device):
+    """Running statistics written on the device reach the host; inference (fixed statistics) and its gradient."""
+    cfg = lp.SequentialConfig(inputs=[("data", [16, 1, 8, 8])])
+    cfg.add_layer(lp.LayerConfig("conv", lp.ConvolutionConfig(num_output=4, filter_shape=[3])))
+    cfg.add_layer(lp.LayerConfig("bn", lp.BatchNormConfig()))
+    cfg.add_layer(lp.LayerConfig("relu", "ReLU"))
+    cfg.add_layer(lp.LayerConfig("flat", "Flatten"))
+    cfg.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=10)))
+    cfg.add_layer(lp.LayerConfig("bn2", lp.BatchNormConfig(affine=False)))
+    cfg.add_layer(lp.LayerConfig("logsm", "LogSoftmax"))
+    obj = lp.SequentialConfig(inputs=[("out", [16, 10]), ("label", [16, 1])])
+    obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=10)))
+    sol = lp.SolverConfig(network=lp.LayerConfig("net", cfg), objective=lp.LayerConfig("loss", obj),
+                          solver="momentum", base_lr=0.05, momentum=0.9, seed=0)
+    ds = lp.data.digits()
+    solvers = [lp.Solver.from_config(be, be, sol) for be in (lp.backend("native"), device)]
+    for xb, yb in lp.data.batches(ds.x_train[:48], ds.y_train[:48], 16, seed=0):
+        for s in solvers:
+            s.train_minibatch(xb, yb)
+    for name, a, b in zip(solvers[0].network.learnable_weights_names(),
+                          *(s.network.learnable_weights_data() for s in solvers)):
+        close(b.to_numpy(), a.to_numpy(), f"{name} after 3 steps", rtol=1e-3, atol=1e-4)
+    x = ds.x_test[:5]
+    # forward passes alone (no solver step after them) leave the running statistics readable on the host
+    nets = [lp.Layer.from_config(be, lp.LayerConfig("net", cfg), seed=1) for be in (lp.backend("native"), device)]
+    for net in nets:
+        net.forward([ds.x_test[:16]])
+        net.forward([ds.x_test[16:40]])
+    for name, a, b in zip(nets[0].learnable_weights_names(), *(n.learnable_weights_data() for n in nets)):
+        close(b.to_numpy(), a.to_numpy(), f"{name} after two forward passes", rtol=1e-4, atol=1e-5)
+    moved = dict(zip(nets[1].learnable_weights_names(), nets[1].learnable_weights_data()))["bn/running_mean"]
+    assert np.any(moved.to_numpy() != 0)
+    dy = np.random.default_rng(0).standard_normal((5, 10)).astype(np.float32)
+    results = []
+    for s in solvers:
+        s.network.set_training(False)
+        results.append((s.network.forward([x])[0].to_numpy(), s.network.backward([dy])))
+    close(results[1][0], results[0][0], "inference output", rtol=1e-3, atol=1e-4)
+    for name, a, b in zip(solvers[0].network.learnable_weights_names(),
+                          *(s.network.learnable_weights_gradients() for s in solvers)):
+        close(b.to_numpy(), a.to_numpy(), f"{name} gradient in inference", rtol=1e-3, atol=1e-4)
+
+
 def test_checkpoints_move_between_backends(device, tmp_path):
     native = lp.backend("native")
     x = lp.data.digits().x_test[:16]
@@ -316,6 +359,13 @@ def test_webgpu_splits_work_over_the_binding_limit():
     y4 = lp.SharedTensor.from_numpy(x.reshape(5, 10, 100))
     be.bias_add(y4.read_write(be), lp.SharedTensor.from_numpy(b).read(be))
     np.testing.assert_allclose(y4.to_numpy(), x.reshape(5, 10, 100) + b.reshape(1, 10, 1), rtol=1e-6)
+    v = x.reshape(50, 2, 50) * 3 + 1  # samples of 400 bytes, 20000 bytes in all: batch norm in runs and pieces
+    mean, var, y = (lp.SharedTensor(s) for s in ((2,), (2,), v.shape))
+    tv = lp.SharedTensor.from_numpy(v)
+    be.batch_norm_stats(tv.read(be), mean.write(be), var.write(be))
+    be.batch_norm(tv.read(be), mean.read(be), var.read(be), None, None, y.write(be), 1e-5)
+    ref = (v - v.mean(axis=(0, 2), keepdims=True)) / np.sqrt(v.var(axis=(0, 2), keepdims=True) + 1e-5)
+    np.testing.assert_allclose(y.to_numpy(), ref, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.webgpu

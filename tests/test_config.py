@@ -45,6 +45,7 @@ network:
     - {name: conv, type: Convolution, num_output: 2, filter_shape: [3, 2], stride: [1, 2], padding: [1, 0],
        params: [{lr_mult: 2, decay_mult: 0, filler: {type: gaussian, std: 0.1}}, {name: tied}]}
     - {name: pool, type: Pooling, mode: average, filter_shape: [2], stride: [1]}
+    - {name: bn, type: BatchNorm, eps: 0.001, momentum: 0.2, affine: false}
     - {name: tanh, type: TanH}
     - {name: sig, type: Sigmoid}
     - {name: reshape, type: Reshape, shape: [4, -1]}
@@ -66,6 +67,7 @@ solver: {solver: adam, base_lr: 0.001, lr_policy: multistep, stepvalues: [10, 20
     conv = run.network.config.layers[0]
     assert conv.params[0].filler.type == "gaussian" and conv.params[1].name == "tied"
     assert run.solver.stepvalues == (10, 20)
+    assert run.network.config.layers[2].config == lp.BatchNormConfig(eps=0.001, momentum=0.2, affine=False)
     net = lp.Layer.from_config(lp.backend("native"), run.network)
     assert net.forward([__import__("numpy").zeros((4, 1, 6, 6))])[0].shape == (4, 3)
 

@@ -60,6 +60,8 @@ CASES = {
     "Reshape": [(lp.ReshapeConfig(shape=[1, 3, -1]), lambda r: [r.standard_normal((2, 6))])],
     "Flatten": [("Flatten", lambda r: [r.standard_normal((2, 3, 2, 2))])],
     "Dropout": [(lp.DropoutConfig(ratio=0.3), lambda r: [r.standard_normal((4, 6))])],
+    "BatchNorm": [(lp.BatchNormConfig(), lambda r: [r.standard_normal((4, 3, 2, 2)) * 2 + 1]),
+                  (lp.BatchNormConfig(affine=False, eps=1e-3, momentum=0.5), lambda r: [r.standard_normal((5, 3))])],
 }
 
 

@@ -355,3 +355,76 @@ def test_random_networks_pass_the_gradient_check(native64, seed):
     config, shape = random_nets.random_network(rng)
     net = random_nets.build(native64, config, rng)
     assert check_layer_gradients(net, [rng.standard_normal(shape)], tol=1e-5) > 0
+
+
+def _bn_reference(x, gamma, beta, mean, var, eps):
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    return (x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + eps) * gamma.reshape(shape) + beta.reshape(shape)
+
+
+def test_batch_norm_statistics_modes_and_files(native64, tmp_path, rng):
+    cfg = lp.SequentialConfig(inputs=[("data", [6, 3, 4, 4])])
+    cfg.add_layer(lp.LayerConfig("conv", lp.ConvolutionConfig(num_output=3, filter_shape=[3], padding=[1])))
+    cfg.add_layer(lp.LayerConfig("bn", lp.BatchNormConfig(momentum=0.25, eps=1e-3),
+                                 params=[lp.WeightConfig(lr_mult=2.0), lp.WeightConfig(), lp.WeightConfig()]))
+    cfg.add_layer(lp.LayerConfig("relu", "ReLU"))
+    net = lp.Layer.from_config(native64, lp.LayerConfig("net", cfg), seed=0)
+    names = net.learnable_weights_names()
+    assert names[2:] == ["bn/weight", "bn/bias", "bn/running_mean", "bn/running_var"]
+    # running statistics are never trained, whatever params say; weight and bias keep theirs
+    assert [(c.lr_mult, c.decay_mult) for c in net.learnable_weights_configs()[2:]] == [
+        (2.0, 1.0), (1.0, 1.0), (0.0, 0.0), (0.0, 0.0)]
+    weights = dict(zip(names, net.learnable_weights_data()))
+    gamma, beta = rng.standard_normal(3), rng.standard_normal(3)
+    weights["bn/weight"].set(gamma)
+    weights["bn/bias"].set(beta)
+    conv = net.layers[0]
+    x = rng.standard_normal((6, 3, 4, 4)) * 2 + 3
+    y = net.forward([x])[0].to_numpy()
+    c = conv.outputs[0].to_numpy()  # the convolution's output, before normalisation
+    mean, var = c.mean(axis=(0, 2, 3)), c.var(axis=(0, 2, 3))
+    np.testing.assert_allclose(y, np.maximum(_bn_reference(c, gamma, beta, mean, var, 1e-3), 0), atol=1e-12)
+    # running statistics move a quarter of the way to the batch's (the variance unbiased)
+    np.testing.assert_allclose(weights["bn/running_mean"].to_numpy(), 0.25 * mean, atol=1e-12)
+    np.testing.assert_allclose(weights["bn/running_var"].to_numpy(), 0.75 + 0.25 * c.var(axis=(0, 2, 3), ddof=1),
+                               atol=1e-12)
+    net.forward([x])
+    np.testing.assert_allclose(weights["bn/running_mean"].to_numpy(), (1 - 0.75 ** 2) * mean, atol=1e-12)
+    # inference normalises with the running statistics, and changes them no more
+    rm, rv = weights["bn/running_mean"].to_numpy(), weights["bn/running_var"].to_numpy()
+    net.set_training(False)
+    x2 = rng.standard_normal((2, 3, 4, 4))
+    y2 = net.forward([x2])[0].to_numpy()
+    np.testing.assert_allclose(y2, np.maximum(_bn_reference(conv.outputs[0].to_numpy(), gamma, beta, rm, rv, 1e-3),
+                                              0), atol=1e-12)
+    np.testing.assert_array_equal(weights["bn/running_mean"].to_numpy(), rm)
+    # the statistics travel with the model
+    net.save(tmp_path / "bn.leaf")
+    loaded = lp.Layer.load(native64, tmp_path / "bn.leaf")
+    loaded.set_training(False)
+    np.testing.assert_allclose(loaded.forward([x2])[0].to_numpy(), y2, rtol=1e-6, atol=1e-6)  # files hold float32
+    assert loaded.learnable_weights_configs()[4].lr_mult == 0.0
+
+
+def test_batch_norm_statistics_are_left_alone_by_the_solver(native64, rng):
+    # weight decay 0.5 and a rate of 0.1 would shrink them visibly if the update touched them
+    net = lp.SequentialConfig(inputs=[("data", [8, 4])])
+    net.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=3)))
+    net.add_layer(lp.LayerConfig("bn", lp.BatchNormConfig(momentum=0.5)))
+    obj = lp.SequentialConfig(inputs=[("out", [8, 3]), ("target", [8, 3])])
+    obj.add_layer(lp.LayerConfig("mse", "MeanSquaredError"))
+    for rule in ("momentum", "adam", "adagrad"):
+        solver = lp.Solver.from_config(native64, native64, lp.SolverConfig(
+            network=lp.LayerConfig("net", net), objective=lp.LayerConfig("loss", obj), solver=rule, base_lr=0.1,
+            momentum=0.9, weight_decay=0.5, seed=0))
+        weights = dict(zip(solver.network.learnable_weights_names(), solver.network.learnable_weights_data()))
+        mean, var = np.zeros(3), np.ones(3)
+        for _ in range(3):
+            x, t = rng.standard_normal((8, 4)), rng.standard_normal((8, 3))
+            h = x @ weights["fc/weight"].to_numpy().T + weights["fc/bias"].to_numpy()  # what bn will see
+            solver.train_minibatch(x, t)
+            mean = 0.5 * mean + 0.5 * h.mean(axis=0)
+            var = 0.5 * var + 0.5 * h.var(axis=0, ddof=1)
+            np.testing.assert_allclose(weights["bn/running_mean"].to_numpy(), mean, rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(weights["bn/running_var"].to_numpy(), var, rtol=1e-12, atol=1e-12)
+        assert not np.allclose(weights["bn/weight"].to_numpy(), 1.0)  # while weight and bias train

@@ -187,6 +187,53 @@ class ArrayBackend(Backend):
             db *= beta
             db += s
 
+    # --- batch normalisation ---------------------------------------------------------------------------------
+    @staticmethod
+    def _per_channel(x: Buffer) -> Buffer:
+        return x.reshape(x.shape[0], x.shape[1], -1)
+
+    @staticmethod
+    def _channel(v: Buffer) -> Buffer:
+        return v.reshape(1, -1, 1)
+
+    def batch_norm_stats(self, x, mean, var):
+        x3 = self._per_channel(x)
+        count = x3.shape[0] * x3.shape[2]
+        mean[...] = x3.sum(axis=(0, 2)) / count
+        centered = x3 - self._channel(mean)  # two passes: no cancellation when |mean| >> std
+        var[...] = (centered * centered).sum(axis=(0, 2)) / count
+
+    def _bn_scale(self, var, gamma, eps):
+        a = 1.0 / self.xp.sqrt(var + eps)
+        return a * gamma if gamma is not None else a
+
+    def batch_norm(self, x, mean, var, gamma, beta, y, eps):
+        scale = self._bn_scale(var, gamma, eps)
+        shift = -mean * scale if beta is None else beta - mean * scale
+        y3 = self._per_channel(y)
+        self.xp.multiply(self._per_channel(x), self._channel(scale), out=y3)
+        y3 += self._channel(shift)
+
+    def batch_norm_grad_sums(self, x, dy, mean, var, sum_dy, sum_dy_xhat, eps):
+        dy3 = self._per_channel(dy)
+        sum_dy[...] = dy3.sum(axis=(0, 2))
+        centered = (dy3 * (self._per_channel(x) - self._channel(mean))).sum(axis=(0, 2))
+        sum_dy_xhat[...] = centered / self.xp.sqrt(var + eps)
+
+    def batch_norm_grad(self, x, dy, mean, var, gamma, sum_dy, sum_dy_xhat, dx, eps, batch_stats):
+        a = self._bn_scale(var, gamma, eps)
+        dx3, dy3 = self._per_channel(dx), self._per_channel(dy)
+        if not batch_stats:
+            self.xp.multiply(dy3, self._channel(a), out=dx3)
+            return
+        # dx = a dy + b x + k, with b = -a sum_dy_xhat / (m sqrt(var + eps)) and k = -a sum_dy / m - b mean
+        m = dx3.shape[0] * dx3.shape[2]
+        b = -a * sum_dy_xhat / (m * self.xp.sqrt(var + eps))
+        k = -a * sum_dy / m - b * mean
+        self.xp.multiply(dy3, self._channel(a), out=dx3)
+        dx3 += self._per_channel(x) * self._channel(b)
+        dx3 += self._channel(k)
+
     # --- convolution: im2col in (C, kh, kw, oh, ow, N) order, then one GEMM ------------------------------------
     # The batch is the innermost axis of the columns, so every window copy and every col2im addition runs over
     # long contiguous rows (ow * N values) instead of short image rows.

@@ -151,6 +151,28 @@ class Backend:
         """``db = sum over all axes but 1 of dy + beta * db``."""
         raise NotImplementedError
 
+    # --- batch normalisation: x is [N, C, ...], statistics per channel over N and the other axes -------------
+    def batch_norm_stats(self, x: Buffer, mean: Buffer, var: Buffer) -> None:
+        """``mean[c]`` and the biased variance ``var[c]`` of channel c of ``x``."""
+        raise NotImplementedError
+
+    def batch_norm(self, x: Buffer, mean: Buffer, var: Buffer, gamma: Buffer | None, beta: Buffer | None,
+                   y: Buffer, eps: float) -> None:
+        """``y = (x - mean[c]) / sqrt(var[c] + eps) * gamma[c] + beta[c]`` (no gamma: 1, no beta: 0)."""
+        raise NotImplementedError
+
+    def batch_norm_grad_sums(self, x: Buffer, dy: Buffer, mean: Buffer, var: Buffer, sum_dy: Buffer,
+                             sum_dy_xhat: Buffer, eps: float) -> None:
+        """Per channel: ``sum_dy = sum dy`` and ``sum_dy_xhat = sum dy * (x - mean) / sqrt(var + eps)``."""
+        raise NotImplementedError
+
+    def batch_norm_grad(self, x: Buffer, dy: Buffer, mean: Buffer, var: Buffer, gamma: Buffer | None,
+                        sum_dy: Buffer, sum_dy_xhat: Buffer, dx: Buffer, eps: float, batch_stats: bool) -> None:
+        """Gradient of :meth:`batch_norm` w.r.t. ``x``: ``a = gamma / sqrt(var + eps)``; with statistics of this
+        batch (training) ``dx = a (dy - (sum_dy + xhat sum_dy_xhat) / m)``, m the values per channel; with fixed
+        statistics ``dx = a dy``."""
+        raise NotImplementedError
+
     # --- convolution and pooling ----------------------------------------------------------------------------
     def conv2d(self, x: Buffer, w: Buffer, out: Buffer, stride: Pair, padding: Pair, ws: dict,
                bias: Buffer | None = None) -> None:

@@ -1,6 +1,7 @@
 """Layers: the registry, the Layer wrapper and every layer type (each in its own module)."""
 
 from . import _load_all  # noqa: F401,E402
+from .common.batch_norm import BatchNormConfig  # noqa: E402
 from .common.convolution import ConvolutionConfig  # noqa: E402
 from .common.dropout import DropoutConfig  # noqa: E402
 from .common.linear import LinearConfig  # noqa: E402
@@ -10,6 +11,6 @@ from .layer import FillerConfig, Layer, LayerConfig, WeightConfig, Worker, layer
 from .loss.negative_log_likelihood import NegativeLogLikelihoodConfig  # noqa: E402
 from .utility.reshape import ReshapeConfig  # noqa: E402
 
-__all__ = ["ConvolutionConfig", "DropoutConfig", "FillerConfig", "Layer", "LayerConfig", "LinearConfig",
-           "NegativeLogLikelihoodConfig", "PoolingConfig", "ReshapeConfig", "Sequential", "SequentialConfig",
-           "WeightConfig", "Worker", "layer_types", "lookup", "register_layer"]
+__all__ = ["BatchNormConfig", "ConvolutionConfig", "DropoutConfig", "FillerConfig", "Layer", "LayerConfig",
+           "LinearConfig", "NegativeLogLikelihoodConfig", "PoolingConfig", "ReshapeConfig", "Sequential",
+           "SequentialConfig", "WeightConfig", "Worker", "layer_types", "lookup", "register_layer"]

@@ -11,6 +11,7 @@ batch size changes) -> ``run_forward`` / ``run_backward``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -207,6 +208,8 @@ class Worker:
     differentiable: ClassVar[tuple[bool, ...] | None] = None
     """Per input: whether it can take a gradient (None: all)."""
     weight_names: ClassVar[tuple[str, ...]] = ()
+    untrained_weights: ClassVar[tuple[str, ...]] = ()
+    """Weights kept with the model but not trained (running statistics): their lr_mult and decay_mult are 0."""
     running_in_place: bool = False
     """Set by the Layer: the output shares the input's storage in this network."""
 
@@ -239,6 +242,10 @@ class Worker:
 
     def setup(self, backend: Backend, input_shapes: list[Shape]) -> None:
         """Allocate scratch for these shapes (called on every bind)."""
+
+    def updated_in_forward(self) -> tuple[int, ...]:
+        """Indices of the weights that the next forward pass writes (running statistics in training)."""
+        return ()
 
     def forward(self, backend: Backend, x: list[Buffer], w: list[Buffer], y: list[Buffer]) -> None:
         raise NotImplementedError
@@ -385,6 +392,8 @@ class Layer:
         dtype = self.backend.dtype
         for i, (wname, shape) in enumerate(zip(worker.weight_names, w_shapes)):
             cfg = self.config.params[i] if i < len(self.config.params) else WeightConfig()
+            if wname in worker.untrained_weights:
+                cfg = dataclasses.replace(cfg, lr_mult=0.0, decay_mult=0.0)
             full = cfg.name or f"{self.name}/{wname}"
             shared = self._registry.get(full) if cfg.name else None
             if shared is not None:
@@ -445,7 +454,8 @@ class Layer:
         worker = self.worker
         self.validate()
         x = [t.read(be) for t in self.inputs]
-        w = [t.read(be) for t in self.weights]
+        written = worker.updated_in_forward()  # type: ignore[union-attr]
+        w = [t.read_write(be) if i in written else t.read(be) for i, t in enumerate(self.weights)]
         y = [t.write(be) for t in self.outputs]
         worker.forward(be, x, w, y)  # type: ignore[union-attr]
         self.ran_forward = True

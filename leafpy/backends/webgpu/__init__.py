@@ -26,7 +26,7 @@ from ..array import dropout_key, dropout_threshold
 from ..base import Backend
 
 _HERE = Path(__file__).parent
-_MODULES = ("elementwise", "reduce", "classes", "gemm", "conv", "pool", "winograd")
+_MODULES = ("elementwise", "reduce", "classes", "gemm", "conv", "pool", "winograd", "batchnorm")
 _WINDOWED = ("gemm", "conv", "pool", "winograd")  # modules that include window.wgsl
 WG = 256
 
@@ -496,7 +496,7 @@ class WebGPUBackend(Backend):
         return b if b.size == size else b[:size]
 
     def _elementwise(self, entry: str, n: int, buffers: list, u: tuple = (), f: tuple = (),
-                     whole: tuple[int, ...] = (), base_slot: int | None = None) -> None:
+                     whole: tuple[int, ...] = (), base_slot: int | None = None, module: str = "elementwise") -> None:
         """Run an elementwise entry point over n elements. Buffers at positions in ``whole`` are bound entirely;
         the others are per-element and, past the binding limit, bound piece by piece. An output that aliases an
         input (an in-place layer) runs the entry's in-place variant where one exists; otherwise it is computed into
@@ -523,7 +523,7 @@ class WebGPUBackend(Backend):
             uu[0] = count
             if base_slot is not None:
                 uu[base_slot] = start
-            self._dispatch("elementwise", entry, _pack(tuple(uu), f), buffers, self._grid(count), ranges)
+            self._dispatch(module, entry, _pack(tuple(uu), f), buffers, self._grid(count), ranges)
         for i in alias:
             self._elementwise("copy", n, [buffers[i], real[i]])
 
@@ -832,6 +832,51 @@ class WebGPUBackend(Backend):
             params = _pack((n1 - n0, c, inner, total, length, i * blocks, offset))
             self._dispatch("reduce", "bias_grad_part", params, [dy, part], (c, blocks, 1), [bind, None])
         self._sum_rows(part, db, total, c, 1.0, beta)
+
+    # --- batch normalisation: per-channel sums through bias_grad's reduction, the rest elementwise -------------
+    def _bn(self, entry: str, x, buffers: list, whole: tuple[int, ...], f: tuple = ()) -> None:
+        """A per-element batchnorm kernel over x's elements (channel = axis 1)."""
+        n, c = x.shape[0], x.shape[1]
+        self._elementwise(entry, x.size, buffers, u=(0, c, x.size // (n * c)), f=f, whole=whole, base_slot=3,
+                          module="batchnorm")
+
+    def _bn_channels(self, entry: str, c: int, buffers: list, u: tuple = (), f: tuple = ()) -> None:
+        self._elementwise(entry, c, buffers, u=(0, *u), f=f, whole=tuple(range(len(buffers))), module="batchnorm")
+
+    def _or_dummy(self, v, c: int, tag: str):
+        return v if v is not None else self._scratch_buffer(c, tag)
+
+    def batch_norm_stats(self, x, mean, var):
+        count = x.size // x.shape[1]
+        self.bias_grad(x, mean)
+        self.scal(1.0 / count, mean)
+        t = self.view(self._scratch_buffer(x.size, "bn_values"), x.shape)
+        self._bn("bn_centered_square", x, [x, mean, t], whole=(1,))
+        self.bias_grad(t, var)
+        self.scal(1.0 / count, var)
+
+    def batch_norm(self, x, mean, var, gamma, beta, y, eps):
+        c = x.shape[1]
+        coef = self._scratch_buffer(2 * c, "bn_coefficients")
+        self._bn_channels("bn_coefficients", c, [mean, var, self._or_dummy(gamma, c, "bn_gamma"),
+                                                 self._or_dummy(beta, c, "bn_beta"), coef],
+                          u=(int(gamma is not None), int(beta is not None)), f=(eps,))
+        self._bn("bn_affine", x, [x, coef, y], whole=(1,))
+
+    def batch_norm_grad_sums(self, x, dy, mean, var, sum_dy, sum_dy_xhat, eps):
+        self.bias_grad(dy, sum_dy)
+        t = self.view(self._scratch_buffer(x.size, "bn_values"), x.shape)
+        self._bn("bn_dy_centered", x, [dy, x, mean, t], whole=(2,))
+        self.bias_grad(t, sum_dy_xhat)
+        self._bn_channels("bn_times_invstd", x.shape[1], [sum_dy_xhat, var], f=(eps,))
+
+    def batch_norm_grad(self, x, dy, mean, var, gamma, sum_dy, sum_dy_xhat, dx, eps, batch_stats):
+        c = x.shape[1]
+        coef = self._scratch_buffer(3 * c, "bn_coefficients")
+        self._bn_channels("bn_grad_coefficients", c,
+                          [mean, var, self._or_dummy(gamma, c, "bn_gamma"), sum_dy, sum_dy_xhat, coef],
+                          u=(int(gamma is not None), int(batch_stats)), f=(eps, c / x.size))
+        self._bn("bn_grad_apply", x, [dy, x, coef, dx], whole=(2,))
 
     def _sum_rows(self, a, out, length: int, rows: int, alpha: float, beta: float, columns: bool = False) -> None:
         """out[r] = alpha * (sum of row r of a [rows x length], or of column r of a [length x rows]) + beta * out[r],
