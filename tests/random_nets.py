@@ -1,5 +1,6 @@
 """Random small networks for wiring tests: chains of every layer type that takes one input, with in-place runs
-(activations, Reshape, Flatten, Dropout after other layers), nested Sequentials and weights shared by name."""
+(activations, Reshape, Flatten, Dropout after other layers), BatchNorm, nested Sequentials and weights shared by
+name."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def random_network(rng: np.random.Generator) -> tuple[lp.LayerConfig, list[int]]
     cur = list(shape)
     for i in range(int(rng.integers(2, 7))):
         kind = rng.choice(["conv", "pool", "act", "act", "linear", "shared", "reshape", "flatten", "sequential",
-                           "dropout"])
+                           "dropout", "batchnorm"])
         name = f"l{i}"
         if kind == "conv" and len(cur) == 4:
             f, s, p = int(rng.integers(1, 4)), int(rng.integers(1, 3)), int(rng.integers(0, 2))
@@ -56,6 +57,8 @@ def random_network(rng: np.random.Generator) -> tuple[lp.LayerConfig, list[int]]
         elif kind == "flatten":
             cfg.add_layer(lp.LayerConfig(name, "Flatten"))
             cur = [n, math.prod(cur[1:])]
+        elif kind == "batchnorm":
+            cfg.add_layer(lp.LayerConfig(name, lp.BatchNormConfig(affine=bool(rng.random() < 0.7))))
         elif kind == "dropout":
             cfg.add_layer(lp.LayerConfig(name, lp.DropoutConfig(ratio=0.5)))
         elif kind == "sequential":
@@ -72,10 +75,17 @@ def random_network(rng: np.random.Generator) -> tuple[lp.LayerConfig, list[int]]
 
 
 def build(backend: lp.Backend, config: lp.LayerConfig, rng: np.random.Generator) -> lp.Layer:
-    """The network in inference mode (Dropout passes through) with random weights: no bias starts at exactly 0,
-    where a ReLU over padded positions would sit on its kink and make central differences meaningless."""
+    """The network in inference mode (Dropout passes through, BatchNorm uses its running statistics) with random
+    weights: no bias starts at exactly 0, where a ReLU over padded positions would sit on its kink and make central
+    differences meaningless; running variances are positive."""
     net = lp.Layer.from_config(backend, config, seed=0)
     net.set_training(False)
-    for w in net.learnable_weights_data():
-        w.set(rng.standard_normal(w.shape) * 0.7)
+    for name, w in zip(net.learnable_weights_names(), net.learnable_weights_data()):
+        values = rng.standard_normal(w.shape) * 0.7
+        w.set(np.abs(values) + 0.5 if name.endswith("running_var") else values)
     return net
+
+
+def untrained(net: lp.Layer) -> tuple[str, ...]:
+    """The running statistics among the network's weights (no gradient by design)."""
+    return tuple(n for n in net.learnable_weights_names() if n.endswith(("running_mean", "running_var")))
