@@ -54,6 +54,17 @@ def test_train_the_default_model_end_to_end(tmp_path):
     assert e2.returncode == 0 and accuracy(e2.stdout) == pytest.approx(acc)
 
 
+def test_batch_norm_run_file_trains_and_evaluates_in_inference_mode(tmp_path):
+    run_file = str(ROOT / "configs" / "digits_bn.yaml")
+    p = run("train", run_file, "--out", str(tmp_path / "run"))
+    assert p.returncode == 0, p.stderr
+    acc = accuracy(p.stdout)
+    assert acc >= 0.98
+    # evaluation normalises with the saved running statistics: the same accuracy from the model file
+    e = run("evaluate", run_file, "--weights", str(tmp_path / "run" / "model.leaf"))
+    assert e.returncode == 0 and accuracy(e.stdout) == pytest.approx(acc)
+
+
 def test_resume_continues_where_it_stopped(tmp_path):
     out = tmp_path / "run"
     p = run("train", DIGITS, "--out", str(out), "--epochs", "1")

@@ -10,7 +10,7 @@ import leafpy as lp
 from leafpy import serialization
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs")
-SHIPPED = ["digits_lenet.yaml", "digits_mlp.yaml", "mnist_lenet.yaml", "alexnet.yaml"]
+SHIPPED = ["digits_lenet.yaml", "digits_mlp.yaml", "digits_bn.yaml", "mnist_lenet.yaml", "alexnet.yaml"]
 
 
 @pytest.mark.parametrize("name", SHIPPED)
