@@ -380,48 +380,41 @@ def summary_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_set(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="change one value of the run file, e.g. solver.base_lr=0.01 or "
-                        "network.layers.conv1.num_output=32 (repeatable)")
+def _command(sub: Any, name: str, func: Any, summary: str, description: str, *, weights: bool = False,
+             backend: bool = True) -> argparse.ArgumentParser:
+    """A subcommand taking a run file, ``--set`` overrides and, where it runs a network, the backend."""
+    c = sub.add_parser(name, help=summary, description=description)
+    c.add_argument("config", help="the YAML run file")
+    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="change one value of the run file, e.g. solver.base_lr=0.01 or "
+                   "network.layers.conv1.num_output=32 (repeatable)")
+    if weights:
+        c.add_argument("--weights", required=True, help="a model.leaf or checkpoint.leaf file")
+    if backend:
+        c.add_argument("--backend", choices=BACKEND_NAMES, default="native")
+    c.set_defaults(func=func)
+    return c
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="leafpy", description="Train and evaluate leafpy networks from YAML run files.")
     p.add_argument("--version", action="version", version=f"leafpy {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    t = sub.add_parser("train", help="train a run file's network", description="Train a run file's network; a "
-                       "checkpoint is written after each epoch, and Ctrl-C saves one and stops.")
-    t.add_argument("config", help="the YAML run file")
-    _add_set(t)
-    t.add_argument("--backend", choices=BACKEND_NAMES, default="native")
+    t = _command(sub, "train", train, "train a run file's network", "Train a run file's network; a checkpoint is "
+                 "written after each epoch, and Ctrl-C saves one and stops.")
     t.add_argument("--epochs", type=int, help="train up to this epoch (default: the run file's train.epochs)")
     t.add_argument("--out", help="output directory (default: runs/NAME)")
     t.add_argument("--resume", metavar="CHECKPOINT", help="continue from a checkpoint")
     t.add_argument("--seed", type=int, help="seed for weights, dropout and shuffling")
-    t.set_defaults(func=train)
-    e = sub.add_parser("evaluate", help="held-out accuracy of saved weights",
-                       description="Evaluate saved weights (a model or a checkpoint) on the run's held-out data.")
-    e.add_argument("config", help="the YAML run file")
-    _add_set(e)
-    e.add_argument("--weights", required=True, help="a model.leaf or checkpoint.leaf file")
-    e.add_argument("--backend", choices=BACKEND_NAMES, default="native")
-    e.set_defaults(func=evaluate_cmd)
-    r = sub.add_parser("predict", help="run saved weights on new samples",
-                       description="Run saved weights (a model or a checkpoint) on the samples x of an .npz file; "
-                       "prints the predicted classes and writes the outputs with --out.")
-    r.add_argument("config", help="the YAML run file")
-    _add_set(r)
-    r.add_argument("--weights", required=True, help="a model.leaf or checkpoint.leaf file")
+    _command(sub, "evaluate", evaluate_cmd, "held-out loss and accuracy of saved weights",
+             "Evaluate saved weights (a model or a checkpoint) on the run's held-out data.", weights=True)
+    r = _command(sub, "predict", predict_cmd, "run saved weights on new samples",
+                 "Run saved weights (a model or a checkpoint) on the samples x of an .npz file; prints the "
+                 "predicted classes and writes the outputs with --out.", weights=True)
     r.add_argument("--input", required=True, help="an .npz file with the samples as x (np.savez(path, x=...))")
     r.add_argument("--out", help="write the outputs (and classes) to this .npz or .csv file")
-    r.add_argument("--backend", choices=BACKEND_NAMES, default="native")
-    r.set_defaults(func=predict_cmd)
-    s = sub.add_parser("summary", help="table of layers, output shapes and parameter counts",
-                       description="Print the network's layers, output shapes and parameter counts.")
-    s.add_argument("config", help="the YAML run file")
-    _add_set(s)
-    s.set_defaults(func=summary_cmd)
+    _command(sub, "summary", summary_cmd, "table of layers, output shapes and parameter counts",
+             "Print the network's layers, output shapes and parameter counts.", backend=False)
     return p
 
 
