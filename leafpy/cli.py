@@ -1,9 +1,13 @@
-"""The ``leafpy`` command: train, evaluate and summarise networks described by YAML run files.
+"""The ``leafpy`` command: train, evaluate, apply and summarise networks described by YAML run files.
 
     leafpy train RUN.yaml [--backend B] [--epochs N] [--out DIR] [--resume CHECKPOINT] [--seed S]
     leafpy evaluate RUN.yaml --weights FILE [--backend B]
     leafpy predict RUN.yaml --weights FILE --input SAMPLES.npz [--out PREDICTIONS.npz|.csv] [--backend B]
     leafpy summary RUN.yaml
+
+Every command takes ``--set KEY=VALUE`` (repeatable) to change one value of the run file. A run whose objective
+has classes (NegativeLogLikelihood) reports accuracy and a confusion matrix; one without (MeanSquaredError) is a
+regression, scored by its held-out loss.
 """
 
 from __future__ import annotations
