@@ -133,7 +133,7 @@ def npz(path: str, *, test_fraction: float | None = None, seed: int = 0, num_cla
     for x, y, x_key, y_key in pairs:
         xs.append(_samples(path, x_key, x))
         if targets == "values":
-            if len(y) != len(x):
+            if y.ndim == 0 or len(y) != len(x):
                 raise SerializationError(f"{path}: {y_key} must hold one target per sample of {x_key} ({len(x)}), "
                                          f"got shape {y.shape}")
             ys.append(_samples(path, y_key, y if y.ndim > 1 else y.reshape(-1, 1), scale_bytes=False))
@@ -208,8 +208,9 @@ def _labels(path: str, key: str, y: np.ndarray, n: int, x_key: str) -> np.ndarra
                                  f"of {x_key}), got shape {y.shape}")
     if not np.issubdtype(y.dtype, np.number) or np.iscomplexobj(y):
         raise SerializationError(f"{path}: {key} must hold class indices, got dtype {y.dtype}")
-    labels = y.astype(np.int64)
-    wrong = np.flatnonzero((labels != y) | (labels < 0))
+    with np.errstate(invalid="ignore"):  # NaN or huge labels: reported below, not warned about
+        labels = y.astype(np.int64)
+        wrong = np.flatnonzero((labels != y) | (labels < 0))
     if len(wrong):
         raise SerializationError(f"{path}: {key}[{wrong[0]}] is {y[wrong[0]]}; labels must be class indices 0, 1, "
                                  "2, ...")

@@ -115,6 +115,7 @@ def test_npz_arrays_split_or_kept(tmp_path):
     (dict(x=np.zeros((3, 2)), y=np.zeros(4)), r"y must be class indices of shape \[3\] or \[3, 1\]"),
     (dict(x=np.zeros((3, 2)), y=np.array([0, 1.5, 2])), r"y\[1\] is 1\.5; labels must be class indices"),
     (dict(x=np.zeros((3, 2)), y=np.array([0, -1, 2])), r"y\[1\] is -1"),
+    (dict(x=np.zeros((3, 2)), y=np.array([0, np.nan, 2])), r"y\[1\] is nan"),
     (dict(x=np.array([[0, np.nan]] * 3), y=np.zeros(3)), r"x has 3 NaN or infinite values"),
     (dict(x=np.array([["a", "b"]] * 3), y=np.zeros(3)), r"x must hold real numbers, got dtype <U1"),
     (dict(x=np.array([[{}, 1]] * 3, dtype=object), y=np.zeros(3)), r"it holds arrays of Python objects"),
@@ -153,6 +154,9 @@ def test_npz_regression_targets(tmp_path):
     np.savez(tmp_path / "bad.npz", x=x, y=np.zeros((49, 2)))
     with pytest.raises(lp.SerializationError, match=r"bad\.npz: y must hold one target per sample of x \(50\)"):
         lp.data.npz(str(tmp_path / "bad.npz"), targets="values")
+    np.savez(tmp_path / "scalar.npz", x=x, y=np.float64(1.0))
+    with pytest.raises(lp.SerializationError, match=r"scalar\.npz: y must hold one target per sample"):
+        lp.data.npz(str(tmp_path / "scalar.npz"), targets="values")
     np.savez(tmp_path / "nan.npz", x=x, y=np.full(50, np.inf))
     with pytest.raises(lp.SerializationError, match=r"nan\.npz: y has 50 NaN or infinite values"):
         lp.data.npz(str(tmp_path / "nan.npz"), targets="values")
