@@ -323,10 +323,10 @@ def override(doc: Any, item: str) -> Any:
                 if index >= len(node):
                     raise ConfigError(f"{where}: {here}: the list has {len(node)} entries")
             else:
-                names = [e.get("name") for e in node if isinstance(e, dict)]
+                names = [e.get("name") if isinstance(e, dict) else None for e in node]
                 if part not in names:
                     raise ConfigError(f"{where}: {here}: no entry named {part!r} (entries: "
-                                      f"{', '.join(map(str, names)) or 'none'})")
+                                      f"{', '.join(str(n) for n in names if n is not None) or 'none'})")
                 index = names.index(part)
             if last:
                 node[index] = value
