@@ -282,9 +282,9 @@ def train(args: argparse.Namespace) -> int:
                 return 130
             elapsed = time.perf_counter() - t0
             held_out = evaluate(net, objective, ds.x_test, ds.y_test, ds.num_classes, batch)
-            rate = run.solver.learning_rate(max(solver.iteration - 1, 0))  # the epoch's last update's rate
+            lr = run.solver.learning_rate(max(solver.iteration - 1, 0))  # the epoch's last update's rate
             record = {"epoch": epoch + 1, "iteration": solver.iteration, "loss": float(np.mean(losses)),
-                      "test_loss": held_out.loss, "learning_rate": rate, "seconds": elapsed,
+                      "test_loss": held_out.loss, "learning_rate": lr, "seconds": elapsed,
                       "samples_per_second": seen / elapsed}
             line = f"epoch {epoch + 1}/{epochs}: loss {record['loss']:.4f}, held-out loss {held_out.loss:.4f}"
             if held_out.matrix is not None and running is not None:
@@ -296,7 +296,7 @@ def train(args: argparse.Namespace) -> int:
             solver.save_checkpoint(ckpt_path)
             with open(history_path, "w") as f:
                 json.dump(history, f, indent=1)
-            _out(f"{line}, lr {rate:.3g} ({elapsed:.1f} s, {record['samples_per_second']:,.0f} samples/s)")
+            _out(f"{line}, lr {lr:.3g} ({elapsed:.1f} s, {record['samples_per_second']:,.0f} samples/s)")
     finally:
         signal.signal(signal.SIGINT, previous)
     model_path = os.path.join(out_dir, "model.leaf")
