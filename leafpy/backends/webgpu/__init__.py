@@ -817,11 +817,15 @@ class WebGPUBackend(Backend):
         self._elementwise("bias_add", y.size, [y, b], u=(0, c, inner), whole=(1,), base_slot=3)
 
     def bias_grad(self, dy, db, beta=0.0):
-        """Per channel, partial sums over blocks of the batch in parallel, then one sum of the partials each."""
+        self._channel_sums(dy, db, 1.0, beta)
+
+    def _channel_sums(self, dy, db, alpha: float, beta: float) -> None:
+        """db = alpha * (sums of dy over all axes but 1) + beta * db: per channel, partial sums over blocks of the
+        batch in parallel, then one sum of the partials each."""
         n, c = dy.shape[0], dy.shape[1]
         inner = dy.size // (n * c)
         if inner == 1 and dy.raw.size <= self.max_binding:  # [N, C] (linear layers): column sums, one pass
-            return self._sum_rows(dy, db, n, c, 1.0, beta, columns=True)
+            return self._sum_rows(dy, db, n, c, alpha, beta, columns=True)
         runs = list(self._item_chunks(n, [c * inner]))  # runs of samples whose binding fits
         per = max(run[1] - run[0] for run in runs) * inner
         blocks = max(1, min(256, -(-per // 4096), self.max_groups))  # per run
@@ -831,7 +835,7 @@ class WebGPUBackend(Backend):
         for i, (n0, n1, (bind,), (offset,)) in enumerate(runs):
             params = _pack((n1 - n0, c, inner, total, length, i * blocks, offset))
             self._dispatch("reduce", "bias_grad_part", params, [dy, part], (c, blocks, 1), [bind, None])
-        self._sum_rows(part, db, total, c, 1.0, beta)
+        self._sum_rows(part, db, total, c, alpha, beta)
 
     # --- batch normalisation: per-channel sums through bias_grad's reduction, the rest elementwise -------------
     def _bn(self, entry: str, x, buffers: list, whole: tuple[int, ...], f: tuple = ()) -> None:
@@ -848,12 +852,10 @@ class WebGPUBackend(Backend):
 
     def batch_norm_stats(self, x, mean, var):
         count = x.size // x.shape[1]
-        self.bias_grad(x, mean)
-        self.scal(1.0 / count, mean)
+        self._channel_sums(x, mean, 1.0 / count, 0.0)
         t = self.view(self._scratch_buffer(x.size, "bn_values"), x.shape)
         self._bn("bn_centered_square", x, [x, mean, t], whole=(1,))
-        self.bias_grad(t, var)
-        self.scal(1.0 / count, var)
+        self._channel_sums(t, var, 1.0 / count, 0.0)
 
     def batch_norm(self, x, mean, var, gamma, beta, y, eps):
         c = x.shape[1]
