@@ -137,6 +137,18 @@ class CudaBackend(ArrayBackend):
             "adadelta": ek("T g, T lr, T d, T eps", "T w, T h, T u",
                            "h = d * h + ((T)1 - d) * g * g; T step = g * sqrt((u + eps) / (h + eps));"
                            " u = d * u + ((T)1 - d) * step * step; w -= lr * step", "leafpy_adadelta"),
+            "bn_forward": ek("T x, raw T mean, raw T var, raw T gamma, raw T beta, int32 c, int32 inner, T eps, "
+                             "int32 flags", "T y",
+                             "int ch = (int)((i / inner) % c); T s = (T)1 / sqrt(var[ch] + eps);"
+                             " if (flags & 1) s *= gamma[ch];"
+                             " y = (x - mean[ch]) * s + ((flags & 2) ? beta[ch] : (T)0)", "leafpy_bn_forward"),
+            "bn_grad": ek("T x, T dy, raw T mean, raw T var, raw T gamma, raw T sum_dy, raw T sum_dy_xhat, int32 c, "
+                          "int32 inner, T eps, T inv_m, int32 flags", "T dx",
+                          "int ch = (int)((i / inner) % c); T invstd = (T)1 / sqrt(var[ch] + eps);"
+                          " T a = (flags & 1) ? gamma[ch] * invstd : invstd; T v = a * dy;"
+                          " if (flags & 4) { T xhat = (x - mean[ch]) * invstd;"
+                          " v -= a * (sum_dy[ch] + xhat * sum_dy_xhat[ch]) * inv_m; }"
+                          " dx = v", "leafpy_bn_grad"),
             "dropout": ek("uint32 key, uint32 threshold, T scale", "T mask",
                           "unsigned int h = (unsigned int)i + key;"
                           " h ^= h >> 16; h *= 0x85EBCA6Bu; h ^= h >> 13; h *= 0xC2B2AE35u; h ^= h >> 16;"
@@ -299,6 +311,24 @@ class CudaBackend(ArrayBackend):
     def rmsprop_update(self, w, g, h, lr, decay, eps):
         s = self._scalar
         self._kernels["rmsprop"](g, s(lr), s(decay), s(eps), w, h)
+
+    # --- batch normalisation: the statistics through CuPy's reductions, each per-element pass one kernel ------
+    @staticmethod
+    def _bn_geometry(x) -> tuple[np.int32, np.int32]:
+        c = x.shape[1]
+        return np.int32(c), np.int32(x.size // (x.shape[0] * c))
+
+    def batch_norm(self, x, mean, var, gamma, beta, y, eps):
+        c, inner = self._bn_geometry(x)
+        flags = np.int32((gamma is not None) | ((beta is not None) << 1))
+        self._kernels["bn_forward"](x, mean, var, mean if gamma is None else gamma, mean if beta is None else beta,
+                                    c, inner, self._scalar(eps), flags, y)
+
+    def batch_norm_grad(self, x, dy, mean, var, gamma, sum_dy, sum_dy_xhat, dx, eps, batch_stats):
+        c, inner = self._bn_geometry(x)
+        flags = np.int32((gamma is not None) | (bool(batch_stats) << 2))
+        self._kernels["bn_grad"](x, dy, mean, var, mean if gamma is None else gamma, sum_dy, sum_dy_xhat, c, inner,
+                                 self._scalar(eps), self._scalar(int(c) / x.size), flags, dx)
 
     def adagrad_update(self, w, g, h, lr, eps):
         s = self._scalar
