@@ -196,12 +196,18 @@ class ArrayBackend(Backend):
     def _channel(v: Buffer) -> Buffer:
         return v.reshape(1, -1, 1)
 
+    def _bn_work(self, x3: Buffer) -> Buffer:
+        """One pass's worth of per-call scratch (shared across layers on native: no array per call)."""
+        return self._work({}, "bn_values", x3.shape)
+
     def batch_norm_stats(self, x, mean, var):
-        x3 = self._per_channel(x)
+        xp, x3 = self.xp, self._per_channel(x)
         count = x3.shape[0] * x3.shape[2]
         mean[...] = x3.sum(axis=(0, 2)) / count
-        centered = x3 - self._channel(mean)  # two passes: no cancellation when |mean| >> std
-        var[...] = (centered * centered).sum(axis=(0, 2)) / count
+        t = self._bn_work(x3)
+        xp.subtract(x3, self._channel(mean), out=t)  # two passes: no cancellation when |mean| >> std
+        t *= t
+        var[...] = t.sum(axis=(0, 2)) / count
 
     def _bn_scale(self, var, gamma, eps):
         a = 1.0 / self.xp.sqrt(var + eps)
@@ -215,23 +221,28 @@ class ArrayBackend(Backend):
         y3 += self._channel(shift)
 
     def batch_norm_grad_sums(self, x, dy, mean, var, sum_dy, sum_dy_xhat, eps):
-        dy3 = self._per_channel(dy)
+        xp, dy3 = self.xp, self._per_channel(dy)
         sum_dy[...] = dy3.sum(axis=(0, 2))
-        centered = (dy3 * (self._per_channel(x) - self._channel(mean))).sum(axis=(0, 2))
-        sum_dy_xhat[...] = centered / self.xp.sqrt(var + eps)
+        t = self._bn_work(dy3)
+        xp.subtract(self._per_channel(x), self._channel(mean), out=t)
+        t *= dy3
+        sum_dy_xhat[...] = t.sum(axis=(0, 2)) / xp.sqrt(var + eps)
 
     def batch_norm_grad(self, x, dy, mean, var, gamma, sum_dy, sum_dy_xhat, dx, eps, batch_stats):
+        xp = self.xp
         a = self._bn_scale(var, gamma, eps)
         dx3, dy3 = self._per_channel(dx), self._per_channel(dy)
         if not batch_stats:
-            self.xp.multiply(dy3, self._channel(a), out=dx3)
+            xp.multiply(dy3, self._channel(a), out=dx3)
             return
         # dx = a dy + b x + k, with b = -a sum_dy_xhat / (m sqrt(var + eps)) and k = -a sum_dy / m - b mean
         m = dx3.shape[0] * dx3.shape[2]
-        b = -a * sum_dy_xhat / (m * self.xp.sqrt(var + eps))
+        b = -a * sum_dy_xhat / (m * xp.sqrt(var + eps))
         k = -a * sum_dy / m - b * mean
-        self.xp.multiply(dy3, self._channel(a), out=dx3)
-        dx3 += self._per_channel(x) * self._channel(b)
+        t = self._bn_work(dx3)
+        xp.multiply(self._per_channel(x), self._channel(b), out=t)
+        xp.multiply(dy3, self._channel(a), out=dx3)
+        dx3 += t
         dx3 += self._channel(k)
 
     # --- convolution: im2col in (C, kh, kw, oh, ow, N) order, then one GEMM ------------------------------------

@@ -526,7 +526,7 @@ class Layer:
     def backward(self, output_grads: Sequence[Any]) -> list[SharedTensor | None]:
         """Backpropagate gradients of the outputs; returns gradients of the inputs (None where not computed).
         Weight gradients land in :meth:`learnable_weights_gradients`."""
-        if not self.outputs or not self.ran_forward:
+        if not self.ran_forward:
             raise ShapeError(f"layer '{self.name}': call forward before backward (backward differentiates the "
                              "last forward's inputs)")
         if len(output_grads) != len(self.output_grads):

@@ -44,7 +44,6 @@ class BatchNorm(Worker):
         self.stats = None  # this batch's mean and variance, per channel
         self.sums = None  # sum dy and sum dy * xhat, per channel (backward)
         self._used = None  # the statistics the last forward pass normalised with
-        self._sums_ready = False
 
     def check_inputs(self, input_shapes):
         super().check_inputs(input_shapes)
@@ -94,7 +93,6 @@ class BatchNorm(Worker):
         mean, var = self._used
         sum_dy, sum_dy_xhat = self.sums
         backend.batch_norm_grad_sums(x[0], dy[0], mean, var, sum_dy, sum_dy_xhat, self.config.eps)
-        self._sums_ready = True
         for name, g, b in zip(self.weight_names, dw, beta):
             if name == "weight":
                 backend.axpby(1.0, sum_dy_xhat, b, g)
@@ -108,9 +106,7 @@ class BatchNorm(Worker):
             return
         gamma = self._split(w)[0]
         mean, var = self._used
+        # the sums are backward_parameters' (a layer with weights, as this one always is, runs it first)
         sum_dy, sum_dy_xhat = self.sums
-        if not self._sums_ready:  # backward_parameters runs first in a layer's backward pass; this is a fallback
-            backend.batch_norm_grad_sums(x[0], dy[0], mean, var, sum_dy, sum_dy_xhat, self.config.eps)
-        self._sums_ready = False
         backend.batch_norm_grad(x[0], dy[0], mean, var, gamma, sum_dy, sum_dy_xhat, dx[0], self.config.eps,
                                 self.training)
