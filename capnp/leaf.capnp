@@ -160,4 +160,5 @@ struct SolverCheckpoint {
   accumulated @5 :List(Weight);  # and their summed gradients
   rngSeeds @6 :List(UInt64);     # per random layer (dropout), in network order: its seed
   rngCalls @7 :List(UInt64);     # and how many masks it has drawn
+  trainerState @8 :Text;         # the training loop's own position (JSON object; empty: none)
 }

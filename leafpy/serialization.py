@@ -12,6 +12,7 @@ problem is reported as SerializationError naming the file.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tempfile
 from collections.abc import Callable
@@ -424,7 +425,28 @@ def save_checkpoint(solver: Solver, path: str | os.PathLike) -> None:
     workers = _random_workers(solver.network)
     msg.rngSeeds = [int(w.seed) for w in workers]
     msg.rngCalls = [int(w.calls) for w in workers]
+    msg.trainerState = json.dumps(solver.trainer_state, sort_keys=True) if solver.trainer_state else ""
     atomic_write(path, msg.to_bytes_packed())
+
+
+TRAINER_STATE_LIMIT = 1 << 20
+"""The largest trainer state (bytes of JSON) a checkpoint may carry."""
+
+
+def _read_trainer_state(text: str, path: str) -> dict[str, Any]:
+    if not text:
+        return {}
+    if len(text) > TRAINER_STATE_LIMIT:
+        raise SerializationError(f"{path}: the checkpoint's trainer state is {len(text)} bytes, more than "
+                                 f"{TRAINER_STATE_LIMIT}; the file is damaged")
+    try:
+        state = json.loads(text)
+    except ValueError as e:
+        raise SerializationError(f"{path}: the checkpoint's trainer state is not JSON ({e}); the file is damaged") from e
+    if not isinstance(state, dict):
+        raise SerializationError(f"{path}: the checkpoint's trainer state is a {type(state).__name__}, not an "
+                                 "object; the file is damaged")
+    return state
 
 
 def load_checkpoint(network_backend: Backend, objective_backend: Backend, path: str | os.PathLike) -> Solver:
@@ -456,6 +478,7 @@ def load_checkpoint(network_backend: Backend, objective_backend: Backend, path: 
         if len(msg.rngSeeds) == len(workers):
             for w, seed, calls in zip(workers, msg.rngSeeds, msg.rngCalls):
                 w.seed, w.calls = int(seed), int(calls)
+        solver.trainer_state = _read_trainer_state(str(msg.trainerState), path)
         return solver
 
     return _guard(path, build, "SolverCheckpoint")

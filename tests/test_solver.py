@@ -254,3 +254,29 @@ def test_digits_convnet_reaches_97_percent():
     cfg.add_layer(lp.LayerConfig("logsm", "LogSoftmax"))
     acc, _ = train_digits(cfg, epochs=15)
     assert acc >= 0.97, acc
+
+
+def test_trainer_state_survives_a_checkpoint(tmp_path):
+    import leafpy as lp
+    from leafpy.errors import SerializationError
+    from leafpy.serialization import _read_trainer_state
+
+    net = lp.SequentialConfig(inputs=[("data", [4, 3])])
+    net.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=2)))
+    obj = lp.SequentialConfig(inputs=[("out", [4, 2]), ("label", [4, 1])])
+    obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=2)))
+    be = lp.backend("native")
+    cfg = lp.SolverConfig(network=lp.LayerConfig("n", net), objective=lp.LayerConfig("o", obj), base_lr=0.1)
+    solver = lp.Solver.from_config(be, be, cfg)
+    assert lp.Solver.load_checkpoint(be, be, _save(solver, tmp_path / "a.leaf")).trainer_state == {}
+    solver.trainer_state = {"epoch": 3, "batch": 17, "note": "x"}
+    back = lp.Solver.load_checkpoint(be, be, _save(solver, tmp_path / "b.leaf"))
+    assert back.trainer_state == {"epoch": 3, "batch": 17, "note": "x"}
+    for bad in ("[1, 2]", "{not json", "x" * (2 << 20)):
+        with pytest.raises(SerializationError, match="trainer state"):
+            _read_trainer_state(bad, "ckpt.leaf")
+
+
+def _save(solver, path):
+    solver.save_checkpoint(str(path))
+    return str(path)

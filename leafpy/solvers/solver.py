@@ -152,6 +152,9 @@ class Solver:
         self._norm = SharedTensor((1,), dtype)
         self._target: SharedTensor | None = None
         self._generation = 0
+        self.trainer_state: dict[str, Any] = {}
+        """What a training loop needs to continue where it stopped (epoch, batch within it...): plain JSON values,
+        saved and restored with the checkpoint."""
 
     @staticmethod
     def from_config(network_backend: Backend, objective_backend: Backend, config: SolverConfig) -> Solver:
