@@ -337,14 +337,44 @@ def override(doc: Any, item: str) -> Any:
     return doc
 
 
-def load(path: str | os.PathLike, overrides: Sequence[str] = ()) -> RunConfig:
-    """A RunConfig from a YAML run file, with ``overrides`` (``"solver.base_lr=0.01"``) applied."""
+SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+"""The run files installed with leafpy (``digits_lenet``, ``mnist_lenet``...)."""
+
+
+def shipped() -> list[str]:
+    """Names of the run files installed with leafpy, usable as ``leafpy train NAME`` or ``config.load(NAME)``."""
+    try:
+        return sorted(f[:-5] for f in os.listdir(SHIPPED_DIR) if f.endswith(".yaml"))
+    except OSError:
+        return []
+
+
+def resolve(path: str | os.PathLike) -> str:
+    """``path`` itself when it exists or names a directory; otherwise, for a bare name such as ``digits_lenet``
+    (or ``digits_lenet.yaml``), the run file of that name shipped with leafpy."""
     path = os.fspath(path)
+    if os.path.exists(path) or os.sep in path or (os.altsep and os.altsep in path):
+        return path
+    stem = path[:-5] if path.endswith(".yaml") else path
+    if stem in shipped():
+        return os.path.join(SHIPPED_DIR, stem + ".yaml")
+    return path
+
+
+def load(path: str | os.PathLike, overrides: Sequence[str] = ()) -> RunConfig:
+    """A RunConfig from a YAML run file, with ``overrides`` (``"solver.base_lr=0.01"``) applied. A bare name
+    that is not a file here (``digits_lenet``) reads the run file of that name shipped with leafpy."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ConfigError(f"config.load: expected a path to a YAML run file, got {type(path).__name__} {path!r}")
+    path = resolve(path)
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except OSError as e:
-        raise LeafpyError(f"{path}: cannot read the run file: {e.strerror or e}") from e
+        hint = ""
+        if isinstance(e, FileNotFoundError) and os.sep not in path:
+            hint = f" (run files shipped with leafpy: {', '.join(shipped()) or 'none'})"
+        raise LeafpyError(f"{path}: cannot read the run file: {e.strerror or e}{hint}") from e
     try:
         return loads(text, path, overrides)
     except ConfigError as e:
