@@ -9,11 +9,11 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+import tomllib
 
 import leafpy as lp
 
