@@ -1,39 +1,70 @@
-"""Validation helpers for config dataclasses: each raises ConfigError naming the field, the value and the rule."""
+"""Validation helpers for config dataclasses: each raises ConfigError naming the field, the value and the rule.
+
+NumPy scalars (``np.float32(0.01)``, ``np.int64(3)``) are numbers like Python's; booleans are not. Every number
+must be finite, and every integer fit in 64 bits (what arrays and the file format hold).
+"""
 
 from __future__ import annotations
 
+import math
+import numbers
+import os
+import stat
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
+
 from .errors import ConfigError
+
+INT_LIMIT = 2**63 - 1
+"""The largest integer a config holds (NumPy's shapes and the file format's counts are 64-bit)."""
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, (bool, np.bool_))
+
+
+def _integer(value: Any) -> int | None:
+    """``value`` as an int when it is an integer (a Python or NumPy int, or a whole float), else None."""
+    if _is_bool(value):
+        return None
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        v = float(value)
+        if math.isfinite(v) and v == int(v):
+            return int(v)
+    return None
 
 
 def positive_int(where: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        try:
-            as_int = int(value)
-        except (TypeError, ValueError):
-            as_int = None
-        if as_int is None or as_int != value or isinstance(value, bool) or as_int <= 0:
-            raise ConfigError(f"{where}: expected a positive integer, got {value!r}")
-        value = as_int
-    return int(value)
+    as_int = _integer(value)
+    if as_int is None or as_int <= 0 or as_int > INT_LIMIT:
+        limit = f" up to {INT_LIMIT}" if as_int is not None and as_int > INT_LIMIT else ""
+        raise ConfigError(f"{where}: expected a positive integer{limit}, got {value!r}")
+    return as_int
 
 
 def non_negative_int(where: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int,)) or value < 0:
-        raise ConfigError(f"{where}: expected a non-negative integer, got {value!r}")
+    if _is_bool(value) or not isinstance(value, numbers.Integral) or not 0 <= int(value) <= INT_LIMIT:
+        raise ConfigError(f"{where}: expected a non-negative integer up to {INT_LIMIT}, got {value!r}")
     return int(value)
 
 
 def number(where: str, value: Any, *, minimum: float | None = None, maximum: float | None = None,
            min_open: bool = False, max_open: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if _is_bool(value) or not isinstance(value, numbers.Real):
         raise ConfigError(f"{where}: expected a number, got {value!r}")
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:  # an int beyond float's range
+        v = math.inf
+    if not math.isfinite(v):
+        raise ConfigError(f"{where}: expected a finite number, got {value!r}")
     lo_bad = minimum is not None and (v <= minimum if min_open else v < minimum)
     hi_bad = maximum is not None and (v >= maximum if max_open else v > maximum)
-    if lo_bad or hi_bad or v != v:
+    if lo_bad or hi_bad:
         lo = "" if minimum is None else ("(" if min_open else "[") + f"{minimum:g}"
         hi = "" if maximum is None else f"{maximum:g}" + (")" if max_open else "]")
         rng = f"{lo or '(-inf'}, {hi or 'inf)'}"
@@ -50,15 +81,15 @@ def choice(where: str, value: Any, valid: Iterable[str]) -> str:
 
 def spatial(where: str, value: Any, *, minimum: int = 1, dims: int = 2) -> tuple[int, ...]:
     """One value for every spatial dimension, or one per dimension."""
-    if isinstance(value, (int,)) and not isinstance(value, bool):
+    if isinstance(value, numbers.Integral) and not _is_bool(value):
         value = [value]
     if not isinstance(value, (list, tuple)) or len(value) not in (1, dims):
         raise ConfigError(f"{where}: expected one value or {dims} values (one per spatial dimension), got {value!r}")
     out = []
     for i, v in enumerate(value):
-        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        if _is_bool(v) or not isinstance(v, numbers.Integral) or not minimum <= int(v) <= INT_LIMIT:
             kind = "positive" if minimum >= 1 else "non-negative"
-            raise ConfigError(f"{where}[{i}]: expected a {kind} integer, got {v!r}")
+            raise ConfigError(f"{where}[{i}]: expected a {kind} integer up to {INT_LIMIT}, got {v!r}")
         out.append(int(v))
     if len(out) == 1:
         out = out * dims
@@ -69,3 +100,54 @@ def shape(where: str, value: Any) -> tuple[int, ...]:
     if not isinstance(value, Sequence) or isinstance(value, str) or not value:
         raise ConfigError(f"{where}: expected a non-empty list of positive integers, got {value!r}")
     return tuple(positive_int(f"{where}[{i}]", v) for i, v in enumerate(value))
+
+
+def machine_memory() -> int | None:
+    """This machine's physical memory in bytes, or None where the system does not say."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _bytes(n: float) -> str:
+    for unit in ("bytes", "KB", "MB", "GB", "TB", "PB"):
+        if n < 1024 or unit == "PB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PB"
+
+
+def allocation(where: str, what: dict[str, Sequence[Sequence[int]]], itemsize: int, fix: str) -> None:
+    """Refuse, before anything is allocated, arrays (``what``: a description -> their shapes; each held twice,
+    as data and gradient) larger than this machine's memory."""
+    limit = machine_memory()
+    if limit is None:
+        return
+    parts, total = [], 0
+    for desc, shapes in what.items():
+        count = sum(math.prod(int(d) for d in s) for s in shapes)
+        total += 2 * count * itemsize
+        if count:
+            parts.append(f"{desc} {', '.join(str(list(s)) for s in shapes)}")
+    if total > limit:
+        raise ConfigError(f"{where}: {'; '.join(parts)} need {_bytes(total)} (data and gradients), more than this "
+                          f"machine's {_bytes(limit)} of memory; {fix}")
+
+
+def open_regular(path: str, what: str) -> Any:
+    """``path`` opened for reading in binary, refusing what is not a regular file (a FIFO, a device, a directory)
+    without blocking on it: a FIFO would wait forever for a writer, a device never end."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else \
+                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket or other special file"
+            raise ConfigError(f"{path}: {kind}, not a regular file; give the path of {what}")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise

@@ -263,6 +263,64 @@ class _SafeLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+MAX_DEPTH = 64
+"""Deepest nesting of mappings and lists a run file may have (run files need about ten)."""
+MAX_ALIASES = 100
+"""Most aliases (``*name``) a run file may use."""
+MAX_NODES = 200_000
+"""Most values a run file may hold once its aliases are expanded (a "billion laughs" would expand to 10**9)."""
+
+
+class _TooBig(yaml.YAMLError):
+    pass
+
+
+class _BoundedLoader(_SafeLoader):
+    """The safe loader, refusing documents nested deeper than MAX_DEPTH, with more than MAX_ALIASES aliases, or
+    holding more than MAX_NODES values once aliases are expanded, before anything is built from them."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._aliases = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                mark = self.peek_event().start_mark
+                raise _TooBig(f"line {mark.line + 1}: more than {MAX_ALIASES} aliases (*name); write the values out")
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise _TooBig(f"line {mark.line + 1}: nested more than {MAX_DEPTH} levels deep")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_document(self, node):
+        sizes: dict[int, int] = {}
+
+        def size(n: Any) -> int:  # values once aliases are expanded; each distinct node is visited once
+            key = id(n)
+            if key not in sizes:
+                sizes[key] = 0  # a recursive alias counts as one value here; the constructor reports it
+                if isinstance(n, yaml.MappingNode):
+                    total = 1 + sum(size(k) + size(v) for k, v in n.value)
+                elif isinstance(n, yaml.SequenceNode):
+                    total = 1 + sum(size(v) for v in n.value)
+                else:
+                    total = 1
+                sizes[key] = total
+            return sizes[key]
+
+        total = size(node)
+        if total > MAX_NODES:
+            raise _TooBig(f"its aliases expand to {total} values (at most {MAX_NODES}); write the values out")
+        return super().construct_document(node)
+
+
 _SafeLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
@@ -271,18 +329,31 @@ _SafeLoader.add_implicit_resolver(
 
 
 def _yaml(text: str) -> Any:
-    loader = _SafeLoader(text)
+    """The YAML document in ``text``, bounded (see _BoundedLoader); a value its tag cannot hold (``!!float abc``)
+    is a YAMLError too."""
+    loader = _BoundedLoader(text)
     try:
         return loader.get_single_data()
+    except (ValueError, TypeError, KeyError, OverflowError, RecursionError) as e:
+        raise yaml.YAMLError(f"a value cannot be read: {e!r}") from None
     finally:
         loader.dispose()
 
 
 def loads(text: str, source: str = "<string>", overrides: Sequence[str] = ()) -> RunConfig:
     """A RunConfig from YAML text, with ``overrides`` (``"solver.base_lr=0.01"``, see :func:`override`) applied."""
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{source}: not UTF-8 text (byte {e.start}); save the run file as UTF-8") from None
+    if not isinstance(text, str):
+        raise ConfigError(f"config.loads: expected the YAML text of a run file (str), got {type(text).__name__}")
+    if isinstance(overrides, str) or not all(isinstance(o, str) for o in overrides):
+        raise ConfigError(f"config.loads: overrides must be a list of 'KEY=VALUE' strings, got {overrides!r}")
     try:
         doc = _yaml(text)
-    except _DuplicateKey as e:
+    except (_DuplicateKey, _TooBig) as e:
         raise ConfigError(f"{source}: {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{source}: not valid YAML: {e}") from None
@@ -337,6 +408,8 @@ def override(doc: Any, item: str) -> Any:
     return doc
 
 
+MAX_FILE_BYTES = 16 * 2**20
+"""Largest run file read (the shipped ones are 1-2 KB)."""
 SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 """The run files installed with leafpy (``digits_lenet``, ``mnist_lenet``...)."""
 
@@ -368,8 +441,13 @@ def load(path: str | os.PathLike, overrides: Sequence[str] = ()) -> RunConfig:
         raise ConfigError(f"config.load: expected a path to a YAML run file, got {type(path).__name__} {path!r}")
     path = resolve(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with _checks.open_regular(path, "a YAML run file") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+        if len(raw) > MAX_FILE_BYTES:
+            raise ConfigError(f"{path}: larger than {MAX_FILE_BYTES // 2**20} MB; a run file is a few KB of YAML")
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); save the run file as UTF-8") from None
     except OSError as e:
         hint = ""
         if isinstance(e, FileNotFoundError) and os.sep not in path:

@@ -428,6 +428,9 @@ class Layer:
         shapes = [t.shape for t in inputs]
         worker.check_inputs(shapes)
         out_shapes = [tuple(s) for s in worker.output_shapes(shapes)]
+        _checks.allocation(worker.where, {"weights": [] if self.weights else worker.weight_shapes(shapes),
+                                          "outputs": out_shapes}, np.dtype(self.backend.dtype).itemsize,
+                           f"reduce the sizes in its config ({self.config.config!r}) or the input's")
         self._create_weights(shapes)
         self.inputs = list(inputs)
         self.input_grads = list(input_grads)

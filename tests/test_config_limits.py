@@ -1,0 +1,152 @@
+"""Run files made carelessly or with intent to harm: alias bombs, deep nesting, bytes that are not UTF-8, values
+their tags cannot hold, non-finite and absurd numbers, special files. Each is a ConfigError naming the place, raised
+quickly and before anything large is allocated; NumPy scalars are numbers like Python's."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import leafpy as lp
+
+MLP = (Path(__file__).resolve().parent.parent / "configs" / "digits_mlp.yaml").read_text()
+
+
+def with_solver(extra: str) -> str:
+    """The shipped MLP run file with ``extra`` appended to its one-line solver mapping."""
+    return re.sub(r"seed: 0}\s*$", f"seed: 0, {extra}}}\n", MLP)
+
+
+def quick(fn, limit=1.0):
+    start = time.perf_counter()
+    with pytest.raises(lp.ConfigError) as info:
+        fn()
+    assert time.perf_counter() - start < limit
+    return str(info.value)
+
+
+def test_billion_laughs_is_refused_within_a_second():
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i in range(1, 10):
+        lines.append(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]")
+    bomb = "\n".join(lines) + "\nname: *a9\n" + MLP.replace("name: digits-mlp\n", "")
+    msg = quick(lambda: lp.config.loads(bomb, "bomb.yaml"))
+    assert msg.startswith("bomb.yaml") and "alias" in msg
+
+
+def test_a_few_aliases_still_work():
+    text = "solver_defaults: &s {base_lr: 0.02}\n"  # not a run-file key: the alias itself must be accepted
+    doc = lp.config._yaml(text + "x: *s\ny: *s\n")
+    assert doc["x"] == doc["y"] == {"base_lr": 0.02}
+
+
+@pytest.mark.parametrize("opener,closer", [("[", "]"), ("{a: ", "}")])
+def test_yaml_nested_thousands_deep_is_a_config_error(opener, closer):
+    deep = "name: " + opener * 5000 + "1" + closer * 5000 + "\n"
+    msg = quick(lambda: lp.config.loads(deep, "deep.yaml"))
+    assert "deep.yaml" in msg and "nested" in msg
+
+
+def test_a_run_file_that_is_not_utf8_is_a_config_error(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(MLP.replace("digits-mlp", "d\xefgits").encode("latin-1"))
+    msg = quick(lambda: lp.config.load(path))
+    assert str(path) in msg and "UTF-8" in msg
+    assert "UTF-8" in quick(lambda: lp.config.loads(b"name: \xff\xfe\n"))
+
+
+@pytest.mark.parametrize("value", ["!!float abc", "!!int 1.5x", "!!bool maybe"])
+def test_a_value_its_tag_cannot_hold_is_a_config_error(value):
+    msg = quick(lambda: lp.config.loads(with_solver(f"clip_gradients: {value}"), "tag.yaml"))
+    assert "tag.yaml" in msg
+
+
+@pytest.mark.parametrize("field,value", [
+    ("solver.base_lr", ".inf"), ("solver.base_lr", ".nan"), ("solver.weight_decay", ".inf"),
+    ("solver.clip_gradients", ".inf"), ("solver.gamma", "-.inf"), ("solver.stepsize", ".inf"),
+    ("solver.max_iter", "1e400"),
+])
+def test_non_finite_solver_values_are_refused_naming_the_field(field, value):
+    sets = [f"{field}={value}"] + (["solver.lr_policy=poly"] if field == "solver.max_iter" else [])
+    msg = quick(lambda: lp.config.loads(MLP, overrides=sets))
+    assert field in msg
+
+
+@pytest.mark.parametrize("layer,field", [
+    ("{name: fc1, type: Linear, output_size: .inf}", "output_size"),
+    ("{name: fc1, type: Linear, output_size: 128, params: [{lr_mult: .inf}]}", "lr_mult"),
+    ("{name: fc1, type: Linear, output_size: 128, params: [{filler: {type: constant, value: .nan}}]}", "value"),
+    ("{name: fc1, type: Linear, output_size: 128, params: [{filler: {type: gaussian, std: .inf}}]}", "std"),
+    ("{name: fc1, type: Linear, output_size: 100000000000000000000000}", "output_size"),
+])
+def test_non_finite_and_out_of_range_layer_values_are_refused_naming_the_field(layer, field):
+    text = MLP.replace("{name: fc1, type: Linear, output_size: 128}", layer)
+    msg = quick(lambda: lp.config.loads(text))
+    assert f"network.layers[1].{field}" in msg or ("layers[1]" in msg and field in msg), msg
+
+
+def test_an_absurd_size_is_refused_before_anything_is_allocated():
+    run = lp.config.loads(MLP.replace("output_size: 128", "output_size: 1000000000000"))
+    msg = quick(lambda: lp.Solver.from_config(lp.backend("native"), lp.backend("native"), run.solver))
+    assert "fc1" in msg and "1000000000000" in msg and "memory" in msg
+
+
+def test_an_absurd_input_shape_is_refused_before_anything_is_allocated():
+    run = lp.config.loads(MLP.replace("shape: [32, 1, 8, 8]", "shape: [32, 1, 800000, 800000]"))
+    msg = quick(lambda: lp.Layer.from_config(lp.backend("native"), run.network))
+    assert "flat" in msg and "memory" in msg
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfifo (POSIX)")
+def test_a_fifo_as_run_file_is_refused_without_waiting_for_a_writer(tmp_path):
+    fifo = tmp_path / "run.yaml"
+    os.mkfifo(fifo)
+    result: list = []
+    t = threading.Thread(target=lambda: result.append(_error(lambda: lp.config.load(fifo))), daemon=True)
+    t.start()
+    t.join(5)
+    if t.is_alive():  # unblock the reader so the test process can end
+        with open(fifo, "w"):
+            pass
+        t.join(5)
+        pytest.fail("config.load blocked on a FIFO")
+    assert isinstance(result[0], lp.ConfigError) and "FIFO" in str(result[0]) and str(fifo) in str(result[0])
+
+
+def _error(fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the test inspects whatever was raised
+        return e
+    return None
+
+
+def test_a_directory_as_run_file_is_refused(tmp_path):
+    with pytest.raises(lp.LeafpyError, match="directory"):
+        lp.config.load(tmp_path)
+
+
+def test_loads_of_something_else_than_text_is_a_config_error():
+    assert "str" in quick(lambda: lp.config.loads(None))
+    assert "str" in quick(lambda: lp.config.loads(12))
+    assert "path" in quick(lambda: lp.config.load(None))
+
+
+def test_numpy_scalars_are_numbers():
+    cfg = lp.SolverConfig(base_lr=np.float32(0.01), momentum=np.float64(0.9), stepsize=np.int64(5),
+                          minibatch_size=np.int32(2), weight_decay=np.float16(0.001), stepvalues=(np.int64(3),),
+                          lr_policy="multistep")
+    assert cfg.base_lr == pytest.approx(0.01) and cfg.stepsize == 5 and cfg.minibatch_size == 2
+    assert type(cfg.base_lr) is float and type(cfg.stepsize) is int
+    lin = lp.LinearConfig(output_size=np.int64(7))
+    assert lin.output_size == 7 and type(lin.output_size) is int
+    conv = lp.ConvolutionConfig(num_output=np.uint8(4), filter_shape=[np.int64(3)])
+    assert conv.filter_shape == (3, 3)
+    with pytest.raises(lp.ConfigError, match="expected a number"):
+        lp.SolverConfig(base_lr=np.bool_(True))
