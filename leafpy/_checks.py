@@ -6,12 +6,14 @@ must be finite, and every integer fit in 64 bits (what arrays and the file forma
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import numbers
 import os
 import stat
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -70,6 +72,14 @@ def number(where: str, value: Any, *, minimum: float | None = None, maximum: flo
         rng = f"{lo or '(-inf'}, {hi or 'inf)'}"
         raise ConfigError(f"{where}: expected a number in {rng}, got {value!r}")
     return v
+
+
+def path(where: str, value: Any) -> str:
+    """A file path: a non-empty str or os.PathLike."""
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise ConfigError(f"{where}: expected a file path (a str or pathlib.Path), got {type(value).__name__} "
+                          f"{value!r}")
+    return os.fspath(value)
 
 
 def choice(where: str, value: Any, valid: Iterable[str]) -> str:
@@ -151,3 +161,27 @@ def open_regular(path: str, what: str) -> Any:
     except BaseException:
         os.close(fd)
         raise
+
+
+_Config = TypeVar("_Config")
+
+
+def strict_init(cls: type[_Config]) -> type[_Config]:
+    """A config dataclass whose constructor reports positional arguments and unknown fields as ConfigErrors
+    listing the valid fields (the generated ``__init__`` raises a bare TypeError)."""
+    init = cls.__init__
+    names = [f.name for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+    where = cls.__name__
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if args:
+            raise ConfigError(f"{where}: takes keyword arguments only, got {len(args)} positional "
+                              f"({', '.join(repr(a) for a in args)[:200]}); valid fields: {', '.join(names)}")
+        unknown = [k for k in kwargs if k not in names]
+        if unknown:
+            raise ConfigError(f"{where}: unknown field {unknown[0]!r}; valid fields: {', '.join(names)}")
+        init(self, **kwargs)
+
+    cls.__init__ = __init__  # type: ignore[method-assign]
+    return cls

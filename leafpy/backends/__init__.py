@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
 
-from ..errors import BackendUnavailable, ConfigError
+from ..errors import BackendUnavailable, ConfigError, LeafpyError
 from .base import PRIMITIVES, Backend
 
 _MODULES = {
@@ -23,7 +24,7 @@ def backend(name: str = "native", **options: Any) -> Backend:
     Without options the same instance is returned on every call. Raises BackendUnavailable when the backend's
     package or device is missing, saying what to install.
     """
-    if name not in _MODULES:
+    if not isinstance(name, str) or name not in _MODULES:
         raise ConfigError(f"backend: unknown backend {name!r}; valid backends: {', '.join(BACKEND_NAMES)}")
     if not options and name in _default:
         return _default[name]
@@ -32,7 +33,20 @@ def backend(name: str = "native", **options: Any) -> Backend:
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise BackendUnavailable(f"backend {name!r} is not part of this leafpy installation ({e})") from e
-    instance = getattr(module, class_name)(**options)
+    cls = getattr(module, class_name)
+    valid = [p.name for p in inspect.signature(cls).parameters.values() if p.kind is p.KEYWORD_ONLY
+             or p.kind is p.POSITIONAL_OR_KEYWORD]
+    unknown = [k for k in options if k not in valid]
+    if unknown:
+        raise ConfigError(f"backend {name!r}: unknown option {unknown[0]!r}; valid options: {', '.join(valid)}")
+    try:
+        instance = cls(**options)
+    except (TypeError, ValueError) as e:
+        if isinstance(e, LeafpyError):
+            raise
+        given = ", ".join(f"{k}={v!r}" for k, v in options.items())
+        raise ConfigError(f"backend {name!r}: invalid options ({given}): {e}; valid options: "
+                          f"{', '.join(valid)}") from e
     if not options:
         _default[name] = instance
     return instance

@@ -323,12 +323,14 @@ class Layer:
         """Read a layer (config and weights) saved with :meth:`save`, or by Leaf 0.2.1."""
         from ..serialization import load_layer
 
+        _checks.path("Layer.load: path", path)
         return load_layer(backend, path)
 
     def save(self, path: str) -> None:
         """Write this layer's config and weights to ``path`` (Cap'n Proto, atomically)."""
         from ..serialization import save_layer
 
+        _checks.path("Layer.save: path", path)
         save_layer(self, path)
 
     # --- properties -------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import _checks
 from ..backends.base import Backend
-from ..errors import ConfigError
+from ..errors import ConfigError, LeafpyError, SerializationError
 from ..layers.layer import Layer, LayerConfig, WeightConfig
 from ..tensor import SharedTensor, as_numbers
 
@@ -25,6 +25,11 @@ LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
 _SOLVER_TOKENS = itertools.count()
 
 
+MAX_ITERATION = 2**53
+"""The largest iteration count a solver holds: the learning-rate formulas use it as a float, exact up to 2**53."""
+
+
+@_checks.strict_init
 @dataclass(frozen=True, kw_only=True)
 class SolverConfig:
     """How to train: the network, the objective (a loss over the network's output and the target), the update
@@ -78,6 +83,7 @@ class SolverConfig:
             raise ConfigError("solver.max_iter: the poly policy needs max_iter (a positive integer)")
         if self.lr_policy == "multistep" and not steps:
             raise ConfigError("solver.stepvalues: the multistep policy needs stepvalues, e.g. [1000, 2000]")
+        self._check_policy()
         if self.clip_gradients is not None:
             s(self, "clip_gradients", _checks.number("solver.clip_gradients", self.clip_gradients, minimum=0.0,
                                                      min_open=True))
@@ -93,24 +99,66 @@ class SolverConfig:
         if self.seed is not None:
             s(self, "seed", _checks.non_negative_int("solver.seed", self.seed))
 
+    def _check_policy(self) -> None:
+        """Policy settings under which Caffe's formula has no value (a power of zero or of a negative number)."""
+        policy, gamma, power = self.lr_policy, self.gamma, self.power
+        if policy in ("step", "exp", "multistep") and gamma < 0:
+            raise ConfigError(f"solver.gamma: the {policy} policy multiplies the rate by gamma, so gamma must be >= 0, "
+                              f"got {gamma!r}")
+        if policy == "poly" and power < 0:
+            raise ConfigError(f"solver.power: the poly policy's rate base_lr * (1 - iteration/max_iter)^power must "
+                              f"reach 0 at max_iter, so power must be >= 0, got {power!r}")
+        if policy == "inv" and gamma < 0:
+            last = self.max_iter
+            if last is None or 1.0 + gamma * last <= 0.0:
+                raise ConfigError(f"solver.gamma: the inv policy's rate base_lr * (1 + gamma*iteration)^-power has "
+                                  f"no value once 1 + gamma*iteration <= 0 (iteration {math.ceil(-1.0 / gamma)} with "
+                                  f"gamma {gamma!r}); use gamma >= 0, or a max_iter before that")
+
     def learning_rate(self, iteration: int) -> float:
-        """The learning rate at ``iteration`` under this config's policy (Caffe's formulas)."""
+        """The learning rate at ``iteration`` under this config's policy (Caffe's formulas, evaluated so that no
+        intermediate value overflows: sigmoid far from its step is 0 or base_lr, as in Caffe). A rate beyond the
+        largest float (a growing exp or step policy after many iterations) is a ConfigError naming the iteration."""
         base, gamma, it = self.base_lr, self.gamma, iteration
         policy = self.lr_policy
         if policy == "fixed":
             return base
         if policy == "step":
-            return base * gamma ** (it // self.stepsize)
-        if policy == "exp":
-            return base * gamma ** it
-        if policy == "inv":
-            return base * (1.0 + gamma * it) ** (-self.power)
-        if policy == "multistep":
-            return base * gamma ** sum(1 for v in self.stepvalues if it >= v)
-        if policy == "poly":
-            assert self.max_iter is not None
-            return base * max(0.0, 1.0 - it / self.max_iter) ** self.power
-        return base / (1.0 + math.exp(-gamma * (it - self.stepsize)))
+            rate = _times_power(base, gamma, it // self.stepsize)
+        elif policy == "exp":
+            rate = _times_power(base, gamma, it)
+        elif policy == "inv":
+            inner = 1.0 + gamma * it
+            if inner <= 0.0:
+                raise ConfigError(f"solver.gamma: the inv policy has no rate at iteration {it} (1 + gamma*iteration "
+                                  f"= {inner:g} <= 0 with gamma {gamma!r}); use gamma >= 0")
+            rate = _times_power(base, inner, -self.power)
+        elif policy == "multistep":
+            rate = _times_power(base, gamma, sum(1 for v in self.stepvalues if it >= v))
+        elif policy == "poly":
+            last = self.max_iter if self.max_iter is not None else 1
+            rate = _times_power(base, max(0.0, 1.0 - it / last), self.power)
+        else:  # sigmoid: base / (1 + e^z), z = -gamma*(it - stepsize), without overflowing e^z
+            z = -gamma * (it - self.stepsize)
+            rate = base / (1.0 + math.exp(z)) if z <= 0 else base * math.exp(-z) / (1.0 + math.exp(-z))
+        if not math.isfinite(rate):
+            raise ConfigError(f"solver: the {policy} policy's learning rate exceeds the largest float at iteration "
+                              f"{it} (base_lr {base!r}, gamma {gamma!r}, power {self.power!r}); use a gamma <= 1 "
+                              "or stop earlier (max_iter)")
+        return rate
+
+
+def _times_power(base: float, x: float, p: float) -> float:
+    """``base * x**p`` for x >= 0, through logarithms where the power alone would overflow (inf then)."""
+    if base == 0.0:
+        return 0.0
+    if x == 0.0:
+        return base * (0.0 if p > 0 else 1.0 if p == 0 else math.inf)
+    try:
+        return base * math.pow(x, p)
+    except OverflowError:
+        log = math.log(base) + p * math.log(x)
+        return math.inf if log > 709.0 else math.exp(log)
 
 
 class UpdateRule:
@@ -152,6 +200,7 @@ class Solver:
         self._norm = SharedTensor((1,), dtype)
         self._target: SharedTensor | None = None
         self._generation = 0
+        self._has_loss = False
         self.trainer_state: dict[str, Any] = {}
         """What a training loop needs to continue where it stopped (epoch, batch within it...): plain JSON values,
         saved and restored with the checkpoint."""
@@ -256,10 +305,15 @@ class Solver:
             self._calls = 0 if update_now else self._calls + 1
         if update_now:
             self.iteration += 1
+        self._has_loss = True
         return self.network.outputs[0]
 
     def loss(self) -> float:
-        """The objective's value for the last minibatch (reads it back to the host)."""
+        """The objective's value for the last minibatch (reads it back to the host). Before this solver has trained
+        a minibatch (a new solver, or one just loaded from a checkpoint) there is none: a LeafpyError."""
+        if not self._has_loss:
+            raise LeafpyError("Solver.loss: no minibatch has been trained by this solver yet, so there is no loss; "
+                              "call train_minibatch first")
         return float(self.objective.outputs[0].to_numpy().reshape(-1)[0])
 
     def _update(self, grads: Sequence[SharedTensor], rate: float) -> None:
@@ -308,4 +362,18 @@ class Solver:
         """Resume a solver saved with :meth:`save_checkpoint`."""
         from ..serialization import load_checkpoint
 
-        return load_checkpoint(network_backend, objective_backend, path)
+        solver = load_checkpoint(network_backend, objective_backend, path)
+        solver.check_restored(path)
+        return solver
+
+    def check_restored(self, source: str = "checkpoint") -> None:
+        """Check the counters a checkpoint restored (``source`` names it in the error): the iteration within
+        [0, MAX_ITERATION] and the gradient-accumulation calls pending fewer than ``minibatch_size`` (more would
+        never reach the update). Raises SerializationError."""
+        it, calls, k = self.iteration, self._calls, self.config.minibatch_size
+        if isinstance(it, bool) or not isinstance(it, int) or not 0 <= it <= MAX_ITERATION:
+            raise SerializationError(f"{source}: the checkpoint's iteration is {it!r}, expected an integer in "
+                                     f"[0, {MAX_ITERATION}]; the file is damaged or not a leafpy checkpoint")
+        if isinstance(calls, bool) or not isinstance(calls, int) or not 0 <= calls < k:
+            raise SerializationError(f"{source}: the checkpoint has {calls!r} gradient-accumulation calls pending, "
+                                     f"expected fewer than its minibatch_size ({k}); the file is damaged")

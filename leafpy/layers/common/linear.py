@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from ... import _checks
+from ...errors import ShapeError
 from ..layer import Worker, register_layer
 
 
@@ -31,8 +32,10 @@ class Linear(Worker):
             self.weight_names = ("weight",)  # type: ignore[misc]
 
     def output_shapes(self, input_shapes):
-        n = input_shapes[0][0] if input_shapes[0] else 1
-        return [(n, self.config.output_size)]
+        if not input_shapes[0]:
+            raise ShapeError(f"{self.where}: expected an input [N, ...] whose first dimension is the batch, got a "
+                             "scalar (shape ()); give an array of shape [N, features]")
+        return [(input_shapes[0][0], self.config.output_size)]
 
     def weight_shapes(self, input_shapes):
         k = math.prod(input_shapes[0][1:])

@@ -359,6 +359,9 @@ class Sequential(Layer):
                 want = "[N, " + ", ".join(map(str, declared[1:])) + "]" if len(declared) > 1 else "[N]"
                 raise ShapeError(f"layer '{self.name}' (Sequential): input {name!r} must have shape {want} "
                                  f"(declared {list(declared)}), got {tuple(got)}")
+            if got[0] == 0:
+                raise ShapeError(f"layer '{self.name}' (Sequential): input {name!r} is an empty batch (shape "
+                                 f"{tuple(got)}); give at least one sample")
 
     def _conform(self, i: int, x: Any) -> Any:
         """Give an input the declared per-sample layout when only its layout differs (labels [N] vs [N, 1])."""

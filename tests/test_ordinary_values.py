@@ -1,0 +1,174 @@
+"""Ordinary values that used to end in raw Python exceptions: learning-rate policies evaluated far from their
+comfortable range (checked against SciPy / float64 references), odd arguments to the public API, empty batches,
+and checkpoints whose counters cannot be right."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.special import expit
+
+import leafpy as lp
+
+
+def solver_config(**kw) -> lp.SolverConfig:
+    return lp.SolverConfig(base_lr=0.01, **kw)
+
+
+@pytest.mark.parametrize("it", [0, 1, 50_000, 99_999, 100_000, 100_001, 10**6, 10**9, 2**53])
+def test_sigmoid_policy_far_from_its_step_matches_the_logistic_function(it):
+    cfg = solver_config(lr_policy="sigmoid", gamma=0.01, stepsize=100_000)
+    ref = 0.01 * expit(np.float64(0.01) * (it - 100_000))
+    assert cfg.learning_rate(it) == pytest.approx(ref, rel=1e-12, abs=1e-300)
+    assert cfg.learning_rate(0) == pytest.approx(0.0, abs=1e-300)  # Caffe: 0.01 / (1 + e^1000) = 0
+
+
+def test_sigmoid_policy_with_a_negative_gamma_decays():
+    cfg = solver_config(lr_policy="sigmoid", gamma=-0.5, stepsize=10)
+    for it in (0, 10, 20, 5000):
+        assert cfg.learning_rate(it) == pytest.approx(0.01 * expit(-0.5 * (it - 10)), rel=1e-12, abs=1e-300)
+
+
+@pytest.mark.parametrize("gamma", [1.5, 2.0])
+def test_a_growing_exp_policy_is_exact_until_it_overflows_then_a_config_error(gamma):
+    cfg = solver_config(lr_policy="exp", gamma=gamma)
+    with np.errstate(over="ignore"):
+        refs = {it: np.float64(0.01) * np.power(np.float64(gamma), it) for it in (0, 10, 500, 1700, 1800, 5000)}
+    for it, ref in refs.items():
+        if np.isfinite(ref):
+            assert cfg.learning_rate(it) == pytest.approx(ref, rel=1e-9)
+        else:
+            with pytest.raises(lp.ConfigError, match=f"exp policy.*iteration {it}"):
+                cfg.learning_rate(it)
+
+
+def test_step_and_exp_policies_underflow_to_zero_at_huge_iterations():
+    for cfg in (solver_config(lr_policy="exp", gamma=0.5), solver_config(lr_policy="step", gamma=0.1, stepsize=1)):
+        assert cfg.learning_rate(2**53) == 0.0 or cfg.learning_rate(2**53) < 1e-300
+
+
+def test_inv_policy_with_a_negative_gamma_is_refused_unless_max_iter_stops_before_its_pole():
+    with pytest.raises(lp.ConfigError, match=r"solver\.gamma.*inv.*iteration 100"):
+        solver_config(lr_policy="inv", gamma=-0.01, power=0.75)
+    with pytest.raises(lp.ConfigError, match=r"solver\.gamma"):
+        solver_config(lr_policy="inv", gamma=-0.01, power=0.75, max_iter=100)
+    cfg = solver_config(lr_policy="inv", gamma=-0.01, power=0.75, max_iter=99)
+    for it in (0, 50, 99):
+        assert cfg.learning_rate(it) == pytest.approx(0.01 * (1 - 0.01 * it) ** -0.75, rel=1e-12)
+    with pytest.raises(lp.ConfigError, match="inv policy has no rate at iteration 100"):
+        cfg.learning_rate(100)  # a solver trained past max_iter
+
+
+def test_poly_policy_negative_power_is_refused_and_its_end_is_zero():
+    with pytest.raises(lp.ConfigError, match=r"solver\.power.*poly"):
+        solver_config(lr_policy="poly", power=-1.0, max_iter=100)
+    cfg = solver_config(lr_policy="poly", power=2.0, max_iter=100)
+    assert cfg.learning_rate(100) == 0.0 and cfg.learning_rate(10**6) == 0.0
+    assert cfg.learning_rate(30) == pytest.approx(0.01 * 0.7**2, rel=1e-12)
+
+
+def test_gamma_negative_for_multiplying_policies_is_refused():
+    for policy in ("step", "exp", "multistep"):
+        with pytest.raises(lp.ConfigError, match=r"solver\.gamma"):
+            solver_config(lr_policy=policy, gamma=-0.1, stepvalues=(10,))
+
+
+def test_unknown_or_positional_solver_config_arguments_are_config_errors():
+    with pytest.raises(lp.ConfigError, match="unknown field 'foo'; valid fields: .*base_lr"):
+        lp.SolverConfig(foo=1)
+    with pytest.raises(lp.ConfigError, match="keyword arguments only"):
+        lp.SolverConfig(0.01)
+
+
+def test_backend_options_are_checked():
+    with pytest.raises(lp.ConfigError, match="backend 'native'.*bogus"):
+        lp.backend("native", dtype="bogus")
+    with pytest.raises(lp.ConfigError, match="unknown option 'threads'; valid options: dtype"):
+        lp.backend("native", threads=4)
+    with pytest.raises(lp.ConfigError, match="unknown backend"):
+        lp.backend(["native"])
+
+
+def small_net(be, batch=4):
+    cfg = lp.SequentialConfig(inputs=[("data", [batch, 3])])
+    cfg.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=2)))
+    cfg.add_layer(lp.LayerConfig("logsm", "LogSoftmax"))
+    return cfg
+
+
+def small_solver(be, **kw):
+    obj = lp.SequentialConfig(inputs=[("network_out", [4, 2]), ("label", [4, 1])])
+    obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=2)))
+    cfg = lp.SolverConfig(network=lp.LayerConfig("net", small_net(be)), objective=lp.LayerConfig("loss", obj),
+                          base_lr=0.1, seed=0, **kw)
+    return lp.Solver.from_config(be, be, cfg)
+
+
+def test_paths_that_are_not_paths_are_config_errors(native, tmp_path):
+    net = lp.Layer.from_config(native, lp.LayerConfig("net", small_net(native)))
+    with pytest.raises(lp.ConfigError, match="Layer.save: path: expected a file path.*NoneType"):
+        net.save(None)
+    with pytest.raises(lp.ConfigError, match="Layer.load: path: expected a file path.*NoneType"):
+        lp.Layer.load(native, None)
+    with pytest.raises(lp.ConfigError, match="config.load: expected a path"):
+        lp.config.load(None)
+
+
+def test_an_empty_batch_and_a_scalar_input_are_shape_errors(native):
+    net = lp.Layer.from_config(native, lp.LayerConfig("net", small_net(native)))
+    with pytest.raises(lp.ShapeError, match="empty batch"):
+        net.forward([np.zeros((0, 3), np.float32)])
+    solver = small_solver(native)
+    with pytest.raises(lp.ShapeError, match="empty batch"):
+        solver.train_minibatch(np.zeros((0, 3), np.float32), np.zeros((0, 1)))
+    linear = lp.Layer.from_config(native, lp.LayerConfig("fc", lp.LinearConfig(output_size=2)))
+    with pytest.raises(lp.ShapeError, match=r"layer 'fc' \(Linear\).*scalar"):
+        linear.forward([np.float32(1.0)])
+
+
+def test_loss_before_any_step_is_an_error_and_after_a_step_is_the_nll(native, tmp_path):
+    solver = small_solver(native)
+    with pytest.raises(lp.LeafpyError, match="no minibatch has been trained"):
+        solver.loss()
+    x = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    y = np.array([[0], [1], [1], [0]])
+    w, b = (t.to_numpy().astype(np.float64) for t in solver.network.learnable_weights_data())
+    solver.train_minibatch(x, y)
+    z = x.astype(np.float64) @ w.T + b
+    logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+    assert solver.loss() == pytest.approx(-logp[np.arange(4), y[:, 0]].mean(), rel=1e-5)
+    solver.save_checkpoint(str(tmp_path / "c.leaf"))
+    again = lp.Solver.load_checkpoint(native, native, str(tmp_path / "c.leaf"))
+    with pytest.raises(lp.LeafpyError, match="no minibatch has been trained"):
+        again.loss()
+
+
+def _damaged_checkpoint(native, path, **state):
+    """A checkpoint written by leafpy's own writer from a solver whose counters were set to ``state``."""
+    solver = small_solver(native, minibatch_size=2)
+    x = np.ones((4, 3), np.float32)
+    solver.train_minibatch(x, np.zeros((4, 1)))  # one call pending: the accumulation buffers hold something
+    for k, v in state.items():
+        setattr(solver, k, v)
+    solver.save_checkpoint(str(path))
+
+
+@pytest.mark.parametrize("state,match", [
+    ({"_calls": 5}, "5 gradient-accumulation calls pending, expected fewer than its minibatch_size \\(2\\)"),
+    ({"iteration": 2**64 - 1}, "iteration is 18446744073709551615"),
+])
+def test_checkpoint_counters_that_cannot_be_right_are_refused(native, tmp_path, state, match):
+    path = tmp_path / "c.leaf"
+    _damaged_checkpoint(native, path, **state)
+    with pytest.raises(lp.SerializationError, match=match) as info:
+        lp.Solver.load_checkpoint(native, native, str(path))
+    assert str(path) in str(info.value)
+
+
+def test_a_checkpoint_with_plausible_counters_loads(native, tmp_path):
+    path = tmp_path / "c.leaf"
+    _damaged_checkpoint(native, path, iteration=2**40)
+    solver = lp.Solver.load_checkpoint(native, native, str(path))
+    assert solver.iteration == 2**40 and math.isfinite(solver.learning_rate())
