@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test,data,cli,webgpu]"
+	$(PY) -m pip install -q -e ".[test,data,cli,webgpu,dist]"
 	touch $(STAMP)
 
 # webgpu tests run on Mesa's CPU Vulkan driver (lavapipe) where no GPU exists

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -201,6 +201,12 @@ class Solver:
         self._target: SharedTensor | None = None
         self._generation = 0
         self._has_loss = False
+        self.gradient_reducer: Callable[[list[SharedTensor]], None] | None = None
+        """Called with the gradients just before each update (data-parallel training sums them across ranks
+        there: see leafpy.distributed.DataParallel)."""
+        self.accumulation_scale = 1.0
+        """The factor of each call's gradient in the accumulated sum (minibatch_size > 1; data-parallel training
+        weights each rank's calls by their share of the global batch)."""
         self.trainer_state: dict[str, Any] = {}
         """What a training loop needs to continue where it stopped (epoch, batch within it...): plain JSON values,
         saved and restored with the checkpoint."""
@@ -269,6 +275,8 @@ class Solver:
         record and replay it): no host readback (clipping), no per-step scalars (Adam's bias correction),
         no accumulation, no fresh dropout masks."""
         cfg = self.config
+        if self.gradient_reducer is not None:  # a collective between ranks
+            return False
         if self.rule.per_step_scalars or cfg.clip_gradients is not None:
             return False
         if cfg.minibatch_size > 1:
@@ -293,10 +301,12 @@ class Solver:
             if k > 1:
                 for g, acc in zip(grads, self._accum):
                     a = acc.write(be) if first else acc.read_write(be)
-                    be.axpby(1.0, g.read(be), 0.0 if first else 1.0, a)
+                    be.axpby(self.accumulation_scale, g.read(be), 0.0 if first else 1.0, a)
                 if not update_now:
                     return
                 grads = self._accum
+            if self.gradient_reducer is not None:
+                self.gradient_reducer(list(grads))
             self._update(grads, rate)
 
         # a step whose launches depend only on shapes and the rate may be recorded and replayed by the backend

@@ -1,0 +1,122 @@
+"""DataParallel: a Solver whose updates use the whole global batch of every rank, and the sharding of batches."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..solvers.solver import Solver
+from ..tensor import SharedTensor
+from .group import ProcessGroup
+from .transports import Transport, default_transport
+
+BUCKET_BYTES = 16 << 20
+"""Gradients are summed across ranks in buckets of about this many bytes (one collective each): large enough
+that a collective's latency is paid rarely, small enough that the host staging buffers stay modest."""
+
+
+def shard_indices(order: np.ndarray, batch_size: int, group: ProcessGroup) -> Iterator[np.ndarray]:
+    """This rank's sample indices for each global batch of ``order``: the global batch is ``group.size`` x
+    ``batch_size`` samples, rank r takes the r-th share. The last, partial global batch is split as evenly as
+    possible; when it has fewer samples than there are ranks, those few are left out of the epoch (a rank
+    without samples would have no gradient to give)."""
+    if batch_size <= 0:
+        raise ConfigError(f"data.batch_size: expected a positive integer, got {batch_size!r}")
+    step = batch_size * group.size
+    for start in range(0, len(order), step):
+        chunk = order[start:start + step]
+        if len(chunk) < group.size:
+            return
+        if len(chunk) == step:
+            yield chunk[group.rank * batch_size:(group.rank + 1) * batch_size]
+        else:
+            yield np.array_split(chunk, group.size)[group.rank]
+
+
+def shard_batches(x: np.ndarray, y: np.ndarray, batch_size: int, group: ProcessGroup, *, seed: int | None = 0,
+                  epoch: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """This rank's batches of an epoch: the same shuffled order on every rank (from ``seed`` and ``epoch``, as
+    :func:`leafpy.data.batches`), cut into global batches of ``group.size`` x ``batch_size``."""
+    n = len(x)
+    order = np.arange(n) if seed is None else np.random.default_rng([seed, epoch]).permutation(n)
+    for idx in shard_indices(order, batch_size, group):
+        yield x[idx], y[idx]
+
+
+class DataParallel:
+    """Makes ``solver`` train as one model across the ranks of ``group``.
+
+    On construction every rank takes rank 0's weights. Each :meth:`train_minibatch` runs this rank's share of the
+    global batch; before an update the gradients of all ranks are summed, each weighted by its share of the
+    global batch's samples, so the update is the one a single process would make on the global batch (the
+    objective averages over the batch). Clipping, accumulation, weight decay and the update rule then run
+    identically on every rank. BatchNorm layers use each rank's own batch statistics.
+    """
+
+    def __init__(self, solver: Solver, group: ProcessGroup, *, transport: Transport | None = None,
+                 bucket_bytes: int = BUCKET_BYTES) -> None:
+        self.solver = solver
+        self.group = group
+        self.transport = transport or default_transport(solver.network.backend, group)
+        self.bucket_bytes = int(bucket_bytes)
+        self._samples = 0  # this rank's samples since the last update
+        self._buckets: list[list[int]] | None = None
+        self.broadcast_weights()
+        solver.gradient_reducer = self._reduce
+
+    @property
+    def network(self) -> Any:
+        return self.solver.network
+
+    def broadcast_weights(self, root: int = 0) -> None:
+        """Every rank takes ``root``'s weights and update-rule state (a fresh start or a loaded checkpoint)."""
+        if self.group.size == 1:
+            return
+        tensors = list(self.solver.network.learnable_weights_data())
+        tensors += [t for state in self.solver.state for t in state]
+        for t in tensors:
+            host = np.ascontiguousarray(t.to_numpy())
+            self.group.broadcast_(host, root)
+            t.set(host)
+
+    def train_minibatch(self, data: Any, target: Any) -> SharedTensor:
+        """One step on this rank's share of a global batch; the update (every minibatch_size-th call) uses every
+        rank's gradients."""
+        n = len(data) if not isinstance(data, SharedTensor) else data.shape[0]
+        if self.solver.config.minibatch_size > 1 and self.group.size > 1:
+            # accumulated calls may differ in size (a last partial batch): weight each by its share of its own
+            # global batch, so the ranks' sums add up to the sum of the global batches' mean gradients
+            total = self.group.allreduce_sum(n)
+            self.solver.accumulation_scale = self.group.size * n / total
+            self._samples = 1
+        else:
+            self._samples += int(n)
+        return self.solver.train_minibatch(data, target)
+
+    def _bucket_plan(self, grads: list[SharedTensor]) -> list[list[int]]:
+        if self._buckets is None or sum(len(b) for b in self._buckets) != len(grads):
+            buckets: list[list[int]] = [[]]
+            size = 0
+            # last layers first: their gradients are complete first in a backward pass
+            for i in reversed(range(len(grads))):
+                nbytes = grads[i].size * 4
+                if buckets[-1] and size + nbytes > self.bucket_bytes:
+                    buckets.append([])
+                    size = 0
+                buckets[-1].append(i)
+                size += nbytes
+            self._buckets = buckets
+        return self._buckets
+
+    def _reduce(self, grads: list[SharedTensor]) -> None:
+        weight = float(self._samples)
+        self._samples = 0
+        if self.group.size == 1:
+            return
+        plan = self._bucket_plan(list(grads))
+        # every bucket carries the rank's sample count in one extra slot; the sum of those is the global batch
+        for bucket in plan:
+            self.transport.allreduce_weighted([grads[i] for i in bucket], weight)

@@ -1,0 +1,106 @@
+"""How gradients travel between ranks: NCCL between GPUs (cuda), MPI over host memory otherwise."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from ..backends.base import Backend
+from ..errors import BackendUnavailable
+from ..tensor import SharedTensor
+from .group import ProcessGroup
+
+
+class Transport:
+    """Sums a bucket of gradients across ranks, each rank's scaled by its weight, and divides by the summed
+    weights: afterwards every rank holds sum_r(w_r g_r) / sum_r(w_r)."""
+
+    name = "none"
+
+    def allreduce_weighted(self, tensors: list[SharedTensor], weight: float) -> None:
+        raise NotImplementedError
+
+
+class HostTransport(Transport):
+    """MPI Allreduce over a host staging buffer (float64 sums, so the result does not depend on rank order
+    beyond float32 rounding of the inputs)."""
+
+    name = "mpi"
+
+    def __init__(self, group: ProcessGroup) -> None:
+        self.group = group
+        self._staging: dict[int, np.ndarray] = {}
+
+    def allreduce_weighted(self, tensors: list[SharedTensor], weight: float) -> None:
+        total = sum(t.size for t in tensors)
+        flat = self._staging.get(total)
+        if flat is None:
+            flat = self._staging[total] = np.empty(total + 1, np.float64)
+        offset = 0
+        for t in tensors:
+            flat[offset:offset + t.size] = t.to_numpy().reshape(-1)
+            flat[offset:offset + t.size] *= weight
+            offset += t.size
+        flat[total] = weight
+        self.group.allreduce_(flat)
+        scale = 1.0 / flat[total] if flat[total] > 0 else 0.0
+        offset = 0
+        for t in tensors:
+            t.set((flat[offset:offset + t.size] * scale).reshape(t.shape))
+            offset += t.size
+
+
+class NcclTransport(Transport):
+    """NCCL all-reduce on the GPU (CuPy's NCCL bindings), its unique id broadcast from rank 0 over MPI."""
+
+    name = "nccl"
+
+    def __init__(self, backend: Backend, group: ProcessGroup) -> None:
+        try:
+            import cupy
+            from cupy.cuda import nccl
+        except ImportError as e:
+            raise BackendUnavailable(f"distributed: NCCL is not available through CuPy ({e}); install "
+                                     "nvidia-nccl-cu12 (or -cu13) or use the MPI transport") from e
+        self.cupy, self.nccl = cupy, nccl
+        self.backend = backend
+        self.group = group
+        uid = np.frombuffer(bytes(nccl.get_unique_id()), np.uint8).copy() if group.is_root else \
+            np.zeros(len(bytes(nccl.get_unique_id())), np.uint8)
+        group.broadcast_(uid)
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        self.comm = nccl.NcclCommunicator(group.size, tuple(int(b) for b in uid), group.rank)
+        self._flat: dict[int, Any] = {}
+
+    def allreduce_weighted(self, tensors: list[SharedTensor], weight: float) -> None:
+        cp, be = self.cupy, self.backend
+        total = sum(t.size for t in tensors)
+        flat = self._flat.get(total)
+        if flat is None:
+            flat = self._flat[total] = cp.empty(total + 1, cp.float32)
+        bufs = [t.read_write(be).reshape(-1)[:t.size] for t in tensors]
+        offset = 0
+        for b in bufs:
+            cp.multiply(b, weight, out=flat[offset:offset + b.size])
+            offset += b.size
+        flat[total] = weight
+        stream = cp.cuda.get_current_stream()
+        self.comm.allReduce(flat.data.ptr, flat.data.ptr, total + 1, self.nccl.NCCL_FLOAT32, self.nccl.NCCL_SUM,
+                            stream.ptr)
+        scale = 1.0 / flat[total]
+        offset = 0
+        for b in bufs:
+            cp.multiply(flat[offset:offset + b.size], scale, out=b)
+            offset += b.size
+
+
+def default_transport(backend: Backend, group: ProcessGroup) -> Transport:
+    """NCCL for a cuda backend where CuPy has it (``LEAFPY_TRANSPORT=mpi`` forces MPI), MPI otherwise."""
+    if backend.name == "cuda" and os.environ.get("LEAFPY_TRANSPORT", "") != "mpi":
+        try:
+            return NcclTransport(backend, group)
+        except BackendUnavailable:
+            pass
+    return HostTransport(group)

@@ -1,0 +1,81 @@
+"""Run under ``mpiexec -n N``: data-parallel training of a small network, for tests/test_distributed.py.
+
+    python tests/distributed_worker.py equivalence OUT.npz RULE BATCH STEPS [--accumulate K] [--clip C]
+    python tests/distributed_worker.py fail OUT_DIR
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+import leafpy as lp
+from leafpy import distributed as dist
+
+
+def problem(n: int = 97, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, 6)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] * x[:, 2] > 0).astype(np.float32) + (x[:, 3] > 1)
+    return x, y
+
+
+def solver_config(rule: str, batch: int, accumulate: int = 1, clip: float | None = None) -> lp.SolverConfig:
+    net = lp.SequentialConfig(inputs=[("data", [batch, 6])])
+    net.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=16)))
+    net.add_layer(lp.LayerConfig("act", "TanH"))
+    net.add_layer(lp.LayerConfig("fc2", lp.LinearConfig(output_size=3)))
+    net.add_layer(lp.LayerConfig("logsm", "LogSoftmax"))
+    obj = lp.SequentialConfig(inputs=[("out", [batch, 3]), ("label", [batch, 1])])
+    obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=3)))
+    base_lr = {"adadelta": 1.0, "adam": 0.01, "rmsprop": 0.01, "adagrad": 0.05}.get(rule, 0.1)
+    return lp.SolverConfig(network=lp.LayerConfig("net", net), objective=lp.LayerConfig("loss", obj),
+                           solver=rule, base_lr=base_lr, momentum=0.9, lr_policy="step", gamma=0.5, stepsize=4,
+                           weight_decay=1e-3, clip_gradients=clip, minibatch_size=accumulate, seed=3)
+
+
+def equivalence(out: str, rule: str, batch: int, steps: int, accumulate: int, clip: float | None) -> None:
+    group = dist.init()
+    with dist.failing_rank_ends_the_job(group):
+        be = lp.backend("native")
+        solver = lp.Solver.from_config(be, be, solver_config(rule, batch, accumulate, clip))
+        if group.rank != 0:  # other ranks start elsewhere: DataParallel must give them rank 0's weights
+            for w in solver.network.learnable_weights_data():
+                w.set(np.full(w.shape, 0.5, np.float32))
+        dp = dist.DataParallel(solver, group)
+        x, y = problem()
+        done, epoch = 0, 0
+        while done < steps * accumulate:
+            for xb, yb in dist.shard_batches(x, y, batch, group, seed=7, epoch=epoch):
+                dp.train_minibatch(xb, yb)
+                done += 1
+                if done == steps * accumulate:
+                    break
+            epoch += 1
+        weights = {f"w{i}": w.to_numpy() for i, w in enumerate(solver.network.learnable_weights_data())}
+        np.savez(f"{out}.rank{group.rank}.npz", iteration=solver.iteration, **weights)
+
+
+def fail(out_dir: str) -> None:
+    group = dist.init()
+    with dist.failing_rank_ends_the_job(group):
+        be = lp.backend("native")
+        solver = lp.Solver.from_config(be, be, solver_config("momentum", 8))
+        dp = dist.DataParallel(solver, group)
+        x, y = problem()
+        for i, (xb, yb) in enumerate(dist.shard_batches(x, y, 8, group, seed=1)):
+            if i == 2 and group.rank == 1:
+                raise lp.ConfigError("a deliberate failure on rank 1")
+            dp.train_minibatch(xb, yb)
+        open(f"{out_dir}/finished.rank{group.rank}", "w").close()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "equivalence":
+        args = sys.argv[2:]
+        acc = int(args[args.index("--accumulate") + 1]) if "--accumulate" in args else 1
+        clip = float(args[args.index("--clip") + 1]) if "--clip" in args else None
+        equivalence(args[0], args[1], int(args[2]), int(args[3]), acc, clip)
+    elif sys.argv[1] == "fail":
+        fail(sys.argv[2])

@@ -1,0 +1,119 @@
+"""Data-parallel training under ``mpiexec -n 2`` (the mpich wheel's): two ranks at batch B make the same updates
+as one process at batch 2B, for every update rule, with clipping, weight decay, accumulation and a partial last
+batch; a failing rank ends the job."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import leafpy as lp
+from leafpy import data as datasets
+from leafpy import distributed as dist
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import distributed_worker as worker  # noqa: E402
+
+MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+needs_mpi = pytest.mark.skipif(MPIEXEC is None or importlib.util.find_spec("mpi4py") is None,
+                               reason="needs mpi4py and mpiexec (pip install 'leafpy-dl[dist]': mpi4py, mpich)")
+
+
+def mpirun(n: int, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
+               OPENBLAS_NUM_THREADS="1")
+    return subprocess.run([MPIEXEC, "-n", str(n), sys.executable, os.path.join(HERE, "distributed_worker.py"),
+                           *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def single_process(rule: str, batch: int, steps: int, accumulate: int, clip: float | None) -> list[np.ndarray]:
+    be = lp.backend("native")
+    solver = lp.Solver.from_config(be, be, worker.solver_config(rule, batch, accumulate, clip))
+    x, y = worker.problem()
+    done, epoch = 0, 0
+    while done < steps * accumulate:
+        for xb, yb in datasets.batches(x, y, batch, seed=7, epoch=epoch):
+            solver.train_minibatch(xb, yb)
+            done += 1
+            if done == steps * accumulate:
+                break
+        epoch += 1
+    assert solver.iteration == steps
+    return [w.to_numpy() for w in solver.network.learnable_weights_data()]
+
+
+CASES = [("momentum", 1, None), ("nesterov", 1, 0.5), ("adam", 2, None), ("rmsprop", 1, None),
+         ("adagrad", 1, 0.3), ("adadelta", 2, None)]
+
+
+@needs_mpi
+@pytest.mark.parametrize("rule,accumulate,clip", CASES)
+def test_two_ranks_at_batch_b_equal_one_process_at_2b(tmp_path, rule, accumulate, clip):
+    # batch 5 per rank: each epoch of 97 samples ends with a partial global batch of 7, split 4 and 3
+    steps = 20
+    args = ["equivalence", str(tmp_path / "w"), rule, "5", str(steps), "--accumulate", str(accumulate)]
+    if clip is not None:
+        args += ["--clip", str(clip)]
+    run = mpirun(2, *args)
+    assert run.returncode == 0, run.stderr[-3000:]
+    ranks = [np.load(tmp_path / f"w.rank{r}.npz") for r in (0, 1)]
+    reference = single_process(rule, 10, steps, accumulate, clip)
+    start = single_process(rule, 10, 0, accumulate, clip)
+    for r in ranks:
+        assert int(r["iteration"]) == steps
+        for i, ref in enumerate(reference):
+            np.testing.assert_allclose(r[f"w{i}"], ref, rtol=2e-4, atol=2e-5, err_msg=f"{rule}: weight {i}")
+            assert not np.allclose(ref, start[i]), "training moved no weight: the comparison would prove nothing"
+    for i in range(len(reference)):  # every rank applied the same updates
+        np.testing.assert_array_equal(ranks[0][f"w{i}"], ranks[1][f"w{i}"])
+
+
+@needs_mpi
+def test_a_failing_rank_ends_the_job(tmp_path):
+    t0 = time.monotonic()
+    run = mpirun(2, "fail", str(tmp_path), timeout=60)
+    elapsed = time.monotonic() - t0
+    assert run.returncode != 0
+    assert "a deliberate failure on rank 1" in run.stderr
+    assert run.stderr.count("a deliberate failure on rank 1") == 1
+    assert not (tmp_path / "finished.rank0").exists()  # rank 0 did not train on alone
+    assert elapsed < 30
+
+
+def test_shards_cover_each_global_batch_once():
+    order = np.random.default_rng(0).permutation(23)
+    groups = [dist.ProcessGroup() for _ in range(3)]
+    for r, g in enumerate(groups):
+        g.rank, g.size = r, 3
+    shards = [list(dist.shard_indices(order, 4, g)) for g in groups]
+    # 23 = 12 + 11: the second global batch is split 4/4/3
+    assert [len(s) for s in shards] == [2, 2, 2]
+    assert [len(b) for b in shards[2]] == [4, 3]
+    for j in range(2):
+        joined = np.concatenate([shards[r][j] for r in range(3)])
+        np.testing.assert_array_equal(joined, order[12 * j:12 * j + 12])
+    g = dist.ProcessGroup()
+    g.rank, g.size = 1, 3
+    assert [len(b) for b in dist.shard_indices(np.arange(14), 4, g)] == [4]  # 2 left over: fewer than ranks
+
+
+def test_world_of_one_trains_as_a_plain_solver():
+    be = lp.backend("native")
+    cfg = worker.solver_config("momentum", 8)
+    a, b = lp.Solver.from_config(be, be, cfg), lp.Solver.from_config(be, be, cfg)
+    dp = dist.DataParallel(b, dist.ProcessGroup())
+    x, y = worker.problem()
+    for xb, yb in datasets.batches(x, y, 8, seed=1):
+        a.train_minibatch(xb, yb)
+        dp.train_minibatch(xb, yb)
+    for wa, wb in zip(a.network.learnable_weights_data(), b.network.learnable_weights_data()):
+        np.testing.assert_array_equal(wa.to_numpy(), wb.to_numpy())
