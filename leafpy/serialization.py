@@ -442,7 +442,8 @@ def _read_trainer_state(text: str, path: str) -> dict[str, Any]:
     try:
         state = json.loads(text)
     except ValueError as e:
-        raise SerializationError(f"{path}: the checkpoint's trainer state is not JSON ({e}); the file is damaged") from e
+        raise SerializationError(f"{path}: the checkpoint's trainer state is not JSON ({e}); the file is "
+                                 "damaged") from e
     if not isinstance(state, dict):
         raise SerializationError(f"{path}: the checkpoint's trainer state is a {type(state).__name__}, not an "
                                  "object; the file is damaged")
