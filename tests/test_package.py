@@ -13,9 +13,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
-import tomllib
 
 import leafpy as lp
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli", reason="reading pyproject.toml needs tomllib (3.11+) or tomli")
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("pyproject.toml", "README.md", "LICENSE", "leafpy", "configs", "capnp")
