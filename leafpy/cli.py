@@ -140,7 +140,8 @@ def load_data(run: run_config.RunConfig) -> datasets.Dataset:
     """The run's dataset (class labels or regression values, as its objective needs), checked against the
     network's input and the objective before any training."""
     classes = is_classifier(run)
-    ds = datasets.load(run.data, targets="classes" if classes else "values")
+    ds = datasets.load(run.data, targets="classes" if classes else "values",
+                       input_shape=run.network.config.inputs[0][1][1:])
     check_samples(run, ds.input_shape, f"data: the {ds.name} samples")
     if classes:
         for layer in run.objective.config.layers:

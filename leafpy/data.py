@@ -4,13 +4,18 @@ arrays from a NumPy ``.npz`` file, and deterministic shuffled batches (the last 
 from __future__ import annotations
 
 import gzip
+import math
 import os
+import tokenize
 import zipfile
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from . import _checks
 from .errors import ConfigError, LeafpyError, SerializationError
 
 
@@ -40,6 +45,10 @@ def split(name: str, x: np.ndarray, y: np.ndarray, test_fraction: float, seed: i
         raise ConfigError(f"data.test_fraction: expected a number in (0, 1), got {test_fraction!r}")
     order = np.random.default_rng(seed).permutation(len(x))
     n_test = max(1, int(round(len(x) * test_fraction)))
+    if n_test >= len(x):
+        raise ConfigError(f"data.test_fraction: {name} has {len(x)} sample{'s' * (len(x) != 1)}, and a held-out "
+                          f"fraction of {test_fraction:g} leaves none to train on; use more samples or a smaller "
+                          "test_fraction")
     test, train = order[:n_test], order[n_test:]
     return Dataset(name, x[train], y[train], x[test], y[test], num_classes)
 
@@ -63,29 +72,62 @@ _IDX_FILES = {
 }
 
 
+IDX_MAX_BYTES = 2**32
+"""Largest IDX data read (MNIST's training images are 47 MB): a header declaring more is refused before reading."""
+
+
 def read_idx(path: str) -> np.ndarray:
-    """Read one IDX file (gzipped or not)."""
-    opener = gzip.open if path.endswith(".gz") else open
+    """Read one IDX file of unsigned bytes (gzipped or not). Its header's dimensions decide how much is read, so a
+    damaged or hostile header is refused before anything large is allocated."""
     try:
-        with opener(path, "rb") as f:
-            data = f.read()
-    except (OSError, EOFError) as e:
-        raise SerializationError(f"{path}: cannot read IDX file: {e}") from e
-    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
-        raise SerializationError(f"{path}: not an IDX file of unsigned bytes (bad magic number)")
-    ndim = data[3]
-    header = 4 + 4 * ndim
-    dims = tuple(int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim))
-    if len(data) != header + int(np.prod(dims)):
-        raise SerializationError(f"{path}: IDX header says shape {dims}, but the file has "
-                                 f"{len(data) - header} data bytes")
-    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims)
+        with _checks.open_regular(path, "an IDX file") as raw:
+            f = gzip.GzipFile(fileobj=raw, mode="rb") if path.endswith(".gz") else raw
+            magic = _read_exactly(f, 4)
+            if len(magic) < 4 or magic[0] != 0 or magic[1] != 0 or magic[2] != 0x08:
+                raise SerializationError(f"{path}: not an IDX file of unsigned bytes (bad magic number); give the "
+                                         "MNIST files as published (train-images-idx3-ubyte...)")
+            ndim = magic[3]
+            head = _read_exactly(f, 4 * ndim)
+            if len(head) < 4 * ndim:
+                raise SerializationError(f"{path}: the IDX header is cut short ({ndim} dimensions declared); the file "
+                                         "is truncated: download it again")
+            dims = tuple(int.from_bytes(head[4 * i:4 * i + 4], "big") for i in range(ndim))
+            size = math.prod(dims)
+            if size > IDX_MAX_BYTES:
+                raise SerializationError(f"{path}: the IDX header declares shape {dims} ({size} bytes), more than "
+                                         f"{IDX_MAX_BYTES} bytes; the file is damaged: download it again")
+            data = _read_exactly(f, size + 1)
+    except (OSError, EOFError, zlib.error) as e:
+        if isinstance(e, LeafpyError):
+            raise
+        raise SerializationError(f"{path}: cannot read the IDX file ({getattr(e, 'strerror', None) or e}); the file "
+                                 "is damaged or not gzip data: download it again") from e
+    if len(data) != size:
+        got = "more than that" if len(data) > size else f"{len(data)}"
+        raise SerializationError(f"{path}: the IDX header says shape {dims} ({size} data bytes), but the file has "
+                                 f"{got}; the file is truncated or damaged: download it again")
+    return np.frombuffer(data, dtype=np.uint8).reshape(dims)
 
 
-def mnist(directory: str, *, test_fraction: float | None = None, seed: int = 0, name: str = "mnist") -> Dataset:
+def _read_exactly(f: Any, n: int) -> bytes:
+    """Up to ``n`` bytes, fewer only at the end of the file."""
+    parts, left = [], n
+    while left > 0:
+        chunk = f.read(min(left, 1 << 24))
+        if not chunk:
+            break
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+def mnist(directory: str, *, test_fraction: float | None = None, seed: int = 0, name: str = "mnist",
+          input_shape: Sequence[int] | None = None) -> Dataset:
     """MNIST (or Fashion-MNIST, same files) from the four standard IDX files in ``directory``, gzipped or not.
 
-    The standard train/test split is used unless ``test_fraction`` asks for a random split of everything.
+    The standard train/test split is used unless ``test_fraction`` asks for a random split of everything. Images are
+    [N, 1, H, W] with H and W from the files; ``input_shape`` (the network's per-sample input, e.g. [1, 28, 28])
+    must match them.
     """
     paths = {}
     missing = []
@@ -101,13 +143,34 @@ def mnist(directory: str, *, test_fraction: float | None = None, seed: int = 0, 
         raise LeafpyError(f"{name}: missing files in {directory!r}: {', '.join(missing)} (each may be gzipped, "
                           f"with .gz). Put the four IDX files {', '.join(_IDX_FILES.values())} there.")
     arrays = {k: read_idx(p) for k, p in paths.items()}
-    xs = {k: (arrays[k].astype(np.float32) / 255.0).reshape(-1, 1, 28, 28) for k in ("train_x", "test_x")}
-    ys = {k: arrays[k].astype(np.int64) for k in ("train_y", "test_y")}
+    xs, ys = {}, {}
+    for part in ("train", "test"):
+        x_path, y_path = paths[f"{part}_x"], paths[f"{part}_y"]
+        images, labels = arrays[f"{part}_x"], arrays[f"{part}_y"]
+        if images.ndim != 3 or images.shape[0] == 0:
+            raise SerializationError(f"{x_path}: expected images [N, height, width] with N >= 1, got shape "
+                                     f"{images.shape}; give an IDX image file (idx3-ubyte)")
+        if labels.ndim != 1 or len(labels) != len(images):
+            raise SerializationError(f"{y_path}: expected one label per image of {x_path} ({len(images)}), got shape "
+                                     f"{labels.shape}; give the label file that belongs to those images")
+        if labels.max() > 9:
+            raise SerializationError(f"{y_path}: label {int(labels.max())} is outside MNIST's classes 0-9")
+        xs[part] = (images.astype(np.float32) / 255.0)[:, None]
+        ys[part] = labels.astype(np.int64)
+    if xs["train"].shape[1:] != xs["test"].shape[1:]:
+        raise SerializationError(f"{paths['test_x']}: images are {xs['test'].shape[2]}x{xs['test'].shape[3]}, but "
+                                 f"those of {paths['train_x']} are {xs['train'].shape[2]}x{xs['train'].shape[3]}; "
+                                 "give files of one dataset")
+    got = xs["train"].shape[1:]
+    if input_shape is not None and tuple(input_shape) != got:
+        raise ConfigError(f"{paths['train_x']}: images are {got[1]}x{got[2]} ({list(got)} per sample), but the "
+                          f"network's input is declared {list(input_shape)} per sample; declare "
+                          f"[N, {', '.join(map(str, got))}] in network.inputs or give {name} files of that size")
     if test_fraction is not None:
-        x = np.concatenate([xs["train_x"], xs["test_x"]])
-        y = np.concatenate([ys["train_y"], ys["test_y"]])
+        x = np.concatenate([xs["train"], xs["test"]])
+        y = np.concatenate([ys["train"], ys["test"]])
         return split(name, x, y, test_fraction, seed, 10)
-    return Dataset(name, xs["train_x"], ys["train_y"], xs["test_x"], ys["test_y"], 10)
+    return Dataset(name, xs["train"], ys["train"], xs["test"], ys["test"], 10)
 
 
 NPZ_KEYS = (("x", "y"), ("x_train", "y_train", "x_test", "y_test"))
@@ -165,25 +228,52 @@ def npz_samples(path: str) -> np.ndarray:
 
 
 def _read_npz(path: str, layouts: Sequence[Sequence[str]], wanted: str) -> dict[str, np.ndarray]:
-    """The arrays of the first of ``layouts`` (tuples of names) that the file has, read without pickle."""
+    """The arrays of the first of ``layouts`` (tuples of names) that the file has, read without pickle. Each array's
+    header is checked against the size the archive declares for it before the array is read."""
     try:
-        with open(path, "rb") as fh:
+        with _checks.open_regular(path, "a NumPy .npz file") as fh:
             if not zipfile.is_zipfile(fh):
                 raise SerializationError(f"{path}: not a NumPy .npz file (np.savez(path, x=..., y=...) writes one)")
             fh.seek(0)
-            with np.load(fh, allow_pickle=False) as f:
-                keys = set(f.files)
-                layout = next((k for k in layouts if keys >= set(k)), None)
+            with zipfile.ZipFile(fh) as z:
+                sizes = {info.filename[:-4]: info.file_size for info in z.infolist() if info.filename.endswith(".npy")}
+                layout = next((k for k in layouts if set(sizes) >= set(k)), None)
                 if layout is None:
                     raise SerializationError(f"{path}: expected arrays named {wanted}; the file has "
-                                             f"{', '.join(sorted(keys)) or 'none'}")
+                                             f"{', '.join(sorted(sizes)) or 'none'}")
+                for key in layout:
+                    with z.open(key + ".npy") as member:
+                        _check_npy_header(path, key, member, sizes[key])
+            fh.seek(0)
+            with np.load(fh, allow_pickle=False) as f:
                 return {k: f[k] for k in layout}
     except (OSError, EOFError) as e:
+        if isinstance(e, LeafpyError):
+            raise
         raise LeafpyError(f"{path}: cannot read the dataset: {getattr(e, 'strerror', None) or e}") from e
-    except (ValueError, zipfile.BadZipFile) as e:
+    except (ValueError, SyntaxError, tokenize.TokenError, zipfile.BadZipFile, zlib.error, NotImplementedError) as e:
+        if isinstance(e, LeafpyError):
+            raise
         why = ("it holds arrays of Python objects; save plain arrays of numbers" if "allow_pickle" in str(e)
-               else f"not a readable NumPy .npz file ({e})")
+               else f"not a readable NumPy .npz file ({type(e).__name__}: {e}); write it again with np.savez")
         raise SerializationError(f"{path}: {why}") from e
+
+
+def _check_npy_header(path: str, key: str, member: Any, size: int) -> None:
+    """Refuse an array whose .npy header declares more data than the archive holds for it."""
+    version = np.lib.format.read_magic(member)
+    if version == (1, 0):
+        shape, _, dtype = np.lib.format.read_array_header_1_0(member)
+    elif version in ((2, 0), (3, 0)):
+        shape, _, dtype = np.lib.format.read_array_header_2_0(member)
+    else:
+        raise SerializationError(f"{path}: {key} has .npy format version {version}, which NumPy cannot read")
+    if dtype.hasobject:
+        raise SerializationError(f"{path}: it holds arrays of Python objects ({key}); save plain arrays of numbers")
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > size:
+        raise SerializationError(f"{path}: {key} declares shape {tuple(shape)} of {dtype} ({nbytes} bytes), but "
+                                 f"the file holds {size} bytes for it; the file is damaged: write it again")
 
 
 def _samples(path: str, key: str, x: np.ndarray, scale_bytes: bool = True) -> np.ndarray:
@@ -230,9 +320,10 @@ def batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, seed: int | None =
         yield x[idx], y[idx]
 
 
-def load(spec: dict, targets: str = "classes") -> Dataset:
+def load(spec: dict, targets: str = "classes", input_shape: Sequence[int] | None = None) -> Dataset:
     """A dataset from a run file's ``data`` section: dataset digits | mnist | fashion_mnist | npz. ``targets``
-    "values" reads an npz file's ``y`` as regression targets (the others hold classes only)."""
+    "values" reads an npz file's ``y`` as regression targets (the others hold classes only). ``input_shape``, the
+    network's per-sample input, is what MNIST's images must be (their size is in the files)."""
     kind = spec.get("dataset", "digits")
     seed = int(spec.get("seed", 0))
     tf = spec.get("test_fraction")
@@ -252,5 +343,6 @@ def load(spec: dict, targets: str = "classes") -> Dataset:
                 raise ConfigError(f"data.num_classes: expected a positive integer, got {classes!r}")
             return npz(path, test_fraction=None if tf is None else float(tf), seed=seed, num_classes=classes,
                        targets=targets)
-        return mnist(path, test_fraction=None if tf is None else float(tf), seed=seed, name=kind)
+        return mnist(path, test_fraction=None if tf is None else float(tf), seed=seed, name=kind,
+                     input_shape=input_shape)
     raise ConfigError(f"data.dataset: expected one of 'digits', 'mnist', 'fashion_mnist', 'npz', got {kind!r}")

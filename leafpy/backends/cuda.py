@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import BackendError, BackendUnavailable
 from .array import ArrayBackend
 
-_INSTALL = ("pip install 'leafpy[cuda]' (CuPy for CUDA 12: cupy-cuda12x; with CUDA 13 drivers install "
+_INSTALL = ("pip install 'leafpy-dl[cuda]' (CuPy for CUDA 12: cupy-cuda12x; with CUDA 13 drivers install "
             "cupy-cuda13x instead)")
 
 _POOL_SOURCE = r"""

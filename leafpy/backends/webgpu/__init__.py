@@ -100,7 +100,7 @@ class WebGPUBackend(Backend):
             import wgpu
         except ImportError as e:
             raise BackendUnavailable("backend 'webgpu' needs wgpu-py, which is not installed: "
-                                     "pip install 'leafpy[webgpu]'") from e
+                                     "pip install 'leafpy-dl[webgpu]'") from e
         self.wgpu = wgpu
         try:
             if adapter is not None:

@@ -55,6 +55,7 @@ class SequentialConfig:
             self.add_input(name, shape)
         layers = list(self.layers)
         self.layers = []
+        self._names: set[str] = set()  # the layers' names, for a constant-time duplicate check
         for layer in layers:
             self.add_layer(layer)
         if not isinstance(self.force_backward, bool):
@@ -70,9 +71,13 @@ class SequentialConfig:
     def add_layer(self, layer: LayerConfig) -> None:
         if not isinstance(layer, LayerConfig):
             raise ConfigError(f"SequentialConfig.add_layer: expected a LayerConfig, got {type(layer).__name__}")
-        if any(existing.name == layer.name for existing in self.layers):
+        names = self.__dict__.get("_names")
+        if names is None or len(names) != len(self.layers):  # the list was changed directly: index it again
+            names = self._names = {existing.name for existing in self.layers}
+        if layer.name in names:
             raise ConfigError(f"SequentialConfig.layers: two layers are named {layer.name!r}; names must be unique")
         self.layers.append(layer)
+        names.add(layer.name)
 
 
 @dataclass
