@@ -268,5 +268,91 @@ class SharedTensor:
     def reset_transfer_count(cls) -> None:
         cls.transfers_total = 0
 
+    # --- interop: NumPy's array protocol and DLPack ------------------------------------------------------------
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        """``np.asarray(t)``: the data on the host (synced first). Without a copy it is a read-only view of the
+        host copy, which changes when a native network next writes this tensor; ``np.array(t)`` copies."""
+        host = self._prefix(self._sync(None, HOST)).reshape(self._shape)
+        if copy is True or (dtype is not None and np.dtype(dtype) != host.dtype):
+            if copy is False:
+                raise ValueError(f"SharedTensor holds {host.dtype}; a {np.dtype(dtype)} array needs a copy")
+            return host.astype(dtype if dtype is not None else host.dtype, copy=True)
+        view = host.view()
+        view.flags.writeable = False
+        return view
+
+    def _fresh_device(self) -> tuple[Any, Any] | None:
+        """(backend, flat buffer) of a fresh CUDA copy, which DLPack can hand out without a transfer."""
+        for key in self._st.fresh:
+            if key.startswith("cuda:"):
+                return self._st.copies[key]
+        return None
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """Where :meth:`__dlpack__` hands the data out: a fresh CUDA copy's GPU (2, id), else the host (1, 0)."""
+        device = self._fresh_device()
+        if device is not None:
+            return (2, int(device[0].device.id))
+        return (1, 0)
+
+    def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None,
+                   dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
+        """DLPack export without a copy: a fresh CUDA copy as it is on its GPU, otherwise the host copy (synced
+        from a webgpu copy first). The consumer sees leafpy's buffer: write into it only through leafpy
+        (``set``, ``SharedTensor.from_dlpack``), or the other copies would not know it changed."""
+        device = self._fresh_device()
+        kwargs: dict[str, Any] = {"stream": stream}
+        if max_version is not None:
+            kwargs["max_version"] = max_version
+        if dl_device is not None:
+            kwargs["dl_device"] = dl_device
+        if copy is not None:
+            kwargs["copy"] = copy
+        if device is not None:
+            array = self._prefix(device[1]).reshape(self._shape)
+        else:
+            array = self._prefix(self._sync(None, HOST)).reshape(self._shape)
+            kwargs.pop("stream")
+            if stream is not None and stream != -1:
+                raise BufferError("SharedTensor.__dlpack__: the data is on the host; a stream applies to GPU data")
+        try:
+            return array.__dlpack__(**kwargs)
+        except TypeError:  # an array library that predates DLPack 1.0's keywords
+            return array.__dlpack__(**({"stream": stream} if device is not None else {}))
+
+    @classmethod
+    def from_dlpack(cls, obj: Any) -> SharedTensor:
+        """A tensor over ``obj``'s memory (NumPy, CuPy, PyTorch... anything with ``__dlpack__``), without a copy
+        when it is contiguous float32 or float64: on the host it becomes the host copy, on an NVIDIA GPU the copy
+        of leafpy's cuda backend for that device. Other dtypes and layouts are copied (as float32)."""
+        if not hasattr(obj, "__dlpack_device__"):
+            raise ShapeError(f"SharedTensor.from_dlpack: expected an object with __dlpack__ and __dlpack_device__ "
+                             f"(a NumPy, CuPy or PyTorch array), got {type(obj).__name__}")
+        kind, index = (int(v) for v in obj.__dlpack_device__())
+        if kind == 1:  # kDLCPU
+            array = np.from_dlpack(obj)
+            if array.dtype not in (np.float32, np.float64) or not array.flags.c_contiguous \
+                    or not array.flags.writeable:
+                return cls.from_numpy(array, np.float32 if array.dtype != np.float64 else None)
+            t = cls(array.shape, array.dtype)
+            t._st.copies[HOST] = (None, array.reshape(-1))
+            t._st.fresh.add(HOST)
+            return t
+        if kind == 2:  # kDLCUDA
+            from .backends import backend
+
+            be = backend("cuda") if index == 0 else backend("cuda", device=index)
+            xp = be.xp  # type: ignore[attr-defined]
+            with xp.cuda.Device(index):
+                array = xp.from_dlpack(obj)
+                if array.dtype not in (np.float32, np.float64) or not array.flags.c_contiguous:
+                    array = xp.ascontiguousarray(array, dtype=np.float32 if array.dtype != np.float64 else None)
+            t = cls(array.shape, array.dtype)
+            t._st.copies[be.key] = (be, array.reshape(-1))
+            t._st.fresh.add(be.key)
+            return t
+        raise ShapeError(f"SharedTensor.from_dlpack: data on DLPack device type {kind} is not supported (host and "
+                         "NVIDIA GPUs are)")
+
     def __repr__(self) -> str:
         return f"SharedTensor(shape={self._shape}, dtype={self._st.dtype}, fresh={sorted(self._st.fresh)})"

@@ -1,0 +1,84 @@
+"""SharedTensor with NumPy's array protocol and DLPack: NumPy on the host (here), CuPy and PyTorch on the GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import leafpy as lp
+
+
+def _net(be):
+    cfg = lp.SequentialConfig(inputs=[("data", [4, 5])])
+    cfg.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=3)))
+    cfg.add_layer(lp.LayerConfig("act", "TanH"))
+    return lp.Layer.from_config(be, lp.LayerConfig("net", cfg), seed=0)
+
+
+def _reference(net, x):
+    w, b = (t.to_numpy().astype(np.float64) for t in net.learnable_weights_data())
+    return np.tanh(x.astype(np.float64) @ w.T + b)
+
+
+def test_numpy_reads_a_tensor_as_its_numbers():
+    x = np.random.default_rng(0).standard_normal((4, 5)).astype(np.float32)
+    net = _net(lp.backend("native"))
+    out = net.forward([x])[0]
+    a = np.asarray(out)
+    assert a.dtype == np.float32 and a.shape == (4, 3)  # not a 0-d object array
+    np.testing.assert_allclose(a, _reference(net, x), rtol=1e-5, atol=1e-6)
+    assert not a.flags.writeable  # a view: writing through it would bypass the tensor's bookkeeping
+    c = np.array(out)
+    c[0, 0] = 99.0  # a copy is the caller's own
+    assert out.to_numpy()[0, 0] != 99.0
+    assert np.asarray(out, dtype=np.float64).dtype == np.float64
+    with pytest.raises(ValueError):
+        np.asarray(out, dtype=np.float64, copy=False)
+
+
+def test_dlpack_round_trip_on_the_host_shares_memory():
+    x = np.random.default_rng(1).standard_normal((4, 5)).astype(np.float32)
+    t = lp.SharedTensor.from_dlpack(x)
+    assert t.__dlpack_device__() == (1, 0)
+    assert np.shares_memory(np.from_dlpack(t), x)  # no copy either way
+    net = _net(lp.backend("native"))
+    np.testing.assert_allclose(net.forward([t])[0].to_numpy(), _reference(net, x), rtol=1e-5, atol=1e-6)
+    # other dtypes and layouts are taken as float32 copies
+    u = lp.SharedTensor.from_dlpack(np.arange(20, dtype=np.int64).reshape(4, 5).T.copy())
+    assert u.dtype == np.float32 and u.shape == (5, 4)
+    with pytest.raises(lp.ShapeError, match="__dlpack__"):
+        lp.SharedTensor.from_dlpack([1.0, 2.0])
+
+
+def _cuda():
+    try:
+        return lp.backend("cuda")
+    except lp.BackendUnavailable as e:
+        pytest.skip(f"cuda backend unavailable: {e}")
+
+
+@pytest.mark.cuda
+def test_cupy_and_torch_take_gpu_tensors_without_a_copy():
+    be = _cuda()
+    import cupy as cp
+
+    x = np.random.default_rng(2).standard_normal((4, 5)).astype(np.float32)
+    net = _net(be)
+    out = net.forward([x])[0]
+    assert out.__dlpack_device__()[0] == 2  # the fresh copy is on the GPU
+    before = lp.SharedTensor.transfers_total
+    g = cp.from_dlpack(out)
+    assert lp.SharedTensor.transfers_total == before  # nothing went through the host
+    assert g.data.ptr == out.buffer_on(be.key).data.ptr
+    np.testing.assert_allclose(cp.asnumpy(g), _reference(net, x), rtol=1e-5, atol=1e-5)
+    back = lp.SharedTensor.from_dlpack(cp.asarray(x))
+    assert back.is_fresh_on(be.key)
+    np.testing.assert_allclose(net.forward([back])[0].to_numpy(), _reference(net, x), rtol=1e-5, atol=1e-5)
+    try:
+        import torch
+    except ImportError:
+        pytest.skip("PyTorch is not installed (the CuPy half passed)")
+    tt = torch.from_dlpack(out)
+    assert tt.is_cuda and tt.data_ptr() == g.data.ptr
+    t2 = lp.SharedTensor.from_dlpack(torch.from_numpy(x).cuda())
+    np.testing.assert_allclose(t2.to_numpy(), x)
