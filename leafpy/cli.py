@@ -33,7 +33,7 @@ from .backends import BACKEND_NAMES
 from .backends import backend as get_backend
 from .errors import LeafpyError
 from .layers.container.sequential import Sequential
-from .layers.layer import Layer
+from .layers.layer import Layer, layout_hint, same_layout
 from .metrics import ConfusionMatrix, predictions
 from .serialization import atomic_write, load_weights
 from .solvers.solver import Solver
@@ -129,8 +129,15 @@ def first_non_finite(net: Layer, xb: np.ndarray) -> str:
 
 
 def check_samples(run: run_config.RunConfig, shape: Sequence[int], what: str) -> None:
-    """Samples of this per-sample shape fit the network's input (any layout of the same size does)."""
+    """Samples of this per-sample shape fit the network's input (the same shape, or one the network reshapes
+    them to without guessing a layout: see leafpy.layers.layer.same_layout)."""
     name, declared = run.network.config.inputs[0]
+    if tuple(shape) != tuple(declared[1:]) and math.prod(declared[1:]) == math.prod(shape) \
+            and not same_layout(tuple(shape), tuple(declared[1:])):
+        hint = layout_hint((declared[0], *shape), declared, "x", first=1)
+        raise LeafpyError(f"{what} have shape {list(shape)}, but the network's input {name!r} is declared "
+                          f"{list(declared)}{hint}; convert the data (or declare [{declared[0]}, "
+                          f"{', '.join(map(str, shape))}] if that is the network's real layout)")
     if math.prod(declared[1:]) != math.prod(shape):
         raise LeafpyError(f"{what} have shape {list(shape)}, but the network's input {name!r} is declared "
                           f"{list(declared)}; declare [{declared[0]}, {', '.join(map(str, shape))}] in network.inputs")

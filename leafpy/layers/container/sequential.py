@@ -32,7 +32,7 @@ from ... import _checks
 from ...backends.base import Backend
 from ...errors import ConfigError, ShapeError
 from ...tensor import SharedTensor, as_numbers
-from ..layer import Layer, LayerConfig, register_layer
+from ..layer import Layer, LayerConfig, layout_hint, register_layer, same_layout
 
 
 @dataclass(eq=True)
@@ -362,19 +362,21 @@ class Sequential(Layer):
             name, declared = self.input_names[i], self.input_shapes[i]
             if len(got) != len(declared) or tuple(got[1:]) != tuple(declared[1:]):
                 want = "[N, " + ", ".join(map(str, declared[1:])) + "]" if len(declared) > 1 else "[N]"
+                hint = layout_hint(got, (got[0], *declared[1:]) if got else declared, first=1)
                 raise ShapeError(f"layer '{self.name}' (Sequential): input {name!r} must have shape {want} "
-                                 f"(declared {list(declared)}), got {tuple(got)}")
+                                 f"(declared {list(declared)}), got {tuple(got)}{hint}")
             if got[0] == 0:
                 raise ShapeError(f"layer '{self.name}' (Sequential): input {name!r} is an empty batch (shape "
                                  f"{tuple(got)}); give at least one sample")
 
     def _conform(self, i: int, x: Any) -> Any:
-        """Give an input the declared per-sample layout when only its layout differs (labels [N] vs [N, 1])."""
+        """Give an input the declared per-sample shape when it differs only by trailing axes of length 1 (labels
+        [N] for [N, 1]); any other difference, even of the same size, is another layout that _check_input reports."""
         declared = self.input_shapes[i]
         shape = tuple(x.shape) if isinstance(x, SharedTensor) else np.shape(x)
         if not shape or tuple(shape[1:]) == tuple(declared[1:]):
             return x
-        if math.prod(shape[1:]) != math.prod(declared[1:]):
+        if not same_layout(shape[1:], declared[1:]):
             return x  # _check_input reports it
         want = (shape[0], *declared[1:])
         return x.alias(want) if isinstance(x, SharedTensor) else np.reshape(x, want)
