@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_cli import run
 
 import leafpy as lp
-from test_cli import run
 
 
 def _conv_net(channels=3):

@@ -21,7 +21,6 @@ container's input and output gradients and the weight gradients keep their value
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
