@@ -101,6 +101,8 @@ def layer_from_dict(d: Any, path: str = "network") -> LayerConfig:
     if name is None:
         raise ConfigError(f"{path}: missing 'name'")
     if type_name == "Sequential":
+        if path.count(".layers[") >= MAX_DEPTH // 2:
+            raise ConfigError(f"{path}: Sequentials nested more than {MAX_DEPTH // 2} deep")
         _check_keys(d, ("name", "type", "inputs", "layers", "force_backward"), path, "a Sequential")
         inputs = d.get("inputs") or []
         if not isinstance(inputs, list):
@@ -263,8 +265,8 @@ class _SafeLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-MAX_DEPTH = 64
-"""Deepest nesting of mappings and lists a run file may have (run files need about ten)."""
+MAX_DEPTH = 128
+"""Deepest nesting of mappings and lists a run file may have (each nested Sequential takes two levels)."""
 MAX_ALIASES = 100
 """Most aliases (``*name``) a run file may use."""
 MAX_NODES = 200_000

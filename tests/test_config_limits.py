@@ -150,3 +150,21 @@ def test_numpy_scalars_are_numbers():
     assert conv.filter_shape == (3, 3)
     with pytest.raises(lp.ConfigError, match="expected a number"):
         lp.SolverConfig(base_lr=np.bool_(True))
+
+
+def nested(depth: int) -> dict:
+    inner = {"name": "core", "type": "Sequential", "inputs": [{"name": "x", "shape": [2, 3]}],
+             "layers": [{"name": "r", "type": "ReLU"}]}
+    for i in range(depth):
+        inner = {"name": f"s{i}", "type": "Sequential", "inputs": [{"name": "x", "shape": [2, 3]}], "layers": [inner]}
+    return inner
+
+
+def test_sequentials_nested_sixty_deep_load_and_three_thousand_deep_are_a_config_error():
+    import yaml
+
+    text = yaml.safe_dump({"network": nested(60)}, default_flow_style=True, width=10**9)
+    cfg = lp.config.layer_from_dict(lp.config._yaml(text)["network"])
+    out = lp.Layer.from_config(lp.backend("native"), cfg).forward([-np.ones((2, 3), np.float32)])[0]
+    np.testing.assert_allclose(out.to_numpy(), np.zeros((2, 3)))
+    assert "nested more than" in quick(lambda: lp.config.layer_from_dict(nested(3000)))
