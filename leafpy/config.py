@@ -223,6 +223,8 @@ def _check_data(data: dict) -> None:
 
 
 def to_dict(run: RunConfig) -> dict:
+    if not isinstance(run, RunConfig):
+        raise ConfigError(f"config: expected a RunConfig (from config.load or config.loads), got {type(run).__name__}")
     solver = _non_default(dataclasses.replace(run.solver, network=None, objective=None))
     solver.pop("network", None)
     solver.pop("objective", None)
@@ -469,6 +471,7 @@ def dumps(run: RunConfig) -> str:
 def save(run: RunConfig, path: str | os.PathLike) -> None:
     from .serialization import atomic_write
 
+    _checks.path("config.save: path", path)
     try:
         atomic_write(path, dumps(run).encode("utf-8"))
     except SerializationError:

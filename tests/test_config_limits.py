@@ -136,6 +136,9 @@ def test_loads_of_something_else_than_text_is_a_config_error():
     assert "str" in quick(lambda: lp.config.loads(None))
     assert "str" in quick(lambda: lp.config.loads(12))
     assert "path" in quick(lambda: lp.config.load(None))
+    assert "RunConfig" in quick(lambda: lp.config.dumps(None))
+    run = lp.config.loads(MLP)
+    assert "config.save: path" in quick(lambda: lp.config.save(run, None))
 
 
 def test_numpy_scalars_are_numbers():
