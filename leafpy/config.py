@@ -271,8 +271,8 @@ MAX_DEPTH = 128
 """Deepest nesting of mappings and lists a run file may have (each nested Sequential takes two levels)."""
 MAX_ALIASES = 100
 """Most aliases (``*name``) a run file may use."""
-MAX_NODES = 200_000
-"""Most values a run file may hold once its aliases are expanded (a "billion laughs" would expand to 10**9)."""
+MAX_EXPANSION = 200_000
+"""Most values a run file's aliases may add once expanded (a "billion laughs" would add 10**9)."""
 
 
 class _TooBig(yaml.YAMLError):
@@ -281,7 +281,7 @@ class _TooBig(yaml.YAMLError):
 
 class _BoundedLoader(_SafeLoader):
     """The safe loader, refusing documents nested deeper than MAX_DEPTH, with more than MAX_ALIASES aliases, or
-    holding more than MAX_NODES values once aliases are expanded, before anything is built from them."""
+    whose aliases add more than MAX_EXPANSION values once expanded, before anything is built from them."""
 
     def __init__(self, stream: Any) -> None:
         super().__init__(stream)
@@ -320,8 +320,9 @@ class _BoundedLoader(_SafeLoader):
             return sizes[key]
 
         total = size(node)
-        if total > MAX_NODES:
-            raise _TooBig(f"its aliases expand to {total} values (at most {MAX_NODES}); write the values out")
+        if total - len(sizes) > MAX_EXPANSION:
+            raise _TooBig(f"its aliases expand it from {len(sizes)} to {total} values (they may add at most "
+                          f"{MAX_EXPANSION}); write the values out")
         return super().construct_document(node)
 
 
