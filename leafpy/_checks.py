@@ -128,21 +128,32 @@ def _bytes(n: float) -> str:
     return f"{n:.1f} PB"
 
 
-def allocation(where: str, what: dict[str, Sequence[Sequence[int]]], itemsize: int, fix: str) -> None:
-    """Refuse, before anything is allocated, arrays (``what``: a description -> their shapes; each held twice,
-    as data and gradient) larger than this machine's memory."""
-    limit = machine_memory()
-    if limit is None:
-        return
-    parts, total = [], 0
+NETWORK_BYTES = object()
+"""The key under which a network's weight registry keeps the bytes its layers have declared so far."""
+
+
+def allocation(where: str, what: dict[str, Sequence[Sequence[int]]], itemsize: int, fix: str,
+               network: list[int] | None = None) -> int:
+    """The bytes of a layer's arrays (``what``: a description -> their shapes; each held twice, as data and
+    gradient). Refuses them, before anything is allocated, when they (or, with ``network``, a one-element list of
+    the bytes its other layers declared, they together with the network's) exceed this machine's memory."""
+    parts, need = [], 0
     for desc, shapes in what.items():
         count = sum(math.prod(int(d) for d in s) for s in shapes)
-        total += 2 * count * itemsize
+        need += 2 * count * itemsize
         if count:
             parts.append(f"{desc} {', '.join(str(list(s)) for s in shapes)}")
-    if total > limit:
-        raise ConfigError(f"{where}: {'; '.join(parts)} need {_bytes(total)} (data and gradients), more than this "
+    limit = machine_memory()
+    if limit is None:
+        return need
+    if need > limit:
+        raise ConfigError(f"{where}: {'; '.join(parts)} need {_bytes(need)} (data and gradients), more than this "
                           f"machine's {_bytes(limit)} of memory; {fix}")
+    if network is not None and network[0] + need > limit:
+        raise ConfigError(f"{where}: with this layer ({_bytes(need)}) the network's weights and outputs need "
+                          f"{_bytes(network[0] + need)} (data and gradients), more than this machine's "
+                          f"{_bytes(limit)} of memory; use a smaller batch, fewer or smaller layers")
+    return need
 
 
 def open_regular(path: str, what: str) -> Any:

@@ -101,6 +101,8 @@ def layer_from_dict(d: Any, path: str = "network") -> LayerConfig:
     if name is None:
         raise ConfigError(f"{path}: missing 'name'")
     if type_name == "Sequential":
+        if path.count(".layers[") >= MAX_DEPTH // 2:
+            raise ConfigError(f"{path}: Sequentials nested more than {MAX_DEPTH // 2} deep")
         _check_keys(d, ("name", "type", "inputs", "layers", "force_backward"), path, "a Sequential")
         inputs = d.get("inputs") or []
         if not isinstance(inputs, list):
@@ -221,6 +223,8 @@ def _check_data(data: dict) -> None:
 
 
 def to_dict(run: RunConfig) -> dict:
+    if not isinstance(run, RunConfig):
+        raise ConfigError(f"config: expected a RunConfig (from config.load or config.loads), got {type(run).__name__}")
     solver = _non_default(dataclasses.replace(run.solver, network=None, objective=None))
     solver.pop("network", None)
     solver.pop("objective", None)
@@ -263,12 +267,12 @@ class _SafeLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-MAX_DEPTH = 64
-"""Deepest nesting of mappings and lists a run file may have (run files need about ten)."""
+MAX_DEPTH = 128
+"""Deepest nesting of mappings and lists a run file may have (each nested Sequential takes two levels)."""
 MAX_ALIASES = 100
 """Most aliases (``*name``) a run file may use."""
-MAX_NODES = 200_000
-"""Most values a run file may hold once its aliases are expanded (a "billion laughs" would expand to 10**9)."""
+MAX_EXPANSION = 200_000
+"""Most values a run file's aliases may add once expanded (a "billion laughs" would add 10**9)."""
 
 
 class _TooBig(yaml.YAMLError):
@@ -277,7 +281,7 @@ class _TooBig(yaml.YAMLError):
 
 class _BoundedLoader(_SafeLoader):
     """The safe loader, refusing documents nested deeper than MAX_DEPTH, with more than MAX_ALIASES aliases, or
-    holding more than MAX_NODES values once aliases are expanded, before anything is built from them."""
+    whose aliases add more than MAX_EXPANSION values once expanded, before anything is built from them."""
 
     def __init__(self, stream: Any) -> None:
         super().__init__(stream)
@@ -316,8 +320,9 @@ class _BoundedLoader(_SafeLoader):
             return sizes[key]
 
         total = size(node)
-        if total > MAX_NODES:
-            raise _TooBig(f"its aliases expand to {total} values (at most {MAX_NODES}); write the values out")
+        if total - len(sizes) > MAX_EXPANSION:
+            raise _TooBig(f"its aliases expand it from {len(sizes)} to {total} values (they may add at most "
+                          f"{MAX_EXPANSION}); write the values out")
         return super().construct_document(node)
 
 
@@ -467,6 +472,7 @@ def dumps(run: RunConfig) -> str:
 def save(run: RunConfig, path: str | os.PathLike) -> None:
     from .serialization import atomic_write
 
+    _checks.path("config.save: path", path)
     try:
         atomic_write(path, dumps(run).encode("utf-8"))
     except SerializationError:

@@ -3,6 +3,7 @@ arrays from a NumPy ``.npz`` file, and deterministic shuffled batches (the last 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import math
 import os
@@ -80,8 +81,8 @@ def read_idx(path: str) -> np.ndarray:
     """Read one IDX file of unsigned bytes (gzipped or not). Its header's dimensions decide how much is read, so a
     damaged or hostile header is refused before anything large is allocated."""
     try:
-        with _checks.open_regular(path, "an IDX file") as raw:
-            f = gzip.GzipFile(fileobj=raw, mode="rb") if path.endswith(".gz") else raw
+        with _checks.open_regular(path, "an IDX file") as raw, \
+                (gzip.GzipFile(fileobj=raw, mode="rb") if path.endswith(".gz") else contextlib.nullcontext(raw)) as f:
             magic = _read_exactly(f, 4)
             if len(magic) < 4 or magic[0] != 0 or magic[1] != 0 or magic[2] != 0x08:
                 raise SerializationError(f"{path}: not an IDX file of unsigned bytes (bad magic number); give the "

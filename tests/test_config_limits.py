@@ -136,6 +136,9 @@ def test_loads_of_something_else_than_text_is_a_config_error():
     assert "str" in quick(lambda: lp.config.loads(None))
     assert "str" in quick(lambda: lp.config.loads(12))
     assert "path" in quick(lambda: lp.config.load(None))
+    assert "RunConfig" in quick(lambda: lp.config.dumps(None))
+    run = lp.config.loads(MLP)
+    assert "config.save: path" in quick(lambda: lp.config.save(run, None))
 
 
 def test_numpy_scalars_are_numbers():
@@ -150,3 +153,38 @@ def test_numpy_scalars_are_numbers():
     assert conv.filter_shape == (3, 3)
     with pytest.raises(lp.ConfigError, match="expected a number"):
         lp.SolverConfig(base_lr=np.bool_(True))
+
+
+def nested(depth: int) -> dict:
+    inner = {"name": "core", "type": "Sequential", "inputs": [{"name": "x", "shape": [2, 3]}],
+             "layers": [{"name": "r", "type": "ReLU"}]}
+    for i in range(depth):
+        inner = {"name": f"s{i}", "type": "Sequential", "inputs": [{"name": "x", "shape": [2, 3]}], "layers": [inner]}
+    return inner
+
+
+def test_sequentials_nested_sixty_deep_load_and_three_thousand_deep_are_a_config_error():
+    import yaml
+
+    text = yaml.safe_dump({"network": nested(60)}, default_flow_style=True, width=10**9)
+    cfg = lp.config.layer_from_dict(lp.config._yaml(text)["network"])
+    out = lp.Layer.from_config(lp.backend("native"), cfg).forward([-np.ones((2, 3), np.float32)])[0]
+    np.testing.assert_allclose(out.to_numpy(), np.zeros((2, 3)))
+    assert "nested more than" in quick(lambda: lp.config.layer_from_dict(nested(3000)))
+
+
+def test_a_network_whose_layers_together_exceed_the_memory_is_refused_before_allocating():
+    limit = lp._checks.machine_memory()
+    if limit is None:
+        pytest.skip("the system does not report its memory size")
+    width = 1000
+    batch = limit // (3 * 2 * 4 * width)  # each Linear's outputs (and their gradients): a third of the memory
+    cfg = lp.SequentialConfig(inputs=[("data", [batch, width])])
+    for i in range(4):
+        cfg.add_layer(lp.LayerConfig(f"fc{i}", lp.LinearConfig(output_size=width)))
+        cfg.add_layer(lp.LayerConfig(f"relu{i}", "ReLU"))  # in place: nothing more to hold
+    msg = quick(lambda: lp.Layer.from_config(lp.backend("native"), lp.LayerConfig("big", cfg)), limit=2.0)
+    assert "layer 'fc2' (Linear): with this layer" in msg and "smaller batch" in msg
+    cfg.layers[:] = cfg.layers[:4]  # two of them fit
+    net = lp.Layer.from_config(lp.backend("native"), lp.LayerConfig("fits", cfg))
+    assert net.learnable_weights_names()[-1] == "fc1/bias"

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import email.parser
+import importlib
 import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -100,7 +100,9 @@ def test_installed_wheel_trains_a_shipped_run_file_by_name_from_another_director
     # fresh one's own site-packages, so `import leafpy` finds the installed wheel, not the source tree
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              capture_output=True, text=True, check=True).stdout.strip()
-    Path(purelib, "_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    deps = {str(Path(importlib.import_module(m).__file__).parent.parent)
+            for m in ("numpy", "yaml", "capnp", "sklearn")}
+    Path(purelib, "_deps.pth").write_text("".join(d + "\n" for d in sorted(deps)))
     work = tmp_path / "elsewhere"
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -339,6 +339,7 @@ class Layer:
         self.ran_forward = False
         self._own_inputs: list[SharedTensor] = []
         self._own_input_grads: list[SharedTensor | None] = []
+        self._declared_bytes = 0  # what bind() declared for this layer's weights and outputs
 
     # --- construction ------------------------------------------------------------------------------------
     @staticmethod
@@ -470,9 +471,13 @@ class Layer:
         shapes = [t.shape for t in inputs]
         worker.check_inputs(shapes)
         out_shapes = [tuple(s) for s in worker.output_shapes(shapes)]
-        _checks.allocation(worker.where, {"weights": [] if self.weights else worker.weight_shapes(shapes),
-                                          "outputs": out_shapes}, np.dtype(self.backend.dtype).itemsize,
-                           f"reduce the sizes in its config ({self.config.config!r}) or the input's")
+        declared = self._registry.setdefault(_checks.NETWORK_BYTES, [0])  # shared by the network's layers
+        declared[0] -= self._declared_bytes
+        self._declared_bytes = _checks.allocation(
+            worker.where, {"weights": [] if self.weights else worker.weight_shapes(shapes),
+                           "outputs": [] if in_place else out_shapes}, np.dtype(self.backend.dtype).itemsize,
+            f"reduce the sizes in its config ({self.config.config!r}) or the input's", network=declared)
+        declared[0] += self._declared_bytes
         self._create_weights(shapes)
         self.inputs = list(inputs)
         self.input_grads = list(input_grads)
