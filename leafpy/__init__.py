@@ -4,7 +4,11 @@ Networks are declared as LayerConfigs nested in Sequential containers, trained b
 the native (NumPy), cuda (CuPy) and webgpu (wgpu-py) backends. ``import leafpy`` imports neither CuPy nor wgpu.
 """
 
-from . import config, data  # noqa: E402
+from . import (  # noqa: E402
+                     config,
+                     data,
+                     train,  # noqa: E402  (after the layers and solvers it trains)
+)
 from .backends import available_backends, backend
 from .backends.base import Backend
 from .errors import BackendError, BackendUnavailable, ConfigError, LeafpyError, SerializationError, ShapeError
@@ -28,6 +32,7 @@ from .layers import (
 from .metrics import ConfusionMatrix, predictions
 from .solvers import LR_POLICIES, Solver, SolverConfig
 from .tensor import SharedTensor
+from .train import Callback, Trainer
 
 __version__ = "0.1.0"
 
@@ -38,4 +43,5 @@ __all__ = [
     "PoolingConfig", "ReshapeConfig", "SerializationError", "Sequential", "SequentialConfig", "ShapeError",
     "SharedTensor", "WeightConfig", "available_backends", "backend", "layer_types", "register_layer",
     "ConfusionMatrix", "LR_POLICIES", "Solver", "SolverConfig", "config", "data", "predictions",
+    "Callback", "Trainer", "train",
 ]

@@ -13,14 +13,11 @@ regression, scored by its held-out loss.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import io
-import json
-import math
 import os
-import signal
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,14 +30,9 @@ from .backends import BACKEND_NAMES
 from .backends import backend as get_backend
 from .errors import LeafpyError
 from .layers.container.sequential import Sequential
-from .layers.layer import Layer, layout_hint, same_layout
-from .metrics import ConfusionMatrix, predictions
-from .serialization import atomic_write, load_weights
-from .solvers.solver import Solver
-
-
-class TrainingDiverged(LeafpyError):
-    """The loss became NaN or infinite."""
+from .layers.layer import Layer
+from .metrics import predictions
+from .serialization import atomic_write, load_weights, saved_network_config
 
 
 def _out(msg: str = "") -> None:
@@ -61,6 +53,18 @@ def summary_rows(layer: Layer, depth: int = 0) -> list[tuple[str, str, str, int]
     return rows
 
 
+def parameter_counts(net: Layer) -> tuple[int, int]:
+    """(trained, untrained) numbers in the network's weights: untrained ones have lr_mult 0 (BatchNorm's running
+    statistics, frozen weights), and the solver never changes them."""
+    trained = untrained = 0
+    for w, cfg in zip(net.learnable_weights_data(), net.learnable_weights_configs()):
+        if cfg.lr_mult:
+            trained += w.size
+        else:
+            untrained += w.size
+    return trained, untrained
+
+
 def summary_text(net: Layer) -> str:
     rows = summary_rows(net)
     header = ("layer", "type", "output shape", "parameters")
@@ -71,100 +75,10 @@ def summary_text(net: Layer) -> str:
         out.append("  ".join([str(r[0]).ljust(widths[0]), r[1].ljust(widths[1]), r[2].ljust(widths[2]),
                               f"{r[3]:,}".rjust(widths[3])]))
     out.append("-" * len(line))
-    out.append(f"total parameters: {net.num_parameters():,}")
+    trained, untrained = parameter_counts(net)
+    out.append(f"total parameters: {trained + untrained:,} ({trained:,} trained"
+               + (f", {untrained:,} untrained: running statistics and weights with lr_mult 0)" if untrained else ")"))
     return "\n".join(out)
-
-
-# --- evaluation -----------------------------------------------------------------------------------------------
-def is_classifier(run: run_config.RunConfig) -> bool:
-    """Whether the run's objective scores classes (a layer of it has num_classes, as NegativeLogLikelihood does);
-    otherwise it regresses on values (MeanSquaredError)."""
-    return any(getattr(layer.config, "num_classes", None) is not None for layer in run.objective.config.layers)
-
-
-@dataclasses.dataclass
-class Scores:
-    """A network on held-out data: the objective's mean over the samples and, for classes, the confusion matrix."""
-
-    loss: float
-    matrix: ConfusionMatrix | None
-
-
-def evaluate(net: Layer, objective: Layer, x: np.ndarray, y: np.ndarray, num_classes: int,
-             batch_size: int) -> Scores:
-    net.set_training(False)
-    cm = ConfusionMatrix(num_classes) if num_classes else None
-    total = 0.0
-    for xb, yb in datasets.batches(x, y, batch_size, seed=None):
-        out = net.forward([xb])[0]
-        total += float(objective.forward([out, yb])[0].to_numpy().reshape(-1)[0]) * len(xb)
-        if cm is not None:
-            cm.add(predictions(out), yb)
-    net.set_training(True)
-    return Scores(total / len(x), cm)
-
-
-def first_non_finite(net: Layer, xb: np.ndarray) -> str:
-    """The first layer (in network order) whose output is NaN or infinite for this batch."""
-    net.forward([xb])
-
-    def walk(layer: Layer) -> str | None:
-        if isinstance(layer, Sequential):
-            for child in layer.layers:
-                found = walk(child)
-                if found:
-                    return found
-            return None
-        for t in layer.outputs:
-            if not np.all(np.isfinite(t.to_numpy())):
-                return f"layer '{layer.name}' ({layer.config.type})"
-        return None
-
-    bad_weights = [n for n, w in zip(net.learnable_weights_names(), net.learnable_weights_data())
-                   if not np.all(np.isfinite(w.to_numpy()))]
-    found = walk(net)
-    if found:
-        return found + (f"; non-finite weights: {', '.join(bad_weights)}" if bad_weights else "")
-    return "the objective (every network output is finite)"
-
-
-def check_samples(run: run_config.RunConfig, shape: Sequence[int], what: str) -> None:
-    """Samples of this per-sample shape fit the network's input (the same shape, or one the network reshapes
-    them to without guessing a layout: see leafpy.layers.layer.same_layout)."""
-    name, declared = run.network.config.inputs[0]
-    if tuple(shape) != tuple(declared[1:]) and math.prod(declared[1:]) == math.prod(shape) \
-            and not same_layout(tuple(shape), tuple(declared[1:])):
-        hint = layout_hint((declared[0], *shape), declared, "x", first=1)
-        raise LeafpyError(f"{what} have shape {list(shape)}, but the network's input {name!r} is declared "
-                          f"{list(declared)}{hint}; convert the data (or declare [{declared[0]}, "
-                          f"{', '.join(map(str, shape))}] if that is the network's real layout)")
-    if math.prod(declared[1:]) != math.prod(shape):
-        raise LeafpyError(f"{what} have shape {list(shape)}, but the network's input {name!r} is declared "
-                          f"{list(declared)}; declare [{declared[0]}, {', '.join(map(str, shape))}] in network.inputs")
-
-
-def load_data(run: run_config.RunConfig) -> datasets.Dataset:
-    """The run's dataset (class labels or regression values, as its objective needs), checked against the
-    network's input and the objective before any training."""
-    classes = is_classifier(run)
-    ds = datasets.load(run.data, targets="classes" if classes else "values",
-                       input_shape=run.network.config.inputs[0][1][1:])
-    check_samples(run, ds.input_shape, f"data: the {ds.name} samples")
-    if classes:
-        for layer in run.objective.config.layers:
-            n = getattr(layer.config, "num_classes", None)
-            if n is not None and ds.num_classes > n:
-                raise LeafpyError(f"data: the {ds.name} labels go up to {ds.num_classes - 1}, but objective layer "
-                                  f"'{layer.name}' has num_classes {n}; set it (and the network's output size) to "
-                                  f"{ds.num_classes}")
-    else:
-        inputs = run.objective.config.inputs
-        target_name, target = inputs[-1]
-        if len(inputs) < 2 or math.prod(target[1:]) != math.prod(ds.target_shape):
-            raise LeafpyError(f"data: the {ds.name} targets have shape {list(ds.target_shape)} per sample, but the "
-                              f"objective's target input {target_name!r} is declared {list(target)}; declare "
-                              f"[{target[0]}, {', '.join(map(str, ds.target_shape))}] in objective.inputs")
-    return ds
 
 
 # --- train ------------------------------------------------------------------------------------------------------
@@ -199,141 +113,279 @@ def _plot(history: list[dict], path: str) -> bool:
     return True
 
 
-def _progress(total: int, desc: str) -> Any:
+RUN_FILE = "run.yaml"
+
+
+def resolve_data(run: run_config.RunConfig) -> None:
+    """Write the data section's defaults out (dataset, seed, digits' split, an absolute path), so that the
+    run.yaml a training run leaves behind reproduces its split from anywhere."""
+    data = run.data
+    data.setdefault("dataset", "digits")
+    data.setdefault("seed", 0)
+    if data["dataset"] == "digits":
+        data.setdefault("test_fraction", 0.2)
+    if isinstance(data.get("path"), str):
+        data["path"] = os.path.abspath(data["path"])
+
+
+def out_dir_for(run: run_config.RunConfig, out: str | None) -> str:
+    return out or os.path.join("runs", run.name or "run")
+
+
+class _RunLock:
+    """``DIR/.lock`` holding this process's id for the run's duration; a lock whose process is gone is stale and
+    taken over, so a crashed run never blocks the directory."""
+
+    def __init__(self, directory: str) -> None:
+        self.path = os.path.join(directory, ".lock")
+
+    def __enter__(self) -> _RunLock:
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                try:
+                    with open(self.path) as f:
+                        pid = int(f.read().strip() or 0)
+                except (OSError, ValueError):
+                    pid = 0
+                if pid and pid != os.getpid() and _alive(pid):
+                    raise LeafpyError(f"{os.path.dirname(self.path)}: another leafpy run (process {pid}) is writing "
+                                      "to this directory; wait for it, or train into another --out") from None
+                try:
+                    os.unlink(self.path)  # stale: its process is gone
+                except FileNotFoundError:
+                    pass
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(str(os.getpid()))
+            return self
+        raise LeafpyError(f"{self.path}: cannot take the run directory's lock; remove the file if no run is using it")
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+def _alive(pid: int) -> bool:
     try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    # disable=None: no bar when stderr is not a terminal (a log file, CI), where it would only add lines
-    return tqdm(total=total, desc=desc, unit="batch", leave=False, mininterval=0.25, dynamic_ncols=True,
-                file=sys.stderr, disable=None)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _relaunch(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """``leafpy train --nproc N``: the same command under mpiexec with N ranks."""
+    import shutil
+    import subprocess
+
+    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+    if mpiexec is None:
+        raise LeafpyError("--nproc: mpiexec was not found; install it with pip install \"leafpy-dl[dist]\" (the "
+                          "mpich wheel), or launch with your cluster's mpiexec or srun")
+    rest = list(argv)
+    i = rest.index("--nproc") if "--nproc" in rest else None
+    if i is not None:
+        del rest[i:i + 2]
+    else:
+        rest = [a for a in rest if not a.startswith("--nproc=")]
+    cmd = [mpiexec, "-n", str(args.nproc), sys.executable, "-m", "leafpy", *rest]
+    return subprocess.call(cmd)
 
 
 def train(args: argparse.Namespace) -> int:
+    from . import distributed
+
     run = run_config.load(args.config, args.set)
     if args.seed is not None:
         run.data["seed"] = args.seed
         run.solver = dataclasses.replace(run.solver, seed=args.seed)
-    epochs = args.epochs if args.epochs is not None else run.epochs
-    be = get_backend(args.backend)
-    ds = load_data(run)
-    batch = run.batch_size
-    out_dir = args.out or os.path.join("runs", run.name or "run")
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-    except OSError as e:
-        raise LeafpyError(f"--out {out_dir}: cannot create the output directory: {e.strerror or e}") from e
-    ckpt_path = os.path.join(out_dir, "checkpoint.leaf")
-    if args.resume:
-        solver = Solver.load_checkpoint(be, be, args.resume)
-        for part in ("network", "objective"):
-            if getattr(solver.config, part) != getattr(run.solver, part):
-                raise LeafpyError(f"{args.resume}: this checkpoint's {part} differs from the one in {args.config}; "
-                                  "resume with the run file it was trained from")
-    else:
-        solver = Solver.from_config(be, be, run.solver)
-    net = solver.network
-    objective = Layer.from_config(be, run.solver.objective)  # scores held-out data beside the solver's own
-    batches_per_epoch = math.ceil(len(ds.x_train) / batch)
-    updates_per_epoch = max(1, batches_per_epoch // run.solver.minibatch_size)
-    start_epoch = solver.iteration // updates_per_epoch
-    history_path = os.path.join(out_dir, "history.json")
-    history: list[dict] = []
-    if args.resume and os.path.exists(history_path):
-        with open(history_path) as f:
-            history = [h for h in json.load(f) if h["epoch"] <= start_epoch]
-    _out(f"leafpy: training {run.name or args.config} on {be.name}: {len(ds.x_train)} training and "
-         f"{len(ds.x_test)} held-out samples ({ds.name}), batch {batch}, {net.num_parameters():,} parameters, "
-         f"epochs {start_epoch + 1}..{epochs}")
-    running = ConfusionMatrix(ds.num_classes, capacity=10 * batch) if ds.num_classes else None
-    interrupted = False
+    resolve_data(run)
+    backend_name = args.backend or str(run.train.get("backend", "native"))
+    run.train["backend"] = backend_name
+    if args.epochs is not None:
+        run.train["epochs"] = args.epochs
+    group = distributed.init()
+    with distributed.failing_rank_ends_the_job(group):
+        options = {"device": group.local_rank} if backend_name == "cuda" and group.local_size > 1 else {}
+        be = get_backend(backend_name, **options)
+        out_dir = out_dir_for(run, args.out)
+        if group.is_root:
+            try:
+                os.makedirs(out_dir, exist_ok=True)
+            except OSError as e:
+                raise LeafpyError(f"--out {out_dir}: cannot create the output directory: {e.strerror or e}") from e
+            if not args.resume and not args.overwrite:
+                held = [f for f in ("model.leaf", "checkpoint.leaf", RUN_FILE) if os.path.exists(
+                    os.path.join(out_dir, f))]
+                if held:
+                    raise LeafpyError(f"--out {out_dir}: holds another run's files ({', '.join(held)}); continue it "
+                                      f"with --resume {os.path.join(out_dir, 'checkpoint.leaf')}, train into another "
+                                      "--out, or pass --overwrite to replace them")
+        group.barrier()
+        lock = _RunLock(out_dir) if group.is_root else contextlib.nullcontext()
+        with lock:
+            return _train(args, run, be, out_dir, group)
 
-    def on_sigint(signum: int, frame: Any) -> None:
-        nonlocal interrupted
-        interrupted = True
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    epoch = start_epoch
+def _train(args: argparse.Namespace, run: run_config.RunConfig, be: Any, out_dir: str, group: Any) -> int:
+    from .train import Trainer, TrainingInterrupted
+
+    trainer = Trainer(run, be, out_dir=out_dir, resume=args.resume, group=group, log=_out)
+    if group.is_root:
+        atomic_write(os.path.join(out_dir, RUN_FILE), run_config.dumps(run).encode())
+    ds = trainer.dataset
+    ranks = f" on {group.size} ranks (global batch {trainer.global_batch})" if group.size > 1 else ""
+    trainer.log(f"leafpy: training {run.name or args.config} on {be.name}{ranks}: {len(ds.x_train)} training and "
+                f"{len(ds.x_test)} held-out samples ({ds.name}), batch {run.batch_size}, "
+                f"{trainer.solver.network.num_parameters():,} parameters, epochs {trainer.start_epoch + 1}.."
+                f"{trainer.epochs}")
     try:
-        for epoch in range(start_epoch, epochs):
-            bar = _progress(batches_per_epoch, f"epoch {epoch + 1}/{epochs}")
-            t0 = time.perf_counter()
-            seen = 0
-            losses = []
-            for xb, yb in datasets.batches(ds.x_train, ds.y_train, batch, seed=int(run.data.get("seed", 0)),
-                                           epoch=epoch):
-                out = solver.train_minibatch(xb, yb)
-                loss = solver.loss()
-                if not math.isfinite(loss):
-                    where = first_non_finite(net, xb)
-                    raise TrainingDiverged(
-                        f"the loss became {loss} at iteration {solver.iteration}; first non-finite output: {where}. "
-                        f"The last good checkpoint is {ckpt_path if os.path.exists(ckpt_path) else 'not written yet'}"
-                        "; try a smaller base_lr or clip_gradients")
-                losses.append(loss)
-                if running is not None:
-                    running.add(predictions(out), yb)
-                seen += len(xb)
-                if bar is not None:
-                    rate = seen / max(time.perf_counter() - t0, 1e-9)
-                    acc = f" acc {running.accuracy():.1%}" if running is not None else ""
-                    bar.set_postfix_str(f"loss {loss:.4f}{acc} {rate:,.0f} samples/s", refresh=False)
-                    bar.update(1)
-                if interrupted:
-                    break
-            if bar is not None:
-                bar.close()
-            if interrupted:
-                solver.save_checkpoint(ckpt_path)
-                _out(f"interrupted at iteration {solver.iteration}: checkpoint saved to {ckpt_path}; "
-                     f"continue with --resume {ckpt_path}")
-                return 130
-            elapsed = time.perf_counter() - t0
-            held_out = evaluate(net, objective, ds.x_test, ds.y_test, ds.num_classes, batch)
-            lr = run.solver.learning_rate(max(solver.iteration - 1, 0))  # the epoch's last update's rate
-            record = {"epoch": epoch + 1, "iteration": solver.iteration, "loss": float(np.mean(losses)),
-                      "test_loss": held_out.loss, "learning_rate": lr, "seconds": elapsed,
-                      "samples_per_second": seen / elapsed}
-            line = f"epoch {epoch + 1}/{epochs}: loss {record['loss']:.4f}, held-out loss {held_out.loss:.4f}"
-            if held_out.matrix is not None and running is not None:
-                record["train_accuracy"] = running.accuracy()
-                record["test_accuracy"] = held_out.matrix.accuracy()
-                line += (f", training accuracy {record['train_accuracy']:.2%}, held-out accuracy "
-                         f"{record['test_accuracy']:.2%}")
-            history.append(record)
-            solver.save_checkpoint(ckpt_path)
-            with open(history_path, "w") as f:
-                json.dump(history, f, indent=1)
-            _out(f"{line}, lr {lr:.3g} ({elapsed:.1f} s, {record['samples_per_second']:,.0f} samples/s)")
-    finally:
-        signal.signal(signal.SIGINT, previous)
+        history = trainer.fit()
+    except TrainingInterrupted as e:
+        trainer.log(str(e))
+        return 130
     model_path = os.path.join(out_dir, "model.leaf")
-    net.save(model_path)
-    final = evaluate(net, objective, ds.x_test, ds.y_test, ds.num_classes, batch)
+    ckpt_path = os.path.join(out_dir, "checkpoint.leaf")
+    trainer.save_model(model_path)
+    final = trainer.evaluate()
+    if not group.is_root:
+        return 0
     if final.matrix is not None:
         _out("\nconfusion matrix on the held-out set:")
         _out(str(final.matrix))
-    if history and _plot(history, os.path.join(out_dir, "training.png")):
+    if history and _plot_atomic(history, os.path.join(out_dir, "training.png")):
         _out(f"plot: {os.path.join(out_dir, 'training.png')}")
-    _out(f"model: {model_path}  checkpoint: {ckpt_path}")
+    _out(f"model: {model_path}  checkpoint: {ckpt_path}  run: {os.path.join(out_dir, RUN_FILE)}")
     _report(final)
     return 0
 
 
-def _report(scores: Scores) -> None:
+def _plot_atomic(history: list[dict], path: str) -> bool:
+    import tempfile
+
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".training.", suffix=".png", dir=directory)
+    os.close(fd)
+    try:
+        if not _plot(history, tmp):
+            return False
+        with open(tmp, "rb") as f:
+            atomic_write(path, f.read())
+        return True
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def _report(scores: Any) -> None:
     _out(f"held-out loss: {scores.loss:.6g}")
     if scores.matrix is not None:
         _out(f"held-out accuracy: {scores.matrix.accuracy():.2%}")
 
 
+def config_difference(saved: Any, given: Any, path: str) -> str | None:
+    """Where two configs (dataclasses, lists, dicts, values) first differ: "path: A in one, B in the other"."""
+    if dataclasses.is_dataclass(saved) and dataclasses.is_dataclass(given) and type(saved) is type(given):
+        for f in dataclasses.fields(saved):
+            found = config_difference(getattr(saved, f.name), getattr(given, f.name), f"{path}.{f.name}")
+            if found:
+                return found
+        return None
+    if isinstance(saved, (list, tuple)) and isinstance(given, (list, tuple)):
+        if len(saved) != len(given):
+            return f"{path}: {len(saved)} entries in the weights' file, {len(given)} in the run file"
+        for i, (a, b) in enumerate(zip(saved, given)):
+            label = f"{path}[{i}]" + (f" ({a.name})" if hasattr(a, "name") and isinstance(a.name, str) else "")
+            found = config_difference(a, b, label)
+            if found:
+                return found
+        return None
+    if isinstance(saved, dict) and isinstance(given, dict):
+        for key in sorted(set(saved) | set(given), key=str):
+            found = config_difference(saved.get(key), given.get(key), f"{path}.{key}")
+            if found:
+                return found
+        return None
+    if saved != given:
+        kind = lambda v: type(v).__name__ if dataclasses.is_dataclass(v) else repr(v)  # noqa: E731
+        return f"{path}: {kind(saved)} in the weights' file, {kind(given)} in the run file"
+    return None
+
+
+def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, need_run: bool = True
+                ) -> tuple[run_config.RunConfig | None, str | None]:
+    """The run and the weights a command works on, from a run directory (its run.yaml and model.leaf), a model
+    or checkpoint file (with the run.yaml beside it, if any) or a run file with ``--weights``. Weights trained with
+    another network or on another data split than the run describes are refused, naming the difference."""
+    if os.path.isdir(target):
+        run_path = os.path.join(target, RUN_FILE)
+        if not os.path.isfile(run_path):
+            raise LeafpyError(f"{target}: a directory without {RUN_FILE}; give a run directory that leafpy train "
+                              "wrote (--out), or the run file and --weights")
+        weights = weights or os.path.join(target, "model.leaf")
+        run = run_config.load(run_path, overrides)
+    elif target.endswith(".leaf"):
+        if weights:
+            raise LeafpyError(f"{target} is a weights file already; give either it or --weights, not both")
+        weights = target
+        beside = os.path.join(os.path.dirname(os.path.abspath(target)), RUN_FILE)
+        if os.path.isfile(beside):
+            run = run_config.load(beside, overrides)
+        elif need_run:
+            raise LeafpyError(f"{target}: no {RUN_FILE} beside it says which data and split it was trained on; "
+                              "give the run file: leafpy COMMAND RUN.yaml --weights " + target)
+        else:
+            run = None
+    else:
+        run = run_config.load(target, overrides)
+        if weights is None and need_run:
+            raise LeafpyError(f"{target}: a run file needs --weights (a model.leaf or checkpoint.leaf), or give the "
+                              "run directory that leafpy train wrote")
+        if weights is not None:
+            beside = os.path.join(os.path.dirname(os.path.abspath(weights)), RUN_FILE)
+            if os.path.isfile(beside):
+                trained = run_config.load(beside)
+                resolve_data(run)
+                found = config_difference(trained.data, run.data, "data")
+                if found:
+                    raise LeafpyError(f"{weights} was trained on another data split than {target} describes ({found}"
+                                      f" per {beside}); evaluate with the run directory: leafpy COMMAND "
+                                      f"{os.path.dirname(beside) or '.'}")
+    if weights is not None and run is not None:
+        found = config_difference(saved_network_config(weights), run.network, "network")
+        if found:
+            raise LeafpyError(f"{weights} holds another network than the run file describes ({found}); give the "
+                              "run file these weights were trained with")
+    return run, weights
+
+
+def _backend_for(args: argparse.Namespace, run: run_config.RunConfig | None) -> Any:
+    name = args.backend or (str(run.train.get("backend", "native")) if run is not None else "native")
+    return get_backend(name)
+
+
 def evaluate_cmd(args: argparse.Namespace) -> int:
-    run = run_config.load(args.config, args.set)
-    be = get_backend(args.backend)
+    from .train import evaluate, load_data, num_classes
+
+    run, weights = resolve_run(args.config, args.set, args.weights)
+    assert run is not None and weights is not None  # resolve_run raises otherwise
+    be = _backend_for(args, run)
+    resolve_data(run)
     ds = load_data(run)
     net = Layer.from_config(be, run.network)
-    load_weights(net, args.weights)
-    scores = evaluate(net, Layer.from_config(be, run.objective), ds.x_test, ds.y_test, ds.num_classes,
+    load_weights(net, weights)
+    scores = evaluate(net, Layer.from_config(be, run.objective), ds.x_test, ds.y_test, num_classes(run),
                       run.batch_size)
+    _out(f"leafpy: {weights} on the held-out split of {ds.name} ({len(ds.x_test)} samples, seed "
+         f"{run.data.get('seed', 0)})")
     if scores.matrix is not None:
         _out(str(scores.matrix))
     _report(scores)
@@ -341,21 +393,24 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
 
 
 def predict_cmd(args: argparse.Namespace) -> int:
+    from .train import check_samples, num_classes
+
     if args.out and not args.out.endswith((".npz", ".csv")):
         raise LeafpyError(f"--out {args.out}: predictions are written as .npz or .csv; name the file so")
-    run = run_config.load(args.config, args.set)
-    be = get_backend(args.backend)
+    run, weights = resolve_run(args.config, args.set, args.weights)
+    assert run is not None and weights is not None
+    be = _backend_for(args, run)
     x = datasets.npz_samples(args.input)
     check_samples(run, x.shape[1:], f"{args.input}: the samples")
     net = Layer.from_config(be, run.network)
-    load_weights(net, args.weights)
+    load_weights(net, weights)
     net.set_training(False)
     batch = run.batch_size
     outputs = np.concatenate([net.forward([x[i:i + batch]])[0].to_numpy() for i in range(0, len(x), batch)])
-    classes = predictions(outputs) if is_classifier(run) else None
+    classes = predictions(outputs) if num_classes(run) else None
     if args.out:
         write_predictions(args.out, outputs, classes)
-    _out(f"leafpy: {len(x)} samples of {args.input} through {args.weights}: outputs {list(outputs.shape)}")
+    _out(f"leafpy: {len(x)} samples of {args.input} through {weights}: outputs {list(outputs.shape)}")
     if classes is not None:
         counts = np.bincount(classes)
         _out("predicted classes: " + ", ".join(f"{k}: {n}" for k, n in enumerate(counts) if n))
@@ -385,9 +440,16 @@ def write_predictions(path: str, outputs: np.ndarray, classes: np.ndarray | None
 
 
 def summary_cmd(args: argparse.Namespace) -> int:
-    run = run_config.load(args.config, args.set)
-    net = Layer.from_config(get_backend("native"), run.network)
-    _out(f"{run.name or args.config}: network '{net.name}'")
+    be = get_backend("native")
+    target = args.config
+    if target.endswith(".leaf") and os.path.isfile(target):
+        net = Layer.load(be, target)
+        _out(f"{target}: network '{net.name}' (with its saved weights)")
+    else:
+        run, _ = resolve_run(target, args.set, None, need_run=False)
+        assert run is not None
+        net = Layer.from_config(be, run.network)
+        _out(f"{run.name or target}: network '{net.name}'")
     _out(summary_text(net))
     return 0
 
@@ -396,14 +458,16 @@ def _command(sub: Any, name: str, func: Any, summary: str, description: str, *, 
              backend: bool = True) -> argparse.ArgumentParser:
     """A subcommand taking a run file, ``--set`` overrides and, where it runs a network, the backend."""
     c = sub.add_parser(name, help=summary, description=description)
-    c.add_argument("config", help="the YAML run file")
+    c.add_argument("config", help="a YAML run file (or a shipped one's name), or a run directory that leafpy train "
+                   "wrote" + (", or a model file" if name != "train" else ""))
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="change one value of the run file, e.g. solver.base_lr=0.01 or "
                    "network.layers.conv1.num_output=32 (repeatable)")
     if weights:
-        c.add_argument("--weights", required=True, help="a model.leaf or checkpoint.leaf file")
+        c.add_argument("--weights", help="a model.leaf or checkpoint.leaf file (default: the run directory's "
+                       "model.leaf)")
     if backend:
-        c.add_argument("--backend", choices=BACKEND_NAMES, default="native")
+        c.add_argument("--backend", choices=BACKEND_NAMES, help="default: the run's train.backend, else native")
     c.set_defaults(func=func)
     return c
 
@@ -418,6 +482,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", help="output directory (default: runs/NAME)")
     t.add_argument("--resume", metavar="CHECKPOINT", help="continue from a checkpoint")
     t.add_argument("--seed", type=int, help="seed for weights, dropout and shuffling")
+    t.add_argument("--overwrite", action="store_true", help="replace another run's files in --out")
+    t.add_argument("--nproc", type=int, help="train data-parallel on this many local processes (under mpiexec)")
     _command(sub, "evaluate", evaluate_cmd, "held-out loss and accuracy of saved weights",
              "Evaluate saved weights (a model or a checkpoint) on the run's held-out data.", weights=True)
     r = _command(sub, "predict", predict_cmd, "run saved weights on new samples",
@@ -436,10 +502,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("leafpy: error: --epochs must be a positive integer", file=sys.stderr)
         return 2
     try:
+        if getattr(args, "nproc", None) is not None:
+            if args.nproc <= 0:
+                raise LeafpyError(f"--nproc: expected a positive number of processes, got {args.nproc}")
+            return _relaunch(args, list(sys.argv[1:] if argv is None else argv))
         return args.func(args)
     except LeafpyError as e:
         print(f"leafpy: error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("leafpy: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from .solvers.solver import SolverConfig
 
 LAYER_KEYS = ("name", "type", "inputs", "outputs", "params", "propagate_down")
 DATA_KEYS = ("dataset", "batch_size", "test_fraction", "seed", "path", "num_classes")
-TRAIN_KEYS = ("epochs",)
+TRAIN_KEYS = ("epochs", "backend", "log_every", "keep_best", "monitor")
 RUN_KEYS = ("name", "data", "network", "objective", "solver", "train")
 
 

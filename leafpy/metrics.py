@@ -71,6 +71,14 @@ class ConfusionMatrix:
         n = self.samples
         return float(np.trace(self._matrix)) / n if n else 0.0
 
+    def add_counts(self, counts: Any) -> None:
+        """Add another matrix's counts (rows targets, columns predictions): e.g. the sum of every rank's."""
+        c = np.asarray(counts, dtype=np.int64)
+        if c.shape != self._matrix.shape:
+            raise ShapeError(f"ConfusionMatrix.add_counts: expected counts of shape {self._matrix.shape}, got "
+                             f"{c.shape}")
+        self._matrix += c
+
     def reset(self) -> None:
         self._matrix[...] = 0
         self._targets.clear()

@@ -365,6 +365,20 @@ def load_weights(layer: Layer, path: str | os.PathLike) -> None:
     raise errors[0]
 
 
+def saved_network_config(path: str | os.PathLike) -> LayerConfig:
+    """The network config a model file (or a solver checkpoint's network) records."""
+    path = os.fspath(path)
+    errors = []
+    readers = (("Layer", lambda m: m.config), ("SolverCheckpoint", lambda m: m.config.network))
+    for struct, config_of in readers:
+        try:
+            msg = _read_message(path, struct)
+            return _guard(path, lambda: read_layer_config(config_of(msg)))
+        except SerializationError as e:
+            errors.append(e)
+    raise errors[0]
+
+
 # --------------------------------------------------------------------------------------------------------------
 # solver checkpoints
 # --------------------------------------------------------------------------------------------------------------

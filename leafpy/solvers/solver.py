@@ -7,6 +7,7 @@ formulas (``iteration`` counts updates).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -359,6 +360,35 @@ class Solver:
     def learning_rate(self) -> float:
         """The learning rate the next update will use."""
         return self.config.learning_rate(self.iteration)
+
+    FIXED_ON_RESUME: ClassVar[tuple[str, ...]] = ("network", "objective", "solver", "minibatch_size")
+    """Settings a resumed solver keeps from its checkpoint: they shape its state (weights, the update rule's
+    history, the accumulation buffers). Every other setting may change between runs."""
+
+    def reconfigure(self, config: SolverConfig, source: str = "the run file") -> list[str]:
+        """Take ``config``'s settings, as Caffe does when it resumes (the settings come from the run file, the
+        state from the checkpoint): learning-rate policy, momentum, weight decay, clipping, max_iter... A change
+        of anything in FIXED_ON_RESUME is a ConfigError naming the field. Returns the names of changed fields."""
+        if not isinstance(config, SolverConfig):
+            raise ConfigError(f"Solver.reconfigure: expected a SolverConfig, got {type(config).__name__}")
+        changed = [f.name for f in dataclasses.fields(SolverConfig)
+                   if getattr(config, f.name) != getattr(self.config, f.name) and f.name != "name"]
+        fixed = [name for name in changed if name in self.FIXED_ON_RESUME]
+        if fixed:
+            name = fixed[0]
+            if name in ("network", "objective"):
+                detail = f"the {name} differs from the one the checkpoint was trained with"
+            else:
+                detail = (f"{name} is {getattr(self.config, name)!r} in the checkpoint, {getattr(config, name)!r} "
+                          f"in {source}")
+            raise ConfigError(f"solver.{name}: cannot change when resuming: {detail}; resume with the setting the "
+                              "checkpoint was trained with, or start a new run")
+        if changed:
+            from . import update_rules
+
+            self.config = config
+            self.rule = update_rules()[config.solver](config)
+        return changed
 
     # --- checkpoints ------------------------------------------------------------------------------------
     def save_checkpoint(self, path: str) -> None:

@@ -1,0 +1,599 @@
+"""Trainer: the training loop of a run file (epochs over a dataset, held-out evaluation, checkpoints, history),
+as a library with callbacks. ``leafpy train`` is a thin wrapper over it.
+
+    run = lp.config.load("configs/digits_lenet.yaml")
+    trainer = lp.Trainer(run, backend=lp.backend("native"), out_dir="runs/digits",
+                         callbacks=[lp.train.EarlyStopping(monitor="test_loss", patience=3)])
+    history = trainer.fit()                       # one record per epoch (loss, held-out loss and accuracy, lr...)
+    trainer.evaluate().loss                       # held-out scores of the current weights
+
+Checkpoints record where in an epoch training stopped (the position in that epoch's shuffled order, which is a
+function of the data seed and the epoch), so a run interrupted anywhere and resumed with ``resume=`` makes the
+same updates as one that was never interrupted. Resuming takes the solver's settings from the run (Caffe's rule:
+the learning-rate schedule, momentum, weight decay and clipping may change; the network, the objective, the
+update rule and minibatch_size may not) and its state from the checkpoint.
+
+Under ``mpiexec -n N`` (see :mod:`leafpy.distributed`) every rank trains its share of each global batch of N x
+``data.batch_size`` samples; rank 0 alone prints and writes files.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import config as run_config
+from . import data as datasets
+from .backends.base import Backend
+from .errors import ConfigError, LeafpyError
+from .layers.container.sequential import Sequential
+from .layers.layer import Layer
+from .metrics import ConfusionMatrix, predictions
+from .serialization import atomic_write
+from .solvers.solver import Solver
+
+
+class TrainingDiverged(LeafpyError):
+    """The loss became NaN or infinite."""
+
+
+class TrainingInterrupted(LeafpyError):
+    """Training stopped on a signal (Ctrl-C, SIGTERM, SIGHUP) after saving a checkpoint."""
+
+
+@dataclasses.dataclass
+class Scores:
+    """A network on held-out data: the objective's mean over the samples and, for classes, the confusion matrix."""
+
+    loss: float
+    matrix: ConfusionMatrix | None
+
+    @property
+    def accuracy(self) -> float | None:
+        return None if self.matrix is None else self.matrix.accuracy()
+
+
+def num_classes(run: run_config.RunConfig) -> int:
+    """The classes the run's objective scores (the largest num_classes of its layers); 0 for a regression."""
+    return max((getattr(layer.config, "num_classes", None) or 0 for layer in run.objective.config.layers), default=0)
+
+
+def evaluate(net: Layer, objective: Layer, x: np.ndarray, y: np.ndarray, classes: int, batch_size: int,
+             group: Any = None) -> Scores:
+    """The objective's mean and (with classes) the confusion matrix of ``net`` on (x, y), in inference mode.
+    With a process group of several ranks each scores its share and the results are summed."""
+    net.set_training(False)
+    cm = ConfusionMatrix(classes) if classes else None
+    total = 0.0
+    n = len(x)
+    if group is not None and group.size > 1:
+        share = np.array_split(np.arange(n), group.size)[group.rank]
+        x, y = x[share], y[share]
+    for xb, yb in datasets.batches(x, y, batch_size, seed=None):
+        out = net.forward([xb])[0]
+        total += float(objective.forward([out, yb])[0].to_numpy().reshape(-1)[0]) * len(xb)
+        if cm is not None:
+            cm.add(predictions(out), yb)
+    net.set_training(True)
+    if group is not None and group.size > 1:
+        total = group.allreduce_sum(total)
+        if cm is not None:
+            counts = group.allreduce_(cm.matrix.astype(np.float64))
+            cm.reset()
+            cm.add_counts(np.rint(counts).astype(np.int64))
+    return Scores(total / max(n, 1), cm)
+
+
+def first_non_finite(net: Layer, xb: np.ndarray) -> str:
+    """The first layer (in network order) whose output is NaN or infinite for this batch (run in inference mode,
+    so BatchNorm's running statistics are not moved by the diagnosis)."""
+    training = net.training
+    net.set_training(False)
+    try:
+        net.forward([xb])
+    finally:
+        net.set_training(training)
+
+    def walk(layer: Layer) -> str | None:
+        if isinstance(layer, Sequential):
+            for child in layer.layers:
+                found = walk(child)
+                if found:
+                    return found
+            return None
+        for t in layer.outputs:
+            if not np.all(np.isfinite(t.to_numpy())):
+                return f"layer '{layer.name}' ({layer.config.type})"
+        return None
+
+    bad_weights = [n for n, w in zip(net.learnable_weights_names(), net.learnable_weights_data())
+                   if not np.all(np.isfinite(w.to_numpy()))]
+    found = walk(net)
+    if found:
+        return found + (f"; non-finite weights: {', '.join(bad_weights)}" if bad_weights else "")
+    if bad_weights:
+        return f"non-finite weights: {', '.join(bad_weights)}"
+    return "the objective (every network output is finite)"
+
+
+def weights_finite(net: Layer) -> bool:
+    """Whether every weight of ``net`` is a finite number."""
+    return all(np.all(np.isfinite(w.to_numpy())) for w in net.learnable_weights_data())
+
+
+# --- callbacks ----------------------------------------------------------------------------------------------------
+class Callback:
+    """Hooks into :meth:`Trainer.fit`; override those you need. ``trainer.stop_training = True`` ends training
+    after the current epoch."""
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        pass
+
+    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None:
+        pass
+
+    def on_batch_end(self, trainer: Trainer, epoch: int, batch: int, loss: float) -> None:
+        pass
+
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        pass
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        pass
+
+
+class History(Callback):
+    """The epoch records as ``history.json`` and ``history.csv`` in ``directory`` (written atomically)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        if not trainer.is_root:
+            return
+        history = trainer.history
+        atomic_write(os.path.join(self.directory, "history.json"), json.dumps(history, indent=1).encode())
+        keys = list(dict.fromkeys(k for h in history for k in h))
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=keys, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(history)
+        atomic_write(os.path.join(self.directory, "history.csv"), text.getvalue().encode())
+
+
+class Checkpoint(Callback):
+    """``checkpoint.leaf`` after every epoch (the last), and with ``keep_best`` > 0 the best epochs by the held-out
+    ``monitor`` (``test_accuracy``: higher is better; ``test_loss``: lower) as ``best-epoch{E}.leaf``, keeping
+    that many. Only finite weights are ever written, so the last checkpoint is always a good one."""
+
+    def __init__(self, directory: str, *, keep_best: int = 0, monitor: str = "test_loss") -> None:
+        self.directory = directory
+        self.path = os.path.join(directory, "checkpoint.leaf")
+        self.keep_best = keep_best
+        self.monitor = monitor
+        self.best: list[tuple[float, int, str]] = []
+
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        if not trainer.is_root:
+            return
+        trainer.save_checkpoint(self.path)
+        value = record.get(self.monitor)
+        if self.keep_best <= 0 or value is None or not math.isfinite(value):
+            return
+        score = -value if self.monitor.endswith("accuracy") else value  # lower is better
+        path = os.path.join(self.directory, f"best-epoch{record['epoch']}.leaf")
+        if len(self.best) < self.keep_best or score < self.best[-1][0]:
+            trainer.save_checkpoint(path)
+            self.best.append((score, record["epoch"], path))
+            self.best.sort()
+            for _, _, old in self.best[self.keep_best:]:
+                try:
+                    os.unlink(old)
+                except OSError:
+                    pass
+            del self.best[self.keep_best:]
+
+
+class EarlyStopping(Callback):
+    """Stop when the held-out ``monitor`` has not improved by more than ``min_delta`` for ``patience`` epochs."""
+
+    def __init__(self, *, monitor: str = "test_loss", patience: int = 5, min_delta: float = 0.0) -> None:
+        self.monitor = monitor
+        self.patience = patience
+        self.min_delta = min_delta
+        self.best: float | None = None
+        self.waited = 0
+
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        value = record.get(self.monitor)
+        if value is None:
+            raise ConfigError(f"EarlyStopping: the epoch records have no {self.monitor!r}; choose one of "
+                              f"{', '.join(k for k in record if k.startswith('test_'))}")
+        score = -value if self.monitor.endswith("accuracy") else value
+        if self.best is None or score < self.best - self.min_delta:
+            self.best, self.waited = score, 0
+            return
+        self.waited += 1
+        if self.waited >= self.patience:
+            trainer.stop_training = True
+            trainer.log(f"early stopping: {self.monitor} has not improved by more than {self.min_delta} for "
+                        f"{self.patience} epochs")
+
+
+class Progress(Callback):
+    """A progress bar on a terminal (tqdm: loss, accuracy, samples/s); elsewhere a line every ``log_every``
+    iterations on stderr (0: none)."""
+
+    def __init__(self, log_every: int = 100) -> None:
+        self.log_every = log_every
+        self.bar: Any = None
+
+    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None:
+        if not trainer.is_root or not sys.stderr.isatty():
+            return
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            return
+        self.bar = tqdm(total=trainer.batches_per_epoch, initial=trainer.position_batches,
+                        desc=f"epoch {epoch + 1}/{trainer.epochs}", unit="batch", leave=False, mininterval=0.25,
+                        dynamic_ncols=True, file=sys.stderr)
+
+    def on_batch_end(self, trainer: Trainer, epoch: int, batch: int, loss: float) -> None:
+        if not trainer.is_root:
+            return
+        if self.bar is not None:
+            acc = trainer.running.accuracy() if trainer.running is not None else None
+            acc_text = f" acc {acc:.1%}" if acc is not None else ""
+            self.bar.set_postfix_str(f"loss {loss:.4f}{acc_text} {trainer.samples_per_second:,.0f} samples/s",
+                                     refresh=False)
+            self.bar.update(1)
+        elif self.log_every and trainer.solver.iteration % self.log_every == 0:
+            print(f"iteration {trainer.solver.iteration}: loss {loss:.4f}, lr {trainer.solver.learning_rate():.3g}",
+                  file=sys.stderr, flush=True)
+
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        self.close()
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+class TensorBoard(Callback):
+    """Each epoch's numbers as TensorBoard scalars in ``log_dir`` (needs tensorboardX: pip install tensorboardX)."""
+
+    def __init__(self, log_dir: str) -> None:
+        try:
+            from tensorboardX import SummaryWriter
+        except ImportError as e:
+            raise ConfigError(f"TensorBoard: tensorboardX is not installed ({e}); pip install tensorboardX") from e
+        self.writer = SummaryWriter(log_dir)
+
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        if trainer.is_root:
+            for key, value in record.items():
+                if key != "epoch" and isinstance(value, (int, float)):
+                    self.writer.add_scalar(key, value, record["epoch"])
+            self.writer.flush()
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        self.writer.close()
+
+
+# --- the trainer --------------------------------------------------------------------------------------------------
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+"""Signals after which training saves a checkpoint and stops (each only where it was not ignored at start)."""
+
+
+class Trainer:
+    """Trains the run's network (see the module docstring). ``out_dir`` (None: write nothing) receives
+    ``checkpoint.leaf`` each epoch, ``history.json``/``history.csv`` and, from :meth:`save_model`,
+    ``model.leaf``; ``callbacks`` add to the built-in ones (progress, history, checkpoint)."""
+
+    def __init__(self, run: run_config.RunConfig, backend: Backend | None = None, *, out_dir: str | None = None,
+                 callbacks: Iterable[Callback] = (), resume: str | None = None, group: Any = None,
+                 dataset: datasets.Dataset | None = None, log: Callable[[str], None] | None = None,
+                 log_every: int | None = None, keep_best: int | None = None, monitor: str | None = None) -> None:
+        from .backends import backend as get_backend
+
+        if not isinstance(run, run_config.RunConfig):
+            raise ConfigError(f"Trainer: expected a RunConfig (lp.config.load(path)), got {type(run).__name__}")
+        self.run = run
+        self.backend = backend if backend is not None else get_backend(str(run.train.get("backend", "native")))
+        self.group = group
+        self.is_root = group is None or group.is_root
+        self._log = log if log is not None else (lambda msg: print(msg, flush=True))
+        self.out_dir = out_dir
+        self.dataset = dataset if dataset is not None else load_data(run)
+        self.classes = num_classes(run)
+        self.batch_size = run.batch_size
+        self.world = group.size if group is not None else 1
+        n = len(self.dataset.x_train)
+        if n < self.world:
+            raise ConfigError(f"data: {n} training samples cannot be shared by {self.world} ranks")
+        self.global_batch = self.batch_size * self.world
+        self.batches_per_epoch = math.ceil(n / self.global_batch)
+        self.seed = int(run.data.get("seed", 0))
+        self.solver = self._make_solver(resume)
+        if group is not None and group.size > 1:
+            from .distributed import DataParallel
+
+            self.parallel: Any = DataParallel(self.solver, group)
+        else:
+            self.parallel = None
+        self.objective = Layer.from_config(self.backend, run.solver.objective)  # scores held-out data
+        self.history: list[dict[str, Any]] = []
+        self.epochs = run.epochs
+        self.stop_training = False
+        self.interrupted = False
+        self.running = ConfusionMatrix(self.classes, capacity=10 * self.batch_size) if self.classes else None
+        self.samples_per_second = 0.0
+        self.position_batches = 0
+        state = self.solver.trainer_state
+        self.start_epoch = int(state.get("epoch", self._epoch_of_iteration()))
+        self.start_sample = int(state.get("sample", 0))
+        self._resumed_losses = (float(state.get("loss_sum", 0.0)), int(state.get("loss_count", 0)))
+        built_in: list[Callback] = [Progress(log_every if log_every is not None else int(run.train.get("log_every",
+                                                                                                         100)))]
+        if out_dir is not None:
+            built_in += [History(out_dir), Checkpoint(out_dir, keep_best=keep_best if keep_best is not None else
+                                                      int(run.train.get("keep_best", 0)),
+                                                      monitor=monitor or str(run.train.get("monitor", "test_loss")))]
+            if resume:
+                self.history = self._read_history()
+        self.callbacks = built_in + list(callbacks)
+
+    # --- set-up -----------------------------------------------------------------------------------------------
+    def _make_solver(self, resume: str | None) -> Solver:
+        run = self.run
+        if not resume:
+            return Solver.from_config(self.backend, self.backend, run.solver)
+        solver = Solver.load_checkpoint(self.backend, self.backend, resume)
+        solver.reconfigure(run.solver, "the run file")
+        trained_on = solver.trainer_state.get("data")
+        if trained_on is not None:
+            for key in sorted(set(trained_on) | set(run.data)):
+                if key == "batch_size":
+                    continue
+                if trained_on.get(key) != run.data.get(key):
+                    raise ConfigError(f"data.{key}: the checkpoint {resume} was trained with {trained_on.get(key)!r}, "
+                                      f"this run has {run.data.get(key)!r}: resuming would train on another split or "
+                                      "data; resume with the run's own data section, or start a new run")
+        return solver
+
+    def _epoch_of_iteration(self) -> int:
+        """For a checkpoint without a recorded position: the epochs its iterations complete."""
+        updates_per_epoch = max(1, self.batches_per_epoch // self.solver.config.minibatch_size)
+        return self.solver.iteration // updates_per_epoch
+
+    def _read_history(self) -> list[dict[str, Any]]:
+        path = os.path.join(self.out_dir or "", "history.json")
+        try:
+            with open(path) as f:
+                history = json.load(f)
+            if not isinstance(history, list) or not all(isinstance(h, dict) and "epoch" in h for h in history):
+                raise ValueError("not a list of epoch records")
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as e:
+            self.log(f"warning: {path} cannot be read ({e}); the history starts again from this epoch")
+            return []
+        return [h for h in history if h["epoch"] <= self.start_epoch]
+
+    def log(self, msg: str) -> None:
+        if self.is_root:
+            self._log(msg)
+
+    # --- the loop ---------------------------------------------------------------------------------------------
+    def _order(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.dataset.x_train))
+
+    def _batches(self, epoch: int, start: int) -> Iterable[tuple[int, np.ndarray]]:
+        """(samples of the epoch's order consumed after this batch, this rank's indices) from sample ``start``."""
+        order = self._order(epoch)
+        step = self.global_batch
+        for begin in range(start, len(order), step):
+            chunk = order[begin:begin + step]
+            if self.world > 1:
+                if len(chunk) < self.world:
+                    return
+                idx = chunk[self.group.rank * self.batch_size:(self.group.rank + 1) * self.batch_size] \
+                    if len(chunk) == step else np.array_split(chunk, self.world)[self.group.rank]
+            else:
+                idx = chunk
+            yield begin + len(chunk), idx
+
+    def _train_step(self, xb: np.ndarray, yb: np.ndarray) -> Any:
+        if self.parallel is not None:
+            return self.parallel.train_minibatch(xb, yb)
+        return self.solver.train_minibatch(xb, yb)
+
+    def fit(self, epochs: int | None = None) -> list[dict[str, Any]]:
+        """Train up to epoch ``epochs`` (default: the run's train.epochs); returns the history. On a stop signal
+        a checkpoint is saved and TrainingInterrupted raised; on a NaN or infinite loss, TrainingDiverged."""
+        if epochs is not None:
+            self.epochs = int(epochs)
+        ds = self.dataset
+        solver = self.solver
+        for cb in self.callbacks:
+            cb.on_train_begin(self)
+        handlers = self._install_signal_handlers()
+        try:
+            epoch = self.start_epoch
+            start = self.start_sample
+            for epoch in range(self.start_epoch, self.epochs):
+                if self.stop_training:
+                    break
+                loss_sum, loss_count = self._resumed_losses if start else (0.0, 0)
+                self.position_batches = math.ceil(start / self.global_batch)
+                for cb in self.callbacks:
+                    cb.on_epoch_begin(self, epoch)
+                t0 = time.perf_counter()
+                seen = 0
+                for batch, (done, idx) in enumerate(self._batches(epoch, start), start=self.position_batches):
+                    xb, yb = ds.x_train[idx], ds.y_train[idx]
+                    out = self._train_step(xb, yb)
+                    loss = solver.loss()
+                    if not math.isfinite(loss):
+                        self._diverged(loss, xb)
+                    loss_sum += loss
+                    loss_count += 1
+                    if self.running is not None:
+                        self.running.add(predictions(out), yb)
+                    seen += len(xb) * self.world
+                    self.samples_per_second = seen / max(time.perf_counter() - t0, 1e-9)
+                    for cb in self.callbacks:
+                        cb.on_batch_end(self, epoch, batch, loss)
+                    if self.interrupted:
+                        self._mark_position(epoch, done, loss_sum, loss_count)
+                        self._stop_on_signal()
+                start = 0
+                self._resumed_losses = (0.0, 0)
+                elapsed = time.perf_counter() - t0
+                record = self._epoch_record(epoch, loss_sum / max(loss_count, 1), elapsed, seen)
+                self.history.append(record)
+                self._mark_position(epoch + 1, 0, 0.0, 0)
+                for cb in self.callbacks:
+                    cb.on_epoch_end(self, record)
+                self.log(self._epoch_line(record))
+                if self.interrupted:
+                    self._stop_on_signal()
+        finally:
+            for sig, previous in handlers:
+                signal.signal(sig, previous)
+            for cb in self.callbacks:
+                cb.on_train_end(self)
+        return self.history
+
+    def _mark_position(self, epoch: int, sample: int, loss_sum: float, loss_count: int) -> None:
+        self.solver.trainer_state = {"epoch": epoch, "sample": sample, "loss_sum": loss_sum,
+                                     "loss_count": loss_count, "data": dict(self.run.data)}
+
+    def _epoch_record(self, epoch: int, loss: float, elapsed: float, seen: int) -> dict[str, Any]:
+        held_out = self.evaluate()
+        record: dict[str, Any] = {"epoch": epoch + 1, "iteration": self.solver.iteration, "loss": loss,
+                                  "test_loss": held_out.loss,
+                                  "learning_rate": self.solver.config.learning_rate(max(self.solver.iteration - 1, 0)),
+                                  "seconds": elapsed, "samples_per_second": seen / max(elapsed, 1e-9)}
+        if held_out.matrix is not None and self.running is not None:
+            record["train_accuracy"] = self.running.accuracy()
+            record["test_accuracy"] = held_out.matrix.accuracy()
+        return record
+
+    def _epoch_line(self, r: dict[str, Any]) -> str:
+        line = f"epoch {r['epoch']}/{self.epochs}: loss {r['loss']:.4f}, held-out loss {r['test_loss']:.4f}"
+        if "test_accuracy" in r:
+            line += f", training accuracy {r['train_accuracy']:.2%}, held-out accuracy {r['test_accuracy']:.2%}"
+        return (f"{line}, lr {r['learning_rate']:.3g} ({r['seconds']:.1f} s, {r['samples_per_second']:,.0f} "
+                "samples/s)")
+
+    def evaluate(self) -> Scores:
+        """The current weights on the held-out split."""
+        ds = self.dataset
+        return evaluate(self.solver.network, self.objective, ds.x_test, ds.y_test, self.classes, self.batch_size,
+                        self.group)
+
+    def _diverged(self, loss: float, xb: np.ndarray) -> None:
+        where = first_non_finite(self.solver.network, xb)
+        ckpt = os.path.join(self.out_dir, "checkpoint.leaf") if self.out_dir else None
+        last = ckpt if ckpt and os.path.exists(ckpt) else "not written yet"
+        raise TrainingDiverged(f"the loss became {loss} at iteration {self.solver.iteration}; first non-finite "
+                               f"output: {where}. The last good checkpoint is {last}; try a smaller base_lr or "
+                               "clip_gradients")
+
+    # --- files --------------------------------------------------------------------------------------------------
+    def save_checkpoint(self, path: str) -> None:
+        """The solver's state and the position in the epoch, atomically; refused (LeafpyError) when a weight is
+        not finite, so an existing good checkpoint is never replaced by a diverged one."""
+        if not weights_finite(self.solver.network):
+            raise TrainingDiverged(f"{path}: not written: the weights are no longer finite (the last checkpoint "
+                                   "written is the last good one)")
+        self.solver.save_checkpoint(path)
+
+    def save_model(self, path: str) -> None:
+        if self.is_root:
+            self.solver.network.save(path)
+
+    # --- signals ------------------------------------------------------------------------------------------------
+    def _install_signal_handlers(self) -> list[tuple[int, Any]]:
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return []
+        installed = []
+        for sig in STOP_SIGNALS:
+            previous = signal.getsignal(sig)
+            if previous is signal.SIG_IGN:  # nohup, or a parent that wants this process to ignore it
+                continue
+            signal.signal(sig, self._on_signal)
+            installed.append((sig, previous))
+        return installed
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.interrupted = True
+        self.signal_name = signal.Signals(signum).name
+
+    def _stop_on_signal(self) -> None:
+        path = os.path.join(self.out_dir, "checkpoint.leaf") if self.out_dir else None
+        if path and self.is_root:
+            self.save_checkpoint(path)
+        where = f"checkpoint saved to {path}; continue with --resume {path}" if path else "no checkpoint written"
+        raise TrainingInterrupted(f"interrupted ({getattr(self, 'signal_name', 'signal')}) at iteration "
+                                  f"{self.solver.iteration}: {where}")
+
+
+def load_data(run: run_config.RunConfig) -> datasets.Dataset:
+    """The run's dataset (class labels or regression values, as its objective needs), checked against the
+    network's input and the objective before any training."""
+
+    classes = num_classes(run) > 0
+    ds = datasets.load(run.data, targets="classes" if classes else "values",
+                       input_shape=run.network.config.inputs[0][1][1:])
+    check_samples(run, ds.input_shape, f"data: the {ds.name} samples")
+    if classes:
+        for layer in run.objective.config.layers:
+            n = getattr(layer.config, "num_classes", None)
+            if n is not None and ds.num_classes > n:
+                raise LeafpyError(f"data: the {ds.name} labels go up to {ds.num_classes - 1}, but objective layer "
+                                  f"'{layer.name}' has num_classes {n}; set it (and the network's output size) to "
+                                  f"{ds.num_classes}")
+    else:
+        inputs = run.objective.config.inputs
+        target_name, target = inputs[-1]
+        if len(inputs) < 2 or math.prod(target[1:]) != math.prod(ds.target_shape):
+            raise LeafpyError(f"data: the {ds.name} targets have shape {list(ds.target_shape)} per sample, but the "
+                              f"objective's target input {target_name!r} is declared {list(target)}; declare "
+                              f"[{target[0]}, {', '.join(map(str, ds.target_shape))}] in objective.inputs")
+    return ds
+
+
+def check_samples(run: run_config.RunConfig, shape: Sequence[int], what: str) -> None:
+    """Samples of this per-sample shape fit the network's input (see :func:`load_data`)."""
+    from .layers.layer import layout_hint, same_layout
+
+    name, declared = run.network.config.inputs[0]
+    if tuple(shape) != tuple(declared[1:]) and math.prod(declared[1:]) == math.prod(shape) \
+            and not same_layout(tuple(shape), tuple(declared[1:])):
+        hint = layout_hint((declared[0], *shape), declared, "x", first=1)
+        raise LeafpyError(f"{what} have shape {list(shape)}, but the network's input {name!r} is declared "
+                          f"{list(declared)}{hint}; convert the data (or declare [{declared[0]}, "
+                          f"{', '.join(map(str, shape))}] if that is the network's real layout)")
+    if math.prod(declared[1:]) != math.prod(shape):
+        raise LeafpyError(f"{what} have shape {list(shape)}, but the network's input {name!r} is declared "
+                          f"{list(declared)}; declare [{declared[0]}, {', '.join(map(str, shape))}] in network.inputs")
