@@ -320,6 +320,11 @@ class Trainer:
         self.is_root = group is None or group.is_root
         self._log = log if log is not None else (lambda msg: print(msg, flush=True))
         self.out_dir = out_dir
+        if out_dir is not None and self.is_root:
+            try:
+                os.makedirs(out_dir, exist_ok=True)
+            except OSError as e:
+                raise ConfigError(f"Trainer: cannot create the output directory {out_dir}: {e.strerror or e}") from e
         self.dataset = dataset if dataset is not None else load_data(run)
         self.classes = num_classes(run)
         self.batch_size = run.batch_size

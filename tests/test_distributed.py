@@ -117,3 +117,26 @@ def test_world_of_one_trains_as_a_plain_solver():
         dp.train_minibatch(xb, yb)
     for wa, wb in zip(a.network.learnable_weights_data(), b.network.learnable_weights_data()):
         np.testing.assert_array_equal(wa.to_numpy(), wb.to_numpy())
+
+
+@needs_mpi
+def test_leafpy_train_on_two_ranks_equals_one_process_at_twice_the_batch(tmp_path):
+    mlp = os.path.join(ROOT, "configs", "digits_mlp.yaml")
+    env = dict(os.environ, PYTHONPATH=ROOT, MPLBACKEND="Agg", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    one = subprocess.run([sys.executable, "-m", "leafpy", "train", mlp, "--epochs", "2", "--out",
+                          str(tmp_path / "one"), "--set", "data.batch_size=32"], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert one.returncode == 0, one.stderr
+    two = subprocess.run([sys.executable, "-m", "leafpy", "train", mlp, "--epochs", "2", "--out", str(tmp_path / "two"),
+                          "--set", "data.batch_size=16", "--nproc", "2"], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert two.returncode == 0, two.stderr
+    assert "on 2 ranks (global batch 32)" in two.stdout
+    assert two.stdout.count("epoch 2/2") == 1  # rank 0 alone prints
+    be = lp.backend("native")
+    a, b = (lp.Layer.load(be, str(tmp_path / d / "model.leaf")) for d in ("one", "two"))
+    for wa, wb in zip(a.learnable_weights_data(), b.learnable_weights_data()):
+        np.testing.assert_allclose(wb.to_numpy(), wa.to_numpy(), rtol=1e-4, atol=1e-5)
+    acc = [float(line.split()[-1].rstrip("%")) for line in (one.stdout + two.stdout).splitlines()
+           if line.startswith("held-out accuracy")]
+    assert len(acc) == 2 and abs(acc[0] - acc[1]) < 0.3  # held-out evaluation sharded and summed

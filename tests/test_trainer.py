@@ -1,0 +1,204 @@
+"""The training loop as users meet it: lp.Trainer from Python, and the leafpy command in a temporary directory
+(run.yaml, evaluate from a run directory, resume with changed settings, interrupted and resumed runs, locks)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+
+import numpy as np
+import pytest
+from test_cli import ROOT, accuracy, leafpy_cmd, run
+
+import leafpy as lp
+
+MLP = str(ROOT / "configs" / "digits_mlp.yaml")
+
+
+def _weights(path):
+    be = lp.backend("native")
+    if str(path).endswith("checkpoint.leaf"):
+        net = lp.Solver.load_checkpoint(be, be, str(path)).network
+    else:
+        net = lp.Layer.load(be, str(path))
+    return [w.to_numpy() for w in net.learnable_weights_data()]
+
+
+def _small_run(solver="adam", batch=32, **data):
+    run_cfg = lp.config.load(MLP, [f"solver.solver={solver}", "solver.base_lr=0.01", "solver.lr_policy=step",
+                                   "solver.stepsize=7", "solver.gamma=0.7", f"data.batch_size={batch}"])
+    run_cfg.data.update(data)
+    return run_cfg
+
+
+# --- run.yaml and evaluate ----------------------------------------------------------------------------------------
+def test_evaluate_a_run_directory_reproduces_training_split(tmp_path):
+    out = tmp_path / "run"
+    p = run("train", MLP, "--epochs", "2", "--seed", "5", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    trained_acc = accuracy(p.stdout)
+    saved = lp.config.load(str(out / "run.yaml"))
+    assert saved.data["seed"] == 5 and saved.solver.seed == 5 and saved.train["backend"] == "native"
+    history = json.loads((out / "history.json").read_text())
+    assert history[-1]["test_accuracy"] == pytest.approx(trained_acc, abs=1e-4)
+    e = run("evaluate", str(out))
+    assert e.returncode == 0, e.stderr
+    assert accuracy(e.stdout) == pytest.approx(trained_acc, abs=1e-4)
+    # the model file alone finds its run.yaml beside it
+    e2 = run("evaluate", str(out / "model.leaf"))
+    assert e2.returncode == 0 and accuracy(e2.stdout) == pytest.approx(trained_acc, abs=1e-4)
+    # the run file (seed 0) with these weights would score on training samples: refused, naming the split
+    e3 = run("evaluate", MLP, "--weights", str(out / "model.leaf"))
+    assert e3.returncode == 1 and "another data split" in e3.stderr and "data.seed" in e3.stderr, e3.stderr
+    # independent check of the held-out accuracy: NumPy forward pass of the saved weights on the seed-5 split
+    ds = lp.data.digits(0.2, 5)
+    w1, b1, w2, b2 = (w.astype(np.float64) for w in _weights(out / "model.leaf"))
+    h = np.maximum(ds.x_test.reshape(len(ds.x_test), -1) @ w1.T + b1, 0)
+    pred = np.argmax(h @ w2.T + b2, axis=1)
+    assert np.mean(pred == ds.y_test.reshape(-1)) == pytest.approx(trained_acc, abs=1e-4)
+
+
+def test_weights_of_another_architecture_are_refused(tmp_path):
+    out = tmp_path / "run"
+    assert run("train", MLP, "--epochs", "1", "--out", str(out)).returncode == 0
+    changed = tmp_path / "sigmoid.yaml"
+    changed.write_text(open(MLP).read().replace("type: ReLU", "type: Sigmoid"))
+    e = run("evaluate", str(changed), "--weights", str(out / "checkpoint.leaf"))
+    assert e.returncode == 1, e.stdout
+    assert "another network" in e.stderr and "relu1" in e.stderr and "Sigmoid" in e.stderr, e.stderr
+    s = run("summary", str(out / "model.leaf"))
+    assert s.returncode == 0 and "fc1" in s.stdout and "9,610 (9,610 trained)" in s.stdout, s.stdout
+
+
+def test_summary_shows_untrained_running_statistics(tmp_path):
+    s = run("summary", str(ROOT / "configs" / "digits_bn.yaml"))
+    assert s.returncode == 0, s.stderr
+    assert "untrained" in s.stdout
+
+
+def test_labels_that_do_not_reach_the_last_class(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((120, 1, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 6, 120)  # classes 6..9 never occur
+    np.savez(tmp_path / "few.npz", x=x, y=y)
+    p = run("train", MLP, "--epochs", "1", "--out", str(tmp_path / "out"), "--set", "data.dataset=npz",
+            "--set", f"data.path={tmp_path / 'few.npz'}")
+    assert p.returncode == 0, p.stderr
+    assert "confusion matrix" in p.stdout
+
+
+# --- resume -------------------------------------------------------------------------------------------------------
+def test_resume_trains_with_the_run_files_settings(tmp_path):
+    out = tmp_path / "run"
+    assert run("train", MLP, "--epochs", "2", "--out", str(out)).returncode == 0
+    before = _weights(out / "checkpoint.leaf")
+    p = run("train", MLP, "--epochs", "3", "--out", str(out), "--resume", str(out / "checkpoint.leaf"),
+            "--set", "solver.base_lr=1e-9", "--set", "solver.momentum=0.0", "--set", "solver.weight_decay=0")
+    assert p.returncode == 0, p.stderr
+    assert "lr 1e-09" in p.stdout
+    after = _weights(out / "model.leaf")
+    # at a rate of 1e-9 (no momentum history carried into the step) the weights barely move
+    moved = max(float(np.max(np.abs(a - b))) for a, b in zip(after, before))
+    assert moved < 1e-6, moved
+    history = json.loads((out / "history.json").read_text())
+    assert [h["epoch"] for h in history] == [1, 2, 3] and history[-1]["learning_rate"] == pytest.approx(1e-9)
+    bad = run("train", MLP, "--epochs", "4", "--out", str(out), "--resume", str(out / "checkpoint.leaf"),
+              "--set", "solver.solver=adam")
+    assert bad.returncode == 1 and "solver.solver" in bad.stderr and "cannot change" in bad.stderr, bad.stderr
+    split = run("train", MLP, "--epochs", "4", "--out", str(out), "--resume", str(out / "checkpoint.leaf"),
+                "--seed", "3")
+    assert split.returncode == 1 and "data.seed" in split.stderr, split.stderr
+
+
+class _StopAt(lp.Callback):
+    """Simulates a signal arriving after ``batches`` batches."""
+
+    def __init__(self, batches):
+        self.batches = batches
+        self.seen = 0
+
+    def on_batch_end(self, trainer, epoch, batch, loss):
+        self.seen += 1
+        if self.seen == self.batches:
+            trainer.interrupted = True
+
+
+@pytest.mark.parametrize("batch,stop_after", [(32, 50), (20, 23)])
+def test_interrupted_anywhere_and_resumed_equals_uninterrupted(tmp_path, batch, stop_after):
+    be = lp.backend("native")
+    whole = lp.Trainer(_small_run(batch=batch), be, out_dir=str(tmp_path / "a"), log=lambda m: None)
+    whole.fit(3)
+    parted = lp.Trainer(_small_run(batch=batch), be, out_dir=str(tmp_path / "b"), callbacks=[_StopAt(stop_after)],
+                        log=lambda m: None)
+    with pytest.raises(lp.train.TrainingInterrupted):
+        parted.fit(3)
+    assert 0 < parted.solver.trainer_state["sample"] < len(parted.dataset.x_train)  # stopped mid-epoch
+    resumed = lp.Trainer(_small_run(batch=batch), be, out_dir=str(tmp_path / "b"),
+                         resume=str(tmp_path / "b" / "checkpoint.leaf"), log=lambda m: None)
+    resumed.fit(3)
+    assert resumed.solver.iteration == whole.solver.iteration
+    for a, b in zip(whole.solver.network.learnable_weights_data(), resumed.solver.network.learnable_weights_data()):
+        np.testing.assert_array_equal(a.to_numpy(), b.to_numpy())  # bit for bit: the promise of a resume
+    assert [h["epoch"] for h in resumed.history] == [1, 2, 3]
+
+
+def test_ctrl_c_in_the_command_then_resume_equals_an_uninterrupted_run(tmp_path):
+    args = ["--set", "solver.solver=adam", "--set", "solver.base_lr=0.002", "--set", "data.batch_size=4"]
+    assert run("train", MLP, "--epochs", "6", "--out", str(tmp_path / "whole"), *args).returncode == 0
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+    proc = subprocess.Popen(leafpy_cmd() + ["train", MLP, "--epochs", "6", "--out", str(tmp_path / "cut"), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    for line in proc.stdout:
+        if line.startswith("epoch 1/6"):
+            proc.send_signal(signal.SIGINT)  # lands in epoch 2 (most likely mid-epoch: anywhere must resume exactly)
+            break
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    state = lp.Solver.load_checkpoint(lp.backend("native"), lp.backend("native"),
+                                      str(tmp_path / "cut" / "checkpoint.leaf")).trainer_state
+    assert state["epoch"] < 6, state
+    r = run("train", MLP, "--epochs", "6", "--out", str(tmp_path / "cut"), "--resume",
+            str(tmp_path / "cut" / "checkpoint.leaf"), *args)
+    assert r.returncode == 0, r.stderr
+    for a, b in zip(_weights(tmp_path / "whole" / "model.leaf"), _weights(tmp_path / "cut" / "model.leaf")):
+        np.testing.assert_array_equal(a, b)
+
+
+# --- callbacks ----------------------------------------------------------------------------------------------------
+def test_user_callbacks_early_stopping_and_best_checkpoints(tmp_path):
+    seen = []
+
+    class Record(lp.Callback):
+        def on_epoch_end(self, trainer, record):
+            seen.append((record["epoch"], record["test_loss"]))
+
+    # a learning rate so small that the held-out loss cannot improve by min_delta: stops after patience epochs
+    r = lp.config.load(MLP, ["solver.base_lr=1e-7"])
+    stop = lp.train.EarlyStopping(monitor="test_loss", patience=2, min_delta=0.01)
+    t = lp.Trainer(r, out_dir=str(tmp_path), callbacks=[Record(), stop], keep_best=2, monitor="test_accuracy",
+                   log=lambda m: None)
+    history = t.fit(10)
+    assert [e for e, _ in seen] == [1, 2, 3] and len(history) == 3
+    best = sorted(f for f in os.listdir(tmp_path) if f.startswith("best-"))
+    assert len(best) == 2
+    csv_lines = (tmp_path / "history.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("epoch,") and len(csv_lines) == 4
+
+
+# --- the output directory -----------------------------------------------------------------------------------------
+def test_an_output_directory_holds_one_run(tmp_path):
+    out = tmp_path / "run"
+    assert run("train", MLP, "--epochs", "1", "--out", str(out)).returncode == 0
+    again = run("train", MLP, "--epochs", "1", "--out", str(out))
+    assert again.returncode == 1 and "--overwrite" in again.stderr
+    (out / ".lock").write_text("999999999")  # a crashed run's lock: its process is gone
+    assert run("train", MLP, "--epochs", "1", "--out", str(out), "--overwrite").returncode == 0
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        (out / ".lock").write_text(str(sleeper.pid))  # a live run holds the directory
+        busy = run("train", MLP, "--epochs", "1", "--out", str(out), "--overwrite")
+        assert busy.returncode == 1 and "another leafpy run" in busy.stderr, busy.stderr
+    finally:
+        sleeper.kill()
