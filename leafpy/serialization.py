@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -168,20 +169,41 @@ def read_layer_config(reader: Any, where: str = "config") -> LayerConfig:
 # files
 # --------------------------------------------------------------------------------------------------------------
 def atomic_write(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a failure at any point leaves the previous file intact."""
+    """Write ``data`` to ``path`` so that a failure at any point leaves the previous file intact: a temporary file
+    beside the target, synced, then renamed over it. A symbolic link is written through (its target is replaced,
+    the link stays); a target that exists but is not a regular file (a device, a FIFO) is refused; the file keeps
+    the existing file's permissions, or gets those the umask gives a new file; the temporary file never stays."""
     path = os.fspath(path)
+    if os.path.islink(path):
+        path = os.path.realpath(path)
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise SerializationError(f"{path}: cannot write: it is a directory; give a file name such as "
                                  f"{os.path.join(path, 'model.leaf')}")
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise SerializationError(f"{path}: cannot write: {e.strerror or e}") from e
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise SerializationError(f"{path}: cannot write: not a regular file (a device, FIFO or socket); give the "
+                                 "path of a file")
     if not os.path.isdir(directory):
         raise SerializationError(f"{path}: cannot write: the directory {directory} does not exist")
+    if st is not None:
+        mode = stat.S_IMODE(st.st_mode)
+    else:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
     except OSError as e:
         raise SerializationError(f"{path}: cannot write: {e.strerror or e}") from e
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
