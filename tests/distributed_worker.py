@@ -35,10 +35,11 @@ def solver_config(rule: str, batch: int, accumulate: int = 1, clip: float | None
                            weight_decay=1e-3, clip_gradients=clip, minibatch_size=accumulate, seed=3)
 
 
-def equivalence(out: str, rule: str, batch: int, steps: int, accumulate: int, clip: float | None) -> None:
+def equivalence(out: str, rule: str, batch: int, steps: int, accumulate: int, clip: float | None,
+                backend: str = "native") -> None:
     group = dist.init()
     with dist.failing_rank_ends_the_job(group):
-        be = lp.backend("native")
+        be = lp.backend(backend)
         solver = lp.Solver.from_config(be, be, solver_config(rule, batch, accumulate, clip))
         if group.rank != 0:  # other ranks start elsewhere: DataParallel must give them rank 0's weights
             for w in solver.network.learnable_weights_data():
@@ -54,7 +55,7 @@ def equivalence(out: str, rule: str, batch: int, steps: int, accumulate: int, cl
                     break
             epoch += 1
         weights = {f"w{i}": w.to_numpy() for i, w in enumerate(solver.network.learnable_weights_data())}
-        np.savez(f"{out}.rank{group.rank}.npz", iteration=solver.iteration, **weights)
+        np.savez(f"{out}.rank{group.rank}.npz", iteration=solver.iteration, transport=dp.transport.name, **weights)
 
 
 def fail(out_dir: str) -> None:
@@ -76,6 +77,7 @@ if __name__ == "__main__":
         args = sys.argv[2:]
         acc = int(args[args.index("--accumulate") + 1]) if "--accumulate" in args else 1
         clip = float(args[args.index("--clip") + 1]) if "--clip" in args else None
-        equivalence(args[0], args[1], int(args[2]), int(args[3]), acc, clip)
+        backend = args[args.index("--backend") + 1] if "--backend" in args else "native"
+        equivalence(args[0], args[1], int(args[2]), int(args[3]), acc, clip, backend)
     elif sys.argv[1] == "fail":
         fail(sys.argv[2])

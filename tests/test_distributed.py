@@ -140,3 +140,47 @@ def test_leafpy_train_on_two_ranks_equals_one_process_at_twice_the_batch(tmp_pat
     acc = [float(line.split()[-1].rstrip("%")) for line in (one.stdout + two.stdout).splitlines()
            if line.startswith("held-out accuracy")]
     assert len(acc) == 2 and abs(acc[0] - acc[1]) < 0.3  # held-out evaluation sharded and summed
+
+
+def _cuda():
+    try:
+        return lp.backend("cuda")
+    except lp.BackendUnavailable as e:
+        pytest.skip(f"cuda backend unavailable: {e}")
+
+
+@needs_mpi
+@pytest.mark.cuda
+@pytest.mark.parametrize("rule", ["momentum", "adam"])
+def test_cuda_ranks_over_the_mpi_transport_share_one_gpu(tmp_path, rule):
+    _cuda()
+    os.environ["LEAFPY_TRANSPORT"] = "mpi"
+    try:
+        run = mpirun(2, "equivalence", str(tmp_path / "w"), rule, "5", "12", "--backend", "cuda", timeout=300)
+    finally:
+        del os.environ["LEAFPY_TRANSPORT"]
+    assert run.returncode == 0, run.stderr[-3000:]
+    reference = single_process(rule, 10, 12, 1, None)
+    for r in (0, 1):
+        got = np.load(tmp_path / f"w.rank{r}.npz")
+        assert str(got["transport"]) == "mpi"
+        for i, ref in enumerate(reference):
+            np.testing.assert_allclose(got[f"w{i}"], ref, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.cuda
+def test_nccl_transport_with_a_world_of_one():
+    be = _cuda()
+    try:
+        transport = dist.transports.NcclTransport(be, dist.ProcessGroup())
+    except lp.BackendUnavailable as e:
+        pytest.skip(str(e))
+    rng = np.random.default_rng(0)
+    values = [rng.standard_normal(s).astype(np.float32) for s in ((3, 4), (7,))]
+    tensors = [lp.SharedTensor.from_numpy(v) for v in values]
+    for t in tensors:
+        t.read_write(be)  # the fresh copy on the GPU, as gradients are
+    transport.allreduce_weighted(tensors, 3.0)  # (3 g) / 3 over one rank
+    for t, v in zip(tensors, values):
+        np.testing.assert_allclose(t.to_numpy(), v, rtol=1e-6)
+    assert dist.transports.default_transport(be, dist.ProcessGroup()).name == "nccl"

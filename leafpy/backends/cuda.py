@@ -488,6 +488,14 @@ class _CudnnConv:
     """Plans that need more scratch memory than this are not considered."""
     PLAN_TOLERANCE = 0.03
     """Among plans at most this fraction slower than the fastest, the one with the smallest workspace is kept."""
+    FP32_EXCLUDED_NOTES = ("TENSOR_CORE", "DOWN_CONVERT_INPUTS", "REDUCED_PRECISION_REDUCTION", "FFT", "WINOGRAD",
+                           "WINOGRAD_TILE_4x4", "WINOGRAD_TILE_6x6", "WINOGRAD_TILE_13x13")
+    """cuDNN's numerical notes of engines that do not compute in full fp32 (TF32 tensor cores, fp16 inputs or
+    reductions, FFT and Winograd transforms, which reach ~1e-3 relative error): excluded unless tf32=True."""
+    FP32_AGREEMENT = 1e-5
+    """In fp32 mode a plan is kept only if its output agrees with the median of every candidate plan's output to
+    this relative error (max |difference| / max |median|): a net under the notes, since an engine's notes are
+    its own declaration."""
 
     def __init__(self, cp: Any, tf32: bool) -> None:
         import cudnn
@@ -500,6 +508,7 @@ class _CudnnConv:
         self.workspace = cp.empty(0, dtype=cp.uint8)
         self._trials: list[int] = []
         self.timings: dict = {}  # graph key -> [(ms, workspace bytes, plan index)] of every plan that ran
+        self.errors: dict = {}  # graph key -> {plan index: relative difference from the plans' median} (fp32)
         atexit.register(self.graphs.clear)  # release the graphs while their library is still loaded
 
     def _build(self, kind: str, x_shape, w_shape, y_shape, stride, padding) -> tuple:
@@ -533,16 +542,20 @@ class _CudnnConv:
         g.build_operation_graph()
         g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.B, cudnn.heur_mode.FALLBACK])
         if not self.tf32:
-            g.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE])
+            notes = [getattr(cudnn.numerical_note, n) for n in self.FP32_EXCLUDED_NOTES
+                     if hasattr(cudnn.numerical_note, n)]
+            g.deselect_numeric_notes(notes)
         g.check_support()
         g.build_plans(cudnn.build_plan_policy.ALL)
         return g, names
 
-    def _autotune(self, g: Any, pack: dict, key: tuple) -> int:
+    def _autotune(self, g: Any, pack: dict, key: tuple, out: Any) -> int:
         """Time every built plan on the real buffers and keep the fastest (as cudnn.benchmark does), preferring a
-        smaller workspace where the difference in time is within :attr:`PLAN_TOLERANCE`."""
+        smaller workspace where the difference in time is within :attr:`PLAN_TOLERANCE`; in fp32 mode only among
+        plans whose result agrees with the others' (see :attr:`FP32_AGREEMENT`)."""
         cp = self.cp
         timings = self.timings[key] = []
+        results: list[Any] = []
         for i in range(g.get_execution_plan_count()):
             try:
                 size = g.get_workspace_size_plan_at_index(i)
@@ -561,6 +574,8 @@ class _CudnnConv:
                     stop.synchronize()
                     runs.append(cp.cuda.get_elapsed_time(start, stop))
                 ms = min(runs)
+                if not self.tf32:
+                    results.append(out.copy())
             except Exception:
                 continue  # a plan that cannot run here
             timings.append((ms, size, i))
@@ -570,6 +585,16 @@ class _CudnnConv:
         self._trials.clear()
         if not timings:
             raise BackendError("no cuDNN plan could run")
+        if len(results) >= 3:
+            median = cp.median(cp.stack(results), axis=0)
+            scale = float(cp.abs(median).max()) or 1.0
+            errors = [float(cp.abs(r - median).max()) / scale for r in results]
+            self.errors[key] = dict(zip((i for _, _, i in timings), errors))
+            agreeing = [t for t, e in zip(timings, errors) if e <= self.FP32_AGREEMENT]
+            if agreeing:
+                timings = agreeing
+            del median
+        results.clear()
         limit = min(ms for ms, _, _ in timings) * (1.0 + self.PLAN_TOLERANCE)
         size, _, best = min((size, ms, i) for ms, size, i in timings if ms <= limit)
         if size > self.workspace.size:
@@ -597,7 +622,8 @@ class _CudnnConv:
         pack = {t: arr.data.ptr for t, arr in zip(tensors, (x, w, y, bias))}
         if plan is None:
             # the first run on real buffers picks the plan (outputs are overwritten, so timing them is harmless)
-            plan = self._autotune(g, pack, key)
+            out = {"dgrad": x, "wgrad": w}.get(kind, y)
+            plan = self._autotune(g, pack, key, out)
             self.graphs[key] = (g, tensors, plan)
         g.execute_plan_at_index(pack, self.workspace.data.ptr, plan, handle=self.handle)
         return True
