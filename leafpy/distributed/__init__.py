@@ -26,5 +26,5 @@ from . import transports
 from .data_parallel import DataParallel, shard_batches, shard_indices
 from .group import ProcessGroup, failing_rank_ends_the_job, init, launched_size
 
-__all__ = ["DataParallel", "ProcessGroup", "failing_rank_ends_the_job", "init", "transports", "launched_size", "shard_batches",
-           "shard_indices"]
+__all__ = ["DataParallel", "ProcessGroup", "failing_rank_ends_the_job", "init", "launched_size", "shard_batches",
+           "shard_indices", "transports"]
