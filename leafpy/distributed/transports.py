@@ -71,7 +71,7 @@ class NcclTransport(Transport):
             np.zeros(len(bytes(nccl.get_unique_id())), np.uint8)
         group.broadcast_(uid)
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-        self.comm = nccl.NcclCommunicator(group.size, tuple(int(b) for b in uid), group.rank)
+        self.comm = nccl.NcclCommunicator(group.size, uid.tobytes(), group.rank)
         self._flat: dict[int, Any] = {}
 
     def allreduce_weighted(self, tensors: list[SharedTensor], weight: float) -> None:
