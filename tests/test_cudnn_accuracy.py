@@ -85,7 +85,7 @@ def test_every_cudnn_pass_is_fp32_accurate(run_file, layer, x_shape, w_shape, st
 
     rng = np.random.default_rng(0)
     x = cp.asarray(rng.standard_normal(x_shape, dtype=np.float32))
-    w = cp.asarray(rng.standard_normal(w_shape, dtype=np.float32) / np.sqrt(np.prod(w_shape[1:])))
+    w = cp.asarray((rng.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))).astype(np.float32))
     n, _, h, wd = x_shape
     oh = (h + 2 * padding[0] - w_shape[2]) // stride[0] + 1
     ow = (wd + 2 * padding[1] - w_shape[3]) // stride[1] + 1
