@@ -274,6 +274,8 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads for both frameworks")
     p.add_argument("--tf32", action="store_true", help="let both frameworks use TF32 tensor cores (cuda)")
     p.add_argument("--no-gemm", action="store_true")
+    p.add_argument("--inexact-conv", action="store_true",
+                   help="cuda: let cuDNN's autotuner keep FFT/Winograd plans (exact_fp32=False), as PyTorch's may")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--settle", type=float, default=None,
                    help="seconds to wait before each timed round, so the other framework's idle threads sleep "
@@ -281,7 +283,12 @@ def main() -> int:
     args = p.parse_args()
     SETTLE_S = args.settle if args.settle is not None else (0.3 if args.backend == "native" else 0.0)
 
-    backend = lp.backend(args.backend, tf32=True) if args.backend == "cuda" and args.tf32 else lp.backend(args.backend)
+    options = {}
+    if args.backend == "cuda" and args.tf32:
+        options["tf32"] = True
+    if args.backend == "cuda" and args.inexact_conv:
+        options["exact_fp32"] = False
+    backend = lp.backend(args.backend, **options)
     device = "cpu" if args.backend == "native" else "cuda"
     torch = None
     if args.vs == "torch":

@@ -71,12 +71,15 @@ class CudaBackend(ArrayBackend):
     (im2col + GEMM). ``tf32``: let convolutions (cuDNN) and GEMMs (cuBLAS) use TF32 tensor cores (faster, ~1e-3
     relative error; PyTorch's ``allow_tf32`` switches for both).
     ``graphs``: record training steps with static shapes as CUDA graphs and replay them. ``fuse_bias``: add the
-    convolution bias inside the cuDNN forward graph (measured slower than a separate add on an H200 in float32)."""
+    convolution bias inside the cuDNN forward graph (measured slower than a separate add on an H200 in float32).
+    ``exact_fp32`` (default): without TF32, keep only cuDNN plans whose results are fp32-accurate (within 1e-5 of
+    the others); False also lets the autotuner pick FFT and Winograd plans (faster filter gradients, up to ~1e-2
+    relative error measured on an H200; what PyTorch's cudnn.benchmark may choose)."""
 
     name = "cuda"
 
     def __init__(self, dtype: Any = np.float32, device: int = 0, use_cudnn: bool | None = None,
-                 tf32: bool = False, graphs: bool = True, fuse_bias: bool = False) -> None:
+                 tf32: bool = False, graphs: bool = True, fuse_bias: bool = False, exact_fp32: bool = True) -> None:
         super().__init__(dtype)
         try:
             import cupy
@@ -107,7 +110,7 @@ class CudaBackend(ArrayBackend):
         self._step_stream = cupy.cuda.Stream()  # blocking: ordered with work on the default stream
         if use_cudnn is not False:
             try:
-                self._cudnn = _CudnnConv(cupy, tf32)
+                self._cudnn = _CudnnConv(cupy, tf32, exact=exact_fp32 and not tf32)
             except Exception as e:  # ImportError, or a frontend/runtime mismatch
                 if use_cudnn:
                     raise BackendUnavailable(f"backend 'cuda': cuDNN graphs unavailable ({e}); "
@@ -497,12 +500,13 @@ class _CudnnConv:
     this relative error (max |difference| / max |median|): a net under the notes, since an engine's notes are
     its own declaration."""
 
-    def __init__(self, cp: Any, tf32: bool) -> None:
+    def __init__(self, cp: Any, tf32: bool, exact: bool = True) -> None:
         import cudnn
 
         self.cudnn = cudnn
         self.cp = cp
         self.tf32 = tf32
+        self.exact = exact
         self.handle = cudnn.create_handle()
         self.graphs: dict = {}
         self.workspace = cp.empty(0, dtype=cp.uint8)
@@ -542,9 +546,9 @@ class _CudnnConv:
         g.build_operation_graph()
         g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.B, cudnn.heur_mode.FALLBACK])
         if not self.tf32:
-            notes = [getattr(cudnn.numerical_note, n) for n in self.FP32_EXCLUDED_NOTES
-                     if hasattr(cudnn.numerical_note, n)]
-            g.deselect_numeric_notes(notes)
+            excluded = self.FP32_EXCLUDED_NOTES if self.exact else ("TENSOR_CORE",)
+            g.deselect_numeric_notes([getattr(cudnn.numerical_note, n) for n in excluded
+                                      if hasattr(cudnn.numerical_note, n)])
         g.check_support()
         g.build_plans(cudnn.build_plan_policy.ALL)
         return g, names
@@ -574,7 +578,7 @@ class _CudnnConv:
                     stop.synchronize()
                     runs.append(cp.cuda.get_elapsed_time(start, stop))
                 ms = min(runs)
-                if not self.tf32:
+                if self.exact:
                     results.append(out.copy())
             except Exception:
                 continue  # a plan that cannot run here
