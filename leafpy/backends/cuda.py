@@ -495,6 +495,8 @@ class _CudnnConv:
                            "WINOGRAD_TILE_4x4", "WINOGRAD_TILE_6x6", "WINOGRAD_TILE_13x13")
     """cuDNN's numerical notes of engines that do not compute in full fp32 (TF32 tensor cores, fp16 inputs or
     reductions, FFT and Winograd transforms, which reach ~1e-3 relative error): excluded unless tf32=True."""
+    AGREEMENT_SAMPLE = 1 << 16
+    """Output elements compared between candidate plans."""
     FP32_AGREEMENT = 1e-5
     """In fp32 mode a plan is kept only if its output agrees with the median of every candidate plan's output to
     this relative error (max |difference| / max |median|): a net under the notes, since an engine's notes are
@@ -560,6 +562,11 @@ class _CudnnConv:
         cp = self.cp
         timings = self.timings[key] = []
         results: list[Any] = []
+        # the agreement check looks at a fixed sample of the output's elements: an inexact transform is off
+        # everywhere, and a sample keeps the candidates' copies small
+        flat = out.reshape(-1)
+        sample = cp.arange(flat.size) if flat.size <= self.AGREEMENT_SAMPLE else cp.asarray(
+            np.random.default_rng(0).choice(flat.size, self.AGREEMENT_SAMPLE, replace=False))
         for i in range(g.get_execution_plan_count()):
             try:
                 size = g.get_workspace_size_plan_at_index(i)
@@ -579,7 +586,7 @@ class _CudnnConv:
                     runs.append(cp.cuda.get_elapsed_time(start, stop))
                 ms = min(runs)
                 if self.exact:
-                    results.append(out.copy())
+                    results.append(flat[sample])
             except Exception:
                 continue  # a plan that cannot run here
             timings.append((ms, size, i))
