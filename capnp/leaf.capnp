@@ -12,7 +12,8 @@ struct Weight {
 
 struct Tensor {
   shape @0 :List(UInt64);
-  data @1 :List(Float32);
+  data @1 :List(Float32);   # Leaf's way
+  raw @2 :Data;             # leafpy's: the values as little-endian float32 bytes (data is then empty)
 }
 
 struct Layer {

@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+import re
 import stat
+import struct
 import tempfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,7 +36,10 @@ if TYPE_CHECKING:
 
 MAX_FILE_BYTES = 4 * 1024**3
 """Files larger than this are refused before they are parsed."""
-NESTING_LIMIT = 64
+MAX_WORDS = 2**34
+"""The most 8-byte words a message may unpack to (128 GB): the traversal limit a file's own size does not lower."""
+NESTING_LIMIT = 1024
+"""How deep a message's pointers may nest (each nested Sequential takes four levels)."""
 
 _SCHEMA: Any = None
 
@@ -226,27 +233,91 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
         pass
 
 
-def _read_message(path: str | os.PathLike, struct: str) -> Any:
-    path = os.fspath(path)
+MAGIC = b"\x89LEAFPY\n"
+"""The first bytes of every file leafpy writes (Leaf's files, bare packed messages, have none)."""
+FORMAT_VERSION = 1
+_KINDS = {"Layer": 1, "SolverCheckpoint": 2}
+_HEADER = struct.Struct("<8sIIQQI")
+"""magic, format version, kind (1 model, 2 checkpoint), the message's unpacked size in words, the packed
+payload's length in bytes, and a CRC-32 of the header's other fields and the payload."""
+
+
+def _checksum(header_fields: bytes, payload: bytes | memoryview) -> int:
+    return zlib.crc32(payload, zlib.crc32(header_fields)) & 0xFFFFFFFF
+
+
+def encode(msg: Any, struct_name: str) -> bytes:
+    """A leafpy file: the header (marker, version, kind, sizes, checksum) and the packed message."""
+    payload = msg.to_bytes_packed()
+    words = int(msg.total_size.word_count) + 1
+    fields = _HEADER.pack(MAGIC, FORMAT_VERSION, _KINDS[struct_name], words, len(payload), 0)[:-4]
+    return fields + struct.pack("<I", _checksum(fields, payload)) + payload
+
+
+def _read_file(path: str) -> bytes:
     try:
         with open(path, "rb") as f:  # a missing file, a directory, no permission: OSError
-            size = os.fstat(f.fileno()).st_size
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise SerializationError(f"{path}: not a regular file; give the path of a .leaf file")
+            size = st.st_size
             if size == 0:
                 raise SerializationError(f"{path}: the file is empty")
             if size > MAX_FILE_BYTES:
                 raise SerializationError(f"{path}: the file is {size} bytes, over the limit of {MAX_FILE_BYTES} "
                                          "(leafpy.serialization.MAX_FILE_BYTES)")
-            data = f.read()
+            data = f.read(size + 1)
     except OSError as e:
         raise SerializationError(f"{path}: cannot read: {e.strerror or e}") from e
-    # packed data expands at most 8x; a hostile file cannot make the reader walk more than that
-    limit = min(2**62, 8 * size + 1024)
+    if len(data) != size:
+        raise SerializationError(f"{path}: the file changed size while it was read; read it again")
+    return data
+
+
+def _read_message(path: str | os.PathLike, struct_name: str) -> Any:
+    """The message of a leafpy file (its header checked) or of a Leaf file (a bare packed message), parsed from
+    memory with limits that a hostile file cannot push past its own size."""
+    message, _ = read_message(os.fspath(path), struct_name)
+    return message
+
+
+def read_message(path: str, struct_name: str) -> tuple[Any, str]:
+    """(message, origin): origin "leafpy" for a file with leafpy's header, "bare" for a bare packed message
+    (Leaf 0.2.1's files, and leafpy's before the header)."""
+    data = _read_file(path)
+    if data.startswith(MAGIC):
+        if len(data) < _HEADER.size:
+            raise SerializationError(f"{path}: a leafpy file cut short in its header (truncated)")
+        _, version, kind, words, length, crc = _HEADER.unpack_from(data)
+        if version > FORMAT_VERSION:
+            raise SerializationError(f"{path}: written by a newer leafpy (file format {version}, this leafpy reads "
+                                     f"up to {FORMAT_VERSION}); upgrade leafpy")
+        payload = memoryview(data)[_HEADER.size:]
+        if len(payload) != length:
+            raise SerializationError(f"{path}: the file holds {len(payload)} bytes of data where its header "
+                                     f"declares {length} (truncated or appended to)")
+        if _checksum(data[:_HEADER.size - 4], payload) != crc:
+            raise SerializationError(f"{path}: checksum mismatch: the file is corrupted; use another copy")
+        wanted = _KINDS[struct_name]
+        if kind != wanted:
+            other = {v: k for k, v in _KINDS.items()}.get(kind, f"kind {kind}")
+            raise SerializationError(f"{path}: holds a {other}, not a {struct_name}"
+                                     f"{MALFORMED_HINT.get(struct_name, '')}")
+        origin = "leafpy"
+    else:
+        payload = memoryview(data)
+        words = 128 * len(data)  # a Leaf file carries no size: packing turns at most 256 zero words into 2 bytes
+        origin = "bare"
+    # reading a field again counts its words again: allow 8 readings of each word, and never more words than
+    # the packed bytes can expand to, whatever a (hostile) header declares
+    limit = min(8 * min(words, 128 * len(payload)) + 1024, MAX_WORDS)
     try:
-        return getattr(schema(), struct).from_bytes_packed(data, traversal_limit_in_words=limit,
-                                                           nesting_limit=NESTING_LIMIT)
+        msg = getattr(schema(), struct_name).from_bytes_packed(bytes(payload), traversal_limit_in_words=limit,
+                                                               nesting_limit=NESTING_LIMIT)
     except Exception as e:  # capnp reports malformed input as KjException
-        raise SerializationError(f"{path}: not a valid leafpy/Leaf {struct} file (truncated, corrupted or another "
-                                 f"format): {_short(e)}") from None
+        raise SerializationError(f"{path}: not a valid leafpy/Leaf {struct_name} file (truncated, corrupted or "
+                                 f"another format): {_short(e)}") from None
+    return msg, origin
 
 
 def _short(e: Exception) -> str:
@@ -283,39 +354,121 @@ def _guard(path: str, fn: Callable[[], Any], struct: str = "") -> Any:
         raise SerializationError(f"{path}: malformed contents: {_short(e)}{MALFORMED_HINT.get(struct, '')}") from None
 
 
-def _write_weights(builder_list: Any, items: list[tuple[str, np.ndarray]]) -> None:
+def _write_weights(builder_list: Any, items: list[tuple[str, np.ndarray]], leaf: bool = False) -> None:
+    """Named arrays; leafpy stores raw little-endian float32 bytes, Leaf (``leaf``) a List(Float32)."""
     for i, (name, arr) in enumerate(items):
         builder_list[i].name = name
         t = builder_list[i].init("tensor")
         t.shape = list(arr.shape)
-        t.data = np.ascontiguousarray(arr, dtype=np.float32).reshape(-1).tolist()
+        flat = np.ascontiguousarray(arr, dtype="<f4").reshape(-1)
+        if leaf:
+            t.data = flat.tolist()
+        else:
+            t.raw = flat.tobytes()
 
 
 def _read_weights(reader_list: Any, where: str) -> dict[str, np.ndarray]:
+    """Named arrays, each checked against its declared shape before anything is allocated for it."""
     out: dict[str, np.ndarray] = {}
     for w in reader_list:
         shape = tuple(int(d) for d in w.tensor.shape)
-        data = np.asarray(w.tensor.data, dtype=np.float32)
-        if data.size != int(np.prod(shape)):
-            raise SerializationError(f"{where}: weight {w.name!r} declares shape {shape} but holds {data.size} "
-                                     "values")
+        count = math.prod(shape)
+        raw = w.tensor.raw
+        if len(raw):
+            if len(raw) != 4 * count:
+                raise SerializationError(f"{where}: weight {w.name!r} declares shape {shape} ({count} values) but "
+                                         f"holds {len(raw)} bytes")
+            data = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+        else:
+            values = w.tensor.data
+            if len(values) != count:
+                raise SerializationError(f"{where}: weight {w.name!r} declares shape {shape} ({count} values) but "
+                                         f"holds {len(values)} values")
+            data = np.asarray(values, dtype=np.float32)
         out[w.name] = data.reshape(shape)
     return out
 
 
-def _layer_message(layer: Layer, builder: Any) -> None:
+def _layer_message(layer: Layer, builder: Any, leaf: bool = False) -> None:
     builder.name = layer.name
     write_layer_config(builder.init("config"), layer.config)
     names = layer.learnable_weights_names()
     data = [t.to_numpy() for t in layer.learnable_weights_data()]
-    _write_weights(builder.init("weightsData", len(names)), list(zip(names, data)))
+    if leaf:  # Leaf's names, and its convolution's flipped filters
+        leaf_names = {v: k for k, v in leaf_aliases(layer).items()}
+        filters = convolution_filter_names(layer)
+        data = [np.ascontiguousarray(d[..., ::-1, ::-1]) if n in filters else d for n, d in zip(names, data)]
+        names = [leaf_names[n] for n in names]
+    _write_weights(builder.init("weightsData", len(names)), list(zip(names, data)), leaf=leaf)
 
 
-def save_layer(layer: Layer, path: str | os.PathLike) -> None:
-    """Write ``layer``'s config and weights to ``path`` atomically."""
+FORMATS = ("leafpy", "leaf")
+
+
+def save_layer(layer: Layer, path: str | os.PathLike, format: str = "leafpy") -> None:
+    """Write ``layer``'s config and weights to ``path`` atomically: leafpy's file (with its header and checksum),
+    or with ``format="leaf"`` a file Leaf 0.2.1 reads (what Leaf cannot represent is a ConfigError)."""
+    if format not in FORMATS:
+        raise ConfigError(f"Layer.save: format must be one of {', '.join(FORMATS)}, got {format!r}")
     msg = schema().Layer.new_message()
+    if format == "leaf":
+        check_leaf_representable(layer.config, "Layer.save(format='leaf')")
+        _layer_message(layer, msg, leaf=True)
+        atomic_write(path, msg.to_bytes_packed())
+        return
     _layer_message(layer, msg)
-    atomic_write(path, msg.to_bytes_packed())
+    atomic_write(path, encode(msg, "Layer"))
+
+
+LEAF_TYPES = {"Convolution", "Linear", "Pooling", "LogSoftmax", "Softmax", "ReLU", "Sigmoid",
+              "NegativeLogLikelihood", "Reshape", "Sequential"}
+"""The layer types Leaf 0.2.1 had."""
+
+
+def check_leaf_representable(config: LayerConfig, where: str) -> None:
+    """Raise ConfigError naming the first layer or setting Leaf 0.2.1 could not read or would compute otherwise."""
+    def refuse(what: str) -> None:
+        raise ConfigError(f"{where}: layer '{config.name}' ({config.type}): {what}; Leaf 0.2.1 cannot represent "
+                          "it (save in leafpy's format instead)")
+
+    if config.type not in LEAF_TYPES:
+        refuse(f"the type {config.type} did not exist in Leaf")
+    c = config.config
+    if getattr(c, "bias", False):
+        refuse("a bias (Leaf's Linear and Convolution had none: bias=False)")
+    if config.type == "Pooling" and c.mode != "max":
+        refuse(f"{c.mode} pooling (Leaf pooled by maximum only)")
+    for wc in config.params:
+        if wc.lr_mult != 1.0 or wc.decay_mult != 1.0 or wc.filler is not None:
+            refuse("per-weight lr_mult, decay_mult or filler (Leaf's WeightConfig holds a name only)")
+    if config.type == "Sequential":
+        for child in c.layers:
+            check_leaf_representable(child, where)
+
+
+def convolution_filter_names(layer: Layer) -> set[str]:
+    """The names of every Convolution layer's filter in the tree (Leaf stored them flipped)."""
+    aliases = leaf_aliases(layer)
+    found: set[str] = set()
+
+    def walk(node: Layer) -> None:
+        if isinstance(node, Sequential):
+            for child in node.layers:
+                walk(child)
+        elif node.config.type == "Convolution":
+            found.update(v for k, v in aliases.items() if k == f"{node.name}-0")
+
+    walk(layer)
+    return found
+
+
+LEAF_WEIGHT_NAME = re.compile(r"[^/]+-\d+")
+
+
+def is_leaf_file(origin: str, saved: dict[str, np.ndarray]) -> bool:
+    """A bare file whose weights all carry Leaf's names ("{layer}-{i}") was written by Leaf: its convolution
+    filters are flipped. (leafpy names weights "{layer}/{weight}", and writes a header.)"""
+    return origin == "bare" and bool(saved) and all(LEAF_WEIGHT_NAME.fullmatch(k) for k in saved)
 
 
 def leaf_aliases(layer: Layer, prefix: str = "") -> dict[str, str]:
@@ -331,21 +484,24 @@ def leaf_aliases(layer: Layer, prefix: str = "") -> dict[str, str]:
     return out
 
 
-def apply_weights(layer: Layer, saved: dict[str, np.ndarray], where: str) -> None:
-    """Set ``layer``'s weights from ``saved`` by name (leafpy's or Leaf's), naming any missing or misfit one."""
+def apply_weights(layer: Layer, saved: dict[str, np.ndarray], where: str, leaf: bool = False) -> None:
+    """Set ``layer``'s weights from ``saved`` by name (leafpy's or Leaf's), naming any missing or misfit one. With
+    ``leaf`` (a file Leaf wrote) convolution filters are flipped: Leaf convolved (cuDNN's CUDNN_CONVOLUTION mode),
+    leafpy cross-correlates, so the same function needs the filter turned in both spatial axes."""
     names = layer.learnable_weights_names()
     if not names:
         if saved:
             layer._pending_weights = (dict(saved), where)
         return
     aliases = leaf_aliases(layer)
+    filters = convolution_filter_names(layer) if leaf else set()
     by_name = {}
     for key, arr in saved.items():
         target = key if key in names else aliases.get(key)
         if target is None:
             raise SerializationError(f"{where}: saved weight {key!r} matches no weight of the network "
                                      f"(weights: {', '.join(names)})")
-        by_name[target] = arr
+        by_name[target] = np.ascontiguousarray(arr[..., ::-1, ::-1]) if target in filters else arr
     for name, tensor in zip(names, layer.learnable_weights_data()):
         if name not in by_name:
             raise SerializationError(f"{where}: weight {name!r} is missing from the file")
@@ -359,13 +515,13 @@ def apply_weights(layer: Layer, saved: dict[str, np.ndarray], where: str) -> Non
 def load_layer(backend: Backend, path: str | os.PathLike) -> Layer:
     """Read a layer written by :func:`save_layer` or by Leaf 0.2.1."""
     path = os.fspath(path)
-    msg = _read_message(path, "Layer")
+    msg, origin = read_message(path, "Layer")
 
     def build() -> Layer:
         config = read_layer_config(msg.config)
         saved = _read_weights(msg.weightsData, path)
         layer = Layer.from_config(backend, config)
-        apply_weights(layer, saved, path)
+        apply_weights(layer, saved, path, leaf=is_leaf_file(origin, saved))
         return layer
 
     return _guard(path, build, "Layer")
@@ -376,11 +532,11 @@ def load_weights(layer: Layer, path: str | os.PathLike) -> None:
     path = os.fspath(path)
     errors = []
     readers = (("Layer", lambda m: m.weightsData), ("SolverCheckpoint", lambda m: m.network.weightsData))
-    for struct, weights_of in readers:
+    for struct_name, weights_of in readers:
         try:
-            msg = _read_message(path, struct)
+            msg, origin = read_message(path, struct_name)
             saved = _guard(path, lambda: _read_weights(weights_of(msg), path))
-            _guard(path, lambda: apply_weights(layer, saved, path))
+            _guard(path, lambda: apply_weights(layer, saved, path, leaf=is_leaf_file(origin, saved)))
             return
         except SerializationError as e:
             errors.append(e)
@@ -392,9 +548,9 @@ def saved_network_config(path: str | os.PathLike) -> LayerConfig:
     path = os.fspath(path)
     errors = []
     readers = (("Layer", lambda m: m.config), ("SolverCheckpoint", lambda m: m.config.network))
-    for struct, config_of in readers:
+    for struct_name, config_of in readers:
         try:
-            msg = _read_message(path, struct)
+            msg = _read_message(path, struct_name)
             return _guard(path, lambda: read_layer_config(config_of(msg)))
         except SerializationError as e:
             errors.append(e)
@@ -462,7 +618,7 @@ def save_checkpoint(solver: Solver, path: str | os.PathLike) -> None:
     msg.rngSeeds = [int(w.seed) for w in workers]
     msg.rngCalls = [int(w.calls) for w in workers]
     msg.trainerState = json.dumps(solver.trainer_state, sort_keys=True) if solver.trainer_state else ""
-    atomic_write(path, msg.to_bytes_packed())
+    atomic_write(path, encode(msg, "SolverCheckpoint"))
 
 
 TRAINER_STATE_LIMIT = 1 << 20

@@ -143,7 +143,7 @@ def test_bad_input_gives_a_clear_error(tmp_path):
     lp.Layer.from_config(lp.backend("native"), lp.config.load(DIGITS).network).save(model)
     p = run("train", DIGITS, "--out", str(tmp_path / "run"), "--resume", str(model))
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
-    assert f"{model}: malformed contents" in p.stderr and "needs a checkpoint" in p.stderr
+    assert f"{model}: holds a Layer, not a SolverCheckpoint" in p.stderr and "needs a checkpoint" in p.stderr
 
 
 NPZ_RUN = """

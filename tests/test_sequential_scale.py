@@ -32,8 +32,9 @@ def test_twenty_thousand_layers_declare_read_build_run_save_and_load_in_linear_t
     again = lp.Layer.load(lp.backend("native"), str(tmp_path / "deep.leaf"))
     np.testing.assert_allclose(again.forward([x])[0].to_numpy(), ref, rtol=1e-5)
     total = time.perf_counter() - start
-    assert declare < 1.5, f"declaring {N} layers took {declare:.1f} s"
-    assert total < 10, f"{N} layers took {total:.1f} s"
+    # loose bounds for a busy machine: a linear scan per layer took 8.3 s to declare them, ~40 s in all
+    assert declare < 3, f"declaring {N} layers took {declare:.1f} s"
+    assert total < 30, f"{N} layers took {total:.1f} s"
 
 
 def test_duplicate_layer_names_are_still_refused_even_after_the_list_is_changed_directly():

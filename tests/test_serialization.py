@@ -140,7 +140,9 @@ def test_leaf_021_file_loads_and_computes_what_leaf_computed(tmp_path, native):
     assert net.learnable_weights_names() == ["conv/weight", "fc/weight"]  # Leaf's layers had no bias
     x = rng.standard_normal((2, 16)).astype(np.float32)
     y = net.forward([x])[0].to_numpy()
-    c = ref.conv2d(x.reshape(2, 1, 4, 4).astype(np.float64), conv_w.astype(np.float64), None)
+    # Leaf ran cuDNN in CUDNN_CONVOLUTION mode: a true convolution, i.e. a cross-correlation with the filter
+    # turned in both spatial axes
+    c = ref.conv2d(x.reshape(2, 1, 4, 4).astype(np.float64), conv_w[..., ::-1, ::-1].astype(np.float64), None)
     p, _ = ref.maxpool(c, 2, 2)
     h = np.maximum(p, 0).reshape(2, -1)
     expected = 1 / (1 + np.exp(-(h @ fc_w.T)))
@@ -156,12 +158,11 @@ def test_weights_are_matched_by_name_not_position(tmp_path, native):
     path = tmp_path / "net.leaf"
     net.save(path)
     msg = serialization._read_message(path, "Layer").as_builder()
-    names = [w.name for w in msg.weightsData]
+    saved = serialization._read_weights(msg.weightsData, "test")
+    names = list(saved)
     order = [2, 3, 0, 1]  # store b's weights first
-    data = [(names[i], np.array(msg.weightsData[i].tensor.data, np.float32).reshape(
-        tuple(msg.weightsData[i].tensor.shape))) for i in order]
-    serialization._write_weights(msg.init("weightsData", 4), data)
-    path.write_bytes(msg.to_bytes_packed())
+    serialization._write_weights(msg.init("weightsData", 4), [(names[i], saved[names[i]]) for i in order])
+    path.write_bytes(serialization.encode(msg, "Layer"))
     loaded = lp.Layer.load(native, path)
     for w1, w2 in zip(net.learnable_weights_data(), loaded.learnable_weights_data()):
         np.testing.assert_array_equal(w1.to_numpy(), w2.to_numpy())
@@ -175,7 +176,7 @@ def test_missing_and_misshapen_weights_are_named(tmp_path, native):
     net.save(path)
     msg = serialization._read_message(path, "Layer").as_builder()
     serialization._write_weights(msg.init("weightsData", 1), [("a/weight", np.zeros((3, 3), np.float32))])
-    path.write_bytes(msg.to_bytes_packed())
+    path.write_bytes(serialization.encode(msg, "Layer"))
     with pytest.raises(lp.SerializationError, match="'a/bias' is missing"):
         lp.Layer.load(native, path)
     msg.clear_write_flag()

@@ -151,8 +151,8 @@ class LayerConfig:
 
     def __init__(self, name: str, layer_type: Any, *, inputs: Sequence[str] = (), outputs: Sequence[str] = (),
                  params: Sequence[WeightConfig | dict] = (), propagate_down: Sequence[bool] = ()) -> None:
-        if not isinstance(name, str) or not name or "/" in name:
-            raise ConfigError(f"layer name: expected a non-empty string without '/', got {name!r}")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"layer name: expected a non-empty string, got {name!r}")
         if isinstance(layer_type, str):
             entry = lookup(layer_type, f"layer '{name}'")
             if entry.config_class is None:
@@ -263,6 +263,12 @@ class Worker:
 # --------------------------------------------------------------------------------------------------------------
 # Layer
 # --------------------------------------------------------------------------------------------------------------
+def weight_name_part(layer_name: str) -> str:
+    """A layer's name as it appears in weight names ("conv1/weight"), where '/' separates layers and weights:
+    '%' and '/' are written %25 and %2F (Leaf's networks name layers like "conv1/relu")."""
+    return layer_name.replace("%", "%25").replace("/", "%2F")
+
+
 def _is_tensor(x: Any) -> bool:
     return isinstance(x, SharedTensor)
 
@@ -367,12 +373,14 @@ class Layer:
         _checks.path("Layer.load: path", path)
         return load_layer(backend, path)
 
-    def save(self, path: str) -> None:
-        """Write this layer's config and weights to ``path`` (Cap'n Proto, atomically)."""
+    def save(self, path: str, format: str = "leafpy") -> None:
+        """Write this layer's config and weights to ``path`` (Cap'n Proto, atomically): leafpy's file, with a
+        header and a checksum, or with ``format="leaf"`` a file Leaf 0.2.1 reads (Leaf's weight names, flipped
+        convolution filters; a ConfigError for what Leaf cannot represent, such as biases)."""
         from ..serialization import save_layer
 
         _checks.path("Layer.save: path", path)
-        save_layer(self, path)
+        save_layer(self, path, format)
 
     # --- properties -------------------------------------------------------------------------------------
     @property
@@ -437,7 +445,7 @@ class Layer:
             cfg = self.config.params[i] if i < len(self.config.params) else WeightConfig()
             if wname in worker.untrained_weights:
                 cfg = dataclasses.replace(cfg, lr_mult=0.0, decay_mult=0.0)
-            full = cfg.name or f"{self.name}/{wname}"
+            full = cfg.name or f"{weight_name_part(self.name)}/{wname}"
             shared = self._registry.get(full) if cfg.name else None
             if shared is not None:
                 data, grad = shared

@@ -31,7 +31,7 @@ from ... import _checks
 from ...backends.base import Backend
 from ...errors import ConfigError, ShapeError
 from ...tensor import SharedTensor, as_numbers
-from ..layer import Layer, LayerConfig, layout_hint, register_layer, same_layout
+from ..layer import Layer, LayerConfig, layout_hint, register_layer, same_layout, weight_name_part
 
 
 @dataclass(eq=True)
@@ -124,6 +124,7 @@ class Sequential(Layer):
             producer[n] = -1
         unread = list(self.input_names)
         prev_outputs: list[str] = []
+        renamed: dict[str, str] = {}  # a blob name taken over by a later layer's output (Leaf's in-place request)
         last = len(self.layers) - 1
         for i, (layer, lc) in enumerate(zip(self.layers, self.seq_config.layers)):
             arity = layer.num_inputs
@@ -136,6 +137,7 @@ class Sequential(Layer):
                         break
                     if n not in names:
                         names.append(n)
+            names = [renamed.get(n, n) for n in names]
             for n in names:
                 if n not in producer:
                     raise ConfigError(f"layer '{lc.name}' ({lc.type}): input blob {n!r} does not exist; available "
@@ -154,7 +156,15 @@ class Sequential(Layer):
             else:
                 stem = "SEQUENTIAL_OUTPUT" if i == last else "SEQUENTIAL"
                 outs = [f"{stem}_{i}"] if n_out == 1 else [f"{stem}_{i}_{k}" for k in range(n_out)]
-            for o in outs:
+            for k, o in enumerate(outs):
+                if o in renamed or (o in producer and o in names and lc.inputs):
+                    # Leaf's (and Caffe's) in-place request: an output named as the layer's input takes that name
+                    # over for the layers after it; the container decides below whether it really runs in place
+                    internal = f"{o}@{lc.name}"
+                    if internal in producer:
+                        raise ConfigError(f"layer '{lc.name}' ({lc.type}): output blob {o!r} is written twice")
+                    renamed[o] = internal
+                    outs[k] = o = internal
                 if o in producer:
                     raise ConfigError(f"layer '{lc.name}' ({lc.type}): output blob {o!r} is already written by "
                                       f"{'an input' if producer[o] < 0 else repr(self.layers[producer[o]].name)}; "
@@ -233,7 +243,7 @@ class Sequential(Layer):
         for layer in self.layers:
             for d, g, n, c in layer._weight_entries():
                 prefix = isinstance(layer, Sequential) and c.name is None
-                entries.append((d, g, f"{layer.name}/{n}" if prefix else n, c))
+                entries.append((d, g, f"{weight_name_part(layer.name)}/{n}" if prefix else n, c))
         return entries
 
     def require_input_gradients(self, flags: Sequence[bool]) -> None:
