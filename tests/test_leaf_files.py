@@ -126,8 +126,7 @@ def test_a_file_leaf_wrote_computes_what_leaf_computed(tmp_path):
     x = rng.standard_normal((3, 1, 8, 8)).astype(np.float32)
     expected = leaf_lenet_reference(x, conv_w, ip_w)
     np.testing.assert_allclose(net.forward([x])[0].to_numpy(), expected, rtol=1e-5, atol=1e-5)
-    # the same weights read as a cross-correlation (leafpy's filters unflipped) compute something else
-    flat = lp.SequentialConfig(inputs=[("data", [3, 1, 8, 8])])
+    # leafpy holds the filter turned (its convolutions cross-correlate)
     assert not np.allclose(net.learnable_weights_data()[0].to_numpy(), conv_w)
 
     # written back for Leaf: Leaf's names, the filter as Leaf stored it, data Leaf's schema reads
@@ -138,7 +137,6 @@ def test_a_file_leaf_wrote_computes_what_leaf_computed(tmp_path):
     np.testing.assert_array_equal(np.array(back["weights"][0][2], np.float32).reshape(conv_w.shape), conv_w)
     again = lp.Layer.load(lp.backend("native"), str(tmp_path / "again.leaf"))
     np.testing.assert_allclose(again.forward([x])[0].to_numpy(), expected, rtol=1e-5, atol=1e-5)
-    del flat
 
 
 def test_leafpy_to_leaf_and_back_computes_the_same(tmp_path):
@@ -242,7 +240,8 @@ def test_a_bare_file_of_an_earlier_leafpy_is_not_flipped(tmp_path):
     serialization._layer_message(net, msg)  # leafpy's names ("conv/weight"), written bare as before the header
     (tmp_path / "old.leaf").write_bytes(msg.to_bytes_packed())
     old = lp.Layer.load(lp.backend("native"), str(tmp_path / "old.leaf"))
-    np.testing.assert_array_equal(old.learnable_weights_data()[0].to_numpy(), net.learnable_weights_data()[0].to_numpy())
+    np.testing.assert_array_equal(old.learnable_weights_data()[0].to_numpy(),
+                                  net.learnable_weights_data()[0].to_numpy())
 
 
 def test_a_header_that_lies_about_sizes_is_refused_quickly(tmp_path):
