@@ -21,7 +21,7 @@ TIMEOUT_S = 20.0
 
 CHILD = r"""
 import json, resource, sys
-resource.setrlimit(resource.RLIMIT_AS, (%d, %d))
+resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
 import leafpy as lp
 from leafpy.errors import LeafpyError
 backend = lp.backend("native") if hasattr(lp, "backend") else None
@@ -37,7 +37,7 @@ for path in json.loads(sys.argv[1]):
     except Exception as e:  # classified, not hidden: the class name is reported
         out[path] = "raw exception:" + type(e).__name__
 print("RESULT " + json.dumps(out))
-""" % (MEMORY_LIMIT, MEMORY_LIMIT)
+""".replace("MEMORY_LIMIT", str(MEMORY_LIMIT))
 
 
 def make_model(path: Path) -> None:
