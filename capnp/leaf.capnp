@@ -44,6 +44,7 @@ struct LayerConfig {
     flatten @17 :Void;
     meanSquaredError @18 :Void;
     batchNorm @19 :BatchNormConfig;
+    eltwise @20 :EltwiseConfig;
   }
 
   outputs @11 :List(Text);
@@ -118,6 +119,17 @@ struct ReshapeConfig {
 
 struct DropoutConfig {
   ratio @0 :Float64;
+}
+
+enum EltwiseOperation {
+  prod @0;
+  sum @1;
+  max @2;
+}
+
+struct EltwiseConfig {
+  operation @0 :EltwiseOperation = sum;
+  coeff @1 :List(Float64);  # sum: one per input; empty: all 1
 }
 
 struct BatchNormConfig {

@@ -16,6 +16,7 @@ from .layers import (
                      BatchNormConfig,
                      ConvolutionConfig,
                      DropoutConfig,
+                     EltwiseConfig,
                      FillerConfig,
                      Layer,
                      LayerConfig,
@@ -38,7 +39,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Backend", "BackendError", "BackendUnavailable", "BatchNormConfig", "ConfigError", "ConvolutionConfig",
-    "DropoutConfig",
+    "DropoutConfig", "EltwiseConfig",
     "FillerConfig", "Layer", "LayerConfig", "LeafpyError", "LinearConfig", "NegativeLogLikelihoodConfig",
     "PoolingConfig", "ReshapeConfig", "SerializationError", "Sequential", "SequentialConfig", "ShapeError",
     "SharedTensor", "WeightConfig", "available_backends", "backend", "layer_types", "register_layer",
