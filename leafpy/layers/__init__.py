@@ -12,6 +12,6 @@ from .layer import FillerConfig, Layer, LayerConfig, WeightConfig, Worker, layer
 from .loss.negative_log_likelihood import NegativeLogLikelihoodConfig  # noqa: E402
 from .utility.reshape import ReshapeConfig  # noqa: E402
 
-__all__ = ["BatchNormConfig", "ConvolutionConfig", "DropoutConfig", "EltwiseConfig", "FillerConfig", "Layer", "LayerConfig",
-           "LinearConfig", "NegativeLogLikelihoodConfig", "PoolingConfig", "ReshapeConfig", "Sequential",
+__all__ = ["BatchNormConfig", "ConvolutionConfig", "DropoutConfig", "EltwiseConfig", "FillerConfig", "Layer",
+           "LayerConfig", "LinearConfig", "NegativeLogLikelihoodConfig", "PoolingConfig", "ReshapeConfig", "Sequential",
            "SequentialConfig", "WeightConfig", "Worker", "layer_types", "lookup", "register_layer"]
