@@ -14,6 +14,7 @@ from .backends.base import Backend
 from .errors import BackendError, BackendUnavailable, ConfigError, LeafpyError, SerializationError, ShapeError
 from .layers import (
                      BatchNormConfig,
+                     ConcatConfig,
                      ConvolutionConfig,
                      DropoutConfig,
                      EltwiseConfig,
@@ -21,11 +22,13 @@ from .layers import (
                      Layer,
                      LayerConfig,
                      LinearConfig,
+                     LRNConfig,
                      NegativeLogLikelihoodConfig,
                      PoolingConfig,
                      ReshapeConfig,
                      Sequential,
                      SequentialConfig,
+                     SliceConfig,
                      WeightConfig,
                      layer_types,
                      register_layer,
@@ -39,7 +42,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Backend", "BackendError", "BackendUnavailable", "BatchNormConfig", "ConfigError", "ConvolutionConfig",
-    "DropoutConfig", "EltwiseConfig",
+    "ConcatConfig", "DropoutConfig", "EltwiseConfig", "LRNConfig", "SliceConfig",
     "FillerConfig", "Layer", "LayerConfig", "LeafpyError", "LinearConfig", "NegativeLogLikelihoodConfig",
     "PoolingConfig", "ReshapeConfig", "SerializationError", "Sequential", "SequentialConfig", "ShapeError",
     "SharedTensor", "WeightConfig", "available_backends", "backend", "layer_types", "register_layer",
