@@ -14,6 +14,7 @@ from .layer import FillerConfig, Layer, LayerConfig, WeightConfig, Worker, layer
 from .loss.negative_log_likelihood import NegativeLogLikelihoodConfig  # noqa: E402
 from .utility.reshape import ReshapeConfig  # noqa: E402
 
-__all__ = ["BatchNormConfig", "ConcatConfig", "ConvolutionConfig", "DropoutConfig", "EltwiseConfig", "FillerConfig", "Layer",
-           "LayerConfig", "LinearConfig", "LRNConfig", "NegativeLogLikelihoodConfig", "PoolingConfig", "ReshapeConfig", "Sequential",
-           "SequentialConfig", "SliceConfig", "WeightConfig", "Worker", "layer_types", "lookup", "register_layer"]
+__all__ = ["BatchNormConfig", "ConcatConfig", "ConvolutionConfig", "DropoutConfig", "EltwiseConfig", "FillerConfig",
+           "Layer", "LayerConfig", "LinearConfig", "LRNConfig", "NegativeLogLikelihoodConfig", "PoolingConfig",
+           "ReshapeConfig", "Sequential", "SequentialConfig", "SliceConfig", "WeightConfig", "Worker", "layer_types",
+           "lookup", "register_layer"]
