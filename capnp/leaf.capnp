@@ -45,6 +45,10 @@ struct LayerConfig {
     flatten @17 :Void;
     meanSquaredError @18 :Void;
     batchNorm @19 :BatchNormConfig;
+    eltwise @20 :EltwiseConfig;
+    concat @21 :ConcatConfig;
+    slice @22 :SliceConfig;
+    lrn @23 :LRNConfig;
   }
 
   outputs @11 :List(Text);
@@ -119,6 +123,33 @@ struct ReshapeConfig {
 
 struct DropoutConfig {
   ratio @0 :Float64;
+}
+
+enum EltwiseOperation {
+  prod @0;
+  sum @1;
+  max @2;
+}
+
+struct EltwiseConfig {
+  operation @0 :EltwiseOperation = sum;
+  coeff @1 :List(Float64);  # sum: one per input; empty: all 1
+}
+
+struct ConcatConfig {
+  axis @0 :Int64 = 1;
+}
+
+struct SliceConfig {
+  axis @0 :Int64 = 1;
+  slicePoints @1 :List(UInt64);
+}
+
+struct LRNConfig {
+  localSize @0 :UInt64 = 5;
+  alpha @1 :Float64 = 1.0;
+  beta @2 :Float64 = 0.75;
+  k @3 :Float64 = 1.0;
 }
 
 struct BatchNormConfig {

@@ -14,17 +14,21 @@ from .backends.base import Backend
 from .errors import BackendError, BackendUnavailable, ConfigError, LeafpyError, SerializationError, ShapeError
 from .layers import (
                      BatchNormConfig,
+                     ConcatConfig,
                      ConvolutionConfig,
                      DropoutConfig,
+                     EltwiseConfig,
                      FillerConfig,
                      Layer,
                      LayerConfig,
                      LinearConfig,
+                     LRNConfig,
                      NegativeLogLikelihoodConfig,
                      PoolingConfig,
                      ReshapeConfig,
                      Sequential,
                      SequentialConfig,
+                     SliceConfig,
                      WeightConfig,
                      layer_types,
                      register_layer,
@@ -38,7 +42,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Backend", "BackendError", "BackendUnavailable", "BatchNormConfig", "ConfigError", "ConvolutionConfig",
-    "DropoutConfig",
+    "ConcatConfig", "DropoutConfig", "EltwiseConfig", "LRNConfig", "SliceConfig",
     "FillerConfig", "Layer", "LayerConfig", "LeafpyError", "LinearConfig", "NegativeLogLikelihoodConfig",
     "PoolingConfig", "ReshapeConfig", "SerializationError", "Sequential", "SequentialConfig", "ShapeError",
     "SharedTensor", "WeightConfig", "available_backends", "backend", "layer_types", "register_layer",

@@ -62,6 +62,22 @@ CASES = {
     "Dropout": [(lp.DropoutConfig(ratio=0.3), lambda r: [r.standard_normal((4, 6))])],
     "BatchNorm": [(lp.BatchNormConfig(), lambda r: [r.standard_normal((4, 3, 2, 2)) * 2 + 1]),
                   (lp.BatchNormConfig(affine=False, eps=1e-3, momentum=0.5), lambda r: [r.standard_normal((5, 3))])],
+    "Eltwise": [(lp.EltwiseConfig(), lambda r: [r.standard_normal((3, 4)), r.standard_normal((3, 4))]),
+                (lp.EltwiseConfig(operation="sum", coeff=[0.5, -2.0, 1.5]),
+                 lambda r: [r.standard_normal((2, 3, 2)) for _ in range(3)]),
+                (lp.EltwiseConfig(operation="prod"), lambda r: [r.standard_normal((2, 5)) for _ in range(3)]),
+                (lp.EltwiseConfig(operation="max"),  # distinct values: no near ties between the inputs
+                 lambda r: list(distinct(r, (3, 2, 3, 2)))),
+                (lp.EltwiseConfig(operation="max"), lambda r: list(distinct(r, (2, 4, 5))))],
+    "Concat": [(lp.ConcatConfig(), lambda r: [r.standard_normal((2, 3, 2, 2)), r.standard_normal((2, 1, 2, 2)),
+                                              r.standard_normal((2, 2, 2, 2))]),
+               (lp.ConcatConfig(axis=-1), lambda r: [r.standard_normal((3, 2)), r.standard_normal((3, 4))]),
+               (lp.ConcatConfig(axis=2), lambda r: [r.standard_normal((2, 2, 1, 3)), r.standard_normal((2, 2, 3, 3))])],
+    "LRN": [(lp.LRNConfig(local_size=3, alpha=0.5, beta=0.75, k=2.0),
+             lambda r: [r.standard_normal((2, 5, 2, 2))]),
+            (lp.LRNConfig(local_size=5, alpha=1.5, beta=0.6, k=1.0), lambda r: [r.standard_normal((2, 4, 3))])],
+    "Slice": [(lp.SliceConfig(slice_points=[1, 3]), lambda r: [r.standard_normal((2, 5, 2, 2))]),
+              (lp.SliceConfig(axis=-1, slice_points=[2]), lambda r: [r.standard_normal((3, 2, 5))])],
 }
 
 

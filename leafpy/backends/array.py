@@ -484,6 +484,46 @@ class ArrayBackend(Backend):
         if overlap:
             dx[...] = dxp[:, :, ph:ph + h, pw:pw + w]
 
+    # --- blocks along an axis -------------------------------------------------------------------------------
+    def copy_block(self, part, whole, part_inner, whole_inner, offset, into_whole):
+        outer = part.size // part_inner if part_inner else 0
+        p = part.reshape(outer, part_inner)
+        block = whole.reshape(outer, whole_inner)[:, offset:offset + part_inner]
+        if into_whole:
+            block[...] = p
+        else:
+            p[...] = block
+
+    # --- local response normalisation -----------------------------------------------------------------------
+    def _channel_window_sum(self, v, size):
+        """Sum over the ``size`` channels centred on each channel of v [N, C, S] (zeros past the edges)."""
+        xp = self.xp
+        pre = (size - 1) // 2
+        c = v.shape[1]
+        padded = xp.zeros((v.shape[0], c + size - 1, v.shape[2]), v.dtype)
+        padded[:, pre:pre + c] = v
+        total = xp.zeros_like(v)
+        for o in range(size):
+            total += padded[:, o:o + c]
+        return total
+
+    def lrn(self, x, scale, out, size, alpha, beta, k):
+        xp = self.xp
+        shape3 = (x.shape[0], x.shape[1], x.size // max(x.shape[0] * x.shape[1], 1))
+        x3 = x.reshape(shape3)
+        s = self._channel_window_sum(x3 * x3, size)
+        s *= alpha / size
+        s += k
+        scale.reshape(shape3)[...] = s
+        xp.multiply(x3, s ** -beta, out=out.reshape(shape3))
+
+    def lrn_grad(self, x, y, scale, dy, dx, size, alpha, beta):
+        shape3 = (x.shape[0], x.shape[1], x.size // max(x.shape[0] * x.shape[1], 1))
+        x3, y3, s3, dy3 = (a.reshape(shape3) for a in (x, y, scale, dy))
+        # the window of channels whose scale reads channel c is the window centred on c, mirrored
+        ratio = self._channel_window_sum((dy3 * y3 / s3)[:, ::-1], size)[:, ::-1]
+        dx.reshape(shape3)[...] = dy3 * s3 ** -beta - (2.0 * alpha * beta / size) * x3 * ratio
+
     # --- randomness -----------------------------------------------------------------------------------------
     def dropout_mask(self, mask, ratio, seed):
         # a counter-based hash of (seed, index), the same on every backend: masks agree across backends

@@ -199,6 +199,25 @@ class Backend:
         """Gradient of :meth:`pool2d` w.r.t. its input, written into ``dx``."""
         raise NotImplementedError
 
+    # --- blocks along an axis (Concat, Slice) -----------------------------------------------------------------
+    def copy_block(self, part: Buffer, whole: Buffer, part_inner: int, whole_inner: int, offset: int,
+                   into_whole: bool) -> None:
+        """Seeing ``part`` as [outer, part_inner] and ``whole`` as [outer, whole_inner]: copy ``part`` into
+        ``whole[:, offset:offset + part_inner]`` (``into_whole``) or that block of ``whole`` into ``part``."""
+        raise NotImplementedError
+
+    # --- local response normalisation (across channels) ------------------------------------------------------
+    def lrn(self, x: Buffer, scale: Buffer, out: Buffer, size: int, alpha: float, beta: float, k: float) -> None:
+        """Over [N, C, ...]: ``scale = k + alpha / size * sum of x**2 over the size channels centred on each
+        channel`` (zero past the edges) and ``out = x * scale**-beta``, as Caffe's LRN across channels."""
+        raise NotImplementedError
+
+    def lrn_grad(self, x: Buffer, y: Buffer, scale: Buffer, dy: Buffer, dx: Buffer, size: int, alpha: float,
+                 beta: float) -> None:
+        """Gradient of :meth:`lrn`: ``dx = dy * scale**-beta - 2 alpha beta / size * x * (the window sum of
+        dy * y / scale)``."""
+        raise NotImplementedError
+
     # --- randomness -------------------------------------------------------------------------------------------
     def dropout_mask(self, mask: Buffer, ratio: float, seed: int) -> None:
         """Fill ``mask`` with 0 (probability ``ratio``) or ``1 / (1 - ratio)``, reproducibly from ``seed``."""

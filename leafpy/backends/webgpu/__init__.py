@@ -26,7 +26,7 @@ from ..array import dropout_key, dropout_threshold
 from ..base import Backend
 
 _HERE = Path(__file__).parent
-_MODULES = ("elementwise", "reduce", "classes", "gemm", "conv", "pool", "winograd", "batchnorm")
+_MODULES = ("elementwise", "reduce", "classes", "gemm", "conv", "pool", "winograd", "batchnorm", "lrn")
 _WINDOWED = ("gemm", "conv", "pool", "winograd")  # modules that include window.wgsl
 WG = 256
 
@@ -1119,6 +1119,22 @@ class WebGPUBackend(Backend):
             self._dispatch("pool", entry, _pack((count, *offsets)), buffers, self._grid(count), binds, constants=consts)
 
     # --- randomness and solver updates -----------------------------------------------------------------------
+    def copy_block(self, part, whole, part_inner, whole_inner, offset, into_whole):
+        self._elementwise("block_into" if into_whole else "block_from", part.size, [part, whole],
+                          u=(0, part_inner, whole_inner, offset), whole=(1,), base_slot=4)
+
+    def lrn(self, x, scale, out, size, alpha, beta, k):
+        c = x.shape[1]
+        inner = x.size // (x.shape[0] * c)
+        self._elementwise("lrn", x.size, [x, scale, out], u=(0, c, inner, size), f=(alpha / size, beta, k),
+                          whole=(0, 1, 2), base_slot=4, module="lrn")
+
+    def lrn_grad(self, x, y, scale, dy, dx, size, alpha, beta):
+        c = x.shape[1]
+        inner = x.size // (x.shape[0] * c)
+        self._elementwise("lrn_grad", x.size, [x, y, scale, dy, dx], u=(0, c, inner, size),
+                          f=(2.0 * alpha * beta / size, beta), whole=(0, 1, 2, 3, 4), base_slot=4, module="lrn")
+
     def dropout_mask(self, mask, ratio, seed):
         self._elementwise("dropout_mask", mask.size, [mask], u=(0, dropout_key(seed), dropout_threshold(ratio)),
                           f=(1.0 / (1.0 - ratio),))

@@ -217,3 +217,22 @@ fn split_sum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     if (p.f1 != 0.0) { v = v + p.f1 * b[i]; }
     b[i] = v;
 }
+
+// Blocks along an axis (Concat, Slice): a = part seen as [outer, u1], b = the whole tensor seen as [outer, u2],
+// the block starting at column u3; u4 = index of a[0] in the whole part.
+fn block_index(i: u32) -> u32 {
+    let g = i + p.u4;
+    return (g / p.u1) * p.u2 + p.u3 + g % p.u1;
+}
+
+@compute @workgroup_size(256)
+fn block_into(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) { b[block_index(i)] = a[i]; }
+}
+
+@compute @workgroup_size(256)
+fn block_from(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.u0) { a[i] = b[block_index(i)]; }
+}

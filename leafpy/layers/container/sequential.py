@@ -2,8 +2,9 @@
 
 Wiring follows Leaf. The first layer reads the container's declared inputs; each later layer reads the previous
 layer's outputs, then any declared inputs not read yet, up to its arity (so an objective ``[LogSoftmax, NLL]`` over
-inputs ``(network_out, label)`` wires itself). A layer may name its ``inputs``/``outputs`` instead. Unnamed
-intermediate blobs are ``SEQUENTIAL_{i}``, the last layer's ``SEQUENTIAL_OUTPUT_{i}``.
+inputs ``(network_out, label)`` wires itself). A layer may name its ``inputs``/``outputs`` instead (Caffe's
+bottom/top), so branches and skip connections are written by name; a blob read by several layers receives the sum
+of their gradients. Unnamed intermediate blobs are ``SEQUENTIAL_{i}``, the last layer's ``SEQUENTIAL_OUTPUT_{i}``.
 
 In place: a layer that can run in place (ReLU, Sigmoid, TanH, Reshape, Flatten, Dropout) writes into its input's
 storage when that input comes from an earlier layer, nothing else reads it, and overwriting it cannot spoil the
@@ -108,6 +109,8 @@ class Sequential(Layer):
         ]
         self._plan = self._wire()
         self._grad_pool: list[SharedTensor] = []
+        self._fan_scratch: dict[tuple[int, int], SharedTensor] = {}  # (layer, input) -> its own gradient
+        self._fan_in: dict[int, list[tuple[SharedTensor, list[SharedTensor]]]] = {}
         self._input_needs_grad = [cfg.force_backward] * len(self.input_names)
         self._bound_shapes: list[tuple[int, ...]] | None = None
         if self.input_shapes and weight_registry is None:
@@ -172,11 +175,7 @@ class Sequential(Layer):
                 producer[o] = i
             plans.append(_Plan(names, outs, False))
             prev_outputs = outs
-        for blob, users in consumers.items():
-            if len(users) > 1:
-                names = ", ".join(repr(self.layers[u].name) for u in users)
-                raise ConfigError(f"layer '{self.name}' (Sequential): blob {blob!r} feeds layers {names}; each blob "
-                                  "may feed one layer")
+        self._consumers = consumers
         # in-place decisions; 'keeps' tracks whether a storage's current contents are needed by a backward pass
         storage_of: dict[str, str] = {}
         keeps: dict[str, bool] = {}
@@ -184,7 +183,7 @@ class Sequential(Layer):
             w = layer.worker
             reads_out = True if w is None else w.backward_reads_output
             if (w is not None and w.in_place and len(plan.inputs) == 1 and len(plan.outputs) == 1
-                    and producer[plan.inputs[0]] >= 0):
+                    and producer[plan.inputs[0]] >= 0 and len(consumers[plan.inputs[0]]) == 1):
                 st = storage_of[plan.inputs[0]]
                 if not w.modifies_data or not keeps[st]:
                     plan.in_place = True
@@ -272,6 +271,7 @@ class Sequential(Layer):
             pd = self.seq_config.layers[i].propagate_down
             grads = [g if (not pd or pd[j]) and g is not None and _differentiable(layer, j) else None
                      for j, (_, g, _) in enumerate(entries)]
+            grads = [self._fan_out_grad(i, j, n, g) for j, (n, g) in enumerate(zip(plan.inputs, grads))]
             try:
                 layer.bind([t for t, _, _ in entries], grads, in_place=plan.in_place)
             except ShapeError as e:
@@ -289,6 +289,7 @@ class Sequential(Layer):
         for i, layer in enumerate(self.layers):
             reached = i == len(self.layers) - 1 or any(id(blobs[n][0]) in written for n in self._plan[i].outputs)
             layer.runs_backward = reached and (layer.has_weights or any(g is not None for g in layer.input_grads))
+        self._plan_fan_in(blobs)
         self._share_gradients()
         # shared weights: the first layer to run backward writes the gradient, the others add to it
         seen: set[int] = set()
@@ -299,6 +300,46 @@ class Sequential(Layer):
                 layer.weight_beta[k] = 1.0 if id(g) in seen else 0.0
                 seen.add(id(g))
         self._bound_shapes = [t.shape for t in inputs]
+
+    def _fan_out_grad(self, i: int, j: int, blob: str, grad: SharedTensor | None) -> SharedTensor | None:
+        """A blob read by several layers: each reader writes its gradient into a tensor of its own, summed into
+        the blob's gradient before its producer's backward pass (see _plan_fan_in)."""
+        if grad is None or len(self._consumers[blob]) < 2:
+            self._fan_scratch.pop((i, j), None)
+            return grad
+        own = self._fan_scratch.get((i, j))
+        if own is None:
+            own = self._fan_scratch[(i, j)] = SharedTensor(grad.shape, self.backend.dtype)
+        elif own.shape != grad.shape:
+            own.resize(grad.shape)
+        return own
+
+    def _plan_fan_in(self, blobs: dict) -> None:
+        """For each blob read by several layers: the gradient tensor to fill and the readers' own gradients that
+        sum into it, keyed by the index of the layer whose backward pass reads it (-1: the container's inputs)."""
+        self._fan_in = {}
+        for blob, users in self._consumers.items():
+            _, target, producer = blobs[blob]
+            if len(users) < 2 or target is None:
+                continue
+            parts = []
+            for i in sorted(set(users)):
+                for j, n in enumerate(self._plan[i].inputs):
+                    own = self._fan_scratch.get((i, j))
+                    if n == blob and own is not None and self.layers[i].input_grads[j] is own \
+                            and self.layers[i].runs_backward:
+                        parts.append(own)
+            self._fan_in.setdefault(producer, []).append((target, parts))
+
+    def _sum_fan_in(self, index: int) -> None:
+        be = self.backend
+        for target, parts in self._fan_in.get(index, ()):
+            if not parts:
+                be.fill(0.0, target.write(be))
+                continue
+            be.copy(parts[0].read(be), target.write(be))
+            for part in parts[1:]:
+                be.axpby(1.0, part.read(be), 1.0, target.read_write(be))
 
     def _share_gradients(self) -> None:
         """Give output gradients whose lifetimes never overlap one storage. Backward runs from the last layer to
@@ -323,6 +364,8 @@ class Sequential(Layer):
             group_of[plan.outputs[0]] = g
         usable = []
         for g in groups:
+            if len(self._consumers.get(g["blob"], ())) > 1:
+                continue  # read by several layers: the summed gradient keeps its own storage
             c = consumer.get(g["blob"])  # None: the container's output, whose gradient comes from outside
             if c is None or isinstance(layers[c], Sequential):
                 continue
@@ -404,9 +447,15 @@ class Sequential(Layer):
         self.ran_forward = True
 
     def run_backward(self) -> None:
-        for layer in reversed(self.layers):
+        fan_in = self._fan_in
+        for i in range(len(self.layers) - 1, -1, -1):
+            if i in fan_in:
+                self._sum_fan_in(i)
+            layer = self.layers[i]
             if layer.runs_backward:
                 layer.run_backward()
+        if -1 in fan_in:
+            self._sum_fan_in(-1)
 
     def forward(self, inputs: Sequence[Any]) -> list[SharedTensor]:
         """Run the network on its inputs (numpy arrays or SharedTensors, one per declared input)."""

@@ -1,0 +1,129 @@
+"""Eltwise: an elementwise combination of two or more inputs of one shape, as Caffe's Eltwise layer.
+
+``operation: sum`` computes ``y = sum_i coeff_i * x_i`` (``coeff`` one number per input, all 1 when empty),
+``prod`` computes ``y = prod_i x_i`` and ``max`` computes ``y = max_i x_i``; in ``max`` the gradient goes to the
+first input that holds the maximum, as in Caffe. The layer is built from backend primitives (copy, axpby, scal,
+mul, relu and its gradient), so it runs unchanged on every backend."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ... import _checks
+from ...errors import ConfigError, ShapeError
+from ..layer import Worker, register_layer
+
+ELTWISE_OPERATIONS = ("prod", "sum", "max")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EltwiseConfig:
+    operation: str = "sum"
+    coeff: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        s = object.__setattr__
+        s(self, "operation", _checks.choice("EltwiseConfig.operation", self.operation, ELTWISE_OPERATIONS))
+        if isinstance(self.coeff, (str, bytes)) or not hasattr(self.coeff, "__iter__"):
+            raise ConfigError(f"EltwiseConfig.coeff: expected a list of numbers (one per input), got {self.coeff!r}")
+        s(self, "coeff", tuple(_checks.number(f"EltwiseConfig.coeff[{i}]", c) for i, c in enumerate(self.coeff)))
+        if self.coeff and self.operation != "sum":
+            raise ConfigError(f"EltwiseConfig.coeff: coefficients apply to operation 'sum' only, got operation "
+                              f"{self.operation!r} with coeff {list(self.coeff)}; remove coeff or use sum")
+        if len(self.coeff) == 1:
+            raise ConfigError("EltwiseConfig.coeff: expected one coefficient per input (at least two), got 1")
+
+
+@register_layer("Eltwise", EltwiseConfig)
+class Eltwise(Worker):
+    def __init__(self, config: EltwiseConfig, layer_name: str) -> None:
+        super().__init__(config, layer_name)
+        self.num_inputs = len(config.coeff) if config.coeff else 2  # the arity for automatic wiring
+        self.scratch: dict = {}
+        self.shape: tuple[int, ...] = ()
+
+    def check_inputs(self, input_shapes):
+        n = len(input_shapes)
+        shapes = ", ".join(str(tuple(s)) for s in input_shapes) or "none"
+        if n < 2:
+            raise ShapeError(f"{self.where}: expected two or more inputs, got {n} (shapes {shapes}); name them in "
+                             "the layer's inputs, e.g. inputs: [a, b]")
+        if self.config.coeff and len(self.config.coeff) != n:
+            raise ShapeError(f"{self.where}: coeff has {len(self.config.coeff)} values but the layer has {n} "
+                             f"inputs (shapes {shapes}); give one coefficient per input")
+        first = tuple(input_shapes[0])
+        for i, s in enumerate(input_shapes[1:], 1):
+            if tuple(s) != first:
+                raise ShapeError(f"{self.where}: every input must have the first input's shape {first}, input {i} "
+                                 f"has {tuple(s)}; all shapes: {shapes}")
+
+    def setup(self, backend, input_shapes):
+        shape = tuple(input_shapes[0])
+        n = len(input_shapes)
+        names = {"sum": (), "prod": (), "max": ("ones", "t", "u", "alive", *(f"win{i}" for i in range(1, n)))}
+        wanted = names[self.config.operation]
+        if self.shape != shape or set(self.scratch) != set(wanted):
+            size = math.prod(shape)
+            self.scratch = {k: backend.view(backend.allocate(size, backend.dtype), shape) for k in wanted}
+            if "ones" in self.scratch:
+                backend.fill(1.0, self.scratch["ones"])
+        self.shape = shape
+
+    def forward(self, backend, x, w, y):
+        op, out = self.config.operation, y[0]
+        backend.copy(x[0], out)
+        if op == "sum":
+            coeff = self.config.coeff or (1.0,) * len(x)
+            if coeff[0] != 1.0:
+                backend.scal(coeff[0], out)
+            for c, xi in zip(coeff[1:], x[1:]):
+                backend.axpby(c, xi, 1.0, out)
+        elif op == "prod":
+            for xi in x[1:]:
+                backend.mul(out, xi, out)
+        else:
+            s = self.scratch
+            for i, xi in enumerate(x[1:], 1):
+                win, t, u = s[f"win{i}"], s["t"], s["u"]
+                backend.copy(xi, t)
+                backend.axpby(-1.0, out, 1.0, t)  # x_i - max so far
+                backend.relu(t, t)
+                backend.relu_grad(t, s["ones"], win)  # 1 where x_i is strictly larger
+                backend.copy(s["ones"], u)
+                backend.axpby(-1.0, win, 1.0, u)
+                backend.mul(out, u, out)  # select without rounding: max * (1 - win) + x_i * win
+                backend.mul(xi, win, t)
+                backend.axpby(1.0, t, 1.0, out)
+
+    def backward_input(self, backend, x, y, dy, w, dx):
+        op, g = self.config.operation, dy[0]
+        if op == "sum":
+            coeff = self.config.coeff or (1.0,) * len(x)
+            for c, d in zip(coeff, dx):
+                if d is not None:
+                    backend.copy(g, d)
+                    if c != 1.0:
+                        backend.scal(c, d)
+        elif op == "prod":
+            for i, d in enumerate(dx):
+                if d is None:
+                    continue
+                backend.copy(g, d)
+                for j, xj in enumerate(x):
+                    if j != i:
+                        backend.mul(d, xj, d)
+        else:
+            s = self.scratch
+            alive, t, u = s["alive"], s["t"], s["u"]
+            backend.copy(s["ones"], alive)  # 1 where no later input took the maximum
+            for i in range(len(x) - 1, 0, -1):
+                win = s[f"win{i}"]
+                if dx[i] is not None:
+                    backend.mul(win, alive, t)
+                    backend.mul(t, g, dx[i])
+                backend.copy(s["ones"], u)
+                backend.axpby(-1.0, win, 1.0, u)
+                backend.mul(alive, u, alive)
+            if dx[0] is not None:
+                backend.mul(alive, g, dx[0])
