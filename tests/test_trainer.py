@@ -202,3 +202,39 @@ def test_an_output_directory_holds_one_run(tmp_path):
         assert busy.returncode == 1 and "another leafpy run" in busy.stderr, busy.stderr
     finally:
         sleeper.kill()
+
+
+def test_a_diverged_run_never_replaces_a_good_checkpoint(tmp_path):
+    class Poison(lp.Callback):
+        """Make the weights non-finite at the end of epoch 2, as a diverging run would."""
+
+        def on_epoch_end(self, trainer, record):
+            if record["epoch"] == 2:
+                w = trainer.solver.network.learnable_weights_data()[0]
+                w.set(np.full(w.shape, np.nan, np.float32))
+
+    t = lp.Trainer(lp.config.load(MLP), out_dir=str(tmp_path), callbacks=[Poison()], log=lambda m: None)
+    with pytest.raises(lp.train.TrainingDiverged, match="first non-finite"):
+        t.fit(4)
+    before = (tmp_path / "checkpoint.leaf").read_bytes()
+    with pytest.raises(lp.train.TrainingDiverged, match="no longer finite"):
+        t.save_checkpoint(str(tmp_path / "checkpoint.leaf"))  # what a signal or the next epoch would write
+    assert (tmp_path / "checkpoint.leaf").read_bytes() == before
+    good = lp.Solver.load_checkpoint(lp.backend("native"), lp.backend("native"), str(tmp_path / "checkpoint.leaf"))
+    assert good.trainer_state["epoch"] == 2
+    assert all(np.all(np.isfinite(w.to_numpy())) for w in good.network.learnable_weights_data())
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_save_a_checkpoint_like_ctrl_c(tmp_path, sig):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+    proc = subprocess.Popen(leafpy_cmd() + ["train", MLP, "--epochs", "50", "--out", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    for line in proc.stdout:
+        if line.startswith("epoch 1/50"):
+            proc.send_signal(sig)
+            break
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted" in out + err and "--resume" in out + err
+    lp.Solver.load_checkpoint(lp.backend("native"), lp.backend("native"), str(tmp_path / "checkpoint.leaf"))
