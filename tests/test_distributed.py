@@ -184,3 +184,27 @@ def test_nccl_transport_with_a_world_of_one():
     for t, v in zip(tensors, values):
         np.testing.assert_allclose(t.to_numpy(), v, rtol=1e-6)
     assert dist.transports.default_transport(be, dist.ProcessGroup()).name == "nccl"
+
+
+@needs_mpi
+def test_a_two_rank_run_resumed_equals_the_uninterrupted_run(tmp_path):
+    mlp = os.path.join(ROOT, "configs", "digits_mlp.yaml")
+    env = dict(os.environ, PYTHONPATH=ROOT, MPLBACKEND="Agg", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+
+    def train(out, epochs, *extra):
+        p = subprocess.run([sys.executable, "-m", "leafpy", "train", mlp, "--epochs", str(epochs), "--out",
+                            str(tmp_path / out), *extra], env=env, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        return lp.Layer.load(lp.backend("native"), str(tmp_path / out / "model.leaf")).learnable_weights_data()
+
+    two = ["--set", "data.batch_size=16", "--nproc", "2"]
+    whole = train("whole", 2, *two)
+    train("parted", 1, *two)
+    resumed = train("parted", 2, "--resume", str(tmp_path / "parted" / "checkpoint.leaf"), *two)
+    for a, b in zip(whole, resumed):
+        np.testing.assert_array_equal(a.to_numpy(), b.to_numpy())
+    # the checkpoint does not depend on the number of ranks: one process at twice the batch continues it
+    train("one", 1, *two)
+    single = train("one", 2, "--resume", str(tmp_path / "one" / "checkpoint.leaf"), "--set", "data.batch_size=32")
+    for a, b in zip(whole, single):
+        np.testing.assert_allclose(b.to_numpy(), a.to_numpy(), rtol=1e-4, atol=1e-5)
