@@ -26,9 +26,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def worker(args: argparse.Namespace) -> None:
+    from train_step import solver_and_batch
+
     import leafpy as lp
     from leafpy import distributed as dist
-    from train_step import solver_and_batch
 
     group = dist.init()
     options = {"device": group.local_rank} if args.backend == "cuda" else {}
