@@ -16,8 +16,7 @@ from scipy.signal import convolve2d
 import leafpy as lp
 from leafpy import serialization
 
-LEAF_SCHEMA = """
-@0x8316e0f30c445924;
+LEAF_STRUCTS = """
 struct Weight { name @0 :Text; tensor @1 :Tensor; }
 struct Tensor { shape @0 :List(UInt64); data @1 :List(Float32); }
 struct Layer { name @0 :Text; config @1 :LayerConfig; weightsData @2 :List(Weight); }
@@ -42,6 +41,7 @@ struct ShapedInput { name @0 :Text; shape @1 :List(UInt64); }
 struct NegativeLogLikelihoodConfig { numClasses @0 :UInt64; }
 struct ReshapeConfig { shape @0 :List(UInt64); }
 """
+LEAF_SCHEMA = "@0x8316e0f30c445924;\n" + LEAF_STRUCTS  # Leaf's file id, which leafpy's schema shares
 
 # A Leaf program: a LeNet-like network as Leaf's benchmark networks name their layers (conv1/relu: in place on
 # conv1's blob), weights "{layer}-0", no biases.

@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 from test_gradients import CASES, nested_config
+from test_leaf_files import LEAF_STRUCTS
 
 import leafpy as lp
 from leafpy import serialization
@@ -59,32 +60,9 @@ def test_standalone_layer_weights_apply_on_first_forward(tmp_path, native):
     np.testing.assert_array_equal(loaded.forward([x])[0].to_numpy(), y)
 
 
-# Leaf 0.2.1's schema: exactly the structs and ordinals Leaf wrote, nothing of leafpy's.
-LEAF_SCHEMA = """@0xc3a4e1f2b5d60718;  # its own file id: message bytes do not depend on it
-struct Weight { name @0 :Text; tensor @1 :Tensor; }
-struct Tensor { shape @0 :List(UInt64); data @1 :List(Float32); }
-struct Layer { name @0 :Text; config @1 :LayerConfig; weightsData @2 :List(Weight); }
-struct LayerConfig {
-  name @0 :Text;
-  layerType :union {
-    convolution @1 :ConvolutionConfig; linear @2 :LinearConfig; logSoftmax @3 :Void; pooling @4 :PoolingConfig;
-    sequential @5 :SequentialConfig; softmax @6 :Void; relu @7 :Void; sigmoid @8 :Void;
-    negativeLogLikelihood @9 :NegativeLogLikelihoodConfig; reshape @10 :ReshapeConfig;
-  }
-  outputs @11 :List(Text); inputs @12 :List(Text); params @13 :List(WeightConfig); propagateDown @14 :List(Bool);
-}
-struct WeightConfig { name @0 :Text; }
-struct ConvolutionConfig { numOutput @0 :UInt64; filterShape @1 :List(UInt64); stride @2 :List(UInt64);
-                           padding @3 :List(UInt64); }
-struct LinearConfig { outputSize @0 :UInt64; }
-struct PoolingConfig { mode @0 :PoolingMode; filterShape @1 :List(UInt64); stride @2 :List(UInt64);
-                       padding @3 :List(UInt64); }
-enum PoolingMode { max @0; average @1; }
-struct SequentialConfig { layers @0 :List(LayerConfig); inputs @1 :List(ShapedInput); forceBackward @2 :Bool; }
-struct ShapedInput { name @0 :Text; shape @1 :List(UInt64); }
-struct NegativeLogLikelihoodConfig { numClasses @0 :UInt64; }
-struct ReshapeConfig { shape @0 :List(UInt64); }
-"""
+# Leaf 0.2.1's structs and ordinals under another file id, so that it can be loaded beside leafpy's schema in this
+# process (message bytes do not depend on the id)
+LEAF_SCHEMA = "@0xc3a4e1f2b5d60718;\n" + LEAF_STRUCTS
 
 
 def write_leaf_file(tmp_path, rng):
