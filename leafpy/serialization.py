@@ -350,6 +350,9 @@ def _guard(path: str, fn: Callable[[], Any], struct: str = "") -> Any:
         raise SerializationError(f"{path}: {e}") from e
     except LeafpyError:
         raise
+    except RecursionError:
+        raise SerializationError(f"{path}: its layers are nested too deep to read (containers inside containers "
+                                 "hundreds of levels down); the file is damaged or was not written by leafpy") from None
     except Exception as e:
         raise SerializationError(f"{path}: malformed contents: {_short(e)}{MALFORMED_HINT.get(struct, '')}") from None
 

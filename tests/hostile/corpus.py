@@ -1,4 +1,5 @@
-"""Hostile-input corpus: corrupted model files loaded in a memory- and time-limited child process.
+"""Hostile-input corpus: corrupted and crafted files (models, checkpoints, Cap'n Proto messages, run files, IDX and
+npz data) opened in a memory- and time-limited child process, each outcome classified.
 
 Run ``python -m tests.hostile.corpus --table`` from the repository root to print outcome counts per class.
 """
@@ -24,11 +25,26 @@ import json, resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
 import leafpy as lp
 from leafpy.errors import LeafpyError
-backend = lp.backend("native") if hasattr(lp, "backend") else None
+backend = lp.backend("native")
+
+def open_case(loader, path):
+    if loader == "model":
+        lp.Layer.load(backend, path)
+    elif loader == "checkpoint":
+        lp.Solver.load_checkpoint(backend, backend, path)
+    elif loader == "run file":
+        run = lp.config.load(path)
+        lp.Layer.from_config(backend, run.network)
+    elif loader == "idx":
+        lp.data.read_idx(path)
+    elif loader == "npz":
+        lp.data.npz(path, test_fraction=0.5)
+
 out = {}
+loader = sys.argv[2]
 for path in json.loads(sys.argv[1]):
     try:
-        lp.Layer.load(backend, path)
+        open_case(loader, path)
         out[path] = "silently accepted"
     except LeafpyError:
         out[path] = "clear error"
@@ -49,32 +65,186 @@ def make_model(path: Path) -> None:
     layer.save(path)
 
 
-def generate(work: Path, seed: int = 0, n: int = 20) -> dict[str, list[Path]]:
-    """Seeded cases per class: truncations and single-byte flips of a real model file."""
-    good = work / "good.leaf"
-    make_model(good)
-    data = good.read_bytes()
-    rng = np.random.default_rng(seed)
-    cases: dict[str, list[Path]] = {"model truncation": [], "model byte flip": []}
+LOADER = {"model truncation": "model", "model byte flip": "model", "checkpoint truncation": "checkpoint",
+          "checkpoint byte flip": "checkpoint", "crafted message": "model", "run file": "run file",
+          "IDX file": "idx", "npz file": "npz"}
+"""How each class's cases are opened in the child."""
+
+
+def make_checkpoint(path: Path) -> None:
+    import leafpy as lp
+    be = lp.backend("native")
+    net = lp.SequentialConfig(inputs=[("data", [2, 4])])
+    net.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=3)))
+    obj = lp.SequentialConfig(inputs=[("out", [2, 3]), ("label", [2, 1])])
+    obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=3)))
+    solver = lp.Solver.from_config(be, be, lp.SolverConfig(network=lp.LayerConfig("n", net),
+                                                           objective=lp.LayerConfig("o", obj), solver="adam"))
+    solver.train_minibatch(np.ones((2, 4), np.float32), np.array([0, 2]))
+    solver.save_checkpoint(str(path))
+
+
+def _damaged(work: Path, data: bytes, stem: str, rng: np.random.Generator, n: int) -> tuple[list[Path], list[Path]]:
+    cuts, flips = [], []
     for k, off in enumerate(sorted(set(rng.integers(0, len(data), n).tolist()))):
-        p = work / f"trunc{k}.leaf"
+        p = work / f"{stem}-trunc{k}.leaf"
         p.write_bytes(data[:off])
-        cases["model truncation"].append(p)
+        cuts.append(p)
     for k, off in enumerate(rng.integers(0, len(data), n).tolist()):
         b = bytearray(data)
         b[off] ^= 1 << int(rng.integers(0, 8))
-        p = work / f"flip{k}.leaf"
+        p = work / f"{stem}-flip{k}.leaf"
         p.write_bytes(bytes(b))
-        cases["model byte flip"].append(p)
+        flips.append(p)
+    return cuts, flips
+
+
+def crafted_messages(work: Path) -> list[Path]:
+    """Well-formed leafpy files (a valid header and checksum: a hostile writer computes them too) whose contents
+    declare absurd sizes, depths and shapes."""
+    import leafpy as lp
+    from leafpy import serialization as ser
+
+    out = []
+
+    def write(name: str, msg) -> None:
+        p = work / f"crafted-{name}.leaf"
+        p.write_bytes(ser.encode(msg, "Layer"))
+        out.append(p)
+
+    def base(shape, raw=b"", data=None):
+        m = ser.schema().Layer.new_message()
+        layer = lp.Layer.from_config(lp.backend("native"), lp.LayerConfig("fc", lp.LinearConfig(output_size=3)))
+        layer.forward([np.ones((1, 4), np.float32)])
+        ser._layer_message(layer, m)
+        t = m.weightsData[0].tensor
+        t.shape = shape
+        t.raw = raw
+        if data is not None:
+            t.data = data
+        return m
+
+    write("huge-shape", base([2**31, 2**31], b"\0" * 48))
+    write("shape-overflow", base([2**63, 2**63, 4], b"\0" * 48))
+    write("shape-disagrees", base([3, 4], b"\0" * 8))
+    write("list-shorter", base([3, 4], data=[0.0] * 5))
+    m = base([3, 4], b"\0" * 48)
+    m.init("weightsData", 200_000)  # 200,000 empty weights
+    write("many-weights", m)
+    deep = lp.LayerConfig("fc", lp.LinearConfig(output_size=2))
+    for d in range(300):
+        seq = lp.SequentialConfig(inputs=[("x", [1, 2])])
+        seq.add_layer(deep)
+        deep = lp.LayerConfig(f"l{d}", seq)
+    m = ser.schema().Layer.new_message()
+    m.name = "deep"
+    ser.write_layer_config(m.init("config"), deep)
+    write("deep-nesting", m)
+    return out
+
+
+RUN_FILES = {
+    "billion-laughs": "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n" for p, c in zip("abcdefgh", "bcdefghi")),
+    "deep-nesting": "network: " + "[" * 5000 + "]" * 5000 + "\n",
+    "python-tag": "name: !!python/object/apply:os.system ['echo owned']\n",
+    "huge-layer": None,  # filled from the shipped MLP
+    "infinite-rate": None,
+    "not-utf8": None,
+}
+
+
+def run_files(work: Path) -> list[Path]:
+    mlp = (ROOT / "configs" / "digits_mlp.yaml").read_text()
+    texts = dict(RUN_FILES)
+    texts["huge-layer"] = mlp.replace("output_size: 128", "output_size: 1000000000000")
+    texts["infinite-rate"] = mlp.replace("base_lr: 0.05", "base_lr: .inf")
+    out = []
+    for name, text in texts.items():
+        p = work / f"run-{name}.yaml"
+        if name == "not-utf8":
+            p.write_bytes(mlp.encode() + b"\nname: \xff\xfe\n")
+        else:
+            p.write_text(text)
+        out.append(p)
+    return out
+
+
+def idx_files(work: Path) -> list[Path]:
+    import gzip
+    import struct
+
+    good = struct.pack(">BBBB", 0, 0, 8, 3) + struct.pack(">III", 4, 28, 28) + bytes(4 * 784)
+    cases = {"truncated": good[:500], "overflowing-header": struct.pack(">BBBB", 0, 0, 8, 3) +
+             struct.pack(">III", 2**31, 2**31, 2**31), "bad-type": struct.pack(">BBBB", 0, 0, 0x42, 3) + good[4:],
+             "too-many-dims": struct.pack(">BBBB", 0, 0, 8, 200) + good[4:]}
+    out = []
+    for name, data in cases.items():
+        p = work / f"idx-{name}-idx3-ubyte"
+        p.write_bytes(data)
+        out.append(p)
+    p = work / "idx-corrupt-gz-idx3-ubyte.gz"
+    p.write_bytes(gzip.compress(good)[:-20] + b"\x00" * 20)
+    out.append(p)
+    return out
+
+
+def npz_files(work: Path) -> list[Path]:
+    import io
+    import zipfile
+
+    out = []
+    p = work / "npz-pickled.npz"
+    np.savez(p, x=np.array([{"a": 1}] * 4, dtype=object), y=np.zeros(4))
+    out.append(p)
+    p = work / "npz-nan-labels.npz"
+    np.savez(p, x=np.ones((4, 3), np.float32), y=np.array([0, np.nan, 1, 0]))
+    out.append(p)
+    p = work / "npz-missing-keys.npz"
+    np.savez(p, data=np.ones((4, 3)))
+    out.append(p)
+    p = work / "npz-broken-header.npz"
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("x.npy", b"\x93NUMPY\x01\x00\x20\x00{'descr': '<f4', 'shape': (((((,}     \n")
+        z.writestr("y.npy", b"\x93NUMPY\x01\x00")
+    p.write_bytes(buf.getvalue())
+    out.append(p)
+    p = work / "npz-huge-shape.npz"
+    buf = io.BytesIO()
+    header = b"{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000, 1000000000), }"
+    header += b" " * (63 - len(header) % 64) + b"\n"
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("x.npy", b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header)
+        z.writestr("y.npy", b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header)
+    p.write_bytes(buf.getvalue())
+    out.append(p)
+    return out
+
+
+def generate(work: Path, seed: int = 0, n: int = 20) -> dict[str, list[Path]]:
+    """Seeded cases per class (the damaged-file classes sample n offsets; the crafted ones are fixed)."""
+    good = work / "good.leaf"
+    make_model(good)
+    rng = np.random.default_rng(seed)
+    cases: dict[str, list[Path]] = {}
+    cases["model truncation"], cases["model byte flip"] = _damaged(work, good.read_bytes(), "model", rng, n)
+    ckpt = work / "good-ckpt.leaf"
+    make_checkpoint(ckpt)
+    cases["checkpoint truncation"], cases["checkpoint byte flip"] = _damaged(work, ckpt.read_bytes(), "ckpt", rng, n)
+    cases["crafted message"] = crafted_messages(work)
+    cases["run file"] = run_files(work)
+    cases["IDX file"] = idx_files(work)
+    cases["npz file"] = npz_files(work)
     return cases
 
 
-def run_batch(paths: list[Path]) -> dict[str, str]:
-    """Load every path in one child; a crash, hang or memory kill marks every path of the batch."""
+def run_batch(paths: list[Path], loader: str = "model") -> dict[str, str]:
+    """Open every path in one child; a crash, hang or memory kill marks every path of the batch."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     arg = json.dumps([str(p) for p in paths])
     try:
-        r = subprocess.run([sys.executable, "-c", CHILD, arg], capture_output=True, text=True,
+        r = subprocess.run([sys.executable, "-c", CHILD, arg, loader], capture_output=True, text=True,
                            timeout=TIMEOUT_S, env=env, cwd=ROOT)
     except subprocess.TimeoutExpired:
         return {str(p): "hang" for p in paths}
@@ -88,7 +258,8 @@ def run_batch(paths: list[Path]) -> dict[str, str]:
 def run(seed: int = 0, n: int = 20) -> dict[str, Counter]:
     with tempfile.TemporaryDirectory() as d:
         cases = generate(Path(d), seed, n)
-        return {cls: Counter(v.split(":")[0] for v in run_batch(paths).values()) for cls, paths in cases.items()}
+        return {cls: Counter(v.split(":")[0] for v in run_batch(paths, LOADER[cls]).values())
+                for cls, paths in cases.items()}
 
 
 def table(result: dict[str, Counter]) -> str:
