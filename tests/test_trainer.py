@@ -238,3 +238,23 @@ def test_sigterm_and_sighup_save_a_checkpoint_like_ctrl_c(tmp_path, sig):
     assert proc.returncode == 130, err
     assert "interrupted" in out + err and "--resume" in out + err
     lp.Solver.load_checkpoint(lp.backend("native"), lp.backend("native"), str(tmp_path / "checkpoint.leaf"))
+
+
+def test_under_nohup_ctrl_c_is_left_ignored(tmp_path):
+    """A run started with SIGINT ignored (nohup ... &) keeps it ignored; SIGTERM still checkpoints."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+    proc = subprocess.Popen(leafpy_cmd() + ["train", MLP, "--epochs", "50", "--out", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    lines = iter(proc.stdout)
+    for line in lines:
+        if line.startswith("epoch 1/50"):
+            proc.send_signal(signal.SIGINT)
+            break
+    for line in lines:
+        if line.startswith("epoch 3/50"):  # still training after the ignored SIGINT
+            proc.send_signal(signal.SIGTERM)
+            break
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "SIGTERM" in out + err
