@@ -208,3 +208,23 @@ def test_a_two_rank_run_resumed_equals_the_uninterrupted_run(tmp_path):
     single = train("one", 2, "--resume", str(tmp_path / "one" / "checkpoint.leaf"), "--set", "data.batch_size=32")
     for a, b in zip(whole, single):
         np.testing.assert_allclose(b.to_numpy(), a.to_numpy(), rtol=1e-4, atol=1e-5)
+
+
+def _webgpu_or_skip():
+    try:
+        lp.backend("webgpu")
+    except lp.BackendUnavailable as e:
+        pytest.skip(f"webgpu backend unavailable: {e}")
+
+
+@needs_mpi
+@pytest.mark.webgpu
+def test_webgpu_ranks_over_mpi_equal_one_native_process(tmp_path):
+    _webgpu_or_skip()
+    run = mpirun(2, "equivalence", str(tmp_path / "w"), "momentum", "5", "8", "--backend", "webgpu", timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    reference = single_process("momentum", 10, 8, 1, None)
+    for r in (0, 1):
+        got = np.load(tmp_path / f"w.rank{r}.npz")
+        for i, ref in enumerate(reference):
+            np.testing.assert_allclose(got[f"w{i}"], ref, rtol=1e-3, atol=1e-4)
