@@ -28,7 +28,7 @@ test: $(STAMP) vulkan
 	$(PY) -m pytest -q tests
 
 demo: $(STAMP)
-	$(VENV)/bin/leafpy train configs/digits_lenet.yaml --backend native --out runs/demo
+	$(VENV)/bin/leafpy train configs/digits_lenet.yaml --backend native --out runs/demo --overwrite
 
 bench: $(STAMP)
 	$(PY) -m pip install -q "torch==2.13.0" "threadpoolctl>=3"
