@@ -465,7 +465,7 @@ class Trainer:
                     self.samples_per_second = seen / max(time.perf_counter() - t0, 1e-9)
                     for cb in self.callbacks:
                         cb.on_batch_end(self, epoch, batch, loss)
-                    if self.interrupted:
+                    if self._stop_requested():
                         self._mark_position(epoch, done, loss_sum, loss_count)
                         self._stop_on_signal()
                 start = 0
@@ -477,7 +477,7 @@ class Trainer:
                 for cb in self.callbacks:
                     cb.on_epoch_end(self, record)
                 self.log(self._epoch_line(record))
-                if self.interrupted:
+                if self._stop_requested():
                     self._stop_on_signal()
         finally:
             for sig, previous in handlers:
@@ -549,6 +549,13 @@ class Trainer:
             signal.signal(sig, self._on_signal)
             installed.append((sig, previous))
         return installed
+
+    def _stop_requested(self) -> bool:
+        """Whether to stop here: this process got a stop signal or, with several ranks, any rank did (all ranks
+        agree after every batch, so they stop at the same one and none waits alone in a collective)."""
+        if self.world > 1:
+            self.interrupted = self.group.allreduce_sum(1.0 if self.interrupted else 0.0) > 0
+        return self.interrupted
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.interrupted = True
