@@ -44,7 +44,7 @@ def equivalence(out: str, rule: str, batch: int, steps: int, accumulate: int, cl
         if group.rank != 0:  # other ranks start elsewhere: DataParallel must give them rank 0's weights
             for w in solver.network.learnable_weights_data():
                 w.set(np.full(w.shape, 0.5, np.float32))
-        dp = dist.DataParallel(solver, group)
+        dp = dist.DataParallel(solver, group, bucket_bytes=64)  # a bucket per weight: several start early
         x, y = problem()
         done, epoch = 0, 0
         while done < steps * accumulate:
@@ -55,7 +55,8 @@ def equivalence(out: str, rule: str, batch: int, steps: int, accumulate: int, cl
                     break
             epoch += 1
         weights = {f"w{i}": w.to_numpy() for i, w in enumerate(solver.network.learnable_weights_data())}
-        np.savez(f"{out}.rank{group.rank}.npz", iteration=solver.iteration, transport=dp.transport.name, **weights)
+        np.savez(f"{out}.rank{group.rank}.npz", iteration=solver.iteration, transport=dp.transport.name,
+                 overlapped=dp.overlapped, **weights)
 
 
 def fail(out_dir: str) -> None:

@@ -75,6 +75,8 @@ def test_two_ranks_at_batch_b_equal_one_process_at_2b(tmp_path, rule, accumulate
             assert not np.allclose(ref, start[i]), "training moved no weight: the comparison would prove nothing"
     for i in range(len(reference)):  # every rank applied the same updates
         np.testing.assert_array_equal(ranks[0][f"w{i}"], ranks[1][f"w{i}"])
+    if accumulate == 1:  # buckets summed while the backward pass went on
+        assert int(ranks[0]["overlapped"]) > 0
 
 
 @needs_mpi

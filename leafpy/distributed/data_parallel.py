@@ -64,8 +64,12 @@ class DataParallel:
         self.bucket_bytes = int(bucket_bytes)
         self._samples = 0  # this rank's samples since the last update
         self._buckets: list[list[int]] | None = None
+        self._in_flight: dict[int, Any] = {}
+        self.overlapped = 0
+        """Buckets whose sum started before the backward pass had finished (over the whole run)."""
         self.broadcast_weights()
         solver.gradient_reducer = self._reduce
+        self._plan_overlap()
 
     @property
     def network(self) -> Any:
@@ -96,6 +100,33 @@ class DataParallel:
             self._samples += int(n)
         return self.solver.train_minibatch(data, target)
 
+    def _plan_overlap(self) -> None:
+        """Which top-level layer's backward pass completes each gradient (the first layer in network order that
+        holds it: backward runs last to first), so a bucket can start as soon as all of its gradients are done."""
+        net = self.solver.network
+        self._ready_at: list[int] = []
+        if self.group.size == 1 or not self.transport.overlaps or not hasattr(net, "layers"):
+            return
+        grads = net.learnable_weights_gradients()
+        owner: dict[int, int] = {}
+        for j, child in enumerate(net.layers):
+            for g in child.learnable_weights_gradients():
+                owner.setdefault(id(g), j)
+        self._ready_at = [owner.get(id(g), -1) for g in grads]
+        net.backward_hook = self._layer_done
+
+    def _layer_done(self, j: int) -> None:
+        solver = self.solver
+        k = solver.config.minibatch_size
+        if not self._ready_at or k != 1:  # accumulated gradients are summed once, at the update
+            return
+        grads = solver.network.learnable_weights_gradients()
+        for b, bucket in enumerate(self._bucket_plan(grads)):
+            if b in self._in_flight or any(self._ready_at[i] < j for i in bucket):
+                continue  # started already, or a gradient of it is still to come
+            self._in_flight[b] = self.transport.start(b, [grads[i] for i in bucket], float(self._samples))
+            self.overlapped += 1
+
     def _bucket_plan(self, grads: list[SharedTensor]) -> list[list[int]]:
         if self._buckets is None or sum(len(b) for b in self._buckets) != len(grads):
             buckets: list[list[int]] = [[]]
@@ -118,5 +149,9 @@ class DataParallel:
             return
         plan = self._bucket_plan(list(grads))
         # every bucket carries the rank's sample count in one extra slot; the sum of those is the global batch
-        for bucket in plan:
-            self.transport.allreduce_weighted([grads[i] for i in bucket], weight)
+        in_flight, self._in_flight = self._in_flight, {}
+        for b, bucket in enumerate(plan):
+            if b in in_flight:
+                self.transport.finish(in_flight[b])  # type: ignore[attr-defined]
+            else:
+                self.transport.allreduce_weighted([grads[i] for i in bucket], weight)

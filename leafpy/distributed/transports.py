@@ -18,6 +18,8 @@ class Transport:
     weights: afterwards every rank holds sum_r(w_r g_r) / sum_r(w_r)."""
 
     name = "none"
+    overlaps = False
+    """Whether start/finish let a bucket's sum run during the rest of the backward pass."""
 
     def allreduce_weighted(self, tensors: list[SharedTensor], weight: float) -> None:
         raise NotImplementedError
@@ -25,13 +27,46 @@ class Transport:
 
 class HostTransport(Transport):
     """MPI Allreduce over a host staging buffer (float64 sums, so the result does not depend on rank order
-    beyond float32 rounding of the inputs)."""
+    beyond float32 rounding of the inputs). :meth:`start` and :meth:`finish` split one bucket's all-reduce so that
+    it runs (MPI_Iallreduce) while the backward pass goes on."""
 
     name = "mpi"
+    overlaps = True
 
     def __init__(self, group: ProcessGroup) -> None:
         self.group = group
         self._staging: dict[int, np.ndarray] = {}
+        self._buckets: dict[int, np.ndarray] = {}
+
+    def start(self, key: int, tensors: list[SharedTensor], weight: float) -> Any:
+        """Begin summing a bucket (``key`` names its staging buffer); returns what :meth:`finish` takes."""
+        total = sum(t.size for t in tensors)
+        flat = self._buckets.get(key)
+        if flat is None or flat.size != total + 1:
+            flat = self._buckets[key] = np.empty(total + 1, np.float64)
+        offset = 0
+        for t in tensors:
+            flat[offset:offset + t.size] = t.to_numpy().reshape(-1)
+            flat[offset:offset + t.size] *= weight
+            offset += t.size
+        flat[total] = weight
+        request = None
+        if self.group.comm is not None and self.group.size > 1:
+            from mpi4py import MPI
+
+            request = self.group.comm.Iallreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
+        return (request, flat, tensors)
+
+    def finish(self, handle: Any) -> None:
+        request, flat, tensors = handle
+        if request is not None:
+            request.Wait()
+        total = flat.size - 1
+        scale = 1.0 / flat[total] if flat[total] > 0 else 0.0
+        offset = 0
+        for t in tensors:
+            t.set((flat[offset:offset + t.size] * scale).reshape(t.shape))
+            offset += t.size
 
     def allreduce_weighted(self, tensors: list[SharedTensor], weight: float) -> None:
         total = sum(t.size for t in tensors)

@@ -22,7 +22,7 @@ container's input and output gradients and the weight gradients keep their value
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,6 +117,10 @@ class Sequential(Layer):
             # a top-level network: build everything for the declared shapes now
             self._own_inputs = [SharedTensor(s, backend.dtype) for s in self.input_shapes]
             self._bind_top()
+
+    backward_hook: Callable[[int], None] | None = None
+    """Called with a layer's index as soon as its backward pass has run (data-parallel training starts summing
+    the gradients that are complete then, while the rest of the backward pass runs)."""
 
     # --- wiring --------------------------------------------------------------------------------------------
     def _wire(self) -> list[_Plan]:
@@ -454,6 +458,8 @@ class Sequential(Layer):
             layer = self.layers[i]
             if layer.runs_backward:
                 layer.run_backward()
+                if self.backward_hook is not None:
+                    self.backward_hook(i)
         if -1 in fan_in:
             self._sum_fan_in(-1)
 
