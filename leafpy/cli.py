@@ -195,7 +195,15 @@ def _relaunch(args: argparse.Namespace, argv: Sequence[str]) -> int:
     else:
         rest = [a for a in rest if not a.startswith("--nproc=")]
     cmd = [mpiexec, "-n", str(args.nproc), sys.executable, "-m", "leafpy", *rest]
-    return subprocess.call(cmd)
+    proc = subprocess.Popen(cmd)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:  # the launcher passes Ctrl-C on to the ranks: give them time to checkpoint
+        try:
+            return proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return 130
 
 
 def train(args: argparse.Namespace) -> int:

@@ -63,7 +63,8 @@ class ProcessGroup:
         """A number summed across ranks."""
         if self.comm is None or self.size == 1:
             return float(value)
-        return float(self.comm.allreduce(float(value)))
+        buf = np.array([float(value)])  # a buffer, not mpi4py's pickled objects
+        return float(self.allreduce_(buf)[0])
 
     def barrier(self) -> None:
         if self.comm is not None and self.size > 1:
