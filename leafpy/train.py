@@ -36,6 +36,7 @@ import numpy as np
 from . import config as run_config
 from . import data as datasets
 from .backends.base import Backend
+from .distributed.data_parallel import shard
 from .errors import ConfigError, LeafpyError
 from .layers.container.sequential import Sequential
 from .layers.layer import Layer
@@ -415,13 +416,9 @@ class Trainer:
         step = self.global_batch
         for begin in range(start, len(order), step):
             chunk = order[begin:begin + step]
-            if self.world > 1:
-                if len(chunk) < self.world:
-                    return
-                idx = chunk[self.group.rank * self.batch_size:(self.group.rank + 1) * self.batch_size] \
-                    if len(chunk) == step else np.array_split(chunk, self.world)[self.group.rank]
-            else:
-                idx = chunk
+            idx = chunk if self.group is None else shard(chunk, self.batch_size, self.group)
+            if idx is None:
+                return
             yield begin + len(chunk), idx
 
     def _train_step(self, xb: np.ndarray, yb: np.ndarray) -> Any:

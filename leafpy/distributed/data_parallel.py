@@ -27,13 +27,20 @@ def shard_indices(order: np.ndarray, batch_size: int, group: ProcessGroup) -> It
         raise ConfigError(f"data.batch_size: expected a positive integer, got {batch_size!r}")
     step = batch_size * group.size
     for start in range(0, len(order), step):
-        chunk = order[start:start + step]
-        if len(chunk) < group.size:
+        idx = shard(order[start:start + step], batch_size, group)
+        if idx is None:
             return
-        if len(chunk) == step:
-            yield chunk[group.rank * batch_size:(group.rank + 1) * batch_size]
-        else:
-            yield np.array_split(chunk, group.size)[group.rank]
+        yield idx
+
+
+def shard(chunk: np.ndarray, batch_size: int, group: ProcessGroup) -> np.ndarray | None:
+    """This rank's share of one global batch (see :func:`shard_indices`); None for a last batch too small to
+    give every rank a sample."""
+    if len(chunk) < group.size:
+        return None
+    if len(chunk) == batch_size * group.size:
+        return chunk[group.rank * batch_size:(group.rank + 1) * batch_size]
+    return np.array_split(chunk, group.size)[group.rank]
 
 
 def shard_batches(x: np.ndarray, y: np.ndarray, batch_size: int, group: ProcessGroup, *, seed: int | None = 0,

@@ -35,7 +35,6 @@ class HostTransport(Transport):
 
     def __init__(self, group: ProcessGroup) -> None:
         self.group = group
-        self._staging: dict[int, np.ndarray] = {}
         self._buckets: dict[int, np.ndarray] = {}
 
     def start(self, key: int, tensors: list[SharedTensor], weight: float) -> Any:
@@ -69,22 +68,8 @@ class HostTransport(Transport):
             offset += t.size
 
     def allreduce_weighted(self, tensors: list[SharedTensor], weight: float) -> None:
-        total = sum(t.size for t in tensors)
-        flat = self._staging.get(total)
-        if flat is None:
-            flat = self._staging[total] = np.empty(total + 1, np.float64)
-        offset = 0
-        for t in tensors:
-            flat[offset:offset + t.size] = t.to_numpy().reshape(-1)
-            flat[offset:offset + t.size] *= weight
-            offset += t.size
-        flat[total] = weight
-        self.group.allreduce_(flat)
-        scale = 1.0 / flat[total] if flat[total] > 0 else 0.0
-        offset = 0
-        for t in tensors:
-            t.set((flat[offset:offset + t.size] * scale).reshape(t.shape))
-            offset += t.size
+        # a staging buffer per size, apart from the buckets' (keys >= 0)
+        self.finish(self.start(-1 - sum(t.size for t in tensors), tensors, weight))
 
 
 class NcclTransport(Transport):
