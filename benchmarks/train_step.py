@@ -2,10 +2,10 @@
 
 For each network both frameworks start from identical weights, train on identical batches with the same update
 rule (``--rules``: momentum SGD at a fixed rate; ``inv``, momentum under Caffe's LeNet schedule
-``base_lr (1 + gamma it)^-power``; ``adam``), and are timed alternately (whole steps: forward, backward, update; GPU-synchronised), each with its default
-thread behaviour and each round started after the other framework's idle threads have gone to sleep. The table reports
-milliseconds per step, the ratio torch/leafpy (above 1: leafpy is faster), peak memory, and both losses after
-10 identical steps, so a speed win can never hide a wrong result.
+``base_lr (1 + gamma it)^-power``; ``adam``), and are timed alternately (whole steps: forward, backward, update;
+GPU-synchronised), each with its default thread behaviour and each round started after the other framework's idle
+threads have gone to sleep. The table reports milliseconds per step, the ratio torch/leafpy (above 1: leafpy is
+faster), peak memory, and both losses after 10 identical steps, so a speed win can never hide a wrong result.
 
     python benchmarks/train_step.py --backend native --vs torch [--nets mlp128,lenet64] [--rules momentum,inv,adam]
         [--json FILE]
