@@ -14,6 +14,7 @@ faster), peak memory, and both losses after 10 identical steps, so a speed win c
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -73,8 +74,10 @@ NETWORKS = {
     "lenet64": (lambda: from_run_file("mnist_lenet.yaml", 64), 64, (1, 28, 28), 10),
     "lenet1024": (lambda: from_run_file("mnist_lenet.yaml", 1024), 1024, (1, 28, 28), 10),
     "alexnet128": (lambda: from_run_file("alexnet.yaml", 128), 128, (3, 224, 224), 1000),
+    "alexnet-lrn128": (lambda: from_run_file("alexnet_lrn.yaml", 128), 128, (3, 227, 227), 1000),
+    "resnet18-128": (lambda: from_run_file("resnet18_cifar.yaml", 128), 128, (3, 32, 32), 10),
 }
-GPU_ONLY = {"alexnet128"}
+GPU_ONLY = {"alexnet128", "alexnet-lrn128", "resnet18-128"}
 
 
 # --- leafpy -----------------------------------------------------------------------------------------------------
@@ -104,12 +107,16 @@ def leafpy_solver(backend, net_cfg: lp.LayerConfig, batch: int, classes: int, ru
 
 # --- torch ------------------------------------------------------------------------------------------------------
 def torch_model(torch, net: lp.Layer, initial: list[np.ndarray]):
-    """The same network in PyTorch, with leafpy's initial weights copied in."""
+    """The same network in PyTorch, with leafpy's initial weights copied in: one module per layer, run in the
+    order and with the blob wiring of the leafpy network (so branching networks, ResNet's residual adds, work)."""
     nn = torch.nn
-    mods = []
+    graph, eltwise_sum, concat = _torch_modules(torch)
+    mods, wiring = [], []
     weights = iter(initial)
+    prev = [name for name, _ in net.config.config.inputs]
     for layer in net.layers:
-        c, t = layer.config.config, layer.config.type
+        lc = layer.config
+        c, t = lc.config, lc.type
         if t == "Linear":
             w = layer.weights[0]
             m = nn.Linear(w.shape[1], w.shape[0], bias=c.bias)
@@ -120,16 +127,69 @@ def torch_model(torch, net: lp.Layer, initial: list[np.ndarray]):
         elif t == "Pooling":
             cls = nn.MaxPool2d if c.mode == "max" else nn.AvgPool2d
             m = cls(tuple(c.filter_shape), tuple(c.stride), tuple(c.padding))
+        elif t == "BatchNorm":
+            m = nn.BatchNorm2d(layer.weights[0].shape[0], eps=c.eps, momentum=c.momentum, affine=c.affine)
+        elif t == "LRN":
+            m = nn.LocalResponseNorm(c.local_size, alpha=c.alpha, beta=c.beta, k=c.k)
+        elif t == "Eltwise":
+            if c.operation != "sum":
+                raise SystemExit(f"torch_model: Eltwise {c.operation} is not mapped")
+            m = eltwise_sum(c.coeff)
+        elif t == "Concat":
+            m = concat(c.axis)
         else:
             m = {"ReLU": nn.ReLU, "Flatten": nn.Flatten, "LogSoftmax": lambda: nn.LogSoftmax(dim=1),
                  "Sigmoid": nn.Sigmoid, "TanH": nn.Tanh}[t]()
-        if layer.weights:
-            with torch.no_grad():
-                m.weight.copy_(torch.from_numpy(next(weights)))
-                if len(layer.weights) > 1:
-                    m.bias.copy_(torch.from_numpy(next(weights)))
+        with torch.no_grad():  # leafpy's weight names are PyTorch's (weight, bias, running_mean, running_var)
+            for name in (layer.worker.weight_names if layer.weights else ()):
+                getattr(m, name).copy_(torch.from_numpy(next(weights)))
+        ins = list(lc.inputs) or prev[:1]
+        outs = list(lc.outputs) or [lc.name]
         mods.append(m)
-    return nn.Sequential(*mods)
+        wiring.append((ins, outs[0]))
+        prev = outs
+    return graph(mods, wiring, net.config.config.inputs[0][0])
+
+
+@functools.cache
+def _torch_modules(torch):
+    """PyTorch modules for leafpy's wiring and its multi-input layers (defined once torch is imported)."""
+    nn = torch.nn
+
+    class Graph(nn.Module):
+        def __init__(self, mods, wiring, input_name):
+            super().__init__()
+            self.mods = nn.ModuleList(mods)
+            self.wiring = wiring
+            self.input_name = input_name
+
+        def forward(self, x):
+            blobs = {self.input_name: x}
+            for m, (ins, out) in zip(self.mods, self.wiring):
+                blobs[out] = m(*(blobs[n] for n in ins))
+            return blobs[out]
+
+    class EltwiseSum(nn.Module):
+        def __init__(self, coeff):
+            super().__init__()
+            self.coeff = tuple(coeff)
+
+        def forward(self, *xs):
+            coeff = self.coeff or (1.0,) * len(xs)
+            out = xs[0] * coeff[0] if coeff[0] != 1.0 else xs[0]
+            for c, x in zip(coeff[1:], xs[1:]):
+                out = out + (x * c if c != 1.0 else x)
+            return out
+
+    class Concat(nn.Module):
+        def __init__(self, axis):
+            super().__init__()
+            self.axis = axis
+
+        def forward(self, *xs):
+            return torch.cat(xs, dim=self.axis)
+
+    return Graph, EltwiseSum, Concat
 
 
 class TorchTrainer:
