@@ -369,6 +369,41 @@ class CudaBackend(ArrayBackend):
         m = mask if mask is not None else dy
         self._pool_module.get_function("pool_bwd")(((total + 255) // 256,), (256,), (dy, dx, m) + args)
 
+    # --- local response normalisation: one thread per element sums its window of channels ----------------------
+    _LRN = ("raw T x, int32 c, int32 inner, int32 size, T a_over_n, T beta, T k", "T scale, T y",
+            "int ch = (int)((i / inner) % c); long long base = i - (long long)ch * inner; int pre = (size - 1) / 2;"
+            " int lo = max(ch - pre, 0), hi = min(ch - pre + size - 1, c - 1); T total = 0;"
+            " for (int j = lo; j <= hi; ++j) { T v = x[base + (long long)j * inner]; total += v * v; }"
+            " T s = k + a_over_n * total; scale = s; y = x[i] * pow(s, -beta)", "leafpy_lrn")
+    _LRN_GRAD = ("raw T x, raw T y, raw T scale, raw T dy, int32 c, int32 inner, int32 size, T coef, T beta", "T dx",
+                 "int ch = (int)((i / inner) % c); long long base = i - (long long)ch * inner;"
+                 " int pre = (size - 1) / 2; int lo = max(ch - (size - 1 - pre), 0), hi = min(ch + pre, c - 1);"
+                 " T total = 0;"
+                 " for (int j = lo; j <= hi; ++j) { long long q = base + (long long)j * inner;"
+                 " total += dy[q] * y[q] / scale[q]; }"
+                 " dx = dy[i] * pow(scale[i], -beta) - coef * x[i] * total", "leafpy_lrn_grad")
+
+    def _lrn_kernel(self, which: str) -> Any:
+        kernel = self._kernels.get(which)
+        if kernel is None:
+            kernel = self._kernels[which] = self.xp.ElementwiseKernel(*getattr(self, "_" + which.upper()))
+        return kernel
+
+    @staticmethod
+    def _lrn_geometry(x: Any) -> tuple[int, int]:
+        c = x.shape[1]
+        return c, x.size // max(x.shape[0] * c, 1)
+
+    def lrn(self, x, scale, out, size, alpha, beta, k):
+        c, inner = self._lrn_geometry(x)
+        s = self._scalar
+        self._lrn_kernel("lrn")(x, c, inner, size, s(alpha / size), s(beta), s(k), scale, out)
+
+    def lrn_grad(self, x, y, scale, dy, dx, size, alpha, beta):
+        c, inner = self._lrn_geometry(x)
+        s = self._scalar
+        self._lrn_kernel("lrn_grad")(x, y, scale, dy, c, inner, size, s(2.0 * alpha * beta / size), s(beta), dx)
+
     # --- convolution through cuDNN graphs -----------------------------------------------------------------------
     def conv2d(self, x, w, out, stride, padding, ws, bias=None):
         if self._cudnn is None:
