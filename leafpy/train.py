@@ -340,7 +340,8 @@ class Trainer:
         if group is not None and group.size > 1:
             from .distributed import DataParallel
 
-            self.parallel: Any = DataParallel(self.solver, group)
+            self.parallel: Any = DataParallel(self.solver, group,
+                                              sync_batch_norm=bool(run.train.get("sync_batch_norm", False)))
         else:
             self.parallel = None
         self.objective = Layer.from_config(self.backend, run.solver.objective)  # scores held-out data

@@ -1,6 +1,7 @@
 """Run under ``mpiexec -n N``: data-parallel training of a small network, for tests/test_distributed.py.
 
     python tests/distributed_worker.py equivalence OUT.npz RULE BATCH STEPS [--accumulate K] [--clip C]
+        [--batch-norm] [--sync-batch-norm]
     python tests/distributed_worker.py fail OUT_DIR
 """
 
@@ -21,9 +22,13 @@ def problem(n: int = 97, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def solver_config(rule: str, batch: int, accumulate: int = 1, clip: float | None = None) -> lp.SolverConfig:
+def solver_config(rule: str, batch: int, accumulate: int = 1, clip: float | None = None,
+                  batch_norm: bool = False) -> lp.SolverConfig:
     net = lp.SequentialConfig(inputs=[("data", [batch, 6])])
-    net.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=16)))
+    # before a BatchNorm a bias has no gradient but rounding noise (which Adam would scale up): none there
+    net.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=16, bias=not batch_norm)))
+    if batch_norm:
+        net.add_layer(lp.LayerConfig("bn1", lp.BatchNormConfig(momentum=0.2)))
     net.add_layer(lp.LayerConfig("act", "TanH"))
     net.add_layer(lp.LayerConfig("fc2", lp.LinearConfig(output_size=3)))
     net.add_layer(lp.LayerConfig("logsm", "LogSoftmax"))
@@ -36,15 +41,16 @@ def solver_config(rule: str, batch: int, accumulate: int = 1, clip: float | None
 
 
 def equivalence(out: str, rule: str, batch: int, steps: int, accumulate: int, clip: float | None,
-                backend: str = "native") -> None:
+                backend: str = "native", batch_norm: bool = False, sync_batch_norm: bool = False) -> None:
     group = dist.init()
     with dist.failing_rank_ends_the_job(group):
         be = lp.backend(backend)
-        solver = lp.Solver.from_config(be, be, solver_config(rule, batch, accumulate, clip))
+        solver = lp.Solver.from_config(be, be, solver_config(rule, batch, accumulate, clip, batch_norm))
         if group.rank != 0:  # other ranks start elsewhere: DataParallel must give them rank 0's weights
             for w in solver.network.learnable_weights_data():
                 w.set(np.full(w.shape, 0.5, np.float32))
-        dp = dist.DataParallel(solver, group, bucket_bytes=64)  # a bucket per weight: several start early
+        # a bucket per weight: several start early
+        dp = dist.DataParallel(solver, group, bucket_bytes=64, sync_batch_norm=sync_batch_norm)
         x, y = problem()
         done, epoch = 0, 0
         while done < steps * accumulate:
@@ -79,6 +85,7 @@ if __name__ == "__main__":
         acc = int(args[args.index("--accumulate") + 1]) if "--accumulate" in args else 1
         clip = float(args[args.index("--clip") + 1]) if "--clip" in args else None
         backend = args[args.index("--backend") + 1] if "--backend" in args else "native"
-        equivalence(args[0], args[1], int(args[2]), int(args[3]), acc, clip, backend)
+        equivalence(args[0], args[1], int(args[2]), int(args[3]), acc, clip, backend, "--batch-norm" in args,
+                    "--sync-batch-norm" in args)
     elif sys.argv[1] == "fail":
         fail(sys.argv[2])

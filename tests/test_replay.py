@@ -38,17 +38,37 @@ def _device(name):
         pytest.skip(f"{name} backend unavailable: {e}")
 
 
-def _config(rule, schedule, k):
+def _config(rule, schedule, k, dropout=False, clip=None):
     run = lp.config.load(os.path.join(ROOT, "configs", "digits_mlp.yaml"))
-    return dataclasses.replace(run.solver, solver=rule, minibatch_size=k, weight_decay=1e-3,
+    if dropout:  # a new mask every step, from a seed written before the step
+        seq = run.solver.network.config
+        seq.layers.insert(2, lp.LayerConfig("drop1", lp.DropoutConfig(ratio=0.4)))
+    return dataclasses.replace(run.solver, solver=rule, minibatch_size=k, weight_decay=1e-3, clip_gradients=clip,
                                **RULES[rule], **SCHEDULES[schedule])
 
 
 @pytest.mark.parametrize("device_name", DEVICES)
 @pytest.mark.parametrize("rule,schedule,k", CASES, ids=[f"{r}-{s}-k{k}" for r, s, k in CASES])
 def test_replayed_steps_follow_the_schedule(device_name, rule, schedule, k):
-    device = _device(device_name)
-    cfg = _config(rule, schedule, k)
+    _train_against_float64(_device(device_name), _config(rule, schedule, k), k)
+
+
+@pytest.mark.parametrize("device_name", DEVICES)
+@pytest.mark.parametrize("k", [1, 2])
+def test_replayed_steps_draw_fresh_dropout_masks(device_name, k):
+    """Dropout's masks hash the same on every backend, so the float64 reference draws the same ones."""
+    _train_against_float64(_device(device_name), _config("adam", "inv", k, dropout=True), k)
+
+
+@pytest.mark.parametrize("device_name", DEVICES)
+def test_replayed_steps_clip_gradients_on_the_device(device_name):
+    """Clipping scales the gradients by threshold / norm on the device (no readback), so clipped steps replay."""
+    clipped = _train_against_float64(_device(device_name), _config("momentum", "step", 1, clip=0.5), 1)
+    unclipped = _train_against_float64(lp.backend("native"), _config("momentum", "step", 1), 1, replays=False)
+    assert abs(clipped[-1] - unclipped[-1]) > 1e-3, "the threshold should clip these gradients"
+
+
+def _train_against_float64(device, cfg, k, replays=True):
     solver = lp.Solver.from_config(device, device, cfg)
     f64 = lp.backend("native", dtype="float64")
     reference = lp.Solver.from_config(f64, f64, cfg)
@@ -57,7 +77,7 @@ def test_replayed_steps_follow_the_schedule(device_name, rule, schedule, k):
     ds = lp.data.digits()
     calls = 12
     batches = [(ds.x_train[i * 32:(i + 1) * 32], ds.y_train[i * 32:(i + 1) * 32]) for i in range(calls)]
-    before = device.replays if hasattr(device, "replays") else device.recorder.replays
+    before = device.recorder.replays if replays else 0
     losses, expected, rates = [], [], []
     for x, y in batches:
         rates.append(solver.learning_rate())
@@ -65,11 +85,13 @@ def test_replayed_steps_follow_the_schedule(device_name, rule, schedule, k):
         reference.train_minibatch(x, y)
         losses.append(solver.loss())
         expected.append(reference.loss())
-    assert len(set(rates)) >= 3, f"the {schedule} schedule should change the rate: {rates}"
+    assert len(set(rates)) >= 3, f"the {cfg.lr_policy} schedule should change the rate: {rates}"
     np.testing.assert_allclose(losses, expected, rtol=2e-4, atol=1e-5, err_msg="per-step losses")
     for w, r in zip(solver.network.learnable_weights_data(), reference.network.learnable_weights_data()):
         a, b = w.to_numpy(), r.to_numpy()
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4 * max(1.0, float(np.abs(b).max())), err_msg="weights")
-    replays = device.recorder.replays - before
-    # each accumulation phase (k of them) runs once as it is, once to be recorded, then from its recording
-    assert replays == calls - 2 * k, f"{replays} of {calls} steps replayed ({device.recorder.error})"
+    if replays:
+        done = device.recorder.replays - before
+        # each accumulation phase (k of them) runs once as it is, once to be recorded, then from its recording
+        assert done == calls - 2 * k, f"{done} of {calls} steps replayed ({device.recorder.error})"
+    return losses

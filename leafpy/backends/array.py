@@ -15,9 +15,8 @@ DROPOUT_HASH_ROUNDS = ((16, 0x85EBCA6B), (13, 0xC2B2AE35), (16, 0))
 """The murmur3 finaliser: h ^= h >> 16; h *= 0x85EBCA6B; h ^= h >> 13; h *= 0xC2B2AE35; h ^= h >> 16."""
 
 
-def dropout_key(seed: int) -> int:
-    """The per-call offset added to the element index before hashing."""
-    return (seed * 0x9E3779B9) & 0xFFFFFFFF
+DROPOUT_KEY_MULTIPLIER = 0x9E3779B9
+"""A draw's seed times this (modulo 2**32) is the offset added to the element index before hashing."""
 
 
 def dropout_threshold(ratio: float) -> int:
@@ -529,7 +528,7 @@ class ArrayBackend(Backend):
         # a counter-based hash of (seed, index), the same on every backend: masks agree across backends
         xp = self.xp
         h = xp.arange(mask.size, dtype=xp.uint32)
-        h += xp.uint32(dropout_key(seed))
+        h += seed.astype(xp.uint32) * xp.uint32(DROPOUT_KEY_MULTIPLIER)  # wraps at 2**32, as on the device
         for shift, mult in DROPOUT_HASH_ROUNDS:
             h ^= h >> xp.uint32(shift)
             if mult:
@@ -553,6 +552,10 @@ class ArrayBackend(Backend):
         for a in range(0, size, step):
             b = min(size, a + step)
             yield (scratch[:b - a], *(f[a:b] for f in flat))
+
+    def clip_to_norm(self, x, sumsq, threshold):
+        norm = self.xp.sqrt(sumsq.reshape(-1)[:1])
+        x *= self.xp.where(norm > threshold, threshold / norm, 1.0).astype(x.dtype)
 
     def _rate(self, rate, lr_mult):
         """The weight's learning rate as a host float (the native backend reads its one-element buffer)."""

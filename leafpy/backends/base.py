@@ -219,14 +219,22 @@ class Backend:
         raise NotImplementedError
 
     # --- randomness -------------------------------------------------------------------------------------------
-    def dropout_mask(self, mask: Buffer, ratio: float, seed: int) -> None:
-        """Fill ``mask`` with 0 (probability ``ratio``) or ``1 / (1 - ratio)``, reproducibly from ``seed``."""
+    def dropout_mask(self, mask: Buffer, ratio: float, seed: Buffer) -> None:
+        """Fill ``mask`` with 0 (probability ``ratio``) or ``1 / (1 - ratio)``, reproducibly from the draw's seed,
+        read on the device from ``seed`` (a one-element uint32 buffer written before the step, so a recorded step
+        replays with a fresh mask): element i is kept when the murmur3 finaliser of ``i + seed * 0x9E3779B9``
+        (32-bit arithmetic) is at least ``ratio * 2**32``, the same on every backend."""
         raise NotImplementedError
 
     # --- solver updates ---------------------------------------------------------------------------------------
     # ``rate`` is a one-element buffer holding the step's learning rate (Adam's with its bias correction), written
     # before the step so that a recorded step replays under any schedule; a weight's rate is ``rate[0] * lr_mult``
     # (lr below). The gradient buffer g may be used as scratch.
+    def clip_to_norm(self, x: Buffer, sumsq: Buffer, threshold: float) -> None:
+        """Gradient clipping on the device: with ``n = sqrt(sumsq[0])`` (the norm of all gradients), ``x *=
+        threshold / n`` when ``n > threshold``; nothing comes back to the host, so a clipped step replays."""
+        raise NotImplementedError
+
     def momentum_update(self, w: Buffer, g: Buffer, h: Buffer, rate: Buffer, lr_mult: float, momentum: float) -> None:
         """``h = momentum * h + lr * g; w -= h``."""
         raise NotImplementedError

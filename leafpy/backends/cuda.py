@@ -128,6 +128,8 @@ class CudaBackend(ArrayBackend):
             "sigmoid": ek("T x", "T y", "y = (T)1 / ((T)1 + exp(-x))", "leafpy_sigmoid"),
             "sigmoid_grad": ek("T y, T dy", "T dx", "dx = dy * y * ((T)1 - y)", "leafpy_sigmoid_grad"),
             "tanh_grad": ek("T y, T dy", "T dx", "dx = dy * ((T)1 - y * y)", "leafpy_tanh_grad"),
+            "clip_to_norm": ek("raw T sumsq, T threshold", "T x",
+                               "T n = sqrt(sumsq[0]); if (n > threshold) x *= threshold / n", "leafpy_clip_to_norm"),
             # solver updates: the step's rate is read on the device (rate[0]), so a recorded step replays under
             # any learning-rate schedule
             "momentum": ek("T g, raw T rate, T mult, T m", "T w, T h",
@@ -158,8 +160,8 @@ class CudaBackend(ArrayBackend):
                           " if (flags & 4) { T xhat = (x - mean[ch]) * invstd;"
                           " v -= a * (sum_dy[ch] + xhat * sum_dy_xhat[ch]) * inv_m; }"
                           " dx = v", "leafpy_bn_grad"),
-            "dropout": ek("uint32 key, uint32 threshold, T scale", "T mask",
-                          "unsigned int h = (unsigned int)i + key;"
+            "dropout": ek("raw uint32 seed, uint32 mult, uint32 threshold, T scale", "T mask",
+                          "unsigned int h = (unsigned int)i + seed[0] * mult;"
                           " h ^= h >> 16; h *= 0x85EBCA6Bu; h ^= h >> 13; h *= 0xC2B2AE35u; h ^= h >> 16;"
                           " mask = h >= threshold ? scale : (T)0", "leafpy_dropout"),
         }
@@ -297,6 +299,9 @@ class CudaBackend(ArrayBackend):
     def tanh_grad(self, y, dy, dx):
         self._kernels["tanh_grad"](y, dy, dx)
 
+    def clip_to_norm(self, x, sumsq, threshold):
+        self._kernels["clip_to_norm"](sumsq, self._scalar(threshold), x)
+
     def momentum_update(self, w, g, h, rate, lr_mult, momentum):
         s = self._scalar
         self._kernels["momentum"](g, rate, s(lr_mult), s(momentum), w, h)
@@ -340,9 +345,9 @@ class CudaBackend(ArrayBackend):
         self._kernels["adadelta"](g, rate, s(lr_mult), s(decay), s(eps), w, h, u)
 
     def dropout_mask(self, mask, ratio, seed):
-        from .array import dropout_key, dropout_threshold
+        from .array import DROPOUT_KEY_MULTIPLIER, dropout_threshold
 
-        self._kernels["dropout"](np.uint32(dropout_key(seed)), np.uint32(dropout_threshold(ratio)),
+        self._kernels["dropout"](seed, np.uint32(DROPOUT_KEY_MULTIPLIER), np.uint32(dropout_threshold(ratio)),
                                  self._scalar(1.0 / (1.0 - ratio)), mask)
 
     # --- pooling: one kernel per pass ---------------------------------------------------------------------------

@@ -60,11 +60,13 @@ class DataParallel:
     global batch; before an update the gradients of all ranks are summed, each weighted by its share of the
     global batch's samples, so the update is the one a single process would make on the global batch (the
     objective averages over the batch). Clipping, accumulation, weight decay and the update rule then run
-    identically on every rank. BatchNorm layers use each rank's own batch statistics.
+    identically on every rank. BatchNorm layers use each rank's own batch statistics, or with
+    ``sync_batch_norm=True`` the global batch's (every rank then trains as one process on the global batch would,
+    at the cost of two small host collectives per BatchNorm layer and step).
     """
 
     def __init__(self, solver: Solver, group: ProcessGroup, *, transport: Transport | None = None,
-                 bucket_bytes: int = BUCKET_BYTES) -> None:
+                 bucket_bytes: int = BUCKET_BYTES, sync_batch_norm: bool = False) -> None:
         self.solver = solver
         self.group = group
         self.transport = transport or default_transport(solver.network.backend, group)
@@ -76,6 +78,11 @@ class DataParallel:
         """Buckets whose sum started before the backward pass had finished (over the whole run)."""
         self.broadcast_weights()
         solver.gradient_reducer = self._reduce
+        if sync_batch_norm and group.size > 1:
+            statistics = BatchStatistics(group)
+            for worker in solver.network.workers():
+                if hasattr(worker, "synchronizer"):
+                    worker.synchronizer = statistics
         self._plan_overlap()
 
     @property
@@ -162,3 +169,46 @@ class DataParallel:
                 self.transport.finish(in_flight[b])  # type: ignore[attr-defined]
             else:
                 self.transport.allreduce_weighted([grads[i] for i in bucket], weight)
+
+
+class BatchStatistics:
+    """Synchronised batch normalisation: BatchNorm's per-channel values combined across the ranks (on the host:
+    each rank's values are gathered with one all-reduce of a rank-by-value table, then combined in float64)."""
+
+    def __init__(self, group: ProcessGroup) -> None:
+        self.group = group
+
+    def _gather(self, backend: Any, buffers: list[Any], weight: float) -> tuple[np.ndarray, np.ndarray]:
+        """Every rank's ``buffers`` ([ranks, len(buffers), channels]) and ``weight`` ([ranks])."""
+        c = buffers[0].size
+        table = np.zeros((self.group.size, len(buffers) * c + 1))
+        host = np.empty(c, dtype=backend.dtype)
+        row = table[self.group.rank]
+        for i, buf in enumerate(buffers):
+            backend.download(buf, host)
+            row[i * c:(i + 1) * c] = host
+        row[-1] = weight
+        self.group.allreduce_(table)
+        return table[:, :-1].reshape(self.group.size, len(buffers), c), table[:, -1]
+
+    def statistics(self, backend: Any, mean: Any, var: Any, count: int) -> int:
+        """Replace this rank's batch mean and (biased) variance by the global batch's; returns the global count
+        of values per channel. The variance combines the ranks' variances around the global mean (no
+        cancellation when the mean is large against the spread)."""
+        rows, counts = self._gather(backend, [mean, var], count)
+        total = counts.sum()
+        w = counts[:, None] / total
+        m = (w * rows[:, 0]).sum(axis=0)
+        v = (w * (rows[:, 1] + (rows[:, 0] - m) ** 2)).sum(axis=0)
+        backend.upload(m.astype(backend.dtype), mean)
+        backend.upload(v.astype(backend.dtype), var)
+        return int(total)
+
+    def sums(self, backend: Any, sum_dy: Any, sum_dy_xhat: Any, samples: int) -> None:
+        """Replace this rank's backward sums by the ranks' sums weighted by their shares of the global batch. Each
+        rank's gradient is later weighted by its share (n_r / N) before the ranks' gradients are added, so the
+        input gradient it needs uses sum_r (n_r / N) sums_r, in the backend's per-rank formula."""
+        rows, n = self._gather(backend, [sum_dy, sum_dy_xhat], samples)
+        combined = (n[:, None, None] * rows).sum(axis=0) / n.sum()
+        backend.upload(combined[0].astype(backend.dtype), sum_dy)
+        backend.upload(combined[1].astype(backend.dtype), sum_dy_xhat)

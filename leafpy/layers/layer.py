@@ -238,6 +238,10 @@ class Worker:
     def weight_shapes(self, input_shapes: list[Shape]) -> list[Shape]:
         return []
 
+    def before_step(self, backend: Backend) -> None:
+        """Called by the solver before each training step, outside any recording: write what changes from step to
+        step (a random seed) into this worker's device buffers, so a recorded step replays with the new values."""
+
     def default_filler(self, index: int) -> FillerConfig:
         return FillerConfig(type="glorot_uniform") if index == 0 else FillerConfig(type="constant", value=0.0)
 

@@ -289,11 +289,9 @@ class Solver:
 
     def _replayable(self) -> bool:
         """Whether a step's device launches depend only on its key (so a backend may record and replay it): the
-        rate is read from a device buffer, so any policy and rule replays; not with a host readback (clipping),
-        a collective between ranks, or fresh dropout masks."""
-        if self.gradient_reducer is not None or self.config.clip_gradients is not None:
-            return False
-        return not any(getattr(w, "draws_random", False) and w.training for w in self.network.workers())
+        rate, dropout's seeds and the clipping factor live in device buffers, so any policy, rule, dropout and
+        clipping replays; not a collective between ranks."""
+        return self.gradient_reducer is None
 
     def train_minibatch(self, data: Any, target: Any) -> SharedTensor:
         """One forward/backward pass and (every minibatch_size-th call) one update; returns the network output.
@@ -304,8 +302,11 @@ class Solver:
         k = self.config.minibatch_size
         first = self._calls == 0
         update_now = k == 1 or self._calls + 1 == k
-        if update_now:  # before staging, which may queue device work that an upload would have to submit first
+        # per-step values go to the device before staging, which may queue work that an upload would submit first
+        if update_now:
             self._set_rate(self.rule.step_rate(self.config.learning_rate(self.iteration), self.iteration))
+        for worker in self.network.workers():
+            worker.before_step(be)
         self._stage(data, target)
 
         def step() -> None:
@@ -361,16 +362,14 @@ class Solver:
             self.rule.update(be, wb, g, st, rate, wc.lr_mult)
 
     def _clip(self, be: Backend, g_bufs: list[Any], threshold: float) -> None:
-        # the squared norms add up on the device; one scalar comes back
+        # the squared norms add up on the device and the scaling reads their sum there: nothing comes back
         scratch, total = self._scratch.write(be), self._norm.write(be)
         be.fill(0.0, total)
         for g in g_bufs:
             be.dot(g, g, scratch)
             be.axpby(1.0, scratch, 1.0, total)
-        norm = math.sqrt(max(be.read_scalar(total), 0.0))
-        if norm > threshold:
-            for g in g_bufs:
-                be.scal(threshold / norm, g)
+        for g in g_bufs:
+            be.clip_to_norm(g, total, threshold)
 
     def learning_rate(self) -> float:
         """The learning rate the next update will use."""

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import BackendError, BackendUnavailable, ConfigError
-from ..array import dropout_key, dropout_threshold
+from ..array import DROPOUT_KEY_MULTIPLIER, dropout_threshold
 from ..base import Backend
 from ..recorder import StepRecorder
 
@@ -1112,12 +1112,16 @@ class WebGPUBackend(Backend):
                           f=(2.0 * alpha * beta / size, beta), whole=(0, 1, 2, 3, 4), base_slot=4, module="lrn")
 
     def dropout_mask(self, mask, ratio, seed):
-        self._elementwise("dropout_mask", mask.size, [mask], u=(0, dropout_key(seed), dropout_threshold(ratio)),
-                          f=(1.0 / (1.0 - ratio),))
+        self._elementwise("dropout_mask", mask.size, [mask, seed], u=(0, DROPOUT_KEY_MULTIPLIER,
+                                                                       dropout_threshold(ratio)),
+                          f=(1.0 / (1.0 - ratio),), whole=(1,), base_slot=3)
 
     def _update(self, entry: str, buffers: list, rate: Any, f: tuple) -> None:
         """A solver update over the per-element ``buffers`` (w, g, history...), reading the rate from ``rate``."""
         self._elementwise(entry, buffers[0].size, [rate, *buffers], f=f, whole=(0,), module="update")
+
+    def clip_to_norm(self, x, sumsq, threshold):
+        self._elementwise("clip_to_norm", x.size, [sumsq, x], f=(threshold,), whole=(0,), module="update")
 
     def momentum_update(self, w, g, h, rate, lr_mult, momentum):
         self._update("momentum_update", [w, g, h], rate, (lr_mult, momentum))

@@ -127,12 +127,13 @@ fn bias_add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     if (i < p.u0) { a[i] = a[i] + b[((i + p.u3) / p.u2) % p.u1]; }
 }
 
-// dropout mask (the same hash as every backend): a = hash(i + u1) >= u2 ? f0 : 0
+// dropout mask (the same hash as every backend): a = hash(i + seed * u1) >= u2 ? f0 : 0, the draw's seed the
+// bits of b[0] (a uint32 buffer); u3 = index of this dispatch's first element
 @compute @workgroup_size(256)
 fn dropout_mask(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
     if (i < p.u0) {
-        var h = i + p.u1;
+        var h = i + p.u3 + bitcast<u32>(b[0]) * p.u1;
         h = h ^ (h >> 16u); h = h * 0x85EBCA6Bu; h = h ^ (h >> 13u); h = h * 0xC2B2AE35u; h = h ^ (h >> 16u);
         a[i] = select(0.0, p.f0, h >= p.u2);
     }

@@ -10,6 +10,14 @@
 
 fn lr() -> f32 { return rate[0] * p.f0; }
 
+// gradient clipping: rate[0] holds the squared norm of all gradients instead, w the gradient; p.f0 = threshold
+@compute @workgroup_size(256)
+fn clip_to_norm(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    let n = sqrt(rate[0]);
+    if (i < p.u0 && n > p.f0) { w[i] = w[i] * (p.f0 / n); }
+}
+
 @compute @workgroup_size(256)
 fn momentum_update(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);

@@ -42,6 +42,9 @@ class BatchNorm(Worker):
         if not config.affine:
             self.weight_names = ("running_mean", "running_var")  # type: ignore[misc]
         self.stats = None  # this batch's mean and variance, per channel
+        self.synchronizer = None
+        """Set by data-parallel training with synchronised batch normalisation: combines the statistics and the
+        backward pass's sums across the ranks, so every rank normalises with the global batch's statistics."""
         self.sums = None  # sum dy and sum dy * xhat, per channel (backward)
         self._used = None  # the statistics the last forward pass normalised with
 
@@ -81,6 +84,8 @@ class BatchNorm(Worker):
             backend.batch_norm_stats(x[0], mean, var)
             m = self.config.momentum
             count = x[0].size // x[0].shape[1]
+            if self.synchronizer is not None:
+                count = self.synchronizer.statistics(backend, mean, var, count)
             unbiased = count / (count - 1) if count > 1 else 1.0
             backend.axpby(m, mean, 1.0 - m, running_mean)
             backend.axpby(m * unbiased, var, 1.0 - m, running_var)
@@ -108,5 +113,7 @@ class BatchNorm(Worker):
         mean, var = self._used
         # the sums are backward_parameters' (a layer with weights, as this one always is, runs it first)
         sum_dy, sum_dy_xhat = self.sums
+        if self.synchronizer is not None and self.training:
+            self.synchronizer.sums(backend, sum_dy, sum_dy_xhat, x[0].shape[0])
         backend.batch_norm_grad(x[0], dy[0], mean, var, gamma, sum_dy, sum_dy_xhat, dx[0], self.config.eps,
                                 self.training)

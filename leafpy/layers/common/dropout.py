@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from ... import _checks
 from ..layer import Worker, register_layer
 
@@ -22,29 +24,39 @@ class DropoutConfig:
 @register_layer("Dropout", DropoutConfig)
 class Dropout(Worker):
     in_place = True
-
-    @property
-    def draws_random(self) -> bool:
-        """A new mask every training forward pass (so a recorded step cannot be replayed)."""
-        return self.config.ratio > 0.0
+    draws_random = True
+    """A new mask every training forward pass, from a seed the solver writes before the step (so a recorded step
+    replays with fresh masks); checkpoints keep ``seed`` and ``calls``, so a resumed run draws the same masks."""
 
     def __init__(self, config: DropoutConfig, layer_name: str) -> None:
         super().__init__(config, layer_name)
         self.mask = None
+        self.draw = None  # one uint32: the seed of this step's mask
         self.calls = 0
+        self._drawn = False  # before_step has written this step's seed
 
     def setup(self, backend, input_shapes):
         shape = tuple(input_shapes[0])
         if self.mask is None or self.mask.shape != shape:
             self.mask = backend.view(backend.allocate(math.prod(shape), backend.dtype), shape)
+        if self.draw is None:
+            self.draw = backend.view(backend.allocate(1, np.uint32), (1,))
 
     def _active(self) -> bool:
         return self.training and self.config.ratio > 0.0
 
+    def before_step(self, backend) -> None:
+        if self._active() and self.draw is not None:
+            self.calls += 1
+            backend.upload(np.array([(self.seed * 1_000_003 + self.calls) % 2**31], np.uint32), self.draw)
+            self._drawn = True
+
     def forward(self, backend, x, w, y):
         if self._active():
-            self.calls += 1
-            backend.dropout_mask(self.mask, self.config.ratio, (self.seed * 1_000_003 + self.calls) % 2**31)
+            if not self._drawn:  # a forward pass outside a solver's step draws its own seed
+                self.before_step(backend)
+            self._drawn = False
+            backend.dropout_mask(self.mask, self.config.ratio, self.draw)
             backend.mul(x[0], self.mask, y[0])
         else:
             backend.copy(x[0], y[0])
