@@ -3,8 +3,11 @@
 Every module of leafpy is read with ``ast`` (not imported): each ``import`` and ``from ... import`` statement, at
 module level or inside a function or class, relative ones resolved, becomes an edge to the leafpy module it loads.
 ``from pkg import name`` is an edge to the submodule ``pkg.name`` when there is one, else to the package ``pkg``
-(whose ``__init__`` runs). Imports under ``if TYPE_CHECKING:`` never run and are left out. A cycle is reported
-as the chain of modules that closes it.
+(whose ``__init__`` runs). Imports under ``if TYPE_CHECKING:`` never run and are left out, and so are the parent
+packages Python imports before a submodule (leafpy/__init__ re-exports everything, so with them every module
+would sit on a cycle). Modules that ``importlib`` loads by name (the layer and update-rule registries) are not
+seen. A cycle is reported as the chain of modules that closes it; ``python tests/test_imports.py`` prints the
+graph.
 """
 
 from __future__ import annotations
@@ -12,9 +15,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import leafpy
-
-PACKAGE = Path(leafpy.__file__).resolve().parent
+PACKAGE = Path(__file__).resolve().parent.parent / "leafpy"  # this checkout's package, however it is run
 
 
 def modules(root: Path = PACKAGE) -> dict[str, Path]:
