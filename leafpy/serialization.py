@@ -66,12 +66,33 @@ def _camel(name: str) -> str:
     return head + "".join(p[:1].upper() + p[1:] for p in rest)
 
 
+UNION_MEMBERS: dict[str, str] = {}
+"""Layer type -> its member of LayerConfig's union, for a type whose member is not its name matched without case
+(``LeakyReLU`` is stored as ``leakyRelu`` with no entry here)."""
+FIELD_NAMES: dict[str, dict[str, str]] = {}
+"""Layer type -> {config field: schema field}, for fields not stored under their lowerCamelCase name."""
+
+
 def _union_member(type_name: str) -> str:
+    if type_name in UNION_MEMBERS:
+        return UNION_MEMBERS[type_name]
     members = schema().LayerConfig.LayerType.schema.union_fields
     for m in members:
         if m.lower() == type_name.lower():
             return m
     raise SerializationError(f"layer type {type_name!r} has no entry in leaf.capnp's LayerConfig union")
+
+
+def _layer_type_of(member: str) -> str | None:
+    """The layer type stored as union member ``member`` (the inverse of _union_member)."""
+    for type_name, m in UNION_MEMBERS.items():
+        if m == member:
+            return type_name
+    return next((t for t in layer_types() if t.lower() == member.lower()), None)
+
+
+def _schema_field(type_name: str, field: str) -> str:
+    return FIELD_NAMES.get(type_name, {}).get(field) or _camel(field)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -83,12 +104,12 @@ def _write_value(value: Any) -> Any:
     return value
 
 
-def _fill_struct(builder: Any, config: Any) -> None:
+def _fill_struct(builder: Any, type_name: str, config: Any) -> None:
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if value is None:
             continue
-        setattr(builder, _camel(f.name), _write_value(value))
+        setattr(builder, _schema_field(type_name, f.name), _write_value(value))
 
 
 def write_layer_config(builder: Any, config: LayerConfig) -> None:
@@ -110,7 +131,7 @@ def write_layer_config(builder: Any, config: LayerConfig) -> None:
     elif config.config is None:
         setattr(ltype, member, None)
     else:
-        _fill_struct(ltype.init(member), config.config)
+        _fill_struct(ltype.init(member), config.type, config.config)
     builder.outputs = list(config.outputs)
     builder.inputs = list(config.inputs)
     params = builder.init("params", len(config.params))
@@ -145,7 +166,7 @@ def read_layer_config(reader: Any, where: str = "config") -> LayerConfig:
     """The LayerConfig a capnp LayerConfig reader holds (``where`` names it in errors)."""
     name = reader.name
     which = reader.layerType.which()
-    type_name = next((t for t in layer_types() if t.lower() == which.lower()), None)
+    type_name = _layer_type_of(which)
     if type_name is None:
         raise SerializationError(f"{where}: unknown layer type {which!r}")
     entry = lookup(type_name)
@@ -161,9 +182,9 @@ def read_layer_config(reader: Any, where: str = "config") -> LayerConfig:
         sub = getattr(reader.layerType, which)
         kwargs = {}
         for f in dataclasses.fields(entry.config_class):
-            camel = _camel(f.name)
-            if camel in sub.schema.fieldnames:
-                kwargs[f.name] = _read_value(getattr(sub, camel))
+            stored = _schema_field(type_name, f.name)
+            if stored in sub.schema.fieldnames:
+                kwargs[f.name] = _read_value(getattr(sub, stored))
         config = entry.config_class(**kwargs)
     params = []
     for p in reader.params:
