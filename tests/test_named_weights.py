@@ -221,3 +221,27 @@ def test_restore_names_what_does_not_fit(native):
     with pytest.raises(lp.ConfigError, match=r"3 gradient-accumulation calls pending.*minibatch_size \(2\)"):
         fresh.restore({**state, "pending_calls": 3})
     assert fresh.iteration == 0 and fresh.snapshot()["pending_calls"] == 0  # nothing was set
+
+
+def test_a_rule_without_state_checkpoints_and_resumes(native, tmp_path, monkeypatch):
+    """A rule whose state_names is empty stores no history; its checkpoint still loads and resumes exactly."""
+    from leafpy.solvers import UpdateRule, registry, update_rules
+
+    class PlainSGD(UpdateRule):
+        name = "plain_sgd_for_test"
+
+        def update(self, backend, w, g, state, lr, iteration):
+            backend.axpby(-lr, g, 1.0, w)
+
+    update_rules()  # every real rule registered first
+    monkeypatch.setitem(registry._RULES, PlainSGD.name, PlainSGD)
+    batches = _batches(6)
+    original = _solver(native, PlainSGD.name, 1)
+    for x, y in batches[:3]:
+        original.train_minibatch(x, y)
+    assert original.snapshot()["history"] == {n: {} for n in original.network.named_weights()}
+    original.save_checkpoint(str(tmp_path / "c.leaf"))
+    resumed = lp.Solver.load_checkpoint(native, native, str(tmp_path / "c.leaf"))
+    for x, y in batches[3:]:
+        np.testing.assert_array_equal(original.train_minibatch(x, y).to_numpy(),
+                                      resumed.train_minibatch(x, y).to_numpy())

@@ -436,7 +436,8 @@ class Solver:
         names = self.network.learnable_weights_names()
         assignments: list[tuple[SharedTensor, np.ndarray]] = []
 
-        def take(what: str, given: Any, tensors: Sequence[SharedTensor], labels: Sequence[str]) -> None:
+        def take(what: str, given: Any, tensors: Sequence[SharedTensor], labels: Sequence[str],
+                 required: bool = True) -> None:
             if not isinstance(given, Mapping):
                 raise ConfigError(f"{where}: {what} must be a mapping of names to arrays, got {type(given).__name__}")
             extra = [key for key in given if key not in labels]
@@ -444,7 +445,7 @@ class Solver:
                 raise ConfigError(f"{where}: {what} has {extra[0]!r}, which this solver does not have (expected: "
                                   f"{', '.join(labels) or 'none'})")
             absent = [label for label in labels if label not in given]
-            if absent:
+            if absent and required:
                 raise ConfigError(f"{where}: {what} is missing {absent[0]!r} (expected: {', '.join(labels)})")
             for label, t in zip(labels, tensors):
                 arr = as_numbers(given[label], f"{where}: {what} {label!r}")
@@ -453,9 +454,10 @@ class Solver:
                 assignments.append((t, arr))
 
         history = state["history"]
-        take("history", history, [], names)  # names only: each weight's entry is checked below
+        # names only (each weight's entry is checked below); a rule without state stores none
+        take("history", history, [], names, required=bool(self.rule.state_names))
         for n, tensors in zip(names, self.state):
-            take(f"history of {n!r}", history[n], tensors, self.rule.state_names)
+            take(f"history of {n!r}", history.get(n, {}), tensors, self.rule.state_names)
         if calls:
             take("accumulated", state["accumulated"], self._accum, names)
         random = state["random"]
