@@ -230,8 +230,8 @@ def test_a_rule_without_state_checkpoints_and_resumes(native, tmp_path, monkeypa
     class PlainSGD(UpdateRule):
         name = "plain_sgd_for_test"
 
-        def update(self, backend, w, g, state, lr, iteration):
-            backend.axpby(-lr, g, 1.0, w)
+        def update(self, backend, w, g, state, rate, lr_mult):
+            backend.axpby(-backend.read_scalar(rate) * lr_mult, g, 1.0, w)  # w -= rate * g (native: no replay)
 
     update_rules()  # every real rule registered first
     monkeypatch.setitem(registry._RULES, PlainSGD.name, PlainSGD)
