@@ -159,10 +159,23 @@ def _batches(n: int) -> list[tuple[np.ndarray, np.ndarray]]:
             for _ in range(n)]
 
 
+BACKENDS = [pytest.param("native", id="native"), pytest.param("cuda", id="cuda", marks=pytest.mark.cuda),
+            pytest.param("webgpu", id="webgpu", marks=pytest.mark.webgpu)]
+
+
+def _backend(name: str) -> lp.Backend:
+    try:
+        return lp.backend(name)
+    except lp.BackendUnavailable as e:
+        pytest.skip(f"{name} backend unavailable: {e}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("rule,minibatch_size", [("adam", 2), ("momentum", 1)])
-def test_a_restored_solver_continues_bit_exactly(native, rule, minibatch_size):
+def test_a_restored_solver_continues_bit_exactly(backend, rule, minibatch_size):
+    be = _backend(backend)
     batches = _batches(10)
-    original = _solver(native, rule, minibatch_size)
+    original = _solver(be, rule, minibatch_size)
     for x, y in batches[:5]:  # with minibatch_size 2, one call is pending here
         original.train_minibatch(x, y)
     original.trainer_state = {"epoch": 1, "batch": 5}
@@ -171,7 +184,7 @@ def test_a_restored_solver_continues_bit_exactly(native, rule, minibatch_size):
     assert set(state["history"]) == set(weights)
     assert state["random"] and state["trainer_state"] == {"epoch": 1, "batch": 5}
 
-    fresh = _solver(native, rule, minibatch_size)
+    fresh = _solver(be, rule, minibatch_size)
     fresh.network.load_weights(weights)
     fresh.restore(state)
     assert fresh.iteration == original.iteration and fresh.trainer_state == original.trainer_state
