@@ -1,8 +1,13 @@
-"""Cap'n Proto reading and writing of layers (config and weights) and solver checkpoints.
+"""The Cap'n Proto codec: configs (LayerConfig, SolverConfig) and named arrays to and from ``capnp/leaf.capnp``,
+and the files that hold them (models and solver checkpoints).
 
-The schema is ``capnp/leaf.capnp``; files use the packed encoding, as Leaf 0.2.1's did, and Leaf's files load
-(its weight names ``"{layer}-{i}"`` are understood). Config dataclasses map onto schema structs field by field
-(snake_case to camelCase), so a new layer type needs only its schema entry.
+It knows nothing of running layers or solvers: ``Layer.save``/``Layer.load`` and ``Solver.save_checkpoint``/
+``Solver.load_checkpoint`` hand it configs, ``Layer.named_weights()`` and ``Solver.snapshot()``, and take back
+what it read. Config dataclasses map onto schema structs field by field (snake_case to camelCase), so a new layer
+type needs only its schema entry.
+
+Files use the packed encoding, as Leaf 0.2.1's did, and Leaf's files load: its weight names ``"{layer}-{i}"`` are
+understood, and its convolution filters, stored flipped, are turned back (``from_leaf``, ``to_leaf``).
 
 Saving is atomic: a temporary file in the target's directory, flushed and fsynced, then renamed over the target.
 Loading never trusts the file: its size is capped, the reader has a traversal and a nesting limit, and every
@@ -11,6 +16,7 @@ problem is reported as SerializationError naming the file.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -20,19 +26,14 @@ import stat
 import struct
 import tempfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from .backends.base import Backend
 from .errors import ConfigError, LeafpyError, SerializationError, ShapeError
-from .layers.container.sequential import Sequential, SequentialConfig
-from .layers.layer import FillerConfig, Layer, LayerConfig, WeightConfig, layer_types, lookup
-
-if TYPE_CHECKING:
-    from .solvers.solver import Solver
+from .layers.layer_config import FillerConfig, LayerConfig, WeightConfig, WeightSpec, layer_types, lookup
 
 MAX_FILE_BYTES = 4 * 1024**3
 """Files larger than this are refused before they are parsed."""
@@ -65,12 +66,33 @@ def _camel(name: str) -> str:
     return head + "".join(p[:1].upper() + p[1:] for p in rest)
 
 
+UNION_MEMBERS: dict[str, str] = {}
+"""Layer type -> its member of LayerConfig's union, for a type whose member is not its name matched without case
+(``LeakyReLU`` is stored as ``leakyRelu`` with no entry here)."""
+FIELD_NAMES: dict[str, dict[str, str]] = {}
+"""Layer type -> {config field: schema field}, for fields not stored under their lowerCamelCase name."""
+
+
 def _union_member(type_name: str) -> str:
+    if type_name in UNION_MEMBERS:
+        return UNION_MEMBERS[type_name]
     members = schema().LayerConfig.LayerType.schema.union_fields
     for m in members:
         if m.lower() == type_name.lower():
             return m
     raise SerializationError(f"layer type {type_name!r} has no entry in leaf.capnp's LayerConfig union")
+
+
+def _layer_type_of(member: str) -> str | None:
+    """The layer type stored as union member ``member`` (the inverse of _union_member)."""
+    for type_name, m in UNION_MEMBERS.items():
+        if m == member:
+            return type_name
+    return next((t for t in layer_types() if t.lower() == member.lower()), None)
+
+
+def _schema_field(type_name: str, field: str) -> str:
+    return FIELD_NAMES.get(type_name, {}).get(field) or _camel(field)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -82,20 +104,21 @@ def _write_value(value: Any) -> Any:
     return value
 
 
-def _fill_struct(builder: Any, config: Any) -> None:
+def _fill_struct(builder: Any, type_name: str, config: Any) -> None:
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if value is None:
             continue
-        setattr(builder, _camel(f.name), _write_value(value))
+        setattr(builder, _schema_field(type_name, f.name), _write_value(value))
 
 
 def write_layer_config(builder: Any, config: LayerConfig) -> None:
+    """Fill a capnp LayerConfig builder from ``config`` (containers recursively)."""
     builder.name = config.name
     member = _union_member(config.type)
     ltype = builder.layerType
     if config.type == "Sequential":
-        seq: SequentialConfig = config.config
+        seq = config.config
         sb = ltype.init("sequential")
         layers = sb.init("layers", len(seq.layers))
         for i, lc in enumerate(seq.layers):
@@ -108,7 +131,7 @@ def write_layer_config(builder: Any, config: LayerConfig) -> None:
     elif config.config is None:
         setattr(ltype, member, None)
     else:
-        _fill_struct(ltype.init(member), config.config)
+        _fill_struct(ltype.init(member), config.type, config.config)
     builder.outputs = list(config.outputs)
     builder.inputs = list(config.inputs)
     params = builder.init("params", len(config.params))
@@ -140,15 +163,16 @@ def _read_value(value: Any) -> Any:
 
 
 def read_layer_config(reader: Any, where: str = "config") -> LayerConfig:
+    """The LayerConfig a capnp LayerConfig reader holds (``where`` names it in errors)."""
     name = reader.name
     which = reader.layerType.which()
-    type_name = next((t for t in layer_types() if t.lower() == which.lower()), None)
+    type_name = _layer_type_of(which)
     if type_name is None:
         raise SerializationError(f"{where}: unknown layer type {which!r}")
     entry = lookup(type_name)
     if type_name == "Sequential":
         sr = reader.layerType.sequential
-        config: Any = SequentialConfig(
+        config: Any = entry.config_class(  # type: ignore[misc]
             layers=[read_layer_config(lc, f"{where}.layers[{i}]") for i, lc in enumerate(sr.layers)],
             inputs=[(i.name, tuple(i.shape)) for i in sr.inputs],
             force_backward=bool(sr.forceBackward))
@@ -158,9 +182,9 @@ def read_layer_config(reader: Any, where: str = "config") -> LayerConfig:
         sub = getattr(reader.layerType, which)
         kwargs = {}
         for f in dataclasses.fields(entry.config_class):
-            camel = _camel(f.name)
-            if camel in sub.schema.fieldnames:
-                kwargs[f.name] = _read_value(getattr(sub, camel))
+            stored = _schema_field(type_name, f.name)
+            if stored in sub.schema.fieldnames:
+                kwargs[f.name] = _read_value(getattr(sub, stored))
         config = entry.config_class(**kwargs)
     params = []
     for p in reader.params:
@@ -339,11 +363,13 @@ MALFORMED_HINT = {
 }
 
 
-def _guard(path: str, fn: Callable[[], Any], struct: str = "") -> Any:
-    """Run a reading step; anything but a LeafpyError becomes a SerializationError naming the file (and, for a
-    ``struct`` of the wrong kind, the reader that takes it)."""
+@contextlib.contextmanager
+def reading(path: str, struct: str = "") -> Iterator[None]:
+    """Around a reading step: anything but a LeafpyError becomes a SerializationError naming the file (and, for a
+    ``struct`` of the wrong kind, the reader that takes it); a ConfigError or ShapeError (a config or a weight in
+    the file that does not fit) becomes a SerializationError that names the file too."""
     try:
-        return fn()
+        yield
     except (ConfigError, ShapeError, SerializationError) as e:
         if str(e).startswith(path):
             raise
@@ -355,6 +381,11 @@ def _guard(path: str, fn: Callable[[], Any], struct: str = "") -> Any:
                                  "hundreds of levels down); the file is damaged or was not written by leafpy") from None
     except Exception as e:
         raise SerializationError(f"{path}: malformed contents: {_short(e)}{MALFORMED_HINT.get(struct, '')}") from None
+
+
+def _guard(path: str, fn: Callable[[], Any], struct: str = "") -> Any:
+    with reading(path, struct):
+        return fn()
 
 
 def _write_weights(builder_list: Any, items: list[tuple[str, np.ndarray]], leaf: bool = False) -> None:
@@ -392,37 +423,9 @@ def _read_weights(reader_list: Any, where: str) -> dict[str, np.ndarray]:
     return out
 
 
-def _layer_message(layer: Layer, builder: Any, leaf: bool = False) -> None:
-    builder.name = layer.name
-    write_layer_config(builder.init("config"), layer.config)
-    names = layer.learnable_weights_names()
-    data = [t.to_numpy() for t in layer.learnable_weights_data()]
-    if leaf:  # Leaf's names, and its convolution's flipped filters
-        leaf_names = {v: k for k, v in leaf_aliases(layer).items()}
-        filters = convolution_filter_names(layer)
-        data = [np.ascontiguousarray(d[..., ::-1, ::-1]) if n in filters else d for n, d in zip(names, data)]
-        names = [leaf_names[n] for n in names]
-    _write_weights(builder.init("weightsData", len(names)), list(zip(names, data)), leaf=leaf)
-
-
-FORMATS = ("leafpy", "leaf")
-
-
-def save_layer(layer: Layer, path: str | os.PathLike, format: str = "leafpy") -> None:
-    """Write ``layer``'s config and weights to ``path`` atomically: leafpy's file (with its header and checksum),
-    or with ``format="leaf"`` a file Leaf 0.2.1 reads (what Leaf cannot represent is a ConfigError)."""
-    if format not in FORMATS:
-        raise ConfigError(f"Layer.save: format must be one of {', '.join(FORMATS)}, got {format!r}")
-    msg = schema().Layer.new_message()
-    if format == "leaf":
-        check_leaf_representable(layer.config, "Layer.save(format='leaf')")
-        _layer_message(layer, msg, leaf=True)
-        atomic_write(path, msg.to_bytes_packed())
-        return
-    _layer_message(layer, msg)
-    atomic_write(path, encode(msg, "Layer"))
-
-
+# --------------------------------------------------------------------------------------------------------------
+# Leaf's weights: its names ("{layer}-{i}") and its convolution filters (stored flipped)
+# --------------------------------------------------------------------------------------------------------------
 LEAF_TYPES = {"Convolution", "Linear", "Pooling", "LogSoftmax", "Softmax", "ReLU", "Sigmoid",
               "NegativeLogLikelihood", "Reshape", "Sequential"}
 """The layer types Leaf 0.2.1 had."""
@@ -449,89 +452,113 @@ def check_leaf_representable(config: LayerConfig, where: str) -> None:
             check_leaf_representable(child, where)
 
 
-def convolution_filter_names(layer: Layer) -> set[str]:
-    """The names of every Convolution layer's filter in the tree (Leaf stored them flipped)."""
-    aliases = leaf_aliases(layer)
-    found: set[str] = set()
-
-    def walk(node: Layer) -> None:
-        if isinstance(node, Sequential):
-            for child in node.layers:
-                walk(child)
-        elif node.config.type == "Convolution":
-            found.update(v for k, v in aliases.items() if k == f"{node.name}-0")
-
-    walk(layer)
-    return found
-
-
 LEAF_WEIGHT_NAME = re.compile(r"[^/]+-\d+")
 
 
-def is_leaf_file(origin: str, saved: dict[str, np.ndarray]) -> bool:
+def is_leaf_file(origin: str, saved: Mapping[str, np.ndarray]) -> bool:
     """A bare file whose weights all carry Leaf's names ("{layer}-{i}") was written by Leaf: its convolution
     filters are flipped. (leafpy names weights "{layer}/{weight}", and writes a header.)"""
     return origin == "bare" and bool(saved) and all(LEAF_WEIGHT_NAME.fullmatch(k) for k in saved)
 
 
-def leaf_aliases(layer: Layer, prefix: str = "") -> dict[str, str]:
-    """Leaf's weight names ("{layer}-{i}") mapped to leafpy's, for every layer in the tree."""
-    out: dict[str, str] = {}
-    if isinstance(layer, Sequential):
-        for child in layer.layers:
-            sub = f"{prefix}{child.name}/" if isinstance(child, Sequential) else prefix
-            out.update(leaf_aliases(child, sub))
-        return out
-    for i, (name, cfg) in enumerate(zip(layer._weight_names, layer._weight_configs)):
-        out[f"{layer.name}-{i}"] = name if cfg.name else prefix + name
+def leaf_name(spec: WeightSpec) -> str:
+    """Leaf's name for a layer's weight: the layer's name and the weight's position, "{layer}-{i}"."""
+    return f"{spec.layer}-{spec.index}"
+
+
+def _is_filter(spec: WeightSpec) -> bool:
+    return spec.layer_type == "Convolution" and spec.local_name == "weight"
+
+
+def _flip(arr: np.ndarray) -> np.ndarray:
+    """A filter turned in both spatial axes: Leaf convolved (cuDNN's CUDNN_CONVOLUTION mode), leafpy
+    cross-correlates, so the same function needs the filter flipped."""
+    return np.ascontiguousarray(arr[..., ::-1, ::-1])
+
+
+def from_leaf(weights: Mapping[str, np.ndarray], specs: Sequence[WeightSpec]) -> dict[str, np.ndarray]:
+    """Weights as a file Leaf wrote holds them (its names, flipped convolution filters) -> leafpy's names and
+    orientation, for the network whose weights ``specs`` (``Layer.weight_specs()``) describes. Names that match no
+    weight are kept as they are (loading reports them)."""
+    by_leaf = {leaf_name(s): s for s in specs}
+    out = {}
+    for key, arr in weights.items():
+        spec = by_leaf.get(key)
+        if spec is None:
+            out[key] = arr
+        else:
+            out[spec.name] = _flip(arr) if _is_filter(spec) else arr
     return out
 
 
-def apply_weights(layer: Layer, saved: dict[str, np.ndarray], where: str, leaf: bool = False) -> None:
-    """Set ``layer``'s weights from ``saved`` by name (leafpy's or Leaf's), naming any missing or misfit one. With
-    ``leaf`` (a file Leaf wrote) convolution filters are flipped: Leaf convolved (cuDNN's CUDNN_CONVOLUTION mode),
-    leafpy cross-correlates, so the same function needs the filter turned in both spatial axes."""
-    names = layer.learnable_weights_names()
-    if not names:
-        if saved:
-            layer._pending_weights = (dict(saved), where)
+def to_leaf(weights: Mapping[str, np.ndarray], specs: Sequence[WeightSpec]) -> dict[str, np.ndarray]:
+    """leafpy's named weights -> Leaf's names and flipped convolution filters (the inverse of :func:`from_leaf`)."""
+    by_name = {s.name: s for s in specs}
+    out = {}
+    for name, arr in weights.items():
+        spec = by_name.get(name)
+        if spec is None:
+            raise ConfigError(f"to_leaf: weight {name!r} has no entry in the network's weight specs "
+                              f"({', '.join(by_name) or 'none'})")
+        out[leaf_name(spec)] = _flip(arr) if _is_filter(spec) else arr
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# model files
+# --------------------------------------------------------------------------------------------------------------
+FORMATS = ("leafpy", "leaf")
+
+
+class SavedModel(NamedTuple):
+    """What a model file holds: the layer's config, its weights by name, and whether Leaf wrote it (then the
+    weights carry Leaf's names and flipped convolution filters: see :func:`from_leaf`)."""
+
+    config: LayerConfig
+    weights: dict[str, np.ndarray]
+    leaf: bool
+
+
+def model_message(config: LayerConfig, weights: Mapping[str, np.ndarray], leaf: bool = False) -> Any:
+    """A capnp Layer message: the config and the named weights (raw little-endian float32; Leaf's List(Float32)
+    with ``leaf``)."""
+    msg = schema().Layer.new_message()
+    _fill_layer(msg, config, weights, leaf)
+    return msg
+
+
+def _fill_layer(builder: Any, config: LayerConfig, weights: Mapping[str, np.ndarray], leaf: bool = False) -> None:
+    builder.name = config.name
+    write_layer_config(builder.init("config"), config)
+    _write_weights(builder.init("weightsData", len(weights)), list(weights.items()), leaf=leaf)
+
+
+def save_model(path: str | os.PathLike, config: LayerConfig, weights: Mapping[str, np.ndarray], *,
+               format: str = "leafpy", specs: Sequence[WeightSpec] = ()) -> None:
+    """Write a layer's config and named weights to ``path`` atomically: leafpy's file (with its header and
+    checksum), or with ``format="leaf"`` a file Leaf 0.2.1 reads (what Leaf cannot represent is a ConfigError;
+    ``specs``, the network's ``Layer.weight_specs()``, give Leaf's weight names and the filters to flip)."""
+    if format not in FORMATS:
+        raise ConfigError(f"Layer.save: format must be one of {', '.join(FORMATS)}, got {format!r}")
+    if format == "leaf":
+        check_leaf_representable(config, "Layer.save(format='leaf')")
+        atomic_write(path, model_message(config, to_leaf(weights, specs), leaf=True).to_bytes_packed())
         return
-    aliases = leaf_aliases(layer)
-    filters = convolution_filter_names(layer) if leaf else set()
-    by_name = {}
-    for key, arr in saved.items():
-        target = key if key in names else aliases.get(key)
-        if target is None:
-            raise SerializationError(f"{where}: saved weight {key!r} matches no weight of the network "
-                                     f"(weights: {', '.join(names)})")
-        by_name[target] = np.ascontiguousarray(arr[..., ::-1, ::-1]) if target in filters else arr
-    for name, tensor in zip(names, layer.learnable_weights_data()):
-        if name not in by_name:
-            raise SerializationError(f"{where}: weight {name!r} is missing from the file")
-        arr = by_name[name]
-        if arr.shape != tensor.shape:
-            raise SerializationError(f"{where}: weight {name!r} has shape {arr.shape} in the file, the network "
-                                     f"needs {tensor.shape}")
-        tensor.set(arr)
+    atomic_write(path, encode(model_message(config, weights), "Layer"))
 
 
-def load_layer(backend: Backend, path: str | os.PathLike) -> Layer:
-    """Read a layer written by :func:`save_layer` or by Leaf 0.2.1."""
+def read_model(path: str | os.PathLike) -> SavedModel:
+    """Read a model file written by :func:`save_model` or by Leaf 0.2.1."""
     path = os.fspath(path)
     msg, origin = read_message(path, "Layer")
-
-    def build() -> Layer:
+    with reading(path, "Layer"):
         config = read_layer_config(msg.config)
         saved = _read_weights(msg.weightsData, path)
-        layer = Layer.from_config(backend, config)
-        apply_weights(layer, saved, path, leaf=is_leaf_file(origin, saved))
-        return layer
-
-    return _guard(path, build, "Layer")
+    return SavedModel(config, saved, is_leaf_file(origin, saved))
 
 
-def load_weights(layer: Layer, path: str | os.PathLike) -> None:
-    """Set ``layer``'s weights from a model file or from the network in a solver checkpoint, by name."""
+def read_weights(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], bool]:
+    """The named weights of a model file or of the network in a solver checkpoint, and whether Leaf wrote them."""
     path = os.fspath(path)
     errors = []
     readers = (("Layer", lambda m: m.weightsData), ("SolverCheckpoint", lambda m: m.network.weightsData))
@@ -539,11 +566,24 @@ def load_weights(layer: Layer, path: str | os.PathLike) -> None:
         try:
             msg, origin = read_message(path, struct_name)
             saved = _guard(path, lambda: _read_weights(weights_of(msg), path))
-            _guard(path, lambda: apply_weights(layer, saved, path, leaf=is_leaf_file(origin, saved)))
-            return
+            return saved, is_leaf_file(origin, saved)
         except SerializationError as e:
             errors.append(e)
     raise errors[0]
+
+
+class _HoldsWeights(Protocol):
+    def weight_specs(self) -> list[WeightSpec]: ...
+    def load_weights(self, weights: Mapping[str, Any], *, strict: bool = True) -> Any: ...
+
+
+def load_weights(layer: _HoldsWeights, path: str | os.PathLike) -> None:
+    """Set a network's weights (through its public ``load_weights``) from a model file or from the network in a
+    solver checkpoint, by name; errors name the file."""
+    path = os.fspath(path)
+    saved, leaf = read_weights(path)
+    with reading(path):
+        layer.load_weights(from_leaf(saved, layer.weight_specs()) if leaf else saved)
 
 
 def saved_network_config(path: str | os.PathLike) -> LayerConfig:
@@ -566,7 +606,8 @@ def saved_network_config(path: str | os.PathLike) -> LayerConfig:
 _SOLVER_OPTIONAL_ZERO = {"max_iter", "clip_gradients", "weight_decay"}
 
 
-def _write_solver_config(builder: Any, cfg: Any) -> None:
+def write_solver_config(builder: Any, cfg: Any) -> None:
+    """Fill a capnp SolverConfig builder from a SolverConfig (any dataclass with its fields)."""
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         camel = _camel(f.name)
@@ -581,11 +622,10 @@ def _write_solver_config(builder: Any, cfg: Any) -> None:
             setattr(builder, camel, list(value) if isinstance(value, tuple) else value)
 
 
-def _read_solver_config(reader: Any) -> Any:
-    from .solvers.solver import SolverConfig
-
+def read_solver_config(reader: Any, config_class: type) -> Any:
+    """A ``config_class`` (SolverConfig) from a capnp SolverConfig reader."""
     kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(SolverConfig):
+    for f in dataclasses.fields(config_class):
         camel = _camel(f.name)
         if f.name in ("network", "objective"):
             kwargs[f.name] = read_layer_config(getattr(reader, camel), f"solver.{f.name}") \
@@ -597,31 +637,66 @@ def _read_solver_config(reader: Any) -> Any:
             if f.name in _SOLVER_OPTIONAL_ZERO and not v:
                 v = None
             kwargs[f.name] = v
-    return SolverConfig(**kwargs)
+    return config_class(**kwargs)
 
 
-def _random_workers(layer: Layer) -> list[Any]:
-    return [w for w in layer.workers() if hasattr(w, "draws_random")]
+class SavedCheckpoint(NamedTuple):
+    """What a solver checkpoint holds: the solver's config, the network's weights by name, and the rest of the
+    solver's state as ``Solver.snapshot()`` gives it."""
+
+    config: Any
+    weights: dict[str, np.ndarray]
+    state: dict[str, Any]
 
 
-def save_checkpoint(solver: Solver, path: str | os.PathLike) -> None:
-    """Write the solver's config, network weights, iteration and update-rule state atomically."""
+STATE_SEPARATOR = "#"
+"""Update-rule history is stored as Weights named "{weight}#{state}" (a state's name has no '#')."""
+
+
+def save_checkpoint(path: str | os.PathLike, config: Any, weights: Mapping[str, np.ndarray],
+                    state: Mapping[str, Any]) -> None:
+    """Write a checkpoint atomically: the SolverConfig ``config``, the network's named ``weights`` and ``state``
+    (``Solver.snapshot()``: iteration, pending_calls, history, accumulated, random, trainer_state)."""
     msg = schema().SolverCheckpoint.new_message()
-    _write_solver_config(msg.init("config"), solver.config)
-    _layer_message(solver.network, msg.init("network"))
-    msg.iteration = solver.iteration
-    names = solver.network.learnable_weights_names()
-    state = [(f"{n}#{s}", t.to_numpy()) for n, tensors in zip(names, solver.state)
-             for s, t in zip(solver.rule.state_names, tensors)]
-    _write_weights(msg.init("state", len(state)), state)
-    msg.pendingCalls = solver._calls
-    acc = [(n, t.to_numpy()) for n, t in zip(names, solver._accum)] if solver._calls else []
+    write_solver_config(msg.init("config"), config)
+    _fill_layer(msg.init("network"), config.network, weights)
+    msg.iteration = int(state["iteration"])
+    history = [(f"{w}{STATE_SEPARATOR}{s}", arr) for w, per_weight in state["history"].items()
+               for s, arr in per_weight.items()]
+    _write_weights(msg.init("state", len(history)), history)
+    msg.pendingCalls = int(state["pending_calls"])
+    acc = list(state["accumulated"].items())
     _write_weights(msg.init("accumulated", len(acc)), acc)
-    workers = _random_workers(solver.network)
-    msg.rngSeeds = [int(w.seed) for w in workers]
-    msg.rngCalls = [int(w.calls) for w in workers]
-    msg.trainerState = json.dumps(solver.trainer_state, sort_keys=True) if solver.trainer_state else ""
+    msg.rngSeeds = [int(r["seed"]) for r in state["random"]]
+    msg.rngCalls = [int(r["calls"]) for r in state["random"]]
+    trainer_state = state["trainer_state"]
+    msg.trainerState = json.dumps(trainer_state, sort_keys=True) if trainer_state else ""
     atomic_write(path, encode(msg, "SolverCheckpoint"))
+
+
+def read_checkpoint(path: str | os.PathLike, config_class: type) -> SavedCheckpoint:
+    """Read a checkpoint written by :func:`save_checkpoint`; its solver config is built as ``config_class``."""
+    path = os.fspath(path)
+    msg = _read_message(path, "SolverCheckpoint")
+    with reading(path, "SolverCheckpoint"):
+        config = read_solver_config(msg.config, config_class)
+        weights = _read_weights(msg.network.weightsData, path)
+        history: dict[str, dict[str, np.ndarray]] = {}
+        for key, arr in _read_weights(msg.state, path).items():
+            weight, sep, name = key.rpartition(STATE_SEPARATOR)
+            if not sep:
+                raise SerializationError(f"{path}: solver state {key!r} is not named '{{weight}}#{{state}}'; the "
+                                         "file is damaged")
+            history.setdefault(weight, {})[name] = arr
+        state = {
+            "iteration": int(msg.iteration),
+            "pending_calls": int(msg.pendingCalls),
+            "history": history,
+            "accumulated": _read_weights(msg.accumulated, path),
+            "random": [{"seed": int(s), "calls": int(c)} for s, c in zip(msg.rngSeeds, msg.rngCalls)],
+            "trainer_state": _read_trainer_state(str(msg.trainerState), path),
+        }
+    return SavedCheckpoint(config, weights, state)
 
 
 TRAINER_STATE_LIMIT = 1 << 20
@@ -643,38 +718,3 @@ def _read_trainer_state(text: str, path: str) -> dict[str, Any]:
         raise SerializationError(f"{path}: the checkpoint's trainer state is a {type(state).__name__}, not an "
                                  "object; the file is damaged")
     return state
-
-
-def load_checkpoint(network_backend: Backend, objective_backend: Backend, path: str | os.PathLike) -> Solver:
-    """Rebuild a solver from a checkpoint; training continues exactly where it stopped."""
-    from .solvers.solver import Solver
-
-    path = os.fspath(path)
-    msg = _read_message(path, "SolverCheckpoint")
-
-    def build() -> Solver:
-        cfg = _read_solver_config(msg.config)
-        solver = Solver.from_config(network_backend, objective_backend, cfg)
-        apply_weights(solver.network, _read_weights(msg.network.weightsData, path), path)
-        solver.iteration = int(msg.iteration)
-        state = _read_weights(msg.state, path)
-        names = solver.network.learnable_weights_names()
-        for n, tensors in zip(names, solver.state):
-            for s, t in zip(solver.rule.state_names, tensors):
-                key = f"{n}#{s}"
-                if key not in state or state[key].shape != t.shape:
-                    raise SerializationError(f"{path}: solver state {key!r} is missing or has the wrong shape")
-                t.set(state[key])
-        solver._calls = int(msg.pendingCalls)
-        if solver._calls:
-            acc = _read_weights(msg.accumulated, path)
-            for n, t in zip(names, solver._accum):
-                t.set(acc[n])
-        workers = _random_workers(solver.network)
-        if len(msg.rngSeeds) == len(workers):
-            for w, seed, calls in zip(workers, msg.rngSeeds, msg.rngCalls):
-                w.seed, w.calls = int(seed), int(calls)
-        solver.trainer_state = _read_trainer_state(str(msg.trainerState), path)
-        return solver
-
-    return _guard(path, build, "SolverCheckpoint")

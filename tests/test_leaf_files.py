@@ -236,8 +236,8 @@ def test_a_bare_file_of_an_earlier_leafpy_is_not_flipped(tmp_path):
     cfg = lp.SequentialConfig(inputs=[("data", [1, 1, 5, 5])])
     cfg.add_layer(lp.LayerConfig("conv", lp.ConvolutionConfig(num_output=2, filter_shape=[3])))
     net = lp.Layer.from_config(lp.backend("native"), lp.LayerConfig("net", cfg), seed=0)
-    msg = serialization.schema().Layer.new_message()
-    serialization._layer_message(net, msg)  # leafpy's names ("conv/weight"), written bare as before the header
+    msg = serialization.model_message(net.config, net.named_weights())  # leafpy's names ("conv/weight"), written
+    # bare as before the header
     (tmp_path / "old.leaf").write_bytes(msg.to_bytes_packed())
     old = lp.Layer.load(lp.backend("native"), str(tmp_path / "old.leaf"))
     np.testing.assert_array_equal(old.learnable_weights_data()[0].to_numpy(),

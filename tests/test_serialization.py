@@ -307,3 +307,15 @@ def test_save_to_a_directory_or_a_missing_one_says_so(tmp_path, native):
     with pytest.raises(lp.SerializationError, match=r"the directory .*missing does not exist"):
         net.save(tmp_path / "missing" / "net.leaf")
     assert list(tmp_path.iterdir()) == [] and not list(tmp_path.parent.glob(f".{tmp_path.name}.*.tmp"))
+
+
+def test_a_layer_types_field_table_maps_config_fields_to_schema_fields(monkeypatch):
+    """serialization.FIELD_NAMES stores a config field under another schema name, both ways."""
+    cfg = lp.LayerConfig("pool", lp.PoolingConfig(mode="max", filter_shape=[3], stride=[2], padding=[1]))
+    monkeypatch.setitem(serialization.FIELD_NAMES, "Pooling", {"filter_shape": "stride", "stride": "filterShape"})
+    msg = serialization.schema().LayerConfig.new_message()
+    serialization.write_layer_config(msg, cfg)
+    pooling = msg.layerType.pooling
+    assert list(pooling.stride) == list(cfg.config.filter_shape)
+    assert list(pooling.filterShape) == list(cfg.config.stride)
+    assert serialization.read_layer_config(msg.as_reader()) == cfg

@@ -1,4 +1,4 @@
-"""Layer, LayerConfig, WeightConfig, the layer registry and the Worker base class.
+"""Layer, the Worker base class and ``register_layer`` (configs and the registry's data: layer_config.py).
 
 A layer is a config dataclass plus a worker. The worker declares its arity and whether it can run in place,
 computes output and weight shapes from input shapes, and implements ``forward``, ``backward_input`` and
@@ -14,181 +14,49 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
 from .. import _checks
 from ..backends.base import Backend, Buffer
-from ..errors import ConfigError, ShapeError
+from ..errors import ConfigError, SerializationError, ShapeError
 from ..tensor import SharedTensor, as_numbers
-
-Shape = tuple[int, ...]
-
-# --------------------------------------------------------------------------------------------------------------
-# Weight configuration
-# --------------------------------------------------------------------------------------------------------------
-FILLER_TYPES = ("constant", "glorot_uniform", "gaussian", "he")
-
-
-@dataclass(frozen=True, kw_only=True)
-class FillerConfig:
-    """How a weight is initialised: constant ``value``, Glorot/Xavier uniform, Gaussian ``std``, or He (normal)."""
-
-    type: str = "glorot_uniform"
-    value: float = 0.0
-    std: float = 0.01
-
-    def __post_init__(self) -> None:
-        aliases = {"xavier": "glorot_uniform", "xavier_uniform": "glorot_uniform", "kaiming": "he"}
-        kind = aliases.get(self.type, self.type)
-        object.__setattr__(self, "type", _checks.choice("filler.type", kind, FILLER_TYPES))
-        object.__setattr__(self, "value", _checks.number("filler.value", self.value))
-        object.__setattr__(self, "std", _checks.number("filler.std", self.std, minimum=0.0))
-
-    def fill(self, shape: Shape, rng: np.random.Generator) -> np.ndarray:
-        fan_in = math.prod(shape[1:]) if len(shape) > 1 else shape[0]
-        fan_out = shape[0] * math.prod(shape[2:]) if len(shape) > 1 else shape[0]
-        if self.type == "constant":
-            return np.full(shape, self.value)
-        if self.type == "glorot_uniform":
-            limit = math.sqrt(6.0 / (fan_in + fan_out))
-            return rng.uniform(-limit, limit, shape)
-        if self.type == "gaussian":
-            return rng.normal(0.0, self.std, shape)
-        return rng.normal(0.0, math.sqrt(2.0 / fan_in), shape)
-
-
-@dataclass(frozen=True, kw_only=True)
-class WeightConfig:
-    """Per-weight settings: a ``name`` to share the weight between layers, learning-rate and decay multipliers,
-    and the filler (None: the layer's default)."""
-
-    name: str | None = None
-    lr_mult: float = 1.0
-    decay_mult: float = 1.0
-    filler: FillerConfig | None = None
-
-    def __post_init__(self) -> None:
-        if self.name is not None and (not isinstance(self.name, str) or not self.name):
-            raise ConfigError(f"params.name: expected a non-empty string, got {self.name!r}")
-        object.__setattr__(self, "lr_mult", _checks.number("params.lr_mult", self.lr_mult, minimum=0.0))
-        object.__setattr__(self, "decay_mult", _checks.number("params.decay_mult", self.decay_mult, minimum=0.0))
-        if isinstance(self.filler, dict):
-            object.__setattr__(self, "filler", FillerConfig(**self.filler))
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Registry
-# --------------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class LayerType:
-    name: str
-    config_class: type | None
-    impl: type  # a Worker subclass, or a Layer subclass for containers
-
-    @property
-    def is_container(self) -> bool:
-        return issubclass(self.impl, Layer)
-
-
-_REGISTRY: dict[str, LayerType] = {}
-_BY_CONFIG: dict[type, str] = {}
+from .layer_config import (  # noqa: F401  (re-exported: layer modules import them from here)
+    FILLER_TYPES,
+    FillerConfig,
+    LayerConfig,
+    LayerType,
+    Shape,
+    WeightConfig,
+    WeightSpec,
+    add_layer_type,
+    layer_types,
+    lookup,
+    type_of_config,
+)
 
 
 def register_layer(name: str, config_class: type | None = None) -> Callable[[type], type]:
     """Class decorator registering a Worker (or container Layer) under a type name and its config class."""
 
     def deco(cls: type) -> type:
-        if name in _REGISTRY:
-            raise ConfigError(f"layer type {name!r} is registered twice")
-        _REGISTRY[name] = LayerType(name, config_class, cls)
-        if config_class is not None:
-            _BY_CONFIG[config_class] = name
-        cls.type_name = name
+        add_layer_type(LayerType(name, config_class, cls, is_container=issubclass(cls, Layer)))
+        cls.type_name = name  # type: ignore[attr-defined]
         return cls
 
     return deco
 
 
-def layer_types() -> list[str]:
-    """The registered layer type names."""
-    from . import _load_all  # noqa: F401  (makes sure every layer module registered itself)
+class LoadedWeights(NamedTuple):
+    """What :meth:`Layer.load_weights` left alone (with ``strict=False``)."""
 
-    return sorted(_REGISTRY)
-
-
-def lookup(name: str, where: str = "layer type") -> LayerType:
-    layer_types()
-    if name not in _REGISTRY:
-        raise ConfigError(f"{where}: unknown layer type {name!r}; known types: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name]
-
-
-def type_of_config(config: Any) -> str | None:
-    layer_types()
-    return _BY_CONFIG.get(type(config))
-
-
-# --------------------------------------------------------------------------------------------------------------
-# LayerConfig
-# --------------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True, init=False)
-class LayerConfig:
-    """A named layer: its type (a config object, or the type name for types whose config has defaults), the
-    blob names it reads and writes (empty: wired by its container), per-weight settings, and ``propagate_down``
-    (one bool per input; False stops the gradient into that input)."""
-
-    name: str
-    type: str
-    config: Any
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    params: tuple[WeightConfig, ...]
-    propagate_down: tuple[bool, ...]
-
-    def __init__(self, name: str, layer_type: Any, *, inputs: Sequence[str] = (), outputs: Sequence[str] = (),
-                 params: Sequence[WeightConfig | dict] = (), propagate_down: Sequence[bool] = ()) -> None:
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"layer name: expected a non-empty string, got {name!r}")
-        if isinstance(layer_type, str):
-            entry = lookup(layer_type, f"layer '{name}'")
-            if entry.config_class is None:
-                config = None
-            else:
-                try:
-                    config = entry.config_class()
-                except TypeError:
-                    raise ConfigError(
-                        f"layer '{name}' ({layer_type}): this type needs settings; give a "
-                        f"{entry.config_class.__name__}(...) instead of the string {layer_type!r}") from None
-            type_name = layer_type
-        else:
-            type_name = type_of_config(layer_type)
-            if type_name is None:
-                raise ConfigError(f"layer '{name}': {type(layer_type).__name__} is not a layer config; known types: "
-                                  f"{', '.join(layer_types())}")
-            config = layer_type
-        for what, names in (("inputs", inputs), ("outputs", outputs)):
-            if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
-                raise ConfigError(f"layer '{name}'.{what}: expected a list of blob names, got {names!r}")
-        params_t = tuple(p if isinstance(p, WeightConfig) else WeightConfig(**p) for p in params)
-        if isinstance(propagate_down, bool) or not all(isinstance(p, bool) for p in propagate_down):
-            raise ConfigError(f"layer '{name}'.propagate_down: expected a list of booleans, got {propagate_down!r}")
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "type", type_name)
-        object.__setattr__(self, "config", config)
-        object.__setattr__(self, "inputs", tuple(inputs))
-        object.__setattr__(self, "outputs", tuple(outputs))
-        object.__setattr__(self, "params", params_t)
-        object.__setattr__(self, "propagate_down", tuple(propagate_down))
-
-    @property
-    def layer_type(self) -> Any:
-        """The config object, or the type name for parameterless types."""
-        return self.config if self.config is not None else self.type
+    missing: list[str]
+    """The network's weights that were not given (they keep their values)."""
+    unexpected: list[str]
+    """Given names that match no weight of the network (ignored)."""
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -372,19 +240,24 @@ class Layer:
     @staticmethod
     def load(backend: Backend, path: str) -> Layer:
         """Read a layer (config and weights) saved with :meth:`save`, or by Leaf 0.2.1."""
-        from ..serialization import load_layer
+        from .. import serialization
 
         _checks.path("Layer.load: path", path)
-        return load_layer(backend, path)
+        path = os.fspath(path)
+        saved = serialization.read_model(path)
+        with serialization.reading(path, "Layer"):
+            layer = Layer.from_config(backend, saved.config)
+            layer._load_saved(saved.weights, True, saved.leaf, path)
+        return layer
 
     def save(self, path: str, format: str = "leafpy") -> None:
         """Write this layer's config and weights to ``path`` (Cap'n Proto, atomically): leafpy's file, with a
         header and a checksum, or with ``format="leaf"`` a file Leaf 0.2.1 reads (Leaf's weight names, flipped
         convolution filters; a ConfigError for what Leaf cannot represent, such as biases)."""
-        from ..serialization import save_layer
+        from .. import serialization
 
         _checks.path("Layer.save: path", path)
-        save_layer(self, path, format)
+        serialization.save_model(path, self.config, self.named_weights(), format=format, specs=self.weight_specs())
 
     # --- properties -------------------------------------------------------------------------------------
     @property
@@ -433,6 +306,91 @@ class Layer:
     def num_parameters(self) -> int:
         return sum(w.size for w in self.learnable_weights_data())
 
+    # --- named weights ------------------------------------------------------------------------------------
+    def named_weights(self) -> dict[str, np.ndarray]:
+        """Every weight as a host copy, by name, in network order (the names of :meth:`learnable_weights_names`,
+        e.g. ``"conv1/weight"``; a weight shared by several layers appears once). What :meth:`save` writes."""
+        return {name: t.to_numpy() for name, t in zip(self.learnable_weights_names(), self.learnable_weights_data())}
+
+    def load_weights(self, weights: Mapping[str, Any], *, strict: bool = True) -> LoadedWeights:
+        """Set weights by name from ``weights`` (name -> array), as :meth:`named_weights` gives them; Leaf's names
+        ``"{layer}-{i}"`` (the layer's i-th weight) are understood too. Every array must have its weight's shape.
+        With ``strict`` a name that matches no weight, or a weight missing from ``weights``, is a ConfigError;
+        without, those weights keep their values and are listed in the result. Nothing is set unless every given
+        weight fits. A standalone layer that has not run yet creates its weights on its first forward pass: the
+        values are kept and set then."""
+        if not isinstance(weights, Mapping):
+            raise ConfigError(f"layer '{self.name}': load_weights takes a mapping of weight names to arrays (as "
+                              f"named_weights() returns), got {type(weights).__name__}")
+        if not isinstance(strict, bool):
+            raise ConfigError(f"layer '{self.name}': load_weights: strict must be true or false, got {strict!r}")
+        if not self.weights and self.worker is not None and self.worker.weight_names:
+            self._pending_weights = (dict(weights), strict, False, None)  # set when _create_weights runs
+            return LoadedWeights([], [])
+        names = self.learnable_weights_names()
+        aliases = {f"{spec.layer}-{spec.index}": spec.name for spec in self.weight_specs()}
+        by_name: dict[str, np.ndarray] = {}
+        unexpected = []
+        for key, value in weights.items():
+            target = key if key in names else aliases.get(key) if isinstance(key, str) else None
+            if target is None:
+                unexpected.append(key)
+                continue
+            by_name[target] = as_numbers(value, f"layer '{self.name}': load_weights: weight {key!r}")
+        missing = [n for n in names if n not in by_name]
+        if strict and unexpected:
+            raise ConfigError(f"layer '{self.name}': load_weights: weight {unexpected[0]!r} matches no weight of "
+                              f"the network (its weights: {', '.join(names) or 'none'}); pass strict=False to "
+                              "ignore names it does not have")
+        if strict and missing:
+            raise ConfigError(f"layer '{self.name}': load_weights: weight {missing[0]!r} is missing from the given "
+                              f"weights (given: {', '.join(map(str, weights)) or 'none'}); pass strict=False to "
+                              "keep the current values of missing weights")
+        tensors = dict(zip(names, self.learnable_weights_data()))
+        for name, arr in by_name.items():
+            want = tensors[name].shape
+            if arr.shape != want:
+                raise ShapeError(f"layer '{self.name}': load_weights: weight {name!r} has shape {arr.shape} in the "
+                                 f"given weights, the network needs {want}")
+        for name, arr in by_name.items():
+            tensors[name].set(arr)
+        return LoadedWeights(missing, unexpected)
+
+    def weight_specs(self) -> list[WeightSpec]:
+        """Where each weight lives: one entry per weight of every layer in network order, with the weight's name
+        (as in :meth:`named_weights`), the layer holding it, that layer's type, the weight's name and position
+        within the layer, and its shape. A weight shared by several layers has an entry for each."""
+        return [spec for spec, _ in self._weight_slots()]
+
+    def _weight_slots(self) -> list[tuple[WeightSpec, WeightConfig]]:
+        if self.worker is not None:
+            return [(WeightSpec(name, self.name, self.config.type, local, i, t.shape), cfg)
+                    for i, (name, local, cfg, t) in enumerate(zip(self._weight_names, self.worker.weight_names,
+                                                                 self._weight_configs, self.weights))]
+        slots = []
+        for child in getattr(self, "layers", ()):  # a container: its layers' weights, named as in _weight_entries
+            for spec, cfg in child._weight_slots():
+                if child.worker is None and cfg.name is None:
+                    spec = spec._replace(name=f"{weight_name_part(child.name)}/{spec.name}")
+                slots.append((spec, cfg))
+        return slots
+
+    def _load_saved(self, weights: dict[str, np.ndarray], strict: bool, leaf: bool, source: str | None) -> None:
+        """load_weights for weights read from a file (``source``; errors name it); ``leaf``: a file Leaf wrote,
+        whose convolution filters are flipped."""
+        if not self.weights and self.worker is not None and self.worker.weight_names:
+            if weights:
+                self._pending_weights = (weights, strict, leaf, source)
+            return
+        from ..serialization import from_leaf
+
+        try:
+            self.load_weights(from_leaf(weights, self.weight_specs()) if leaf else weights, strict=strict)
+        except (ConfigError, ShapeError) as e:
+            if source is None:
+                raise
+            raise SerializationError(f"{source}: {e}") from None
+
     # --- wiring -------------------------------------------------------------------------------------------
     def _create_weights(self, shapes: list[Shape]) -> None:
         worker = self.worker
@@ -470,10 +428,8 @@ class Layer:
             self.weight_beta.append(0.0)
         pending = getattr(self, "_pending_weights", None)
         if pending is not None:
-            from ..serialization import apply_weights
-
             del self._pending_weights
-            apply_weights(self, *pending)
+            self._load_saved(*pending)
 
     def bind(self, inputs: list[SharedTensor], input_grads: list[SharedTensor | None], *,
              in_place: bool = False) -> None:

@@ -7,10 +7,11 @@ formulas (``iteration`` counts updates).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -18,7 +19,7 @@ import numpy as np
 
 from .. import _checks
 from ..backends.base import Backend
-from ..errors import ConfigError, LeafpyError, SerializationError
+from ..errors import ConfigError, LeafpyError, SerializationError, ShapeError
 from ..layers.layer import Layer, LayerConfig, WeightConfig
 from ..tensor import SharedTensor, as_numbers
 
@@ -59,7 +60,7 @@ class SolverConfig:
 
     def __post_init__(self) -> None:
         s = object.__setattr__
-        from . import update_rules
+        from .registry import update_rules
 
         if not isinstance(self.name, str):
             raise ConfigError(f"solver.name: expected a string, got {self.name!r}")
@@ -187,7 +188,7 @@ class Solver:
     """Trains ``network`` against ``objective``; see the module docstring for the step."""
 
     def __init__(self, network: Layer, objective: Layer, config: SolverConfig) -> None:
-        from . import update_rules
+        from .registry import update_rules
 
         self.network = network
         self.objective = objective
@@ -398,25 +399,123 @@ class Solver:
             raise ConfigError(f"solver.{name}: cannot change when resuming: {detail}; resume with the setting the "
                               "checkpoint was trained with, or start a new run")
         if changed:
-            from . import update_rules
+            from .registry import update_rules
 
             self.config = config
             self.rule = update_rules()[config.solver](config)
         return changed
 
-    # --- checkpoints ------------------------------------------------------------------------------------
+    # --- state and checkpoints ------------------------------------------------------------------------------
+    SNAPSHOT_KEYS: ClassVar[tuple[str, ...]] = ("iteration", "pending_calls", "history", "accumulated", "random",
+                                                "trainer_state")
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything a checkpoint holds besides the config and the network's weights, as plain values (arrays are
+        host copies): ``iteration`` (updates done), ``pending_calls`` (gradient-accumulation calls since the last
+        update), ``history`` (weight name -> the update rule's state name -> array, e.g. ``{"fc1/weight":
+        {"history": ...}}``), ``accumulated`` (weight name -> the gradients summed over the pending calls; empty
+        when none is pending), ``random`` (per random layer such as Dropout, in network order: its ``seed`` and
+        the ``calls`` drawn so far) and ``trainer_state`` (the training loop's JSON values). :meth:`restore`
+        takes it back."""
+        names = self.network.learnable_weights_names()
+        return {
+            "iteration": int(self.iteration),
+            "pending_calls": int(self._calls),
+            "history": {n: {s: t.to_numpy() for s, t in zip(self.rule.state_names, tensors)}
+                        for n, tensors in zip(names, self.state)},
+            "accumulated": {n: t.to_numpy() for n, t in zip(names, self._accum)} if self._calls else {},
+            "random": [{"seed": int(w.seed), "calls": int(w.calls)} for w in self._random_workers()],
+            "trainer_state": copy.deepcopy(self.trainer_state),
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state``, a :meth:`snapshot` of this solver or of one built from the same config (the
+        network's weights are set separately: ``solver.network.load_weights``). Every entry is checked before
+        anything is set: a missing or unknown name is a ConfigError, an array of the wrong shape a ShapeError,
+        each naming the entry, what was expected and what was given."""
+        where = "Solver.restore"
+        if not isinstance(state, Mapping):
+            raise ConfigError(f"{where}: expected a mapping as Solver.snapshot() returns, got {type(state).__name__}")
+        keys = set(self.SNAPSHOT_KEYS)
+        absent, unknown = sorted(keys - set(state)), sorted(set(state) - keys, key=str)
+        if absent or unknown:
+            detail = f"missing: {', '.join(absent)}" if absent else f"unknown: {', '.join(map(str, unknown))}"
+            raise ConfigError(f"{where}: expected the entries {', '.join(self.SNAPSHOT_KEYS)}; {detail}")
+        it, calls, k = state["iteration"], state["pending_calls"], self.config.minibatch_size
+        if isinstance(it, bool) or not isinstance(it, (int, np.integer)) or not 0 <= it <= MAX_ITERATION:
+            raise ConfigError(f"{where}: the state's iteration is {it!r}, expected an integer in [0, {MAX_ITERATION}]")
+        if isinstance(calls, bool) or not isinstance(calls, (int, np.integer)) or not 0 <= calls < k:
+            raise ConfigError(f"{where}: the state has {calls!r} gradient-accumulation calls pending, expected fewer "
+                              f"than its minibatch_size ({k})")
+        names = self.network.learnable_weights_names()
+        assignments: list[tuple[SharedTensor, np.ndarray]] = []
+
+        def take(what: str, given: Any, tensors: Sequence[SharedTensor], labels: Sequence[str],
+                 required: bool = True) -> None:
+            if not isinstance(given, Mapping):
+                raise ConfigError(f"{where}: {what} must be a mapping of names to arrays, got {type(given).__name__}")
+            extra = [key for key in given if key not in labels]
+            if extra:
+                raise ConfigError(f"{where}: {what} has {extra[0]!r}, which this solver does not have (expected: "
+                                  f"{', '.join(labels) or 'none'})")
+            absent = [label for label in labels if label not in given]
+            if absent and required:
+                raise ConfigError(f"{where}: {what} is missing {absent[0]!r} (expected: {', '.join(labels)})")
+            for label, t in zip(labels, tensors):
+                arr = as_numbers(given[label], f"{where}: {what} {label!r}")
+                if arr.shape != t.shape:
+                    raise ShapeError(f"{where}: {what} {label!r} has shape {arr.shape}, expected {t.shape}")
+                assignments.append((t, arr))
+
+        history = state["history"]
+        # names only (each weight's entry is checked below); a rule without state stores none
+        take("history", history, [], names, required=bool(self.rule.state_names))
+        for n, tensors in zip(names, self.state):
+            take(f"history of {n!r}", history.get(n, {}), tensors, self.rule.state_names)
+        if calls:
+            take("accumulated", state["accumulated"], self._accum, names)
+        random = state["random"]
+        workers = self._random_workers()
+        if not isinstance(random, Sequence) or not all(isinstance(r, Mapping) and all(
+                _counter(r.get(f)) for f in ("seed", "calls")) for r in random):
+            raise ConfigError(f"{where}: random must be a list of {{'seed': int, 'calls': int}} (one per random "
+                              f"layer), got {random!r:.200}")
+        if random and len(random) != len(workers):
+            raise ConfigError(f"{where}: random has {len(random)} entries, the network has {len(workers)} random "
+                              "layers")
+        trainer_state = state["trainer_state"]
+        if not isinstance(trainer_state, Mapping):
+            raise ConfigError(f"{where}: trainer_state must be a mapping (JSON object), got "
+                              f"{type(trainer_state).__name__}")
+        for t, arr in assignments:
+            t.set(arr)
+        for w, r in zip(workers, random):
+            w.seed, w.calls = int(r["seed"]), int(r["calls"])
+        self.iteration = int(it)
+        self._calls = int(calls)
+        self.trainer_state = copy.deepcopy(dict(trainer_state))
+
+    def _random_workers(self) -> list[Any]:
+        return [w for w in self.network.workers() if hasattr(w, "draws_random")]
+
     def save_checkpoint(self, path: str) -> None:
         """Write config, weights, iteration and update-rule state to ``path`` (atomically)."""
-        from ..serialization import save_checkpoint
+        from .. import serialization
 
-        save_checkpoint(self, path)
+        _checks.path("Solver.save_checkpoint: path", path)
+        serialization.save_checkpoint(path, self.config, self.network.named_weights(), self.snapshot())
 
     @staticmethod
     def load_checkpoint(network_backend: Backend, objective_backend: Backend, path: str) -> Solver:
         """Resume a solver saved with :meth:`save_checkpoint`."""
-        from ..serialization import load_checkpoint
+        from .. import serialization
 
-        solver = load_checkpoint(network_backend, objective_backend, path)
+        path = _checks.path("Solver.load_checkpoint: path", path)
+        saved = serialization.read_checkpoint(path, SolverConfig)
+        with serialization.reading(path, "SolverCheckpoint"):
+            solver = Solver.from_config(network_backend, objective_backend, saved.config)
+            solver.network.load_weights(saved.weights)
+            solver.restore(saved.state)
         solver.check_restored(path)
         return solver
 
@@ -431,3 +530,8 @@ class Solver:
         if isinstance(calls, bool) or not isinstance(calls, int) or not 0 <= calls < k:
             raise SerializationError(f"{source}: the checkpoint has {calls!r} gradient-accumulation calls pending, "
                                      f"expected fewer than its minibatch_size ({k}); the file is damaged")
+
+
+def _counter(value: Any) -> bool:
+    """A non-negative integer (not a bool)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0

@@ -113,10 +113,9 @@ def crafted_messages(work: Path) -> list[Path]:
         out.append(p)
 
     def base(shape, raw=b"", data=None):
-        m = ser.schema().Layer.new_message()
         layer = lp.Layer.from_config(lp.backend("native"), lp.LayerConfig("fc", lp.LinearConfig(output_size=3)))
         layer.forward([np.ones((1, 4), np.float32)])
-        ser._layer_message(layer, m)
+        m = ser.model_message(layer.config, layer.named_weights())
         t = m.weightsData[0].tensor
         t.shape = shape
         t.raw = raw
