@@ -442,7 +442,10 @@ def write_predictions(path: str, outputs: np.ndarray, classes: np.ndarray | None
         data = text.getvalue().encode()
     else:
         buf = io.BytesIO()
-        np.savez(buf, outputs=outputs, **({"classes": classes} if classes is not None else {}))
+        if classes is None:
+            np.savez(buf, outputs=outputs)
+        else:
+            np.savez(buf, outputs=outputs, classes=classes)
         data = buf.getvalue()
     atomic_write(path, data)
 

@@ -54,7 +54,7 @@ def schema() -> Any:
         here = Path(__file__).resolve().parent
         for candidate in (here / "leaf.capnp", here.parent / "capnp" / "leaf.capnp"):
             if candidate.exists():
-                _SCHEMA = capnp.load(str(candidate))
+                _SCHEMA = capnp.load(str(candidate))  # type: ignore[attr-defined]  # pycapnp has no stubs
                 break
         else:
             raise SerializationError(f"leaf.capnp schema not found next to {here}")
@@ -463,7 +463,7 @@ def is_leaf_file(origin: str, saved: Mapping[str, np.ndarray]) -> bool:
 
 def leaf_name(spec: WeightSpec) -> str:
     """Leaf's name for a layer's weight: the layer's name and the weight's position, "{layer}-{i}"."""
-    return f"{spec.layer}-{spec.index}"
+    return f"{spec.layer}-{spec.position}"
 
 
 def _is_filter(spec: WeightSpec) -> bool:

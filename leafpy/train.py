@@ -344,7 +344,7 @@ class Trainer:
                                               sync_batch_norm=bool(run.train.get("sync_batch_norm", False)))
         else:
             self.parallel = None
-        self.objective = Layer.from_config(self.backend, run.solver.objective)  # scores held-out data
+        self.objective = Layer.from_config(self.backend, run.objective)  # scores held-out data
         self.history: list[dict[str, Any]] = []
         self.epochs = run.epochs
         self.stop_training = False

@@ -117,15 +117,18 @@ class StepRecorder:
         stale = []
         for ref, _, handle in entry.tensors:
             t = ref()
-            buf = t.buffer_on(be.key) if t is not None else None
+            if t is None:
+                return False
+            buf = t.buffer_on(be.key)
             if buf is None or be.handle(buf) != handle:
                 return False
             if not t.is_fresh_on(be.key):
                 stale.append(t)
         for t in stale:  # host data changed (weights set, the learning rate): upload into the same buffer
-            t.read(be)  # type: ignore[arg-type]
+            t.read(be)  # type: ignore[arg-type]  # a Replayer is a Backend
         be.launch(entry.recording)
         for ref, writes, _ in entry.tensors:
-            if writes:
-                ref().mark_fresh_only(be.key)
+            tensor = ref()
+            if writes and tensor is not None:
+                tensor.mark_fresh_only(be.key)
         return True

@@ -127,7 +127,7 @@ class DataParallel:
             for g in child.learnable_weights_gradients():
                 owner.setdefault(id(g), j)
         self._ready_at = [owner.get(id(g), -1) for g in grads]
-        net.backward_hook = self._layer_done
+        net.backward_hook = self._layer_done  # type: ignore[attr-defined]  # a Sequential (it has layers)
 
     def _layer_done(self, j: int) -> None:
         solver = self.solver
@@ -166,7 +166,7 @@ class DataParallel:
         in_flight, self._in_flight = self._in_flight, {}
         for b, bucket in enumerate(plan):
             if b in in_flight:
-                self.transport.finish(in_flight[b])  # type: ignore[attr-defined]
+                self.transport.finish(in_flight[b])
             else:
                 self.transport.allreduce_weighted([grads[i] for i in bucket], weight)
 

@@ -93,9 +93,9 @@ class failing_rank_ends_the_job:  # noqa: N801 (used as a context manager, read 
     def __enter__(self) -> ProcessGroup:
         return self.group
 
-    def __exit__(self, kind: Any, error: Any, tb: Any) -> bool:
+    def __exit__(self, kind: Any, error: Any, tb: Any) -> None:
         if error is None or self.group.size == 1 or isinstance(error, SystemExit) and not error.code:
-            return False
+            return
         import traceback
 
         if isinstance(error, LeafpyError):

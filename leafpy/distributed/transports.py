@@ -24,6 +24,13 @@ class Transport:
     def allreduce_weighted(self, tensors: list[SharedTensor], weight: float) -> None:
         raise NotImplementedError
 
+    def start(self, key: int, tensors: list[SharedTensor], weight: float) -> Any:
+        """Begin summing a bucket (transports that overlap); :meth:`finish` completes it."""
+        raise NotImplementedError
+
+    def finish(self, handle: Any) -> None:
+        raise NotImplementedError
+
 
 class HostTransport(Transport):
     """MPI Allreduce over a host staging buffer (float64 sums, so the result does not depend on rank order

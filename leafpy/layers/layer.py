@@ -66,8 +66,8 @@ class Worker:
     """What a layer computes. Subclasses declare arity and capabilities as class attributes."""
 
     type_name: ClassVar[str] = ""
-    num_inputs: ClassVar[int] = 1
-    num_outputs: ClassVar[int] = 1
+    num_inputs: int = 1  # a class attribute; a worker whose arity follows its config sets its own
+    num_outputs: int = 1
     in_place: ClassVar[bool] = False
     """The output may share the input's storage."""
     modifies_data: ClassVar[bool] = True
@@ -76,7 +76,7 @@ class Worker:
     """backward_input reads the layer's output (so a later layer must not overwrite it in place)."""
     differentiable: ClassVar[tuple[bool, ...] | None] = None
     """Per input: whether it can take a gradient (None: all)."""
-    weight_names: ClassVar[tuple[str, ...]] = ()
+    weight_names: tuple[str, ...] = ()  # a worker without some optional weight (a bias) sets its own
     untrained_weights: ClassVar[tuple[str, ...]] = ()
     """Weights kept with the model but not trained (running statistics): their lr_mult and decay_mult are 0."""
     running_in_place: bool = False
@@ -325,10 +325,11 @@ class Layer:
         if not isinstance(strict, bool):
             raise ConfigError(f"layer '{self.name}': load_weights: strict must be true or false, got {strict!r}")
         if not self.weights and self.worker is not None and self.worker.weight_names:
-            self._pending_weights = (dict(weights), strict, False, None)  # set when _create_weights runs
+            # set when _create_weights runs: (weights, strict, from a Leaf file, the file)
+            self._pending_weights: tuple[dict[str, Any], bool, bool, str | None] = (dict(weights), strict, False, None)
             return LoadedWeights([], [])
         names = self.learnable_weights_names()
-        aliases = {f"{spec.layer}-{spec.index}": spec.name for spec in self.weight_specs()}
+        aliases = {f"{spec.layer}-{spec.position}": spec.name for spec in self.weight_specs()}
         by_name: dict[str, np.ndarray] = {}
         unexpected = []
         for key, value in weights.items():

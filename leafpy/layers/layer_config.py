@@ -82,7 +82,7 @@ class WeightSpec(NamedTuple):
     layer_type: str
     local_name: str
     """The weight's name within its layer ("weight", "bias")."""
-    index: int
+    position: int
     """Its position among its layer's weights."""
     shape: Shape
 
@@ -164,10 +164,11 @@ class LayerConfig:
                         f"{entry.config_class.__name__}(...) instead of the string {layer_type!r}") from None
             type_name = layer_type
         else:
-            type_name = type_of_config(layer_type)
-            if type_name is None:
+            found = type_of_config(layer_type)
+            if found is None:
                 raise ConfigError(f"layer '{name}': {type(layer_type).__name__} is not a layer config; known types: "
                                   f"{', '.join(layer_types())}")
+            type_name = found
             config = layer_type
         for what, names in (("inputs", inputs), ("outputs", outputs)):
             if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):

@@ -534,4 +534,4 @@ class Solver:
 
 def _counter(value: Any) -> bool:
     """A non-negative integer (not a bool)."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0
+    return bool(isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0)

@@ -33,14 +33,14 @@ class BatchNormConfig:
 
 @register_layer("BatchNorm", BatchNormConfig)
 class BatchNorm(Worker):
-    weight_names = ("weight", "bias", "running_mean", "running_var")
+    weight_names: tuple[str, ...] = ("weight", "bias", "running_mean", "running_var")
     untrained_weights = ("running_mean", "running_var")
     _FILLS = {"weight": 1.0, "bias": 0.0, "running_mean": 0.0, "running_var": 1.0}
 
     def __init__(self, config: BatchNormConfig, layer_name: str) -> None:
         super().__init__(config, layer_name)
         if not config.affine:
-            self.weight_names = ("running_mean", "running_var")  # type: ignore[misc]
+            self.weight_names = ("running_mean", "running_var")
         self.stats = None  # this batch's mean and variance, per channel
         self.synchronizer = None
         """Set by data-parallel training with synchronised batch normalisation: combines the statistics and the

@@ -44,12 +44,12 @@ def spatial_output(where: str, shape: tuple[int, ...], kernel, stride, padding) 
 
 @register_layer("Convolution", ConvolutionConfig)
 class Convolution(Worker):
-    weight_names = ("weight", "bias")
+    weight_names: tuple[str, ...] = ("weight", "bias")
 
     def __init__(self, config: ConvolutionConfig, layer_name: str) -> None:
         super().__init__(config, layer_name)
         if not config.bias:
-            self.weight_names = ("weight",)  # type: ignore[misc]
+            self.weight_names = ("weight",)
 
     def output_shapes(self, input_shapes):
         c = self.config

@@ -24,12 +24,12 @@ class LinearConfig:
 
 @register_layer("Linear", LinearConfig)
 class Linear(Worker):
-    weight_names = ("weight", "bias")
+    weight_names: tuple[str, ...] = ("weight", "bias")
 
     def __init__(self, config: LinearConfig, layer_name: str) -> None:
         super().__init__(config, layer_name)
         if not config.bias:
-            self.weight_names = ("weight",)  # type: ignore[misc]
+            self.weight_names = ("weight",)
 
     def output_shapes(self, input_shapes):
         if not input_shapes[0]:

@@ -269,7 +269,7 @@ class Sequential(Layer):
         self.input_grads = list(input_grads)
         blobs: dict[str, tuple[SharedTensor, SharedTensor | None, int]] = {
             n: (t, g, -1) for n, t, g in zip(self.input_names, inputs, input_grads)}
-        receives: list[list[bool]] = []
+        receives: list[list[SharedTensor | None]] = []
         for i, (layer, plan) in enumerate(zip(self.layers, self._plan)):
             entries = [blobs[n] for n in plan.inputs]
             pd = self.seq_config.layers[i].propagate_down
@@ -283,12 +283,12 @@ class Sequential(Layer):
             needs = layer.has_weights or any(g is not None for g in grads)
             for n, t, g in zip(plan.outputs, layer.outputs, layer.output_grads):
                 blobs[n] = (t, g if needs else None, i)
-            receives.append(grads)  # type: ignore[arg-type]
+            receives.append(grads)
         # a layer runs backward if some gradient reaches its outputs
         written: set[int] = set()
-        for plan, grads in zip(self._plan, receives):
-            for n, g in zip(plan.inputs, grads):
-                if g is not None:
+        for plan, received in zip(self._plan, receives):
+            for n, r in zip(plan.inputs, received):
+                if r is not None:
                     written.add(id(blobs[n][0]))
         for i, layer in enumerate(self.layers):
             reached = i == len(self.layers) - 1 or any(id(blobs[n][0]) in written for n in self._plan[i].outputs)
