@@ -59,6 +59,7 @@ struct LayerConfig {
     embedding @29 :EmbeddingConfig;
     lstm @30 :RecurrentConfig;
     rnn @31 :RecurrentConfig;
+    gru @32 :RecurrentConfig;
   }
 
   outputs @11 :List(Text);
@@ -211,7 +212,7 @@ struct EmbeddingConfig {
   outputDim @1 :UInt64;     # the length of each id's vector
 }
 
-struct RecurrentConfig {     # LSTM and RNN
+struct RecurrentConfig {     # LSTM, RNN and GRU
   hiddenSize @0 :UInt64;
   returnSequences @1 :Bool = true;
 }

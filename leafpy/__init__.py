@@ -20,6 +20,7 @@ from .layers import (
                      EltwiseConfig,
                      EmbeddingConfig,
                      FillerConfig,
+                     GRUConfig,
                      Layer,
                      LayerConfig,
                      LinearConfig,
@@ -51,5 +52,5 @@ __all__ = [
     "SharedTensor", "WeightConfig", "available_backends", "backend", "layer_types", "register_layer",
     "ConfusionMatrix", "LR_POLICIES", "Solver", "SolverConfig", "config", "data", "predictions",
     "Callback", "Trainer", "train",
-    "EmbeddingConfig", "LSTMConfig", "RNNConfig",
+    "EmbeddingConfig", "GRUConfig", "LSTMConfig", "RNNConfig",
 ]

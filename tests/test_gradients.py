@@ -82,6 +82,8 @@ CASES = {
                   (lp.EmbeddingConfig(input_dim=5, output_dim=2), lambda r: [np.array([4.0, 0.0, 4.0, 2.0])])],
     "LSTM": [(lp.LSTMConfig(hidden_size=3), lambda r: [r.standard_normal((2, 4, 3))]),
              (lp.LSTMConfig(hidden_size=2, return_sequences=False), lambda r: [r.standard_normal((3, 3, 2))])],
+    "GRU": [(lp.GRUConfig(hidden_size=3), lambda r: [r.standard_normal((2, 4, 3))]),
+            (lp.GRUConfig(hidden_size=2, return_sequences=False), lambda r: [r.standard_normal((3, 3, 2))])],
     "RNN": [(lp.RNNConfig(hidden_size=3), lambda r: [r.standard_normal((2, 4, 2))]),
             (lp.RNNConfig(hidden_size=4, return_sequences=False), lambda r: [r.standard_normal((2, 3, 3))])],
     "Slice": [(lp.SliceConfig(slice_points=[1, 3]), lambda r: [r.standard_normal((2, 5, 2, 2))]),

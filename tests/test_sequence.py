@@ -77,7 +77,45 @@ def rnn_reference(x, w_ih, w_hh, b, dout, return_sequences):
     return y, dx, [dw_ih, dw_hh, db]
 
 
+def gru_reference(x, w_ih, w_hh, b_ih, b_hh, dout, return_sequences):
+    """PyTorch's GRU (gates r, z, n; the reset gate multiplies W_hn h + b_hn) forward and backward, one step at a
+    time: (output, dL/dx, [dL/dw_ih, dL/dw_hh, dL/db_ih, dL/db_hh])."""
+    n, steps, _ = x.shape
+    hs = w_hh.shape[1]
+    h = np.zeros((n, hs))
+    saved, outs = [], []
+    for t in range(steps):
+        a = x[:, t] @ w_ih.T + b_ih
+        b = h @ w_hh.T + b_hh
+        r = sigmoid(a[:, :hs] + b[:, :hs])
+        z = sigmoid(a[:, hs:2 * hs] + b[:, hs:2 * hs])
+        g = np.tanh(a[:, 2 * hs:] + r * b[:, 2 * hs:])
+        saved.append((h, r, z, g, b[:, 2 * hs:]))
+        h = (1 - z) * g + z * h
+        outs.append(h)
+    y = np.stack(outs, axis=1) if return_sequences else h
+    grads = [np.zeros_like(w) for w in (w_ih, w_hh, b_ih, b_hh)]
+    dx = np.zeros_like(x)
+    dh_next = np.zeros((n, hs))
+    for t in reversed(range(steps)):
+        h_prev, r, z, g, bn = saved[t]
+        dh = dh_next + (dout[:, t] if return_sequences else (dout if t == steps - 1 else 0.0))
+        dg = dh * (1 - z) * (1 - g ** 2)
+        dz = dh * (h_prev - g) * z * (1 - z)
+        dr = dg * bn * r * (1 - r)
+        da = np.concatenate([dr, dz, dg], axis=1)
+        db = np.concatenate([dr, dz, dg * r], axis=1)
+        grads[0] += da.T @ x[:, t]
+        grads[1] += db.T @ h_prev
+        grads[2] += da.sum(axis=0)
+        grads[3] += db.sum(axis=0)
+        dx[:, t] = da @ w_ih
+        dh_next = db @ w_hh + dh * z
+    return y, dx, grads
+
+
 RECURRENT = [pytest.param(lp.LSTMConfig, lstm_reference, 4, id="LSTM"),
+             pytest.param(lp.GRUConfig, gru_reference, 3, id="GRU"),
              pytest.param(lp.RNNConfig, rnn_reference, 1, id="RNN")]
 
 
@@ -90,8 +128,10 @@ def test_recurrent_layer_matches_the_unrolled_reference(native64, config_class, 
         hidden_size=hs, return_sequences=return_sequences)))
     x = rng.standard_normal((n, steps, d))
     layer.forward([x])  # weights are made for the first input's shape
-    assert layer.learnable_weights_names() == ["rec/weight_ih", "rec/weight_hh", "rec/bias"]
-    assert [w.shape for w in layer.learnable_weights_data()] == [(gates * hs, d), (gates * hs, hs), (gates * hs,)]
+    biases = ["rec/bias_ih", "rec/bias_hh"] if gates == 3 else ["rec/bias"]
+    assert layer.learnable_weights_names() == ["rec/weight_ih", "rec/weight_hh", *biases]
+    assert [w.shape for w in layer.learnable_weights_data()] == [(gates * hs, d), (gates * hs, hs)] + \
+        [(gates * hs,)] * len(biases)
     weights = [rng.standard_normal(w.shape) * 0.6 for w in layer.learnable_weights_data()]
     for w, v in zip(layer.learnable_weights_data(), weights):
         w.set(v)
@@ -176,12 +216,13 @@ def test_embedding_clamps_ids_on_the_device(device):  # noqa: F811
 
 
 def sequence_model(force_backward: bool = False, batch: int = 3) -> lp.SequentialConfig:
-    """ids [N, 5] -> Embedding -> LSTM (every step) -> RNN (every step) -> Linear per step -> LSTM (last step)."""
+    """ids [N, 5] -> Embedding -> LSTM -> RNN -> Linear per step -> GRU (all every step) -> LSTM (last step)."""
     cfg = lp.SequentialConfig(inputs=[("ids", [batch, 5])], force_backward=force_backward)
     cfg.add_layer(lp.LayerConfig("emb", lp.EmbeddingConfig(input_dim=7, output_dim=4)))
     cfg.add_layer(lp.LayerConfig("lstm1", lp.LSTMConfig(hidden_size=5)))
     cfg.add_layer(lp.LayerConfig("rnn", lp.RNNConfig(hidden_size=4)))
     cfg.add_layer(lp.LayerConfig("step_fc", lp.LinearConfig(output_size=3, axis=-1)))
+    cfg.add_layer(lp.LayerConfig("gru", lp.GRUConfig(hidden_size=3)))
     cfg.add_layer(lp.LayerConfig("lstm2", lp.LSTMConfig(hidden_size=2, return_sequences=False)))
     return cfg
 
@@ -243,6 +284,7 @@ network:
     - {name: emb, type: Embedding, input_dim: 9, output_dim: 4}
     - {name: lstm, type: LSTM, hidden_size: 5}
     - {name: drop, type: Dropout, ratio: 0.2}
+    - {name: gru, type: GRU, hidden_size: 4}
     - {name: rnn, type: RNN, hidden_size: 3, return_sequences: false}
     - {name: fc, type: Linear, output_size: 2, axis: -1}
 objective:
@@ -259,6 +301,7 @@ def test_sequence_layers_in_yaml_and_model_files(tmp_path, native):
     assert layers["emb"].config == lp.EmbeddingConfig(input_dim=9, output_dim=4)
     assert layers["lstm"].config == lp.LSTMConfig(hidden_size=5, return_sequences=True)
     assert layers["rnn"].config == lp.RNNConfig(hidden_size=3, return_sequences=False)
+    assert layers["gru"].config == lp.GRUConfig(hidden_size=4) != lp.LSTMConfig(hidden_size=4)
     assert layers["fc"].config == lp.LinearConfig(output_size=2, axis=-1)
     assert lp.config.loads(lp.config.dumps(run)) == run
     net = lp.Layer.from_config(native, run.network, seed=1)

@@ -706,3 +706,43 @@ class ArrayBackend(Backend):
         ht = pre[:, t]
         self.xp.multiply(dh, 1.0 - ht * ht, out=dpre_t)
         dpre[:, t] = dpre_t
+
+    def gru_cell(self, pre, hw, bias_ih, bias_hh, hn, h, hprev, y, t, sequence):
+        xp = self.xp
+        hs = hn.shape[2]
+        a = pre[:, t]
+        a += bias_ih
+        b = hn[:, t]
+        xp.add(hw[:, 2 * hs:], bias_hh[2 * hs:], out=b)
+        rz = a[:, :2 * hs]
+        rz += hw[:, :2 * hs]
+        rz += bias_hh[:2 * hs]
+        self._sigmoid_in_place(rz)
+        n = a[:, 2 * hs:]
+        n += a[:, :hs] * b
+        xp.tanh(n, out=n)
+        z = a[:, hs:2 * hs]
+        xp.subtract(1.0, z, out=h)
+        h *= n
+        if t > 0:
+            h += z * hprev[:, t]
+        self._emit_hidden(h, hprev, y, t, sequence)
+
+    def gru_cell_grad(self, pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t, t, sequence):
+        xp = self.xp
+        hs = hn.shape[2]
+        self._add_output_grad(dh, dy, t, pre.shape[1], sequence)
+        a = pre[:, t]
+        r, z, n = a[:, :hs], a[:, hs:2 * hs], a[:, 2 * hs:]
+        h_prev = hprev[:, t]  # zero at step 0
+        da, db = dpre[:, t], dpre_h_t
+        xp.multiply(dh, 1.0 - z, out=da[:, 2 * hs:])  # dn, then through the tanh
+        da[:, 2 * hs:] *= 1.0 - n * n
+        xp.multiply(dh, h_prev - n, out=da[:, hs:2 * hs])  # dz, then through the sigmoid
+        da[:, hs:2 * hs] *= z * (1.0 - z)
+        xp.multiply(da[:, 2 * hs:], hn[:, t], out=da[:, :hs])  # dr, then through the sigmoid
+        da[:, :hs] *= r * (1.0 - r)
+        db[:, :2 * hs] = da[:, :2 * hs]
+        xp.multiply(da[:, 2 * hs:], r, out=db[:, 2 * hs:])
+        dpre_h[:, t] = db
+        dh *= z

@@ -291,6 +291,24 @@ class Backend:
         h_t = ``pre[:, t]``; ``dh`` and ``dy`` as in :meth:`lstm_cell_grad`."""
         raise NotImplementedError
 
+    def gru_cell(self, pre: Buffer, hw: Buffer, bias_ih: Buffer, bias_hh: Buffer, hn: Buffer, h: Buffer,
+                 hprev: Buffer, y: Buffer, t: int, sequence: bool) -> None:
+        """Step t of a GRU (PyTorch's gates r, z, n). ``pre`` [N, T, 3H]: x_t W_ihᵀ in, the activated r, z, n out;
+        ``hw`` [N, 3H]: h_{t-1} W_hhᵀ; with ``a = pre[:, t] + bias_ih`` and ``b = hw + bias_hh``: r, z =
+        sigmoid(a + b) of their thirds, ``n = tanh(a_n + r b_n)``, ``h_t = (1 - z) n + z h_{t-1}`` (h_{t-1} read
+        from ``hprev``, zero at step 0); ``hn`` [N, T, H]: b_n at step t (for the gradient); ``h``, ``hprev`` and
+        ``y`` as in :meth:`lstm_cell`."""
+        raise NotImplementedError
+
+    def gru_cell_grad(self, pre: Buffer, hn: Buffer, hprev: Buffer, dh: Buffer, dy: Buffer, dpre: Buffer,
+                      dpre_h: Buffer, dpre_h_t: Buffer, t: int, sequence: bool) -> None:
+        """Gradient of step t of :meth:`gru_cell`, run from the last step down to 0: ``dh`` [N, H] holds dL/dh_t
+        (from step t + 1; ``dy``'s share is added as in :meth:`lstm_cell_grad`) and gets its direct share of
+        dL/dh_{t-1}, ``dh z`` (the caller adds the recurrent product's); the gradients of ``a`` (the input side)
+        into ``dpre`` [N, T, 3H] at t, of ``b`` (the hidden side) into ``dpre_h`` [N, T, 3H] at t and
+        ``dpre_h_t`` [N, 3H]."""
+        raise NotImplementedError
+
     # --- optional hooks (defaults suit every backend) -------------------------------------------------------
     def run_step(self, key: Any, step: Any) -> None:
         """Run ``step()``, a whole training step. A backend may record it the first times a ``key`` is seen and

@@ -436,6 +436,25 @@ class CudaBackend(ArrayBackend):
                 " T dgo = dh * tc * go * ((T)1 - go); dc[i] = dct * gf;"
                 " dg[g] = dgt[w] = di; dg[g + hs] = dgt[w + hs] = df; dg[g + 2 * hs] = dgt[w + 2 * hs] = dgg;"
                 " dg[g + 3 * hs] = dgt[w + 3 * hs] = dgo;", "leafpy_lstm_cell_grad"),
+            "gru_cell": ek(
+                "raw T hw, raw T bi, raw T bh, int32 steps, int32 hs, int32 t, int32 seq",
+                "raw T a, raw T hn, raw T h, raw T hprev, raw T y",
+                head + " long long g = ((long long)n * steps + t) * 3 * hs + j;"
+                " long long w = (long long)n * 3 * hs + j;"
+                " T r = (T)1 / ((T)1 + exp(-(a[g] + bi[j] + hw[w] + bh[j])));"
+                " T z = (T)1 / ((T)1 + exp(-(a[g + hs] + bi[j + hs] + hw[w + hs] + bh[j + hs])));"
+                " T bn = hw[w + 2 * hs] + bh[j + 2 * hs]; T nv = tanh(a[g + 2 * hs] + bi[j + 2 * hs] + r * bn);"
+                " a[g] = r; a[g + hs] = z; a[g + 2 * hs] = nv; hn[s0] = bn;"
+                " T hp = t > 0 ? hprev[s0] : (T)0; T hv = ((T)1 - z) * nv + z * hp;" + emit, "leafpy_gru_cell"),
+            "gru_cell_grad": ek(
+                "raw T a, raw T hn, raw T hprev, raw T dy, int32 steps, int32 hs, int32 t, int32 seq",
+                "raw T dh_in, raw T dp, raw T dph, raw T dpht",
+                head + dh + " long long g = ((long long)n * steps + t) * 3 * hs + j;"
+                " long long w = (long long)n * 3 * hs + j; T r = a[g], z = a[g + hs], nv = a[g + 2 * hs];"
+                " T dn = dh * ((T)1 - z) * ((T)1 - nv * nv); T dz = dh * (hprev[s0] - nv) * z * ((T)1 - z);"
+                " T dr = dn * hn[s0] * r * ((T)1 - r); dh_in[i] = dh * z;"
+                " dp[g] = dph[g] = dpht[w] = dr; dp[g + hs] = dph[g + hs] = dpht[w + hs] = dz;"
+                " dp[g + 2 * hs] = dn; dph[g + 2 * hs] = dpht[w + 2 * hs] = dn * r;", "leafpy_gru_cell_grad"),
             "rnn_cell": ek(
                 "raw T hw, raw T bias, int32 steps, int32 hs, int32 t, int32 seq", "raw T a, raw T h, raw T hprev, "
                 "raw T y", head + " T hv = tanh(a[s0] + hw[i] + bias[j]); a[s0] = hv;" + emit, "leafpy_rnn_cell"),
@@ -468,6 +487,14 @@ class CudaBackend(ArrayBackend):
     def lstm_cell_grad(self, gates, c, dh, dy, dc, dgates, dgates_t, t, sequence):
         args, size = self._step_args(c, t, sequence)
         self._seq_kernels["lstm_cell_grad"](gates, c, dh, dy, *args, dc, dgates, dgates_t, size=size)
+
+    def gru_cell(self, pre, hw, bias_ih, bias_hh, hn, h, hprev, y, t, sequence):
+        args, size = self._step_args(hn, t, sequence)
+        self._seq_kernels["gru_cell"](hw, bias_ih, bias_hh, *args, pre, hn, h, hprev, y, size=size)
+
+    def gru_cell_grad(self, pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t, t, sequence):
+        args, size = self._step_args(hn, t, sequence)
+        self._seq_kernels["gru_cell_grad"](pre, hn, hprev, dy, *args, dh, dpre, dpre_h, dpre_h_t, size=size)
 
     def rnn_cell(self, pre, hw, bias, h, hprev, y, t, sequence):
         args, size = self._step_args(pre, t, sequence)

@@ -10,7 +10,7 @@ from .common.embedding import EmbeddingConfig  # noqa: E402
 from .common.linear import LinearConfig  # noqa: E402
 from .common.lrn import LRNConfig  # noqa: E402
 from .common.pooling import PoolingConfig  # noqa: E402
-from .common.recurrent import LSTMConfig, RNNConfig  # noqa: E402
+from .common.recurrent import GRUConfig, LSTMConfig, RNNConfig  # noqa: E402
 from .container.sequential import Sequential, SequentialConfig  # noqa: E402
 from .layer import FillerConfig, Layer, LayerConfig, WeightConfig, Worker, layer_types, lookup, register_layer  # noqa: F401
 from .loss.negative_log_likelihood import NegativeLogLikelihoodConfig  # noqa: E402
@@ -19,4 +19,4 @@ from .utility.reshape import ReshapeConfig  # noqa: E402
 __all__ = ["BatchNormConfig", "ConcatConfig", "ConvolutionConfig", "DropoutConfig", "EltwiseConfig", "FillerConfig",
            "Layer", "LayerConfig", "LinearConfig", "LRNConfig", "NegativeLogLikelihoodConfig", "PoolingConfig",
            "ReshapeConfig", "Sequential", "SequentialConfig", "SliceConfig", "WeightConfig", "Worker", "layer_types",
-           "lookup", "register_layer", "EmbeddingConfig", "LSTMConfig", "RNNConfig"]
+           "lookup", "register_layer", "EmbeddingConfig", "GRUConfig", "LSTMConfig", "RNNConfig"]

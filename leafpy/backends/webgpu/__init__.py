@@ -1185,6 +1185,16 @@ class WebGPUBackend(Backend):
         self._seq_dispatch("sequence", "lstm_cell_grad", n * hs, [gates, c, dh, dy, dc, dgates, dgates_t],
                            (steps, hs, t, int(sequence)))
 
+    def gru_cell(self, pre, hw, bias_ih, bias_hh, hn, h, hprev, y, t, sequence):
+        n, steps, hs = hn.shape
+        self._seq_dispatch("sequence", "gru_cell", n * hs, [pre, hw, bias_ih, bias_hh, hn, h, hprev, y],
+                           (steps, hs, t, int(sequence)))
+
+    def gru_cell_grad(self, pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t, t, sequence):
+        n, steps, hs = hn.shape
+        self._seq_dispatch("sequence", "gru_cell_grad", n * hs, [pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t],
+                           (steps, hs, t, int(sequence)))
+
     def rnn_cell(self, pre, hw, bias, h, hprev, y, t, sequence):
         n, steps, hs = pre.shape
         self._seq_dispatch("sequence", "rnn_cell", n * hs, [pre, hw, bias, h, hprev, y], (steps, hs, t, int(sequence)))

@@ -10,6 +10,7 @@
 @group(0) @binding(5) var<storage, read_write> s5: array<f32>;
 @group(0) @binding(6) var<storage, read_write> s6: array<f32>;
 @group(0) @binding(7) var<storage, read_write> s7: array<f32>;
+@group(0) @binding(8) var<storage, read_write> s8: array<f32>;
 
 // tanh saturates to +-1 in f32 long before 15: clamping keeps any exp-based tanh finite
 fn tanh_c(x: f32) -> f32 { return tanh(clamp(x, -15.0, 15.0)); }
@@ -121,6 +122,71 @@ fn rnn_cell_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
     let d = dh * (1.0 - hv * hv);
     s4[s0] = d;
     s5[i] = d;
+}
+
+// gru_cell: s1 = pre [N, T, 3H] (x W_ih^T in, activated r, z, n out), s2 = hw [N, 3H], s3 = bias_ih [3H],
+// s4 = bias_hh [3H], s5 = hn [N, T, H] (W_hn h + b_hn, kept), s6 = h [N, H], s7 = hprev [N, T, H], s8 = y
+@compute @workgroup_size(256)
+fn gru_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i >= p.u0) { return; }
+    let steps = p.u1;
+    let hs = p.u2;
+    let t = p.u3;
+    let n = i / hs;
+    let j = i % hs;
+    let g0 = (n * steps + t) * 3u * hs + j;
+    let w0 = n * 3u * hs + j;
+    let s0 = (n * steps + t) * hs + j;
+    let r = sigm(s1[g0] + s3[j] + s2[w0] + s4[j]);
+    let z = sigm(s1[g0 + hs] + s3[j + hs] + s2[w0 + hs] + s4[j + hs]);
+    let bn = s2[w0 + 2u * hs] + s4[j + 2u * hs];
+    let nv = tanh_c(s1[g0 + 2u * hs] + s3[j + 2u * hs] + r * bn);
+    s1[g0] = r;
+    s1[g0 + hs] = z;
+    s1[g0 + 2u * hs] = nv;
+    s5[s0] = bn;
+    var hp = 0.0;
+    if (t > 0u) { hp = s7[s0]; }
+    let hv = (1.0 - z) * nv + z * hp;
+    s6[i] = hv;
+    if (t == 0u) { s7[s0] = 0.0; }
+    if (t + 1u < steps) { s7[s0 + hs] = hv; }
+    if (p.u4 == 1u) { s8[s0] = hv; } else if (t + 1u == steps) { s8[i] = hv; }
+}
+
+// gru_cell_grad: s1 = pre [N, T, 3H] (activated), s2 = hn [N, T, H], s3 = hprev [N, T, H], s4 = dh [N, H] (dL/dh_t
+// in, its direct share of dL/dh_{t-1} out), s5 = dy, s6 = dpre [N, T, 3H], s7 = dpre_h [N, T, 3H], s8 = dpre_h_t
+@compute @workgroup_size(256)
+fn gru_cell_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i >= p.u0) { return; }
+    let steps = p.u1;
+    let hs = p.u2;
+    let t = p.u3;
+    let n = i / hs;
+    let j = i % hs;
+    let s0 = (n * steps + t) * hs + j;
+    var dh = s4[i];
+    if (p.u4 == 1u) { dh = dh + s5[s0]; } else if (t + 1u == steps) { dh = dh + s5[i]; }
+    let g0 = (n * steps + t) * 3u * hs + j;
+    let r = s1[g0];
+    let z = s1[g0 + hs];
+    let nv = s1[g0 + 2u * hs];
+    let dn = dh * (1.0 - z) * (1.0 - nv * nv);
+    let dz = dh * (s3[s0] - nv) * z * (1.0 - z);
+    let dr = dn * s2[s0] * r * (1.0 - r);
+    s4[i] = dh * z;
+    let w0 = n * 3u * hs + j;
+    s6[g0] = dr;
+    s6[g0 + hs] = dz;
+    s6[g0 + 2u * hs] = dn;
+    s7[g0] = dr;
+    s7[g0 + hs] = dz;
+    s7[g0 + 2u * hs] = dn * r;
+    s8[w0] = dr;
+    s8[w0 + hs] = dz;
+    s8[w0 + 2u * hs] = dn * r;
 }
 
 // embedding: s1 = ids [M], s2 = table [V, D], s3 = out [M, D]; u0 = M * D, u1 = D, u2 = V

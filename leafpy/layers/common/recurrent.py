@@ -1,11 +1,14 @@
-"""LSTM and RNN over batch-first sequences [N, T, input_size], with PyTorch's formulas and weight layouts.
+"""LSTM, GRU and RNN over batch-first sequences [N, T, input_size], with PyTorch's formulas and weight layouts.
 
 LSTM (gates i, f, g, o, in PyTorch's order): ``a = x_t W_ihᵀ + h_{t-1} W_hhᵀ + b``; i, f, o = sigmoid, g = tanh of
-their quarter of ``a``; ``c_t = f c_{t-1} + i g``; ``h_t = o tanh(c_t)``. RNN: ``h_t = tanh(x_t W_ihᵀ +
-h_{t-1} W_hhᵀ + b)``. The state starts at zero. Weights: ``weight_ih`` [G·H, input_size], ``weight_hh`` [G·H, H]
-and one ``bias`` [G·H] (G = 4 for the LSTM, 1 for the RNN): PyTorch's ``b_ih + b_hh``, which always appear
-summed. ``return_sequences``: output every step's h [N, T, H] (true, the default) or the last one [N, H].
-One layer is one recurrent layer; stack them in the network for more (with Dropout between if wanted).
+their quarter of ``a``; ``c_t = f c_{t-1} + i g``; ``h_t = o tanh(c_t)``. GRU (gates r, z, n): with
+``a = x_t W_ihᵀ + b_ih`` and ``b = h_{t-1} W_hhᵀ + b_hh``, r, z = sigmoid(a + b) of their thirds,
+``n = tanh(a_n + r b_n)``, ``h_t = (1 - z) n + z h_{t-1}``. RNN: ``h_t = tanh(x_t W_ihᵀ + h_{t-1} W_hhᵀ + b)``.
+The state starts at zero. Weights: ``weight_ih`` [G·H, input_size], ``weight_hh`` [G·H, H] (G = 4 for the LSTM, 3
+for the GRU, 1 for the RNN); the LSTM and the RNN have one ``bias`` [G·H], PyTorch's ``b_ih + b_hh`` (which
+always appear summed there), the GRU PyTorch's two, ``bias_ih`` and ``bias_hh`` [3H]. ``return_sequences``:
+output every step's h [N, T, H] (true, the default) or the last one [N, H]. One layer is one recurrent layer;
+stack them in the network for more (with Dropout between if wanted).
 
 How it runs: one GEMM projects the whole sequence's inputs ([N·T, input_size] by weight_ihᵀ); then each step is
 one GEMM for h_{t-1} W_hhᵀ and one fused cell primitive. Backward runs through time with one GEMM and one cell
@@ -40,9 +43,18 @@ class RNNConfig(LSTMConfig):
     pass
 
 
+@dataclass(frozen=True, kw_only=True)
+class GRUConfig(LSTMConfig):
+    pass
+
+
 class _Recurrent(Worker):
     weight_names = ("weight_ih", "weight_hh", "bias")
     gates = 1
+    hidden_grads = "dpre"
+    """The workspace of pre-activation gradients whose product with h_{t-1} is weight_hh's gradient."""
+    direct_share = 0.0
+    """1 where the cell adds its own share of dL/dh_{t-1} to dh before the recurrent product is added."""
 
     def __init__(self, config: LSTMConfig, layer_name: str) -> None:
         super().__init__(config, layer_name)
@@ -64,7 +76,7 @@ class _Recurrent(Worker):
 
     def weight_shapes(self, input_shapes):
         h, g = self.config.hidden_size, self.gates
-        return [(g * h, input_shapes[0][2]), (g * h, h), (g * h,)]
+        return [(g * h, input_shapes[0][2]), (g * h, h)] + [(g * h,)] * (len(self.weight_names) - 2)
 
     def _buf(self, backend, name: str, shape: tuple[int, ...]):
         """A workspace of this layer, allocated once per shape."""
@@ -89,7 +101,7 @@ class _Recurrent(Worker):
                 backend.fill(0.0, hw)
             else:
                 backend.gemm(ht, False, w[1], True, hw)
-            self._cell(backend, pre, hw, w[2], ht, hprev, y[0], step)
+            self._cell(backend, pre, hw, w[2:], ht, hprev, y[0], step)
         self._w_hh = w[1]  # the backward pass through time multiplies by the weights this pass used
         self._grads_fresh = False
 
@@ -106,7 +118,7 @@ class _Recurrent(Worker):
             if step == t - 1:
                 backend.fill(0.0, dh)
             else:
-                backend.gemm(dpre_t, False, self._w_hh, False, dh)
+                backend.gemm(dpre_t, False, self._w_hh, False, dh, 1.0, self.direct_share)
             self._cell_grad(backend, dh, dy, dpre, dpre_t, step)
         self._grads_fresh = True
 
@@ -114,9 +126,12 @@ class _Recurrent(Worker):
         self._through_time(backend, dy[0])
         n, t, d, h, gh = self._shapes(x[0])
         dpre = self._bufs["dpre"].reshape(n * t, gh)
+        dhid = self._bufs[self.hidden_grads].reshape(n * t, gh)
         backend.gemm(dpre, True, x[0].reshape(n * t, d), False, dw[0], 1.0, beta[0])
-        backend.gemm(dpre, True, self._bufs["hprev"].reshape(n * t, h), False, dw[1], 1.0, beta[1])
+        backend.gemm(dhid, True, self._bufs["hprev"].reshape(n * t, h), False, dw[1], 1.0, beta[1])
         backend.bias_grad(dpre, dw[2], beta[2])
+        if len(dw) > 3:
+            backend.bias_grad(dhid, dw[3], beta[3])
 
     def backward_input(self, backend, x, y, dy, w, dx):
         if dx[0] is None:
@@ -131,7 +146,7 @@ class _Recurrent(Worker):
     def _start_backward(self, backend, n: int, h: int) -> None:
         pass
 
-    def _cell(self, backend, pre, hw, bias, ht, hprev, y, step) -> None:
+    def _cell(self, backend, pre, hw, biases, ht, hprev, y, step) -> None:
         raise NotImplementedError
 
     def _cell_grad(self, backend, dh, dy, dpre, dpre_t, step) -> None:
@@ -142,10 +157,10 @@ class _Recurrent(Worker):
 class LSTM(_Recurrent):
     gates = 4
 
-    def _cell(self, backend, pre, hw, bias, ht, hprev, y, step):
+    def _cell(self, backend, pre, hw, biases, ht, hprev, y, step):
         n, t, _ = pre.shape
         c = self._buf(backend, "c", (n, t, self.config.hidden_size))
-        backend.lstm_cell(pre, hw, bias, c, ht, hprev, y, step, self.config.return_sequences)
+        backend.lstm_cell(pre, hw, biases[0], c, ht, hprev, y, step, self.config.return_sequences)
 
     def _start_backward(self, backend, n, h):
         backend.fill(0.0, self._buf(backend, "dc", (n, h)))
@@ -159,8 +174,30 @@ class LSTM(_Recurrent):
 class RNN(_Recurrent):
     gates = 1
 
-    def _cell(self, backend, pre, hw, bias, ht, hprev, y, step):
-        backend.rnn_cell(pre, hw, bias, ht, hprev, y, step, self.config.return_sequences)
+    def _cell(self, backend, pre, hw, biases, ht, hprev, y, step):
+        backend.rnn_cell(pre, hw, biases[0], ht, hprev, y, step, self.config.return_sequences)
 
     def _cell_grad(self, backend, dh, dy, dpre, dpre_t, step):
         backend.rnn_cell_grad(self._bufs["pre"], dh, dy, dpre, dpre_t, step, self.config.return_sequences)
+
+
+@register_layer("GRU", GRUConfig)
+class GRU(_Recurrent):
+    weight_names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+    gates = 3
+    hidden_grads = "dpre_h"
+    direct_share = 1.0
+
+    def _cell(self, backend, pre, hw, biases, ht, hprev, y, step):
+        n, t, _ = pre.shape
+        hn = self._buf(backend, "hn", (n, t, self.config.hidden_size))
+        backend.gru_cell(pre, hw, biases[0], biases[1], hn, ht, hprev, y, step, self.config.return_sequences)
+
+    def _start_backward(self, backend, n, h):
+        pre = self._bufs["pre"]
+        self._buf(backend, "dpre_h", pre.shape)
+
+    def _cell_grad(self, backend, dh, dy, dpre, dpre_t, step):
+        b = self._bufs
+        backend.gru_cell_grad(b["pre"], b["hn"], b["hprev"], dh, dy, dpre, b["dpre_h"], dpre_t, step,
+                              self.config.return_sequences)
