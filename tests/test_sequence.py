@@ -340,15 +340,22 @@ def _lstm_solver(backend):
 
 def test_lstm_training_steps_replay_and_match_native(device):  # noqa: F811
     """Six steps of digits_lstm.yaml's network: on cuda the steps are recorded as a CUDA graph and replayed, on
-    webgpu re-encoded from their recording; both end where native does."""
+    webgpu re-encoded from their recording, with no transfer inside a step; both end where native does."""
     ds = lp.data.digits()
     x = lp.SharedTensor.from_numpy(ds.x_train[:32])
     y = lp.SharedTensor.from_numpy(ds.y_train[:32].astype(np.float32))
     solvers = [_lstm_solver(be) for be in (lp.backend("native"), device)]
     replays = getattr(device, "replays", 0)
-    for _ in range(6):
-        for s in solvers:
-            s.train_minibatch(x, y)
+    for s in solvers:
+        s.train_minibatch(x, y)  # uploads the batch once
+    device.synchronize()
+    lp.SharedTensor.reset_transfer_count()
+    for _ in range(5):
+        solvers[1].train_minibatch(x, y)
+    device.synchronize()
+    assert lp.SharedTensor.transfers_total == 0  # nothing read back or sent inside the steps
+    for _ in range(5):
+        solvers[0].train_minibatch(x, y)
     if device.name == "cuda" and device.graphs:
         assert [e for e in device._steps.values() if e.graph is not None], device.record_error
     if device.name == "webgpu":
