@@ -1,17 +1,20 @@
 """Training-step benchmark: leafpy against PyTorch, side by side in one process.
 
-For each network both frameworks start from identical weights, train on identical batches with momentum SGD,
-and are timed alternately (whole steps: forward, backward, update; GPU-synchronised), each with its default
-thread behaviour and each round started after the other framework's idle threads have gone to sleep. The table reports
-milliseconds per step, the ratio torch/leafpy (above 1: leafpy is faster), peak memory, and both losses after
-10 identical steps, so a speed win can never hide a wrong result.
+For each network both frameworks start from identical weights, train on identical batches with the same update
+rule (``--rules``: momentum SGD at a fixed rate; ``inv``, momentum under Caffe's LeNet schedule
+``base_lr (1 + gamma it)^-power``; ``adam``), and are timed alternately (whole steps: forward, backward, update;
+GPU-synchronised), each with its default thread behaviour and each round started after the other framework's idle
+threads have gone to sleep. The table reports milliseconds per step, the ratio torch/leafpy (above 1: leafpy is
+faster), peak memory, and both losses after 10 identical steps, so a speed win can never hide a wrong result.
 
-    python benchmarks/train_step.py --backend native --vs torch [--nets mlp128,lenet64] [--json FILE]
+    python benchmarks/train_step.py --backend native --vs torch [--nets mlp128,lenet64] [--rules momentum,inv,adam]
+        [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -29,6 +32,9 @@ sys.path.insert(0, str(ROOT))
 import leafpy as lp  # noqa: E402
 
 LR, MOMENTUM = 0.01, 0.9
+INV_GAMMA, INV_POWER = 1e-4, 0.75  # Caffe's LeNet solver
+ADAM_LR = 1e-3
+RULES = ("momentum", "inv", "adam")
 
 SETTLE_S = 0.3
 """Seconds to wait before each timed round on the CPU (GPU rounds start at once: an idle GPU lowers its clocks).
@@ -68,8 +74,10 @@ NETWORKS = {
     "lenet64": (lambda: from_run_file("mnist_lenet.yaml", 64), 64, (1, 28, 28), 10),
     "lenet1024": (lambda: from_run_file("mnist_lenet.yaml", 1024), 1024, (1, 28, 28), 10),
     "alexnet128": (lambda: from_run_file("alexnet.yaml", 128), 128, (3, 224, 224), 1000),
+    "alexnet-lrn128": (lambda: from_run_file("alexnet_lrn.yaml", 128), 128, (3, 227, 227), 1000),
+    "resnet18-128": (lambda: from_run_file("resnet18_cifar.yaml", 128), 128, (3, 32, 32), 10),
 }
-GPU_ONLY = {"alexnet128"}
+GPU_ONLY = {"alexnet128", "alexnet-lrn128", "resnet18-128"}
 
 
 # --- leafpy -----------------------------------------------------------------------------------------------------
@@ -83,22 +91,32 @@ def solver_and_batch(backend, name: str) -> tuple[lp.Solver, lp.SharedTensor, lp
     return solver, x, y
 
 
-def leafpy_solver(backend, net_cfg: lp.LayerConfig, batch: int, classes: int) -> lp.Solver:
+def leafpy_solver(backend, net_cfg: lp.LayerConfig, batch: int, classes: int, rule: str = "momentum") -> lp.Solver:
     obj = lp.SequentialConfig(inputs=[("network_out", [batch, classes]), ("label", [batch, 1])])
     obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=classes)))
-    cfg = lp.SolverConfig(network=net_cfg, objective=lp.LayerConfig("loss", obj), solver="momentum",
-                          base_lr=LR, momentum=MOMENTUM, seed=0)
+    if rule == "adam":
+        update = dict(solver="adam", base_lr=ADAM_LR)
+    elif rule == "inv":
+        update = dict(solver="momentum", base_lr=LR, momentum=MOMENTUM, lr_policy="inv", gamma=INV_GAMMA,
+                      power=INV_POWER)
+    else:
+        update = dict(solver="momentum", base_lr=LR, momentum=MOMENTUM)
+    cfg = lp.SolverConfig(network=net_cfg, objective=lp.LayerConfig("loss", obj), seed=0, **update)
     return lp.Solver.from_config(backend, backend, cfg)
 
 
 # --- torch ------------------------------------------------------------------------------------------------------
 def torch_model(torch, net: lp.Layer, initial: list[np.ndarray]):
-    """The same network in PyTorch, with leafpy's initial weights copied in."""
+    """The same network in PyTorch, with leafpy's initial weights copied in: one module per layer, run in the
+    order and with the blob wiring of the leafpy network (so branching networks, ResNet's residual adds, work)."""
     nn = torch.nn
-    mods = []
+    graph, eltwise_sum, concat = _torch_modules(torch)
+    mods, wiring = [], []
     weights = iter(initial)
+    prev = [name for name, _ in net.config.config.inputs]
     for layer in net.layers:
-        c, t = layer.config.config, layer.config.type
+        lc = layer.config
+        c, t = lc.config, lc.type
         if t == "Linear":
             w = layer.weights[0]
             m = nn.Linear(w.shape[1], w.shape[0], bias=c.bias)
@@ -109,24 +127,86 @@ def torch_model(torch, net: lp.Layer, initial: list[np.ndarray]):
         elif t == "Pooling":
             cls = nn.MaxPool2d if c.mode == "max" else nn.AvgPool2d
             m = cls(tuple(c.filter_shape), tuple(c.stride), tuple(c.padding))
+        elif t == "BatchNorm":
+            m = nn.BatchNorm2d(layer.weights[0].shape[0], eps=c.eps, momentum=c.momentum, affine=c.affine)
+        elif t == "LRN":
+            m = nn.LocalResponseNorm(c.local_size, alpha=c.alpha, beta=c.beta, k=c.k)
+        elif t == "Eltwise":
+            if c.operation != "sum":
+                raise SystemExit(f"torch_model: Eltwise {c.operation} is not mapped")
+            m = eltwise_sum(c.coeff)
+        elif t == "Concat":
+            m = concat(c.axis)
         else:
             m = {"ReLU": nn.ReLU, "Flatten": nn.Flatten, "LogSoftmax": lambda: nn.LogSoftmax(dim=1),
                  "Sigmoid": nn.Sigmoid, "TanH": nn.Tanh}[t]()
-        if layer.weights:
-            with torch.no_grad():
-                m.weight.copy_(torch.from_numpy(next(weights)))
-                if len(layer.weights) > 1:
-                    m.bias.copy_(torch.from_numpy(next(weights)))
+        with torch.no_grad():  # leafpy's weight names are PyTorch's (weight, bias, running_mean, running_var)
+            for name in (layer.worker.weight_names if layer.weights else ()):
+                getattr(m, name).copy_(torch.from_numpy(next(weights)))
+        ins = list(lc.inputs) or prev[:1]
+        outs = list(lc.outputs) or [lc.name]
         mods.append(m)
-    return nn.Sequential(*mods)
+        wiring.append((ins, outs[0]))
+        prev = outs
+    return graph(mods, wiring, net.config.config.inputs[0][0])
+
+
+@functools.cache
+def _torch_modules(torch):
+    """PyTorch modules for leafpy's wiring and its multi-input layers (defined once torch is imported)."""
+    nn = torch.nn
+
+    class Graph(nn.Module):
+        def __init__(self, mods, wiring, input_name):
+            super().__init__()
+            self.mods = nn.ModuleList(mods)
+            self.wiring = wiring
+            self.input_name = input_name
+
+        def forward(self, x):
+            blobs = {self.input_name: x}
+            for m, (ins, out) in zip(self.mods, self.wiring):
+                blobs[out] = m(*(blobs[n] for n in ins))
+            return blobs[out]
+
+    class EltwiseSum(nn.Module):
+        def __init__(self, coeff):
+            super().__init__()
+            self.coeff = tuple(coeff)
+
+        def forward(self, *xs):
+            coeff = self.coeff or (1.0,) * len(xs)
+            out = xs[0] * coeff[0] if coeff[0] != 1.0 else xs[0]
+            for c, x in zip(coeff[1:], xs[1:]):
+                out = out + (x * c if c != 1.0 else x)
+            return out
+
+    class Concat(nn.Module):
+        def __init__(self, axis):
+            super().__init__()
+            self.axis = axis
+
+        def forward(self, *xs):
+            return torch.cat(xs, dim=self.axis)
+
+    return Graph, EltwiseSum, Concat
 
 
 class TorchTrainer:
-    def __init__(self, torch, net: lp.Layer, initial: list[np.ndarray], device: str, tf32: bool) -> None:
+    def __init__(self, torch, net: lp.Layer, initial: list[np.ndarray], device: str, tf32: bool,
+                 rule: str = "momentum") -> None:
         self.torch = torch
         self.device = device
         self.model = torch_model(torch, net, initial).to(device)
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=LR, momentum=MOMENTUM)
+        fast = {"fused": True} if device == "cuda" else {}  # PyTorch's fastest optimizer kernels on the GPU
+        self.schedule = None
+        if rule == "adam":
+            self.opt = torch.optim.Adam(self.model.parameters(), lr=ADAM_LR, **fast)
+        else:
+            self.opt = torch.optim.SGD(self.model.parameters(), lr=LR, momentum=MOMENTUM, **fast)
+            if rule == "inv":
+                self.schedule = torch.optim.lr_scheduler.LambdaLR(
+                    self.opt, lambda it: (1.0 + INV_GAMMA * it) ** -INV_POWER)
         self.loss_fn = torch.nn.NLLLoss()
         if device == "cuda":
             torch.backends.cudnn.allow_tf32 = tf32
@@ -143,6 +223,8 @@ class TorchTrainer:
         self.last = self.loss_fn(self.model(x), y)
         self.last.backward()
         self.opt.step()
+        if self.schedule is not None:
+            self.schedule.step()
 
     def sync(self) -> None:
         if self.device == "cuda":
@@ -167,7 +249,7 @@ def timed(step, sync, n: int, issue: list | None = None) -> float:
     return (time.perf_counter() - t) / n * 1000
 
 
-def bench_network(name: str, backend, torch, device: str, args) -> dict:
+def bench_network(name: str, backend, torch, device: str, args, rule: str = "momentum") -> dict:
     make, batch, shape, classes = NETWORKS[name]
     rng = np.random.default_rng(0)
     xs = [rng.random((batch, *shape), dtype=np.float32) for _ in range(4)]
@@ -176,8 +258,8 @@ def bench_network(name: str, backend, torch, device: str, args) -> dict:
         tracemalloc.start()  # numpy reports its buffers to tracemalloc: the peak of everything leafpy holds
     elif backend.name == "cuda":
         backend.track_memory()  # peak bytes in use, as torch.cuda.max_memory_allocated counts
-    solver = leafpy_solver(backend, make(), batch, classes)
-    row: dict = {"network": name, "batch": batch}
+    solver = leafpy_solver(backend, make(), batch, classes, rule)
+    row: dict = {"network": name, "batch": batch, "rule": rule}
     initial = [w.to_numpy() for w in solver.network.learnable_weights_data()]
     data_l = [(lp.SharedTensor.from_numpy(x), lp.SharedTensor.from_numpy(y.astype(np.float32)))
               for x, y in zip(xs, ys)]
@@ -191,7 +273,7 @@ def bench_network(name: str, backend, torch, device: str, args) -> dict:
         tracemalloc.stop()
     trainer = None
     if torch is not None:
-        trainer = TorchTrainer(torch, solver.network, initial, device, args.tf32)
+        trainer = TorchTrainer(torch, solver.network, initial, device, args.tf32, rule)
         data_t = [trainer.to_device(x, y) for x, y in zip(xs, ys)]
         for i in range(10):
             trainer.step(*data_t[i % 4])
@@ -268,6 +350,7 @@ def main() -> int:
     p.add_argument("--backend", default="native", choices=lp.backends.BACKEND_NAMES)
     p.add_argument("--vs", choices=["torch", "none"], default="torch")
     p.add_argument("--nets", default="", help="comma-separated subset of " + ", ".join(NETWORKS))
+    p.add_argument("--rules", default="momentum", help="comma-separated subset of " + ", ".join(RULES))
     p.add_argument("--steps", type=int, default=0, help="steps per timing round (default: by batch size)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--warmup", type=int, default=3)
@@ -301,6 +384,10 @@ def main() -> int:
     except ImportError:
         print("# threadpoolctl is not installed: numpy's BLAS keeps its own thread count (pip install threadpoolctl)")
     names = [n for n in (args.nets.split(",") if args.nets else NETWORKS) if n]
+    rules = [r for r in args.rules.split(",") if r]
+    unknown = [x for x in names if x not in NETWORKS] + [r for r in rules if r not in RULES]
+    if unknown:
+        p.error(f"unknown network or rule {unknown[0]!r}: networks {', '.join(NETWORKS)}; rules {', '.join(RULES)}")
     if device == "cpu":
         names = [n for n in names if n not in GPU_ONLY]
     rows = []
@@ -308,21 +395,21 @@ def main() -> int:
           f"{args.threads} threads, torch {torch.__version__ if torch else '-'}, numpy {np.__version__}")
     gpu = device == "cuda"
     issue_head = f"{'(issue)':>9}" if gpu else ""
-    print(f"{'network':<12}{'batch':>6}{'leafpy ms':>11}{issue_head}{'torch ms':>10}{'torch/leafpy':>14}"
+    print(f"{'network':<12}{'rule':>9}{'batch':>6}{'leafpy ms':>11}{issue_head}{'torch ms':>10}{'torch/leafpy':>14}"
           f"{'leafpy MB':>11}{'torch MB':>10}{'loss@10 leafpy':>16}{'loss@10 torch':>15}")
-    for name in names:
-        r = bench_network(name, backend, torch, device, args)
+    for name, rule in [(n, r) for n in names for r in rules]:
+        r = bench_network(name, backend, torch, device, args, rule)
         rows.append(r)
         f = lambda k, fmt: (format(r[k], fmt) if k in r else "n/a")  # noqa: E731
         issue_cell = f"{f('leafpy_issue_ms', '.2f'):>9}" if gpu else ""
-        print(f"{name:<12}{r['batch']:>6}{f('leafpy_ms', '.2f'):>11}{issue_cell}{f('torch_ms', '.2f'):>10}"
+        print(f"{name:<12}{rule:>9}{r['batch']:>6}{f('leafpy_ms', '.2f'):>11}{issue_cell}{f('torch_ms', '.2f'):>10}"
               f"{f('ratio', '.2f'):>14}{f('leafpy_peak_mb', '.0f'):>11}{f('torch_peak_mb', '.0f'):>10}"
               f"{f('leafpy_loss10', '.5f'):>16}{f('torch_loss10', '.5f'):>15}", flush=True)
     if not args.no_gemm:
         g = bench_gemm(backend, torch, device)
         rows.append(g)
         for r in rows:
-            if r.get("network", "").startswith("mlp"):
+            if r.get("network", "").startswith("mlp") and r.get("rule") == "momentum":
                 # forward, weight gradients, and input gradients of every layer but the first
                 dims = [784, 512, 512, 10]
                 macs = sum(a * b for a, b in zip(dims, dims[1:]))

@@ -13,7 +13,9 @@ gradient buffer between layers whose backward passes do not overlap.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,6 +26,20 @@ if TYPE_CHECKING:
     from .backends.base import Backend
 
 HOST = "host"
+
+_ACCESSES: ContextVar[list | None] = ContextVar("leafpy_tensor_accesses", default=None)
+
+
+@contextmanager
+def recording_accesses() -> Iterator[list]:
+    """Within the block, every read/write/read_write of any SharedTensor (on this thread) appends
+    ``(tensor, writes)`` to the yielded list: how a backend learns which tensors a recorded step touches."""
+    accesses: list = []
+    token = _ACCESSES.set(accesses)
+    try:
+        yield accesses
+    finally:
+        _ACCESSES.reset(token)
 
 
 def as_numbers(array: Any, where: str) -> np.ndarray:
@@ -65,9 +81,6 @@ class SharedTensor:
 
     transfers_total: int = 0
     """Host<->device copies made by all tensors since start (or since :meth:`reset_transfer_count`)."""
-    recorder: list | None = None
-    """When a list, every read/write access appends (tensor, writes) to it (used to capture a step)."""
-
     __slots__ = ("_st", "_shape", "__weakref__")
 
     def __init__(self, shape: Sequence[int] | int, dtype: Any = np.float32) -> None:
@@ -191,8 +204,9 @@ class SharedTensor:
         """This tensor's data on ``backend``, synced if stale, for reading only."""
         key = backend.key
         buf = self._sync(None if key == HOST else backend, key)
-        if SharedTensor.recorder is not None:
-            SharedTensor.recorder.append((self, False))
+        accesses = _ACCESSES.get()
+        if accesses is not None:
+            accesses.append((self, False))
         return backend.view(self._prefix(buf), self._shape)
 
     def write(self, backend: Backend) -> Any:
@@ -202,8 +216,9 @@ class SharedTensor:
         st = self._st
         st.fresh.clear()
         st.fresh.add(key)
-        if SharedTensor.recorder is not None:
-            SharedTensor.recorder.append((self, True))
+        accesses = _ACCESSES.get()
+        if accesses is not None:
+            accesses.append((self, True))
         return backend.view(self._prefix(buf), self._shape)
 
     def read_write(self, backend: Backend) -> Any:
@@ -214,8 +229,9 @@ class SharedTensor:
         if len(st.fresh) > 1:
             st.fresh.clear()
             st.fresh.add(key)
-        if SharedTensor.recorder is not None:
-            SharedTensor.recorder.append((self, True))
+        accesses = _ACCESSES.get()
+        if accesses is not None:
+            accesses.append((self, True))
         return backend.view(self._prefix(buf), self._shape)
 
     def buffer_on(self, key: str) -> Any:
@@ -225,7 +241,7 @@ class SharedTensor:
 
     @staticmethod
     def touched(accesses: list) -> list:
-        """The distinct tensors of a :attr:`recorder` list as (tensor, written), in first-access order."""
+        """The distinct tensors of a :func:`recording_accesses` list as (tensor, written), in first-access order."""
         seen: dict = {}
         for t, writes in accesses:
             prev = seen.get(id(t))

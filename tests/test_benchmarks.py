@@ -19,16 +19,18 @@ def script(name: str, *args: str) -> subprocess.CompletedProcess:
 def test_train_step_prints_and_writes_its_rows(tmp_path):
     out = tmp_path / "rows.json"
     p = script("train_step.py", "--backend", "native", "--vs", "none", "--nets", "mlp128,lenet64", "--steps", "2",
-               "--rounds", "1", "--warmup", "0", "--settle", "0", "--no-gemm", "--json", str(out))
+               "--rounds", "1", "--warmup", "0", "--settle", "0", "--no-gemm", "--rules", "momentum,inv,adam",
+               "--json", str(out))
     assert p.returncode == 0, p.stderr
     rows = json.loads(out.read_text())["rows"]
-    assert [r["network"] for r in rows] == ["mlp128", "lenet64"]
+    assert [(r["network"], r["rule"]) for r in rows] == [(n, r) for n in ("mlp128", "lenet64")
+                                                         for r in ("momentum", "inv", "adam")]
     for r in rows:
         assert r["leafpy_ms"] > 0 and r["leafpy_peak_mb"] > 0
         # ten steps of momentum SGD from random weights on a random batch: a finite loss near ln(10)
         assert math.isfinite(r["leafpy_loss10"]) and 1.5 < r["leafpy_loss10"] < 3.0
         assert "torch_ms" not in r
-        assert f"{r['network']:<12}{r['batch']:>6}" in p.stdout
+        assert f"{r['network']:<12}{r['rule']:>9}{r['batch']:>6}" in p.stdout
 
 
 def test_profile_layers_lists_every_layer():

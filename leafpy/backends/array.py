@@ -554,7 +554,12 @@ class ArrayBackend(Backend):
             b = min(size, a + step)
             yield (scratch[:b - a], *(f[a:b] for f in flat))
 
-    def momentum_update(self, w, g, h, lr, momentum):
+    def _rate(self, rate, lr_mult):
+        """The weight's learning rate as a host float (the native backend reads its one-element buffer)."""
+        return float(rate[0]) * lr_mult
+
+    def momentum_update(self, w, g, h, rate, lr_mult, momentum):
+        lr = self._rate(rate, lr_mult)
         for _, wp, gp, hp in self._update_pieces(w, g, h):
             gp *= lr
             hp *= momentum
@@ -576,18 +581,33 @@ class ArrayBackend(Backend):
         t *= lr
         w -= t
 
-    def rmsprop_update(self, w, g, h, lr, decay, eps):
+    def nesterov_update(self, w, g, h, prev, rate, lr_mult, momentum):
+        lr = self._rate(rate, lr_mult)
+        for t, wp, gp, hp, pp in self._update_pieces(w, g, h, prev):
+            pp[...] = hp
+            gp *= lr
+            hp *= momentum
+            hp += gp  # w -= (1 + m) h - m prev, as w -= h - m (prev - h)
+            wp -= hp
+            self.xp.subtract(pp, hp, out=t)
+            t *= momentum
+            wp += t
+
+    def rmsprop_update(self, w, g, h, rate, lr_mult, decay, eps):
+        lr = self._rate(rate, lr_mult)
         for t, wp, gp, hp in self._update_pieces(w, g, h):
             self._toward_square(gp, hp, decay, t)
             self._scaled_step(wp, gp, hp, lr, eps, t)
 
-    def adagrad_update(self, w, g, h, lr, eps):
+    def adagrad_update(self, w, g, h, rate, lr_mult, eps):
+        lr = self._rate(rate, lr_mult)
         for t, wp, gp, hp in self._update_pieces(w, g, h):
             self.xp.multiply(gp, gp, out=t)
             hp += t
             self._scaled_step(wp, gp, hp, lr, eps, t)
 
-    def adadelta_update(self, w, g, h, u, lr, decay, eps):
+    def adadelta_update(self, w, g, h, u, rate, lr_mult, decay, eps):
+        lr = self._rate(rate, lr_mult)
         xp = self.xp
         for t, wp, gp, hp, up in self._update_pieces(w, g, h, u):
             self._toward_square(gp, hp, decay, t)
@@ -601,7 +621,8 @@ class ArrayBackend(Backend):
             gp *= lr
             wp -= gp
 
-    def adam_update(self, w, g, m, v, lr, beta1, beta2, eps):
+    def adam_update(self, w, g, m, v, rate, lr_mult, beta1, beta2, eps):
+        lr = self._rate(rate, lr_mult)
         for t, wp, gp, mp, vp in self._update_pieces(w, g, m, v):
             self.xp.subtract(gp, mp, out=t)  # m += (1 - b1)(g - m)
             t *= 1.0 - beta1

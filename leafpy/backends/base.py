@@ -223,26 +223,35 @@ class Backend:
         """Fill ``mask`` with 0 (probability ``ratio``) or ``1 / (1 - ratio)``, reproducibly from ``seed``."""
         raise NotImplementedError
 
-    # --- solver updates (the gradient buffer g may be used as scratch) ---------------------------------------
-    def momentum_update(self, w: Buffer, g: Buffer, h: Buffer, lr: float, momentum: float) -> None:
+    # --- solver updates ---------------------------------------------------------------------------------------
+    # ``rate`` is a one-element buffer holding the step's learning rate (Adam's with its bias correction), written
+    # before the step so that a recorded step replays under any schedule; a weight's rate is ``rate[0] * lr_mult``
+    # (lr below). The gradient buffer g may be used as scratch.
+    def momentum_update(self, w: Buffer, g: Buffer, h: Buffer, rate: Buffer, lr_mult: float, momentum: float) -> None:
         """``h = momentum * h + lr * g; w -= h``."""
         raise NotImplementedError
 
-    def adam_update(self, w: Buffer, g: Buffer, m: Buffer, v: Buffer, lr: float, beta1: float, beta2: float,
-                    eps: float) -> None:
+    def nesterov_update(self, w: Buffer, g: Buffer, h: Buffer, prev: Buffer, rate: Buffer, lr_mult: float,
+                        momentum: float) -> None:
+        """``prev = h; h = momentum * h + lr * g; w -= (1 + momentum) * h - momentum * prev``."""
+        raise NotImplementedError
+
+    def adam_update(self, w: Buffer, g: Buffer, m: Buffer, v: Buffer, rate: Buffer, lr_mult: float, beta1: float,
+                    beta2: float, eps: float) -> None:
         """``m = b1 m + (1-b1) g; v = b2 v + (1-b2) g²; w -= lr * m / (sqrt(v) + eps)`` (``lr`` bias-corrected)."""
         raise NotImplementedError
 
-    def rmsprop_update(self, w: Buffer, g: Buffer, h: Buffer, lr: float, decay: float, eps: float) -> None:
+    def rmsprop_update(self, w: Buffer, g: Buffer, h: Buffer, rate: Buffer, lr_mult: float, decay: float,
+                       eps: float) -> None:
         """``h = decay h + (1-decay) g²; w -= lr * g / (sqrt(h) + eps)``."""
         raise NotImplementedError
 
-    def adagrad_update(self, w: Buffer, g: Buffer, h: Buffer, lr: float, eps: float) -> None:
+    def adagrad_update(self, w: Buffer, g: Buffer, h: Buffer, rate: Buffer, lr_mult: float, eps: float) -> None:
         """``h += g²; w -= lr * g / (sqrt(h) + eps)``."""
         raise NotImplementedError
 
-    def adadelta_update(self, w: Buffer, g: Buffer, h: Buffer, u: Buffer, lr: float, decay: float,
-                        eps: float) -> None:
+    def adadelta_update(self, w: Buffer, g: Buffer, h: Buffer, u: Buffer, rate: Buffer, lr_mult: float,
+                        decay: float, eps: float) -> None:
         """``h = decay h + (1-decay) g²; d = g sqrt((u + eps) / (h + eps)); u = decay u + (1-decay) d²;
         w -= lr * d``."""
         raise NotImplementedError

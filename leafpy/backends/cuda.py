@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import atexit
 import functools
-import weakref
 from typing import Any
 
 import numpy as np
 
 from ..errors import BackendError, BackendUnavailable
 from .array import ArrayBackend
+from .recorder import StepRecorder
 
 _INSTALL = ("pip install 'leafpy-dl[cuda]' (CuPy for CUDA 12: cupy-cuda12x; with CUDA 13 drivers install "
             "cupy-cuda13x instead)")
@@ -102,8 +102,7 @@ class CudaBackend(ArrayBackend):
         self._pool_module = cupy.RawModule(code=_POOL_SOURCE)
         self._cudnn = None
         self.graphs = graphs
-        self._steps: dict = {}
-        self.record_error: str | None = None
+        self.recorder = StepRecorder(self, self.MAX_RECORDED_STEPS)
         self._capture_blas: _CaptureBlas | None = None
         self._capturing = False
         self._pools: list = []  # each recorded step's private pool: addresses baked into a graph stay its own
@@ -130,17 +129,24 @@ class CudaBackend(ArrayBackend):
             "sigmoid": ek("T x", "T y", "y = (T)1 / ((T)1 + exp(-x))", "leafpy_sigmoid"),
             "sigmoid_grad": ek("T y, T dy", "T dx", "dx = dy * y * ((T)1 - y)", "leafpy_sigmoid_grad"),
             "tanh_grad": ek("T y, T dy", "T dx", "dx = dy * ((T)1 - y * y)", "leafpy_tanh_grad"),
-            "momentum": ek("T g, T lr, T m", "T w, T h", "h = m * h + lr * g; w -= h", "leafpy_momentum"),
-            "adam": ek("T g, T lr, T b1, T b2, T eps", "T w, T m, T v",
+            # solver updates: the step's rate is read on the device (rate[0]), so a recorded step replays under
+            # any learning-rate schedule
+            "momentum": ek("T g, raw T rate, T mult, T m", "T w, T h",
+                           "h = m * h + rate[0] * mult * g; w -= h", "leafpy_momentum"),
+            "nesterov": ek("T g, raw T rate, T mult, T m", "T w, T h, T prev",
+                           "prev = h; h = m * h + rate[0] * mult * g; w -= ((T)1 + m) * h - m * prev",
+                           "leafpy_nesterov"),
+            "adam": ek("T g, raw T rate, T mult, T b1, T b2, T eps", "T w, T m, T v",
                        "m = b1 * m + ((T)1 - b1) * g; v = b2 * v + ((T)1 - b2) * g * g;"
-                       " w -= lr * m / (sqrt(v) + eps)", "leafpy_adam"),
-            "rmsprop": ek("T g, T lr, T d, T eps", "T w, T h",
-                          "h = d * h + ((T)1 - d) * g * g; w -= lr * g / (sqrt(h) + eps)", "leafpy_rmsprop"),
-            "adagrad": ek("T g, T lr, T eps", "T w, T h", "h += g * g; w -= lr * g / (sqrt(h) + eps)",
-                          "leafpy_adagrad"),
-            "adadelta": ek("T g, T lr, T d, T eps", "T w, T h, T u",
+                       " w -= rate[0] * mult * m / (sqrt(v) + eps)", "leafpy_adam"),
+            "rmsprop": ek("T g, raw T rate, T mult, T d, T eps", "T w, T h",
+                          "h = d * h + ((T)1 - d) * g * g; w -= rate[0] * mult * g / (sqrt(h) + eps)",
+                          "leafpy_rmsprop"),
+            "adagrad": ek("T g, raw T rate, T mult, T eps", "T w, T h",
+                          "h += g * g; w -= rate[0] * mult * g / (sqrt(h) + eps)", "leafpy_adagrad"),
+            "adadelta": ek("T g, raw T rate, T mult, T d, T eps", "T w, T h, T u",
                            "h = d * h + ((T)1 - d) * g * g; T step = g * sqrt((u + eps) / (h + eps));"
-                           " u = d * u + ((T)1 - d) * step * step; w -= lr * step", "leafpy_adadelta"),
+                           " u = d * u + ((T)1 - d) * step * step; w -= rate[0] * mult * step", "leafpy_adadelta"),
             "bn_forward": ek("T x, raw T mean, raw T var, raw T gamma, raw T beta, int32 c, int32 inner, T eps, "
                              "int32 flags", "T y",
                              "int ch = (int)((i / inner) % c); T s = (T)1 / sqrt(var[ch] + eps);"
@@ -201,78 +207,65 @@ class CudaBackend(ArrayBackend):
     def _scalar(self, v: float) -> Any:
         return self.dtype.type(v)
 
-    # --- recorded training steps (CUDA graphs) -----------------------------------------------------------------
+    # --- recorded training steps (CUDA graphs; the bookkeeping is recorder.StepRecorder's) --------------------
     MAX_RECORDED_STEPS = 4
 
     def run_step(self, key, step):
-        if not self.graphs or key is None:
+        if not self.graphs:
             return step()
-        cp = self.xp
-        self._drop_dead_steps()
-        entry = self._steps.get(key)
-        if entry is None:
-            # first sight: run eagerly from the step's own pool, so the recording finds every block it needs
-            if len(self._steps) >= self.MAX_RECORDED_STEPS:
-                self._steps.pop(next(iter(self._steps)))
-            entry = self._steps[key] = _RecordedStep(cp.cuda.MemoryPool())
-            self._pools.append(entry.pool)
-            with cp.cuda.using_allocator(entry.malloc(self)):
-                step()
-            return
-        if entry.eager:
-            return step()
-        if entry.graph is None:
-            if not self._record(entry, step):
-                return step()
-            # recording only captures: run the recorded step once for this call
-        for ref, _, ptr in entry.tensors:
-            t = ref()
-            buf = t.buffer_on(self.key)
-            if buf is None or buf.data.ptr != ptr:  # reallocated since the recording: record again
-                entry.graph = None
-                return step()
-            if not t.is_fresh_on(self.key):
-                t.read(self)  # host data changed (weights set, say): upload into the same buffer
-        entry.graph.launch(self._step_stream)
-        for ref, writes, _ in entry.tensors:
-            if writes:
-                ref().mark_fresh_only(self.key)
+        self._release_idle_pools()
+        self.recorder.run(key, step)
 
-    def _drop_dead_steps(self) -> None:
-        """Forget recorded steps whose tensors are gone (their solver was deleted); release idle pools."""
-        for key in [k for k, e in self._steps.items() if e.dead()]:
-            del self._steps[key]
-        live = {id(e.pool) for e in self._steps.values()}
+    @property
+    def record_error(self) -> str | None:
+        """Why the last step that could not be recorded as a CUDA graph could not (None: every one could)."""
+        return self.recorder.error
+
+    def _release_idle_pools(self) -> None:
+        live = {id(p) for p in self.recorder.live_extras()}
         self._pools = [p for p in self._pools if id(p) in live or p.used_bytes()]
 
-    def _record(self, entry: _RecordedStep, step) -> bool:
-        from ..tensor import SharedTensor
+    def first_run(self, entry, step) -> None:
+        # run eagerly from the step's own pool, so the recording finds every block it needs; addresses baked into
+        # a graph stay the step's own (no other step or eager code is handed them while the graph may write them)
+        cp = self.xp
+        entry.extra = cp.cuda.MemoryPool()
+        self._pools.append(entry.extra)
+        with cp.cuda.using_allocator(self._pool_malloc(entry.extra)):
+            step()
 
+    def _pool_malloc(self, pool: Any) -> Any:
+        def allocate(size: int) -> Any:
+            mem = pool.malloc(size)
+            self._note_usage()
+            return mem
+
+        return allocate
+
+    def capture(self, entry, step) -> tuple[Any, bool]:
         cp = self.xp
         stream = self._step_stream
-        accesses: list = []
+        if self._capture_blas is None:
+            self._capture_blas = _CaptureBlas(cp, self.tf32)
+        self._capture_blas.prepare(stream)
+        self._capturing = True
         try:
-            if self._capture_blas is None:
-                self._capture_blas = _CaptureBlas(cp, self.tf32)
-            self._capture_blas.prepare(stream)
-            SharedTensor.recorder = accesses
-            self._capturing = True
-            with cp.cuda.using_allocator(entry.malloc(self)), stream:
+            with cp.cuda.using_allocator(self._pool_malloc(entry.extra)), stream:
                 stream.begin_capture()
                 try:
                     step()
                 finally:
                     graph = stream.end_capture()
-        except Exception as e:
-            entry.eager = True  # something in the step cannot be recorded: run it eagerly from now on
-            self.record_error = f"{type(e).__name__}: {e}"
-            return False
         finally:
-            SharedTensor.recorder = None
             self._capturing = False
-        entry.tensors = [(weakref.ref(t), w, t.buffer_on(self.key).data.ptr) for t, w in SharedTensor.touched(accesses)]
-        entry.graph = graph
-        return True
+        return graph, False  # capturing only records: the recorder launches the graph for this call
+
+    def launch(self, recording) -> None:
+        recording.launch(self._step_stream)
+
+    @staticmethod
+    def handle(buffer) -> int:
+        return buffer.data.ptr
 
     def gemm(self, a, trans_a, b, trans_b, out, alpha=1.0, beta=0.0):
         if self._capturing:  # CuPy refuses cuBLAS calls while a stream records; cuBLAS itself allows them
@@ -305,16 +298,21 @@ class CudaBackend(ArrayBackend):
     def tanh_grad(self, y, dy, dx):
         self._kernels["tanh_grad"](y, dy, dx)
 
-    def momentum_update(self, w, g, h, lr, momentum):
-        self._kernels["momentum"](g, self._scalar(lr), self._scalar(momentum), w, h)
-
-    def adam_update(self, w, g, m, v, lr, beta1, beta2, eps):
+    def momentum_update(self, w, g, h, rate, lr_mult, momentum):
         s = self._scalar
-        self._kernels["adam"](g, s(lr), s(beta1), s(beta2), s(eps), w, m, v)
+        self._kernels["momentum"](g, rate, s(lr_mult), s(momentum), w, h)
 
-    def rmsprop_update(self, w, g, h, lr, decay, eps):
+    def nesterov_update(self, w, g, h, prev, rate, lr_mult, momentum):
         s = self._scalar
-        self._kernels["rmsprop"](g, s(lr), s(decay), s(eps), w, h)
+        self._kernels["nesterov"](g, rate, s(lr_mult), s(momentum), w, h, prev)
+
+    def adam_update(self, w, g, m, v, rate, lr_mult, beta1, beta2, eps):
+        s = self._scalar
+        self._kernels["adam"](g, rate, s(lr_mult), s(beta1), s(beta2), s(eps), w, m, v)
+
+    def rmsprop_update(self, w, g, h, rate, lr_mult, decay, eps):
+        s = self._scalar
+        self._kernels["rmsprop"](g, rate, s(lr_mult), s(decay), s(eps), w, h)
 
     # --- batch normalisation: the statistics through CuPy's reductions, each per-element pass one kernel ------
     @staticmethod
@@ -334,13 +332,13 @@ class CudaBackend(ArrayBackend):
         self._kernels["bn_grad"](x, dy, mean, var, mean if gamma is None else gamma, sum_dy, sum_dy_xhat, c, inner,
                                  self._scalar(eps), self._scalar(int(c) / x.size), flags, dx)
 
-    def adagrad_update(self, w, g, h, lr, eps):
+    def adagrad_update(self, w, g, h, rate, lr_mult, eps):
         s = self._scalar
-        self._kernels["adagrad"](g, s(lr), s(eps), w, h)
+        self._kernels["adagrad"](g, rate, s(lr_mult), s(eps), w, h)
 
-    def adadelta_update(self, w, g, h, u, lr, decay, eps):
+    def adadelta_update(self, w, g, h, u, rate, lr_mult, decay, eps):
         s = self._scalar
-        self._kernels["adadelta"](g, s(lr), s(decay), s(eps), w, h, u)
+        self._kernels["adadelta"](g, rate, s(lr_mult), s(decay), s(eps), w, h, u)
 
     def dropout_mask(self, mask, ratio, seed):
         from .array import dropout_key, dropout_threshold
@@ -371,6 +369,41 @@ class CudaBackend(ArrayBackend):
         total, args = self._pool_args(dx.shape, dy.shape, kernel, stride, padding, mode == "max")
         m = mask if mask is not None else dy
         self._pool_module.get_function("pool_bwd")(((total + 255) // 256,), (256,), (dy, dx, m) + args)
+
+    # --- local response normalisation: one thread per element sums its window of channels ----------------------
+    _LRN = ("raw T x, int32 c, int32 inner, int32 size, T a_over_n, T beta, T k", "T scale, T y",
+            "int ch = (int)((i / inner) % c); long long base = i - (long long)ch * inner; int pre = (size - 1) / 2;"
+            " int lo = max(ch - pre, 0), hi = min(ch - pre + size - 1, c - 1); T total = 0;"
+            " for (int j = lo; j <= hi; ++j) { T v = x[base + (long long)j * inner]; total += v * v; }"
+            " T s = k + a_over_n * total; scale = s; y = x[i] * pow(s, -beta)", "leafpy_lrn")
+    _LRN_GRAD = ("raw T x, raw T y, raw T scale, raw T dy, int32 c, int32 inner, int32 size, T coef, T beta", "T dx",
+                 "int ch = (int)((i / inner) % c); long long base = i - (long long)ch * inner;"
+                 " int pre = (size - 1) / 2; int lo = max(ch - (size - 1 - pre), 0), hi = min(ch + pre, c - 1);"
+                 " T total = 0;"
+                 " for (int j = lo; j <= hi; ++j) { long long q = base + (long long)j * inner;"
+                 " total += dy[q] * y[q] / scale[q]; }"
+                 " dx = dy[i] * pow(scale[i], -beta) - coef * x[i] * total", "leafpy_lrn_grad")
+
+    def _lrn_kernel(self, which: str) -> Any:
+        kernel = self._kernels.get(which)
+        if kernel is None:
+            kernel = self._kernels[which] = self.xp.ElementwiseKernel(*getattr(self, "_" + which.upper()))
+        return kernel
+
+    @staticmethod
+    def _lrn_geometry(x: Any) -> tuple[int, int]:
+        c = x.shape[1]
+        return c, x.size // max(x.shape[0] * c, 1)
+
+    def lrn(self, x, scale, out, size, alpha, beta, k):
+        c, inner = self._lrn_geometry(x)
+        s = self._scalar
+        self._lrn_kernel("lrn")(x, c, inner, size, s(alpha / size), s(beta), s(k), scale, out)
+
+    def lrn_grad(self, x, y, scale, dy, dx, size, alpha, beta):
+        c, inner = self._lrn_geometry(x)
+        s = self._scalar
+        self._lrn_kernel("lrn_grad")(x, y, scale, dy, c, inner, size, s(2.0 * alpha * beta / size), s(beta), dx)
 
     # --- convolution through cuDNN graphs -----------------------------------------------------------------------
     def conv2d(self, x, w, out, stride, padding, ws, bias=None):
@@ -503,31 +536,6 @@ class CudaBackend(ArrayBackend):
     def rnn_cell_grad(self, pre, dh, dy, dpre, dpre_t, t, sequence):
         args, size = self._step_args(pre, t, sequence)
         self._seq_kernels["rnn_cell_grad"](pre, dh, dy, *args, dpre, dpre_t, size=size)
-
-
-class _RecordedStep:
-    """One recorded training step: its CUDA graph, the tensors it touches (weakly: a deleted solver's step is
-    dropped, not kept alive) with the addresses baked in, and the private pool its scratch memory came from (no
-    other step or eager code can be handed those blocks while the graph may still write them)."""
-
-    __slots__ = ("pool", "graph", "tensors", "eager")
-
-    def __init__(self, pool: Any) -> None:
-        self.pool = pool
-        self.graph: Any = None
-        self.tensors: list = []
-        self.eager = False
-
-    def malloc(self, backend: CudaBackend) -> Any:
-        def allocate(size: int) -> Any:
-            mem = self.pool.malloc(size)
-            backend._note_usage()
-            return mem
-
-        return allocate
-
-    def dead(self) -> bool:
-        return any(ref() is None for ref, _, _ in self.tensors)
 
 
 class _CaptureBlas:

@@ -13,6 +13,6 @@ class AdaDelta(UpdateRule):
     name = "adadelta"
     state_names = ("history", "update_history")
 
-    def update(self, backend, w, g, state, lr, iteration):
+    def update(self, backend, w, g, state, rate, lr_mult):
         h, u = state
-        backend.adadelta_update(w, g, h, u, lr, self.config.rms_decay, self.config.epsilon)
+        backend.adadelta_update(w, g, h, u, rate, lr_mult, self.config.rms_decay, self.config.epsilon)

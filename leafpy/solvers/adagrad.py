@@ -11,6 +11,6 @@ class AdaGrad(UpdateRule):
     name = "adagrad"
     state_names = ("history",)
 
-    def update(self, backend, w, g, state, lr, iteration):
+    def update(self, backend, w, g, state, rate, lr_mult):
         (h,) = state
-        backend.adagrad_update(w, g, h, lr, self.config.epsilon)
+        backend.adagrad_update(w, g, h, rate, lr_mult, self.config.epsilon)

@@ -13,11 +13,12 @@ from .solver import UpdateRule
 class Adam(UpdateRule):
     name = "adam"
     state_names = ("m", "v")
-    per_step_scalars = True
-
-    def update(self, backend, w, g, state, lr, iteration):
-        m, v = state
+    def step_rate(self, lr, iteration):
         c = self.config
         t = iteration + 1
-        lr_t = lr * math.sqrt(1.0 - c.beta2 ** t) / (1.0 - c.beta1 ** t)
-        backend.adam_update(w, g, m, v, lr_t, c.beta1, c.beta2, c.epsilon)
+        return lr * math.sqrt(1.0 - c.beta2 ** t) / (1.0 - c.beta1 ** t)
+
+    def update(self, backend, w, g, state, rate, lr_mult):
+        m, v = state
+        c = self.config
+        backend.adam_update(w, g, m, v, rate, lr_mult, c.beta1, c.beta2, c.epsilon)

@@ -11,6 +11,6 @@ class Momentum(UpdateRule):
     name = "momentum"
     state_names = ("history",)
 
-    def update(self, backend, w, g, state, lr, iteration):
+    def update(self, backend, w, g, state, rate, lr_mult):
         (h,) = state
-        backend.momentum_update(w, g, h, lr, self.config.momentum)
+        backend.momentum_update(w, g, h, rate, lr_mult, self.config.momentum)

@@ -11,10 +11,6 @@ class Nesterov(UpdateRule):
     name = "nesterov"
     state_names = ("history", "previous")
 
-    def update(self, backend, w, g, state, lr, iteration):
+    def update(self, backend, w, g, state, rate, lr_mult):
         h, prev = state
-        m = self.config.momentum
-        backend.copy(h, prev)
-        backend.axpby(lr, g, m, h)
-        backend.axpby(-(1.0 + m), h, 1.0, w)
-        backend.axpby(m, prev, 1.0, w)
+        backend.nesterov_update(w, g, h, prev, rate, lr_mult, self.config.momentum)

@@ -11,6 +11,6 @@ class RMSprop(UpdateRule):
     name = "rmsprop"
     state_names = ("history",)
 
-    def update(self, backend, w, g, state, lr, iteration):
+    def update(self, backend, w, g, state, rate, lr_mult):
         (h,) = state
-        backend.rmsprop_update(w, g, h, lr, self.config.rms_decay, self.config.epsilon)
+        backend.rmsprop_update(w, g, h, rate, lr_mult, self.config.rms_decay, self.config.epsilon)

@@ -167,14 +167,19 @@ class UpdateRule:
 
     name: ClassVar[str] = ""
     state_names: ClassVar[tuple[str, ...]] = ()
-    per_step_scalars: ClassVar[bool] = False
-    """True when an update's launches take values that change every step (Adam's bias correction): such a step
-    is never recorded for replay."""
 
     def __init__(self, config: SolverConfig) -> None:
         self.config = config
 
-    def update(self, backend: Backend, w: Any, g: Any, state: list[Any], lr: float, iteration: int) -> None:
+    def step_rate(self, lr: float, iteration: int) -> float:
+        """The rate the update kernels read at ``iteration`` for the policy's rate ``lr`` (Adam folds its bias
+        correction in). The solver writes it into a one-element device buffer before each step, so values that
+        change every step never enter a recorded step."""
+        return lr
+
+    def update(self, backend: Backend, w: Any, g: Any, state: list[Any], rate: Any, lr_mult: float) -> None:
+        """Update the weight ``w`` from its gradient ``g`` (device buffers; ``state`` the rule's history buffers);
+        ``rate`` is the one-element buffer holding :meth:`step_rate`, scaled by the weight's ``lr_mult``."""
         raise NotImplementedError
 
 
@@ -198,6 +203,8 @@ class Solver:
                                                 for w in weights]
         self._accum = [SharedTensor(w.shape, dtype) for w in weights] if config.minibatch_size > 1 else []
         self._scratch = SharedTensor((1,), dtype)
+        self._rate = SharedTensor((1,), dtype)  # the step's rate (rule.step_rate), uploaded before each step
+        self._rate_value: float | None = None
         self._norm = SharedTensor((1,), dtype)
         self._target: SharedTensor | None = None
         self._generation = 0
@@ -271,16 +278,20 @@ class Solver:
         self.objective.run_backward()
         self.network.run_backward()
 
+    def _set_rate(self, rate: float) -> None:
+        """Put the step's rate into its device buffer before the step (4 bytes uploaded when it changed)."""
+        be = self.network.backend
+        if rate != self._rate_value:
+            be.upload(np.array([rate], dtype=be.dtype), self._rate.write(be))
+            self._rate_value = rate
+        else:
+            self._rate.read(be)
+
     def _replayable(self) -> bool:
-        """Whether a step's device launches depend only on shapes and the learning rate (so a backend may
-        record and replay it): no host readback (clipping), no per-step scalars (Adam's bias correction),
-        no accumulation, no fresh dropout masks."""
-        cfg = self.config
-        if self.gradient_reducer is not None:  # a collective between ranks
-            return False
-        if self.rule.per_step_scalars or cfg.clip_gradients is not None:
-            return False
-        if cfg.minibatch_size > 1:
+        """Whether a step's device launches depend only on its key (so a backend may record and replay it): the
+        rate is read from a device buffer, so any policy and rule replays; not with a host readback (clipping),
+        a collective between ranks, or fresh dropout masks."""
+        if self.gradient_reducer is not None or self.config.clip_gradients is not None:
             return False
         return not any(getattr(w, "draws_random", False) and w.training for w in self.network.workers())
 
@@ -289,12 +300,13 @@ class Solver:
 
         The update works in the gradient buffers, so after an update they no longer hold the raw gradients."""
         self.network.set_training(True)
-        self._stage(data, target)
         be = self.network.backend
         k = self.config.minibatch_size
         first = self._calls == 0
         update_now = k == 1 or self._calls + 1 == k
-        rate = self.config.learning_rate(self.iteration)
+        if update_now:  # before staging, which may queue device work that an upload would have to submit first
+            self._set_rate(self.rule.step_rate(self.config.learning_rate(self.iteration), self.iteration))
+        self._stage(data, target)
 
         def step() -> None:
             self._compute()
@@ -308,10 +320,12 @@ class Solver:
                 grads = self._accum
             if self.gradient_reducer is not None:
                 self.gradient_reducer(list(grads))
-            self._update(grads, rate)
+            self._update(grads)
 
-        # a step whose launches depend only on shapes and the rate may be recorded and replayed by the backend
-        be.run_step((self._token, self._generation, rate) if self._replayable() else None, step)
+        # a step whose launches depend only on the bindings and the accumulation phase may be recorded and replayed
+        # by the backend (the rate is data, in self._rate)
+        phase = (first, update_now, self.accumulation_scale) if k > 1 else ()
+        be.run_step((self._token, self._generation, *phase) if self._replayable() else None, step)
         if k > 1:
             self._calls = 0 if update_now else self._calls + 1
         if update_now:
@@ -327,7 +341,7 @@ class Solver:
                               "call train_minibatch first")
         return float(self.objective.outputs[0].to_numpy().reshape(-1)[0])
 
-    def _update(self, grads: Sequence[SharedTensor], rate: float) -> None:
+    def _update(self, grads: Sequence[SharedTensor]) -> None:
         cfg = self.config
         be = self.network.backend
         weights = self.network.learnable_weights_data()
@@ -338,12 +352,13 @@ class Solver:
         if cfg.minibatch_size > 1:
             for g in g_bufs:
                 be.scal(1.0 / cfg.minibatch_size, g)
+        rate = self._rate.read(be)
         for w, g, wc, state in zip(weights, g_bufs, configs, self.state):
             wb = w.read_write(be)
             if cfg.weight_decay and wc.decay_mult:
                 be.axpby(cfg.weight_decay * wc.decay_mult, wb, 1.0, g)
             st = [s.read_write(be) for s in state]
-            self.rule.update(be, wb, g, st, rate * wc.lr_mult, self.iteration)
+            self.rule.update(be, wb, g, st, rate, wc.lr_mult)
 
     def _clip(self, be: Backend, g_bufs: list[Any], threshold: float) -> None:
         # the squared norms add up on the device; one scalar comes back

@@ -24,9 +24,10 @@ import numpy as np
 from ...errors import BackendError, BackendUnavailable, ConfigError
 from ..array import dropout_key, dropout_threshold
 from ..base import Backend
+from ..recorder import StepRecorder
 
 _HERE = Path(__file__).parent
-_MODULES = ("elementwise", "reduce", "classes", "gemm", "conv", "pool", "winograd", "batchnorm", "lrn")
+_MODULES = ("elementwise", "update", "reduce", "classes", "gemm", "conv", "pool", "winograd", "batchnorm", "lrn")
 _WINDOWED = ("gemm", "conv", "pool", "winograd")  # modules that include window.wgsl
 WG = 256
 
@@ -146,10 +147,9 @@ class WebGPUBackend(Backend):
         self._free: dict[int, list] = {}  # buffer pool: byte size -> buffers no tensor holds
         self._encoder: Any = None
         self._pending: dict | None = None  # the last GEMM, not yet encoded: a bias or ReLU may join its epilogue
-        self._steps: dict = {}  # replayable step key -> _RecordedStep
+        self.recorder = StepRecorder(self, self.MAX_RECORDED_STEPS)
         self._recording: list | None = None  # (pipeline, bind group, grid) of each dispatch while recording
         self.allocations = 0
-        self.replays = 0
         self._pass: Any = None
         self._pass_pipeline: Any = None
         self._staging: Any = None
@@ -266,73 +266,49 @@ class WebGPUBackend(Backend):
 
     def run_step(self, key: Any, step: Any) -> None:
         """A training step is encoded into one command buffer and submitted once. A replayable step (``key`` not
-        None: its dispatches depend only on shapes and the learning rate) is recorded on its second sight as the
-        list of its dispatches (pipeline, bind group, grid) and from then on encoded straight from that list,
-        without running the layers' Python, while the tensors it touches keep their buffers."""
-        if key is None or not self.replay or self.kernel_times is not None:
-            step()
-            self.flush()
-            return
-        entry = self._steps.get(key)
-        if entry is None:  # first sight: the step allocates what it needs
-            for k in [k for k, e in self._steps.items() if e.dead()]:  # their solver is gone (keys never recur)
-                del self._steps[k]
-            if len(self._steps) >= self.MAX_RECORDED_STEPS:
-                self._steps.pop(next(iter(self._steps)))
-            self._steps[key] = _RecordedStep()
-            step()
-        elif entry.eager:
-            step()
-        elif entry.items is None or not self._replay(entry):
-            self._record(entry, step)
+        None) is recorded on its second sight as the list of its dispatches (pipeline, bind group, grid) and from
+        then on encoded straight from that list, without running the layers' Python, while the tensors it touches
+        keep their buffers (see recorder.StepRecorder)."""
+        if not self.replay or self.kernel_times is not None:
+            key = None
+        self.recorder.run(key, step)
         self.flush()
 
-    def _record(self, entry: _RecordedStep, step: Any) -> None:
-        from ...tensor import SharedTensor
+    @property
+    def replays(self) -> int:
+        """Steps encoded from a recording so far."""
+        return self.recorder.replays
 
+    def first_run(self, entry: Any, step: Any) -> None:
+        step()
+
+    def capture(self, entry: Any, step: Any) -> tuple[Any, bool]:
         self._emit_pending()
-        accesses: list = []
         allocations, submissions = self.allocations, self.submissions
         self._recording = []
-        SharedTensor.recorder = accesses
         try:
             step()
             self._emit_pending()
         finally:
-            SharedTensor.recorder = None
             items, self._recording = self._recording, None
         if self.allocations != allocations or self.submissions != submissions:
-            entry.eager = True  # it allocated or submitted midway: its buffers are not fixed, so never replay it
-            return
-        entry.tensors = [(weakref.ref(t), w, t.buffer_on(self.key).raw) for t, w in SharedTensor.touched(accesses)]
-        entry.items = items
+            return None, True  # it allocated or submitted midway: its buffers are not fixed, so never replay it
+        return items, True
 
-    def _replay(self, entry: _RecordedStep) -> bool:
-        """Encode a recorded step; False (nothing encoded) where a tensor it touches has a new buffer."""
-        stale = []
-        for ref, _, raw in entry.tensors:
-            t = ref()
-            buf = t.buffer_on(self.key) if t is not None else None
-            if buf is None or buf.raw is not raw:
-                return False
-            if not t.is_fresh_on(self.key):
-                stale.append(t)
-        for t in stale:  # host data changed (weights set, say): upload into the same buffer
-            t.read(self)
+    def launch(self, recording: Any) -> None:
         self._emit_pending()
         self._begin()
-        for pipe, group, grid in entry.items:
+        for pipe, group, grid in recording:
             if pipe is not self._pass_pipeline:
                 self._pass.set_pipeline(pipe)
                 self._pass_pipeline = pipe
             self._pass.set_bind_group(0, group)
             self._pass.dispatch_workgroups(*grid)
-        self.dispatches += len(entry.items)
-        self.replays += 1
-        for ref, writes, _ in entry.tensors:
-            if writes:
-                ref().mark_fresh_only(self.key)
-        return True
+        self.dispatches += len(recording)
+
+    @staticmethod
+    def handle(buffer: Any) -> Any:
+        return buffer.raw
 
     def flush(self) -> None:
         """Submit the recorded dispatches (one command buffer)."""
@@ -491,7 +467,7 @@ class WebGPUBackend(Backend):
         if b is None or b.size < size:
             if b is not None:
                 # recorded steps bind the old buffer, which returns to the pool for other tensors: forget them
-                self._steps = {k: e for k, e in self._steps.items() if e.items is None}
+                self.recorder.forget()
             b = self._scratch[tag] = self.allocate(size, np.float32)
         return b if b.size == size else b[:size]
 
@@ -1139,20 +1115,27 @@ class WebGPUBackend(Backend):
         self._elementwise("dropout_mask", mask.size, [mask], u=(0, dropout_key(seed), dropout_threshold(ratio)),
                           f=(1.0 / (1.0 - ratio),))
 
-    def momentum_update(self, w, g, h, lr, momentum):
-        self._elementwise("momentum_update", w.size, [w, g, h], f=(lr, momentum))
+    def _update(self, entry: str, buffers: list, rate: Any, f: tuple) -> None:
+        """A solver update over the per-element ``buffers`` (w, g, history...), reading the rate from ``rate``."""
+        self._elementwise(entry, buffers[0].size, [rate, *buffers], f=f, whole=(0,), module="update")
 
-    def adam_update(self, w, g, m, v, lr, beta1, beta2, eps):
-        self._elementwise("adam_update", w.size, [w, g, m, v], f=(lr, beta1, beta2, eps))
+    def momentum_update(self, w, g, h, rate, lr_mult, momentum):
+        self._update("momentum_update", [w, g, h], rate, (lr_mult, momentum))
 
-    def rmsprop_update(self, w, g, h, lr, decay, eps):
-        self._elementwise("rmsprop_update", w.size, [w, g, h], f=(lr, decay, 0.0, eps))
+    def nesterov_update(self, w, g, h, prev, rate, lr_mult, momentum):
+        self._update("nesterov_update", [w, g, h, prev], rate, (lr_mult, momentum))
 
-    def adagrad_update(self, w, g, h, lr, eps):
-        self._elementwise("adagrad_update", w.size, [w, g, h], f=(lr, 0.0, 0.0, eps))
+    def adam_update(self, w, g, m, v, rate, lr_mult, beta1, beta2, eps):
+        self._update("adam_update", [w, g, m, v], rate, (lr_mult, beta1, beta2, eps))
 
-    def adadelta_update(self, w, g, h, u, lr, decay, eps):
-        self._elementwise("adadelta_update", w.size, [w, g, h, u], f=(lr, decay, 0.0, eps))
+    def rmsprop_update(self, w, g, h, rate, lr_mult, decay, eps):
+        self._update("rmsprop_update", [w, g, h], rate, (lr_mult, decay, 0.0, eps))
+
+    def adagrad_update(self, w, g, h, rate, lr_mult, eps):
+        self._update("adagrad_update", [w, g, h], rate, (lr_mult, 0.0, 0.0, eps))
+
+    def adadelta_update(self, w, g, h, u, rate, lr_mult, decay, eps):
+        self._update("adadelta_update", [w, g, h, u], rate, (lr_mult, decay, 0.0, eps))
 
     # --- sequences: embeddings and recurrent cells (sequence.wgsl, scatter.wgsl) -----------------------------
     def _seq_dispatch(self, module: str, entry: str, count: int, buffers: list, u: tuple = ()) -> None:
@@ -1203,21 +1186,6 @@ class WebGPUBackend(Backend):
         n, steps, hs = pre.shape
         self._seq_dispatch("sequence", "rnn_cell_grad", n * hs, [pre, dh, dy, dpre, dpre_t],
                            (steps, hs, t, int(sequence)))
-
-
-class _RecordedStep:
-    """A replayable training step: its dispatches, and the tensors it touches (weakly: a deleted solver's step is
-    dropped) with the buffers its bind groups hold."""
-
-    __slots__ = ("items", "tensors", "eager")
-
-    def __init__(self) -> None:
-        self.items: list | None = None
-        self.tensors: list = []
-        self.eager = False
-
-    def dead(self) -> bool:
-        return any(ref() is None for ref, _, _ in self.tensors)
 
 
 # elementwise entries with an in-place variant: (output position, the input position it may overwrite)

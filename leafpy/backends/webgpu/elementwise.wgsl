@@ -138,60 +138,6 @@ fn dropout_mask(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
     }
 }
 
-// solver updates: a = w, b = g, c, d = history. f0 = lr, f1 = momentum / beta1 / decay, f2 = beta2, f3 = eps
-@compute @workgroup_size(256)
-fn momentum_update(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
-    let i = flat_index(gid, nw);
-    if (i < p.u0) { let h = p.f1 * c[i] + p.f0 * b[i]; c[i] = h; a[i] = a[i] - h; }
-}
-
-@compute @workgroup_size(256)
-fn adam_update(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
-    let i = flat_index(gid, nw);
-    if (i < p.u0) {
-        let g = b[i];
-        let m = p.f1 * c[i] + (1.0 - p.f1) * g;
-        let v = p.f2 * d[i] + (1.0 - p.f2) * g * g;
-        c[i] = m; d[i] = v;
-        a[i] = a[i] - p.f0 * m / (sqrt(v) + p.f3);
-    }
-}
-
-@compute @workgroup_size(256)
-fn rmsprop_update(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
-    let i = flat_index(gid, nw);
-    if (i < p.u0) {
-        let g = b[i];
-        let h = p.f1 * c[i] + (1.0 - p.f1) * g * g;
-        c[i] = h;
-        a[i] = a[i] - p.f0 * g / (sqrt(h) + p.f3);
-    }
-}
-
-@compute @workgroup_size(256)
-fn adagrad_update(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
-    let i = flat_index(gid, nw);
-    if (i < p.u0) {
-        let g = b[i];
-        let h = c[i] + g * g;
-        c[i] = h;
-        a[i] = a[i] - p.f0 * g / (sqrt(h) + p.f3);
-    }
-}
-
-@compute @workgroup_size(256)
-fn adadelta_update(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
-    let i = flat_index(gid, nw);
-    if (i < p.u0) {
-        let g = b[i];
-        let h = p.f1 * c[i] + (1.0 - p.f1) * g * g;
-        let step = g * sqrt((d[i] + p.f3) / (h + p.f3));
-        c[i] = h;
-        d[i] = p.f1 * d[i] + (1.0 - p.f1) * step * step;
-        a[i] = a[i] - p.f0 * step;
-    }
-}
-
 // mse_diff: c = a - b
 @compute @workgroup_size(256)
 fn sub(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {

@@ -1,0 +1,131 @@
+"""Recorded training steps, shared by the backends that replay them (cuda: CUDA graphs; webgpu: dispatch lists).
+
+A step is recorded once its key has been seen before (the first run allocates what the step needs), and replayed
+from then on while every tensor it touched still has the buffer the recording holds. The key covers everything
+the step's launches depend on (the solver, its bindings, the accumulation phase); values that change from step to
+step (the learning rate, Adam's bias correction) live in device buffers written before the step, never in the
+recording. A backend supplies four operations (see :class:`Replayer`), this module the bookkeeping.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Hashable
+from typing import Any, Protocol
+
+from ..tensor import SharedTensor, recording_accesses
+
+Step = Callable[[], None]
+
+
+class Replayer(Protocol):
+    """What a backend provides to :class:`StepRecorder`."""
+
+    key: str
+
+    def first_run(self, entry: RecordedStep, step: Step) -> None:
+        """Run ``step`` the first time its key is seen (from memory the recording may later own)."""
+
+    def capture(self, entry: RecordedStep, step: Step) -> tuple[Any, bool]:
+        """Record ``step``: (the recording, or None where the step cannot be recorded; whether ``step`` ran)."""
+
+    def launch(self, recording: Any) -> None:
+        """Submit a recording's work once."""
+
+    def handle(self, buffer: Any) -> Any:
+        """What identifies a tensor's device buffer in a recording (an address, a buffer object)."""
+
+
+class RecordedStep:
+    """One key's recording: the backend's recording object, the tensors it touches (weakly: a deleted solver's
+    step is dropped, not kept alive) with the buffer handles baked in, and backend extras (cuda: a memory pool)."""
+
+    __slots__ = ("recording", "tensors", "eager", "extra")
+
+    def __init__(self) -> None:
+        self.recording: Any = None
+        self.tensors: list[tuple[weakref.ref, bool, Any]] = []
+        self.eager = False  # the step cannot be recorded: always run it as it is
+        self.extra: Any = None
+
+    def dead(self) -> bool:
+        return any(ref() is None for ref, _, _ in self.tensors)
+
+
+class StepRecorder:
+    """Keeps up to ``capacity`` recorded steps of one backend and runs steps through them."""
+
+    def __init__(self, backend: Replayer, capacity: int) -> None:
+        self.backend = backend
+        self.capacity = capacity
+        self.steps: dict[Hashable, RecordedStep] = {}
+        self.replays = 0  # steps run from an existing recording (not counting the run that made it)
+        self.error: str | None = None  # why the last step that could not be recorded could not
+
+    def run(self, key: Hashable, step: Step) -> None:
+        if key is None:
+            step()
+            return
+        entry = self.steps.get(key)
+        if entry is None:
+            for k in [k for k, e in self.steps.items() if e.dead()]:  # their solver is gone (keys never recur)
+                del self.steps[k]
+            if len(self.steps) >= self.capacity:
+                self.steps.pop(next(iter(self.steps)))
+            entry = self.steps[key] = RecordedStep()
+            self.backend.first_run(entry, step)
+            return
+        if entry.eager:
+            step()
+            return
+        if entry.recording is not None and self._launch(entry):
+            self.replays += 1
+            return
+        self._record(entry, step)
+
+    def forget(self) -> None:
+        """Drop every recording (a buffer they bind was released): each is recorded again when next run."""
+        for entry in self.steps.values():
+            entry.recording = None
+
+    def live_extras(self) -> list:
+        return [e.extra for e in self.steps.values() if e.extra is not None]
+
+    def _record(self, entry: RecordedStep, step: Step) -> None:
+        be = self.backend
+        entry.recording = None
+        with recording_accesses() as accesses:
+            try:
+                recording, ran = be.capture(entry, step)
+            except Exception as e:  # noqa: BLE001 - whatever cannot be recorded runs as it is from now on
+                recording, ran = None, False
+                self.error = f"{type(e).__name__}: {e}"
+        if recording is None:
+            entry.eager = True
+            if not ran:
+                step()
+            return
+        entry.tensors = [(weakref.ref(t), w, be.handle(t.buffer_on(be.key)))
+                         for t, w in SharedTensor.touched(accesses)]
+        entry.recording = recording
+        if not ran:
+            self._launch(entry)
+
+    def _launch(self, entry: RecordedStep) -> bool:
+        """Launch a recording; False (nothing launched) where a tensor it touches has another buffer now."""
+        be = self.backend
+        stale = []
+        for ref, _, handle in entry.tensors:
+            t = ref()
+            buf = t.buffer_on(be.key) if t is not None else None
+            if buf is None or be.handle(buf) != handle:
+                return False
+            if not t.is_fresh_on(be.key):
+                stale.append(t)
+        for t in stale:  # host data changed (weights set, the learning rate): upload into the same buffer
+            t.read(be)  # type: ignore[arg-type]
+        be.launch(entry.recording)
+        for ref, writes, _ in entry.tensors:
+            if writes:
+                ref().mark_fresh_only(be.key)
+        return True
