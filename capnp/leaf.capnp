@@ -49,6 +49,17 @@ struct LayerConfig {
     concat @21 :ConcatConfig;
     slice @22 :SliceConfig;
     lrn @23 :LRNConfig;
+    # @24..@28 are the activation layers' (LeakyReLU, ELU, GELU, Softplus, SiLU); held here until they land
+    reserved24 @24 :Void;
+    reserved25 @25 :Void;
+    reserved26 @26 :Void;
+    reserved27 @27 :Void;
+    reserved28 @28 :Void;
+    # sequences
+    embedding @29 :EmbeddingConfig;
+    lstm @30 :RecurrentConfig;
+    rnn @31 :RecurrentConfig;
+    gru @32 :RecurrentConfig;
   }
 
   outputs @11 :List(Text);
@@ -88,6 +99,7 @@ struct ConvolutionConfig {
 struct LinearConfig {
   outputSize @0 :UInt64;
   bias @1 :Bool;
+  axis @2 :Int64 = 1;       # the first feature axis; the axes before it are kept (-1: per time step)
 }
 
 struct PoolingConfig {
@@ -193,4 +205,14 @@ struct SolverCheckpoint {
   rngSeeds @6 :List(UInt64);     # per random layer (dropout), in network order: its seed
   rngCalls @7 :List(UInt64);     # and how many masks it has drawn
   trainerState @8 :Text;         # the training loop's own position (JSON object; empty: none)
+}
+
+struct EmbeddingConfig {
+  inputDim @0 :UInt64;      # how many ids
+  outputDim @1 :UInt64;     # the length of each id's vector
+}
+
+struct RecurrentConfig {     # LSTM, RNN and GRU
+  hiddenSize @0 :UInt64;
+  returnSequences @1 :Bool = true;
 }

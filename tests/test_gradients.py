@@ -28,6 +28,7 @@ CASES = {
     "Linear": [
         (lp.LinearConfig(output_size=5), lambda r: [r.standard_normal((3, 4))]),
         (lp.LinearConfig(output_size=3, bias=False), lambda r: [r.standard_normal((2, 2, 3))]),
+        (lp.LinearConfig(output_size=3, axis=-1), lambda r: [r.standard_normal((2, 4, 5))]),  # per time step
     ],
     "Convolution": [
         (lp.ConvolutionConfig(num_output=4, filter_shape=[3], stride=[1], padding=[1]),
@@ -76,6 +77,15 @@ CASES = {
     "LRN": [(lp.LRNConfig(local_size=3, alpha=0.5, beta=0.75, k=2.0),
              lambda r: [r.standard_normal((2, 5, 2, 2))]),
             (lp.LRNConfig(local_size=5, alpha=1.5, beta=0.6, k=1.0), lambda r: [r.standard_normal((2, 4, 3))])],
+    "Embedding": [(lp.EmbeddingConfig(input_dim=7, output_dim=3),  # repeated ids: their gradients add up
+                   lambda r: [r.integers(0, 7, (3, 5)).astype(np.float64)]),
+                  (lp.EmbeddingConfig(input_dim=5, output_dim=2), lambda r: [np.array([4.0, 0.0, 4.0, 2.0])])],
+    "LSTM": [(lp.LSTMConfig(hidden_size=3), lambda r: [r.standard_normal((2, 4, 3))]),
+             (lp.LSTMConfig(hidden_size=2, return_sequences=False), lambda r: [r.standard_normal((3, 3, 2))])],
+    "GRU": [(lp.GRUConfig(hidden_size=3), lambda r: [r.standard_normal((2, 4, 3))]),
+            (lp.GRUConfig(hidden_size=2, return_sequences=False), lambda r: [r.standard_normal((3, 3, 2))])],
+    "RNN": [(lp.RNNConfig(hidden_size=3), lambda r: [r.standard_normal((2, 4, 2))]),
+            (lp.RNNConfig(hidden_size=4, return_sequences=False), lambda r: [r.standard_normal((2, 3, 3))])],
     "Slice": [(lp.SliceConfig(slice_points=[1, 3]), lambda r: [r.standard_normal((2, 5, 2, 2))]),
               (lp.SliceConfig(axis=-1, slice_points=[2]), lambda r: [r.standard_normal((3, 2, 5))])],
 }

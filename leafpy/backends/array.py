@@ -632,3 +632,141 @@ class ArrayBackend(Backend):
             mp += t
             self._toward_square(gp, vp, beta2, t)
             self._scaled_step(wp, mp, vp, lr, eps, t)
+
+    # --- sequences: embeddings and recurrent cells ----------------------------------------------------------
+    def _ids(self, ids: Buffer, rows: int) -> Buffer:
+        """Float ids as row indices, clamped into [0, rows)."""
+        return self.xp.clip(ids.reshape(-1).astype(self.xp.intp), 0, rows - 1)
+
+    def embedding(self, ids, table, out):
+        self.xp.take(table, self._ids(ids, table.shape[0]), axis=0, out=out)
+
+    def embedding_grad(self, ids, dy, dtable, beta=0.0):
+        if beta == 0.0:
+            dtable.fill(0)
+        elif beta != 1.0:
+            dtable *= beta
+        self.xp.add.at(dtable, self._ids(ids, dtable.shape[0]), dy)
+
+    def _sigmoid_in_place(self, a: Buffer) -> None:
+        a *= 0.5  # sigmoid(a) = 0.5 (1 + tanh(a / 2)): no overflow
+        self.xp.tanh(a, out=a)
+        a += 1.0
+        a *= 0.5
+
+    @staticmethod
+    def _emit_hidden(h: Buffer, hprev: Buffer, y: Buffer, t: int, sequence: bool) -> None:
+        """Where a recurrent step's h_t goes besides ``h``: the next step's slot of hprev, and the output."""
+        steps = hprev.shape[1]
+        if t == 0:
+            hprev[:, 0] = 0
+        if t + 1 < steps:
+            hprev[:, t + 1] = h
+        if sequence:
+            y[:, t] = h
+        elif t == steps - 1:
+            y[...] = h
+
+    @staticmethod
+    def _add_output_grad(dh: Buffer, dy: Buffer, t: int, steps: int, sequence: bool) -> None:
+        if sequence:
+            dh += dy[:, t]
+        elif t == steps - 1:
+            dh += dy
+
+    def lstm_cell(self, gates, hw, bias, c, h, hprev, y, t, sequence):
+        xp = self.xp
+        hs = c.shape[2]
+        a = gates[:, t]
+        a += hw
+        a += bias
+        self._sigmoid_in_place(a[:, :2 * hs])
+        xp.tanh(a[:, 2 * hs:3 * hs], out=a[:, 2 * hs:3 * hs])
+        self._sigmoid_in_place(a[:, 3 * hs:])
+        i, f, g, o = a[:, :hs], a[:, hs:2 * hs], a[:, 2 * hs:3 * hs], a[:, 3 * hs:]
+        ct = c[:, t]
+        xp.multiply(i, g, out=ct)
+        if t > 0:
+            ct += f * c[:, t - 1]
+        xp.tanh(ct, out=h)
+        h *= o
+        self._emit_hidden(h, hprev, y, t, sequence)
+
+    def lstm_cell_grad(self, gates, c, dh, dy, dc, dgates, dgates_t, t, sequence):
+        xp = self.xp
+        hs = c.shape[2]
+        self._add_output_grad(dh, dy, t, gates.shape[1], sequence)
+        a = gates[:, t]
+        i, f, g, o = a[:, :hs], a[:, hs:2 * hs], a[:, 2 * hs:3 * hs], a[:, 3 * hs:]
+        tc = xp.tanh(c[:, t])
+        d = dgates_t
+        xp.multiply(dh, tc, out=d[:, 3 * hs:])  # do, then through the sigmoid
+        d[:, 3 * hs:] *= o * (1.0 - o)
+        dh *= o
+        dh *= 1.0 - tc * tc
+        dh += dc  # dh is now dL/dc_t
+        xp.multiply(dh, g, out=d[:, :hs])
+        d[:, :hs] *= i * (1.0 - i)
+        if t > 0:
+            xp.multiply(dh, c[:, t - 1], out=d[:, hs:2 * hs])
+            d[:, hs:2 * hs] *= f * (1.0 - f)
+        else:
+            d[:, hs:2 * hs] = 0
+        xp.multiply(dh, i, out=d[:, 2 * hs:3 * hs])
+        d[:, 2 * hs:3 * hs] *= 1.0 - g * g
+        xp.multiply(dh, f, out=dc)
+        dgates[:, t] = d
+
+    def rnn_cell(self, pre, hw, bias, h, hprev, y, t, sequence):
+        a = pre[:, t]
+        a += hw
+        a += bias
+        self.xp.tanh(a, out=a)
+        h[...] = a
+        self._emit_hidden(h, hprev, y, t, sequence)
+
+    def rnn_cell_grad(self, pre, dh, dy, dpre, dpre_t, t, sequence):
+        self._add_output_grad(dh, dy, t, pre.shape[1], sequence)
+        ht = pre[:, t]
+        self.xp.multiply(dh, 1.0 - ht * ht, out=dpre_t)
+        dpre[:, t] = dpre_t
+
+    def gru_cell(self, pre, hw, bias_ih, bias_hh, hn, h, hprev, y, t, sequence):
+        xp = self.xp
+        hs = hn.shape[2]
+        a = pre[:, t]
+        a += bias_ih
+        b = hn[:, t]
+        xp.add(hw[:, 2 * hs:], bias_hh[2 * hs:], out=b)
+        rz = a[:, :2 * hs]
+        rz += hw[:, :2 * hs]
+        rz += bias_hh[:2 * hs]
+        self._sigmoid_in_place(rz)
+        n = a[:, 2 * hs:]
+        n += a[:, :hs] * b
+        xp.tanh(n, out=n)
+        z = a[:, hs:2 * hs]
+        xp.subtract(1.0, z, out=h)
+        h *= n
+        if t > 0:
+            h += z * hprev[:, t]
+        self._emit_hidden(h, hprev, y, t, sequence)
+
+    def gru_cell_grad(self, pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t, t, sequence):
+        xp = self.xp
+        hs = hn.shape[2]
+        self._add_output_grad(dh, dy, t, pre.shape[1], sequence)
+        a = pre[:, t]
+        r, z, n = a[:, :hs], a[:, hs:2 * hs], a[:, 2 * hs:]
+        h_prev = hprev[:, t]  # zero at step 0
+        da, db = dpre[:, t], dpre_h_t
+        xp.multiply(dh, 1.0 - z, out=da[:, 2 * hs:])  # dn, then through the tanh
+        da[:, 2 * hs:] *= 1.0 - n * n
+        xp.multiply(dh, h_prev - n, out=da[:, hs:2 * hs])  # dz, then through the sigmoid
+        da[:, hs:2 * hs] *= z * (1.0 - z)
+        xp.multiply(da[:, 2 * hs:], hn[:, t], out=da[:, :hs])  # dr, then through the sigmoid
+        da[:, :hs] *= r * (1.0 - r)
+        db[:, :2 * hs] = da[:, :2 * hs]
+        xp.multiply(da[:, 2 * hs:], r, out=db[:, 2 * hs:])
+        dpre_h[:, t] = db
+        dh *= z

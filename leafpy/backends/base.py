@@ -264,6 +264,68 @@ class Backend:
         w -= lr * d``."""
         raise NotImplementedError
 
+    # --- sequences: embeddings and recurrent cells --------------------------------------------------------------
+    # Ids are integers stored as floats. A recurrent layer over N sequences of T steps (hidden size H) keeps its
+    # per-sequence tensors batch-first ([N, T, ...]) and runs one cell primitive per step, in order; step t reads
+    # step t - 1's results from those tensors, so nothing but the cells' own outputs travels between steps.
+    def embedding(self, ids: Buffer, table: Buffer, out: Buffer) -> None:
+        """``out[m] = table[ids[m]]`` for ``ids`` [M], ``table`` [V, D] and ``out`` [M, D]; an id outside [0, V)
+        reads the nearest row (clamped: nothing is read or written out of bounds)."""
+        raise NotImplementedError
+
+    def embedding_grad(self, ids: Buffer, dy: Buffer, dtable: Buffer, beta: float = 0.0) -> None:
+        """``dtable = beta * dtable``, then ``dtable[ids[m]] += dy[m]`` for every m (repeated ids add up; ids
+        clamped as in :meth:`embedding`)."""
+        raise NotImplementedError
+
+    def lstm_cell(self, gates: Buffer, hw: Buffer, bias: Buffer, c: Buffer, h: Buffer, hprev: Buffer, y: Buffer,
+                  t: int, sequence: bool) -> None:
+        """Step t of an LSTM (PyTorch's gates i, f, g, o). ``gates`` [N, T, 4H]: at step t the input projection
+        x_t W_ihᵀ in, the activated gates out (``a = gates[:, t] + hw + bias``; i, f, o = sigmoid, g = tanh);
+        ``hw`` [N, 4H]: h_{t-1} W_hhᵀ; ``c`` [N, T, H]: ``c_t = f c_{t-1} + i g`` (c_{-1} = 0);
+        ``h`` [N, H]: ``h_t = o tanh(c_t)``; ``hprev`` [N, T, H]: h_{t-1} at step t (zero at step 0: written at
+        steps 0 and t + 1); ``y``: h_t into [N, T, H] at step t (``sequence``) or into [N, H] at the last step."""
+        raise NotImplementedError
+
+    def lstm_cell_grad(self, gates: Buffer, c: Buffer, dh: Buffer, dy: Buffer, dc: Buffer, dgates: Buffer,
+                       dgates_t: Buffer, t: int, sequence: bool) -> None:
+        """Gradient of step t of :meth:`lstm_cell`, run from the last step down to 0. ``dh`` [N, H]: dL/dh_t from
+        step t + 1 in (zero at the last step; used as scratch), to which ``dy``'s share is added (step t of
+        [N, T, H] with ``sequence``, else all of [N, H] at the last step); ``dc`` [N, H]: dL/dc_t from step t + 1 in
+        (zero at the last step), dL/dc_{t-1} out; the pre-activation gate gradients of step t into ``dgates``
+        [N, T, 4H] at t and ``dgates_t`` [N, 4H]."""
+        raise NotImplementedError
+
+    def rnn_cell(self, pre: Buffer, hw: Buffer, bias: Buffer, h: Buffer, hprev: Buffer, y: Buffer, t: int,
+                 sequence: bool) -> None:
+        """Step t of a tanh RNN: ``h_t = tanh(pre[:, t] + hw + bias)`` for ``pre`` [N, T, H] (x_t W_ihᵀ in, h_t
+        out at step t), ``hw`` [N, H] = h_{t-1} W_hhᵀ, bias [H]; ``h``, ``hprev`` and ``y`` as in :meth:`lstm_cell`."""
+        raise NotImplementedError
+
+    def rnn_cell_grad(self, pre: Buffer, dh: Buffer, dy: Buffer, dpre: Buffer, dpre_t: Buffer, t: int,
+                      sequence: bool) -> None:
+        """Gradient of step t of :meth:`rnn_cell`: ``dpre[:, t] = dpre_t = (dh + dy's share) * (1 - h_t²)`` with
+        h_t = ``pre[:, t]``; ``dh`` and ``dy`` as in :meth:`lstm_cell_grad`."""
+        raise NotImplementedError
+
+    def gru_cell(self, pre: Buffer, hw: Buffer, bias_ih: Buffer, bias_hh: Buffer, hn: Buffer, h: Buffer,
+                 hprev: Buffer, y: Buffer, t: int, sequence: bool) -> None:
+        """Step t of a GRU (PyTorch's gates r, z, n). ``pre`` [N, T, 3H]: x_t W_ihᵀ in, the activated r, z, n out;
+        ``hw`` [N, 3H]: h_{t-1} W_hhᵀ; with ``a = pre[:, t] + bias_ih`` and ``b = hw + bias_hh``: r, z =
+        sigmoid(a + b) of their thirds, ``n = tanh(a_n + r b_n)``, ``h_t = (1 - z) n + z h_{t-1}`` (h_{t-1} read
+        from ``hprev``, zero at step 0); ``hn`` [N, T, H]: b_n at step t (for the gradient); ``h``, ``hprev`` and
+        ``y`` as in :meth:`lstm_cell`."""
+        raise NotImplementedError
+
+    def gru_cell_grad(self, pre: Buffer, hn: Buffer, hprev: Buffer, dh: Buffer, dy: Buffer, dpre: Buffer,
+                      dpre_h: Buffer, dpre_h_t: Buffer, t: int, sequence: bool) -> None:
+        """Gradient of step t of :meth:`gru_cell`, run from the last step down to 0: ``dh`` [N, H] holds dL/dh_t
+        (from step t + 1; ``dy``'s share is added as in :meth:`lstm_cell_grad`) and gets its direct share of
+        dL/dh_{t-1}, ``dh z`` (the caller adds the recurrent product's); the gradients of ``a`` (the input side)
+        into ``dpre`` [N, T, 3H] at t, of ``b`` (the hidden side) into ``dpre_h`` [N, T, 3H] at t and
+        ``dpre_h_t`` [N, 3H]."""
+        raise NotImplementedError
+
     # --- optional hooks (defaults suit every backend) -------------------------------------------------------
     def run_step(self, key: Any, step: Any) -> None:
         """Run ``step()``, a whole training step. A backend may record it the first times a ``key`` is seen and

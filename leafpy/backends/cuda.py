@@ -10,6 +10,7 @@ Importing this module does not import CuPy; constructing the backend does.
 from __future__ import annotations
 
 import atexit
+import functools
 from typing import Any
 
 import numpy as np
@@ -434,6 +435,112 @@ class CudaBackend(ArrayBackend):
             dw += tmp
         else:
             self._cudnn.run("wgrad", x.shape, dw.shape, dy.shape, stride, padding, x, dw, dy, 0.0)
+
+    # --- sequences: embeddings and recurrent cells, each one fused kernel ------------------------------------
+    @functools.cached_property
+    def _seq_kernels(self) -> dict:
+        ek = self.xp.ElementwiseKernel
+        row = "T f = ids[i / d]; int r = f >= (T)(v - 1) ? v - 1 : (f > (T)0 ? (int)f : 0);"  # NaN: row 0
+        emit = (" h[i] = hv; if (t == 0) hprev[s0] = (T)0; if (t + 1 < steps) hprev[s0 + hs] = hv;"
+                " if (seq) y[s0] = hv; else if (t + 1 == steps) y[i] = hv;")
+        head = "int n = i / hs, j = i % hs; long long s0 = ((long long)n * steps + t) * hs + j;"
+        dh = " T dh = dh_in[i]; if (seq) dh += dy[s0]; else if (t + 1 == steps) dh += dy[i];"
+        return {
+            "embedding": ek("raw T ids, raw T table, int32 d, int32 v", "T out",
+                            row + " out = table[(long long)r * d + i % d]", "leafpy_embedding"),
+            "embedding_grad": ek("raw T ids, T dy, int32 d, int32 v", "raw T dt",
+                                 row + " atomicAdd(&dt[(long long)r * d + i % d], dy)", "leafpy_embedding_grad"),
+            "lstm_cell": ek(
+                "raw T hw, raw T bias, int32 steps, int32 hs, int32 t, int32 seq", "raw T a, raw T c, raw T h, "
+                "raw T hprev, raw T y",
+                head + " long long g = ((long long)n * steps + t) * 4 * hs + j;"
+                " long long w = (long long)n * 4 * hs + j;"
+                " T gi = (T)1 / ((T)1 + exp(-(a[g] + hw[w] + bias[j])));"
+                " T gf = (T)1 / ((T)1 + exp(-(a[g + hs] + hw[w + hs] + bias[j + hs])));"
+                " T gg = tanh(a[g + 2 * hs] + hw[w + 2 * hs] + bias[j + 2 * hs]);"
+                " T go = (T)1 / ((T)1 + exp(-(a[g + 3 * hs] + hw[w + 3 * hs] + bias[j + 3 * hs])));"
+                " a[g] = gi; a[g + hs] = gf; a[g + 2 * hs] = gg; a[g + 3 * hs] = go;"
+                " T cn = gi * gg; if (t > 0) cn += gf * c[s0 - hs]; c[s0] = cn; T hv = go * tanh(cn);" + emit,
+                "leafpy_lstm_cell"),
+            "lstm_cell_grad": ek(
+                "raw T a, raw T c, raw T dh_in, raw T dy, int32 steps, int32 hs, int32 t, int32 seq",
+                "raw T dc, raw T dg, raw T dgt",
+                head + dh + " long long g = ((long long)n * steps + t) * 4 * hs + j;"
+                " long long w = (long long)n * 4 * hs + j;"
+                " T gi = a[g], gf = a[g + hs], gg = a[g + 2 * hs], go = a[g + 3 * hs]; T tc = tanh(c[s0]);"
+                " T dct = dc[i] + dh * go * ((T)1 - tc * tc);"
+                " T df = t > 0 ? dct * c[s0 - hs] * gf * ((T)1 - gf) : (T)0;"
+                " T di = dct * gg * gi * ((T)1 - gi); T dgg = dct * gi * ((T)1 - gg * gg);"
+                " T dgo = dh * tc * go * ((T)1 - go); dc[i] = dct * gf;"
+                " dg[g] = dgt[w] = di; dg[g + hs] = dgt[w + hs] = df; dg[g + 2 * hs] = dgt[w + 2 * hs] = dgg;"
+                " dg[g + 3 * hs] = dgt[w + 3 * hs] = dgo;", "leafpy_lstm_cell_grad"),
+            "gru_cell": ek(
+                "raw T hw, raw T bi, raw T bh, int32 steps, int32 hs, int32 t, int32 seq",
+                "raw T a, raw T hn, raw T h, raw T hprev, raw T y",
+                head + " long long g = ((long long)n * steps + t) * 3 * hs + j;"
+                " long long w = (long long)n * 3 * hs + j;"
+                " T r = (T)1 / ((T)1 + exp(-(a[g] + bi[j] + hw[w] + bh[j])));"
+                " T z = (T)1 / ((T)1 + exp(-(a[g + hs] + bi[j + hs] + hw[w + hs] + bh[j + hs])));"
+                " T bn = hw[w + 2 * hs] + bh[j + 2 * hs]; T nv = tanh(a[g + 2 * hs] + bi[j + 2 * hs] + r * bn);"
+                " a[g] = r; a[g + hs] = z; a[g + 2 * hs] = nv; hn[s0] = bn;"
+                " T hp = t > 0 ? hprev[s0] : (T)0; T hv = ((T)1 - z) * nv + z * hp;" + emit, "leafpy_gru_cell"),
+            "gru_cell_grad": ek(
+                "raw T a, raw T hn, raw T hprev, raw T dy, int32 steps, int32 hs, int32 t, int32 seq",
+                "raw T dh_in, raw T dp, raw T dph, raw T dpht",
+                head + dh + " long long g = ((long long)n * steps + t) * 3 * hs + j;"
+                " long long w = (long long)n * 3 * hs + j; T r = a[g], z = a[g + hs], nv = a[g + 2 * hs];"
+                " T dn = dh * ((T)1 - z) * ((T)1 - nv * nv); T dz = dh * (hprev[s0] - nv) * z * ((T)1 - z);"
+                " T dr = dn * hn[s0] * r * ((T)1 - r); dh_in[i] = dh * z;"
+                " dp[g] = dph[g] = dpht[w] = dr; dp[g + hs] = dph[g + hs] = dpht[w + hs] = dz;"
+                " dp[g + 2 * hs] = dn; dph[g + 2 * hs] = dpht[w + 2 * hs] = dn * r;", "leafpy_gru_cell_grad"),
+            "rnn_cell": ek(
+                "raw T hw, raw T bias, int32 steps, int32 hs, int32 t, int32 seq", "raw T a, raw T h, raw T hprev, "
+                "raw T y", head + " T hv = tanh(a[s0] + hw[i] + bias[j]); a[s0] = hv;" + emit, "leafpy_rnn_cell"),
+            "rnn_cell_grad": ek(
+                "raw T a, raw T dh_in, raw T dy, int32 steps, int32 hs, int32 t, int32 seq", "raw T dp, raw T dpt",
+                head + dh + " T hv = a[s0]; T d = dh * ((T)1 - hv * hv); dp[s0] = d; dpt[i] = d;",
+                "leafpy_rnn_cell_grad"),
+        }
+
+    def embedding(self, ids, table, out):
+        v, d = table.shape
+        self._seq_kernels["embedding"](ids, table, np.int32(d), np.int32(v), out)
+
+    def embedding_grad(self, ids, dy, dtable, beta=0.0):
+        if beta == 0.0:
+            dtable.fill(0)
+        elif beta != 1.0:
+            dtable *= self._scalar(beta)
+        v, d = dtable.shape
+        self._seq_kernels["embedding_grad"](ids, dy, np.int32(d), np.int32(v), dtable)
+
+    def _step_args(self, c, t, sequence) -> tuple:
+        n, steps, hs = c.shape
+        return (np.int32(steps), np.int32(hs), np.int32(t), np.int32(bool(sequence))), n * hs
+
+    def lstm_cell(self, gates, hw, bias, c, h, hprev, y, t, sequence):
+        args, size = self._step_args(c, t, sequence)
+        self._seq_kernels["lstm_cell"](hw, bias, *args, gates, c, h, hprev, y, size=size)
+
+    def lstm_cell_grad(self, gates, c, dh, dy, dc, dgates, dgates_t, t, sequence):
+        args, size = self._step_args(c, t, sequence)
+        self._seq_kernels["lstm_cell_grad"](gates, c, dh, dy, *args, dc, dgates, dgates_t, size=size)
+
+    def gru_cell(self, pre, hw, bias_ih, bias_hh, hn, h, hprev, y, t, sequence):
+        args, size = self._step_args(hn, t, sequence)
+        self._seq_kernels["gru_cell"](hw, bias_ih, bias_hh, *args, pre, hn, h, hprev, y, size=size)
+
+    def gru_cell_grad(self, pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t, t, sequence):
+        args, size = self._step_args(hn, t, sequence)
+        self._seq_kernels["gru_cell_grad"](pre, hn, hprev, dy, *args, dh, dpre, dpre_h, dpre_h_t, size=size)
+
+    def rnn_cell(self, pre, hw, bias, h, hprev, y, t, sequence):
+        args, size = self._step_args(pre, t, sequence)
+        self._seq_kernels["rnn_cell"](hw, bias, *args, pre, h, hprev, y, size=size)
+
+    def rnn_cell_grad(self, pre, dh, dy, dpre, dpre_t, t, sequence):
+        args, size = self._step_args(pre, t, sequence)
+        self._seq_kernels["rnn_cell_grad"](pre, dh, dy, *args, dpre, dpre_t, size=size)
 
 
 class _CaptureBlas:

@@ -6,9 +6,11 @@ from .common.concat import ConcatConfig, SliceConfig  # noqa: E402
 from .common.convolution import ConvolutionConfig  # noqa: E402
 from .common.dropout import DropoutConfig  # noqa: E402
 from .common.eltwise import EltwiseConfig  # noqa: E402
+from .common.embedding import EmbeddingConfig  # noqa: E402
 from .common.linear import LinearConfig  # noqa: E402
 from .common.lrn import LRNConfig  # noqa: E402
 from .common.pooling import PoolingConfig  # noqa: E402
+from .common.recurrent import GRUConfig, LSTMConfig, RNNConfig  # noqa: E402
 from .container.sequential import Sequential, SequentialConfig  # noqa: E402
 from .layer import FillerConfig, Layer, LayerConfig, WeightConfig, Worker, layer_types, lookup, register_layer  # noqa: F401
 from .loss.negative_log_likelihood import NegativeLogLikelihoodConfig  # noqa: E402
@@ -17,4 +19,4 @@ from .utility.reshape import ReshapeConfig  # noqa: E402
 __all__ = ["BatchNormConfig", "ConcatConfig", "ConvolutionConfig", "DropoutConfig", "EltwiseConfig", "FillerConfig",
            "Layer", "LayerConfig", "LinearConfig", "LRNConfig", "NegativeLogLikelihoodConfig", "PoolingConfig",
            "ReshapeConfig", "Sequential", "SequentialConfig", "SliceConfig", "WeightConfig", "Worker", "layer_types",
-           "lookup", "register_layer"]
+           "lookup", "register_layer", "EmbeddingConfig", "GRUConfig", "LSTMConfig", "RNNConfig"]

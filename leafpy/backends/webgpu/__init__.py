@@ -1141,6 +1141,56 @@ class WebGPUBackend(Backend):
     def adadelta_update(self, w, g, h, u, rate, lr_mult, decay, eps):
         self._update("adadelta_update", [w, g, h, u], rate, (lr_mult, decay, 0.0, eps))
 
+    # --- sequences: embeddings and recurrent cells (sequence.wgsl, scatter.wgsl) -----------------------------
+    def _seq_dispatch(self, module: str, entry: str, count: int, buffers: list, u: tuple = ()) -> None:
+        """One dispatch of a thread per element over ``count`` elements, every buffer bound whole."""
+        if module not in self._modules:  # built on first use
+            self._modules[module] = self.device.create_shader_module(
+                code=(_HERE / "params.wgsl").read_text() + (_HERE / f"{module}.wgsl").read_text())
+        if count:
+            self._dispatch(module, entry, _pack((count, *u)), buffers, self._grid(count))
+
+    def embedding(self, ids, table, out):
+        v, d = table.shape
+        self._seq_dispatch("sequence", "embedding", out.size, [ids, table, out], (d, v))
+
+    def embedding_grad(self, ids, dy, dtable, beta=0.0):
+        if beta == 0.0:
+            self.fill(0.0, dtable)
+        elif beta != 1.0:
+            self.scal(beta, dtable)
+        v, d = dtable.shape
+        self._seq_dispatch("scatter", "embedding_grad", dy.size, [ids, dy, dtable], (d, v))
+
+    def lstm_cell(self, gates, hw, bias, c, h, hprev, y, t, sequence):
+        n, steps, hs = c.shape
+        self._seq_dispatch("sequence", "lstm_cell", n * hs, [gates, hw, bias, c, h, hprev, y],
+                           (steps, hs, t, int(sequence)))
+
+    def lstm_cell_grad(self, gates, c, dh, dy, dc, dgates, dgates_t, t, sequence):
+        n, steps, hs = c.shape
+        self._seq_dispatch("sequence", "lstm_cell_grad", n * hs, [gates, c, dh, dy, dc, dgates, dgates_t],
+                           (steps, hs, t, int(sequence)))
+
+    def gru_cell(self, pre, hw, bias_ih, bias_hh, hn, h, hprev, y, t, sequence):
+        n, steps, hs = hn.shape
+        self._seq_dispatch("sequence", "gru_cell", n * hs, [pre, hw, bias_ih, bias_hh, hn, h, hprev, y],
+                           (steps, hs, t, int(sequence)))
+
+    def gru_cell_grad(self, pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t, t, sequence):
+        n, steps, hs = hn.shape
+        self._seq_dispatch("sequence", "gru_cell_grad", n * hs, [pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t],
+                           (steps, hs, t, int(sequence)))
+
+    def rnn_cell(self, pre, hw, bias, h, hprev, y, t, sequence):
+        n, steps, hs = pre.shape
+        self._seq_dispatch("sequence", "rnn_cell", n * hs, [pre, hw, bias, h, hprev, y], (steps, hs, t, int(sequence)))
+
+    def rnn_cell_grad(self, pre, dh, dy, dpre, dpre_t, t, sequence):
+        n, steps, hs = pre.shape
+        self._seq_dispatch("sequence", "rnn_cell_grad", n * hs, [pre, dh, dy, dpre, dpre_t],
+                           (steps, hs, t, int(sequence)))
+
 
 # elementwise entries with an in-place variant: (output position, the input position it may overwrite)
 _INPLACE = {"relu": (1, 0), "sigmoid": (1, 0), "tanh_fwd": (1, 0),

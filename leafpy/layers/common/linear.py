@@ -1,5 +1,9 @@
 """Linear (fully connected): ``y = x·Wᵀ + b`` with W of shape [output_size, input_size]; the input [N, ...] is
-flattened to [N, input_size]."""
+flattened to [N, input_size].
+
+``axis`` (Caffe's InnerProduct axis, default 1): the axes from ``axis`` on are flattened into the features and
+the axes before it are kept, so ``axis: -1`` (or 2) applies the layer at every step of a sequence [N, T, H],
+giving [N, T, output_size]."""
 
 from __future__ import annotations
 
@@ -15,11 +19,15 @@ from ..layer import Worker, register_layer
 class LinearConfig:
     output_size: int
     bias: bool = True
+    axis: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "output_size", _checks.positive_int("LinearConfig.output_size", self.output_size))
         if not isinstance(self.bias, bool):
             raise _checks.ConfigError(f"LinearConfig.bias: expected true or false, got {self.bias!r}")
+        if isinstance(self.axis, bool) or not isinstance(self.axis, int) or self.axis == 0:
+            raise _checks.ConfigError(f"LinearConfig.axis: expected the first axis of the features (1: all but the "
+                                      f"batch; -1: the last axis, per time step), not 0, got {self.axis!r}")
 
 
 @register_layer("Linear", LinearConfig)
@@ -31,31 +39,48 @@ class Linear(Worker):
         if not config.bias:
             self.weight_names = ("weight",)
 
+    def _axis(self, shape) -> int:
+        """Where the features start in an input of this shape."""
+        axis, n = self.config.axis, len(shape)
+        if not -n < axis < n or axis % n == 0:
+            raise ShapeError(f"{self.where}: axis {axis} does not leave the batch axis and a feature axis in an input "
+                             f"of shape {tuple(shape)}; choose an axis from 1 to {len(shape) - 1} (or -1)")
+        return axis % len(shape)
+
     def output_shapes(self, input_shapes):
         if not input_shapes[0]:
             raise ShapeError(f"{self.where}: expected an input [N, ...] whose first dimension is the batch, got a "
                              "scalar (shape ()); give an array of shape [N, features]")
-        return [(input_shapes[0][0], self.config.output_size)]
+        if self.config.axis == 1:
+            return [(input_shapes[0][0], self.config.output_size)]
+        shape = tuple(input_shapes[0])
+        return [(*shape[:self._axis(shape)], self.config.output_size)]
+
+    def _rows(self, a):
+        """``a`` as [rows, features]: the kept axes flattened into rows."""
+        if self.config.axis == 1:
+            return a.reshape(a.shape[0], -1)
+        return a.reshape(math.prod(a.shape[:self._axis(a.shape)]), -1)
 
     def weight_shapes(self, input_shapes):
-        k = math.prod(input_shapes[0][1:])
+        k = math.prod(input_shapes[0][1 if self.config.axis == 1 else self._axis(input_shapes[0]):])
         shapes = [(self.config.output_size, k)]
         if self.config.bias:
             shapes.append((self.config.output_size,))
         return shapes
 
     def forward(self, backend, x, w, y):
-        x2 = x[0].reshape(x[0].shape[0], -1)
-        backend.gemm(x2, False, w[0], True, y[0])
+        y2 = self._rows(y[0])
+        backend.gemm(self._rows(x[0]), False, w[0], True, y2)
         if self.config.bias:
-            backend.bias_add(y[0], w[1])
+            backend.bias_add(y2, w[1])
 
     def backward_input(self, backend, x, y, dy, w, dx):
         if dx[0] is not None:
-            backend.gemm(dy[0], False, w[0], False, dx[0].reshape(dx[0].shape[0], -1))
+            backend.gemm(self._rows(dy[0]), False, w[0], False, self._rows(dx[0]))
 
     def backward_parameters(self, backend, x, y, dy, dw, beta):
-        x2 = x[0].reshape(x[0].shape[0], -1)
-        backend.gemm(dy[0], True, x2, False, dw[0], 1.0, beta[0])
+        dy2 = self._rows(dy[0])
+        backend.gemm(dy2, True, self._rows(x[0]), False, dw[0], 1.0, beta[0])
         if self.config.bias:
-            backend.bias_grad(dy[0], dw[1], beta[1])
+            backend.bias_grad(dy2, dw[1], beta[1])

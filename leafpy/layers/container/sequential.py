@@ -437,10 +437,19 @@ class Sequential(Layer):
         want = (shape[0], *declared[1:])
         return x.alias(want) if isinstance(x, SharedTensor) else np.reshape(x, want)
 
+    def input_takes_gradient(self, k: int) -> bool:
+        """Whether a layer reading declared input k can pass a gradient into it (an Embedding's ids cannot)."""
+        name = self.input_names[k]
+        for i, (layer, plan) in enumerate(zip(self.layers, self._plan)):
+            pd = self.seq_config.layers[i].propagate_down
+            if any(n == name and (not pd or pd[j]) and _differentiable(layer, j) for j, n in enumerate(plan.inputs)):
+                return True
+        return False
+
     def _bind_top(self) -> None:
         dtype = self.backend.dtype
-        grads = [SharedTensor(t.shape, dtype) if need else None
-                 for t, need in zip(self._own_inputs, self._input_needs_grad)]
+        grads = [SharedTensor(t.shape, dtype) if need and self.input_takes_gradient(k) else None
+                 for k, (t, need) in enumerate(zip(self._own_inputs, self._input_needs_grad))]
         self._own_input_grads = grads
         self.bind(self._own_inputs, grads)
 
@@ -501,6 +510,8 @@ class Sequential(Layer):
 
 
 def _differentiable(layer: Layer, j: int) -> bool:
+    if isinstance(layer, Sequential):
+        return layer.input_takes_gradient(j)
     diff = layer.worker.differentiable if layer.worker is not None else None
     return True if diff is None else diff[j]
 

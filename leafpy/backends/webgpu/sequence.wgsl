@@ -1,0 +1,199 @@
+// Recurrent cells, one step t of N sequences of T steps with hidden size H: a thread per (sequence n, unit j).
+// Per-sequence tensors are batch-first ([N, T, ...]); per-step ones are [N, ...].
+// u0 = N * H (threads), u1 = T, u2 = H, u3 = t, u4 = 1 when the output holds every step ([N, T, H]), 0 when it
+// holds the last step only ([N, H]).
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> s1: array<f32>;
+@group(0) @binding(2) var<storage, read_write> s2: array<f32>;
+@group(0) @binding(3) var<storage, read_write> s3: array<f32>;
+@group(0) @binding(4) var<storage, read_write> s4: array<f32>;
+@group(0) @binding(5) var<storage, read_write> s5: array<f32>;
+@group(0) @binding(6) var<storage, read_write> s6: array<f32>;
+@group(0) @binding(7) var<storage, read_write> s7: array<f32>;
+@group(0) @binding(8) var<storage, read_write> s8: array<f32>;
+
+// tanh saturates to +-1 in f32 long before 15: clamping keeps any exp-based tanh finite
+fn tanh_c(x: f32) -> f32 { return tanh(clamp(x, -15.0, 15.0)); }
+fn sigm(x: f32) -> f32 { return 0.5 * (1.0 + tanh_c(0.5 * x)); }
+
+// lstm_cell: s1 = gates [N, T, 4H] (x W_ih^T in, activated i, f, g, o out), s2 = hw [N, 4H], s3 = bias [4H],
+// s4 = c [N, T, H], s5 = h [N, H], s6 = hprev [N, T, H], s7 = y
+@compute @workgroup_size(256)
+fn lstm_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i >= p.u0) { return; }
+    let steps = p.u1;
+    let hs = p.u2;
+    let t = p.u3;
+    let n = i / hs;
+    let j = i % hs;
+    let g0 = (n * steps + t) * 4u * hs + j;
+    let w0 = n * 4u * hs + j;
+    let gi = sigm(s1[g0] + s2[w0] + s3[j]);
+    let gf = sigm(s1[g0 + hs] + s2[w0 + hs] + s3[j + hs]);
+    let gg = tanh_c(s1[g0 + 2u * hs] + s2[w0 + 2u * hs] + s3[j + 2u * hs]);
+    let go = sigm(s1[g0 + 3u * hs] + s2[w0 + 3u * hs] + s3[j + 3u * hs]);
+    s1[g0] = gi;
+    s1[g0 + hs] = gf;
+    s1[g0 + 2u * hs] = gg;
+    s1[g0 + 3u * hs] = go;
+    let s0 = (n * steps + t) * hs + j;
+    var cn = gi * gg;
+    if (t > 0u) { cn = cn + gf * s4[s0 - hs]; }
+    s4[s0] = cn;
+    let hv = go * tanh_c(cn);
+    s5[i] = hv;
+    if (t == 0u) { s6[s0] = 0.0; }
+    if (t + 1u < steps) { s6[s0 + hs] = hv; }
+    if (p.u4 == 1u) { s7[s0] = hv; } else if (t + 1u == steps) { s7[i] = hv; }
+}
+
+// lstm_cell_grad: s1 = gates [N, T, 4H] (activated), s2 = c [N, T, H], s3 = dh [N, H] (from step t + 1),
+// s4 = dy, s5 = dc [N, H] (dL/dc_t in, dL/dc_{t-1} out), s6 = dgates [N, T, 4H], s7 = dgates_t [N, 4H]
+@compute @workgroup_size(256)
+fn lstm_cell_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i >= p.u0) { return; }
+    let steps = p.u1;
+    let hs = p.u2;
+    let t = p.u3;
+    let n = i / hs;
+    let j = i % hs;
+    let s0 = (n * steps + t) * hs + j;
+    var dh = s3[i];
+    if (p.u4 == 1u) { dh = dh + s4[s0]; } else if (t + 1u == steps) { dh = dh + s4[i]; }
+    let g0 = (n * steps + t) * 4u * hs + j;
+    let gi = s1[g0];
+    let gf = s1[g0 + hs];
+    let gg = s1[g0 + 2u * hs];
+    let go = s1[g0 + 3u * hs];
+    let tc = tanh_c(s2[s0]);
+    let dc = s5[i] + dh * go * (1.0 - tc * tc);
+    var df = 0.0;
+    if (t > 0u) { df = dc * s2[s0 - hs] * gf * (1.0 - gf); }
+    let di = dc * gg * gi * (1.0 - gi);
+    let dg = dc * gi * (1.0 - gg * gg);
+    let d_o = dh * tc * go * (1.0 - go);
+    s5[i] = dc * gf;
+    let w0 = n * 4u * hs + j;
+    s6[g0] = di;
+    s6[g0 + hs] = df;
+    s6[g0 + 2u * hs] = dg;
+    s6[g0 + 3u * hs] = d_o;
+    s7[w0] = di;
+    s7[w0 + hs] = df;
+    s7[w0 + 2u * hs] = dg;
+    s7[w0 + 3u * hs] = d_o;
+}
+
+// rnn_cell: s1 = pre [N, T, H] (x W_ih^T in, h_t out), s2 = hw [N, H], s3 = bias [H], s4 = h [N, H],
+// s5 = hprev [N, T, H], s6 = y
+@compute @workgroup_size(256)
+fn rnn_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i >= p.u0) { return; }
+    let steps = p.u1;
+    let hs = p.u2;
+    let t = p.u3;
+    let n = i / hs;
+    let j = i % hs;
+    let s0 = (n * steps + t) * hs + j;
+    let hv = tanh_c(s1[s0] + s2[i] + s3[j]);
+    s1[s0] = hv;
+    s4[i] = hv;
+    if (t == 0u) { s5[s0] = 0.0; }
+    if (t + 1u < steps) { s5[s0 + hs] = hv; }
+    if (p.u4 == 1u) { s6[s0] = hv; } else if (t + 1u == steps) { s6[i] = hv; }
+}
+
+// rnn_cell_grad: s1 = pre [N, T, H] (h of every step), s2 = dh [N, H], s3 = dy, s4 = dpre [N, T, H],
+// s5 = dpre_t [N, H]
+@compute @workgroup_size(256)
+fn rnn_cell_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i >= p.u0) { return; }
+    let steps = p.u1;
+    let hs = p.u2;
+    let t = p.u3;
+    let s0 = ((i / hs) * steps + t) * hs + i % hs;
+    var dh = s2[i];
+    if (p.u4 == 1u) { dh = dh + s3[s0]; } else if (t + 1u == steps) { dh = dh + s3[i]; }
+    let hv = s1[s0];
+    let d = dh * (1.0 - hv * hv);
+    s4[s0] = d;
+    s5[i] = d;
+}
+
+// gru_cell: s1 = pre [N, T, 3H] (x W_ih^T in, activated r, z, n out), s2 = hw [N, 3H], s3 = bias_ih [3H],
+// s4 = bias_hh [3H], s5 = hn [N, T, H] (W_hn h + b_hn, kept), s6 = h [N, H], s7 = hprev [N, T, H], s8 = y
+@compute @workgroup_size(256)
+fn gru_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i >= p.u0) { return; }
+    let steps = p.u1;
+    let hs = p.u2;
+    let t = p.u3;
+    let n = i / hs;
+    let j = i % hs;
+    let g0 = (n * steps + t) * 3u * hs + j;
+    let w0 = n * 3u * hs + j;
+    let s0 = (n * steps + t) * hs + j;
+    let r = sigm(s1[g0] + s3[j] + s2[w0] + s4[j]);
+    let z = sigm(s1[g0 + hs] + s3[j + hs] + s2[w0 + hs] + s4[j + hs]);
+    let bn = s2[w0 + 2u * hs] + s4[j + 2u * hs];
+    let nv = tanh_c(s1[g0 + 2u * hs] + s3[j + 2u * hs] + r * bn);
+    s1[g0] = r;
+    s1[g0 + hs] = z;
+    s1[g0 + 2u * hs] = nv;
+    s5[s0] = bn;
+    var hp = 0.0;
+    if (t > 0u) { hp = s7[s0]; }
+    let hv = (1.0 - z) * nv + z * hp;
+    s6[i] = hv;
+    if (t == 0u) { s7[s0] = 0.0; }
+    if (t + 1u < steps) { s7[s0 + hs] = hv; }
+    if (p.u4 == 1u) { s8[s0] = hv; } else if (t + 1u == steps) { s8[i] = hv; }
+}
+
+// gru_cell_grad: s1 = pre [N, T, 3H] (activated), s2 = hn [N, T, H], s3 = hprev [N, T, H], s4 = dh [N, H] (dL/dh_t
+// in, its direct share of dL/dh_{t-1} out), s5 = dy, s6 = dpre [N, T, 3H], s7 = dpre_h [N, T, 3H], s8 = dpre_h_t
+@compute @workgroup_size(256)
+fn gru_cell_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i >= p.u0) { return; }
+    let steps = p.u1;
+    let hs = p.u2;
+    let t = p.u3;
+    let n = i / hs;
+    let j = i % hs;
+    let s0 = (n * steps + t) * hs + j;
+    var dh = s4[i];
+    if (p.u4 == 1u) { dh = dh + s5[s0]; } else if (t + 1u == steps) { dh = dh + s5[i]; }
+    let g0 = (n * steps + t) * 3u * hs + j;
+    let r = s1[g0];
+    let z = s1[g0 + hs];
+    let nv = s1[g0 + 2u * hs];
+    let dn = dh * (1.0 - z) * (1.0 - nv * nv);
+    let dz = dh * (s3[s0] - nv) * z * (1.0 - z);
+    let dr = dn * s2[s0] * r * (1.0 - r);
+    s4[i] = dh * z;
+    let w0 = n * 3u * hs + j;
+    s6[g0] = dr;
+    s6[g0 + hs] = dz;
+    s6[g0 + 2u * hs] = dn;
+    s7[g0] = dr;
+    s7[g0 + hs] = dz;
+    s7[g0 + 2u * hs] = dn * r;
+    s8[w0] = dr;
+    s8[w0 + hs] = dz;
+    s8[w0 + 2u * hs] = dn * r;
+}
+
+// embedding: s1 = ids [M], s2 = table [V, D], s3 = out [M, D]; u0 = M * D, u1 = D, u2 = V
+@compute @workgroup_size(256)
+fn embedding(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i >= p.u0) { return; }
+    let row = u32(clamp(s1[i / p.u1], 0.0, f32(p.u2 - 1u)));
+    s3[i] = s2[row * p.u1 + i % p.u1];
+}

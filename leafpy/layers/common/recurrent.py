@@ -1,0 +1,203 @@
+"""LSTM, GRU and RNN over batch-first sequences [N, T, input_size], with PyTorch's formulas and weight layouts.
+
+LSTM (gates i, f, g, o, in PyTorch's order): ``a = x_t W_ihᵀ + h_{t-1} W_hhᵀ + b``; i, f, o = sigmoid, g = tanh of
+their quarter of ``a``; ``c_t = f c_{t-1} + i g``; ``h_t = o tanh(c_t)``. GRU (gates r, z, n): with
+``a = x_t W_ihᵀ + b_ih`` and ``b = h_{t-1} W_hhᵀ + b_hh``, r, z = sigmoid(a + b) of their thirds,
+``n = tanh(a_n + r b_n)``, ``h_t = (1 - z) n + z h_{t-1}``. RNN: ``h_t = tanh(x_t W_ihᵀ + h_{t-1} W_hhᵀ + b)``.
+The state starts at zero. Weights: ``weight_ih`` [G·H, input_size], ``weight_hh`` [G·H, H] (G = 4 for the LSTM, 3
+for the GRU, 1 for the RNN); the LSTM and the RNN have one ``bias`` [G·H], PyTorch's ``b_ih + b_hh`` (which
+always appear summed there), the GRU PyTorch's two, ``bias_ih`` and ``bias_hh`` [3H]. ``return_sequences``:
+output every step's h [N, T, H] (true, the default) or the last one [N, H]. One layer is one recurrent layer;
+stack them in the network for more (with Dropout between if wanted).
+
+How it runs: one GEMM projects the whole sequence's inputs ([N·T, input_size] by weight_ihᵀ); then each step is
+one GEMM for h_{t-1} W_hhᵀ and one fused cell primitive. Backward runs through time with one GEMM and one cell
+gradient per step, then the weight gradients and the input gradient are one GEMM each over the whole sequence.
+Every buffer is allocated once per shape, and no step reads anything back to the host, so steps replay."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ... import _checks
+from ...errors import ShapeError
+from ..layer import Worker, register_layer
+
+
+@dataclass(frozen=True, kw_only=True)
+class LSTMConfig:
+    hidden_size: int
+    return_sequences: bool = True
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        object.__setattr__(self, "hidden_size", _checks.positive_int(f"{name}.hidden_size", self.hidden_size))
+        if not isinstance(self.return_sequences, bool):
+            raise _checks.ConfigError(f"{name}.return_sequences: expected true (every step's output) or false "
+                                      f"(the last step's), got {self.return_sequences!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RNNConfig(LSTMConfig):
+    pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class GRUConfig(LSTMConfig):
+    pass
+
+
+class _Recurrent(Worker):
+    weight_names = ("weight_ih", "weight_hh", "bias")
+    gates = 1
+    hidden_grads = "dpre"
+    """The workspace of pre-activation gradients whose product with h_{t-1} is weight_hh's gradient."""
+    direct_share = 0.0
+    """1 where the cell adds its own share of dL/dh_{t-1} to dh before the recurrent product is added."""
+
+    def __init__(self, config: LSTMConfig, layer_name: str) -> None:
+        super().__init__(config, layer_name)
+        self._bufs: dict = {}
+        self._w_hh = None
+        self._grads_fresh = False
+
+    def check_inputs(self, input_shapes):
+        super().check_inputs(input_shapes)
+        shape = tuple(input_shapes[0])
+        if len(shape) != 3 or 0 in shape:
+            raise ShapeError(f"{self.where}: expected a batch-first sequence [N, T, input_size], got {shape}; a "
+                             "single feature per step is [N, T, 1] (a Reshape layer can make it)")
+
+    def output_shapes(self, input_shapes):
+        n, t, _ = input_shapes[0]
+        h = self.config.hidden_size
+        return [(n, t, h) if self.config.return_sequences else (n, h)]
+
+    def weight_shapes(self, input_shapes):
+        h, g = self.config.hidden_size, self.gates
+        return [(g * h, input_shapes[0][2]), (g * h, h)] + [(g * h,)] * (len(self.weight_names) - 2)
+
+    def _buf(self, backend, name: str, shape: tuple[int, ...]):
+        """A workspace of this layer, allocated once per shape."""
+        b = self._bufs.get(name)
+        if b is None or b.shape != shape:
+            b = self._bufs[name] = backend.view(backend.allocate(math.prod(shape), backend.dtype), shape)
+        return b
+
+    def _shapes(self, x):
+        n, t, d = x.shape
+        return n, t, d, self.config.hidden_size, self.gates * self.config.hidden_size
+
+    def forward(self, backend, x, w, y):
+        n, t, d, h, gh = self._shapes(x[0])
+        pre = self._buf(backend, "pre", (n, t, gh))
+        hprev = self._buf(backend, "hprev", (n, t, h))
+        hw = self._buf(backend, "hw", (n, gh))
+        ht = self._buf(backend, "h", (n, h))
+        backend.gemm(x[0].reshape(n * t, d), False, w[0], True, pre.reshape(n * t, gh))
+        for step in range(t):
+            if step == 0:
+                backend.fill(0.0, hw)
+            else:
+                backend.gemm(ht, False, w[1], True, hw)
+            self._cell(backend, pre, hw, w[2:], ht, hprev, y[0], step)
+        self._w_hh = w[1]  # the backward pass through time multiplies by the weights this pass used
+        self._grads_fresh = False
+
+    def _through_time(self, backend, dy) -> None:
+        """dL/d(pre-activations) of every step into the workspace "dpre" [N, T, G·H]."""
+        pre = self._bufs["pre"]
+        n, t, gh = pre.shape
+        h = self.config.hidden_size
+        dpre = self._buf(backend, "dpre", (n, t, gh))
+        dpre_t = self._buf(backend, "dpre_t", (n, gh))
+        dh = self._buf(backend, "dh", (n, h))
+        self._start_backward(backend, n, h)
+        for step in reversed(range(t)):
+            if step == t - 1:
+                backend.fill(0.0, dh)
+            else:
+                backend.gemm(dpre_t, False, self._w_hh, False, dh, 1.0, self.direct_share)
+            self._cell_grad(backend, dh, dy, dpre, dpre_t, step)
+        self._grads_fresh = True
+
+    def backward_parameters(self, backend, x, y, dy, dw, beta):
+        self._through_time(backend, dy[0])
+        n, t, d, h, gh = self._shapes(x[0])
+        dpre = self._bufs["dpre"].reshape(n * t, gh)
+        dhid = self._bufs[self.hidden_grads].reshape(n * t, gh)
+        backend.gemm(dpre, True, x[0].reshape(n * t, d), False, dw[0], 1.0, beta[0])
+        backend.gemm(dhid, True, self._bufs["hprev"].reshape(n * t, h), False, dw[1], 1.0, beta[1])
+        backend.bias_grad(dpre, dw[2], beta[2])
+        if len(dw) > 3:
+            backend.bias_grad(dhid, dw[3], beta[3])
+
+    def backward_input(self, backend, x, y, dy, w, dx):
+        if dx[0] is None:
+            return
+        if not self._grads_fresh:  # not computed by backward_parameters for this backward pass
+            self._w_hh = w[1]
+            self._through_time(backend, dy[0])
+        self._grads_fresh = False
+        n, t, d, h, gh = self._shapes(x[0])
+        backend.gemm(self._bufs["dpre"].reshape(n * t, gh), False, w[0], False, dx[0].reshape(n * t, d))
+
+    def _start_backward(self, backend, n: int, h: int) -> None:
+        pass
+
+    def _cell(self, backend, pre, hw, biases, ht, hprev, y, step) -> None:
+        raise NotImplementedError
+
+    def _cell_grad(self, backend, dh, dy, dpre, dpre_t, step) -> None:
+        raise NotImplementedError
+
+
+@register_layer("LSTM", LSTMConfig)
+class LSTM(_Recurrent):
+    gates = 4
+
+    def _cell(self, backend, pre, hw, biases, ht, hprev, y, step):
+        n, t, _ = pre.shape
+        c = self._buf(backend, "c", (n, t, self.config.hidden_size))
+        backend.lstm_cell(pre, hw, biases[0], c, ht, hprev, y, step, self.config.return_sequences)
+
+    def _start_backward(self, backend, n, h):
+        backend.fill(0.0, self._buf(backend, "dc", (n, h)))
+
+    def _cell_grad(self, backend, dh, dy, dpre, dpre_t, step):
+        backend.lstm_cell_grad(self._bufs["pre"], self._bufs["c"], dh, dy, self._bufs["dc"], dpre, dpre_t, step,
+                               self.config.return_sequences)
+
+
+@register_layer("RNN", RNNConfig)
+class RNN(_Recurrent):
+    gates = 1
+
+    def _cell(self, backend, pre, hw, biases, ht, hprev, y, step):
+        backend.rnn_cell(pre, hw, biases[0], ht, hprev, y, step, self.config.return_sequences)
+
+    def _cell_grad(self, backend, dh, dy, dpre, dpre_t, step):
+        backend.rnn_cell_grad(self._bufs["pre"], dh, dy, dpre, dpre_t, step, self.config.return_sequences)
+
+
+@register_layer("GRU", GRUConfig)
+class GRU(_Recurrent):
+    weight_names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+    gates = 3
+    hidden_grads = "dpre_h"
+    direct_share = 1.0
+
+    def _cell(self, backend, pre, hw, biases, ht, hprev, y, step):
+        n, t, _ = pre.shape
+        hn = self._buf(backend, "hn", (n, t, self.config.hidden_size))
+        backend.gru_cell(pre, hw, biases[0], biases[1], hn, ht, hprev, y, step, self.config.return_sequences)
+
+    def _start_backward(self, backend, n, h):
+        pre = self._bufs["pre"]
+        self._buf(backend, "dpre_h", pre.shape)
+
+    def _cell_grad(self, backend, dh, dy, dpre, dpre_t, step):
+        b = self._bufs
+        backend.gru_cell_grad(b["pre"], b["hn"], b["hprev"], dh, dy, dpre, b["dpre_h"], dpre_t, step,
+                              self.config.return_sequences)
