@@ -25,6 +25,7 @@ vulkan:
 	fi
 
 test: $(STAMP) vulkan
+	$(PY) -m mypy
 	$(PY) -m pytest -q tests
 
 demo: $(STAMP)

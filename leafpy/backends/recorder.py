@@ -125,7 +125,7 @@ class StepRecorder:
             if not t.is_fresh_on(be.key):
                 stale.append(t)
         for t in stale:  # host data changed (weights set, the learning rate): upload into the same buffer
-            t.read(be)  # type: ignore[arg-type]  # a Replayer is a Backend
+            t.read(be)
         be.launch(entry.recording)
         for ref, writes, _ in entry.tensors:
             tensor = ref()

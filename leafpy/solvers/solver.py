@@ -241,7 +241,7 @@ class Solver:
         if not hasattr(layer, "require_input_gradients") or n != 2:
             raise ConfigError(f"solver.objective: expected a Sequential with two inputs (the network output, then "
                               f"the target), got {layer!r}")
-        layer.require_input_gradients([True] + [False] * (n - 1))  # type: ignore[attr-defined]
+        layer.require_input_gradients([True] + [False] * (n - 1))
         self._objective = layer
 
     # --- training -----------------------------------------------------------------------------------------

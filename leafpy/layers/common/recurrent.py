@@ -49,7 +49,7 @@ class GRUConfig(LSTMConfig):
 
 
 class _Recurrent(Worker):
-    weight_names = ("weight_ih", "weight_hh", "bias")
+    weight_names: tuple[str, ...] = ("weight_ih", "weight_hh", "bias")
     gates = 1
     hidden_grads = "dpre"
     """The workspace of pre-activation gradients whose product with h_{t-1} is weight_hh's gradient."""

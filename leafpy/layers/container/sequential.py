@@ -214,7 +214,7 @@ class Sequential(Layer):
         return True
 
     @property
-    def outputs(self) -> list[SharedTensor]:  # type: ignore[override]
+    def outputs(self) -> list[SharedTensor]:
         return self.layers[-1].outputs if hasattr(self, "layers") else []
 
     @outputs.setter
@@ -222,7 +222,7 @@ class Sequential(Layer):
         pass  # a container's outputs are its last layer's; Layer.__init__'s assignment has nothing to set
 
     @property
-    def output_grads(self) -> list[SharedTensor]:  # type: ignore[override]
+    def output_grads(self) -> list[SharedTensor]:
         return self.layers[-1].output_grads if hasattr(self, "layers") else []
 
     @output_grads.setter
