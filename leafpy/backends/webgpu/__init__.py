@@ -58,15 +58,13 @@ class WView:
         return WView(self.raw, (min(index.stop, self.size),), self.dtype, self.owner or self)
 
     def reshape(self, *shape: Any) -> WView:
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = tuple(shape[0])
-        shape = list(shape)
-        if -1 in shape:
-            known = math.prod(d for d in shape if d != -1)
-            shape[shape.index(-1)] = self.size // known if known else 0
-        if math.prod(shape) != self.size:
-            raise BackendError(f"webgpu: cannot view {self.shape} as {tuple(shape)}")
-        return WView(self.raw, tuple(shape), self.dtype, self.owner or self)
+        dims = list(shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
+        if -1 in dims:
+            known = math.prod(d for d in dims if d != -1)
+            dims[dims.index(-1)] = self.size // known if known else 0
+        if math.prod(dims) != self.size:
+            raise BackendError(f"webgpu: cannot view {self.shape} as {tuple(dims)}")
+        return WView(self.raw, tuple(dims), self.dtype, self.owner or self)
 
     def __repr__(self) -> str:
         return f"WView(shape={self.shape}, dtype={self.dtype})"
@@ -423,7 +421,7 @@ class WebGPUBackend(Backend):
             return False
         if kind == "bias":
             # the store adds Bias[column], or Bias[row] where it writes a convolution's channels (C_MODE 1)
-            if bias.size != g["shape"][1 if consts.get("C_MODE", 0) == 0 else 0]:
+            if bias is None or bias.size != g["shape"][1 if consts.get("C_MODE", 0) == 0 else 0]:
                 return False
             g["operands"][3] = bias
             g["consts"] += (("HAS_BIAS", 1),)
@@ -540,7 +538,8 @@ class WebGPUBackend(Backend):
         will fill it); 64x64 always qualifies."""
         if self.SMALL_TILES and min(m, n) <= 32:
             return "gemm", 32, 32, (("TS", 8), ("TILES", 128))
-        best, choice = None, ("gemm", 64, 64, ())
+        best: float | None = None
+        choice: tuple[str, int, int, tuple] = ("gemm", 64, 64, ())
         for tm, tn, rate in ((64, 64, 1.0), (64, 128, self.WIDE_TILE_RATE), (128, 128, self.BIG_TILE_RATE)):
             tiles = -(-m // tm) * -(-n // tn) * batch
             if (tm, tn) != (64, 64) and not (tiles >= 256 or (self.BIG_TILES_SPLIT_K and k >= self.SPLIT_K_FROM)):
