@@ -49,6 +49,11 @@ struct LayerConfig {
     concat @21 :ConcatConfig;
     slice @22 :SliceConfig;
     lrn @23 :LRNConfig;
+    leakyRelu @24 :LeakyReLUConfig;
+    elu @25 :ELUConfig;
+    gelu @26 :GELUConfig;
+    softplus @27 :SoftplusConfig;
+    silu @28 :Void;
   }
 
   outputs @11 :List(Text);
@@ -193,4 +198,26 @@ struct SolverCheckpoint {
   rngSeeds @6 :List(UInt64);     # per random layer (dropout), in network order: its seed
   rngCalls @7 :List(UInt64);     # and how many masks it has drawn
   trainerState @8 :Text;         # the training loop's own position (JSON object; empty: none)
+}
+
+struct LeakyReLUConfig {
+  negativeSlope @0 :Float64 = 0.01;
+}
+
+struct ELUConfig {
+  alpha @0 :Float64 = 1.0;
+}
+
+enum GeluApproximation {
+  none @0;   # x * Phi(x), through erf
+  tanh @1;   # the tanh approximation
+}
+
+struct GELUConfig {
+  approximate @0 :GeluApproximation = none;
+}
+
+struct SoftplusConfig {
+  beta @0 :Float64 = 1.0;
+  threshold @1 :Float64 = 20.0;
 }
