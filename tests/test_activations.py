@@ -170,25 +170,35 @@ def test_in_a_network_between_linear_layers(be, name):
     close(grads[2], dout.T @ a, f"{name}: fc2 weight gradient", rtol=1e-4, atol=1e-5)
 
 
+FIRST_LAYERS = {  # (the layer before the activation, input shape)
+    "linear": (lp.LinearConfig(output_size=13), (9, 11)),
+    "conv": (lp.ConvolutionConfig(num_output=3, filter_shape=[3], padding=[1]), (2, 2, 5, 5)),
+    "winograd": (lp.ConvolutionConfig(num_output=4, filter_shape=[3], padding=[1]), (2, 4, 5, 5)),
+}
+
+
 @pytest.mark.webgpu
+@pytest.mark.parametrize("first", sorted(FIRST_LAYERS))
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_webgpu_activation_joins_the_gemm_store(name):
-    """On webgpu a Linear layer's product, its bias and the activation are one kernel (the activation computed in
-    the GEMM's store, in place or beside the product), and equal native's."""
+def test_webgpu_activation_joins_the_gemm_store(name, first):
+    """On webgpu a Linear layer's or a convolution's product, its bias and the activation are one kernel (the
+    activation computed in the implicit GEMM's store, in place or beside the product; after a Winograd output
+    transform, in place only), and equal native's."""
     config = CASES[name][0]
+    layer, shape = FIRST_LAYERS[first]
     wg = _backend("webgpu", power_preference="low-power")
-    cfg = lp.SequentialConfig(inputs=[("data", [9, 11])], force_backward=True)
-    cfg.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=13)))
+    wg.WINOGRAD_MIN_CHANNELS = 4 if first == "winograd" else 64
+    cfg = lp.SequentialConfig(inputs=[("data", list(shape))], force_backward=True)
+    cfg.add_layer(lp.LayerConfig("first", layer))
     cfg.add_layer(lp.LayerConfig("act", config))
     rng = np.random.default_rng(3)
-    x = (rng.standard_normal((9, 11)) * 2).astype(np.float32)
-    dy = rng.standard_normal((9, 13)).astype(np.float32)
+    x = (rng.standard_normal(shape) * 2).astype(np.float32)
     results = []
     for be in (lp.backend("native"), wg):
         net = lp.Layer.from_config(be, lp.LayerConfig("net", cfg), seed=4)
         bias = net.learnable_weights_data()[1]
-        bias.set(np.linspace(-1, 1, 13, dtype=np.float32))
-        net.forward([x])
+        bias.set(np.linspace(-1, 1, bias.shape[0], dtype=np.float32))
+        dy = np.random.default_rng(5).standard_normal(net.forward([x])[0].shape).astype(np.float32)
         net.backward([dy])  # first runs: uploads and scratch
         encoded = []
         if be is wg:
@@ -199,19 +209,27 @@ def test_webgpu_activation_joins_the_gemm_store(name):
             out = net.forward([x])[0]
             if be is wg:
                 wg.flush()
-                forward_entries = list(encoded)
         finally:
             if be is wg:
                 del wg._encode
         dx = net.backward([dy])[0].to_numpy()
         results.append((out.to_numpy(), dx, [g.to_numpy() for g in net.learnable_weights_gradients()]))
-    gemms = [e for e in forward_entries if e.startswith("gemm")]
-    assert len(gemms) == 1 and len(forward_entries) == 1 + forward_entries.count("copy"), forward_entries
+    if first == "winograd":  # an activation that keeps the product runs on its own
+        separate = [e for e in encoded if not e.startswith(("winograd", "gemm")) and e != "copy"]
+        assert "winograd_output" in encoded and len(separate) == (0 if _in_place(config) else 1), encoded
+    else:
+        assert [e for e in encoded if e != "copy"] == ["gemm"], encoded
     (y1, dx1, g1), (y2, dx2, g2) = results
     close(y2, y1, f"{name}: output", rtol=1e-4, atol=1e-5)
     close(dx2, dx1, f"{name}: input gradient", rtol=1e-4, atol=1e-5)
     for a, b in zip(g2, g1):
         close(a, b, f"{name}: weight gradient", rtol=1e-4, atol=1e-5)
+
+
+def _in_place(config) -> bool:
+    """Whether the activation runs in place (its gradient reads its output)."""
+    layer = lp.Layer.from_config(lp.backend("native"), lp.LayerConfig("a", config))
+    return layer.worker.in_place
 
 
 @pytest.mark.parametrize("make,field", [
