@@ -232,6 +232,40 @@ def _in_place(config) -> bool:
     return layer.worker.in_place
 
 
+@pytest.mark.parametrize("spec", BACKENDS)
+def test_a_new_formula_is_one_table_line(spec, monkeypatch):
+    """A line added to the pointwise table runs on a backend made afterwards, in and out of place, and (webgpu)
+    in the GEMM's store, with nothing else written for it: f(x) = a x^2 with its gradient 2 a x dy."""
+    from leafpy.backends import pointwise as pw
+
+    name, options = spec
+
+    a = pw.param("a")
+    monkeypatch.setitem(pw.TABLE, "scaled_square", pw.Pointwise("scaled_square", a * pw.X * pw.X,
+                                                                 pw.DY * (2.0 * a) * pw.X, ("a",)))
+    fresh = {"native": {"dtype": "float32"}, "cuda": {"device": 0}, "webgpu": {"power_preference": "low-power"}}
+    be = _backend(name, **options, **fresh[name])  # with options: a new instance, not the shared one
+    rng = np.random.default_rng(6)
+    x, dy = rng.standard_normal((2, 37)).astype(np.float32)
+    tx, ty, tdy = lp.SharedTensor.from_numpy(x), lp.SharedTensor((37,)), lp.SharedTensor.from_numpy(dy)
+    be.activation("scaled_square", tx.read(be), ty.write(be), (1.5,))
+    close(ty.to_numpy(), 1.5 * x * x, "out of place")
+    be.activation_grad("scaled_square", tx.read(be), tdy.read(be), tdy.read_write(be), (1.5,))
+    close(tdy.to_numpy(), 3.0 * x * dy, "gradient in place")
+    be.activation("scaled_square", tx.read(be), tx.read_write(be), (-2.0,))
+    close(tx.to_numpy(), -2.0 * x * x, "in place")
+    if name == "webgpu":  # joins the store of the GEMM that wrote its input
+        w = rng.standard_normal((5, 37)).astype(np.float32)
+        prod, out = lp.SharedTensor((1, 5)), lp.SharedTensor((1, 5))
+        be.gemm(lp.SharedTensor.from_numpy(x.reshape(1, 37)).read(be), False, lp.SharedTensor.from_numpy(w).read(be),
+                True, prod.write(be))
+        before = be.dispatches
+        be.activation("scaled_square", prod.read(be), out.write(be), (0.5,))
+        assert be.dispatches == before
+        close(out.to_numpy(), 0.5 * (x.reshape(1, 37) @ w.T) ** 2, "fused", rtol=1e-4, atol=1e-5)
+        close(prod.to_numpy(), x.reshape(1, 37) @ w.T, "the product kept", rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("make,field", [
     (lambda: lp.LeakyReLUConfig(negative_slope=-0.1), "LeakyReLUConfig.negative_slope"),
     (lambda: lp.LeakyReLUConfig(negative_slope="a"), "LeakyReLUConfig.negative_slope"),

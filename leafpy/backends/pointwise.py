@@ -483,17 +483,17 @@ def wgsl_inplace() -> dict[str, tuple[int, int]]:
     return found
 
 
-_CODES = {name: i + 1 for i, name in enumerate(TABLE)}
-MAX_PARAMS = max(len(ln.params) for ln in TABLE.values())
+def _codes() -> dict[str, int]:
+    return {name: i + 1 for i, name in enumerate(TABLE)}
 
 
 def wgsl_epilogue() -> str:
     """``act_epilogue(s)``: the activation chosen by the pipeline constant ACT (0: none; see
     :func:`epilogue_constants`) with its parameters in ACT_P0, ACT_P1, ..."""
     lines = ["override ACT: u32 = 0u;"]
-    lines += [f"override ACT_P{i}: f32 = 0.0;" for i in range(MAX_PARAMS)]
+    lines += [f"override ACT_P{i}: f32 = 0.0;" for i in range(max(len(ln.params) for ln in TABLE.values()))]
     lines.append("fn act_epilogue(s: f32) -> f32 {")
-    for name, code in _CODES.items():
+    for name, code in _codes().items():
         ps = "".join(f", ACT_P{i}" for i in range(len(TABLE[name].params)))
         lines.append(f"    if (ACT == {code}u) {{ return pw_{name}_f(s{ps}); }}")
     lines += ["    return s;", "}", ""]
@@ -503,4 +503,4 @@ def wgsl_epilogue() -> str:
 def epilogue_constants(kind: str, params: tuple[float, ...] = ()) -> tuple[tuple[str, Any], ...]:
     """The pipeline constants that make :func:`wgsl_epilogue` apply ``kind`` with ``params``."""
     line(kind)
-    return (("ACT", _CODES[kind]), *((f"ACT_P{i}", float(v)) for i, v in enumerate(params)))
+    return (("ACT", _codes()[kind]), *((f"ACT_P{i}", float(v)) for i, v in enumerate(params)))

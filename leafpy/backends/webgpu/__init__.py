@@ -142,6 +142,7 @@ class WebGPUBackend(Backend):
         generated = {"elementwise": pointwise.wgsl_functions() + pointwise.wgsl_entry_points(),
                      "gemm": pointwise.wgsl_functions() + pointwise.wgsl_epilogue(),
                      "winograd": pointwise.wgsl_functions() + pointwise.wgsl_epilogue()}
+        self._inplace = pointwise.wgsl_inplace()  # entry -> (output position, the input position it may overwrite)
         self._modules = {m: self.device.create_shader_module(
             code=common + (window if m in _WINDOWED else "") + (_HERE / f"{m}.wgsl").read_text() + generated.get(m, ""))
             for m in _MODULES}
@@ -520,7 +521,7 @@ class WebGPUBackend(Backend):
             return
         raws = [b.raw for b in buffers]
         alias = {i for i in range(len(buffers)) if raws[i] in raws[:i]}
-        inplace = _INPLACE.get(entry)
+        inplace = self._inplace.get(entry)
         if inplace and alias == {inplace[0]} and raws[inplace[0]] is raws[inplace[1]]:
             # a kernel that overwrites its input: bind the buffer once
             entry, alias = entry + "_inplace", set()
@@ -1178,9 +1179,6 @@ class _RecordedStep:
     def dead(self) -> bool:
         return any(ref() is None for ref, _, _ in self.tensors)
 
-
-# elementwise entries with an in-place variant: (output position, the input position it may overwrite)
-_INPLACE = pointwise.wgsl_inplace()
 
 
 def _workgroup_each(count: int) -> tuple[int, int, int]:
