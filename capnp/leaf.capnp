@@ -49,12 +49,11 @@ struct LayerConfig {
     concat @21 :ConcatConfig;
     slice @22 :SliceConfig;
     lrn @23 :LRNConfig;
-    # @24..@28 are the activation layers' (LeakyReLU, ELU, GELU, Softplus, SiLU); held here until they land
-    reserved24 @24 :Void;
-    reserved25 @25 :Void;
-    reserved26 @26 :Void;
-    reserved27 @27 :Void;
-    reserved28 @28 :Void;
+    leakyRelu @24 :LeakyReLUConfig;
+    elu @25 :ELUConfig;
+    gelu @26 :GELUConfig;
+    softplus @27 :SoftplusConfig;
+    silu @28 :Void;
     # sequences
     embedding @29 :EmbeddingConfig;
     lstm @30 :RecurrentConfig;
@@ -215,4 +214,26 @@ struct EmbeddingConfig {
 struct RecurrentConfig {     # LSTM, RNN and GRU
   hiddenSize @0 :UInt64;
   returnSequences @1 :Bool = true;
+}
+
+struct LeakyReLUConfig {
+  negativeSlope @0 :Float64 = 0.01;
+}
+
+struct ELUConfig {
+  alpha @0 :Float64 = 1.0;
+}
+
+enum GeluApproximation {
+  none @0;   # x * Phi(x), through erf
+  tanh @1;   # the tanh approximation
+}
+
+struct GELUConfig {
+  approximate @0 :GeluApproximation = none;
+}
+
+struct SoftplusConfig {
+  beta @0 :Float64 = 1.0;
+  threshold @1 :Float64 = 20.0;
 }

@@ -46,6 +46,14 @@ CASES = {
     "ReLU": [("ReLU", lambda r: [away_from_zero(r, (3, 7))])],
     "Sigmoid": [("Sigmoid", lambda r: [r.standard_normal((3, 5))])],
     "TanH": [("TanH", lambda r: [r.standard_normal((3, 5))])],
+    "LeakyReLU": [(lp.LeakyReLUConfig(negative_slope=0.2), lambda r: [away_from_zero(r, (3, 7))])],
+    "ELU": [(lp.ELUConfig(alpha=0.7), lambda r: [2 * away_from_zero(r, (3, 7))])],
+    "GELU": [(lp.GELUConfig(), lambda r: [2 * r.standard_normal((3, 5))]),
+             (lp.GELUConfig(approximate="tanh"), lambda r: [2 * r.standard_normal((3, 5))])],
+    "Softplus": [(lp.SoftplusConfig(), lambda r: [3 * r.standard_normal((3, 5))]),
+                 # beta x on both sides of the threshold, away from it (the function steps there)
+                 (lp.SoftplusConfig(beta=2.0, threshold=1.5), lambda r: [0.75 + away_from_zero(r, (3, 7), 0.1)])],
+    "SiLU": [("SiLU", lambda r: [2 * r.standard_normal((3, 5))])],
     "Softmax": [("Softmax", lambda r: [r.standard_normal((3, 5))]),
                 ("Softmax", lambda r: [r.standard_normal((2, 3, 2))]),
                 ("Softmax", lambda r: [r.standard_normal((2, 300))])],  # long rows: a workgroup per row

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from . import pointwise
 from .base import Backend, Buffer, Pair
 
 DROPOUT_HASH_ROUNDS = ((16, 0x85EBCA6B), (13, 0xC2B2AE35), (16, 0))
@@ -93,29 +94,14 @@ class ArrayBackend(Backend):
     def read_scalar(self, buf):
         return float(buf.reshape(-1)[0])
 
-    # --- activations --------------------------------------------------------------------------------------
-    def relu(self, x, out):
-        self.xp.maximum(x, 0, out=out)
+    # --- activations: evaluated from their formulas in pointwise.TABLE ---------------------------------------------
+    def activation(self, kind, x, out, params=()):
+        line = pointwise.TABLE.get(kind) or pointwise.line(kind)
+        pointwise.evaluate(self.xp, line.forward, ("x",), (x,), line.params, params, out)
 
-    def relu_grad(self, y, dy, dx):
-        self.xp.multiply(dy, y > 0, out=dx)
-
-    def sigmoid(self, x, out):
-        xp = self.xp
-        # 0.5 * (1 + tanh(x / 2)) is sigmoid without overflow for large |x|
-        xp.multiply(x, 0.5, out=out)
-        xp.tanh(out, out=out)
-        out += 1.0
-        out *= 0.5
-
-    def sigmoid_grad(self, y, dy, dx):
-        self.xp.multiply(dy, y * (1.0 - y), out=dx)
-
-    def tanh(self, x, out):
-        self.xp.tanh(x, out=out)
-
-    def tanh_grad(self, y, dy, dx):
-        self.xp.multiply(dy, 1.0 - y * y, out=dx)
+    def activation_grad(self, kind, src, dy, dx, params=()):
+        line = pointwise.TABLE.get(kind) or pointwise.line(kind)
+        pointwise.evaluate(self.xp, line.gradient, (line.reads, "dy"), (src, dy), line.params, params, dx)
 
     @staticmethod
     def _classes(a: Buffer) -> Buffer:

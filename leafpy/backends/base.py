@@ -87,27 +87,38 @@ class Backend:
         """The first element of ``buf`` as a Python float (reads back to the host)."""
         raise NotImplementedError
 
-    # --- activations ------------------------------------------------------------------------------------------
-    def relu(self, x: Buffer, out: Buffer) -> None:
+    # --- activations: the lines of pointwise.TABLE ---------------------------------------------------------------
+    def activation(self, kind: str, x: Buffer, out: Buffer, params: tuple[float, ...] = ()) -> None:
+        """``out = f(x)`` for the activation ``kind`` (a line of :data:`leafpy.backends.pointwise.TABLE`), with
+        ``params`` in the order the line names them; ``out`` may be ``x``."""
         raise NotImplementedError
+
+    def activation_grad(self, kind: str, src: Buffer, dy: Buffer, dx: Buffer, params: tuple[float, ...] = ()) -> None:
+        """``dx = dy * f'`` for the activation ``kind``, from ``src``: its output y or its input x, whichever the
+        line's gradient reads (``Pointwise.reads``); ``dx`` may be ``dy``."""
+        raise NotImplementedError
+
+    # shorthands (not primitives of their own)
+    def relu(self, x: Buffer, out: Buffer) -> None:
+        self.activation("relu", x, out)
 
     def relu_grad(self, y: Buffer, dy: Buffer, dx: Buffer) -> None:
         """``dx = dy * (y > 0)`` from the output ``y`` (so it works in place)."""
-        raise NotImplementedError
+        self.activation_grad("relu", y, dy, dx)
 
     def sigmoid(self, x: Buffer, out: Buffer) -> None:
-        raise NotImplementedError
+        self.activation("sigmoid", x, out)
 
     def sigmoid_grad(self, y: Buffer, dy: Buffer, dx: Buffer) -> None:
         """``dx = dy * y * (1 - y)``."""
-        raise NotImplementedError
+        self.activation_grad("sigmoid", y, dy, dx)
 
     def tanh(self, x: Buffer, out: Buffer) -> None:
-        raise NotImplementedError
+        self.activation("tanh", x, out)
 
     def tanh_grad(self, y: Buffer, dy: Buffer, dx: Buffer) -> None:
         """``dx = dy * (1 - y * y)``."""
-        raise NotImplementedError
+        self.activation_grad("tanh", y, dy, dx)
 
     def softmax(self, x: Buffer, out: Buffer) -> None:
         """Softmax over axis 1 of ``[N, C, ...]``, separately for each sample and position."""
@@ -342,8 +353,10 @@ class Backend:
 
 
 OPTIONAL_HOOKS = ("run_step", "peak_memory")
+SHORTHANDS = ("relu", "relu_grad", "sigmoid", "sigmoid_grad", "tanh", "tanh_grad")
+"""Methods written once here over a primitive (a backend may still override them)."""
 PRIMITIVES = tuple(
     name for name, value in vars(Backend).items()
-    if callable(value) and not name.startswith("_") and name not in OPTIONAL_HOOKS
+    if callable(value) and not name.startswith("_") and name not in OPTIONAL_HOOKS + SHORTHANDS
 )
 """Every method a backend must implement (used by the signature-consistency test)."""

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendError, BackendUnavailable
+from . import pointwise
 from .array import ArrayBackend
 from .recorder import StepRecorder
 
@@ -123,12 +124,10 @@ class CudaBackend(ArrayBackend):
     @staticmethod
     def _build_kernels(cp: Any) -> dict:
         ek = cp.ElementwiseKernel
-        return {
+        # the activations and their gradients, generated from their formulas (pointwise.TABLE)
+        activations = {name: ek(*source) for name, source in pointwise.cuda_kernel_sources().items()}
+        return activations | {
             "axpby": ek("T x, T a, T b", "T y", "y = a * x + b * y", "leafpy_axpby"),
-            "relu_grad": ek("T y, T dy", "T dx", "dx = y > 0 ? dy : (T)0", "leafpy_relu_grad"),
-            "sigmoid": ek("T x", "T y", "y = (T)1 / ((T)1 + exp(-x))", "leafpy_sigmoid"),
-            "sigmoid_grad": ek("T y, T dy", "T dx", "dx = dy * y * ((T)1 - y)", "leafpy_sigmoid_grad"),
-            "tanh_grad": ek("T y, T dy", "T dx", "dx = dy * ((T)1 - y * y)", "leafpy_tanh_grad"),
             "clip_to_norm": ek("raw T sumsq, T threshold", "T x",
                                "T n = sqrt(sumsq[0]); if (n > threshold) x *= threshold / n", "leafpy_clip_to_norm"),
             # solver updates: the step's rate is read on the device (rate[0]), so a recorded step replays under
@@ -288,17 +287,13 @@ class CudaBackend(ArrayBackend):
     def axpby(self, alpha, x, beta, y):
         self._kernels["axpby"](x, self._scalar(alpha), self._scalar(beta), y)
 
-    def relu_grad(self, y, dy, dx):
-        self._kernels["relu_grad"](y, dy, dx)
+    def activation(self, kind, x, out, params=()):
+        pointwise.line(kind)
+        self._kernels[kind](x, *map(self._scalar, params), out)
 
-    def sigmoid(self, x, out):
-        self._kernels["sigmoid"](x, out)
-
-    def sigmoid_grad(self, y, dy, dx):
-        self._kernels["sigmoid_grad"](y, dy, dx)
-
-    def tanh_grad(self, y, dy, dx):
-        self._kernels["tanh_grad"](y, dy, dx)
+    def activation_grad(self, kind, src, dy, dx, params=()):
+        pointwise.line(kind)
+        self._kernels[kind + "_grad"](src, dy, *map(self._scalar, params), dx)
 
     def clip_to_norm(self, x, sumsq, threshold):
         self._kernels["clip_to_norm"](sumsq, self._scalar(threshold), x)

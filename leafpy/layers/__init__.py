@@ -1,6 +1,10 @@
 """Layers: the registry, the Layer wrapper and every layer type (each in its own module)."""
 
 from . import _load_all  # noqa: F401,E402
+from .activation.elu import ELUConfig  # noqa: E402
+from .activation.gelu import GELUConfig  # noqa: E402
+from .activation.leaky_relu import LeakyReLUConfig  # noqa: E402
+from .activation.softplus import SoftplusConfig  # noqa: E402
 from .common.batch_norm import BatchNormConfig  # noqa: E402
 from .common.concat import ConcatConfig, SliceConfig  # noqa: E402
 from .common.convolution import ConvolutionConfig  # noqa: E402
@@ -16,7 +20,8 @@ from .layer import FillerConfig, Layer, LayerConfig, WeightConfig, Worker, layer
 from .loss.negative_log_likelihood import NegativeLogLikelihoodConfig  # noqa: E402
 from .utility.reshape import ReshapeConfig  # noqa: E402
 
-__all__ = ["BatchNormConfig", "ConcatConfig", "ConvolutionConfig", "DropoutConfig", "EltwiseConfig", "FillerConfig",
+__all__ = ["BatchNormConfig", "ELUConfig", "GELUConfig", "LeakyReLUConfig", "SoftplusConfig",
+           "ConcatConfig", "ConvolutionConfig", "DropoutConfig", "EltwiseConfig", "FillerConfig",
            "Layer", "LayerConfig", "LinearConfig", "LRNConfig", "NegativeLogLikelihoodConfig", "PoolingConfig",
            "ReshapeConfig", "Sequential", "SequentialConfig", "SliceConfig", "WeightConfig", "Worker", "layer_types",
            "lookup", "register_layer", "EmbeddingConfig", "GRUConfig", "LSTMConfig", "RNNConfig"]

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import BackendError, BackendUnavailable, ConfigError
+from .. import pointwise
 from ..array import DROPOUT_KEY_MULTIPLIER, dropout_threshold
 from ..base import Backend
 from ..recorder import StepRecorder
@@ -136,15 +137,21 @@ class WebGPUBackend(Backend):
         self.queue = self.device.queue
         common = (_HERE / "params.wgsl").read_text()
         window = (_HERE / "window.wgsl").read_text()
+        # the activations' entry points and the GEMM's epilogue are generated from their formulas (pointwise.TABLE)
+        generated = {"elementwise": pointwise.wgsl_functions() + pointwise.wgsl_entry_points(),
+                     "gemm": pointwise.wgsl_functions() + pointwise.wgsl_epilogue(),
+                     "winograd": pointwise.wgsl_functions() + pointwise.wgsl_epilogue()}
+        self._inplace = pointwise.wgsl_inplace()  # entry -> (output position, the input position it may overwrite)
         self._modules = {m: self.device.create_shader_module(
-            code=common + (window if m in _WINDOWED else "") + (_HERE / f"{m}.wgsl").read_text()) for m in _MODULES}
+            code=common + (window if m in _WINDOWED else "") + (_HERE / f"{m}.wgsl").read_text() + generated.get(m, ""))
+            for m in _MODULES}
         self._pipelines: dict = {}
         self._uniforms: dict = {}
         self._bind_groups: dict = {}
         self._scratch: dict = {}
         self._free: dict[int, list] = {}  # buffer pool: byte size -> buffers no tensor holds
         self._encoder: Any = None
-        self._pending: dict | None = None  # the last GEMM, not yet encoded: a bias or ReLU may join its epilogue
+        self._pending: dict | None = None  # the last GEMM, not yet encoded: a bias or activation may join its store
         self.recorder = StepRecorder(self, self.MAX_RECORDED_STEPS)
         self._recording: list | None = None  # (pipeline, bind group, grid) of each dispatch while recording
         self.allocations = 0
@@ -409,15 +416,18 @@ class WebGPUBackend(Backend):
             g, self._pending = self._pending, None
             self._encode(g["module"], g["entry"], g["params"], g["operands"], g["groups"], constants=g["consts"])
 
-    def _fuse(self, out: WView, kind: str, bias: WView | None = None) -> bool:
-        """Join a bias add or an in-place ReLU on ``out`` to the epilogue of the GEMM that is about to write all of
-        ``out`` (recorded, not yet encoded), saving a dispatch and a pass over the product. False where it cannot:
-        no such GEMM, another buffer, or (for a bias) one already added or a ReLU already applied."""
+    def _fuse(self, out: WView, kind: str, bias: WView | None = None, params: tuple = (),
+              into: WView | None = None) -> bool:
+        """Join a bias add (``kind`` "bias") or an activation (a line of pointwise.TABLE) on ``out`` to the epilogue of
+        the GEMM that is about to write all of ``out`` (recorded, not yet encoded), saving a dispatch and a pass over
+        the product. The activation runs in place on ``out``, or (``into``) is stored into another buffer beside the
+        product, which its gradient reads. False where it cannot: no such GEMM, another buffer, a bias already added
+        or an activation already applied, or (``into``) a Winograd transform or an operand of the GEMM."""
         g = self._pending
         if g is None or out.raw is not g["out"].raw or out.size != math.prod(g["shape"]):
             return False
         consts = dict(g["consts"])
-        if "RELU" in consts or (kind == "bias" and ("HAS_BIAS" in consts or g["module"] != "gemm")):
+        if "ACT" in consts or (kind == "bias" and ("HAS_BIAS" in consts or g["module"] != "gemm")):
             return False
         if kind == "bias":
             # the store adds Bias[column], or Bias[row] where it writes a convolution's channels (C_MODE 1)
@@ -425,8 +435,14 @@ class WebGPUBackend(Backend):
                 return False
             g["operands"][3] = bias
             g["consts"] += (("HAS_BIAS", 1),)
+        elif into is not None:
+            if (g["module"] != "gemm" or into.size != out.size
+                    or any(into.raw is operand.raw for operand in g["operands"][:4])):
+                return False
+            g["operands"][4] = into
+            g["consts"] += pointwise.epilogue_constants(kind, params) + (("ACT_OUT", 1),)
         else:
-            g["consts"] += (("RELU", 1),)
+            g["consts"] += pointwise.epilogue_constants(kind, params)
         return True
 
     def _span(self, start: int, end: int) -> tuple[int, int, int]:
@@ -479,7 +495,7 @@ class WebGPUBackend(Backend):
             return
         raws = [b.raw for b in buffers]
         alias = {i for i in range(len(buffers)) if raws[i] in raws[:i]}
-        inplace = _INPLACE.get(entry)
+        inplace = self._inplace.get(entry)
         if inplace and alias == {inplace[0]} and raws[inplace[0]] is raws[inplace[1]]:
             # a kernel that overwrites its input: bind the buffer once
             entry, alias = entry + "_inplace", set()
@@ -561,7 +577,8 @@ class WebGPUBackend(Backend):
         consts = (("TRANS_A", int(trans_a)), ("TRANS_B", int(trans_b))) + conv
         if bias is not None:
             consts += (("HAS_BIAS", 1),)
-        operands = [a, b, out, bias if bias is not None else self._scratch_buffer(1, "nobias")]
+        operands = [a, b, out, bias if bias is not None else self._scratch_buffer(1, "nobias"),
+                    self._scratch_buffer(1, "noact")]
         if not conv and max(a.raw.size, b.raw.size, out.raw.size) > self.max_binding:
             return self._gemm_blocks(operands, trans_a, trans_b, m, n, k, alpha, beta, consts, lds)
         entry, tm, tn, tile_consts = self._gemm_tile(m, n, k, batch)
@@ -598,7 +615,7 @@ class WebGPUBackend(Backend):
         partial = self._scratch_buffer(splits * outputs, "splitk")
         for c0, cx in spans:
             self._dispatch("gemm", entry, _pack((m, n, k, n0, 0, 0, 0, chunk, *lds, c0 * tn), (1.0, 0.0)),
-                           [a, b, partial, operands[3]], (cx, gy, splits * batch), constants=consts)
+                           [a, b, partial, *operands[3:]], (cx, gy, splits * batch), constants=consts)
         if outputs <= self.SPLIT_SUM_ROWS:  # few outputs, many partials each: one workgroup per output
             self._sum_rows(partial, out, splits, outputs, alpha, beta, columns=True)
         else:
@@ -638,7 +655,7 @@ class WebGPUBackend(Backend):
                 params = _pack((mm, nn, k, 0, a_off, b_off, rc[2], k, *lds), (alpha, beta))
                 entry, tm, tn, tile_consts = self._gemm_tile(mm, nn, k)
                 self._dispatch("gemm", entry, params, operands, (-(-nn // tn), -(-mm // tm), 1),
-                               [ra[:2], rb[:2], rc[:2], None], constants=consts + tile_consts)
+                               [ra[:2], rb[:2], rc[:2], None, None], constants=consts + tile_consts)
 
     def axpby(self, alpha, x, beta, y):
         if beta == 0.0 and alpha == 1.0:
@@ -695,26 +712,19 @@ class WebGPUBackend(Backend):
         self.download(WView(buf.raw, (1,), buf.dtype, buf.owner or buf), host)
         return float(host[0])
 
-    # --- activations ----------------------------------------------------------------------------------------------
-    def relu(self, x, out):
-        if x.raw is out.raw and self._fuse(out, "relu"):
+    # --- activations: entry points generated from pointwise.TABLE ----------------------------------------------------
+    def activation(self, kind, x, out, params=()):
+        line = pointwise.line(kind)
+        if x.raw is out.raw:
+            if self._fuse(out, kind, params=params):
+                return
+        elif line.reads == "x" and self._fuse(x, kind, params=params, into=out):
+            # an activation whose gradient reads x never runs in place: it joins the GEMM's store beside the product
             return
-        self._elementwise("relu", out.size, [x, out])
+        self._elementwise(line.entry, out.size, [x, out], f=params)
 
-    def relu_grad(self, y, dy, dx):
-        self._elementwise("relu_grad", dx.size, [y, dy, dx])
-
-    def sigmoid(self, x, out):
-        self._elementwise("sigmoid", out.size, [x, out])
-
-    def sigmoid_grad(self, y, dy, dx):
-        self._elementwise("sigmoid_grad", dx.size, [y, dy, dx])
-
-    def tanh(self, x, out):
-        self._elementwise("tanh_fwd", out.size, [x, out])
-
-    def tanh_grad(self, y, dy, dx):
-        self._elementwise("tanh_grad", dx.size, [y, dy, dx])
+    def activation_grad(self, kind, src, dy, dx, params=()):
+        self._elementwise(pointwise.line(kind).name + "_grad", dx.size, [src, dy, dx], f=params)
 
     def _rows(self, a: WView) -> tuple[int, int, int]:
         n, c = a.shape[0], a.shape[1]
@@ -1190,10 +1200,6 @@ class WebGPUBackend(Backend):
         self._seq_dispatch("sequence", "rnn_cell_grad", n * hs, [pre, dh, dy, dpre, dpre_t],
                            (steps, hs, t, int(sequence)))
 
-
-# elementwise entries with an in-place variant: (output position, the input position it may overwrite)
-_INPLACE = {"relu": (1, 0), "sigmoid": (1, 0), "tanh_fwd": (1, 0),
-            "relu_grad": (2, 1), "sigmoid_grad": (2, 1), "tanh_grad": (2, 1)}
 
 
 def _workgroup_each(count: int) -> tuple[int, int, int]:

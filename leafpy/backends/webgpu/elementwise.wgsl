@@ -40,85 +40,8 @@ fn mul(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) n
     if (i < p.u0) { c[i] = a[i] * b[i]; }
 }
 
-// activations: b = f(a); gradients: c = g(a = y, b = dy). Each formula once, for both variants below.
-fn relu_f(x: f32) -> f32 { return max(x, 0.0); }
-fn relu_g(y: f32, dy: f32) -> f32 { return select(0.0, dy, y > 0.0); }
-fn sigmoid_f(x: f32) -> f32 { return 0.5 * (1.0 + tanh(0.5 * x)); }
-fn sigmoid_g(y: f32, dy: f32) -> f32 { return dy * y * (1.0 - y); }
-fn tanh_g(y: f32, dy: f32) -> f32 { return dy * (1.0 - y * y); }
-
-@compute @workgroup_size(256)
-fn relu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
-    let i = flat_index(gid, nw);
-    if (i < p.u0) { b[i] = relu_f(a[i]); }
-}
-
-@compute @workgroup_size(256)
-fn relu_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
-    let i = flat_index(gid, nw);
-    if (i < p.u0) { c[i] = relu_g(a[i], b[i]); }
-}
-
-@compute @workgroup_size(256)
-fn sigmoid(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
-    let i = flat_index(gid, nw);
-    if (i < p.u0) { b[i] = sigmoid_f(a[i]); }
-}
-
-@compute @workgroup_size(256)
-fn sigmoid_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
-    let i = flat_index(gid, nw);
-    if (i < p.u0) { c[i] = sigmoid_g(a[i], b[i]); }
-}
-
-@compute @workgroup_size(256)
-fn tanh_fwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
-    let i = flat_index(gid, nw);
-    if (i < p.u0) { b[i] = tanh(a[i]); }
-}
-
-@compute @workgroup_size(256)
-fn tanh_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
-    let i = flat_index(gid, nw);
-    if (i < p.u0) { c[i] = tanh_g(a[i], b[i]); }
-}
-
-// the same in place (an output bound once with the input it overwrites): forward a = f(a), gradients b = g(a, b)
-@compute @workgroup_size(256)
-fn relu_inplace(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
-    let i = flat_index(gid, nw);
-    if (i < p.u0) { a[i] = relu_f(a[i]); }
-}
-
-@compute @workgroup_size(256)
-fn relu_grad_inplace(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
-    let i = flat_index(gid, nw);
-    if (i < p.u0) { b[i] = relu_g(a[i], b[i]); }
-}
-
-@compute @workgroup_size(256)
-fn sigmoid_inplace(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
-    let i = flat_index(gid, nw);
-    if (i < p.u0) { a[i] = sigmoid_f(a[i]); }
-}
-
-@compute @workgroup_size(256)
-fn sigmoid_grad_inplace(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
-    let i = flat_index(gid, nw);
-    if (i < p.u0) { b[i] = sigmoid_g(a[i], b[i]); }
-}
-
-@compute @workgroup_size(256)
-fn tanh_fwd_inplace(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
-    let i = flat_index(gid, nw);
-    if (i < p.u0) { a[i] = tanh(a[i]); }
-}
-
-@compute @workgroup_size(256)
-fn tanh_grad_inplace(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
-    let i = flat_index(gid, nw);
-    if (i < p.u0) { b[i] = tanh_g(a[i], b[i]); }
-}
+// The activations' entry points (NAME, NAME_grad and their in-place twins) are generated from their formulas and
+// appended to this module (backends/pointwise.py).
 
 // bias_add: a[(n * C + c) * inner + r] += b[c]; u1 = C, u2 = inner, u3 = index of a[0] in the whole tensor
 @compute @workgroup_size(256)

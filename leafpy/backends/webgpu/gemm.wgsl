@@ -28,8 +28,10 @@
 @group(0) @binding(2) var<storage, read> B: array<f32>;
 @group(0) @binding(3) var<storage, read_write> C: array<f32>;
 // Epilogue: with HAS_BIAS, Bias[c] is added to column c of C (a linear layer's bias), or with C_MODE 1 Bias[o] to
-// channel o of y (a convolution's); with RELU the result is clamped at zero (a ReLU run in place on the product).
+// channel o of y (a convolution's); then the activation ACT (act_epilogue, generated from the activations'
+// formulas) is applied to what C stores, or with ACT_OUT stored into ActOut beside the unchanged product.
 @group(0) @binding(4) var<storage, read> Bias: array<f32>;
+@group(0) @binding(5) var<storage, read_write> ActOut: array<f32>;
 
 override TRANS_A: bool = false;
 override TRANS_B: bool = false;
@@ -39,7 +41,7 @@ override C_MODE: u32 = 0u;
 override CONV_C: u32 = 1u;
 override CONV_O: u32 = 1u;
 override HAS_BIAS: bool = false;
-override RELU: bool = false;
+override ACT_OUT: bool = false;
 // BATCHED: a batch of u3 products of one shape, stored one after another in A, B and C; grid z = split * u3 +
 // product (C + z * M * N holds product z's result, or with split-K its partial, as in a single product)
 override BATCHED: bool = false;
@@ -151,8 +153,12 @@ fn store_c(r: u32, c: u32, v: f32, z: u32) {
     var s = p.f0 * v;
     if (p.f1 != 0.0) { s = s + p.f1 * C[o]; }
     if (HAS_BIAS) { s = s + Bias[select(c, r, C_MODE == 1u)]; }
-    if (RELU) { s = max(s, 0.0); }
-    C[o] = s;
+    if (ACT_OUT) {
+        C[o] = s;
+        ActOut[o] = act_epilogue(s);
+    } else {
+        C[o] = act_epilogue(s);
+    }
 }
 
 // Two tiles each (double buffering) of TILES / 2 vec4s: 256 (gemm_big, gemm with TS = 16) or 64 (TS = 8: a

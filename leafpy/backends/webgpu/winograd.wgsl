@@ -24,7 +24,6 @@ override CONV_C: u32 = 1u;
 override CONV_O: u32 = 1u;
 override FLIP: bool = false;
 override HAS_BIAS: bool = false;
-override RELU: bool = false;
 override R: u32 = 3u;
 
 // Where a thread's block t (counted from sample u2) lies: its sample, and its top-left output row and column.
@@ -132,9 +131,7 @@ fn times_a(s: vec4<f32>) -> vec2<f32> {
 
 fn put_y(at: u32, y: u32, x: u32, v: f32) {
     if (y >= OH || x >= OW) { return; }
-    var s = v;
-    if (RELU) { s = max(s, 0.0); }
-    dst[at + y * OW + x] = s;
+    dst[at + y * OW + x] = act_epilogue(v);  // an activation run in place on y (ACT, generated)
 }
 
 // One thread per (channel o, block t): i = o * T + t, u0 = O * T, u1 = T; M[xi][o][t] = src[xi * u0 + i].

@@ -8,4 +8,4 @@ from .elementwise import ElementwiseActivation
 
 @register_layer("ReLU")
 class ReLU(ElementwiseActivation):
-    fwd, bwd = "relu", "relu_grad"
+    formula = "relu"

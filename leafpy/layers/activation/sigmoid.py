@@ -8,4 +8,4 @@ from .elementwise import ElementwiseActivation
 
 @register_layer("Sigmoid")
 class Sigmoid(ElementwiseActivation):
-    fwd, bwd = "sigmoid", "sigmoid_grad"
+    formula = "sigmoid"

@@ -8,4 +8,4 @@ from .elementwise import ElementwiseActivation
 
 @register_layer("TanH")
 class TanH(ElementwiseActivation):
-    fwd, bwd = "tanh", "tanh_grad"
+    formula = "tanh"

@@ -1,0 +1,11 @@
+"""SiLU (also called Swish): x * sigmoid(x)."""
+
+from __future__ import annotations
+
+from ..layer import register_layer
+from .elementwise import ElementwiseActivation
+
+
+@register_layer("SiLU")
+class SiLU(ElementwiseActivation):
+    formula = "silu"
