@@ -68,6 +68,61 @@ extern "C" __global__ void pool_bwd(const float* dy, float* dx, const int* mask,
 """
 
 
+_BN_SOURCE = r"""
+// Batch normalisation's per-channel reductions over [N, C, S]: one block per channel, each thread summing a strided
+// share of the channel's N * S values, then a tree in shared memory (BLOCK threads).
+#define BLOCK 512
+__device__ float block_sum(float v, float* red) {
+    red[threadIdx.x] = v;
+    __syncthreads();
+    for (int w = BLOCK / 2; w > 0; w >>= 1) {
+        if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
+        __syncthreads();
+    }
+    float total = red[0];
+    __syncthreads();
+    return total;
+}
+// mean and biased variance, in two passes (no cancellation when |mean| >> std)
+extern "C" __global__ void bn_stats(const float* x, float* mean, float* var, int n, int c, int s) {
+    __shared__ float red[BLOCK];
+    const int ch = blockIdx.x, count = n * s;
+    float acc = 0.f;
+    for (int i = threadIdx.x; i < count; i += BLOCK) {
+        int b = i / s;
+        acc += x[((long long)b * c + ch) * s + (i - b * s)];
+    }
+    const float m = block_sum(acc, red) / (float)count;
+    acc = 0.f;
+    for (int i = threadIdx.x; i < count; i += BLOCK) {
+        int b = i / s;
+        float d = x[((long long)b * c + ch) * s + (i - b * s)] - m;
+        acc += d * d;
+    }
+    const float v = block_sum(acc, red) / (float)count;
+    if (threadIdx.x == 0) { mean[ch] = m; var[ch] = v; }
+}
+// sum dy and sum dy * (x - mean) / sqrt(var + eps), in one pass
+extern "C" __global__ void bn_grad_sums(const float* x, const float* dy, const float* mean, const float* var,
+        float* sum_dy, float* sum_dy_xhat, int n, int c, int s, float eps) {
+    __shared__ float red[BLOCK];
+    const int ch = blockIdx.x, count = n * s;
+    const float m = mean[ch];
+    float a = 0.f, b2 = 0.f;
+    for (int i = threadIdx.x; i < count; i += BLOCK) {
+        int b = i / s;
+        long long k = ((long long)b * c + ch) * s + (i - b * s);
+        float g = dy[k];
+        a += g;
+        b2 += g * (x[k] - m);
+    }
+    const float total_dy = block_sum(a, red);
+    const float total_dy_x = block_sum(b2, red);
+    if (threadIdx.x == 0) { sum_dy[ch] = total_dy; sum_dy_xhat[ch] = total_dy_x / sqrtf(var[ch] + eps); }
+}
+"""
+
+
 class CudaBackend(ArrayBackend):
     """CuPy on one NVIDIA GPU. ``use_cudnn``: None (use cuDNN graphs when importable), True (require), False
     (im2col + GEMM). ``tf32``: let convolutions (cuDNN) and GEMMs (cuBLAS) use TF32 tensor cores (faster, ~1e-3
@@ -101,6 +156,7 @@ class CudaBackend(ArrayBackend):
         self.fuse_bias = fuse_bias
         self._kernels = self._build_kernels(cupy)
         self._pool_module = cupy.RawModule(code=_POOL_SOURCE)
+        self._bn_module = cupy.RawModule(code=_BN_SOURCE)
         self._cudnn = None
         self.graphs = graphs
         self.recorder = StepRecorder(self, self.MAX_RECORDED_STEPS)
@@ -319,6 +375,20 @@ class CudaBackend(ArrayBackend):
     def _bn_geometry(x) -> tuple[np.int32, np.int32]:
         c = x.shape[1]
         return np.int32(c), np.int32(x.size // (x.shape[0] * c))
+
+    def batch_norm_stats(self, x, mean, var):
+        if self.dtype != np.float32:
+            return super().batch_norm_stats(x, mean, var)
+        c, inner = self._bn_geometry(x)
+        self._bn_module.get_function("bn_stats")((int(c),), (512,), (x, mean, var, np.int32(x.shape[0]), c, inner))
+
+    def batch_norm_grad_sums(self, x, dy, mean, var, sum_dy, sum_dy_xhat, eps):
+        if self.dtype != np.float32:
+            return super().batch_norm_grad_sums(x, dy, mean, var, sum_dy, sum_dy_xhat, eps)
+        c, inner = self._bn_geometry(x)
+        self._bn_module.get_function("bn_grad_sums")((int(c),), (512,), (x, dy, mean, var, sum_dy, sum_dy_xhat,
+                                                                          np.int32(x.shape[0]), c, inner,
+                                                                          np.float32(eps)))
 
     def batch_norm(self, x, mean, var, gamma, beta, y, eps):
         c, inner = self._bn_geometry(x)
