@@ -111,25 +111,7 @@ def bench(backend, torch, device: str, s: dict, args) -> dict:
         for i in range(10):
             trainer.step(*data_t[i % 4])
         row["torch_loss10"] = trainer.loss()
-    k = [0]
-
-    def l_step():
-        solver.train_minibatch(*data_l[k[0] % 4])
-        k[0] += 1
-
-    def t_step():
-        trainer.step(*data_t[k[0] % 4])
-        k[0] += 1
-
-    for _ in range(args.warmup):
-        l_step()
-        if trainer:
-            t_step()
-    lt, tt = [], []
-    for _ in range(args.rounds):
-        lt.append(train_step.timed(l_step, backend.synchronize, args.n))
-        if trainer:
-            tt.append(train_step.timed(t_step, trainer.sync, args.n))
+    lt, tt, _ = train_step.side_by_side(solver, data_l, trainer, data_t if trainer else [], backend, args.n, args)
     row["leafpy_ms"] = statistics.median(lt)
     if trainer:
         row["torch_ms"] = statistics.median(tt)

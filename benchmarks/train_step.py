@@ -23,6 +23,7 @@ import sys
 import time
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -235,6 +236,35 @@ class TorchTrainer:
 
 
 # --- timing -----------------------------------------------------------------------------------------------------
+def side_by_side(solver: lp.Solver, data_l: list, trainer: Any, data_t: list, backend: Any, n: int,
+                 args: Any) -> tuple[list[float], list[float], list[float]]:
+    """Warm both up, then ``args.rounds`` rounds of ``n`` steps each, leafpy's and PyTorch's (``trainer``, or None)
+    alternately, cycling through their batches: (leafpy ms per step, torch ms per step, leafpy's issue ms) per
+    round."""
+    k = [0]
+
+    def l_step() -> None:
+        solver.train_minibatch(*data_l[k[0] % len(data_l)])
+        k[0] += 1
+
+    def t_step() -> None:
+        trainer.step(*data_t[k[0] % len(data_t)])
+        k[0] += 1
+
+    for _ in range(args.warmup):
+        l_step()
+        if trainer:
+            t_step()
+    lt: list[float] = []
+    tt: list[float] = []
+    issue: list[float] = []
+    for _ in range(args.rounds):
+        lt.append(timed(l_step, backend.synchronize, n, issue))
+        if trainer:
+            tt.append(timed(t_step, trainer.sync, n))
+    return lt, tt, issue
+
+
 def timed(step, sync, n: int, issue: list | None = None) -> float:
     """Milliseconds per step over n steps; ``issue`` collects the CPU time of issuing them (before the final
     synchronisation: a step's launches are asynchronous on GPU backends), so a launch-bound row shows itself."""
@@ -279,26 +309,8 @@ def bench_network(name: str, backend, torch, device: str, args, rule: str = "mom
             trainer.step(*data_t[i % 4])
         row["torch_loss10"] = trainer.loss()
 
-    k = [0]
-
-    def l_step():
-        solver.train_minibatch(*data_l[k[0] % 4])
-        k[0] += 1
-
-    def t_step():
-        trainer.step(*data_t[k[0] % 4])
-        k[0] += 1
-
     n = args.steps if args.steps else max(3, min(50, int(2000 / max(batch, 1))))
-    for _ in range(args.warmup):
-        l_step()
-        if trainer:
-            t_step()
-    lt, tt, issue = [], [], []
-    for _ in range(args.rounds):
-        lt.append(timed(l_step, backend.synchronize, n, issue))
-        if trainer:
-            tt.append(timed(t_step, trainer.sync, n))
+    lt, tt, issue = side_by_side(solver, data_l, trainer, data_t if trainer else [], backend, n, args)
     if backend.name == "cuda":
         row["leafpy_peak_mb"] = backend.peak_memory() / 2**20
     row["leafpy_ms"] = statistics.median(lt)
