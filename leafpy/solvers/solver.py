@@ -252,9 +252,8 @@ class Solver:
         rebound = net.stage([data])  # type: ignore[attr-defined]
         if not isinstance(target, SharedTensor):
             target = as_numbers(target, "Solver.train_minibatch: target")
-        target = obj._conform(1, target)  # type: ignore[attr-defined]
+        target = obj.accept_input(1, target)  # type: ignore[attr-defined]
         shape = tuple(target.shape) if isinstance(target, SharedTensor) else tuple(np.shape(target))
-        obj._check_input(1, shape)  # type: ignore[attr-defined]
         be = obj.backend
         t = self._target
         if t is None or t.shape != shape:

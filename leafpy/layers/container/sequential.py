@@ -437,6 +437,15 @@ class Sequential(Layer):
         want = (shape[0], *declared[1:])
         return x.alias(want) if isinstance(x, SharedTensor) else np.reshape(x, want)
 
+    def accept_input(self, i: int, x: Any) -> Any:
+        """Input ``i`` (an array or SharedTensor) as this network takes it: given the declared per-sample shape where
+        it differs only by trailing axes of length 1 (labels [N] for [N, 1]); anything else that does not fit the
+        declaration is a ShapeError naming the input. What :meth:`stage` does to each input, for a caller that keeps
+        the data in its own tensor (a solver's target)."""
+        x = self._conform(i, x)
+        self._check_input(i, tuple(x.shape) if isinstance(x, SharedTensor) else tuple(np.shape(x)))
+        return x
+
     def input_takes_gradient(self, k: int) -> bool:
         """Whether a layer reading declared input k can pass a gradient into it (an Embedding's ids cannot)."""
         name = self.input_names[k]
