@@ -1,0 +1,135 @@
+"""The webgpu backend's memory: WView (a buffer seen with a shape), allocation from a pool of buffers by size,
+uploads, downloads through one reused MAP_READ staging buffer, and scratch buffers kept per use."""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any
+
+import numpy as np
+
+from ...errors import BackendError
+from .encoder import Encoder
+
+
+class WView:
+    """A WebGPU buffer seen with a shape (the webgpu backend's array type)."""
+
+    __slots__ = ("raw", "shape", "dtype", "owner", "__weakref__")
+
+    def __init__(self, raw: Any, shape: tuple[int, ...], dtype: np.dtype, owner: WView | None = None) -> None:
+        self.raw = raw
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = dtype
+        self.owner = owner  # the allocation this view was made from: alive while any view of it is
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __getitem__(self, index: slice) -> WView:
+        """A prefix of a flat buffer (``buf[:n]``), the only slicing SharedTensor needs."""
+        if not isinstance(index, slice) or index.start not in (None, 0) or index.step not in (None, 1):
+            raise BackendError("webgpu: a buffer view can only be cut to a prefix")
+        return WView(self.raw, (min(index.stop, self.size),), self.dtype, self.owner or self)
+
+    def reshape(self, *shape: Any) -> WView:
+        dims = list(shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
+        if -1 in dims:
+            known = math.prod(d for d in dims if d != -1)
+            dims[dims.index(-1)] = self.size // known if known else 0
+        if math.prod(dims) != self.size:
+            raise BackendError(f"webgpu: cannot view {self.shape} as {tuple(dims)}")
+        return WView(self.raw, tuple(dims), self.dtype, self.owner or self)
+
+    def __repr__(self) -> str:
+        return f"WView(shape={self.shape}, dtype={self.dtype})"
+
+
+def _pad4(n: int) -> int:
+    return max(4, (n + 3) // 4 * 4)
+
+
+class Buffers(Encoder):
+    """Allocation, transfers and scratch."""
+
+    _free: dict[int, list]
+    _staging: Any
+    _scratch: dict
+
+    # --- memory contract ------------------------------------------------------------------------------------
+    def allocate(self, size: int, dtype: Any) -> WView:
+        dtype = np.dtype(dtype)
+        if dtype.itemsize != 4:
+            raise BackendError(f"webgpu: buffers hold 4-byte elements, got {dtype}")
+        nbytes = max(4, size * 4)  # WebGPU buffers: non-empty, 4-byte multiples
+        self.allocations += 1
+        free = self._free.get(nbytes)
+        if free:
+            raw = free.pop()
+        else:
+            u = self.wgpu.BufferUsage
+            raw = self.device.create_buffer(size=nbytes, usage=u.STORAGE | u.COPY_SRC | u.COPY_DST)
+        view = WView(raw, (size,), dtype)
+        # when the tensor that owns this buffer lets it go, the buffer returns to the pool for its size (work
+        # still recorded against it runs before any later use, as dispatches execute in order)
+        weakref.finalize(view, self._free.setdefault(nbytes, []).append, raw)
+        return view
+
+    def upload(self, host: np.ndarray, out: WView) -> None:
+        self.flush()  # a queued write lands before unsubmitted work: submit that work first
+        data = np.ascontiguousarray(host, dtype=out.dtype)
+        if data.nbytes:
+            self.queue.write_buffer(out.raw, 0, data.tobytes())
+
+    def download(self, buf: WView, host: np.ndarray) -> None:
+        nbytes = buf.size * 4
+        if nbytes == 0:
+            return
+        self.flush()
+        u = self.wgpu.BufferUsage
+        if self._staging is None or self._staging.size < nbytes:
+            size = max(nbytes, 1 << 16)
+            self._staging = self.device.create_buffer(size=size, usage=u.MAP_READ | u.COPY_DST)
+        enc = self.device.create_command_encoder()
+        enc.copy_buffer_to_buffer(buf.raw, 0, self._staging, 0, nbytes)
+        self.queue.submit([enc.finish()])
+        self.submissions += 1
+        # wgpu-py's on_submitted_work_done is unreliable: mapping waits for the copy
+        self._staging.map_sync(self.wgpu.MapMode.READ, 0, nbytes)
+        try:
+            data = self._staging.read_mapped(0, nbytes, copy=True)
+        finally:
+            self._staging.unmap()
+        host.reshape(-1)[...] = np.frombuffer(data, dtype=buf.dtype, count=buf.size)
+
+    def view(self, buf: WView, shape: tuple[int, ...]) -> WView:
+        return WView(buf.raw, shape, buf.dtype, buf.owner or buf)
+
+    def synchronize(self) -> None:
+        self.flush()
+        # a tiny read waits for everything submitted before it
+        probe = self._scratch_buffer(1, "sync")
+        self.download(probe, np.empty(1, np.float32))
+
+    def _scratch_buffer(self, size: int, tag: str) -> WView:
+        """A prefix of the one scratch buffer kept per use (``tag``), grown to the largest size asked for: the
+        layers of a network share it (dispatches run in order), and a work-in-progress value never outlives the
+        primitive that wrote it."""
+        b = self._scratch.get(tag)
+        if b is None or b.size < size:
+            if b is not None:
+                # recorded steps bind the old buffer, which returns to the pool for other tensors: forget them
+                self.recorder.forget()
+            b = self._scratch[tag] = self.allocate(size, np.float32)
+        return b if b.size == size else b[:size]
+
+    def read_scalar(self, buf):
+        host = np.empty(1, np.float32)
+        self.download(WView(buf.raw, (1,), buf.dtype, buf.owner or buf), host)
+        return float(host[0])

@@ -1,0 +1,246 @@
+"""The webgpu backend's convolutions and pooling: implicit GEMM (gemm.wgsl reads x and dy and writes y in NCHW),
+im2col columns in batch chunks past the binding limit (conv.wgsl), Winograd F(2x2, 3x3) and F(2x2, 5x5)
+(winograd.wgsl), max and average pooling (pool.wgsl)."""
+
+from __future__ import annotations
+
+from .buffers import WView
+from .elementwise import Elementwise
+from .encoder import _pack
+
+
+class Convolution(Elementwise):
+    """Convolution and pooling."""
+
+    # --- convolution: implicit GEMM (the GEMM kernel reads x and dy and writes y in NCHW itself); the data gradient
+    # and tensors past the binding limit go through im2col columns in batch chunks ----------------------------------
+    CONV_SCRATCH = 256 << 20
+    """Bytes of im2col columns per batch chunk: larger chunks give each GEMM enough tiles to fill a large GPU."""
+
+    def _conv_geometry(self, x_shape, w_shape, y_shape, stride, padding):
+        n, c, h, w = x_shape
+        o, _, kh, kw = w_shape
+        oh, ow = y_shape[2], y_shape[3]
+        k = c * kh * kw
+        per_sample = k * oh * ow * 4
+        limit = min(self.max_binding, self.CONV_SCRATCH)
+        chunk = max(1, min(n, limit // max(per_sample, 1)))
+        # a chunk's samples of x and y are bound as one range each
+        chunk = max(1, min(chunk, (self.max_binding - self.offset_align) // (4 * max(c * h * w, o * oh * ow))))
+        geometry = self._conv_constants(x_shape, w_shape, y_shape, stride, padding)
+        return n, c, o, k, oh * ow, chunk, tuple(g for g in geometry if g[0] != "CONV_O")
+
+    @staticmethod
+    def _conv_constants(x_shape, w_shape, y_shape, stride, padding, **modes) -> tuple:
+        _, c, h, w = x_shape
+        o, _, kh, kw = w_shape
+        geometry = dict(CONV_C=c, IN_H=h, IN_W=w, CONV_O=o, KH=kh, KW=kw, SH=stride[0], SW=stride[1],
+                        PH=padding[0], PW=padding[1], OH=y_shape[2], OW=y_shape[3])
+        return tuple(modes.items()) + tuple(geometry.items())
+
+    implicit_conv = True
+    """Convolutions read x and dy in place (implicit GEMM); False: always through im2col columns."""
+    implicit_data_grad = False
+    """The data gradient as one implicit GEMM too (stride 1, where it does no more work): it needs no columns (on
+    AlexNet-128 600 MB less scratch) but its gathers made it 1.3x slower than GEMM + col2im on an H200."""
+
+    def _fits(self, *buffers: WView) -> bool:
+        return self.implicit_conv and max(b.raw.size for b in buffers) <= self.max_binding
+
+    def _conv_scratch(self, k: int, p: int, chunk: int, o: int) -> tuple[WView, WView]:
+        return self._scratch_buffer(k * p * chunk, "cols"), self._scratch_buffer(o * p * chunk, "ymat")
+
+    def _conv_launch(self, entry: str, geometry: tuple, count: int, n0: int, nc: int, o: int, src: WView,
+                     dst: WView, to_gemm: bool = False):
+        """A layout pass over samples [n0, n0 + nc); the NCHW tensor (x or dy read, y or dx written) is bound
+        whole where it fits, else just those samples."""
+        nchw = 0 if entry == "im2col" or to_gemm else 1
+        tensor = (src, dst)[nchw]
+        per_sample = tensor.size // tensor.shape[0]
+        ranges: list = [None, None]
+        offset = n0 * per_sample
+        if tensor.raw.size > self.max_binding:
+            base, size, offset = self._span(offset * 4, (n0 + nc) * per_sample * 4)
+            ranges[nchw] = (base, size)
+        self._dispatch("conv", entry, _pack((count, offset), (0.0, nc, o, 1.0 if to_gemm else 0.0)), [src, dst],
+                       self._grid(count), ranges, constants=geometry)
+
+    winograd = True
+    """Stride-1 convolutions with 3x3 or 5x5 windows and at least WINOGRAD_MIN_CHANNELS channels in and out run
+    forward, data gradient and filter gradient as Winograd F(2x2, 3x3) or F(2x2, 5x5) (winograd.wgsl): 16 or 36
+    batched GEMMs over 2x2 output blocks, so 4 or 9 multiplications per output instead of 9 or 25 (2.25x and 2.78x
+    fewer; 1.94x and 2.58x on AlexNet's 13x13 and 27x27 maps, whose last blocks overhang), between transforms."""
+    WINOGRAD_MIN_CHANNELS = 64
+    WINOGRAD_SCRATCH = 1 << 30
+    """Bytes of transformed tiles per batch chunk (and at most the device's storage-binding limit)."""
+    winograd_filter_grad = True
+    """Whether the filter gradient takes Winograd too (where ``winograd`` applies)."""
+
+    def _winograd_chunk(self, x_shape, w_shape, y_shape, stride, padding) -> int:
+        """Samples per batch chunk where ``y = conv(x, w)`` (and the data and filter gradients of that geometry) can
+        run as Winograd on this device; 0 where it cannot."""
+        n, c, h, wd = x_shape
+        o, oh, ow = y_shape[1], y_shape[2], y_shape[3]
+        r = w_shape[2]
+        if not (self.winograd and r in (3, 5) and w_shape[3] == r and tuple(stride) == (1, 1)
+                and all(0 <= q < r for q in padding) and min(c, o) >= self.WINOGRAD_MIN_CHANNELS):
+            return 0
+        if 4 * max(n * c * h * wd, n * o * oh * ow) > self.max_binding:
+            return 0
+        per_sample = -(-max(h, oh) // 2) * -(-max(wd, ow) // 2)  # blocks: the data gradient's tile x
+        tile_bytes = 4 * (r + 1) ** 2 * max(c, o) * per_sample
+        chunk = min(n, min(self.max_binding, self.WINOGRAD_SCRATCH) // tile_bytes)
+        if chunk < 1 or -(-chunk * per_sample // 32) > self.max_groups:
+            return 0
+        return chunk
+
+    def _winograd_setup(self, x_shape, y_shape, r: int, padding, chunk: int):
+        """(geometry constants, blocks per sample, points per tile, scratch for U, V and M) of one Winograd pass,
+        x the transform's input and y its output."""
+        _, cin, h, wd = x_shape
+        cout, oh, ow = y_shape[1], y_shape[2], y_shape[3]
+        per_sample = -(-oh // 2) * -(-ow // 2)
+        points = (r + 1) ** 2
+        geometry = (("CONV_C", cin), ("CONV_O", cout), ("IN_H", h), ("IN_W", wd), ("PH", padding[0]),
+                    ("PW", padding[1]), ("OH", oh), ("OW", ow), ("R", r))
+        blocks = chunk * per_sample
+        scratch = (self._scratch_buffer(points * cout * cin, "winograd_u"),
+                   self._scratch_buffer(points * cin * blocks, "winograd_v"),
+                   self._scratch_buffer(points * cout * blocks, "winograd_m"))
+        return geometry, per_sample, points, scratch
+
+    def _winograd_blocks(self, entry: str, src: WView, dst: WView, channels: int, blocks: int, n0: int,
+                         geometry: tuple) -> None:
+        """A transform with a thread per (channel, 2x2 block) of the chunk from sample n0."""
+        self._dispatch("winograd", entry, _pack((channels * blocks, blocks, n0)), [src, dst],
+                       self._grid(channels * blocks), constants=geometry)
+
+    def _winograd(self, x: WView, w: WView, y: WView, padding, flip: bool, chunk: int,
+                  bias: WView | None = None) -> None:
+        """y = the RxR stride-1 correlation of x with w [O][C][R][R] padded by ``padding``, as Winograd F(2x2, RxR)
+        in batch chunks; with ``flip`` the data gradient's: x has w's O channels, y its C, through w rotated 180
+        degrees."""
+        n, cin = x.shape[:2]
+        cout, r = y.shape[1], w.shape[2]
+        geometry, per_sample, points, (u, v, m) = self._winograd_setup(x.shape, y.shape, r, padding, chunk)
+        self._dispatch("winograd", "winograd_filter", _pack((cout * cin, w.shape[0], w.shape[1])), [w, u],
+                       self._grid(cout * cin), constants=(("FLIP", int(flip)), ("R", r)))
+        out_consts = geometry + ((("HAS_BIAS", 1),) if bias is not None else ())
+        bias_or_none = bias if bias is not None else self._scratch_buffer(1, "nobias")
+        for n0 in range(0, n, chunk):
+            blocks = min(chunk, n - n0) * per_sample
+            self._winograd_blocks("winograd_input", x, v, cin, blocks, n0, geometry)
+            self._gemm(u, False, v, False, m, cout, blocks, cin, 1.0, 0.0, batch=points)
+            self._defer("winograd", "winograd_output", _pack((cout * blocks, blocks, n0)), [m, y, bias_or_none],
+                        self._grid(cout * blocks), out_consts, tuple(y.shape), y)  # an in-place ReLU may join
+        if chunk < n:
+            self._emit_pending()  # a ReLU over all of y cannot join the last chunk's store
+
+    def _winograd_filter_grad(self, x: WView, dy: WView, dw: WView, padding, beta: float, chunk: int) -> None:
+        """dw = the filter gradient of an RxR stride-1 convolution (+ beta dw) through Winograd F(2x2, RxR): the
+        transformed x and dy blocks multiplied per point of the tile (K = the blocks: split-K), chunk by chunk."""
+        n, c = x.shape[:2]
+        o, r = dy.shape[1], dw.shape[2]
+        geometry, per_sample, points, (du, v, z) = self._winograd_setup(x.shape, dy.shape, r, padding, chunk)
+        for n0 in range(0, n, chunk):
+            blocks = min(chunk, n - n0) * per_sample
+            self._winograd_blocks("winograd_input", x, v, c, blocks, n0, geometry)
+            self._winograd_blocks("winograd_dy", dy, z, o, blocks, n0, geometry)
+            self._gemm(z, False, v, True, du, o, c, blocks, 1.0, 0.0 if n0 == 0 else 1.0, batch=points)
+        self._dispatch("winograd", "winograd_filter_grad", _pack((o * c,), (beta,)), [du, dw], self._grid(o * c),
+                       constants=(("R", r),))
+
+    def conv2d(self, x, w, out, stride, padding, ws, bias=None):
+        chunk = self._winograd_chunk(x.shape, w.shape, out.shape, stride, padding)
+        if chunk:
+            return self._winograd(x, w, out, padding, False, chunk, bias)
+        n, c, o, k, p, chunk, u = self._conv_geometry(x.shape, w.shape, out.shape, stride, padding)
+        if self._fits(x, w, out):
+            conv = self._conv_constants(x.shape, w.shape, out.shape, stride, padding, B_MODE=1, C_MODE=1)
+            self._gemm(w, False, x, False, out, o, n * p, k, 1.0, 0.0, conv, bias=bias)  # bias in the store
+            return
+        cols, ymat = self._conv_scratch(k, p, chunk, o)
+        for n0 in range(0, n, chunk):
+            nc = min(chunk, n - n0)
+            self._conv_launch("im2col", u, k * nc * p, n0, nc, o, x, cols)
+            self._gemm(w, False, cols, False, ymat, o, nc * p, k, 1.0, 0.0)
+            self._conv_launch("relayout", u, nc * o * p, n0, nc, o, ymat, out)
+        if bias is not None:
+            self.bias_add(out, bias)
+
+    def conv2d_grad_data(self, dy, w, dx, stride, padding, ws):
+        chunk = self._winograd_chunk(dx.shape, w.shape, dy.shape, stride, padding)
+        if chunk:  # dx = dy correlated with w rotated 180 degrees (channels swapped), padded by R - 1 - padding
+            r = w.shape[2]
+            return self._winograd(dy, w, dx, (r - 1 - padding[0], r - 1 - padding[1]), True, chunk)
+        n, c, o, k, p, chunk, u = self._conv_geometry(dx.shape, w.shape, dy.shape, stride, padding)
+        h, wd = dx.shape[2], dx.shape[3]
+        # implicit: dx [C x N*H*W] = w as [C x O*KH*KW] times dy gathered per (o, i, j) and x position, with no
+        # columns or col2im; it multiplies every x position by every window offset, so it does more work than the
+        # columns where the stride or a smaller output leaves many of those terms zero, or C is far below a tile
+        implicit = -(-c // 64) * 64 * n * h * wd * o * w.shape[2] * w.shape[3]
+        columns = -(-k // 64) * 64 * n * p * o
+        if self.implicit_data_grad and tuple(stride) == (1, 1) and implicit <= 1.1 * columns and self._fits(dy, w, dx):
+            conv = self._conv_constants(dx.shape, w.shape, dy.shape, stride, padding, A_MODE=2, B_MODE=4, C_MODE=2)
+            self._gemm(w, False, dy, False, dx, c, n * h * wd, o * w.shape[2] * w.shape[3], 1.0, 0.0, conv)
+            return
+        cols, ymat = self._conv_scratch(k, p, chunk, o)
+        direct = self._fits(dy)
+        conv = self._conv_constants(dx.shape, w.shape, dy.shape, stride, padding, B_MODE=3)
+        for n0 in range(0, n, chunk):
+            nc = min(chunk, n - n0)
+            if direct:  # dy read in NCHW by the GEMM
+                self._gemm(w, True, dy, False, cols, k, nc * p, o, 1.0, 0.0, conv, n0)
+            else:
+                self._conv_launch("relayout", u, nc * o * p, n0, nc, o, dy, ymat, to_gemm=True)
+                self._gemm(w, True, ymat, False, cols, k, nc * p, o, 1.0, 0.0)
+            self._conv_launch("col2im", u, nc * c * h * wd, n0, nc, o, cols, dx)
+
+    def conv2d_grad_filter(self, x, dy, dw, stride, padding, ws, beta=0.0):
+        chunk = self.winograd_filter_grad and self._winograd_chunk(x.shape, dw.shape, dy.shape, stride, padding)
+        if chunk:
+            return self._winograd_filter_grad(x, dy, dw, padding, beta, chunk)
+        n, c, o, k, p, chunk, u = self._conv_geometry(x.shape, dw.shape, dy.shape, stride, padding)
+        if self._fits(x, dy):
+            # dw [O x CKK] = dy [O x N*P] times the im2col columns transposed [N*P x CKK], both read in place
+            conv = self._conv_constants(x.shape, dw.shape, dy.shape, stride, padding, A_MODE=1, B_MODE=2)
+            self._gemm(dy, False, x, True, dw, o, k, n * p, 1.0, beta, conv)
+            return
+        cols, ymat = self._conv_scratch(k, p, chunk, o)
+        for n0 in range(0, n, chunk):
+            nc = min(chunk, n - n0)
+            self._conv_launch("im2col", u, k * nc * p, n0, nc, o, x, cols)
+            self._conv_launch("relayout", u, nc * o * p, n0, nc, o, dy, ymat, to_gemm=True)
+            self._gemm(ymat, False, cols, True, dw, o, k, nc * p, 1.0, beta if n0 == 0 else 1.0)
+
+    # --- pooling ------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _pool_constants(x_shape, y_shape, kernel, stride, padding, is_max) -> tuple:
+        return (("IS_MAX", int(is_max)), ("IN_H", x_shape[2]), ("IN_W", x_shape[3]), ("KH", kernel[0]),
+                ("KW", kernel[1]), ("SH", stride[0]), ("SW", stride[1]), ("PH", padding[0]), ("PW", padding[1]),
+                ("OH", y_shape[2]), ("OW", y_shape[3]))
+
+    def pool2d(self, x, out, mask, mode, kernel, stride, padding):
+        m = mask if mask is not None else self._scratch_buffer(out.size, "nomask")
+        consts = self._pool_constants(x.shape, out.shape, kernel, stride, padding, mode == "max")
+        self._pool("pool_fwd", [x, out, m], x.shape, out.shape, out.shape, consts)
+
+    def pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding):
+        m = mask if mask is not None else self._scratch_buffer(dy.size, "nomask")
+        consts = self._pool_constants(dx.shape, dy.shape, kernel, stride, padding, mode == "max")
+        tiled = (tuple(kernel) == tuple(stride) and tuple(padding) == (0, 0)
+                 and (dx.shape[2], dx.shape[3]) == (dy.shape[2] * stride[0], dy.shape[3] * stride[1]))
+        if tiled:  # each input in exactly one window: a thread per output writes its window
+            self._pool("pool_bwd_tiled", [dy, dx, m], dy.shape, dx.shape, dy.shape, consts, per_thread=0)
+        else:  # a thread per input sums over the windows that hold it
+            self._pool("pool_bwd", [dy, dx, m], dy.shape, dx.shape, dy.shape, consts)
+
+    def _pool(self, entry: str, buffers: list, src_shape, dst_shape, mask_shape, consts: tuple,
+              per_thread: int = 1) -> None:
+        """One thread per dst element (per src element with ``per_thread=0``), over runs of (n, c) planes whose
+        bindings fit the device's limit."""
+        planes = dst_shape[0] * dst_shape[1]
+        sizes = [s[2] * s[3] for s in (src_shape, dst_shape, mask_shape)]
+        for p0, p1, binds, offsets in self._item_chunks(planes, sizes):
+            count = (p1 - p0) * sizes[per_thread]
+            self._dispatch("pool", entry, _pack((count, *offsets)), buffers, self._grid(count), binds, constants=consts)

@@ -1,0 +1,271 @@
+"""The webgpu backend's other kernels: BLAS level 1, activations (generated from pointwise.TABLE), softmax,
+losses, bias, batch normalisation, Concat/Slice blocks, LRN, dropout, solver updates, embeddings and recurrent
+cells."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .. import pointwise
+from ..array import DROPOUT_KEY_MULTIPLIER, dropout_threshold
+from .buffers import WView
+from .encoder import _pack, _workgroup_each
+from .gemm import Gemm
+
+_HERE = Path(__file__).parent
+
+
+class Elementwise(Gemm):
+    """Elementwise, per-row and per-channel kernels."""
+
+    def axpby(self, alpha, x, beta, y):
+        if beta == 0.0 and alpha == 1.0:
+            return self.copy(x, y)
+        self._elementwise("axpby", y.size, [x, y], f=(alpha, beta))
+
+    def scal(self, alpha, x):
+        self._elementwise("scal", x.size, [x], f=(alpha,))
+
+    def copy(self, x, out):
+        if x.raw is out.raw:
+            return
+        self._elementwise("copy", out.size, [x, out])
+
+    def fill(self, value, out):
+        self._elementwise("fill", out.size, [out], f=(value,))
+
+    def mul(self, x, y, out):
+        self._elementwise("mul", out.size, [x, y, out])
+
+    # --- activations: entry points generated from pointwise.TABLE ----------------------------------------------------
+    def activation(self, kind, x, out, params=()):
+        line = pointwise.line(kind)
+        if x.raw is out.raw:
+            if self._fuse(out, kind, params=params):
+                return
+        elif line.reads == "x" and self._fuse(x, kind, params=params, into=out):
+            # an activation whose gradient reads x never runs in place: it joins the GEMM's store beside the product
+            return
+        self._elementwise(line.entry, out.size, [x, out], f=params)
+
+    def activation_grad(self, kind, src, dy, dx, params=()):
+        self._elementwise(pointwise.line(kind).name + "_grad", dx.size, [src, dy, dx], f=params)
+
+    def _rows(self, a: WView) -> tuple[int, int, int]:
+        n, c = a.shape[0], a.shape[1]
+        inner = a.size // (n * c) if n * c else 1
+        return n * inner, c, inner
+
+    LONG_ROWS = 64
+    """Rows of at least this many classes are reduced by a workgroup each, shorter ones by a thread each."""
+
+    def _class_dispatch(self, entry: str, rows: int, c: int, inner: int, log: bool, buffers: list) -> None:
+        """Over runs of samples whose bindings fit the device's limit."""
+        n = rows // inner
+        for n0, n1, binds, offsets in self._item_chunks(n, [c * inner] * len(buffers)):
+            count = (n1 - n0) * inner
+            params = _pack((count, c, inner, int(log), *offsets))
+            if c >= self.LONG_ROWS:
+                self._dispatch("classes", entry + "_rows", params, buffers, _workgroup_each(count), binds)
+            else:
+                self._dispatch("classes", entry, params, buffers, self._grid(count), binds)
+
+    def softmax(self, x, out):
+        self._class_dispatch("softmax", *self._rows(x), False, [x, out])
+
+    def log_softmax(self, x, out):
+        self._class_dispatch("softmax", *self._rows(x), True, [x, out])
+
+    def softmax_grad(self, y, dy, dx):
+        self._class_grad(y, dy, dx, log=False)
+
+    def log_softmax_grad(self, y, dy, dx):
+        self._class_grad(y, dy, dx, log=True)
+
+    def _class_grad(self, y, dy, dx, log: bool) -> None:
+        self._class_dispatch("softmax_grad", *self._rows(y), log, self._no_alias([y, dy, dx]))
+        self._copy_back([y, dy, dx])
+
+    def _no_alias(self, buffers: list) -> list:
+        out = list(buffers)
+        if out[-1].raw in [b.raw for b in out[:-1]]:
+            out[-1] = self._scratch_buffer(out[-1].size, "alias_out")
+        return out
+
+    def _copy_back(self, buffers: list) -> None:
+        if buffers[-1].raw in [b.raw for b in buffers[:-1]]:
+            self._elementwise("copy", buffers[-1].size, [self._scratch_buffer(buffers[-1].size, "alias_out"),
+                                                         buffers[-1]])
+
+    # --- losses -----------------------------------------------------------------------------------------------
+    def nll(self, logp, labels, out):
+        n = logp.shape[0]
+        c = logp.size // n
+        self._sum_parts("nll_parts", [logp, labels], n, [c, 1], out, alpha=-1.0 / n, u1=c)
+
+    def nll_grad(self, labels, dloss, dx):
+        n = dx.shape[0]
+        c = dx.size // n
+        for n0, n1, (bl, bx), (ol, ox) in self._item_chunks(n, [1, c]):
+            count = (n1 - n0) * c
+            self._dispatch("classes", "nll_grad", _pack((count, c, n, ol, ox)), [labels, dloss, dx], self._grid(count),
+                           [bl, None, bx])
+
+    def mse(self, x, t, diff, out):
+        self._elementwise("sub", x.size, [x, t, diff])
+        self._sum_parts("square_parts", [diff], diff.size, [1], out, alpha=1.0 / diff.size)
+
+    def mse_grad(self, diff, dloss, dx):
+        self._elementwise("scale_by_scalar", dx.size, [diff, dloss, dx], f=(2.0 / diff.size,), whole=(1,))
+
+    # --- bias ---------------------------------------------------------------------------------------------------
+    def bias_add(self, y, b):
+        n, c = y.shape[0], y.shape[1]
+        inner = y.size // (n * c)
+        if inner == 1 and self._fuse(y, "bias", b):  # [N, C]: a linear layer's product
+            return
+        self._elementwise("bias_add", y.size, [y, b], u=(0, c, inner), whole=(1,), base_slot=3)
+
+    def bias_grad(self, dy, db, beta=0.0):
+        self._channel_sums(dy, db, 1.0, beta)
+
+    # --- batch normalisation: per-channel sums through bias_grad's reduction, the rest elementwise -------------
+    def _bn(self, entry: str, x, buffers: list, whole: tuple[int, ...], f: tuple = ()) -> None:
+        """A per-element batchnorm kernel over x's elements (channel = axis 1)."""
+        n, c = x.shape[0], x.shape[1]
+        self._elementwise(entry, x.size, buffers, u=(0, c, x.size // (n * c)), f=f, whole=whole, base_slot=3,
+                          module="batchnorm")
+
+    def _bn_channels(self, entry: str, c: int, buffers: list, u: tuple = (), f: tuple = ()) -> None:
+        self._elementwise(entry, c, buffers, u=(0, *u), f=f, whole=tuple(range(len(buffers))), module="batchnorm")
+
+    def _or_dummy(self, v, c: int, tag: str):
+        return v if v is not None else self._scratch_buffer(c, tag)
+
+    def batch_norm_stats(self, x, mean, var):
+        count = x.size // x.shape[1]
+        self._channel_sums(x, mean, 1.0 / count, 0.0)
+        t = self.view(self._scratch_buffer(x.size, "bn_values"), x.shape)
+        self._bn("bn_centered_square", x, [x, mean, t], whole=(1,))
+        self._channel_sums(t, var, 1.0 / count, 0.0)
+
+    def batch_norm(self, x, mean, var, gamma, beta, y, eps):
+        c = x.shape[1]
+        coef = self._scratch_buffer(2 * c, "bn_coefficients")
+        self._bn_channels("bn_coefficients", c, [mean, var, self._or_dummy(gamma, c, "bn_gamma"),
+                                                 self._or_dummy(beta, c, "bn_beta"), coef],
+                          u=(int(gamma is not None), int(beta is not None)), f=(eps,))
+        self._bn("bn_affine", x, [x, coef, y], whole=(1,))
+
+    def batch_norm_grad_sums(self, x, dy, mean, var, sum_dy, sum_dy_xhat, eps):
+        self.bias_grad(dy, sum_dy)
+        t = self.view(self._scratch_buffer(x.size, "bn_values"), x.shape)
+        self._bn("bn_dy_centered", x, [dy, x, mean, t], whole=(2,))
+        self.bias_grad(t, sum_dy_xhat)
+        self._bn_channels("bn_times_invstd", x.shape[1], [sum_dy_xhat, var], f=(eps,))
+
+    def batch_norm_grad(self, x, dy, mean, var, gamma, sum_dy, sum_dy_xhat, dx, eps, batch_stats):
+        c = x.shape[1]
+        coef = self._scratch_buffer(3 * c, "bn_coefficients")
+        self._bn_channels("bn_grad_coefficients", c,
+                          [mean, var, self._or_dummy(gamma, c, "bn_gamma"), sum_dy, sum_dy_xhat, coef],
+                          u=(int(gamma is not None), int(batch_stats)), f=(eps, c / x.size))
+        self._bn("bn_grad_apply", x, [dy, x, coef, dx], whole=(2,))
+
+    # --- randomness and solver updates -----------------------------------------------------------------------
+    def copy_block(self, part, whole, part_inner, whole_inner, offset, into_whole):
+        self._elementwise("block_into" if into_whole else "block_from", part.size, [part, whole],
+                          u=(0, part_inner, whole_inner, offset), whole=(1,), base_slot=4)
+
+    def lrn(self, x, scale, out, size, alpha, beta, k):
+        c = x.shape[1]
+        inner = x.size // (x.shape[0] * c)
+        self._elementwise("lrn", x.size, [x, scale, out], u=(0, c, inner, size), f=(alpha / size, beta, k),
+                          whole=(0, 1, 2), base_slot=4, module="lrn")
+
+    def lrn_grad(self, x, y, scale, dy, dx, size, alpha, beta):
+        c = x.shape[1]
+        inner = x.size // (x.shape[0] * c)
+        self._elementwise("lrn_grad", x.size, [x, y, scale, dy, dx], u=(0, c, inner, size),
+                          f=(2.0 * alpha * beta / size, beta), whole=(0, 1, 2, 3, 4), base_slot=4, module="lrn")
+
+    def dropout_mask(self, mask, ratio, seed):
+        self._elementwise("dropout_mask", mask.size, [mask, seed], u=(0, DROPOUT_KEY_MULTIPLIER,
+                                                                       dropout_threshold(ratio)),
+                          f=(1.0 / (1.0 - ratio),), whole=(1,), base_slot=3)
+
+    def _update(self, entry: str, buffers: list, rate: Any, f: tuple) -> None:
+        """A solver update over the per-element ``buffers`` (w, g, history...), reading the rate from ``rate``."""
+        self._elementwise(entry, buffers[0].size, [rate, *buffers], f=f, whole=(0,), module="update")
+
+    def clip_to_norm(self, x, sumsq, threshold):
+        self._elementwise("clip_to_norm", x.size, [sumsq, x], f=(threshold,), whole=(0,), module="update")
+
+    def momentum_update(self, w, g, h, rate, lr_mult, momentum):
+        self._update("momentum_update", [w, g, h], rate, (lr_mult, momentum))
+
+    def nesterov_update(self, w, g, h, prev, rate, lr_mult, momentum):
+        self._update("nesterov_update", [w, g, h, prev], rate, (lr_mult, momentum))
+
+    def adam_update(self, w, g, m, v, rate, lr_mult, beta1, beta2, eps):
+        self._update("adam_update", [w, g, m, v], rate, (lr_mult, beta1, beta2, eps))
+
+    def rmsprop_update(self, w, g, h, rate, lr_mult, decay, eps):
+        self._update("rmsprop_update", [w, g, h], rate, (lr_mult, decay, 0.0, eps))
+
+    def adagrad_update(self, w, g, h, rate, lr_mult, eps):
+        self._update("adagrad_update", [w, g, h], rate, (lr_mult, 0.0, 0.0, eps))
+
+    def adadelta_update(self, w, g, h, u, rate, lr_mult, decay, eps):
+        self._update("adadelta_update", [w, g, h, u], rate, (lr_mult, decay, 0.0, eps))
+
+    # --- sequences: embeddings and recurrent cells (sequence.wgsl, scatter.wgsl) -----------------------------
+    def _seq_dispatch(self, module: str, entry: str, count: int, buffers: list, u: tuple = ()) -> None:
+        """One dispatch of a thread per element over ``count`` elements, every buffer bound whole."""
+        if module not in self._modules:  # built on first use
+            self._modules[module] = self.device.create_shader_module(
+                code=(_HERE / "params.wgsl").read_text() + (_HERE / f"{module}.wgsl").read_text())
+        if count:
+            self._dispatch(module, entry, _pack((count, *u)), buffers, self._grid(count))
+
+    def embedding(self, ids, table, out):
+        v, d = table.shape
+        self._seq_dispatch("sequence", "embedding", out.size, [ids, table, out], (d, v))
+
+    def embedding_grad(self, ids, dy, dtable, beta=0.0):
+        if beta == 0.0:
+            self.fill(0.0, dtable)
+        elif beta != 1.0:
+            self.scal(beta, dtable)
+        v, d = dtable.shape
+        self._seq_dispatch("scatter", "embedding_grad", dy.size, [ids, dy, dtable], (d, v))
+
+    def lstm_cell(self, gates, hw, bias, c, h, hprev, y, t, sequence):
+        n, steps, hs = c.shape
+        self._seq_dispatch("sequence", "lstm_cell", n * hs, [gates, hw, bias, c, h, hprev, y],
+                           (steps, hs, t, int(sequence)))
+
+    def lstm_cell_grad(self, gates, c, dh, dy, dc, dgates, dgates_t, t, sequence):
+        n, steps, hs = c.shape
+        self._seq_dispatch("sequence", "lstm_cell_grad", n * hs, [gates, c, dh, dy, dc, dgates, dgates_t],
+                           (steps, hs, t, int(sequence)))
+
+    def gru_cell(self, pre, hw, bias_ih, bias_hh, hn, h, hprev, y, t, sequence):
+        n, steps, hs = hn.shape
+        self._seq_dispatch("sequence", "gru_cell", n * hs, [pre, hw, bias_ih, bias_hh, hn, h, hprev, y],
+                           (steps, hs, t, int(sequence)))
+
+    def gru_cell_grad(self, pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t, t, sequence):
+        n, steps, hs = hn.shape
+        self._seq_dispatch("sequence", "gru_cell_grad", n * hs, [pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t],
+                           (steps, hs, t, int(sequence)))
+
+    def rnn_cell(self, pre, hw, bias, h, hprev, y, t, sequence):
+        n, steps, hs = pre.shape
+        self._seq_dispatch("sequence", "rnn_cell", n * hs, [pre, hw, bias, h, hprev, y], (steps, hs, t, int(sequence)))
+
+    def rnn_cell_grad(self, pre, dh, dy, dpre, dpre_t, t, sequence):
+        n, steps, hs = pre.shape
+        self._seq_dispatch("sequence", "rnn_cell_grad", n * hs, [pre, dh, dy, dpre, dpre_t],
+                           (steps, hs, t, int(sequence)))

@@ -1,0 +1,153 @@
+"""The webgpu backend's matrix products (gemm.wgsl): the tile choice, split-K with its sum of partials, and
+products whose operands exceed the storage-binding limit computed in blocks."""
+
+from __future__ import annotations
+
+from ...errors import BackendError
+from .buffers import WView
+from .encoder import _pack
+from .reduce import Reductions
+
+
+class Gemm(Reductions):
+    """GEMM tiles and split-K."""
+
+    # --- BLAS ---------------------------------------------------------------------------------------------------
+    def gemm(self, a, trans_a, b, trans_b, out, alpha=1.0, beta=0.0):
+        m, n = out.shape
+        k = a.shape[0] if trans_a else a.shape[1]
+        self._gemm(a, trans_a, b, trans_b, out, m, n, k, alpha, beta)
+
+    SPLIT_K_TILES = 1024
+    """Split K across the grid when C has fewer tiles than this and K is long (weight gradients): a large GPU
+    holds several 256-thread workgroups per multiprocessor, so a grid needs about this many to fill it."""
+
+    SPLIT_K_FROM = 512
+    """Products with at least this long a K may be split (2048 -> 512: LeNet-1024's fc1 filter gradient and
+    forward fill an H200 in 2.11 instead of 2.18 ms of GPU time per step)."""
+    SPLIT_K_MIN = 256
+    """The shortest K range of one split (its partial product is written out and summed)."""
+
+    SPLIT_SUM_ROWS = 16384
+    """Split-K products with at most this many outputs sum their partials with a workgroup per output."""
+
+    SMALL_TILES = True
+    """Products with a side of at most 32 use 32x32 tiles."""
+    BIG_TILES_SPLIT_K = True
+    """Whether products too small for 128x128 tiles take them anyway when split-K will fill the GPU (the filter
+    gradients of AlexNet's conv3-5 ran 1.15-1.2x faster so on an H200)."""
+
+    WIDE_TILE_RATE = 1.1
+    BIG_TILE_RATE = 1.2
+    """Speeds of 64x128 and 128x128 tiles relative to 64x64 on products large enough for them: the choice weighs a
+    tile's rate against the padding it adds to m and n."""
+
+    def _gemm_tile(self, m: int, n: int, k: int = 0, batch: int = 1) -> tuple[str, int, int, tuple]:
+        """The kernel for an m x n product as (entry point, tile rows, tile columns, its pipeline constants): 32x32
+        tiles where a side is that short; otherwise, of 64x64, 64x128 and 128x128 tiles, the one with the least
+        padded area per unit of speed among those with enough tiles to fill the GPU (256, or fewer where split-K
+        will fill it); 64x64 always qualifies."""
+        if self.SMALL_TILES and min(m, n) <= 32:
+            return "gemm", 32, 32, (("TS", 8), ("TILES", 128))
+        best: float | None = None
+        choice: tuple[str, int, int, tuple] = ("gemm", 64, 64, ())
+        for tm, tn, rate in ((64, 64, 1.0), (64, 128, self.WIDE_TILE_RATE), (128, 128, self.BIG_TILE_RATE)):
+            tiles = -(-m // tm) * -(-n // tn) * batch
+            if (tm, tn) != (64, 64) and not (tiles >= 256 or (self.BIG_TILES_SPLIT_K and k >= self.SPLIT_K_FROM)):
+                continue
+            cost = tiles * tm * tn / rate
+            if best is None or cost < best:
+                best = cost
+                choice = ("gemm", 64, 64, ()) if tm == tn == 64 else \
+                    ("gemm_big", tm, tn, (("BIG_ROWS", tm),) if tm != 128 else ())
+        return choice
+
+    def _gemm(self, a, trans_a, b, trans_b, out, m, n, k, alpha, beta, conv: tuple = (), n0: int = 0,
+              bias: WView | None = None, batch: int = 1) -> None:
+        """``conv``: convolution geometry and operand modes as pipeline constants (see gemm.wgsl), with ``n0`` the
+        first sample; the caller makes sure every operand fits one binding. ``bias``: added per row of C (a
+        convolution's output channel; C_MODE 1 only). ``batch``: that many products of this shape, stored one
+        after another in a, b and out (plain operands), in one dispatch."""
+        lds = (m if trans_a else k, k if trans_b else n, n)
+        consts = (("TRANS_A", int(trans_a)), ("TRANS_B", int(trans_b))) + conv
+        if bias is not None:
+            consts += (("HAS_BIAS", 1),)
+        operands = [a, b, out, bias if bias is not None else self._scratch_buffer(1, "nobias"),
+                    self._scratch_buffer(1, "noact")]
+        if not conv and max(a.raw.size, b.raw.size, out.raw.size) > self.max_binding:
+            return self._gemm_blocks(operands, trans_a, trans_b, m, n, k, alpha, beta, consts, lds)
+        entry, tm, tn, tile_consts = self._gemm_tile(m, n, k, batch)
+        consts += tile_consts
+        gx, gy = -(-n // tn), -(-m // tm)
+        if gy > self.max_groups:
+            raise BackendError(f"webgpu: a GEMM of {m} rows needs {gy} workgroups in a grid dimension; this device "
+                               f"allows {self.max_groups}: use a smaller batch")
+        if batch > 1:  # z = split * batch + product: u3 holds the batch size
+            consts += (("BATCHED", 1),)
+            n0 = batch
+        tiles = gx * gy * batch
+        outputs = batch * m * n
+        splits = 1
+        fill = self.SPLIT_K_TILES * (4 if tm == 32 else 1)  # 32x32 tiles run 64 threads, the others 256
+        if tiles < fill and k >= self.SPLIT_K_FROM and not any(name == "C_MODE" for name, _ in conv):
+            splits = max(1, min(-(-fill // tiles), k // self.SPLIT_K_MIN, self.max_groups // batch))
+            while splits > 1 and splits * outputs * 4 > self.max_binding:
+                splits //= 2
+        # columns past the device's grid width run as several dispatches, each from its first column (u11)
+        spans = [(c0, min(gx - c0, self.max_groups)) for c0 in range(0, gx, self.max_groups)]
+        if splits == 1 and len(spans) == 1 and batch == 1:  # encoded at the next dispatch: a bias or ReLU may join
+            self._defer("gemm", entry, _pack((m, n, k, n0, 0, 0, 0, k, *lds, 0), (alpha, beta)), operands,
+                        (gx, gy, 1), consts, (m, n), out)
+            return
+        if splits == 1:
+            for c0, cx in spans:
+                self._dispatch("gemm", entry, _pack((m, n, k, n0, 0, 0, 0, k, *lds, c0 * tn), (alpha, beta)),
+                               operands, (cx, gy, batch), constants=consts)
+            return
+        chunk = -(-k // splits)
+        chunk = -(-chunk // 16) * 16  # whole K slices of either kernel
+        splits = -(-k // chunk)
+        partial = self._scratch_buffer(splits * outputs, "splitk")
+        for c0, cx in spans:
+            self._dispatch("gemm", entry, _pack((m, n, k, n0, 0, 0, 0, chunk, *lds, c0 * tn), (1.0, 0.0)),
+                           [a, b, partial, *operands[3:]], (cx, gy, splits * batch), constants=consts)
+        if outputs <= self.SPLIT_SUM_ROWS:  # few outputs, many partials each: one workgroup per output
+            self._sum_rows(partial, out, splits, outputs, alpha, beta, columns=True)
+        else:
+            self._elementwise("split_sum", outputs, [partial, out], u=(0, splits), f=(alpha, beta), whole=(0,))
+
+    def _gemm_blocks(self, operands, trans_a, trans_b, m, n, k, alpha, beta, consts, lds) -> None:
+        """A product whose operands exceed the storage-binding limit, in blocks of C whose rows of A, rows of B^T
+        and rows of C can each be bound (A transposed or B untransposed must fit whole)."""
+        a, b, out = operands[:3]
+        limit = self.max_binding - self.offset_align  # room for aligning each binding's start down
+
+        def a_bytes(mb: int) -> int:
+            return a.raw.size if trans_a else mb * k * 4
+
+        def b_bytes(nb: int) -> int:
+            return nb * k * 4 if trans_b else b.raw.size
+
+        mb, nb = min(m, 32 * self.max_groups), min(n, 32 * self.max_groups)  # any tile's grid fits the device's
+        while mb > 1 and (a_bytes(mb) > limit or mb * n * 4 > limit):
+            mb = -(-mb // 2)
+        while nb > 1 and b_bytes(nb) > limit:
+            nb = -(-nb // 2)
+        if a_bytes(mb) > limit or b_bytes(nb) > limit or mb * n * 4 > limit:
+            raise BackendError(f"webgpu: a {m}x{k} by {k}x{n} GEMM cannot be split under the device's storage "
+                               f"binding limit ({self.max_binding} bytes): a transposed A or an untransposed B "
+                               "must fit in one binding")
+
+        for m0 in range(0, m, mb):
+            mm = min(mb, m - m0)
+            for n0 in range(0, n, nb):
+                nn = min(nb, n - n0)
+                ra = (0, a.raw.size, 0) if trans_a else self._span(m0 * k * 4, (m0 + mm) * k * 4)
+                rb = self._span(n0 * k * 4, (n0 + nn) * k * 4) if trans_b else (0, b.raw.size, 0)
+                rc = self._span((m0 * n + n0) * 4, ((m0 + mm - 1) * n + n0 + nn) * 4)
+                a_off = ra[2] + (m0 if trans_a else 0)
+                b_off = rb[2] + (0 if trans_b else n0)
+                params = _pack((mm, nn, k, 0, a_off, b_off, rc[2], k, *lds), (alpha, beta))
+                entry, tm, tn, tile_consts = self._gemm_tile(mm, nn, k)
+                self._dispatch("gemm", entry, params, operands, (-(-nn // tn), -(-mm // tm), 1),
+                               [ra[:2], rb[:2], rc[:2], None, None], constants=consts + tile_consts)

@@ -1,0 +1,67 @@
+"""The webgpu backend's reductions (reduce.wgsl): dot products and norms as partial sums of blocks, sums of rows or
+columns with a workgroup per output, and per-channel sums."""
+
+from __future__ import annotations
+
+from ...errors import BackendError
+from .binding import Binding
+from .buffers import WView
+from .encoder import _pack, _workgroup_each
+
+
+class Reductions(Binding):
+    """Sums."""
+
+    def _reduce(self, entry: str, buffers: list, u: tuple, f: tuple = (), groups: int | tuple = 1) -> None:
+        for v in buffers:
+            if v.raw.size > self.max_binding:
+                raise BackendError(f"webgpu: a {v.raw.size}-byte operand of {entry} exceeds the storage binding limit")
+        self._dispatch("reduce", entry, _pack(u, f), buffers, groups if isinstance(groups, tuple) else (groups, 1, 1))
+
+    def dot(self, x, y, out):
+        if x.raw is y.raw:
+            return self._sum_parts("square_parts", [x], x.size, [1], out)
+        self._sum_parts("dot_parts", [x, y], x.size, [1, 1], out)
+
+    def nrm2(self, x, out):
+        self._sum_parts("square_parts", [x], x.size, [1], out, root=True)
+
+    PARTS_BLOCK = 16384
+    """Elements per workgroup in the first pass of a long reduction."""
+
+    def _sum_parts(self, entry: str, inputs: list, count: int, per_item: list, out: WView, alpha: float = 1.0,
+                   root: bool = False, u1: int = 0) -> None:
+        """out[0] = alpha * (sum of the entry's terms over ``count`` items) (its square root with ``root``): partial
+        sums of blocks, a workgroup each, over runs of items whose bindings fit, then one sum of the partials."""
+        runs = list(self._item_chunks(count, per_item))
+        longest = max(run[1] - run[0] for run in runs)
+        blocks = max(1, min(self.max_groups, -(-longest // self.PARTS_BLOCK)))
+        length = -(-longest // blocks)
+        parts = self._scratch_buffer(blocks * len(runs), "parts")
+        for i, (i0, i1, binds, offsets) in enumerate(runs):
+            params = _pack((i1 - i0, u1, 0, length, i * blocks, *offsets))
+            self._dispatch("reduce", entry, params, [*inputs, parts], (blocks, 1, 1), [*binds, None])
+        self._reduce("sum_rows", [parts, out], (blocks * len(runs), 0, 1, int(root)), (alpha, 0.0))
+
+    def _channel_sums(self, dy, db, alpha: float, beta: float) -> None:
+        """db = alpha * (sums of dy over all axes but 1) + beta * db: per channel, partial sums over blocks of the
+        batch in parallel, then one sum of the partials each."""
+        n, c = dy.shape[0], dy.shape[1]
+        inner = dy.size // (n * c)
+        if inner == 1 and dy.raw.size <= self.max_binding:  # [N, C] (linear layers): column sums, one pass
+            return self._sum_rows(dy, db, n, c, alpha, beta, columns=True)
+        runs = list(self._item_chunks(n, [c * inner]))  # runs of samples whose binding fits
+        per = max(run[1] - run[0] for run in runs) * inner
+        blocks = max(1, min(256, -(-per // 4096), self.max_groups))  # per run
+        length = -(-per // blocks)
+        total = blocks * len(runs)
+        part = self._scratch_buffer(c * total, "bias_part")
+        for i, (n0, n1, (bind,), (offset,)) in enumerate(runs):
+            params = _pack((n1 - n0, c, inner, total, length, i * blocks, offset))
+            self._dispatch("reduce", "bias_grad_part", params, [dy, part], (c, blocks, 1), [bind, None])
+        self._sum_rows(part, db, total, c, alpha, beta)
+
+    def _sum_rows(self, a, out, length: int, rows: int, alpha: float, beta: float, columns: bool = False) -> None:
+        """out[r] = alpha * (sum of row r of a [rows x length], or of column r of a [length x rows]) + beta * out[r],
+        one workgroup per output."""
+        self._reduce("sum_rows", [a, out], (length, int(columns), rows), (alpha, beta), groups=_workgroup_each(rows))
