@@ -59,6 +59,7 @@ struct LayerConfig {
     lstm @30 :RecurrentConfig;
     rnn @31 :RecurrentConfig;
     gru @32 :RecurrentConfig;
+    swish @33 :Void;          # SiLU under its other name
   }
 
   outputs @11 :List(Text);

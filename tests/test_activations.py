@@ -97,6 +97,7 @@ CASES = {
     "Softplus": (lp.SoftplusConfig(), softplus),
     "Softplus-2-3": (lp.SoftplusConfig(beta=2.0, threshold=3.0), lambda x: softplus(x, 2.0, 3.0)),
     "SiLU": ("SiLU", silu),
+    "Swish": ("Swish", silu),  # SiLU's other name
 }
 
 
@@ -299,7 +300,8 @@ def test_a_network_with_all_five_saves_and_loads(tmp_path):
     cfg.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=8)))
     for name, config in (("leaky", lp.LeakyReLUConfig(negative_slope=0.2)), ("elu", lp.ELUConfig(alpha=0.5)),
                          ("gelu", lp.GELUConfig(approximate="tanh")), ("erf", lp.GELUConfig()),
-                         ("soft", lp.SoftplusConfig(beta=2.0, threshold=5.0)), ("silu", "SiLU")):
+                         ("soft", lp.SoftplusConfig(beta=2.0, threshold=5.0)), ("silu", "SiLU"),
+                         ("swish", "Swish")):
         cfg.add_layer(lp.LayerConfig(name, config))
     net = lp.Layer.from_config(native, lp.LayerConfig("net", cfg), seed=1)
     x = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)

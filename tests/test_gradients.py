@@ -54,6 +54,7 @@ CASES = {
                  # beta x on both sides of the threshold, away from it (the function steps there)
                  (lp.SoftplusConfig(beta=2.0, threshold=1.5), lambda r: [0.75 + away_from_zero(r, (3, 7), 0.1)])],
     "SiLU": [("SiLU", lambda r: [2 * r.standard_normal((3, 5))])],
+    "Swish": [("Swish", lambda r: [2 * r.standard_normal((2, 3))])],
     "Softmax": [("Softmax", lambda r: [r.standard_normal((3, 5))]),
                 ("Softmax", lambda r: [r.standard_normal((2, 3, 2))]),
                 ("Softmax", lambda r: [r.standard_normal((2, 300))])],  # long rows: a workgroup per row
