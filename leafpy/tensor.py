@@ -169,7 +169,7 @@ class SharedTensor:
         entry = st.copies.get(key)
         if entry is None:
             if backend is None:
-                buf = np.zeros(st.size, st.dtype)
+                buf: Any = np.zeros(st.size, st.dtype)
             else:
                 buf = backend.allocate(st.size, st.dtype)
             st.copies[key] = (backend, buf)

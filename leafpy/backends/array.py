@@ -10,7 +10,10 @@ from typing import Any
 import numpy as np
 
 from . import pointwise
-from .base import Backend, Buffer, Pair
+from .base import Backend, Pair
+
+Array = Any
+"""An ``xp`` array (NumPy or CuPy): the buffers of the array backends."""
 
 DROPOUT_HASH_ROUNDS = ((16, 0x85EBCA6B), (13, 0xC2B2AE35), (16, 0))
 """The murmur3 finaliser: h ^= h >> 16; h *= 0x85EBCA6B; h ^= h >> 13; h *= 0xC2B2AE35; h ^= h >> 16."""
@@ -37,7 +40,7 @@ class ArrayBackend(Backend):
             raise ConfigError(f"backend '{self.name}': dtype must be float32 or float64, got {dtype}")
         self.dtype = dtype
 
-    def view(self, buf: Buffer, shape: tuple[int, ...]) -> Buffer:
+    def view(self, buf: Array, shape: tuple[int, ...]) -> Array:
         return buf.reshape(shape)
 
     # --- BLAS ---------------------------------------------------------------------------------------------
@@ -104,7 +107,7 @@ class ArrayBackend(Backend):
         pointwise.evaluate(self.xp, line.gradient, (line.reads, "dy"), (src, dy), line.params, params, dx)
 
     @staticmethod
-    def _classes(a: Buffer) -> Buffer:
+    def _classes(a: Array) -> Array:
         return a.reshape(a.shape[0], a.shape[1], -1)
 
     def softmax(self, x, out):
@@ -174,14 +177,14 @@ class ArrayBackend(Backend):
 
     # --- batch normalisation ---------------------------------------------------------------------------------
     @staticmethod
-    def _per_channel(x: Buffer) -> Buffer:
+    def _per_channel(x: Array) -> Array:
         return x.reshape(x.shape[0], x.shape[1], -1)
 
     @staticmethod
-    def _channel(v: Buffer) -> Buffer:
+    def _channel(v: Array) -> Array:
         return v.reshape(1, -1, 1)
 
-    def _bn_work(self, x3: Buffer) -> Buffer:
+    def _bn_work(self, x3: Array) -> Array:
         """One pass's worth of per-call scratch (shared across layers on native: no array per call)."""
         return self._work({}, "bn_values", x3.shape)
 
@@ -233,14 +236,14 @@ class ArrayBackend(Backend):
     # --- convolution: im2col in (C, kh, kw, oh, ow, N) order, then one GEMM ------------------------------------
     # The batch is the innermost axis of the columns, so every window copy and every col2im addition runs over
     # long contiguous rows (ow * N values) instead of short image rows.
-    def _scratch(self, ws: dict, name: str, shape: tuple[int, ...], dtype: Any = None) -> Buffer:
+    def _scratch(self, ws: dict, name: str, shape: tuple[int, ...], dtype: Any = None) -> Array:
         a = ws.get(name)
         if a is None or a.shape != shape or (dtype is not None and a.dtype != dtype):
             a = self.xp.empty(shape, dtype or self.dtype)
             ws[name] = a
         return a
 
-    def _zeroed_once(self, ws: dict, name: str, shape: tuple[int, ...], dtype: Any = None) -> Buffer:
+    def _zeroed_once(self, ws: dict, name: str, shape: tuple[int, ...], dtype: Any = None) -> Array:
         """The layer's scratch ``name``, zero filled when it is (re)allocated: a padded copy whose border stays zero
         while only its interior is written."""
         t = self._scratch(ws, name, shape, dtype)
@@ -256,7 +259,7 @@ class ArrayBackend(Backend):
         per = max(1, piece_bytes // max(1, item_bytes))
         return [(a, min(count, a + per)) for a in range(0, count, per)]
 
-    def _filter_with_bias(self, w: Buffer, bias: Buffer | None, ws: dict) -> Buffer:
+    def _filter_with_bias(self, w: Array, bias: Array | None, ws: dict) -> Array:
         """w as [O, C * kh * kw], with the bias as one more column when there is one: multiplied against columns
         that end in a row of ones, the product then includes the bias (no pass over the output for it)."""
         o = w.shape[0]
@@ -268,7 +271,7 @@ class ArrayBackend(Backend):
         filt[:, k] = bias
         return filt
 
-    def _work(self, ws: dict, name: str, shape: tuple[int, ...], dtype: Any = None) -> Buffer:
+    def _work(self, ws: dict, name: str, shape: tuple[int, ...], dtype: Any = None) -> Array:
         """Scratch that lives for one primitive call only (nothing reads it afterwards): kept per layer here; the
         native backend shares one buffer per name across layers."""
         return self._scratch(ws, name, shape, dtype)
@@ -280,7 +283,7 @@ class ArrayBackend(Backend):
             for j in range(kw):
                 yield i, j, slice(i, i + sh * (oh - 1) + 1, sh), slice(j, j + sw * (ow - 1) + 1, sw)
 
-    def _to_chwn(self, x: Buffer, padding: Pair, ws: dict, name: str) -> Buffer:
+    def _to_chwn(self, x: Array, padding: Pair, ws: dict, name: str) -> Array:
         """x [N, C, H, W] as [C, H + 2ph, W + 2pw, N], zero padded."""
         n, c, h, w = x.shape
         ph, pw = padding
@@ -290,15 +293,15 @@ class ArrayBackend(Backend):
         ws[name + "_of"] = self._identity(x)
         return t
 
-    def _im2col(self, x: Buffer, kh: int, kw: int, oh: int, ow: int, stride: Pair, padding: Pair,
-                ws: dict) -> Buffer:
+    def _im2col(self, x: Array, kh: int, kw: int, oh: int, ow: int, stride: Pair, padding: Pair,
+                ws: dict) -> Array:
         xt = self._to_chwn(x, padding, ws, "x_chwn")
         cols = self._cols_of_rows(xt, kh, kw, 0, oh, ow, stride, ws, oh, keep=True)
         ws["cols_of"] = self._identity(x)
         return cols
 
-    def _cols_of_rows(self, xt: Buffer, kh: int, kw: int, a: int, b: int, ow: int, stride: Pair, ws: dict,
-                      rows: int, keep: bool = False) -> Buffer:
+    def _cols_of_rows(self, xt: Array, kh: int, kw: int, a: int, b: int, ow: int, stride: Pair, ws: dict,
+                      rows: int, keep: bool = False) -> Array:
         """The columns [C * kh * kw + 1, (b - a) * ow * N] of output rows a..b, gathered from xt [C, H, W, N], with a
         last row of ones (the bias's column), into scratch sized for ``rows`` output rows: the layer's own ("cols",
         kept for the filter gradient) or a piece that lives for this call."""
@@ -320,12 +323,12 @@ class ArrayBackend(Backend):
         return [(0, oh)]
 
     @staticmethod
-    def _identity(a: Buffer) -> tuple:
+    def _identity(a: Array) -> tuple:
         """What a cached derived buffer was computed from (data pointer and shape)."""
         ptr = a.__array_interface__["data"][0] if hasattr(a, "__array_interface__") else a.data.ptr
         return ptr, a.shape
 
-    def _dy_t(self, dy: Buffer, ws: dict) -> Buffer:
+    def _dy_t(self, dy: Array, ws: dict) -> Array:
         """dy [N, O, oh, ow] as [O, oh * ow * N] (computed once per backward pass)."""
         n, o, oh, ow = dy.shape
         t = self._scratch(ws, "dy_t", (o, oh, ow, n), dy.dtype)
@@ -336,7 +339,7 @@ class ArrayBackend(Backend):
             ws["dy_t_fresh"] = True
         return t.reshape(o, -1)
 
-    def _to_batch_first(self, dst: Buffer, src: Buffer) -> None:
+    def _to_batch_first(self, dst: Array, src: Array) -> None:
         """dst [N, R] = src [R, N] transposed (a batch-innermost layout back to NCHW)."""
         dst[...] = src.T
 
@@ -380,7 +383,7 @@ class ArrayBackend(Backend):
             cols = self._cols_of_rows(xt, kh, kw, a, b, ow, stride, ws, rows)
             self._filter_product(dy_t[:, a * row:b * row], cols[:k], dw2, beta if a == 0 else 1.0, ws)
 
-    def _filter_product(self, dy_t: Buffer, cols: Buffer, dw: Buffer, beta: float, ws: dict) -> None:
+    def _filter_product(self, dy_t: Array, cols: Array, dw: Array, beta: float, ws: dict) -> None:
         """dw [O, K] = dy_t [O, L] @ cols [K, L]^T + beta * dw (the filter gradient's GEMM)."""
         self.gemm(dy_t, False, cols, True, dw, 1.0, beta)
 
@@ -408,7 +411,7 @@ class ArrayBackend(Backend):
             self._to_batch_first(dx.reshape(n, -1), dxt.reshape(-1, n))
 
     # --- pooling: one pass per window offset over strided views ----------------------------------------------
-    def _pool_input(self, x: Buffer, padding: Pair, value: float) -> Buffer:
+    def _pool_input(self, x: Array, padding: Pair, value: float) -> Array:
         ph, pw = padding
         if not ph and not pw:
             return x
@@ -620,7 +623,7 @@ class ArrayBackend(Backend):
             self._scaled_step(wp, mp, vp, lr, eps, t)
 
     # --- sequences: embeddings and recurrent cells ----------------------------------------------------------
-    def _ids(self, ids: Buffer, rows: int) -> Buffer:
+    def _ids(self, ids: Array, rows: int) -> Array:
         """Float ids as row indices, clamped into [0, rows)."""
         return self.xp.clip(ids.reshape(-1).astype(self.xp.intp), 0, rows - 1)
 
@@ -634,14 +637,14 @@ class ArrayBackend(Backend):
             dtable *= beta
         self.xp.add.at(dtable, self._ids(ids, dtable.shape[0]), dy)
 
-    def _sigmoid_in_place(self, a: Buffer) -> None:
+    def _sigmoid_in_place(self, a: Array) -> None:
         a *= 0.5  # sigmoid(a) = 0.5 (1 + tanh(a / 2)): no overflow
         self.xp.tanh(a, out=a)
         a += 1.0
         a *= 0.5
 
     @staticmethod
-    def _emit_hidden(h: Buffer, hprev: Buffer, y: Buffer, t: int, sequence: bool) -> None:
+    def _emit_hidden(h: Array, hprev: Array, y: Array, t: int, sequence: bool) -> None:
         """Where a recurrent step's h_t goes besides ``h``: the next step's slot of hprev, and the output."""
         steps = hprev.shape[1]
         if t == 0:
@@ -654,7 +657,7 @@ class ArrayBackend(Backend):
             y[...] = h
 
     @staticmethod
-    def _add_output_grad(dh: Buffer, dy: Buffer, t: int, steps: int, sequence: bool) -> None:
+    def _add_output_grad(dh: Array, dy: Array, t: int, steps: int, sequence: bool) -> None:
         if sequence:
             dh += dy[:, t]
         elif t == steps - 1:

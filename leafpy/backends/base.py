@@ -13,11 +13,26 @@ into a one-element buffer, so nothing is read back to the host inside a step.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-Buffer = Any
+
+class Buffer(Protocol):
+    """What code outside a backend may rely on in the backend's buffers (a NumPy or CuPy array, a webgpu view):
+    a shape, an element count and a dtype. Everything else (indexing, reshaping, the memory itself) is the
+    backend's own business, reached only through its primitives."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def dtype(self) -> Any: ...
+
+
 Pair = tuple[int, int]
 
 

@@ -45,10 +45,10 @@ class NativeBackend(ArrayBackend):
     def allocate(self, size: int, dtype: Any) -> np.ndarray:
         return np.empty(size, dtype)
 
-    def upload(self, host: np.ndarray, out: np.ndarray) -> None:
+    def upload(self, host: np.ndarray, out: Any) -> None:
         np.copyto(out, host)
 
-    def download(self, buf: np.ndarray, host: np.ndarray) -> None:
+    def download(self, buf: Any, host: np.ndarray) -> None:
         np.copyto(host, buf)
 
     def synchronize(self) -> None:
@@ -59,7 +59,7 @@ class NativeBackend(ArrayBackend):
     reads the source with a stride of N for every element (4.2 ms for a 64 x 20 x 24 x 24 convolution output on
     a 2-core machine); in blocks the rows being read stay in cache (0.44 ms)."""
 
-    def _to_batch_first(self, dst: np.ndarray, src: np.ndarray) -> None:
+    def _to_batch_first(self, dst: Any, src: Any) -> None:
         b = self.TRANSPOSE_BLOCK
         for s in range(0, src.shape[0], b):
             dst[:, s:s + b] = src[s:s + b].T

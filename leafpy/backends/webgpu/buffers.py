@@ -81,13 +81,13 @@ class Buffers(Encoder):
         weakref.finalize(view, self._free.setdefault(nbytes, []).append, raw)
         return view
 
-    def upload(self, host: np.ndarray, out: WView) -> None:
+    def upload(self, host: np.ndarray, out: Any) -> None:
         self.flush()  # a queued write lands before unsubmitted work: submit that work first
         data = np.ascontiguousarray(host, dtype=out.dtype)
         if data.nbytes:
             self.queue.write_buffer(out.raw, 0, data.tobytes())
 
-    def download(self, buf: WView, host: np.ndarray) -> None:
+    def download(self, buf: Any, host: np.ndarray) -> None:
         nbytes = buf.size * 4
         if nbytes == 0:
             return
@@ -108,7 +108,7 @@ class Buffers(Encoder):
             self._staging.unmap()
         host.reshape(-1)[...] = np.frombuffer(data, dtype=buf.dtype, count=buf.size)
 
-    def view(self, buf: WView, shape: tuple[int, ...]) -> WView:
+    def view(self, buf: Any, shape: tuple[int, ...]) -> WView:
         return WView(buf.raw, shape, buf.dtype, buf.owner or buf)
 
     def synchronize(self) -> None:
