@@ -466,6 +466,17 @@ def leaf_name(spec: WeightSpec) -> str:
     return f"{spec.layer}-{spec.position}"
 
 
+def leaf_aliases(specs: Sequence[WeightSpec]) -> tuple[dict[str, WeightSpec], dict[str, list[str]]]:
+    """Leaf's names of the weights ``specs`` describes: (name -> spec where the name is unique, name -> the weights
+    sharing it where layers of the same name in different containers make it ambiguous)."""
+    holders: dict[str, list[WeightSpec]] = {}
+    for spec in specs:
+        holders.setdefault(leaf_name(spec), []).append(spec)
+    unique = {name: found[0] for name, found in holders.items() if len({s.name for s in found}) == 1}
+    ambiguous = {name: sorted({s.name for s in found}) for name, found in holders.items() if name not in unique}
+    return unique, ambiguous
+
+
 def _is_filter(spec: WeightSpec) -> bool:
     return spec.layer_type == "Convolution" and spec.local_name == "weight"
 
@@ -480,9 +491,12 @@ def from_leaf(weights: Mapping[str, np.ndarray], specs: Sequence[WeightSpec]) ->
     """Weights as a file Leaf wrote holds them (its names, flipped convolution filters) -> leafpy's names and
     orientation, for the network whose weights ``specs`` (``Layer.weight_specs()``) describes. Names that match no
     weight are kept as they are (loading reports them)."""
-    by_leaf = {leaf_name(s): s for s in specs}
+    by_leaf, ambiguous = leaf_aliases(specs)
     out = {}
     for key, arr in weights.items():
+        if key in ambiguous:
+            raise SerializationError(f"weight {key!r}: Leaf's name is ambiguous in this network, layers of the same "
+                                     f"name hold {', '.join(ambiguous[key])}; give the layers distinct names")
         spec = by_leaf.get(key)
         if spec is None:
             out[key] = arr

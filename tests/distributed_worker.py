@@ -65,6 +65,22 @@ def equivalence(out: str, rule: str, batch: int, steps: int, accumulate: int, cl
                  overlapped=dp.overlapped, **weights)
 
 
+def dropout_masks(out: str) -> None:
+    """Each rank's dropout mask after two steps of a network with dropout."""
+    group = dist.init()
+    with dist.failing_rank_ends_the_job(group):
+        be = lp.backend("native")
+        cfg = solver_config("momentum", 8)
+        cfg.network.config.layers.insert(2, lp.LayerConfig("drop", lp.DropoutConfig(ratio=0.5)))
+        solver = lp.Solver.from_config(be, be, cfg)
+        dp = dist.DataParallel(solver, group)
+        x, y = problem()
+        for xb, yb in list(dist.shard_batches(x, y, 8, group, seed=1))[:2]:
+            dp.train_minibatch(xb, yb)
+        drop = next(w for w in solver.network.workers() if hasattr(w, "draws_random"))
+        np.save(f"{out}.rank{group.rank}.npy", np.asarray(drop.mask))
+
+
 def fail(out_dir: str) -> None:
     group = dist.init()
     with dist.failing_rank_ends_the_job(group):
@@ -87,5 +103,7 @@ if __name__ == "__main__":
         backend = args[args.index("--backend") + 1] if "--backend" in args else "native"
         equivalence(args[0], args[1], int(args[2]), int(args[3]), acc, clip, backend, "--batch-norm" in args,
                     "--sync-batch-norm" in args)
+    elif sys.argv[1] == "dropout":
+        dropout_masks(sys.argv[2])
     elif sys.argv[1] == "fail":
         fail(sys.argv[2])

@@ -104,6 +104,16 @@ def test_synchronised_batch_norm_on_two_ranks_equals_one_process_at_2b(tmp_path,
 
 
 @needs_mpi
+def test_ranks_draw_dropout_masks_of_their_own(tmp_path):
+    run = mpirun(2, "dropout", str(tmp_path / "m"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    a, b = (np.load(tmp_path / f"m.rank{r}.npy") for r in (0, 1))
+    assert a.shape == b.shape and set(np.unique(a)) <= {0.0, 2.0}
+    assert 0.3 < (a == 0).mean() < 0.7 and 0.3 < (b == 0).mean() < 0.7  # ratio 0.5
+    assert (a != b).mean() > 0.3, "the two ranks masked their samples alike"
+
+
+@needs_mpi
 def test_a_failing_rank_ends_the_job(tmp_path):
     t0 = time.monotonic()
     run = mpirun(2, "fail", str(tmp_path), timeout=60)

@@ -258,3 +258,19 @@ def test_a_rule_without_state_checkpoints_and_resumes(native, tmp_path, monkeypa
     for x, y in batches[3:]:
         np.testing.assert_array_equal(original.train_minibatch(x, y).to_numpy(),
                                       resumed.train_minibatch(x, y).to_numpy())
+
+
+def test_a_leaf_name_shared_by_layers_in_different_containers_is_refused():
+    """Leaf named weights "{layer}-{i}": two blocks holding a layer "fc" both have "fc-0"; loading by that name must
+    say so instead of filling one block and leaving the other."""
+    be = lp.backend("native")
+    outer = lp.SequentialConfig(inputs=[("data", [2, 3])])
+    for block in ("b1", "b2"):
+        inner = lp.SequentialConfig(inputs=[("x", [2, 3])])
+        inner.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=3)))
+        outer.add_layer(lp.LayerConfig(block, inner))
+    net = lp.Layer.from_config(be, lp.LayerConfig("net", outer))
+    net.forward([np.zeros((2, 3), np.float32)])
+    with pytest.raises(lp.ConfigError, match=r"'fc-0' is Leaf's name of several weights here \(b1/fc/weight, "
+                                             r"b2/fc/weight"):
+        net.load_weights({"fc-0": np.zeros((3, 3)), "fc-1": np.zeros(3)}, strict=False)

@@ -95,3 +95,52 @@ def _train_against_float64(device, cfg, k, replays=True):
         # each accumulation phase (k of them) runs once as it is, once to be recorded, then from its recording
         assert done == calls - 2 * k, f"{done} of {calls} steps replayed ({device.recorder.error})"
     return losses
+
+
+@pytest.mark.parametrize("device_name", DEVICES)
+def test_a_reconfigured_solver_records_its_steps_anew(device_name):
+    """A recording holds the rule's constants (momentum, weight decay, the clipping threshold): after reconfigure
+    the solver's steps are recorded again, so the new settings take effect as they do on native."""
+    device = _device(device_name)
+    f64 = lp.backend("native", dtype="float64")
+    cfg = _config("momentum", "step", 1)
+    solver, reference = lp.Solver.from_config(device, device, cfg), lp.Solver.from_config(f64, f64, cfg)
+    for w, r in zip(solver.network.learnable_weights_data(), reference.network.learnable_weights_data()):
+        r.set(w.to_numpy().astype(np.float64))
+    ds = lp.data.digits()
+    changed = dataclasses.replace(cfg, momentum=0.0, weight_decay=0.5, clip_gradients=0.01)
+    for i in range(8):
+        if i == 4:
+            for s in (solver, reference):
+                assert set(s.reconfigure(changed)) == {"momentum", "weight_decay", "clip_gradients"}
+        x, y = ds.x_train[i * 32:(i + 1) * 32], ds.y_train[i * 32:(i + 1) * 32]
+        solver.train_minibatch(x, y)
+        reference.train_minibatch(x, y)
+    for w, r in zip(solver.network.learnable_weights_data(), reference.network.learnable_weights_data()):
+        a, b = w.to_numpy(), r.to_numpy()
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4 * max(1.0, float(np.abs(b).max())))
+
+
+@pytest.mark.parametrize("device_name", DEVICES)
+def test_dropout_draws_follow_native_around_replayed_steps_and_refused_batches(device_name):
+    """Replayed steps run none of dropout's Python: a training-mode forward pass afterwards still draws a new mask,
+    and a batch the solver refuses takes back the draw made for it, on every backend alike."""
+    results = []
+    for be in (_device(device_name), lp.backend("native")):
+        solver = lp.Solver.from_config(be, be, _config("momentum", "step", 1, dropout=True))
+        drop = next(w for w in solver.network.workers() if hasattr(w, "draws_random"))
+        ds = lp.data.digits()
+        for i in range(4):
+            solver.train_minibatch(ds.x_train[i * 32:(i + 1) * 32], ds.y_train[i * 32:(i + 1) * 32])
+        solver.network.set_training(True)
+        outs = [solver.network.forward([ds.x_test[:32]])[0].to_numpy() for _ in range(2)]
+        before = solver.snapshot()["random"]
+        with pytest.raises(lp.LeafpyError):
+            solver.train_minibatch(ds.x_train[:32], np.full(32, 10.0))  # label 10 of 10 classes: refused
+        assert solver.snapshot()["random"] == before, "a refused batch must not advance dropout's draws"
+        results.append((drop.calls, before, outs))
+    (calls, random, outs), (ref_calls, ref_random, ref_outs) = results
+    assert calls == ref_calls == 6 and random == ref_random
+    for a, b in zip(outs, ref_outs):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    assert not np.allclose(outs[0], outs[1]), "each training-mode forward pass draws a new mask"

@@ -280,3 +280,19 @@ def test_trainer_state_survives_a_checkpoint(tmp_path):
 def _save(solver, path):
     solver.save_checkpoint(str(path))
     return str(path)
+
+
+def test_clipping_zero_gradients_is_quiet_and_leaves_them_zero():
+    """The clipping factor threshold / norm is computed on the device; a zero norm must not divide by zero."""
+    import warnings
+
+    be = lp.backend("native")
+    g = np.zeros(5, np.float32)
+    total = np.zeros(1, np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        be.clip_to_norm(g, total, 1.0)
+    assert not g.any()
+    g = np.full(4, 3.0, np.float32)
+    be.clip_to_norm(g, np.array([36.0], np.float32), 2.0)  # norm 6 > 2: scaled by 1/3
+    np.testing.assert_allclose(g, np.full(4, 1.0), rtol=1e-6)

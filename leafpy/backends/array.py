@@ -543,8 +543,10 @@ class ArrayBackend(Backend):
             yield (scratch[:b - a], *(f[a:b] for f in flat))
 
     def clip_to_norm(self, x, sumsq, threshold):
-        norm = self.xp.sqrt(sumsq.reshape(-1)[:1])
-        x *= self.xp.where(norm > threshold, threshold / norm, 1.0).astype(x.dtype)
+        xp = self.xp
+        norm = xp.sqrt(sumsq.reshape(-1)[:1])
+        factor = threshold / xp.maximum(norm, threshold)  # never a division by zero; NaN norms scale by 1, as on GPUs
+        x *= xp.where(norm > threshold, factor, 1.0).astype(x.dtype)
 
     def _rate(self, rate, lr_mult):
         """The weight's learning rate as a host float (the native backend reads its one-element buffer)."""

@@ -370,7 +370,7 @@ class CudaBackend(ArrayBackend):
         s = self._scalar
         self._kernels["rmsprop"](g, rate, s(lr_mult), s(decay), s(eps), w, h)
 
-    # --- batch normalisation: the statistics through CuPy's reductions, each per-element pass one kernel ------
+    # --- batch normalisation: the per-channel sums one reduction kernel each, each per-element pass one kernel ---
     @staticmethod
     def _bn_geometry(x) -> tuple[np.int32, np.int32]:
         c = x.shape[1]

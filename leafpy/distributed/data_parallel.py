@@ -60,7 +60,9 @@ class DataParallel:
     global batch; before an update the gradients of all ranks are summed, each weighted by its share of the
     global batch's samples, so the update is the one a single process would make on the global batch (the
     objective averages over the batch). Clipping, accumulation, weight decay and the update rule then run
-    identically on every rank. BatchNorm layers use each rank's own batch statistics, or with
+    identically on every rank. Dropout layers draw each rank's masks from a sequence of their own (so the ranks'
+    samples are not all masked alike; the masks are not the ones one process would draw). BatchNorm layers use
+    each rank's own batch statistics, or with
     ``sync_batch_norm=True`` the global batch's (every rank then trains as one process on the global batch would,
     at the cost of two small host collectives per BatchNorm layer and step).
     """
@@ -78,6 +80,9 @@ class DataParallel:
         """Buckets whose sum started before the backward pass had finished (over the whole run)."""
         self.broadcast_weights()
         solver.gradient_reducer = self._reduce
+        for worker in solver.network.workers():
+            if hasattr(worker, "stream"):  # dropout: each rank masks its own samples with masks of its own
+                worker.stream = group.rank
         if sync_batch_norm and group.size > 1:
             statistics = BatchStatistics(group)
             for worker in solver.network.workers():

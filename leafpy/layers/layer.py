@@ -110,6 +110,10 @@ class Worker:
         """Called by the solver before each training step, outside any recording: write what changes from step to
         step (a random seed) into this worker's device buffers, so a recorded step replays with the new values."""
 
+    def after_step(self, ran: bool) -> None:
+        """Called by the solver after each training step (``ran``), or when the batch was refused before the step
+        ran (then what :meth:`before_step` drew is taken back). A replayed step runs none of the worker's Python."""
+
     def default_filler(self, index: int) -> FillerConfig:
         return FillerConfig(type="glorot_uniform") if index == 0 else FillerConfig(type="constant", value=0.0)
 
@@ -329,10 +333,17 @@ class Layer:
             self._pending_weights: tuple[dict[str, Any], bool, bool, str | None] = (dict(weights), strict, False, None)
             return LoadedWeights([], [])
         names = self.learnable_weights_names()
-        aliases = {f"{spec.layer}-{spec.position}": spec.name for spec in self.weight_specs()}
+        from ..serialization import leaf_aliases
+
+        unique, ambiguous = leaf_aliases(self.weight_specs())
+        aliases = {alias: spec.name for alias, spec in unique.items()}
         by_name: dict[str, np.ndarray] = {}
         unexpected = []
         for key, value in weights.items():
+            if isinstance(key, str) and key not in names and key in ambiguous:
+                raise ConfigError(f"layer '{self.name}': load_weights: {key!r} is Leaf's name of several weights "
+                                  f"here ({', '.join(ambiguous[key])}: layers of the same name in different "
+                                  "containers); use the weights' own names")
             target = key if key in names else aliases.get(key) if isinstance(key, str) else None
             if target is None:
                 unexpected.append(key)

@@ -305,9 +305,15 @@ class Solver:
         # per-step values go to the device before staging, which may queue work that an upload would submit first
         if update_now:
             self._set_rate(self.rule.step_rate(self.config.learning_rate(self.iteration), self.iteration))
-        for worker in self.network.workers():
+        workers = self.network.workers()
+        for worker in workers:
             worker.before_step(be)
-        self._stage(data, target)
+        try:
+            self._stage(data, target)
+        except BaseException:  # a refused batch leaves no trace: the draws made for it are taken back
+            for worker in workers:
+                worker.after_step(ran=False)
+            raise
 
         def step() -> None:
             self._compute()
@@ -327,6 +333,8 @@ class Solver:
         # by the backend (the rate is data, in self._rate)
         phase = (first, update_now, self.accumulation_scale) if k > 1 else ()
         be.run_step((self._token, self._generation, *phase) if self._replayable() else None, step)
+        for worker in workers:
+            worker.after_step(ran=True)
         if k > 1:
             self._calls = 0 if update_now else self._calls + 1
         if update_now:
@@ -402,6 +410,7 @@ class Solver:
 
             self.config = config
             self.rule = update_rules()[config.solver](config)
+            self._generation += 1  # recorded steps hold the old constants (momentum, decay, clipping): record anew
         return changed
 
     # --- state and checkpoints ------------------------------------------------------------------------------

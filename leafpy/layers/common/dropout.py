@@ -33,6 +33,8 @@ class Dropout(Worker):
         self.mask = None
         self.draw = None  # one uint32: the seed of this step's mask
         self.calls = 0
+        self.stream = 0
+        """Which sequence of masks this layer draws: data-parallel training gives each rank its own (its rank)."""
         self._drawn = False  # before_step has written this step's seed
 
     def setup(self, backend, input_shapes):
@@ -48,8 +50,14 @@ class Dropout(Worker):
     def before_step(self, backend) -> None:
         if self._active() and self.draw is not None:
             self.calls += 1
-            backend.upload(np.array([(self.seed * 1_000_003 + self.calls) % 2**31], np.uint32), self.draw)
+            draw = (self.seed * 1_000_003 + self.calls + self.stream * 1_000_000_007) % 2**31
+            backend.upload(np.array([draw], np.uint32), self.draw)
             self._drawn = True
+
+    def after_step(self, ran: bool) -> None:
+        if self._drawn and not ran:
+            self.calls -= 1
+        self._drawn = False
 
     def forward(self, backend, x, w, y):
         if self._active():
