@@ -206,6 +206,8 @@ class Solver:
         self._scratch = SharedTensor((1,), dtype)
         self._rate = SharedTensor((1,), dtype)  # the step's rate (rule.step_rate), uploaded before each step
         self._rate_value: float | None = None
+        self._params_key: tuple | None = None
+        self._params: tuple[list[SharedTensor], list[SharedTensor], list[WeightConfig]] = ([], [], [])
         self._norm = SharedTensor((1,), dtype)
         self._target: SharedTensor | None = None
         self._generation = 0
@@ -278,6 +280,17 @@ class Solver:
         self.objective.run_backward()
         self.network.run_backward()
 
+    def _parameters(self) -> tuple[list[SharedTensor], list[SharedTensor], list[WeightConfig]]:
+        """The network's weights, their gradients and their configs, gathered once per binding (a step uses them
+        several times; walking the network for them each time costs more than a small replayed step)."""
+        key = (self._generation, id(self.network))
+        if self._params_key != key:
+            net = self.network
+            self._params = (net.learnable_weights_data(), net.learnable_weights_gradients(),
+                            net.learnable_weights_configs())
+            self._params_key = key
+        return self._params
+
     def _set_rate(self, rate: float) -> None:
         """Put the step's rate into its device buffer before the step (4 bytes uploaded when it changed)."""
         be = self.network.backend
@@ -317,7 +330,7 @@ class Solver:
 
         def step() -> None:
             self._compute()
-            grads = self.network.learnable_weights_gradients()
+            grads = self._parameters()[1]
             if k > 1:
                 for g, acc in zip(grads, self._accum):
                     a = acc.write(be) if first else acc.read_write(be)
@@ -353,8 +366,7 @@ class Solver:
     def _update(self, grads: Sequence[SharedTensor]) -> None:
         cfg = self.config
         be = self.network.backend
-        weights = self.network.learnable_weights_data()
-        configs: list[WeightConfig] = self.network.learnable_weights_configs()
+        weights, _, configs = self._parameters()
         g_bufs = [g.read_write(be) for g in grads]
         if cfg.clip_gradients is not None:
             self._clip(be, g_bufs, cfg.clip_gradients)
