@@ -6,6 +6,7 @@ from __future__ import annotations
 from ...errors import BackendError
 from .buffers import WView
 from .encoder import _pack
+from .params import ElementwiseParams
 from .reduce import Reductions
 
 
@@ -114,7 +115,8 @@ class Gemm(Reductions):
         if outputs <= self.SPLIT_SUM_ROWS:  # few outputs, many partials each: one workgroup per output
             self._sum_rows(partial, out, splits, outputs, alpha, beta, columns=True)
         else:
-            self._elementwise("split_sum", outputs, [partial, out], u=(0, splits), f=(alpha, beta), whole=(0,))
+            self._elementwise("split_sum", outputs, [partial, out], ElementwiseParams, whole=(0,), slices=splits,
+                              alpha=alpha, beta=beta)
 
     def _gemm_blocks(self, operands, trans_a, trans_b, m, n, k, alpha, beta, consts, lds) -> None:
         """A product whose operands exceed the storage-binding limit, in blocks of C whose rows of A, rows of B^T
