@@ -12,7 +12,7 @@ from ..array import DROPOUT_KEY_MULTIPLIER, dropout_threshold
 from .buffers import WView
 from .encoder import _pack, _workgroup_each
 from .gemm import Gemm
-from .params import BatchNormParams, ElementwiseParams, LrnParams, UpdateParams
+from .params import BatchNormParams, ClassesParams, ElementwiseParams, LrnParams, UpdateParams
 
 _HERE = Path(__file__).parent
 
@@ -72,7 +72,8 @@ class Elementwise(Gemm):
         n = rows // inner
         for n0, n1, binds, offsets in self._item_chunks(n, [c * inner] * len(buffers)):
             count = (n1 - n0) * inner
-            params = _pack((count, c, inner, int(log), *offsets))
+            params = ClassesParams(count=count, classes=c, inner=inner, is_log=int(log),
+                                   **dict(zip(("a_offset", "b_offset", "c_offset"), offsets)))
             if c >= self.LONG_ROWS:
                 self._dispatch("classes", entry + "_rows", params, buffers, _workgroup_each(count), binds)
             else:
@@ -109,15 +110,15 @@ class Elementwise(Gemm):
     def nll(self, logp, labels, out):
         n = logp.shape[0]
         c = logp.size // n
-        self._sum_parts("nll_parts", [logp, labels], n, [c, 1], out, alpha=-1.0 / n, u1=c)
+        self._sum_parts("nll_parts", [logp, labels], n, [c, 1], out, alpha=-1.0 / n, classes=c)
 
     def nll_grad(self, labels, dloss, dx):
         n = dx.shape[0]
         c = dx.size // n
         for n0, n1, (bl, bx), (ol, ox) in self._item_chunks(n, [1, c]):
             count = (n1 - n0) * c
-            self._dispatch("classes", "nll_grad", _pack((count, c, n, ol, ox)), [labels, dloss, dx], self._grid(count),
-                           [bl, None, bx])
+            params = ClassesParams(count=count, classes=c, batch=n, a_offset=ol, c_offset=ox)
+            self._dispatch("classes", "nll_grad", params, [labels, dloss, dx], self._grid(count), [bl, None, bx])
 
     def mse(self, x, t, diff, out):
         self._elementwise("sub", x.size, [x, t, diff], ElementwiseParams)
