@@ -10,9 +10,18 @@ from typing import Any
 from .. import pointwise
 from ..array import DROPOUT_KEY_MULTIPLIER, dropout_threshold
 from .buffers import WView
-from .encoder import _pack, _workgroup_each
+from .encoder import _workgroup_each
 from .gemm import Gemm
-from .params import BatchNormParams, ClassesParams, ElementwiseParams, LrnParams, UpdateParams
+from .params import (
+    BatchNormParams,
+    ClassesParams,
+    ElementwiseParams,
+    LrnParams,
+    ParamStruct,
+    ScatterParams,
+    SequenceParams,
+    UpdateParams,
+)
 
 _HERE = Path(__file__).parent
 
@@ -20,6 +29,11 @@ _HERE = Path(__file__).parent
 def _act(params: tuple) -> dict[str, float]:
     """An activation's parameters (in its pointwise.TABLE line's order) as ElementwiseParams fields."""
     return {f"act{i}": v for i, v in enumerate(params)}
+
+
+def _cell(steps: int, hidden: int, t: int, sequence: bool) -> dict[str, int]:
+    """A recurrent cell's SequenceParams fields."""
+    return {"steps": steps, "hidden": hidden, "step": t, "every_step": int(sequence)}
 
 
 class Elementwise(Gemm):
@@ -230,17 +244,18 @@ class Elementwise(Gemm):
         self._update("adadelta_update", [w, g, h, u], rate, lr_mult=lr_mult, decay=decay, eps=eps)
 
     # --- sequences: embeddings and recurrent cells (sequence.wgsl, scatter.wgsl) -----------------------------
-    def _seq_dispatch(self, module: str, entry: str, count: int, buffers: list, u: tuple = ()) -> None:
+    def _seq_dispatch(self, params: ParamStruct, entry: str, count: int, buffers: list, **values: float) -> None:
         """One dispatch of a thread per element over ``count`` elements, every buffer bound whole."""
+        module = params.module
         if module not in self._modules:  # built on first use
             self._modules[module] = self.device.create_shader_module(
                 code=(_HERE / "params.wgsl").read_text() + (_HERE / f"{module}.wgsl").read_text())
         if count:
-            self._dispatch(module, entry, _pack((count, *u)), buffers, self._grid(count))
+            self._dispatch(module, entry, params(count=count, **values), buffers, self._grid(count))
 
     def embedding(self, ids, table, out):
         v, d = table.shape
-        self._seq_dispatch("sequence", "embedding", out.size, [ids, table, out], (d, v))
+        self._seq_dispatch(SequenceParams, "embedding", out.size, [ids, table, out], dim=d, vocab=v)
 
     def embedding_grad(self, ids, dy, dtable, beta=0.0):
         if beta == 0.0:
@@ -248,33 +263,34 @@ class Elementwise(Gemm):
         elif beta != 1.0:
             self.scal(beta, dtable)
         v, d = dtable.shape
-        self._seq_dispatch("scatter", "embedding_grad", dy.size, [ids, dy, dtable], (d, v))
+        self._seq_dispatch(ScatterParams, "embedding_grad", dy.size, [ids, dy, dtable], dim=d, vocab=v)
 
     def lstm_cell(self, gates, hw, bias, c, h, hprev, y, t, sequence):
         n, steps, hs = c.shape
-        self._seq_dispatch("sequence", "lstm_cell", n * hs, [gates, hw, bias, c, h, hprev, y],
-                           (steps, hs, t, int(sequence)))
+        self._seq_dispatch(SequenceParams, "lstm_cell", n * hs, [gates, hw, bias, c, h, hprev, y],
+                           **_cell(steps, hs, t, sequence))
 
     def lstm_cell_grad(self, gates, c, dh, dy, dc, dgates, dgates_t, t, sequence):
         n, steps, hs = c.shape
-        self._seq_dispatch("sequence", "lstm_cell_grad", n * hs, [gates, c, dh, dy, dc, dgates, dgates_t],
-                           (steps, hs, t, int(sequence)))
+        self._seq_dispatch(SequenceParams, "lstm_cell_grad", n * hs, [gates, c, dh, dy, dc, dgates, dgates_t],
+                           **_cell(steps, hs, t, sequence))
 
     def gru_cell(self, pre, hw, bias_ih, bias_hh, hn, h, hprev, y, t, sequence):
         n, steps, hs = hn.shape
-        self._seq_dispatch("sequence", "gru_cell", n * hs, [pre, hw, bias_ih, bias_hh, hn, h, hprev, y],
-                           (steps, hs, t, int(sequence)))
+        self._seq_dispatch(SequenceParams, "gru_cell", n * hs, [pre, hw, bias_ih, bias_hh, hn, h, hprev, y],
+                           **_cell(steps, hs, t, sequence))
 
     def gru_cell_grad(self, pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t, t, sequence):
         n, steps, hs = hn.shape
-        self._seq_dispatch("sequence", "gru_cell_grad", n * hs, [pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t],
-                           (steps, hs, t, int(sequence)))
+        self._seq_dispatch(SequenceParams, "gru_cell_grad", n * hs, [pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t],
+                           **_cell(steps, hs, t, sequence))
 
     def rnn_cell(self, pre, hw, bias, h, hprev, y, t, sequence):
         n, steps, hs = pre.shape
-        self._seq_dispatch("sequence", "rnn_cell", n * hs, [pre, hw, bias, h, hprev, y], (steps, hs, t, int(sequence)))
+        self._seq_dispatch(SequenceParams, "rnn_cell", n * hs, [pre, hw, bias, h, hprev, y],
+                           **_cell(steps, hs, t, sequence))
 
     def rnn_cell_grad(self, pre, dh, dy, dpre, dpre_t, t, sequence):
         n, steps, hs = pre.shape
-        self._seq_dispatch("sequence", "rnn_cell_grad", n * hs, [pre, dh, dy, dpre, dpre_t],
-                           (steps, hs, t, int(sequence)))
+        self._seq_dispatch(SequenceParams, "rnn_cell_grad", n * hs, [pre, dh, dy, dpre, dpre_t],
+                           **_cell(steps, hs, t, sequence))
