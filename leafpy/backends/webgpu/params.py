@@ -22,34 +22,39 @@ _STRUCT = re.compile(r"struct\s+(\w+)\s*\{([^}]*)\}")
 _FIELD = re.compile(r"(\w+)\s*:\s*(\w+)")
 
 
-class ParamStruct:
-    """The Python mirror of one WGSL parameter struct: ``ParamStruct(...)(field=value, ...)`` -> bytes."""
+class ParamStruct(functools.partial):
+    """The Python mirror of one WGSL parameter struct: ``ParamStruct(...)(field=value, ...)`` -> bytes. A partial
+    over a memoised packer, so that a call (one per dispatch; a training step packs the same values each time) stays
+    in C where the values were seen before."""
 
-    def __init__(self, name: str, module: str, fields: list[tuple[str, str]]) -> None:
-        self.name = name
-        self.module = module  # the .wgsl file (without suffix) that declares it: the shader module it feeds
-        self.fields = tuple(f for f, _ in fields)
-        self.kinds = tuple(k for _, k in fields)
-        self._slot = {f: i for i, f in enumerate(self.fields)}
-        size = 4 * len(fields)
-        self.size = max(16, -(-size // 16) * 16)
-        self._format = "<" + "".join(_CODES[k] for k in self.kinds) + "x" * (self.size - size)
-        self._cached = functools.lru_cache(maxsize=4096)(self._pack)
+    name: str
+    module: str  # the .wgsl file (without suffix) that declares it: the shader module it feeds
+    fields: tuple[str, ...]
+    kinds: tuple[str, ...]
+    size: int
 
-    def __call__(self, **values: float) -> bytes:
-        return self._cached(**values)  # memoised: a training step packs the same values each time
+    def __new__(cls, name: str, module: str, fields: list[tuple[str, str]]) -> ParamStruct:
+        names = tuple(f for f, _ in fields)
+        kinds = tuple(k for _, k in fields)
+        slot = {f: i for i, f in enumerate(names)}
+        used = 4 * len(fields)
+        size = max(16, -(-used // 16) * 16)
+        layout = struct.Struct("<" + "".join(_CODES[k] for k in kinds) + "x" * (size - used))
 
-    def _pack(self, **values: float) -> bytes:
-        unknown = [k for k in values if k not in self._slot]
-        if unknown:
-            raise BackendError(f"webgpu: {self.name} ({self.module}.wgsl) has no field {', '.join(unknown)}; "
-                               f"its fields: {', '.join(self.fields)}")
-        slots: list[float] = [0] * len(self.fields)
-        for k, v in values.items():
-            slots[self._slot[k]] = v
-        return struct.pack(self._format, *(float(v) if kind == "f32" else
-                                           (int(v) & 0xFFFFFFFF if kind == "u32" else int(v))
-                                           for v, kind in zip(slots, self.kinds)))
+        def pack(**values: float) -> bytes:
+            unknown = [k for k in values if k not in slot]
+            if unknown:
+                raise BackendError(f"webgpu: {name} ({module}.wgsl) has no field {', '.join(unknown)}; "
+                                   f"its fields: {', '.join(names)}")
+            slots: list[float] = [0] * len(names)
+            for k, v in values.items():
+                slots[slot[k]] = v
+            return layout.pack(*(float(v) if kind == "f32" else (int(v) & 0xFFFFFFFF if kind == "u32" else int(v))
+                                 for v, kind in zip(slots, kinds)))
+
+        self = super().__new__(cls, functools.lru_cache(maxsize=4096)(pack))
+        self.name, self.module, self.fields, self.kinds, self.size = name, module, names, kinds, size
+        return self
 
     def __repr__(self) -> str:
         return f"ParamStruct({self.name}: {', '.join(self.fields)})"
