@@ -72,3 +72,12 @@ def test_each_mirror_is_the_struct_its_shader_binds():
         for field in m.fields:  # every field is read somewhere (a stale one would hint at drift)
             assert re.search(rf"\bp\.{field}\b", source) or m.module == "elementwise" and field.startswith("act"), \
                 (m.name, field)
+
+
+def test_every_activation_parameter_has_a_field():
+    from leafpy.backends import pointwise
+
+    slots = [f for f in params.ElementwiseParams.fields if re.fullmatch(r"act\d+", f)]
+    assert slots == [f"act{i}" for i in range(len(slots))]
+    most = max(len(line.params) for line in pointwise.TABLE.values())
+    assert most <= len(slots), f"add act{len(slots)}.. to ElementwiseParams in elementwise.wgsl"
