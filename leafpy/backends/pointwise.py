@@ -454,18 +454,18 @@ def wgsl_functions() -> str:
 _ENTRY = """@compute @workgroup_size(256)
 fn {entry}(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {{
     let i = flat_index(gid, nw);
-    if (i < p.u0) {{ {store}; }}
+    if (i < p.count) {{ {store}; }}
 }}
 """
 
 
 def wgsl_entry_points() -> str:
-    """Elementwise entry points over the bindings a, b, c of elementwise.wgsl, parameters in p.f0, p.f1, ...: NAME
+    """Elementwise entry points over the bindings a, b, c of elementwise.wgsl, parameters in p.act0, p.act1: NAME
     (b = f(a)) and NAME_grad (c = g(a, b)), and their in-place twins NAME_inplace (a = f(a)) and NAME_grad_inplace
     (b = g(a, b)) for an output bound once with the input it overwrites."""
     out = []
     for ln in TABLE.values():
-        ps = "".join(f", p.f{i}" for i in range(len(ln.params)))
+        ps = "".join(f", p.act{i}" for i in range(len(ln.params)))
         f, g = f"pw_{ln.name}_f", f"pw_{ln.name}_g"
         for entry, store in ((ln.entry, f"b[i] = {f}(a[i]{ps})"), (ln.entry + "_inplace", f"a[i] = {f}(a[i]{ps})"),
                              (ln.name + "_grad", f"c[i] = {g}(a[i], b[i]{ps})"),

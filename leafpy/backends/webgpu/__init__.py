@@ -11,7 +11,8 @@ The backend is built in layers, one module each, every layer using the ones belo
 stream, pipelines, bind groups, pending GEMM fusion, recorded steps, profiling), buffers.py (WView, the buffer
 pool, transfers, scratch), binding.py (splitting under the binding limit), reduce.py (sums), gemm.py (tiles,
 split-K), elementwise.py (activations, updates, losses, batch norm, sequences, the rest) and conv.py (implicit
-GEMM, Winograd, pooling); WebGPUBackend adds the device set-up.
+GEMM, Winograd, pooling); WebGPUBackend adds the device set-up. Each kernel family's parameters are a named struct
+in its .wgsl file, packed by keyword through params.py.
 
 Importing this module does not import wgpu; constructing the backend does.
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...errors import BackendError
 from .buffers import Buffers, _pad4
-from .encoder import _pack
+from .params import ElementwiseParams, ParamStruct
 
 
 class Binding(Buffers):
@@ -37,12 +37,14 @@ class Binding(Buffers):
             spans = [self._span(i0 * e * 4, i1 * e * 4) for e in per_item]
             yield i0, i1, [sp[:2] for sp in spans], [sp[2] for sp in spans]
 
-    def _elementwise(self, entry: str, n: int, buffers: list, u: tuple = (), f: tuple = (),
-                     whole: tuple[int, ...] = (), base_slot: int | None = None, module: str = "elementwise") -> None:
-        """Run an elementwise entry point over n elements. Buffers at positions in ``whole`` are bound entirely;
-        the others are per-element and, past the binding limit, bound piece by piece. An output that aliases an
-        input (an in-place layer) runs the entry's in-place variant where one exists; otherwise it is computed into
-        scratch and copied back, as WebGPU forbids aliased writable bindings."""
+    def _elementwise(self, entry: str, n: int, buffers: list, params: ParamStruct, whole: tuple[int, ...] = (),
+                     **values: float) -> None:
+        """Run an elementwise entry point of ``params``' module over n elements, with the struct's fields ``values``
+        and, per dispatch, ``count`` (its elements) and, where the struct has it, ``base`` (the index of its first
+        element). Buffers at positions in ``whole`` are bound entirely; the others are per-element and, past the
+        binding limit, bound piece by piece. An output that aliases an input (an in-place layer) runs the entry's
+        in-place variant where one exists; otherwise it is computed into scratch and copied back, as WebGPU forbids
+        aliased writable bindings."""
         if n == 0:
             return
         raws = [b.raw for b in buffers]
@@ -58,13 +60,11 @@ class Binding(Buffers):
                 buffers = list(buffers)
                 buffers[i] = self._scratch_buffer(n, f"alias{i}")
         piece = (self.max_binding // 4 // self.offset_align) * self.offset_align
+        based = "base" in params.fields
         for start in range(0, n, piece):
             count = min(piece, n - start)
             ranges = [None if i in whole else (start * 4, _pad4(count * 4)) for i in range(len(buffers))]
-            uu = list(u) + [0] * (8 - len(u))
-            uu[0] = count
-            if base_slot is not None:
-                uu[base_slot] = start
-            self._dispatch(module, entry, _pack(tuple(uu), f), buffers, self._grid(count), ranges)
+            packed = params(count=count, base=start, **values) if based else params(count=count, **values)
+            self._dispatch(params.module, entry, packed, buffers, self._grid(count), ranges)
         for i in alias:
-            self._elementwise("copy", n, [buffers[i], real[i]])
+            self._elementwise("copy", n, [buffers[i], real[i]], ElementwiseParams)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .buffers import WView
 from .elementwise import Elementwise
-from .encoder import _pack
+from .params import ConvParams, PoolParams, WinogradParams
 
 
 class Convolution(Elementwise):
@@ -62,8 +62,8 @@ class Convolution(Elementwise):
         if tensor.raw.size > self.max_binding:
             base, size, offset = self._span(offset * 4, (n0 + nc) * per_sample * 4)
             ranges[nchw] = (base, size)
-        self._dispatch("conv", entry, _pack((count, offset), (0.0, nc, o, 1.0 if to_gemm else 0.0)), [src, dst],
-                       self._grid(count), ranges, constants=geometry)
+        params = ConvParams(count=count, offset=offset, samples=nc, out_channels=o, to_gemm=int(to_gemm))
+        self._dispatch("conv", entry, params, [src, dst], self._grid(count), ranges, constants=geometry)
 
     winograd = True
     """Stride-1 convolutions with 3x3 or 5x5 windows and at least WINOGRAD_MIN_CHANNELS channels in and out run
@@ -112,8 +112,8 @@ class Convolution(Elementwise):
     def _winograd_blocks(self, entry: str, src: WView, dst: WView, channels: int, blocks: int, n0: int,
                          geometry: tuple) -> None:
         """A transform with a thread per (channel, 2x2 block) of the chunk from sample n0."""
-        self._dispatch("winograd", entry, _pack((channels * blocks, blocks, n0)), [src, dst],
-                       self._grid(channels * blocks), constants=geometry)
+        params = WinogradParams(count=channels * blocks, blocks=blocks, first_sample=n0)
+        self._dispatch("winograd", entry, params, [src, dst], self._grid(channels * blocks), constants=geometry)
 
     def _winograd(self, x: WView, w: WView, y: WView, padding, flip: bool, chunk: int,
                   bias: WView | None = None) -> None:
@@ -123,16 +123,18 @@ class Convolution(Elementwise):
         n, cin = x.shape[:2]
         cout, r = y.shape[1], w.shape[2]
         geometry, per_sample, points, (u, v, m) = self._winograd_setup(x.shape, y.shape, r, padding, chunk)
-        self._dispatch("winograd", "winograd_filter", _pack((cout * cin, w.shape[0], w.shape[1])), [w, u],
-                       self._grid(cout * cin), constants=(("FLIP", int(flip)), ("R", r)))
+        params = WinogradParams(count=cout * cin, w_out=w.shape[0], w_in=w.shape[1])
+        self._dispatch("winograd", "winograd_filter", params, [w, u], self._grid(cout * cin),
+                       constants=(("FLIP", int(flip)), ("R", r)))
         out_consts = geometry + ((("HAS_BIAS", 1),) if bias is not None else ())
         bias_or_none = bias if bias is not None else self._scratch_buffer(1, "nobias")
         for n0 in range(0, n, chunk):
             blocks = min(chunk, n - n0) * per_sample
             self._winograd_blocks("winograd_input", x, v, cin, blocks, n0, geometry)
             self._gemm(u, False, v, False, m, cout, blocks, cin, 1.0, 0.0, batch=points)
-            self._defer("winograd", "winograd_output", _pack((cout * blocks, blocks, n0)), [m, y, bias_or_none],
-                        self._grid(cout * blocks), out_consts, tuple(y.shape), y)  # an in-place ReLU may join
+            params = WinogradParams(count=cout * blocks, blocks=blocks, first_sample=n0)
+            self._defer("winograd", "winograd_output", params, [m, y, bias_or_none], self._grid(cout * blocks),
+                        out_consts, tuple(y.shape), y)  # an in-place ReLU may join
         if chunk < n:
             self._emit_pending()  # a ReLU over all of y cannot join the last chunk's store
 
@@ -147,8 +149,8 @@ class Convolution(Elementwise):
             self._winograd_blocks("winograd_input", x, v, c, blocks, n0, geometry)
             self._winograd_blocks("winograd_dy", dy, z, o, blocks, n0, geometry)
             self._gemm(z, False, v, True, du, o, c, blocks, 1.0, 0.0 if n0 == 0 else 1.0, batch=points)
-        self._dispatch("winograd", "winograd_filter_grad", _pack((o * c,), (beta,)), [du, dw], self._grid(o * c),
-                       constants=(("R", r),))
+        self._dispatch("winograd", "winograd_filter_grad", WinogradParams(count=o * c, beta=beta), [du, dw],
+                       self._grid(o * c), constants=(("R", r),))
 
     def conv2d(self, x, w, out, stride, padding, ws, bias=None):
         chunk = self._winograd_chunk(x.shape, w.shape, out.shape, stride, padding)
@@ -243,4 +245,5 @@ class Convolution(Elementwise):
         sizes = [s[2] * s[3] for s in (src_shape, dst_shape, mask_shape)]
         for p0, p1, binds, offsets in self._item_chunks(planes, sizes):
             count = (p1 - p0) * sizes[per_thread]
-            self._dispatch("pool", entry, _pack((count, *offsets)), buffers, self._grid(count), binds, constants=consts)
+            params = PoolParams(count=count, **dict(zip(("src_offset", "dst_offset", "mask_offset"), offsets)))
+            self._dispatch("pool", entry, params, buffers, self._grid(count), binds, constants=consts)

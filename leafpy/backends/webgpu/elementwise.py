@@ -10,10 +10,30 @@ from typing import Any
 from .. import pointwise
 from ..array import DROPOUT_KEY_MULTIPLIER, dropout_threshold
 from .buffers import WView
-from .encoder import _pack, _workgroup_each
+from .encoder import _workgroup_each
 from .gemm import Gemm
+from .params import (
+    BatchNormParams,
+    ClassesParams,
+    ElementwiseParams,
+    LrnParams,
+    ParamStruct,
+    ScatterParams,
+    SequenceParams,
+    UpdateParams,
+)
 
 _HERE = Path(__file__).parent
+
+
+def _act(params: tuple) -> dict[str, float]:
+    """An activation's parameters (in its pointwise.TABLE line's order) as ElementwiseParams fields."""
+    return {f"act{i}": v for i, v in enumerate(params)}
+
+
+def _cell(steps: int, hidden: int, t: int, sequence: bool) -> dict[str, int]:
+    """A recurrent cell's SequenceParams fields."""
+    return {"steps": steps, "hidden": hidden, "step": t, "every_step": int(sequence)}
 
 
 class Elementwise(Gemm):
@@ -22,21 +42,21 @@ class Elementwise(Gemm):
     def axpby(self, alpha, x, beta, y):
         if beta == 0.0 and alpha == 1.0:
             return self.copy(x, y)
-        self._elementwise("axpby", y.size, [x, y], f=(alpha, beta))
+        self._elementwise("axpby", y.size, [x, y], ElementwiseParams, alpha=alpha, beta=beta)
 
     def scal(self, alpha, x):
-        self._elementwise("scal", x.size, [x], f=(alpha,))
+        self._elementwise("scal", x.size, [x], ElementwiseParams, alpha=alpha)
 
     def copy(self, x, out):
         if x.raw is out.raw:
             return
-        self._elementwise("copy", out.size, [x, out])
+        self._elementwise("copy", out.size, [x, out], ElementwiseParams)
 
     def fill(self, value, out):
-        self._elementwise("fill", out.size, [out], f=(value,))
+        self._elementwise("fill", out.size, [out], ElementwiseParams, value=value)
 
     def mul(self, x, y, out):
-        self._elementwise("mul", out.size, [x, y, out])
+        self._elementwise("mul", out.size, [x, y, out], ElementwiseParams)
 
     # --- activations: entry points generated from pointwise.TABLE ----------------------------------------------------
     def activation(self, kind, x, out, params=()):
@@ -47,10 +67,11 @@ class Elementwise(Gemm):
         elif line.reads == "x" and self._fuse(x, kind, params=params, into=out):
             # an activation whose gradient reads x never runs in place: it joins the GEMM's store beside the product
             return
-        self._elementwise(line.entry, out.size, [x, out], f=params)
+        self._elementwise(line.entry, out.size, [x, out], ElementwiseParams, **_act(params))
 
     def activation_grad(self, kind, src, dy, dx, params=()):
-        self._elementwise(pointwise.line(kind).name + "_grad", dx.size, [src, dy, dx], f=params)
+        self._elementwise(pointwise.line(kind).name + "_grad", dx.size, [src, dy, dx], ElementwiseParams,
+                          **_act(params))
 
     def _rows(self, a: WView) -> tuple[int, int, int]:
         n, c = a.shape[0], a.shape[1]
@@ -65,7 +86,8 @@ class Elementwise(Gemm):
         n = rows // inner
         for n0, n1, binds, offsets in self._item_chunks(n, [c * inner] * len(buffers)):
             count = (n1 - n0) * inner
-            params = _pack((count, c, inner, int(log), *offsets))
+            params = ClassesParams(count=count, classes=c, inner=inner, is_log=int(log),
+                                   **dict(zip(("a_offset", "b_offset", "c_offset"), offsets)))
             if c >= self.LONG_ROWS:
                 self._dispatch("classes", entry + "_rows", params, buffers, _workgroup_each(count), binds)
             else:
@@ -96,28 +118,29 @@ class Elementwise(Gemm):
     def _copy_back(self, buffers: list) -> None:
         if buffers[-1].raw in [b.raw for b in buffers[:-1]]:
             self._elementwise("copy", buffers[-1].size, [self._scratch_buffer(buffers[-1].size, "alias_out"),
-                                                         buffers[-1]])
+                                                         buffers[-1]], ElementwiseParams)
 
     # --- losses -----------------------------------------------------------------------------------------------
     def nll(self, logp, labels, out):
         n = logp.shape[0]
         c = logp.size // n
-        self._sum_parts("nll_parts", [logp, labels], n, [c, 1], out, alpha=-1.0 / n, u1=c)
+        self._sum_parts("nll_parts", [logp, labels], n, [c, 1], out, alpha=-1.0 / n, classes=c)
 
     def nll_grad(self, labels, dloss, dx):
         n = dx.shape[0]
         c = dx.size // n
         for n0, n1, (bl, bx), (ol, ox) in self._item_chunks(n, [1, c]):
             count = (n1 - n0) * c
-            self._dispatch("classes", "nll_grad", _pack((count, c, n, ol, ox)), [labels, dloss, dx], self._grid(count),
-                           [bl, None, bx])
+            params = ClassesParams(count=count, classes=c, batch=n, a_offset=ol, c_offset=ox)
+            self._dispatch("classes", "nll_grad", params, [labels, dloss, dx], self._grid(count), [bl, None, bx])
 
     def mse(self, x, t, diff, out):
-        self._elementwise("sub", x.size, [x, t, diff])
+        self._elementwise("sub", x.size, [x, t, diff], ElementwiseParams)
         self._sum_parts("square_parts", [diff], diff.size, [1], out, alpha=1.0 / diff.size)
 
     def mse_grad(self, diff, dloss, dx):
-        self._elementwise("scale_by_scalar", dx.size, [diff, dloss, dx], f=(2.0 / diff.size,), whole=(1,))
+        self._elementwise("scale_by_scalar", dx.size, [diff, dloss, dx], ElementwiseParams, whole=(1,),
+                          scale=2.0 / diff.size)
 
     # --- bias ---------------------------------------------------------------------------------------------------
     def bias_add(self, y, b):
@@ -125,20 +148,19 @@ class Elementwise(Gemm):
         inner = y.size // (n * c)
         if inner == 1 and self._fuse(y, "bias", b):  # [N, C]: a linear layer's product
             return
-        self._elementwise("bias_add", y.size, [y, b], u=(0, c, inner), whole=(1,), base_slot=3)
+        self._elementwise("bias_add", y.size, [y, b], ElementwiseParams, whole=(1,), channels=c, inner=inner)
 
     def bias_grad(self, dy, db, beta=0.0):
         self._channel_sums(dy, db, 1.0, beta)
 
     # --- batch normalisation: per-channel sums through bias_grad's reduction, the rest elementwise -------------
-    def _bn(self, entry: str, x, buffers: list, whole: tuple[int, ...], f: tuple = ()) -> None:
+    def _bn(self, entry: str, x, buffers: list, whole: tuple[int, ...]) -> None:
         """A per-element batchnorm kernel over x's elements (channel = axis 1)."""
         n, c = x.shape[0], x.shape[1]
-        self._elementwise(entry, x.size, buffers, u=(0, c, x.size // (n * c)), f=f, whole=whole, base_slot=3,
-                          module="batchnorm")
+        self._elementwise(entry, x.size, buffers, BatchNormParams, whole=whole, channels=c, inner=x.size // (n * c))
 
-    def _bn_channels(self, entry: str, c: int, buffers: list, u: tuple = (), f: tuple = ()) -> None:
-        self._elementwise(entry, c, buffers, u=(0, *u), f=f, whole=tuple(range(len(buffers))), module="batchnorm")
+    def _bn_channels(self, entry: str, c: int, buffers: list, **values: float) -> None:
+        self._elementwise(entry, c, buffers, BatchNormParams, whole=tuple(range(len(buffers))), **values)
 
     def _or_dummy(self, v, c: int, tag: str):
         return v if v is not None else self._scratch_buffer(c, tag)
@@ -155,7 +177,7 @@ class Elementwise(Gemm):
         coef = self._scratch_buffer(2 * c, "bn_coefficients")
         self._bn_channels("bn_coefficients", c, [mean, var, self._or_dummy(gamma, c, "bn_gamma"),
                                                  self._or_dummy(beta, c, "bn_beta"), coef],
-                          u=(int(gamma is not None), int(beta is not None)), f=(eps,))
+                          has_gamma=int(gamma is not None), has_beta=int(beta is not None), eps=eps)
         self._bn("bn_affine", x, [x, coef, y], whole=(1,))
 
     def batch_norm_grad_sums(self, x, dy, mean, var, sum_dy, sum_dy_xhat, eps):
@@ -163,75 +185,77 @@ class Elementwise(Gemm):
         t = self.view(self._scratch_buffer(x.size, "bn_values"), x.shape)
         self._bn("bn_dy_centered", x, [dy, x, mean, t], whole=(2,))
         self.bias_grad(t, sum_dy_xhat)
-        self._bn_channels("bn_times_invstd", x.shape[1], [sum_dy_xhat, var], f=(eps,))
+        self._bn_channels("bn_times_invstd", x.shape[1], [sum_dy_xhat, var], eps=eps)
 
     def batch_norm_grad(self, x, dy, mean, var, gamma, sum_dy, sum_dy_xhat, dx, eps, batch_stats):
         c = x.shape[1]
         coef = self._scratch_buffer(3 * c, "bn_coefficients")
         self._bn_channels("bn_grad_coefficients", c,
                           [mean, var, self._or_dummy(gamma, c, "bn_gamma"), sum_dy, sum_dy_xhat, coef],
-                          u=(int(gamma is not None), int(batch_stats)), f=(eps, c / x.size))
+                          has_gamma=int(gamma is not None), batch_stats=int(batch_stats), eps=eps, inv_count=c / x.size)
         self._bn("bn_grad_apply", x, [dy, x, coef, dx], whole=(2,))
 
     # --- randomness and solver updates -----------------------------------------------------------------------
     def copy_block(self, part, whole, part_inner, whole_inner, offset, into_whole):
         self._elementwise("block_into" if into_whole else "block_from", part.size, [part, whole],
-                          u=(0, part_inner, whole_inner, offset), whole=(1,), base_slot=4)
+                          ElementwiseParams, whole=(1,), part_inner=part_inner, whole_inner=whole_inner, column=offset)
 
     def lrn(self, x, scale, out, size, alpha, beta, k):
         c = x.shape[1]
         inner = x.size // (x.shape[0] * c)
-        self._elementwise("lrn", x.size, [x, scale, out], u=(0, c, inner, size), f=(alpha / size, beta, k),
-                          whole=(0, 1, 2), base_slot=4, module="lrn")
+        self._elementwise("lrn", x.size, [x, scale, out], LrnParams, whole=(0, 1, 2), channels=c, inner=inner,
+                          size=size, alpha=alpha / size, beta=beta, k=k)
 
     def lrn_grad(self, x, y, scale, dy, dx, size, alpha, beta):
         c = x.shape[1]
         inner = x.size // (x.shape[0] * c)
-        self._elementwise("lrn_grad", x.size, [x, y, scale, dy, dx], u=(0, c, inner, size),
-                          f=(2.0 * alpha * beta / size, beta), whole=(0, 1, 2, 3, 4), base_slot=4, module="lrn")
+        self._elementwise("lrn_grad", x.size, [x, y, scale, dy, dx], LrnParams, whole=(0, 1, 2, 3, 4), channels=c,
+                          inner=inner, size=size, alpha=2.0 * alpha * beta / size, beta=beta)
 
     def dropout_mask(self, mask, ratio, seed):
-        self._elementwise("dropout_mask", mask.size, [mask, seed], u=(0, DROPOUT_KEY_MULTIPLIER,
-                                                                       dropout_threshold(ratio)),
-                          f=(1.0 / (1.0 - ratio),), whole=(1,), base_slot=3)
+        self._elementwise("dropout_mask", mask.size, [mask, seed], ElementwiseParams, whole=(1,),
+                          key_multiplier=DROPOUT_KEY_MULTIPLIER, threshold=dropout_threshold(ratio),
+                          scale=1.0 / (1.0 - ratio))
 
-    def _update(self, entry: str, buffers: list, rate: Any, f: tuple) -> None:
+    def _update(self, entry: str, buffers: list, rate: Any, **values: float) -> None:
         """A solver update over the per-element ``buffers`` (w, g, history...), reading the rate from ``rate``."""
-        self._elementwise(entry, buffers[0].size, [rate, *buffers], f=f, whole=(0,), module="update")
+        self._elementwise(entry, buffers[0].size, [rate, *buffers], UpdateParams, whole=(0,), **values)
 
     def clip_to_norm(self, x, sumsq, threshold):
-        self._elementwise("clip_to_norm", x.size, [sumsq, x], f=(threshold,), whole=(0,), module="update")
+        self._elementwise("clip_to_norm", x.size, [sumsq, x], UpdateParams, whole=(0,), threshold=threshold)
 
     def momentum_update(self, w, g, h, rate, lr_mult, momentum):
-        self._update("momentum_update", [w, g, h], rate, (lr_mult, momentum))
+        self._update("momentum_update", [w, g, h], rate, lr_mult=lr_mult, momentum=momentum)
 
     def nesterov_update(self, w, g, h, prev, rate, lr_mult, momentum):
-        self._update("nesterov_update", [w, g, h, prev], rate, (lr_mult, momentum))
+        self._update("nesterov_update", [w, g, h, prev], rate, lr_mult=lr_mult, momentum=momentum)
 
     def adam_update(self, w, g, m, v, rate, lr_mult, beta1, beta2, eps):
-        self._update("adam_update", [w, g, m, v], rate, (lr_mult, beta1, beta2, eps))
+        self._update("adam_update", [w, g, m, v], rate, lr_mult=lr_mult, beta1=beta1, beta2=beta2,
+                     eps=eps)
 
     def rmsprop_update(self, w, g, h, rate, lr_mult, decay, eps):
-        self._update("rmsprop_update", [w, g, h], rate, (lr_mult, decay, 0.0, eps))
+        self._update("rmsprop_update", [w, g, h], rate, lr_mult=lr_mult, decay=decay, eps=eps)
 
     def adagrad_update(self, w, g, h, rate, lr_mult, eps):
-        self._update("adagrad_update", [w, g, h], rate, (lr_mult, 0.0, 0.0, eps))
+        self._update("adagrad_update", [w, g, h], rate, lr_mult=lr_mult, eps=eps)
 
     def adadelta_update(self, w, g, h, u, rate, lr_mult, decay, eps):
-        self._update("adadelta_update", [w, g, h, u], rate, (lr_mult, decay, 0.0, eps))
+        self._update("adadelta_update", [w, g, h, u], rate, lr_mult=lr_mult, decay=decay, eps=eps)
 
     # --- sequences: embeddings and recurrent cells (sequence.wgsl, scatter.wgsl) -----------------------------
-    def _seq_dispatch(self, module: str, entry: str, count: int, buffers: list, u: tuple = ()) -> None:
+    def _seq_dispatch(self, params: ParamStruct, entry: str, count: int, buffers: list, **values: float) -> None:
         """One dispatch of a thread per element over ``count`` elements, every buffer bound whole."""
+        module = params.module
         if module not in self._modules:  # built on first use
             self._modules[module] = self.device.create_shader_module(
                 code=(_HERE / "params.wgsl").read_text() + (_HERE / f"{module}.wgsl").read_text())
         if count:
-            self._dispatch(module, entry, _pack((count, *u)), buffers, self._grid(count))
+            self._dispatch(module, entry, params(count=count, **values), buffers, self._grid(count))
 
     def embedding(self, ids, table, out):
         v, d = table.shape
-        self._seq_dispatch("sequence", "embedding", out.size, [ids, table, out], (d, v))
+        self._seq_dispatch(SequenceParams, "embedding", out.size, [ids, table, out], dim=d, vocab=v)
 
     def embedding_grad(self, ids, dy, dtable, beta=0.0):
         if beta == 0.0:
@@ -239,33 +263,34 @@ class Elementwise(Gemm):
         elif beta != 1.0:
             self.scal(beta, dtable)
         v, d = dtable.shape
-        self._seq_dispatch("scatter", "embedding_grad", dy.size, [ids, dy, dtable], (d, v))
+        self._seq_dispatch(ScatterParams, "embedding_grad", dy.size, [ids, dy, dtable], dim=d, vocab=v)
 
     def lstm_cell(self, gates, hw, bias, c, h, hprev, y, t, sequence):
         n, steps, hs = c.shape
-        self._seq_dispatch("sequence", "lstm_cell", n * hs, [gates, hw, bias, c, h, hprev, y],
-                           (steps, hs, t, int(sequence)))
+        self._seq_dispatch(SequenceParams, "lstm_cell", n * hs, [gates, hw, bias, c, h, hprev, y],
+                           **_cell(steps, hs, t, sequence))
 
     def lstm_cell_grad(self, gates, c, dh, dy, dc, dgates, dgates_t, t, sequence):
         n, steps, hs = c.shape
-        self._seq_dispatch("sequence", "lstm_cell_grad", n * hs, [gates, c, dh, dy, dc, dgates, dgates_t],
-                           (steps, hs, t, int(sequence)))
+        self._seq_dispatch(SequenceParams, "lstm_cell_grad", n * hs, [gates, c, dh, dy, dc, dgates, dgates_t],
+                           **_cell(steps, hs, t, sequence))
 
     def gru_cell(self, pre, hw, bias_ih, bias_hh, hn, h, hprev, y, t, sequence):
         n, steps, hs = hn.shape
-        self._seq_dispatch("sequence", "gru_cell", n * hs, [pre, hw, bias_ih, bias_hh, hn, h, hprev, y],
-                           (steps, hs, t, int(sequence)))
+        self._seq_dispatch(SequenceParams, "gru_cell", n * hs, [pre, hw, bias_ih, bias_hh, hn, h, hprev, y],
+                           **_cell(steps, hs, t, sequence))
 
     def gru_cell_grad(self, pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t, t, sequence):
         n, steps, hs = hn.shape
-        self._seq_dispatch("sequence", "gru_cell_grad", n * hs, [pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t],
-                           (steps, hs, t, int(sequence)))
+        self._seq_dispatch(SequenceParams, "gru_cell_grad", n * hs, [pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t],
+                           **_cell(steps, hs, t, sequence))
 
     def rnn_cell(self, pre, hw, bias, h, hprev, y, t, sequence):
         n, steps, hs = pre.shape
-        self._seq_dispatch("sequence", "rnn_cell", n * hs, [pre, hw, bias, h, hprev, y], (steps, hs, t, int(sequence)))
+        self._seq_dispatch(SequenceParams, "rnn_cell", n * hs, [pre, hw, bias, h, hprev, y],
+                           **_cell(steps, hs, t, sequence))
 
     def rnn_cell_grad(self, pre, dh, dy, dpre, dpre_t, t, sequence):
         n, steps, hs = pre.shape
-        self._seq_dispatch("sequence", "rnn_cell_grad", n * hs, [pre, dh, dy, dpre, dpre_t],
-                           (steps, hs, t, int(sequence)))
+        self._seq_dispatch(SequenceParams, "rnn_cell_grad", n * hs, [pre, dh, dy, dpre, dpre_t],
+                           **_cell(steps, hs, t, sequence))

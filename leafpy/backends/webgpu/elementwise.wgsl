@@ -1,64 +1,84 @@
-// Elementwise kernels. p.u0 is the element count everywhere.
-@group(0) @binding(0) var<uniform> p: Params;
+// Elementwise kernels, a thread per element.
+struct ElementwiseParams {
+    count: u32,           // elements in this dispatch
+    base: u32,            // index of this dispatch's first element in the whole tensor
+    channels: u32,        // bias_add: a is [N, channels, inner]
+    inner: u32,
+    key_multiplier: u32,  // dropout_mask's hash
+    threshold: u32,
+    slices: u32,          // split_sum
+    part_inner: u32,      // block_into, block_from
+    whole_inner: u32,
+    column: u32,
+    value: f32,           // fill
+    alpha: f32,           // scal, axpby, split_sum
+    beta: f32,
+    scale: f32,           // dropout_mask's kept value, scale_by_scalar
+    act0: f32,            // an activation's parameters, in the order of its line in pointwise.TABLE
+    act1: f32,
+    act2: f32,
+    act3: f32,
+}
+@group(0) @binding(0) var<uniform> p: ElementwiseParams;
 @group(0) @binding(1) var<storage, read_write> a: array<f32>;
 @group(0) @binding(2) var<storage, read_write> b: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c: array<f32>;
 @group(0) @binding(4) var<storage, read_write> d: array<f32>;
 
-// fill: a = f0
+// fill: a = value
 @compute @workgroup_size(256)
 fn fill(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
-    if (i < p.u0) { a[i] = p.f0; }
+    if (i < p.count) { a[i] = p.value; }
 }
 
-// scal: a *= f0
+// scal: a *= alpha
 @compute @workgroup_size(256)
 fn scal(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
-    if (i < p.u0) { a[i] = a[i] * p.f0; }
+    if (i < p.count) { a[i] = a[i] * p.alpha; }
 }
 
 // copy: b = a
 @compute @workgroup_size(256)
 fn copy(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
-    if (i < p.u0) { b[i] = a[i]; }
+    if (i < p.count) { b[i] = a[i]; }
 }
 
-// axpby: b = f0 * a + f1 * b
+// axpby: b = alpha * a + beta * b
 @compute @workgroup_size(256)
 fn axpby(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
-    if (i < p.u0) { b[i] = p.f0 * a[i] + p.f1 * b[i]; }
+    if (i < p.count) { b[i] = p.alpha * a[i] + p.beta * b[i]; }
 }
 
 // mul: c = a * b
 @compute @workgroup_size(256)
 fn mul(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
-    if (i < p.u0) { c[i] = a[i] * b[i]; }
+    if (i < p.count) { c[i] = a[i] * b[i]; }
 }
 
 // The activations' entry points (NAME, NAME_grad and their in-place twins) are generated from their formulas and
 // appended to this module (backends/pointwise.py).
 
-// bias_add: a[(n * C + c) * inner + r] += b[c]; u1 = C, u2 = inner, u3 = index of a[0] in the whole tensor
+// bias_add: a[(n * channels + c) * inner + r] += b[c]
 @compute @workgroup_size(256)
 fn bias_add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
-    if (i < p.u0) { a[i] = a[i] + b[((i + p.u3) / p.u2) % p.u1]; }
+    if (i < p.count) { a[i] = a[i] + b[((i + p.base) / p.inner) % p.channels]; }
 }
 
-// dropout mask (the same hash as every backend): a = hash(i + seed * u1) >= u2 ? f0 : 0, the draw's seed the
-// bits of b[0] (a uint32 buffer); u3 = index of this dispatch's first element
+// dropout mask (the same hash as every backend): a = hash(i + seed * key_multiplier) >= threshold ? scale : 0,
+// the draw's seed the bits of b[0] (a uint32 buffer)
 @compute @workgroup_size(256)
 fn dropout_mask(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
-    if (i < p.u0) {
-        var h = i + p.u3 + bitcast<u32>(b[0]) * p.u1;
+    if (i < p.count) {
+        var h = i + p.base + bitcast<u32>(b[0]) * p.key_multiplier;
         h = h ^ (h >> 16u); h = h * 0x85EBCA6Bu; h = h ^ (h >> 13u); h = h * 0xC2B2AE35u; h = h ^ (h >> 16u);
-        a[i] = select(0.0, p.f0, h >= p.u2);
+        a[i] = select(0.0, p.scale, h >= p.threshold);
     }
 }
 
@@ -66,43 +86,43 @@ fn dropout_mask(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
 @compute @workgroup_size(256)
 fn sub(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
-    if (i < p.u0) { c[i] = a[i] - b[i]; }
+    if (i < p.count) { c[i] = a[i] - b[i]; }
 }
 
-// mse_grad: c = a * b[0] * f0   (a = diff, b = dloss, f0 = 2 / n)
+// mse_grad: c = a * b[0] * scale   (a = diff, b = dloss, scale = 2 / n)
 @compute @workgroup_size(256)
 fn scale_by_scalar(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
-    if (i < p.u0) { c[i] = a[i] * b[0] * p.f0; }
+    if (i < p.count) { c[i] = a[i] * b[0] * p.scale; }
 }
 
-// split-K: b = f0 * sum_s a[s * u0 + i] + f1 * b, over u1 slices
+// split-K: b = alpha * sum_s a[s * count + i] + beta * b, over the slices
 @compute @workgroup_size(256)
 fn split_sum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
-    if (i >= p.u0) { return; }
+    if (i >= p.count) { return; }
     var s = 0.0;
-    for (var z = 0u; z < p.u1; z = z + 1u) { s = s + a[z * p.u0 + i]; }
-    var v = p.f0 * s;
-    if (p.f1 != 0.0) { v = v + p.f1 * b[i]; }
+    for (var z = 0u; z < p.slices; z = z + 1u) { s = s + a[z * p.count + i]; }
+    var v = p.alpha * s;
+    if (p.beta != 0.0) { v = v + p.beta * b[i]; }
     b[i] = v;
 }
 
-// Blocks along an axis (Concat, Slice): a = part seen as [outer, u1], b = the whole tensor seen as [outer, u2],
-// the block starting at column u3; u4 = index of a[0] in the whole part.
+// Blocks along an axis (Concat, Slice): a = part seen as [outer, part_inner], b = the whole tensor seen as
+// [outer, whole_inner], the block starting at column `column`.
 fn block_index(i: u32) -> u32 {
-    let g = i + p.u4;
-    return (g / p.u1) * p.u2 + p.u3 + g % p.u1;
+    let g = i + p.base;
+    return (g / p.part_inner) * p.whole_inner + p.column + g % p.part_inner;
 }
 
 @compute @workgroup_size(256)
 fn block_into(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
-    if (i < p.u0) { b[block_index(i)] = a[i]; }
+    if (i < p.count) { b[block_index(i)] = a[i]; }
 }
 
 @compute @workgroup_size(256)
 fn block_from(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
-    if (i < p.u0) { a[i] = b[block_index(i)]; }
+    if (i < p.count) { a[i] = b[block_index(i)]; }
 }

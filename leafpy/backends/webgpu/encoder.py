@@ -4,9 +4,7 @@ steps' hooks (first_run / capture / launch / handle) and per-dispatch GPU timing
 
 from __future__ import annotations
 
-import functools
 import math
-import struct
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,14 +18,6 @@ if TYPE_CHECKING:
     from .buffers import WView
 
 WG = 256
-
-
-@functools.lru_cache(maxsize=8192)
-def _pack(u: tuple = (), f: tuple = ()) -> bytes:
-    """Kernel parameters as the Params struct's bytes (memoised: a training step packs the same values each time)."""
-    ints = list(u) + [0] * (12 - len(u))
-    floats = list(f) + [0.0] * (8 - len(f))
-    return struct.pack("<12I8f", *[int(v) & 0xFFFFFFFF for v in ints], *[float(v) for v in floats])
 
 
 def _workgroup_each(count: int) -> tuple[int, int, int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...errors import BackendError
 from .buffers import WView
-from .encoder import _pack
+from .params import ElementwiseParams, GemmParams
 from .reduce import Reductions
 
 
@@ -68,7 +68,7 @@ class Gemm(Reductions):
         first sample; the caller makes sure every operand fits one binding. ``bias``: added per row of C (a
         convolution's output channel; C_MODE 1 only). ``batch``: that many products of this shape, stored one
         after another in a, b and out (plain operands), in one dispatch."""
-        lds = (m if trans_a else k, k if trans_b else n, n)
+        lds = {"lda": m if trans_a else k, "ldb": k if trans_b else n, "ldc": n}  # row strides as stored
         consts = (("TRANS_A", int(trans_a)), ("TRANS_B", int(trans_b))) + conv
         if bias is not None:
             consts += (("HAS_BIAS", 1),)
@@ -82,9 +82,8 @@ class Gemm(Reductions):
         if gy > self.max_groups:
             raise BackendError(f"webgpu: a GEMM of {m} rows needs {gy} workgroups in a grid dimension; this device "
                                f"allows {self.max_groups}: use a smaller batch")
-        if batch > 1:  # z = split * batch + product: u3 holds the batch size
+        if batch > 1:  # z = split * batch + product
             consts += (("BATCHED", 1),)
-            n0 = batch
         tiles = gx * gy * batch
         outputs = batch * m * n
         splits = 1
@@ -93,15 +92,16 @@ class Gemm(Reductions):
             splits = max(1, min(-(-fill // tiles), k // self.SPLIT_K_MIN, self.max_groups // batch))
             while splits > 1 and splits * outputs * 4 > self.max_binding:
                 splits //= 2
-        # columns past the device's grid width run as several dispatches, each from its first column (u11)
+        # columns past the device's grid width run as several dispatches, each from its first column (col0)
         spans = [(c0, min(gx - c0, self.max_groups)) for c0 in range(0, gx, self.max_groups)]
+        shape = dict(m=m, n=n, k=k, first_sample=n0, batch=batch, **lds)
         if splits == 1 and len(spans) == 1 and batch == 1:  # encoded at the next dispatch: a bias or ReLU may join
-            self._defer("gemm", entry, _pack((m, n, k, n0, 0, 0, 0, k, *lds, 0), (alpha, beta)), operands,
+            self._defer("gemm", entry, GemmParams(**shape, k_slice=k, alpha=alpha, beta=beta), operands,
                         (gx, gy, 1), consts, (m, n), out)
             return
         if splits == 1:
             for c0, cx in spans:
-                self._dispatch("gemm", entry, _pack((m, n, k, n0, 0, 0, 0, k, *lds, c0 * tn), (alpha, beta)),
+                self._dispatch("gemm", entry, GemmParams(**shape, k_slice=k, col0=c0 * tn, alpha=alpha, beta=beta),
                                operands, (cx, gy, batch), constants=consts)
             return
         chunk = -(-k // splits)
@@ -109,12 +109,13 @@ class Gemm(Reductions):
         splits = -(-k // chunk)
         partial = self._scratch_buffer(splits * outputs, "splitk")
         for c0, cx in spans:
-            self._dispatch("gemm", entry, _pack((m, n, k, n0, 0, 0, 0, chunk, *lds, c0 * tn), (1.0, 0.0)),
+            self._dispatch("gemm", entry, GemmParams(**shape, k_slice=chunk, col0=c0 * tn, alpha=1.0),
                            [a, b, partial, *operands[3:]], (cx, gy, splits * batch), constants=consts)
         if outputs <= self.SPLIT_SUM_ROWS:  # few outputs, many partials each: one workgroup per output
             self._sum_rows(partial, out, splits, outputs, alpha, beta, columns=True)
         else:
-            self._elementwise("split_sum", outputs, [partial, out], u=(0, splits), f=(alpha, beta), whole=(0,))
+            self._elementwise("split_sum", outputs, [partial, out], ElementwiseParams, whole=(0,), slices=splits,
+                              alpha=alpha, beta=beta)
 
     def _gemm_blocks(self, operands, trans_a, trans_b, m, n, k, alpha, beta, consts, lds) -> None:
         """A product whose operands exceed the storage-binding limit, in blocks of C whose rows of A, rows of B^T
@@ -147,7 +148,8 @@ class Gemm(Reductions):
                 rc = self._span((m0 * n + n0) * 4, ((m0 + mm - 1) * n + n0 + nn) * 4)
                 a_off = ra[2] + (m0 if trans_a else 0)
                 b_off = rb[2] + (0 if trans_b else n0)
-                params = _pack((mm, nn, k, 0, a_off, b_off, rc[2], k, *lds), (alpha, beta))
+                params = GemmParams(m=mm, n=nn, k=k, batch=1, a_offset=a_off, b_offset=b_off, c_offset=rc[2],
+                                    k_slice=k, **lds, alpha=alpha, beta=beta)
                 entry, tm, tn, tile_consts = self._gemm_tile(mm, nn, k)
                 self._dispatch("gemm", entry, params, operands, (-(-nn // tn), -(-mm // tm), 1),
                                [ra[:2], rb[:2], rc[:2], None, None], constants=consts + tile_consts)

@@ -1,4 +1,4 @@
-// C = f0 * op(A) op(B) + f1 * C, row-major, register tiled, in four sizes:
+// C = alpha * op(A) op(B) + beta * C, row-major, register tiled, in four sizes:
 //   gemm:     a 16x16 workgroup computes a 64x64 tile of C (8x8 and 32x32 with TS = 8), each thread a 4x4 block;
 //             K in slices of TS;
 //   gemm_big: a 16x16 workgroup computes a 128x128 tile, each thread four 4x4 blocks (rows ty*4 and 64 + ty*4,
@@ -7,15 +7,29 @@
 // Tiles of A and B are staged in workgroup memory as vec4 along m (A) and n (B), double-buffered; global reads walk
 // the stored contiguous dimension, so they coalesce whichever operand is transposed. The transposes are pipeline
 // constants.
-// u0 = M, u1 = N, u2 = K, u3 = first sample (convolution modes), u4/u5/u6 = element offsets of A/B/C, u7 = the K
-// range of one z-slice of the grid (split-K: slice z writes its partial product at C + z * M * N), u8/u9/u10 =
-// row strides of A, B and C as stored (a block of a larger product is bound with its parent's strides), u11 =
-// the first column of this dispatch (a product wider than the device's grid runs as several). With BATCHED, u3
-// is the number of products in a batch (see BATCHED).
+// C is M x N, the product over K; the parameters:
+struct GemmParams {
+    m: u32,
+    n: u32,
+    k: u32,
+    first_sample: u32,  // convolution modes: the sample that position 0 is in
+    batch: u32,         // BATCHED: the number of products
+    a_offset: u32,      // element offsets of A, B and C as bound
+    b_offset: u32,
+    c_offset: u32,
+    k_slice: u32,       // the K range of one z-slice of the grid (split-K: slice z writes its partial product at
+                        // C + z * M * N)
+    lda: u32,           // row strides of A, B and C as stored (a block of a larger product is bound with its
+    ldb: u32,           // parent's strides)
+    ldc: u32,
+    col0: u32,          // the first column of this dispatch (a product wider than the grid runs as several)
+    alpha: f32,
+    beta: f32,
+}
 //
 // Convolution as implicit GEMM: pipeline constants describe one convolution's geometry, and the modes read an
 // operand or write the product in place of the im2col columns and GEMM-layout matrices (positions
-// pos = sample * OH * OW + y * OW + x count from sample u3; ckk = (c * KH + i) * KW + j):
+// pos = sample * OH * OW + y * OW + x count from first_sample; ckk = (c * KH + i) * KW + j):
 //   A_MODE 1: op(A)[o][pos] = dy in NCHW;
 //   B_MODE 1: op(B)[ckk][pos] = the im2col column of x; B_MODE 2: op(B)[pos][ckk] = the same, transposed;
 //   B_MODE 3: op(B)[o][pos] = dy in NCHW;
@@ -23,7 +37,7 @@
 // and for the data gradient (positions xpos = sample * H * W + h * W + w of x, okk = (o * KH + i) * KW + j):
 //   A_MODE 2: op(A)[c][okk] = w[o][c][i][j];  B_MODE 4: op(B)[okk][xpos] = the dy element that x[xpos] met
 //   through w[o][.][i][j] (zero where none);  C_MODE 2: C[c][xpos] is stored to dx in NCHW.
-@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(0) var<uniform> p: GemmParams;
 @group(0) @binding(1) var<storage, read> A: array<f32>;
 @group(0) @binding(2) var<storage, read> B: array<f32>;
 @group(0) @binding(3) var<storage, read_write> C: array<f32>;
@@ -42,7 +56,7 @@ override CONV_C: u32 = 1u;
 override CONV_O: u32 = 1u;
 override HAS_BIAS: bool = false;
 override ACT_OUT: bool = false;
-// BATCHED: a batch of u3 products of one shape, stored one after another in A, B and C; grid z = split * u3 +
+// BATCHED: a batch of products of one shape, stored one after another in A, B and C; grid z = split * batch +
 // product (C + z * M * N holds product z's result, or with split-K its partial, as in a single product)
 override BATCHED: bool = false;
 var<private> batch_a: u32 = 0u;  // element offsets of this z's A and B
@@ -51,13 +65,13 @@ var<private> batch_b: u32 = 0u;
 // offset of (channel ch, position pos) in an NCHW tensor of CONV_O channels over OH x OW
 fn nchw_out(ch: u32, pos: u32) -> u32 {
     let P = OH * OW;
-    return ((p.u3 + pos / P) * CONV_O + ch) * P + pos % P;
+    return ((p.first_sample + pos / P) * CONV_O + ch) * P + pos % P;
 }
 
 // offset of (channel ch, position pos) in an NCHW tensor shaped like x
 fn nchw_in(ch: u32, pos: u32) -> u32 {
     let P = IN_H * IN_W;
-    return ((p.u3 + pos / P) * CONV_C + ch) * P + pos % P;
+    return ((p.first_sample + pos / P) * CONV_C + ch) * P + pos % P;
 }
 
 // dy[n][o][y][x] with y * SH + i - PH = h and x * SW + j - PW = w, for okk = (o, i, j) and xpos = (n, h, w)
@@ -70,14 +84,14 @@ fn dy_at(okk: u32, xpos: u32) -> f32 {
     let y = window_row(q / IN_W, i);
     let x = window_col(q % IN_W, j);
     if (y < 0 || x < 0) { return 0.0; }
-    return B[(((p.u3 + xpos / P) * CONV_O + o) * OH + u32(y)) * OW + u32(x)];
+    return B[(((p.first_sample + xpos / P) * CONV_O + o) * OH + u32(y)) * OW + u32(x)];
 }
 
 fn im2col_at(ckk: u32, pos: u32) -> f32 {
     let P = OH * OW;
     let tap = window_tap(ckk, pos % P);
     if (tap < 0) { return 0.0; }
-    return B[(p.u3 + pos / P) * CONV_C * IN_H * IN_W + u32(tap)];
+    return B[(p.first_sample + pos / P) * CONV_C * IN_H * IN_W + u32(tap)];
 }
 
 // The filter gradient's gathers (A_MODE 1, B_MODE 2) of a K slice, four positions at a time. A thread fetches
@@ -92,14 +106,14 @@ var<private> g_x: i32;     // j - PW
 // Once per thread, before the K loop: a batched product's offsets and the filter gradient's gather state.
 fn thread_setup(g: u32, col0: u32, cols: u32, kt: u32, z: u32) {
     if (BATCHED) {
-        batch_a = (z % p.u3) * p.u0 * p.u2;
-        batch_b = (z % p.u3) * p.u2 * p.u1;
+        batch_a = (z % p.batch) * p.m * p.k;
+        batch_b = (z % p.batch) * p.k * p.n;
     }
     if (B_MODE == 2u) {
         let ckk = col0 + g / (kt / 4u);
         let r = ckk % (KH * KW);
         g_base = (ckk / (KH * KW)) * IN_H * IN_W;
-        g_y = select(-65536, i32(r / KW) - i32(PH), ckk < p.u1);
+        g_y = select(-65536, i32(r / KW) - i32(PH), ckk < p.n);
         g_x = i32(r % KW) - i32(PW);
     }
 }
@@ -111,7 +125,8 @@ fn gather_taps(pos0: u32, kend: u32) -> vec4<f32> {
     let q = pos % vec4<u32>(P);
     let h = vec4<i32>((q / vec4<u32>(OW)) * SH) + g_y;
     let w = vec4<i32>((q % vec4<u32>(OW)) * SW) + g_x;
-    let at = (vec4<u32>(p.u3) + pos / vec4<u32>(P)) * (CONV_C * IN_H * IN_W) + g_base + vec4<u32>(h * i32(IN_W) + w);
+    let at = (vec4<u32>(p.first_sample) + pos / vec4<u32>(P)) * (CONV_C * IN_H * IN_W) + g_base
+        + vec4<u32>(h * i32(IN_W) + w);
     let ok = (vec4<u32>(h) < vec4<u32>(IN_H)) & (vec4<u32>(w) < vec4<u32>(IN_W)) & (pos < vec4<u32>(kend));
     let i = select(vec4<u32>(0u), at, ok);
     return select(vec4<f32>(0.0), vec4<f32>(B[i.x], B[i.y], B[i.z], B[i.w]), ok);
@@ -121,37 +136,37 @@ fn gather_taps(pos0: u32, kend: u32) -> vec4<f32> {
 fn gather_dy_rows(o: u32, pos0: u32, kend: u32) -> vec4<f32> {
     let pos = vec4<u32>(pos0) + vec4<u32>(0u, 1u, 2u, 3u);
     let P = OH * OW;
-    let at = ((vec4<u32>(p.u3) + pos / vec4<u32>(P)) * CONV_O + o) * P + pos % vec4<u32>(P);
-    let ok = (pos < vec4<u32>(kend)) & vec4<bool>(o < p.u0);
+    let at = ((vec4<u32>(p.first_sample) + pos / vec4<u32>(P)) * CONV_O + o) * P + pos % vec4<u32>(P);
+    let ok = (pos < vec4<u32>(kend)) & vec4<bool>(o < p.m);
     let i = select(vec4<u32>(0u), at, ok);
     return select(vec4<f32>(0.0), vec4<f32>(A[i.x], A[i.y], A[i.z], A[i.w]), ok);
 }
 
 // op(A)[m][k], zero outside [0, M) x [0, kend) (the plain operands and A_MODE 2; A_MODE 1 gathers above)
 fn load_a(m: u32, k: u32, kend: u32) -> f32 {
-    if (m >= p.u0 || k >= kend) { return 0.0; }
+    if (m >= p.m || k >= kend) { return 0.0; }
     if (A_MODE == 2u) { return A[((k / (KH * KW)) * CONV_C + m) * KH * KW + k % (KH * KW)]; }
-    if (TRANS_A) { return A[p.u4 + batch_a + k * p.u8 + m]; }
-    return A[p.u4 + batch_a + m * p.u8 + k];
+    if (TRANS_A) { return A[p.a_offset + batch_a + k * p.lda + m]; }
+    return A[p.a_offset + batch_a + m * p.lda + k];
 }
 
 // op(B)[k][n], zero outside [0, kend) x [0, N) (the plain operands and B_MODE 1, 3 and 4; B_MODE 2 gathers above)
 fn load_b(k: u32, n: u32, kend: u32) -> f32 {
-    if (k >= kend || n >= p.u1) { return 0.0; }
+    if (k >= kend || n >= p.n) { return 0.0; }
     if (B_MODE == 4u) { return dy_at(k, n); }
     if (B_MODE == 1u) { return im2col_at(k, n); }
     if (B_MODE == 3u) { return B[nchw_out(k, n)]; }
-    if (TRANS_B) { return B[p.u5 + batch_b + n * p.u9 + k]; }
-    return B[p.u5 + batch_b + k * p.u9 + n];
+    if (TRANS_B) { return B[p.b_offset + batch_b + n * p.ldb + k]; }
+    return B[p.b_offset + batch_b + k * p.ldb + n];
 }
 
 fn store_c(r: u32, c: u32, v: f32, z: u32) {
-    if (r >= p.u0 || c >= p.u1) { return; }
-    var o = p.u6 + z * p.u0 * p.u1 + r * p.u10 + c;
+    if (r >= p.m || c >= p.n) { return; }
+    var o = p.c_offset + z * p.m * p.n + r * p.ldc + c;
     if (C_MODE == 1u) { o = nchw_out(r, c); }
     if (C_MODE == 2u) { o = nchw_in(r, c); }
-    var s = p.f0 * v;
-    if (p.f1 != 0.0) { s = s + p.f1 * C[o]; }
+    var s = p.alpha * v;
+    if (p.beta != 0.0) { s = s + p.beta * C[o]; }
     if (HAS_BIAS) { s = s + Bias[select(c, r, C_MODE == 1u)]; }
     if (ACT_OUT) {
         C[o] = s;
@@ -243,14 +258,14 @@ override TS: u32 = 16u;
 fn gemm(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let tile = TS * 4u;
     let row0 = wid.y * tile;
-    let col0 = p.u11 + wid.x * tile;
+    let col0 = p.col0 + wid.x * tile;
     let t = lid.y * TS + lid.x;
     var c0 = vec4<f32>(0.0);
     var c1 = vec4<f32>(0.0);
     var c2 = vec4<f32>(0.0);
     var c3 = vec4<f32>(0.0);
-    let kbeg = select(wid.z, wid.z / p.u3, BATCHED) * p.u7;
-    let kend = min(p.u2, kbeg + p.u7);
+    let kbeg = select(wid.z, wid.z / p.batch, BATCHED) * p.k_slice;
+    let kend = min(p.k, kbeg + p.k_slice);
     let kt = TS;  // K slice: tile * kt / 4 = TS * TS groups, one per thread
     thread_setup(t, col0, tile, kt, wid.z);
     var fa = fetch_a(t, row0, kbeg, kend, tile, kt);
@@ -289,7 +304,7 @@ fn gemm_big(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id)
     let row0 = wid.y * BIG_ROWS;
     let tall = BIG_ROWS == 128u;
     let qa = BIG_ROWS / 4u;  // vec4s per k row of the A tile
-    let col0 = p.u11 + wid.x * 128u;
+    let col0 = p.col0 + wid.x * 128u;
     let t = lid.y * 16u + lid.x;
     var c00 = vec4<f32>(0.0);
     var c01 = vec4<f32>(0.0);
@@ -307,8 +322,8 @@ fn gemm_big(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id)
     var c31 = vec4<f32>(0.0);
     var c32 = vec4<f32>(0.0);
     var c33 = vec4<f32>(0.0);
-    let kbeg = select(wid.z, wid.z / p.u3, BATCHED) * p.u7;
-    let kend = min(p.u2, kbeg + p.u7);
+    let kbeg = select(wid.z, wid.z / p.batch, BATCHED) * p.k_slice;
+    let kend = min(p.k, kbeg + p.k_slice);
     let loads_a = t < BIG_ROWS * 2u;  // the A tile has BIG_ROWS * 8 / 4 groups
     thread_setup(t, col0, 128u, 8u, wid.z);
     var fa = vec4<f32>(0.0);

@@ -1,7 +1,12 @@
-// 2-D pooling over NCHW, over a run of (n, c) planes. u0 = planes * OH * OW (forward) or planes * IN_H * IN_W
-// (backward); u1/u2/u3 = element offsets of the run in src/dst/mask as bound. The geometry is pipeline constants
-// (one pipeline per pooling shape, so the index arithmetic divides by constants).
-@group(0) @binding(0) var<uniform> p: Params;
+// 2-D pooling over NCHW, over a run of (n, c) planes. The geometry is pipeline constants (one pipeline per pooling
+// shape, so the index arithmetic divides by constants).
+struct PoolParams {
+    count: u32,        // threads: planes * OH * OW (forward, pool_bwd_tiled) or planes * IN_H * IN_W (pool_bwd)
+    src_offset: u32,   // element offsets of the run in src, dst and mask as bound
+    dst_offset: u32,
+    mask_offset: u32,
+}
+@group(0) @binding(0) var<uniform> p: PoolParams;
 @group(0) @binding(1) var<storage, read> src: array<f32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<f32>;
 @group(0) @binding(3) var<storage, read_write> mask: array<i32>;
@@ -13,7 +18,7 @@ override IS_MAX: bool = true;
 @compute @workgroup_size(256)
 fn pool_fwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let idx = flat_index(gid, nw);
-    if (idx >= p.u0) { return; }
+    if (idx >= p.count) { return; }
     let x = idx % OW;
     let y = (idx / OW) % OH;
     let plane = idx / (OW * OH);
@@ -28,7 +33,7 @@ fn pool_fwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
             let w = w0 + i32(j);
             var v = 0.0;
             let inside = h >= 0 && h < i32(IN_H) && w >= 0 && w < i32(IN_W);
-            if (inside) { v = src[p.u1 + (plane * IN_H + u32(h)) * IN_W + u32(w)]; }
+            if (inside) { v = src[p.src_offset + (plane * IN_H + u32(h)) * IN_W + u32(w)]; }
             if (IS_MAX) {
                 if (inside && v > best) { best = v; arg = i32(i * KW + j); }
             } else {
@@ -37,10 +42,10 @@ fn pool_fwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
         }
     }
     if (IS_MAX) {
-        dst[p.u2 + idx] = best;
-        mask[p.u3 + idx] = arg;
+        dst[p.dst_offset + idx] = best;
+        mask[p.mask_offset + idx] = arg;
     } else {
-        dst[p.u2 + idx] = sum / f32(KH * KW);
+        dst[p.dst_offset + idx] = sum / f32(KH * KW);
     }
 }
 
@@ -48,7 +53,7 @@ fn pool_fwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 @compute @workgroup_size(256)
 fn pool_bwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let idx = flat_index(gid, nw);
-    if (idx >= p.u0) { return; }
+    if (idx >= p.count) { return; }
     let w = idx % IN_W;
     let h = (idx / IN_W) % IN_H;
     let plane = idx / (IN_W * IN_H);
@@ -61,31 +66,31 @@ fn pool_bwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
             let j = w + PW - u32(x) * SW;
             let o = (plane * OH + u32(y)) * OW + u32(x);
             if (IS_MAX) {
-                if (argmax[p.u3 + o] == i32(i * KW + j)) { s = s + src[p.u1 + o]; }
+                if (argmax[p.mask_offset + o] == i32(i * KW + j)) { s = s + src[p.src_offset + o]; }
             } else {
-                s = s + src[p.u1 + o] / f32(KH * KW);
+                s = s + src[p.src_offset + o] / f32(KH * KW);
             }
         }
     }
-    dst[p.u2 + idx] = s;
+    dst[p.dst_offset + idx] = s;
 }
 
 // windows that tile the input exactly (kernel = stride, no padding, IN = OUT * stride): one thread per output
-// element writes its window of dx, each input element belonging to exactly one window. u0 = planes * OH * OW.
+// element writes its window of dx, each input element belonging to exactly one window.
 @compute @workgroup_size(256)
 fn pool_bwd_tiled(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let idx = flat_index(gid, nw);
-    if (idx >= p.u0) { return; }
+    if (idx >= p.count) { return; }
     let x = idx % OW;
     let y = (idx / OW) % OH;
     let plane = idx / (OW * OH);
-    let g = src[p.u1 + idx];
-    let arg = argmax[p.u3 + idx];
+    let g = src[p.src_offset + idx];
+    let arg = argmax[p.mask_offset + idx];
     for (var i = 0u; i < KH; i = i + 1u) {
         for (var j = 0u; j < KW; j = j + 1u) {
             var v = g / f32(KH * KW);
             if (IS_MAX) { v = select(0.0, g, arg == i32(i * KW + j)); }
-            dst[p.u2 + (plane * IN_H + y * SH + i) * IN_W + x * SW + j] = v;
+            dst[p.dst_offset + (plane * IN_H + y * SH + i) * IN_W + x * SW + j] = v;
         }
     }
 }

@@ -6,17 +6,18 @@ from __future__ import annotations
 from ...errors import BackendError
 from .binding import Binding
 from .buffers import WView
-from .encoder import _pack, _workgroup_each
+from .encoder import _workgroup_each
+from .params import ReduceParams
 
 
 class Reductions(Binding):
     """Sums."""
 
-    def _reduce(self, entry: str, buffers: list, u: tuple, f: tuple = (), groups: int | tuple = 1) -> None:
+    def _reduce(self, entry: str, buffers: list, groups: tuple[int, int, int], **values: float) -> None:
         for v in buffers:
             if v.raw.size > self.max_binding:
                 raise BackendError(f"webgpu: a {v.raw.size}-byte operand of {entry} exceeds the storage binding limit")
-        self._dispatch("reduce", entry, _pack(u, f), buffers, groups if isinstance(groups, tuple) else (groups, 1, 1))
+        self._dispatch("reduce", entry, ReduceParams(**values), buffers, groups)
 
     def dot(self, x, y, out):
         if x.raw is y.raw:
@@ -30,7 +31,7 @@ class Reductions(Binding):
     """Elements per workgroup in the first pass of a long reduction."""
 
     def _sum_parts(self, entry: str, inputs: list, count: int, per_item: list, out: WView, alpha: float = 1.0,
-                   root: bool = False, u1: int = 0) -> None:
+                   root: bool = False, classes: int = 0) -> None:
         """out[0] = alpha * (sum of the entry's terms over ``count`` items) (its square root with ``root``): partial
         sums of blocks, a workgroup each, over runs of items whose bindings fit, then one sum of the partials."""
         runs = list(self._item_chunks(count, per_item))
@@ -39,9 +40,11 @@ class Reductions(Binding):
         length = -(-longest // blocks)
         parts = self._scratch_buffer(blocks * len(runs), "parts")
         for i, (i0, i1, binds, offsets) in enumerate(runs):
-            params = _pack((i1 - i0, u1, 0, length, i * blocks, *offsets))
+            params = ReduceParams(count=i1 - i0, classes=classes, block=length, first_block=i * blocks,
+                                  **dict(zip(("a_offset", "b_offset"), offsets)))
             self._dispatch("reduce", entry, params, [*inputs, parts], (blocks, 1, 1), [*binds, None])
-        self._reduce("sum_rows", [parts, out], (blocks * len(runs), 0, 1, int(root)), (alpha, 0.0))
+        self._reduce("sum_rows", [parts, out], (1, 1, 1), length=blocks * len(runs), rows=1, root=int(root),
+                     alpha=alpha)
 
     def _channel_sums(self, dy, db, alpha: float, beta: float) -> None:
         """db = alpha * (sums of dy over all axes but 1) + beta * db: per channel, partial sums over blocks of the
@@ -57,11 +60,13 @@ class Reductions(Binding):
         total = blocks * len(runs)
         part = self._scratch_buffer(c * total, "bias_part")
         for i, (n0, n1, (bind,), (offset,)) in enumerate(runs):
-            params = _pack((n1 - n0, c, inner, total, length, i * blocks, offset))
+            params = ReduceParams(count=n1 - n0, channels=c, inner=inner, blocks=total, block=length,
+                                  first_block=i * blocks, a_offset=offset)
             self._dispatch("reduce", "bias_grad_part", params, [dy, part], (c, blocks, 1), [bind, None])
         self._sum_rows(part, db, total, c, alpha, beta)
 
     def _sum_rows(self, a, out, length: int, rows: int, alpha: float, beta: float, columns: bool = False) -> None:
         """out[r] = alpha * (sum of row r of a [rows x length], or of column r of a [length x rows]) + beta * out[r],
         one workgroup per output."""
-        self._reduce("sum_rows", [a, out], (length, int(columns), rows), (alpha, beta), groups=_workgroup_each(rows))
+        self._reduce("sum_rows", [a, out], _workgroup_each(rows), length=length, rows=rows, columns=int(columns),
+                     alpha=alpha, beta=beta)

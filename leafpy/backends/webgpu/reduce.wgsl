@@ -1,5 +1,22 @@
 // Reductions by workgroups of 256 threads (trees in workgroup memory; no float atomics).
-@group(0) @binding(0) var<uniform> p: Params;
+struct ReduceParams {
+    count: u32,        // the *_parts kernels: elements (nll_parts, bias_grad_part: samples) of the run
+    classes: u32,      // nll_parts: C
+    channels: u32,     // bias_grad_part: a is [N, channels, inner]
+    inner: u32,
+    block: u32,        // block length
+    blocks: u32,       // bias_grad_part: blocks of all runs
+    first_block: u32,  // index of the run's first block in the partial sums
+    a_offset: u32,     // offsets of the run in a and b as bound
+    b_offset: u32,
+    length: u32,       // sum_rows: a is [rows x length]
+    rows: u32,
+    columns: u32,      // sum_rows: 1 = a is [length x rows] (b[r] sums column r)
+    root: u32,         // sum_rows: 1 = b[r] = sqrt(the sum)
+    alpha: f32,        // sum_rows: b[r] = alpha * sum + beta * b[r]
+    beta: f32,
+}
+@group(0) @binding(0) var<uniform> p: ReduceParams;
 @group(0) @binding(1) var<storage, read_write> a: array<f32>;
 @group(0) @binding(2) var<storage, read_write> b: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c: array<f32>;
@@ -17,83 +34,80 @@ fn tree(t: u32) -> f32 {
 }
 
 // Partial sums over blocks of a run of elements, a workgroup per block, finished by sum_rows (so long vectors are
-// reduced in parallel, and a run past the storage-binding limit is bound on its own). u0 = elements (samples for
-// nll) in the run, u3 = block length, u4 = index of the run's first block in the partial sums, u5/u6 = offsets of
-// the run in a/b as bound.
+// reduced in parallel, and a run past the storage-binding limit is bound on its own).
 fn block_range(blk: u32) -> vec2<u32> {
-    return vec2<u32>(blk * p.u3, min(p.u0, (blk + 1u) * p.u3));
+    return vec2<u32>(blk * p.block, min(p.count, (blk + 1u) * p.block));
 }
 
-// dot_parts: c[u4 + blk] = sum a * b over the block
+// dot_parts: c[first_block + blk] = sum a * b over the block
 @compute @workgroup_size(256)
 fn dot_parts(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let r = block_range(wid.x);
     var s = 0.0;
-    for (var i = r.x + lid.x; i < r.y; i = i + 256u) { s = s + a[p.u5 + i] * b[p.u6 + i]; }
+    for (var i = r.x + lid.x; i < r.y; i = i + 256u) { s = s + a[p.a_offset + i] * b[p.b_offset + i]; }
     partial[lid.x] = s;
     let total = tree(lid.x);
-    if (lid.x == 0u) { c[p.u4 + wid.x] = total; }
+    if (lid.x == 0u) { c[p.first_block + wid.x] = total; }
 }
 
-// square_parts: b[u4 + blk] = sum a * a over the block
+// square_parts: b[first_block + blk] = sum a * a over the block
 @compute @workgroup_size(256)
 fn square_parts(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let r = block_range(wid.x);
     var s = 0.0;
-    for (var i = r.x + lid.x; i < r.y; i = i + 256u) { let v = a[p.u5 + i]; s = s + v * v; }
+    for (var i = r.x + lid.x; i < r.y; i = i + 256u) { let v = a[p.a_offset + i]; s = s + v * v; }
     partial[lid.x] = s;
     let total = tree(lid.x);
-    if (lid.x == 0u) { b[p.u4 + wid.x] = total; }
+    if (lid.x == 0u) { b[p.first_block + wid.x] = total; }
 }
 
-// nll_parts: c[u4 + blk] = sum over the block's samples i of a[i * C + label_i], labels in b; u1 = C
+// nll_parts: c[first_block + blk] = sum over the block's samples i of a[i * classes + label_i], labels in b
 @compute @workgroup_size(256)
 fn nll_parts(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let r = block_range(wid.x);
     var s = 0.0;
-    for (var i = r.x + lid.x; i < r.y; i = i + 256u) { s = s + a[p.u5 + i * p.u1 + u32(b[p.u6 + i])]; }
+    for (var i = r.x + lid.x; i < r.y; i = i + 256u) { s = s + a[p.a_offset + i * p.classes + u32(b[p.b_offset + i])]; }
     partial[lid.x] = s;
     let total = tree(lid.x);
-    if (lid.x == 0u) { c[p.u4 + wid.x] = total; }
+    if (lid.x == 0u) { c[p.first_block + wid.x] = total; }
 }
 
 // bias_grad_part: workgroup (c, blk) sums channel c over its block of the N * inner values of a run of samples:
-// b[c * u3 + u5 + blk] = sum a[u6 + (n * C + c) * inner + r]; u0 = N (of the run), u1 = C, u2 = inner,
-// u3 = blocks of all runs, u4 = block length, u5 = this run's first block, u6 = the run's offset in a as bound
+// b[c * blocks + first_block + blk] = sum a[a_offset + (n * channels + c) * inner + r]
 @compute @workgroup_size(256)
 fn bias_grad_part(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let ch = wid.x;
-    let per = p.u0 * p.u2;
-    let end = min(per, (wid.y + 1u) * p.u4);
+    let per = p.count * p.inner;
+    let end = min(per, (wid.y + 1u) * p.block);
     var s = 0.0;
-    for (var j = wid.y * p.u4 + lid.x; j < end; j = j + 256u) {
-        let n = j / p.u2;
-        let r = j % p.u2;
-        s = s + a[p.u6 + (n * p.u1 + ch) * p.u2 + r];
+    for (var j = wid.y * p.block + lid.x; j < end; j = j + 256u) {
+        let n = j / p.inner;
+        let r = j % p.inner;
+        s = s + a[p.a_offset + (n * p.channels + ch) * p.inner + r];
     }
     partial[lid.x] = s;
     let total = tree(lid.x);
-    if (lid.x == 0u) { b[ch * p.u3 + p.u5 + wid.y] = total; }
+    if (lid.x == 0u) { b[ch * p.blocks + p.first_block + wid.y] = total; }
 }
 
-// sum_rows: one workgroup per row r < u2 of a [u2 x u0]: b[r] = f0 * sum_j a[r * u0 + j] + f1 * b[r]; with u1 = 1
-// a is read as [u0 x u2] (b[r] sums column r): split-K partial products with few outputs; u3 = 1: b[r] = sqrt(b[r])
+// sum_rows: one workgroup per row r of a [rows x length]: b[r] = alpha * sum_j a[r * length + j] + beta * b[r]; with
+// columns = 1 a is read as [length x rows] (b[r] sums column r): split-K partial products with few outputs
 @compute @workgroup_size(256)
 fn sum_rows(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let r = wid.x + wid.y * 65535u;
-    if (r >= p.u2) { return; }
+    if (r >= p.rows) { return; }
     var s = 0.0;
-    if (p.u1 == 1u) {
-        for (var j = lid.x; j < p.u0; j = j + 256u) { s = s + a[j * p.u2 + r]; }
+    if (p.columns == 1u) {
+        for (var j = lid.x; j < p.length; j = j + 256u) { s = s + a[j * p.rows + r]; }
     } else {
-        for (var j = lid.x; j < p.u0; j = j + 256u) { s = s + a[r * p.u0 + j]; }
+        for (var j = lid.x; j < p.length; j = j + 256u) { s = s + a[r * p.length + j]; }
     }
     partial[lid.x] = s;
     let total = tree(lid.x);
     if (lid.x == 0u) {
-        var v = p.f0 * total;
-        if (p.f1 != 0.0) { v = v + p.f1 * b[r]; }
-        if (p.u3 == 1u) { v = sqrt(v); }
+        var v = p.alpha * total;
+        if (p.beta != 0.0) { v = v + p.beta * b[r]; }
+        if (p.root == 1u) { v = sqrt(v); }
         b[r] = v;
     }
 }

@@ -1,7 +1,12 @@
 // Scatter-add of rows (the embedding table's gradient): a thread per (position m, column k) adds dy[m, k] into
 // dtable[ids[m], k] with a compare-and-swap loop on the float's bits (WGSL has no float atomics), so repeated ids
-// add up whatever the order. s1 = ids [M], s2 = dy [M, D], s3 = dtable [V, D]; u0 = M * D, u1 = D, u2 = V.
-@group(0) @binding(0) var<uniform> p: Params;
+// add up whatever the order. s1 = ids [M], s2 = dy [M, D], s3 = dtable [V, D].
+struct ScatterParams {
+    count: u32,  // M * D
+    dim: u32,    // D
+    vocab: u32,  // V
+}
+@group(0) @binding(0) var<uniform> p: ScatterParams;
 @group(0) @binding(1) var<storage, read_write> s1: array<f32>;
 @group(0) @binding(2) var<storage, read_write> s2: array<f32>;
 @group(0) @binding(3) var<storage, read_write> s3: array<atomic<u32>>;
@@ -9,9 +14,9 @@
 @compute @workgroup_size(256)
 fn embedding_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
-    if (i >= p.u0) { return; }
-    let row = u32(clamp(s1[i / p.u1], 0.0, f32(p.u2 - 1u)));
-    let k = row * p.u1 + i % p.u1;
+    if (i >= p.count) { return; }
+    let row = u32(clamp(s1[i / p.dim], 0.0, f32(p.vocab - 1u)));
+    let k = row * p.dim + i % p.dim;
     let v = s2[i];
     var old = atomicLoad(&s3[k]);
     loop {

@@ -1,8 +1,15 @@
 // Recurrent cells, one step t of N sequences of T steps with hidden size H: a thread per (sequence n, unit j).
 // Per-sequence tensors are batch-first ([N, T, ...]); per-step ones are [N, ...].
-// u0 = N * H (threads), u1 = T, u2 = H, u3 = t, u4 = 1 when the output holds every step ([N, T, H]), 0 when it
-// holds the last step only ([N, H]).
-@group(0) @binding(0) var<uniform> p: Params;
+struct SequenceParams {
+    count: u32,       // threads: N * H (embedding: M * D)
+    steps: u32,       // T
+    hidden: u32,      // H
+    step: u32,        // t
+    every_step: u32,  // 1 when the output holds every step ([N, T, H]), 0 when it holds the last step only ([N, H])
+    dim: u32,         // embedding: D
+    vocab: u32,       // embedding: V
+}
+@group(0) @binding(0) var<uniform> p: SequenceParams;
 @group(0) @binding(1) var<storage, read_write> s1: array<f32>;
 @group(0) @binding(2) var<storage, read_write> s2: array<f32>;
 @group(0) @binding(3) var<storage, read_write> s3: array<f32>;
@@ -21,10 +28,10 @@ fn sigm(x: f32) -> f32 { return 0.5 * (1.0 + tanh_c(0.5 * x)); }
 @compute @workgroup_size(256)
 fn lstm_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
-    if (i >= p.u0) { return; }
-    let steps = p.u1;
-    let hs = p.u2;
-    let t = p.u3;
+    if (i >= p.count) { return; }
+    let steps = p.steps;
+    let hs = p.hidden;
+    let t = p.step;
     let n = i / hs;
     let j = i % hs;
     let g0 = (n * steps + t) * 4u * hs + j;
@@ -45,7 +52,7 @@ fn lstm_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     s5[i] = hv;
     if (t == 0u) { s6[s0] = 0.0; }
     if (t + 1u < steps) { s6[s0 + hs] = hv; }
-    if (p.u4 == 1u) { s7[s0] = hv; } else if (t + 1u == steps) { s7[i] = hv; }
+    if (p.every_step == 1u) { s7[s0] = hv; } else if (t + 1u == steps) { s7[i] = hv; }
 }
 
 // lstm_cell_grad: s1 = gates [N, T, 4H] (activated), s2 = c [N, T, H], s3 = dh [N, H] (from step t + 1),
@@ -53,15 +60,15 @@ fn lstm_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
 @compute @workgroup_size(256)
 fn lstm_cell_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
-    if (i >= p.u0) { return; }
-    let steps = p.u1;
-    let hs = p.u2;
-    let t = p.u3;
+    if (i >= p.count) { return; }
+    let steps = p.steps;
+    let hs = p.hidden;
+    let t = p.step;
     let n = i / hs;
     let j = i % hs;
     let s0 = (n * steps + t) * hs + j;
     var dh = s3[i];
-    if (p.u4 == 1u) { dh = dh + s4[s0]; } else if (t + 1u == steps) { dh = dh + s4[i]; }
+    if (p.every_step == 1u) { dh = dh + s4[s0]; } else if (t + 1u == steps) { dh = dh + s4[i]; }
     let g0 = (n * steps + t) * 4u * hs + j;
     let gi = s1[g0];
     let gf = s1[g0 + hs];
@@ -91,10 +98,10 @@ fn lstm_cell_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
 @compute @workgroup_size(256)
 fn rnn_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
-    if (i >= p.u0) { return; }
-    let steps = p.u1;
-    let hs = p.u2;
-    let t = p.u3;
+    if (i >= p.count) { return; }
+    let steps = p.steps;
+    let hs = p.hidden;
+    let t = p.step;
     let n = i / hs;
     let j = i % hs;
     let s0 = (n * steps + t) * hs + j;
@@ -103,7 +110,7 @@ fn rnn_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     s4[i] = hv;
     if (t == 0u) { s5[s0] = 0.0; }
     if (t + 1u < steps) { s5[s0 + hs] = hv; }
-    if (p.u4 == 1u) { s6[s0] = hv; } else if (t + 1u == steps) { s6[i] = hv; }
+    if (p.every_step == 1u) { s6[s0] = hv; } else if (t + 1u == steps) { s6[i] = hv; }
 }
 
 // rnn_cell_grad: s1 = pre [N, T, H] (h of every step), s2 = dh [N, H], s3 = dy, s4 = dpre [N, T, H],
@@ -111,13 +118,13 @@ fn rnn_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 @compute @workgroup_size(256)
 fn rnn_cell_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
-    if (i >= p.u0) { return; }
-    let steps = p.u1;
-    let hs = p.u2;
-    let t = p.u3;
+    if (i >= p.count) { return; }
+    let steps = p.steps;
+    let hs = p.hidden;
+    let t = p.step;
     let s0 = ((i / hs) * steps + t) * hs + i % hs;
     var dh = s2[i];
-    if (p.u4 == 1u) { dh = dh + s3[s0]; } else if (t + 1u == steps) { dh = dh + s3[i]; }
+    if (p.every_step == 1u) { dh = dh + s3[s0]; } else if (t + 1u == steps) { dh = dh + s3[i]; }
     let hv = s1[s0];
     let d = dh * (1.0 - hv * hv);
     s4[s0] = d;
@@ -129,10 +136,10 @@ fn rnn_cell_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
 @compute @workgroup_size(256)
 fn gru_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
-    if (i >= p.u0) { return; }
-    let steps = p.u1;
-    let hs = p.u2;
-    let t = p.u3;
+    if (i >= p.count) { return; }
+    let steps = p.steps;
+    let hs = p.hidden;
+    let t = p.step;
     let n = i / hs;
     let j = i % hs;
     let g0 = (n * steps + t) * 3u * hs + j;
@@ -152,7 +159,7 @@ fn gru_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     s6[i] = hv;
     if (t == 0u) { s7[s0] = 0.0; }
     if (t + 1u < steps) { s7[s0 + hs] = hv; }
-    if (p.u4 == 1u) { s8[s0] = hv; } else if (t + 1u == steps) { s8[i] = hv; }
+    if (p.every_step == 1u) { s8[s0] = hv; } else if (t + 1u == steps) { s8[i] = hv; }
 }
 
 // gru_cell_grad: s1 = pre [N, T, 3H] (activated), s2 = hn [N, T, H], s3 = hprev [N, T, H], s4 = dh [N, H] (dL/dh_t
@@ -160,15 +167,15 @@ fn gru_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 @compute @workgroup_size(256)
 fn gru_cell_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
-    if (i >= p.u0) { return; }
-    let steps = p.u1;
-    let hs = p.u2;
-    let t = p.u3;
+    if (i >= p.count) { return; }
+    let steps = p.steps;
+    let hs = p.hidden;
+    let t = p.step;
     let n = i / hs;
     let j = i % hs;
     let s0 = (n * steps + t) * hs + j;
     var dh = s4[i];
-    if (p.u4 == 1u) { dh = dh + s5[s0]; } else if (t + 1u == steps) { dh = dh + s5[i]; }
+    if (p.every_step == 1u) { dh = dh + s5[s0]; } else if (t + 1u == steps) { dh = dh + s5[i]; }
     let g0 = (n * steps + t) * 3u * hs + j;
     let r = s1[g0];
     let z = s1[g0 + hs];
@@ -189,11 +196,11 @@ fn gru_cell_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
     s8[w0 + 2u * hs] = dn * r;
 }
 
-// embedding: s1 = ids [M], s2 = table [V, D], s3 = out [M, D]; u0 = M * D, u1 = D, u2 = V
+// embedding: s1 = ids [M], s2 = table [V, D], s3 = out [M, D]
 @compute @workgroup_size(256)
 fn embedding(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
-    if (i >= p.u0) { return; }
-    let row = u32(clamp(s1[i / p.u1], 0.0, f32(p.u2 - 1u)));
-    s3[i] = s2[row * p.u1 + i % p.u1];
+    if (i >= p.count) { return; }
+    let row = u32(clamp(s1[i / p.dim], 0.0, f32(p.vocab - 1u)));
+    s3[i] = s2[row * p.dim + i % p.dim];
 }

@@ -11,11 +11,19 @@
 //   winograd_filter_grad: dw[o][c] = G^T dU[.][o][c] G + beta dw[o][c]
 // R = 3: B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1], G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1],
 // A^T = [1 1 1 0; 0 1 -1 -1]; R = 5: the matrices of the points 0, 1, -1, 2, -2 and infinity (see the F(2x2, 5x5)
-// section). Blocks t = (n * TH + by) * TW + bx tile y (TH = ceil(OH / 2), TW = ceil(OW / 2)), counted from sample
-// u2; the patch of block (by, bx) starts at row 2 by - PH, column 2 bx - PW of x, zero outside it. x has CONV_C
-// channels of IN_H x IN_W, y CONV_O channels of OH x OW. A transformed tile's point is
-// stored at xi * u0 + (the thread's index), xi = (R + 1) * row + column.
-@group(0) @binding(0) var<uniform> p: Params;
+// section). Blocks t = (n * TH + by) * TW + bx tile y (TH = ceil(OH / 2), TW = ceil(OW / 2)), counted from
+// first_sample; the patch of block (by, bx) starts at row 2 by - PH, column 2 bx - PW of x, zero outside it. x has
+// CONV_C channels of IN_H x IN_W, y CONV_O channels of OH x OW. A transformed tile's point is
+// stored at xi * count + (the thread's index), xi = (R + 1) * row + column.
+struct WinogradParams {
+    count: u32,         // threads (also the distance between a transformed tile's points)
+    blocks: u32,        // T: the 2x2 blocks of the chunk
+    first_sample: u32,  // the chunk's first sample
+    w_out: u32,         // winograd_filter: w is [w_out][w_in][R][R]
+    w_in: u32,
+    beta: f32,          // winograd_filter_grad: dw = the gradient + beta dw
+}
+@group(0) @binding(0) var<uniform> p: WinogradParams;
 @group(0) @binding(1) var<storage, read> src: array<f32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<f32>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
@@ -26,14 +34,14 @@ override FLIP: bool = false;
 override HAS_BIAS: bool = false;
 override R: u32 = 3u;
 
-// Where a thread's block t (counted from sample u2) lies: its sample, and its top-left output row and column.
+// Where a thread's block t (counted from first_sample) lies: its sample, and its top-left output row and column.
 struct Block { sample: u32, y: u32, x: u32 }
 
 fn block_at(t: u32) -> Block {
     let tw = (OW + 1u) / 2u;
     let blocks = ((OH + 1u) / 2u) * tw;
     let b = t % blocks;
-    return Block(p.u2 + t / blocks, (b / tw) * 2u, (b % tw) * 2u);
+    return Block(p.first_sample + t / blocks, (b / tw) * 2u, (b % tw) * 2u);
 }
 
 // dst[(4 r + j) * stride + at] = v[j]: row r of a transformed tile
@@ -55,15 +63,15 @@ fn times_gt(t: vec3<f32>) -> vec4<f32> {
     return vec4<f32>(t.x, 0.5 * (t.x + t.y + t.z), 0.5 * (t.x - t.y + t.z), t.z);
 }
 
-// One thread per filter w[i / u2][i % u2] of w [u1][u2][3][3] (u0 = u1 * u2 filters). The transformed convolution
-// has output channel o = i / u2 and input channel c = i % u2, or with FLIP (the data gradient: x is dy, y is dx,
-// through w rotated 180 degrees) the reverse; U is written [xi][o][c].
+// One thread per filter w[i / w_in][i % w_in] of w [w_out][w_in][R][R] (count = w_out * w_in filters). The
+// transformed convolution has output channel o = i / w_in and input channel c = i % w_in, or with FLIP (the data
+// gradient: x is dy, y is dx, through w rotated 180 degrees) the reverse; U is written [xi][o][c].
 @compute @workgroup_size(256)
 fn winograd_filter(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
-    if (i >= p.u0) { return; }
+    if (i >= p.count) { return; }
     var at = i;
-    if (FLIP) { at = (i % p.u2) * p.u1 + i / p.u2; }
+    if (FLIP) { at = (i % p.w_in) * p.w_out + i / p.w_in; }
     if (R == 5u) {
         filter5(i, at);
         return;
@@ -71,10 +79,10 @@ fn winograd_filter(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
     let g0 = filter_row(i * 9u, 0u);
     let g1 = filter_row(i * 9u, 1u);
     let g2 = filter_row(i * 9u, 2u);
-    put_row(at, p.u0, 0u, times_gt(g0));
-    put_row(at, p.u0, 1u, times_gt(0.5 * (g0 + g1 + g2)));
-    put_row(at, p.u0, 2u, times_gt(0.5 * (g0 - g1 + g2)));
-    put_row(at, p.u0, 3u, times_gt(g2));
+    put_row(at, p.count, 0u, times_gt(g0));
+    put_row(at, p.count, 1u, times_gt(0.5 * (g0 + g1 + g2)));
+    put_row(at, p.count, 2u, times_gt(0.5 * (g0 - g1 + g2)));
+    put_row(at, p.count, 3u, times_gt(g2));
 }
 
 fn x_at(row: u32, x: i32) -> f32 {
@@ -94,13 +102,13 @@ fn times_b(r: vec4<f32>) -> vec4<f32> {
     return vec4<f32>(r.x - r.z, r.y + r.z, r.z - r.y, r.y - r.w);
 }
 
-// One thread per (channel c, block t): i = c * T + t, u0 = C * T, u1 = T; V[xi][c][t] = dst[xi * u0 + i].
+// One thread per (channel c, block t): i = c * T + t, count = C * T, blocks = T; V[xi][c][t] = dst[xi * count + i].
 @compute @workgroup_size(256)
 fn winograd_input(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
-    if (i >= p.u0) { return; }
-    let c = i / p.u1;
-    let b = block_at(i % p.u1);
+    if (i >= p.count) { return; }
+    let c = i / p.blocks;
+    let b = block_at(i % p.blocks);
     let y0 = i32(b.y) - i32(PH);
     let x0 = i32(b.x) - i32(PW);
     let plane = (b.sample * CONV_C + c) * IN_H * IN_W;
@@ -112,10 +120,10 @@ fn winograd_input(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
     let d1 = patch_row(plane, y0 + 1, x0);
     let d2 = patch_row(plane, y0 + 2, x0);
     let d3 = patch_row(plane, y0 + 3, x0);
-    put_row(i, p.u0, 0u, times_b(d0 - d2));
-    put_row(i, p.u0, 1u, times_b(d1 + d2));
-    put_row(i, p.u0, 2u, times_b(d2 - d1));
-    put_row(i, p.u0, 3u, times_b(d1 - d3));
+    put_row(i, p.count, 0u, times_b(d0 - d2));
+    put_row(i, p.count, 1u, times_b(d1 + d2));
+    put_row(i, p.count, 2u, times_b(d2 - d1));
+    put_row(i, p.count, 3u, times_b(d1 - d3));
 }
 
 // Row r of a transformed tile: src[(4 r + j) * stride + at], j = 0..3.
@@ -134,13 +142,13 @@ fn put_y(at: u32, y: u32, x: u32, v: f32) {
     dst[at + y * OW + x] = act_epilogue(v);  // an activation run in place on y (ACT, generated)
 }
 
-// One thread per (channel o, block t): i = o * T + t, u0 = O * T, u1 = T; M[xi][o][t] = src[xi * u0 + i].
+// One thread per (channel o, block t): i = o * T + t, count = O * T, blocks = T; M[xi][o][t] = src[xi * count + i].
 @compute @workgroup_size(256)
 fn winograd_output(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
-    if (i >= p.u0) { return; }
-    let o = i / p.u1;
-    let b = block_at(i % p.u1);
+    if (i >= p.count) { return; }
+    let o = i / p.blocks;
+    let b = block_at(i % p.blocks);
     let at = (b.sample * CONV_O + o) * OH * OW;
     var bias_o = 0.0;
     if (HAS_BIAS) { bias_o = bias[o]; }
@@ -148,10 +156,10 @@ fn winograd_output(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
         output5(i, at, b.y, b.x, bias_o);
         return;
     }
-    let m0 = get_row(i, p.u0, 0u);
-    let m1 = get_row(i, p.u0, 1u);
-    let m2 = get_row(i, p.u0, 2u);
-    let m3 = get_row(i, p.u0, 3u);
+    let m0 = get_row(i, p.count, 0u);
+    let m1 = get_row(i, p.count, 1u);
+    let m2 = get_row(i, p.count, 2u);
+    let m3 = get_row(i, p.count, 3u);
     let top = times_a(m0 + m1 + m2) + bias_o;
     let bottom = times_a(m1 - m2 - m3) + bias_o;
     put_y(at, b.y, b.x, top.x);
@@ -170,14 +178,14 @@ fn times_at(r: vec2<f32>) -> vec4<f32> {
     return vec4<f32>(r.x, r.x + r.y, r.x - r.y, -r.y);
 }
 
-// One thread per (channel o, block t) of dy (OH x OW, CONV_O channels): i = o * T + t, u0 = O * T, u1 = T;
-// Z[xi][o][t] = dst[xi * u0 + i].
+// One thread per (channel o, block t) of dy (OH x OW, CONV_O channels): i = o * T + t, count = O * T,
+// blocks = T; Z[xi][o][t] = dst[xi * count + i].
 @compute @workgroup_size(256)
 fn winograd_dy(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
-    if (i >= p.u0) { return; }
-    let o = i / p.u1;
-    let b = block_at(i % p.u1);
+    if (i >= p.count) { return; }
+    let o = i / p.blocks;
+    let b = block_at(i % p.blocks);
     let plane = (b.sample * CONV_O + o) * OH * OW;
     let top = vec2<f32>(dy_at(plane, b.y, b.x), dy_at(plane, b.y, b.x + 1u));
     let bottom = vec2<f32>(dy_at(plane, b.y + 1u, b.x), dy_at(plane, b.y + 1u, b.x + 1u));
@@ -185,10 +193,10 @@ fn winograd_dy(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
         dy5(i, top, bottom);
         return;
     }
-    put_row(i, p.u0, 0u, times_at(top));
-    put_row(i, p.u0, 1u, times_at(top + bottom));
-    put_row(i, p.u0, 2u, times_at(top - bottom));
-    put_row(i, p.u0, 3u, times_at(-bottom));
+    put_row(i, p.count, 0u, times_at(top));
+    put_row(i, p.count, 1u, times_at(top + bottom));
+    put_row(i, p.count, 2u, times_at(top - bottom));
+    put_row(i, p.count, 3u, times_at(-bottom));
 }
 
 // A row s of G^T dU, times G.
@@ -197,26 +205,26 @@ fn times_g(s: vec4<f32>) -> vec3<f32> {
     return vec3<f32>(s.x + h, 0.5 * (s.y - s.z), h + s.w);
 }
 
-// dw[at] = v + beta dw[at] (f0 = beta)
+// dw[at] = v + beta dw[at]
 fn put_dw(at: u32, v: f32) {
     var s = v;
-    if (p.f0 != 0.0) { s = s + p.f0 * dst[at]; }
+    if (p.beta != 0.0) { s = s + p.beta * dst[at]; }
     dst[at] = s;
 }
 
-// One thread per filter w[o][c]: i = o * C + c, u0 = O * C filters; dU[xi][o][c] = src[xi * u0 + i]; f0 = beta.
+// One thread per filter w[o][c]: i = o * C + c, count = O * C filters; dU[xi][o][c] = src[xi * count + i].
 @compute @workgroup_size(256)
 fn winograd_filter_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
-    if (i >= p.u0) { return; }
+    if (i >= p.count) { return; }
     if (R == 5u) {
         filter_grad5(i);
         return;
     }
-    let u0 = get_row(i, p.u0, 0u);
-    let u1 = get_row(i, p.u0, 1u);
-    let u2 = get_row(i, p.u0, 2u);
-    let u3 = get_row(i, p.u0, 3u);
+    let u0 = get_row(i, p.count, 0u);
+    let u1 = get_row(i, p.count, 1u);
+    let u2 = get_row(i, p.count, 2u);
+    let u3 = get_row(i, p.count, 3u);
     let h = 0.5 * (u1 + u2);
     let rows = array<vec3<f32>, 3>(times_g(u0 + h), times_g(0.5 * (u1 - u2)), times_g(h + u3));
     for (var r = 0u; r < 3u; r = r + 1u) {
@@ -266,19 +274,19 @@ fn times_gt6(u: Six) -> Five {
 
 // Every 6-point loop below is written out: arrays indexed by a loop counter may be placed in slow local memory.
 fn put_six(at: u32, r: u32, v: Six) {
-    let base = 6u * r * p.u0 + at;
+    let base = 6u * r * p.count + at;
     dst[base] = v[0];
-    dst[base + p.u0] = v[1];
-    dst[base + 2u * p.u0] = v[2];
-    dst[base + 3u * p.u0] = v[3];
-    dst[base + 4u * p.u0] = v[4];
-    dst[base + 5u * p.u0] = v[5];
+    dst[base + p.count] = v[1];
+    dst[base + 2u * p.count] = v[2];
+    dst[base + 3u * p.count] = v[3];
+    dst[base + 4u * p.count] = v[4];
+    dst[base + 5u * p.count] = v[5];
 }
 
-// Column b of a 6x6 tile: src[(6 a + b) * u0 + at], a = 0..5.
+// Column b of a 6x6 tile: src[(6 a + b) * count + at], a = 0..5.
 fn tile_col(at: u32, b: u32) -> Six {
-    let s = p.u0 * 6u;
-    let base = b * p.u0 + at;
+    let s = p.count * 6u;
+    let base = b * p.count + at;
     return Six(src[base], src[base + s], src[base + 2u * s], src[base + 3u * s], src[base + 4u * s], src[base + 5u * s]);
 }
 
