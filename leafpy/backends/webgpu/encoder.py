@@ -214,9 +214,9 @@ class Encoder(Backend):
                 off, size = ranges[i] if ranges and ranges[i] is not None else (0, raw.size)
                 if size > self.max_binding:
                     raise BackendError(f"webgpu: {entry} would bind a buffer of {size} bytes (its operand {i}), over "
-                                       f"this device's storage binding limit of {self.max_binding} bytes; a smaller batch "
-                                       "or a smaller layer (fewer rows, features or hidden units) fits, or run the "
-                                       "network on the cuda or native backend")
+                                       f"this device's storage binding limit of {self.max_binding} bytes; a smaller "
+                                       "batch or a smaller layer (fewer rows, features or hidden units) fits, or run "
+                                       "the network on the cuda or native backend")
                 entries.append((i + 1, raw, off, size))
             bg = self.device.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
                 {"binding": n, "resource": {"buffer": r, "offset": o, "size": sz}} for n, r, o, sz in entries])
