@@ -144,3 +144,25 @@ def test_dropout_draws_follow_native_around_replayed_steps_and_refused_batches(d
     for a, b in zip(outs, ref_outs):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     assert not np.allclose(outs[0], outs[1]), "each training-mode forward pass draws a new mask"
+
+
+@pytest.mark.webgpu
+def test_a_capture_that_fails_midway_runs_none_of_its_work():
+    """A step that cannot be recorded runs as it is from then on; what the failed attempt had encoded is dropped,
+    not submitted with the step's rerun."""
+    be = _device("webgpu")
+    t = lp.SharedTensor.from_numpy(np.ones(1000, np.float32))
+    t.read(be)
+    calls = [0]
+
+    def step():
+        calls[0] += 1
+        be.scal(2.0, t.read_write(be))
+        if calls[0] == 2:  # the second run is the one the backend records
+            raise lp.BackendError("this step cannot be recorded")
+
+    for _ in range(3):
+        be.run_step(("failing capture", id(t)), step)
+    assert calls[0] == 4  # first run, the failed capture, its rerun, then run as it is
+    np.testing.assert_allclose(t.to_numpy(), np.full(1000, 8.0), rtol=1e-6)  # three doublings ran, not four
+    assert be.recorder.steps[("failing capture", id(t))].eager

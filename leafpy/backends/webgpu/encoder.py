@@ -124,12 +124,18 @@ class Encoder(Backend):
         step()
 
     def capture(self, entry: Any, step: Any) -> tuple[Any, bool]:
-        self._emit_pending()
+        self.flush()  # work queued before the step is submitted: a capture that fails leaves nothing half-encoded
         allocations, submissions = self.allocations, self.submissions
         self._recording = []
         try:
             step()
             self._emit_pending()
+        except BaseException:
+            # the dispatches this attempt encoded must not run: the recorder runs the step again as it is
+            self._encoder = self._pass = self._pass_pipeline = None
+            self._pending = None
+            self._stamps = []
+            raise
         finally:
             items, self._recording = self._recording, None
         if self.allocations != allocations or self.submissions != submissions:
