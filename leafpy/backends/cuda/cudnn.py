@@ -1,0 +1,172 @@
+"""Convolution through cuDNN frontend graphs: one graph per pass and shape, its plan autotuned among the accurate
+ones."""
+
+from __future__ import annotations
+
+import atexit
+from typing import Any
+
+import numpy as np
+
+from ...errors import BackendError
+
+
+def _nchw_strides(shape: tuple[int, ...]) -> list[int]:
+    n, c, h, w = shape
+    return [c * h * w, h * w, w, 1]
+
+
+class _CudnnConv:
+    """cuDNN frontend graphs for the three convolution passes, one graph per (pass, shapes, stride, padding)."""
+
+    MAX_WORKSPACE = 1 << 30
+    """Plans that need more scratch memory than this are not considered."""
+    PLAN_TOLERANCE = 0.03
+    """Among plans at most this fraction slower than the fastest, the one with the smallest workspace is kept."""
+    FP32_EXCLUDED_NOTES = ("TENSOR_CORE", "DOWN_CONVERT_INPUTS", "REDUCED_PRECISION_REDUCTION", "FFT", "WINOGRAD",
+                           "WINOGRAD_TILE_4x4", "WINOGRAD_TILE_6x6", "WINOGRAD_TILE_13x13")
+    """cuDNN's numerical notes of engines that do not compute in full fp32 (TF32 tensor cores, fp16 inputs or
+    reductions, FFT and Winograd transforms, which reach ~1e-3 relative error): excluded unless tf32=True."""
+    AGREEMENT_SAMPLE = 1 << 16
+    """Output elements compared between candidate plans."""
+    FP32_AGREEMENT = 1e-5
+    """In fp32 mode a plan is kept only if its output agrees with the median of every candidate plan's output to
+    this relative error (max |difference| / max |median|): a net under the notes, since an engine's notes are
+    its own declaration."""
+
+    def __init__(self, cp: Any, tf32: bool, exact: bool = True) -> None:
+        import cudnn
+
+        self.cudnn = cudnn
+        self.cp = cp
+        self.tf32 = tf32
+        self.exact = exact
+        self.handle = cudnn.create_handle()
+        self.graphs: dict = {}
+        self.workspace = cp.empty(0, dtype=cp.uint8)
+        self._trials: list[int] = []
+        self.timings: dict = {}  # graph key -> [(ms, workspace bytes, plan index)] of every plan that ran
+        self.errors: dict = {}  # graph key -> {plan index: relative difference from the plans' median} (fp32)
+        atexit.register(self.graphs.clear)  # release the graphs while their library is still loaded
+
+    def _build(self, kind: str, x_shape, w_shape, y_shape, stride, padding) -> tuple:
+        cudnn = self.cudnn
+        f32 = cudnn.data_type.FLOAT
+        g = cudnn.pygraph(io_data_type=f32, intermediate_data_type=f32, compute_data_type=f32, handle=self.handle)
+        pad, st, dil = list(padding), list(stride), [1, 1]
+        if kind in ("fprop", "fprop_bias"):
+            X = g.tensor(name="X", dim=list(x_shape), stride=_nchw_strides(x_shape), data_type=f32)
+            W = g.tensor(name="W", dim=list(w_shape), stride=_nchw_strides(w_shape), data_type=f32)
+            Y = g.conv_fprop(image=X, weight=W, padding=pad, stride=st, dilation=dil, compute_data_type=f32)
+            if kind == "fprop_bias":
+                o = w_shape[0]
+                Bt = g.tensor(name="B", dim=[1, o, 1, 1], stride=[o, 1, 1, 1], data_type=f32)
+                Y = g.bias(name="bias", input=Y, bias=Bt)
+            Y.set_output(True).set_dim(list(y_shape)).set_stride(_nchw_strides(y_shape)).set_data_type(f32)
+            names = (X, W, Y) if kind == "fprop" else (X, W, Y, Bt)
+        elif kind == "dgrad":
+            DY = g.tensor(name="DY", dim=list(y_shape), stride=_nchw_strides(y_shape), data_type=f32)
+            W = g.tensor(name="W", dim=list(w_shape), stride=_nchw_strides(w_shape), data_type=f32)
+            DX = g.conv_dgrad(loss=DY, filter=W, padding=pad, stride=st, dilation=dil, compute_data_type=f32)
+            DX.set_output(True).set_dim(list(x_shape)).set_stride(_nchw_strides(x_shape)).set_data_type(f32)
+            names = (DX, W, DY)
+        else:
+            X = g.tensor(name="X", dim=list(x_shape), stride=_nchw_strides(x_shape), data_type=f32)
+            DY = g.tensor(name="DY", dim=list(y_shape), stride=_nchw_strides(y_shape), data_type=f32)
+            DW = g.conv_wgrad(image=X, loss=DY, padding=pad, stride=st, dilation=dil, compute_data_type=f32)
+            DW.set_output(True).set_dim(list(w_shape)).set_stride(_nchw_strides(w_shape)).set_data_type(f32)
+            names = (X, DW, DY)
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.B, cudnn.heur_mode.FALLBACK])
+        if not self.tf32:
+            excluded = self.FP32_EXCLUDED_NOTES if self.exact else ("TENSOR_CORE",)
+            g.deselect_numeric_notes([getattr(cudnn.numerical_note, n) for n in excluded
+                                      if hasattr(cudnn.numerical_note, n)])
+        g.check_support()
+        g.build_plans(cudnn.build_plan_policy.ALL)
+        return g, names
+
+    def _autotune(self, g: Any, pack: dict, key: tuple, out: Any) -> int:
+        """Time every built plan on the real buffers and keep the fastest (as cudnn.benchmark does), preferring a
+        smaller workspace where the difference in time is within :attr:`PLAN_TOLERANCE`; in fp32 mode only among
+        plans whose result agrees with the others' (see :attr:`FP32_AGREEMENT`)."""
+        cp = self.cp
+        timings = self.timings[key] = []
+        results: list[Any] = []
+        # the agreement check looks at a fixed sample of the output's elements: an inexact transform is off
+        # everywhere, and a sample keeps the candidates' copies small
+        flat = out.reshape(-1)
+        sample = cp.arange(flat.size) if flat.size <= self.AGREEMENT_SAMPLE else cp.asarray(
+            np.random.default_rng(0).choice(flat.size, self.AGREEMENT_SAMPLE, replace=False))
+        for i in range(g.get_execution_plan_count()):
+            try:
+                size = g.get_workspace_size_plan_at_index(i)
+                if size > self.MAX_WORKSPACE:
+                    continue
+                # trial workspaces bypass the memory pool, so they are really freed afterwards
+                trial = cp.cuda.runtime.malloc(max(size, 1))
+                self._trials.append(trial)
+                g.execute_plan_at_index(pack, trial, i, handle=self.handle)
+                runs = []
+                for _ in range(5):  # the fastest of five runs: one slow run must not decide
+                    start, stop = cp.cuda.Event(), cp.cuda.Event()
+                    start.record()
+                    g.execute_plan_at_index(pack, trial, i, handle=self.handle)
+                    stop.record()
+                    stop.synchronize()
+                    runs.append(cp.cuda.get_elapsed_time(start, stop))
+                ms = min(runs)
+                if self.exact:
+                    results.append(flat[sample])
+            except Exception:
+                continue  # a plan that cannot run here
+            timings.append((ms, size, i))
+        cp.cuda.runtime.deviceSynchronize()
+        for trial in self._trials:
+            cp.cuda.runtime.free(trial)
+        self._trials.clear()
+        if not timings:
+            raise BackendError("no cuDNN plan could run")
+        if len(results) >= 3:
+            median = cp.median(cp.stack(results), axis=0)
+            scale = float(cp.abs(median).max()) or 1.0
+            errors = [float(cp.abs(r - median).max()) / scale for r in results]
+            self.errors[key] = dict(zip((i for _, _, i in timings), errors))
+            agreeing = [t for t, e in zip(timings, errors) if e <= self.FP32_AGREEMENT]
+            if agreeing:
+                timings = agreeing
+            del median
+        results.clear()
+        limit = min(ms for ms, _, _ in timings) * (1.0 + self.PLAN_TOLERANCE)
+        size, _, best = min((size, ms, i) for ms, size, i in timings if ms <= limit)
+        if size > self.workspace.size:
+            self.workspace = cp.empty(size, dtype=cp.uint8)
+        return best
+
+    def run(self, kind, x_shape, w_shape, y_shape, stride, padding, x, w, y, beta, bias=None) -> bool:
+        """Run one pass; False when cuDNN has no engine for it (only asked of optional fusions)."""
+        key = (kind, tuple(x_shape), tuple(w_shape), tuple(y_shape), tuple(stride), tuple(padding))
+        entry = self.graphs.get(key)
+        if entry is None:
+            try:
+                entry = (*self._build(kind, x_shape, w_shape, y_shape, stride, padding), None)
+            except Exception as e:
+                if kind == "fprop_bias":
+                    self.graphs[key] = "unsupported"
+                    return False
+                raise BackendError(f"cuDNN could not build a {kind} graph for input {tuple(x_shape)}, filter "
+                                   f"{tuple(w_shape)}: {e}") from e
+            self.graphs[key] = entry
+        if entry == "unsupported":
+            return False
+        self.cudnn.set_stream(handle=self.handle, stream=self.cp.cuda.get_current_stream().ptr)
+        g, tensors, plan = entry
+        pack = {t: arr.data.ptr for t, arr in zip(tensors, (x, w, y, bias))}
+        if plan is None:
+            # the first run on real buffers picks the plan (outputs are overwritten, so timing them is harmless)
+            out = {"dgrad": x, "wgrad": w}.get(kind, y)
+            plan = self._autotune(g, pack, key, out)
+            self.graphs[key] = (g, tensors, plan)
+        g.execute_plan_at_index(pack, self.workspace.data.ptr, plan, handle=self.handle)
+        return True
