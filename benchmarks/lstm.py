@@ -19,6 +19,7 @@ import platform
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -44,51 +45,32 @@ def lstm_config(s: dict) -> lp.LayerConfig:
     return lp.LayerConfig("lstm", cfg)
 
 
-class TorchLSTM:
-    """The same network in PyTorch with leafpy's initial weights."""
+def torch_lstm(torch, s: dict, initial: list[np.ndarray]) -> Any:
+    """The same network in PyTorch with leafpy's initial weights (log-probabilities of the last step)."""
+    nn = torch.nn
 
-    def __init__(self, torch, s: dict, initial: list[np.ndarray], device: str, tf32: bool) -> None:
-        nn = torch.nn
-        self.torch, self.device = torch, device
-        self.lstm = nn.LSTM(s["input"], s["hidden"], num_layers=s["layers"], batch_first=True).to(device)
-        self.fc = nn.Linear(s["hidden"], s["classes"]).to(device)
-        w = iter(initial)
-        with torch.no_grad():
-            for i in range(s["layers"]):
-                getattr(self.lstm, f"weight_ih_l{i}").copy_(torch.from_numpy(next(w)))
-                getattr(self.lstm, f"weight_hh_l{i}").copy_(torch.from_numpy(next(w)))
-                getattr(self.lstm, f"bias_ih_l{i}").copy_(torch.from_numpy(next(w)))
-                getattr(self.lstm, f"bias_hh_l{i}").zero_()
-                getattr(self.lstm, f"bias_hh_l{i}").requires_grad_(False)
-            self.fc.weight.copy_(torch.from_numpy(next(w)))
-            self.fc.bias.copy_(torch.from_numpy(next(w)))
-        params = [p for p in [*self.lstm.parameters(), *self.fc.parameters()] if p.requires_grad]
-        self.opt = torch.optim.SGD(params, lr=train_step.LR, momentum=train_step.MOMENTUM)
-        self.loss_fn = nn.NLLLoss()
-        if device == "cuda":
-            torch.backends.cudnn.allow_tf32 = tf32
-            torch.backends.cuda.matmul.allow_tf32 = tf32
-            torch.backends.cudnn.benchmark = True
-        self.last = None
+    class LSTMClassifier(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lstm = nn.LSTM(s["input"], s["hidden"], num_layers=s["layers"], batch_first=True)
+            self.fc = nn.Linear(s["hidden"], s["classes"])
 
-    def to_device(self, x, y):
-        t = self.torch
-        return t.from_numpy(x).to(self.device), t.from_numpy(y.astype(np.int64)).to(self.device)
+        def forward(self, x):
+            out, _ = self.lstm(x)
+            return torch.log_softmax(self.fc(out[:, -1]), dim=1)
 
-    def step(self, x, y) -> None:
-        self.opt.zero_grad(set_to_none=True)
-        out, _ = self.lstm(x)
-        logp = self.torch.log_softmax(self.fc(out[:, -1]), dim=1)
-        self.last = self.loss_fn(logp, y)
-        self.last.backward()
-        self.opt.step()
-
-    def sync(self) -> None:
-        if self.device == "cuda":
-            self.torch.cuda.synchronize()
-
-    def loss(self) -> float:
-        return float(self.last.item())
+    model = LSTMClassifier()
+    w = iter(initial)
+    with torch.no_grad():
+        for i in range(s["layers"]):
+            getattr(model.lstm, f"weight_ih_l{i}").copy_(torch.from_numpy(next(w)))
+            getattr(model.lstm, f"weight_hh_l{i}").copy_(torch.from_numpy(next(w)))
+            getattr(model.lstm, f"bias_ih_l{i}").copy_(torch.from_numpy(next(w)))
+            getattr(model.lstm, f"bias_hh_l{i}").zero_()
+            getattr(model.lstm, f"bias_hh_l{i}").requires_grad_(False)
+        model.fc.weight.copy_(torch.from_numpy(next(w)))
+        model.fc.bias.copy_(torch.from_numpy(next(w)))
+    return model
 
 
 def bench(backend, torch, device: str, s: dict, args) -> dict:
@@ -106,7 +88,7 @@ def bench(backend, torch, device: str, s: dict, args) -> dict:
     row["leafpy_loss10"] = solver.loss()
     trainer = None
     if torch is not None:
-        trainer = TorchLSTM(torch, s, initial, device, args.tf32)
+        trainer = train_step.TorchTrainer(torch, torch_lstm(torch, s, initial), device, args.tf32)
         data_t = [trainer.to_device(x, y) for x, y in zip(xs, ys)]
         for i in range(10):
             trainer.step(*data_t[i % 4])

@@ -194,17 +194,20 @@ def _torch_modules(torch):
 
 
 class TorchTrainer:
-    def __init__(self, torch, net: lp.Layer, initial: list[np.ndarray], device: str, tf32: bool,
-                 rule: str = "momentum") -> None:
+    """PyTorch's side of a benchmark: ``model`` (returning log-probabilities) trained with NLL and ``rule``, in its
+    fastest setup for the device (fused optimizers, cudnn.benchmark)."""
+
+    def __init__(self, torch, model: Any, device: str, tf32: bool, rule: str = "momentum") -> None:
         self.torch = torch
         self.device = device
-        self.model = torch_model(torch, net, initial).to(device)
+        self.model = model.to(device)
+        params = [p for p in self.model.parameters() if p.requires_grad]
         fast = {"fused": True} if device == "cuda" else {}  # PyTorch's fastest optimizer kernels on the GPU
         self.schedule = None
         if rule == "adam":
-            self.opt = torch.optim.Adam(self.model.parameters(), lr=ADAM_LR, **fast)
+            self.opt = torch.optim.Adam(params, lr=ADAM_LR, **fast)
         else:
-            self.opt = torch.optim.SGD(self.model.parameters(), lr=LR, momentum=MOMENTUM, **fast)
+            self.opt = torch.optim.SGD(params, lr=LR, momentum=MOMENTUM, **fast)
             if rule == "inv":
                 self.schedule = torch.optim.lr_scheduler.LambdaLR(
                     self.opt, lambda it: (1.0 + INV_GAMMA * it) ** -INV_POWER)
@@ -226,6 +229,12 @@ class TorchTrainer:
         self.opt.step()
         if self.schedule is not None:
             self.schedule.step()
+
+    @classmethod
+    def of_network(cls, torch, net: lp.Layer, initial: list[np.ndarray], device: str, tf32: bool,
+                   rule: str = "momentum") -> TorchTrainer:
+        """The trainer of :func:`torch_model`'s twin of ``net``."""
+        return cls(torch, torch_model(torch, net, initial), device, tf32, rule)
 
     def sync(self) -> None:
         if self.device == "cuda":
@@ -303,7 +312,7 @@ def bench_network(name: str, backend, torch, device: str, args, rule: str = "mom
         tracemalloc.stop()
     trainer = None
     if torch is not None:
-        trainer = TorchTrainer(torch, solver.network, initial, device, args.tf32, rule)
+        trainer = TorchTrainer.of_network(torch, solver.network, initial, device, args.tf32, rule)
         data_t = [trainer.to_device(x, y) for x, y in zip(xs, ys)]
         for i in range(10):
             trainer.step(*data_t[i % 4])
