@@ -40,6 +40,14 @@ def _integer(value: Any) -> int | None:
     return None
 
 
+def first_non_index(values: np.ndarray, count: int) -> int | None:
+    """The position of the first value that is not an integer index in [0, count) (NaN and infinities included),
+    or None: how class labels and embedding ids are checked on the host."""
+    flat = values.reshape(-1)
+    bad = (flat < 0) | (flat >= count) | (flat != np.floor(flat))
+    return int(np.argmax(bad)) if bad.any() else None
+
+
 def positive_int(where: str, value: Any) -> int:
     as_int = _integer(value)
     if as_int is None or as_int <= 0 or as_int > INT_LIMIT:

@@ -37,11 +37,9 @@ def check_ids(where: str, ids: np.ndarray | None, count: int) -> None:
     """Raise ShapeError when a host id array holds a value that is not an integer in [0, count)."""
     if ids is None:
         return
-    flat = ids.reshape(-1)
-    bad = ~np.isfinite(flat) | (flat < 0) | (flat >= count) | (flat != np.floor(flat))
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise ShapeError(f"{where}: id {i} is {float(flat[i])!r}; ids must be integers in [0, {count - 1}] "
+    i = _checks.first_non_index(ids, count)
+    if i is not None:
+        raise ShapeError(f"{where}: id {i} is {float(ids.reshape(-1)[i])!r}; ids must be integers in [0, {count - 1}] "
                          f"(input_dim={count}): raise input_dim or map the ids into range")
 
 

@@ -25,11 +25,9 @@ def check_labels(where: str, labels: np.ndarray | None, num_classes: int) -> Non
     """Raise ShapeError when a host label array holds a value that is not a class index in [0, num_classes)."""
     if labels is None:
         return
-    flat = labels.reshape(-1)
-    bad = (flat < 0) | (flat >= num_classes) | (flat != np.floor(flat))
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise ShapeError(f"{where}: label {i} is {float(flat[i])!r}; labels must be class indices in "
+    i = _checks.first_non_index(labels, num_classes)
+    if i is not None:
+        raise ShapeError(f"{where}: label {i} is {float(labels.reshape(-1)[i])!r}; labels must be class indices in "
                          f"[0, {num_classes - 1}]")
 
 
