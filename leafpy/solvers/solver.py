@@ -207,6 +207,8 @@ class Solver:
         self._rate = SharedTensor((1,), dtype)  # the step's rate (rule.step_rate), uploaded before each step
         self._rate_value: float | None = None
         self._params_key: tuple | None = None
+        self._workers_of: Layer | None = None
+        self._worker_list: list[Any] = []
         self._params: tuple[list[SharedTensor], list[SharedTensor], list[WeightConfig]] = ([], [], [])
         self._norm = SharedTensor((1,), dtype)
         self._target: SharedTensor | None = None
@@ -280,6 +282,14 @@ class Solver:
         self.objective.run_backward()
         self.network.run_backward()
 
+    def _workers(self) -> list[Any]:
+        """The network's workers (a network keeps them for its life; walking it each step costs a replayed step's
+        time)."""
+        if self._workers_of is not self.network:
+            self._worker_list = self.network.workers()
+            self._workers_of = self.network
+        return self._worker_list
+
     def _parameters(self) -> tuple[list[SharedTensor], list[SharedTensor], list[WeightConfig]]:
         """The network's weights, their gradients and their configs, gathered once per binding (a step uses them
         several times; walking the network for them each time costs more than a small replayed step)."""
@@ -318,7 +328,7 @@ class Solver:
         # per-step values go to the device before staging, which may queue work that an upload would submit first
         if update_now:
             self._set_rate(self.rule.step_rate(self.config.learning_rate(self.iteration), self.iteration))
-        workers = self.network.workers()
+        workers = self._workers()
         for worker in workers:
             worker.before_step(be)
         try:
