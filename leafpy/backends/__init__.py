@@ -6,8 +6,8 @@ import importlib
 import inspect
 from typing import Any
 
-from ..errors import BackendUnavailable, ConfigError, LeafpyError
-from .base import PRIMITIVES, Backend
+from ..errors import BackendError, BackendUnavailable, ConfigError, LeafpyError
+from .base import PRECISIONS, PRIMITIVES, Backend
 
 _MODULES = {
     "native": ("leafpy.backends.native", "NativeBackend"),
@@ -16,16 +16,30 @@ _MODULES = {
 }
 BACKEND_NAMES = tuple(_MODULES)
 _default: dict[str, Backend] = {}
+_REFUSED_PRECISIONS = {
+    ("webgpu", "bf16"): "WGSL has no bfloat16 type; use precision='fp16' where the adapter offers shader-f16 (not "
+                        "available on webgpu yet), or precision='fp32'",
+    ("webgpu", "fp16"): "float16 shaders (the adapter's shader-f16 feature) are not available on webgpu yet; use "
+                        "precision='fp32', or backend 'cuda' or 'native' for fp16",
+    ("webgpu", "tf32"): "WebGPU has no TF32 tensor-core mode; use precision='fp32'",
+}
+"""Why a backend whose class takes no ``precision`` option refuses a setting (it runs fp32 only)."""
 
 
 def backend(name: str = "native", **options: Any) -> Backend:
     """The backend called ``name`` ("native", "cuda" or "webgpu").
 
     Without options the same instance is returned on every call. Raises BackendUnavailable when the backend's
-    package or device is missing, saying what to install.
+    package or device is missing, saying what to install. ``precision`` ("fp32", "tf32", "bf16" or "fp16", default
+    fp32) chooses mixed precision: fp32 master weights with bfloat16 or float16 activations (see Backend.precision);
+    a backend that cannot run a precision refuses it with a BackendError.
     """
     if not isinstance(name, str) or name not in _MODULES:
         raise ConfigError(f"backend: unknown backend {name!r}; valid backends: {', '.join(BACKEND_NAMES)}")
+    precision = options.get("precision", "fp32")
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise ConfigError(f"backend {name!r}: unknown precision {precision!r}; valid precisions: "
+                          f"{', '.join(PRECISIONS)}")
     if not options and name in _default:
         return _default[name]
     module_name, class_name = _MODULES[name]
@@ -36,6 +50,13 @@ def backend(name: str = "native", **options: Any) -> Backend:
     cls = getattr(module, class_name)
     valid = [p.name for p in inspect.signature(cls).parameters.values() if p.kind is p.KEYWORD_ONLY
              or p.kind is p.POSITIONAL_OR_KEYWORD]
+    if "precision" in options and "precision" not in valid:  # a backend that runs fp32 only
+        if precision != "fp32":
+            raise BackendError(f"backend {name!r}: precision {precision!r} is not available: "
+                               f"{_REFUSED_PRECISIONS.get((name, precision), 'this backend runs fp32 only')}")
+        options = {k: v for k, v in options.items() if k != "precision"}
+        if not options and name in _default:
+            return _default[name]
     unknown = [k for k in options if k not in valid]
     if unknown:
         raise ConfigError(f"backend {name!r}: unknown option {unknown[0]!r}; valid options: {', '.join(valid)}")

@@ -5,12 +5,14 @@ Subclasses set ``xp`` and the memory contract, and override only the hot paths t
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from . import pointwise
-from .base import Backend, Pair
+from .base import PRECISIONS, PRIMITIVES, SHORTHANDS, Backend, Pair
 
 Array = Any
 """An ``xp`` array (NumPy or CuPy): the buffers of the array backends."""
@@ -28,17 +30,76 @@ def dropout_threshold(ratio: float) -> int:
     return min(int(ratio * 2**32), 2**32 - 1)
 
 
+def _emulated(method: Callable, low: tuple[Any, ...], xp: Any) -> Callable:
+    """``method`` run on float32 copies of its low-precision array operands; each copy the method changed is
+    rounded back into its operand (operands left unchanged are not written: an input that aliases the output
+    must not overwrite it)."""
+
+    @functools.wraps(method)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        pos = [i for i, a in enumerate(args) if getattr(a, "dtype", None) in low]
+        named = [k for k, a in kwargs.items() if getattr(a, "dtype", None) in low]
+        if not pos and not named:
+            return method(*args, **kwargs)
+        args_, kwargs_ = list(args), dict(kwargs)
+        before: list[tuple[Any, Any, Any]] = []  # (operand, its float32 copy, the copy's value before the call)
+        for i in pos:
+            args_[i] = args[i].astype(np.float32)
+            before.append((args[i], args_[i], args_[i].copy()))
+        for k in named:
+            kwargs_[k] = kwargs[k].astype(np.float32)
+            before.append((kwargs[k], kwargs_[k], kwargs_[k].copy()))
+        result = method(*args_, **kwargs_)
+        for operand, work, start in before:
+            if not xp.array_equal(work, start, equal_nan=True):
+                operand[...] = work
+        return result
+
+    return run
+
+
 class ArrayBackend(Backend):
     """A backend whose buffers are ``xp`` arrays."""
 
     xp: Any = np
 
-    def __init__(self, dtype: Any = np.float32) -> None:
+    def __init__(self, dtype: Any = np.float32, precision: str = "fp32") -> None:
+        from ..errors import ConfigError
+
         dtype = np.dtype(dtype)
         if dtype not in (np.float32, np.float64):
-            from ..errors import ConfigError
             raise ConfigError(f"backend '{self.name}': dtype must be float32 or float64, got {dtype}")
+        if precision not in PRECISIONS:
+            raise ConfigError(f"backend '{self.name}': unknown precision {precision!r}; valid precisions: "
+                              f"{', '.join(PRECISIONS)}")
         self.dtype = dtype
+        self.precision = precision
+        self._options: dict[str, Any] = {"dtype": dtype}
+        self._twin: Backend | None = None
+        if self.mixed:
+            self._emulate_low_precision()
+
+    # --- bf16 and fp16 by emulation: low-precision storage, float32 arithmetic ---------------------------------
+    EMULATED = tuple(name for name in PRIMITIVES + SHORTHANDS
+                     if name not in ("allocate", "upload", "download", "view", "synchronize", "copy"))
+    """The primitives that, under bf16 and fp16, read their bfloat16 and float16 operands as float32 copies,
+    compute in float32 and round what they write back into the operands' own dtype."""
+
+    def _emulate_low_precision(self) -> None:
+        low = (np.dtype(np.float16), self.compute_dtype)
+        xp = self.xp
+        for name in self.EMULATED:
+            setattr(self, name, _emulated(getattr(self, name), low, xp))
+
+    def cast(self, x, out):
+        out.reshape(-1)[...] = x.reshape(-1)
+
+    def full_precision(self):
+        if not self.mixed:
+            return self
+        if self._twin is None:
+            self._twin = type(self)(**self._options)
+        return self._twin
 
     def view(self, buf: Array, shape: tuple[int, ...]) -> Array:
         return buf.reshape(shape)

@@ -35,6 +35,22 @@ class Buffer(Protocol):
 
 Pair = tuple[int, int]
 
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+"""The precision settings of a backend: fp32 (exact float32), tf32 (float32 storage, tensor-core products on
+inputs rounded to 10 mantissa bits where the device has them), bf16 and fp16 (activations and weight copies in
+bfloat16 or float16, float32 master weights and accumulation)."""
+
+
+def precision_dtype(precision: str, master: Any) -> np.dtype:
+    """The activations' dtype under ``precision`` with master dtype ``master``."""
+    if precision == "bf16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    if precision == "fp16":
+        return np.dtype(np.float16)
+    return np.dtype(master)
+
 
 class Backend:
     """Base class of every backend; subclasses implement every method below."""
@@ -42,6 +58,20 @@ class Backend:
     name: str = "base"
     key: str = "base"
     dtype: np.dtype = np.dtype(np.float32)
+    """The master dtype: weights, weight gradients and the solver's state."""
+    precision: str = "fp32"
+    """One of :data:`PRECISIONS`."""
+
+    @property
+    def compute_dtype(self) -> np.dtype:
+        """The dtype of activations, their gradients and the weight copies that GEMMs and convolutions read:
+        bfloat16 or float16 under bf16 and fp16, else :attr:`dtype`."""
+        return precision_dtype(self.precision, self.dtype)
+
+    @property
+    def mixed(self) -> bool:
+        """Whether activations are stored in a lower precision than the master weights."""
+        return self.compute_dtype != np.dtype(self.dtype)
 
     # --- memory contract ------------------------------------------------------------------------------------
     def allocate(self, size: int, dtype: Any) -> Buffer:
@@ -353,6 +383,19 @@ class Backend:
         raise NotImplementedError
 
     # --- optional hooks (defaults suit every backend) -------------------------------------------------------
+    def cast(self, x: Buffer, out: Buffer) -> None:
+        """``out = x`` converted to ``out``'s dtype (rounded to nearest even), same number of elements: the
+        low-precision copies of fp32 master weights, and the network's output into the fp32 objective. A backend
+        whose buffers are all of one dtype needs no more than this copy."""
+        if np.dtype(x.dtype) != np.dtype(out.dtype):
+            raise NotImplementedError(f"{type(self).__name__} cannot convert {x.dtype} to {out.dtype}")
+        self.copy(x, out)
+
+    def full_precision(self) -> Backend:
+        """This backend, or a twin on the same device, whose activations are in the master dtype (losses and
+        softmax run there under bf16 and fp16)."""
+        return self
+
     def run_step(self, key: Any, step: Any) -> None:
         """Run ``step()``, a whole training step. A backend may record it the first times a ``key`` is seen and
         replay the recording afterwards (the key covers everything the step's launches depend on; None: the step
@@ -364,10 +407,11 @@ class Backend:
         return 0
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.key} {self.dtype}>"
+        mode = "" if self.precision == "fp32" else f" {self.precision}"
+        return f"<{type(self).__name__} {self.key} {self.dtype}{mode}>"
 
 
-OPTIONAL_HOOKS = ("run_step", "peak_memory")
+OPTIONAL_HOOKS = ("run_step", "peak_memory", "cast", "full_precision")
 SHORTHANDS = ("relu", "relu_grad", "sigmoid", "sigmoid_grad", "tanh", "tanh_grad")
 """Methods written once here over a primitive (a backend may still override them)."""
 PRIMITIVES = tuple(

@@ -24,9 +24,9 @@ class NativeBackend(ArrayBackend):
     key = HOST
     xp = np
 
-    def __init__(self, dtype: Any = np.float32) -> None:
-        super().__init__(dtype)
+    def __init__(self, dtype: Any = np.float32, precision: str = "fp32") -> None:
         self._threads = threading.local()
+        super().__init__(dtype, precision)
 
     def _work(self, ws, name, shape, dtype=None):
         # one buffer per name and dtype for every layer, grown to the largest size asked for: a network's layers

@@ -79,6 +79,9 @@ class Worker:
     weight_names: tuple[str, ...] = ()  # a worker without some optional weight (a bias) sets its own
     untrained_weights: ClassVar[tuple[str, ...]] = ()
     """Weights kept with the model but not trained (running statistics): their lr_mult and decay_mult are 0."""
+    master_precision_weights: ClassVar[bool] = False
+    """Under bf16 and fp16 the worker reads its weights in the master dtype (float32), as BatchNorm's scale, shift
+    and running statistics are kept in cuDNN; otherwise it reads low-precision copies of them."""
     running_in_place: bool = False
     """Set by the Layer: the output shares the input's storage in this network."""
 
@@ -212,6 +215,9 @@ class Layer:
         self._weight_names: list[str] = []
         self._weight_configs: list[WeightConfig] = []
         self.weight_beta: list[float] = []
+        self.weight_copies: list[SharedTensor | None] = []
+        """Under bf16 and fp16: per weight, its copy in the backend's compute dtype that forward and
+        backward_input read (cast from the master weight at each forward pass), or None."""
         self.inputs: list[SharedTensor] = []
         self.input_grads: list[SharedTensor | None] = []
         self.outputs: list[SharedTensor] = []
@@ -306,6 +312,17 @@ class Layer:
 
     def _weight_entries(self) -> list[tuple[SharedTensor, SharedTensor, str, WeightConfig]]:
         return list(zip(self.weights, self.weight_grads, self._weight_names, self._weight_configs))
+
+    def input_takes_gradient(self, k: int) -> bool:
+        """Whether input k can take a gradient (an Embedding's ids and a loss's labels cannot)."""
+        diff = self.worker.differentiable if self.worker is not None else None
+        return True if diff is None else bool(diff[k])
+
+    def input_dtype(self, k: int) -> np.dtype:
+        """The dtype input k is staged in: the backend's compute dtype for data, the master dtype for ids and labels
+        (inputs that take no gradient), which bfloat16 would round (ids above 256)."""
+        be = self.backend
+        return np.dtype(be.compute_dtype if self.input_takes_gradient(k) else be.dtype)
 
     def num_parameters(self) -> int:
         return sum(w.size for w in self.learnable_weights_data())
@@ -415,6 +432,7 @@ class Layer:
                                      f"{[tuple(x) for x in shapes]} need {tuple(s)}")
             return
         dtype = self.backend.dtype
+        copies = self.backend.mixed and not worker.master_precision_weights
         for i, (wname, shape) in enumerate(zip(worker.weight_names, w_shapes)):
             cfg = self.config.params[i] if i < len(self.config.params) else WeightConfig()
             if wname in worker.untrained_weights:
@@ -434,6 +452,7 @@ class Layer:
                 if cfg.name:
                     self._registry[full] = (data, grad)
             self.weights.append(data)
+            self.weight_copies.append(SharedTensor(shape, self.backend.compute_dtype) if copies else None)
             self.weight_grads.append(grad)
             self._weight_names.append(full)
             self._weight_configs.append(cfg)
@@ -461,7 +480,7 @@ class Layer:
         self._create_weights(shapes)
         self.inputs = list(inputs)
         self.input_grads = list(input_grads)
-        dtype = self.backend.dtype
+        dtype = self.backend.compute_dtype
         if in_place:
             self.outputs = [inputs[0].alias(out_shapes[0])]
             g = input_grads[0]
@@ -486,6 +505,10 @@ class Layer:
         x = [t.read(be) for t in self.inputs]
         written = worker.updated_in_forward()  # type: ignore[union-attr]
         w = [t.read_write(be) if i in written else t.read(be) for i, t in enumerate(self.weights)]
+        for i, c in enumerate(self.weight_copies):
+            if c is not None and i not in written:  # the low-precision copy, fresh from the master weight
+                be.cast(w[i], c.write(be))
+                w[i] = c.read(be)
         y = [t.write(be) for t in self.outputs]
         worker.forward(be, x, w, y)  # type: ignore[union-attr]
         self.ran_forward = True
@@ -504,7 +527,8 @@ class Layer:
             dw = [g.read_write(be) if b else g.write(be) for g, b in zip(self.weight_grads, self.weight_beta)]
             worker.backward_parameters(be, x, y, dy, dw, list(self.weight_beta))
         if want_dx:
-            w = [t.read(be) for t in self.weights]
+            w = [t.read(be) if c is None else c.read(be) for t, c in
+                 zip(self.weights, self.weight_copies or [None] * len(self.weights))]
             dx = [g.write(be) if g is not None else None for g in self.input_grads]
             worker.backward_input(be, x, y, dy, w, dx)
 
@@ -517,8 +541,8 @@ class Layer:
                   for i, x in enumerate(inputs)]
         changed = len(self._own_inputs) != len(inputs)
         if changed:
-            self._own_inputs = [SharedTensor(np.shape(x) if not _is_tensor(x) else x.shape, self.backend.dtype)
-                                for x in inputs]
+            self._own_inputs = [SharedTensor(np.shape(x) if not _is_tensor(x) else x.shape, self.input_dtype(i))
+                                for i, x in enumerate(inputs)]
         be = self.backend
         for i, (own, x) in enumerate(zip(self._own_inputs, inputs)):
             shape = x.shape if _is_tensor(x) else np.shape(x)
@@ -528,7 +552,7 @@ class Layer:
                 own.resize(shape)
                 changed = True
             if _is_tensor(x):
-                be.copy(x.read(be), own.write(be))
+                be.cast(x.read(be), own.write(be))
             else:
                 own.set(x)
         return self._own_inputs, changed
@@ -547,7 +571,7 @@ class Layer:
         tensors, changed = self._to_input_tensors(inputs)
         if changed or not self.outputs:
             want = self._want_input_grads()
-            self._own_input_grads = [SharedTensor(t.shape, self.backend.dtype) if need else None
+            self._own_input_grads = [SharedTensor(t.shape, self.backend.compute_dtype) if need else None
                                      for t, need in zip(tensors, want)]
             self.bind(tensors, self._own_input_grads)
         self.run_forward()
@@ -569,7 +593,7 @@ class Layer:
                 raise ShapeError(f"layer '{self.name}': output gradient {i} must have shape {t.shape}, "
                                  f"got {shape}{layout_hint(shape, t.shape, 'g')}")
             if _is_tensor(g):
-                be.copy(g.read(be), t.write(be))
+                be.cast(g.read(be), t.write(be))
             else:
                 t.set(np.reshape(g, t.shape))
         self.run_backward()

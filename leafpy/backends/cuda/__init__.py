@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import BackendUnavailable
+from ...errors import BackendError, BackendUnavailable
 from .. import pointwise
 from ..array import ArrayBackend
 from ..recorder import StepRecorder
@@ -39,8 +39,14 @@ class CudaBackend(ArrayBackend):
     name = "cuda"
 
     def __init__(self, dtype: Any = np.float32, device: int = 0, use_cudnn: bool | None = None,
-                 tf32: bool = False, graphs: bool = True, fuse_bias: bool = False, exact_fp32: bool = True) -> None:
-        super().__init__(dtype)
+                 tf32: bool = False, graphs: bool = True, fuse_bias: bool = False, exact_fp32: bool = True,
+                 precision: str = "fp32") -> None:
+        if precision in ("bf16", "fp16"):
+            raise BackendError(f"backend 'cuda': precision {precision!r} is not available on cuda yet; use "
+                               "precision='tf32' (tensor cores on float32) or 'fp32', or backend 'native', which "
+                               f"emulates {precision}")
+        tf32 = tf32 or precision == "tf32"  # precision='tf32' is the tf32=True option
+        super().__init__(dtype, "tf32" if tf32 else precision)
         try:
             import cupy
         except ImportError as e:

@@ -35,6 +35,7 @@ class BatchNormConfig:
 class BatchNorm(Worker):
     weight_names: tuple[str, ...] = ("weight", "bias", "running_mean", "running_var")
     untrained_weights = ("running_mean", "running_var")
+    master_precision_weights = True
     _FILLS = {"weight": 1.0, "bias": 0.0, "running_mean": 0.0, "running_var": 1.0}
 
     def __init__(self, config: BatchNormConfig, layer_name: str) -> None:

@@ -115,7 +115,7 @@ class Sequential(Layer):
         self._bound_shapes: list[tuple[int, ...]] | None = None
         if self.input_shapes and weight_registry is None:
             # a top-level network: build everything for the declared shapes now
-            self._own_inputs = [SharedTensor(s, backend.dtype) for s in self.input_shapes]
+            self._own_inputs = [SharedTensor(s, self.input_dtype(k)) for k, s in enumerate(self.input_shapes)]
             self._bind_top()
 
     backward_hook: Callable[[int], None] | None = None
@@ -313,7 +313,7 @@ class Sequential(Layer):
             return grad
         own = self._fan_scratch.get((i, j))
         if own is None:
-            own = self._fan_scratch[(i, j)] = SharedTensor(grad.shape, self.backend.dtype)
+            own = self._fan_scratch[(i, j)] = SharedTensor(grad.shape, grad.dtype)
         elif own.shape != grad.shape:
             own.resize(grad.shape)
         return own
@@ -388,7 +388,7 @@ class Sequential(Layer):
                     storage = slot[0]
                     break
             else:
-                storage = next(pool, None) or SharedTensor((1,), self.backend.dtype)
+                storage = next(pool, None) or SharedTensor((1,), self.backend.compute_dtype)
                 used.append(storage)
                 slots.append([storage, g["root"]])
             for m in g["members"]:
@@ -456,7 +456,7 @@ class Sequential(Layer):
         return False
 
     def _bind_top(self) -> None:
-        dtype = self.backend.dtype
+        dtype = self.backend.compute_dtype
         grads = [SharedTensor(t.shape, dtype) if need and self.input_takes_gradient(k) else None
                  for k, (t, need) in enumerate(zip(self._own_inputs, self._input_needs_grad))]
         self._own_input_grads = grads
