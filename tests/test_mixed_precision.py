@@ -1,0 +1,187 @@
+"""Mixed precision on the native backend (bf16 and fp16 emulated: low-precision storage, float32 arithmetic).
+
+Every layer of the gradient-check table runs in bf16 and fp16 against the same layer in float64 (which
+test_gradients.py checks against central differences), within a tolerance derived from the format's unit roundoff
+u and the number of roundings on the layer's longest path; activations are in the low-precision dtype, weights
+and their gradients in float32. The solver's fp16 loss scaling is checked against a NumPy float64 reference of the
+same rule, and checkpoints resume bit-exactly.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from test_gradients import CASES
+
+import leafpy as lp
+from leafpy.errors import BackendError, BackendUnavailable, ConfigError
+
+PRECISIONS = {"bf16": (np.dtype(ml_dtypes.bfloat16), 2.0**-8), "fp16": (np.dtype(np.float16), 2.0**-11)}
+"""The activations' dtype and unit roundoff (half the spacing of numbers in [1, 2)) of each low precision."""
+GROWTH = 4
+"""Magnitude growth inside a layer for these O(1) test inputs: a sum of |x w| terms against its result, a forward
+and a backward pass; fixed once for every layer, not fitted per layer."""
+RECURRENT = ("LSTM", "GRU", "RNN")
+WORST: dict[tuple[str, str], tuple[float, float]] = {}
+"""(layer case, precision) -> (the largest relative error seen, the tolerance): the per-layer table, for reports."""
+
+
+def _low(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``a`` rounded to the low-precision format, back in float64 (both runs then see the same inputs)."""
+    return np.asarray(a, np.float64).astype(dtype).astype(np.float64)
+
+
+def _roundings(type_name: str, layer: lp.Layer, inputs: list[np.ndarray]) -> int:
+    """Roundings to the low format on the longest path to a compared value: the stored result and a stored value
+    read again (an output a gradient reads), one more for low-precision weight copies, and one per time step for a
+    recurrent layer (each step's error passes through the next)."""
+    depth = 2
+    if layer.has_weights and not layer.worker.master_precision_weights:
+        depth += 1
+    if type_name in RECURRENT:
+        depth += inputs[0].shape[1]
+    return depth
+
+
+def _params():
+    for type_name, cases in sorted(CASES.items()):
+        for i, case in enumerate(cases):
+            for precision in PRECISIONS:
+                yield pytest.param(type_name, case, precision, id=f"{type_name}-{i}-{precision}")
+
+
+def _run(layer: lp.Layer, inputs: list[np.ndarray], dys: list[np.ndarray] | None):
+    outs = layer.forward([x.copy() for x in inputs])
+    if dys is None:
+        return outs, None, None
+    grads = layer.backward(dys)
+    dx = [g.to_numpy().astype(np.float64) if g is not None else None for g in grads]
+    dw = {n: g for n, g in zip(layer.learnable_weights_names(), layer.learnable_weights_gradients())}
+    return outs, dx, dw
+
+
+@pytest.mark.parametrize("type_name,case,precision", list(_params()))
+def test_layer_in_low_precision_against_float64(type_name, case, precision):
+    dtype, u = PRECISIONS[precision]
+    config, make_inputs = case
+    low_be = lp.backend("native", precision=precision)
+    ref_be = lp.backend("native", dtype=np.float64)
+    inputs = [_low(x, dtype) for x in make_inputs(np.random.default_rng(7))]
+    low = lp.Layer.from_config(low_be, lp.LayerConfig("l", config), seed=3)
+    ref = lp.Layer.from_config(ref_be, lp.LayerConfig("l", config), seed=3)
+    outs = low.forward([x.copy() for x in inputs])
+    assert all(o.dtype == dtype for o in outs), [o.dtype for o in outs]
+    ref.load_weights({n: np.asarray(w, np.float64) for n, w in low.named_weights().items()})
+    rng = np.random.default_rng(11)
+    dys = [_low(rng.standard_normal(o.shape), dtype) for o in outs]
+    if type_name == "Dropout":  # the same masks: each layer draws from the same seed
+        low.worker.calls = 0
+    low_outs, low_dx, low_dw = _run(low, inputs, dys)
+    ref_outs, ref_dx, ref_dw = _run(ref, inputs, dys)
+    tol = GROWTH * _roundings(type_name, low, inputs) * u
+
+    def close(got, want, what):
+        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        err = np.abs(got - want) / np.maximum(1.0, np.abs(want))
+        key = (f"{type_name}-{CASES[type_name].index(case)}", precision)
+        WORST[key] = (max(WORST.get(key, (0.0, tol))[0], float(err.max())), tol)
+        assert err.max() <= tol, f"{what} ({precision}): relative error {err.max():.3g} > {tol:.3g}"
+
+    for i, (a, b) in enumerate(zip(low_outs, ref_outs)):
+        assert a.dtype == dtype
+        close(a.to_numpy(), b.to_numpy(), f"output {i}")
+    for i, (a, b) in enumerate(zip(low_dx, ref_dx)):
+        if b is not None:
+            assert low.input_grads[i].dtype == dtype
+            close(a, b, f"input gradient {i}")
+    for name, g in low_dw.items():
+        assert g.dtype == np.float32, f"{name}: weight gradients are float32 masters, got {g.dtype}"
+        if name.endswith(("running_mean", "running_var")):
+            continue  # not trained: no gradient
+        close(g.to_numpy(), ref_dw[name].to_numpy(), f"gradient of {name}")
+    for w in low.learnable_weights_data():
+        assert w.dtype == np.float32
+
+
+def test_low_precision_really_rounds():
+    """The emulation stores activations in the low format: a Linear output differs from float32 by about u."""
+    x = np.random.default_rng(0).standard_normal((8, 16))
+    cfg = lp.LayerConfig("fc", lp.LinearConfig(output_size=8))
+    f32 = lp.Layer.from_config(lp.backend("native"), cfg, seed=1)
+    y32 = f32.forward([x])[0].to_numpy()
+    for precision, (_, u) in PRECISIONS.items():
+        layer = lp.Layer.from_config(lp.backend("native", precision=precision), cfg, seed=1)
+        y = layer.forward([x])[0].to_numpy().astype(np.float64)
+        rel = np.abs(y - y32) / np.maximum(1.0, np.abs(y32))
+        assert u / 64 < rel.max() < 8 * u, (precision, rel.max())
+
+
+def test_weight_copies_follow_the_master_weights():
+    """After set(), the next forward pass reads the new values (the low-precision copy is refreshed)."""
+    be = lp.backend("native", precision="bf16")
+    layer = lp.Layer.from_config(be, lp.LayerConfig("fc", lp.LinearConfig(output_size=2, bias=False)), seed=0)
+    x = np.ones((1, 3))
+    layer.forward([x])
+    layer.learnable_weights_data()[0].set(np.array([[1.0, 2.0, 3.0], [0.5, 0.25, -1.0]]))
+    np.testing.assert_allclose(layer.forward([x])[0].to_numpy().astype(np.float64), [[6.0, -0.25]])
+
+
+def test_ids_and_labels_stay_in_the_master_dtype():
+    """Embedding ids above 256 are not exact in bfloat16: they are staged in float32."""
+    be = lp.backend("native", precision="bf16")
+    cfg = lp.SequentialConfig(inputs=[("ids", [2, 1])])
+    cfg.add_layer(lp.LayerConfig("emb", lp.EmbeddingConfig(input_dim=1000, output_dim=2)))
+    net = lp.Layer.from_config(be, lp.LayerConfig("net", cfg), seed=0)
+    table = np.arange(2000, dtype=np.float64).reshape(1000, 2) / 1000
+    net.load_weights({"emb/weight": table})
+    out = net.forward([np.array([[257.0], [999.0]])])[0].to_numpy().astype(np.float64)
+    np.testing.assert_allclose(out.reshape(2, 2), _low(table[[257, 999]], PRECISIONS["bf16"][0]))
+    assert net.inputs[0].dtype == np.float32
+
+
+def test_unknown_precision_is_named():
+    with pytest.raises(ConfigError, match=r"unknown precision 'bf8'.*fp32, tf32, bf16, fp16"):
+        lp.backend("native", precision="bf8")
+
+
+@pytest.mark.parametrize("precision,hint", [("bf16", "WGSL has no bfloat16.*fp16.*shader-f16.*fp32"),
+                                            ("fp16", "shader-f16.*not available on webgpu yet")])
+def test_webgpu_refuses_low_precision(precision, hint):
+    try:
+        lp.backend("webgpu")
+    except BackendUnavailable as e:
+        pytest.skip(f"no webgpu backend here: {e}")
+    with pytest.raises(BackendError, match=hint):
+        lp.backend("webgpu", precision=precision)
+    assert lp.backend("webgpu", precision="fp32").precision == "fp32"
+
+
+def test_backend_reports_its_precision():
+    for precision, want in (("fp32", np.float32), ("tf32", np.float32), ("bf16", ml_dtypes.bfloat16),
+                            ("fp16", np.float16)):
+        be = lp.backend("native", precision=precision)
+        assert be.precision == precision and be.compute_dtype == np.dtype(want) and be.dtype == np.float32
+    assert lp.backend("native").precision == "fp32"
+
+
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+def test_sums_accumulate_in_float32(precision):
+    """A sum of 4096 ones is exact with float32 accumulation; summed in bfloat16 it would stop at 256 (256 + 1
+    rounds back to 256), in float16 at 2048: products over 4096 inputs, a bias gradient over a batch of 4096 and a
+    batch norm's statistics."""
+    be = lp.backend("native", precision=precision)
+    fc = lp.Layer.from_config(be, lp.LayerConfig("fc", lp.LinearConfig(output_size=2)), seed=0)
+    fc.forward([np.ones((2, 4096))])
+    fc.load_weights({"fc/weight": np.ones((2, 4096)), "fc/bias": np.zeros(2)})
+    np.testing.assert_allclose(fc.forward([np.ones((2, 4096))])[0].to_numpy().astype(np.float64), 4096.0)
+    wide = lp.Layer.from_config(be, lp.LayerConfig("fc", lp.LinearConfig(output_size=2)), seed=0)
+    wide.forward([np.ones((4096, 1))])
+    wide.backward([np.ones((4096, 2))])
+    np.testing.assert_allclose(wide.learnable_weights_gradients()[1].to_numpy(), 4096.0)  # the bias's
+    bn = lp.Layer.from_config(be, lp.LayerConfig("bn", lp.BatchNormConfig(momentum=1.0)), seed=0)
+    x = np.full((4096, 1), 3.0)
+    x[::2] = 1.0  # mean 2, variance 1
+    bn.forward([x])
+    stats = dict(zip(bn.learnable_weights_names(), bn.learnable_weights_data()))
+    np.testing.assert_allclose(stats["bn/running_mean"].to_numpy(), 2.0, rtol=1e-6)
