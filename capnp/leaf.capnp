@@ -193,6 +193,11 @@ struct SolverConfig {
   epsilon @17 :Float64;
   rmsDecay @18 :Float64;
   seed @19 :Int64 = -1;       # -1: none
+  lossScale @20 :Text;        # "": dynamic under fp16, none otherwise; "dynamic", "none" or a static scale
+  lossScaleInit @21 :Float64 = 65536.0;
+  lossScaleGrowthFactor @22 :Float64 = 2.0;
+  lossScaleBackoffFactor @23 :Float64 = 0.5;
+  lossScaleGrowthInterval @24 :UInt64 = 2000;
 }
 
 struct SolverCheckpoint {
@@ -205,6 +210,9 @@ struct SolverCheckpoint {
   rngSeeds @6 :List(UInt64);     # per random layer (dropout), in network order: its seed
   rngCalls @7 :List(UInt64);     # and how many masks it has drawn
   trainerState @8 :Text;         # the training loop's own position (JSON object; empty: none)
+  lossScale @9 :Float64;         # fp16 loss scaling: the scale (0: no scaling, as before it existed)
+  lossScaleGoodSteps @10 :UInt64;  # updates with finite gradients since the scale last changed
+  skippedSteps @11 :UInt64;      # updates skipped for inf or nan gradients
 }
 
 struct EmbeddingConfig {

@@ -630,6 +630,8 @@ def write_solver_config(builder: Any, cfg: Any) -> None:
                 write_layer_config(builder.init(camel), value)
         elif f.name == "seed":
             builder.seed = -1 if value is None else int(value)
+        elif f.name == "loss_scale":  # text: "" (the precision's default), "dynamic", "none" or a number
+            builder.lossScale = "" if value is None else value if isinstance(value, str) else repr(float(value))
         elif value is None:
             continue
         else:
@@ -646,6 +648,8 @@ def read_solver_config(reader: Any, config_class: type) -> Any:
                 if reader._has(camel) else None
         elif f.name == "seed":
             kwargs["seed"] = None if reader.seed < 0 else int(reader.seed)
+        elif f.name == "loss_scale":
+            kwargs["loss_scale"] = str(reader.lossScale) or None
         else:
             v = _read_value(getattr(reader, camel))
             if f.name in _SOLVER_OPTIONAL_ZERO and not v:
@@ -685,6 +689,11 @@ def save_checkpoint(path: str | os.PathLike, config: Any, weights: Mapping[str, 
     msg.rngCalls = [int(r["calls"]) for r in state["random"]]
     trainer_state = state["trainer_state"]
     msg.trainerState = json.dumps(trainer_state, sort_keys=True) if trainer_state else ""
+    scaling = state.get("loss_scale")
+    if scaling is not None:
+        msg.lossScale = float(scaling["scale"])
+        msg.lossScaleGoodSteps = int(scaling["good_steps"])
+        msg.skippedSteps = int(scaling["skipped_steps"])
     atomic_write(path, encode(msg, "SolverCheckpoint"))
 
 
@@ -710,6 +719,9 @@ def read_checkpoint(path: str | os.PathLike, config_class: type) -> SavedCheckpo
             "random": [{"seed": int(s), "calls": int(c)} for s, c in zip(msg.rngSeeds, msg.rngCalls)],
             "trainer_state": _read_trainer_state(str(msg.trainerState), path),
         }
+        if msg.lossScale > 0:  # 0: a checkpoint without loss scaling
+            state["loss_scale"] = {"scale": float(msg.lossScale), "good_steps": int(msg.lossScaleGoodSteps),
+                                   "skipped_steps": int(msg.skippedSteps)}
     return SavedCheckpoint(config, weights, state)
 
 

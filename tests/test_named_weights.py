@@ -201,7 +201,8 @@ def test_snapshot_is_plain_values_and_a_copy(native):
     x, y = _batches(1)[0]
     solver.train_minibatch(x, y)
     state = solver.snapshot()
-    assert set(state) == {"iteration", "pending_calls", "history", "accumulated", "random", "trainer_state"}
+    assert set(state) == {"iteration", "pending_calls", "history", "accumulated", "random", "trainer_state",
+                          "loss_scale"}
     assert type(state["iteration"]) is int and type(state["pending_calls"]) is int
     assert set(state["history"]["fc1/weight"]) == {"m", "v"}  # Adam's two moments
     for per_weight in state["history"].values():

@@ -49,10 +49,11 @@ def _emulated(method: Callable, low: tuple[Any, ...], xp: Any) -> Callable:
         for k in named:
             kwargs_[k] = kwargs[k].astype(np.float32)
             before.append((kwargs[k], kwargs_[k], kwargs_[k].copy()))
-        result = method(*args_, **kwargs_)
-        for operand, work, start in before:
-            if not xp.array_equal(work, start, equal_nan=True):
-                operand[...] = work
+        with np.errstate(over="ignore", invalid="ignore"):  # inf beyond the format's range and nan from it, as on a
+            result = method(*args_, **kwargs_)          # GPU: loss scaling looks for them
+            for operand, work, start in before:
+                if not xp.array_equal(work, start, equal_nan=True):
+                    operand[...] = work
         return result
 
     return run
@@ -92,7 +93,8 @@ class ArrayBackend(Backend):
             setattr(self, name, _emulated(getattr(self, name), low, xp))
 
     def cast(self, x, out):
-        out.reshape(-1)[...] = x.reshape(-1)
+        with np.errstate(over="ignore"):  # beyond float16's range is inf (loss scaling looks for it)
+            out.reshape(-1)[...] = x.reshape(-1)
 
     def full_precision(self):
         if not self.mixed:

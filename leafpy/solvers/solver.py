@@ -27,6 +27,8 @@ LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
 _SOLVER_TOKENS = itertools.count()
 
 
+LOSS_SCALE_MODES = ("dynamic", "none")
+
 MAX_ITERATION = 2**53
 """The largest iteration count a solver holds: the learning-rate formulas use it as a float, exact up to 2**53."""
 
@@ -57,6 +59,16 @@ class SolverConfig:
     epsilon: float = 1e-8
     rms_decay: float = 0.99
     seed: int | None = None
+    loss_scale: str | float | None = None
+    """fp16 loss scaling: "dynamic", a positive number (a static scale), "none", or None: dynamic when the network's
+    backend runs fp16, none otherwise."""
+    loss_scale_init: float = 65536.0
+    loss_scale_growth_factor: float = 2.0
+    loss_scale_backoff_factor: float = 0.5
+    loss_scale_growth_interval: int = 2000
+    """Dynamic loss scaling as PyTorch's GradScaler: start at loss_scale_init; a step with inf or nan gradients is
+    skipped and the scale multiplied by the backoff factor; after growth_interval good steps in a row, by the
+    growth factor."""
 
     def __post_init__(self) -> None:
         s = object.__setattr__
@@ -100,6 +112,27 @@ class SolverConfig:
                                             max_open=True))
         if self.seed is not None:
             s(self, "seed", _checks.non_negative_int("solver.seed", self.seed))
+        scale = self.loss_scale
+        if scale is not None and scale not in LOSS_SCALE_MODES:
+            if isinstance(scale, str):
+                try:
+                    scale = float(scale)
+                except ValueError:
+                    scale = None
+            if scale is None or isinstance(scale, bool) or not isinstance(scale, (int, float)) \
+                    or not math.isfinite(scale) or scale <= 0:
+                raise ConfigError(f"solver.loss_scale: expected 'dynamic', 'none' or a positive number (a static "
+                                  f"scale), got {self.loss_scale!r}")
+            s(self, "loss_scale", float(scale))
+        s(self, "loss_scale_init", _checks.number("solver.loss_scale_init", self.loss_scale_init, minimum=0.0,
+                                                  min_open=True))
+        s(self, "loss_scale_growth_factor", _checks.number("solver.loss_scale_growth_factor",
+                                                           self.loss_scale_growth_factor, minimum=1.0, min_open=True))
+        s(self, "loss_scale_backoff_factor", _checks.number("solver.loss_scale_backoff_factor",
+                                                            self.loss_scale_backoff_factor, minimum=0.0, maximum=1.0,
+                                                            min_open=True, max_open=True))
+        s(self, "loss_scale_growth_interval", _checks.positive_int("solver.loss_scale_growth_interval",
+                                                                   self.loss_scale_growth_interval))
 
     def _check_policy(self) -> None:
         """Policy settings under which Caffe's formula has no value (a power of zero or of a negative number)."""
@@ -223,6 +256,14 @@ class Solver:
         self.trainer_state: dict[str, Any] = {}
         """What a training loop needs to continue where it stopped (epoch, batch within it...): plain JSON values,
         saved and restored with the checkpoint."""
+        self._boundary: tuple[SharedTensor, SharedTensor] | None = None  # fp32 output and gradient for the objective
+        self._seeded_scale: float | None = None  # the value in the objective's output gradient
+        self.loss_scale = self._initial_scale()
+        """The factor the loss's gradient is multiplied by (1.0 without loss scaling)."""
+        self.loss_scale_good_steps = 0
+        """Updates in a row with finite gradients since the scale last changed (dynamic loss scaling)."""
+        self.skipped_steps = 0
+        """Updates skipped for inf or nan gradients (with loss scaling); the iteration counter still advanced."""
 
     @staticmethod
     def from_config(network_backend: Backend, objective_backend: Backend, config: SolverConfig) -> Solver:
@@ -232,8 +273,20 @@ class Solver:
         if config.network is None or config.objective is None:
             raise ConfigError("solver.network and solver.objective: both must be given (LayerConfigs)")
         network = Layer.from_config(network_backend, config.network, seed=config.seed)
-        objective = Layer.from_config(objective_backend, config.objective)
+        # losses and softmax in the master precision: under bf16 and fp16 the objective runs on a full-precision twin
+        objective = Layer.from_config(objective_backend.full_precision(), config.objective)
         return Solver(network, objective, config)
+
+    def _initial_scale(self) -> float:
+        mode, cfg = self.loss_scaling(), self.config
+        return cfg.loss_scale_init if mode == "dynamic" else cfg.loss_scale if mode == "static" else 1.0  # type: ignore
+
+    def loss_scaling(self) -> str:
+        """"dynamic", "static" or "none": the config's loss_scale, where None means dynamic under fp16."""
+        mode = self.config.loss_scale
+        if mode is None:
+            return "dynamic" if self.network.backend.precision == "fp16" else "none"
+        return "static" if isinstance(mode, float) else mode
 
     @property
     def objective(self) -> Layer:
@@ -267,20 +320,37 @@ class Solver:
         else:
             t.set(target)
         out, dout = net.outputs[0], net.output_grads[0]
+        if out.dtype != obj.input_dtype(0):  # bf16/fp16 output: cast at the boundary into the fp32 objective
+            b = self._boundary
+            if b is None or b[0].shape != out.shape:
+                b = self._boundary = (SharedTensor(out.shape, obj.input_dtype(0)),
+                                      SharedTensor(out.shape, obj.input_dtype(0)))
+            out, dout = b
+        else:
+            self._boundary = None
         if rebound or len(obj.inputs) != 2 or obj.inputs[0] is not out or obj.inputs[1] is not t:
             obj.bind([out, t], [dout, None])
-            obj.output_grads[0].set(np.ones(obj.output_grads[0].shape))
+            self._seeded_scale = None
             self._generation += 1
+        if self._seeded_scale != self.loss_scale:  # the loss's gradient, scaled: the scale lives on the device
+            obj.output_grads[0].set(np.full(obj.output_grads[0].shape, self.loss_scale))
+            self._seeded_scale = self.loss_scale
         obj.validate()
         for tensor in net.inputs:  # uploads happen here, before the step (a recorded step cannot upload)
             tensor.read(net.backend)
         t.read(be)
 
     def _compute(self) -> None:
-        self.network.run_forward()
-        self.objective.run_forward()
-        self.objective.run_backward()
-        self.network.run_backward()
+        net, obj = self.network, self.objective
+        net.run_forward()
+        if self._boundary is not None:
+            obe, nbe = obj.backend, net.backend
+            obe.cast(net.outputs[0].read(obe), self._boundary[0].write(obe))
+        obj.run_forward()
+        obj.run_backward()
+        if self._boundary is not None:
+            nbe.cast(self._boundary[1].read(nbe), net.output_grads[0].write(nbe))
+        net.run_backward()
 
     def _workers(self) -> list[Any]:
         """The network's workers (a network keeps them for its life; walking it each step costs a replayed step's
@@ -314,7 +384,7 @@ class Solver:
         """Whether a step's device launches depend only on its key (so a backend may record and replay it): the
         rate, dropout's seeds and the clipping factor live in device buffers, so any policy, rule, dropout and
         clipping replays; not a collective between ranks."""
-        return self.gradient_reducer is None
+        return self.gradient_reducer is None and self.loss_scaling() == "none"
 
     def train_minibatch(self, data: Any, target: Any) -> SharedTensor:
         """One forward/backward pass and (every minibatch_size-th call) one update; returns the network output.
@@ -338,6 +408,9 @@ class Solver:
                 worker.after_step(ran=False)
             raise
 
+        scaling = self.loss_scaling()
+        skipped: list[bool] = []
+
         def step() -> None:
             self._compute()
             grads = self._parameters()[1]
@@ -350,6 +423,9 @@ class Solver:
                 grads = self._accum
             if self.gradient_reducer is not None:
                 self.gradient_reducer(list(grads))
+            if scaling != "none" and not self._unscale(grads):
+                skipped.append(True)
+                return
             self._update(grads)
 
         # a step whose launches depend only on the bindings and the accumulation phase may be recorded and replayed
@@ -361,7 +437,9 @@ class Solver:
         if k > 1:
             self._calls = 0 if update_now else self._calls + 1
         if update_now:
-            self.iteration += 1
+            self.iteration += 1  # a skipped step counts too, as PyTorch's schedulers count it
+            if scaling != "none":
+                self._adjust_scale(bool(skipped), scaling == "dynamic")
         self._has_loss = True
         return self.network.outputs[0]
 
@@ -390,6 +468,34 @@ class Solver:
                 be.axpby(cfg.weight_decay * wc.decay_mult, wb, 1.0, g)
             st = [s.read_write(be) for s in state]
             self.rule.update(be, wb, g, st, rate, wc.lr_mult)
+
+    def _unscale(self, grads: Sequence[SharedTensor]) -> bool:
+        """Divide the gradients by the loss scale; whether they are all finite (read back on the host: one scalar per
+        step under loss scaling)."""
+        be = self.network.backend
+        g_bufs = [g.read_write(be) for g in grads]
+        scratch, total = self._scratch.write(be), self._norm.write(be)
+        be.fill(0.0, total)
+        for g in g_bufs:
+            be.scal(1.0 / self.loss_scale, g)
+            be.dot(g, g, scratch)  # any inf or nan makes the sum inf or nan
+            be.axpby(1.0, scratch, 1.0, total)
+        return math.isfinite(be.read_scalar(total))
+
+    def _adjust_scale(self, skipped: bool, dynamic: bool) -> None:
+        cfg = self.config
+        if skipped:
+            self.skipped_steps += 1
+        if not dynamic:
+            return
+        if skipped:
+            self.loss_scale *= cfg.loss_scale_backoff_factor
+            self.loss_scale_good_steps = 0
+        else:
+            self.loss_scale_good_steps += 1
+            if self.loss_scale_good_steps >= cfg.loss_scale_growth_interval:
+                self.loss_scale *= cfg.loss_scale_growth_factor
+                self.loss_scale_good_steps = 0
 
     def _clip(self, be: Backend, g_bufs: list[Any], threshold: float) -> None:
         # the squared norms add up on the device and the scaling reads their sum there: nothing comes back
@@ -437,7 +543,10 @@ class Solver:
 
     # --- state and checkpoints ------------------------------------------------------------------------------
     SNAPSHOT_KEYS: ClassVar[tuple[str, ...]] = ("iteration", "pending_calls", "history", "accumulated", "random",
-                                                "trainer_state")
+                                                "trainer_state", "loss_scale")
+    OPTIONAL_SNAPSHOT_KEYS: ClassVar[tuple[str, ...]] = ("loss_scale",)
+    """Entries :meth:`restore` does without (a state saved before they existed): no loss scale means 1.0, no steps
+    skipped."""
 
     def snapshot(self) -> dict[str, Any]:
         """Everything a checkpoint holds besides the config and the network's weights, as plain values (arrays are
@@ -445,8 +554,9 @@ class Solver:
         update), ``history`` (weight name -> the update rule's state name -> array, e.g. ``{"fc1/weight":
         {"history": ...}}``), ``accumulated`` (weight name -> the gradients summed over the pending calls; empty
         when none is pending), ``random`` (per random layer such as Dropout, in network order: its ``seed`` and
-        the ``calls`` drawn so far) and ``trainer_state`` (the training loop's JSON values). :meth:`restore`
-        takes it back."""
+        the ``calls`` drawn so far), ``trainer_state`` (the training loop's JSON values) and ``loss_scale`` (its
+        ``scale``, the ``good_steps`` since it last changed and the ``skipped_steps``). :meth:`restore` takes it
+        back."""
         names = self.network.learnable_weights_names()
         return {
             "iteration": int(self.iteration),
@@ -456,6 +566,8 @@ class Solver:
             "accumulated": {n: t.to_numpy() for n, t in zip(names, self._accum)} if self._calls else {},
             "random": [{"seed": int(w.seed), "calls": int(w.calls)} for w in self._random_workers()],
             "trainer_state": copy.deepcopy(self.trainer_state),
+            "loss_scale": {"scale": float(self.loss_scale), "good_steps": int(self.loss_scale_good_steps),
+                           "skipped_steps": int(self.skipped_steps)},
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
@@ -467,7 +579,8 @@ class Solver:
         if not isinstance(state, Mapping):
             raise ConfigError(f"{where}: expected a mapping as Solver.snapshot() returns, got {type(state).__name__}")
         keys = set(self.SNAPSHOT_KEYS)
-        absent, unknown = sorted(keys - set(state)), sorted(set(state) - keys, key=str)
+        absent = sorted(keys - set(state) - set(self.OPTIONAL_SNAPSHOT_KEYS))
+        unknown = sorted(set(state) - keys, key=str)
         if absent or unknown:
             detail = f"missing: {', '.join(absent)}" if absent else f"unknown: {', '.join(map(str, unknown))}"
             raise ConfigError(f"{where}: expected the entries {', '.join(self.SNAPSHOT_KEYS)}; {detail}")
@@ -517,6 +630,13 @@ class Solver:
         if not isinstance(trainer_state, Mapping):
             raise ConfigError(f"{where}: trainer_state must be a mapping (JSON object), got "
                               f"{type(trainer_state).__name__}")
+        scaling = state.get("loss_scale") or {"scale": self._initial_scale(), "good_steps": 0, "skipped_steps": 0}
+        scale = scaling.get("scale") if isinstance(scaling, Mapping) else None
+        if not isinstance(scaling, Mapping) or isinstance(scale, bool) or not isinstance(scale, (int, float)) \
+                or not math.isfinite(scale) or scale <= 0 \
+                or not all(_counter(scaling.get(f)) for f in ("good_steps", "skipped_steps")):
+            raise ConfigError(f"{where}: loss_scale must be {{'scale': a positive number, 'good_steps': int, "
+                              f"'skipped_steps': int}}, got {scaling!r:.200}")
         for t, arr in assignments:
             t.set(arr)
         for w, r in zip(workers, random):
@@ -524,6 +644,9 @@ class Solver:
         self.iteration = int(it)
         self._calls = int(calls)
         self.trainer_state = copy.deepcopy(dict(trainer_state))
+        self.loss_scale = float(scale)
+        self.loss_scale_good_steps = int(scaling["good_steps"])
+        self.skipped_steps = int(scaling["skipped_steps"])
 
     def _random_workers(self) -> list[Any]:
         return [w for w in self.network.workers() if hasattr(w, "draws_random")]
