@@ -26,7 +26,7 @@ import numpy as np
 from . import __version__
 from . import config as run_config
 from . import data as datasets
-from .backends import BACKEND_NAMES
+from .backends import BACKEND_NAMES, PRECISIONS, precision_option
 from .backends import backend as get_backend
 from .errors import LeafpyError
 from .layers.container.sequential import Sequential
@@ -216,12 +216,13 @@ def train(args: argparse.Namespace) -> int:
     resolve_data(run)
     backend_name = args.backend or str(run.train.get("backend", "native"))
     run.train["backend"] = backend_name
+    run.train["precision"] = args.precision or str(run.train.get("precision", "fp32"))
     if args.epochs is not None:
         run.train["epochs"] = args.epochs
     group = distributed.init()
     with distributed.failing_rank_ends_the_job(group):
         options = {"device": group.local_rank} if backend_name == "cuda" and group.local_size > 1 else {}
-        be = get_backend(backend_name, **options)
+        be = get_backend(backend_name, **options, **precision_option(run.train["precision"]))
         out_dir = out_dir_for(run, args.out)
         if group.is_root:
             try:
@@ -377,7 +378,8 @@ def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, n
 
 def _backend_for(args: argparse.Namespace, run: run_config.RunConfig | None) -> Any:
     name = args.backend or (str(run.train.get("backend", "native")) if run is not None else "native")
-    return get_backend(name)
+    precision = args.precision or (str(run.train.get("precision", "fp32")) if run is not None else "fp32")
+    return get_backend(name, **precision_option(precision))
 
 
 def evaluate_cmd(args: argparse.Namespace) -> int:
@@ -390,8 +392,8 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
     ds = load_data(run)
     net = Layer.from_config(be, run.network)
     load_weights(net, weights)
-    scores = evaluate(net, Layer.from_config(be, run.objective), ds.x_test, ds.y_test, num_classes(run),
-                      run.batch_size)
+    objective = Layer.from_config(be.full_precision(), run.objective)  # losses in fp32 under bf16 and fp16
+    scores = evaluate(net, objective, ds.x_test, ds.y_test, num_classes(run), run.batch_size)
     _out(f"leafpy: {weights} on the held-out split of {ds.name} ({len(ds.x_test)} samples, seed "
          f"{run.data.get('seed', 0)})")
     if scores.matrix is not None:
@@ -414,7 +416,8 @@ def predict_cmd(args: argparse.Namespace) -> int:
     load_weights(net, weights)
     net.set_training(False)
     batch = run.batch_size
-    outputs = np.concatenate([net.forward([x[i:i + batch]])[0].to_numpy() for i in range(0, len(x), batch)])
+    outputs = np.concatenate([net.forward([x[i:i + batch]])[0].to_numpy().astype(be.dtype)  # bf16/fp16 as fp32
+                              for i in range(0, len(x), batch)])
     classes = predictions(outputs) if num_classes(run) else None
     if args.out:
         write_predictions(args.out, outputs, classes)
@@ -479,6 +482,8 @@ def _command(sub: Any, name: str, func: Any, summary: str, description: str, *, 
                        "model.leaf)")
     if backend:
         c.add_argument("--backend", choices=BACKEND_NAMES, help="default: the run's train.backend, else native")
+        c.add_argument("--precision", choices=PRECISIONS, help="fp32, tf32, or mixed bf16 or fp16 (fp32 master "
+                       "weights); default: the run's train.precision, else fp32")
     c.set_defaults(func=func)
     return c
 

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from . import _checks
+from .backends.base import PRECISIONS
 from .errors import ConfigError, LeafpyError, SerializationError
 from .layers.container.sequential import SequentialConfig
 from .layers.layer import FillerConfig, LayerConfig, WeightConfig, layer_types, lookup
@@ -25,7 +26,7 @@ from .solvers.solver import SolverConfig
 
 LAYER_KEYS = ("name", "type", "inputs", "outputs", "params", "propagate_down")
 DATA_KEYS = ("dataset", "batch_size", "test_fraction", "seed", "path", "num_classes")
-TRAIN_KEYS = ("epochs", "backend", "log_every", "keep_best", "monitor", "sync_batch_norm")
+TRAIN_KEYS = ("epochs", "backend", "precision", "log_every", "keep_best", "monitor", "sync_batch_norm")
 RUN_KEYS = ("name", "data", "network", "objective", "solver", "train")
 
 
@@ -203,6 +204,9 @@ def from_dict(doc: Any, source: str = "<run>") -> RunConfig:
                        ("data.num_classes", data.get("num_classes"))):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
             raise ConfigError(f"{key}: expected a positive integer, got {value!r}")
+    precision = train.get("precision", "fp32")
+    if precision not in PRECISIONS:
+        raise ConfigError(f"train.precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
     if not isinstance(train.get("sync_batch_norm", False), bool):
         raise ConfigError(f"train.sync_batch_norm: expected true or false, got {train['sync_batch_norm']!r}")
     _check_data(data)

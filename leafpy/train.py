@@ -261,8 +261,8 @@ class Progress(Callback):
                                      refresh=False)
             self.bar.update(1)
         elif self.log_every and trainer.solver.iteration % self.log_every == 0:
-            print(f"iteration {trainer.solver.iteration}: loss {loss:.4f}, lr {trainer.solver.learning_rate():.3g}",
-                  file=sys.stderr, flush=True)
+            print(f"iteration {trainer.solver.iteration}: loss {loss:.4f}, lr {trainer.solver.learning_rate():.3g}"
+                  f"{_scaling_text(trainer.solver)}", file=sys.stderr, flush=True)
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         self.close()
@@ -312,11 +312,13 @@ class Trainer:
                  dataset: datasets.Dataset | None = None, log: Callable[[str], None] | None = None,
                  log_every: int | None = None, keep_best: int | None = None, monitor: str | None = None) -> None:
         from .backends import backend as get_backend
+        from .backends import precision_option
 
         if not isinstance(run, run_config.RunConfig):
             raise ConfigError(f"Trainer: expected a RunConfig (lp.config.load(path)), got {type(run).__name__}")
         self.run = run
-        self.backend = backend if backend is not None else get_backend(str(run.train.get("backend", "native")))
+        self.backend = backend if backend is not None else get_backend(
+            str(run.train.get("backend", "native")), **precision_option(str(run.train.get("precision", "fp32"))))
         self.group = group
         self.is_root = group is None or group.is_root
         self._log = log if log is not None else (lambda msg: print(msg, flush=True))
@@ -344,7 +346,7 @@ class Trainer:
                                               sync_batch_norm=bool(run.train.get("sync_batch_norm", False)))
         else:
             self.parallel = None
-        self.objective = Layer.from_config(self.backend, run.objective)  # scores held-out data
+        self.objective = Layer.from_config(self.backend.full_precision(), run.objective)  # scores held-out data
         self.history: list[dict[str, Any]] = []
         self.epochs = run.epochs
         self.stop_training = False
@@ -497,14 +499,17 @@ class Trainer:
         if held_out.matrix is not None and self.running is not None:
             record["train_accuracy"] = self.running.accuracy()
             record["test_accuracy"] = held_out.matrix.accuracy()
+        if self.solver.loss_scaling() != "none":
+            record["loss_scale"] = self.solver.loss_scale
+            record["skipped_steps"] = self.solver.skipped_steps
         return record
 
     def _epoch_line(self, r: dict[str, Any]) -> str:
         line = f"epoch {r['epoch']}/{self.epochs}: loss {r['loss']:.4f}, held-out loss {r['test_loss']:.4f}"
         if "test_accuracy" in r:
             line += f", training accuracy {r['train_accuracy']:.2%}, held-out accuracy {r['test_accuracy']:.2%}"
-        return (f"{line}, lr {r['learning_rate']:.3g} ({r['seconds']:.1f} s, {r['samples_per_second']:,.0f} "
-                "samples/s)")
+        return (f"{line}, lr {r['learning_rate']:.3g}{_scaling_text(self.solver)} ({r['seconds']:.1f} s, "
+                f"{r['samples_per_second']:,.0f} samples/s)")
 
     def evaluate(self) -> Scores:
         """The current weights on the held-out split."""
@@ -566,6 +571,13 @@ class Trainer:
         where = f"checkpoint saved to {path}; continue with --resume {path}" if path else "no checkpoint written"
         raise TrainingInterrupted(f"interrupted ({getattr(self, 'signal_name', 'signal')}) at iteration "
                                   f"{self.solver.iteration}: {where}")
+
+
+def _scaling_text(solver: Solver) -> str:
+    """The loss scale and the skipped steps, for progress lines (empty without loss scaling)."""
+    if solver.loss_scaling() == "none":
+        return ""
+    return f", loss scale {solver.loss_scale:g}, {solver.skipped_steps} skipped steps"
 
 
 def load_data(run: run_config.RunConfig) -> datasets.Dataset:

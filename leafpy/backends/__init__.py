@@ -73,6 +73,11 @@ def backend(name: str = "native", **options: Any) -> Backend:
     return instance
 
 
+def precision_option(precision: str) -> dict[str, str]:
+    """``backend()``'s options for ``precision``: none for fp32, so the shared default instance serves it."""
+    return {} if precision == "fp32" else {"precision": precision}
+
+
 def available_backends() -> list[str]:
     """Names of the backends that can run here (their package imports and a device exists)."""
     names = []
@@ -85,4 +90,5 @@ def available_backends() -> list[str]:
     return names
 
 
-__all__ = ["Backend", "BACKEND_NAMES", "PRIMITIVES", "available_backends", "backend"]
+__all__ = ["Backend", "BACKEND_NAMES", "PRECISIONS", "PRIMITIVES", "available_backends", "backend",
+           "precision_option"]
