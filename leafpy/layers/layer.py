@@ -79,6 +79,9 @@ class Worker:
     weight_names: tuple[str, ...] = ()  # a worker without some optional weight (a bias) sets its own
     untrained_weights: ClassVar[tuple[str, ...]] = ()
     """Weights kept with the model but not trained (running statistics): their lr_mult and decay_mult are 0."""
+    master_precision_outputs: ClassVar[bool] = False
+    """Under bf16 and fp16 the worker's outputs and their gradients are in the master dtype (softmax and
+    log-softmax, as autocast keeps them in float32: probabilities and log-probabilities lose no digits)."""
     master_precision_weights: ClassVar[bool] = False
     """Under bf16 and fp16 the worker reads its weights in the master dtype (float32), as BatchNorm's scale, shift
     and running statistics are kept in cuDNN; otherwise it reads low-precision copies of them."""
@@ -480,13 +483,13 @@ class Layer:
         self._create_weights(shapes)
         self.inputs = list(inputs)
         self.input_grads = list(input_grads)
-        dtype = self.backend.compute_dtype
+        dtype = self.backend.dtype if worker.master_precision_outputs else self.backend.compute_dtype
         if in_place:
             self.outputs = [inputs[0].alias(out_shapes[0])]
             g = input_grads[0]
             self.output_grads = [g.alias(out_shapes[0]) if g is not None else SharedTensor(out_shapes[0], dtype)]
         else:
-            if self.in_place or len(self.outputs) != len(out_shapes):
+            if self.in_place or len(self.outputs) != len(out_shapes) or self.outputs[0].dtype != dtype:
                 self.outputs = [SharedTensor(s, dtype) for s in out_shapes]
                 self.output_grads = [SharedTensor(s, dtype) for s in out_shapes]
             else:

@@ -8,6 +8,7 @@ from ..layer import Worker
 
 class ClassAxisWorker(Worker):
     backward_reads_output = True
+    master_precision_outputs = True
 
     def output_shapes(self, input_shapes):
         if len(input_shapes[0]) < 2:
