@@ -132,3 +132,26 @@ def test_static_scale_and_defaults():
 def test_bad_loss_scale_settings_are_named(field, value):
     with pytest.raises(ConfigError, match=f"solver.{field}"):
         _config(**{field: value})
+
+
+def test_scale_follows_the_setting_when_a_checkpoint_changes_hands(tmp_path):
+    """A checkpoint saved without loss scaling, resumed in fp16, starts at the initial scale; one saved in fp16,
+    resumed in bf16 (no scaling), leaves the loss unscaled."""
+    x, t = _data()
+    bf16 = lp.backend("native", precision="bf16")
+    plain = lp.Solver.from_config(bf16, bf16, _config())
+    plain.train_minibatch(x, t)
+    plain.save_checkpoint(str(tmp_path / "plain.leaf"))
+    fp16 = lp.backend("native", precision="fp16")
+    assert lp.Solver.load_checkpoint(fp16, fp16, str(tmp_path / "plain.leaf")).loss_scale == 65536.0
+    scaled = _solver(loss_scale_init=2.0**30)
+    for _ in range(3):
+        scaled.train_minibatch(x, t)
+    assert scaled.loss_scale < 2.0**30
+    scaled.save_checkpoint(str(tmp_path / "scaled.leaf"))
+    resumed = lp.Solver.load_checkpoint(bf16, bf16, str(tmp_path / "scaled.leaf"))
+    assert resumed.loss_scaling() == "none" and resumed.loss_scale == 1.0
+    before = [w.to_numpy() for w in resumed.network.learnable_weights_data()]
+    resumed.train_minibatch(x, t)
+    step = [b - w.to_numpy() for b, w in zip(before, resumed.network.learnable_weights_data())]
+    assert max(np.abs(s).max() for s in step) < 1.0  # an unscaled gradient's step, not 2**30 times one

@@ -536,7 +536,11 @@ class Solver:
         if changed:
             from .registry import update_rules
 
+            before = self.loss_scaling()
             self.config = config
+            mode = self.loss_scaling()
+            if mode != before or mode == "static":  # the new setting's scale; a dynamic scale carries on
+                self.loss_scale, self.loss_scale_good_steps = self._initial_scale(), 0
             self.rule = update_rules()[config.solver](config)
             self._generation += 1  # recorded steps hold the old constants (momentum, decay, clipping): record anew
         return changed
@@ -555,8 +559,8 @@ class Solver:
         {"history": ...}}``), ``accumulated`` (weight name -> the gradients summed over the pending calls; empty
         when none is pending), ``random`` (per random layer such as Dropout, in network order: its ``seed`` and
         the ``calls`` drawn so far), ``trainer_state`` (the training loop's JSON values) and ``loss_scale`` (its
-        ``scale``, the ``good_steps`` since it last changed and the ``skipped_steps``). :meth:`restore` takes it
-        back."""
+        ``scale``, the ``good_steps`` since it last changed and the ``skipped_steps``; None without loss scaling).
+        :meth:`restore` takes it back."""
         names = self.network.learnable_weights_names()
         return {
             "iteration": int(self.iteration),
@@ -566,8 +570,9 @@ class Solver:
             "accumulated": {n: t.to_numpy() for n, t in zip(names, self._accum)} if self._calls else {},
             "random": [{"seed": int(w.seed), "calls": int(w.calls)} for w in self._random_workers()],
             "trainer_state": copy.deepcopy(self.trainer_state),
-            "loss_scale": {"scale": float(self.loss_scale), "good_steps": int(self.loss_scale_good_steps),
-                           "skipped_steps": int(self.skipped_steps)},
+            "loss_scale": None if self.loss_scaling() == "none" else {
+                "scale": float(self.loss_scale), "good_steps": int(self.loss_scale_good_steps),
+                "skipped_steps": int(self.skipped_steps)},
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
@@ -644,7 +649,8 @@ class Solver:
         self.iteration = int(it)
         self._calls = int(calls)
         self.trainer_state = copy.deepcopy(dict(trainer_state))
-        self.loss_scale = float(scale)
+        # a dynamic scale carries on; a static one, or none, is the config's (a state saved under another setting)
+        self.loss_scale = float(scale) if self.loss_scaling() == "dynamic" else self._initial_scale()
         self.loss_scale_good_steps = int(scaling["good_steps"])
         self.skipped_steps = int(scaling["skipped_steps"])
 
