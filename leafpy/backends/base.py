@@ -388,7 +388,10 @@ class Backend:
         low-precision copies of fp32 master weights, and the network's output into the fp32 objective. A backend
         whose buffers are all of one dtype needs no more than this copy."""
         if np.dtype(x.dtype) != np.dtype(out.dtype):
-            raise NotImplementedError(f"{type(self).__name__} cannot convert {x.dtype} to {out.dtype}")
+            from ..errors import BackendError
+
+            raise BackendError(f"backend '{self.name}': cannot convert {x.dtype} to {out.dtype} (its buffers hold "
+                               f"{np.dtype(self.dtype)} only); give it {np.dtype(self.dtype)} tensors")
         self.copy(x, out)
 
     def full_precision(self) -> Backend:
