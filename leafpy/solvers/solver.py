@@ -206,12 +206,9 @@ class Solver:
         self._scratch = SharedTensor((1,), dtype)
         self._rate = SharedTensor((1,), dtype)  # the step's rate (rule.step_rate), uploaded before each step
         self._rate_value: float | None = None
-        self._params_key: tuple | None = None
         self._workers_of: Layer | None = None
         self._worker_list: list[Any] = []
-        self._params: tuple[list[SharedTensor], list[SharedTensor], list[WeightConfig]] = ([], [], [])
         self._norm = SharedTensor((1,), dtype)
-        self._target: SharedTensor | None = None
         self._generation = 0
         self._has_loss = False
         self.gradient_reducer: Callable[[list[SharedTensor]], None] | None = None
@@ -241,40 +238,25 @@ class Solver:
 
     @objective.setter
     def objective(self, layer: Layer) -> None:
-        n = getattr(layer, "num_inputs", 0)
-        if not hasattr(layer, "require_input_gradients") or n != 2:
-            raise ConfigError(f"solver.objective: expected a Sequential with two inputs (the network output, then "
+        if not isinstance(layer, Layer) or layer.num_inputs != 2:
+            raise ConfigError(f"solver.objective: expected a layer with two inputs (the network output, then "
                               f"the target), got {layer!r}")
-        layer.require_input_gradients([True] + [False] * (n - 1))
+        layer.runner.require_input_gradients([True, False])
         self._objective = layer
 
     # --- training -----------------------------------------------------------------------------------------
     def _stage(self, data: Any, target: Any) -> None:
-        """Put the batch into the network's input and the objective's target; (re)connect the objective to the
-        network's output and output gradient when shapes change, so no step copies between them."""
-        net, obj = self.network, self.objective
-        rebound = net.stage([data])  # type: ignore[attr-defined]
+        """Feed the batch to the network and the target to the objective, whose first input reads the network's
+        output (and writes its gradient) with no copy."""
+        net, obj = self.network.runner, self.objective.runner
+        rebound = net.feed([data])
         if not isinstance(target, SharedTensor):
             target = as_numbers(target, "Solver.train_minibatch: target")
-        target = obj.accept_input(1, target)  # type: ignore[attr-defined]
-        shape = tuple(target.shape) if isinstance(target, SharedTensor) else tuple(np.shape(target))
-        be = obj.backend
-        t = self._target
-        if t is None or t.shape != shape:
-            t = self._target = SharedTensor(shape, be.dtype)
-        if isinstance(target, SharedTensor):
-            be.copy(target.read(be), t.write(be))
-        else:
-            t.set(target)
-        out, dout = net.outputs[0], net.output_grads[0]
-        if rebound or len(obj.inputs) != 2 or obj.inputs[0] is not out or obj.inputs[1] is not t:
-            obj.bind([out, t], [dout, None])
+        obj.connect(0, net.outputs[0], net.output_grads[0])
+        if obj.feed([None, target]) or rebound:
             obj.output_grads[0].set(np.ones(obj.output_grads[0].shape))
             self._generation += 1
-        obj.validate()
-        for tensor in net.inputs:  # uploads happen here, before the step (a recorded step cannot upload)
-            tensor.read(net.backend)
-        t.read(be)
+        obj.layer.validate()
 
     def _compute(self) -> None:
         self.network.run_forward()
@@ -291,15 +273,9 @@ class Solver:
         return self._worker_list
 
     def _parameters(self) -> tuple[list[SharedTensor], list[SharedTensor], list[WeightConfig]]:
-        """The network's weights, their gradients and their configs, gathered once per binding (a step uses them
-        several times; walking the network for them each time costs more than a small replayed step)."""
-        key = (self._generation, id(self.network))
-        if self._params_key != key:
-            net = self.network
-            self._params = (net.learnable_weights_data(), net.learnable_weights_gradients(),
-                            net.learnable_weights_configs())
-            self._params_key = key
-        return self._params
+        """The network's weights, their gradients and their configs (the network gathers them once per binding)."""
+        data, grads, _, configs = self.network.runner.parameters()
+        return data, grads, configs
 
     def _set_rate(self, rate: float) -> None:
         """Put the step's rate into its device buffer before the step (4 bytes uploaded when it changed)."""
