@@ -361,6 +361,8 @@ class Solver:
                 be.scal(1.0 / cfg.minibatch_size, g)
         rate = self._rate.read(be)
         for w, g, wc, state in zip(weights, g_bufs, configs, self.state):
+            if wc.lr_mult == 0.0:  # a weight that never moves (BatchNorm's running statistics): nothing to launch
+                continue
             wb = w.read_write(be)
             if cfg.weight_decay and wc.decay_mult:
                 be.axpby(cfg.weight_decay * wc.decay_mult, wb, 1.0, g)
