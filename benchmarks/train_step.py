@@ -36,6 +36,7 @@ LR, MOMENTUM = 0.01, 0.9
 INV_GAMMA, INV_POWER = 1e-4, 0.75  # Caffe's LeNet solver
 ADAM_LR = 1e-3
 RULES = ("momentum", "inv", "adam")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 SETTLE_S = 0.3
 """Seconds to wait before each timed round on the CPU (GPU rounds start at once: an idle GPU lowers its clocks).
@@ -197,10 +198,17 @@ class TorchTrainer:
     """PyTorch's side of a benchmark: ``model`` (returning log-probabilities) trained with NLL and ``rule``, in its
     fastest setup for the device (fused optimizers, cudnn.benchmark)."""
 
-    def __init__(self, torch, model: Any, device: str, tf32: bool, rule: str = "momentum") -> None:
+    def __init__(self, torch, model: Any, device: str, tf32: bool, rule: str = "momentum",
+                 precision: str = "fp32") -> None:
         self.torch = torch
         self.device = device
         self.model = model.to(device)
+        self.amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision) if device == "cuda" else None
+        # mixed precision as PyTorch users run it: autocast, channels-last convolutions, a GradScaler for fp16
+        self.channels_last = self.amp is not None and any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+        if self.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" and device == "cuda" else None
         params = [p for p in self.model.parameters() if p.requires_grad]
         fast = {"fused": True} if device == "cuda" else {}  # PyTorch's fastest optimizer kernels on the GPU
         self.schedule = None
@@ -213,6 +221,7 @@ class TorchTrainer:
                     self.opt, lambda it: (1.0 + INV_GAMMA * it) ** -INV_POWER)
         self.loss_fn = torch.nn.NLLLoss()
         if device == "cuda":
+            tf32 = tf32 or precision == "tf32"
             torch.backends.cudnn.allow_tf32 = tf32
             torch.backends.cuda.matmul.allow_tf32 = tf32
             torch.backends.cudnn.benchmark = True
@@ -220,21 +229,34 @@ class TorchTrainer:
 
     def to_device(self, x, y):
         t = self.torch
-        return t.from_numpy(x).to(self.device), t.from_numpy(y.astype(np.int64)).to(self.device)
+        xt = t.from_numpy(x).to(self.device)
+        if self.channels_last and xt.dim() == 4:
+            xt = xt.contiguous(memory_format=t.channels_last)
+        return xt, t.from_numpy(y.astype(np.int64)).to(self.device)
 
     def step(self, x, y) -> None:
         self.opt.zero_grad(set_to_none=True)
-        self.last = self.loss_fn(self.model(x), y)
-        self.last.backward()
-        self.opt.step()
+        if self.amp is not None:
+            with self.torch.autocast(device_type="cuda", dtype=self.amp):
+                out = self.model(x)
+            self.last = self.loss_fn(out.float(), y)
+        else:
+            self.last = self.loss_fn(self.model(x), y)
+        if self.scaler is not None:
+            self.scaler.scale(self.last).backward()
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        else:
+            self.last.backward()
+            self.opt.step()
         if self.schedule is not None:
             self.schedule.step()
 
     @classmethod
     def of_network(cls, torch, net: lp.Layer, initial: list[np.ndarray], device: str, tf32: bool,
-                   rule: str = "momentum") -> TorchTrainer:
+                   rule: str = "momentum", precision: str = "fp32") -> TorchTrainer:
         """The trainer of :func:`torch_model`'s twin of ``net``."""
-        return cls(torch, torch_model(torch, net, initial), device, tf32, rule)
+        return cls(torch, torch_model(torch, net, initial), device, tf32, rule, precision)
 
     def sync(self) -> None:
         if self.device == "cuda":
@@ -312,7 +334,7 @@ def bench_network(name: str, backend, torch, device: str, args, rule: str = "mom
         tracemalloc.stop()
     trainer = None
     if torch is not None:
-        trainer = TorchTrainer.of_network(torch, solver.network, initial, device, args.tf32, rule)
+        trainer = TorchTrainer.of_network(torch, solver.network, initial, device, args.tf32, rule, args.precision)
         data_t = [trainer.to_device(x, y) for x, y in zip(xs, ys)]
         for i in range(10):
             trainer.step(*data_t[i % 4])
@@ -377,6 +399,9 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads for both frameworks")
     p.add_argument("--tf32", action="store_true", help="let both frameworks use TF32 tensor cores (cuda)")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="training precision of both frameworks: leafpy's precision setting; PyTorch's autocast to "
+                        "bf16/fp16 (GradScaler for fp16) with channels-last convolutions, or TF32 switches")
     p.add_argument("--no-gemm", action="store_true")
     p.add_argument("--inexact-conv", action="store_true",
                    help="cuda: let cuDNN's autotuner keep FFT/Winograd plans (exact_fp32=False), as PyTorch's may")
@@ -387,7 +412,7 @@ def main() -> int:
     args = p.parse_args()
     SETTLE_S = args.settle if args.settle is not None else (0.3 if args.backend == "native" else 0.0)
 
-    options = {}
+    options: dict = {"precision": args.precision} if args.precision != "fp32" else {}
     if args.backend == "cuda" and args.tf32:
         options["tf32"] = True
     if args.backend == "cuda" and args.inexact_conv:
@@ -412,6 +437,8 @@ def main() -> int:
     if device == "cpu":
         names = [n for n in names if n not in GPU_ONLY]
     rows = []
+    if args.precision != "fp32":
+        print(f"# precision {args.precision} in both frameworks")
     print(f"# leafpy {args.backend} vs {args.vs} on {platform.processor() or platform.machine()}, "
           f"{args.threads} threads, torch {torch.__version__ if torch else '-'}, numpy {np.__version__}")
     gpu = device == "cuda"

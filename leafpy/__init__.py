@@ -30,6 +30,7 @@ from .layers import (
                      LRNConfig,
                      LSTMConfig,
                      NegativeLogLikelihoodConfig,
+                     Network,
                      PoolingConfig,
                      ReshapeConfig,
                      RNNConfig,
@@ -51,7 +52,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Backend", "BackendError", "BackendUnavailable", "BatchNormConfig", "ConfigError", "ConvolutionConfig",
     "ConcatConfig", "DropoutConfig", "EltwiseConfig", "LRNConfig", "SliceConfig",
-    "FillerConfig", "Layer", "LayerConfig", "LeafpyError", "LinearConfig", "NegativeLogLikelihoodConfig",
+    "FillerConfig", "Layer", "LayerConfig", "LeafpyError", "Network", "LinearConfig", "NegativeLogLikelihoodConfig",
     "PoolingConfig", "ReshapeConfig", "SerializationError", "Sequential", "SequentialConfig", "ShapeError",
     "SharedTensor", "WeightConfig", "available_backends", "backend", "layer_types", "register_layer",
     "ConfusionMatrix", "LR_POLICIES", "Solver", "SolverConfig", "config", "data", "predictions",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 import numbers
 import os
@@ -204,3 +205,42 @@ def strict_init(cls: type[_Config]) -> type[_Config]:
 
     cls.__init__ = __init__  # type: ignore[method-assign]
     return cls
+
+
+def _strip_trailing_ones(shape: Sequence[int]) -> tuple[int, ...]:
+    out = tuple(shape)
+    while out and out[-1] == 1:
+        out = out[:-1]
+    return out
+
+
+def same_layout(got: Sequence[int], want: Sequence[int]) -> bool:
+    """Whether an array of shape ``got`` may simply be reshaped to ``want``: they differ only by trailing axes of
+    length 1 (labels [N] for [N, 1]), or ``want`` is a flat vector of as many numbers (images into a Linear
+    network, flattened in row-major order as Caffe's InnerProduct does). Anything else of the same size
+    (channels-last images for channels-first, a transposed gradient) is another layout, not to be guessed."""
+    if _strip_trailing_ones(got) == _strip_trailing_ones(want):
+        return True
+    return len(want) == 1 and math.prod(got) == want[0]
+
+
+def layout_hint(got: Sequence[int], want: Sequence[int], name: str = "x", first: int = 0) -> str:
+    """A sentence for an error about an array of shape ``got`` where ``want`` was expected: the transpose that
+    would give ``want`` (axes before ``first`` stay, e.g. the batch), or how to reshape when the sizes agree."""
+    got, want = tuple(got), tuple(want)
+    if len(got) == len(want) and got[:first] == want[:first]:
+        best = None
+        for perm in itertools.permutations(range(first, len(got))):
+            if tuple(got[a] for a in perm) == want[first:]:
+                inversions = sum(1 for i in range(len(perm)) for j in range(i) if perm[j] > perm[i])
+                if best is None or inversions < best[0]:
+                    best = (inversions, perm)
+        if best is not None and best[0] > 0:
+            axes = tuple(range(first)) + best[1]
+            call = f"{name}.T" if axes == (1, 0) else f"{name}.transpose{axes}"
+            return (f"; the same numbers in another layout (channels-last images for a channels-first input, or "
+                    f"a transposed array?): {call} has the declared shape")
+    if math.prod(got) == math.prod(want):
+        return (f"; it has as many numbers but another layout: if they are in the declared order, pass "
+                f"{name}.reshape{want}")
+    return ""

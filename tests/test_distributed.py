@@ -307,3 +307,51 @@ def test_webgpu_ranks_over_mpi_equal_one_native_process(tmp_path):
         got = np.load(tmp_path / f"w.rank{r}.npz")
         for i, ref in enumerate(reference):
             np.testing.assert_allclose(got[f"w{i}"], ref, rtol=1e-3, atol=1e-4)
+
+
+@needs_mpi
+def test_ctrl_c_on_the_launcher_checkpoints_once_and_the_run_resumes_exactly(tmp_path):
+    """Ctrl-C in a terminal reaches the launcher's whole process group (launcher, mpiexec, ranks): every rank stops
+    at the same step, rank 0 writes one checkpoint, the job ends with 130 within a bounded time, and resuming it on
+    2 ranks makes the updates of the uninterrupted 2-rank run."""
+    import signal
+    import time
+
+    mlp = os.path.join(ROOT, "configs", "digits_mlp.yaml")
+    env = dict(os.environ, PYTHONPATH=ROOT, MPLBACKEND="Agg", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+               PYTHONUNBUFFERED="1")
+    two = ["--set", "data.batch_size=8", "--nproc", "2"]
+    cmd = [sys.executable, "-m", "leafpy", "train", mlp, "--epochs", "4"]
+    whole = subprocess.run([*cmd, "--out", str(tmp_path / "whole"), *two], env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert whole.returncode == 0, whole.stderr
+    proc = subprocess.Popen([*cmd, "--out", str(tmp_path / "cut"), *two], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("epoch 1/4"):
+                os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+                break
+        sent = time.monotonic()
+        out, err = proc.communicate(timeout=90)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = "".join(lines) + out
+    assert proc.returncode == 130, (proc.returncode, out, err)
+    assert took < 60, took
+    assert (out + err).count("checkpoint saved to") == 1, (out, err)  # rank 0 alone saves and says so
+    state = lp.Solver.load_checkpoint(lp.backend("native"), lp.backend("native"),
+                                      str(tmp_path / "cut" / "checkpoint.leaf")).trainer_state
+    assert state["epoch"] < 4, state
+    resumed = subprocess.run([*cmd, "--out", str(tmp_path / "cut"), "--resume",
+                              str(tmp_path / "cut" / "checkpoint.leaf"), *two], env=env, capture_output=True,
+                             text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    be = lp.backend("native")
+    a, b = (lp.Layer.load(be, str(tmp_path / d / "model.leaf")) for d in ("whole", "cut"))
+    for wa, wb in zip(a.learnable_weights_data(), b.learnable_weights_data()):
+        np.testing.assert_array_equal(wa.to_numpy(), wb.to_numpy())

@@ -139,7 +139,7 @@ class DataParallel:
         k = solver.config.minibatch_size
         if not self._ready_at or k != 1:  # accumulated gradients are summed once, at the update
             return
-        grads = solver.network.learnable_weights_gradients()
+        grads = solver.network.runner.parameters().gradients  # gathered once per binding, not per layer and step
         for b, bucket in enumerate(self._bucket_plan(grads)):
             if b in self._in_flight or any(self._ready_at[i] < j for i in bucket):
                 continue  # started already, or a gradient of it is still to come

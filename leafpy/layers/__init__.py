@@ -16,12 +16,15 @@ from .common.lrn import LRNConfig  # noqa: E402
 from .common.pooling import PoolingConfig  # noqa: E402
 from .common.recurrent import GRUConfig, LSTMConfig, RNNConfig  # noqa: E402
 from .container.sequential import Sequential, SequentialConfig  # noqa: E402
+from .container.wiring import Wiring, plan_gradients, wire  # noqa: E402
 from .layer import FillerConfig, Layer, LayerConfig, WeightConfig, Worker, layer_types, lookup, register_layer  # noqa: F401
 from .loss.negative_log_likelihood import NegativeLogLikelihoodConfig  # noqa: E402
+from .network import Network, Parameters  # noqa: E402
 from .utility.reshape import ReshapeConfig  # noqa: E402
 
 __all__ = ["BatchNormConfig", "ELUConfig", "GELUConfig", "LeakyReLUConfig", "SoftplusConfig",
            "ConcatConfig", "ConvolutionConfig", "DropoutConfig", "EltwiseConfig", "FillerConfig",
            "Layer", "LayerConfig", "LinearConfig", "LRNConfig", "NegativeLogLikelihoodConfig", "PoolingConfig",
            "ReshapeConfig", "Sequential", "SequentialConfig", "SliceConfig", "WeightConfig", "Worker", "layer_types",
-           "lookup", "register_layer", "EmbeddingConfig", "GRUConfig", "LSTMConfig", "RNNConfig"]
+           "lookup", "register_layer", "Network", "Parameters", "Wiring",
+           "plan_gradients", "wire", "EmbeddingConfig", "GRUConfig", "LSTMConfig", "RNNConfig"]

@@ -12,8 +12,6 @@ batch size changes) -> ``run_forward`` / ``run_backward``.
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
@@ -21,6 +19,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from .. import _checks
+from .._checks import layout_hint, same_layout  # noqa: F401  (re-exported for the layer modules)
 from ..backends.base import Backend, Buffer
 from ..errors import ConfigError, SerializationError, ShapeError
 from ..tensor import SharedTensor, as_numbers
@@ -37,6 +36,7 @@ from .layer_config import (  # noqa: F401  (re-exported: layer modules import th
     lookup,
     type_of_config,
 )
+from .network import Network
 
 
 def register_layer(name: str, config_class: type | None = None) -> Callable[[type], type]:
@@ -151,49 +151,6 @@ def weight_name_part(layer_name: str) -> str:
     return layer_name.replace("%", "%25").replace("/", "%2F")
 
 
-def _is_tensor(x: Any) -> bool:
-    return isinstance(x, SharedTensor)
-
-
-def _strip_trailing_ones(shape: Sequence[int]) -> tuple[int, ...]:
-    out = tuple(shape)
-    while out and out[-1] == 1:
-        out = out[:-1]
-    return out
-
-
-def same_layout(got: Sequence[int], want: Sequence[int]) -> bool:
-    """Whether an array of shape ``got`` may simply be reshaped to ``want``: they differ only by trailing axes of
-    length 1 (labels [N] for [N, 1]), or ``want`` is a flat vector of as many numbers (images into a Linear
-    network, flattened in row-major order as Caffe's InnerProduct does). Anything else of the same size
-    (channels-last images for channels-first, a transposed gradient) is another layout, not to be guessed."""
-    if _strip_trailing_ones(got) == _strip_trailing_ones(want):
-        return True
-    return len(want) == 1 and math.prod(got) == want[0]
-
-
-def layout_hint(got: Sequence[int], want: Sequence[int], name: str = "x", first: int = 0) -> str:
-    """A sentence for an error about an array of shape ``got`` where ``want`` was expected: the transpose that
-    would give ``want`` (axes before ``first`` stay, e.g. the batch), or how to reshape when the sizes agree."""
-    got, want = tuple(got), tuple(want)
-    if len(got) == len(want) and got[:first] == want[:first]:
-        best = None
-        for perm in itertools.permutations(range(first, len(got))):
-            if tuple(got[a] for a in perm) == want[first:]:
-                inversions = sum(1 for i in range(len(perm)) for j in range(i) if perm[j] > perm[i])
-                if best is None or inversions < best[0]:
-                    best = (inversions, perm)
-        if best is not None and best[0] > 0:
-            axes = tuple(range(first)) + best[1]
-            call = f"{name}.T" if axes == (1, 0) else f"{name}.transpose{axes}"
-            return (f"; the same numbers in another layout (channels-last images for a channels-first input, or "
-                    f"a transposed array?): {call} has the declared shape")
-    if math.prod(got) == math.prod(want):
-        return (f"; it has as many numbers but another layout: if they are in the declared order, pass "
-                f"{name}.reshape{want}")
-    return ""
-
-
 class Layer:
     """A layer instance on a backend: config, worker, and the tensors it owns."""
 
@@ -228,8 +185,6 @@ class Layer:
         self.in_place = False
         self.runs_backward = True
         self.ran_forward = False
-        self._own_inputs: list[SharedTensor] = []
-        self._own_input_grads: list[SharedTensor | None] = []
         self._declared_bytes = 0  # what bind() declared for this layer's weights and outputs
 
     # --- construction ------------------------------------------------------------------------------------
@@ -315,11 +270,6 @@ class Layer:
 
     def _weight_entries(self) -> list[tuple[SharedTensor, SharedTensor, str, WeightConfig]]:
         return list(zip(self.weights, self.weight_grads, self._weight_names, self._weight_configs))
-
-    def input_takes_gradient(self, k: int) -> bool:
-        """Whether input k can take a gradient (an Embedding's ids and a loss's labels cannot)."""
-        diff = self.worker.differentiable if self.worker is not None else None
-        return True if diff is None else bool(diff[k])
 
     def input_dtype(self, k: int) -> np.dtype:
         """The dtype input k is staged in: the backend's compute dtype for data, the master dtype for ids and labels
@@ -535,72 +485,50 @@ class Layer:
             dx = [g.write(be) if g is not None else None for g in self.input_grads]
             worker.backward_input(be, x, y, dy, w, dx)
 
-    # --- standalone use -------------------------------------------------------------------------------------
-    def _to_input_tensors(self, inputs: Sequence[Any], shapes_ok: Callable[[int, Shape], None] | None = None
-                          ) -> tuple[list[SharedTensor], bool]:
-        """Host arrays go into tensors this layer keeps; SharedTensors are copied on the backend."""
-        self._check_input_list(inputs)
-        inputs = [x if _is_tensor(x) else as_numbers(x, f"layer '{self.name}': input {i}")
-                  for i, x in enumerate(inputs)]
-        changed = len(self._own_inputs) != len(inputs)
-        if changed:
-            self._own_inputs = [SharedTensor(np.shape(x) if not _is_tensor(x) else x.shape, self.input_dtype(i))
-                                for i, x in enumerate(inputs)]
-        be = self.backend
-        for i, (own, x) in enumerate(zip(self._own_inputs, inputs)):
-            shape = x.shape if _is_tensor(x) else np.shape(x)
-            if shapes_ok is not None:
-                shapes_ok(i, tuple(shape))
-            if own.shape != tuple(shape):
-                own.resize(shape)
-                changed = True
-            if _is_tensor(x):
-                be.cast(x.read(be), own.write(be))
-            else:
-                own.set(x)
-        return self._own_inputs, changed
+    # --- as the outermost layer of a network -------------------------------------------------------------
+    @property
+    def runner(self) -> Network:
+        """The :class:`~leafpy.layers.network.Network` that runs this layer as the outermost one: it owns the
+        tensors this layer reads and feeds them (created when first asked for)."""
+        net = self.__dict__.get("_runner")
+        if net is None:
+            net = self._runner = Network(self)
+        return net
 
-    def _check_input_list(self, inputs: Any) -> None:
-        if not isinstance(inputs, (list, tuple)):
-            raise ShapeError(f"layer '{self.name}': forward takes a list of inputs (one per input, e.g. [x]), "
-                             f"got {type(inputs).__name__}")
+    def declared_input_shapes(self) -> list[Shape]:
+        """The input shapes this layer declares (a Sequential's ``inputs``; none for a single layer, which takes
+        the shapes it is given)."""
+        return []
 
-    def _want_input_grads(self) -> list[bool]:
+    def default_input_gradients(self, n: int) -> list[bool]:
+        """Which of ``n`` inputs get a gradient when this layer is the outermost: the differentiable ones."""
+        return [True] * n
+
+    def input_takes_gradient(self, k: int) -> bool:
+        """Whether input ``k`` can take a gradient (an Embedding's ids cannot)."""
         diff = self.worker.differentiable if self.worker is not None else None
-        return [True if diff is None else diff[i] for i in range(len(self._own_inputs))]
+        return True if diff is None or k >= len(diff) else diff[k]
+
+    def accept_input(self, i: int, x: Any) -> Any:
+        """Input ``i`` (an array or SharedTensor) as this layer takes it; a ShapeError where it cannot fit."""
+        return x
+
+    def input_names_for_errors(self) -> str:
+        """The inputs' names for an error message (" (data, label)"), or nothing."""
+        return ""
+
+    def unique_weight_entries(self) -> tuple[list[SharedTensor], list[SharedTensor], list[str], list[WeightConfig]]:
+        """The learnable weights, their gradients, names and configs, each weight once, in network order."""
+        return _unique(self._weight_entries())
 
     def forward(self, inputs: Sequence[Any]) -> list[SharedTensor]:
         """Run forward on a list of inputs (numpy arrays or SharedTensors); returns the output tensors."""
-        tensors, changed = self._to_input_tensors(inputs)
-        if changed or not self.outputs:
-            want = self._want_input_grads()
-            self._own_input_grads = [SharedTensor(t.shape, self.backend.compute_dtype) if need else None
-                                     for t, need in zip(tensors, want)]
-            self.bind(tensors, self._own_input_grads)
-        self.run_forward()
-        return list(self.outputs)
+        return self.runner.forward(inputs)
 
     def backward(self, output_grads: Sequence[Any]) -> list[SharedTensor | None]:
         """Backpropagate gradients of the outputs; returns gradients of the inputs (None where not computed).
         Weight gradients land in :meth:`learnable_weights_gradients`."""
-        if not self.ran_forward:
-            raise ShapeError(f"layer '{self.name}': call forward before backward (backward differentiates the "
-                             "last forward's inputs)")
-        if len(output_grads) != len(self.output_grads):
-            raise ShapeError(f"layer '{self.name}': backward expected {len(self.output_grads)} output gradients, "
-                             f"got {len(output_grads)}")
-        be = self.backend
-        for i, (g, t) in enumerate(zip(output_grads, self.output_grads)):
-            shape = tuple(g.shape if _is_tensor(g) else np.shape(g))
-            if shape != t.shape and not (math.prod(shape) == t.size and same_layout(shape, t.shape)):
-                raise ShapeError(f"layer '{self.name}': output gradient {i} must have shape {t.shape}, "
-                                 f"got {shape}{layout_hint(shape, t.shape, 'g')}")
-            if _is_tensor(g):
-                be.cast(g.read(be), t.write(be))
-            else:
-                t.set(np.reshape(g, t.shape))
-        self.run_backward()
-        return list(self.input_grads)
+        return self.runner.backward(output_grads)
 
     def __repr__(self) -> str:
         return f"<Layer {self.name!r} ({self.config.type}) on {self.backend.name}>"

@@ -239,12 +239,9 @@ class Solver:
         self._scratch = SharedTensor((1,), dtype)
         self._rate = SharedTensor((1,), dtype)  # the step's rate (rule.step_rate), uploaded before each step
         self._rate_value: float | None = None
-        self._params_key: tuple | None = None
         self._workers_of: Layer | None = None
         self._worker_list: list[Any] = []
-        self._params: tuple[list[SharedTensor], list[SharedTensor], list[WeightConfig]] = ([], [], [])
         self._norm = SharedTensor((1,), dtype)
-        self._target: SharedTensor | None = None
         self._generation = 0
         self._has_loss = False
         self.gradient_reducer: Callable[[list[SharedTensor]], None] | None = None
@@ -294,51 +291,37 @@ class Solver:
 
     @objective.setter
     def objective(self, layer: Layer) -> None:
-        n = getattr(layer, "num_inputs", 0)
-        if not hasattr(layer, "require_input_gradients") or n != 2:
-            raise ConfigError(f"solver.objective: expected a Sequential with two inputs (the network output, then "
+        if not isinstance(layer, Layer) or layer.num_inputs != 2:
+            raise ConfigError(f"solver.objective: expected a layer with two inputs (the network output, then "
                               f"the target), got {layer!r}")
-        layer.require_input_gradients([True] + [False] * (n - 1))
+        layer.runner.require_input_gradients([True, False])
         self._objective = layer
 
     # --- training -----------------------------------------------------------------------------------------
     def _stage(self, data: Any, target: Any) -> None:
-        """Put the batch into the network's input and the objective's target; (re)connect the objective to the
-        network's output and output gradient when shapes change, so no step copies between them."""
-        net, obj = self.network, self.objective
-        rebound = net.stage([data])  # type: ignore[attr-defined]
+        """Feed the batch to the network and the target to the objective, whose first input reads the network's
+        output (and writes its gradient) with no copy."""
+        net, obj = self.network.runner, self.objective.runner
+        rebound = net.feed([data])
         if not isinstance(target, SharedTensor):
             target = as_numbers(target, "Solver.train_minibatch: target")
-        target = obj.accept_input(1, target)  # type: ignore[attr-defined]
-        shape = tuple(target.shape) if isinstance(target, SharedTensor) else tuple(np.shape(target))
-        be = obj.backend
-        t = self._target
-        if t is None or t.shape != shape:
-            t = self._target = SharedTensor(shape, be.dtype)
-        if isinstance(target, SharedTensor):
-            be.copy(target.read(be), t.write(be))
-        else:
-            t.set(target)
         out, dout = net.outputs[0], net.output_grads[0]
-        if out.dtype != obj.input_dtype(0):  # bf16/fp16 output: cast at the boundary into the fp32 objective
+        wanted = obj.layer.input_dtype(0)
+        if out.dtype != wanted:  # a bf16/fp16 output: cast at the boundary into the fp32 objective, and back
             b = self._boundary
             if b is None or b[0].shape != out.shape:
-                b = self._boundary = (SharedTensor(out.shape, obj.input_dtype(0)),
-                                      SharedTensor(out.shape, obj.input_dtype(0)))
+                b = self._boundary = (SharedTensor(out.shape, wanted), SharedTensor(out.shape, wanted))
             out, dout = b
         else:
             self._boundary = None
-        if rebound or len(obj.inputs) != 2 or obj.inputs[0] is not out or obj.inputs[1] is not t:
-            obj.bind([out, t], [dout, None])
+        obj.connect(0, out, dout)
+        if obj.feed([None, target]) or rebound:
             self._seeded_scale = None
             self._generation += 1
         if self._seeded_scale != self.loss_scale:  # the loss's gradient, scaled: the scale lives on the device
             obj.output_grads[0].set(np.full(obj.output_grads[0].shape, self.loss_scale))
             self._seeded_scale = self.loss_scale
-        obj.validate()
-        for tensor in net.inputs:  # uploads happen here, before the step (a recorded step cannot upload)
-            tensor.read(net.backend)
-        t.read(be)
+        obj.layer.validate()
 
     def _compute(self) -> None:
         net, obj = self.network, self.objective
@@ -361,15 +344,9 @@ class Solver:
         return self._worker_list
 
     def _parameters(self) -> tuple[list[SharedTensor], list[SharedTensor], list[WeightConfig]]:
-        """The network's weights, their gradients and their configs, gathered once per binding (a step uses them
-        several times; walking the network for them each time costs more than a small replayed step)."""
-        key = (self._generation, id(self.network))
-        if self._params_key != key:
-            net = self.network
-            self._params = (net.learnable_weights_data(), net.learnable_weights_gradients(),
-                            net.learnable_weights_configs())
-            self._params_key = key
-        return self._params
+        """The network's weights, their gradients and their configs (the network gathers them once per binding)."""
+        data, grads, _, configs = self.network.runner.parameters()
+        return data, grads, configs
 
     def _set_rate(self, rate: float) -> None:
         """Put the step's rate into its device buffer before the step (4 bytes uploaded when it changed)."""
@@ -463,6 +440,8 @@ class Solver:
                 be.scal(1.0 / cfg.minibatch_size, g)
         rate = self._rate.read(be)
         for w, g, wc, state in zip(weights, g_bufs, configs, self.state):
+            if wc.lr_mult == 0.0:  # a weight that never moves (BatchNorm's running statistics): nothing to launch
+                continue
             wb = w.read_write(be)
             if cfg.weight_decay and wc.decay_mult:
                 be.axpby(cfg.weight_decay * wc.decay_mult, wb, 1.0, g)

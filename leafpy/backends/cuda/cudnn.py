@@ -27,6 +27,9 @@ class _CudnnConv:
                            "WINOGRAD_TILE_4x4", "WINOGRAD_TILE_6x6", "WINOGRAD_TILE_13x13")
     """cuDNN's numerical notes of engines that do not compute in full fp32 (TF32 tensor cores, fp16 inputs or
     reductions, FFT and Winograd transforms, which reach ~1e-3 relative error): excluded unless tf32=True."""
+    INEXACT_EXCLUDED_NOTES = ("TENSOR_CORE", "DOWN_CONVERT_INPUTS")
+    """Excluded with exact=False: the notes PyTorch's cudnn.benchmark excludes in fp32 without TF32 (its plans are
+    otherwise the same FFT, Winograd and implicit-GEMM engines)."""
     AGREEMENT_SAMPLE = 1 << 16
     """Output elements compared between candidate plans."""
     FP32_AGREEMENT = 1e-5
@@ -80,7 +83,7 @@ class _CudnnConv:
         g.build_operation_graph()
         g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.B, cudnn.heur_mode.FALLBACK])
         if not self.tf32:
-            excluded = self.FP32_EXCLUDED_NOTES if self.exact else ("TENSOR_CORE",)
+            excluded = self.FP32_EXCLUDED_NOTES if self.exact else self.INEXACT_EXCLUDED_NOTES
             g.deselect_numeric_notes([getattr(cudnn.numerical_note, n) for n in excluded
                                       if hasattr(cudnn.numerical_note, n)])
         g.check_support()

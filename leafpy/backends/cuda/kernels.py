@@ -1,4 +1,5 @@
-"""CUDA sources of the cuda backend's pooling and batch-normalisation kernels (compiled with CuPy's RawModule)."""
+"""CUDA sources of the cuda backend's pooling and batch-normalisation kernels (compiled with CuPy's RawModule),
+and the generator of its vectorised elementwise kernels."""
 
 _POOL_SOURCE = r"""
 extern "C" __global__ void pool_fwd(const float* x, float* y, int* mask, int total, int C, int H, int W,
@@ -46,55 +47,197 @@ extern "C" __global__ void pool_bwd(const float* dy, float* dx, const int* mask,
 
 
 _BN_SOURCE = r"""
-// Batch normalisation's per-channel reductions over [N, C, S]: one block per channel, each thread summing a strided
-// share of the channel's N * S values, then a tree in shared memory (BLOCK threads).
-#define BLOCK 512
+// Batch normalisation over [N, C, S] (S: every axis after C).
+// The per-channel reductions run in two kernels: blocks (channel, split) each reduce a run of `rows` samples of
+// one channel into a partial, then one thread per channel combines its channel's partials (in double). Splitting
+// a channel over several blocks keeps the GPU busy when there are few channels (64 blocks of one channel each
+// left most of an H200 idle).
+#define BLOCK 256
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    return v;
+}
+// the sum of v over the block, returned to every thread (red: BLOCK / 32 + 1 floats of shared memory)
 __device__ float block_sum(float v, float* red) {
-    red[threadIdx.x] = v;
+    v = warp_sum(v);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
     __syncthreads();
-    for (int w = BLOCK / 2; w > 0; w >>= 1) {
-        if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
-        __syncthreads();
+    if (threadIdx.x < 32) {
+        float t = threadIdx.x < BLOCK / 32 ? red[threadIdx.x] : 0.f;
+        t = warp_sum(t);
+        if (threadIdx.x == 0) red[BLOCK / 32] = t;
     }
-    float total = red[0];
+    __syncthreads();
+    const float total = red[BLOCK / 32];
     __syncthreads();
     return total;
 }
-// mean and biased variance, in two passes (no cancellation when |mean| >> std)
-extern "C" __global__ void bn_stats(const float* x, float* mean, float* var, int n, int c, int s) {
-    __shared__ float red[BLOCK];
-    const int ch = blockIdx.x, count = n * s;
-    float acc = 0.f;
-    for (int i = threadIdx.x; i < count; i += BLOCK) {
-        int b = i / s;
-        acc += x[((long long)b * c + ch) * s + (i - b * s)];
-    }
-    const float m = block_sum(acc, red) / (float)count;
-    acc = 0.f;
-    for (int i = threadIdx.x; i < count; i += BLOCK) {
-        int b = i / s;
-        float d = x[((long long)b * c + ch) * s + (i - b * s)] - m;
-        acc += d * d;
-    }
-    const float v = block_sum(acc, red) / (float)count;
-    if (threadIdx.x == 0) { mean[ch] = m; var[ch] = v; }
+// Loads of one float or four (float4, when S is a multiple of 4): the lanes' sum, sum of squared deviations and
+// sum of products with deviations.
+__device__ __forceinline__ float lanes(float v) { return v; }
+__device__ __forceinline__ float lanes(float4 v) { return (v.x + v.y) + (v.z + v.w); }
+__device__ __forceinline__ float squares(float v, float m) { const float d = v - m; return d * d; }
+__device__ __forceinline__ float squares(float4 v, float m) {
+    return (squares(v.x, m) + squares(v.y, m)) + (squares(v.z, m) + squares(v.w, m));
 }
-// sum dy and sum dy * (x - mean) / sqrt(var + eps), in one pass
-extern "C" __global__ void bn_grad_sums(const float* x, const float* dy, const float* mean, const float* var,
-        float* sum_dy, float* sum_dy_xhat, int n, int c, int s, float eps) {
-    __shared__ float red[BLOCK];
-    const int ch = blockIdx.x, count = n * s;
+__device__ __forceinline__ float products(float g, float v, float m) { return g * (v - m); }
+__device__ __forceinline__ float products(float4 g, float4 v, float m) {
+    return (products(g.x, v.x, m) + products(g.y, v.y, m)) + (products(g.z, v.z, m) + products(g.w, v.w, m));
+}
+// the k-th load of channel ch among samples [b0, b0 + rows): sample b0 + k / s, position k % s (s, and every
+// index, in loads: S / 4 of them per sample and channel for float4)
+#define AT(a, k) a[base + (long long)((k) / s) * row + ((k) % s)]
+#define RUN_GEOMETRY \
+    const int ch = blockIdx.x, b0 = blockIdx.y * rows; \
+    const int count = (min(b0 + rows, n) - b0) * s; \
+    const long long row = (long long)c * s, base = (long long)b0 * row + (long long)ch * s;
+// partial statistics of a run: its mean and its sum of squared deviations from that mean (two passes over the
+// run, which the cache holds: no cancellation when |mean| >> std)
+template <typename V>
+__device__ void stats_part(const V* x, float* part, int n, int c, int s, int rows) {
+    __shared__ float red[BLOCK / 32 + 1];
+    RUN_GEOMETRY
+    float acc = 0.f;
+    for (int k = threadIdx.x; k < count; k += BLOCK) acc += lanes(AT(x, k));
+    const float m = block_sum(acc, red) / (float)(count * (int)(sizeof(V) / sizeof(float)));
+    acc = 0.f;
+    for (int k = threadIdx.x; k < count; k += BLOCK) acc += squares(AT(x, k), m);
+    const float m2 = block_sum(acc, red);
+    if (threadIdx.x == 0) {
+        float* p = part + 2 * ((long long)ch * gridDim.y + blockIdx.y);
+        p[0] = m;
+        p[1] = m2;
+    }
+}
+extern "C" __global__ void bn_stats_part(const float* x, float* part, int n, int c, int s, int rows) {
+    stats_part(x, part, n, c, s, rows);
+}
+extern "C" __global__ void bn_stats_part4(const float4* x, float* part, int n, int c, int s4, int rows) {
+    stats_part(x, part, n, c, s4, rows);
+}
+// mean and biased variance from the partials (Chan et al.'s pairwise combination)
+extern "C" __global__ void bn_stats_combine(const float* part, float* mean, float* var, int n, int c, int s,
+        int rows, int splits) {
+    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= c) return;
+    const float* p = part + 2LL * ch * splits;
+    const double total = (double)n * s;
+    double mu = 0.0;
+    for (int j = 0; j < splits; ++j) mu += (double)(min(rows, n - j * rows) * s) * p[2 * j];
+    mu /= total;
+    double m2 = 0.0;
+    for (int j = 0; j < splits; ++j) {
+        const double d = (double)p[2 * j] - mu;
+        m2 += (double)p[2 * j + 1] + (double)(min(rows, n - j * rows) * s) * d * d;
+    }
+    mean[ch] = (float)mu;
+    var[ch] = (float)(m2 / total);
+}
+// partial sums of dy and dy * (x - mean) over a run
+template <typename V>
+__device__ void grad_part(const V* x, const V* dy, const float* mean, float* part, int n, int c, int s, int rows) {
+    __shared__ float red[BLOCK / 32 + 1];
+    RUN_GEOMETRY
     const float m = mean[ch];
     float a = 0.f, b2 = 0.f;
-    for (int i = threadIdx.x; i < count; i += BLOCK) {
-        int b = i / s;
-        long long k = ((long long)b * c + ch) * s + (i - b * s);
-        float g = dy[k];
-        a += g;
-        b2 += g * (x[k] - m);
+    for (int k = threadIdx.x; k < count; k += BLOCK) {
+        const V g = AT(dy, k);
+        a += lanes(g);
+        b2 += products(g, AT(x, k), m);
     }
-    const float total_dy = block_sum(a, red);
-    const float total_dy_x = block_sum(b2, red);
-    if (threadIdx.x == 0) { sum_dy[ch] = total_dy; sum_dy_xhat[ch] = total_dy_x / sqrtf(var[ch] + eps); }
+    a = block_sum(a, red);
+    b2 = block_sum(b2, red);
+    if (threadIdx.x == 0) {
+        float* p = part + 2 * ((long long)ch * gridDim.y + blockIdx.y);
+        p[0] = a;
+        p[1] = b2;
+    }
+}
+extern "C" __global__ void bn_grad_part(const float* x, const float* dy, const float* mean, float* part, int n,
+        int c, int s, int rows) {
+    grad_part(x, dy, mean, part, n, c, s, rows);
+}
+extern "C" __global__ void bn_grad_part4(const float4* x, const float4* dy, const float* mean, float* part, int n,
+        int c, int s4, int rows) {
+    grad_part(x, dy, mean, part, n, c, s4, rows);
+}
+// sum dy and sum dy * (x - mean) / sqrt(var + eps) from the partials
+extern "C" __global__ void bn_grad_combine(const float* part, const float* var, float* sum_dy, float* sum_dy_xhat,
+        int c, int splits, float eps) {
+    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= c) return;
+    const float* p = part + 2LL * ch * splits;
+    double a = 0.0, b2 = 0.0;
+    for (int j = 0; j < splits; ++j) { a += p[2 * j]; b2 += p[2 * j + 1]; }
+    sum_dy[ch] = (float)a;
+    sum_dy_xhat[ch] = (float)b2 / sqrtf(var[ch] + eps);
+}
+// The per-element passes, four values per thread (float4): S is a multiple of 4, so the four share a channel.
+// y = (x - mean) / sqrt(var + eps) * gamma + beta (flags: 1 gamma, 2 beta)
+extern "C" __global__ void bn_apply4(const float4* x, float4* y, const float* mean, const float* var,
+        const float* gamma, const float* beta, int c, int inner4, float eps, int flags, int n4) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    const int ch = (i / inner4) % c;
+    float sc = 1.f / sqrtf(var[ch] + eps);
+    if (flags & 1) sc *= gamma[ch];
+    const float m = mean[ch], sh = (flags & 2) ? beta[ch] : 0.f;
+    float4 v = x[i];
+    v.x = (v.x - m) * sc + sh;
+    v.y = (v.y - m) * sc + sh;
+    v.z = (v.z - m) * sc + sh;
+    v.w = (v.w - m) * sc + sh;
+    y[i] = v;
+}
+// dx = a dy - a (sum_dy + xhat sum_dy_xhat) / m with a = gamma / sqrt(var + eps) (flags: 1 gamma; 4 the batch's
+// statistics, else dx = a dy, the statistics being constants)
+extern "C" __global__ void bn_backward4(const float4* x, const float4* dy, float4* dx, const float* mean,
+        const float* var, const float* gamma, const float* sum_dy, const float* sum_dy_xhat, int c, int inner4,
+        float eps, float inv_m, int flags, int n4) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    const int ch = (i / inner4) % c;
+    const float invstd = 1.f / sqrtf(var[ch] + eps);
+    const float a = (flags & 1) ? gamma[ch] * invstd : invstd;
+    float4 g = dy[i];
+    if (flags & 4) {
+        const float m = mean[ch], sd = sum_dy[ch], sdx = sum_dy_xhat[ch];
+        const float4 v = x[i];
+        g.x = a * g.x - a * (sd + (v.x - m) * invstd * sdx) * inv_m;
+        g.y = a * g.y - a * (sd + (v.y - m) * invstd * sdx) * inv_m;
+        g.z = a * g.z - a * (sd + (v.z - m) * invstd * sdx) * inv_m;
+        g.w = a * g.w - a * (sd + (v.w - m) * invstd * sdx) * inv_m;
+    } else {
+        g.x *= a;
+        g.y *= a;
+        g.z *= a;
+        g.w *= a;
+    }
+    dx[i] = g;
 }
 """
+
+
+def vectorized_source(name: str, inputs: tuple[str, ...], outputs: tuple[str, ...], scalars: tuple[str, ...],
+                      operation: str, read_outputs: bool = False) -> str:
+    """A float32 kernel ``name`` that applies ``operation`` (an ElementwiseKernel operation over type ``T``,
+    reading ``inputs`` and ``scalars`` and assigning ``outputs``) to four values per thread, through float4 loads
+    and stores. Its arguments: the input arrays, the output arrays, the scalars, then the number of float4s.
+    ``read_outputs``: the operation also reads its outputs (``y = a * x + b * y``)."""
+    params = [f"T {a}" for a in inputs] + [f"T {p}" for p in scalars] + [f"T& {o}" for o in outputs]
+    args = ([f"const float4* {a}_4" for a in inputs] + [f"float4* {o}_4" for o in outputs]
+            + [f"float {p}" for p in scalars] + ["int n4"])
+    loads = [f"const float4 {a} = {a}_4[i];" for a in inputs]
+    loads += [f"float4 {o}" + (f" = {o}_4[i];" if read_outputs else ";") for o in outputs]
+    lanes = [f"op({', '.join([f'{a}.{q}' for a in inputs] + list(scalars) + [f'{o}.{q}' for o in outputs])});"
+             for q in "xyzw"]
+    stores = [f"{o}_4[i] = {o};" for o in outputs]
+    return "\n".join([
+        "#define T float",
+        f"__device__ __forceinline__ void op({', '.join(params)}) {{ {operation} }}",
+        f'extern "C" __global__ void {name}({", ".join(args)}) {{',
+        "    const int i = blockIdx.x * blockDim.x + threadIdx.x;",
+        "    if (i >= n4) return;",
+        *("    " + line for line in loads + lanes + stores),
+        "}",
+    ])

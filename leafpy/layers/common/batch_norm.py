@@ -47,6 +47,7 @@ class BatchNorm(Worker):
         """Set by data-parallel training with synchronised batch normalisation: combines the statistics and the
         backward pass's sums across the ranks, so every rank normalises with the global batch's statistics."""
         self.sums = None  # sum dy and sum dy * xhat, per channel (backward)
+        self._sums_used = None  # where the last backward pass put them: self.sums or the weight gradients
         self._used = None  # the statistics the last forward pass normalised with
 
     def check_inputs(self, input_shapes):
@@ -97,14 +98,19 @@ class BatchNorm(Worker):
 
     def backward_parameters(self, backend, x, y, dy, dw, beta):
         mean, var = self._used
-        sum_dy, sum_dy_xhat = self.sums
+        grads = {n: (g, b) for n, g, b in zip(self.weight_names, dw, beta)}
+        # the sums are the weight and bias gradients: written there directly unless those accumulate, or unless
+        # data-parallel training sums them across ranks for the input gradient (which must not touch the weights')
+        direct = self.synchronizer is None and "weight" in grads and grads["weight"][1] == grads["bias"][1] == 0.0
+        sum_dy, sum_dy_xhat = (grads["bias"][0], grads["weight"][0]) if direct else self.sums
         backend.batch_norm_grad_sums(x[0], dy[0], mean, var, sum_dy, sum_dy_xhat, self.config.eps)
+        self._sums_used = (sum_dy, sum_dy_xhat)
         for name, g, b in zip(self.weight_names, dw, beta):
-            if name == "weight":
+            if name == "weight" and not direct:
                 backend.axpby(1.0, sum_dy_xhat, b, g)
-            elif name == "bias":
+            elif name == "bias" and not direct:
                 backend.axpby(1.0, sum_dy, b, g)
-            elif b == 0.0:  # the running statistics: no gradient
+            elif name in self.untrained_weights and b == 0.0:  # the running statistics: no gradient
                 backend.fill(0.0, g)
 
     def backward_input(self, backend, x, y, dy, w, dx):
@@ -113,7 +119,7 @@ class BatchNorm(Worker):
         gamma = self._split(w)[0]
         mean, var = self._used
         # the sums are backward_parameters' (a layer with weights, as this one always is, runs it first)
-        sum_dy, sum_dy_xhat = self.sums
+        sum_dy, sum_dy_xhat = self._sums_used
         if self.synchronizer is not None and self.training:
             self.synchronizer.sums(backend, sum_dy, sum_dy_xhat, x[0].shape[0])
         backend.batch_norm_grad(x[0], dy[0], mean, var, gamma, sum_dy, sum_dy_xhat, dx[0], self.config.eps,

@@ -31,8 +31,9 @@ import numpy as np
 from ... import _checks
 from ...backends.base import Backend
 from ...errors import ConfigError, ShapeError
-from ...tensor import SharedTensor, as_numbers
+from ...tensor import SharedTensor
 from ..layer import Layer, LayerConfig, layout_hint, register_layer, same_layout, weight_name_part
+from .wiring import Step, Traits, plan_gradients, traits_of, wire
 
 
 @dataclass(eq=True)
@@ -80,13 +81,6 @@ class SequentialConfig:
         names.add(layer.name)
 
 
-@dataclass
-class _Plan:
-    inputs: list[str]
-    outputs: list[str]
-    in_place: bool
-
-
 @register_layer("Sequential", SequentialConfig)
 class Sequential(Layer):
     """A network: layers run in order, wired by blob name."""
@@ -111,94 +105,20 @@ class Sequential(Layer):
         self._grad_pool: list[SharedTensor] = []
         self._fan_scratch: dict[tuple[int, int], SharedTensor] = {}  # (layer, input) -> its own gradient
         self._fan_in: dict[int, list[tuple[SharedTensor, list[SharedTensor]]]] = {}
-        self._input_needs_grad = [cfg.force_backward] * len(self.input_names)
-        self._bound_shapes: list[tuple[int, ...]] | None = None
-        if self.input_shapes and weight_registry is None:
-            # a top-level network: build everything for the declared shapes now
-            self._own_inputs = [SharedTensor(s, self.input_dtype(k)) for k, s in enumerate(self.input_shapes)]
-            self._bind_top()
+        if weight_registry is None:  # the outermost container: build everything for the declared shapes now
+            self.runner  # noqa: B018
 
     backward_hook: Callable[[int], None] | None = None
     """Called with a layer's index as soon as its backward pass has run (data-parallel training starts summing
     the gradients that are complete then, while the rest of the backward pass runs)."""
 
-    # --- wiring --------------------------------------------------------------------------------------------
-    def _wire(self) -> list[_Plan]:
-        plans: list[_Plan] = []
-        producer: dict[str, int] = {}  # blob -> index of the producing layer (-1: a container input)
-        consumers: dict[str, list[int]] = {}
-        for n in self.input_names:
-            producer[n] = -1
-        unread = list(self.input_names)
-        prev_outputs: list[str] = []
-        renamed: dict[str, str] = {}  # a blob name taken over by a later layer's output (Leaf's in-place request)
-        last = len(self.layers) - 1
-        for i, (layer, lc) in enumerate(zip(self.layers, self.seq_config.layers)):
-            arity = layer.num_inputs
-            if lc.inputs:
-                names = list(lc.inputs)
-            else:
-                names = list(prev_outputs) if i > 0 else []
-                for n in list(unread):
-                    if len(names) >= arity:
-                        break
-                    if n not in names:
-                        names.append(n)
-            names = [renamed.get(n, n) for n in names]
-            for n in names:
-                if n not in producer:
-                    raise ConfigError(f"layer '{lc.name}' ({lc.type}): input blob {n!r} does not exist; available "
-                                      f"blobs: {', '.join(producer) or 'none'}")
-                if n in unread:
-                    unread.remove(n)
-                consumers.setdefault(n, []).append(i)
-            if lc.propagate_down and len(lc.propagate_down) != len(names):
-                raise ConfigError(f"layer '{lc.name}' ({lc.type}).propagate_down: expected {len(names)} values "
-                                  f"(one per input), got {len(lc.propagate_down)}")
-            n_out = layer.worker.num_outputs if layer.worker is not None else 1
-            if lc.outputs:
-                outs = list(lc.outputs)
-                if len(outs) != n_out:
-                    raise ConfigError(f"layer '{lc.name}' ({lc.type}).outputs: expected {n_out} name(s), got {outs}")
-            else:
-                stem = "SEQUENTIAL_OUTPUT" if i == last else "SEQUENTIAL"
-                outs = [f"{stem}_{i}"] if n_out == 1 else [f"{stem}_{i}_{k}" for k in range(n_out)]
-            for k, o in enumerate(outs):
-                if o in renamed or (o in producer and o in names and lc.inputs):
-                    # Leaf's (and Caffe's) in-place request: an output named as the layer's input takes that name
-                    # over for the layers after it; the container decides below whether it really runs in place
-                    internal = f"{o}@{lc.name}"
-                    if internal in producer:
-                        raise ConfigError(f"layer '{lc.name}' ({lc.type}): output blob {o!r} is written twice")
-                    renamed[o] = internal
-                    outs[k] = o = internal
-                if o in producer:
-                    raise ConfigError(f"layer '{lc.name}' ({lc.type}): output blob {o!r} is already written by "
-                                      f"{'an input' if producer[o] < 0 else repr(self.layers[producer[o]].name)}; "
-                                      "blob names must be unique")
-                producer[o] = i
-            plans.append(_Plan(names, outs, False))
-            prev_outputs = outs
-        self._consumers = consumers
-        # in-place decisions; 'keeps' tracks whether a storage's current contents are needed by a backward pass
-        storage_of: dict[str, str] = {}
-        keeps: dict[str, bool] = {}
-        for layer, plan in zip(self.layers, plans):
-            w = layer.worker
-            reads_out = True if w is None else w.backward_reads_output
-            if (w is not None and w.in_place and len(plan.inputs) == 1 and len(plan.outputs) == 1
-                    and producer[plan.inputs[0]] >= 0 and len(consumers[plan.inputs[0]]) == 1):
-                st = storage_of[plan.inputs[0]]
-                if not w.modifies_data or not keeps[st]:
-                    plan.in_place = True
-                    storage_of[plan.outputs[0]] = st
-                    if w.modifies_data:
-                        keeps[st] = reads_out
-                    continue
-            for o in plan.outputs:
-                storage_of[o] = o
-                keeps[o] = reads_out
-        return plans
+    # --- wiring ---------------------------------------------------------------------------------------------
+    def _wire(self) -> list[Step]:
+        self._traits = [Traits(layer.num_inputs, is_container=True) if layer.worker is None
+                        else traits_of(layer.worker) for layer in self.layers]
+        self.wiring = wire(self.seq_config, self._traits)
+        self._consumers = self.wiring.consumers
+        return self.wiring.steps
 
     # --- properties -------------------------------------------------------------------------------------
     @property
@@ -250,12 +170,18 @@ class Sequential(Layer):
         return entries
 
     def require_input_gradients(self, flags: Sequence[bool]) -> None:
-        """Which declared inputs get a gradient (default: all if force_backward, none otherwise)."""
-        if len(flags) != len(self.input_names):
-            raise ConfigError(f"layer '{self.name}': expected {len(self.input_names)} flags, got {len(flags)}")
-        self._input_needs_grad = [bool(f) for f in flags]
-        if self._own_inputs:
-            self._bind_top()
+        """Which declared inputs get a gradient when this container is the outermost (default: all if
+        force_backward, none otherwise); see :meth:`Network.require_input_gradients`."""
+        self.runner.require_input_gradients(flags)
+
+    def declared_input_shapes(self) -> list[tuple[int, ...]]:
+        return list(self.input_shapes)
+
+    def default_input_gradients(self, n: int) -> list[bool]:
+        return [self.seq_config.force_backward] * n
+
+    def input_names_for_errors(self) -> str:
+        return f" ({', '.join(self.input_names)})"
 
     # --- binding ------------------------------------------------------------------------------------------
     def bind(self, inputs: list[SharedTensor], input_grads: list[SharedTensor | None], *,
@@ -303,7 +229,6 @@ class Sequential(Layer):
             for k, g in enumerate(layer.weight_grads):
                 layer.weight_beta[k] = 1.0 if id(g) in seen else 0.0
                 seen.add(id(g))
-        self._bound_shapes = [t.shape for t in inputs]
 
     def _fan_out_grad(self, i: int, j: int, blob: str, grad: SharedTensor | None) -> SharedTensor | None:
         """A blob read by several layers: each reader writes its gradient into a tensor of its own, summed into
@@ -346,61 +271,25 @@ class Sequential(Layer):
                 be.axpby(1.0, part.read(be), 1.0, target.read_write(be))
 
     def _share_gradients(self) -> None:
-        """Give output gradients whose lifetimes never overlap one storage. Backward runs from the last layer to
-        the first; a blob's gradient is written by its consumer and read by its producer (and by the in-place
-        layers between them, which work on the same storage), so in a chain two buffers serve every layer."""
-        layers, plans = self.layers, self._plan
-        consumer = {n: i for i, plan in enumerate(plans) for n in plan.inputs}
-        groups: list[dict] = []
-        group_of: dict[str, dict] = {}
-        for i, (layer, plan) in enumerate(zip(layers, plans)):
-            if isinstance(layer, Sequential) or len(plan.outputs) != 1:
-                continue
-            if plan.in_place:
-                g = group_of.get(plan.inputs[0])
-                if g is None:
-                    continue
-                g["members"].append(i)
-            else:
-                g = {"root": i, "members": [i]}
-                groups.append(g)
-            g["blob"] = plan.outputs[0]
-            group_of[plan.outputs[0]] = g
-        usable = []
-        for g in groups:
-            if len(self._consumers.get(g["blob"], ())) > 1:
-                continue  # read by several layers: the summed gradient keeps its own storage
-            c = consumer.get(g["blob"])  # None: the container's output, whose gradient comes from outside
-            if c is None or isinstance(layers[c], Sequential):
-                continue
-            k = plans[c].inputs.index(g["blob"])
-            if layers[c].input_grads[k] is None:
-                continue
-            g["consumer"], g["k"] = c, k
-            usable.append(g)
-        slots: list[list] = []  # [storage, index of the layer that last reads it]
+        """Give output gradients whose lifetimes never overlap one storage (wiring.plan_gradients)."""
+        layers = self.layers
+        takes = [[g is not None for g in layer.input_grads] for layer in layers]
         pool = iter(self._grad_pool)
         used: list[SharedTensor] = []
-        for g in sorted(usable, key=lambda g: -g["consumer"]):
-            for slot in slots:
-                if g["consumer"] < slot[1]:  # the occupant's gradient is consumed before this one is written
-                    slot[1] = g["root"]
-                    storage = slot[0]
-                    break
-            else:
-                storage = next(pool, None) or SharedTensor((1,), self.backend.compute_dtype)
-                used.append(storage)
-                slots.append([storage, g["root"]])
-            for m in g["members"]:
-                layer = layers[m]
-                layer.output_grads = [storage.prefix_view(layer.outputs[0].shape)]
-                if m != g["root"]:
-                    layer.input_grads = [storage.prefix_view(layer.inputs[0].shape)]
-            c = layers[g["consumer"]]
-            c.input_grads[g["k"]] = storage.prefix_view(c.inputs[g["k"]].shape)
+        for slot in plan_gradients(self.wiring, self._traits, takes):
+            storage = next(pool, None) or SharedTensor((1,), self.backend.compute_dtype)
+            used.append(storage)
+            for g in slot:
+                for m in g.members:
+                    layer = layers[m]
+                    layer.output_grads = [storage.prefix_view(layer.outputs[0].shape)]
+                    if m != g.root:
+                        layer.input_grads = [storage.prefix_view(layer.inputs[0].shape)]
+                c = layers[g.consumer]
+                c.input_grads[g.k] = storage.prefix_view(c.inputs[g.k].shape)
         self._grad_pool = used
 
-    def _explain(self, e: ShapeError, plan: _Plan, blobs: dict) -> str:
+    def _explain(self, e: ShapeError, plan: Step, blobs: dict) -> str:
         parts = []
         for n in plan.inputs:
             t, _, src = blobs[n]
@@ -440,8 +329,7 @@ class Sequential(Layer):
     def accept_input(self, i: int, x: Any) -> Any:
         """Input ``i`` (an array or SharedTensor) as this network takes it: given the declared per-sample shape where
         it differs only by trailing axes of length 1 (labels [N] for [N, 1]); anything else that does not fit the
-        declaration is a ShapeError naming the input. What :meth:`stage` does to each input, for a caller that keeps
-        the data in its own tensor (a solver's target)."""
+        declaration is a ShapeError naming the input. What a :class:`Network` does to each input it is fed."""
         x = self._conform(i, x)
         self._check_input(i, tuple(x.shape) if isinstance(x, SharedTensor) else tuple(np.shape(x)))
         return x
@@ -454,13 +342,6 @@ class Sequential(Layer):
             if any(n == name and (not pd or pd[j]) and _differentiable(layer, j) for j, n in enumerate(plan.inputs)):
                 return True
         return False
-
-    def _bind_top(self) -> None:
-        dtype = self.backend.compute_dtype
-        grads = [SharedTensor(t.shape, dtype) if need and self.input_takes_gradient(k) else None
-                 for k, (t, need) in enumerate(zip(self._own_inputs, self._input_needs_grad))]
-        self._own_input_grads = grads
-        self.bind(self._own_inputs, grads)
 
     # --- compute --------------------------------------------------------------------------------------------
     def run_forward(self) -> None:
@@ -481,46 +362,9 @@ class Sequential(Layer):
         if -1 in fan_in:
             self._sum_fan_in(-1)
 
-    def forward(self, inputs: Sequence[Any]) -> list[SharedTensor]:
-        """Run the network on its inputs (numpy arrays or SharedTensors, one per declared input)."""
-        self.stage(inputs)
-        self.run_forward()
-        return list(self.outputs)
-
-    def stage(self, inputs: Sequence[Any]) -> bool:
-        """Copy the inputs into the network's input tensors, rebinding everything when a shape changed (then
-        True is returned)."""
-        self._check_input_list(inputs)
-        inputs = [x if isinstance(x, SharedTensor) else as_numbers(x, f"layer '{self.name}' (Sequential): input {i}")
-                  for i, x in enumerate(inputs)]
-        if len(inputs) != len(self.input_names):
-            shapes = ", ".join(str(np.shape(x) if not isinstance(x, SharedTensor) else x.shape) for x in inputs)
-            raise ShapeError(f"layer '{self.name}' (Sequential): expected {len(self.input_names)} input(s) "
-                             f"({', '.join(self.input_names)}), got {len(inputs)} (shapes {shapes or 'none'})")
-
-        inputs = [self._conform(i, x) for i, x in enumerate(inputs)]
-        tensors, changed = self._to_input_tensors(inputs, self._check_input)
-        batch = {t.shape[0] for t in tensors}
-        if len(batch) > 1:
-            raise ShapeError(f"layer '{self.name}' (Sequential): inputs have different batch sizes "
-                             f"{[t.shape for t in tensors]}")
-        if changed or self.inputs != tensors or self._bound_shapes != [t.shape for t in tensors]:
-            self._bind_top()
-            return True
-        return False
-
-    def backward(self, output_grads: Sequence[Any]) -> list[SharedTensor | None]:
-        """Backpropagate gradients of the outputs; returns input gradients (None unless force_backward or
-        required). Weight gradients land in :meth:`learnable_weights_gradients`."""
-        return super().backward(output_grads)
-
     def __repr__(self) -> str:
         return f"<Sequential {self.name!r}: {len(self.layers)} layers on {self.backend.name}>"
 
 
 def _differentiable(layer: Layer, j: int) -> bool:
-    if isinstance(layer, Sequential):
-        return layer.input_takes_gradient(j)
-    diff = layer.worker.differentiable if layer.worker is not None else None
-    return True if diff is None else diff[j]
-
+    return layer.input_takes_gradient(j)

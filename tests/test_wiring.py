@@ -1,0 +1,150 @@
+"""The wiring and gradient-memory plan as functions of configs, and Network: feeding a model and its objective.
+
+The plans are computed from configs written by hand (no backend, no tensors) and compared with the blob names, in-
+place decisions and storage counts derived by hand from Sequential's rules; the Network's gradients are compared
+with a float64 NumPy formula.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import leafpy as lp
+from leafpy.layers import plan_gradients, wire
+from leafpy.layers.container.wiring import config_traits
+
+
+def _seq(inputs, layers):
+    return lp.SequentialConfig(inputs=inputs, layers=[lp.config.layer_from_dict(d) for d in layers])
+
+
+def test_a_chain_is_wired_from_its_config_alone():
+    cfg = _seq([("data", [4, 1, 6, 6])], [
+        {"name": "conv", "type": "Convolution", "num_output": 2, "filter_shape": [3], "stride": [1], "padding": [1]},
+        {"name": "relu", "type": "ReLU"},
+        {"name": "pool", "type": "Pooling", "mode": "max", "filter_shape": [2], "stride": [2], "padding": [0]},
+        {"name": "flat", "type": "Flatten"},
+        {"name": "fc", "type": "Linear", "output_size": 3},
+        {"name": "sig", "type": "Sigmoid"},
+        {"name": "tanh", "type": "TanH"},
+    ])
+    w = wire(cfg)
+    got = [(s.inputs, s.outputs, s.in_place) for s in w.steps]
+    assert got == [
+        (["data"], ["SEQUENTIAL_0"], False),
+        (["SEQUENTIAL_0"], ["SEQUENTIAL_1"], True),      # ReLU over the convolution's output
+        (["SEQUENTIAL_1"], ["SEQUENTIAL_2"], False),
+        (["SEQUENTIAL_2"], ["SEQUENTIAL_3"], True),      # Flatten: a view of the pooled output
+        (["SEQUENTIAL_3"], ["SEQUENTIAL_4"], False),
+        (["SEQUENTIAL_4"], ["SEQUENTIAL_5"], True),      # Sigmoid over the Linear's output
+        (["SEQUENTIAL_5"], ["SEQUENTIAL_OUTPUT_6"], False),  # TanH may not overwrite what Sigmoid's backward reads
+    ]
+    assert w.producer["data"] == -1 and w.consumers["SEQUENTIAL_4"] == [5]
+    # gradients: conv+relu, pool+flat, fc+sig are groups; tanh's output gradient comes from outside; the blob
+    # between sig and tanh is written by tanh; lifetimes alternate, so two storages serve the whole chain
+    traits = [config_traits(lc) for lc in cfg.layers]
+    takes = [[i > 0] for i in range(len(cfg.layers))]  # the data input takes no gradient
+    slots = plan_gradients(w, traits, takes)
+    roots = sorted(sorted(g.root for g in slot) for slot in slots)
+    assert roots == [[0, 4], [2]]  # fc+sig's gradient is consumed before conv+relu's is written
+    members = {g.root: g.members for slot in slots for g in slot}
+    assert members[0] == [0, 1] and members[2] == [2, 3] and members[4] == [4, 5]
+
+
+def test_a_residual_block_is_wired_by_name_and_its_shared_blob_keeps_its_own_gradient():
+    cfg = _seq([("data", [2, 3])], [
+        {"name": "fc1", "type": "Linear", "output_size": 3, "outputs": ["a"]},
+        {"name": "relu1", "type": "ReLU", "inputs": ["a"], "outputs": ["a"]},   # Caffe's in-place request
+        {"name": "fc2", "type": "Linear", "output_size": 3, "inputs": ["a"], "outputs": ["b"]},
+        {"name": "add", "type": "Eltwise", "operation": "sum", "inputs": ["a", "b"], "outputs": ["s"]},
+        {"name": "fc3", "type": "Linear", "output_size": 2, "inputs": ["s"]},
+    ])
+    w = wire(cfg)
+    assert [s.inputs for s in w.steps] == [["data"], ["a"], ["a@relu1"], ["a@relu1", "b"], ["s"]]
+    assert [s.outputs for s in w.steps] == [["a"], ["a@relu1"], ["b"], ["s"], ["SEQUENTIAL_OUTPUT_4"]]
+    assert [s.in_place for s in w.steps] == [False, True, False, False, False]
+    assert w.consumers["a@relu1"] == [2, 3]
+    traits = [config_traits(lc) for lc in cfg.layers]
+    takes = [[False], [True], [True], [True, True], [True]]
+    slots = plan_gradients(w, traits, takes)
+    planned = {g.root for slot in slots for g in slot}
+    # fc1+relu1's gradient is the sum of fc2's and add's: it keeps its own; fc2 -> add, add -> fc3 share storages
+    assert 0 not in planned and planned == {2, 3}
+    assert len(slots) == 2  # add's output gradient is read while fc2's is written: they cannot share
+
+
+def test_wiring_errors_name_the_layer_without_building_anything():
+    cfg = _seq([("data", [2, 3])], [{"name": "fc", "type": "Linear", "output_size": 2, "inputs": ["nope"]}])
+    with pytest.raises(lp.ConfigError, match=r"layer 'fc' \(Linear\): input blob 'nope' does not exist"):
+        wire(cfg)
+
+
+def _model_and_objective(be, n_in=4, classes=3):
+    net_cfg = lp.SequentialConfig(inputs=[("data", [5, n_in])])
+    net_cfg.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=classes)))
+    net_cfg.add_layer(lp.LayerConfig("logsm", "LogSoftmax"))
+    obj_cfg = lp.SequentialConfig(inputs=[("out", [5, classes]), ("label", [5, 1])])
+    obj_cfg.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=classes)))
+    return (lp.Layer.from_config(be, lp.LayerConfig("m", net_cfg), seed=3),
+            lp.Layer.from_config(be, lp.LayerConfig("loss", obj_cfg)))
+
+
+@pytest.mark.parametrize("batch_sizes", [(5,), (5, 3, 7)])
+def test_a_network_feeds_a_model_and_its_objective_by_hand(batch_sizes):
+    be = lp.backend("native")
+    model, objective = _model_and_objective(be)
+    net, obj = lp.Network.of(model), objective.runner
+    assert net is model.runner
+    obj.require_input_gradients([True, False])
+    rng = np.random.default_rng(0)
+    generations = []
+    for n in batch_sizes:
+        x = rng.normal(size=(n, 4)).astype(np.float32)
+        y = rng.integers(0, 3, size=n)
+        net.feed([x])
+        obj.connect(0, net.outputs[0], net.output_grads[0])
+        obj.feed([None, y])  # labels [N] for the declared [N, 1]
+        assert obj.inputs[0] is net.outputs[0]  # read with no copy
+        net.run_forward()
+        obj.run_forward()
+        obj.backward([np.ones(1)])
+        net.run_backward()
+        generations.append(net.generation)
+        w, b = (t.to_numpy().astype(np.float64) for t in net.parameters().data)
+        dw, db = (t.to_numpy() for t in net.parameters().gradients)
+        z = x.astype(np.float64) @ w.T + b
+        p = np.exp(z - z.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        loss = -np.mean(np.log(p[np.arange(n), y]))
+        dz = (p - np.eye(3)[y]) / n
+        np.testing.assert_allclose(float(obj.outputs[0].to_numpy().reshape(-1)[0]), loss, rtol=1e-5)
+        np.testing.assert_allclose(dw, dz.T @ x, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(db, dz.sum(0), rtol=1e-4, atol=1e-6)
+    # a new batch size rebinds (a new generation); the declared size was bound when the model was built
+    assert generations == sorted(set(generations)) and len(generations) == len(batch_sizes)
+    assert [t.shape for t in net.parameters().data] == [(3, 4), (3,)]
+    assert net.parameters().names == ["fc/weight", "fc/bias"]
+
+
+def test_connect_names_a_missing_input():
+    model, objective = _model_and_objective(lp.backend("native"))
+    with pytest.raises(lp.ShapeError, match=r"layer 'loss': connect: input 2 does not exist .*2 inputs"):
+        objective.runner.connect(2, model.outputs[0])
+
+
+def test_the_parameter_set_is_gathered_once_per_binding(monkeypatch):
+    be = lp.backend("native")
+    model, objective = _model_and_objective(be)
+    solver = lp.Solver(model, objective, lp.SolverConfig(solver="momentum", base_lr=0.1, momentum=0.9))
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(5, 4)).astype(np.float32), rng.integers(0, 3, size=5)
+    solver.train_minibatch(x, y)
+    walks = []
+    original = lp.Sequential._weight_entries
+    monkeypatch.setattr(lp.Sequential, "_weight_entries", lambda self: walks.append(self.name) or original(self))
+    for _ in range(4):
+        solver.train_minibatch(x, y)
+    assert walks == []
+    solver.train_minibatch(x[:2], y[:2])  # another batch size: bound anew, gathered once
+    assert walks == ["m"]
