@@ -102,6 +102,7 @@ def test_resume_mid_run_is_bit_exact(tmp_path):
     first.save_checkpoint(str(tmp_path / "ckpt.leaf"))
     be = lp.backend("native", precision="fp16")
     resumed = lp.Solver.load_checkpoint(be, be, str(tmp_path / "ckpt.leaf"))
+    assert resumed.config == first.config  # the loss-scaling settings travel with the checkpoint
     assert (resumed.loss_scale, resumed.loss_scale_good_steps, resumed.skipped_steps) == \
         (first.loss_scale, first.loss_scale_good_steps, first.skipped_steps)
     for _ in range(13):
@@ -112,8 +113,15 @@ def test_resume_mid_run_is_bit_exact(tmp_path):
         assert np.array_equal(a.to_numpy(), b.to_numpy())
 
 
-def test_static_scale_and_defaults():
+def test_static_scale_and_defaults(tmp_path):
     assert _solver(loss_scale=1024).loss_scaling() == "static"
+    static = _solver(loss_scale=1024, loss_scale_backoff_factor=0.25)
+    static.save_checkpoint(str(tmp_path / "static.leaf"))
+    be = lp.backend("native", precision="fp16")
+    assert lp.Solver.load_checkpoint(be, be, str(tmp_path / "static.leaf")).config == static.config
+    run = lp.config.to_dict(lp.config.RunConfig(name="x", network=static.config.network,
+                                                objective=static.config.objective, solver=static.config))
+    assert run["solver"]["loss_scale"] == 1024.0 and run["solver"]["loss_scale_backoff_factor"] == 0.25
     assert _solver(loss_scale="none").loss_scaling() == "none"
     be = lp.backend("native", precision="bf16")
     assert lp.Solver.from_config(be, be, _config()).loss_scaling() == "none"
