@@ -186,3 +186,24 @@ def test_sums_accumulate_in_float32(precision):
     bn.forward([x])
     stats = dict(zip(bn.learnable_weights_names(), bn.learnable_weights_data()))
     np.testing.assert_allclose(stats["bn/running_mean"].to_numpy(), 2.0, rtol=1e-6)
+
+
+def test_solver_loss_runs_in_float32_behind_a_cast():
+    """Under bf16 the network's output is bfloat16 and the objective's input float32: the loss is the float64 mean
+    squared error of the bfloat16 output (within float32 rounding), and the weights stay float32."""
+    be = lp.backend("native", precision="bf16")
+    net = lp.SequentialConfig(inputs=[("data", [6, 5])])
+    net.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=3)))
+    obj = lp.SequentialConfig(inputs=[("out", [6, 3]), ("target", [6, 3])])
+    obj.add_layer(lp.LayerConfig("mse", "MeanSquaredError"))
+    solver = lp.Solver.from_config(be, be, lp.SolverConfig(network=lp.LayerConfig("net", net),
+                                                           objective=lp.LayerConfig("loss", obj), base_lr=0.1))
+    rng = np.random.default_rng(0)
+    x, t = rng.standard_normal((6, 5)), rng.standard_normal((6, 3))
+    out = solver.train_minibatch(x, t).to_numpy()
+    assert out.dtype == ml_dtypes.bfloat16 and solver.objective.inputs[0].dtype == np.float32
+    assert solver.objective.backend.precision == "fp32"
+    want = np.mean((out.astype(np.float64) - t) ** 2)
+    assert abs(solver.loss() - want) <= 1e-6 * max(1.0, want)
+    assert all(w.dtype == np.float32 for w in solver.network.learnable_weights_data())
+    assert all(s.dtype == np.float32 for state in solver.state for s in state)
