@@ -119,37 +119,45 @@ class Gemm(Reductions):
 
     def _gemm_blocks(self, operands, trans_a, trans_b, m, n, k, alpha, beta, consts, lds) -> None:
         """A product whose operands exceed the storage-binding limit, in blocks of C whose rows of A, rows of B^T
-        and rows of C can each be bound (A transposed or B untransposed must fit whole)."""
+        and rows of C can each be bound, and, where a transposed A or an untransposed B (stored K-major) is too
+        large, in ranges of K whose products add up in C (weight gradients over a long sequence)."""
         a, b, out = operands[:3]
         limit = self.max_binding - self.offset_align  # room for aligning each binding's start down
 
-        def a_bytes(mb: int) -> int:
-            return a.raw.size if trans_a else mb * k * 4
+        def a_bytes(mb: int, kb: int) -> int:
+            return kb * m * 4 if trans_a else mb * k * 4
 
-        def b_bytes(nb: int) -> int:
-            return nb * k * 4 if trans_b else b.raw.size
+        def b_bytes(nb: int, kb: int) -> int:
+            return nb * k * 4 if trans_b else kb * n * 4
 
         mb, nb = min(m, 32 * self.max_groups), min(n, 32 * self.max_groups)  # any tile's grid fits the device's
-        while mb > 1 and (a_bytes(mb) > limit or mb * n * 4 > limit):
+        kb = k
+        while kb > 1 and ((trans_a and kb * m * 4 > limit) or (not trans_b and kb * n * 4 > limit)):
+            kb = -(-kb // 2)
+        while mb > 1 and (a_bytes(mb, kb) > limit or mb * n * 4 > limit):
             mb = -(-mb // 2)
-        while nb > 1 and b_bytes(nb) > limit:
+        while nb > 1 and b_bytes(nb, kb) > limit:
             nb = -(-nb // 2)
-        if a_bytes(mb) > limit or b_bytes(nb) > limit or mb * n * 4 > limit:
+        if a_bytes(mb, kb) > limit or b_bytes(nb, kb) > limit or mb * n * 4 > limit:
             raise BackendError(f"webgpu: a {m}x{k} by {k}x{n} GEMM cannot be split under the device's storage "
-                               f"binding limit ({self.max_binding} bytes): a transposed A or an untransposed B "
-                               "must fit in one binding")
+                               f"binding limit ({self.max_binding} bytes): one row of A, B or C as stored is larger "
+                               "than that; use a smaller layer or batch, or the cuda or native backend")
 
-        for m0 in range(0, m, mb):
-            mm = min(mb, m - m0)
-            for n0 in range(0, n, nb):
-                nn = min(nb, n - n0)
-                ra = (0, a.raw.size, 0) if trans_a else self._span(m0 * k * 4, (m0 + mm) * k * 4)
-                rb = self._span(n0 * k * 4, (n0 + nn) * k * 4) if trans_b else (0, b.raw.size, 0)
-                rc = self._span((m0 * n + n0) * 4, ((m0 + mm - 1) * n + n0 + nn) * 4)
-                a_off = ra[2] + (m0 if trans_a else 0)
-                b_off = rb[2] + (0 if trans_b else n0)
-                params = GemmParams(m=mm, n=nn, k=k, batch=1, a_offset=a_off, b_offset=b_off, c_offset=rc[2],
-                                    k_slice=k, **lds, alpha=alpha, beta=beta)
-                entry, tm, tn, tile_consts = self._gemm_tile(mm, nn, k)
-                self._dispatch("gemm", entry, params, operands, (-(-nn // tn), -(-mm // tm), 1),
-                               [ra[:2], rb[:2], rc[:2], None, None], constants=consts + tile_consts)
+        for k0 in range(0, k, kb):
+            kk = min(kb, k - k0)
+            for m0 in range(0, m, mb):
+                mm = min(mb, m - m0)
+                for n0 in range(0, n, nb):
+                    nn = min(nb, n - n0)
+                    ra = self._span(k0 * m * 4, (k0 + kk) * m * 4) if trans_a else \
+                        self._span(m0 * k * 4, (m0 + mm) * k * 4)
+                    rb = self._span(n0 * k * 4, (n0 + nn) * k * 4) if trans_b else \
+                        self._span(k0 * n * 4, (k0 + kk) * n * 4)
+                    rc = self._span((m0 * n + n0) * 4, ((m0 + mm - 1) * n + n0 + nn) * 4)
+                    a_off = ra[2] + (m0 if trans_a else k0)
+                    b_off = rb[2] + (k0 if trans_b else n0)
+                    params = GemmParams(m=mm, n=nn, k=kk, batch=1, a_offset=a_off, b_offset=b_off, c_offset=rc[2],
+                                        k_slice=kk, **lds, alpha=alpha, beta=beta if k0 == 0 else 1.0)
+                    entry, tm, tn, tile_consts = self._gemm_tile(mm, nn, kk)
+                    self._dispatch("gemm", entry, params, operands, (-(-nn // tn), -(-mm // tm), 1),
+                                   [ra[:2], rb[:2], rc[:2], None, None], constants=consts + tile_consts)
