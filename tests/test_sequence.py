@@ -485,3 +485,47 @@ def test_webgpu_products_long_in_k_over_the_binding_limit(monkeypatch, m, n, k, 
     be = _small_binding_webgpu(monkeypatch, 4096)
     assert 4 * k * (m if ta else n) > be.max_binding
     _gemm_matches_numpy(be, m, n, k, ta, tb, 1.5, beta, "gemm in ranges of K")
+
+
+@pytest.mark.webgpu
+@pytest.mark.parametrize("config_class,reference,gates", RECURRENT)
+@pytest.mark.parametrize("return_sequences", [True, False])
+def test_webgpu_cells_sum_split_recurrent_products(monkeypatch, config_class, reference, gates, return_sequences):
+    """With split-K forced on the per-step recurrent products (hidden 40, K from 16), the LSTM's and the RNN's cells
+    add up the partial products themselves: one dispatch fewer per step after the first, forward and backward,
+    than with the products summed on their own (the GRU's cells, with no binding to spare, leave them to the
+    sum); every result against the float64 reference."""
+    from test_backends import _webgpu
+
+    be = _webgpu(power_preference="low-power")
+    for name, value in (("SPLIT_K_FROM", 16), ("SPLIT_K_MIN", 8), ("SPLIT_K_FINE_MIN", 8)):
+        monkeypatch.setattr(be, name, value)
+    n, steps, d, hs = 3, 5, 4, 40
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((n, steps, d)).astype(np.float32)
+    dout = rng.standard_normal((n, steps, hs) if return_sequences else (n, hs)).astype(np.float32)
+    counts = []
+    for fuse in (False, True):
+        with monkeypatch.context() as m:
+            if not fuse:
+                m.setattr(be, "_take_sum", lambda out: None)
+            layer = lp.Layer.from_config(be, lp.LayerConfig("rec", config_class(
+                hidden_size=hs, return_sequences=return_sequences)), seed=3)
+            layer.forward([x])
+            weights = [(np.random.default_rng(8).standard_normal(w.shape) * 0.3).astype(np.float32)
+                       for w in layer.learnable_weights_data()]
+            for w, v in zip(layer.learnable_weights_data(), weights):
+                w.set(v)
+            d0 = be.dispatches
+            y = layer.forward([x])[0].to_numpy()
+            d1 = be.dispatches
+            dx = layer.backward([dout])[0].to_numpy()
+            counts.append((d1 - d0, be.dispatches - d1))
+        y_ref, dx_ref, g_ref = reference(x.astype(np.float64), *(w.astype(np.float64) for w in weights),
+                                         dout.astype(np.float64), return_sequences)
+        close(y, y_ref, f"output (fused: {fuse})")
+        close(dx, dx_ref, f"input gradient (fused: {fuse})")
+        for name, g, ref in zip(layer.learnable_weights_names(), layer.learnable_weights_gradients(), g_ref):
+            close(g.to_numpy(), ref, f"{name} (fused: {fuse})")
+    saved = 0 if gates == 3 else steps - 1
+    assert counts[1] == (counts[0][0] - saved, counts[0][1] - saved), counts

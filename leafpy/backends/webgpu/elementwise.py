@@ -246,12 +246,15 @@ class Elementwise(Gemm):
 
     # --- sequences: embeddings and recurrent cells (sequence.wgsl, scatter.wgsl) -----------------------------
     def _seq_dispatch(self, params: ParamStruct, entry: str, items: int, threads: int, buffers: list,
-                      per_item: list[int | None], table: tuple | None = None, **values: float) -> None:
+                      per_item: list[int | None], table: tuple | None = None, product: int | None = None,
+                      **values: float) -> None:
         """A thread per element over ``items`` items (sequences, or an embedding's positions) of ``threads``
         elements each. ``per_item[i]``: the elements buffer i holds per item, or None for a buffer bound whole (a
         bias). Past the binding limit the items run in runs whose bindings fit, each buffer bound from its run's
         first item. ``table``: (position, window) for an embedding table, bound as the window (see
-        :meth:`_table_windows`) says."""
+        :meth:`_table_windows`) says. ``product``: the position of a recurrent cell's recurrent product, whose
+        split-K sum, where it is still held (see encoder._take_sum), the cell does itself from the partials bound
+        after its last buffer (a dummy there otherwise)."""
         module = params.module
         if module not in self._modules:  # built on first use
             self._modules[module] = self.device.create_shader_module(
@@ -259,7 +262,17 @@ class Elementwise(Gemm):
         if not items or not threads:
             return
         split = {i: e for i, e in enumerate(per_item) if e is not None}
-        for i0, i1, binds, offsets in self._item_chunks(items, list(split.values())):
+        runs = list(self._item_chunks(items, list(split.values())))
+        if product is not None:
+            whole = len(runs) == 1 and all(r is None for r in runs[0][2])
+            held = self._take_sum(buffers[product]) if whole else None
+            if held is None:
+                buffers = [*buffers, self._scratch_buffer(1, "noparts")]
+            else:
+                buffers = [*buffers, held["partial"]]
+                values.update(parts=held["slices"], part_stride=buffers[product].size, alpha=held["alpha"],
+                              beta=held["beta"])
+        for i0, i1, binds, offsets in runs:
             ranges: list = [None] * len(buffers)
             offs = [0] * len(buffers)
             for k, i in enumerate(split):
@@ -310,13 +323,13 @@ class Elementwise(Gemm):
     def lstm_cell(self, gates, hw, bias, c, h, hprev, y, t, sequence):
         n, steps, hs = c.shape
         self._seq_dispatch(SequenceParams, "lstm_cell", n, hs, [gates, hw, bias, c, h, hprev, y],
-                           [steps * 4 * hs, 4 * hs, None, steps * hs, hs, steps * hs, y.size // n],
+                           [steps * 4 * hs, 4 * hs, None, steps * hs, hs, steps * hs, y.size // n], product=1,
                            **_cell(steps, hs, t, sequence))
 
     def lstm_cell_grad(self, gates, c, dh, dy, dc, dgates, dgates_t, t, sequence):
         n, steps, hs = c.shape
         self._seq_dispatch(SequenceParams, "lstm_cell_grad", n, hs, [gates, c, dh, dy, dc, dgates, dgates_t],
-                           [steps * 4 * hs, steps * hs, hs, dy.size // n, hs, steps * 4 * hs, 4 * hs],
+                           [steps * 4 * hs, steps * hs, hs, dy.size // n, hs, steps * 4 * hs, 4 * hs], product=2,
                            **_cell(steps, hs, t, sequence))
 
     def gru_cell(self, pre, hw, bias_ih, bias_hh, hn, h, hprev, y, t, sequence):
@@ -334,9 +347,11 @@ class Elementwise(Gemm):
     def rnn_cell(self, pre, hw, bias, h, hprev, y, t, sequence):
         n, steps, hs = pre.shape
         self._seq_dispatch(SequenceParams, "rnn_cell", n, hs, [pre, hw, bias, h, hprev, y],
-                           [steps * hs, hs, None, hs, steps * hs, y.size // n], **_cell(steps, hs, t, sequence))
+                           [steps * hs, hs, None, hs, steps * hs, y.size // n], product=1,
+                           **_cell(steps, hs, t, sequence))
 
     def rnn_cell_grad(self, pre, dh, dy, dpre, dpre_t, t, sequence):
         n, steps, hs = pre.shape
         self._seq_dispatch(SequenceParams, "rnn_cell_grad", n, hs, [pre, dh, dy, dpre, dpre_t],
-                           [steps * hs, hs, dy.size // n, steps * hs, hs], **_cell(steps, hs, t, sequence))
+                           [steps * hs, hs, dy.size // n, steps * hs, hs], product=1,
+                           **_cell(steps, hs, t, sequence))

@@ -27,6 +27,14 @@ class Gemm(Reductions):
     forward fill an H200 in 2.11 instead of 2.18 ms of GPU time per step)."""
     SPLIT_K_MIN = 256
     """The shortest K range of one split (its partial product is written out and summed)."""
+    SPLIT_K_FINE_WORK = 1 << 26
+    SPLIT_K_FINE_GROUPS = 128
+    SPLIT_K_FINE_MIN = 64
+    """A plain product of at least SPLIT_K_FINE_WORK multiply-adds that splitting by SPLIT_K_MIN would still run
+    as fewer than SPLIT_K_FINE_GROUPS workgroups (about one per multiprocessor of a large GPU) splits K down to
+    SPLIT_K_FINE_MIN: long serial K loops on a few multiprocessors (an LSTM's per-step recurrent products, 64 x
+    2048 by 512 and 64 x 512 by 2048) otherwise set the step's time, while small products (MLP-128's) gain less
+    than the partial sums cost."""
 
     SPLIT_SUM_ROWS = 16384
     """Split-K products with at most this many outputs sum their partials with a workgroup per output."""
@@ -89,7 +97,11 @@ class Gemm(Reductions):
         splits = 1
         fill = self.SPLIT_K_TILES * (4 if tm == 32 else 1)  # 32x32 tiles run 64 threads, the others 256
         if tiles < fill and k >= self.SPLIT_K_FROM and not any(name == "C_MODE" for name, _ in conv):
-            splits = max(1, min(-(-fill // tiles), k // self.SPLIT_K_MIN, self.max_groups // batch))
+            shortest = self.SPLIT_K_MIN
+            if (not conv and m * n * k * batch >= self.SPLIT_K_FINE_WORK
+                    and tiles * min(-(-fill // tiles), k // shortest) < self.SPLIT_K_FINE_GROUPS):
+                shortest = self.SPLIT_K_FINE_MIN
+            splits = max(1, min(-(-fill // tiles), k // shortest, self.max_groups // batch))
             while splits > 1 and splits * outputs * 4 > self.max_binding:
                 splits //= 2
         # columns past the device's grid width run as several dispatches, each from its first column (col0)
@@ -112,10 +124,16 @@ class Gemm(Reductions):
             self._dispatch("gemm", entry, GemmParams(**shape, k_slice=chunk, col0=c0 * tn, alpha=1.0),
                            [a, b, partial, *operands[3:]], (cx, gy, splits * batch), constants=consts)
         if outputs <= self.SPLIT_SUM_ROWS:  # few outputs, many partials each: one workgroup per output
-            self._sum_rows(partial, out, splits, outputs, alpha, beta, columns=True)
+            def emit() -> None:
+                self._sum_rows(partial, out, splits, outputs, alpha, beta, columns=True)
         else:
-            self._elementwise("split_sum", outputs, [partial, out], ElementwiseParams, whole=(0,), slices=splits,
-                              alpha=alpha, beta=beta)
+            def emit() -> None:
+                self._elementwise("split_sum", outputs, [partial, out], ElementwiseParams, whole=(0,),
+                                  slices=splits, alpha=alpha, beta=beta)
+        if batch == 1 and out.size == outputs:  # a recurrent cell reading out next may sum the partials itself
+            self._defer_sum(out, partial, splits, alpha, beta, emit)
+        else:
+            emit()
 
     def _gemm_blocks(self, operands, trans_a, trans_b, m, n, k, alpha, beta, consts, lds) -> None:
         """A product whose operands exceed the storage-binding limit, in blocks of C whose rows of A, rows of B^T

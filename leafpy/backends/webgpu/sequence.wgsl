@@ -20,6 +20,10 @@ struct SequenceParams {
     off6: u32,
     off7: u32,
     off8: u32,
+    parts: u32,       // > 0: the recurrent product (hw, or dh in the gradients) is held as this many split-K
+    part_stride: u32, // partial products this far apart in the binding after the kernel's last; the cell adds
+    alpha: f32,       // them up (alpha * their sum + beta * the operand) and stores that into the operand, as
+    beta: f32,        // the product's own sum would have
 }
 @group(0) @binding(0) var<uniform> p: SequenceParams;
 @group(0) @binding(1) var<storage, read_write> s1: array<f32>;
@@ -35,8 +39,29 @@ struct SequenceParams {
 fn tanh_c(x: f32) -> f32 { return tanh(clamp(x, -15.0, 15.0)); }
 fn sigm(x: f32) -> f32 { return 0.5 * (1.0 + tanh_c(0.5 * x)); }
 
+// alpha * (the sum of the split-K partials at idx) + beta * v, the partials bound as s8, s7 or s6
+fn scaled(total: f32, v: f32) -> f32 {
+    if (p.beta != 0.0) { return p.alpha * total + p.beta * v; }
+    return p.alpha * total;
+}
+fn summed8(v: f32, idx: u32) -> f32 {
+    var total = 0.0;
+    for (var z = 0u; z < p.parts; z = z + 1u) { total = total + s8[z * p.part_stride + idx]; }
+    return scaled(total, v);
+}
+fn summed7(v: f32, idx: u32) -> f32 {
+    var total = 0.0;
+    for (var z = 0u; z < p.parts; z = z + 1u) { total = total + s7[z * p.part_stride + idx]; }
+    return scaled(total, v);
+}
+fn summed6(v: f32, idx: u32) -> f32 {
+    var total = 0.0;
+    for (var z = 0u; z < p.parts; z = z + 1u) { total = total + s6[z * p.part_stride + idx]; }
+    return scaled(total, v);
+}
+
 // lstm_cell: s1 = gates [N, T, 4H] (x W_ih^T in, activated i, f, g, o out), s2 = hw [N, 4H], s3 = bias [4H],
-// s4 = c [N, T, H], s5 = h [N, H], s6 = hprev [N, T, H], s7 = y
+// s4 = c [N, T, H], s5 = h [N, H], s6 = hprev [N, T, H], s7 = y, s8 = hw's split-K partials (parts > 0)
 @compute @workgroup_size(256)
 fn lstm_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
@@ -47,11 +72,26 @@ fn lstm_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     let n = i / hs;
     let j = i % hs;
     let g0 = p.off1 + (n * steps + t) * 4u * hs + j;
-    let w0 = p.off2 + n * 4u * hs + j;
-    let gi = sigm(s1[g0] + s2[w0] + s3[j]);
-    let gf = sigm(s1[g0 + hs] + s2[w0 + hs] + s3[j + hs]);
-    let gg = tanh_c(s1[g0 + 2u * hs] + s2[w0 + 2u * hs] + s3[j + 2u * hs]);
-    let go = sigm(s1[g0 + 3u * hs] + s2[w0 + 3u * hs] + s3[j + 3u * hs]);
+    let w = n * 4u * hs + j;
+    let w0 = p.off2 + w;
+    var hi = s2[w0];
+    var hf = s2[w0 + hs];
+    var hg = s2[w0 + 2u * hs];
+    var ho = s2[w0 + 3u * hs];
+    if (p.parts > 0u) {
+        hi = summed8(hi, w);
+        hf = summed8(hf, w + hs);
+        hg = summed8(hg, w + 2u * hs);
+        ho = summed8(ho, w + 3u * hs);
+        s2[w0] = hi;
+        s2[w0 + hs] = hf;
+        s2[w0 + 2u * hs] = hg;
+        s2[w0 + 3u * hs] = ho;
+    }
+    let gi = sigm(s1[g0] + hi + s3[j]);
+    let gf = sigm(s1[g0 + hs] + hf + s3[j + hs]);
+    let gg = tanh_c(s1[g0 + 2u * hs] + hg + s3[j + 2u * hs]);
+    let go = sigm(s1[g0 + 3u * hs] + ho + s3[j + 3u * hs]);
     s1[g0] = gi;
     s1[g0 + hs] = gf;
     s1[g0 + 2u * hs] = gg;
@@ -68,7 +108,8 @@ fn lstm_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
 }
 
 // lstm_cell_grad: s1 = gates [N, T, 4H] (activated), s2 = c [N, T, H], s3 = dh [N, H] (from step t + 1),
-// s4 = dy, s5 = dc [N, H] (dL/dc_t in, dL/dc_{t-1} out), s6 = dgates [N, T, 4H], s7 = dgates_t [N, 4H]
+// s4 = dy, s5 = dc [N, H] (dL/dc_t in, dL/dc_{t-1} out), s6 = dgates [N, T, 4H], s7 = dgates_t [N, 4H],
+// s8 = dh's split-K partials (parts > 0)
 @compute @workgroup_size(256)
 fn lstm_cell_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
@@ -80,6 +121,10 @@ fn lstm_cell_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
     let j = i % hs;
     let s0 = (n * steps + t) * hs + j;
     var dh = s3[p.off3 + i];
+    if (p.parts > 0u) {
+        dh = summed8(dh, i);
+        s3[p.off3 + i] = dh;
+    }
     if (p.every_step == 1u) { dh = dh + s4[p.off4 + s0]; } else if (t + 1u == steps) { dh = dh + s4[p.off4 + i]; }
     let g = (n * steps + t) * 4u * hs + j;
     let g0 = p.off1 + g;
@@ -109,7 +154,7 @@ fn lstm_cell_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
 }
 
 // rnn_cell: s1 = pre [N, T, H] (x W_ih^T in, h_t out), s2 = hw [N, H], s3 = bias [H], s4 = h [N, H],
-// s5 = hprev [N, T, H], s6 = y
+// s5 = hprev [N, T, H], s6 = y, s7 = hw's split-K partials (parts > 0)
 @compute @workgroup_size(256)
 fn rnn_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
@@ -120,7 +165,12 @@ fn rnn_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let n = i / hs;
     let j = i % hs;
     let s0 = (n * steps + t) * hs + j;
-    let hv = tanh_c(s1[p.off1 + s0] + s2[p.off2 + i] + s3[j]);
+    var hw = s2[p.off2 + i];
+    if (p.parts > 0u) {
+        hw = summed7(hw, i);
+        s2[p.off2 + i] = hw;
+    }
+    let hv = tanh_c(s1[p.off1 + s0] + hw + s3[j]);
     s1[p.off1 + s0] = hv;
     s4[p.off4 + i] = hv;
     if (t == 0u) { s5[p.off5 + s0] = 0.0; }
@@ -129,7 +179,7 @@ fn rnn_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 }
 
 // rnn_cell_grad: s1 = pre [N, T, H] (h of every step), s2 = dh [N, H], s3 = dy, s4 = dpre [N, T, H],
-// s5 = dpre_t [N, H]
+// s5 = dpre_t [N, H], s6 = dh's split-K partials (parts > 0)
 @compute @workgroup_size(256)
 fn rnn_cell_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
@@ -139,6 +189,10 @@ fn rnn_cell_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
     let t = p.step;
     let s0 = ((i / hs) * steps + t) * hs + i % hs;
     var dh = s2[p.off2 + i];
+    if (p.parts > 0u) {
+        dh = summed6(dh, i);
+        s2[p.off2 + i] = dh;
+    }
     if (p.every_step == 1u) { dh = dh + s3[p.off3 + s0]; } else if (t + 1u == steps) { dh = dh + s3[p.off3 + i]; }
     let hv = s1[p.off1 + s0];
     let d = dh * (1.0 - hv * hv);
