@@ -28,13 +28,13 @@ class Gemm(Reductions):
     SPLIT_K_MIN = 256
     """The shortest K range of one split (its partial product is written out and summed)."""
     SPLIT_K_FINE_WORK = 1 << 26
-    SPLIT_K_FINE_GROUPS = 128
+    SPLIT_K_FINE_GROUPS = 64
     SPLIT_K_FINE_MIN = 64
     """A plain product of at least SPLIT_K_FINE_WORK multiply-adds that splitting by SPLIT_K_MIN would still run
-    as fewer than SPLIT_K_FINE_GROUPS workgroups (about one per multiprocessor of a large GPU) splits K down to
+    as fewer than SPLIT_K_FINE_GROUPS workgroups (under half the multiprocessors of a large GPU) splits K down to
     SPLIT_K_FINE_MIN: long serial K loops on a few multiprocessors (an LSTM's per-step recurrent products, 64 x
-    2048 by 512 and 64 x 512 by 2048) otherwise set the step's time, while small products (MLP-128's) gain less
-    than the partial sums cost."""
+    2048 by 512 and 64 x 512 by 2048: 32 workgroups each) otherwise set the step's time, while smaller products
+    (MLP-128's) gained less than the partial sums cost (the benchmarks' other networks split as before)."""
 
     SPLIT_SUM_ROWS = 16384
     """Split-K products with at most this many outputs sum their partials with a workgroup per output."""
