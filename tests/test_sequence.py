@@ -529,3 +529,38 @@ def test_webgpu_cells_sum_split_recurrent_products(monkeypatch, config_class, re
             close(g.to_numpy(), ref, f"{name} (fused: {fuse})")
     saved = 0 if gates == 3 else steps - 1
     assert counts[1] == (counts[0][0] - saved, counts[0][1] - saved), counts
+
+
+@pytest.mark.webgpu
+def test_webgpu_replayed_steps_with_cells_summing_split_products_match_native(monkeypatch):
+    """Training steps of an LSTM with split-K forced on its per-step products, recorded and replayed on webgpu (the
+    cells summing the partials), end where float64 native does."""
+    from test_backends import _webgpu
+
+    be = _webgpu(power_preference="low-power")
+    for name, value in (("SPLIT_K_FROM", 16), ("SPLIT_K_MIN", 8), ("SPLIT_K_FINE_MIN", 8)):
+        monkeypatch.setattr(be, name, value)
+    net = lp.SequentialConfig(inputs=[("data", [8, 5, 6])])
+    net.add_layer(lp.LayerConfig("lstm", lp.LSTMConfig(hidden_size=40, return_sequences=False)))
+    net.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=3)))
+    net.add_layer(lp.LayerConfig("logsm", "LogSoftmax"))
+    obj = lp.SequentialConfig(inputs=[("network_out", [8, 3]), ("label", [8, 1])])
+    obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=3)))
+    cfg = lp.SolverConfig(network=lp.LayerConfig("net", net), objective=lp.LayerConfig("loss", obj),
+                          solver="momentum", base_lr=0.1, momentum=0.9, seed=4)
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((8, 5, 6)).astype(np.float32)
+    labels = rng.integers(0, 3, (8, 1)).astype(np.float32)
+    native = lp.Solver.from_config(lp.backend("native", dtype="float64"), lp.backend("native", dtype="float64"), cfg)
+    device = lp.Solver.from_config(be, be, cfg)
+    for w, v in zip(device.network.learnable_weights_data(), native.network.learnable_weights_data()):
+        w.set(v.to_numpy().astype(np.float32))
+    replays = be.recorder.replays
+    tx, ty = lp.SharedTensor.from_numpy(x), lp.SharedTensor.from_numpy(labels)
+    for _ in range(6):
+        native.train_minibatch(x.astype(np.float64), labels.astype(np.float64))
+        device.train_minibatch(tx, ty)
+        assert device.loss() == pytest.approx(native.loss(), rel=1e-4, abs=1e-5)
+    assert be.recorder.replays - replays >= 3
+    for a, b in zip(native.network.learnable_weights_data(), device.network.learnable_weights_data()):
+        close(b.to_numpy(), a.to_numpy(), "weights after 6 steps", rtol=1e-3, atol=1e-4)
