@@ -551,16 +551,17 @@ def test_webgpu_replayed_steps_with_cells_summing_split_products_match_native(mo
     rng = np.random.default_rng(9)
     x = rng.standard_normal((8, 5, 6)).astype(np.float32)
     labels = rng.integers(0, 3, (8, 1)).astype(np.float32)
-    native = lp.Solver.from_config(lp.backend("native", dtype="float64"), lp.backend("native", dtype="float64"), cfg)
-    device = lp.Solver.from_config(be, be, cfg)
-    for w, v in zip(device.network.learnable_weights_data(), native.network.learnable_weights_data()):
+    native64 = lp.backend("native", dtype="float64")
+    native = lp.Solver.from_config(native64, native64, cfg)
+    webgpu = lp.Solver.from_config(be, be, cfg)
+    for w, v in zip(webgpu.network.learnable_weights_data(), native.network.learnable_weights_data()):
         w.set(v.to_numpy().astype(np.float32))
     replays = be.recorder.replays
     tx, ty = lp.SharedTensor.from_numpy(x), lp.SharedTensor.from_numpy(labels)
     for _ in range(6):
         native.train_minibatch(x.astype(np.float64), labels.astype(np.float64))
-        device.train_minibatch(tx, ty)
-        assert device.loss() == pytest.approx(native.loss(), rel=1e-4, abs=1e-5)
+        webgpu.train_minibatch(tx, ty)
+        assert webgpu.loss() == pytest.approx(native.loss(), rel=1e-4, abs=1e-5)
     assert be.recorder.replays - replays >= 3
-    for a, b in zip(native.network.learnable_weights_data(), device.network.learnable_weights_data()):
+    for a, b in zip(native.network.learnable_weights_data(), webgpu.network.learnable_weights_data()):
         close(b.to_numpy(), a.to_numpy(), "weights after 6 steps", rtol=1e-3, atol=1e-4)
