@@ -565,3 +565,19 @@ def test_webgpu_replayed_steps_with_cells_summing_split_products_match_native(mo
     assert be.recorder.replays - replays >= 3
     for a, b in zip(native.network.learnable_weights_data(), webgpu.network.learnable_weights_data()):
         close(b.to_numpy(), a.to_numpy(), "weights after 6 steps", rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.webgpu
+def test_dispatch_counts_script_counts_a_replayed_lstm_step():
+    """benchmarks/dispatch_counts.py on lstm.py's small LSTM: a replayed step of 2 layers x 16 time steps holds at
+    least a recurrent product and a cell per time step, layer and direction."""
+    from test_backends import _webgpu
+
+    _webgpu()  # skips where webgpu is unavailable
+    root = os.path.join(os.path.dirname(__file__), "..")
+    p = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "dispatch_counts.py"), "--nets",
+                        "lstm-small"], capture_output=True, text=True, timeout=300, cwd=root)
+    assert p.returncode == 0, p.stderr
+    row = [line.split() for line in p.stdout.splitlines() if line.startswith("lstm-small")]
+    assert len(row) == 1 and row[0][2] == "yes", p.stdout
+    assert int(row[0][1]) >= 2 * 16 * 4, p.stdout
