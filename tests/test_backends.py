@@ -815,9 +815,9 @@ def test_webgpu_convolution_wider_than_the_grid_runs_in_column_spans():
 def test_webgpu_gemm_that_cannot_be_split_says_so():
     be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
     be.max_binding = 40_000
-    a = lp.SharedTensor((40, 400))  # transposed A of 64 KB: its columns are not contiguous
+    a = lp.SharedTensor((40, 12000))  # transposed A whose every stored row (one k) is 48 KB
     b = lp.SharedTensor((30, 40))
-    c = lp.SharedTensor((400, 30))
+    c = lp.SharedTensor((12000, 30))
     with pytest.raises(lp.BackendError, match="cannot be split"):
         be.gemm(a.read(be), True, b.read(be), True, c.write(be))
 
