@@ -412,3 +412,172 @@ def test_a_nested_network_starting_with_an_embedding_takes_no_input_gradient(nat
     net.forward([np.array([[0.0, 1.0, 3.0], [2.0, 2.0, 0.0]])])
     assert net.backward([np.ones((2, 1))]) == [None]
     assert all(np.isfinite(g.to_numpy()).all() for g in net.learnable_weights_gradients())
+
+
+def _small_binding_webgpu(monkeypatch, limit: int):
+    """The webgpu backend believing its storage-binding limit is ``limit`` bytes (restored after the test)."""
+    from test_backends import _webgpu
+
+    be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
+    monkeypatch.setattr(be, "max_binding", limit)
+    return be
+
+
+@pytest.mark.webgpu
+def test_webgpu_embedding_table_over_the_binding_limit(monkeypatch):
+    """A table of 50 x 8 (1600 bytes) under a 512-byte limit is bound in windows of rows and the 45 positions
+    (1440 bytes of output) in runs; ids hit every window, some repeatedly."""
+    be = _small_binding_webgpu(monkeypatch, 512)
+    layer = lp.Layer.from_config(be, lp.LayerConfig("emb", lp.EmbeddingConfig(input_dim=50, output_dim=8)))
+    rng = np.random.default_rng(5)
+    ids = np.concatenate([np.arange(50)[::-3], rng.integers(0, 50, 25), [49, 49, 0]]).astype(np.float32)
+    ids = ids.reshape(5, 9)
+    table = rng.standard_normal((50, 8)).astype(np.float32)
+    layer.forward([ids])
+    layer.learnable_weights_data()[0].set(table)
+    assert table.nbytes > be.max_binding and ids.size * 8 * 4 > be.max_binding
+    dout = rng.standard_normal((5, 9, 8)).astype(np.float32)
+    y = layer.forward([ids])[0].to_numpy()
+    layer.backward([dout])
+    y_ref, g_ref = embedding_reference(ids, table.astype(np.float64), dout.astype(np.float64))
+    close(y, y_ref, "lookup")
+    close(layer.learnable_weights_gradients()[0].to_numpy(), g_ref, "table gradient")
+
+
+@pytest.mark.webgpu
+@pytest.mark.parametrize("config_class,reference,gates", RECURRENT)
+@pytest.mark.parametrize("return_sequences", [True, False])
+def test_webgpu_recurrent_sequences_over_the_binding_limit(monkeypatch, config_class, reference, gates,
+                                                           return_sequences):
+    """6 sequences of 12 steps, hidden 8: every [N, T, G·H] workspace (and for G > 1 one sequence of it less than a
+    run) exceeds a 2048-byte limit, so cells run over runs of sequences and the weight gradients' products over
+    ranges of N·T; forward, input and weight gradients against the float64 reference."""
+    be = _small_binding_webgpu(monkeypatch, 2048)
+    n, steps, d, hs = 6, 12, 4, 8
+    assert 4 * n * steps * hs > be.max_binding
+    layer = lp.Layer.from_config(be, lp.LayerConfig("rec", config_class(
+        hidden_size=hs, return_sequences=return_sequences)), seed=3)
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((n, steps, d)).astype(np.float32)
+    layer.forward([x])
+    weights = [(rng.standard_normal(w.shape) * 0.5).astype(np.float32) for w in layer.learnable_weights_data()]
+    for w, v in zip(layer.learnable_weights_data(), weights):
+        w.set(v)
+    dout = rng.standard_normal((n, steps, hs) if return_sequences else (n, hs)).astype(np.float32)
+    y = layer.forward([x])[0].to_numpy()
+    dx = layer.backward([dout])[0].to_numpy()
+    y_ref, dx_ref, g_ref = reference(x.astype(np.float64), *(w.astype(np.float64) for w in weights),
+                                     dout.astype(np.float64), return_sequences)
+    close(y, y_ref, "output")
+    close(dx, dx_ref, "input gradient")
+    for name, g, ref in zip(layer.learnable_weights_names(), layer.learnable_weights_gradients(), g_ref):
+        close(g.to_numpy(), ref, name)
+
+
+@pytest.mark.webgpu
+@pytest.mark.parametrize("m,n,k,ta,tb,beta", [(20, 30, 500, True, False, 0.5), (24, 8, 300, True, True, 0.0),
+                                              (10, 40, 200, False, False, 1.0)])
+def test_webgpu_products_long_in_k_over_the_binding_limit(monkeypatch, m, n, k, ta, tb, beta):
+    """A weight gradient's shape (K = N·T long): a transposed A or an untransposed B past the limit is bound in
+    ranges of K whose products add up in C."""
+    from test_backends import _gemm_matches_numpy
+
+    be = _small_binding_webgpu(monkeypatch, 4096)
+    assert 4 * k * (m if ta else n) > be.max_binding
+    _gemm_matches_numpy(be, m, n, k, ta, tb, 1.5, beta, "gemm in ranges of K")
+
+
+@pytest.mark.webgpu
+@pytest.mark.parametrize("config_class,reference,gates", RECURRENT)
+@pytest.mark.parametrize("return_sequences", [True, False])
+def test_webgpu_cells_sum_split_recurrent_products(monkeypatch, config_class, reference, gates, return_sequences):
+    """With split-K forced on the per-step recurrent products (hidden 40, K from 16), the LSTM's and the RNN's cells
+    add up the partial products themselves: one dispatch fewer per step after the first, forward and backward,
+    than with the products summed on their own (the GRU's cells, with no binding to spare, leave them to the
+    sum); every result against the float64 reference."""
+    from test_backends import _webgpu
+
+    be = _webgpu(power_preference="low-power")
+    for name, value in (("SPLIT_K_FROM", 16), ("SPLIT_K_MIN", 8), ("SPLIT_K_FINE_MIN", 8)):
+        monkeypatch.setattr(be, name, value)
+    n, steps, d, hs = 3, 5, 4, 40
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((n, steps, d)).astype(np.float32)
+    dout = rng.standard_normal((n, steps, hs) if return_sequences else (n, hs)).astype(np.float32)
+    counts = []
+    for fuse in (False, True):
+        with monkeypatch.context() as m:
+            if not fuse:
+                m.setattr(be, "_take_sum", lambda out: None)
+            layer = lp.Layer.from_config(be, lp.LayerConfig("rec", config_class(
+                hidden_size=hs, return_sequences=return_sequences)), seed=3)
+            layer.forward([x])
+            weights = [(np.random.default_rng(8).standard_normal(w.shape) * 0.3).astype(np.float32)
+                       for w in layer.learnable_weights_data()]
+            for w, v in zip(layer.learnable_weights_data(), weights):
+                w.set(v)
+            d0 = be.dispatches
+            y = layer.forward([x])[0].to_numpy()
+            d1 = be.dispatches
+            dx = layer.backward([dout])[0].to_numpy()
+            counts.append((d1 - d0, be.dispatches - d1))
+        y_ref, dx_ref, g_ref = reference(x.astype(np.float64), *(w.astype(np.float64) for w in weights),
+                                         dout.astype(np.float64), return_sequences)
+        close(y, y_ref, f"output (fused: {fuse})")
+        close(dx, dx_ref, f"input gradient (fused: {fuse})")
+        for name, g, ref in zip(layer.learnable_weights_names(), layer.learnable_weights_gradients(), g_ref):
+            close(g.to_numpy(), ref, f"{name} (fused: {fuse})")
+    saved = 0 if gates == 3 else steps - 1
+    assert counts[1] == (counts[0][0] - saved, counts[0][1] - saved), counts
+
+
+@pytest.mark.webgpu
+def test_webgpu_replayed_steps_with_cells_summing_split_products_match_native(monkeypatch):
+    """Training steps of an LSTM with split-K forced on its per-step products, recorded and replayed on webgpu (the
+    cells summing the partials), end where float64 native does."""
+    from test_backends import _webgpu
+
+    be = _webgpu(power_preference="low-power")
+    for name, value in (("SPLIT_K_FROM", 16), ("SPLIT_K_MIN", 8), ("SPLIT_K_FINE_MIN", 8)):
+        monkeypatch.setattr(be, name, value)
+    net = lp.SequentialConfig(inputs=[("data", [8, 5, 6])])
+    net.add_layer(lp.LayerConfig("lstm", lp.LSTMConfig(hidden_size=40, return_sequences=False)))
+    net.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=3)))
+    net.add_layer(lp.LayerConfig("logsm", "LogSoftmax"))
+    obj = lp.SequentialConfig(inputs=[("network_out", [8, 3]), ("label", [8, 1])])
+    obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=3)))
+    cfg = lp.SolverConfig(network=lp.LayerConfig("net", net), objective=lp.LayerConfig("loss", obj),
+                          solver="momentum", base_lr=0.1, momentum=0.9, seed=4)
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((8, 5, 6)).astype(np.float32)
+    labels = rng.integers(0, 3, (8, 1)).astype(np.float32)
+    native64 = lp.backend("native", dtype="float64")
+    native = lp.Solver.from_config(native64, native64, cfg)
+    webgpu = lp.Solver.from_config(be, be, cfg)
+    for w, v in zip(webgpu.network.learnable_weights_data(), native.network.learnable_weights_data()):
+        w.set(v.to_numpy().astype(np.float32))
+    replays = be.recorder.replays
+    tx, ty = lp.SharedTensor.from_numpy(x), lp.SharedTensor.from_numpy(labels)
+    for _ in range(6):
+        native.train_minibatch(x.astype(np.float64), labels.astype(np.float64))
+        webgpu.train_minibatch(tx, ty)
+        assert webgpu.loss() == pytest.approx(native.loss(), rel=1e-4, abs=1e-5)
+    assert be.recorder.replays - replays >= 3
+    for a, b in zip(native.network.learnable_weights_data(), webgpu.network.learnable_weights_data()):
+        close(b.to_numpy(), a.to_numpy(), "weights after 6 steps", rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.webgpu
+def test_dispatch_counts_script_counts_a_replayed_lstm_step():
+    """benchmarks/dispatch_counts.py on lstm.py's small LSTM: a replayed step of 2 layers x 16 time steps holds at
+    least a recurrent product and a cell per time step, layer and direction."""
+    from test_backends import _webgpu
+
+    _webgpu()  # skips where webgpu is unavailable
+    root = os.path.join(os.path.dirname(__file__), "..")
+    p = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "dispatch_counts.py"), "--nets",
+                        "lstm-small"], capture_output=True, text=True, timeout=300, cwd=root)
+    assert p.returncode == 0, p.stderr
+    row = [line.split() for line in p.stdout.splitlines() if line.startswith("lstm-small")]
+    assert len(row) == 1 and row[0][2] == "yes", p.stdout
+    assert int(row[0][1]) >= 2 * 16 * 4, p.stdout

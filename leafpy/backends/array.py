@@ -153,13 +153,6 @@ class ArrayBackend(Backend):
     def dot(self, x, y, out):
         out[...] = self.xp.dot(x.reshape(-1), y.reshape(-1))
 
-    def nrm2(self, x, out):
-        f = x.reshape(-1)
-        out[...] = self.xp.sqrt(self.xp.dot(f, f))
-
-    def read_scalar(self, buf):
-        return float(buf.reshape(-1)[0])
-
     # --- activations: evaluated from their formulas in pointwise.TABLE ---------------------------------------------
     def activation(self, kind, x, out, params=()):
         line = pointwise.TABLE.get(kind) or pointwise.line(kind)

@@ -124,14 +124,6 @@ class Backend:
         """``out[0] = sum(x * y)``."""
         raise NotImplementedError
 
-    def nrm2(self, x: Buffer, out: Buffer) -> None:
-        """``out[0] = sqrt(sum(x * x))``."""
-        raise NotImplementedError
-
-    def read_scalar(self, buf: Buffer) -> float:
-        """The first element of ``buf`` as a Python float (reads back to the host)."""
-        raise NotImplementedError
-
     # --- activations: the lines of pointwise.TABLE ---------------------------------------------------------------
     def activation(self, kind: str, x: Buffer, out: Buffer, params: tuple[float, ...] = ()) -> None:
         """``out = f(x)`` for the activation ``kind`` (a line of :data:`leafpy.backends.pointwise.TABLE`), with

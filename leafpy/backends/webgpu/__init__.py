@@ -110,6 +110,7 @@ class WebGPUBackend(Convolution):
         self._free: dict[int, list] = {}  # buffer pool: byte size -> buffers no tensor holds
         self._encoder: Any = None
         self._pending: dict | None = None  # the last GEMM, not yet encoded: a bias or activation may join its store
+        self._pending_sum: dict | None = None  # a split-K product's sum, not yet encoded: a recurrent cell may do it
         self.recorder = StepRecorder(self, self.MAX_RECORDED_STEPS)
         self._recording: list | None = None  # (pipeline, bind group, grid) of each dispatch while recording
         self.allocations = 0

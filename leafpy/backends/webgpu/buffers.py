@@ -129,7 +129,3 @@ class Buffers(Encoder):
             b = self._scratch[tag] = self.allocate(size, np.float32)
         return b if b.size == size else b[:size]
 
-    def read_scalar(self, buf):
-        host = np.empty(1, np.float32)
-        self.download(WView(buf.raw, (1,), buf.dtype, buf.owner or buf), host)
-        return float(host[0])

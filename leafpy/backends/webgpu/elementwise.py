@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ...errors import BackendError
 from .. import pointwise
 from ..array import DROPOUT_KEY_MULTIPLIER, dropout_threshold
 from .buffers import WView
@@ -244,18 +245,70 @@ class Elementwise(Gemm):
         self._update("adadelta_update", [w, g, h, u], rate, lr_mult=lr_mult, decay=decay, eps=eps)
 
     # --- sequences: embeddings and recurrent cells (sequence.wgsl, scatter.wgsl) -----------------------------
-    def _seq_dispatch(self, params: ParamStruct, entry: str, count: int, buffers: list, **values: float) -> None:
-        """One dispatch of a thread per element over ``count`` elements, every buffer bound whole."""
+    def _seq_dispatch(self, params: ParamStruct, entry: str, items: int, threads: int, buffers: list,
+                      per_item: list[int | None], table: tuple | None = None, product: int | None = None,
+                      **values: float) -> None:
+        """A thread per element over ``items`` items (sequences, or an embedding's positions) of ``threads``
+        elements each. ``per_item[i]``: the elements buffer i holds per item, or None for a buffer bound whole (a
+        bias). Past the binding limit the items run in runs whose bindings fit, each buffer bound from its run's
+        first item. ``table``: (position, window) for an embedding table, bound as the window (see
+        :meth:`_table_windows`) says. ``product``: the position of a recurrent cell's recurrent product, whose
+        split-K sum, where it is still held (see encoder._take_sum), the cell does itself from the partials bound
+        after its last buffer (a dummy there otherwise)."""
         module = params.module
         if module not in self._modules:  # built on first use
             self._modules[module] = self.device.create_shader_module(
                 code=(_HERE / "params.wgsl").read_text() + (_HERE / f"{module}.wgsl").read_text())
-        if count:
-            self._dispatch(module, entry, params(count=count, **values), buffers, self._grid(count))
+        if not items or not threads:
+            return
+        split = {i: e for i, e in enumerate(per_item) if e is not None}
+        runs = list(self._item_chunks(items, list(split.values())))
+        if product is not None:
+            whole = len(runs) == 1 and all(r is None for r in runs[0][2])
+            held = self._take_sum(buffers[product]) if whole else None
+            if held is None:
+                buffers = [*buffers, self._scratch_buffer(1, "noparts")]
+            else:
+                buffers = [*buffers, held["partial"]]
+                values.update(parts=held["slices"], part_stride=buffers[product].size, alpha=held["alpha"],
+                              beta=held["beta"])
+        for i0, i1, binds, offsets in runs:
+            ranges: list = [None] * len(buffers)
+            offs = [0] * len(buffers)
+            for k, i in enumerate(split):
+                ranges[i], offs[i] = binds[k], offsets[k]
+            fields: dict[str, int] = {}
+            if table is not None:
+                at, (first_row, rows, binding, offset) = table
+                ranges[at], offs[at] = binding, offset
+                fields.update(first_row=first_row, rows=rows)
+            fields.update({f"off{i + 1}": o for i, o in enumerate(offs)})
+            count = (i1 - i0) * threads
+            self._dispatch(module, entry, params(count=count, **fields, **values), buffers, self._grid(count),
+                           ranges if any(r is not None for r in ranges) else None)
+
+    def _table_windows(self, table) -> list[tuple[int, int, tuple[int, int] | None, int]]:
+        """Windows of an embedding table's rows that each fit one binding, as (first row, rows, binding range,
+        element offset of the first row in it); one window of the whole table (range None) where it fits."""
+        v, d = table.shape
+        if table.raw.size <= self.max_binding:
+            return [(0, v, None, 0)]
+        step = (self.max_binding - self.offset_align) // (4 * d)
+        if step < 1:
+            raise BackendError(f"webgpu: one embedding row of {4 * d} bytes exceeds the storage binding limit of "
+                               f"{self.max_binding} bytes")
+        windows: list[tuple[int, int, tuple[int, int] | None, int]] = []
+        for r0 in range(0, v, step):
+            r1 = min(v, r0 + step)
+            base, size, offset = self._span(r0 * d * 4, r1 * d * 4)
+            windows.append((r0, r1 - r0, (base, size), offset))
+        return windows
 
     def embedding(self, ids, table, out):
         v, d = table.shape
-        self._seq_dispatch(SequenceParams, "embedding", out.size, [ids, table, out], dim=d, vocab=v)
+        for window in self._table_windows(table):
+            self._seq_dispatch(SequenceParams, "embedding", ids.size, d, [ids, table, out], [1, None, d],
+                               (1, window), dim=d, vocab=v)
 
     def embedding_grad(self, ids, dy, dtable, beta=0.0):
         if beta == 0.0:
@@ -263,34 +316,42 @@ class Elementwise(Gemm):
         elif beta != 1.0:
             self.scal(beta, dtable)
         v, d = dtable.shape
-        self._seq_dispatch(ScatterParams, "embedding_grad", dy.size, [ids, dy, dtable], dim=d, vocab=v)
+        for window in self._table_windows(dtable):
+            self._seq_dispatch(ScatterParams, "embedding_grad", ids.size, d, [ids, dy, dtable], [1, d, None],
+                               (2, window), dim=d, vocab=v)
 
     def lstm_cell(self, gates, hw, bias, c, h, hprev, y, t, sequence):
         n, steps, hs = c.shape
-        self._seq_dispatch(SequenceParams, "lstm_cell", n * hs, [gates, hw, bias, c, h, hprev, y],
+        self._seq_dispatch(SequenceParams, "lstm_cell", n, hs, [gates, hw, bias, c, h, hprev, y],
+                           [steps * 4 * hs, 4 * hs, None, steps * hs, hs, steps * hs, y.size // n], product=1,
                            **_cell(steps, hs, t, sequence))
 
     def lstm_cell_grad(self, gates, c, dh, dy, dc, dgates, dgates_t, t, sequence):
         n, steps, hs = c.shape
-        self._seq_dispatch(SequenceParams, "lstm_cell_grad", n * hs, [gates, c, dh, dy, dc, dgates, dgates_t],
+        self._seq_dispatch(SequenceParams, "lstm_cell_grad", n, hs, [gates, c, dh, dy, dc, dgates, dgates_t],
+                           [steps * 4 * hs, steps * hs, hs, dy.size // n, hs, steps * 4 * hs, 4 * hs], product=2,
                            **_cell(steps, hs, t, sequence))
 
     def gru_cell(self, pre, hw, bias_ih, bias_hh, hn, h, hprev, y, t, sequence):
         n, steps, hs = hn.shape
-        self._seq_dispatch(SequenceParams, "gru_cell", n * hs, [pre, hw, bias_ih, bias_hh, hn, h, hprev, y],
+        self._seq_dispatch(SequenceParams, "gru_cell", n, hs, [pre, hw, bias_ih, bias_hh, hn, h, hprev, y],
+                           [steps * 3 * hs, 3 * hs, None, None, steps * hs, hs, steps * hs, y.size // n],
                            **_cell(steps, hs, t, sequence))
 
     def gru_cell_grad(self, pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t, t, sequence):
         n, steps, hs = hn.shape
-        self._seq_dispatch(SequenceParams, "gru_cell_grad", n * hs, [pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t],
-                           **_cell(steps, hs, t, sequence))
+        self._seq_dispatch(SequenceParams, "gru_cell_grad", n, hs, [pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t],
+                           [steps * 3 * hs, steps * hs, steps * hs, hs, dy.size // n, steps * 3 * hs,
+                            steps * 3 * hs, 3 * hs], **_cell(steps, hs, t, sequence))
 
     def rnn_cell(self, pre, hw, bias, h, hprev, y, t, sequence):
         n, steps, hs = pre.shape
-        self._seq_dispatch(SequenceParams, "rnn_cell", n * hs, [pre, hw, bias, h, hprev, y],
+        self._seq_dispatch(SequenceParams, "rnn_cell", n, hs, [pre, hw, bias, h, hprev, y],
+                           [steps * hs, hs, None, hs, steps * hs, y.size // n], product=1,
                            **_cell(steps, hs, t, sequence))
 
     def rnn_cell_grad(self, pre, dh, dy, dpre, dpre_t, t, sequence):
         n, steps, hs = pre.shape
-        self._seq_dispatch(SequenceParams, "rnn_cell_grad", n * hs, [pre, dh, dy, dpre, dpre_t],
+        self._seq_dispatch(SequenceParams, "rnn_cell_grad", n, hs, [pre, dh, dy, dpre, dpre_t],
+                           [steps * hs, hs, dy.size // n, steps * hs, hs], product=1,
                            **_cell(steps, hs, t, sequence))

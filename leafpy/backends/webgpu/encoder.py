@@ -49,6 +49,7 @@ class Encoder(Backend):
     _pass: Any
     _pass_pipeline: Any
     _pending: dict | None
+    _pending_sum: dict | None
     _recording: list | None
     _stamps: list
     _query_set: Any
@@ -133,7 +134,7 @@ class Encoder(Backend):
         except BaseException:
             # the dispatches this attempt encoded must not run: the recorder runs the step again as it is
             self._encoder = self._pass = self._pass_pipeline = None
-            self._pending = None
+            self._pending = self._pending_sum = None
             self._stamps = []
             raise
         finally:
@@ -259,6 +260,29 @@ class Encoder(Backend):
         if self._pending is not None:
             g, self._pending = self._pending, None
             self._encode(g["module"], g["entry"], g["params"], g["operands"], g["groups"], constants=g["consts"])
+        if self._pending_sum is not None:
+            s, self._pending_sum = self._pending_sum, None
+            self.dispatches -= 1  # counted when held; emit() counts what it dispatches
+            s["emit"]()
+
+    def _defer_sum(self, out: WView, partial: WView, slices: int, alpha: float, beta: float, emit: Any) -> None:
+        """Hold the sum of a split-K product's partials (``emit`` dispatches it) until the next dispatch, so that
+        a recurrent cell reading ``out`` next can add the partials itself (see :meth:`_take_sum`)."""
+        self._emit_pending()
+        self._pending_sum = {"out": out, "partial": partial, "slices": slices, "alpha": alpha, "beta": beta,
+                             "emit": emit}
+        self.dispatches += 1
+
+    def _take_sum(self, out: WView) -> dict | None:
+        """The held split-K sum whose result is ``out`` (all of its buffer), taken over by the caller's kernel, which
+        then stores ``alpha * sum of the partials + beta * out`` into ``out`` itself; None where there is none."""
+        s = self._pending_sum
+        if s is None or s["out"].raw is not out.raw or s["out"].size != out.size or \
+                s["partial"].raw.size > self.max_binding:
+            return None
+        self._pending_sum = None
+        self.dispatches -= 1
+        return s
 
     def _fuse(self, out: WView, kind: str, bias: WView | None = None, params: tuple = (),
               into: WView | None = None) -> bool:

@@ -27,6 +27,14 @@ class Gemm(Reductions):
     forward fill an H200 in 2.11 instead of 2.18 ms of GPU time per step)."""
     SPLIT_K_MIN = 256
     """The shortest K range of one split (its partial product is written out and summed)."""
+    SPLIT_K_FINE_WORK = 1 << 26
+    SPLIT_K_FINE_GROUPS = 64
+    SPLIT_K_FINE_MIN = 64
+    """A plain product of at least SPLIT_K_FINE_WORK multiply-adds that splitting by SPLIT_K_MIN would still run
+    as fewer than SPLIT_K_FINE_GROUPS workgroups (under half the multiprocessors of a large GPU) splits K down to
+    SPLIT_K_FINE_MIN: long serial K loops on a few multiprocessors (an LSTM's per-step recurrent products, 64 x
+    2048 by 512 and 64 x 512 by 2048: 32 workgroups each) otherwise set the step's time, while smaller products
+    (MLP-128's) gained less than the partial sums cost (the benchmarks' other networks split as before)."""
 
     SPLIT_SUM_ROWS = 16384
     """Split-K products with at most this many outputs sum their partials with a workgroup per output."""
@@ -89,7 +97,11 @@ class Gemm(Reductions):
         splits = 1
         fill = self.SPLIT_K_TILES * (4 if tm == 32 else 1)  # 32x32 tiles run 64 threads, the others 256
         if tiles < fill and k >= self.SPLIT_K_FROM and not any(name == "C_MODE" for name, _ in conv):
-            splits = max(1, min(-(-fill // tiles), k // self.SPLIT_K_MIN, self.max_groups // batch))
+            shortest = self.SPLIT_K_MIN
+            if (not conv and m * n * k * batch >= self.SPLIT_K_FINE_WORK
+                    and tiles * min(-(-fill // tiles), k // shortest) < self.SPLIT_K_FINE_GROUPS):
+                shortest = self.SPLIT_K_FINE_MIN
+            splits = max(1, min(-(-fill // tiles), k // shortest, self.max_groups // batch))
             while splits > 1 and splits * outputs * 4 > self.max_binding:
                 splits //= 2
         # columns past the device's grid width run as several dispatches, each from its first column (col0)
@@ -112,44 +124,58 @@ class Gemm(Reductions):
             self._dispatch("gemm", entry, GemmParams(**shape, k_slice=chunk, col0=c0 * tn, alpha=1.0),
                            [a, b, partial, *operands[3:]], (cx, gy, splits * batch), constants=consts)
         if outputs <= self.SPLIT_SUM_ROWS:  # few outputs, many partials each: one workgroup per output
-            self._sum_rows(partial, out, splits, outputs, alpha, beta, columns=True)
+            def emit() -> None:
+                self._sum_rows(partial, out, splits, outputs, alpha, beta, columns=True)
         else:
-            self._elementwise("split_sum", outputs, [partial, out], ElementwiseParams, whole=(0,), slices=splits,
-                              alpha=alpha, beta=beta)
+            def emit() -> None:
+                self._elementwise("split_sum", outputs, [partial, out], ElementwiseParams, whole=(0,),
+                                  slices=splits, alpha=alpha, beta=beta)
+        if batch == 1 and out.size == outputs:  # a recurrent cell reading out next may sum the partials itself
+            self._defer_sum(out, partial, splits, alpha, beta, emit)
+        else:
+            emit()
 
     def _gemm_blocks(self, operands, trans_a, trans_b, m, n, k, alpha, beta, consts, lds) -> None:
         """A product whose operands exceed the storage-binding limit, in blocks of C whose rows of A, rows of B^T
-        and rows of C can each be bound (A transposed or B untransposed must fit whole)."""
+        and rows of C can each be bound, and, where a transposed A or an untransposed B (stored K-major) is too
+        large, in ranges of K whose products add up in C (weight gradients over a long sequence)."""
         a, b, out = operands[:3]
         limit = self.max_binding - self.offset_align  # room for aligning each binding's start down
 
-        def a_bytes(mb: int) -> int:
-            return a.raw.size if trans_a else mb * k * 4
+        def a_bytes(mb: int, kb: int) -> int:
+            return kb * m * 4 if trans_a else mb * k * 4
 
-        def b_bytes(nb: int) -> int:
-            return nb * k * 4 if trans_b else b.raw.size
+        def b_bytes(nb: int, kb: int) -> int:
+            return nb * k * 4 if trans_b else kb * n * 4
 
         mb, nb = min(m, 32 * self.max_groups), min(n, 32 * self.max_groups)  # any tile's grid fits the device's
-        while mb > 1 and (a_bytes(mb) > limit or mb * n * 4 > limit):
+        kb = k
+        while kb > 1 and ((trans_a and kb * m * 4 > limit) or (not trans_b and kb * n * 4 > limit)):
+            kb = -(-kb // 2)
+        while mb > 1 and (a_bytes(mb, kb) > limit or mb * n * 4 > limit):
             mb = -(-mb // 2)
-        while nb > 1 and b_bytes(nb) > limit:
+        while nb > 1 and b_bytes(nb, kb) > limit:
             nb = -(-nb // 2)
-        if a_bytes(mb) > limit or b_bytes(nb) > limit or mb * n * 4 > limit:
+        if a_bytes(mb, kb) > limit or b_bytes(nb, kb) > limit or mb * n * 4 > limit:
             raise BackendError(f"webgpu: a {m}x{k} by {k}x{n} GEMM cannot be split under the device's storage "
-                               f"binding limit ({self.max_binding} bytes): a transposed A or an untransposed B "
-                               "must fit in one binding")
+                               f"binding limit ({self.max_binding} bytes): one row of A, B or C as stored is larger "
+                               "than that; use a smaller layer or batch, or the cuda or native backend")
 
-        for m0 in range(0, m, mb):
-            mm = min(mb, m - m0)
-            for n0 in range(0, n, nb):
-                nn = min(nb, n - n0)
-                ra = (0, a.raw.size, 0) if trans_a else self._span(m0 * k * 4, (m0 + mm) * k * 4)
-                rb = self._span(n0 * k * 4, (n0 + nn) * k * 4) if trans_b else (0, b.raw.size, 0)
-                rc = self._span((m0 * n + n0) * 4, ((m0 + mm - 1) * n + n0 + nn) * 4)
-                a_off = ra[2] + (m0 if trans_a else 0)
-                b_off = rb[2] + (0 if trans_b else n0)
-                params = GemmParams(m=mm, n=nn, k=k, batch=1, a_offset=a_off, b_offset=b_off, c_offset=rc[2],
-                                    k_slice=k, **lds, alpha=alpha, beta=beta)
-                entry, tm, tn, tile_consts = self._gemm_tile(mm, nn, k)
-                self._dispatch("gemm", entry, params, operands, (-(-nn // tn), -(-mm // tm), 1),
-                               [ra[:2], rb[:2], rc[:2], None, None], constants=consts + tile_consts)
+        for k0 in range(0, k, kb):
+            kk = min(kb, k - k0)
+            for m0 in range(0, m, mb):
+                mm = min(mb, m - m0)
+                for n0 in range(0, n, nb):
+                    nn = min(nb, n - n0)
+                    ra = self._span(k0 * m * 4, (k0 + kk) * m * 4) if trans_a else \
+                        self._span(m0 * k * 4, (m0 + mm) * k * 4)
+                    rb = self._span(n0 * k * 4, (n0 + nn) * k * 4) if trans_b else \
+                        self._span(k0 * n * 4, (k0 + kk) * n * 4)
+                    rc = self._span((m0 * n + n0) * 4, ((m0 + mm - 1) * n + n0 + nn) * 4)
+                    a_off = ra[2] + (m0 if trans_a else k0)
+                    b_off = rb[2] + (k0 if trans_b else n0)
+                    params = GemmParams(m=mm, n=nn, k=kk, batch=1, a_offset=a_off, b_offset=b_off, c_offset=rc[2],
+                                        k_slice=kk, **lds, alpha=alpha, beta=beta if k0 == 0 else 1.0)
+                    entry, tm, tn, tile_consts = self._gemm_tile(mm, nn, kk)
+                    self._dispatch("gemm", entry, params, operands, (-(-nn // tn), -(-mm // tm), 1),
+                                   [ra[:2], rb[:2], rc[:2], None, None], constants=consts + tile_consts)

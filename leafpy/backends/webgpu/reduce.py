@@ -24,15 +24,12 @@ class Reductions(Binding):
             return self._sum_parts("square_parts", [x], x.size, [1], out)
         self._sum_parts("dot_parts", [x, y], x.size, [1, 1], out)
 
-    def nrm2(self, x, out):
-        self._sum_parts("square_parts", [x], x.size, [1], out, root=True)
-
     PARTS_BLOCK = 16384
     """Elements per workgroup in the first pass of a long reduction."""
 
     def _sum_parts(self, entry: str, inputs: list, count: int, per_item: list, out: WView, alpha: float = 1.0,
-                   root: bool = False, classes: int = 0) -> None:
-        """out[0] = alpha * (sum of the entry's terms over ``count`` items) (its square root with ``root``): partial
+                   classes: int = 0) -> None:
+        """out[0] = alpha * (sum of the entry's terms over ``count`` items): partial
         sums of blocks, a workgroup each, over runs of items whose bindings fit, then one sum of the partials."""
         runs = list(self._item_chunks(count, per_item))
         longest = max(run[1] - run[0] for run in runs)
@@ -43,8 +40,7 @@ class Reductions(Binding):
             params = ReduceParams(count=i1 - i0, classes=classes, block=length, first_block=i * blocks,
                                   **dict(zip(("a_offset", "b_offset"), offsets)))
             self._dispatch("reduce", entry, params, [*inputs, parts], (blocks, 1, 1), [*binds, None])
-        self._reduce("sum_rows", [parts, out], (1, 1, 1), length=blocks * len(runs), rows=1, root=int(root),
-                     alpha=alpha)
+        self._reduce("sum_rows", [parts, out], (1, 1, 1), length=blocks * len(runs), rows=1, alpha=alpha)
 
     def _channel_sums(self, dy, db, alpha: float, beta: float) -> None:
         """db = alpha * (sums of dy over all axes but 1) + beta * db: per channel, partial sums over blocks of the

@@ -12,7 +12,6 @@ struct ReduceParams {
     length: u32,       // sum_rows: a is [rows x length]
     rows: u32,
     columns: u32,      // sum_rows: 1 = a is [length x rows] (b[r] sums column r)
-    root: u32,         // sum_rows: 1 = b[r] = sqrt(the sum)
     alpha: f32,        // sum_rows: b[r] = alpha * sum + beta * b[r]
     beta: f32,
 }
@@ -107,7 +106,6 @@ fn sum_rows(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id)
     if (lid.x == 0u) {
         var v = p.alpha * total;
         if (p.beta != 0.0) { v = v + p.beta * b[r]; }
-        if (p.root == 1u) { v = sqrt(v); }
         b[r] = v;
     }
 }
