@@ -459,7 +459,7 @@ class Solver:
             be.scal(1.0 / self.loss_scale, g)
             be.dot(g, g, scratch)  # any inf or nan makes the sum inf or nan
             be.axpby(1.0, scratch, 1.0, total)
-        return math.isfinite(be.read_scalar(total))
+        return bool(np.isfinite(self._norm.to_numpy()).all())
 
     def _adjust_scale(self, skipped: bool, dynamic: bool) -> None:
         cfg = self.config
