@@ -147,7 +147,7 @@ def test_unknown_precision_is_named():
 
 
 @pytest.mark.parametrize("precision,hint", [("bf16", "WGSL has no bfloat16.*fp16.*shader-f16.*fp32"),
-                                            ("fp16", "shader-f16.*not available on webgpu yet")])
+                                            ("tf32", "no TF32.*fp32")])
 def test_webgpu_refuses_low_precision(precision, hint):
     try:
         lp.backend("webgpu")

@@ -16,13 +16,7 @@ _MODULES = {
 }
 BACKEND_NAMES = tuple(_MODULES)
 _default: dict[str, Backend] = {}
-_REFUSED_PRECISIONS = {
-    ("webgpu", "bf16"): "WGSL has no bfloat16 type; use precision='fp16' where the adapter offers shader-f16 (not "
-                        "available on webgpu yet), or precision='fp32'",
-    ("webgpu", "fp16"): "float16 shaders (the adapter's shader-f16 feature) are not available on webgpu yet; use "
-                        "precision='fp32', or backend 'cuda' or 'native' for fp16",
-    ("webgpu", "tf32"): "WebGPU has no TF32 tensor-core mode; use precision='fp32'",
-}
+_REFUSED_PRECISIONS: dict[tuple[str, str], str] = {}
 """Why a backend whose class takes no ``precision`` option refuses a setting (it runs fp32 only)."""
 
 

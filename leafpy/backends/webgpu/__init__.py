@@ -10,9 +10,9 @@ large launches use a 2-D grid to stay under the per-dimension workgroup limit.
 The backend is built in layers, one module each, every layer using the ones below it: encoder.py (the command
 stream, pipelines, bind groups, pending GEMM fusion, recorded steps, profiling), buffers.py (WView, the buffer
 pool, transfers, scratch), binding.py (splitting under the binding limit), reduce.py (sums), gemm.py (tiles,
-split-K), elementwise.py (activations, updates, losses, batch norm, sequences, the rest) and conv.py (implicit
-GEMM, Winograd, pooling); WebGPUBackend adds the device set-up. Each kernel family's parameters are a named struct
-in its .wgsl file, packed by keyword through params.py.
+split-K), elementwise.py (activations, updates, losses, batch norm, sequences, the rest), conv.py (implicit
+GEMM, Winograd, pooling) and half.py (float16: conversions, emulated primitives); WebGPUBackend adds the device
+set-up. Each kernel family's parameters are a named struct in its .wgsl file, packed by keyword through params.py.
 
 Importing this module does not import wgpu; constructing the backend does.
 """
@@ -24,11 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import BackendUnavailable, ConfigError
+from ...errors import BackendError, BackendUnavailable, ConfigError
 from .. import pointwise
+from ..base import PRECISIONS
 from ..recorder import StepRecorder
 from .buffers import WView
-from .conv import Convolution
+from .half import Half
 
 __all__ = ["WView", "WebGPUBackend", "adapters"]
 
@@ -37,19 +38,26 @@ _MODULES = ("elementwise", "update", "reduce", "classes", "gemm", "conv", "pool"
 _WINDOWED = ("gemm", "conv", "pool", "winograd")  # modules that include window.wgsl
 
 
-class WebGPUBackend(Convolution):
+class WebGPUBackend(Half):
     """WGSL compute shaders on one WebGPU adapter.
 
     ``power_preference``: "high-performance" or "low-power"; ``adapter``: a substring of the adapter's name to
-    pick one explicitly (see :func:`adapters`).
+    pick one explicitly (see :func:`adapters`); ``precision``: "fp32", or "fp16" (float16 activations and weight
+    copies, float32 master weights) on an adapter that offers the shader-f16 feature.
     """
 
     name = "webgpu"
 
     def __init__(self, dtype: Any = np.float32, power_preference: str = "high-performance",
-                 adapter: str | None = None) -> None:
+                 adapter: str | None = None, precision: str = "fp32") -> None:
         if np.dtype(dtype) != np.float32:
             raise ConfigError(f"backend 'webgpu': WGSL computes in float32 only, got dtype {np.dtype(dtype)}")
+        if precision not in PRECISIONS:
+            raise ConfigError(f"backend 'webgpu': unknown precision {precision!r}; valid precisions: "
+                              f"{', '.join(PRECISIONS)}")
+        if precision in _REFUSED:
+            raise BackendError(f"backend 'webgpu': precision {precision!r} is not available: {_REFUSED[precision]}")
+        self.precision = precision
         if power_preference not in ("high-performance", "low-power"):
             raise ConfigError(f"backend 'webgpu': power_preference must be 'high-performance' or 'low-power', "
                               f"got {power_preference!r}")
@@ -82,7 +90,14 @@ class WebGPUBackend(Convolution):
         limits = chosen.limits
         want = {k: limits[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size",
                                        "max-compute-workgroup-storage-size") if k in limits}
-        features = [f for f in ("timestamp-query",) if f in chosen.features]
+        offered = set(chosen.features)
+        if precision == "fp16" and "shader-f16" not in offered:
+            raise BackendError(f"backend 'webgpu': precision 'fp16' needs the adapter's shader-f16 feature, which "
+                               f"{self.adapter_name} does not offer; use precision='fp32' here, or another adapter "
+                               f"(lp.backend('webgpu', adapter=...); see leafpy.backends.webgpu.adapters())")
+        features = [f for f in ("timestamp-query",) if f in offered]
+        if precision == "fp16":
+            features.append("shader-f16")
         try:
             self.device = chosen.request_device_sync(required_limits=want, required_features=features)
         except Exception as e:
@@ -123,6 +138,19 @@ class WebGPUBackend(Convolution):
         self._stamps: list = []  # entry points of this command buffer's timed passes
         self._query_set: Any = None
         self.can_profile = "timestamp-query" in features
+        self.has_f16 = precision == "fp16"
+        if self.has_f16:
+            self._modules["half"] = self.device.create_shader_module(
+                code="enable f16;\n" + common + (_HERE / "half.wgsl").read_text())
+            self._enable_f16()
+
+
+_REFUSED = {
+    "bf16": "WGSL has no bfloat16 type; use precision='fp16' (where the adapter offers shader-f16) or 'fp32'",
+    "tf32": "WebGPU has no TF32 tensor-core mode; use precision='fp32' (or 'fp16' where the adapter offers "
+            "shader-f16)",
+}
+"""Why the webgpu backend refuses a precision."""
 
 
 def _describe(adapter: Any) -> str:

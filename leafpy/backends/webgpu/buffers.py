@@ -1,5 +1,9 @@
 """The webgpu backend's memory: WView (a buffer seen with a shape), allocation from a pool of buffers by size,
-uploads, downloads through one reused MAP_READ staging buffer, and scratch buffers kept per use."""
+uploads, downloads through one reused MAP_READ staging buffer, and scratch buffers kept per use.
+
+Buffers hold 4-byte elements (float32, and integers such as dropout's seed) or, on a device opened with the
+shader-f16 feature, float16; WebGPU copies and buffer sizes are 4-byte multiples, so a float16 buffer of an odd
+length is padded by one element and its transfers move the padded byte count."""
 
 from __future__ import annotations
 
@@ -61,13 +65,20 @@ class Buffers(Encoder):
     _free: dict[int, list]
     _staging: Any
     _scratch: dict
+    has_f16: bool = False
+    """Whether the device was opened with shader-f16 (float16 buffers and WGSL's f16 type)."""
 
     # --- memory contract ------------------------------------------------------------------------------------
     def allocate(self, size: int, dtype: Any) -> WView:
         dtype = np.dtype(dtype)
-        if dtype.itemsize != 4:
-            raise BackendError(f"webgpu: buffers hold 4-byte elements, got {dtype}")
-        nbytes = max(4, size * 4)  # WebGPU buffers: non-empty, 4-byte multiples
+        if dtype == np.float16:
+            if not self.has_f16:
+                raise BackendError(f"webgpu: float16 buffers need the adapter's shader-f16 feature, which this device "
+                                   f"was not opened with; use lp.backend('webgpu', precision='fp16') on an adapter "
+                                   f"that offers it (this one: {self.adapter_name})")
+        elif dtype.itemsize != 4:
+            raise BackendError(f"webgpu: buffers hold 4-byte elements or float16, got {dtype}")
+        nbytes = _pad4(size * dtype.itemsize)  # WebGPU buffers: non-empty, 4-byte multiples
         self.allocations += 1
         free = self._free.get(nbytes)
         if free:
@@ -83,12 +94,12 @@ class Buffers(Encoder):
 
     def upload(self, host: np.ndarray, out: Any) -> None:
         self.flush()  # a queued write lands before unsubmitted work: submit that work first
-        data = np.ascontiguousarray(host, dtype=out.dtype)
-        if data.nbytes:
-            self.queue.write_buffer(out.raw, 0, data.tobytes())
+        data = np.ascontiguousarray(host, dtype=out.dtype).tobytes()
+        if data:  # write_buffer moves 4-byte multiples: an odd float16 count takes one padding element along
+            self.queue.write_buffer(out.raw, 0, data + bytes(-len(data) % 4))
 
     def download(self, buf: Any, host: np.ndarray) -> None:
-        nbytes = buf.size * 4
+        nbytes = -(-buf.size * buf.dtype.itemsize // 4) * 4
         if nbytes == 0:
             return
         self.flush()

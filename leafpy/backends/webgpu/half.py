@@ -1,0 +1,173 @@
+"""float16 on the webgpu backend (precision "fp16", on adapters with the shader-f16 feature): conversions between
+float16 and float32 buffers (half.wgsl), and every primitive that has no float16 kernel of its own run by emulation
+on the device: its float16 operands converted into float32 scratch buffers, its float32 kernels run, and the
+operands it writes (declared in :data:`WRITES`, from the signatures in base.py) converted back.
+
+Operands that share a buffer (an in-place activation's input and output) share one scratch buffer, so the float32
+kernel sees the same aliasing the caller asked for.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ...errors import BackendError
+from ..base import Backend
+from .buffers import WView, _pad4
+from .conv import Convolution
+from .params import HalfParams
+
+F16 = np.dtype(np.float16)
+F32 = np.dtype(np.float32)
+
+Writes = tuple[str, ...] | Callable[[dict[str, Any]], tuple[str, ...]]
+
+WRITES: dict[str, Writes] = {
+    "gemm": ("out",), "axpby": ("y",), "scal": ("x",), "copy": ("out",), "fill": ("out",), "mul": ("out",),
+    "dot": ("out",),
+    "activation": ("out",), "activation_grad": ("dx",),
+    "softmax": ("out",), "softmax_grad": ("dx",), "log_softmax": ("out",), "log_softmax_grad": ("dx",),
+    "nll": ("out",), "nll_grad": ("dx",), "mse": ("diff", "out"), "mse_grad": ("dx",),
+    "bias_add": ("y",), "bias_grad": ("db",),
+    "batch_norm_stats": ("mean", "var"), "batch_norm": ("y",),
+    "batch_norm_grad_sums": ("sum_dy", "sum_dy_xhat"), "batch_norm_grad": ("dx",),
+    "conv2d": ("out",), "conv2d_grad_data": ("dx",), "conv2d_grad_filter": ("dw",),
+    "pool2d": ("out", "mask"), "pool2d_grad": ("dx",),
+    "copy_block": lambda args: ("whole",) if args["into_whole"] else ("part",),
+    "lrn": ("scale", "out"), "lrn_grad": ("dx",),
+    "dropout_mask": ("mask",),
+    "clip_to_norm": ("x",),
+    # the gradient may serve the updates as scratch
+    "momentum_update": ("w", "g", "h"), "nesterov_update": ("w", "g", "h", "prev"),
+    "adam_update": ("w", "g", "m", "v"), "rmsprop_update": ("w", "g", "h"), "adagrad_update": ("w", "g", "h"),
+    "adadelta_update": ("w", "g", "h", "u"),
+    "embedding": ("out",), "embedding_grad": ("dtable",),
+    "lstm_cell": ("gates", "c", "h", "hprev", "y"), "lstm_cell_grad": ("dh", "dc", "dgates", "dgates_t"),
+    "rnn_cell": ("h", "hprev", "y"), "rnn_cell_grad": ("dh", "dpre", "dpre_t"),
+    "gru_cell": ("pre", "hn", "h", "hprev", "y"), "gru_cell_grad": ("dh", "dpre", "dpre_h", "dpre_h_t"),
+}
+"""The operands each primitive writes, by parameter name (a function of the call's arguments where that depends on
+them): the float16 operands that emulation converts back after the float32 kernel ran."""
+
+MEMORY = ("allocate", "upload", "download", "view", "synchronize")
+"""The memory contract: float16 buffers are handled there directly, never emulated."""
+
+
+def written(name: str, arguments: dict[str, Any]) -> tuple[str, ...]:
+    """The parameters primitive ``name`` writes in a call with ``arguments`` (parameter name -> value)."""
+    entry = WRITES[name]
+    return entry(arguments) if callable(entry) else entry
+
+
+class Half(Convolution):
+    """float16 buffers: conversions and emulated primitives."""
+
+    NATIVE_F16: tuple[str, ...] = ()
+    """Primitives that take float16 operands in kernels of their own (not emulated)."""
+
+    def _enable_f16(self) -> None:
+        """Wrap every primitive without float16 kernels in the emulation (called once the device has shader-f16)."""
+        from .. import PRIMITIVES
+
+        for name in PRIMITIVES:
+            if name in MEMORY or name in self.NATIVE_F16:
+                continue
+            if name not in WRITES:
+                raise BackendError(f"webgpu: primitive {name!r} declares no written operands (half.WRITES)")
+            setattr(self, name, self._emulated(name, getattr(self, name)))
+
+    def _emulated(self, name: str, method: Callable) -> Callable:
+        signature = inspect.signature(method)
+
+        @functools.wraps(method)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            halves = [k for k, v in bound.arguments.items() if isinstance(v, WView) and v.dtype == F16]
+            if not halves:
+                return method(*args, **kwargs)
+            largest: dict[int, WView] = {}  # buffer -> its largest view among the operands
+            for k in halves:
+                v = bound.arguments[k]
+                seen = largest.get(id(v.raw))
+                if seen is None or v.size > seen.size:
+                    largest[id(v.raw)] = v
+            scratch: dict[int, WView] = {}
+            for j, (key, v) in enumerate(largest.items()):
+                scratch[key] = self._scratch_buffer(v.size, f"half{j}")
+                self._convert(v, scratch[key])
+            originals = {k: bound.arguments[k] for k in halves}
+            for k, v in originals.items():
+                bound.arguments[k] = self.view(scratch[id(v.raw)][:v.size], v.shape)
+            result = method(*bound.args, **bound.kwargs)
+            for k in written(name, bound.arguments):
+                v = originals.get(k)
+                if v is not None:
+                    self._convert(bound.arguments[k], v)
+            return result
+
+        return run
+
+    def cast(self, x, out):
+        if x.size != out.size:
+            raise BackendError(f"webgpu: cast from {x.shape} to {out.shape}: the element counts differ")
+        dtypes = {np.dtype(x.dtype), np.dtype(out.dtype)}
+        if dtypes == {F32}:
+            return self.copy(x, out)
+        if not dtypes <= {F16, F32} or not self.has_f16:
+            raise BackendError(f"webgpu: cannot convert {x.dtype} to {out.dtype}: this device holds float32"
+                               f"{' and float16' if self.has_f16 else ''} buffers (float16 needs precision='fp16')")
+        if dtypes == {F16}:
+            return self.copy(x, out)
+        self._convert(x, out)
+
+    def _convert(self, x: WView, out: WView) -> None:
+        """``out = x`` between a float16 and a float32 buffer (either way), in pieces under the binding limit."""
+        n = x.size
+        entry = "to_f32" if x.dtype == F16 else "to_f16"
+        piece = (self.max_binding // 4 // self.offset_align) * self.offset_align
+        whole = max(x.raw.size, out.raw.size) <= self.max_binding
+        for start in range(0, n, piece if not whole else max(n, 1)):
+            count = min(piece if not whole else n, n - start)
+            ranges = None if whole else [(start * v.dtype.itemsize, _pad4(count * v.dtype.itemsize)) for v in (x, out)]
+            self._dispatch("half", entry, HalfParams(count=count, two=2.0), [x, out], self._grid(count), ranges)
+
+    def full_precision(self) -> Backend:
+        if self.precision == "fp32":
+            return self
+        twin = self.__dict__.get("_twin")
+        if twin is None:
+            twin = self.__dict__["_twin"] = FullPrecision(self)
+        return twin
+
+
+class FullPrecision(Backend):
+    """A backend's float32 twin on the same device (losses and softmax run there under fp16): everything but the
+    precision is the backend's own, the command stream and buffers included, so the two interleave in order and
+    share tensors' device copies (the same key)."""
+
+    _OWN = frozenset({"_of", "precision", "compute_dtype", "mixed", "full_precision", "__class__", "__dict__",
+                      "__repr__", "__init__"})
+
+    def __init__(self, of: Backend) -> None:
+        object.__setattr__(self, "_of", of)
+
+    precision = "fp32"
+
+    def full_precision(self) -> Backend:
+        return self
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in FullPrecision._OWN:
+            return object.__getattribute__(self, name)
+        return getattr(object.__getattribute__(self, "_of"), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._of, name, value)
+
+    def __repr__(self) -> str:
+        return f"<{type(self._of).__name__} {self._of.key} float32 (the full-precision twin)>"
