@@ -1,0 +1,275 @@
+"""precision="fp16" on the webgpu backend (adapters with shader-f16; lavapipe offers it, so these run in CI).
+
+Tolerances come from float16's unit roundoff u = 2**-11 (half the spacing of numbers in [1, 2)): a layer's results
+against the same layer in float64 on native (from the same float16-rounded inputs) within
+GROWTH * roundings * u, the rule test_mixed_precision.py states for native's fp16 emulation (roundings: 2 for the
+stored result and a stored value read again, +1 for float16 weight copies, +T for a recurrent layer over T steps;
+GROWTH = 4 for magnitude growth inside the layer); a single primitive within REDUCTION_DEPTH * u (float32
+accumulation adds ~2**-24 per term, far below u at these lengths, so the float16 rounding of inputs and result
+dominates); a training run against native's fp16 emulation within TRAINING_ULPS * u per step, relative to
+max(1, |w|).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+from test_gradients import CASES
+from test_mixed_precision import GROWTH, _low, _roundings
+
+import leafpy as lp
+from leafpy.backends.base import PRIMITIVES, Backend
+from leafpy.errors import BackendError
+
+pytestmark = pytest.mark.webgpu
+
+U = 2.0**-11
+F16 = np.dtype(np.float16)
+REDUCTION_DEPTH = 4
+"""A primitive's error budget in units of u: float16 inputs exact, one rounding of the float16 result (u), and as
+much again for float32 sums and the float16 rounding of a value the primitive reads back (a cast's round trip)."""
+TRAINING_ULPS = 8
+"""Per training step, in units of u: native and webgpu sum in different orders, so an element's float16 rounding
+may differ by one spacing (2u relative) in any activation; a step passes it through forward, backward and update."""
+WORST: dict[str, tuple[float, float]] = {}
+"""case -> (largest relative error seen, tolerance): the per-layer table for reports."""
+
+
+@pytest.fixture(scope="module")
+def fp16():
+    try:
+        lp.backend("webgpu")
+    except lp.BackendUnavailable as e:
+        pytest.skip(f"webgpu backend unavailable: {e}")
+    try:
+        return lp.backend("webgpu", precision="fp16")
+    except BackendError as e:
+        pytest.skip(f"this webgpu adapter cannot run fp16: {e}")
+
+
+def _rel(got, want) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float((np.abs(got - want) / np.maximum(1.0, np.abs(want))).max())
+
+
+# --- refusals -------------------------------------------------------------------------------------------------------
+def test_bf16_and_tf32_are_refused_with_the_alternative():
+    with pytest.raises(BackendError, match=r"WGSL has no bfloat16.*use precision='fp16'.*or 'fp32'"):
+        lp.backend("webgpu", precision="bf16")
+    with pytest.raises(BackendError, match=r"no TF32.*precision='fp32'"):
+        lp.backend("webgpu", precision="tf32")
+
+
+def test_an_adapter_without_shader_f16_refuses_fp16(fp16, monkeypatch):
+    adapter_type = type(fp16.adapter)
+    offered = set(fp16.adapter.features)
+    monkeypatch.setattr(adapter_type, "features", property(lambda self: offered - {"shader-f16"}))
+    with pytest.raises(BackendError, match=r"'fp16' needs the adapter's shader-f16 feature.*precision='fp32'"):
+        lp.backend("webgpu", precision="fp16")
+    plain = lp.backend("webgpu", precision="fp32", power_preference="low-power")  # fp32 still opens
+    with pytest.raises(BackendError, match="shader-f16"):
+        plain.allocate(4, np.float16)
+
+
+# --- memory and conversions -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 1001])
+def test_float16_buffers_round_trip_at_odd_lengths(fp16, n):
+    x = np.random.default_rng(n).standard_normal(n).astype(np.float16)
+    buf = fp16.allocate(n, np.float16)
+    fp16.upload(x, buf)
+    back = np.empty(n, np.float16)
+    fp16.download(buf, back)
+    np.testing.assert_array_equal(back, x)
+    t = lp.SharedTensor.from_numpy(x.reshape(1, n), np.float16)
+    assert t.read(fp16).dtype == F16 and fp16.view(t.read(fp16), (n,)).shape == (n,)
+    np.testing.assert_array_equal(t.to_numpy(), x.reshape(1, n))
+
+
+def test_casts_round_to_nearest_even_and_overflow_to_infinity(fp16):
+    spacing = 2.0**-10
+    x = np.array([1 + spacing / 2, 1 + 3 * spacing / 2, 2049, 2051, -2051, 1e-8, 3e-5, 65504, 65519.9, 65520,
+                  -1e6, np.inf, np.nan] + list(np.random.default_rng(0).standard_normal(20) * 300), np.float32)
+    f = lp.SharedTensor.from_numpy(x)
+    h = lp.SharedTensor(x.shape, np.float16)
+    fp16.cast(f.read(fp16), h.write(fp16))
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16)  # IEEE conversion, ties to even
+    np.testing.assert_array_equal(h.to_numpy(), want)
+    back = lp.SharedTensor(x.shape, np.float32)
+    fp16.cast(h.read(fp16), back.write(fp16))
+    np.testing.assert_array_equal(back.to_numpy(), want.astype(np.float32))
+    with pytest.raises(BackendError, match="cannot convert"):
+        fp16.cast(f.read(fp16), lp.SharedTensor(x.shape, np.uint32).write(fp16))
+
+
+# --- emulation: every primitive's written operands are declared ------------------------------------------------------
+def test_every_primitive_declares_the_operands_it_writes():
+    from leafpy.backends.webgpu.half import MEMORY, WRITES, written
+
+    assert set(WRITES) == set(PRIMITIVES) - set(MEMORY)
+    for name in WRITES:
+        params = inspect.signature(getattr(Backend, name)).parameters
+        args = {p: True for p in params}
+        for p in written(name, args) + written(name, {**args, "into_whole": False}):
+            assert p in params, f"{name} writes {p!r}, which is not one of its parameters"
+
+
+def _upload(be, x, dtype=np.float16):
+    t = lp.SharedTensor.from_numpy(np.asarray(x, dtype), dtype)
+    return t, t.read_write(be)
+
+
+def test_blas_and_reduction_primitives_on_float16_operands(fp16):
+    rng = np.random.default_rng(3)
+    x = _low(rng.standard_normal((5, 7)), F16)
+    y = _low(rng.standard_normal((5, 7)), F16)
+    tol = REDUCTION_DEPTH * U
+    checks = []
+    tx, bx = _upload(fp16, x)
+    ty, by = _upload(fp16, y)
+    fp16.axpby(0.5, bx, -2.0, by)
+    checks.append(("axpby", ty.to_numpy(), 0.5 * x - 2.0 * y))
+    tx, bx = _upload(fp16, x)
+    fp16.scal(3.0, bx)
+    checks.append(("scal", tx.to_numpy(), 3.0 * x))
+    tz, bz = _upload(fp16, np.zeros_like(x))
+    tx, bx = _upload(fp16, x)
+    ty, by = _upload(fp16, y)
+    fp16.mul(bx, by, bz)
+    checks.append(("mul", tz.to_numpy(), x * y))
+    fp16.fill(-0.75, tz.write(fp16))
+    checks.append(("fill", tz.to_numpy(), np.full_like(x, -0.75)))
+    fp16.copy(tx.read(fp16), tz.write(fp16))
+    checks.append(("copy", tz.to_numpy(), x))
+    out = lp.SharedTensor((1,), np.float32)
+    fp16.dot(bx, by, out.write(fp16))
+    checks.append(("dot", out.to_numpy(), [np.sum(x * y)]))
+    tc, bc = _upload(fp16, np.full((5, 3), 0.25))
+    tw, bw = _upload(fp16, _low(rng.standard_normal((3, 7)), F16))
+    fp16.gemm(bx, False, bw, True, bc, 2.0, 0.5)
+    checks.append(("gemm", tc.to_numpy(), 2.0 * x @ tw.to_numpy().astype(np.float64).T + 0.125))
+    sumsq = lp.SharedTensor.from_numpy(np.array([4.0 * 35], np.float32))  # a norm of 2 sqrt(35), clipped to 1
+    tx, bx = _upload(fp16, x)
+    fp16.clip_to_norm(bx, sumsq.read(fp16), 1.0)
+    checks.append(("clip_to_norm", tx.to_numpy(), x / (2 * np.sqrt(35))))
+    for name, got, want in checks:
+        err = _rel(got, want)
+        WORST[name] = (err, tol)
+        assert err <= tol, f"{name}: relative error {err:.3g} > {tol:.3g}"
+
+
+def test_in_place_and_several_written_operands_come_back(fp16):
+    """An in-place activation (input and output one buffer) and MSE (diff and loss both written)."""
+    x = _low(np.linspace(-2, 2, 9), F16)
+    t, b = _upload(fp16, x)
+    fp16.relu(b, b)
+    np.testing.assert_array_equal(t.to_numpy(), np.maximum(x, 0).astype(np.float16))
+    target = _low(np.linspace(1, -1, 9), F16)
+    tt, bt = _upload(fp16, target)
+    diff = lp.SharedTensor((9,), np.float16)
+    loss = lp.SharedTensor((1,), np.float16)
+    fp16.mse(fp16.view(b, (9, 1)), fp16.view(bt, (9, 1)), fp16.view(diff.write(fp16), (9, 1)), loss.write(fp16))
+    want = np.maximum(x, 0) - target
+    assert _rel(diff.to_numpy(), want) <= 2 * U
+    assert _rel(loss.to_numpy(), [np.mean(want**2)]) <= REDUCTION_DEPTH * U
+
+
+def _layer_params():
+    for type_name, cases in sorted(CASES.items()):
+        for i, case in enumerate(cases):
+            yield pytest.param(type_name, case, id=f"{type_name}-{i}")
+
+
+@pytest.mark.parametrize("type_name,case", list(_layer_params()))
+def test_layer_in_fp16_against_float64(fp16, type_name, case):
+    """Every layer (so every primitive a layer calls) in fp16 on webgpu against float64 native."""
+    config, make_inputs = case
+    ref_be = lp.backend("native", dtype=np.float64)
+    inputs = [_low(x, F16) for x in make_inputs(np.random.default_rng(7))]
+    low = lp.Layer.from_config(fp16, lp.LayerConfig("l", config), seed=3)
+    ref = lp.Layer.from_config(ref_be, lp.LayerConfig("l", config), seed=3)
+    outs = low.forward([x.copy() for x in inputs])
+    ref.load_weights({n: np.asarray(w, np.float64) for n, w in low.named_weights().items()})
+    out_dtype = np.float32 if low.worker.master_precision_outputs else F16
+    assert all(o.dtype == out_dtype for o in outs), [o.dtype for o in outs]
+    rng = np.random.default_rng(11)
+    dys = [_low(rng.standard_normal(o.shape), F16) for o in outs]
+    if type_name == "Dropout":  # the same masks: both layers draw from the same seed
+        low.worker.calls = 0
+    low_outs = [o.to_numpy() for o in low.forward([x.copy() for x in inputs])]
+    low_dx = low.backward(dys)
+    ref_outs = [o.to_numpy() for o in ref.forward([x.copy() for x in inputs])]
+    ref_dx = ref.backward(dys)
+    tol = GROWTH * _roundings(type_name, low, inputs) * U
+    key = f"{type_name}-{CASES[type_name].index(case)}"
+
+    def close(got, want, what):
+        err = _rel(got, want)
+        WORST[key] = (max(WORST.get(key, (0.0, tol))[0], err), tol)
+        assert err <= tol, f"{what}: relative error {err:.3g} > {tol:.3g}"
+
+    for i, (a, b) in enumerate(zip(low_outs, ref_outs)):
+        close(a, b, f"output {i}")
+    for i, (a, b) in enumerate(zip(low_dx, ref_dx)):
+        if b is not None:
+            assert a.dtype == F16
+            close(a.to_numpy(), b.to_numpy(), f"input gradient {i}")
+    ref_grads = dict(zip(ref.learnable_weights_names(), ref.learnable_weights_gradients()))
+    for name, g in zip(low.learnable_weights_names(), low.learnable_weights_gradients()):
+        assert g.dtype == np.float32, f"{name}: weight gradients are float32 masters"
+        if not name.endswith(("running_mean", "running_var")):
+            close(g.to_numpy(), ref_grads[name].to_numpy(), f"gradient of {name}")
+
+
+# --- training -------------------------------------------------------------------------------------------------------
+def _lenet(batch: int, **solver) -> lp.SolverConfig:
+    net = lp.SequentialConfig(inputs=[("data", [batch, 1, 8, 8])])
+    net.add_layer(lp.LayerConfig("conv1", lp.ConvolutionConfig(num_output=4, filter_shape=[3], stride=[1],
+                                                               padding=[1])))
+    net.add_layer(lp.LayerConfig("relu1", "ReLU"))
+    net.add_layer(lp.LayerConfig("pool1", lp.PoolingConfig(mode="max", filter_shape=[2], stride=[2], padding=[0])))
+    net.add_layer(lp.LayerConfig("flat", "Flatten"))
+    net.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=16)))
+    net.add_layer(lp.LayerConfig("tanh", "TanH"))
+    net.add_layer(lp.LayerConfig("fc2", lp.LinearConfig(output_size=10)))
+    net.add_layer(lp.LayerConfig("logsm", "LogSoftmax"))
+    obj = lp.SequentialConfig(inputs=[("network_out", [batch, 10]), ("label", [batch, 1])])
+    obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=10)))
+    return lp.SolverConfig(network=lp.LayerConfig("lenet", net), objective=lp.LayerConfig("loss", obj),
+                           solver="momentum", base_lr=0.1, momentum=0.9, seed=1, **solver)
+
+
+@pytest.mark.parametrize("loss_scale", [None, "none"], ids=["dynamic-scaling", "replayed"])
+def test_lenet_trains_in_fp16_as_native_emulates_it(fp16, loss_scale):
+    """Same weights, same batches: webgpu fp16 against native's fp16 emulation, step by step; without loss scaling
+    the steps are recorded and replayed."""
+    steps, batch = 5, 8
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((batch, 1, 8, 8)).astype(np.float32) for _ in range(steps)]
+    ys = [rng.integers(0, 10, (batch, 1)).astype(np.float32) for _ in range(steps)]
+    runs = []
+    for be in (lp.backend("native", precision="fp16"), fp16):
+        solver = lp.Solver.from_config(be, be, _lenet(batch, loss_scale=loss_scale))
+        replays = getattr(be, "replays", 0)
+        outs, losses = [], []
+        for x, y in zip(xs, ys):
+            out = solver.train_minibatch(x, y)
+            assert out.dtype == np.float32  # LogSoftmax's output stays float32
+            outs.append(out.to_numpy().astype(np.float64))
+            losses.append(float(solver.objective.runner.outputs[0].to_numpy().reshape(-1)[0]))
+        weights = {n: w.to_numpy() for n, w in zip(solver.network.learnable_weights_names(),
+                                                   solver.network.learnable_weights_data())}
+        runs.append((outs, losses, weights, getattr(be, "replays", 0) - replays))
+    (n_outs, n_losses, n_weights, _), (w_outs, w_losses, w_weights, replays) = runs
+    if loss_scale == "none":
+        assert replays == steps - 2, "steps after the second should replay their recording"
+    assert np.all(np.diff(n_losses[:1] + w_losses) != 0)
+    for step in range(steps):
+        tol = TRAINING_ULPS * U * (step + 1)
+        assert _rel(w_outs[step], n_outs[step]) <= tol, f"output of step {step}"
+        assert abs(w_losses[step] - n_losses[step]) / max(1.0, abs(n_losses[step])) <= tol, f"loss of step {step}"
+    for name, w in n_weights.items():
+        assert w_weights[name].dtype == np.float32
+        assert _rel(w_weights[name], w) <= TRAINING_ULPS * U * steps, name
