@@ -273,3 +273,27 @@ def test_lenet_trains_in_fp16_as_native_emulates_it(fp16, loss_scale):
     for name, w in n_weights.items():
         assert w_weights[name].dtype == np.float32
         assert _rel(w_weights[name], w) <= TRAINING_ULPS * U * steps, name
+
+
+def test_activations_and_bias_add_run_in_float16_kernels(fp16):
+    """One dispatch each (no conversions around a float32 kernel), in place and out of place, against float64."""
+    rng = np.random.default_rng(5)
+    x = _low(rng.standard_normal((4, 3, 5)), F16)
+    dy = _low(rng.standard_normal((4, 3, 5)), F16)
+    bias = _low(rng.standard_normal(3), F16)
+    tx, bx = _upload(fp16, x)
+    tdy, bdy = _upload(fp16, dy)
+    ty = lp.SharedTensor(x.shape, np.float16)
+    tdx = lp.SharedTensor(x.shape, np.float16)
+    fp16.flush()
+    before = fp16.dispatches
+    fp16.activation("sigmoid", bx, ty.write(fp16))
+    fp16.activation_grad("sigmoid", ty.read(fp16), bdy, tdx.write(fp16))
+    fp16.relu(bx, bx)
+    for b in (bias.astype(np.float16), bias.astype(np.float32)):
+        fp16.bias_add(bx, lp.SharedTensor.from_numpy(b, b.dtype).read(fp16))
+    assert fp16.dispatches - before == 5
+    y = 1 / (1 + np.exp(-x))
+    assert _rel(ty.to_numpy(), y) <= U
+    assert _rel(tdx.to_numpy(), dy * _low(y, F16) * (1 - _low(y, F16))) <= 2 * U
+    assert _rel(tx.to_numpy(), np.maximum(x, 0) + 2 * bias[None, :, None]) <= 2 * U

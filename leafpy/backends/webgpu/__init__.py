@@ -140,8 +140,6 @@ class WebGPUBackend(Half):
         self.can_profile = "timestamp-query" in features
         self.has_f16 = precision == "fp16"
         if self.has_f16:
-            self._modules["half"] = self.device.create_shader_module(
-                code="enable f16;\n" + common + (_HERE / "half.wgsl").read_text())
             self._enable_f16()
 
 

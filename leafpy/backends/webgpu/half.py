@@ -11,16 +11,22 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ...errors import BackendError
+from .. import pointwise
 from ..base import Backend
 from .buffers import WView, _pad4
 from .conv import Convolution
-from .params import HalfParams
+from .elementwise import _act
+from .params import ElementwiseParams, HalfParams, ParamStruct
+
+_HERE = Path(__file__).parent
 
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
@@ -54,8 +60,68 @@ WRITES: dict[str, Writes] = {
 """The operands each primitive writes, by parameter name (a function of the call's arguments where that depends on
 them): the float16 operands that emulation converts back after the float32 kernel ran."""
 
+PRELUDE = """enable f16;
+
+// f32 -> f16 rounded to nearest (even on ties); past float16's largest finite value (65504, and what rounds to it
+// from below 65520) an infinity of the same sign, as loss scaling expects from an overflow (WGSL leaves a plain
+// conversion's result there to the device): the largest finite value doubled overflows at run time
+var<private> lp_two: f32 = 2.0;
+fn to_h(x: f32) -> f16 {
+    if (abs(x) >= 65520.0) { return f16(clamp(x, -65504.0, 65504.0)) * f16(lp_two); }
+    return f16(x);
+}
+"""
+"""What every float16 shader module starts with (then params.wgsl and the module's own source)."""
+
 MEMORY = ("allocate", "upload", "download", "view", "synchronize")
 """The memory contract: float16 buffers are handled there directly, never emulated."""
+
+
+_ENTRY = """@compute @workgroup_size(256)
+fn {entry}(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {{
+    let i = flat_index(gid, nw);
+    if (i < p.count) {{ {store}; }}
+}}
+"""
+
+
+def elementwise_source() -> str:
+    """The float16 elementwise module (after PRELUDE and params.wgsl): elementwise.wgsl's ElementwiseParams, the
+    arrays a, b and c bound as float16 (a16, ...) or float32 (a32, ...), each entry point using one of each, and
+    the activations' entry points generated from pointwise.TABLE like the float32 ones, with float16 loads and
+    stores around float32 arithmetic: NAME_h (b = f(a)), NAME_grad_h (c = g(a, b)) and their in-place twins
+    NAME_h_inplace, NAME_grad_h_inplace; bias_add_h (bias float16) and bias_add_hf (bias float32)."""
+    declared = re.search(r"struct ElementwiseParams \{[^}]*\}", (_HERE / "elementwise.wgsl").read_text())
+    if declared is None:
+        raise BackendError("webgpu: elementwise.wgsl declares no struct ElementwiseParams")
+    parts = [declared.group(0), "@group(0) @binding(0) var<uniform> p: ElementwiseParams;"]
+    for i, name in enumerate("abc"):
+        for kind in ("16", "32"):
+            parts.append(f"@group(0) @binding({i + 1}) var<storage, read_write> {name}{kind}: array<f{kind}>;")
+    parts.append(pointwise.wgsl_functions())
+    for ln in pointwise.TABLE.values():
+        ps = "".join(f", p.act{i}" for i in range(len(ln.params)))
+        f, g = f"pw_{ln.name}_f", f"pw_{ln.name}_g"
+        for entry, store in ((ln.entry + "_h", f"b16[i] = to_h({f}(f32(a16[i]){ps}))"),
+                             (ln.entry + "_h_inplace", f"a16[i] = to_h({f}(f32(a16[i]){ps}))"),
+                             (ln.name + "_grad_h", f"c16[i] = to_h({g}(f32(a16[i]), f32(b16[i]){ps}))"),
+                             (ln.name + "_grad_h_inplace", f"b16[i] = to_h({g}(f32(a16[i]), f32(b16[i]){ps}))")):
+            parts.append(_ENTRY.format(entry=entry, store=store))
+    channel = "((i + p.base) / p.inner) % p.channels"
+    for entry, bias in (("bias_add_h", "b16"), ("bias_add_hf", "b32")):
+        parts.append(_ENTRY.format(entry=entry, store=f"a16[i] = to_h(f32(a16[i]) + f32({bias}[{channel}]))"))
+    return "\n".join(parts) + "\n"
+
+
+def elementwise_inplace() -> dict[str, tuple[int, int]]:
+    """The float16 activations' entry points with an in-place twin, as pointwise.wgsl_inplace() says."""
+    return {ln.entry + "_h": (1, 0) for ln in pointwise.TABLE.values()} | \
+        {ln.name + "_grad_h": (2, 1) for ln in pointwise.TABLE.values()}
+
+
+ElementwiseHalfParams = ParamStruct("ElementwiseParams", "elementwise16",
+                                    list(zip(ElementwiseParams.fields, ElementwiseParams.kinds)))
+"""ElementwiseParams, feeding the float16 elementwise module."""
 
 
 def written(name: str, arguments: dict[str, Any]) -> tuple[str, ...]:
@@ -67,15 +133,23 @@ def written(name: str, arguments: dict[str, Any]) -> tuple[str, ...]:
 class Half(Convolution):
     """float16 buffers: conversions and emulated primitives."""
 
-    NATIVE_F16: tuple[str, ...] = ()
-    """Primitives that take float16 operands in kernels of their own (not emulated)."""
+    NATIVE_F16 = {"activation": "_activation_h", "activation_grad": "_activation_grad_h", "bias_add": "_bias_add_h"}
+    """Primitives with float16 kernels of their own, by the method that runs them; it returns False for operands
+    it does not take (other dtype mixes, tensors past the binding limit), which are then emulated."""
 
     def _enable_f16(self) -> None:
-        """Wrap every primitive without float16 kernels in the emulation (called once the device has shader-f16)."""
+        """Build the float16 modules and wrap every primitive in the emulation, which first offers float16 operands
+        to the primitive's float16 kernels where it has them (called once the device has shader-f16)."""
         from .. import PRIMITIVES
 
+        common = (_HERE / "params.wgsl").read_text()
+        self._modules["half"] = self.device.create_shader_module(
+            code=PRELUDE + common + (_HERE / "half.wgsl").read_text())
+        self._modules["elementwise16"] = self.device.create_shader_module(
+            code=PRELUDE + common + elementwise_source())
+        self._inplace.update(elementwise_inplace())
         for name in PRIMITIVES:
-            if name in MEMORY or name in self.NATIVE_F16:
+            if name in MEMORY:
                 continue
             if name not in WRITES:
                 raise BackendError(f"webgpu: primitive {name!r} declares no written operands (half.WRITES)")
@@ -83,9 +157,12 @@ class Half(Convolution):
 
     def _emulated(self, name: str, method: Callable) -> Callable:
         signature = inspect.signature(method)
+        native = getattr(self, self.NATIVE_F16[name]) if name in self.NATIVE_F16 else None
 
         @functools.wraps(method)
         def run(*args: Any, **kwargs: Any) -> Any:
+            if native is not None and native(*args, **kwargs):
+                return None
             bound = signature.bind(*args, **kwargs)
             halves = [k for k, v in bound.arguments.items() if isinstance(v, WView) and v.dtype == F16]
             if not halves:
@@ -112,6 +189,33 @@ class Half(Convolution):
 
         return run
 
+    # --- float16 kernels: False where the operands are not theirs --------------------------------------------------
+    def _halves(self, *buffers: WView) -> bool:
+        """Whether every buffer is float16 and each fits one binding (the kernels bind them whole)."""
+        return all(b.dtype == F16 and b.raw.size <= self.max_binding for b in buffers)
+
+    def _activation_h(self, kind, x, out, params=()) -> bool:
+        if not self._halves(x, out):
+            return False
+        self._elementwise(pointwise.line(kind).entry + "_h", out.size, [x, out], ElementwiseHalfParams,
+                          whole=(0, 1), **_act(params))
+        return True
+
+    def _activation_grad_h(self, kind, src, dy, dx, params=()) -> bool:
+        if not self._halves(src, dy, dx):
+            return False
+        self._elementwise(pointwise.line(kind).name + "_grad_h", dx.size, [src, dy, dx], ElementwiseHalfParams,
+                          whole=(0, 1, 2), **_act(params))
+        return True
+
+    def _bias_add_h(self, y, b) -> bool:
+        if not self._halves(y) or b.dtype not in (F16, F32) or b.raw.size > self.max_binding:
+            return False
+        n, c = y.shape[0], y.shape[1]
+        self._elementwise("bias_add_h" if b.dtype == F16 else "bias_add_hf", y.size, [y, b], ElementwiseHalfParams,
+                          whole=(0, 1), channels=c, inner=y.size // (n * c))
+        return True
+
     def cast(self, x, out):
         if x.size != out.size:
             raise BackendError(f"webgpu: cast from {x.shape} to {out.shape}: the element counts differ")
@@ -134,7 +238,7 @@ class Half(Convolution):
         for start in range(0, n, piece if not whole else max(n, 1)):
             count = min(piece if not whole else n, n - start)
             ranges = None if whole else [(start * v.dtype.itemsize, _pad4(count * v.dtype.itemsize)) for v in (x, out)]
-            self._dispatch("half", entry, HalfParams(count=count, two=2.0), [x, out], self._grid(count), ranges)
+            self._dispatch("half", entry, HalfParams(count=count), [x, out], self._grid(count), ranges)
 
     def full_precision(self) -> Backend:
         if self.precision == "fp32":
