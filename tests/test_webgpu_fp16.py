@@ -297,3 +297,28 @@ def test_activations_and_bias_add_run_in_float16_kernels(fp16):
     assert _rel(ty.to_numpy(), y) <= U
     assert _rel(tdx.to_numpy(), dy * _low(y, F16) * (1 - _low(y, F16))) <= 2 * U
     assert _rel(tx.to_numpy(), np.maximum(x, 0) + 2 * bias[None, :, None]) <= 2 * U
+
+
+@pytest.mark.parametrize("m,n,k,ta,tb,c_dtype,beta,dispatches", [
+    (20, 12, 40, False, True, np.float16, 0.0, 1),      # a linear layer's forward: one kernel, float16 loads
+    (70, 130, 33, True, False, np.float16, 0.5, 1),     # larger tiles, beta read from a float16 C
+    (16, 24, 1500, True, False, np.float32, 1.0, 2),    # a weight gradient into float32 masters: split K, summed
+])
+def test_gemm_reads_float16_and_accumulates_in_float32(fp16, m, n, k, ta, tb, c_dtype, beta, dispatches):
+    rng = np.random.default_rng(m + n + k)
+    a = _low(rng.standard_normal((k, m) if ta else (m, k)), F16)
+    b = _low(rng.standard_normal((n, k) if tb else (k, n)), F16)
+    c0 = _low(rng.standard_normal((m, n)), F16)
+    ta_, ba = _upload(fp16, a)
+    tb_, bb = _upload(fp16, b)
+    tc, bc = _upload(fp16, c0, c_dtype)
+    fp16.flush()
+    before = fp16.dispatches
+    fp16.gemm(fp16.view(ba, a.shape), ta, fp16.view(bb, b.shape), tb, fp16.view(bc, (m, n)), 1.5, beta)
+    fp16.flush()
+    assert fp16.dispatches - before == dispatches
+    want = 1.5 * (a.T if ta else a) @ (b.T if tb else b) + beta * c0
+    err = _rel(tc.to_numpy(), want)
+    tol = REDUCTION_DEPTH * U if c_dtype == np.float16 else 1e-4  # float32 C: float32 sums of up to 1500 terms only
+    WORST[f"gemm {m}x{n}x{k} C {np.dtype(c_dtype)}"] = (err, tol)
+    assert tc.to_numpy().dtype == c_dtype and err <= tol, err

@@ -76,6 +76,7 @@ class Gemm(Reductions):
         first sample; the caller makes sure every operand fits one binding. ``bias``: added per row of C (a
         convolution's output channel; C_MODE 1 only). ``batch``: that many products of this shape, stored one
         after another in a, b and out (plain operands), in one dispatch."""
+        module = self._gemm_module(a, b, out)
         lds = {"lda": m if trans_a else k, "ldb": k if trans_b else n, "ldc": n}  # row strides as stored
         consts = (("TRANS_A", int(trans_a)), ("TRANS_B", int(trans_b))) + conv
         if bias is not None:
@@ -96,7 +97,8 @@ class Gemm(Reductions):
         outputs = batch * m * n
         splits = 1
         fill = self.SPLIT_K_TILES * (4 if tm == 32 else 1)  # 32x32 tiles run 64 threads, the others 256
-        if tiles < fill and k >= self.SPLIT_K_FROM and not any(name == "C_MODE" for name, _ in conv):
+        if tiles < fill and k >= self.SPLIT_K_FROM and not any(name == "C_MODE" for name, _ in conv) \
+                and module != "gemm16":  # float32 partials summed into a float32 C only
             shortest = self.SPLIT_K_MIN
             if (not conv and m * n * k * batch >= self.SPLIT_K_FINE_WORK
                     and tiles * min(-(-fill // tiles), k // shortest) < self.SPLIT_K_FINE_GROUPS):
@@ -108,12 +110,12 @@ class Gemm(Reductions):
         spans = [(c0, min(gx - c0, self.max_groups)) for c0 in range(0, gx, self.max_groups)]
         shape = dict(m=m, n=n, k=k, first_sample=n0, batch=batch, **lds)
         if splits == 1 and len(spans) == 1 and batch == 1:  # encoded at the next dispatch: a bias or ReLU may join
-            self._defer("gemm", entry, GemmParams(**shape, k_slice=k, alpha=alpha, beta=beta), operands,
+            self._defer(module, entry, GemmParams(**shape, k_slice=k, alpha=alpha, beta=beta), operands,
                         (gx, gy, 1), consts, (m, n), out)
             return
         if splits == 1:
             for c0, cx in spans:
-                self._dispatch("gemm", entry, GemmParams(**shape, k_slice=k, col0=c0 * tn, alpha=alpha, beta=beta),
+                self._dispatch(module, entry, GemmParams(**shape, k_slice=k, col0=c0 * tn, alpha=alpha, beta=beta),
                                operands, (cx, gy, batch), constants=consts)
             return
         chunk = -(-k // splits)
@@ -121,7 +123,7 @@ class Gemm(Reductions):
         splits = -(-k // chunk)
         partial = self._scratch_buffer(splits * outputs, "splitk")
         for c0, cx in spans:
-            self._dispatch("gemm", entry, GemmParams(**shape, k_slice=chunk, col0=c0 * tn, alpha=1.0),
+            self._dispatch(module, entry, GemmParams(**shape, k_slice=chunk, col0=c0 * tn, alpha=1.0),
                            [a, b, partial, *operands[3:]], (cx, gy, splits * batch), constants=consts)
         if outputs <= self.SPLIT_SUM_ROWS:  # few outputs, many partials each: one workgroup per output
             def emit() -> None:
@@ -134,6 +136,14 @@ class Gemm(Reductions):
             self._defer_sum(out, partial, splits, alpha, beta, emit)
         else:
             emit()
+
+    @staticmethod
+    def _gemm_module(a: WView, b: WView, out: WView) -> str:
+        """The GEMM module for the operands' dtypes: "gemm" (float32), or with float16 A and B "gemm16" (C float16)
+        or "gemm16c32" (C float32; both built by half.py on a device with shader-f16)."""
+        if a.dtype.itemsize == 2 and b.dtype.itemsize == 2:
+            return "gemm16" if out.dtype.itemsize == 2 else "gemm16c32"
+        return "gemm"
 
     def _gemm_blocks(self, operands, trans_a, trans_b, m, n, k, alpha, beta, consts, lds) -> None:
         """A product whose operands exceed the storage-binding limit, in blocks of C whose rows of A, rows of B^T

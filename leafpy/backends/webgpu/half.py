@@ -113,6 +113,65 @@ def elementwise_source() -> str:
     return "\n".join(parts) + "\n"
 
 
+def _halve(source: str, names: tuple[str, ...]) -> str:
+    """``source`` with the storage arrays ``names`` declared float16: each read ``X[i]`` becomes ``f32(X[i])`` and
+    each store ``X[i] = v;`` becomes ``X[i] = to_h(v);`` (brackets matched, so indices may nest)."""
+    for name in names:
+        source, found = re.subn(rf"(var<storage, read(?:_write)?> {name}): array<f32>", r"\1: array<f16>", source)
+        if found != 1:
+            raise BackendError(f"webgpu: expected one declaration of the storage array {name}, found {found}")
+    source = re.sub(r"//[^\n]*", "", source)  # comments would read as code below
+    pattern = re.compile(rf"\b({'|'.join(names)})\[")
+    out, at = [], 0
+    for match in pattern.finditer(source):
+        if match.start() < at:
+            continue
+        depth, end = 1, match.end()
+        while depth:
+            depth += {"[": 1, "]": -1}.get(source[end], 0)
+            end += 1
+        access = source[match.start():end]
+        store = re.match(r"\s*=(?!=)", source[end:])
+        out.append(source[at:match.start()])
+        if store:
+            stop = source.index(";", end)
+            value = source[end + store.end():stop].strip()
+            out.append(f"{_halve_reads(access[:-1], pattern, inner=True)}] = to_h({_halve_reads(value, pattern)});")
+            at = stop + 1
+        else:
+            out.append(f"f32({_halve_reads(access[:-1], pattern, inner=True)}])")
+            at = end
+    out.append(source[at:])
+    return "".join(out)
+
+
+def _halve_reads(text: str, pattern: re.Pattern, inner: bool = False) -> str:
+    """Reads of float16 arrays inside an index or a stored value wrapped in f32() (``inner``: text opens with the
+    array's own access, which stays as it is)."""
+    head = ""
+    if inner:
+        bracket = text.index("[") + 1
+        head, text = text[:bracket], text[bracket:]
+    parts, at = [], 0
+    for match in pattern.finditer(text):
+        if match.start() < at:
+            continue
+        depth, end = 1, match.end()
+        while depth:
+            depth += {"[": 1, "]": -1}.get(text[end], 0)
+            end += 1
+        parts += [text[at:match.start()], f"f32({_halve_reads(text[match.start():end - 1], pattern, True)}])"]
+        at = end
+    return head + "".join(parts) + text[at:]
+
+
+def gemm_source(c16: bool) -> str:
+    """gemm.wgsl with A, B (and with ``c16`` C, Bias and ActOut) float16 in memory: the tiles in workgroup memory,
+    the products and the sums stay float32; a float16 C is rounded once, when stored."""
+    names = ("A", "B", "C", "Bias", "ActOut") if c16 else ("A", "B")
+    return _halve((_HERE / "gemm.wgsl").read_text(), names)
+
+
 def elementwise_inplace() -> dict[str, tuple[int, int]]:
     """The float16 activations' entry points with an in-place twin, as pointwise.wgsl_inplace() says."""
     return {ln.entry + "_h": (1, 0) for ln in pointwise.TABLE.values()} | \
@@ -133,7 +192,8 @@ def written(name: str, arguments: dict[str, Any]) -> tuple[str, ...]:
 class Half(Convolution):
     """float16 buffers: conversions and emulated primitives."""
 
-    NATIVE_F16 = {"activation": "_activation_h", "activation_grad": "_activation_grad_h", "bias_add": "_bias_add_h"}
+    NATIVE_F16 = {"activation": "_activation_h", "activation_grad": "_activation_grad_h", "bias_add": "_bias_add_h",
+                  "gemm": "_gemm_h"}
     """Primitives with float16 kernels of their own, by the method that runs them; it returns False for operands
     it does not take (other dtype mixes, tensors past the binding limit), which are then emulated."""
 
@@ -147,6 +207,11 @@ class Half(Convolution):
             code=PRELUDE + common + (_HERE / "half.wgsl").read_text())
         self._modules["elementwise16"] = self.device.create_shader_module(
             code=PRELUDE + common + elementwise_source())
+        window = (_HERE / "window.wgsl").read_text()
+        generated = pointwise.wgsl_functions() + pointwise.wgsl_epilogue()
+        for module, c16 in (("gemm16", True), ("gemm16c32", False)):
+            self._modules[module] = self.device.create_shader_module(
+                code=PRELUDE + common + window + gemm_source(c16) + generated)
         self._inplace.update(elementwise_inplace())
         for name in PRIMITIVES:
             if name in MEMORY:
@@ -214,6 +279,13 @@ class Half(Convolution):
         n, c = y.shape[0], y.shape[1]
         self._elementwise("bias_add_h" if b.dtype == F16 else "bias_add_hf", y.size, [y, b], ElementwiseHalfParams,
                           whole=(0, 1), channels=c, inner=y.size // (n * c))
+        return True
+
+    def _gemm_h(self, a, trans_a, b, trans_b, out, alpha=1.0, beta=0.0) -> bool:
+        """float16 A and B, float16 or float32 C, each within one binding: the tiled kernels with float16 loads."""
+        if not self._halves(a, b) or out.dtype not in (F16, F32) or out.raw.size > self.max_binding:
+            return False
+        Convolution.gemm(self, a, trans_a, b, trans_b, out, alpha, beta)
         return True
 
     def cast(self, x, out):
