@@ -293,7 +293,7 @@ class CudaBackend(ArrayBackend):
                                    f"({out.dtype}) be in that format or float32; cast the odd operand first")
             blas = self._blas()
             if not self._capturing:  # a recording set the stream when it began
-                blas.prepare(self.xp.cuda.get_current_stream())
+                blas.use_stream(self.xp.cuda.get_current_stream())
             blas.gemm_ex(a, trans_a, b, trans_b, out, alpha, beta, f["a"], f["out"])
         elif self._capturing:  # CuPy refuses cuBLAS calls while a stream records; cuBLAS itself allows them
             self._capture_blas.gemm(a, trans_a, b, trans_b, out, alpha, beta)
@@ -443,8 +443,12 @@ class CudaBackend(ArrayBackend):
             return
         self._kernels["axpby"](x, self._scalar(alpha), self._scalar(beta), y)
 
+    @functools.cached_property
+    def _activation_sources(self) -> dict[str, tuple[str, str, str, str]]:
+        return pointwise.cuda_kernel_sources()
+
     def _low_activation(self, name: str, arrays: tuple, params: tuple) -> None:
-        source = pointwise.cuda_kernel_sources()[name]
+        source = self._activation_sources[name]
         names = [p.split()[-1] for p in source[0].split(",")][:len(arrays) - 1] + [source[1].split()[-1]]
         kernel = self._typed(source, formats_of(name, **dict(zip(names, arrays))))
         kernel(*(as_stored(a) for a in arrays[:-1]), *(np.float32(p) for p in params), as_stored(arrays[-1]))

@@ -50,6 +50,15 @@ class _CaptureBlas:
         ct = self.ct
         self.lib.cublasSetStream_v2(self.handle, ct.c_void_p(stream.ptr))
         self.lib.cublasSetWorkspace_v2(self.handle, ct.c_void_p(self.workspace.data.ptr), ct.c_size_t(self.WORKSPACE))
+        self.stream_ptr = stream.ptr
+
+    stream_ptr: int | None = None
+    """The stream the handle launches on (set by :meth:`prepare`)."""
+
+    def use_stream(self, stream: Any) -> None:
+        """Launch on ``stream`` from now on (nothing to do when the handle already does)."""
+        if stream.ptr != self.stream_ptr:
+            self.prepare(stream)
 
     @staticmethod
     def _check(a, b, out) -> None:

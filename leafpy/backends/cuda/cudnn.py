@@ -30,9 +30,11 @@ class _CudnnConv:
     INEXACT_EXCLUDED_NOTES = ("TENSOR_CORE", "DOWN_CONVERT_INPUTS")
     """Excluded with exact=False: the notes PyTorch's cudnn.benchmark excludes in fp32 without TF32 (its plans are
     otherwise the same FFT, Winograd and implicit-GEMM engines)."""
-    LOW_PRECISION_EXCLUDED_NOTES = ("REDUCED_PRECISION_REDUCTION",)
-    """Excluded for bfloat16 and float16 operands: engines that accumulate in 16 bits (tensor cores, which read
-    16-bit operands and accumulate in float32, are what these graphs are for)."""
+    LOW_PRECISION_EXCLUDED_NOTES = ("REDUCED_PRECISION_REDUCTION", "FFT", "WINOGRAD", "WINOGRAD_TILE_4x4",
+                                    "WINOGRAD_TILE_6x6", "WINOGRAD_TILE_13x13")
+    """Excluded for bfloat16 and float16 operands: engines that accumulate in 16 bits, and FFT and Winograd
+    transforms (their error is not bounded by the format's roundoff); tensor cores, which read 16-bit operands
+    and accumulate in float32, are what these graphs are for."""
     AGREEMENT_SAMPLE = 1 << 16
     """Output elements compared between candidate plans."""
     FP32_AGREEMENT = 1e-5
