@@ -238,16 +238,21 @@ def _elementwise_tol(ref, u, src=None, dy=None):
     return tol
 
 
+SIZES = [1003, 1024]
+"""1024: eight values per thread (16-byte loads); 1003: one per thread."""
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("kind", ACTIVATIONS)
-def test_activation_and_gradient(fmt, kind):
+@pytest.mark.parametrize("size", SIZES)
+def test_activation_and_gradient(fmt, kind, size):
     be = _cuda()
     dtype, u = FORMATS[fmt]
     forward, gradient, reads_y = ACTIVATIONS[kind]
     params = PARAMS.get(kind, ())
     rng = np.random.default_rng(3)
-    x = _rounded(rng.standard_normal(1003) * 3, dtype)  # 1003: no multiple of 4 (and the 16-bit kernels' shape)
+    x = _rounded(rng.standard_normal(size) * 3, dtype)
     y_ref = forward(_f64(x), *params)
     y = _empty(x.shape, dtype)
     be.activation(kind, _dev(x), y, params)
@@ -264,11 +269,13 @@ def test_activation_and_gradient(fmt, kind):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_axpby_mul_bias(fmt):
+@pytest.mark.parametrize("shape", [(5, 7, 3, 3), (4, 7, 4, 4)], ids=["one-per-thread", "eight-per-thread"])
+def test_axpby_mul_bias(fmt, shape):
     be = _cuda()
     dtype, u = FORMATS[fmt]
     rng = np.random.default_rng(4)
-    x = _rounded(rng.standard_normal((5, 7, 3, 3)), dtype)
+    x = _rounded(rng.standard_normal(shape), dtype)
+    depth = x.size // 7
     y0 = _rounded(rng.standard_normal(x.shape), dtype)
     y = _dev(y0)
     be.axpby(0.5, _dev(x), -1.25, y)
@@ -301,12 +308,19 @@ def test_axpby_mul_bias(fmt):
     be.synchronize()
     ref = _f64(x).sum(axis=(0, 2, 3))
     scale = np.abs(_f64(x)).sum(axis=(0, 2, 3))
-    _check(_host(db), ref, 8 * 45 * F32_EPS * scale, f"{fmt} bias_grad")
+    _check(_host(db), ref, 8 * depth * F32_EPS * scale, f"{fmt} bias_grad")
     start = rng.standard_normal(7).astype(np.float32)
     db = _dev(start)
     be.bias_grad(_dev(x), db, beta=1.0)
     be.synchronize()
-    _check(_host(db), ref + start, 8 * 45 * F32_EPS * (scale + np.abs(start)), f"{fmt} bias_grad accumulated")
+    _check(_host(db), ref + start, 8 * depth * F32_EPS * (scale + np.abs(start)), f"{fmt} bias_grad accumulated")
+    # a Linear layer's bias: [N, C]
+    flat = x.reshape(shape[0], -1)
+    db = _empty(flat.shape[1], np.float32)
+    be.bias_grad(_dev(flat), db)
+    be.synchronize()
+    _check(_host(db), _f64(flat).sum(axis=0), 8 * shape[0] * F32_EPS * np.abs(_f64(flat)).sum(axis=0),
+           f"{fmt} bias_grad [N, C]")
 
 
 def _same_bits(got, expect, what):
@@ -323,25 +337,28 @@ def test_cast_rounds_to_nearest_even():
     be = _cuda()
     bf16, f16 = FORMATS["bf16"][0], FORMATS["fp16"][0]
     rng = np.random.default_rng(5)
-    src = np.concatenate([rng.standard_normal(2000) * 10.0 ** rng.integers(-8, 8, 2000),
-                          [0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -7e4, 65519.0, 65520.0, 6e-8, 3e-39,
-                           1.00390625, 1.01171875, 1.0 + 2**-11, 1.0 + 3 * 2**-11]]).astype(np.float32)
-    for target in (bf16, f16):
-        out = _empty(src.shape, target)
-        be.cast(_dev(src), out)
-        be.synchronize()
-        expect = src.astype(target)
-        _same_bits(_host(out), expect, str(target))
-        back = _empty(src.shape, np.float32)
-        be.cast(out, back)
-        be.synchronize()
-        np.testing.assert_array_equal(_host(back), expect.astype(np.float32))
-    for a, b in ((bf16, f16), (f16, bf16)):  # between the two formats: one rounding from the exact value
-        low = src.astype(a)
-        out = _empty(src.shape, b)
-        be.cast(_dev(low), out)
-        be.synchronize()
-        _same_bits(_host(out), low.astype(np.float32).astype(b), f"{a} -> {b}")
+    special = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -7e4, 65519.0, 65520.0, 6e-8, 3e-39, 1.00390625,
+               1.01171875, 1.0 + 2**-11, 1.0 + 3 * 2**-11]
+    values = np.concatenate([special, rng.standard_normal(2000) * 10.0 ** rng.integers(-8, 8, 2000)])
+    values = values.astype(np.float32)
+    for n in (values.size, 2008):  # 2015 elements: one per thread; 2008: eight per thread
+        src = values[:n]
+        for target in (bf16, f16):
+            out = _empty(src.shape, target)
+            be.cast(_dev(src), out)
+            be.synchronize()
+            expect = src.astype(target)
+            _same_bits(_host(out), expect, str(target))
+            back = _empty(src.shape, np.float32)
+            be.cast(out, back)
+            be.synchronize()
+            np.testing.assert_array_equal(_host(back), expect.astype(np.float32))
+        for a, b in ((bf16, f16), (f16, bf16)):  # between the two formats: one rounding from the exact value
+            low = src.astype(a)
+            out = _empty(src.shape, b)
+            be.cast(_dev(low), out)
+            be.synchronize()
+            _same_bits(_host(out), low.astype(np.float32).astype(b), f"{a} -> {b}")
 
 
 @pytest.mark.cuda
@@ -366,13 +383,13 @@ def test_fill_copy_and_copy_block(fmt):
 # --- batch normalisation, pooling, dropout -------------------------------------------------------------------------
 @pytest.mark.cuda
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_batch_norm(fmt):
+@pytest.mark.parametrize("shape", [(16, 8, 6, 6), (5, 3, 5, 5)], ids=["eight-per-thread", "one-per-thread"])
+def test_batch_norm(fmt, shape):
     be = _cuda()
     import cupy as cp
 
     dtype, u = FORMATS[fmt]
     eps = 1e-5
-    shape = (16, 8, 6, 6)
     c = shape[1]
     rng = np.random.default_rng(6)
     x = _rounded(3.0 + rng.standard_normal(shape), dtype)

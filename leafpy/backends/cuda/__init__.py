@@ -32,7 +32,7 @@ from ..recorder import StepRecorder
 from .blas import _CaptureBlas
 from .cudnn import _CudnnConv
 from .kernels import _BN_SOURCE, _POOL_SOURCE, module_source, vectorized_source
-from .lowp import CONVERT, as_stored, formats_of, is_low, low_dtypes, storage_format, typed_kernel
+from .lowp import as_stored, formats_of, is_low, low_dtypes, storage_format, typed_kernel
 
 _INSTALL = ("pip install 'leafpy-dl[cuda]' (CuPy for CUDA 12: cupy-cuda12x; with CUDA 13 drivers install "
             "cupy-cuda13x instead)")
@@ -415,19 +415,17 @@ class CudaBackend(ArrayBackend):
             return
         super().bias_add(y, b)
 
-    @functools.cached_property
-    def _channel_sums(self) -> dict[str, Any]:
-        """Per 16-bit format: a reduction kernel summing stored values in float."""
-        return {fmt: self.xp.ReductionKernel("uint16 x", "float32 y", f"ld_{fmt}(x)", "a + b", "y = a", "0",
-                                             f"leafpy_sum_{fmt}", reduce_type="float", preamble=CONVERT)
-                for fmt in ("bf16", "f16")}
-
     def bias_grad(self, dy, db, beta=0.0):
         if not is_low(dy):
             return super().bias_grad(dy, db, beta)
         fmt = formats_of("bias_grad", dy=dy, db=db)["dy"]
-        dy3 = dy.reshape(dy.shape[0], dy.shape[1], -1)
-        sums = self._channel_sums[fmt](as_stored(dy3), axis=(0, 2))
+        # per channel, partial sums over runs of samples (the batch-norm reductions' split), then their sum
+        c, rows, runs, part = self._bn_runs(dy)
+        n, i32 = dy.shape[0], np.int32
+        self._low_module("bn", fmt).get_function("channel_sum_part_low")(
+            (c, runs), (256,), (as_stored(self.xp.ascontiguousarray(dy)), part, i32(n), i32(c),
+                                i32(dy.size // max(n * c, 1)), i32(rows)))
+        sums = part[:c * runs].reshape(c, runs).sum(axis=1)
         if beta == 0.0:
             self.cast(sums, db)
         else:

@@ -190,6 +190,15 @@ extern "C" __global__ void bn_grad_part4(const float4* x, const float4* dy, cons
     grad_part(x, dy, mean, part, n, c, s4, rows);
 }
 #ifdef LOWP
+// a bias gradient: the partial sums of x over a run (one per block, as the statistics' partials)
+extern "C" __global__ void channel_sum_part_low(const S* x, float* part, int n, int c, int s, int rows) {
+    __shared__ float red[BLOCK / 32 + 1];
+    RUN_GEOMETRY
+    float acc = 0.f;
+    for (int k = threadIdx.x; k < count; k += BLOCK) acc += lanes(AT(x, k));
+    acc = block_sum(acc, red);
+    if (threadIdx.x == 0) part[(long long)ch * gridDim.y + blockIdx.y] = acc;
+}
 extern "C" __global__ void bn_grad_part_low(const S* x, const S* dy, const float* mean, float* part, int n, int c,
         int s, int rows) {
     grad_part(x, dy, mean, part, n, c, s, rows);
