@@ -322,3 +322,44 @@ def test_gemm_reads_float16_and_accumulates_in_float32(fp16, m, n, k, ta, tb, c_
     tol = REDUCTION_DEPTH * U if c_dtype == np.float16 else 1e-4  # float32 C: float32 sums of up to 1500 terms only
     WORST[f"gemm {m}x{n}x{k} C {np.dtype(c_dtype)}"] = (err, tol)
     assert tc.to_numpy().dtype == c_dtype and err <= tol, err
+
+
+@pytest.mark.parametrize("n,c,o,size,kernel,stride,pad", [
+    (2, 3, 4, 7, 3, (1, 1), (1, 1)),
+    (3, 16, 16, 6, 3, (1, 1), (1, 1)),   # a Winograd shape in float32: in float16 an implicit GEMM
+    (2, 2, 5, 9, 5, (2, 2), (2, 1)),
+])
+def test_convolution_runs_as_float16_implicit_gemms(fp16, n, c, o, size, kernel, stride, pad):
+    """Forward with a bias, data gradient and filter gradient (into float32, accumulating with beta 0.5): one GEMM
+    dispatch each (two for a split filter gradient), against float64 loops over output positions."""
+    import reference
+
+    rng = np.random.default_rng(n * c + o)
+    x = _low(rng.standard_normal((n, c, size, size)), F16)
+    w = _low(rng.standard_normal((o, c, kernel, kernel)), F16)
+    b = _low(rng.standard_normal(o), F16)
+    y_ref = reference.conv2d(x, w, b, stride, pad)
+    dy = _low(rng.standard_normal(y_ref.shape), F16)
+    dw0 = rng.standard_normal(w.shape).astype(np.float32)
+    dx_ref, dw_ref, _ = reference.conv2d_backward(x, w, dy, stride, pad)
+    tx, bx = _upload(fp16, x)
+    tw, bw = _upload(fp16, w)
+    tb, bb = _upload(fp16, b)
+    tdy, bdy = _upload(fp16, dy)
+    tdw, bdw = _upload(fp16, dw0, np.float32)
+    y = lp.SharedTensor(y_ref.shape, np.float16)
+    dx = lp.SharedTensor(x.shape, np.float16)
+    fp16.flush()
+    before = fp16.dispatches
+    fp16.conv2d(bx, bw, y.write(fp16), stride, pad, {}, bias=bb)
+    fp16.conv2d_grad_data(bdy, bw, dx.write(fp16), stride, pad, {})
+    fp16.flush()
+    assert fp16.dispatches - before == 2
+    fp16.conv2d_grad_filter(bx, bdy, bdw, stride, pad, {}, 0.5)
+    tol = REDUCTION_DEPTH * U
+    for name, got, want in (("conv2d", y.to_numpy(), y_ref), ("conv2d_grad_data", dx.to_numpy(), dx_ref),
+                            ("conv2d_grad_filter", tdw.to_numpy(), dw_ref + 0.5 * dw0)):
+        err = _rel(got, want)
+        WORST[f"{name} {n}x{c}x{size}x{size} by {o}x{kernel}x{kernel}"] = (err, tol)
+        assert err <= tol, f"{name}: relative error {err:.3g} > {tol:.3g}"
+    assert tdw.to_numpy().dtype == np.float32

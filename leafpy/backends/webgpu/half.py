@@ -193,7 +193,8 @@ class Half(Convolution):
     """float16 buffers: conversions and emulated primitives."""
 
     NATIVE_F16 = {"activation": "_activation_h", "activation_grad": "_activation_grad_h", "bias_add": "_bias_add_h",
-                  "gemm": "_gemm_h"}
+                  "gemm": "_gemm_h", "conv2d": "_conv2d_h", "conv2d_grad_data": "_conv2d_grad_data_h",
+                  "conv2d_grad_filter": "_conv2d_grad_filter_h"}
     """Primitives with float16 kernels of their own, by the method that runs them; it returns False for operands
     it does not take (other dtype mixes, tensors past the binding limit), which are then emulated."""
 
@@ -286,6 +287,34 @@ class Half(Convolution):
         if not self._halves(a, b) or out.dtype not in (F16, F32) or out.raw.size > self.max_binding:
             return False
         Convolution.gemm(self, a, trans_a, b, trans_b, out, alpha, beta)
+        return True
+
+    # convolutions as implicit GEMMs (x, dy and dx read and written in NCHW by the GEMM kernels, no float32 columns
+    # or Winograd transforms), where every tensor fits one binding
+    def _conv2d_h(self, x, w, out, stride, padding, ws, bias=None) -> bool:
+        if not self._halves(x, w, out, *([bias] if bias is not None else [])) or not self.implicit_conv:
+            return False
+        n, _, o, k, p, _, _ = self._conv_geometry(x.shape, w.shape, out.shape, stride, padding)
+        conv = self._conv_constants(x.shape, w.shape, out.shape, stride, padding, B_MODE=1, C_MODE=1)
+        self._gemm(w, False, x, False, out, o, n * p, k, 1.0, 0.0, conv, bias=bias)
+        return True
+
+    def _conv2d_grad_data_h(self, dy, w, dx, stride, padding, ws) -> bool:
+        if not self._halves(dy, w, dx) or not self.implicit_conv:
+            return False
+        n, c, h, wd = dx.shape
+        o, _, kh, kw = w.shape
+        conv = self._conv_constants(dx.shape, w.shape, dy.shape, stride, padding, A_MODE=2, B_MODE=4, C_MODE=2)
+        self._gemm(w, False, dy, False, dx, c, n * h * wd, o * kh * kw, 1.0, 0.0, conv)
+        return True
+
+    def _conv2d_grad_filter_h(self, x, dy, dw, stride, padding, ws, beta=0.0) -> bool:
+        if not self._halves(x, dy) or dw.dtype not in (F16, F32) or dw.raw.size > self.max_binding \
+                or not self.implicit_conv:
+            return False
+        n, _, o, k, p, _, _ = self._conv_geometry(x.shape, dw.shape, dy.shape, stride, padding)
+        conv = self._conv_constants(x.shape, dw.shape, dy.shape, stride, padding, A_MODE=1, B_MODE=2)
+        self._gemm(dy, False, x, True, dw, o, k, n * p, 1.0, beta, conv)
         return True
 
     def cast(self, x, out):
