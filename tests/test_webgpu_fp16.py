@@ -363,3 +363,30 @@ def test_convolution_runs_as_float16_implicit_gemms(fp16, n, c, o, size, kernel,
         WORST[f"{name} {n}x{c}x{size}x{size} by {o}x{kernel}x{kernel}"] = (err, tol)
         assert err <= tol, f"{name}: relative error {err:.3g} > {tol:.3g}"
     assert tdw.to_numpy().dtype == np.float32
+
+
+@pytest.mark.parametrize("mode", ["max", "average"])
+def test_pooling_runs_in_float16_kernels(fp16, mode):
+    """2x2 windows of stride 2: one dispatch forward, one backward, against float64 window reductions."""
+    rng = np.random.default_rng(9)
+    x = _low(rng.standard_normal((2, 3, 6, 8)), F16)
+    windows = x.reshape(2, 3, 3, 2, 4, 2).transpose(0, 1, 2, 4, 3, 5).reshape(2, 3, 3, 4, 4)
+    y_ref = windows.max(axis=-1) if mode == "max" else windows.mean(axis=-1)
+    dy = _low(rng.standard_normal(y_ref.shape), F16)
+    if mode == "max":
+        picked = windows == y_ref[..., None]
+        dx_win = picked * dy[..., None]
+    else:
+        dx_win = np.repeat(dy[..., None] / 4, 4, axis=-1)
+    dx_ref = dx_win.reshape(2, 3, 3, 4, 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(x.shape)
+    tx, bx = _upload(fp16, x)
+    tdy, bdy = _upload(fp16, dy)
+    y, dx = lp.SharedTensor(y_ref.shape, np.float16), lp.SharedTensor(x.shape, np.float16)
+    mask = fp16.view(fp16.allocate(y_ref.size, np.int32), y_ref.shape) if mode == "max" else None
+    fp16.flush()
+    before = fp16.dispatches
+    fp16.pool2d(bx, y.write(fp16), mask, mode, (2, 2), (2, 2), (0, 0))
+    fp16.pool2d_grad(bdy, dx.write(fp16), mask, mode, (2, 2), (2, 2), (0, 0))
+    fp16.flush()
+    assert fp16.dispatches - before == 2
+    assert _rel(y.to_numpy(), y_ref) <= U and _rel(dx.to_numpy(), dx_ref) <= U

@@ -241,9 +241,10 @@ class Convolution(Elementwise):
               per_thread: int = 1) -> None:
         """One thread per dst element (per src element with ``per_thread=0``), over runs of (n, c) planes whose
         bindings fit the device's limit."""
+        module = "pool16" if buffers[0].dtype.itemsize == 2 else "pool"  # float16 src and dst: half.py's module
         planes = dst_shape[0] * dst_shape[1]
         sizes = [s[2] * s[3] for s in (src_shape, dst_shape, mask_shape)]
         for p0, p1, binds, offsets in self._item_chunks(planes, sizes):
             count = (p1 - p0) * sizes[per_thread]
             params = PoolParams(count=count, **dict(zip(("src_offset", "dst_offset", "mask_offset"), offsets)))
-            self._dispatch("pool", entry, params, buffers, self._grid(count), binds, constants=consts)
+            self._dispatch(module, entry, params, buffers, self._grid(count), binds, constants=consts)

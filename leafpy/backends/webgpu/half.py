@@ -194,7 +194,7 @@ class Half(Convolution):
 
     NATIVE_F16 = {"activation": "_activation_h", "activation_grad": "_activation_grad_h", "bias_add": "_bias_add_h",
                   "gemm": "_gemm_h", "conv2d": "_conv2d_h", "conv2d_grad_data": "_conv2d_grad_data_h",
-                  "conv2d_grad_filter": "_conv2d_grad_filter_h"}
+                  "conv2d_grad_filter": "_conv2d_grad_filter_h", "pool2d": "_pool2d_h", "pool2d_grad": "_pool2d_grad_h"}
     """Primitives with float16 kernels of their own, by the method that runs them; it returns False for operands
     it does not take (other dtype mixes, tensors past the binding limit), which are then emulated."""
 
@@ -213,6 +213,8 @@ class Half(Convolution):
         for module, c16 in (("gemm16", True), ("gemm16c32", False)):
             self._modules[module] = self.device.create_shader_module(
                 code=PRELUDE + common + window + gemm_source(c16) + generated)
+        self._modules["pool16"] = self.device.create_shader_module(
+            code=PRELUDE + common + window + _halve((_HERE / "pool.wgsl").read_text(), ("src", "dst")))
         self._inplace.update(elementwise_inplace())
         for name in PRIMITIVES:
             if name in MEMORY:
@@ -315,6 +317,18 @@ class Half(Convolution):
         n, _, o, k, p, _, _ = self._conv_geometry(x.shape, dw.shape, dy.shape, stride, padding)
         conv = self._conv_constants(x.shape, dw.shape, dy.shape, stride, padding, A_MODE=1, B_MODE=2)
         self._gemm(dy, False, x, True, dw, o, k, n * p, 1.0, beta, conv)
+        return True
+
+    def _pool2d_h(self, x, out, mask, mode, kernel, stride, padding) -> bool:
+        if not self._halves(x, out):
+            return False
+        Convolution.pool2d(self, x, out, mask, mode, kernel, stride, padding)
+        return True
+
+    def _pool2d_grad_h(self, dy, dx, mask, mode, kernel, stride, padding) -> bool:
+        if not self._halves(dy, dx):
+            return False
+        Convolution.pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding)
         return True
 
     def cast(self, x, out):
