@@ -390,3 +390,20 @@ def test_pooling_runs_in_float16_kernels(fp16, mode):
     fp16.flush()
     assert fp16.dispatches - before == 2
     assert _rel(y.to_numpy(), y_ref) <= U and _rel(dx.to_numpy(), dx_ref) <= U
+
+
+@pytest.mark.parametrize("shape,dispatches", [((37, 6), 1), ((5, 4, 3, 7), 2)])
+def test_bias_gradient_sums_float16_in_float32(fp16, shape, dispatches):
+    """Per-channel sums of a float16 dy into a float32 gradient with beta: one pass over dy, then the partials."""
+    rng = np.random.default_rng(4)
+    dy = _low(rng.standard_normal(shape), F16)
+    db0 = rng.standard_normal(shape[1]).astype(np.float32)
+    tdy, bdy = _upload(fp16, dy)
+    tdb, bdb = _upload(fp16, db0, np.float32)
+    fp16.flush()
+    before = fp16.dispatches
+    fp16.bias_grad(bdy, bdb, 0.5)
+    fp16.flush()
+    assert fp16.dispatches - before == dispatches
+    axes = tuple(i for i in range(len(shape)) if i != 1)
+    assert _rel(tdb.to_numpy(), dy.sum(axis=axes) + 0.5 * db0) <= 1e-5  # float32 sums of exact float16 values

@@ -194,7 +194,8 @@ class Half(Convolution):
 
     NATIVE_F16 = {"activation": "_activation_h", "activation_grad": "_activation_grad_h", "bias_add": "_bias_add_h",
                   "gemm": "_gemm_h", "conv2d": "_conv2d_h", "conv2d_grad_data": "_conv2d_grad_data_h",
-                  "conv2d_grad_filter": "_conv2d_grad_filter_h", "pool2d": "_pool2d_h", "pool2d_grad": "_pool2d_grad_h"}
+                  "conv2d_grad_filter": "_conv2d_grad_filter_h", "pool2d": "_pool2d_h", "pool2d_grad": "_pool2d_grad_h",
+                  "bias_grad": "_bias_grad_h"}
     """Primitives with float16 kernels of their own, by the method that runs them; it returns False for operands
     it does not take (other dtype mixes, tensors past the binding limit), which are then emulated."""
 
@@ -215,6 +216,8 @@ class Half(Convolution):
                 code=PRELUDE + common + window + gemm_source(c16) + generated)
         self._modules["pool16"] = self.device.create_shader_module(
             code=PRELUDE + common + window + _halve((_HERE / "pool.wgsl").read_text(), ("src", "dst")))
+        self._modules["reduce16"] = self.device.create_shader_module(
+            code=PRELUDE + common + _halve((_HERE / "reduce.wgsl").read_text(), ("a",)))
         self._inplace.update(elementwise_inplace())
         for name in PRIMITIVES:
             if name in MEMORY:
@@ -329,6 +332,13 @@ class Half(Convolution):
         if not self._halves(dy, dx):
             return False
         Convolution.pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding)
+        return True
+
+    def _bias_grad_h(self, dy, db, beta=0.0) -> bool:
+        """Per-channel sums of a float16 dy (read as float16, summed in float32) into a float32 db."""
+        if not self._halves(dy) or db.dtype != F32:
+            return False
+        Convolution.bias_grad(self, dy, db, beta)
         return True
 
     def cast(self, x, out):
