@@ -407,3 +407,25 @@ def test_bias_gradient_sums_float16_in_float32(fp16, shape, dispatches):
     assert fp16.dispatches - before == dispatches
     axes = tuple(i for i in range(len(shape)) if i != 1)
     assert _rel(tdb.to_numpy(), dy.sum(axis=axes) + 0.5 * db0) <= 1e-5  # float32 sums of exact float16 values
+
+
+def test_dropout_products_in_place_and_an_aliased_gradient(fp16):
+    """x *= mask (float32) in place in one float16 kernel; a gradient written over the output it reads (no float16
+    in-place twin for that) still comes out right, by emulation."""
+    rng = np.random.default_rng(8)
+    x = _low(rng.standard_normal(50), F16)
+    mask = np.where(rng.random(50) < 0.3, 0.0, 1 / 0.7).astype(np.float32)
+    tx, bx = _upload(fp16, x)
+    tm, bm = _upload(fp16, mask, np.float32)
+    fp16.flush()
+    before = fp16.dispatches
+    fp16.mul(bx, bm, bx)
+    fp16.flush()
+    assert fp16.dispatches - before == 1
+    assert _rel(tx.to_numpy(), x * mask) <= U
+    y = _low(np.abs(rng.standard_normal(50)) * (rng.random(50) < 0.5), F16)
+    dy = _low(rng.standard_normal(50), F16)
+    ty, by = _upload(fp16, y)
+    _, bdy = _upload(fp16, dy)
+    fp16.activation_grad("relu", by, bdy, by)
+    np.testing.assert_array_equal(ty.to_numpy(), np.where(y > 0, dy, 0).astype(np.float16))

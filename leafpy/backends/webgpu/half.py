@@ -90,7 +90,8 @@ def elementwise_source() -> str:
     arrays a, b and c bound as float16 (a16, ...) or float32 (a32, ...), each entry point using one of each, and
     the activations' entry points generated from pointwise.TABLE like the float32 ones, with float16 loads and
     stores around float32 arithmetic: NAME_h (b = f(a)), NAME_grad_h (c = g(a, b)) and their in-place twins
-    NAME_h_inplace, NAME_grad_h_inplace; bias_add_h (bias float16) and bias_add_hf (bias float32)."""
+    NAME_h_inplace, NAME_grad_h_inplace; mul_h (c = a * b) and mul_hf (b float32) with in-place twins (a = a * b);
+    bias_add_h (bias float16) and bias_add_hf (bias float32)."""
     declared = re.search(r"struct ElementwiseParams \{[^}]*\}", (_HERE / "elementwise.wgsl").read_text())
     if declared is None:
         raise BackendError("webgpu: elementwise.wgsl declares no struct ElementwiseParams")
@@ -107,6 +108,9 @@ def elementwise_source() -> str:
                              (ln.name + "_grad_h", f"c16[i] = to_h({g}(f32(a16[i]), f32(b16[i]){ps}))"),
                              (ln.name + "_grad_h_inplace", f"b16[i] = to_h({g}(f32(a16[i]), f32(b16[i]){ps}))")):
             parts.append(_ENTRY.format(entry=entry, store=store))
+    for entry, other in (("mul_h", "b16"), ("mul_hf", "b32")):
+        parts.append(_ENTRY.format(entry=entry, store=f"c16[i] = to_h(f32(a16[i]) * f32({other}[i]))"))
+        parts.append(_ENTRY.format(entry=entry + "_inplace", store=f"a16[i] = to_h(f32(a16[i]) * f32({other}[i]))"))
     channel = "((i + p.base) / p.inner) % p.channels"
     for entry, bias in (("bias_add_h", "b16"), ("bias_add_hf", "b32")):
         parts.append(_ENTRY.format(entry=entry, store=f"a16[i] = to_h(f32(a16[i]) + f32({bias}[{channel}]))"))
@@ -175,7 +179,7 @@ def gemm_source(c16: bool) -> str:
 def elementwise_inplace() -> dict[str, tuple[int, int]]:
     """The float16 activations' entry points with an in-place twin, as pointwise.wgsl_inplace() says."""
     return {ln.entry + "_h": (1, 0) for ln in pointwise.TABLE.values()} | \
-        {ln.name + "_grad_h": (2, 1) for ln in pointwise.TABLE.values()}
+        {ln.name + "_grad_h": (2, 1) for ln in pointwise.TABLE.values()} | {"mul_h": (2, 0), "mul_hf": (2, 0)}
 
 
 ElementwiseHalfParams = ParamStruct("ElementwiseParams", "elementwise16",
@@ -195,7 +199,7 @@ class Half(Convolution):
     NATIVE_F16 = {"activation": "_activation_h", "activation_grad": "_activation_grad_h", "bias_add": "_bias_add_h",
                   "gemm": "_gemm_h", "conv2d": "_conv2d_h", "conv2d_grad_data": "_conv2d_grad_data_h",
                   "conv2d_grad_filter": "_conv2d_grad_filter_h", "pool2d": "_pool2d_h", "pool2d_grad": "_pool2d_grad_h",
-                  "bias_grad": "_bias_grad_h"}
+                  "bias_grad": "_bias_grad_h", "mul": "_mul_h"}
     """Primitives with float16 kernels of their own, by the method that runs them; it returns False for operands
     it does not take (other dtype mixes, tensors past the binding limit), which are then emulated."""
 
@@ -265,19 +269,32 @@ class Half(Convolution):
         """Whether every buffer is float16 and each fits one binding (the kernels bind them whole)."""
         return all(b.dtype == F16 and b.raw.size <= self.max_binding for b in buffers)
 
-    def _activation_h(self, kind, x, out, params=()) -> bool:
-        if not self._halves(x, out):
+    def _elementwise_h(self, entry: str, buffers: list, **values: float) -> bool:
+        """An entry point of the float16 elementwise module over the last buffer's elements, every buffer bound
+        whole; False where its output aliases an input other than the one its in-place twin overwrites (the
+        float32 path's scratch for that is float32)."""
+        raws = [b.raw for b in buffers]
+        alias = {i for i in range(len(buffers)) if raws[i] in raws[:i]}
+        inplace = self._inplace.get(entry)
+        if alias and not (inplace and alias == {inplace[0]} and raws[inplace[0]] is raws[inplace[1]]):
             return False
-        self._elementwise(pointwise.line(kind).entry + "_h", out.size, [x, out], ElementwiseHalfParams,
-                          whole=(0, 1), **_act(params))
+        self._elementwise(entry, buffers[-1].size, buffers, ElementwiseHalfParams, whole=tuple(range(len(buffers))),
+                          **values)
         return True
 
+    def _activation_h(self, kind, x, out, params=()) -> bool:
+        return self._halves(x, out) and self._elementwise_h(pointwise.line(kind).entry + "_h", [x, out],
+                                                            **_act(params))
+
     def _activation_grad_h(self, kind, src, dy, dx, params=()) -> bool:
-        if not self._halves(src, dy, dx):
+        return self._halves(src, dy, dx) and self._elementwise_h(pointwise.line(kind).name + "_grad_h",
+                                                                 [src, dy, dx], **_act(params))
+
+    def _mul_h(self, x, y, out) -> bool:
+        """float16 x and out, y float16 or float32 (a dropout mask)."""
+        if not self._halves(x, out) or y.dtype not in (F16, F32) or y.raw.size > self.max_binding:
             return False
-        self._elementwise(pointwise.line(kind).name + "_grad_h", dx.size, [src, dy, dx], ElementwiseHalfParams,
-                          whole=(0, 1, 2), **_act(params))
-        return True
+        return self._elementwise_h("mul_h" if y.dtype == F16 else "mul_hf", [x, y, out])
 
     def _bias_add_h(self, y, b) -> bool:
         if not self._halves(y) or b.dtype not in (F16, F32) or b.raw.size > self.max_binding:
