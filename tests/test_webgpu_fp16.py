@@ -429,3 +429,28 @@ def test_dropout_products_in_place_and_an_aliased_gradient(fp16):
     _, bdy = _upload(fp16, dy)
     fp16.activation_grad("relu", by, bdy, by)
     np.testing.assert_array_equal(ty.to_numpy(), np.where(y > 0, dy, 0).astype(np.float16))
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("classes", [10, 700])
+def test_softmax_reads_float16_and_its_gradient_writes_float16(fp16, log, classes):
+    """Forward from a float16 x into the float32 output the objective reads, gradient from float32 into a float16
+    dx: one dispatch each, against float64."""
+    rng = np.random.default_rng(classes)
+    x = _low(rng.standard_normal((6, classes)) * 3, F16)
+    dy = rng.standard_normal((6, classes)).astype(np.float32)
+    _, bx = _upload(fp16, x)
+    y, dx = lp.SharedTensor(x.shape, np.float32), lp.SharedTensor(x.shape, np.float16)
+    _, bdy = _upload(fp16, dy, np.float32)
+    fp16.flush()
+    before = fp16.dispatches
+    (fp16.log_softmax if log else fp16.softmax)(bx, y.write(fp16))
+    (fp16.log_softmax_grad if log else fp16.softmax_grad)(y.read(fp16), bdy, dx.write(fp16))
+    fp16.flush()
+    assert fp16.dispatches - before == 2
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    p = e / e.sum(axis=1, keepdims=True)
+    want_y = np.log(p) if log else p
+    want_dx = dy - p * dy.sum(axis=1, keepdims=True) if log else p * (dy - (dy * p).sum(axis=1, keepdims=True))
+    assert _rel(y.to_numpy(), want_y) <= 1e-5  # float32 output
+    assert _rel(dx.to_numpy(), want_dx) <= 2 * U

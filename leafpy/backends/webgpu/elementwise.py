@@ -82,17 +82,18 @@ class Elementwise(Gemm):
     LONG_ROWS = 64
     """Rows of at least this many classes are reduced by a workgroup each, shorter ones by a thread each."""
 
-    def _class_dispatch(self, entry: str, rows: int, c: int, inner: int, log: bool, buffers: list) -> None:
-        """Over runs of samples whose bindings fit the device's limit."""
+    def _class_dispatch(self, entry: str, rows: int, c: int, inner: int, log: bool, buffers: list,
+                        module: str = "classes") -> None:
+        """Over runs of samples whose bindings fit the device's limit (``module``: half.py's float16 variants)."""
         n = rows // inner
         for n0, n1, binds, offsets in self._item_chunks(n, [c * inner] * len(buffers)):
             count = (n1 - n0) * inner
             params = ClassesParams(count=count, classes=c, inner=inner, is_log=int(log),
                                    **dict(zip(("a_offset", "b_offset", "c_offset"), offsets)))
             if c >= self.LONG_ROWS:
-                self._dispatch("classes", entry + "_rows", params, buffers, _workgroup_each(count), binds)
+                self._dispatch(module, entry + "_rows", params, buffers, _workgroup_each(count), binds)
             else:
-                self._dispatch("classes", entry, params, buffers, self._grid(count), binds)
+                self._dispatch(module, entry, params, buffers, self._grid(count), binds)
 
     def softmax(self, x, out):
         self._class_dispatch("softmax", *self._rows(x), False, [x, out])

@@ -199,7 +199,9 @@ class Half(Convolution):
     NATIVE_F16 = {"activation": "_activation_h", "activation_grad": "_activation_grad_h", "bias_add": "_bias_add_h",
                   "gemm": "_gemm_h", "conv2d": "_conv2d_h", "conv2d_grad_data": "_conv2d_grad_data_h",
                   "conv2d_grad_filter": "_conv2d_grad_filter_h", "pool2d": "_pool2d_h", "pool2d_grad": "_pool2d_grad_h",
-                  "bias_grad": "_bias_grad_h", "mul": "_mul_h"}
+                  "bias_grad": "_bias_grad_h", "mul": "_mul_h",
+                  "softmax": "_softmax_h", "log_softmax": "_log_softmax_h", "softmax_grad": "_softmax_grad_h",
+                  "log_softmax_grad": "_log_softmax_grad_h"}
     """Primitives with float16 kernels of their own, by the method that runs them; it returns False for operands
     it does not take (other dtype mixes, tensors past the binding limit), which are then emulated."""
 
@@ -222,6 +224,10 @@ class Half(Convolution):
             code=PRELUDE + common + window + _halve((_HERE / "pool.wgsl").read_text(), ("src", "dst")))
         self._modules["reduce16"] = self.device.create_shader_module(
             code=PRELUDE + common + _halve((_HERE / "reduce.wgsl").read_text(), ("a",)))
+        classes = (_HERE / "classes.wgsl").read_text()
+        for module, arrays in (("classes16a", ("a",)), ("classes16c", ("c",))):
+            self._modules[module] = self.device.create_shader_module(
+                code=PRELUDE + common + _halve(classes, arrays))
         self._inplace.update(elementwise_inplace())
         for name in PRIMITIVES:
             if name in MEMORY:
@@ -357,6 +363,27 @@ class Half(Convolution):
             return False
         Convolution.bias_grad(self, dy, db, beta)
         return True
+
+    # softmax and log-softmax: a float16 input, the float32 output the objective reads; their gradients from float32
+    # into a float16 dx
+    def _softmax_h(self, x, out, log: bool = False) -> bool:
+        if not self._halves(x) or out.dtype != F32 or out.raw.size > self.max_binding:
+            return False
+        self._class_dispatch("softmax", *self._rows(x), log, [x, out], module="classes16a")
+        return True
+
+    def _log_softmax_h(self, x, out) -> bool:
+        return self._softmax_h(x, out, log=True)
+
+    def _softmax_grad_h(self, y, dy, dx, log: bool = False) -> bool:
+        if not self._halves(dx) or y.dtype != F32 or dy.dtype != F32 \
+                or max(y.raw.size, dy.raw.size) > self.max_binding:
+            return False
+        self._class_dispatch("softmax_grad", *self._rows(y), log, [y, dy, dx], module="classes16c")
+        return True
+
+    def _log_softmax_grad_h(self, y, dy, dx) -> bool:
+        return self._softmax_grad_h(y, dy, dx, log=True)
 
     def cast(self, x, out):
         if x.size != out.size:
