@@ -454,3 +454,29 @@ def test_softmax_reads_float16_and_its_gradient_writes_float16(fp16, log, classe
     want_dx = dy - p * dy.sum(axis=1, keepdims=True) if log else p * (dy - (dy * p).sum(axis=1, keepdims=True))
     assert _rel(y.to_numpy(), want_y) <= 1e-5  # float32 output
     assert _rel(dx.to_numpy(), want_dx) <= 2 * U
+
+
+@pytest.mark.parametrize("bias_dtype,dispatches", [(np.float16, 1), (np.float32, 3)])
+def test_bias_and_relu_join_the_float16_gemm_store(fp16, bias_dtype, dispatches):
+    """A linear layer's product, bias and in-place ReLU: one dispatch where the bias has the product's dtype (a
+    float32 bias is added by its own kernel, and the ReLU then by its own), against float64 with one rounding at the store."""
+    rng = np.random.default_rng(2)
+    x = _low(rng.standard_normal((9, 20)), F16)
+    w = _low(rng.standard_normal((12, 20)), F16)
+    b = _low(rng.standard_normal(12), F16)
+    _, bx = _upload(fp16, x)
+    _, bw = _upload(fp16, w)
+    _, bb = _upload(fp16, b, bias_dtype)
+    y = lp.SharedTensor((9, 12), np.float16)
+    fp16.flush()
+    before = fp16.dispatches
+    by = y.write(fp16)
+    fp16.gemm(fp16.view(bx, x.shape), False, fp16.view(bw, w.shape), True, by)
+    fp16.bias_add(by, bb)
+    fp16.relu(by, by)
+    fp16.flush()
+    assert fp16.dispatches - before == dispatches
+    want = np.maximum(x @ w.T + b, 0)
+    if bias_dtype == np.float32:  # the product is rounded to float16 before the bias is added
+        want = np.maximum(_low(x @ w.T, F16) + b, 0)
+    assert _rel(y.to_numpy(), want) <= 2 * U

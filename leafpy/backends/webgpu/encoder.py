@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from .buffers import WView
 
 WG = 256
+GEMM_MODULES = ("gemm", "gemm16", "gemm16c32")
+"""gemm.wgsl's modules (float32, and half.py's with float16 operands): their stores take a bias and an activation."""
 
 
 def _workgroup_each(count: int) -> tuple[int, int, int]:
@@ -290,12 +292,16 @@ class Encoder(Backend):
         the GEMM that is about to write all of ``out`` (recorded, not yet encoded), saving a dispatch and a pass over
         the product. The activation runs in place on ``out``, or (``into``) is stored into another buffer beside the
         product, which its gradient reads. False where it cannot: no such GEMM, another buffer, a bias already added
-        or an activation already applied, or (``into``) a Winograd transform or an operand of the GEMM."""
+        or an activation already applied, (``into``) a Winograd transform or an operand of the GEMM, or a bias or
+        ``into`` of another dtype than the product's (a GEMM module's Bias and ActOut have C's dtype)."""
         g = self._pending
         if g is None or out.raw is not g["out"].raw or out.size != math.prod(g["shape"]):
             return False
         consts = dict(g["consts"])
-        if "ACT" in consts or (kind == "bias" and ("HAS_BIAS" in consts or g["module"] != "gemm")):
+        gemm = g["module"] in GEMM_MODULES
+        if "ACT" in consts or (kind == "bias" and ("HAS_BIAS" in consts or not gemm)):
+            return False
+        if any(v is not None and v.dtype != g["out"].dtype for v in (bias, into)):
             return False
         if kind == "bias":
             # the store adds Bias[column], or Bias[row] where it writes a convolution's channels (C_MODE 1)
@@ -304,7 +310,7 @@ class Encoder(Backend):
             g["operands"][3] = bias
             g["consts"] += (("HAS_BIAS", 1),)
         elif into is not None:
-            if (g["module"] != "gemm" or into.size != out.size
+            if (not gemm or into.size != out.size
                     or any(into.raw is operand.raw for operand in g["operands"][:4])):
                 return False
             g["operands"][4] = into

@@ -289,8 +289,15 @@ class Half(Convolution):
         return True
 
     def _activation_h(self, kind, x, out, params=()) -> bool:
-        return self._halves(x, out) and self._elementwise_h(pointwise.line(kind).entry + "_h", [x, out],
-                                                            **_act(params))
+        if not self._halves(x, out):
+            return False
+        line = pointwise.line(kind)
+        if x.raw is out.raw:
+            if self._fuse(out, kind, params=params):  # in the store of the float16 GEMM that wrote x
+                return True
+        elif line.reads == "x" and self._fuse(x, kind, params=params, into=out):
+            return True
+        return self._elementwise_h(line.entry + "_h", [x, out], **_act(params))
 
     def _activation_grad_h(self, kind, src, dy, dx, params=()) -> bool:
         return self._halves(src, dy, dx) and self._elementwise_h(pointwise.line(kind).name + "_grad_h",
@@ -306,6 +313,8 @@ class Half(Convolution):
         if not self._halves(y) or b.dtype not in (F16, F32) or b.raw.size > self.max_binding:
             return False
         n, c = y.shape[0], y.shape[1]
+        if y.size == n * c and self._fuse(y, "bias", b):  # [N, C]: in the store of the GEMM that wrote y
+            return True
         self._elementwise("bias_add_h" if b.dtype == F16 else "bias_add_hf", y.size, [y, b], ElementwiseHalfParams,
                           whole=(0, 1), channels=c, inner=y.size // (n * c))
         return True
