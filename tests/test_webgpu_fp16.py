@@ -459,7 +459,8 @@ def test_softmax_reads_float16_and_its_gradient_writes_float16(fp16, log, classe
 @pytest.mark.parametrize("bias_dtype,dispatches", [(np.float16, 1), (np.float32, 3)])
 def test_bias_and_relu_join_the_float16_gemm_store(fp16, bias_dtype, dispatches):
     """A linear layer's product, bias and in-place ReLU: one dispatch where the bias has the product's dtype (a
-    float32 bias is added by its own kernel, and the ReLU then by its own), against float64 with one rounding at the store."""
+    float32 bias is added by its own kernel, and the ReLU then by its own), against float64 with one rounding at
+    the store."""
     rng = np.random.default_rng(2)
     x = _low(rng.standard_normal((9, 20)), F16)
     w = _low(rng.standard_normal((12, 20)), F16)
