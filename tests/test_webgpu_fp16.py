@@ -481,3 +481,24 @@ def test_bias_and_relu_join_the_float16_gemm_store(fp16, bias_dtype, dispatches)
     if bias_dtype == np.float32:  # the product is rounded to float16 before the bias is added
         want = np.maximum(_low(x @ w.T, F16) + b, 0)
     assert _rel(y.to_numpy(), want) <= 2 * U
+
+
+def test_level1_blas_and_blocks_run_in_float16_kernels(fp16):
+    """copy, fill, scal, axpby and a Concat block: one dispatch each, no conversions."""
+    x = _low(np.linspace(-3, 3, 24).reshape(4, 6), F16)
+    tx, bx = _upload(fp16, x)
+    ty, by = _upload(fp16, np.zeros_like(x))
+    whole = lp.SharedTensor((4, 9), np.float16)
+    bw = whole.write(fp16)
+    fp16.flush()
+    before = fp16.dispatches
+    fp16.fill(0.5, bw)
+    fp16.copy(bx, by)
+    fp16.scal(-2.0, by)
+    fp16.axpby(1.0, bx, 0.25, by)
+    fp16.copy_block(by, bw, 6, 9, 2, True)
+    fp16.flush()
+    assert fp16.dispatches - before == 5
+    want = np.full((4, 9), 0.5)
+    want[:, 2:8] = x - 0.5 * x
+    assert _rel(whole.to_numpy(), want) <= 2 * U

@@ -90,7 +90,8 @@ def elementwise_source() -> str:
     arrays a, b and c bound as float16 (a16, ...) or float32 (a32, ...), each entry point using one of each, and
     the activations' entry points generated from pointwise.TABLE like the float32 ones, with float16 loads and
     stores around float32 arithmetic: NAME_h (b = f(a)), NAME_grad_h (c = g(a, b)) and their in-place twins
-    NAME_h_inplace, NAME_grad_h_inplace; mul_h (c = a * b) and mul_hf (b float32) with in-place twins (a = a * b);
+    NAME_h_inplace, NAME_grad_h_inplace; copy_h, fill_h, scal_h, axpby_h, block_into_h and block_from_h as
+    elementwise.wgsl's; mul_h (c = a * b) and mul_hf (b float32) with in-place twins (a = a * b);
     bias_add_h (bias float16) and bias_add_hf (bias float32)."""
     declared = re.search(r"struct ElementwiseParams \{[^}]*\}", (_HERE / "elementwise.wgsl").read_text())
     if declared is None:
@@ -108,6 +109,13 @@ def elementwise_source() -> str:
                              (ln.name + "_grad_h", f"c16[i] = to_h({g}(f32(a16[i]), f32(b16[i]){ps}))"),
                              (ln.name + "_grad_h_inplace", f"b16[i] = to_h({g}(f32(a16[i]), f32(b16[i]){ps}))")):
             parts.append(_ENTRY.format(entry=entry, store=store))
+    blas = (("copy_h", "b16[i] = a16[i]"), ("fill_h", "a16[i] = to_h(p.value)"),
+            ("scal_h", "a16[i] = to_h(p.alpha * f32(a16[i]))"),
+            ("axpby_h", "b16[i] = to_h(p.alpha * f32(a16[i]) + p.beta * f32(b16[i]))"),
+            ("block_into_h", "b16[block_index(i)] = a16[i]"), ("block_from_h", "a16[i] = b16[block_index(i)]"))
+    parts.append("fn block_index(i: u32) -> u32 {\n    let g = i + p.base;\n"
+                 "    return (g / p.part_inner) * p.whole_inner + p.column + g % p.part_inner;\n}")
+    parts += [_ENTRY.format(entry=entry, store=store) for entry, store in blas]
     for entry, other in (("mul_h", "b16"), ("mul_hf", "b32")):
         parts.append(_ENTRY.format(entry=entry, store=f"c16[i] = to_h(f32(a16[i]) * f32({other}[i]))"))
         parts.append(_ENTRY.format(entry=entry + "_inplace", store=f"a16[i] = to_h(f32(a16[i]) * f32({other}[i]))"))
@@ -201,7 +209,8 @@ class Half(Convolution):
                   "conv2d_grad_filter": "_conv2d_grad_filter_h", "pool2d": "_pool2d_h", "pool2d_grad": "_pool2d_grad_h",
                   "bias_grad": "_bias_grad_h", "mul": "_mul_h",
                   "softmax": "_softmax_h", "log_softmax": "_log_softmax_h", "softmax_grad": "_softmax_grad_h",
-                  "log_softmax_grad": "_log_softmax_grad_h"}
+                  "log_softmax_grad": "_log_softmax_grad_h", "copy": "_copy_h", "fill": "_fill_h", "scal": "_scal_h",
+                  "axpby": "_axpby_h", "copy_block": "_copy_block_h"}
     """Primitives with float16 kernels of their own, by the method that runs them; it returns False for operands
     it does not take (other dtype mixes, tensors past the binding limit), which are then emulated."""
 
@@ -302,6 +311,29 @@ class Half(Convolution):
     def _activation_grad_h(self, kind, src, dy, dx, params=()) -> bool:
         return self._halves(src, dy, dx) and self._elementwise_h(pointwise.line(kind).name + "_grad_h",
                                                                  [src, dy, dx], **_act(params))
+
+    def _copy_h(self, x, out) -> bool:
+        if not self._halves(x, out):
+            return False
+        return x.raw is out.raw or self._elementwise_h("copy_h", [x, out])
+
+    def _fill_h(self, value, out) -> bool:
+        return self._halves(out) and self._elementwise_h("fill_h", [out], value=value)
+
+    def _scal_h(self, alpha, x) -> bool:
+        return self._halves(x) and self._elementwise_h("scal_h", [x], alpha=alpha)
+
+    def _axpby_h(self, alpha, x, beta, y) -> bool:
+        return self._halves(x, y) and self._elementwise_h("axpby_h", [x, y], alpha=alpha, beta=beta)
+
+    def _copy_block_h(self, part, whole, part_inner, whole_inner, offset, into_whole) -> bool:
+        """Concat's and Slice's blocks; the thread count is the part's elements (the first buffer)."""
+        if not self._halves(part, whole) or part.raw is whole.raw:
+            return False
+        self._elementwise("block_into_h" if into_whole else "block_from_h", part.size, [part, whole],
+                          ElementwiseHalfParams, whole=(0, 1), part_inner=part_inner, whole_inner=whole_inner,
+                          column=offset)
+        return True
 
     def _mul_h(self, x, y, out) -> bool:
         """float16 x and out, y float16 or float32 (a dropout mask)."""
