@@ -502,3 +502,27 @@ def test_level1_blas_and_blocks_run_in_float16_kernels(fp16):
     want = np.full((4, 9), 0.5)
     want[:, 2:8] = x - 0.5 * x
     assert _rel(whole.to_numpy(), want) <= 2 * U
+
+
+def test_overflowing_loss_scale_skips_steps_as_on_native(fp16):
+    """A scale of 2**40 overflows float16's gradients to infinity: the steps are skipped and the scale backed off
+    exactly as under native's emulation, and the weights stay untouched while it does."""
+    steps, batch = 4, 8
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal((batch, 1, 8, 8)).astype(np.float32) for _ in range(steps)]
+    ys = [rng.integers(0, 10, (batch, 1)).astype(np.float32) for _ in range(steps)]
+    runs = []
+    for be in (lp.backend("native", precision="fp16"), fp16):
+        solver = lp.Solver.from_config(be, be, _lenet(batch, loss_scale_init=2.0**40))
+        first = [w.to_numpy() for w in solver.network.learnable_weights_data()]
+        trace = []
+        for x, y in zip(xs, ys):
+            solver.train_minibatch(x, y)
+            trace.append((solver.skipped_steps, solver.loss_scale))
+        runs.append(trace)
+        if be is fp16:
+            assert trace[0] == (1, 2.0**39)
+            if trace[1][0] == 2:  # still skipping: nothing moved
+                for w0, w in zip(first, solver.network.learnable_weights_data()):
+                    np.testing.assert_array_equal(w.to_numpy(), w0)
+    assert runs[1] == runs[0]
