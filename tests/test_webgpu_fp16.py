@@ -526,3 +526,38 @@ def test_overflowing_loss_scale_skips_steps_as_on_native(fp16):
                 for w0, w in zip(first, solver.network.learnable_weights_data()):
                     np.testing.assert_array_equal(w.to_numpy(), w0)
     assert runs[1] == runs[0]
+
+
+def test_batch_norm_runs_in_float16_kernels(fp16, monkeypatch):
+    """Statistics, normalisation and both backward passes on a float16 x, y, dy and dx (float32 statistics,
+    weights and sums) with no float32 copies made, against float64."""
+    conversions = []
+    convert = fp16._convert
+    monkeypatch.setattr(fp16, "_convert", lambda x, out: conversions.append(x.shape) or convert(x, out))
+    rng = np.random.default_rng(12)
+    x = _low(rng.standard_normal((4, 3, 5, 2)) * 2 + 1, F16)
+    dy = _low(rng.standard_normal(x.shape), F16)
+    gamma, beta = rng.standard_normal(3).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+    eps = 1e-5
+    _, bx = _upload(fp16, x)
+    _, bdy = _upload(fp16, dy)
+    f32 = {k: lp.SharedTensor((3,), np.float32) for k in ("mean", "var", "sum_dy", "sum_dy_xhat")}
+    g, b = (lp.SharedTensor.from_numpy(v) for v in (gamma, beta))
+    y, dx = lp.SharedTensor(x.shape, np.float16), lp.SharedTensor(x.shape, np.float16)
+    mean, var, sdy, sdx = (f32[k].write(fp16) for k in ("mean", "var", "sum_dy", "sum_dy_xhat"))
+    fp16.batch_norm_stats(bx, mean, var)
+    fp16.batch_norm(bx, mean, var, g.read(fp16), b.read(fp16), y.write(fp16), eps)
+    fp16.batch_norm_grad_sums(bx, bdy, mean, var, sdy, sdx, eps)
+    fp16.batch_norm_grad(bx, bdy, mean, var, g.read(fp16), sdy, sdx, dx.write(fp16), eps, True)
+    assert conversions == []
+    axes = (0, 2, 3)
+    mu, v = x.mean(axis=axes), x.var(axis=axes)
+    shape = (1, 3, 1, 1)
+    xhat = (x - mu.reshape(shape)) / np.sqrt(v.reshape(shape) + eps)
+    m = x.size // 3
+    want_dx = gamma.reshape(shape) / np.sqrt(v.reshape(shape) + eps) * (
+        dy - (dy.sum(axis=axes).reshape(shape) + xhat * (dy * xhat).sum(axis=axes).reshape(shape)) / m)
+    assert _rel(f32["mean"].to_numpy(), mu) <= 1e-5 and _rel(f32["var"].to_numpy(), v) <= 1e-5
+    assert _rel(y.to_numpy(), xhat * gamma.reshape(shape) + beta.reshape(shape)) <= 2 * U
+    assert _rel(f32["sum_dy_xhat"].to_numpy(), (dy * xhat).sum(axis=axes)) <= 1e-4
+    assert _rel(dx.to_numpy(), want_dx) <= 2 * U

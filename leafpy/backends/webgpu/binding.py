@@ -63,7 +63,8 @@ class Binding(Buffers):
         based = "base" in params.fields
         for start in range(0, n, piece):
             count = min(piece, n - start)
-            ranges = [None if i in whole else (start * 4, _pad4(count * 4)) for i in range(len(buffers))]
+            ranges = [None if i in whole else (start * b.dtype.itemsize, _pad4(count * b.dtype.itemsize))
+                      for i, b in enumerate(buffers)]
             packed = params(count=count, base=start, **values) if based else params(count=count, **values)
             self._dispatch(params.module, entry, packed, buffers, self._grid(count), ranges)
         for i in alias:

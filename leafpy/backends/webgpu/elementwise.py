@@ -159,7 +159,13 @@ class Elementwise(Gemm):
     def _bn(self, entry: str, x, buffers: list, whole: tuple[int, ...]) -> None:
         """A per-element batchnorm kernel over x's elements (channel = axis 1)."""
         n, c = x.shape[0], x.shape[1]
-        self._elementwise(entry, x.size, buffers, BatchNormParams, whole=whole, channels=c, inner=x.size // (n * c))
+        self._elementwise(entry, x.size, buffers, self._typed(BatchNormParams, buffers, "abcdef"), whole=whole,
+                          channels=c, inner=x.size // (n * c))
+
+    def _typed(self, params: ParamStruct, buffers: list, arrays: str) -> ParamStruct:
+        """The parameter struct, and so the module, of a kernel whose arrays (named ``arrays`` in its .wgsl, in
+        binding order) are bound to ``buffers``: ``params`` for float32 buffers (half.py gives float16 variants)."""
+        return params
 
     def _bn_channels(self, entry: str, c: int, buffers: list, **values: float) -> None:
         self._elementwise(entry, c, buffers, BatchNormParams, whole=tuple(range(len(buffers))), **values)

@@ -210,7 +210,9 @@ class Half(Convolution):
                   "bias_grad": "_bias_grad_h", "mul": "_mul_h",
                   "softmax": "_softmax_h", "log_softmax": "_log_softmax_h", "softmax_grad": "_softmax_grad_h",
                   "log_softmax_grad": "_log_softmax_grad_h", "copy": "_copy_h", "fill": "_fill_h", "scal": "_scal_h",
-                  "axpby": "_axpby_h", "copy_block": "_copy_block_h"}
+                  "axpby": "_axpby_h", "copy_block": "_copy_block_h", "batch_norm_stats": "_batch_norm_stats_h",
+                  "batch_norm": "_batch_norm_h", "batch_norm_grad_sums": "_batch_norm_grad_sums_h",
+                  "batch_norm_grad": "_batch_norm_grad_h"}
     """Primitives with float16 kernels of their own, by the method that runs them; it returns False for operands
     it does not take (other dtype mixes, tensors past the binding limit), which are then emulated."""
 
@@ -219,6 +221,7 @@ class Half(Convolution):
         to the primitive's float16 kernels where it has them (called once the device has shader-f16)."""
         from .. import PRIMITIVES
 
+        self._typed_params: dict[str, ParamStruct] = {}
         common = (_HERE / "params.wgsl").read_text()
         self._modules["half"] = self.device.create_shader_module(
             code=PRELUDE + common + (_HERE / "half.wgsl").read_text())
@@ -425,6 +428,52 @@ class Half(Convolution):
 
     def _log_softmax_grad_h(self, y, dy, dx) -> bool:
         return self._softmax_grad_h(y, dy, dx, log=True)
+
+    def _typed(self, params: ParamStruct, buffers: list, arrays: str) -> ParamStruct:
+        """``params``' module rebuilt with the arrays bound to float16 buffers declared float16 (built on first use,
+        named by those arrays: batchnorm16ac is batchnorm.wgsl with a and c float16)."""
+        halves = tuple(name for name, b in zip(arrays, buffers) if b.dtype == F16)
+        if not halves:
+            return params
+        module = f"{params.module}16{''.join(halves)}"
+        typed = self._typed_params.get(module)
+        if typed is None:
+            source = _halve((_HERE / f"{params.module}.wgsl").read_text(), halves)
+            self._modules[module] = self.device.create_shader_module(
+                code=PRELUDE + (_HERE / "params.wgsl").read_text() + source)
+            typed = self._typed_params[module] = ParamStruct(params.name, module,
+                                                             list(zip(params.fields, params.kinds)))
+        return typed
+
+    # batch normalisation: x, y, dy and dx float16, the statistics, sums and weights float32 (the masters)
+    def _bn_fits(self, halves: list, singles: list) -> bool:
+        raws = [b.raw for b in halves]
+        return (self._halves(*halves) and len(set(map(id, raws))) == len(raws)
+                and all(b is None or (b.dtype == F32 and b.raw.size <= self.max_binding) for b in singles))
+
+    def _batch_norm_stats_h(self, x, mean, var) -> bool:
+        if not self._bn_fits([x], [mean, var]):
+            return False
+        Convolution.batch_norm_stats(self, x, mean, var)
+        return True
+
+    def _batch_norm_h(self, x, mean, var, gamma, beta, y, eps) -> bool:
+        if not self._bn_fits([x, y], [mean, var, gamma, beta]):
+            return False
+        Convolution.batch_norm(self, x, mean, var, gamma, beta, y, eps)
+        return True
+
+    def _batch_norm_grad_sums_h(self, x, dy, mean, var, sum_dy, sum_dy_xhat, eps) -> bool:
+        if not self._bn_fits([x, dy], [mean, var, sum_dy, sum_dy_xhat]):
+            return False
+        Convolution.batch_norm_grad_sums(self, x, dy, mean, var, sum_dy, sum_dy_xhat, eps)
+        return True
+
+    def _batch_norm_grad_h(self, x, dy, mean, var, gamma, sum_dy, sum_dy_xhat, dx, eps, batch_stats) -> bool:
+        if not self._bn_fits([x, dy, dx], [mean, var, gamma, sum_dy, sum_dy_xhat]):
+            return False
+        Convolution.batch_norm_grad(self, x, dy, mean, var, gamma, sum_dy, sum_dy_xhat, dx, eps, batch_stats)
+        return True
 
     def cast(self, x, out):
         if x.size != out.size:
