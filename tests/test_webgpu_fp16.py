@@ -561,3 +561,30 @@ def test_batch_norm_runs_in_float16_kernels(fp16, monkeypatch):
     assert _rel(y.to_numpy(), xhat * gamma.reshape(shape) + beta.reshape(shape)) <= 2 * U
     assert _rel(f32["sum_dy_xhat"].to_numpy(), (dy * xhat).sum(axis=axes)) <= 1e-4
     assert _rel(dx.to_numpy(), want_dx) <= 2 * U
+
+
+def test_lrn_runs_in_float16_kernels(fp16, monkeypatch):
+    """Caffe's across-channel LRN and its gradient on float16 x, y, dy and dx (a float32 scale), no float32
+    copies made, against float64."""
+    conversions = []
+    convert = fp16._convert
+    monkeypatch.setattr(fp16, "_convert", lambda x, out: conversions.append(x.shape) or convert(x, out))
+    rng = np.random.default_rng(13)
+    x = _low(rng.standard_normal((2, 6, 3, 3)), F16)
+    dy = _low(rng.standard_normal(x.shape), F16)
+    size, alpha, beta, k = 5, 0.5, 0.75, 2.0
+    _, bx = _upload(fp16, x)
+    _, bdy = _upload(fp16, dy)
+    scale = lp.SharedTensor(x.shape, np.float32)
+    y, dx = lp.SharedTensor(x.shape, np.float16), lp.SharedTensor(x.shape, np.float16)
+    fp16.lrn(bx, scale.write(fp16), y.write(fp16), size, alpha, beta, k)
+    fp16.lrn_grad(bx, y.read(fp16), scale.read(fp16), bdy, dx.write(fp16), size, alpha, beta)
+    assert conversions == []
+    sq = np.pad(x**2, ((0, 0), (size // 2, size // 2), (0, 0), (0, 0)))
+    s = k + alpha / size * sum(sq[:, i:i + 6] for i in range(size))
+    y_ref = x * s**-beta
+    ratio = np.pad(dy * _low(y_ref, F16) / s, ((0, 0), (size // 2, size // 2), (0, 0), (0, 0)))
+    dx_ref = dy * s**-beta - 2 * alpha * beta / size * x * sum(ratio[:, i:i + 6] for i in range(size))
+    assert _rel(scale.to_numpy(), s) <= 1e-5
+    assert _rel(y.to_numpy(), y_ref) <= 2 * U
+    assert _rel(dx.to_numpy(), dx_ref) <= 2 * U

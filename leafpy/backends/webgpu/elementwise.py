@@ -211,14 +211,16 @@ class Elementwise(Gemm):
     def lrn(self, x, scale, out, size, alpha, beta, k):
         c = x.shape[1]
         inner = x.size // (x.shape[0] * c)
-        self._elementwise("lrn", x.size, [x, scale, out], LrnParams, whole=(0, 1, 2), channels=c, inner=inner,
-                          size=size, alpha=alpha / size, beta=beta, k=k)
+        buffers = [x, scale, out]
+        self._elementwise("lrn", x.size, buffers, self._typed(LrnParams, buffers, "abc"), whole=(0, 1, 2), channels=c,
+                          inner=inner, size=size, alpha=alpha / size, beta=beta, k=k)
 
     def lrn_grad(self, x, y, scale, dy, dx, size, alpha, beta):
         c = x.shape[1]
         inner = x.size // (x.shape[0] * c)
-        self._elementwise("lrn_grad", x.size, [x, y, scale, dy, dx], LrnParams, whole=(0, 1, 2, 3, 4), channels=c,
-                          inner=inner, size=size, alpha=2.0 * alpha * beta / size, beta=beta)
+        buffers = [x, y, scale, dy, dx]
+        self._elementwise("lrn_grad", x.size, buffers, self._typed(LrnParams, buffers, "abcde"), whole=(0, 1, 2, 3, 4),
+                          channels=c, inner=inner, size=size, alpha=2.0 * alpha * beta / size, beta=beta)
 
     def dropout_mask(self, mask, ratio, seed):
         self._elementwise("dropout_mask", mask.size, [mask, seed], ElementwiseParams, whole=(1,),

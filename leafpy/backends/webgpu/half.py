@@ -212,7 +212,7 @@ class Half(Convolution):
                   "log_softmax_grad": "_log_softmax_grad_h", "copy": "_copy_h", "fill": "_fill_h", "scal": "_scal_h",
                   "axpby": "_axpby_h", "copy_block": "_copy_block_h", "batch_norm_stats": "_batch_norm_stats_h",
                   "batch_norm": "_batch_norm_h", "batch_norm_grad_sums": "_batch_norm_grad_sums_h",
-                  "batch_norm_grad": "_batch_norm_grad_h"}
+                  "batch_norm_grad": "_batch_norm_grad_h", "lrn": "_lrn_h", "lrn_grad": "_lrn_grad_h"}
     """Primitives with float16 kernels of their own, by the method that runs them; it returns False for operands
     it does not take (other dtype mixes, tensors past the binding limit), which are then emulated."""
 
@@ -445,7 +445,8 @@ class Half(Convolution):
                                                              list(zip(params.fields, params.kinds)))
         return typed
 
-    # batch normalisation: x, y, dy and dx float16, the statistics, sums and weights float32 (the masters)
+    # batch normalisation and LRN: x, y, dy and dx float16 (distinct buffers), the statistics, sums, weights and
+    # LRN's scale float32
     def _bn_fits(self, halves: list, singles: list) -> bool:
         raws = [b.raw for b in halves]
         return (self._halves(*halves) and len(set(map(id, raws))) == len(raws)
@@ -473,6 +474,18 @@ class Half(Convolution):
         if not self._bn_fits([x, dy, dx], [mean, var, gamma, sum_dy, sum_dy_xhat]):
             return False
         Convolution.batch_norm_grad(self, x, dy, mean, var, gamma, sum_dy, sum_dy_xhat, dx, eps, batch_stats)
+        return True
+
+    def _lrn_h(self, x, scale, out, size, alpha, beta, k) -> bool:
+        if not self._bn_fits([x, out], [scale]):
+            return False
+        Convolution.lrn(self, x, scale, out, size, alpha, beta, k)
+        return True
+
+    def _lrn_grad_h(self, x, y, scale, dy, dx, size, alpha, beta) -> bool:
+        if not self._bn_fits([x, y, dy, dx], [scale]):
+            return False
+        Convolution.lrn_grad(self, x, y, scale, dy, dx, size, alpha, beta)
         return True
 
     def cast(self, x, out):
