@@ -1,10 +1,14 @@
-"""float16 on the webgpu backend (precision "fp16", on adapters with the shader-f16 feature): conversions between
-float16 and float32 buffers (half.wgsl), and every primitive that has no float16 kernel of its own run by emulation
-on the device: its float16 operands converted into float32 scratch buffers, its float32 kernels run, and the
-operands it writes (declared in :data:`WRITES`, from the signatures in base.py) converted back.
+"""float16 on the webgpu backend (precision "fp16", on adapters with the shader-f16 feature).
 
-Operands that share a buffer (an in-place activation's input and output) share one scratch buffer, so the float32
-kernel sees the same aliasing the caller asked for.
+float16 kernels (float16 loads and stores, float32 arithmetic and sums, one rounding per store): the float32
+kernels' WGSL rebuilt with their float16 arrays declared so (:func:`_halve`) for GEMMs and implicit-GEMM
+convolutions, pooling, softmax, sums, batch normalisation and LRN, and generated elementwise kernels (activations from
+pointwise.TABLE, bias, products, copies, axpby, Concat/Slice blocks); see :attr:`Half.NATIVE_F16`. Every other
+call with float16 operands (those primitives on operands they do not take, and the rest: losses, embeddings,
+recurrent cells, ...) runs by emulation on the device: its float16 operands converted into float32 scratch buffers
+(half.wgsl), its float32 kernels run, and the operands it writes (declared in :data:`WRITES`, from the signatures
+in base.py) converted back. Operands that share a buffer (an in-place activation's input and output) share one
+scratch buffer, so the float32 kernel sees the same aliasing the caller asked for.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ WRITES: dict[str, Writes] = {
     "adadelta_update": ("w", "g", "h", "u"),
     "embedding": ("out",), "embedding_grad": ("dtable",),
     "lstm_cell": ("gates", "c", "h", "hprev", "y"), "lstm_cell_grad": ("dh", "dc", "dgates", "dgates_t"),
-    "rnn_cell": ("h", "hprev", "y"), "rnn_cell_grad": ("dh", "dpre", "dpre_t"),
+    "rnn_cell": ("pre", "h", "hprev", "y"), "rnn_cell_grad": ("dh", "dpre", "dpre_t"),
     "gru_cell": ("pre", "hn", "h", "hprev", "y"), "gru_cell_grad": ("dh", "dpre", "dpre_h", "dpre_h_t"),
 }
 """The operands each primitive writes, by parameter name (a function of the call's arguments where that depends on
