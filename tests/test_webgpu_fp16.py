@@ -299,17 +299,18 @@ def test_activations_and_bias_add_run_in_float16_kernels(fp16):
     assert _rel(tx.to_numpy(), np.maximum(x, 0) + 2 * bias[None, :, None]) <= 2 * U
 
 
-@pytest.mark.parametrize("m,n,k,ta,tb,c_dtype,beta,dispatches", [
-    (20, 12, 40, False, True, np.float16, 0.0, 1),      # a linear layer's forward: one kernel, float16 loads
-    (70, 130, 33, True, False, np.float16, 0.5, 1),     # larger tiles, beta read from a float16 C
-    (16, 24, 1500, True, False, np.float32, 1.0, 2),    # a weight gradient into float32 masters: split K, summed
+@pytest.mark.parametrize("m,n,k,ta,tb,a_dtype,c_dtype,beta,dispatches", [
+    (20, 12, 40, False, True, np.float16, np.float16, 0.0, 1),   # a linear layer's forward: one kernel
+    (70, 130, 33, True, False, np.float16, np.float16, 0.5, 1),  # larger tiles, beta read from a float16 C
+    (16, 24, 1500, True, False, np.float16, np.float32, 1.0, 2),  # a weight gradient into float32: split K, summed
+    (8, 36, 9, False, True, np.float32, np.float32, 0.0, 1),     # a recurrent product: float32 state, float16 weights
 ])
-def test_gemm_reads_float16_and_accumulates_in_float32(fp16, m, n, k, ta, tb, c_dtype, beta, dispatches):
+def test_gemm_reads_float16_and_accumulates_in_float32(fp16, m, n, k, ta, tb, a_dtype, c_dtype, beta, dispatches):
     rng = np.random.default_rng(m + n + k)
     a = _low(rng.standard_normal((k, m) if ta else (m, k)), F16)
     b = _low(rng.standard_normal((n, k) if tb else (k, n)), F16)
     c0 = _low(rng.standard_normal((m, n)), F16)
-    ta_, ba = _upload(fp16, a)
+    ta_, ba = _upload(fp16, a, a_dtype)
     tb_, bb = _upload(fp16, b)
     tc, bc = _upload(fp16, c0, c_dtype)
     fp16.flush()
@@ -588,3 +589,36 @@ def test_lrn_runs_in_float16_kernels(fp16, monkeypatch):
     assert _rel(scale.to_numpy(), s) <= 1e-5
     assert _rel(y.to_numpy(), y_ref) <= 2 * U
     assert _rel(dx.to_numpy(), dx_ref) <= 2 * U
+
+
+@pytest.mark.parametrize("cell", ["LSTM", "GRU", "RNN"])
+def test_recurrent_layers_and_embeddings_make_no_float32_copies(fp16, monkeypatch, cell):
+    """An Embedding feeding a recurrent layer, forward and backward in fp16: every conversion is a cast (the input,
+    the weight copies), none is a float32 copy made for a kernel; the float16 results match float64 (the layer table
+    above covers their values)."""
+    casting, conversions = [], []
+    convert, cast = fp16._convert, fp16.cast
+
+    def converting(x, out):
+        if not casting:
+            conversions.append(x.shape)
+        convert(x, out)
+
+    def casting_to(x, out):
+        casting.append(1)
+        cast(x, out)
+        casting.clear()
+
+    monkeypatch.setattr(fp16, "_convert", converting)
+    monkeypatch.setattr(fp16, "cast", casting_to)
+    config = {"LSTM": lp.LSTMConfig, "GRU": lp.GRUConfig, "RNN": lp.RNNConfig}[cell](hidden_size=5,
+                                                                                     return_sequences=True)
+    net = lp.SequentialConfig(inputs=[("ids", [3, 4])], force_backward=False)
+    net.add_layer(lp.LayerConfig("emb", lp.EmbeddingConfig(input_dim=11, output_dim=6)))
+    net.add_layer(lp.LayerConfig("rec", config))
+    layer = lp.Layer.from_config(fp16, lp.LayerConfig("net", net), seed=4)
+    ids = np.random.default_rng(0).integers(0, 11, (3, 4)).astype(np.float32)
+    out = layer.forward([ids])[0]
+    layer.backward([np.ones(out.shape, np.float32)])
+    grads = [g.to_numpy() for g in layer.learnable_weights_gradients()]
+    assert conversions == [] and all(np.isfinite(g).all() and np.abs(g).sum() > 0 for g in grads)

@@ -4,6 +4,7 @@ cells."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -162,7 +163,7 @@ class Elementwise(Gemm):
         self._elementwise(entry, x.size, buffers, self._typed(BatchNormParams, buffers, "abcdef"), whole=whole,
                           channels=c, inner=x.size // (n * c))
 
-    def _typed(self, params: ParamStruct, buffers: list, arrays: str) -> ParamStruct:
+    def _typed(self, params: ParamStruct, buffers: list, arrays: Sequence[str]) -> ParamStruct:
         """The parameter struct, and so the module, of a kernel whose arrays (named ``arrays`` in its .wgsl, in
         binding order) are bound to ``buffers``: ``params`` for float32 buffers (half.py gives float16 variants)."""
         return params
@@ -281,6 +282,8 @@ class Elementwise(Gemm):
                 buffers = [*buffers, held["partial"]]
                 values.update(parts=held["slices"], part_stride=buffers[product].size, alpha=held["alpha"],
                               beta=held["beta"])
+        params = self._typed(params, buffers, [f"s{i + 1}" for i in range(len(buffers))])
+        module = params.module
         for i0, i1, binds, offsets in runs:
             ranges: list = [None] * len(buffers)
             offs = [0] * len(buffers)

@@ -98,7 +98,7 @@ class Gemm(Reductions):
         splits = 1
         fill = self.SPLIT_K_TILES * (4 if tm == 32 else 1)  # 32x32 tiles run 64 threads, the others 256
         if tiles < fill and k >= self.SPLIT_K_FROM and not any(name == "C_MODE" for name, _ in conv) \
-                and module != "gemm16":  # float32 partials summed into a float32 C only
+                and out.dtype.itemsize == 4:  # float32 partials summed into a float32 C only
             shortest = self.SPLIT_K_MIN
             if (not conv and m * n * k * batch >= self.SPLIT_K_FINE_WORK
                     and tiles * min(-(-fill // tiles), k // shortest) < self.SPLIT_K_FINE_GROUPS):
@@ -137,12 +137,9 @@ class Gemm(Reductions):
         else:
             emit()
 
-    @staticmethod
-    def _gemm_module(a: WView, b: WView, out: WView) -> str:
-        """The GEMM module for the operands' dtypes: "gemm" (float32), or with float16 A and B "gemm16" (C float16)
-        or "gemm16c32" (C float32; both built by half.py on a device with shader-f16)."""
-        if a.dtype.itemsize == 2 and b.dtype.itemsize == 2:
-            return "gemm16" if out.dtype.itemsize == 2 else "gemm16c32"
+    def _gemm_module(self, a: WView, b: WView, out: WView) -> str:
+        """The GEMM module for the operands' dtypes: "gemm" for float32 ones (half.py names and builds those for
+        float16 operands)."""
         return "gemm"
 
     def _gemm_blocks(self, operands, trans_a, trans_b, m, n, k, alpha, beta, consts, lds) -> None:

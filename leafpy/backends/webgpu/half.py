@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -181,11 +181,11 @@ def _halve_reads(text: str, pattern: re.Pattern, inner: bool = False) -> str:
     return head + "".join(parts) + text[at:]
 
 
-def gemm_source(c16: bool) -> str:
-    """gemm.wgsl with A, B (and with ``c16`` C, Bias and ActOut) float16 in memory: the tiles in workgroup memory,
-    the products and the sums stay float32; a float16 C is rounded once, when stored."""
-    names = ("A", "B", "C", "Bias", "ActOut") if c16 else ("A", "B")
-    return _halve((_HERE / "gemm.wgsl").read_text(), names)
+def gemm_source(halves: Sequence[str]) -> str:
+    """gemm.wgsl with the arrays ``halves`` (of A, B, C, and Bias and ActOut, which have C's dtype) float16 in memory:
+    the tiles in workgroup memory, the products and the sums stay float32; a float16 C is rounded once, when
+    stored."""
+    return _halve((_HERE / "gemm.wgsl").read_text(), tuple(halves))
 
 
 def elementwise_inplace() -> dict[str, tuple[int, int]]:
@@ -220,6 +220,11 @@ class Half(Convolution):
     """Primitives with float16 kernels of their own, by the method that runs them; it returns False for operands
     it does not take (other dtype mixes, tensors past the binding limit), which are then emulated."""
 
+    SEQUENCE_F16 = ("embedding", "embedding_grad", "lstm_cell", "lstm_cell_grad", "rnn_cell", "rnn_cell_grad",
+                    "gru_cell", "gru_cell_grad")
+    """Primitives of sequence.wgsl and scatter.wgsl, which take float16 operands in those modules rebuilt (see
+    :meth:`_sequence_h`)."""
+
     def _enable_f16(self) -> None:
         """Build the float16 modules and wrap every primitive in the emulation, which first offers float16 operands
         to the primitive's float16 kernels where it has them (called once the device has shader-f16)."""
@@ -232,10 +237,6 @@ class Half(Convolution):
         self._modules["elementwise16"] = self.device.create_shader_module(
             code=PRELUDE + common + elementwise_source())
         window = (_HERE / "window.wgsl").read_text()
-        generated = pointwise.wgsl_functions() + pointwise.wgsl_epilogue()
-        for module, c16 in (("gemm16", True), ("gemm16c32", False)):
-            self._modules[module] = self.device.create_shader_module(
-                code=PRELUDE + common + window + gemm_source(c16) + generated)
         self._modules["pool16"] = self.device.create_shader_module(
             code=PRELUDE + common + window + _halve((_HERE / "pool.wgsl").read_text(), ("src", "dst")))
         self._modules["reduce16"] = self.device.create_shader_module(
@@ -254,7 +255,8 @@ class Half(Convolution):
 
     def _emulated(self, name: str, method: Callable) -> Callable:
         signature = inspect.signature(method)
-        native = getattr(self, self.NATIVE_F16[name]) if name in self.NATIVE_F16 else None
+        native = getattr(self, self.NATIVE_F16[name]) if name in self.NATIVE_F16 else \
+            functools.partial(self._sequence_h, name) if name in self.SEQUENCE_F16 else None
 
         @functools.wraps(method)
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -358,9 +360,26 @@ class Half(Convolution):
                           whole=(0, 1), channels=c, inner=y.size // (n * c))
         return True
 
+    def _gemm_module(self, a: WView, b: WView, out: WView) -> str:
+        """gemm.wgsl with the operands that are float16 declared so (C's Bias and ActOut with C), built on first
+        use: gemm16AB is float16 A and B into a float32 C."""
+        halves = [name for name, v in zip("ABC", (a, b, out)) if v.dtype == F16]
+        if not halves:
+            return "gemm"
+        module = "gemm16" + "".join(halves)
+        if module not in self._modules:
+            arrays = halves + (["Bias", "ActOut"] if "C" in halves else [])
+            self._modules[module] = self.device.create_shader_module(
+                code=PRELUDE + (_HERE / "params.wgsl").read_text() + (_HERE / "window.wgsl").read_text()
+                + gemm_source(arrays) + pointwise.wgsl_functions() + pointwise.wgsl_epilogue())
+        return module
+
     def _gemm_h(self, a, trans_a, b, trans_b, out, alpha=1.0, beta=0.0) -> bool:
-        """float16 A and B, float16 or float32 C, each within one binding: the tiled kernels with float16 loads."""
-        if not self._halves(a, b) or out.dtype not in (F16, F32) or out.raw.size > self.max_binding:
+        """Any of A, B and C float16, the others float32, each within one binding: the tiled kernels with float16
+        loads (and a float16 store)."""
+        views = (a, b, out)
+        if not any(v.dtype == F16 for v in views) or any(v.dtype not in (F16, F32) or v.raw.size > self.max_binding
+                                                         for v in views):
             return False
         Convolution.gemm(self, a, trans_a, b, trans_b, out, alpha, beta)
         return True
@@ -433,7 +452,7 @@ class Half(Convolution):
     def _log_softmax_grad_h(self, y, dy, dx) -> bool:
         return self._softmax_grad_h(y, dy, dx, log=True)
 
-    def _typed(self, params: ParamStruct, buffers: list, arrays: str) -> ParamStruct:
+    def _typed(self, params: ParamStruct, buffers: list, arrays: Sequence[str]) -> ParamStruct:
         """``params``' module rebuilt with the arrays bound to float16 buffers declared float16 (built on first use,
         named by those arrays: batchnorm16ac is batchnorm.wgsl with a and c float16)."""
         halves = tuple(name for name, b in zip(arrays, buffers) if b.dtype == F16)
@@ -490,6 +509,17 @@ class Half(Convolution):
         if not self._bn_fits([x, y, dy, dx], [scale]):
             return False
         Convolution.lrn_grad(self, x, y, scale, dy, dx, size, alpha, beta)
+        return True
+
+    def _sequence_h(self, name: str, *args: Any, **kwargs: Any) -> bool:
+        """Embeddings and recurrent cells with float16 operands, where every tensor fits one binding (counted as if
+        float32: the modules' runs past the limit bind 4-byte elements); the arrays bound to float16 buffers are
+        declared float16 in their module (see :meth:`_typed`)."""
+        views = [v for v in (*args, *kwargs.values()) if isinstance(v, WView)]
+        if not any(v.dtype == F16 for v in views) or any(4 * v.raw.size // v.dtype.itemsize > self.max_binding
+                                                         for v in views):
+            return False
+        getattr(Convolution, name)(self, *args, **kwargs)
         return True
 
     def cast(self, x, out):
