@@ -2,10 +2,11 @@
 
 float16 kernels (float16 loads and stores, float32 arithmetic and sums, one rounding per store): the float32
 kernels' WGSL rebuilt with their float16 arrays declared so (:func:`_halve`) for GEMMs and implicit-GEMM
-convolutions, pooling, softmax, sums, batch normalisation and LRN, and generated elementwise kernels (activations from
-pointwise.TABLE, bias, products, copies, axpby, Concat/Slice blocks); see :attr:`Half.NATIVE_F16`. Every other
-call with float16 operands (those primitives on operands they do not take, and the rest: losses, embeddings,
-recurrent cells, ...) runs by emulation on the device: its float16 operands converted into float32 scratch buffers
+convolutions, pooling, softmax, sums, batch normalisation, LRN, embeddings and recurrent cells, and generated
+elementwise kernels (activations from pointwise.TABLE, bias, products, copies, axpby, Concat/Slice blocks); see
+:attr:`Half.NATIVE_F16` and :attr:`Half.SEQUENCE_F16`. Every other call with float16 operands (those primitives on
+operands they do not take, such as tensors past the binding limit, and the rest: losses, dot, clipping, dropout
+masks, solver updates) runs by emulation on the device: its float16 operands converted into float32 scratch buffers
 (half.wgsl), its float32 kernels run, and the operands it writes (declared in :data:`WRITES`, from the signatures
 in base.py) converted back. Operands that share a buffer (an in-place activation's input and output) share one
 scratch buffer, so the float32 kernel sees the same aliasing the caller asked for.
