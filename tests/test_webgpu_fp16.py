@@ -622,3 +622,23 @@ def test_recurrent_layers_and_embeddings_make_no_float32_copies(fp16, monkeypatc
     layer.backward([np.ones(out.shape, np.float32)])
     grads = [g.to_numpy() for g in layer.learnable_weights_gradients()]
     assert conversions == [] and all(np.isfinite(g).all() and np.abs(g).sum() > 0 for g in grads)
+
+
+def test_float16_tensors_past_the_binding_limit_run_on_float32_copies(fp16):
+    """With a 1 KiB binding limit the float16 kernels step aside: conversions and the float32 kernels go in pieces."""
+    be = lp.backend("webgpu", precision="fp16", power_preference="low-power")  # an instance whose limit we lower
+    be.max_binding = 1024
+    rng = np.random.default_rng(6)
+    x = _low(rng.standard_normal(3001), F16)
+    tx, bx = _upload(be, x)
+    ty = lp.SharedTensor((3001,), np.float16)
+    be.activation("tanh", bx, ty.write(be))
+    assert _rel(ty.to_numpy(), np.tanh(x)) <= U
+    v = _low(rng.standard_normal((30, 2, 25)) * 3 + 1, F16)
+    _, bv = _upload(be, v)
+    mean, var = lp.SharedTensor((2,), np.float32), lp.SharedTensor((2,), np.float32)
+    y = lp.SharedTensor(v.shape, np.float16)
+    be.batch_norm_stats(bv, mean.write(be), var.write(be))
+    be.batch_norm(bv, mean.read(be), var.read(be), None, None, y.write(be), 1e-5)
+    ref = (v - v.mean(axis=(0, 2), keepdims=True)) / np.sqrt(v.var(axis=(0, 2), keepdims=True) + 1e-5)
+    assert _rel(y.to_numpy(), ref) <= 2 * U
