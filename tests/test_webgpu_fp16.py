@@ -641,3 +641,16 @@ def test_float16_tensors_past_the_binding_limit_run_on_float32_copies(fp16):
     be.batch_norm(bv, mean.read(be), var.read(be), None, None, y.write(be), 1e-5)
     ref = (v - v.mean(axis=(0, 2), keepdims=True)) / np.sqrt(v.var(axis=(0, 2), keepdims=True) + 1e-5)
     assert _rel(y.to_numpy(), ref) <= 2 * U
+
+
+def test_full_precision_twin_shares_the_device_and_its_command_stream(fp16):
+    twin = fp16.full_precision()
+    assert (fp16.precision, fp16.compute_dtype, fp16.mixed) == ("fp16", F16, True)
+    assert (twin.precision, twin.compute_dtype, twin.mixed) == ("fp32", np.dtype(np.float32), False)
+    assert isinstance(twin, Backend) and twin.key == fp16.key and twin.full_precision() is twin
+    assert fp16.full_precision() is twin and lp.backend("webgpu").full_precision() is lp.backend("webgpu")
+    # work queued on either runs in the order it was queued: the twin's fill lands before the backend's scal
+    t = lp.SharedTensor((5,), np.float32)
+    twin.fill(2.0, t.write(twin))
+    fp16.scal(3.0, t.read_write(fp16))
+    np.testing.assert_array_equal(t.to_numpy(), np.full(5, 6.0))
