@@ -6,7 +6,15 @@ the frontend cannot be imported (or with ``use_cudnn=False``); pooling runs in o
 
 Importing this module does not import CuPy; constructing the backend does. The package: this module (the backend),
 ``kernels.py`` (the CUDA sources of the pooling and batch-normalisation kernels), ``blas.py`` (cuBLAS on its own
-handle, for recording CUDA graphs), ``cudnn.py`` (cuDNN frontend graphs and their autotuner).
+handle, for recording CUDA graphs and for 16-bit GEMMs), ``cudnn.py`` (cuDNN frontend graphs and their autotuner),
+``lowp.py`` (bfloat16 and float16 loads and stores in the elementwise kernels).
+
+Buffers in bfloat16 or float16 (mixed precision's activations, their gradients and the weights' copies) run through
+the same primitives: GEMMs in cuBLAS with float32 accumulation, convolutions in cuDNN graphs built for those
+formats, elementwise work, pooling and batch normalisation in kernels that load and store the 16-bit format and
+compute in float (BatchNorm's scale, shift and statistics stay float32). The primitives named in
+:attr:`CudaBackend.EMULATED` have no 16-bit kernel: they refuse 16-bit buffers with a BackendError (a backend whose
+precision setting is bf16 or fp16 runs them on float32 copies).
 """
 
 from __future__ import annotations
@@ -19,13 +27,44 @@ import numpy as np
 from ...errors import BackendError, BackendUnavailable
 from .. import pointwise
 from ..array import ArrayBackend
+from ..base import PRIMITIVES, SHORTHANDS
 from ..recorder import StepRecorder
 from .blas import _CaptureBlas
 from .cudnn import _CudnnConv
-from .kernels import _BN_SOURCE, _POOL_SOURCE, vectorized_source
+from .kernels import _BN_SOURCE, _POOL_SOURCE, module_source, vectorized_source
+from .lowp import as_stored, formats_of, is_low, low_dtypes, storage_format, typed_kernel
 
 _INSTALL = ("pip install 'leafpy-dl[cuda]' (CuPy for CUDA 12: cupy-cuda12x; with CUDA 13 drivers install "
             "cupy-cuda13x instead)")
+
+# ElementwiseKernel formulas over a type T (in_params, out_params, operation, name): compiled for T = float or
+# double, and by lowp.typed_kernel for bfloat16 and float16 operands
+_AXPBY = ("T x, T a, T b", "T y", "y = a * x + b * y", "leafpy_axpby")
+_MUL = ("T x, T m", "T z", "z = x * m", "leafpy_mul")
+_CAST = ("T x", "T y", "y = x", "leafpy_cast")
+_BIAS_ADD = ("raw T b, int32 c, int32 inner", "T y", "y = y + LD_b(b[(i / inner) % c])", "leafpy_bias_add")
+_BN_FORWARD = ("T x, raw T mean, raw T var, raw T gamma, raw T beta, int32 c, int32 inner, T eps, int32 flags", "T y",
+               "int ch = (int)((i / inner) % c); T s = (T)1 / sqrt(var[ch] + eps);"
+               " if (flags & 1) s *= gamma[ch];"
+               " y = (x - mean[ch]) * s + ((flags & 2) ? beta[ch] : (T)0)", "leafpy_bn_forward")
+_BN_GRAD = ("T x, T dy, raw T mean, raw T var, raw T gamma, raw T sum_dy, raw T sum_dy_xhat, int32 c, int32 inner, "
+            "T eps, T inv_m, int32 flags", "T dx",
+            "int ch = (int)((i / inner) % c); T invstd = (T)1 / sqrt(var[ch] + eps);"
+            " T a = (flags & 1) ? gamma[ch] * invstd : invstd; T v = a * dy;"
+            " if (flags & 4) { T xhat = (x - mean[ch]) * invstd;"
+            " v -= a * (sum_dy[ch] + xhat * sum_dy_xhat[ch]) * inv_m; }"
+            " dx = v", "leafpy_bn_grad")
+_DROPOUT = ("raw uint32 seed, uint32 mult, uint32 threshold, T scale", "T mask",
+            "unsigned int h = (unsigned int)i + seed[0] * mult;"
+            " h ^= h >> 16; h *= 0x85EBCA6Bu; h ^= h >> 13; h *= 0xC2B2AE35u; h ^= h >> 16;"
+            " mask = h >= threshold ? scale : (T)0", "leafpy_dropout")
+
+LOW_PRECISION_KERNELS = frozenset(SHORTHANDS) | {
+    "gemm", "axpby", "copy", "fill", "mul", "activation", "activation_grad", "bias_add", "bias_grad",
+    "batch_norm_stats", "batch_norm", "batch_norm_grad_sums", "batch_norm_grad", "conv2d", "conv2d_grad_data",
+    "conv2d_grad_filter", "pool2d", "pool2d_grad", "copy_block", "dropout_mask"}
+"""The primitives with bfloat16 and float16 kernels of their own (loads and stores in the buffer's format, float
+arithmetic)."""
 class CudaBackend(ArrayBackend):
     """CuPy on one NVIDIA GPU. ``use_cudnn``: None (use cuDNN graphs when importable), True (require), False
     (im2col + GEMM). ``tf32``: let convolutions (cuDNN) and GEMMs (cuBLAS) use TF32 tensor cores (faster, ~1e-3
@@ -37,6 +76,12 @@ class CudaBackend(ArrayBackend):
     relative error measured on an H200; what PyTorch's cudnn.benchmark may choose)."""
 
     name = "cuda"
+
+    EMULATED = tuple(n for n in PRIMITIVES + SHORTHANDS if n not in LOW_PRECISION_KERNELS
+                     and n not in ("allocate", "upload", "download", "view", "synchronize"))
+    """The primitives without bfloat16 and float16 kernels (softmax, losses, LRN, embeddings and recurrent cells,
+    solver updates, reductions): under a bf16 or fp16 precision setting they run on float32 copies of their 16-bit
+    operands; otherwise they refuse 16-bit buffers with a BackendError."""
 
     def __init__(self, dtype: Any = np.float32, device: int = 0, use_cudnn: bool | None = None,
                  tf32: bool = False, graphs: bool = True, fuse_bias: bool = False, exact_fp32: bool = True,
@@ -64,8 +109,10 @@ class CudaBackend(ArrayBackend):
         self.tf32 = tf32
         self.fuse_bias = fuse_bias
         self._kernels = self._build_kernels(cupy)
-        self._pool_module = cupy.RawModule(code=_POOL_SOURCE)
-        self._bn_module = cupy.RawModule(code=_BN_SOURCE)
+        self._pool_module = cupy.RawModule(code=module_source(_POOL_SOURCE, "f32"))
+        self._bn_module = cupy.RawModule(code=module_source(_BN_SOURCE, "f32"))
+        self._low_modules: dict[tuple[str, str], Any] = {}
+        self._typed_kernels: dict[tuple, Any] = {}
         self._vector_kernels: dict[str, Any] = {}
         self._cudnn = None
         self.graphs = graphs
@@ -82,6 +129,26 @@ class CudaBackend(ArrayBackend):
                 if use_cudnn:
                     raise BackendUnavailable(f"backend 'cuda': cuDNN graphs unavailable ({e}); "
                                              "pip install nvidia-cudnn-frontend nvidia-cudnn-cu12") from e
+        if not getattr(self, "mixed", False):  # a bf16/fp16 setting converts these primitives' 16-bit operands
+            self._refuse_low_precision()
+
+    def _refuse_low_precision(self) -> None:
+        """Make each primitive of :attr:`EMULATED` refuse bfloat16 and float16 operands with a BackendError."""
+        low = low_dtypes()
+        for name in self.EMULATED:
+            method = getattr(self, name)
+
+            def guarded(*args: Any, _method: Any = method, _name: str = name, **kwargs: Any) -> Any:
+                for a in (*args, *kwargs.values()):
+                    if getattr(a, "dtype", None) in low:
+                        raise BackendError(
+                            f"cuda {_name}: got a {a.dtype} operand, but this primitive has no bfloat16/float16 "
+                            "kernel; pass float32 buffers (cast them first), or run the backend with a bf16/fp16 "
+                            "precision setting, which converts them")
+                return _method(*args, **kwargs)
+
+            functools.update_wrapper(guarded, method)
+            setattr(self, name, guarded)
 
     @property
     def uses_cudnn(self) -> bool:
@@ -93,7 +160,7 @@ class CudaBackend(ArrayBackend):
         # the activations and their gradients, generated from their formulas (pointwise.TABLE)
         activations = {name: ek(*source) for name, source in pointwise.cuda_kernel_sources().items()}
         return activations | {
-            "axpby": ek("T x, T a, T b", "T y", "y = a * x + b * y", "leafpy_axpby"),
+            "axpby": ek(*_AXPBY),
             "clip_to_norm": ek("raw T sumsq, T threshold", "T x",
                                "T n = sqrt(sumsq[0]); if (n > threshold) x *= threshold / n", "leafpy_clip_to_norm"),
             # solver updates: the step's rate is read on the device (rate[0]), so a recorded step replays under
@@ -114,22 +181,9 @@ class CudaBackend(ArrayBackend):
             "adadelta": ek("T g, raw T rate, T mult, T d, T eps", "T w, T h, T u",
                            "h = d * h + ((T)1 - d) * g * g; T step = g * sqrt((u + eps) / (h + eps));"
                            " u = d * u + ((T)1 - d) * step * step; w -= rate[0] * mult * step", "leafpy_adadelta"),
-            "bn_forward": ek("T x, raw T mean, raw T var, raw T gamma, raw T beta, int32 c, int32 inner, T eps, "
-                             "int32 flags", "T y",
-                             "int ch = (int)((i / inner) % c); T s = (T)1 / sqrt(var[ch] + eps);"
-                             " if (flags & 1) s *= gamma[ch];"
-                             " y = (x - mean[ch]) * s + ((flags & 2) ? beta[ch] : (T)0)", "leafpy_bn_forward"),
-            "bn_grad": ek("T x, T dy, raw T mean, raw T var, raw T gamma, raw T sum_dy, raw T sum_dy_xhat, int32 c, "
-                          "int32 inner, T eps, T inv_m, int32 flags", "T dx",
-                          "int ch = (int)((i / inner) % c); T invstd = (T)1 / sqrt(var[ch] + eps);"
-                          " T a = (flags & 1) ? gamma[ch] * invstd : invstd; T v = a * dy;"
-                          " if (flags & 4) { T xhat = (x - mean[ch]) * invstd;"
-                          " v -= a * (sum_dy[ch] + xhat * sum_dy_xhat[ch]) * inv_m; }"
-                          " dx = v", "leafpy_bn_grad"),
-            "dropout": ek("raw uint32 seed, uint32 mult, uint32 threshold, T scale", "T mask",
-                          "unsigned int h = (unsigned int)i + seed[0] * mult;"
-                          " h ^= h >> 16; h *= 0x85EBCA6Bu; h ^= h >> 13; h *= 0xC2B2AE35u; h ^= h >> 16;"
-                          " mask = h >= threshold ? scale : (T)0", "leafpy_dropout"),
+            "bn_forward": ek(*_BN_FORWARD),
+            "bn_grad": ek(*_BN_GRAD),
+            "dropout": ek(*_DROPOUT),
         }
 
     # --- memory contract --------------------------------------------------------------------------------------
@@ -212,9 +266,7 @@ class CudaBackend(ArrayBackend):
     def capture(self, entry, step) -> tuple[Any, bool]:
         cp = self.xp
         stream = self._step_stream
-        if self._capture_blas is None:
-            self._capture_blas = _CaptureBlas(cp, self.tf32)
-        self._capture_blas.prepare(stream)
+        self._blas().prepare(stream)
         self._capturing = True
         try:
             with cp.cuda.using_allocator(self._pool_malloc(entry.extra)), stream:
@@ -234,8 +286,22 @@ class CudaBackend(ArrayBackend):
     def handle(buffer) -> int:
         return buffer.data.ptr
 
+    def _blas(self) -> _CaptureBlas:
+        if self._capture_blas is None:
+            self._capture_blas = _CaptureBlas(self.xp, self.tf32)
+        return self._capture_blas
+
     def gemm(self, a, trans_a, b, trans_b, out, alpha=1.0, beta=0.0):
-        if self._capturing:  # CuPy refuses cuBLAS calls while a stream records; cuBLAS itself allows them
+        if is_low(a) or is_low(b) or is_low(out):
+            f = formats_of("gemm", a=a, b=b, out=out)
+            if f["a"] != f["b"] or f["a"] == "f32" or f["out"] not in (f["a"], "f32"):
+                raise BackendError(f"cuda gemm: a ({a.dtype}) and b ({b.dtype}) must share one 16-bit format and out "
+                                   f"({out.dtype}) be in that format or float32; cast the odd operand first")
+            blas = self._blas()
+            if not self._capturing:  # a recording set the stream when it began
+                blas.use_stream(self.xp.cuda.get_current_stream())
+            blas.gemm_ex(a, trans_a, b, trans_b, out, alpha, beta, f["a"], f["out"])
+        elif self._capturing:  # CuPy refuses cuBLAS calls while a stream records; cuBLAS itself allows them
             self._capture_blas.gemm(a, trans_a, b, trans_b, out, alpha, beta)
         elif self.tf32:
             from cupy_backends.cuda.libs import cublas
@@ -257,8 +323,9 @@ class CudaBackend(ArrayBackend):
 
     def _fits_float4(self, *arrays: Any) -> bool:
         size = arrays[0].size
-        return (self.dtype == np.float32 and size % 4 == 0 and 0 < size < 2**31
-                and all(a.size == size and a.flags.c_contiguous and a.data.ptr % 16 == 0 for a in arrays))
+        return (size % 4 == 0 and 0 < size < 2**31 and all(
+            a.dtype == np.float32 and a.size == size and a.flags.c_contiguous and a.data.ptr % 16 == 0
+            for a in arrays))
 
     def _launch4(self, kernel: Any, arrays: tuple, scalars: tuple = ()) -> None:
         n4 = arrays[0].size // 4
@@ -284,14 +351,116 @@ class CudaBackend(ArrayBackend):
             kernel = self._vector_kernels[name] = self.xp.RawModule(code=source).get_function(f"leafpy_{name}4")
         return kernel
 
+    # --- bfloat16 and float16 operands: kernels typed per operand format (lowp.py) ------------------------------
+    def _typed(self, source: tuple, formats: dict[str, str], read_outputs: bool = False) -> Any:
+        key = (source[3], tuple(sorted(formats.items())))
+        kernel = self._typed_kernels.get(key)
+        if kernel is None:
+            in_params, out_params, operation, name = source
+            kernel = self._typed_kernels[key] = typed_kernel(self.xp, in_params, out_params, operation, name, formats,
+                                                             read_outputs)
+        return kernel
+
+    def _low_module(self, which: str, fmt: str) -> Any:
+        """The pooling ("pool") or batch-normalisation ("bn") kernels for activations stored in ``fmt``."""
+        module = self._low_modules.get((which, fmt))
+        if module is None:
+            source = _POOL_SOURCE if which == "pool" else _BN_SOURCE
+            module = self._low_modules[(which, fmt)] = self.xp.RawModule(code=module_source(source, fmt))
+        return module
+
+    @staticmethod
+    def _float32_arrays(op: str, **arrays: Any) -> None:
+        for name, a in arrays.items():
+            if a is not None and a.dtype != np.float32:
+                raise BackendError(f"cuda {op}: '{name}' must be float32 beside 16-bit activations (BatchNorm's "
+                                   f"scale, shift and statistics stay float32), got {a.dtype}")
+
+    def cast(self, x, out):
+        """``out = x`` converted to ``out``'s dtype (round to nearest even), same number of elements."""
+        if x.size != out.size:
+            raise BackendError(f"cuda cast: {x.size} elements into {out.size}; the buffers must have one size")
+        fx, fo = storage_format(x.dtype), storage_format(out.dtype)
+        if fx is None or fo is None:  # float64 on either side: CuPy's own conversion
+            out.reshape(-1)[...] = x.reshape(-1)
+        elif fx == fo:
+            self.copy(x, out)
+        else:
+            self._typed(_CAST, {"x": fx, "y": fo})(as_stored(x.reshape(out.shape)), as_stored(out))
+
+    def copy(self, x, out):
+        if x is out:
+            return
+        if x.dtype != out.dtype:
+            return self.cast(x, out)
+        super().copy(as_stored(x), as_stored(out))
+
+    def copy_block(self, part, whole, part_inner, whole_inner, offset, into_whole):
+        if part.dtype != whole.dtype:
+            raise BackendError(f"cuda copy_block: part ({part.dtype}) and whole ({whole.dtype}) must share a dtype")
+        super().copy_block(as_stored(part), as_stored(whole), part_inner, whole_inner, offset, into_whole)
+
+    def fill(self, value, out):
+        if is_low(out):
+            out.view(np.uint16).fill(int(np.array([value], dtype=out.dtype).view(np.uint16)[0]))
+            return
+        super().fill(value, out)
+
+    def mul(self, x, y, out):
+        if is_low(x) or is_low(y) or is_low(out):
+            self._typed(_MUL, formats_of("mul", x=x, m=y, z=out))(as_stored(x), as_stored(y), as_stored(out))
+            return
+        super().mul(x, y, out)
+
+    def bias_add(self, y, b):
+        if is_low(y) or is_low(b):
+            c = y.shape[1]
+            inner = y.size // max(y.shape[0] * c, 1)
+            self._typed(_BIAS_ADD, formats_of("bias_add", y=y, b=b), read_outputs=True)(
+                as_stored(b), np.int32(c), np.int32(inner), as_stored(y))
+            return
+        super().bias_add(y, b)
+
+    def bias_grad(self, dy, db, beta=0.0):
+        if not is_low(dy):
+            return super().bias_grad(dy, db, beta)
+        fmt = formats_of("bias_grad", dy=dy, db=db)["dy"]
+        # per channel, partial sums over runs of samples (the batch-norm reductions' split), then their sum
+        c, rows, runs, part = self._bn_runs(dy)
+        n, i32 = dy.shape[0], np.int32
+        self._low_module("bn", fmt).get_function("channel_sum_part_low")(
+            (c, runs), (256,), (as_stored(self.xp.ascontiguousarray(dy)), part, i32(n), i32(c),
+                                i32(dy.size // max(n * c, 1)), i32(rows)))
+        sums = part[:c * runs].reshape(c, runs).sum(axis=1)
+        if beta == 0.0:
+            self.cast(sums, db)
+        else:
+            self.axpby(1.0, sums, beta, db)
+
     def axpby(self, alpha, x, beta, y):
+        if is_low(x) or is_low(y):
+            self._typed(_AXPBY, formats_of("axpby", x=x, y=y), read_outputs=True)(
+                as_stored(x), np.float32(alpha), np.float32(beta), as_stored(y))
+            return
         if self._fits_float4(x, y):
             self._launch4(self._vector_kernel("axpby"), (x, y), (np.float32(alpha), np.float32(beta)))
             return
         self._kernels["axpby"](x, self._scalar(alpha), self._scalar(beta), y)
 
+    @functools.cached_property
+    def _activation_sources(self) -> dict[str, tuple[str, str, str, str]]:
+        return pointwise.cuda_kernel_sources()
+
+    def _low_activation(self, name: str, arrays: tuple, params: tuple) -> None:
+        source = self._activation_sources[name]
+        names = [p.split()[-1] for p in source[0].split(",")][:len(arrays) - 1] + [source[1].split()[-1]]
+        kernel = self._typed(source, formats_of(name, **dict(zip(names, arrays))))
+        kernel(*(as_stored(a) for a in arrays[:-1]), *(np.float32(p) for p in params), as_stored(arrays[-1]))
+
     def activation(self, kind, x, out, params=()):
         pointwise.line(kind)
+        if is_low(x) or is_low(out):
+            return self._low_activation(kind, (x, out), tuple(params))
         if self._fits_float4(x, out):
             self._launch4(self._vector_kernel(kind), (x, out), tuple(np.float32(p) for p in params))
             return
@@ -299,6 +468,8 @@ class CudaBackend(ArrayBackend):
 
     def activation_grad(self, kind, src, dy, dx, params=()):
         pointwise.line(kind)
+        if is_low(src) or is_low(dy) or is_low(dx):
+            return self._low_activation(kind + "_grad", (src, dy, dx), tuple(params))
         if self._fits_float4(src, dy, dx):
             self._launch4(self._vector_kernel(kind + "_grad"), (src, dy, dx), tuple(np.float32(p) for p in params))
             return
@@ -342,27 +513,44 @@ class CudaBackend(ArrayBackend):
         return c, rows, runs, self.xp.empty(2 * c * runs, np.float32)
 
     def batch_norm_stats(self, x, mean, var):
-        if self.dtype != np.float32:
+        low = is_low(x)
+        if not low and x.dtype != np.float32:
             return super().batch_norm_stats(x, mean, var)
         _, inner = self._bn_geometry(x)
         c, rows, runs, part = self._bn_runs(x)
         i32, f = np.int32, self._bn_module.get_function
-        wide = inner % 4 == 0 and self._fits_float4(x)
-        f("bn_stats_part4" if wide else "bn_stats_part")(
-            (c, runs), (256,), (x, part, i32(x.shape[0]), i32(c), i32(inner // 4 if wide else inner), i32(rows)))
+        if low:
+            self._float32_arrays("batch_norm_stats", mean=mean, var=var)
+            self._low_module("bn", storage_format(x.dtype)).get_function("bn_stats_part_low")(
+                (c, runs), (256,), (as_stored(x), part, i32(x.shape[0]), i32(c), inner, i32(rows)))
+        else:
+            wide = inner % 4 == 0 and self._fits_float4(x)
+            f("bn_stats_part4" if wide else "bn_stats_part")(
+                (c, runs), (256,), (x, part, i32(x.shape[0]), i32(c), i32(inner // 4 if wide else inner),
+                                    i32(rows)))
         f("bn_stats_combine")(((c + 127) // 128,), (128,), (part, mean, var, i32(x.shape[0]), i32(c), inner,
                                                             i32(rows), i32(runs)))
 
     def batch_norm_grad_sums(self, x, dy, mean, var, sum_dy, sum_dy_xhat, eps):
-        if self.dtype != np.float32:
+        low = is_low(x) or is_low(dy)
+        if not low and x.dtype != np.float32:
             return super().batch_norm_grad_sums(x, dy, mean, var, sum_dy, sum_dy_xhat, eps)
         _, inner = self._bn_geometry(x)
         c, rows, runs, part = self._bn_runs(x)
         i32, f = np.int32, self._bn_module.get_function
-        wide = inner % 4 == 0 and self._fits_float4(x, dy)
-        f("bn_grad_part4" if wide else "bn_grad_part")(
-            (c, runs), (256,), (x, dy, mean, part, i32(x.shape[0]), i32(c), i32(inner // 4 if wide else inner),
-                                i32(rows)))
+        if low:
+            fmt = formats_of("batch_norm_grad_sums", x=x, dy=dy)
+            if fmt["x"] != fmt["dy"]:
+                raise BackendError(f"cuda batch_norm_grad_sums: x ({x.dtype}) and dy ({dy.dtype}) must share a dtype")
+            self._float32_arrays("batch_norm_grad_sums", mean=mean, var=var, sum_dy=sum_dy, sum_dy_xhat=sum_dy_xhat)
+            self._low_module("bn", fmt["x"]).get_function("bn_grad_part_low")(
+                (c, runs), (256,), (as_stored(x), as_stored(dy), mean, part, i32(x.shape[0]), i32(c), inner,
+                                    i32(rows)))
+        else:
+            wide = inner % 4 == 0 and self._fits_float4(x, dy)
+            f("bn_grad_part4" if wide else "bn_grad_part")(
+                (c, runs), (256,), (x, dy, mean, part, i32(x.shape[0]), i32(c), i32(inner // 4 if wide else inner),
+                                    i32(rows)))
         f("bn_grad_combine")(((c + 127) // 128,), (128,), (part, var, sum_dy, sum_dy_xhat, i32(c), i32(runs),
                                                            np.float32(eps)))
 
@@ -370,6 +558,11 @@ class CudaBackend(ArrayBackend):
         c, inner = self._bn_geometry(x)
         flags = np.int32((gamma is not None) | ((beta is not None) << 1))
         g, b = mean if gamma is None else gamma, mean if beta is None else beta
+        if is_low(x) or is_low(y):
+            self._float32_arrays("batch_norm", mean=mean, var=var, gamma=gamma, beta=beta)
+            self._typed(_BN_FORWARD, formats_of("batch_norm", x=x, y=y))(
+                as_stored(x), mean, var, g, b, c, inner, np.float32(eps), flags, as_stored(y))
+            return
         if inner % 4 == 0 and self._fits_float4(x, y):
             self._launch4(self._bn_module.get_function("bn_apply4"), (x, y),
                           (mean, var, g, b, c, np.int32(inner // 4), np.float32(eps), flags))
@@ -380,6 +573,13 @@ class CudaBackend(ArrayBackend):
         c, inner = self._bn_geometry(x)
         flags = np.int32((gamma is not None) | (bool(batch_stats) << 2))
         g = mean if gamma is None else gamma
+        if is_low(x) or is_low(dy) or is_low(dx):
+            self._float32_arrays("batch_norm_grad", mean=mean, var=var, gamma=gamma, sum_dy=sum_dy,
+                                 sum_dy_xhat=sum_dy_xhat)
+            self._typed(_BN_GRAD, formats_of("batch_norm_grad", x=x, dy=dy, dx=dx))(
+                as_stored(x), as_stored(dy), mean, var, g, sum_dy, sum_dy_xhat, c, inner, np.float32(eps),
+                np.float32(int(c) / x.size), flags, as_stored(dx))
+            return
         if inner % 4 == 0 and self._fits_float4(x, dy, dx):
             self._launch4(self._bn_module.get_function("bn_backward4"), (x, dy, dx),
                           (mean, var, g, sum_dy, sum_dy_xhat, c, np.int32(inner // 4), np.float32(eps),
@@ -399,6 +599,11 @@ class CudaBackend(ArrayBackend):
     def dropout_mask(self, mask, ratio, seed):
         from ..array import DROPOUT_KEY_MULTIPLIER, dropout_threshold
 
+        if is_low(mask):
+            self._typed(_DROPOUT, formats_of("dropout_mask", mask=mask))(
+                seed, np.uint32(DROPOUT_KEY_MULTIPLIER), np.uint32(dropout_threshold(ratio)),
+                np.float32(1.0 / (1.0 - ratio)), as_stored(mask))
+            return
         self._kernels["dropout"](seed, np.uint32(DROPOUT_KEY_MULTIPLIER), np.uint32(dropout_threshold(ratio)),
                                  self._scalar(1.0 / (1.0 - ratio)), mask)
 
@@ -411,20 +616,37 @@ class CudaBackend(ArrayBackend):
         return total, (i32(total), i32(c), i32(h), i32(w), i32(oh), i32(ow), i32(kernel[0]), i32(kernel[1]),
                        i32(stride[0]), i32(stride[1]), i32(padding[0]), i32(padding[1]), i32(is_max))
 
+    def _pool_format(self, op: str, a: Any, b: Any) -> str | None:
+        """The 16-bit format of a pooling pass's activations, None for float32 (a BackendError for a mix)."""
+        if not (is_low(a) or is_low(b)):
+            return None
+        fa, fb = storage_format(a.dtype), storage_format(b.dtype)
+        if fa != fb:
+            raise BackendError(f"cuda {op}: input ({a.dtype}) and output ({b.dtype}) must share a dtype")
+        return fa
+
     def pool2d(self, x, out, mask, mode, kernel, stride, padding):
-        if self.dtype != np.float32:
+        fmt = self._pool_format("pool2d", x, out)
+        if fmt is None and x.dtype != np.float32:
             return super().pool2d(x, out, mask, mode, kernel, stride, padding)
+        module = self._pool_module if fmt is None else self._low_module("pool", fmt)
         total, args = self._pool_args(x.shape, out.shape, kernel, stride, padding, mode == "max")
         m = mask if mask is not None else out  # unused for average pooling
-        self._pool_module.get_function("pool_fwd")(((total + 255) // 256,), (256,), (x, out, m) + args)
+        module.get_function("pool_fwd")(((total + 255) // 256,), (256,), (as_stored(x), as_stored(out), m) + args)
 
     def pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding):
-        if self.dtype != np.float32:
+        fmt = self._pool_format("pool2d_grad", dy, dx)
+        if fmt is None and dy.dtype != np.float32:
             return super().pool2d_grad(dy, dx, mask, mode, kernel, stride, padding)
-        dx.fill(0)
+        # 16-bit gradients are added up in float32 scratch, then rounded once
+        acc = dx if fmt is None else self.xp.empty(dx.shape, np.float32)
+        acc.fill(0)
+        module = self._pool_module if fmt is None else self._low_module("pool", fmt)
         total, args = self._pool_args(dx.shape, dy.shape, kernel, stride, padding, mode == "max")
         m = mask if mask is not None else dy
-        self._pool_module.get_function("pool_bwd")(((total + 255) // 256,), (256,), (dy, dx, m) + args)
+        module.get_function("pool_bwd")(((total + 255) // 256,), (256,), (as_stored(dy), acc, m) + args)
+        if acc is not dx:
+            self.cast(acc, dx)
 
     # --- local response normalisation: one thread per element sums its window of channels ----------------------
     _LRN = ("raw T x, int32 c, int32 inner, int32 size, T a_over_n, T beta, T k", "T scale, T y",
@@ -462,30 +684,65 @@ class CudaBackend(ArrayBackend):
         self._lrn_kernel("lrn_grad")(x, y, scale, dy, c, inner, size, s(2.0 * alpha * beta / size), s(beta), dx)
 
     # --- convolution through cuDNN graphs -----------------------------------------------------------------------
+    def _conv_formats(self, op: str, x: Any, w: Any, y: Any, bias: Any = None) -> tuple[str, ...]:
+        """The operands' formats (x, w, y, bias) for cuDNN: all float32 unless one is 16-bit."""
+        if not any(a is not None and is_low(a) for a in (x, w, y, bias)):
+            return ("f32",) * 4
+        if self._cudnn is None:
+            raise BackendError(f"cuda {op}: bfloat16/float16 convolutions run in cuDNN graphs, which are unavailable "
+                               "here; pip install nvidia-cudnn-frontend nvidia-cudnn-cu12 (or cast to float32)")
+        arrays = {"x": x, "w": w, "y": y} | ({"bias": bias} if bias is not None else {})
+        f = formats_of(op, **arrays)
+        return f["x"], f["w"], f["y"], f.get("bias", "f32")
+
     def conv2d(self, x, w, out, stride, padding, ws, bias=None):
+        fm = self._conv_formats("conv2d", x, w, out, bias)
         if self._cudnn is None:
             return super().conv2d(x, w, out, stride, padding, ws, bias)
         if bias is not None and self.fuse_bias and self._cudnn.run("fprop_bias", x.shape, w.shape, out.shape, stride,
-                                                                   padding, x, w, out, 0.0, bias):
+                                                                   padding, x, w, out, 0.0, bias, formats=fm):
             return
-        self._cudnn.run("fprop", x.shape, w.shape, out.shape, stride, padding, x, w, out, 0.0)
+        self._cudnn.run("fprop", x.shape, w.shape, out.shape, stride, padding, x, w, out, 0.0, formats=fm)
         if bias is not None:
             self.bias_add(out, bias)
 
     def conv2d_grad_data(self, dy, w, dx, stride, padding, ws):
+        fm = self._conv_formats("conv2d_grad_data", dx, w, dy)
         if self._cudnn is None:
             return super().conv2d_grad_data(dy, w, dx, stride, padding, ws)
-        self._cudnn.run("dgrad", dx.shape, w.shape, dy.shape, stride, padding, dx, w, dy, 0.0)
+        self._cudnn.run("dgrad", dx.shape, w.shape, dy.shape, stride, padding, dx, w, dy, 0.0, formats=fm)
 
     def conv2d_grad_filter(self, x, dy, dw, stride, padding, ws, beta=0.0):
+        fm = self._conv_formats("conv2d_grad_filter", x, dw, dy)
         if self._cudnn is None:
             return super().conv2d_grad_filter(x, dy, dw, stride, padding, ws, beta)
+        if fm != ("f32",) * 4:
+            return self._low_grad_filter(self._cudnn, x, dy, dw, stride, padding, beta, fm)
         if beta:
             tmp = self.xp.empty_like(dw)
             self._cudnn.run("wgrad", x.shape, dw.shape, dy.shape, stride, padding, x, tmp, dy, 0.0)
             dw += tmp
         else:
             self._cudnn.run("wgrad", x.shape, dw.shape, dy.shape, stride, padding, x, dw, dy, 0.0)
+
+    def _low_grad_filter(self, conv: _CudnnConv, x, dy, dw, stride, padding, beta, fm) -> None:
+        """The filter gradient of 16-bit activations: written in float32 by cuDNN where it offers that (dw float32,
+        as mixed precision keeps weight gradients), else in the activations' format and then converted."""
+        cp, run = self.xp, conv.run
+        if fm[1] == "f32":
+            target = cp.empty_like(dw) if beta else dw
+            if run("wgrad", x.shape, dw.shape, dy.shape, stride, padding, x, target, dy, 0.0, formats=fm,
+                   optional=True):
+                if beta:
+                    self.axpby(1.0, target, beta, dw)
+                return
+        tmp = cp.empty(dw.shape, x.dtype)
+        run("wgrad", x.shape, dw.shape, dy.shape, stride, padding, x, tmp, dy, 0.0,
+            formats=(fm[0], fm[0], fm[2], "f32"))
+        if beta:
+            self.axpby(1.0, tmp, beta, dw)
+        else:
+            self.cast(tmp, dw)
 
     # --- sequences: embeddings and recurrent cells, each one fused kernel ------------------------------------
     @functools.cached_property

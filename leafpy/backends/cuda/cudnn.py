@@ -1,5 +1,5 @@
-"""Convolution through cuDNN frontend graphs: one graph per pass and shape, its plan autotuned among the accurate
-ones."""
+"""Convolution through cuDNN frontend graphs: one graph per pass, shape and operand formats (float32, bfloat16,
+float16; float32 accumulation throughout), its plan autotuned among the accurate ones."""
 
 from __future__ import annotations
 
@@ -30,6 +30,11 @@ class _CudnnConv:
     INEXACT_EXCLUDED_NOTES = ("TENSOR_CORE", "DOWN_CONVERT_INPUTS")
     """Excluded with exact=False: the notes PyTorch's cudnn.benchmark excludes in fp32 without TF32 (its plans are
     otherwise the same FFT, Winograd and implicit-GEMM engines)."""
+    LOW_PRECISION_EXCLUDED_NOTES = ("REDUCED_PRECISION_REDUCTION", "FFT", "WINOGRAD", "WINOGRAD_TILE_4x4",
+                                    "WINOGRAD_TILE_6x6", "WINOGRAD_TILE_13x13")
+    """Excluded for bfloat16 and float16 operands: engines that accumulate in 16 bits, and FFT and Winograd
+    transforms (their error is not bounded by the format's roundoff); tensor cores, which read 16-bit operands
+    and accumulate in float32, are what these graphs are for."""
     AGREEMENT_SAMPLE = 1 << 16
     """Output elements compared between candidate plans."""
     FP32_AGREEMENT = 1e-5
@@ -52,48 +57,54 @@ class _CudnnConv:
         self.errors: dict = {}  # graph key -> {plan index: relative difference from the plans' median} (fp32)
         atexit.register(self.graphs.clear)  # release the graphs while their library is still loaded
 
-    def _build(self, kind: str, x_shape, w_shape, y_shape, stride, padding) -> tuple:
+    def _build(self, kind: str, x_shape, w_shape, y_shape, stride, padding, formats=("f32",) * 4) -> tuple:
+        """The graph of one pass; ``formats``: the storage formats of the operands run() takes as x, w, y, bias."""
         cudnn = self.cudnn
         f32 = cudnn.data_type.FLOAT
-        g = cudnn.pygraph(io_data_type=f32, intermediate_data_type=f32, compute_data_type=f32, handle=self.handle)
+        types = {"f32": f32, "bf16": cudnn.data_type.BFLOAT16, "f16": cudnn.data_type.HALF}
+        tx, tw, ty, tb = (types[f] for f in formats)
+        low = [types[f] for f in formats if f != "f32"]
+        g = cudnn.pygraph(io_data_type=low[0] if low else f32, intermediate_data_type=f32, compute_data_type=f32,
+                          handle=self.handle)
         pad, st, dil = list(padding), list(stride), [1, 1]
         if kind in ("fprop", "fprop_bias"):
-            X = g.tensor(name="X", dim=list(x_shape), stride=_nchw_strides(x_shape), data_type=f32)
-            W = g.tensor(name="W", dim=list(w_shape), stride=_nchw_strides(w_shape), data_type=f32)
+            X = g.tensor(name="X", dim=list(x_shape), stride=_nchw_strides(x_shape), data_type=tx)
+            W = g.tensor(name="W", dim=list(w_shape), stride=_nchw_strides(w_shape), data_type=tw)
             Y = g.conv_fprop(image=X, weight=W, padding=pad, stride=st, dilation=dil, compute_data_type=f32)
             if kind == "fprop_bias":
                 o = w_shape[0]
-                Bt = g.tensor(name="B", dim=[1, o, 1, 1], stride=[o, 1, 1, 1], data_type=f32)
+                Bt = g.tensor(name="B", dim=[1, o, 1, 1], stride=[o, 1, 1, 1], data_type=tb)
                 Y = g.bias(name="bias", input=Y, bias=Bt)
-            Y.set_output(True).set_dim(list(y_shape)).set_stride(_nchw_strides(y_shape)).set_data_type(f32)
+            Y.set_output(True).set_dim(list(y_shape)).set_stride(_nchw_strides(y_shape)).set_data_type(ty)
             names = (X, W, Y) if kind == "fprop" else (X, W, Y, Bt)
         elif kind == "dgrad":
-            DY = g.tensor(name="DY", dim=list(y_shape), stride=_nchw_strides(y_shape), data_type=f32)
-            W = g.tensor(name="W", dim=list(w_shape), stride=_nchw_strides(w_shape), data_type=f32)
+            DY = g.tensor(name="DY", dim=list(y_shape), stride=_nchw_strides(y_shape), data_type=ty)
+            W = g.tensor(name="W", dim=list(w_shape), stride=_nchw_strides(w_shape), data_type=tw)
             DX = g.conv_dgrad(loss=DY, filter=W, padding=pad, stride=st, dilation=dil, compute_data_type=f32)
-            DX.set_output(True).set_dim(list(x_shape)).set_stride(_nchw_strides(x_shape)).set_data_type(f32)
+            DX.set_output(True).set_dim(list(x_shape)).set_stride(_nchw_strides(x_shape)).set_data_type(tx)
             names = (DX, W, DY)
         else:
-            X = g.tensor(name="X", dim=list(x_shape), stride=_nchw_strides(x_shape), data_type=f32)
-            DY = g.tensor(name="DY", dim=list(y_shape), stride=_nchw_strides(y_shape), data_type=f32)
+            X = g.tensor(name="X", dim=list(x_shape), stride=_nchw_strides(x_shape), data_type=tx)
+            DY = g.tensor(name="DY", dim=list(y_shape), stride=_nchw_strides(y_shape), data_type=ty)
             DW = g.conv_wgrad(image=X, loss=DY, padding=pad, stride=st, dilation=dil, compute_data_type=f32)
-            DW.set_output(True).set_dim(list(w_shape)).set_stride(_nchw_strides(w_shape)).set_data_type(f32)
+            DW.set_output(True).set_dim(list(w_shape)).set_stride(_nchw_strides(w_shape)).set_data_type(tw)
             names = (X, DW, DY)
         g.validate()
         g.build_operation_graph()
         g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.B, cudnn.heur_mode.FALLBACK])
-        if not self.tf32:
-            excluded = self.FP32_EXCLUDED_NOTES if self.exact else self.INEXACT_EXCLUDED_NOTES
+        if low or not self.tf32:
+            excluded = (self.LOW_PRECISION_EXCLUDED_NOTES if low else self.FP32_EXCLUDED_NOTES if self.exact
+                        else self.INEXACT_EXCLUDED_NOTES)
             g.deselect_numeric_notes([getattr(cudnn.numerical_note, n) for n in excluded
                                       if hasattr(cudnn.numerical_note, n)])
         g.check_support()
         g.build_plans(cudnn.build_plan_policy.ALL)
         return g, names
 
-    def _autotune(self, g: Any, pack: dict, key: tuple, out: Any) -> int:
+    def _autotune(self, g: Any, pack: dict, key: tuple, out: Any, compare: bool) -> int:
         """Time every built plan on the real buffers and keep the fastest (as cudnn.benchmark does), preferring a
         smaller workspace where the difference in time is within :attr:`PLAN_TOLERANCE`; in fp32 mode only among
-        plans whose result agrees with the others' (see :attr:`FP32_AGREEMENT`)."""
+        plans whose result agrees with the others' (see :attr:`FP32_AGREEMENT`; ``compare``)."""
         cp = self.cp
         timings = self.timings[key] = []
         results: list[Any] = []
@@ -120,7 +131,7 @@ class _CudnnConv:
                     stop.synchronize()
                     runs.append(cp.cuda.get_elapsed_time(start, stop))
                 ms = min(runs)
-                if self.exact:
+                if compare:
                     results.append(flat[sample])
             except Exception:
                 continue  # a plan that cannot run here
@@ -147,19 +158,21 @@ class _CudnnConv:
             self.workspace = cp.empty(size, dtype=cp.uint8)
         return best
 
-    def run(self, kind, x_shape, w_shape, y_shape, stride, padding, x, w, y, beta, bias=None) -> bool:
-        """Run one pass; False when cuDNN has no engine for it (only asked of optional fusions)."""
-        key = (kind, tuple(x_shape), tuple(w_shape), tuple(y_shape), tuple(stride), tuple(padding))
+    def run(self, kind, x_shape, w_shape, y_shape, stride, padding, x, w, y, beta, bias=None,
+            formats=("f32",) * 4, optional=False) -> bool:
+        """Run one pass; False when cuDNN has no engine for it (only asked of optional fusions and of
+        ``optional`` passes). ``formats``: the storage formats of x, w, y and bias."""
+        key = (kind, tuple(x_shape), tuple(w_shape), tuple(y_shape), tuple(stride), tuple(padding), tuple(formats))
         entry = self.graphs.get(key)
         if entry is None:
             try:
-                entry = (*self._build(kind, x_shape, w_shape, y_shape, stride, padding), None)
+                entry = (*self._build(kind, x_shape, w_shape, y_shape, stride, padding, formats), None)
             except Exception as e:
-                if kind == "fprop_bias":
+                if kind == "fprop_bias" or optional:
                     self.graphs[key] = "unsupported"
                     return False
                 raise BackendError(f"cuDNN could not build a {kind} graph for input {tuple(x_shape)}, filter "
-                                   f"{tuple(w_shape)}: {e}") from e
+                                   f"{tuple(w_shape)} (formats {', '.join(formats)}): {e}") from e
             self.graphs[key] = entry
         if entry == "unsupported":
             return False
@@ -169,7 +182,8 @@ class _CudnnConv:
         if plan is None:
             # the first run on real buffers picks the plan (outputs are overwritten, so timing them is harmless)
             out = {"dgrad": x, "wgrad": w}.get(kind, y)
-            plan = self._autotune(g, pack, key, out)
+            compare = self.exact and all(f == "f32" for f in formats)
+            plan = self._autotune(g, pack, key, out, compare)
             self.graphs[key] = (g, tensors, plan)
         g.execute_plan_at_index(pack, self.workspace.data.ptr, plan, handle=self.handle)
         return True

@@ -1,13 +1,27 @@
 """CUDA sources of the cuda backend's pooling and batch-normalisation kernels (compiled with CuPy's RawModule),
-and the generator of its vectorised elementwise kernels."""
+and the generator of its vectorised elementwise kernels.
+
+The pooling and batch-normalisation sources are compiled once per storage format of their activations
+(:func:`module_source`): ``S`` is the stored type, ``LD``/``ST`` convert it to and from float (lowp.CONVERT);
+arithmetic is in float for every format."""
+
+from .lowp import CONVERT
+
+
+def module_source(source: str, fmt: str) -> str:
+    """``source`` for activations stored in ``fmt`` ("f32", "bf16" or "f16")."""
+    stored = "float" if fmt == "f32" else "unsigned short"
+    low = "" if fmt == "f32" else "#define LOWP 1\n"
+    return (f"{CONVERT}\ntypedef {stored} S;\n#define LD(v) ld_{fmt}(v)\n#define ST(v) st_{fmt}(v)\n{low}"
+            + source)
 
 _POOL_SOURCE = r"""
-extern "C" __global__ void pool_fwd(const float* x, float* y, int* mask, int total, int C, int H, int W,
+extern "C" __global__ void pool_fwd(const S* x, S* y, int* mask, int total, int C, int H, int W,
         int OH, int OW, int kh, int kw, int sh, int sw, int ph, int pw, int is_max) {
     int i = blockDim.x * blockIdx.x + threadIdx.x;
     if (i >= total) return;
     int ow = i % OW, oh = (i / OW) % OH, nc = i / (OW * OH);
-    const float* src = x + (long long)nc * H * W;
+    const S* src = x + (long long)nc * H * W;
     int h0 = oh * sh - ph, w0 = ow * sw - pw;
     const float NEG_INF = __int_as_float(0xff800000);
     float best = NEG_INF, sum = 0.f; int arg = 0;
@@ -16,22 +30,23 @@ extern "C" __global__ void pool_fwd(const float* x, float* y, int* mask, int tot
         for (int b = 0; b < kw; ++b) {
             int w = w0 + b;
             bool inside = h >= 0 && h < H && w >= 0 && w < W;
-            float v = inside ? src[h * W + w] : (is_max ? NEG_INF : 0.f);
+            float v = inside ? LD(src[h * W + w]) : (is_max ? NEG_INF : 0.f);
             if (is_max) { if (v > best) { best = v; arg = a * kw + b; } } else { sum += v; }
         }
     }
-    if (is_max) { y[i] = best; mask[i] = arg; } else { y[i] = sum / (float)(kh * kw); }
+    if (is_max) { y[i] = ST(best); mask[i] = arg; } else { y[i] = ST(sum / (float)(kh * kw)); }
 }
 // one thread per output element adds its gradient where the forward pass took its value (measured faster on an
-// H200 than one thread per input element gathering over its windows)
-extern "C" __global__ void pool_bwd(const float* dy, float* dx, const int* mask, int total, int C, int H, int W,
+// H200 than one thread per input element gathering over its windows); dx is float32 for every format (16-bit
+// activations' gradients are added up there and rounded once)
+extern "C" __global__ void pool_bwd(const S* dy, float* dx, const int* mask, int total, int C, int H, int W,
         int OH, int OW, int kh, int kw, int sh, int sw, int ph, int pw, int is_max) {
     int i = blockDim.x * blockIdx.x + threadIdx.x;
     if (i >= total) return;
     int ow = i % OW, oh = (i / OW) % OH, nc = i / (OW * OH);
     float* dst = dx + (long long)nc * H * W;
     int h0 = oh * sh - ph, w0 = ow * sw - pw;
-    float g = dy[i];
+    float g = LD(dy[i]);
     if (is_max) {
         int a = mask[i] / kw, b = mask[i] % kw, h = h0 + a, w = w0 + b;
         if (h >= 0 && h < H && w >= 0 && w < W) atomicAdd(dst + h * W + w, g);
@@ -74,6 +89,8 @@ __device__ float block_sum(float v, float* red) {
 }
 // Loads of one float or four (float4, when S is a multiple of 4): the lanes' sum, sum of squared deviations and
 // sum of products with deviations.
+template <typename V> struct Lanes { static constexpr int n = 1; };
+template <> struct Lanes<float4> { static constexpr int n = 4; };
 __device__ __forceinline__ float lanes(float v) { return v; }
 __device__ __forceinline__ float lanes(float4 v) { return (v.x + v.y) + (v.z + v.w); }
 __device__ __forceinline__ float squares(float v, float m) { const float d = v - m; return d * d; }
@@ -84,6 +101,12 @@ __device__ __forceinline__ float products(float g, float v, float m) { return g 
 __device__ __forceinline__ float products(float4 g, float4 v, float m) {
     return (products(g.x, v.x, m) + products(g.y, v.y, m)) + (products(g.z, v.z, m) + products(g.w, v.w, m));
 }
+#ifdef LOWP
+// 16-bit activations: one value per load, converted to float
+__device__ __forceinline__ float lanes(S v) { return LD(v); }
+__device__ __forceinline__ float squares(S v, float m) { const float d = LD(v) - m; return d * d; }
+__device__ __forceinline__ float products(S g, S v, float m) { return LD(g) * (LD(v) - m); }
+#endif
 // the k-th load of channel ch among samples [b0, b0 + rows): sample b0 + k / s, position k % s (s, and every
 // index, in loads: S / 4 of them per sample and channel for float4)
 #define AT(a, k) a[base + (long long)((k) / s) * row + ((k) % s)]
@@ -99,7 +122,7 @@ __device__ void stats_part(const V* x, float* part, int n, int c, int s, int row
     RUN_GEOMETRY
     float acc = 0.f;
     for (int k = threadIdx.x; k < count; k += BLOCK) acc += lanes(AT(x, k));
-    const float m = block_sum(acc, red) / (float)(count * (int)(sizeof(V) / sizeof(float)));
+    const float m = block_sum(acc, red) / (float)(count * Lanes<V>::n);
     acc = 0.f;
     for (int k = threadIdx.x; k < count; k += BLOCK) acc += squares(AT(x, k), m);
     const float m2 = block_sum(acc, red);
@@ -115,6 +138,11 @@ extern "C" __global__ void bn_stats_part(const float* x, float* part, int n, int
 extern "C" __global__ void bn_stats_part4(const float4* x, float* part, int n, int c, int s4, int rows) {
     stats_part(x, part, n, c, s4, rows);
 }
+#ifdef LOWP
+extern "C" __global__ void bn_stats_part_low(const S* x, float* part, int n, int c, int s, int rows) {
+    stats_part(x, part, n, c, s, rows);
+}
+#endif
 // mean and biased variance from the partials (Chan et al.'s pairwise combination)
 extern "C" __global__ void bn_stats_combine(const float* part, float* mean, float* var, int n, int c, int s,
         int rows, int splits) {
@@ -161,6 +189,21 @@ extern "C" __global__ void bn_grad_part4(const float4* x, const float4* dy, cons
         int c, int s4, int rows) {
     grad_part(x, dy, mean, part, n, c, s4, rows);
 }
+#ifdef LOWP
+// a bias gradient: the partial sums of x over a run (one per block, as the statistics' partials)
+extern "C" __global__ void channel_sum_part_low(const S* x, float* part, int n, int c, int s, int rows) {
+    __shared__ float red[BLOCK / 32 + 1];
+    RUN_GEOMETRY
+    float acc = 0.f;
+    for (int k = threadIdx.x; k < count; k += BLOCK) acc += lanes(AT(x, k));
+    acc = block_sum(acc, red);
+    if (threadIdx.x == 0) part[(long long)ch * gridDim.y + blockIdx.y] = acc;
+}
+extern "C" __global__ void bn_grad_part_low(const S* x, const S* dy, const float* mean, float* part, int n, int c,
+        int s, int rows) {
+    grad_part(x, dy, mean, part, n, c, s, rows);
+}
+#endif
 // sum dy and sum dy * (x - mean) / sqrt(var + eps) from the partials
 extern "C" __global__ void bn_grad_combine(const float* part, const float* var, float* sum_dy, float* sum_dy_xhat,
         int c, int splits, float eps) {
