@@ -49,7 +49,7 @@ def as_numbers(array: Any, where: str) -> np.ndarray:
         a = np.asarray(array)
     except (ValueError, TypeError) as e:  # ragged nested lists
         raise ShapeError(f"{where}: expected an array of numbers, got {type(array).__name__} ({e})") from None
-    if a.dtype.kind not in "biuf":
+    if a.dtype.kind not in "biuf" and a.dtype.name != "bfloat16":  # bfloat16 (ml_dtypes): what bf16 tensors hold
         raise ShapeError(f"{where}: expected real numbers (bool, integer or float), got an array of dtype {a.dtype}")
     return a
 

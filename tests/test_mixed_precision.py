@@ -207,3 +207,15 @@ def test_solver_loss_runs_in_float32_behind_a_cast():
     assert abs(solver.loss() - want) <= 1e-6 * max(1.0, want)
     assert all(w.dtype == np.float32 for w in solver.network.learnable_weights_data())
     assert all(s.dtype == np.float32 for state in solver.state for s in state)
+
+
+def test_bfloat16_arrays_are_accepted_as_data():
+    """What a bf16 network returns (to_numpy gives bfloat16 arrays) can be fed to another network or set."""
+    be = lp.backend("native", precision="bf16")
+    first = lp.Layer.from_config(be, lp.LayerConfig("a", lp.LinearConfig(output_size=3)), seed=0)
+    second = lp.Layer.from_config(lp.backend("native"), lp.LayerConfig("b", lp.LinearConfig(output_size=2)), seed=0)
+    y = first.forward([np.ones((2, 4))])[0].to_numpy()
+    assert y.dtype == ml_dtypes.bfloat16
+    z = second.forward([y])[0].to_numpy()
+    w, b = (t.to_numpy() for t in second.learnable_weights_data())
+    np.testing.assert_allclose(z, y.astype(np.float64) @ w.T + b, rtol=1e-6, atol=1e-6)

@@ -30,10 +30,10 @@ def dropout_threshold(ratio: float) -> int:
     return min(int(ratio * 2**32), 2**32 - 1)
 
 
-def _emulated(method: Callable, low: tuple[Any, ...], xp: Any) -> Callable:
+def _emulated(method: Callable, low: tuple[Any, ...], backend: Backend) -> Callable:
     """``method`` run on float32 copies of its low-precision array operands; each copy the method changed is
     rounded back into its operand (operands left unchanged are not written: an input that aliases the output
-    must not overwrite it)."""
+    must not overwrite it). ``backend.xp`` is looked up per call (a subclass may set it after construction)."""
 
     @functools.wraps(method)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -51,6 +51,7 @@ def _emulated(method: Callable, low: tuple[Any, ...], xp: Any) -> Callable:
             before.append((kwargs[k], kwargs_[k], kwargs_[k].copy()))
         with np.errstate(over="ignore", invalid="ignore"):  # inf beyond the format's range and nan from it, as on a
             result = method(*args_, **kwargs_)          # GPU: loss scaling looks for them
+            xp = backend.xp  # type: ignore[attr-defined]
             for operand, work, start in before:
                 if not xp.array_equal(work, start, equal_nan=True):
                     operand[...] = work
@@ -88,9 +89,8 @@ class ArrayBackend(Backend):
 
     def _emulate_low_precision(self) -> None:
         low = (np.dtype(np.float16), self.compute_dtype)
-        xp = self.xp
         for name in self.EMULATED:
-            setattr(self, name, _emulated(getattr(self, name), low, xp))
+            setattr(self, name, _emulated(getattr(self, name), low, self))
 
     def cast(self, x, out):
         with np.errstate(over="ignore"):  # beyond float16's range is inf (loss scaling looks for it)
