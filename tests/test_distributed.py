@@ -265,6 +265,35 @@ def test_nccl_transport_with_a_world_of_one():
     assert dist.transports.default_transport(be, dist.ProcessGroup()).name == "nccl"
 
 
+@pytest.mark.cuda
+def test_nccl_bucket_sums_on_their_own_stream_wait_for_the_gradients():
+    """start() sums a bucket on a stream of its own: it must wait for the kernels that write the gradients (here a
+    long GEMM just launched on the backend's stream) and finish() must make the backend's stream wait for the sum.
+    Without the event the side stream packs the gradient before the GEMM has written it."""
+    be = _cuda()
+    try:
+        transport = dist.transports.NcclTransport(be, dist.ProcessGroup())
+    except lp.BackendUnavailable as e:
+        pytest.skip(str(e))
+    assert transport.overlaps
+    rng = np.random.default_rng(0)
+    n = 2048
+    a, b = (lp.SharedTensor.from_numpy(rng.standard_normal((n, n)).astype(np.float32)) for _ in range(2))
+    grads = [lp.SharedTensor((n, n)), lp.SharedTensor.from_numpy(rng.standard_normal(5).astype(np.float32))]
+    small = grads[1].to_numpy()
+    for _ in range(3):
+        be.fill(0.0, grads[0].write(be))
+        grads[1].read_write(be)
+        for _ in range(4):  # ~1.5 ms of GPU work queued ahead of the bucket
+            be.gemm(a.read(be), False, b.read(be), False, grads[0].write(be))
+        handle = transport.start(0, grads, 2.0)
+        transport.finish(handle)
+        be.scal(1.0, grads[0].read_write(be))  # work after finish() on the backend's stream
+        want = a.to_numpy().astype(np.float64) @ b.to_numpy().astype(np.float64)
+        np.testing.assert_allclose(grads[0].to_numpy(), want, rtol=1e-3, atol=1e-2)
+        np.testing.assert_allclose(grads[1].to_numpy(), small, rtol=1e-6)
+
+
 @needs_mpi
 def test_a_two_rank_run_resumed_equals_the_uninterrupted_run(tmp_path):
     mlp = os.path.join(ROOT, "configs", "digits_mlp.yaml")

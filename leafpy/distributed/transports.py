@@ -80,9 +80,14 @@ class HostTransport(Transport):
 
 
 class NcclTransport(Transport):
-    """NCCL all-reduce on the GPU (CuPy's NCCL bindings), its unique id broadcast from rank 0 over MPI."""
+    """NCCL all-reduce on the GPU (CuPy's NCCL bindings), its unique id broadcast from rank 0 over MPI.
+
+    :meth:`start` runs a bucket's sum on a stream of its own, after an event that marks the bucket's gradients
+    complete on the backend's stream, so the rest of the backward pass runs while NCCL sums; :meth:`finish` makes
+    the backend's stream wait for the sum (no host synchronisation)."""
 
     name = "nccl"
+    overlaps = True
 
     def __init__(self, backend: Backend, group: ProcessGroup) -> None:
         try:
@@ -100,27 +105,44 @@ class NcclTransport(Transport):
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
         self.comm = nccl.NcclCommunicator(group.size, uid.tobytes(), group.rank)
         self._flat: dict[int, Any] = {}
+        self._side = cupy.cuda.Stream(non_blocking=True)
 
-    def allreduce_weighted(self, tensors: list[SharedTensor], weight: float) -> None:
+    def _sum(self, key: int, tensors: list[SharedTensor], weight: float, stream: Any) -> None:
+        """Enqueue on ``stream``: pack the weighted gradients into the key's flat buffer (the weight in its last
+        slot), all-reduce it, and unpack sum / (sum of weights) into the gradients."""
         cp, be = self.cupy, self.backend
         total = sum(t.size for t in tensors)
-        flat = self._flat.get(total)
-        if flat is None:
-            flat = self._flat[total] = cp.empty(total + 1, cp.float32)
+        flat = self._flat.get(key)
+        if flat is None or flat.size != total + 1:
+            flat = self._flat[key] = cp.empty(total + 1, cp.float32)
         bufs = [t.read_write(be).reshape(-1)[:t.size] for t in tensors]
-        offset = 0
-        for b in bufs:
-            cp.multiply(b, weight, out=flat[offset:offset + b.size])
-            offset += b.size
-        flat[total] = weight
-        stream = cp.cuda.get_current_stream()
-        self.comm.allReduce(flat.data.ptr, flat.data.ptr, total + 1, self.nccl.NCCL_FLOAT32, self.nccl.NCCL_SUM,
-                            stream.ptr)
-        scale = 1.0 / flat[total]
-        offset = 0
-        for b in bufs:
-            cp.multiply(flat[offset:offset + b.size], scale, out=b)
-            offset += b.size
+        with stream:
+            offset = 0
+            for b in bufs:
+                cp.multiply(b, weight, out=flat[offset:offset + b.size])
+                offset += b.size
+            flat[total] = weight
+            self.comm.allReduce(flat.data.ptr, flat.data.ptr, total + 1, self.nccl.NCCL_FLOAT32,
+                                self.nccl.NCCL_SUM, stream.ptr)
+            scale = 1.0 / flat[total]  # a device scalar: nothing comes back to the host
+            offset = 0
+            for b in bufs:
+                cp.multiply(flat[offset:offset + b.size], scale, out=b)
+                offset += b.size
+
+    def start(self, key: int, tensors: list[SharedTensor], weight: float) -> Any:
+        cp = self.cupy
+        ready = cp.cuda.get_current_stream().record()  # the bucket's gradients are complete here
+        self._side.wait_event(ready)
+        self._sum(key, tensors, weight, self._side)
+        return self._side.record()
+
+    def finish(self, handle: Any) -> None:
+        self.cupy.cuda.get_current_stream().wait_event(handle)
+
+    def allreduce_weighted(self, tensors: list[SharedTensor], weight: float) -> None:
+        # a flat buffer per size, apart from the buckets' (keys >= 0)
+        self._sum(-1 - sum(t.size for t in tensors), tensors, weight, self.cupy.cuda.get_current_stream())
 
 
 def default_transport(backend: Backend, group: ProcessGroup) -> Transport:
