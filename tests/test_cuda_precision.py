@@ -559,3 +559,62 @@ def test_primitive_without_16_bit_kernel_refuses_16_bit_buffers():
     x = _dev(_rounded(np.ones((2, 5)), FORMATS["bf16"][0]))
     with pytest.raises(lp.BackendError, match="softmax"):
         be.softmax(x, _empty((2, 5), np.float32))
+
+
+LENET = """
+network:
+  type: Sequential
+  inputs: [{name: data, shape: [16, 1, 8, 8]}]
+  layers:
+    - {name: conv1, type: Convolution, num_output: 8, filter_shape: [3], stride: [1], padding: [1]}
+    - {name: bn1, type: BatchNorm}
+    - {name: relu1, type: ReLU}
+    - {name: pool1, type: Pooling, mode: max, filter_shape: [2], stride: [2], padding: [0]}
+    - {name: flat, type: Flatten}
+    - {name: fc1, type: Linear, output_size: 32}
+    - {name: relu2, type: ReLU}
+    - {name: fc2, type: Linear, output_size: 10}
+    - {name: logsm, type: LogSoftmax}
+objective:
+  type: Sequential
+  inputs: [{name: out, shape: [16, 10]}, {name: label, shape: [16, 1]}]
+  layers: [{name: nll, type: NegativeLogLikelihood, num_classes: 10}]
+"""
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_network_trains_in_low_precision_on_cuda_as_native_emulates_it(precision):
+    """The same steps from the same weights on cuda (16-bit kernels, cuBLAS/cuDNN in 16 bits with float32
+    accumulation, float32 copies for the rest) and on native's emulation (float32 arithmetic, the same storage
+    rounding): losses and weights agree within the format's tolerance, and cuda's bf16 steps replay."""
+    import yaml
+
+    cuda = lp.backend("cuda", precision=precision) if _cuda() else None
+    native = lp.backend("native", precision=precision)
+    spec = yaml.safe_load(LENET)
+    net_cfg, obj_cfg = (lp.config.layer_from_dict({"name": k, **spec[k]}) for k in ("network", "objective"))
+    cfg = lp.SolverConfig(network=net_cfg, objective=obj_cfg, solver="momentum", base_lr=0.05, momentum=0.9,
+                          lr_policy="inv", gamma=0.1, power=0.75, seed=3)
+    solvers = [lp.Solver.from_config(be, be, cfg) for be in (native, cuda)]
+    start = solvers[0].network.named_weights()
+    solvers[1].network.load_weights(start)
+    rng = np.random.default_rng(0)
+    batches = [(rng.random((16, 1, 8, 8), dtype=np.float32), rng.integers(0, 10, 16)) for _ in range(3)]
+    before = cuda.recorder.replays
+    u = 2.0 ** -8 if precision == "bf16" else 2.0 ** -11
+    for step in range(8):
+        x, y = batches[step % 3]
+        losses = []
+        for s in solvers:
+            s.train_minibatch(x, y)
+            losses.append(s.loss())
+        assert abs(losses[1] - losses[0]) <= 16 * u * max(1.0, abs(losses[0])), (step, losses)
+    assert solvers[1].network.outputs[0].to_numpy().dtype == np.float32  # log-probabilities stay float32
+    want, got = (s.network.named_weights() for s in solvers)
+    for name, w in want.items():
+        assert got[name].dtype == np.float32
+        np.testing.assert_allclose(got[name], w, rtol=0, atol=32 * u * max(1.0, float(np.abs(w).max())),
+                                   err_msg=name)
+    if precision == "bf16":  # fp16 steps read the loss-scaling flag back on the host: they run eagerly
+        assert cuda.recorder.replays - before >= 8 - 2, cuda.recorder.error

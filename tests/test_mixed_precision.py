@@ -219,3 +219,20 @@ def test_bfloat16_arrays_are_accepted_as_data():
     z = second.forward([y])[0].to_numpy()
     w, b = (t.to_numpy() for t in second.learnable_weights_data())
     np.testing.assert_allclose(z, y.astype(np.float64) @ w.T + b, rtol=1e-6, atol=1e-6)
+
+
+def test_every_primitive_declares_the_operands_it_writes():
+    """Emulating a primitive in another precision converts back exactly the operands it writes (base.WRITES):
+    every primitive has an entry, naming parameters of its signature."""
+    import inspect
+
+    from leafpy.backends import base
+
+    for name in base.PRIMITIVES + base.SHORTHANDS:
+        if name in base.MEMORY:
+            continue
+        assert name in base.WRITES, f"{name} declares no written operands"
+        params = inspect.signature(getattr(base.Backend, name)).parameters
+        entry = base.WRITES[name]
+        names = entry({p: True for p in params}) + entry({p: False for p in params}) if callable(entry) else entry
+        assert names and all(n in params for n in names), (name, names)

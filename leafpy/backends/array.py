@@ -6,13 +6,14 @@ Subclasses set ``xp`` and the memory contract, and override only the hot paths t
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from . import pointwise
-from .base import PRECISIONS, PRIMITIVES, SHORTHANDS, Backend, Pair
+from .base import MEMORY, PRECISIONS, PRIMITIVES, SHORTHANDS, Backend, Pair, written
 
 Array = Any
 """An ``xp`` array (NumPy or CuPy): the buffers of the array backends."""
@@ -30,31 +31,26 @@ def dropout_threshold(ratio: float) -> int:
     return min(int(ratio * 2**32), 2**32 - 1)
 
 
-def _emulated(method: Callable, low: tuple[Any, ...], backend: Backend) -> Callable:
-    """``method`` run on float32 copies of its low-precision array operands; each copy the method changed is
-    rounded back into its operand (operands left unchanged are not written: an input that aliases the output
-    must not overwrite it). ``backend.xp`` is looked up per call (a subclass may set it after construction)."""
+def _emulated(name: str, method: Callable, low: tuple[Any, ...]) -> Callable:
+    """Primitive ``name`` (``method``) run on float32 copies of its low-precision array operands; the operands it
+    writes (base.WRITES) are rounded back from their copies afterwards. Nothing is compared or read back, so a
+    recorded step (a CUDA graph) can hold it."""
+    signature = inspect.signature(method)
 
     @functools.wraps(method)
     def run(*args: Any, **kwargs: Any) -> Any:
-        pos = [i for i, a in enumerate(args) if getattr(a, "dtype", None) in low]
-        named = [k for k, a in kwargs.items() if getattr(a, "dtype", None) in low]
-        if not pos and not named:
+        bound = signature.bind(*args, **kwargs)
+        low_names = [k for k, a in bound.arguments.items() if getattr(a, "dtype", None) in low]
+        if not low_names:
             return method(*args, **kwargs)
-        args_, kwargs_ = list(args), dict(kwargs)
-        before: list[tuple[Any, Any, Any]] = []  # (operand, its float32 copy, the copy's value before the call)
-        for i in pos:
-            args_[i] = args[i].astype(np.float32)
-            before.append((args[i], args_[i], args_[i].copy()))
-        for k in named:
-            kwargs_[k] = kwargs[k].astype(np.float32)
-            before.append((kwargs[k], kwargs_[k], kwargs_[k].copy()))
+        copies = {k: bound.arguments[k].astype(np.float32) for k in low_names}
+        work = signature.bind(*args, **kwargs)
+        work.arguments.update(copies)
         with np.errstate(over="ignore", invalid="ignore"):  # inf beyond the format's range and nan from it, as on a
-            result = method(*args_, **kwargs_)          # GPU: loss scaling looks for them
-            xp = backend.xp  # type: ignore[attr-defined]
-            for operand, work, start in before:
-                if not xp.array_equal(work, start, equal_nan=True):
-                    operand[...] = work
+            result = method(*work.args, **work.kwargs)  # GPU: loss scaling looks for them
+            for k in written(name, bound.arguments):
+                if k in copies:
+                    bound.arguments[k][...] = copies[k]
         return result
 
     return run
@@ -82,15 +78,14 @@ class ArrayBackend(Backend):
             self._emulate_low_precision()
 
     # --- bf16 and fp16 by emulation: low-precision storage, float32 arithmetic ---------------------------------
-    EMULATED = tuple(name for name in PRIMITIVES + SHORTHANDS
-                     if name not in ("allocate", "upload", "download", "view", "synchronize", "copy"))
+    EMULATED = tuple(name for name in PRIMITIVES + SHORTHANDS if name not in MEMORY + ("copy",))
     """The primitives that, under bf16 and fp16, read their bfloat16 and float16 operands as float32 copies,
     compute in float32 and round what they write back into the operands' own dtype."""
 
     def _emulate_low_precision(self) -> None:
         low = (np.dtype(np.float16), self.compute_dtype)
         for name in self.EMULATED:
-            setattr(self, name, _emulated(getattr(self, name), low, self))
+            setattr(self, name, _emulated(name, getattr(self, name), low))
 
     def cast(self, x, out):
         with np.errstate(over="ignore"):  # beyond float16's range is inf (loss scaling looks for it)

@@ -13,6 +13,7 @@ into a one-element buffer, so nothing is read back to the host inside a step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -414,3 +415,45 @@ PRIMITIVES = tuple(
     if callable(value) and not name.startswith("_") and name not in OPTIONAL_HOOKS + SHORTHANDS
 )
 """Every method a backend must implement (used by the signature-consistency test)."""
+
+MEMORY = ("allocate", "upload", "download", "view", "synchronize")
+"""The memory contract: never emulated in another precision."""
+
+Writes = tuple[str, ...] | Callable[[dict[str, Any]], tuple[str, ...]]
+
+WRITES: dict[str, Writes] = {
+    "gemm": ("out",), "axpby": ("y",), "scal": ("x",), "copy": ("out",), "fill": ("out",), "mul": ("out",),
+    "dot": ("out",),
+    "activation": ("out",), "activation_grad": ("dx",),
+    "relu": ("out",), "sigmoid": ("out",), "tanh": ("out",),
+    "relu_grad": ("dx",), "sigmoid_grad": ("dx",), "tanh_grad": ("dx",),
+    "softmax": ("out",), "softmax_grad": ("dx",), "log_softmax": ("out",), "log_softmax_grad": ("dx",),
+    "nll": ("out",), "nll_grad": ("dx",), "mse": ("diff", "out"), "mse_grad": ("dx",),
+    "bias_add": ("y",), "bias_grad": ("db",),
+    "batch_norm_stats": ("mean", "var"), "batch_norm": ("y",),
+    "batch_norm_grad_sums": ("sum_dy", "sum_dy_xhat"), "batch_norm_grad": ("dx",),
+    "conv2d": ("out",), "conv2d_grad_data": ("dx",), "conv2d_grad_filter": ("dw",),
+    "pool2d": ("out", "mask"), "pool2d_grad": ("dx",),
+    "copy_block": lambda args: ("whole",) if args["into_whole"] else ("part",),
+    "lrn": ("scale", "out"), "lrn_grad": ("dx",),
+    "dropout_mask": ("mask",),
+    "clip_to_norm": ("x",),
+    # the gradient may serve the updates as scratch
+    "momentum_update": ("w", "g", "h"), "nesterov_update": ("w", "g", "h", "prev"),
+    "adam_update": ("w", "g", "m", "v"), "rmsprop_update": ("w", "g", "h"), "adagrad_update": ("w", "g", "h"),
+    "adadelta_update": ("w", "g", "h", "u"),
+    "embedding": ("out",), "embedding_grad": ("dtable",),
+    "lstm_cell": ("gates", "c", "h", "hprev", "y"), "lstm_cell_grad": ("dh", "dc", "dgates", "dgates_t"),
+    "rnn_cell": ("pre", "h", "hprev", "y"), "rnn_cell_grad": ("dh", "dpre", "dpre_t"),
+    "gru_cell": ("pre", "hn", "h", "hprev", "y"), "gru_cell_grad": ("dh", "dpre", "dpre_h", "dpre_h_t"),
+}
+"""The operands each primitive writes, by parameter name (a function of the call's arguments where that depends on
+them): what a backend that runs a primitive on converted copies of its operands (bf16/fp16 on float32 kernels)
+converts back afterwards. Every primitive but the memory contract has an entry (a test checks it against the
+signatures)."""
+
+
+def written(name: str, arguments: dict[str, Any]) -> tuple[str, ...]:
+    """The parameters primitive ``name`` writes in a call with these (bound) arguments."""
+    entry = WRITES[name]
+    return entry(arguments) if callable(entry) else entry

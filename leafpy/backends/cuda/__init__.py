@@ -27,7 +27,7 @@ import numpy as np
 from ...errors import BackendError, BackendUnavailable
 from .. import pointwise
 from ..array import ArrayBackend
-from ..base import PRIMITIVES, SHORTHANDS
+from ..base import MEMORY, PRIMITIVES, SHORTHANDS
 from ..recorder import StepRecorder
 from .blas import _CaptureBlas
 from .cudnn import _CudnnConv
@@ -77,8 +77,7 @@ class CudaBackend(ArrayBackend):
 
     name = "cuda"
 
-    EMULATED = tuple(n for n in PRIMITIVES + SHORTHANDS if n not in LOW_PRECISION_KERNELS
-                     and n not in ("allocate", "upload", "download", "view", "synchronize"))
+    EMULATED = tuple(n for n in PRIMITIVES + SHORTHANDS if n not in LOW_PRECISION_KERNELS and n not in MEMORY)
     """The primitives without bfloat16 and float16 kernels (softmax, losses, LRN, embeddings and recurrent cells,
     solver updates, reductions): under a bf16 or fp16 precision setting they run on float32 copies of their 16-bit
     operands; otherwise they refuse 16-bit buffers with a BackendError."""
@@ -86,12 +85,10 @@ class CudaBackend(ArrayBackend):
     def __init__(self, dtype: Any = np.float32, device: int = 0, use_cudnn: bool | None = None,
                  tf32: bool = False, graphs: bool = True, fuse_bias: bool = False, exact_fp32: bool = True,
                  precision: str = "fp32") -> None:
-        if precision in ("bf16", "fp16"):
-            raise BackendError(f"backend 'cuda': precision {precision!r} is not available on cuda yet; use "
-                               "precision='tf32' (tensor cores on float32) or 'fp32', or backend 'native', which "
-                               f"emulates {precision}")
         tf32 = tf32 or precision == "tf32"  # precision='tf32' is the tf32=True option
-        super().__init__(dtype, "tf32" if tf32 else precision)
+        super().__init__(dtype, "tf32" if tf32 and precision == "fp32" else precision)
+        self._options.update(device=device, use_cudnn=use_cudnn, tf32=tf32, graphs=graphs, fuse_bias=fuse_bias,
+                             exact_fp32=exact_fp32)  # the fp32 twin (full_precision) runs on the same device
         try:
             import cupy
         except ImportError as e:

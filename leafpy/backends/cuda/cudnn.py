@@ -184,6 +184,7 @@ class _CudnnConv:
             out = {"dgrad": x, "wgrad": w}.get(kind, y)
             compare = self.exact and all(f == "f32" for f in formats)
             plan = self._autotune(g, pack, key, out, compare)
+            g.build_plan_at_index(plan)  # selected: execute() runs it without re-checking the plan list per call
             self.graphs[key] = (g, tensors, plan)
-        g.execute_plan_at_index(pack, self.workspace.data.ptr, plan, handle=self.handle)
+        g.execute(pack, self.workspace.data.ptr, handle=self.handle)
         return True
