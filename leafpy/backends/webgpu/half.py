@@ -7,9 +7,9 @@ elementwise kernels (activations from pointwise.TABLE, bias, products, copies, a
 :attr:`Half.NATIVE_F16` and :attr:`Half.SEQUENCE_F16`. Every other call with float16 operands (those primitives on
 operands they do not take, such as tensors past the binding limit, and the rest: losses, dot, clipping, dropout
 masks, solver updates) runs by emulation on the device: its float16 operands converted into float32 scratch buffers
-(half.wgsl), its float32 kernels run, and the operands it writes (declared in :data:`WRITES`, from the signatures
-in base.py) converted back. Operands that share a buffer (an in-place activation's input and output) share one
-scratch buffer, so the float32 kernel sees the same aliasing the caller asked for.
+(half.wgsl), its float32 kernels run, and the operands it writes (declared in base.WRITES) converted back.
+Operands that share a buffer (an in-place activation's input and output) share one scratch buffer, so the float32
+kernel sees the same aliasing the caller asked for.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numpy as np
 
 from ...errors import BackendError
 from .. import pointwise
-from ..base import Backend
+from ..base import MEMORY, WRITES, Backend, written
 from .buffers import WView, _pad4
 from .conv import Convolution
 from .elementwise import _act
@@ -35,35 +35,6 @@ _HERE = Path(__file__).parent
 
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
-
-Writes = tuple[str, ...] | Callable[[dict[str, Any]], tuple[str, ...]]
-
-WRITES: dict[str, Writes] = {
-    "gemm": ("out",), "axpby": ("y",), "scal": ("x",), "copy": ("out",), "fill": ("out",), "mul": ("out",),
-    "dot": ("out",),
-    "activation": ("out",), "activation_grad": ("dx",),
-    "softmax": ("out",), "softmax_grad": ("dx",), "log_softmax": ("out",), "log_softmax_grad": ("dx",),
-    "nll": ("out",), "nll_grad": ("dx",), "mse": ("diff", "out"), "mse_grad": ("dx",),
-    "bias_add": ("y",), "bias_grad": ("db",),
-    "batch_norm_stats": ("mean", "var"), "batch_norm": ("y",),
-    "batch_norm_grad_sums": ("sum_dy", "sum_dy_xhat"), "batch_norm_grad": ("dx",),
-    "conv2d": ("out",), "conv2d_grad_data": ("dx",), "conv2d_grad_filter": ("dw",),
-    "pool2d": ("out", "mask"), "pool2d_grad": ("dx",),
-    "copy_block": lambda args: ("whole",) if args["into_whole"] else ("part",),
-    "lrn": ("scale", "out"), "lrn_grad": ("dx",),
-    "dropout_mask": ("mask",),
-    "clip_to_norm": ("x",),
-    # the gradient may serve the updates as scratch
-    "momentum_update": ("w", "g", "h"), "nesterov_update": ("w", "g", "h", "prev"),
-    "adam_update": ("w", "g", "m", "v"), "rmsprop_update": ("w", "g", "h"), "adagrad_update": ("w", "g", "h"),
-    "adadelta_update": ("w", "g", "h", "u"),
-    "embedding": ("out",), "embedding_grad": ("dtable",),
-    "lstm_cell": ("gates", "c", "h", "hprev", "y"), "lstm_cell_grad": ("dh", "dc", "dgates", "dgates_t"),
-    "rnn_cell": ("pre", "h", "hprev", "y"), "rnn_cell_grad": ("dh", "dpre", "dpre_t"),
-    "gru_cell": ("pre", "hn", "h", "hprev", "y"), "gru_cell_grad": ("dh", "dpre", "dpre_h", "dpre_h_t"),
-}
-"""The operands each primitive writes, by parameter name (a function of the call's arguments where that depends on
-them): the float16 operands that emulation converts back after the float32 kernel ran."""
 
 PRELUDE = """enable f16;
 
@@ -77,10 +48,6 @@ fn to_h(x: f32) -> f16 {
 }
 """
 """What every float16 shader module starts with (then params.wgsl and the module's own source)."""
-
-MEMORY = ("allocate", "upload", "download", "view", "synchronize")
-"""The memory contract: float16 buffers are handled there directly, never emulated."""
-
 
 _ENTRY = """@compute @workgroup_size(256)
 fn {entry}(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {{
@@ -200,12 +167,6 @@ ElementwiseHalfParams = ParamStruct("ElementwiseParams", "elementwise16",
 """ElementwiseParams, feeding the float16 elementwise module."""
 
 
-def written(name: str, arguments: dict[str, Any]) -> tuple[str, ...]:
-    """The parameters primitive ``name`` writes in a call with ``arguments`` (parameter name -> value)."""
-    entry = WRITES[name]
-    return entry(arguments) if callable(entry) else entry
-
-
 class Half(Convolution):
     """float16 buffers: conversions and emulated primitives."""
 
@@ -251,7 +212,7 @@ class Half(Convolution):
             if name in MEMORY:
                 continue
             if name not in WRITES:
-                raise BackendError(f"webgpu: primitive {name!r} declares no written operands (half.WRITES)")
+                raise BackendError(f"webgpu: primitive {name!r} declares no written operands (base.WRITES)")
             setattr(self, name, self._emulated(name, getattr(self, name)))
 
     def _emulated(self, name: str, method: Callable) -> Callable:
