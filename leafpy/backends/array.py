@@ -39,11 +39,10 @@ def _emulated(name: str, method: Callable, low: tuple[Any, ...]) -> Callable:
 
     @functools.wraps(method)
     def run(*args: Any, **kwargs: Any) -> Any:
+        if not any(getattr(a, "dtype", None) in low for a in (*args, *kwargs.values())):
+            return method(*args, **kwargs)  # no 16-bit operand: the call as it is, without binding its arguments
         bound = signature.bind(*args, **kwargs)
-        low_names = [k for k, a in bound.arguments.items() if getattr(a, "dtype", None) in low]
-        if not low_names:
-            return method(*args, **kwargs)
-        copies = {k: bound.arguments[k].astype(np.float32) for k in low_names}
+        copies = {k: a.astype(np.float32) for k, a in bound.arguments.items() if getattr(a, "dtype", None) in low}
         work = signature.bind(*args, **kwargs)
         work.arguments.update(copies)
         with np.errstate(over="ignore", invalid="ignore"):  # inf beyond the format's range and nan from it, as on a
