@@ -94,8 +94,8 @@ def _model_and_objective(be, n_in=4, classes=3):
 def test_a_network_feeds_a_model_and_its_objective_by_hand(batch_sizes):
     be = lp.backend("native")
     model, objective = _model_and_objective(be)
-    net, obj = lp.Network.of(model), objective.runner
-    assert net is model.runner
+    net, obj = model.runner, objective.runner
+    assert isinstance(net, lp.Network) and net is model.runner
     obj.require_input_gradients([True, False])
     rng = np.random.default_rng(0)
     generations = []

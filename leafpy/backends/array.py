@@ -41,15 +41,13 @@ def _emulated(name: str, method: Callable, low: tuple[Any, ...]) -> Callable:
     def run(*args: Any, **kwargs: Any) -> Any:
         if not any(getattr(a, "dtype", None) in low for a in (*args, *kwargs.values())):
             return method(*args, **kwargs)  # no 16-bit operand: the call as it is, without binding its arguments
-        bound = signature.bind(*args, **kwargs)
-        copies = {k: a.astype(np.float32) for k, a in bound.arguments.items() if getattr(a, "dtype", None) in low}
-        work = signature.bind(*args, **kwargs)
-        work.arguments.update(copies)
+        given = signature.bind(*args, **kwargs).arguments
+        copies = {k: a.astype(np.float32) for k, a in given.items() if getattr(a, "dtype", None) in low}
         with np.errstate(over="ignore", invalid="ignore"):  # inf beyond the format's range and nan from it, as on a
-            result = method(*work.args, **work.kwargs)  # GPU: loss scaling looks for them
-            for k in written(name, bound.arguments):
+            result = method(**{**given, **copies})  # GPU: loss scaling looks for them
+            for k in written(name, given):
                 if k in copies:
-                    bound.arguments[k][...] = copies[k]
+                    given[k][...] = copies[k]
         return result
 
     return run

@@ -7,7 +7,7 @@ input to a tensor another network writes (the objective reading the model's outp
 layer when a shape changes, and gathers the parameter set once per binding. ``layer.runner`` is the layer's network;
 ``Layer.forward`` and ``Layer.backward`` go through it.
 
-    net = lp.Network.of(lp.Layer.from_config(be, cfg))   # or layer.runner
+    net = lp.Layer.from_config(be, cfg).runner
     net.feed([x])            # arrays or SharedTensors, one per input: copied in (rebinding on a new batch size)
     net.run_forward(); net.outputs[0]
 """
@@ -61,14 +61,11 @@ class Network:
         self._bound: list[tuple[int, tuple[int, ...]]] | None = None
         self._params: Parameters | None = None
         shapes = layer.declared_input_shapes()
+        self._declared = bool(shapes)
+        """Whether the layer declares its inputs (a Sequential): their count and batch sizes are checked here."""
         if shapes:  # a network with declared inputs is built (weights created) for them now
             self._own = [SharedTensor(s, layer.input_dtype(k)) for k, s in enumerate(shapes)]
             self._bind([t for t in self._own if t is not None])
-
-    @staticmethod
-    def of(layer: Layer) -> Network:
-        """The network that runs ``layer`` (``layer.runner``)."""
-        return layer.runner
 
     @property
     def name(self) -> str:
@@ -110,7 +107,7 @@ class Network:
         if not isinstance(inputs, (list, tuple)):
             raise ShapeError(f"layer '{self.name}': forward takes a list of inputs (one per input, e.g. [x]), got "
                              f"{type(inputs).__name__}")
-        declared = bool(self.layer.declared_input_shapes())
+        declared = self._declared
         n = self.num_inputs if declared else len(inputs)  # a single layer's worker checks the count when bound
         if len(inputs) != n:
             shapes = ", ".join(str(x.shape if _is_tensor(x) else np.shape(x)) for x in inputs)
@@ -227,8 +224,7 @@ class Network:
     @property
     def _where_inputs(self) -> str:
         """A network's declared inputs are named with its type (the container's), a single layer's by name."""
-        typed = bool(self.layer.declared_input_shapes())
-        return f"layer '{self.layer.name}' ({self.layer.config.type})" if typed else self._where
+        return f"layer '{self.layer.name}' ({self.layer.config.type})" if self._declared else self._where
 
     def __repr__(self) -> str:
         return f"<Network {self.layer.name!r} on {self.backend.name}>"

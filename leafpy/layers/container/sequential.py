@@ -117,7 +117,6 @@ class Sequential(Layer):
         self._traits = [Traits(layer.num_inputs, is_container=True) if layer.worker is None
                         else traits_of(layer.worker) for layer in self.layers]
         self.wiring = wire(self.seq_config, self._traits)
-        self._consumers = self.wiring.consumers
         return self.wiring.steps
 
     # --- properties -------------------------------------------------------------------------------------
@@ -233,7 +232,7 @@ class Sequential(Layer):
     def _fan_out_grad(self, i: int, j: int, blob: str, grad: SharedTensor | None) -> SharedTensor | None:
         """A blob read by several layers: each reader writes its gradient into a tensor of its own, summed into
         the blob's gradient before its producer's backward pass (see _plan_fan_in)."""
-        if grad is None or len(self._consumers[blob]) < 2:
+        if grad is None or len(self.wiring.consumers[blob]) < 2:
             self._fan_scratch.pop((i, j), None)
             return grad
         own = self._fan_scratch.get((i, j))
@@ -247,7 +246,7 @@ class Sequential(Layer):
         """For each blob read by several layers: the gradient tensor to fill and the readers' own gradients that
         sum into it, keyed by the index of the layer whose backward pass reads it (-1: the container's inputs)."""
         self._fan_in = {}
-        for blob, users in self._consumers.items():
+        for blob, users in self.wiring.consumers.items():
             _, target, producer = blobs[blob]
             if len(users) < 2 or target is None:
                 continue
