@@ -48,6 +48,11 @@ slows PyTorch's small steps about 2x (MLP-128 4.7 against 2.5 ms) and leafpy's b
 after the other framework's threads have gone to sleep."""
 
 
+def conv_tolerance(text: str) -> float | None | str:
+    """--conv-tolerance's value: a number, 'any' (None: any fp32 plan) or 'default' (the backend's own)."""
+    return None if text == "any" else text if text == "default" else float(text)
+
+
 def mlp_config(batch: int) -> lp.LayerConfig:
     cfg = lp.SequentialConfig(inputs=[("data", [batch, 784])])
     cfg.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=512)))
@@ -403,8 +408,9 @@ def main() -> int:
                    help="training precision of both frameworks: leafpy's precision setting; PyTorch's autocast to "
                         "bf16/fp16 (GradScaler for fp16) with channels-last convolutions, or TF32 switches")
     p.add_argument("--no-gemm", action="store_true")
-    p.add_argument("--inexact-conv", action="store_true",
-                   help="cuda: let cuDNN's autotuner keep FFT/Winograd plans (exact_fp32=False), as PyTorch's may")
+    p.add_argument("--conv-tolerance", type=conv_tolerance, default="default",
+                   help="cuda: the backend's conv_tolerance (a number, or 'any' for any fp32 plan, as PyTorch's "
+                        "cudnn.benchmark; default: the backend's)")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--settle", type=float, default=None,
                    help="seconds to wait before each timed round, so the other framework's idle threads sleep "
@@ -415,8 +421,8 @@ def main() -> int:
     options: dict = {"precision": args.precision} if args.precision != "fp32" else {}
     if args.backend == "cuda" and args.tf32:
         options["tf32"] = True
-    if args.backend == "cuda" and args.inexact_conv:
-        options["exact_fp32"] = False
+    if args.backend == "cuda" and args.conv_tolerance != "default":
+        options["conv_tolerance"] = args.conv_tolerance
     backend = lp.backend(args.backend, **options)
     device = "cpu" if args.backend == "native" else "cuda"
     torch = None

@@ -294,6 +294,71 @@ def test_nccl_bucket_sums_on_their_own_stream_wait_for_the_gradients():
         np.testing.assert_allclose(grads[1].to_numpy(), small, rtol=1e-6)
 
 
+@pytest.mark.cuda
+def test_nccl_bucket_sums_record_and_replay_inside_a_training_step():
+    """A step that packs, sums (NCCL, side stream, events) and unpacks a bucket is recorded as a CUDA graph and
+    replayed: each replay packs that step's gradients (the flat buffer holds weight x gradient) and the work after
+    finish() sees the unpacked sum. With one rank the all-reduce itself leaves the buffer as it is, so this shows
+    that NCCL's call records and replays with its side stream, not a sum across GPUs."""
+    be = _cuda()
+    try:
+        transport = dist.transports.NcclTransport(be, dist.ProcessGroup())
+    except lp.BackendUnavailable as e:
+        pytest.skip(str(e))
+    assert transport.capturable
+    rng = np.random.default_rng(1)
+    src, src_small = lp.SharedTensor((64, 96)), lp.SharedTensor((5,))
+    grads = [lp.SharedTensor((64, 96)), lp.SharedTensor((5,))]
+    out = lp.SharedTensor((64, 96))
+    small = rng.standard_normal(5).astype(np.float32)
+
+    def step():
+        be.copy(src.read(be), grads[0].write(be))
+        be.copy(src_small.read(be), grads[1].write(be))
+        handle = transport.start(0, grads, 3.0)
+        transport.finish(handle)
+        be.axpby(2.0, grads[0].read(be), 0.0, out.write(be))  # after finish(): must see the unpacked sum
+
+    replays = be.recorder.replays
+    for i in range(5):
+        values = rng.standard_normal((64, 96)).astype(np.float32)
+        be.upload(values, src.write(be))
+        be.upload(small * (i + 1), src_small.write(be))
+        be.run_step(("nccl bucket replay",), step)
+        flat = transport._flat[0].get()
+        np.testing.assert_allclose(out.to_numpy(), 2.0 * values, rtol=1e-6)
+        np.testing.assert_allclose(grads[1].to_numpy(), small * (i + 1), rtol=1e-6)
+        np.testing.assert_allclose(flat[:-1], 3.0 * np.concatenate([values.reshape(-1), small * (i + 1)]),
+                                   rtol=1e-6)
+        assert flat[-1] == pytest.approx(3.0)
+    assert be.recorder.replays - replays >= 3, be.record_error
+
+
+@pytest.mark.cuda
+def test_a_data_parallel_cuda_step_replays_like_a_plain_one():
+    """A data-parallel solver whose reducer can be recorded (here NCCL with one rank) replays its steps as CUDA
+    graphs, and trains exactly as the plain solver does."""
+    be = _cuda()
+    runs = []
+    for parallel in (False, True):
+        solver = lp.Solver.from_config(be, be, worker.solver_config("momentum", 16, 1, 0.5, False))
+        if parallel:
+            try:
+                dp = dist.DataParallel(solver, dist.ProcessGroup(),
+                                       transport=dist.transports.NcclTransport(be, dist.ProcessGroup()))
+            except lp.BackendUnavailable as e:
+                pytest.skip(str(e))
+            assert dp.replay_key() is not None
+        x, y = worker.problem(200)
+        replays = be.recorder.replays
+        for xb, yb in list(datasets.batches(x, y, 16, seed=7, epoch=0))[:10]:
+            (dp if parallel else solver).train_minibatch(xb, yb)
+        assert be.recorder.replays - replays >= 7, be.record_error
+        runs.append([w.to_numpy() for w in solver.network.learnable_weights_data()])
+    for a, b in zip(*runs):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+
+
 @needs_mpi
 def test_a_two_rank_run_resumed_equals_the_uninterrupted_run(tmp_path):
     mlp = os.path.join(ROOT, "configs", "digits_mlp.yaml")
