@@ -53,6 +53,47 @@ def conv_tolerance(text: str) -> float | None | str:
     return None if text == "any" else text if text == "default" else float(text)
 
 
+TENSOR_CORE_PEAK = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12}
+"""Dense bf16/fp16 tensor-core FLOP/s by GPU (NVIDIA's data sheets; the SXM parts)."""
+
+
+def training_flops(net: lp.Layer) -> float:
+    """Floating-point operations of one training step's products: 2 per multiply-add, three products per
+    convolution, linear or recurrent layer (forward, data gradient, weight gradient; the usual convention, though
+    the first layer's data gradient is not computed)."""
+    macs = 0
+    for layer in _leaves(net):
+        kind, weights = layer.config.type, [w.shape for w in layer.learnable_weights_data()]
+        if kind == "Convolution":
+            o, c, kh, kw = weights[0]
+            macs += int(np.prod(layer.outputs[0].shape)) * c * kh * kw
+        elif kind == "Linear":
+            out = layer.outputs[0].shape
+            macs += int(np.prod(out)) * weights[0][1]
+        elif kind in ("LSTM", "GRU", "RNN"):
+            n, t = layer.inputs[0].shape[:2]
+            macs += n * t * sum(int(np.prod(w)) for w in weights if len(w) == 2)
+    return 6.0 * macs
+
+
+def _leaves(layer: lp.Layer):
+    children = getattr(layer, "layers", None)
+    if not children:
+        yield layer
+        return
+    for child in children:
+        yield from _leaves(child)
+
+
+def tensor_core_peak() -> float | None:
+    try:
+        import cupy
+        name = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    except Exception:  # noqa: BLE001 - no GPU, no CuPy: no peak to report
+        return None
+    return next((v for k, v in TENSOR_CORE_PEAK.items() if k in name), None)
+
+
 def mlp_config(batch: int) -> lp.LayerConfig:
     cfg = lp.SequentialConfig(inputs=[("data", [batch, 784])])
     cfg.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=512)))
@@ -350,6 +391,7 @@ def bench_network(name: str, backend, torch, device: str, args, rule: str = "mom
     if backend.name == "cuda":
         row["leafpy_peak_mb"] = backend.peak_memory() / 2**20
     row["leafpy_ms"] = statistics.median(lt)
+    row["tflops"] = training_flops(solver.network) / row["leafpy_ms"] / 1e9
     if device == "cuda":
         row["leafpy_issue_ms"] = statistics.median(issue)
     if trainer:
@@ -459,6 +501,11 @@ def main() -> int:
         print(f"{name:<12}{rule:>9}{r['batch']:>6}{f('leafpy_ms', '.2f'):>11}{issue_cell}{f('torch_ms', '.2f'):>10}"
               f"{f('ratio', '.2f'):>14}{f('leafpy_peak_mb', '.0f'):>11}{f('torch_peak_mb', '.0f'):>10}"
               f"{f('leafpy_loss10', '.5f'):>16}{f('torch_loss10', '.5f'):>15}", flush=True)
+    peak = tensor_core_peak() if args.backend == "cuda" and args.precision in ("bf16", "fp16") else None
+    if peak:
+        print(f"# of the GPU's {args.precision} tensor-core peak ({peak / 1e12:.0f} TFLOP/s dense), counting 3 products "
+              "per layer: " + ", ".join(f"{r['network']} {r['tflops']:.1f} TFLOP/s = {r['tflops'] * 1e12 / peak:.1%}"
+                                       for r in rows))
     if not args.no_gemm:
         g = bench_gemm(backend, torch, device)
         rows.append(g)
