@@ -36,8 +36,8 @@ def mpirun(n: int, *args: str, timeout: float = 120) -> subprocess.CompletedProc
 
 
 def single_process(rule: str, batch: int, steps: int, accumulate: int, clip: float | None,
-                   batch_norm: bool = False) -> list[np.ndarray]:
-    be = lp.backend("native")
+                   batch_norm: bool = False, precision: str = "fp32") -> list[np.ndarray]:
+    be = lp.backend("native", **({"precision": precision} if precision != "fp32" else {}))
     solver = lp.Solver.from_config(be, be, worker.solver_config(rule, batch, accumulate, clip, batch_norm))
     x, y = worker.problem()
     done, epoch = 0, 0
@@ -78,6 +78,29 @@ def test_two_ranks_at_batch_b_equal_one_process_at_2b(tmp_path, rule, accumulate
         np.testing.assert_array_equal(ranks[0][f"w{i}"], ranks[1][f"w{i}"])
     if accumulate == 1:  # buckets summed while the backward pass went on
         assert int(ranks[0]["overlapped"]) > 0
+
+
+@needs_mpi
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_two_ranks_in_mixed_precision_equal_one_process_at_2b(tmp_path, precision):
+    """bf16 and fp16 (with its loss scaling) train data-parallel as in one process: two ranks at batch 5 against
+    one process at batch 10 in the same precision, to within one unit of that precision's roundoff (observed:
+    1.5e-4 in bf16, 2e-5 in fp16: the ranks' float32 sums split differently); a rank training on its own half of
+    each batch ends 0.39 away."""
+    steps, u = 20, {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}[precision]
+    run = mpirun(2, "equivalence", str(tmp_path / "w"), "momentum", "5", str(steps), "--precision", precision)
+    assert run.returncode == 0, run.stderr[-3000:]
+    ranks = [np.load(tmp_path / f"w.rank{r}.npz") for r in (0, 1)]
+    reference = single_process("momentum", 10, steps, 1, None, precision=precision)
+    half = single_process("momentum", 5, steps, 1, None, precision=precision)  # one rank's samples alone
+    for r in ranks:
+        assert int(r["iteration"]) == steps
+        worst = max(float(np.abs(r[f"w{i}"] - ref).max()) for i, ref in enumerate(reference))
+        apart = max(float(np.abs(h - ref).max()) for h, ref in zip(half, reference))
+        assert worst <= u, f"{precision}: two ranks are {worst:.2e} from one process"
+        assert apart > 4 * worst, f"{precision}: the bound cannot tell combined from uncombined gradients"
+    for i in range(len(reference)):
+        np.testing.assert_array_equal(ranks[0][f"w{i}"], ranks[1][f"w{i}"])
 
 
 @needs_mpi
