@@ -503,9 +503,9 @@ def main() -> int:
               f"{f('leafpy_loss10', '.5f'):>16}{f('torch_loss10', '.5f'):>15}", flush=True)
     peak = tensor_core_peak() if args.backend == "cuda" and args.precision in ("bf16", "fp16") else None
     if peak:
-        print(f"# of the GPU's {args.precision} tensor-core peak ({peak / 1e12:.0f} TFLOP/s dense), counting 3 products "
-              "per layer: " + ", ".join(f"{r['network']} {r['tflops']:.1f} TFLOP/s = {r['tflops'] * 1e12 / peak:.1%}"
-                                       for r in rows))
+        print(f"# of the GPU's {args.precision} tensor-core peak ({peak / 1e12:.0f} TFLOP/s dense), counting 3 "
+              "products per layer: " + ", ".join(
+                  f"{r['network']} {r['tflops']:.1f} TFLOP/s = {r['tflops'] * 1e12 / peak:.1%}" for r in rows))
     if not args.no_gemm:
         g = bench_gemm(backend, torch, device)
         rows.append(g)
