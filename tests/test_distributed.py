@@ -251,6 +251,14 @@ def _cuda():
         pytest.skip(f"cuda backend unavailable: {e}")
 
 
+def _nccl(be):
+    """An NCCL transport over a world of one (the test is skipped where CuPy has no NCCL)."""
+    try:
+        return dist.transports.NcclTransport(be, dist.ProcessGroup())
+    except lp.BackendUnavailable as e:
+        pytest.skip(str(e))
+
+
 @needs_mpi
 @pytest.mark.cuda
 @pytest.mark.parametrize("rule", ["momentum", "adam"])
@@ -273,10 +281,7 @@ def test_cuda_ranks_over_the_mpi_transport_share_one_gpu(tmp_path, rule):
 @pytest.mark.cuda
 def test_nccl_transport_with_a_world_of_one():
     be = _cuda()
-    try:
-        transport = dist.transports.NcclTransport(be, dist.ProcessGroup())
-    except lp.BackendUnavailable as e:
-        pytest.skip(str(e))
+    transport = _nccl(be)
     rng = np.random.default_rng(0)
     values = [rng.standard_normal(s).astype(np.float32) for s in ((3, 4), (7,))]
     tensors = [lp.SharedTensor.from_numpy(v) for v in values]
@@ -294,10 +299,7 @@ def test_nccl_bucket_sums_on_their_own_stream_wait_for_the_gradients():
     long GEMM just launched on the backend's stream) and finish() must make the backend's stream wait for the sum.
     Without the event the side stream packs the gradient before the GEMM has written it."""
     be = _cuda()
-    try:
-        transport = dist.transports.NcclTransport(be, dist.ProcessGroup())
-    except lp.BackendUnavailable as e:
-        pytest.skip(str(e))
+    transport = _nccl(be)
     assert transport.overlaps
     rng = np.random.default_rng(0)
     n = 2048
@@ -324,10 +326,7 @@ def test_nccl_bucket_sums_record_and_replay_inside_a_training_step():
     finish() sees the unpacked sum. With one rank the all-reduce itself leaves the buffer as it is, so this shows
     that NCCL's call records and replays with its side stream, not a sum across GPUs."""
     be = _cuda()
-    try:
-        transport = dist.transports.NcclTransport(be, dist.ProcessGroup())
-    except lp.BackendUnavailable as e:
-        pytest.skip(str(e))
+    transport = _nccl(be)
     assert transport.capturable
     rng = np.random.default_rng(1)
     src, src_small = lp.SharedTensor((64, 96)), lp.SharedTensor((5,))
@@ -366,11 +365,7 @@ def test_a_data_parallel_cuda_step_replays_like_a_plain_one():
     for parallel in (False, True):
         solver = lp.Solver.from_config(be, be, worker.solver_config("momentum", 16, 1, 0.5, False))
         if parallel:
-            try:
-                dp = dist.DataParallel(solver, dist.ProcessGroup(),
-                                       transport=dist.transports.NcclTransport(be, dist.ProcessGroup()))
-            except lp.BackendUnavailable as e:
-                pytest.skip(str(e))
+            dp = dist.DataParallel(solver, dist.ProcessGroup(), transport=_nccl(be))
             assert dp.replay_key() is not None
         x, y = worker.problem(200)
         replays = be.recorder.replays

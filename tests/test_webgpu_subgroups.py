@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import webgpu_offering
 
 import leafpy as lp
 
@@ -18,14 +19,7 @@ _made: dict = {}
 def _backend(subgroups: bool, precision: str = "fp32"):
     key = (subgroups, precision)
     if key not in _made:
-        try:
-            plain = lp.backend("webgpu")
-        except lp.BackendUnavailable as e:
-            pytest.skip(f"webgpu backend unavailable: {e}")
-        if "subgroup" not in plain.adapter.features:
-            pytest.skip(f"webgpu adapter {plain.adapter_name} does not offer the subgroup feature")
-        if precision == "fp16" and "shader-f16" not in plain.adapter.features:
-            pytest.skip(f"webgpu adapter {plain.adapter_name} does not offer shader-f16")
+        webgpu_offering("subgroup", *(["shader-f16"] if precision == "fp16" else []))
         _made[key] = lp.backend("webgpu", subgroups=subgroups, **({"precision": precision}
                                                                   if precision != "fp32" else {}))
     be = _made[key]
