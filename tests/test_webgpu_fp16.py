@@ -7,7 +7,8 @@ stored result and a stored value read again, +1 for float16 weight copies, +T fo
 GROWTH = 4 for magnitude growth inside the layer); a single primitive within REDUCTION_DEPTH * u (float32
 accumulation adds ~2**-24 per term, far below u at these lengths, so the float16 rounding of inputs and result
 dominates); a training run against native's fp16 emulation within TRAINING_ULPS * u per step, relative to
-max(1, |w|).
+max(1, |w|). Winograd convolutions, whose transforms amplify float32 roundings, add an estimate of those per element
+(_winograd_sigmas), kept within the primitive's budget.
 """
 
 from __future__ import annotations
