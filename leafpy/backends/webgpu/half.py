@@ -5,10 +5,10 @@ kernels' WGSL rebuilt with their float16 arrays declared so (:func:`_halve`) for
 GEMMs, and Winograd transforms around float32 tiles), pooling, softmax, sums, batch normalisation, LRN, embeddings
 and recurrent cells, and generated elementwise kernels (activations from pointwise.TABLE, bias, products, copies,
 axpby, Concat/Slice blocks); see :attr:`Half.NATIVE_F16` and :attr:`Half.SEQUENCE_F16`. Every other call with
-float16 operands (those primitives on
-operands they do not take, such as tensors past the binding limit, and the rest: losses, dot, clipping, dropout
-masks, solver updates) runs by emulation on the device: its float16 operands converted into float32 scratch buffers
-(half.wgsl), its float32 kernels run, and the operands it writes (declared in base.WRITES) converted back.
+float16 operands (those primitives on operands they do not take, such as tensors past the binding limit, and the
+rest: losses, dot, clipping, dropout masks, solver updates) runs by emulation on the device: its float16 operands
+converted into float32 scratch buffers (half.wgsl), its float32 kernels run, and the operands it writes (declared in
+base.WRITES) converted back.
 Operands that share a buffer (an in-place activation's input and output) share one scratch buffer, so the float32
 kernel sees the same aliasing the caller asked for.
 """
