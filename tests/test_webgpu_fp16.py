@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import reference
 from test_gradients import CASES
 from test_mixed_precision import GROWTH, _low, _roundings
 
@@ -319,8 +320,6 @@ def test_gemm_reads_float16_and_accumulates_in_float32(fp16, m, n, k, ta, tb, a_
 def test_convolution_runs_as_float16_implicit_gemms(fp16, n, c, o, size, kernel, stride, pad):
     """Forward with a bias, data gradient and filter gradient (into float32, accumulating with beta 0.5): one GEMM
     dispatch each (two for a split filter gradient), against float64 loops over output positions."""
-    import reference
-
     rng = np.random.default_rng(n * c + o)
     x = _low(rng.standard_normal((n, c, size, size)), F16)
     w = _low(rng.standard_normal((o, c, kernel, kernel)), F16)
@@ -537,17 +536,11 @@ def test_batch_norm_runs_in_float16_kernels(fp16, monkeypatch):
     fp16.batch_norm_grad_sums(bx, bdy, mean, var, sdy, sdx, eps)
     fp16.batch_norm_grad(bx, bdy, mean, var, g.read(fp16), sdy, sdx, dx.write(fp16), eps, True)
     assert conversions == []
-    axes = (0, 2, 3)
-    mu, v = x.mean(axis=axes), x.var(axis=axes)
-    shape = (1, 3, 1, 1)
-    xhat = (x - mu.reshape(shape)) / np.sqrt(v.reshape(shape) + eps)
-    m = x.size // 3
-    want_dx = gamma.reshape(shape) / np.sqrt(v.reshape(shape) + eps) * (
-        dy - (dy.sum(axis=axes).reshape(shape) + xhat * (dy * xhat).sum(axis=axes).reshape(shape)) / m)
-    assert _rel(f32["mean"].to_numpy(), mu) <= 1e-5 and _rel(f32["var"].to_numpy(), v) <= 1e-5
-    assert _rel(y.to_numpy(), xhat * gamma.reshape(shape) + beta.reshape(shape)) <= 2 * U
-    assert _rel(f32["sum_dy_xhat"].to_numpy(), (dy * xhat).sum(axis=axes)) <= 1e-4
-    assert _rel(dx.to_numpy(), want_dx) <= 2 * U
+    want = reference.batch_norm(x, dy, gamma, beta, eps)
+    assert _rel(f32["mean"].to_numpy(), want.mean) <= 1e-5 and _rel(f32["var"].to_numpy(), want.var) <= 1e-5
+    assert _rel(y.to_numpy(), want.y) <= 2 * U
+    assert _rel(f32["sum_dy_xhat"].to_numpy(), want.sum_dy_xhat) <= 1e-4
+    assert _rel(dx.to_numpy(), want.dx) <= 2 * U
 
 
 def test_lrn_runs_in_float16_kernels(fp16, monkeypatch):
