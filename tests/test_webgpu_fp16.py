@@ -603,10 +603,10 @@ def test_recurrent_layers_and_embeddings_make_no_float32_copies(fp16, monkeypatc
     assert conversions == [] and all(np.isfinite(g).all() and np.abs(g).sum() > 0 for g in grads)
 
 
-def test_float16_tensors_past_the_binding_limit_run_on_float32_copies(fp16):
+def test_float16_tensors_past_the_binding_limit_run_on_float32_copies(fp16, monkeypatch):
     """With a 1 KiB binding limit the float16 kernels step aside: conversions and the float32 kernels go in pieces."""
     be = lp.backend("webgpu", precision="fp16", power_preference="low-power")  # an instance whose limit we lower
-    be.max_binding = 1024
+    monkeypatch.setattr(be, "max_binding", 1024)
     rng = np.random.default_rng(6)
     x = _low(rng.standard_normal(3001), F16)
     tx, bx = _upload(be, x)
