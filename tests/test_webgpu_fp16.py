@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import reference
 from test_gradients import CASES
-from test_mixed_precision import GROWTH, _low, _roundings
+from test_mixed_precision import GROWTH, _assert_forward_reads_the_masters, _linear_solver, _low, _roundings
 
 import leafpy as lp
 from leafpy.backends.base import Backend
@@ -260,6 +260,27 @@ def test_lenet_trains_in_fp16_as_native_emulates_it(fp16, loss_scale):
     for name, w in n_weights.items():
         assert w_weights[name].dtype == np.float32
         assert _rel(w_weights[name], w) <= TRAINING_ULPS * U * steps, name
+
+
+def test_replayed_steps_and_inference_between_them_read_the_current_master_weights(fp16):
+    """Training steps recorded and replayed, an inference pass before the recorded one and after each replay: every
+    step's output and every pass computes from the master weights as they are then (a step recorded while the
+    float16 copies are current still casts them, as its replays follow updates; a replay's update is a change the
+    next pass sees), against float64."""
+    solver = _linear_solver(fp16)
+    net = solver.network
+    rng = np.random.default_rng(4)
+    x, t = rng.standard_normal((6, 5)), rng.standard_normal((6, 3))
+    replays = fp16.replays
+    for step in range(5):
+        if step == 1:  # the copies are current when the step is recorded
+            _assert_forward_reads_the_masters(net, x, F16, U)
+        w, b = (_low(m.to_numpy(), F16) for m in net.learnable_weights_data())
+        out = solver.train_minibatch(x, t).to_numpy()
+        assert _rel(out, _low(x, F16) @ w.T + b) <= 4 * U, f"output of step {step}"
+        if step >= 2:  # after a replay
+            _assert_forward_reads_the_masters(net, x, F16, U)
+    assert fp16.replays - replays == 3, "steps after the second replay their recording"
 
 
 def test_activations_and_bias_add_run_in_float16_kernels(fp16):
