@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import reference
+from conftest import webgpu_offering
 from test_gradients import CASES
 from test_mixed_precision import GROWTH, _assert_forward_reads_the_masters, _linear_solver, _low, _roundings
 
@@ -38,12 +39,7 @@ WORST: dict[str, tuple[float, float]] = {}
 
 @pytest.fixture(scope="module")
 def fp16():
-    try:
-        plain = lp.backend("webgpu")
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"webgpu backend unavailable: {e}")
-    if "shader-f16" not in plain.adapter.features:
-        pytest.skip(f"webgpu adapter {plain.adapter_name} does not offer shader-f16")
+    webgpu_offering("shader-f16")
     return lp.backend("webgpu", precision="fp16")  # offered: it must open
 
 
