@@ -12,6 +12,7 @@ gradient buffer between layers whose backward passes do not overlap.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -30,6 +31,10 @@ HOST = "host"
 _ACCESSES: ContextVar[list | None] = ContextVar("leafpy_tensor_accesses", default=None)
 
 
+_VERSIONS = itertools.count(1)
+"""Where every storage's version numbers come from: no two states of any storages share one."""
+
+
 @contextmanager
 def recording_accesses() -> Iterator[list]:
     """Within the block, every read/write/read_write of any SharedTensor (on this thread) appends
@@ -40,6 +45,12 @@ def recording_accesses() -> Iterator[list]:
         yield accesses
     finally:
         _ACCESSES.reset(token)
+
+
+def recording() -> bool:
+    """Whether a backend is recording a step on this thread (inside :func:`recording_accesses`): work skipped while
+    recording would be missing from every replay of the step."""
+    return _ACCESSES.get() is not None
 
 
 def as_numbers(array: Any, where: str) -> np.ndarray:
@@ -66,7 +77,7 @@ def _as_shape(shape: Sequence[int] | int) -> tuple[int, ...]:
 class _Storage:
     """Flat buffers, one per backend key, and which of them hold the current data."""
 
-    __slots__ = ("size", "dtype", "copies", "fresh")
+    __slots__ = ("size", "dtype", "copies", "fresh", "version")
 
     def __init__(self, size: int, dtype: np.dtype) -> None:
         self.size = size
@@ -74,6 +85,11 @@ class _Storage:
         # key -> (backend or None for the host, flat buffer)
         self.copies: dict[str, tuple[Any, Any]] = {}
         self.fresh: set[str] = set()
+        self.version = next(_VERSIONS)
+
+    def changed(self) -> None:
+        """The data may have changed: a new version."""
+        self.version = next(_VERSIONS)
 
 
 class SharedTensor:
@@ -123,6 +139,13 @@ class SharedTensor:
     def dtype(self) -> np.dtype:
         return self._st.dtype
 
+    @property
+    def version(self) -> int:
+        """A number that changes whenever the data may have changed through this tensor or another over the same
+        storage (write, read_write, set, a replayed step's write, a resize), and that no other state of any tensor
+        shares: a copy made from the data while it was at a version is still current while the version is."""
+        return self._st.version
+
     def reshape(self, shape: Sequence[int]) -> None:
         """See the same data with a new shape of the same size; buffers are kept."""
         new = _as_shape(shape)
@@ -144,6 +167,7 @@ class SharedTensor:
                 st.copies.clear()
                 st.size = n
             st.fresh.clear()
+            st.changed()
         self._shape = new
 
     def prefix_view(self, shape: Sequence[int]) -> SharedTensor:
@@ -154,6 +178,7 @@ class SharedTensor:
             st.copies.clear()
             st.fresh.clear()
             st.size = math.prod(new)
+            st.changed()
         t = SharedTensor.__new__(SharedTensor)
         t._st = st
         t._shape = new
@@ -216,6 +241,7 @@ class SharedTensor:
         st = self._st
         st.fresh.clear()
         st.fresh.add(key)
+        st.changed()
         accesses = _ACCESSES.get()
         if accesses is not None:
             accesses.append((self, True))
@@ -229,6 +255,7 @@ class SharedTensor:
         if len(st.fresh) > 1:
             st.fresh.clear()
             st.fresh.add(key)
+        st.changed()
         accesses = _ACCESSES.get()
         if accesses is not None:
             accesses.append((self, True))
@@ -252,6 +279,7 @@ class SharedTensor:
         """Record that the copy on ``key`` was written outside read/write (a replayed step)."""
         self._st.fresh.clear()
         self._st.fresh.add(key)
+        self._st.changed()
 
     def to_numpy(self) -> np.ndarray:
         """A host copy of the data (syncs from a device when the host copy is stale)."""
@@ -270,6 +298,7 @@ class SharedTensor:
         st = self._st
         st.fresh.clear()
         st.fresh.add(HOST)
+        st.changed()
 
     def peek_host(self) -> np.ndarray | None:
         """The host data without syncing or copying, or None when the host copy is stale (for cheap checks)."""

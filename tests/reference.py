@@ -1,6 +1,9 @@
-"""Plain NumPy references computed another way than the backends do (explicit loops over output positions)."""
+"""Plain NumPy references computed another way than the backends do (explicit loops over output positions, float64
+formulas)."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -64,3 +67,35 @@ def maxpool_backward(x_shape, arg, dy):
 def log_softmax(z):
     z = z - z.max(axis=1, keepdims=True)
     return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+
+
+class BatchNorm(NamedTuple):
+    """Per-channel statistics ([C]), the normalised input, the output, the backward pass's sums ([C]) and the input
+    gradient of :func:`batch_norm` (float64)."""
+
+    mean: np.ndarray
+    var: np.ndarray
+    invstd: np.ndarray
+    xhat: np.ndarray
+    y: np.ndarray
+    sum_dy: np.ndarray
+    sum_dy_xhat: np.ndarray
+    dx: np.ndarray
+
+
+def batch_norm(x, dy, gamma, beta, eps) -> BatchNorm:
+    """Batch normalisation in float64 over every axis but 1 (the channels), with the batch's statistics (biased
+    variance): y = gamma * xhat + beta, and dx, the gradient through the statistics too."""
+    x64, dy64 = np.asarray(x, np.float64), np.asarray(dy, np.float64)
+    axes = tuple(i for i in range(x64.ndim) if i != 1)
+    per = (1, x64.shape[1]) + (1,) * (x64.ndim - 2)
+    mean = x64.mean(axis=axes)
+    var = ((x64 - mean.reshape(per)) ** 2).mean(axis=axes)
+    invstd = 1.0 / np.sqrt(var + eps)
+    xhat = (x64 - mean.reshape(per)) * invstd.reshape(per)
+    g, b = np.asarray(gamma, np.float64).reshape(per), np.asarray(beta, np.float64).reshape(per)
+    sum_dy = dy64.sum(axis=axes)
+    sum_dy_xhat = (dy64 * xhat).sum(axis=axes)
+    m = x64.size // x64.shape[1]
+    dx = g * invstd.reshape(per) * (dy64 - (sum_dy.reshape(per) + xhat * sum_dy_xhat.reshape(per)) / m)
+    return BatchNorm(mean, var, invstd, xhat, g * xhat + b, sum_dy, sum_dy_xhat, dx)

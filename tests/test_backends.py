@@ -271,12 +271,12 @@ def test_webgpu_step_is_one_submission():
 
 @pytest.mark.webgpu
 @pytest.mark.parametrize("rule", sorted(REPLAYED_RULES))
-def test_webgpu_replayed_steps_equal_encoded_ones_and_see_host_changes(rule):
+def test_webgpu_replayed_steps_equal_encoded_ones_and_see_host_changes(monkeypatch, rule):
     """Replayable steps are re-encoded from their recorded dispatches; they train exactly as steps run through the
     layers, including after weights are set from the host between steps."""
     replaying = _webgpu(power_preference="low-power")  # separate instances whose option we can change
     encoding = _webgpu(adapter=replaying.adapter_name)
-    encoding.replay = False
+    monkeypatch.setattr(encoding, "replay", False)
     ds = lp.data.digits()
     x, y = ds.x_train[:32], ds.y_train[:32]
     solvers = [_solver(be, dropout=False, solver=rule, base_lr=REPLAYED_RULES[rule]) for be in (replaying, encoding)]
@@ -347,9 +347,9 @@ def test_webgpu_recorded_steps_of_a_deleted_solver_are_dropped():
 
 
 @pytest.mark.webgpu
-def test_webgpu_splits_work_over_the_binding_limit():
+def test_webgpu_splits_work_over_the_binding_limit(monkeypatch):
     be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
-    be.max_binding = 1024  # bytes: forces elementwise work into pieces
+    monkeypatch.setattr(be, "max_binding", 1024)  # bytes: forces elementwise work into pieces
     rng = np.random.default_rng(0)
     x = rng.standard_normal(5000).astype(np.float32)
     tx, ty = lp.SharedTensor.from_numpy(x), lp.SharedTensor((5000,))
@@ -480,9 +480,9 @@ def test_webgpu_buffers_return_to_a_pool():
 @pytest.mark.webgpu
 @pytest.mark.parametrize("m,n,k,ta,tb,beta", [(300, 200, 50, False, True, 0.0), (100, 250, 30, False, False, 0.5),
                                               (90, 300, 20, True, True, 1.0)])
-def test_webgpu_splits_gemm_over_the_binding_limit(m, n, k, ta, tb, beta):
+def test_webgpu_splits_gemm_over_the_binding_limit(monkeypatch, m, n, k, ta, tb, beta):
     be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
-    be.max_binding = 40_000  # bytes: C (and A or B) exceed it in every case
+    monkeypatch.setattr(be, "max_binding", 40_000)  # bytes: C (and A or B) exceed it in every case
     assert 4 * m * n > be.max_binding
     _gemm_matches_numpy(be, m, n, k, ta, tb, 1.5, beta, "blocked gemm")
 
@@ -517,10 +517,11 @@ def _convolution_passes_match_native(be, n, c, o, size, seed=0, rtol=2e-4, atol=
 
 @pytest.mark.webgpu
 @pytest.mark.parametrize("implicit", [True, False], ids=["implicit", "im2col"])
-def test_webgpu_convolution_in_batch_chunks_matches_native(implicit):
+def test_webgpu_convolution_in_batch_chunks_matches_native(monkeypatch, implicit):
     be = _webgpu(power_preference="low-power")  # a separate instance whose chunk size we can lower
-    be.implicit_conv = implicit
-    be.CONV_SCRATCH = 2 * 3 * 9 * 36 * 4  # im2col columns of two samples: a batch of 5 runs in 3 chunks
+    monkeypatch.setattr(be, "implicit_conv", implicit)
+    # im2col columns of two samples: a batch of 5 runs in 3 chunks
+    monkeypatch.setattr(be, "CONV_SCRATCH", 2 * 3 * 9 * 36 * 4)
     _convolution_passes_match_native(be, 5, 3, 4, 6)
 
 
@@ -528,35 +529,35 @@ def test_webgpu_convolution_in_batch_chunks_matches_native(implicit):
 @pytest.mark.parametrize("kernel,n,padding,size,dispatches", [
     (3, 3, 1, 7, 4), (3, 3, 1, 6, 4), (3, 3, 0, 9, 4), (3, 3, 2, 5, 4), (3, 2, 1, 45, 5),
     (5, 3, 2, 7, 4), (5, 3, 1, 8, 4), (5, 2, 0, 9, 4), (5, 2, 4, 3, 4)])
-def test_webgpu_winograd_convolution_matches_native(kernel, n, padding, size, dispatches):
+def test_webgpu_winograd_convolution_matches_native(monkeypatch, kernel, n, padding, size, dispatches):
     """3x3 and 5x5 stride-1 convolutions with enough channels run all three passes as Winograd F(2x2, 3x3) and
     F(2x2, 5x5): odd and even outputs (a last block half outside), each padding the data gradient can mirror, a
     bias in the output transform; with 1058 blocks the filter gradient's batched GEMM splits K (and sums the
     splits)."""
     be = _webgpu(power_preference="low-power")  # a separate instance whose threshold we can lower
-    be.WINOGRAD_MIN_CHANNELS = 5
+    monkeypatch.setattr(be, "WINOGRAD_MIN_CHANNELS", 5)
     counts = _convolution_passes_match_native(be, n, 6, 5, size, seed=padding, padding=padding, bias=True,
                                               kernel=kernel, rtol=5e-4, atol=5e-5)
     assert counts == (4, 4, dispatches), "two transforms, one batched GEMM (and a sum of splits), a transform"
-    be.winograd = False
+    monkeypatch.setattr(be, "winograd", False)
     assert _convolution_passes_match_native(be, n, 6, 5, size, padding=padding, bias=True, kernel=kernel)[:2] == (1, 2)
 
 
 @pytest.mark.webgpu
-def test_webgpu_winograd_runs_in_batch_chunks():
+def test_webgpu_winograd_runs_in_batch_chunks(monkeypatch):
     """Transformed tiles over the scratch limit: the batch runs two samples at a time (three chunks); the filter
     gradient accumulates the chunks' products."""
     be = _webgpu(power_preference="low-power")
-    be.WINOGRAD_MIN_CHANNELS = 5
-    be.WINOGRAD_SCRATCH = 2 * 36 * 6 * 16 * 4  # two samples of 4x4 blocks, 36 points, 6 channels
+    monkeypatch.setattr(be, "WINOGRAD_MIN_CHANNELS", 5)
+    monkeypatch.setattr(be, "WINOGRAD_SCRATCH", 2 * 36 * 6 * 16 * 4)  # two samples of 4x4 blocks, 36 points, 6 channels
     counts = _convolution_passes_match_native(be, 5, 6, 5, 8, padding=2, bias=True, kernel=5, rtol=5e-4, atol=5e-5)
     assert counts == (10, 10, 10), "the filter transform (or the filter gradient's), then three per chunk"
 
 
 @pytest.mark.webgpu
-def test_webgpu_winograd_output_takes_an_in_place_relu():
+def test_webgpu_winograd_output_takes_an_in_place_relu(monkeypatch):
     be = _webgpu(power_preference="low-power")
-    be.WINOGRAD_MIN_CHANNELS = 4
+    monkeypatch.setattr(be, "WINOGRAD_MIN_CHANNELS", 4)
     rng = np.random.default_rng(5)
     x, w = rng.standard_normal((2, 4, 5, 5), dtype=np.float32), rng.standard_normal((4, 4, 3, 3), dtype=np.float32)
     ref = lp.SharedTensor((2, 4, 5, 5))
@@ -624,9 +625,10 @@ def test_bias_grad_over_many_blocks_matches_native(device):
 
 
 @pytest.mark.webgpu
-def test_webgpu_convolution_past_the_binding_limit_binds_chunks_of_samples():
+def test_webgpu_convolution_past_the_binding_limit_binds_chunks_of_samples(monkeypatch):
     be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
-    be.max_binding = 4096  # x (5184 bytes), y, dy and dx exceed it; one sample's columns (3888) fit
+    # x (5184 bytes), y, dy and dx exceed it; one sample's columns (3888) fit
+    monkeypatch.setattr(be, "max_binding", 4096)
     _convolution_passes_match_native(be, 12, 3, 4, 6, seed=3)
 
 
@@ -640,11 +642,11 @@ def test_webgpu_implicit_convolution_on_large_tiles_and_split_k_matches_native()
 
 @pytest.mark.webgpu
 @pytest.mark.parametrize("stride,dispatches", [((1, 1), 1), ((2, 2), 2)], ids=["implicit", "columns"])
-def test_webgpu_convolution_data_gradient_paths_match_native(stride, dispatches):
+def test_webgpu_convolution_data_gradient_paths_match_native(monkeypatch, stride, dispatches):
     """With the implicit data gradient on: many input channels and a padded stride-1 window take one implicit
     GEMM; strided, GEMM then col2im."""
     be = _webgpu(power_preference="low-power")  # a separate instance whose options we can change
-    be.implicit_data_grad = True
+    monkeypatch.setattr(be, "implicit_data_grad", True)
     native = lp.backend("native")
     rng = np.random.default_rng(2)
     x_shape, w = (3, 64, 7, 7), rng.standard_normal((16, 64, 3, 3), dtype=np.float32)
@@ -666,9 +668,9 @@ def test_webgpu_convolution_data_gradient_paths_match_native(stride, dispatches)
 @pytest.mark.webgpu
 @pytest.mark.parametrize("mode,kernel,stride,padding", [("max", (3, 3), (2, 2), (1, 1)), ("average", (2, 2), (2, 2),
                                                                                              (0, 0))])
-def test_webgpu_pooling_past_the_binding_limit_runs_in_pieces(mode, kernel, stride, padding):
+def test_webgpu_pooling_past_the_binding_limit_runs_in_pieces(monkeypatch, mode, kernel, stride, padding):
     be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
-    be.max_binding = 4096  # bytes: x (4800) and dx exceed it; a run of planes fits
+    monkeypatch.setattr(be, "max_binding", 4096)  # bytes: x (4800) and dx exceed it; a run of planes fits
     native = lp.backend("native")
     rng = np.random.default_rng(0)
     x = rng.permutation(1200).reshape(3, 4, 10, 10).astype(np.float32)  # distinct: no ties in the max
@@ -690,9 +692,9 @@ def test_webgpu_pooling_past_the_binding_limit_runs_in_pieces(mode, kernel, stri
 
 
 @pytest.mark.webgpu
-def test_webgpu_bias_gradient_past_the_binding_limit_runs_in_pieces():
+def test_webgpu_bias_gradient_past_the_binding_limit_runs_in_pieces(monkeypatch):
     be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
-    be.max_binding = 8192
+    monkeypatch.setattr(be, "max_binding", 8192)
     rng = np.random.default_rng(0)
     dy, db0 = rng.standard_normal((40, 3, 8, 8), dtype=np.float32), rng.standard_normal(3, dtype=np.float32)
     tb = lp.SharedTensor.from_numpy(db0)
@@ -704,11 +706,11 @@ def test_webgpu_bias_gradient_past_the_binding_limit_runs_in_pieces():
 
 @pytest.mark.webgpu
 @pytest.mark.parametrize("limit", [None, 4096], ids=["whole", "past-the-limit"])
-def test_webgpu_reductions_in_blocks_and_pieces_match_numpy(limit):
+def test_webgpu_reductions_in_blocks_and_pieces_match_numpy(monkeypatch, limit):
     be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
-    be.PARTS_BLOCK = 1000  # several blocks per run
+    monkeypatch.setattr(be, "PARTS_BLOCK", 1000)  # several blocks per run
     if limit:
-        be.max_binding = limit
+        monkeypatch.setattr(be, "max_binding", limit)
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal(5000, dtype=np.float32), rng.standard_normal(5000, dtype=np.float32)
     tx, ty = lp.SharedTensor.from_numpy(x), lp.SharedTensor.from_numpy(y)
@@ -737,10 +739,10 @@ def test_webgpu_reductions_in_blocks_and_pieces_match_numpy(limit):
                                   ("gemm_big", 64, 128, (("BIG_ROWS", 64),)), ("gemm_big", 128, 128, ())],
                          ids=["32x32", "64x64", "64x128", "128x128"])
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
-def test_webgpu_every_gemm_tile_matches_numpy(tile, ta, tb):
+def test_webgpu_every_gemm_tile_matches_numpy(monkeypatch, tile, ta, tb):
     """Each tile kernel, forced, on ragged shapes: partial tiles in m, n and the last K slice."""
     be = _webgpu(power_preference="low-power")  # a separate instance whose tile choice we can force
-    be._gemm_tile = lambda *shape: tile
+    monkeypatch.setattr(be, "_gemm_tile", lambda *shape: tile)
     _gemm_matches_numpy(be, 133, 70, 45, ta, tb, 1.5, 0.5, f"{tile[0]} {tile[1]}x{tile[2]}", seed=1)
     if ta or tb:
         return
@@ -756,7 +758,7 @@ def test_webgpu_every_gemm_tile_matches_numpy(tile, ta, tb):
 
 
 @pytest.mark.webgpu
-def test_webgpu_bias_and_relu_join_the_gemm_that_wrote_them():
+def test_webgpu_bias_and_relu_join_the_gemm_that_wrote_them(monkeypatch):
     """A linear layer's bias add and an in-place ReLU on the product run in the GEMM's store: one kernel. A ReLU
     into another buffer, or a bias after the ReLU, runs on its own."""
     be = _webgpu(power_preference="low-power")
@@ -768,7 +770,8 @@ def test_webgpu_bias_and_relu_join_the_gemm_that_wrote_them():
     be.flush()
     encoded = []
     real = be._encode
-    be._encode = lambda module, entry, *a, **k: (encoded.append(entry), real(module, entry, *a, **k))
+    monkeypatch.setattr(be, "_encode",
+                        lambda module, entry, *a, **k: (encoded.append(entry), real(module, entry, *a, **k)))
     be.gemm(xb, False, wb, True, yb)
     be.bias_add(yb, bb)
     be.relu(yb, yb)
@@ -789,9 +792,9 @@ def test_webgpu_bias_and_relu_join_the_gemm_that_wrote_them():
 
 @pytest.mark.webgpu
 @pytest.mark.parametrize("k", [40, 3000], ids=["plain", "split-k"])
-def test_webgpu_gemm_wider_than_the_grid_runs_in_column_spans(k):
+def test_webgpu_gemm_wider_than_the_grid_runs_in_column_spans(monkeypatch, k):
     be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
-    be.max_groups = 3  # workgroups per grid dimension: every product below is wider
+    monkeypatch.setattr(be, "max_groups", 3)  # workgroups per grid dimension: every product below is wider
     rng = np.random.default_rng(5)
     a, b = rng.random((70, k), dtype=np.float32), rng.random((k, 700), dtype=np.float32)
     tc = lp.SharedTensor((70, 700))
@@ -803,16 +806,16 @@ def test_webgpu_gemm_wider_than_the_grid_runs_in_column_spans(k):
 
 
 @pytest.mark.webgpu
-def test_webgpu_convolution_wider_than_the_grid_runs_in_column_spans():
+def test_webgpu_convolution_wider_than_the_grid_runs_in_column_spans(monkeypatch):
     be = _webgpu(power_preference="low-power")
-    be.max_groups = 4
+    monkeypatch.setattr(be, "max_groups", 4)
     _convolution_passes_match_native(be, 6, 3, 4, 9, seed=2)
 
 
 @pytest.mark.webgpu
-def test_webgpu_gemm_that_cannot_be_split_says_so():
+def test_webgpu_gemm_that_cannot_be_split_says_so(monkeypatch):
     be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
-    be.max_binding = 40_000
+    monkeypatch.setattr(be, "max_binding", 40_000)
     a = lp.SharedTensor((40, 12000))  # transposed A whose every stored row (one k) is 48 KB
     b = lp.SharedTensor((30, 40))
     c = lp.SharedTensor((12000, 30))
@@ -821,9 +824,9 @@ def test_webgpu_gemm_that_cannot_be_split_says_so():
 
 
 @pytest.mark.webgpu
-def test_webgpu_class_rows_past_the_binding_limit_run_in_pieces_or_say_why():
+def test_webgpu_class_rows_past_the_binding_limit_run_in_pieces_or_say_why(monkeypatch):
     be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
-    be.max_binding = 4096
+    monkeypatch.setattr(be, "max_binding", 4096)
     rng = np.random.default_rng(0)
     for n, c in ((6, 1000), (200, 30)):  # a workgroup per row, a thread per row; both over 4096 bytes
         x, dy = rng.standard_normal((n, c), dtype=np.float32), rng.standard_normal((n, c), dtype=np.float32)
@@ -883,14 +886,14 @@ def test_cuda_without_the_cudnn_frontend_convolves_through_im2col(monkeypatch):
 
 
 @pytest.mark.webgpu
-def test_webgpu_scratch_grows_in_place_and_recorded_steps_forget_the_old_buffer():
+def test_webgpu_scratch_grows_in_place_and_recorded_steps_forget_the_old_buffer(monkeypatch):
     """One scratch buffer per use, grown to the largest size asked for; when it grows, the old buffer goes back to
     the pool, so steps recorded against it are forgotten: a replay must never write into a tensor that took it."""
     import gc
 
     be = _webgpu(power_preference="low-power")
     twin = _webgpu(adapter=be.adapter_name)
-    twin.replay = False
+    monkeypatch.setattr(twin, "replay", False)
     ds = lp.data.digits()
     x, y = ds.x_train[:32], ds.y_train[:32]
     solvers = [_solver(b, dropout=False, solver="momentum") for b in (be, twin)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import reference
 
 import leafpy as lp
 
@@ -42,41 +43,32 @@ def test_batch_norm_primitives_match_float64(shape):
     dy = rng.standard_normal(shape).astype(np.float32)
     gamma = rng.uniform(0.5, 1.5, c).astype(np.float32)
     beta = rng.standard_normal(c).astype(np.float32)
-    axes = tuple(i for i in range(len(shape)) if i != 1)
-    per = (1, c) + (1,) * (len(shape) - 2)
-    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
-    mean = x64.mean(axis=axes)
-    var = ((x64 - mean.reshape(per)) ** 2).mean(axis=axes)
-    invstd = 1.0 / np.sqrt(var + EPS)
-    xhat = (x64 - mean.reshape(per)) * invstd.reshape(per)
-    y_ref = xhat * gamma.reshape(per) + beta.reshape(per)
-    sum_dy = dy64.sum(axis=axes)
-    sum_dy_xhat = (dy64 * xhat).sum(axis=axes)
+    want = reference.batch_norm(x, dy, gamma, beta, EPS)
     m = x.size // c
-    a = (gamma * invstd).reshape(per)
-    dx_ref = a * (dy64 - (sum_dy.reshape(per) + xhat * sum_dy_xhat.reshape(per)) / m)
+    per = (1, c) + (1,) * (len(shape) - 2)
 
     xd, dyd, gd, bd = (cp.asarray(v) for v in (x, dy, gamma, beta))
     mean_d, var_d, sdy, sdx = (cp.empty(c, cp.float32) for _ in range(4))
     be.batch_norm_stats(xd, mean_d, var_d)
-    np.testing.assert_allclose(mean_d.get(), mean, rtol=1e-6, err_msg="mean")
-    np.testing.assert_allclose(var_d.get(), var, rtol=1e-4, err_msg="variance")
+    np.testing.assert_allclose(mean_d.get(), want.mean, rtol=1e-6, err_msg="mean")
+    np.testing.assert_allclose(var_d.get(), want.var, rtol=1e-4, err_msg="variance")
     y = cp.empty_like(xd)
     be.batch_norm(xd, mean_d, var_d, gd, bd, y, EPS)
-    np.testing.assert_allclose(y.get(), y_ref, rtol=1e-4, atol=1e-3, err_msg="normalised output")
+    np.testing.assert_allclose(y.get(), want.y, rtol=1e-4, atol=1e-3, err_msg="normalised output")
     be.batch_norm(xd, mean_d, var_d, None, None, y, EPS)
-    np.testing.assert_allclose(y.get(), xhat, rtol=1e-4, atol=1e-3, err_msg="output without gamma and beta")
+    np.testing.assert_allclose(y.get(), want.xhat, rtol=1e-4, atol=1e-3, err_msg="output without gamma and beta")
     be.batch_norm_grad_sums(xd, dyd, mean_d, var_d, sdy, sdx, EPS)
     scale = np.sqrt(m)  # the sums of m terms of unit size
-    np.testing.assert_allclose(sdy.get(), sum_dy, atol=1e-4 * scale, err_msg="sum of dy")
-    np.testing.assert_allclose(sdx.get(), sum_dy_xhat, atol=1e-3 * scale, err_msg="sum of dy * xhat")
+    np.testing.assert_allclose(sdy.get(), want.sum_dy, atol=1e-4 * scale, err_msg="sum of dy")
+    np.testing.assert_allclose(sdx.get(), want.sum_dy_xhat, atol=1e-3 * scale, err_msg="sum of dy * xhat")
     dx = cp.empty_like(xd)
     be.batch_norm_grad(xd, dyd, mean_d, var_d, gd, sdy, sdx, dx, EPS, True)
     # a difference of terms of the gradient's own size: float32 leaves ~1e-4 of the largest of them
-    np.testing.assert_allclose(dx.get(), dx_ref, rtol=1e-3, atol=1e-4 * max(1.0, float(np.abs(dx_ref).max())),
+    np.testing.assert_allclose(dx.get(), want.dx, rtol=1e-3, atol=1e-4 * max(1.0, float(np.abs(want.dx).max())),
                                err_msg="input gradient")
     be.batch_norm_grad(xd, dyd, mean_d, var_d, gd, sdy, sdx, dx, EPS, False)  # the statistics as constants
-    np.testing.assert_allclose(dx.get(), a * dy64, rtol=1e-4, atol=1e-6, err_msg="input gradient, fixed statistics")
+    fixed = (gamma * want.invstd).reshape(per) * dy.astype(np.float64)
+    np.testing.assert_allclose(dx.get(), fixed, rtol=1e-4, atol=1e-6, err_msg="input gradient, fixed statistics")
 
 
 ACTIVATIONS = {

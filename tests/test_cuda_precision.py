@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 import pytest
+import reference
 
 import leafpy as lp
 
@@ -396,37 +397,27 @@ def test_batch_norm(fmt, shape):
     dy = _rounded(rng.standard_normal(shape), dtype)
     gamma = rng.uniform(0.5, 1.5, c).astype(np.float32)
     beta = rng.standard_normal(c).astype(np.float32)
-    x64, dy64 = _f64(x), _f64(dy)
-    axes, per = (0, 2, 3), (1, c, 1, 1)
-    mean = x64.mean(axis=axes)
-    var = ((x64 - mean.reshape(per)) ** 2).mean(axis=axes)
-    invstd = 1 / np.sqrt(var + eps)
-    xhat = (x64 - mean.reshape(per)) * invstd.reshape(per)
-    y_ref = xhat * gamma.reshape(per) + beta.reshape(per)
-    sum_dy = dy64.sum(axis=axes)
-    sum_dy_xhat = (dy64 * xhat).sum(axis=axes)
-    m = x.size // c
-    dx_ref = (gamma * invstd).reshape(per) * (dy64 - (sum_dy.reshape(per) + xhat * sum_dy_xhat.reshape(per)) / m)
+    want = reference.batch_norm(_f64(x), _f64(dy), gamma, beta, eps)
 
     xd, dyd = _dev(x), _dev(dy)
     mean_d, var_d, sdy, sdx = (cp.empty(c, cp.float32) for _ in range(4))
     be.batch_norm_stats(xd, mean_d, var_d)
     be.synchronize()
-    _check(mean_d.get(), mean, 1e-5 * np.abs(mean), f"{fmt} batch-norm mean")
-    _check(var_d.get(), var, 1e-4 * var, f"{fmt} batch-norm variance")
+    _check(mean_d.get(), want.mean, 1e-5 * np.abs(want.mean), f"{fmt} batch-norm mean")
+    _check(var_d.get(), want.var, 1e-4 * want.var, f"{fmt} batch-norm variance")
     y = _empty(shape, dtype)
     be.batch_norm(xd, mean_d, var_d, _dev(gamma), _dev(beta), y, eps)
     be.synchronize()
-    _check(_host(y), y_ref, 2 * u * np.abs(y_ref) + 1e-4, f"{fmt} batch-norm output")
+    _check(_host(y), want.y, 2 * u * np.abs(want.y) + 1e-4, f"{fmt} batch-norm output")
     be.batch_norm_grad_sums(xd, dyd, mean_d, var_d, sdy, sdx, eps)
     be.synchronize()
-    scale = np.abs(dy64).sum(axis=axes)
-    _check(sdy.get(), sum_dy, 1e-5 * scale, f"{fmt} batch-norm sum dy")
-    _check(sdx.get(), sum_dy_xhat, 1e-4 * scale, f"{fmt} batch-norm sum dy xhat")
+    scale = np.abs(_f64(dy)).sum(axis=(0, 2, 3))
+    _check(sdy.get(), want.sum_dy, 1e-5 * scale, f"{fmt} batch-norm sum dy")
+    _check(sdx.get(), want.sum_dy_xhat, 1e-4 * scale, f"{fmt} batch-norm sum dy xhat")
     dx = _empty(shape, dtype)
     be.batch_norm_grad(xd, dyd, mean_d, var_d, _dev(gamma), sdy, sdx, dx, eps, True)
     be.synchronize()
-    _check(_host(dx), dx_ref, 2 * u * np.abs(dx_ref) + 1e-4, f"{fmt} batch-norm input gradient")
+    _check(_host(dx), want.dx, 2 * u * np.abs(want.dx) + 1e-4, f"{fmt} batch-norm input gradient")
     with pytest.raises(lp.LeafpyError, match="batch_norm"):  # statistics stay float32
         be.batch_norm(xd, mean_d.astype(cp.float16), var_d, None, None, y, eps)
 

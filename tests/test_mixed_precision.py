@@ -128,6 +128,59 @@ def test_weight_copies_follow_the_master_weights():
     np.testing.assert_allclose(layer.forward([x])[0].to_numpy().astype(np.float64), [[6.0, -0.25]])
 
 
+def _linear_solver(be: lp.Backend) -> lp.Solver:
+    """SGD on a Linear layer (5 -> 3, with a bias) under a mean squared error, batch 6, no loss scaling (so a
+    backend that records steps records these)."""
+    net = lp.SequentialConfig(inputs=[("data", [6, 5])])
+    net.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=3)))
+    obj = lp.SequentialConfig(inputs=[("out", [6, 3]), ("target", [6, 3])])
+    obj.add_layer(lp.LayerConfig("mse", "MeanSquaredError"))
+    return lp.Solver.from_config(be, be, lp.SolverConfig(network=lp.LayerConfig("net", net),
+                                                         objective=lp.LayerConfig("loss", obj), base_lr=0.1,
+                                                         loss_scale="none"))
+
+
+def _assert_forward_reads_the_masters(net: lp.Layer, x: np.ndarray, dtype: np.dtype, u: float) -> None:
+    """An inference pass of :func:`_linear_solver`'s network against float64 from its master weights as they are
+    now and x, each rounded to ``dtype`` (the output rounded once more: within 4u)."""
+    w, b = (_low(t.to_numpy(), dtype) for t in net.learnable_weights_data())
+    want = _low(x, dtype) @ w.T + b
+    got = net.forward([x])[0].to_numpy().astype(np.float64)
+    assert (np.abs(got - want) / np.maximum(1.0, np.abs(want))).max() <= 4 * u
+
+
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+def test_weight_copies_are_cast_again_only_after_their_masters_change(precision, monkeypatch):
+    """Inference passes cast each master weight into its low-precision copy once; a copy is cast again after its
+    master changes (a training step's update, set()), and every pass computes from the masters as they are."""
+    be = lp.backend("native", precision=precision)
+    dtype, u = PRECISIONS[precision]
+    casts: list[tuple[int, ...]] = []
+    cast = be.cast
+    monkeypatch.setattr(be, "cast", lambda x, out: casts.append(tuple(out.shape)) or cast(x, out))
+    solver = _linear_solver(be)
+    net = solver.network
+    shapes = [w.shape for w in net.learnable_weights_data()]
+
+    def weight_casts() -> list[tuple[int, ...]]:  # the network's input is cast at every pass too
+        return [s for s in casts if s in shapes]
+
+    rng = np.random.default_rng(3)
+    x, t = rng.standard_normal((6, 5)), rng.standard_normal((6, 3))
+    for _ in range(2):
+        _assert_forward_reads_the_masters(net, x, dtype, u)
+    assert weight_casts() == shapes, "one cast per weight, at the first pass"
+    solver.train_minibatch(x, t)  # its forward pass finds the copies current; its update changes both masters
+    assert weight_casts() == shapes
+    _assert_forward_reads_the_masters(net, x, dtype, u)
+    assert weight_casts() == shapes * 2
+    bias = net.learnable_weights_data()[1]
+    bias.set(np.array([10.0, -20.0, 30.0]))
+    _assert_forward_reads_the_masters(net, x, dtype, u)
+    _assert_forward_reads_the_masters(net, x, dtype, u)
+    assert weight_casts() == shapes * 2 + [bias.shape]
+
+
 def test_ids_and_labels_stay_in_the_master_dtype():
     """Embedding ids above 256 are not exact in bfloat16: they are staged in float32."""
     be = lp.backend("native", precision="bf16")

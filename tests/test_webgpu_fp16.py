@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import reference
 from conftest import webgpu_offering
 from test_gradients import CASES
-from test_mixed_precision import GROWTH, _low, _roundings
+from test_mixed_precision import GROWTH, _assert_forward_reads_the_masters, _linear_solver, _low, _roundings
 
 import leafpy as lp
 from leafpy.backends.base import Backend
@@ -258,6 +259,27 @@ def test_lenet_trains_in_fp16_as_native_emulates_it(fp16, loss_scale):
         assert _rel(w_weights[name], w) <= TRAINING_ULPS * U * steps, name
 
 
+def test_replayed_steps_and_inference_between_them_read_the_current_master_weights(fp16):
+    """Training steps recorded and replayed, an inference pass before the recorded one and after each replay: every
+    step's output and every pass computes from the master weights as they are then (a step recorded while the
+    float16 copies are current still casts them, as its replays follow updates; a replay's update is a change the
+    next pass sees), against float64."""
+    solver = _linear_solver(fp16)
+    net = solver.network
+    rng = np.random.default_rng(4)
+    x, t = rng.standard_normal((6, 5)), rng.standard_normal((6, 3))
+    replays = fp16.replays
+    for step in range(5):
+        if step == 1:  # the copies are current when the step is recorded
+            _assert_forward_reads_the_masters(net, x, F16, U)
+        w, b = (_low(m.to_numpy(), F16) for m in net.learnable_weights_data())
+        out = solver.train_minibatch(x, t).to_numpy()
+        assert _rel(out, _low(x, F16) @ w.T + b) <= 4 * U, f"output of step {step}"
+        if step >= 2:  # after a replay
+            _assert_forward_reads_the_masters(net, x, F16, U)
+    assert fp16.replays - replays == 3, "steps after the second replay their recording"
+
+
 def test_activations_and_bias_add_run_in_float16_kernels(fp16):
     """One dispatch each (no conversions around a float32 kernel), in place and out of place, against float64."""
     rng = np.random.default_rng(5)
@@ -316,8 +338,6 @@ def test_gemm_reads_float16_and_accumulates_in_float32(fp16, m, n, k, ta, tb, a_
 def test_convolution_runs_as_float16_implicit_gemms(fp16, n, c, o, size, kernel, stride, pad):
     """Forward with a bias, data gradient and filter gradient (into float32, accumulating with beta 0.5): one GEMM
     dispatch each (two for a split filter gradient), against float64 loops over output positions."""
-    import reference
-
     rng = np.random.default_rng(n * c + o)
     x = _low(rng.standard_normal((n, c, size, size)), F16)
     w = _low(rng.standard_normal((o, c, kernel, kernel)), F16)
@@ -720,17 +740,11 @@ def test_batch_norm_runs_in_float16_kernels(fp16, monkeypatch):
     fp16.batch_norm_grad_sums(bx, bdy, mean, var, sdy, sdx, eps)
     fp16.batch_norm_grad(bx, bdy, mean, var, g.read(fp16), sdy, sdx, dx.write(fp16), eps, True)
     assert conversions == []
-    axes = (0, 2, 3)
-    mu, v = x.mean(axis=axes), x.var(axis=axes)
-    shape = (1, 3, 1, 1)
-    xhat = (x - mu.reshape(shape)) / np.sqrt(v.reshape(shape) + eps)
-    m = x.size // 3
-    want_dx = gamma.reshape(shape) / np.sqrt(v.reshape(shape) + eps) * (
-        dy - (dy.sum(axis=axes).reshape(shape) + xhat * (dy * xhat).sum(axis=axes).reshape(shape)) / m)
-    assert _rel(f32["mean"].to_numpy(), mu) <= 1e-5 and _rel(f32["var"].to_numpy(), v) <= 1e-5
-    assert _rel(y.to_numpy(), xhat * gamma.reshape(shape) + beta.reshape(shape)) <= 2 * U
-    assert _rel(f32["sum_dy_xhat"].to_numpy(), (dy * xhat).sum(axis=axes)) <= 1e-4
-    assert _rel(dx.to_numpy(), want_dx) <= 2 * U
+    want = reference.batch_norm(x, dy, gamma, beta, eps)
+    assert _rel(f32["mean"].to_numpy(), want.mean) <= 1e-5 and _rel(f32["var"].to_numpy(), want.var) <= 1e-5
+    assert _rel(y.to_numpy(), want.y) <= 2 * U
+    assert _rel(f32["sum_dy_xhat"].to_numpy(), want.sum_dy_xhat) <= 1e-4
+    assert _rel(dx.to_numpy(), want.dx) <= 2 * U
 
 
 def test_lrn_runs_in_float16_kernels(fp16, monkeypatch):
@@ -793,10 +807,10 @@ def test_recurrent_layers_and_embeddings_make_no_float32_copies(fp16, monkeypatc
     assert conversions == [] and all(np.isfinite(g).all() and np.abs(g).sum() > 0 for g in grads)
 
 
-def test_float16_tensors_past_the_binding_limit_run_on_float32_copies(fp16):
+def test_float16_tensors_past_the_binding_limit_run_on_float32_copies(fp16, monkeypatch):
     """With a 1 KiB binding limit the float16 kernels step aside: conversions and the float32 kernels go in pieces."""
     be = lp.backend("webgpu", precision="fp16", power_preference="low-power")  # an instance whose limit we lower
-    be.max_binding = 1024
+    monkeypatch.setattr(be, "max_binding", 1024)
     rng = np.random.default_rng(6)
     x = _low(rng.standard_normal(3001), F16)
     tx, bx = _upload(be, x)

@@ -6,14 +6,12 @@ Subclasses set ``xp`` and the memory contract, and override only the hot paths t
 from __future__ import annotations
 
 import functools
-import inspect
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from . import pointwise
-from .base import MEMORY, PRECISIONS, PRIMITIVES, SHORTHANDS, Backend, Pair, written
+from .base import MEMORY, PRECISIONS, PRIMITIVES, SHORTHANDS, Backend, Pair, emulated
 
 Array = Any
 """An ``xp`` array (NumPy or CuPy): the buffers of the array backends."""
@@ -29,28 +27,6 @@ DROPOUT_KEY_MULTIPLIER = 0x9E3779B9
 def dropout_threshold(ratio: float) -> int:
     """An element is kept when its 32-bit hash is at least this."""
     return min(int(ratio * 2**32), 2**32 - 1)
-
-
-def _emulated(name: str, method: Callable, low: tuple[Any, ...]) -> Callable:
-    """Primitive ``name`` (``method``) run on float32 copies of its low-precision array operands; the operands it
-    writes (base.WRITES) are rounded back from their copies afterwards. Nothing is compared or read back, so a
-    recorded step (a CUDA graph) can hold it."""
-    signature = inspect.signature(method)
-
-    @functools.wraps(method)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        if not any(getattr(a, "dtype", None) in low for a in (*args, *kwargs.values())):
-            return method(*args, **kwargs)  # no 16-bit operand: the call as it is, without binding its arguments
-        given = signature.bind(*args, **kwargs).arguments
-        copies = {k: a.astype(np.float32) for k, a in given.items() if getattr(a, "dtype", None) in low}
-        with np.errstate(over="ignore", invalid="ignore"):  # inf beyond the format's range and nan from it, as on a
-            result = method(**{**given, **copies})  # GPU: loss scaling looks for them
-            for k in written(name, given):
-                if k in copies:
-                    given[k][...] = copies[k]
-        return result
-
-    return run
 
 
 class ArrayBackend(Backend):
@@ -81,8 +57,21 @@ class ArrayBackend(Backend):
 
     def _emulate_low_precision(self) -> None:
         low = (np.dtype(np.float16), self.compute_dtype)
+
+        def is_low(a: Any) -> bool:
+            return getattr(a, "dtype", None) in low
+
+        def widen(operands: dict[str, Array]) -> dict[str, Array]:
+            return {k: a.astype(np.float32) for k, a in operands.items()}
+
+        def narrow(copy: Array, operand: Array) -> None:
+            operand[...] = copy
+
+        # inf beyond the format's range and nan from it, as on a GPU: loss scaling looks for them. Nothing is
+        # compared or read back, so a recorded step (a CUDA graph) can hold an emulated primitive.
+        errstate = functools.partial(np.errstate, over="ignore", invalid="ignore")
         for name in self.EMULATED:
-            setattr(self, name, _emulated(name, getattr(self, name), low))
+            setattr(self, name, emulated(name, getattr(self, name), is_low, widen, narrow, errstate))
 
     def cast(self, x, out):
         with np.errstate(over="ignore"):  # beyond float16's range is inf (loss scaling looks for it)

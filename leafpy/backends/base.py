@@ -13,6 +13,9 @@ into a one-element buffer, so nothing is read back to the host inside a step.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -457,3 +460,30 @@ def written(name: str, arguments: dict[str, Any]) -> tuple[str, ...]:
     """The parameters primitive ``name`` writes in a call with these (bound) arguments."""
     entry = WRITES[name]
     return entry(arguments) if callable(entry) else entry
+
+
+def emulated(name: str, method: Callable, is_low: Callable[[Any], bool],
+             widen: Callable[[dict[str, Any]], dict[str, Any]], narrow: Callable[[Any, Any], None],
+             context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> Callable:
+    """Primitive ``name`` (``method``) run on wider copies of its low-precision operands: a call with no operand
+    that ``is_low`` runs as it is, without binding its arguments; otherwise ``widen`` makes copies of those operands
+    (by parameter name), the method runs on them and ``narrow(copy, operand)`` writes back the ones it writes
+    (:data:`WRITES`), both inside ``context()``."""
+    signature = inspect.signature(method)
+
+    @functools.wraps(method)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if not any(is_low(a) for a in (*args, *kwargs.values())):
+            return method(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
+        low = {k: a for k, a in bound.arguments.items() if is_low(a)}
+        copies = widen(low)
+        bound.arguments.update(copies)
+        with context():
+            result = method(*bound.args, **bound.kwargs)
+            for k in written(name, bound.arguments):
+                if k in low:
+                    narrow(copies[k], low[k])
+        return result
+
+    return run

@@ -22,7 +22,7 @@ from .. import _checks
 from .._checks import layout_hint, same_layout  # noqa: F401  (re-exported for the layer modules)
 from ..backends.base import Backend, Buffer
 from ..errors import ConfigError, SerializationError, ShapeError
-from ..tensor import SharedTensor, as_numbers
+from ..tensor import SharedTensor, as_numbers, recording
 from .layer_config import (  # noqa: F401  (re-exported: layer modules import them from here)
     FILLER_TYPES,
     FillerConfig,
@@ -177,7 +177,9 @@ class Layer:
         self.weight_beta: list[float] = []
         self.weight_copies: list[SharedTensor | None] = []
         """Under bf16 and fp16: per weight, its copy in the backend's compute dtype that forward and
-        backward_input read (cast from the master weight at each forward pass), or None."""
+        backward_input read (cast from the master weight by a forward pass that finds the master changed), or
+        None."""
+        self._copied_versions: list[int | None] = []  # per copy, the master weight's version it was cast from
         self.inputs: list[SharedTensor] = []
         self.input_grads: list[SharedTensor | None] = []
         self.outputs: list[SharedTensor] = []
@@ -406,6 +408,7 @@ class Layer:
                     self._registry[full] = (data, grad)
             self.weights.append(data)
             self.weight_copies.append(SharedTensor(shape, self.backend.compute_dtype) if copies else None)
+            self._copied_versions.append(None)
             self.weight_grads.append(grad)
             self._weight_names.append(full)
             self._weight_configs.append(cfg)
@@ -460,7 +463,10 @@ class Layer:
         w = [t.read_write(be) if i in written else t.read(be) for i, t in enumerate(self.weights)]
         for i, c in enumerate(self.weight_copies):
             if c is not None and i not in written:  # the low-precision copy, fresh from the master weight
-                be.cast(w[i], c.write(be))
+                version = self.weights[i].version
+                if version != self._copied_versions[i] or recording():  # a recorded step's replays cast too
+                    be.cast(w[i], c.write(be))
+                    self._copied_versions[i] = version
                 w[i] = c.read(be)
         y = [t.write(be) for t in self.outputs]
         worker.forward(be, x, w, y)  # type: ignore[union-attr]

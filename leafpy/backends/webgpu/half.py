@@ -16,7 +16,6 @@ kernel sees the same aliasing the caller asked for.
 from __future__ import annotations
 
 import functools
-import inspect
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,7 +25,7 @@ import numpy as np
 
 from ...errors import BackendError
 from .. import pointwise
-from ..base import MEMORY, WRITES, Backend, written
+from ..base import MEMORY, WRITES, Backend, emulated
 from .buffers import WView, _pad4
 from .conv import Convolution
 from .elementwise import _act
@@ -36,6 +35,12 @@ _HERE = Path(__file__).parent
 
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
+
+
+def _is_half(v: Any) -> bool:
+    """Whether a primitive's argument is a float16 device buffer."""
+    return isinstance(v, WView) and v.dtype == F16
+
 
 PRELUDE = """enable f16;
 
@@ -217,39 +222,34 @@ class Half(Convolution):
             setattr(self, name, self._emulated(name, getattr(self, name)))
 
     def _emulated(self, name: str, method: Callable) -> Callable:
-        signature = inspect.signature(method)
+        """``method`` offered first to primitive ``name``'s float16 kernels, where it has them, then emulated: its
+        float16 operands converted into float32 scratch buffers, its float32 kernel run, the operands it writes
+        converted back."""
+        run = emulated(name, method, _is_half, self._widen, self._convert)
         native = getattr(self, self.NATIVE_F16[name]) if name in self.NATIVE_F16 else \
             functools.partial(self._sequence_h, name) if name in self.SEQUENCE_F16 else None
+        if native is None:
+            return run
 
         @functools.wraps(method)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            if native is not None and native(*args, **kwargs):
-                return None
-            bound = signature.bind(*args, **kwargs)
-            halves = [k for k, v in bound.arguments.items() if isinstance(v, WView) and v.dtype == F16]
-            if not halves:
-                return method(*args, **kwargs)
-            largest: dict[int, WView] = {}  # buffer -> its largest view among the operands
-            for k in halves:
-                v = bound.arguments[k]
-                seen = largest.get(id(v.raw))
-                if seen is None or v.size > seen.size:
-                    largest[id(v.raw)] = v
-            scratch: dict[int, WView] = {}
-            for j, (key, v) in enumerate(largest.items()):
-                scratch[key] = self._scratch_buffer(v.size, f"half{j}")
-                self._convert(v, scratch[key])
-            originals = {k: bound.arguments[k] for k in halves}
-            for k, v in originals.items():
-                bound.arguments[k] = self.view(scratch[id(v.raw)][:v.size], v.shape)
-            result = method(*bound.args, **bound.kwargs)
-            for k in written(name, bound.arguments):
-                v = originals.get(k)
-                if v is not None:
-                    self._convert(bound.arguments[k], v)
-            return result
+        def first_native(*args: Any, **kwargs: Any) -> Any:
+            return None if native(*args, **kwargs) else run(*args, **kwargs)
 
-        return run
+        return first_native
+
+    def _widen(self, operands: dict[str, WView]) -> dict[str, WView]:
+        """float32 scratch copies of float16 operands; operands that share a buffer share one copy (the size of the
+        largest of their views), so the float32 kernel sees the aliasing the caller asked for."""
+        largest: dict[int, WView] = {}  # buffer -> its largest view among the operands
+        for v in operands.values():
+            seen = largest.get(id(v.raw))
+            if seen is None or v.size > seen.size:
+                largest[id(v.raw)] = v
+        scratch: dict[int, WView] = {}
+        for j, (key, v) in enumerate(largest.items()):
+            scratch[key] = self._scratch_buffer(v.size, f"half{j}")
+            self._convert(v, scratch[key])
+        return {k: self.view(scratch[id(v.raw)][:v.size], v.shape) for k, v in operands.items()}
 
     # --- float16 kernels: False where the operands are not theirs --------------------------------------------------
     def _halves(self, *buffers: WView) -> bool:

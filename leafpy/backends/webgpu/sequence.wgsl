@@ -60,19 +60,28 @@ fn summed6(v: f32, idx: u32) -> f32 {
     return scaled(total, v);
 }
 
+// A cell's thread i = n * H + j works on unit j of sequence n in step t; i is its element of a per-step [N, H]
+// tensor. seq_at: its element of a per-sequence tensor of k values per unit ([N, T, k * H]: k = 1 for c, h and
+// hprev, 4 or 3 for gates, the gate g lying g * H further on), step_at: of a per-step one ([N, k * H]).
+fn seq_at(i: u32, k: u32) -> u32 { return ((i / p.hidden) * p.steps + p.step) * k * p.hidden + i % p.hidden; }
+fn step_at(i: u32, k: u32) -> u32 { return (i / p.hidden) * k * p.hidden + i % p.hidden; }
+// The output y and its gradient dy hold every step ([N, T, H]) or the last ([N, H]): whether step t is in them,
+// and the thread's element there. hprev (h_{t-1} of every step) is 0 at step 0 and h_t at step t + 1.
+fn in_y() -> bool { return p.every_step == 1u || p.step + 1u == p.steps; }
+fn y_at(i: u32) -> u32 { return select(i, seq_at(i, 1u), p.every_step == 1u); }
+
 // lstm_cell: s1 = gates [N, T, 4H] (x W_ih^T in, activated i, f, g, o out), s2 = hw [N, 4H], s3 = bias [4H],
 // s4 = c [N, T, H], s5 = h [N, H], s6 = hprev [N, T, H], s7 = y, s8 = hw's split-K partials (parts > 0)
 @compute @workgroup_size(256)
 fn lstm_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
     if (i >= p.count) { return; }
-    let steps = p.steps;
     let hs = p.hidden;
     let t = p.step;
-    let n = i / hs;
     let j = i % hs;
-    let g0 = p.off1 + (n * steps + t) * 4u * hs + j;
-    let w = n * 4u * hs + j;
+    let s0 = seq_at(i, 1u);
+    let g0 = p.off1 + seq_at(i, 4u);
+    let w = step_at(i, 4u);
     let w0 = p.off2 + w;
     var hi = s2[w0];
     var hf = s2[w0 + hs];
@@ -96,15 +105,14 @@ fn lstm_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     s1[g0 + hs] = gf;
     s1[g0 + 2u * hs] = gg;
     s1[g0 + 3u * hs] = go;
-    let s0 = (n * steps + t) * hs + j;
     var cn = gi * gg;
     if (t > 0u) { cn = cn + gf * s4[p.off4 + s0 - hs]; }
     s4[p.off4 + s0] = cn;
     let hv = go * tanh_c(cn);
     s5[p.off5 + i] = hv;
     if (t == 0u) { s6[p.off6 + s0] = 0.0; }
-    if (t + 1u < steps) { s6[p.off6 + s0 + hs] = hv; }
-    if (p.every_step == 1u) { s7[p.off7 + s0] = hv; } else if (t + 1u == steps) { s7[p.off7 + i] = hv; }
+    if (t + 1u < p.steps) { s6[p.off6 + s0 + hs] = hv; }
+    if (in_y()) { s7[p.off7 + y_at(i)] = hv; }
 }
 
 // lstm_cell_grad: s1 = gates [N, T, 4H] (activated), s2 = c [N, T, H], s3 = dh [N, H] (from step t + 1),
@@ -114,19 +122,16 @@ fn lstm_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
 fn lstm_cell_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
     if (i >= p.count) { return; }
-    let steps = p.steps;
     let hs = p.hidden;
     let t = p.step;
-    let n = i / hs;
-    let j = i % hs;
-    let s0 = (n * steps + t) * hs + j;
+    let s0 = seq_at(i, 1u);
     var dh = s3[p.off3 + i];
     if (p.parts > 0u) {
         dh = summed8(dh, i);
         s3[p.off3 + i] = dh;
     }
-    if (p.every_step == 1u) { dh = dh + s4[p.off4 + s0]; } else if (t + 1u == steps) { dh = dh + s4[p.off4 + i]; }
-    let g = (n * steps + t) * 4u * hs + j;
+    if (in_y()) { dh = dh + s4[p.off4 + y_at(i)]; }
+    let g = seq_at(i, 4u);
     let g0 = p.off1 + g;
     let gi = s1[g0];
     let gf = s1[g0 + hs];
@@ -146,7 +151,7 @@ fn lstm_cell_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
     s6[d0 + hs] = df;
     s6[d0 + 2u * hs] = dg;
     s6[d0 + 3u * hs] = d_o;
-    let w0 = p.off7 + n * 4u * hs + j;
+    let w0 = p.off7 + step_at(i, 4u);
     s7[w0] = di;
     s7[w0 + hs] = df;
     s7[w0 + 2u * hs] = dg;
@@ -159,12 +164,10 @@ fn lstm_cell_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
 fn rnn_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
     if (i >= p.count) { return; }
-    let steps = p.steps;
     let hs = p.hidden;
     let t = p.step;
-    let n = i / hs;
     let j = i % hs;
-    let s0 = (n * steps + t) * hs + j;
+    let s0 = seq_at(i, 1u);
     var hw = s2[p.off2 + i];
     if (p.parts > 0u) {
         hw = summed7(hw, i);
@@ -174,8 +177,8 @@ fn rnn_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     s1[p.off1 + s0] = hv;
     s4[p.off4 + i] = hv;
     if (t == 0u) { s5[p.off5 + s0] = 0.0; }
-    if (t + 1u < steps) { s5[p.off5 + s0 + hs] = hv; }
-    if (p.every_step == 1u) { s6[p.off6 + s0] = hv; } else if (t + 1u == steps) { s6[p.off6 + i] = hv; }
+    if (t + 1u < p.steps) { s5[p.off5 + s0 + hs] = hv; }
+    if (in_y()) { s6[p.off6 + y_at(i)] = hv; }
 }
 
 // rnn_cell_grad: s1 = pre [N, T, H] (h of every step), s2 = dh [N, H], s3 = dy, s4 = dpre [N, T, H],
@@ -184,16 +187,13 @@ fn rnn_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 fn rnn_cell_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
     if (i >= p.count) { return; }
-    let steps = p.steps;
-    let hs = p.hidden;
-    let t = p.step;
-    let s0 = ((i / hs) * steps + t) * hs + i % hs;
+    let s0 = seq_at(i, 1u);
     var dh = s2[p.off2 + i];
     if (p.parts > 0u) {
         dh = summed6(dh, i);
         s2[p.off2 + i] = dh;
     }
-    if (p.every_step == 1u) { dh = dh + s3[p.off3 + s0]; } else if (t + 1u == steps) { dh = dh + s3[p.off3 + i]; }
+    if (in_y()) { dh = dh + s3[p.off3 + y_at(i)]; }
     let hv = s1[p.off1 + s0];
     let d = dh * (1.0 - hv * hv);
     s4[p.off4 + s0] = d;
@@ -206,14 +206,12 @@ fn rnn_cell_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
 fn gru_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
     if (i >= p.count) { return; }
-    let steps = p.steps;
     let hs = p.hidden;
     let t = p.step;
-    let n = i / hs;
     let j = i % hs;
-    let g0 = p.off1 + (n * steps + t) * 3u * hs + j;
-    let w0 = p.off2 + n * 3u * hs + j;
-    let s0 = (n * steps + t) * hs + j;
+    let s0 = seq_at(i, 1u);
+    let g0 = p.off1 + seq_at(i, 3u);
+    let w0 = p.off2 + step_at(i, 3u);
     let r = sigm(s1[g0] + s3[j] + s2[w0] + s4[j]);
     let z = sigm(s1[g0 + hs] + s3[j + hs] + s2[w0 + hs] + s4[j + hs]);
     let bn = s2[w0 + 2u * hs] + s4[j + 2u * hs];
@@ -227,8 +225,8 @@ fn gru_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let hv = (1.0 - z) * nv + z * hp;
     s6[p.off6 + i] = hv;
     if (t == 0u) { s7[p.off7 + s0] = 0.0; }
-    if (t + 1u < steps) { s7[p.off7 + s0 + hs] = hv; }
-    if (p.every_step == 1u) { s8[p.off8 + s0] = hv; } else if (t + 1u == steps) { s8[p.off8 + i] = hv; }
+    if (t + 1u < p.steps) { s7[p.off7 + s0 + hs] = hv; }
+    if (in_y()) { s8[p.off8 + y_at(i)] = hv; }
 }
 
 // gru_cell_grad: s1 = pre [N, T, 3H] (activated), s2 = hn [N, T, H], s3 = hprev [N, T, H], s4 = dh [N, H] (dL/dh_t
@@ -237,15 +235,11 @@ fn gru_cell(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 fn gru_cell_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
     if (i >= p.count) { return; }
-    let steps = p.steps;
     let hs = p.hidden;
-    let t = p.step;
-    let n = i / hs;
-    let j = i % hs;
-    let s0 = (n * steps + t) * hs + j;
+    let s0 = seq_at(i, 1u);
     var dh = s4[p.off4 + i];
-    if (p.every_step == 1u) { dh = dh + s5[p.off5 + s0]; } else if (t + 1u == steps) { dh = dh + s5[p.off5 + i]; }
-    let g = (n * steps + t) * 3u * hs + j;
+    if (in_y()) { dh = dh + s5[p.off5 + y_at(i)]; }
+    let g = seq_at(i, 3u);
     let g0 = p.off1 + g;
     let r = s1[g0];
     let z = s1[g0 + hs];
@@ -262,7 +256,7 @@ fn gru_cell_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
     s7[d7] = dr;
     s7[d7 + hs] = dz;
     s7[d7 + 2u * hs] = dn * r;
-    let w0 = p.off8 + n * 3u * hs + j;
+    let w0 = p.off8 + step_at(i, 3u);
     s8[w0] = dr;
     s8[w0 + hs] = dz;
     s8[w0 + 2u * hs] = dn * r;
