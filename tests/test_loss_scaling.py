@@ -5,6 +5,10 @@ growth_interval good steps, and a checkpoint taken midway resumes bit-exactly.""
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -158,7 +162,8 @@ def test_static_scale_and_defaults(tmp_path):
 
 @pytest.mark.parametrize("field,value", [("loss_scale", "dynamc"), ("loss_scale", -2.0),
                                          ("loss_scale_growth_factor", 0.5), ("loss_scale_backoff_factor", 1.5),
-                                         ("loss_scale_growth_interval", 0)])
+                                         ("loss_scale_growth_interval", 0),
+                                         ("loss_scale_growth_interval", 2**24 + 1)])
 def test_bad_loss_scale_settings_are_named(field, value):
     with pytest.raises(ConfigError, match=f"solver.{field}"):
         _config(**{field: value})
@@ -350,3 +355,32 @@ def test_a_scale_set_between_replayed_steps_reaches_the_device(device):
     assert (solver.loss_scale, solver.loss_scale_good_steps, solver.skipped_steps) == (2.0**8, 1, 2**30 + 1)
     if device != "native":
         assert be.recorder.replays >= 3
+
+
+def test_cli_fp16_run_resumed_mid_way_equals_the_uninterrupted_run(tmp_path):
+    """`leafpy train --precision fp16` stopped after an epoch (with a backed-off scale and skipped steps in its
+    checkpoint) and resumed ends bit for bit where the uninterrupted run ends: weights, scale, counts."""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONUNBUFFERED": "1"}
+
+    def train(out, epochs, *extra):
+        args = [sys.executable, "-m", "leafpy.cli", "train", str(root / "configs" / "digits_mlp.yaml"),
+                "--precision", "fp16", "--out", str(out), "--epochs", str(epochs),
+                "--set", "solver.loss_scale_init=16777216", "--set", "solver.loss_scale_growth_interval=5", *extra]
+        done = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return lp.Solver.load_checkpoint(native, native, str(out / "checkpoint.leaf"))
+
+    native = lp.backend("native", precision="fp16")
+    whole = train(tmp_path / "whole", 2)
+    part = train(tmp_path / "part", 1)
+    assert part.iteration == whole.iteration // 2
+    assert part.skipped_steps > 0 and part.loss_scale != 2.0**24, "the checkpoint should carry a changed scale"
+    resumed = train(tmp_path / "part", 2, "--resume", str(tmp_path / "part" / "checkpoint.leaf"))
+    assert resumed.iteration == whole.iteration
+    assert (resumed.loss_scale, resumed.loss_scale_good_steps, resumed.skipped_steps) == \
+        (whole.loss_scale, whole.loss_scale_good_steps, whole.skipped_steps)
+    assert resumed.skipped_steps > part.skipped_steps or resumed.loss_scale != part.loss_scale
+    for name, a, b in zip(whole.network.learnable_weights_names(), resumed.network.learnable_weights_data(),
+                          whole.network.learnable_weights_data()):
+        assert np.array_equal(a.to_numpy(), b.to_numpy()), name

@@ -28,6 +28,8 @@ _SOLVER_TOKENS = itertools.count()
 
 
 LOSS_SCALE_MODES = ("dynamic", "none")
+LOSS_SCALE_MAX_INTERVAL = 2**24
+"""The longest growth interval: loss scaling counts good steps on the device in float32, exact up to 2**24."""
 
 MAX_ITERATION = 2**53
 """The largest iteration count a solver holds: the learning-rate formulas use it as a float, exact up to 2**53."""
@@ -133,6 +135,10 @@ class SolverConfig:
                                                             min_open=True, max_open=True))
         s(self, "loss_scale_growth_interval", _checks.positive_int("solver.loss_scale_growth_interval",
                                                                    self.loss_scale_growth_interval))
+        if self.loss_scale_growth_interval > LOSS_SCALE_MAX_INTERVAL:
+            raise ConfigError(f"solver.loss_scale_growth_interval: expected at most {LOSS_SCALE_MAX_INTERVAL} (the "
+                              f"device counts good steps in float32, exact up to 2**24), got "
+                              f"{self.loss_scale_growth_interval!r}")
 
     def _check_policy(self) -> None:
         """Policy settings under which Caffe's formula has no value (a power of zero or of a negative number)."""
