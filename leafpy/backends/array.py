@@ -597,7 +597,7 @@ class ArrayBackend(Backend):
         x *= xp.where(norm > threshold, factor, 1.0).astype(x.dtype)
 
     def unscale(self, x, scale):
-        x /= scale.reshape(-1)[:1]
+        x *= 1 / scale.reshape(-1)[:1]  # a product: twice as fast as a division on the CPU
 
     def loss_scale_update(self, sumsq, scale, counts, rate, growth_factor, backoff_factor, growth_interval, dynamic):
         # array operations on one-element slices: nothing is read back (CuPy queues them on the device)

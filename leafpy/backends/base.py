@@ -287,7 +287,7 @@ class Backend:
         raise NotImplementedError
 
     def unscale(self, x: Buffer, scale: Buffer) -> None:
-        """Loss scaling: ``x /= scale[0]``, the scale read on the device (the gradients of a loss whose gradient was
+        """Loss scaling: ``x *= 1 / scale[0]``, the scale read on the device (the gradients of a loss whose gradient was
         multiplied by it), so a loss-scaled step replays while the scale changes."""
         raise NotImplementedError
 

@@ -213,13 +213,15 @@ class UpdateRule:
 
     def step_rate(self, lr: float, iteration: int) -> float:
         """The rate the update kernels read at ``iteration`` for the policy's rate ``lr`` (Adam folds its bias
-        correction in). The solver writes it into a one-element device buffer before each step, so values that
-        change every step never enter a recorded step."""
+        correction in). The solver writes it into a device buffer before each step, so values that change every
+        step never enter a recorded step."""
         return lr
 
     def update(self, backend: Backend, w: Any, g: Any, state: list[Any], rate: Any, lr_mult: float) -> None:
         """Update the weight ``w`` from its gradient ``g`` (device buffers; ``state`` the rule's history buffers);
-        ``rate`` is the one-element buffer holding :meth:`step_rate`, scaled by the weight's ``lr_mult``."""
+        ``rate`` is the buffer ``[step rate, apply]``: :meth:`step_rate`, scaled by the weight's ``lr_mult``, and
+        0 where the step is skipped (loss scaling saw inf or nan gradients), when the backend's update primitive
+        writes nothing."""
         raise NotImplementedError
 
 

@@ -59,7 +59,7 @@ _DROPOUT = ("raw uint32 seed, uint32 mult, uint32 threshold, T scale", "T mask",
             " h ^= h >> 16; h *= 0x85EBCA6Bu; h ^= h >> 13; h *= 0xC2B2AE35u; h ^= h >> 16;"
             " mask = h >= threshold ? scale : (T)0", "leafpy_dropout")
 
-_UNSCALE = ("raw T scale", "T x", "x = x / scale[0]", "leafpy_unscale")
+_UNSCALE = ("raw T scale", "T x", "x = x * ((T)1 / scale[0])", "leafpy_unscale")
 # one thread (size=1): counts = [good steps, skipped steps], rate = [step rate, apply]; see Backend.loss_scale_update
 _LOSS_SCALE_UPDATE = (
     "raw T sumsq, T growth, T backoff, T interval, int32 dynamic", "raw T scale, raw T counts, raw T rate",

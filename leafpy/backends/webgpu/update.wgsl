@@ -33,7 +33,7 @@ fn finite(x: f32) -> bool { return (bitcast<u32>(x) & 0x7f800000u) != 0x7f800000
 @compute @workgroup_size(256)
 fn unscale(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
-    if (i < p.count) { w[i] = w[i] / rate[0]; }
+    if (i < p.count) { w[i] = w[i] * (1.0 / rate[0]); }
 }
 
 // loss scaling's decision, one thread: rate[0] holds the sum of squares of the unscaled gradients instead, w the
