@@ -384,3 +384,36 @@ def test_cli_fp16_run_resumed_mid_way_equals_the_uninterrupted_run(tmp_path):
     for name, a, b in zip(whole.network.learnable_weights_names(), resumed.network.learnable_weights_data(),
                           whole.network.learnable_weights_data()):
         assert np.array_equal(a.to_numpy(), b.to_numpy()), name
+
+
+def test_a_rule_that_cannot_skip_on_the_device_is_skipped_on_the_host(monkeypatch):
+    """A custom rule built from plain primitives cannot see the skip flag on the device: under loss scaling its
+    overflowing steps are skipped on the host (the steps then run eagerly) and leave the weights as they were."""
+    from leafpy.solvers import UpdateRule, registry, update_rules
+
+    class PlainSGD(UpdateRule):
+        name = "plain_sgd_scaled_for_test"
+
+        def update(self, backend, w, g, state, rate, lr_mult):
+            host = np.empty(2, np.float32)
+            backend.download(rate, host)
+            backend.axpby(-float(host[0]) * lr_mult, g, 1.0, w)  # w -= rate * g, whatever rate[1] says
+
+    update_rules()
+    monkeypatch.setitem(registry._RULES, PlainSGD.name, PlainSGD)
+    be = lp.backend("native", precision="fp16")
+    solver = lp.Solver.from_config(be, be, dataclasses.replace(_config(loss_scale_init=2.0**8),
+                                                               solver=PlainSGD.name))
+    keys = []
+    run_step = be.run_step
+    monkeypatch.setattr(be, "run_step", lambda key, step: keys.append(key) or run_step(key, step))
+    batches = _batches(4, {2})
+    for x, t in batches[:2]:
+        solver.train_minibatch(x, t)
+    before = [w.to_numpy() for w in solver.network.learnable_weights_data()]
+    solver.train_minibatch(*batches[2])
+    assert all(np.array_equal(a, w.to_numpy()) for a, w in zip(before, solver.network.learnable_weights_data()))
+    assert (solver.loss_scale, solver.skipped_steps) == (2.0**7, 1)
+    solver.train_minibatch(*batches[3])
+    assert not np.array_equal(before[0], solver.network.learnable_weights_data()[0].to_numpy())
+    assert keys == [None] * 4, "a rule that cannot skip on the device must not be recorded"

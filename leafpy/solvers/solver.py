@@ -207,6 +207,10 @@ class UpdateRule:
 
     name: ClassVar[str] = ""
     state_names: ClassVar[tuple[str, ...]] = ()
+    skips_on_device: ClassVar[bool] = False
+    """Whether :meth:`update` writes nothing when ``rate[1]`` is 0, as the backends' update primitives do (they read
+    that flag on the device). Under loss scaling, a rule without it has its skipped steps decided on the host (the
+    flag read back each step), so its steps are not recorded for replay."""
 
     def __init__(self, config: SolverConfig) -> None:
         self.config = config
@@ -414,8 +418,9 @@ class Solver:
     def _replayable(self) -> bool:
         """Whether a step's device launches depend only on its key (so a backend may record and replay it): the
         rate, dropout's seeds, the clipping factor and loss scaling's scale and decision live in device buffers,
-        so any policy, rule, dropout, clipping and loss scaling replays; not a collective between ranks."""
-        return self.gradient_reducer is None
+        so any policy, rule, dropout, clipping and loss scaling replays; not a collective between ranks, nor a
+        loss-scaled step of a rule that cannot skip on the device (UpdateRule.skips_on_device)."""
+        return self.gradient_reducer is None and (self.loss_scaling() == "none" or self.rule.skips_on_device)
 
     def train_minibatch(self, data: Any, target: Any) -> SharedTensor:
         """One forward/backward pass and (every minibatch_size-th call) one update; returns the network output.
@@ -462,6 +467,8 @@ class Solver:
                 self.gradient_reducer(list(grads))
             if scaling != "none":
                 self._unscale(grads, scaling == "dynamic")
+                if not self.rule.skips_on_device and not self._rate.to_numpy()[1]:
+                    return  # a rule that cannot see the flag: skipped here
             self._update(grads)
 
         # a step whose launches depend only on the bindings and the accumulation phase may be recorded and replayed
