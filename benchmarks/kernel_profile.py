@@ -2,7 +2,7 @@
 every kernel of the process: CuPy's, cuDNN's, cuBLAS's). leafpy's step runs without CUDA graphs here, so each
 kernel is its own record; the kernels are the same ones a recorded step replays.
 
-    python benchmarks/kernel_profile.py --net resnet18-128 [--inexact-conv] [--top 40]
+    python benchmarks/kernel_profile.py --net resnet18-128 [--conv-tolerance any|1e-5] [--precision bf16] [--top 40]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
-from train_step import NETWORKS, TorchTrainer, solver_and_batch  # noqa: E402
+from train_step import NETWORKS, TorchTrainer, conv_tolerance, solver_and_batch  # noqa: E402
 
 import leafpy as lp  # noqa: E402
 
@@ -48,18 +48,24 @@ def main() -> int:
     p.add_argument("--net", default="resnet18-128", choices=sorted(NETWORKS))
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--top", type=int, default=40)
-    p.add_argument("--inexact-conv", action="store_true")
+    p.add_argument("--conv-tolerance", type=conv_tolerance, default="default",
+                   help="the cuda backend's conv_tolerance: a number, or 'any' (default: the backend's)")
     p.add_argument("--vs", choices=["torch", "none"], default="torch")
+    p.add_argument("--precision", choices=["fp32", "tf32", "bf16", "fp16"], default="fp32",
+                   help="leafpy's precision setting; PyTorch runs the same mode (autocast and channels_last for "
+                        "bf16/fp16)")
     args = p.parse_args()
     import torch
 
-    be = lp.backend("cuda", graphs=False, exact_fp32=not args.inexact_conv)
+    options = {} if args.conv_tolerance == "default" else {"conv_tolerance": args.conv_tolerance}
+    be = lp.backend("cuda", graphs=False, precision=args.precision, **options)
     solver, x, y = solver_and_batch(be, args.net)
     for _ in range(3):
         solver.train_minibatch(x, y)
     be.synchronize()
     times, counts = kernel_table(torch, lambda: solver.train_minibatch(x, y), args.steps)
-    show(f"leafpy {args.net} ({'inexact' if args.inexact_conv else 'exact'} fp32 plans)", times, counts,
+    plans = f"fp32, conv_tolerance {args.conv_tolerance}"
+    show(f"leafpy {args.net} ({args.precision if args.precision != 'fp32' else plans})", times, counts,
          args.steps, args.top)
     cudnn = getattr(be, "_cudnn", None)
     if cudnn is not None:
@@ -73,7 +79,8 @@ def main() -> int:
         print(f"  sum of chosen plans: {total:.3f} ms")
     if args.vs == "torch":
         initial = [w.to_numpy() for w in solver.network.learnable_weights_data()]
-        trainer = TorchTrainer.of_network(torch, solver.network, initial, "cuda", tf32=False)
+        trainer = TorchTrainer.of_network(torch, solver.network, initial, "cuda", tf32=False,
+                                          precision=args.precision)
         xt, yt = trainer.to_device(x.to_numpy(), y.to_numpy().reshape(-1).astype(np.int64))
         for _ in range(5):
             trainer.step(xt, yt)

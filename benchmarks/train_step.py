@@ -48,6 +48,52 @@ slows PyTorch's small steps about 2x (MLP-128 4.7 against 2.5 ms) and leafpy's b
 after the other framework's threads have gone to sleep."""
 
 
+def conv_tolerance(text: str) -> float | None | str:
+    """--conv-tolerance's value: a number, 'any' (None: any fp32 plan) or 'default' (the backend's own)."""
+    return None if text == "any" else text if text == "default" else float(text)
+
+
+TENSOR_CORE_PEAK = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12}
+"""Dense bf16/fp16 tensor-core FLOP/s by GPU (NVIDIA's data sheets; the SXM parts)."""
+
+
+def training_flops(net: lp.Layer) -> float:
+    """Floating-point operations of one training step's products: 2 per multiply-add, three products per
+    convolution, linear or recurrent layer (forward, data gradient, weight gradient; the usual convention, though
+    the first layer's data gradient is not computed)."""
+    macs = 0
+    for layer in _leaves(net):
+        kind, weights = layer.config.type, [w.shape for w in layer.learnable_weights_data()]
+        if kind == "Convolution":
+            o, c, kh, kw = weights[0]
+            macs += int(np.prod(layer.outputs[0].shape)) * c * kh * kw
+        elif kind == "Linear":
+            out = layer.outputs[0].shape
+            macs += int(np.prod(out)) * weights[0][1]
+        elif kind in ("LSTM", "GRU", "RNN"):
+            n, t = layer.inputs[0].shape[:2]
+            macs += n * t * sum(int(np.prod(w)) for w in weights if len(w) == 2)
+    return 6.0 * macs
+
+
+def _leaves(layer: lp.Layer):
+    children = getattr(layer, "layers", None)
+    if not children:
+        yield layer
+        return
+    for child in children:
+        yield from _leaves(child)
+
+
+def tensor_core_peak() -> float | None:
+    try:
+        import cupy
+        name = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    except Exception:  # noqa: BLE001 - no GPU, no CuPy: no peak to report
+        return None
+    return next((v for k, v in TENSOR_CORE_PEAK.items() if k in name), None)
+
+
 def mlp_config(batch: int) -> lp.LayerConfig:
     cfg = lp.SequentialConfig(inputs=[("data", [batch, 784])])
     cfg.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=512)))
@@ -345,6 +391,7 @@ def bench_network(name: str, backend, torch, device: str, args, rule: str = "mom
     if backend.name == "cuda":
         row["leafpy_peak_mb"] = backend.peak_memory() / 2**20
     row["leafpy_ms"] = statistics.median(lt)
+    row["tflops"] = training_flops(solver.network) / row["leafpy_ms"] / 1e9
     if device == "cuda":
         row["leafpy_issue_ms"] = statistics.median(issue)
     if trainer:
@@ -403,8 +450,9 @@ def main() -> int:
                    help="training precision of both frameworks: leafpy's precision setting; PyTorch's autocast to "
                         "bf16/fp16 (GradScaler for fp16) with channels-last convolutions, or TF32 switches")
     p.add_argument("--no-gemm", action="store_true")
-    p.add_argument("--inexact-conv", action="store_true",
-                   help="cuda: let cuDNN's autotuner keep FFT/Winograd plans (exact_fp32=False), as PyTorch's may")
+    p.add_argument("--conv-tolerance", type=conv_tolerance, default="default",
+                   help="cuda: the backend's conv_tolerance (a number, or 'any' for any fp32 plan, as PyTorch's "
+                        "cudnn.benchmark; default: the backend's)")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--settle", type=float, default=None,
                    help="seconds to wait before each timed round, so the other framework's idle threads sleep "
@@ -415,8 +463,8 @@ def main() -> int:
     options: dict = {"precision": args.precision} if args.precision != "fp32" else {}
     if args.backend == "cuda" and args.tf32:
         options["tf32"] = True
-    if args.backend == "cuda" and args.inexact_conv:
-        options["exact_fp32"] = False
+    if args.backend == "cuda" and args.conv_tolerance != "default":
+        options["conv_tolerance"] = args.conv_tolerance
     backend = lp.backend(args.backend, **options)
     device = "cpu" if args.backend == "native" else "cuda"
     torch = None
@@ -453,6 +501,11 @@ def main() -> int:
         print(f"{name:<12}{rule:>9}{r['batch']:>6}{f('leafpy_ms', '.2f'):>11}{issue_cell}{f('torch_ms', '.2f'):>10}"
               f"{f('ratio', '.2f'):>14}{f('leafpy_peak_mb', '.0f'):>11}{f('torch_peak_mb', '.0f'):>10}"
               f"{f('leafpy_loss10', '.5f'):>16}{f('torch_loss10', '.5f'):>15}", flush=True)
+    peak = tensor_core_peak() if args.backend == "cuda" and args.precision in ("bf16", "fp16") else None
+    if peak:
+        print(f"# of the GPU's {args.precision} tensor-core peak ({peak / 1e12:.0f} TFLOP/s dense), counting 3 "
+              "products per layer: " + ", ".join(
+                  f"{r['network']} {r['tflops']:.1f} TFLOP/s = {r['tflops'] * 1e12 / peak:.1%}" for r in rows))
     if not args.no_gemm:
         g = bench_gemm(backend, torch, device)
         rows.append(g)

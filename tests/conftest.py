@@ -17,3 +17,16 @@ def native64():
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+def webgpu_offering(*features: str):
+    """The shared webgpu backend, where its adapter offers every one of ``features``; the test is skipped (saying
+    what is missing) where there is no webgpu adapter or it lacks one of them."""
+    try:
+        plain = lp.backend("webgpu")
+    except lp.BackendUnavailable as e:
+        pytest.skip(f"webgpu backend unavailable: {e}")
+    for feature in features:
+        if feature not in plain.adapter.features:
+            pytest.skip(f"webgpu adapter {plain.adapter_name} does not offer {feature}")
+    return plain

@@ -41,10 +41,11 @@ def solver_config(rule: str, batch: int, accumulate: int = 1, clip: float | None
 
 
 def equivalence(out: str, rule: str, batch: int, steps: int, accumulate: int, clip: float | None,
-                backend: str = "native", batch_norm: bool = False, sync_batch_norm: bool = False) -> None:
+                backend: str = "native", batch_norm: bool = False, sync_batch_norm: bool = False,
+                precision: str = "fp32") -> None:
     group = dist.init()
     with dist.failing_rank_ends_the_job(group):
-        be = lp.backend(backend)
+        be = lp.backend(backend, **({"precision": precision} if precision != "fp32" else {}))
         solver = lp.Solver.from_config(be, be, solver_config(rule, batch, accumulate, clip, batch_norm))
         if group.rank != 0:  # other ranks start elsewhere: DataParallel must give them rank 0's weights
             for w in solver.network.learnable_weights_data():
@@ -62,7 +63,7 @@ def equivalence(out: str, rule: str, batch: int, steps: int, accumulate: int, cl
             epoch += 1
         weights = {f"w{i}": w.to_numpy() for i, w in enumerate(solver.network.learnable_weights_data())}
         np.savez(f"{out}.rank{group.rank}.npz", iteration=solver.iteration, transport=dp.transport.name,
-                 overlapped=dp.overlapped, **weights)
+                 overlapped=dp.overlapped, skipped=solver.skipped_steps, **weights)
 
 
 def dropout_masks(out: str) -> None:
@@ -101,8 +102,9 @@ if __name__ == "__main__":
         acc = int(args[args.index("--accumulate") + 1]) if "--accumulate" in args else 1
         clip = float(args[args.index("--clip") + 1]) if "--clip" in args else None
         backend = args[args.index("--backend") + 1] if "--backend" in args else "native"
+        precision = args[args.index("--precision") + 1] if "--precision" in args else "fp32"
         equivalence(args[0], args[1], int(args[2]), int(args[3]), acc, clip, backend, "--batch-norm" in args,
-                    "--sync-batch-norm" in args)
+                    "--sync-batch-norm" in args, precision)
     elif sys.argv[1] == "dropout":
         dropout_masks(sys.argv[2])
     elif sys.argv[1] == "fail":

@@ -33,6 +33,19 @@ def test_train_step_prints_and_writes_its_rows(tmp_path):
         assert f"{r['network']:<12}{r['rule']:>9}{r['batch']:>6}" in p.stdout
 
 
+def test_training_flops_count_three_products_per_layer():
+    """The FLOP count behind the tensor-core fractions, against the products written out by hand: LeNet's two
+    convolutions (20x24x24 outputs of a 1x5x5 window, 50x8x8 of 20x5x5) and two linear layers (800 -> 500 -> 10)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import train_step
+
+    import leafpy as lp
+
+    solver, _, _ = train_step.solver_and_batch(lp.backend("native"), "lenet64")
+    macs = 20 * 24 * 24 * 25 + 50 * 8 * 8 * 20 * 25 + 800 * 500 + 500 * 10
+    assert train_step.training_flops(solver.network) == 6 * 64 * macs
+
+
 def test_profile_layers_lists_every_layer():
     p = script("profile_layers.py", "--backend", "native", "--net", "mlp128", "--steps", "2")
     assert p.returncode == 0, p.stderr

@@ -36,8 +36,8 @@ def mpirun(n: int, *args: str, timeout: float = 120) -> subprocess.CompletedProc
 
 
 def single_process(rule: str, batch: int, steps: int, accumulate: int, clip: float | None,
-                   batch_norm: bool = False) -> list[np.ndarray]:
-    be = lp.backend("native")
+                   batch_norm: bool = False, precision: str = "fp32") -> list[np.ndarray]:
+    be = lp.backend("native", **({"precision": precision} if precision != "fp32" else {}))
     solver = lp.Solver.from_config(be, be, worker.solver_config(rule, batch, accumulate, clip, batch_norm))
     x, y = worker.problem()
     done, epoch = 0, 0
@@ -78,6 +78,29 @@ def test_two_ranks_at_batch_b_equal_one_process_at_2b(tmp_path, rule, accumulate
         np.testing.assert_array_equal(ranks[0][f"w{i}"], ranks[1][f"w{i}"])
     if accumulate == 1:  # buckets summed while the backward pass went on
         assert int(ranks[0]["overlapped"]) > 0
+
+
+@needs_mpi
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_two_ranks_in_mixed_precision_equal_one_process_at_2b(tmp_path, precision):
+    """bf16 and fp16 (with its loss scaling) train data-parallel as in one process: two ranks at batch 5 against
+    one process at batch 10 in the same precision, to within one unit of that precision's roundoff (observed:
+    1.5e-4 in bf16, 2e-5 in fp16: the ranks' float32 sums split differently); a rank training on its own half of
+    each batch ends 0.39 away."""
+    steps, u = 20, {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}[precision]
+    run = mpirun(2, "equivalence", str(tmp_path / "w"), "momentum", "5", str(steps), "--precision", precision)
+    assert run.returncode == 0, run.stderr[-3000:]
+    ranks = [np.load(tmp_path / f"w.rank{r}.npz") for r in (0, 1)]
+    reference = single_process("momentum", 10, steps, 1, None, precision=precision)
+    half = single_process("momentum", 5, steps, 1, None, precision=precision)  # one rank's samples alone
+    for r in ranks:
+        assert int(r["iteration"]) == steps
+        worst = max(float(np.abs(r[f"w{i}"] - ref).max()) for i, ref in enumerate(reference))
+        apart = max(float(np.abs(h - ref).max()) for h, ref in zip(half, reference))
+        assert worst <= u, f"{precision}: two ranks are {worst:.2e} from one process"
+        assert apart > 4 * worst, f"{precision}: the bound cannot tell combined from uncombined gradients"
+    for i in range(len(reference)):
+        np.testing.assert_array_equal(ranks[0][f"w{i}"], ranks[1][f"w{i}"])
 
 
 @needs_mpi
@@ -228,6 +251,14 @@ def _cuda():
         pytest.skip(f"cuda backend unavailable: {e}")
 
 
+def _nccl(be):
+    """An NCCL transport over a world of one (the test is skipped where CuPy has no NCCL)."""
+    try:
+        return dist.transports.NcclTransport(be, dist.ProcessGroup())
+    except lp.BackendUnavailable as e:
+        pytest.skip(str(e))
+
+
 @needs_mpi
 @pytest.mark.cuda
 @pytest.mark.parametrize("rule", ["momentum", "adam"])
@@ -250,10 +281,7 @@ def test_cuda_ranks_over_the_mpi_transport_share_one_gpu(tmp_path, rule):
 @pytest.mark.cuda
 def test_nccl_transport_with_a_world_of_one():
     be = _cuda()
-    try:
-        transport = dist.transports.NcclTransport(be, dist.ProcessGroup())
-    except lp.BackendUnavailable as e:
-        pytest.skip(str(e))
+    transport = _nccl(be)
     rng = np.random.default_rng(0)
     values = [rng.standard_normal(s).astype(np.float32) for s in ((3, 4), (7,))]
     tensors = [lp.SharedTensor.from_numpy(v) for v in values]
@@ -271,10 +299,7 @@ def test_nccl_bucket_sums_on_their_own_stream_wait_for_the_gradients():
     long GEMM just launched on the backend's stream) and finish() must make the backend's stream wait for the sum.
     Without the event the side stream packs the gradient before the GEMM has written it."""
     be = _cuda()
-    try:
-        transport = dist.transports.NcclTransport(be, dist.ProcessGroup())
-    except lp.BackendUnavailable as e:
-        pytest.skip(str(e))
+    transport = _nccl(be)
     assert transport.overlaps
     rng = np.random.default_rng(0)
     n = 2048
@@ -292,6 +317,64 @@ def test_nccl_bucket_sums_on_their_own_stream_wait_for_the_gradients():
         want = a.to_numpy().astype(np.float64) @ b.to_numpy().astype(np.float64)
         np.testing.assert_allclose(grads[0].to_numpy(), want, rtol=1e-3, atol=1e-2)
         np.testing.assert_allclose(grads[1].to_numpy(), small, rtol=1e-6)
+
+
+@pytest.mark.cuda
+def test_nccl_bucket_sums_record_and_replay_inside_a_training_step():
+    """A step that packs, sums (NCCL, side stream, events) and unpacks a bucket is recorded as a CUDA graph and
+    replayed: each replay packs that step's gradients (the flat buffer holds weight x gradient) and the work after
+    finish() sees the unpacked sum. With one rank the all-reduce itself leaves the buffer as it is, so this shows
+    that NCCL's call records and replays with its side stream, not a sum across GPUs."""
+    be = _cuda()
+    transport = _nccl(be)
+    assert transport.capturable
+    rng = np.random.default_rng(1)
+    src, src_small = lp.SharedTensor((64, 96)), lp.SharedTensor((5,))
+    grads = [lp.SharedTensor((64, 96)), lp.SharedTensor((5,))]
+    out = lp.SharedTensor((64, 96))
+    small = rng.standard_normal(5).astype(np.float32)
+
+    def step():
+        be.copy(src.read(be), grads[0].write(be))
+        be.copy(src_small.read(be), grads[1].write(be))
+        handle = transport.start(0, grads, 3.0)
+        transport.finish(handle)
+        be.axpby(2.0, grads[0].read(be), 0.0, out.write(be))  # after finish(): must see the unpacked sum
+
+    replays = be.recorder.replays
+    for i in range(5):
+        values = rng.standard_normal((64, 96)).astype(np.float32)
+        be.upload(values, src.write(be))
+        be.upload(small * (i + 1), src_small.write(be))
+        be.run_step(("nccl bucket replay",), step)
+        flat = transport._flat[0].get()
+        np.testing.assert_allclose(out.to_numpy(), 2.0 * values, rtol=1e-6)
+        np.testing.assert_allclose(grads[1].to_numpy(), small * (i + 1), rtol=1e-6)
+        np.testing.assert_allclose(flat[:-1], 3.0 * np.concatenate([values.reshape(-1), small * (i + 1)]),
+                                   rtol=1e-6)
+        assert flat[-1] == pytest.approx(3.0)
+    assert be.recorder.replays - replays >= 3, be.record_error
+
+
+@pytest.mark.cuda
+def test_a_data_parallel_cuda_step_replays_like_a_plain_one():
+    """A data-parallel solver whose reducer can be recorded (here NCCL with one rank) replays its steps as CUDA
+    graphs, and trains exactly as the plain solver does."""
+    be = _cuda()
+    runs = []
+    for parallel in (False, True):
+        solver = lp.Solver.from_config(be, be, worker.solver_config("momentum", 16, 1, 0.5, False))
+        if parallel:
+            dp = dist.DataParallel(solver, dist.ProcessGroup(), transport=_nccl(be))
+            assert dp.replay_key() is not None
+        x, y = worker.problem(200)
+        replays = be.recorder.replays
+        for xb, yb in list(datasets.batches(x, y, 16, seed=7, epoch=0))[:10]:
+            (dp if parallel else solver).train_minibatch(xb, yb)
+        assert be.recorder.replays - replays >= 7, be.record_error
+        runs.append([w.to_numpy() for w in solver.network.learnable_weights_data()])
+    for a, b in zip(*runs):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
 
 
 @needs_mpi

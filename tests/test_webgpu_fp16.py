@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import webgpu_offering
 from test_gradients import CASES
 from test_mixed_precision import GROWTH, _low, _roundings
 
@@ -37,12 +38,7 @@ WORST: dict[str, tuple[float, float]] = {}
 
 @pytest.fixture(scope="module")
 def fp16():
-    try:
-        plain = lp.backend("webgpu")
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"webgpu backend unavailable: {e}")
-    if "shader-f16" not in plain.adapter.features:
-        pytest.skip(f"webgpu adapter {plain.adapter_name} does not offer shader-f16")
+    webgpu_offering("shader-f16")
     return lp.backend("webgpu", precision="fp16")  # offered: it must open
 
 

@@ -74,12 +74,14 @@ class DataParallel:
         self.transport = transport or default_transport(solver.network.backend, group)
         self.bucket_bytes = int(bucket_bytes)
         self._samples = 0  # this rank's samples since the last update
+        self._sync_batch_norm = sync_batch_norm and group.size > 1
         self._buckets: list[list[int]] | None = None
         self._in_flight: dict[int, Any] = {}
         self.overlapped = 0
-        """Buckets whose sum started before the backward pass had finished (over the whole run)."""
+        """Buckets whose sum started before the backward pass had finished (counted in the steps that ran their
+        Python: eager and recorded ones; a replayed step repeats its recording's)."""
         self.broadcast_weights()
-        solver.gradient_reducer = self._reduce
+        solver.gradient_reducer = self
         for worker in solver.network.workers():
             if hasattr(worker, "stream"):  # dropout: each rank masks its own samples with masks of its own
                 worker.stream = group.rank
@@ -117,7 +119,22 @@ class DataParallel:
             self._samples = 1
         else:
             self._samples += int(n)
-        return self.solver.train_minibatch(data, target)
+        iteration = self.solver.iteration
+        out = self.solver.train_minibatch(data, target)
+        if self.solver.iteration != iteration:  # an update: the next step's samples count from zero
+            self._samples = 0
+        return out
+
+    def replay_key(self) -> Any:
+        """What a recorded training step depends on besides the solver's own key (this rank's sample weight, baked
+        into the recording), or None where the step must run eagerly: sums that go through the host (the MPI
+        transport) and synchronised BatchNorm statistics. With NCCL the bucket sums, their side stream and events
+        are recorded with the step and replayed with it."""
+        if self.group.size == 1:
+            return ("one rank",)
+        if not self.transport.capturable or self._sync_batch_norm:
+            return None
+        return (self.transport.name, self._samples)
 
     def _plan_overlap(self) -> None:
         """Which top-level layer's backward pass completes each gradient (the first layer in network order that
@@ -161,9 +178,9 @@ class DataParallel:
             self._buckets = buckets
         return self._buckets
 
-    def _reduce(self, grads: list[SharedTensor]) -> None:
+    def __call__(self, grads: list[SharedTensor]) -> None:
+        """The solver's gradient reducer: every rank's gradients summed, weighted by its samples."""
         weight = float(self._samples)
-        self._samples = 0
         if self.group.size == 1:
             return
         plan = self._bucket_plan(list(grads))

@@ -20,6 +20,9 @@ class Transport:
     name = "none"
     overlaps = False
     """Whether start/finish let a bucket's sum run during the rest of the backward pass."""
+    capturable = False
+    """Whether its sums are device work only (no host round trip), so a backend may record them inside a training
+    step and replay them."""
 
     def allreduce_weighted(self, tensors: list[SharedTensor], weight: float) -> None:
         raise NotImplementedError
@@ -88,6 +91,7 @@ class NcclTransport(Transport):
 
     name = "nccl"
     overlaps = True
+    capturable = True  # NCCL's collectives may be captured in CUDA graphs (NCCL >= 2.9)
 
     def __init__(self, backend: Backend, group: ProcessGroup) -> None:
         try:

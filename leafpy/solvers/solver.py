@@ -259,6 +259,9 @@ class Solver:
         self._generation = 0
         self._has_loss = False
         self.gradient_reducer: Callable[[list[SharedTensor]], None] | None = None
+        """Called on the gradients before the update (data-parallel training sums them across ranks). A step with
+        one is recorded and replayed only where it has ``replay_key()`` returning what its launches depend on
+        (None: run eagerly)."""
         """Called with the gradients just before each update (data-parallel training sums them across ranks
         there: see leafpy.distributed.DataParallel)."""
         self.accumulation_scale = 1.0
@@ -418,9 +421,19 @@ class Solver:
     def _replayable(self) -> bool:
         """Whether a step's device launches depend only on its key (so a backend may record and replay it): the
         rate, dropout's seeds, the clipping factor and loss scaling's scale and decision live in device buffers,
-        so any policy, rule, dropout, clipping and loss scaling replays; not a collective between ranks, nor a
-        loss-scaled step of a rule that cannot skip on the device (UpdateRule.skips_on_device)."""
-        return self.gradient_reducer is None and (self.loss_scaling() == "none" or self.rule.skips_on_device)
+        so any policy, rule, dropout, clipping and loss scaling replays, and so do NCCL's sums between ranks; not
+        sums through the host (see gradient_reducer), nor a loss-scaled step of a rule that cannot skip on the
+        device (UpdateRule.skips_on_device)."""
+        scaled_ok = self.loss_scaling() == "none" or self.rule.skips_on_device
+        return scaled_ok and self._reducer_key() is not None
+
+    def _reducer_key(self) -> tuple | None:
+        """The gradient reducer's part of a recorded step's key (() without one), None where it cannot be recorded."""
+        reducer = self.gradient_reducer
+        if reducer is None:
+            return ()
+        key = getattr(reducer, "replay_key", lambda: None)()
+        return None if key is None else (key,)
 
     def train_minibatch(self, data: Any, target: Any) -> SharedTensor:
         """One forward/backward pass and (every minibatch_size-th call) one update; returns the network output.
@@ -474,7 +487,8 @@ class Solver:
         # a step whose launches depend only on the bindings and the accumulation phase may be recorded and replayed
         # by the backend (the rate is data, in self._rate)
         phase = (first, update_now, self.accumulation_scale) if k > 1 else ()
-        be.run_step((self._token, self._generation, *phase) if self._replayable() else None, step)
+        be.run_step((self._token, self._generation, *phase, *(self._reducer_key() or ()))
+                    if self._replayable() else None, step)
         for worker in workers:
             worker.after_step(ran=True)
         if k > 1:

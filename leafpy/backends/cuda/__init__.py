@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ... import _checks
 from ...errors import BackendError, BackendUnavailable
 from .. import pointwise
 from ..array import ArrayBackend
@@ -87,10 +88,14 @@ class CudaBackend(ArrayBackend):
     (im2col + GEMM). ``tf32``: let convolutions (cuDNN) and GEMMs (cuBLAS) use TF32 tensor cores (faster, ~1e-3
     relative error; PyTorch's ``allow_tf32`` switches for both).
     ``graphs``: record training steps with static shapes as CUDA graphs and replay them. ``fuse_bias``: add the
-    convolution bias inside the cuDNN forward graph (measured slower than a separate add on an H200 in float32).
-    ``exact_fp32`` (default): without TF32, keep only cuDNN plans whose results are fp32-accurate (within 1e-5 of
-    the others); False also lets the autotuner pick FFT and Winograd plans (faster filter gradients, up to ~1e-2
-    relative error measured on an H200; what PyTorch's cudnn.benchmark may choose)."""
+    convolution bias inside the cuDNN forward graph; None (default) does so for bfloat16/float16 convolutions only
+    (on an H200: AlexNet-128 in bf16 4.47 -> 4.32 ms a step; in float32 the fused graphs were slower than a
+    separate add).
+    ``conv_tolerance``: without TF32, the relative error (against the median of cuDNN's candidate plans, on the
+    first batch) a float32 convolution plan may show to be kept: 2^-12 by default (Winograd filter gradients that
+    meet it are kept, the FFT and large-tile transforms that reach 1e-3 to 1e-2 are not; see
+    ``_CudnnConv.FP32_TOLERANCE``); 1e-5 keeps only plans as accurate as implicit GEMM; None keeps any fp32 plan,
+    as PyTorch's cudnn.benchmark does."""
 
     name = "cuda"
 
@@ -100,12 +105,16 @@ class CudaBackend(ArrayBackend):
     operands; otherwise they refuse 16-bit buffers with a BackendError."""
 
     def __init__(self, dtype: Any = np.float32, device: int = 0, use_cudnn: bool | None = None,
-                 tf32: bool = False, graphs: bool = True, fuse_bias: bool = False, exact_fp32: bool = True,
+                 tf32: bool = False, graphs: bool = True, fuse_bias: bool | None = None,
+                 conv_tolerance: float | None = _CudnnConv.FP32_TOLERANCE,
                  precision: str = "fp32") -> None:
         tf32 = tf32 or precision == "tf32"  # precision='tf32' is the tf32=True option
+        if conv_tolerance is not None:
+            conv_tolerance = _checks.number("backend 'cuda': conv_tolerance", conv_tolerance, minimum=0.0,
+                                            min_open=True)
         super().__init__(dtype, "tf32" if tf32 and precision == "fp32" else precision)
         self._options.update(device=device, use_cudnn=use_cudnn, tf32=tf32, graphs=graphs, fuse_bias=fuse_bias,
-                             exact_fp32=exact_fp32)  # the fp32 twin (full_precision) runs on the same device
+                             conv_tolerance=conv_tolerance)  # the fp32 twin (full_precision) runs on the same device
         try:
             import cupy
         except ImportError as e:
@@ -126,6 +135,7 @@ class CudaBackend(ArrayBackend):
         self._pool_module = cupy.RawModule(code=module_source(_POOL_SOURCE, "f32"))
         self._bn_module = cupy.RawModule(code=module_source(_BN_SOURCE, "f32"))
         self._low_modules: dict[tuple[str, str], Any] = {}
+        self._wgrad_direct: dict[tuple, bool] = {}  # 16-bit filter gradients: cuDNN writes float32 (or converts)
         self._typed_kernels: dict[tuple, Any] = {}
         self._vector_kernels: dict[str, Any] = {}
         self._cudnn = None
@@ -138,7 +148,7 @@ class CudaBackend(ArrayBackend):
         self._step_stream = cupy.cuda.Stream()  # blocking: ordered with work on the default stream
         if use_cudnn is not False:
             try:
-                self._cudnn = _CudnnConv(cupy, tf32, exact=exact_fp32 and not tf32)
+                self._cudnn = _CudnnConv(cupy, tf32, conv_tolerance)
             except Exception as e:  # ImportError, or a frontend/runtime mismatch
                 if use_cudnn:
                     raise BackendUnavailable(f"backend 'cuda': cuDNN graphs unavailable ({e}); "
@@ -724,8 +734,9 @@ class CudaBackend(ArrayBackend):
         fm = self._conv_formats("conv2d", x, w, out, bias)
         if self._cudnn is None:
             return super().conv2d(x, w, out, stride, padding, ws, bias)
-        if bias is not None and self.fuse_bias and self._cudnn.run("fprop_bias", x.shape, w.shape, out.shape, stride,
-                                                                   padding, x, w, out, 0.0, bias, formats=fm):
+        fuse = self.fuse_bias if self.fuse_bias is not None else fm != ("f32",) * 4
+        if bias is not None and fuse and self._cudnn.run("fprop_bias", x.shape, w.shape, out.shape, stride, padding,
+                                                         x, w, out, 0.0, bias, formats=fm):
             return
         self._cudnn.run("fprop", x.shape, w.shape, out.shape, stride, padding, x, w, out, 0.0, formats=fm)
         if bias is not None:
@@ -751,19 +762,33 @@ class CudaBackend(ArrayBackend):
             self._cudnn.run("wgrad", x.shape, dw.shape, dy.shape, stride, padding, x, dw, dy, 0.0)
 
     def _low_grad_filter(self, conv: _CudnnConv, x, dy, dw, stride, padding, beta, fm) -> None:
-        """The filter gradient of 16-bit activations: written in float32 by cuDNN where it offers that (dw float32,
-        as mixed precision keeps weight gradients), else in the activations' format and then converted."""
+        """The filter gradient of 16-bit activations into ``dw``: written in dw's format by cuDNN (float32, as mixed
+        precision keeps weight gradients), or in the activations' format and then converted — for float32 dw,
+        whichever of the two ran faster on the first call for these shapes (cuDNN has few float32-output engines
+        for 16-bit inputs: for AlexNet's conv2 on an H200 one plan, 3.5x slower than the 16-bit ones)."""
         cp, run = self.xp, conv.run
-        if fm[1] == "f32":
+        low = (fm[0], fm[0], fm[2], "f32")
+        shapes = (x.shape, dw.shape, dy.shape, stride, padding)
+        key = (*shapes, fm)
+        direct = fm[1] == "f32" and self._wgrad_direct.get(key, True)
+        if direct:
             target = cp.empty_like(dw) if beta else dw
-            if run("wgrad", x.shape, dw.shape, dy.shape, stride, padding, x, target, dy, 0.0, formats=fm,
-                   optional=True):
-                if beta:
-                    self.axpby(1.0, target, beta, dw)
-                return
-        tmp = cp.empty(dw.shape, x.dtype)
-        run("wgrad", x.shape, dw.shape, dy.shape, stride, padding, x, tmp, dy, 0.0,
-            formats=(fm[0], fm[0], fm[2], "f32"))
+            direct = run("wgrad", *shapes, x, target, dy, 0.0, formats=fm, optional=True)
+        tmp = None
+        if key not in self._wgrad_direct:  # first call: time the other way too, keep the faster
+            if direct:
+                tmp = cp.empty(dw.shape, x.dtype)
+                run("wgrad", *shapes, x, tmp, dy, 0.0, formats=low)
+                ms = conv.plan_ms("wgrad", *shapes, fm), conv.plan_ms("wgrad", *shapes, low)
+                direct = ms[0] <= ms[1]
+            self._wgrad_direct[key] = bool(direct)
+        if direct:
+            if beta:
+                self.axpby(1.0, target, beta, dw)
+            return
+        if tmp is None:
+            tmp = cp.empty(dw.shape, x.dtype)
+            run("wgrad", *shapes, x, tmp, dy, 0.0, formats=low)
         if beta:
             self.axpby(1.0, tmp, beta, dw)
         else:

@@ -36,6 +36,7 @@ __all__ = ["WView", "WebGPUBackend", "adapters"]
 _HERE = Path(__file__).parent
 _MODULES = ("elementwise", "update", "reduce", "classes", "gemm", "conv", "pool", "winograd", "batchnorm", "lrn")
 _WINDOWED = ("gemm", "conv", "pool", "winograd")  # modules that include window.wgsl
+_LANED = ("reduce", "classes")  # modules whose reductions combine a workgroup's lanes (lanes*.wgsl)
 
 
 class WebGPUBackend(Half):
@@ -43,13 +44,15 @@ class WebGPUBackend(Half):
 
     ``power_preference``: "high-performance" or "low-power"; ``adapter``: a substring of the adapter's name to
     pick one explicitly (see :func:`adapters`); ``precision``: "fp32", or "fp16" (float16 activations and weight
-    copies, float32 master weights) on an adapter that offers the shader-f16 feature.
+    copies, float32 master weights) on an adapter that offers the shader-f16 feature; ``subgroups``: combine a
+    workgroup's values in the reductions (sums, softmax rows) with subgroup operations — None (default) where the
+    adapter offers the "subgroup" feature, True to require it, False for workgroup-memory trees everywhere.
     """
 
     name = "webgpu"
 
     def __init__(self, dtype: Any = np.float32, power_preference: str = "high-performance",
-                 adapter: str | None = None, precision: str = "fp32") -> None:
+                 adapter: str | None = None, precision: str = "fp32", subgroups: bool | None = None) -> None:
         if np.dtype(dtype) != np.float32:
             raise ConfigError(f"backend 'webgpu': WGSL computes in float32 only, got dtype {np.dtype(dtype)}")
         if precision not in PRECISIONS:
@@ -95,9 +98,16 @@ class WebGPUBackend(Half):
             raise BackendError(f"backend 'webgpu': precision 'fp16' needs the adapter's shader-f16 feature, which "
                                f"{self.adapter_name} does not offer; use precision='fp32' here, or another adapter "
                                f"(lp.backend('webgpu', adapter=...); see leafpy.backends.webgpu.adapters())")
+        if subgroups and "subgroup" not in offered:
+            raise BackendError(f"backend 'webgpu': subgroups=True needs the adapter's subgroup feature, which "
+                               f"{self.adapter_name} does not offer; leave subgroups=None (used where offered)")
+        self.subgroups = subgroups is not False and "subgroup" in offered
+        """Whether the reductions use subgroup operations (lanes_subgroup.wgsl) on this device."""
         features = [f for f in ("timestamp-query",) if f in offered]
         if precision == "fp16":
             features.append("shader-f16")
+        if self.subgroups:
+            features.append("subgroup")
         try:
             self.device = chosen.request_device_sync(required_limits=want, required_features=features)
         except Exception as e:
@@ -115,9 +125,10 @@ class WebGPUBackend(Half):
                      "gemm": pointwise.wgsl_functions() + pointwise.wgsl_epilogue(),
                      "winograd": pointwise.wgsl_functions() + pointwise.wgsl_epilogue()}
         self._inplace = pointwise.wgsl_inplace()  # entry -> (output position, the input position it may overwrite)
+        self.lanes = (_HERE / ("lanes_subgroup.wgsl" if self.subgroups else "lanes.wgsl")).read_text()
         self._modules = {m: self.device.create_shader_module(
-            code=common + (window if m in _WINDOWED else "") + (_HERE / f"{m}.wgsl").read_text() + generated.get(m, ""))
-            for m in _MODULES}
+            code=common + (window if m in _WINDOWED else "") + (self.lanes if m in _LANED else "")
+            + (_HERE / f"{m}.wgsl").read_text() + generated.get(m, "")) for m in _MODULES}
         self._pipelines: dict = {}
         self._uniforms: dict = {}
         self._bind_groups: dict = {}

@@ -66,33 +66,21 @@ fn nll_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 }
 
 // The same over long rows, one 256-thread workgroup per row (workgroup (x, y) is row x + 65535 * y); the row's
-// maximum and sums are trees in workgroup memory.
-var<workgroup> red: array<f32, 256>;
-
-// the maximum (is_max) or the sum of v over the workgroup's 256 threads
-fn reduce_rows(t: u32, v: f32, is_max: bool) -> f32 {
-    red[t] = v;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s = s >> 1u) {
-        if (t < s) { red[t] = select(red[t] + red[t + s], max(red[t], red[t + s]), is_max); }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
+// maximum and sums by reduce_workgroup (lanes.wgsl, or lanes_subgroup.wgsl).
 
 @compute @workgroup_size(256)
-fn softmax_rows(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+fn softmax_rows(lane: Lane) {
+    let lid = lane.lid;
+    let wid = lane.wid;
     let row = wid.x + wid.y * 65535u;
     if (row >= p.count) { return; }
     let t = lid.x;
     var m = -3.0e38;
     for (var k = t; k < p.classes; k = k + 256u) { m = max(m, a[p.a_offset + at(row, k)]); }
-    m = reduce_rows(t, m, true);
+    m = reduce_workgroup(lane, m, true);
     var s = 0.0;
     for (var k = t; k < p.classes; k = k + 256u) { s = s + exp(a[p.a_offset + at(row, k)] - m); }
-    s = reduce_rows(t, s, false);
+    s = reduce_workgroup(lane, s, false);
     let ls = log(s);
     for (var k = t; k < p.classes; k = k + 256u) {
         let z = a[p.a_offset + at(row, k)] - m;
@@ -101,7 +89,9 @@ fn softmax_rows(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup
 }
 
 @compute @workgroup_size(256)
-fn softmax_grad_rows(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+fn softmax_grad_rows(lane: Lane) {
+    let lid = lane.lid;
+    let wid = lane.wid;
     let row = wid.x + wid.y * 65535u;
     if (row >= p.count) { return; }
     let t = lid.x;
@@ -110,7 +100,7 @@ fn softmax_grad_rows(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(work
         let i = at(row, k);
         s = s + select(b[p.b_offset + i] * a[p.a_offset + i], b[p.b_offset + i], p.is_log == 1u);
     }
-    s = reduce_rows(t, s, false);
+    s = reduce_workgroup(lane, s, false);
     for (var k = t; k < p.classes; k = k + 256u) {
         let i = at(row, k);
         let ai = a[p.a_offset + i];

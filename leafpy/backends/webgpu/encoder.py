@@ -42,6 +42,8 @@ class Encoder(Backend):
     submissions: int
     kernel_times: dict | None
     _modules: dict
+    lanes: str  # the WGSL of reduce_workgroup this device's reductions are built with (lanes*.wgsl)
+    subgroups: bool
     _pipelines: dict
     _uniforms: dict
     _bind_groups: dict

@@ -202,11 +202,11 @@ class Half(Convolution):
         self._modules["pool16"] = self.device.create_shader_module(
             code=PRELUDE + common + window + _halve((_HERE / "pool.wgsl").read_text(), ("src", "dst")))
         self._modules["reduce16"] = self.device.create_shader_module(
-            code=PRELUDE + common + _halve((_HERE / "reduce.wgsl").read_text(), ("a",)))
+            code=PRELUDE + common + self.lanes + _halve((_HERE / "reduce.wgsl").read_text(), ("a",)))
         classes = (_HERE / "classes.wgsl").read_text()
         for module, arrays in (("classes16a", ("a",)), ("classes16c", ("c",))):
             self._modules[module] = self.device.create_shader_module(
-                code=PRELUDE + common + _halve(classes, arrays))
+                code=PRELUDE + common + self.lanes + _halve(classes, arrays))
         self._inplace.update(elementwise_inplace())
         for name in PRIMITIVES:
             if name in MEMORY:

@@ -1,4 +1,4 @@
-// Reductions by workgroups of 256 threads (trees in workgroup memory; no float atomics).
+// Reductions by workgroups of 256 threads (reduce_workgroup: lanes.wgsl or lanes_subgroup.wgsl; no float atomics).
 struct ReduceParams {
     count: u32,        // the *_parts kernels: elements (nll_parts, bias_grad_part: samples) of the run
     classes: u32,      // nll_parts: C
@@ -21,17 +21,6 @@ struct ReduceParams {
 @group(0) @binding(3) var<storage, read_write> c: array<f32>;
 @group(0) @binding(4) var<storage, read_write> d: array<f32>;
 
-var<workgroup> partial: array<f32, 256>;
-
-fn tree(t: u32) -> f32 {
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s = s >> 1u) {
-        if (t < s) { partial[t] = partial[t] + partial[t + s]; }
-        workgroupBarrier();
-    }
-    return partial[0];
-}
-
 // Partial sums over blocks of a run of elements, a workgroup per block, finished by sum_rows (so long vectors are
 // reduced in parallel, and a run past the storage-binding limit is bound on its own).
 fn block_range(blk: u32) -> vec2<u32> {
@@ -40,41 +29,46 @@ fn block_range(blk: u32) -> vec2<u32> {
 
 // dot_parts: c[first_block + blk] = sum a * b over the block
 @compute @workgroup_size(256)
-fn dot_parts(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+fn dot_parts(lane: Lane) {
+    let lid = lane.lid;
+    let wid = lane.wid;
     let r = block_range(wid.x);
     var s = 0.0;
     for (var i = r.x + lid.x; i < r.y; i = i + 256u) { s = s + a[p.a_offset + i] * b[p.b_offset + i]; }
-    partial[lid.x] = s;
-    let total = tree(lid.x);
+    let total = reduce_workgroup(lane, s, false);
     if (lid.x == 0u) { c[p.first_block + wid.x] = total; }
 }
 
 // square_parts: b[first_block + blk] = sum a * a over the block
 @compute @workgroup_size(256)
-fn square_parts(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+fn square_parts(lane: Lane) {
+    let lid = lane.lid;
+    let wid = lane.wid;
     let r = block_range(wid.x);
     var s = 0.0;
     for (var i = r.x + lid.x; i < r.y; i = i + 256u) { let v = a[p.a_offset + i]; s = s + v * v; }
-    partial[lid.x] = s;
-    let total = tree(lid.x);
+    let total = reduce_workgroup(lane, s, false);
     if (lid.x == 0u) { b[p.first_block + wid.x] = total; }
 }
 
 // nll_parts: c[first_block + blk] = sum over the block's samples i of a[i * classes + label_i], labels in b
 @compute @workgroup_size(256)
-fn nll_parts(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+fn nll_parts(lane: Lane) {
+    let lid = lane.lid;
+    let wid = lane.wid;
     let r = block_range(wid.x);
     var s = 0.0;
     for (var i = r.x + lid.x; i < r.y; i = i + 256u) { s = s + a[p.a_offset + i * p.classes + u32(b[p.b_offset + i])]; }
-    partial[lid.x] = s;
-    let total = tree(lid.x);
+    let total = reduce_workgroup(lane, s, false);
     if (lid.x == 0u) { c[p.first_block + wid.x] = total; }
 }
 
 // bias_grad_part: workgroup (c, blk) sums channel c over its block of the N * inner values of a run of samples:
 // b[c * blocks + first_block + blk] = sum a[a_offset + (n * channels + c) * inner + r]
 @compute @workgroup_size(256)
-fn bias_grad_part(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+fn bias_grad_part(lane: Lane) {
+    let lid = lane.lid;
+    let wid = lane.wid;
     let ch = wid.x;
     let per = p.count * p.inner;
     let end = min(per, (wid.y + 1u) * p.block);
@@ -84,15 +78,16 @@ fn bias_grad_part(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
         let r = j % p.inner;
         s = s + a[p.a_offset + (n * p.channels + ch) * p.inner + r];
     }
-    partial[lid.x] = s;
-    let total = tree(lid.x);
+    let total = reduce_workgroup(lane, s, false);
     if (lid.x == 0u) { b[ch * p.blocks + p.first_block + wid.y] = total; }
 }
 
 // sum_rows: one workgroup per row r of a [rows x length]: b[r] = alpha * sum_j a[r * length + j] + beta * b[r]; with
 // columns = 1 a is read as [length x rows] (b[r] sums column r): split-K partial products with few outputs
 @compute @workgroup_size(256)
-fn sum_rows(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+fn sum_rows(lane: Lane) {
+    let lid = lane.lid;
+    let wid = lane.wid;
     let r = wid.x + wid.y * 65535u;
     if (r >= p.rows) { return; }
     var s = 0.0;
@@ -101,8 +96,7 @@ fn sum_rows(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id)
     } else {
         for (var j = lid.x; j < p.length; j = j + 256u) { s = s + a[r * p.length + j]; }
     }
-    partial[lid.x] = s;
-    let total = tree(lid.x);
+    let total = reduce_workgroup(lane, s, false);
     if (lid.x == 0u) {
         var v = p.alpha * total;
         if (p.beta != 0.0) { v = v + p.beta * b[r]; }
