@@ -7,7 +7,8 @@ stored result and a stored value read again, +1 for float16 weight copies, +T fo
 GROWTH = 4 for magnitude growth inside the layer); a single primitive within REDUCTION_DEPTH * u (float32
 accumulation adds ~2**-24 per term, far below u at these lengths, so the float16 rounding of inputs and result
 dominates); a training run against native's fp16 emulation within TRAINING_ULPS * u per step, relative to
-max(1, |w|).
+max(1, |w|). Winograd convolutions, whose transforms amplify float32 roundings, add an estimate of those per element
+(_winograd_sigmas), kept within the primitive's budget.
 """
 
 from __future__ import annotations
@@ -308,7 +309,7 @@ def test_gemm_reads_float16_and_accumulates_in_float32(fp16, m, n, k, ta, tb, a_
 
 @pytest.mark.parametrize("n,c,o,size,kernel,stride,pad", [
     (2, 3, 4, 7, 3, (1, 1), (1, 1)),
-    (3, 16, 16, 6, 3, (1, 1), (1, 1)),   # a Winograd shape in float32: in float16 an implicit GEMM
+    (3, 16, 16, 6, 3, (1, 1), (1, 1)),   # 3x3 stride 1 below WINOGRAD_MIN_CHANNELS: an implicit GEMM
     (2, 2, 5, 9, 5, (2, 2), (2, 1)),
 ])
 def test_convolution_runs_as_float16_implicit_gemms(fp16, n, c, o, size, kernel, stride, pad):
@@ -345,6 +346,192 @@ def test_convolution_runs_as_float16_implicit_gemms(fp16, n, c, o, size, kernel,
         WORST[f"{name} {n}x{c}x{size}x{size} by {o}x{kernel}x{kernel}"] = (err, tol)
         assert err <= tol, f"{name}: relative error {err:.3g} > {tol:.3g}"
     assert tdw.to_numpy().dtype == np.float32
+
+
+# --- Winograd convolutions ------------------------------------------------------------------------------------------
+# F(2x2, RxR)'s matrices (Lavin and Gray; winograd.wgsl's comments): B^T, G and A^T for R = 3 and R = 5
+_WINOGRAD = {
+    3: (np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64),
+        np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]]),
+        np.array([[1, 1, 1, 0], [0, 1, -1, -1]], np.float64)),
+    5: (np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0], [0, -2, -1, 2, 1, 0],
+                  [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]], np.float64),
+        np.array([[1 / 4, 0, 0, 0, 0], [-1 / 6] * 5, [-1 / 6, 1 / 6, -1 / 6, 1 / 6, -1 / 6],
+                  [1 / 24, 1 / 12, 1 / 6, 1 / 3, 2 / 3], [1 / 24, -1 / 12, 1 / 6, -1 / 3, 2 / 3], [0, 0, 0, 0, 1]]),
+        np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 1]], np.float64)),
+}
+EPS32 = 2.0**-24
+TRANSFORM_STEPS = 26
+"""Roundings on a path through the transforms: up to 8 in the filter (or dy) transform, 8 in the input transform, 9
+in the output (or filter-gradient) transform with the bias, 1 for the product; the GEMM adds its K."""
+WINOGRAD_Z = 4.0
+"""Standard deviations of the float32 error allowed: the float32 path's measured errors on these shapes stay
+below 1.8 sigma (their rms is 0.27 sigma: the estimate is conservative)."""
+
+
+def _tiles(x, pad: int, r: int, oh: int, ow: int):
+    """x's (R+1)x(R+1) patches under each 2x2 block of an OH x OW output: [N][C][TH][TW][R+1][R+1]."""
+    n, c, h, wd = x.shape
+    th, tw = -(-oh // 2), -(-ow // 2)
+    xp = np.zeros((n, c, 2 * th + r - 1, 2 * tw + r - 1))
+    xp[:, :, pad:pad + h, pad:pad + wd] = x
+    return np.stack([np.stack([xp[:, :, 2 * i:2 * i + r + 1, 2 * j:2 * j + r + 1] for j in range(tw)], 2)
+                     for i in range(th)], 2)
+
+
+def _winograd_forward(x, w, pad: int, power: int = 1):
+    """The correlation of x with w [O][C][R][R] padded by ``pad``, as Winograd F(2x2, RxR) in float64 with every
+    matrix and value raised to ``power``: power 1 is the algorithm itself, power 2 the sum of the squares of every
+    term of its expansion (what independent roundings add up to in quadrature)."""
+    bt, g, at = (m**power for m in _WINOGRAD[w.shape[2]])
+    r = w.shape[2]
+    oh, ow = x.shape[2] + 2 * pad - r + 1, x.shape[3] + 2 * pad - r + 1
+    u = np.einsum("ai,ocij,bj->ocab", g, w**power, g)
+    v = np.einsum("ai,ncyxij,bj->ncyxab", bt, _tiles(x, pad, r, oh, ow)**power, bt)
+    y = np.einsum("pa,ocab,ncyxab,qb->noypxq", at, u, v, at)
+    return y.reshape(x.shape[0], w.shape[0], 2 * y.shape[2], 2 * y.shape[4])[:, :, :oh, :ow]
+
+
+def _winograd_sigmas(x, w, dy, pad: int) -> tuple:
+    """Estimated standard deviations of the float32 Winograd path's errors in y, dx and dw (each element): the
+    roundings of 2**-24 relative at the K + TRANSFORM_STEPS steps of a path, independent, add in quadrature
+    (Higham, Accuracy and Stability of Numerical Algorithms, 2.8): 2**-24 sqrt(K + TRANSFORM_STEPS) times the root
+    of the summed squares of the algorithm's terms. A worst-case bound (the same steps on absolute values) is
+    hundreds of u for F(2x2, 5x5), whose points 0, +-1, +-2 and infinity amplify the float32 roundings."""
+    n, c = x.shape[:2]
+    o, r = w.shape[0], w.shape[2]
+    oh, ow = dy.shape[2:]
+    sigma_y = EPS32 * np.sqrt(c + TRANSFORM_STEPS) * np.sqrt(_winograd_forward(x, w, pad, power=2))
+    flipped = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)  # the data gradient: dy through w rotated, channels swapped
+    sigma_dx = EPS32 * np.sqrt(o + TRANSFORM_STEPS) * np.sqrt(_winograd_forward(dy, flipped, r - 1 - pad, power=2))
+    bt, g, at = (m**2 for m in _WINOGRAD[r])
+    th, tw = -(-oh // 2), -(-ow // 2)
+    blocks = np.zeros((n, o, 2 * th, 2 * tw))
+    blocks[:, :, :oh, :ow] = dy**2
+    blocks = blocks.reshape(n, o, th, 2, tw, 2).transpose(0, 1, 2, 4, 3, 5)
+    z = np.einsum("ia,noyxij,jb->noyxab", at, blocks, at)  # A dy A^T, squared
+    v = np.einsum("ai,ncyxij,bj->ncyxab", bt, _tiles(x, pad, r, oh, ow)**2, bt)
+    du = np.einsum("noyxab,ncyxab->ocab", z, v)
+    sigma_dw = EPS32 * np.sqrt(n * th * tw + TRANSFORM_STEPS) * np.sqrt(np.einsum("ai,ocab,bj->ocij", g, du, g))
+    return sigma_y, sigma_dx, sigma_dw
+
+
+@pytest.mark.parametrize("n,c,o,size,kernel,pad,dw_dtype,chunked", [
+    (1, 64, 72, 6, 3, 0, np.float32, False),
+    (2, 64, 72, 5, 3, 1, np.float16, True),    # one sample per chunk: each transform and GEMM twice
+    (1, 72, 64, 4, 3, 2, np.float32, False),
+    (1, 64, 72, 7, 5, 0, np.float32, False),
+    (1, 72, 64, 6, 5, 1, np.float16, False),
+    (1, 64, 64, 5, 5, 2, np.float32, False),
+])
+def test_winograd_convolutions_in_float16_against_float64(fp16, monkeypatch, n, c, o, size, kernel, pad, dw_dtype,
+                                                          chunked):
+    """Stride-1 3x3 and 5x5 convolutions with at least WINOGRAD_MIN_CHANNELS channels run forward (with a float16
+    bias), data gradient and filter gradient (into float32 or float16, with beta 0.5) as Winograd F(2x2, RxR) on
+    float16 x, w and dy, against float64 loops over output positions.
+
+    The error model: float16 inputs are exact, the transforms, tiles and GEMM sums are float32, and a float16 result
+    is rounded once, when stored (u relative). The float32 part is estimated per element by _winograd_sigmas and
+    allowed WINOGRAD_Z of its sigmas: |got - want| <= u max(1, |want|) (float16 results) + Z sigma + the float32
+    store's and beta's roundings. On these shapes that is at most 0.2 u past the rounding for F(2x2, 3x3) and 2.2 u
+    for F(2x2, 5x5), within the REDUCTION_DEPTH u a primitive may take."""
+    import reference
+
+    rng = np.random.default_rng(n + c + o + size + kernel + pad)
+    x = _low(rng.standard_normal((n, c, size, size)), F16)
+    w = _low(rng.standard_normal((o, c, kernel, kernel)) * 0.5, F16)
+    b = _low(rng.standard_normal(o), F16)
+    stride, padding = (1, 1), (pad, pad)
+    y_ref = reference.conv2d(x, w, b, stride, padding)
+    dy = _low(rng.standard_normal(y_ref.shape), F16)
+    dw0 = _low(rng.standard_normal(w.shape), F16)
+    dx_ref, dw_ref, _ = reference.conv2d_backward(x, w, dy, stride, padding)
+    np.testing.assert_allclose(_winograd_forward(x, w, pad), y_ref - b.reshape(1, -1, 1, 1), atol=1e-9)
+    sigmas = _winograd_sigmas(x, w, dy, pad)
+    if chunked:
+        blocks = (-(-(size + 2 * pad - kernel + 1) // 2)) ** 2  # per sample
+        monkeypatch.setattr(fp16, "WINOGRAD_SCRATCH", 4 * (kernel + 1) ** 2 * max(c, o) * blocks)
+    calls = []
+    for name in ("_winograd", "_winograd_filter_grad"):
+        method = getattr(fp16, name)
+        monkeypatch.setattr(fp16, name, lambda *a, _m=method, _n=name, **k: calls.append(_n) or _m(*a, **k))
+    monkeypatch.setattr(fp16, "_convert", lambda x, out: pytest.fail("a float16 operand was converted"))
+    _, bx = _upload(fp16, x)
+    _, bw = _upload(fp16, w)
+    _, bb = _upload(fp16, b)
+    _, bdy = _upload(fp16, dy)
+    tdw, bdw = _upload(fp16, dw0, dw_dtype)
+    y, dx = lp.SharedTensor(y_ref.shape, np.float16), lp.SharedTensor(x.shape, np.float16)
+    fp16.flush()
+    counts = [fp16.dispatches]
+    fp16.conv2d(bx, bw, y.write(fp16), stride, padding, {}, bias=bb)
+    fp16.flush()
+    counts.append(fp16.dispatches)
+    fp16.conv2d_grad_data(bdy, bw, dx.write(fp16), stride, padding, {})
+    counts.append(fp16.dispatches)
+    fp16.conv2d_grad_filter(bx, bdy, bdw, stride, padding, {}, 0.5)
+    counts.append(fp16.dispatches)
+    assert calls == ["_winograd", "_winograd", "_winograd_filter_grad"]
+    per_chunk = 3 * (2 if chunked else 1)  # a filter transform, then an input transform, a GEMM and an output each
+    assert [b - a for a, b in zip(counts, counts[1:])] == [1 + per_chunk] * 3
+    for name, got, want, sigma in (("conv2d", y.to_numpy(), y_ref, sigmas[0]),
+                                   ("conv2d_grad_data", dx.to_numpy(), dx_ref, sigmas[1]),
+                                   ("conv2d_grad_filter", tdw.to_numpy(), dw_ref + 0.5 * dw0, sigmas[2])):
+        scale = np.maximum(1.0, np.abs(want))
+        rounding = U if got.dtype == F16 else 4 * EPS32  # float16: the store; float32: the store and beta's terms
+        tol = rounding + WINOGRAD_Z * sigma / scale
+        assert got.dtype == (dw_dtype if name == "conv2d_grad_filter" else F16)
+        assert tol.max() <= REDUCTION_DEPTH * U, f"{name}: the estimate leaves the primitive budget"
+        err = np.abs(got.astype(np.float64) - want) / scale
+        WORST[f"{name} Winograd {n}x{c}x{size}x{size} by {o}x{kernel}x{kernel} pad {pad}"] = (
+            float(err.max()), float(tol.max()))
+        worst = np.unravel_index(np.argmax(err - tol), err.shape)
+        assert np.all(err <= tol), f"{name}: relative error {err[worst]:.3g} > {tol[worst]:.3g} at {worst}"
+
+
+@pytest.mark.parametrize("min_channels,winograd", [(64, True), (65, False)])
+def test_float16_convolutions_choose_winograd_as_float32_does(fp16, monkeypatch, min_channels, winograd):
+    """A 3x3 stride-1 convolution of 64 channels in and out: with WINOGRAD_MIN_CHANNELS 64 both precisions take
+    Winograd for all three passes (float16 with no float32 copies), and an in-place ReLU joins the float16 output
+    transform's store; at 65 both take the implicit GEMMs (one dispatch a pass for forward and filter gradient)."""
+    plain = lp.backend("webgpu")
+    shapes = ((2, 64, 5, 5), (64, 64, 3, 3), (2, 64, 5, 5))
+    for be in (fp16, plain):
+        monkeypatch.setattr(be, "WINOGRAD_MIN_CHANNELS", min_channels)
+        assert bool(be._winograd_chunk(*shapes, (1, 1), (1, 1))) == winograd
+    calls = []
+    for name in ("_winograd", "_winograd_filter_grad"):
+        method = getattr(fp16, name)
+        monkeypatch.setattr(fp16, name, lambda *a, _m=method, _n=name, **k: calls.append(_n) or _m(*a, **k))
+    monkeypatch.setattr(fp16, "_convert", lambda x, out: pytest.fail("a float16 operand was converted"))
+    rng = np.random.default_rng(21)
+    x = _low(rng.standard_normal(shapes[0]), F16)
+    w = _low(rng.standard_normal(shapes[1]) * 0.5, F16)
+    dy = _low(rng.standard_normal(shapes[2]), F16)
+    _, bx = _upload(fp16, x)
+    _, bw = _upload(fp16, w)
+    _, bdy = _upload(fp16, dy)
+    y, dx = lp.SharedTensor(shapes[2], np.float16), lp.SharedTensor(shapes[0], np.float16)
+    dw = lp.SharedTensor(shapes[1], np.float32)
+    fp16.flush()
+    counts = [fp16.dispatches]
+    by = y.write(fp16)
+    fp16.conv2d(bx, bw, by, (1, 1), (1, 1), {})
+    fp16.relu(by, by)
+    fp16.flush()
+    counts.append(fp16.dispatches)
+    fp16.conv2d_grad_filter(bx, bdy, dw.write(fp16), (1, 1), (1, 1), {}, 0.0)
+    fp16.flush()
+    counts.append(fp16.dispatches)
+    fp16.conv2d_grad_data(bdy, bw, dx.write(fp16), (1, 1), (1, 1), {})
+    assert calls == (["_winograd", "_winograd_filter_grad", "_winograd"] if winograd else [])
+    assert [b - a for a, b in zip(counts, counts[1:])] == ([4, 4] if winograd else [1, 1])
+    import reference
+
+    want_dx, want_dw, _ = reference.conv2d_backward(x, w, dy, (1, 1), (1, 1))
+    assert _rel(y.to_numpy(), np.maximum(reference.conv2d(x, w, None, (1, 1), (1, 1)), 0)) <= REDUCTION_DEPTH * U
+    assert _rel(dx.to_numpy(), want_dx) <= REDUCTION_DEPTH * U
+    assert _rel(dw.to_numpy(), want_dw) <= REDUCTION_DEPTH * U
 
 
 @pytest.mark.parametrize("mode", ["max", "average"])

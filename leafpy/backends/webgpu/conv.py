@@ -109,11 +109,17 @@ class Convolution(Elementwise):
                    self._scratch_buffer(points * cout * blocks, "winograd_m"))
         return geometry, per_sample, points, scratch
 
+    def _winograd_module(self, src: WView, dst: WView) -> str:
+        """The Winograd module for a transform reading ``src`` and writing ``dst`` (and a bias of dst's dtype):
+        "winograd" for float32 ones (half.py names and builds those with float16 arrays)."""
+        return "winograd"
+
     def _winograd_blocks(self, entry: str, src: WView, dst: WView, channels: int, blocks: int, n0: int,
                          geometry: tuple) -> None:
         """A transform with a thread per (channel, 2x2 block) of the chunk from sample n0."""
         params = WinogradParams(count=channels * blocks, blocks=blocks, first_sample=n0)
-        self._dispatch("winograd", entry, params, [src, dst], self._grid(channels * blocks), constants=geometry)
+        self._dispatch(self._winograd_module(src, dst), entry, params, [src, dst], self._grid(channels * blocks),
+                       constants=geometry)
 
     def _winograd(self, x: WView, w: WView, y: WView, padding, flip: bool, chunk: int,
                   bias: WView | None = None) -> None:
@@ -124,7 +130,7 @@ class Convolution(Elementwise):
         cout, r = y.shape[1], w.shape[2]
         geometry, per_sample, points, (u, v, m) = self._winograd_setup(x.shape, y.shape, r, padding, chunk)
         params = WinogradParams(count=cout * cin, w_out=w.shape[0], w_in=w.shape[1])
-        self._dispatch("winograd", "winograd_filter", params, [w, u], self._grid(cout * cin),
+        self._dispatch(self._winograd_module(w, u), "winograd_filter", params, [w, u], self._grid(cout * cin),
                        constants=(("FLIP", int(flip)), ("R", r)))
         out_consts = geometry + ((("HAS_BIAS", 1),) if bias is not None else ())
         bias_or_none = bias if bias is not None else self._scratch_buffer(1, "nobias")
@@ -133,8 +139,8 @@ class Convolution(Elementwise):
             self._winograd_blocks("winograd_input", x, v, cin, blocks, n0, geometry)
             self._gemm(u, False, v, False, m, cout, blocks, cin, 1.0, 0.0, batch=points)
             params = WinogradParams(count=cout * blocks, blocks=blocks, first_sample=n0)
-            self._defer("winograd", "winograd_output", params, [m, y, bias_or_none], self._grid(cout * blocks),
-                        out_consts, tuple(y.shape), y)  # an in-place ReLU may join
+            self._defer(self._winograd_module(m, y), "winograd_output", params, [m, y, bias_or_none],
+                        self._grid(cout * blocks), out_consts, tuple(y.shape), y)  # an in-place ReLU may join
         if chunk < n:
             self._emit_pending()  # a ReLU over all of y cannot join the last chunk's store
 
@@ -149,13 +155,35 @@ class Convolution(Elementwise):
             self._winograd_blocks("winograd_input", x, v, c, blocks, n0, geometry)
             self._winograd_blocks("winograd_dy", dy, z, o, blocks, n0, geometry)
             self._gemm(z, False, v, True, du, o, c, blocks, 1.0, 0.0 if n0 == 0 else 1.0, batch=points)
-        self._dispatch("winograd", "winograd_filter_grad", WinogradParams(count=o * c, beta=beta), [du, dw],
-                       self._grid(o * c), constants=(("R", r),))
+        self._dispatch(self._winograd_module(du, dw), "winograd_filter_grad", WinogradParams(count=o * c, beta=beta),
+                       [du, dw], self._grid(o * c), constants=(("R", r),))
+
+    def _winograd_conv(self, x: WView, w: WView, y: WView, stride, padding, bias: WView | None = None) -> bool:
+        """The forward pass as Winograd where ``_winograd_chunk`` says it applies; False where it does not."""
+        chunk = self._winograd_chunk(x.shape, w.shape, y.shape, stride, padding)
+        if chunk:
+            self._winograd(x, w, y, padding, False, chunk, bias)
+        return bool(chunk)
+
+    def _winograd_conv_grad_data(self, dy: WView, w: WView, dx: WView, stride, padding) -> bool:
+        """The data gradient as Winograd where it applies: dx = dy correlated with w rotated 180 degrees (channels
+        swapped), padded by R - 1 - padding; False where it does not apply."""
+        chunk = self._winograd_chunk(dx.shape, w.shape, dy.shape, stride, padding)
+        if chunk:
+            r = w.shape[2]
+            self._winograd(dy, w, dx, (r - 1 - padding[0], r - 1 - padding[1]), True, chunk)
+        return bool(chunk)
+
+    def _winograd_conv_grad_filter(self, x: WView, dy: WView, dw: WView, stride, padding, beta: float) -> bool:
+        """The filter gradient as Winograd where it applies (and ``winograd_filter_grad``); False elsewhere."""
+        chunk = self.winograd_filter_grad and self._winograd_chunk(x.shape, dw.shape, dy.shape, stride, padding)
+        if chunk:
+            self._winograd_filter_grad(x, dy, dw, padding, beta, chunk)
+        return bool(chunk)
 
     def conv2d(self, x, w, out, stride, padding, ws, bias=None):
-        chunk = self._winograd_chunk(x.shape, w.shape, out.shape, stride, padding)
-        if chunk:
-            return self._winograd(x, w, out, padding, False, chunk, bias)
+        if self._winograd_conv(x, w, out, stride, padding, bias):
+            return
         n, c, o, k, p, chunk, u = self._conv_geometry(x.shape, w.shape, out.shape, stride, padding)
         if self._fits(x, w, out):
             conv = self._conv_constants(x.shape, w.shape, out.shape, stride, padding, B_MODE=1, C_MODE=1)
@@ -171,10 +199,8 @@ class Convolution(Elementwise):
             self.bias_add(out, bias)
 
     def conv2d_grad_data(self, dy, w, dx, stride, padding, ws):
-        chunk = self._winograd_chunk(dx.shape, w.shape, dy.shape, stride, padding)
-        if chunk:  # dx = dy correlated with w rotated 180 degrees (channels swapped), padded by R - 1 - padding
-            r = w.shape[2]
-            return self._winograd(dy, w, dx, (r - 1 - padding[0], r - 1 - padding[1]), True, chunk)
+        if self._winograd_conv_grad_data(dy, w, dx, stride, padding):
+            return
         n, c, o, k, p, chunk, u = self._conv_geometry(dx.shape, w.shape, dy.shape, stride, padding)
         h, wd = dx.shape[2], dx.shape[3]
         # implicit: dx [C x N*H*W] = w as [C x O*KH*KW] times dy gathered per (o, i, j) and x position, with no
@@ -199,9 +225,8 @@ class Convolution(Elementwise):
             self._conv_launch("col2im", u, nc * c * h * wd, n0, nc, o, cols, dx)
 
     def conv2d_grad_filter(self, x, dy, dw, stride, padding, ws, beta=0.0):
-        chunk = self.winograd_filter_grad and self._winograd_chunk(x.shape, dw.shape, dy.shape, stride, padding)
-        if chunk:
-            return self._winograd_filter_grad(x, dy, dw, padding, beta, chunk)
+        if self._winograd_conv_grad_filter(x, dy, dw, stride, padding, beta):
+            return
         n, c, o, k, p, chunk, u = self._conv_geometry(x.shape, dw.shape, dy.shape, stride, padding)
         if self._fits(x, dy):
             # dw [O x CKK] = dy [O x N*P] times the im2col columns transposed [N*P x CKK], both read in place

@@ -1,13 +1,14 @@
 """float16 on the webgpu backend (precision "fp16", on adapters with the shader-f16 feature).
 
 float16 kernels (float16 loads and stores, float32 arithmetic and sums, one rounding per store): the float32
-kernels' WGSL rebuilt with their float16 arrays declared so (:func:`_halve`) for GEMMs and implicit-GEMM
-convolutions, pooling, softmax, sums, batch normalisation, LRN, embeddings and recurrent cells, and generated
-elementwise kernels (activations from pointwise.TABLE, bias, products, copies, axpby, Concat/Slice blocks); see
-:attr:`Half.NATIVE_F16` and :attr:`Half.SEQUENCE_F16`. Every other call with float16 operands (those primitives on
-operands they do not take, such as tensors past the binding limit, and the rest: losses, dot, clipping, dropout
-masks, solver updates) runs by emulation on the device: its float16 operands converted into float32 scratch buffers
-(half.wgsl), its float32 kernels run, and the operands it writes (declared in base.WRITES) converted back.
+kernels' WGSL rebuilt with their float16 arrays declared so (:func:`_halve`) for GEMMs, convolutions (implicit
+GEMMs, and Winograd transforms around float32 tiles), pooling, softmax, sums, batch normalisation, LRN, embeddings
+and recurrent cells, and generated elementwise kernels (activations from pointwise.TABLE, bias, products, copies,
+axpby, Concat/Slice blocks); see :attr:`Half.NATIVE_F16` and :attr:`Half.SEQUENCE_F16`. Every other call with
+float16 operands (those primitives on operands they do not take, such as tensors past the binding limit, and the
+rest: losses, dot, clipping, dropout masks, solver updates) runs by emulation on the device: its float16 operands
+converted into float32 scratch buffers (half.wgsl), its float32 kernels run, and the operands it writes (declared in
+base.WRITES) converted back.
 Operands that share a buffer (an in-place activation's input and output) share one scratch buffer, so the float32
 kernel sees the same aliasing the caller asked for.
 """
@@ -346,10 +347,32 @@ class Half(Convolution):
         Convolution.gemm(self, a, trans_a, b, trans_b, out, alpha, beta)
         return True
 
-    # convolutions as implicit GEMMs (x, dy and dx read and written in NCHW by the GEMM kernels, no float32 columns
-    # or Winograd transforms), where every tensor fits one binding
+    def _winograd_module(self, src: WView, dst: WView) -> str:
+        """winograd.wgsl with src, or dst and its bias, declared float16 where the buffers bound there are (built on
+        first use): winograd16src reads a float16 x, w or dy into float32 tiles, winograd16dst stores float32 tiles'
+        results into a float16 y, dx or dw. The transforms' arithmetic and the tiles U, V and M stay float32, so a
+        float16 result is rounded once, when stored."""
+        halves = [name for name, v in (("src", src), ("dst", dst)) if v.dtype == F16]
+        if not halves:
+            return "winograd"
+        module = "winograd16" + "".join(halves)
+        if module not in self._modules:
+            arrays = halves + (["bias"] if "dst" in halves else [])
+            self._modules[module] = self.device.create_shader_module(
+                code=PRELUDE + (_HERE / "params.wgsl").read_text() + (_HERE / "window.wgsl").read_text()
+                + _halve((_HERE / "winograd.wgsl").read_text(), tuple(arrays)) + pointwise.wgsl_functions()
+                + pointwise.wgsl_epilogue())
+        return module
+
+    # convolutions, where every tensor fits one binding: as Winograd where the float32 path takes it (the same rule,
+    # _winograd_chunk), float16 loads and stores around float32 transforms and tiles; elsewhere as implicit GEMMs
+    # (x, dy and dx read and written in NCHW by the GEMM kernels, no float32 columns)
     def _conv2d_h(self, x, w, out, stride, padding, ws, bias=None) -> bool:
-        if not self._halves(x, w, out, *([bias] if bias is not None else [])) or not self.implicit_conv:
+        if not self._halves(x, w, out, *([bias] if bias is not None else [])):
+            return False
+        if self._winograd_conv(x, w, out, stride, padding, bias):
+            return True
+        if not self.implicit_conv:
             return False
         n, _, o, k, p, _, _ = self._conv_geometry(x.shape, w.shape, out.shape, stride, padding)
         conv = self._conv_constants(x.shape, w.shape, out.shape, stride, padding, B_MODE=1, C_MODE=1)
@@ -357,7 +380,11 @@ class Half(Convolution):
         return True
 
     def _conv2d_grad_data_h(self, dy, w, dx, stride, padding, ws) -> bool:
-        if not self._halves(dy, w, dx) or not self.implicit_conv:
+        if not self._halves(dy, w, dx):
+            return False
+        if self._winograd_conv_grad_data(dy, w, dx, stride, padding):
+            return True
+        if not self.implicit_conv:
             return False
         n, c, h, wd = dx.shape
         o, _, kh, kw = w.shape
@@ -366,8 +393,11 @@ class Half(Convolution):
         return True
 
     def _conv2d_grad_filter_h(self, x, dy, dw, stride, padding, ws, beta=0.0) -> bool:
-        if not self._halves(x, dy) or dw.dtype not in (F16, F32) or dw.raw.size > self.max_binding \
-                or not self.implicit_conv:
+        if not self._halves(x, dy) or dw.dtype not in (F16, F32) or dw.raw.size > self.max_binding:
+            return False
+        if self._winograd_conv_grad_filter(x, dy, dw, stride, padding, beta):
+            return True
+        if not self.implicit_conv:
             return False
         n, _, o, k, p, _, _ = self._conv_geometry(x.shape, dw.shape, dy.shape, stride, padding)
         conv = self._conv_constants(x.shape, dw.shape, dy.shape, stride, padding, A_MODE=1, B_MODE=2)
