@@ -417,3 +417,35 @@ def test_a_rule_that_cannot_skip_on_the_device_is_skipped_on_the_host(monkeypatc
     solver.train_minibatch(*batches[3])
     assert not np.array_equal(before[0], solver.network.learnable_weights_data()[0].to_numpy())
     assert keys == [None] * 4, "a rule that cannot skip on the device must not be recorded"
+
+
+PLAIN = ["native", pytest.param("webgpu", marks=pytest.mark.webgpu), pytest.param("cuda", marks=pytest.mark.cuda)]
+BIG = float(np.float32(2.0**127))
+DECISIONS = [  # sumsq, scale, [good, skipped], dynamic -> scale, [good, skipped], apply (growth 2, backoff 0.5, 3)
+    (5.0, 8.0, [1, 4], True, 8.0, [2, 4], 1),
+    (5.0, 8.0, [2, 4], True, 16.0, [0, 4], 1),
+    (5.0, BIG, [2, 4], True, BIG, [0, 4], 1),  # growing would overflow float32: the scale stays
+    (np.inf, 8.0, [2, 4], True, 4.0, [0, 5], 0),
+    (np.nan, 8.0, [1, 0], True, 4.0, [0, 1], 0),
+    (np.inf, 8.0, [2, 4], False, 8.0, [2, 5], 0),  # a static scale: only the skip is counted
+    (5.0, 8.0, [2, 4], False, 8.0, [2, 4], 1),
+]
+
+
+@pytest.mark.parametrize("device", PLAIN)
+def test_loss_scale_update_and_unscale_primitives(device):
+    """The device's decision against the rule written out: apply or skip, back off, grow (unless the scale would
+    overflow), count; and unscale multiplies by the scale's reciprocal."""
+    try:
+        be = lp.backend(device)
+    except lp.BackendUnavailable as e:
+        pytest.skip(f"{device} backend unavailable: {e}")
+    for sumsq, scale, counts, dynamic, want_scale, want_counts, want_apply in DECISIONS:
+        ts = [lp.SharedTensor.from_numpy(np.array(v, np.float32)) for v in ([sumsq], [scale], counts, [0.25, 0.5])]
+        be.loss_scale_update(*(t.read_write(be) for t in ts), 2.0, 0.5, 3, dynamic)
+        got = (float(ts[1].to_numpy()[0]), ts[2].to_numpy().tolist(), ts[3].to_numpy().tolist())
+        assert got == (want_scale, want_counts, [0.25, want_apply]), (sumsq, scale, counts, dynamic)
+    x = np.random.default_rng(3).standard_normal((5, 7)).astype(np.float32)
+    tx, tscale = lp.SharedTensor.from_numpy(x), lp.SharedTensor.from_numpy(np.array([1024.0], np.float32))
+    be.unscale(tx.read_write(be), tscale.read(be))
+    np.testing.assert_allclose(tx.to_numpy(), x / 1024.0, rtol=1e-7)
