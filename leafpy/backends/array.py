@@ -585,12 +585,35 @@ class ArrayBackend(Backend):
         factor = threshold / xp.maximum(norm, threshold)  # never a division by zero; NaN norms scale by 1, as on GPUs
         x *= xp.where(norm > threshold, factor, 1.0).astype(x.dtype)
 
+    def unscale(self, x, scale):
+        x *= 1 / scale.reshape(-1)[:1]  # a product: twice as fast as a division on the CPU
+
+    def loss_scale_update(self, sumsq, scale, counts, rate, growth_factor, backoff_factor, growth_interval, dynamic):
+        # array operations on one-element slices: nothing is read back (CuPy queues them on the device)
+        xp = self.xp
+        s, c, r = scale.reshape(-1)[:1], counts.reshape(-1), rate.reshape(-1)
+        ok = xp.isfinite(sumsq.reshape(-1)[:1])
+        r[1:2] = ok
+        c[1:2] += (~ok).astype(c.dtype)
+        if dynamic:
+            good = xp.where(ok, c[:1] + 1, 0).astype(c.dtype)
+            grow = good >= growth_interval
+            with np.errstate(over="ignore"):
+                grown = s * growth_factor
+            s[...] = xp.where(ok, xp.where(grow & xp.isfinite(grown), grown, s), s * backoff_factor)
+            c[:1] = xp.where(grow, 0, good)
+
     def _rate(self, rate, lr_mult):
-        """The weight's learning rate as a host float (the native backend reads its one-element buffer)."""
+        """The weight's learning rate as a host float (the native backend reads its buffer), or None where the
+        step is skipped (``rate[1] == 0``: the update writes nothing)."""
+        if rate[1] == 0:
+            return None
         return float(rate[0]) * lr_mult
 
     def momentum_update(self, w, g, h, rate, lr_mult, momentum):
         lr = self._rate(rate, lr_mult)
+        if lr is None:
+            return
         for _, wp, gp, hp in self._update_pieces(w, g, h):
             gp *= lr
             hp *= momentum
@@ -614,6 +637,8 @@ class ArrayBackend(Backend):
 
     def nesterov_update(self, w, g, h, prev, rate, lr_mult, momentum):
         lr = self._rate(rate, lr_mult)
+        if lr is None:
+            return
         for t, wp, gp, hp, pp in self._update_pieces(w, g, h, prev):
             pp[...] = hp
             gp *= lr
@@ -626,12 +651,16 @@ class ArrayBackend(Backend):
 
     def rmsprop_update(self, w, g, h, rate, lr_mult, decay, eps):
         lr = self._rate(rate, lr_mult)
+        if lr is None:
+            return
         for t, wp, gp, hp in self._update_pieces(w, g, h):
             self._toward_square(gp, hp, decay, t)
             self._scaled_step(wp, gp, hp, lr, eps, t)
 
     def adagrad_update(self, w, g, h, rate, lr_mult, eps):
         lr = self._rate(rate, lr_mult)
+        if lr is None:
+            return
         for t, wp, gp, hp in self._update_pieces(w, g, h):
             self.xp.multiply(gp, gp, out=t)
             hp += t
@@ -639,6 +668,8 @@ class ArrayBackend(Backend):
 
     def adadelta_update(self, w, g, h, u, rate, lr_mult, decay, eps):
         lr = self._rate(rate, lr_mult)
+        if lr is None:
+            return
         xp = self.xp
         for t, wp, gp, hp, up in self._update_pieces(w, g, h, u):
             self._toward_square(gp, hp, decay, t)
@@ -654,6 +685,8 @@ class ArrayBackend(Backend):
 
     def adam_update(self, w, g, m, v, rate, lr_mult, beta1, beta2, eps):
         lr = self._rate(rate, lr_mult)
+        if lr is None:
+            return
         for t, wp, gp, mp, vp in self._update_pieces(w, g, m, v):
             self.xp.subtract(gp, mp, out=t)  # m += (1 - b1)(g - m)
             t *= 1.0 - beta1

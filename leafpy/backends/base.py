@@ -279,12 +279,31 @@ class Backend:
         raise NotImplementedError
 
     # --- solver updates ---------------------------------------------------------------------------------------
-    # ``rate`` is a one-element buffer holding the step's learning rate (Adam's with its bias correction), written
-    # before the step so that a recorded step replays under any schedule; a weight's rate is ``rate[0] * lr_mult``
-    # (lr below). The gradient buffer g may be used as scratch.
+    # ``rate`` is a two-element buffer ``[step rate, apply]``: the step's learning rate (Adam's with its bias
+    # correction), written before the step so that a recorded step replays under any schedule, and 1 to apply the
+    # update or 0 to skip it (written on the device by :meth:`loss_scale_update`; 1 without loss scaling). A
+    # weight's rate is ``rate[0] * lr_mult`` (lr below). With ``rate[1] == 0`` an update writes nothing: weights and
+    # history stay bit for bit as they were. The gradient buffer g may be used as scratch.
     def clip_to_norm(self, x: Buffer, sumsq: Buffer, threshold: float) -> None:
         """Gradient clipping on the device: with ``n = sqrt(sumsq[0])`` (the norm of all gradients), ``x *=
         threshold / n`` when ``n > threshold``; nothing comes back to the host, so a clipped step replays."""
+        raise NotImplementedError
+
+    def unscale(self, x: Buffer, scale: Buffer) -> None:
+        """Loss scaling: ``x *= 1 / scale[0]``, the scale read on the device (the gradients of a loss whose gradient was
+        multiplied by it), so a loss-scaled step replays while the scale changes."""
+        raise NotImplementedError
+
+    def loss_scale_update(self, sumsq: Buffer, scale: Buffer, counts: Buffer, rate: Buffer, growth_factor: float,
+                          backoff_factor: float, growth_interval: int, dynamic: bool) -> None:
+        """Loss scaling's decision after a step, on the device (one thread; nothing comes back to the host).
+        ``sumsq[0]`` is the sum of squares of the unscaled gradients (inf or nan where any of them is), ``scale``
+        ``[scale]``, ``counts`` ``[good steps, skipped steps]`` and ``rate`` the update's ``[step rate, apply]``.
+        Finite: ``rate[1] = 1``; else ``rate[1] = 0`` and the skipped steps grow by one. ``dynamic`` (PyTorch's
+        GradScaler): a skipped step multiplies the scale by ``backoff_factor`` and zeroes the good steps; a finite
+        one counts a good step, and at ``growth_interval`` good steps the scale is multiplied by ``growth_factor``
+        (unless that overflows: then it stays) and the good steps restart from 0. Not ``dynamic`` (a static scale):
+        the scale and the good steps stay. The counts are floats, exact up to 2**24."""
         raise NotImplementedError
 
     def momentum_update(self, w: Buffer, g: Buffer, h: Buffer, rate: Buffer, lr_mult: float, momentum: float) -> None:
@@ -441,6 +460,7 @@ WRITES: dict[str, Writes] = {
     "lrn": ("scale", "out"), "lrn_grad": ("dx",),
     "dropout_mask": ("mask",),
     "clip_to_norm": ("x",),
+    "unscale": ("x",), "loss_scale_update": ("scale", "counts", "rate"),
     # the gradient may serve the updates as scratch
     "momentum_update": ("w", "g", "h"), "nesterov_update": ("w", "g", "h", "prev"),
     "adam_update": ("w", "g", "m", "v"), "rmsprop_update": ("w", "g", "h"), "adagrad_update": ("w", "g", "h"),

@@ -12,6 +12,7 @@ from .solver import UpdateRule
 class AdaDelta(UpdateRule):
     name = "adadelta"
     state_names = ("history", "update_history")
+    skips_on_device = True
 
     def update(self, backend, w, g, state, rate, lr_mult):
         h, u = state

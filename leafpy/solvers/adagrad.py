@@ -10,6 +10,7 @@ from .solver import UpdateRule
 class AdaGrad(UpdateRule):
     name = "adagrad"
     state_names = ("history",)
+    skips_on_device = True
 
     def update(self, backend, w, g, state, rate, lr_mult):
         (h,) = state

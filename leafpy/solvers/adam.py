@@ -13,6 +13,7 @@ from .solver import UpdateRule
 class Adam(UpdateRule):
     name = "adam"
     state_names = ("m", "v")
+    skips_on_device = True
     def step_rate(self, lr, iteration):
         c = self.config
         t = iteration + 1

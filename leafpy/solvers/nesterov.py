@@ -10,6 +10,7 @@ from .solver import UpdateRule
 class Nesterov(UpdateRule):
     name = "nesterov"
     state_names = ("history", "previous")
+    skips_on_device = True
 
     def update(self, backend, w, g, state, rate, lr_mult):
         h, prev = state

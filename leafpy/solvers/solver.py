@@ -28,6 +28,8 @@ _SOLVER_TOKENS = itertools.count()
 
 
 LOSS_SCALE_MODES = ("dynamic", "none")
+LOSS_SCALE_MAX_INTERVAL = 2**24
+"""The longest growth interval: loss scaling counts good steps on the device in float32, exact up to 2**24."""
 
 MAX_ITERATION = 2**53
 """The largest iteration count a solver holds: the learning-rate formulas use it as a float, exact up to 2**53."""
@@ -133,6 +135,10 @@ class SolverConfig:
                                                             min_open=True, max_open=True))
         s(self, "loss_scale_growth_interval", _checks.positive_int("solver.loss_scale_growth_interval",
                                                                    self.loss_scale_growth_interval))
+        if self.loss_scale_growth_interval > LOSS_SCALE_MAX_INTERVAL:
+            raise ConfigError(f"solver.loss_scale_growth_interval: expected at most {LOSS_SCALE_MAX_INTERVAL} (the "
+                              f"device counts good steps in float32, exact up to 2**24), got "
+                              f"{self.loss_scale_growth_interval!r}")
 
     def _check_policy(self) -> None:
         """Policy settings under which Caffe's formula has no value (a power of zero or of a negative number)."""
@@ -201,19 +207,25 @@ class UpdateRule:
 
     name: ClassVar[str] = ""
     state_names: ClassVar[tuple[str, ...]] = ()
+    skips_on_device: ClassVar[bool] = False
+    """Whether :meth:`update` writes nothing when ``rate[1]`` is 0, as the backends' update primitives do (they read
+    that flag on the device). Under loss scaling, a rule without it has its skipped steps decided on the host (the
+    flag read back each step), so its steps are not recorded for replay."""
 
     def __init__(self, config: SolverConfig) -> None:
         self.config = config
 
     def step_rate(self, lr: float, iteration: int) -> float:
         """The rate the update kernels read at ``iteration`` for the policy's rate ``lr`` (Adam folds its bias
-        correction in). The solver writes it into a one-element device buffer before each step, so values that
-        change every step never enter a recorded step."""
+        correction in). The solver writes it into a device buffer before each step, so values that change every
+        step never enter a recorded step."""
         return lr
 
     def update(self, backend: Backend, w: Any, g: Any, state: list[Any], rate: Any, lr_mult: float) -> None:
         """Update the weight ``w`` from its gradient ``g`` (device buffers; ``state`` the rule's history buffers);
-        ``rate`` is the one-element buffer holding :meth:`step_rate`, scaled by the weight's ``lr_mult``."""
+        ``rate`` is the buffer ``[step rate, apply]``: :meth:`step_rate`, scaled by the weight's ``lr_mult``, and
+        0 where the step is skipped (loss scaling saw inf or nan gradients), when the backend's update primitive
+        writes nothing."""
         raise NotImplementedError
 
 
@@ -237,7 +249,9 @@ class Solver:
                                                 for w in weights]
         self._accum = [SharedTensor(w.shape, dtype) for w in weights] if config.minibatch_size > 1 else []
         self._scratch = SharedTensor((1,), dtype)
-        self._rate = SharedTensor((1,), dtype)  # the step's rate (rule.step_rate), uploaded before each step
+        # [the step's rate (rule.step_rate), uploaded before each step when it changed; 1 to apply the update or 0
+        # to skip it, written on the device under loss scaling]
+        self._rate = SharedTensor((2,), dtype)
         self._rate_value: float | None = None
         self._workers_of: Layer | None = None
         self._worker_list: list[Any] = []
@@ -257,13 +271,48 @@ class Solver:
         """What a training loop needs to continue where it stopped (epoch, batch within it...): plain JSON values,
         saved and restored with the checkpoint."""
         self._boundary: tuple[SharedTensor, SharedTensor] | None = None  # fp32 output and gradient for the objective
-        self._seeded_scale: float | None = None  # the value in the objective's output gradient
+        self._seeded = False  # whether the objective's output gradient holds 1.0 from the host (no loss scaling)
+        # loss scaling's state lives on the device, where each step reads and updates it: [scale] and [good steps,
+        # skipped steps since _skipped_before] (floats, exact up to 2**24); read back only when asked for
+        self._scale = SharedTensor((1,), dtype)
+        self._scale_counts = SharedTensor((2,), dtype)
+        self._skipped_before = 0
         self.loss_scale = self._initial_scale()
-        """The factor the loss's gradient is multiplied by (1.0 without loss scaling)."""
         self.loss_scale_good_steps = 0
-        """Updates in a row with finite gradients since the scale last changed (dynamic loss scaling)."""
         self.skipped_steps = 0
+
+    @property
+    def loss_scale(self) -> float:
+        """The factor the loss's gradient is multiplied by (1.0 without loss scaling). Kept on the device and read
+        back when asked for; setting it writes the device's copy before the next step."""
+        return float(self._scale.to_numpy()[0])
+
+    @loss_scale.setter
+    def loss_scale(self, value: float) -> None:
+        self._scale.set(np.array([value], dtype=np.float64))
+
+    @property
+    def loss_scale_good_steps(self) -> int:
+        """Updates in a row with finite gradients since the scale last changed (dynamic loss scaling)."""
+        return int(self._scale_counts.to_numpy()[0])
+
+    @loss_scale_good_steps.setter
+    def loss_scale_good_steps(self, value: int) -> None:
+        counts = self._scale_counts.to_numpy()
+        counts[0] = value
+        self._scale_counts.set(counts)
+
+    @property
+    def skipped_steps(self) -> int:
         """Updates skipped for inf or nan gradients (with loss scaling); the iteration counter still advanced."""
+        return self._skipped_before + int(self._scale_counts.to_numpy()[1])
+
+    @skipped_steps.setter
+    def skipped_steps(self, value: int) -> None:
+        counts = self._scale_counts.to_numpy()
+        counts[1] = 0  # the device counts from here, exactly for 2**24 skipped steps
+        self._scale_counts.set(counts)
+        self._skipped_before = int(value)
 
     @staticmethod
     def from_config(network_backend: Backend, objective_backend: Backend, config: SolverConfig) -> Solver:
@@ -319,12 +368,21 @@ class Solver:
             self._boundary = None
         obj.connect(0, out, dout)
         if obj.feed([None, target]) or rebound:
-            self._seeded_scale = None
+            self._seeded = False
             self._generation += 1
-        if self._seeded_scale != self.loss_scale:  # the loss's gradient, scaled: the scale lives on the device
-            obj.output_grads[0].set(np.full(obj.output_grads[0].shape, self.loss_scale))
-            self._seeded_scale = self.loss_scale
+        if not self._seeded and self.loss_scaling() == "none":  # the loss's gradient: 1 (scaled: see _seed)
+            obj.output_grads[0].set(np.ones(obj.output_grads[0].shape))
+            self._seeded = True
         obj.layer.validate()
+
+    def _seed(self) -> None:
+        """Under loss scaling, the loss's gradient (the objective's output gradient) = the scale, copied on the
+        device inside the step: a recorded step replays while the scale changes."""
+        obe = self.objective.backend
+        seed = self.objective.runner.output_grads[0]
+        out = seed.write(obe)
+        obe.fill(0.0, out)
+        obe.bias_add(obe.view(out, (seed.size, 1)), self._scale.read(obe))
 
     def _compute(self) -> None:
         net, obj = self.network, self.objective
@@ -354,17 +412,20 @@ class Solver:
     def _set_rate(self, rate: float) -> None:
         """Put the step's rate into its device buffer before the step (4 bytes uploaded when it changed)."""
         be = self.network.backend
-        if rate != self._rate_value:
-            be.upload(np.array([rate], dtype=be.dtype), self._rate.write(be))
+        if rate != self._rate_value:  # apply: 1 (loss scaling sets it on the device within the step)
+            be.upload(np.array([rate, 1.0], dtype=be.dtype), self._rate.write(be))
             self._rate_value = rate
         else:
             self._rate.read(be)
 
     def _replayable(self) -> bool:
         """Whether a step's device launches depend only on its key (so a backend may record and replay it): the
-        rate, dropout's seeds and the clipping factor live in device buffers, so any policy, rule, dropout and
-        clipping replays, and so do NCCL's sums between ranks; not sums through the host (see gradient_reducer)."""
-        return self.loss_scaling() == "none" and self._reducer_key() is not None
+        rate, dropout's seeds, the clipping factor and loss scaling's scale and decision live in device buffers,
+        so any policy, rule, dropout, clipping and loss scaling replays, and so do NCCL's sums between ranks; not
+        sums through the host (see gradient_reducer), nor a loss-scaled step of a rule that cannot skip on the
+        device (UpdateRule.skips_on_device)."""
+        scaled_ok = self.loss_scaling() == "none" or self.rule.skips_on_device
+        return scaled_ok and self._reducer_key() is not None
 
     def _reducer_key(self) -> tuple | None:
         """The gradient reducer's part of a recorded step's key (() without one), None where it cannot be recorded."""
@@ -397,23 +458,30 @@ class Solver:
             raise
 
         scaling = self.loss_scaling()
-        skipped: list[bool] = []
 
         def step() -> None:
+            if scaling != "none":
+                self._seed()
             self._compute()
             grads = self._parameters()[1]
             if k > 1:
                 for g, acc in zip(grads, self._accum):
-                    a = acc.write(be) if first else acc.read_write(be)
-                    be.axpby(self.accumulation_scale, g.read(be), 0.0 if first else 1.0, a)
+                    if first:  # overwritten, never read: a skipped step may have left inf or nan there
+                        a = acc.write(be)
+                        be.copy(g.read(be), a)
+                        if self.accumulation_scale != 1.0:
+                            be.scal(self.accumulation_scale, a)
+                    else:
+                        be.axpby(self.accumulation_scale, g.read(be), 1.0, acc.read_write(be))
                 if not update_now:
                     return
                 grads = self._accum
             if self.gradient_reducer is not None:
                 self.gradient_reducer(list(grads))
-            if scaling != "none" and not self._unscale(grads):
-                skipped.append(True)
-                return
+            if scaling != "none":
+                self._unscale(grads, scaling == "dynamic")
+                if not self.rule.skips_on_device and not self._rate.to_numpy()[1]:
+                    return  # a rule that cannot see the flag: skipped here
             self._update(grads)
 
         # a step whose launches depend only on the bindings and the accumulation phase may be recorded and replayed
@@ -427,8 +495,6 @@ class Solver:
             self._calls = 0 if update_now else self._calls + 1
         if update_now:
             self.iteration += 1  # a skipped step counts too, as PyTorch's schedulers count it
-            if scaling != "none":
-                self._adjust_scale(bool(skipped), scaling == "dynamic")
         self._has_loss = True
         return self.network.outputs[0]
 
@@ -460,33 +526,23 @@ class Solver:
             st = [s.read_write(be) for s in state]
             self.rule.update(be, wb, g, st, rate, wc.lr_mult)
 
-    def _unscale(self, grads: Sequence[SharedTensor]) -> bool:
-        """Divide the gradients by the loss scale; whether they are all finite (read back on the host: one scalar per
-        step under loss scaling)."""
+    def _unscale(self, grads: Sequence[SharedTensor], dynamic: bool) -> None:
+        """Divide the gradients by the loss scale and decide on the device whether this step's update applies (any
+        inf or nan makes the sum of their squares inf or nan: the update rule then writes nothing); the scale and
+        its counts follow (Backend.loss_scale_update). Nothing comes back to the host."""
+        cfg = self.config
         be = self.network.backend
         g_bufs = [g.read_write(be) for g in grads]
+        scale = self._scale.read_write(be)
         scratch, total = self._scratch.write(be), self._norm.write(be)
         be.fill(0.0, total)
         for g in g_bufs:
-            be.scal(1.0 / self.loss_scale, g)
-            be.dot(g, g, scratch)  # any inf or nan makes the sum inf or nan
+            be.unscale(g, scale)
+            be.dot(g, g, scratch)
             be.axpby(1.0, scratch, 1.0, total)
-        return bool(np.isfinite(self._norm.to_numpy()).all())
-
-    def _adjust_scale(self, skipped: bool, dynamic: bool) -> None:
-        cfg = self.config
-        if skipped:
-            self.skipped_steps += 1
-        if not dynamic:
-            return
-        if skipped:
-            self.loss_scale *= cfg.loss_scale_backoff_factor
-            self.loss_scale_good_steps = 0
-        else:
-            self.loss_scale_good_steps += 1
-            if self.loss_scale_good_steps >= cfg.loss_scale_growth_interval:
-                self.loss_scale *= cfg.loss_scale_growth_factor
-                self.loss_scale_good_steps = 0
+        be.loss_scale_update(total, scale, self._scale_counts.read_write(be), self._rate.read_write(be),
+                             cfg.loss_scale_growth_factor, cfg.loss_scale_backoff_factor,
+                             cfg.loss_scale_growth_interval, dynamic)
 
     def _clip(self, be: Backend, g_bufs: list[Any], threshold: float) -> None:
         # the squared norms add up on the device and the scaling reads their sum there: nothing comes back
@@ -533,6 +589,8 @@ class Solver:
             if mode != before or mode == "static":  # the new setting's scale; a dynamic scale carries on
                 self.loss_scale, self.loss_scale_good_steps = self._initial_scale(), 0
             self.rule = update_rules()[config.solver](config)
+            self._seeded = False  # the loss's gradient and the update's apply flag are set anew
+            self._rate_value = None
             self._generation += 1  # recorded steps hold the old constants (momentum, decay, clipping): record anew
         return changed
 

@@ -60,6 +60,23 @@ _DROPOUT = ("raw uint32 seed, uint32 mult, uint32 threshold, T scale", "T mask",
             " h ^= h >> 16; h *= 0x85EBCA6Bu; h ^= h >> 13; h *= 0xC2B2AE35u; h ^= h >> 16;"
             " mask = h >= threshold ? scale : (T)0", "leafpy_dropout")
 
+_UNSCALE = ("raw T scale", "T x", "x = x * ((T)1 / scale[0])", "leafpy_unscale")
+# one thread (size=1): counts = [good steps, skipped steps], rate = [step rate, apply]; see Backend.loss_scale_update
+_LOSS_SCALE_UPDATE = (
+    "raw T sumsq, T growth, T backoff, T interval, int32 dynamic", "raw T scale, raw T counts, raw T rate",
+    "bool ok = isfinite(sumsq[0]); rate[1] = ok ? (T)1 : (T)0; if (!ok) counts[1] = counts[1] + (T)1;"
+    " if (dynamic) { T s = scale[0]; T good = counts[0];"
+    " if (!ok) { s = s * backoff; good = (T)0; }"
+    " else { good = good + (T)1; if (good >= interval) { T grown = s * growth; if (isfinite(grown)) s = grown;"
+    " good = (T)0; } }"
+    " scale[0] = s; counts[0] = good; }", "leafpy_loss_scale_update")
+
+
+def _applied(operation: str) -> str:
+    """A solver update's operation, run only where the step applies (``rate[1] != 0``); else nothing is written."""
+    return f"if (rate[1] != (T)0) {{ {operation}; }}"
+
+
 LOW_PRECISION_KERNELS = frozenset(SHORTHANDS) | {
     "gemm", "axpby", "copy", "fill", "mul", "activation", "activation_grad", "bias_add", "bias_grad",
     "batch_norm_stats", "batch_norm", "batch_norm_grad_sums", "batch_norm_grad", "conv2d", "conv2d_grad_data",
@@ -171,23 +188,26 @@ class CudaBackend(ArrayBackend):
             "clip_to_norm": ek("raw T sumsq, T threshold", "T x",
                                "T n = sqrt(sumsq[0]); if (n > threshold) x *= threshold / n", "leafpy_clip_to_norm"),
             # solver updates: the step's rate is read on the device (rate[0]), so a recorded step replays under
-            # any learning-rate schedule
+            # any learning-rate schedule; rate[1] == 0 (a loss-scaled step with inf or nan gradients) writes nothing
             "momentum": ek("T g, raw T rate, T mult, T m", "T w, T h",
-                           "h = m * h + rate[0] * mult * g; w -= h", "leafpy_momentum"),
+                           _applied("h = m * h + rate[0] * mult * g; w -= h"), "leafpy_momentum"),
             "nesterov": ek("T g, raw T rate, T mult, T m", "T w, T h, T prev",
-                           "prev = h; h = m * h + rate[0] * mult * g; w -= ((T)1 + m) * h - m * prev",
+                           _applied("prev = h; h = m * h + rate[0] * mult * g; w -= ((T)1 + m) * h - m * prev"),
                            "leafpy_nesterov"),
             "adam": ek("T g, raw T rate, T mult, T b1, T b2, T eps", "T w, T m, T v",
-                       "m = b1 * m + ((T)1 - b1) * g; v = b2 * v + ((T)1 - b2) * g * g;"
-                       " w -= rate[0] * mult * m / (sqrt(v) + eps)", "leafpy_adam"),
+                       _applied("m = b1 * m + ((T)1 - b1) * g; v = b2 * v + ((T)1 - b2) * g * g;"
+                                " w -= rate[0] * mult * m / (sqrt(v) + eps)"), "leafpy_adam"),
             "rmsprop": ek("T g, raw T rate, T mult, T d, T eps", "T w, T h",
-                          "h = d * h + ((T)1 - d) * g * g; w -= rate[0] * mult * g / (sqrt(h) + eps)",
+                          _applied("h = d * h + ((T)1 - d) * g * g; w -= rate[0] * mult * g / (sqrt(h) + eps)"),
                           "leafpy_rmsprop"),
             "adagrad": ek("T g, raw T rate, T mult, T eps", "T w, T h",
-                          "h += g * g; w -= rate[0] * mult * g / (sqrt(h) + eps)", "leafpy_adagrad"),
+                          _applied("h += g * g; w -= rate[0] * mult * g / (sqrt(h) + eps)"), "leafpy_adagrad"),
             "adadelta": ek("T g, raw T rate, T mult, T d, T eps", "T w, T h, T u",
-                           "h = d * h + ((T)1 - d) * g * g; T step = g * sqrt((u + eps) / (h + eps));"
-                           " u = d * u + ((T)1 - d) * step * step; w -= rate[0] * mult * step", "leafpy_adadelta"),
+                           _applied("h = d * h + ((T)1 - d) * g * g; T step = g * sqrt((u + eps) / (h + eps));"
+                                    " u = d * u + ((T)1 - d) * step * step; w -= rate[0] * mult * step"),
+                           "leafpy_adadelta"),
+            "unscale": ek(*_UNSCALE),
+            "loss_scale_update": ek(*_LOSS_SCALE_UPDATE),
             "bn_forward": ek(*_BN_FORWARD),
             "bn_grad": ek(*_BN_GRAD),
             "dropout": ek(*_DROPOUT),
@@ -484,6 +504,14 @@ class CudaBackend(ArrayBackend):
 
     def clip_to_norm(self, x, sumsq, threshold):
         self._kernels["clip_to_norm"](sumsq, self._scalar(threshold), x)
+
+    def unscale(self, x, scale):
+        self._kernels["unscale"](scale, x)
+
+    def loss_scale_update(self, sumsq, scale, counts, rate, growth_factor, backoff_factor, growth_interval, dynamic):
+        s = self._scalar
+        self._kernels["loss_scale_update"](sumsq, s(growth_factor), s(backoff_factor), s(growth_interval),
+                                           np.int32(bool(dynamic)), scale, counts, rate, size=1)
 
     def momentum_update(self, w, g, h, rate, lr_mult, momentum):
         s = self._scalar

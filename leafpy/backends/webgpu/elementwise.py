@@ -235,6 +235,14 @@ class Elementwise(Gemm):
     def clip_to_norm(self, x, sumsq, threshold):
         self._elementwise("clip_to_norm", x.size, [sumsq, x], UpdateParams, whole=(0,), threshold=threshold)
 
+    def unscale(self, x, scale):
+        self._elementwise("unscale", x.size, [scale, x], UpdateParams, whole=(0,))
+
+    def loss_scale_update(self, sumsq, scale, counts, rate, growth_factor, backoff_factor, growth_interval, dynamic):
+        self._elementwise("loss_scale_update", 1, [sumsq, scale, counts, rate], UpdateParams, whole=(0, 1, 2, 3),
+                          growth=growth_factor, backoff=backoff_factor, interval=growth_interval,
+                          dynamic=int(bool(dynamic)))
+
     def momentum_update(self, w, g, h, rate, lr_mult, momentum):
         self._update("momentum_update", [w, g, h], rate, lr_mult=lr_mult, momentum=momentum)
 
