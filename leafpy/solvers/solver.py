@@ -259,11 +259,9 @@ class Solver:
         self._generation = 0
         self._has_loss = False
         self.gradient_reducer: Callable[[list[SharedTensor]], None] | None = None
-        """Called on the gradients before the update (data-parallel training sums them across ranks). A step with
-        one is recorded and replayed only where it has ``replay_key()`` returning what its launches depend on
-        (None: run eagerly)."""
-        """Called with the gradients just before each update (data-parallel training sums them across ranks
-        there: see leafpy.distributed.DataParallel)."""
+        """Called with the gradients just before each update (data-parallel training sums them across ranks there:
+        see leafpy.distributed.DataParallel). A step with one is recorded and replayed only where it has
+        ``replay_key()`` returning what its launches depend on (None: run eagerly)."""
         self.accumulation_scale = 1.0
         """The factor of each call's gradient in the accumulated sum (minibatch_size > 1; data-parallel training
         weights each rank's calls by their share of the global batch)."""
