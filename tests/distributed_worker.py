@@ -2,11 +2,14 @@
 
     python tests/distributed_worker.py equivalence OUT.npz RULE BATCH STEPS [--accumulate K] [--clip C]
         [--batch-norm] [--sync-batch-norm]
-    python tests/distributed_worker.py fail OUT_DIR
+        [--precision bf16|fp16]
+    python tests/distributed_worker.py fail OUT_DIR [raise|kill]
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 import numpy as np
@@ -82,7 +85,9 @@ def dropout_masks(out: str) -> None:
         np.save(f"{out}.rank{group.rank}.npy", np.asarray(drop.mask))
 
 
-def fail(out_dir: str) -> None:
+def fail(out_dir: str, how: str = "raise") -> None:
+    """Rank 1 fails at its third step: ``how`` "raise" (an exception) or "kill" (SIGKILL, no Python left to
+    report it); the other rank is then waiting in the gradients' all-reduce."""
     group = dist.init()
     with dist.failing_rank_ends_the_job(group):
         be = lp.backend("native")
@@ -91,6 +96,8 @@ def fail(out_dir: str) -> None:
         x, y = problem()
         for i, (xb, yb) in enumerate(dist.shard_batches(x, y, 8, group, seed=1)):
             if i == 2 and group.rank == 1:
+                if how == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
                 raise lp.ConfigError("a deliberate failure on rank 1")
             dp.train_minibatch(xb, yb)
         open(f"{out_dir}/finished.rank{group.rank}", "w").close()
@@ -108,4 +115,4 @@ if __name__ == "__main__":
     elif sys.argv[1] == "dropout":
         dropout_masks(sys.argv[2])
     elif sys.argv[1] == "fail":
-        fail(sys.argv[2])
+        fail(sys.argv[2], *sys.argv[3:4])

@@ -148,6 +148,55 @@ def test_a_failing_rank_ends_the_job(tmp_path):
     assert elapsed < 30
 
 
+@needs_mpi
+def test_a_killed_rank_ends_the_job(tmp_path):
+    """A rank killed outright (SIGKILL: nothing of it left to report) while the other waits for it in the
+    gradients' all-reduce: the launcher ends the job, with a failing exit status, within a bounded time."""
+    t0 = time.monotonic()
+    run = mpirun(2, "fail", str(tmp_path), "kill", timeout=60)
+    elapsed = time.monotonic() - t0
+    assert run.returncode != 0, run.stdout + run.stderr
+    assert not (tmp_path / "finished.rank0").exists()
+    assert elapsed < 30, elapsed
+
+
+@needs_mpi
+def test_leafpy_train_on_two_ranks_with_a_corrupted_data_file_fails_once_and_clearly(tmp_path):
+    """A data file cut short: `leafpy train --nproc 2` ends with a failing status, no traceback, and one line
+    naming the file, rank 0's (the ranks' identical errors are not printed once per rank)."""
+    data = tmp_path / "broken.npz"
+    x = np.random.default_rng(0).standard_normal((64, 6)).astype(np.float32)
+    np.savez(data, x=x, y=(x[:, 0] > 0).astype(np.float32))
+    data.write_bytes(data.read_bytes()[:200])
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text(f"""
+name: broken
+data: {{dataset: npz, path: {data}, batch_size: 8}}
+network:
+  type: Sequential
+  inputs: [{{name: data, shape: [8, 6]}}]
+  layers:
+    - {{name: fc, type: Linear, output_size: 2}}
+    - {{name: logsm, type: LogSoftmax}}
+objective:
+  type: Sequential
+  inputs: [{{name: out, shape: [8, 2]}}, {{name: label, shape: [8, 1]}}]
+  layers: [{{name: nll, type: NegativeLogLikelihood, num_classes: 2}}]
+solver: {{base_lr: 0.1}}
+train: {{epochs: 1}}
+""")
+    env = dict(os.environ, PYTHONPATH=ROOT, MPLBACKEND="Agg", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "leafpy", "train", str(run_file), "--out", str(tmp_path / "out"),
+                        "--nproc", "2"], env=env, capture_output=True, text=True, timeout=120)
+    elapsed = time.monotonic() - t0
+    assert p.returncode != 0
+    assert "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.count("broken.npz") == 1, p.stderr
+    assert "rank 0: error:" in p.stderr and "not a NumPy .npz file" in p.stderr, p.stderr
+    assert elapsed < 60, elapsed
+
+
 def test_shards_cover_each_global_batch_once():
     order = np.random.default_rng(0).permutation(23)
     groups = [dist.ProcessGroup() for _ in range(3)]

@@ -87,6 +87,11 @@ class failing_rank_ends_the_job:  # noqa: N801 (used as a context manager, read 
     """A context manager: an exception on one rank is printed (by that rank) and ends every rank of the job, so
     none waits forever in a collective for it. Without MPI, or in a world of one, the exception propagates."""
 
+    REPORT_DELAY_S = 2.0
+    """How long a rank other than 0 waits before reporting its error and ending the job: an error every rank meets
+    (a bad data file, a bad setting) is then printed once, by rank 0, whose abort ends the others first; an error
+    of one rank alone is printed by that rank, this much later."""
+
     def __init__(self, group: ProcessGroup) -> None:
         self.group = group
 
@@ -96,8 +101,11 @@ class failing_rank_ends_the_job:  # noqa: N801 (used as a context manager, read 
     def __exit__(self, kind: Any, error: Any, tb: Any) -> None:
         if error is None or self.group.size == 1 or isinstance(error, SystemExit) and not error.code:
             return
+        import time
         import traceback
 
+        if self.group.rank != 0 and not isinstance(error, KeyboardInterrupt):
+            time.sleep(self.REPORT_DELAY_S)
         if isinstance(error, LeafpyError):
             print(f"leafpy: rank {self.group.rank}: error: {error}", file=sys.stderr, flush=True)
         elif isinstance(error, KeyboardInterrupt):
