@@ -38,9 +38,12 @@ def main() -> int:
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="set a backend attribute first (an integer or float), e.g. SPLIT_K_TILES=512")
     p.add_argument("--tf32", action="store_true", help="TF32 convolutions and GEMMs in both frameworks (cuda)")
+    p.add_argument("--precision", default="fp32", help="the backend's precision setting (fp32, bf16, fp16...)")
     args = p.parse_args()
-    cuda = {"graphs": False, "tf32": args.tf32} if args.backend == "cuda" else {}
-    be = lp.backend(args.backend, **cuda)
+    options: dict = {"graphs": False, "tf32": args.tf32} if args.backend == "cuda" else {}
+    if args.precision != "fp32":
+        options["precision"] = args.precision
+    be = lp.backend(args.backend, **options)
     for item in args.set:
         name, value = item.split("=", 1)
         kind = type(getattr(be, name))
