@@ -155,13 +155,6 @@ def _halve_reads(text: str, pattern: re.Pattern, inner: bool = False) -> str:
     return head + "".join(parts) + text[at:]
 
 
-def gemm_source(halves: Sequence[str]) -> str:
-    """gemm.wgsl with the arrays ``halves`` (of A, B, C, and Bias and ActOut, which have C's dtype) float16 in memory:
-    the tiles in workgroup memory, the products and the sums stay float32; a float16 C is rounded once, when
-    stored."""
-    return _halve((_HERE / "gemm.wgsl").read_text(), tuple(halves))
-
-
 def elementwise_inplace() -> dict[str, tuple[int, int]]:
     """The float16 activations' entry points with an in-place twin, as pointwise.wgsl_inplace() says."""
     return {ln.entry + "_h": (1, 0) for ln in pointwise.TABLE.values()} | \
@@ -323,19 +316,26 @@ class Half(Convolution):
                           whole=(0, 1), channels=c, inner=y.size // (n * c))
         return True
 
-    def _gemm_module(self, a: WView, b: WView, out: WView) -> str:
-        """gemm.wgsl with the operands that are float16 declared so (C's Bias and ActOut with C), built on first
-        use: gemm16AB is float16 A and B into a float32 C."""
-        halves = [name for name, v in zip("ABC", (a, b, out)) if v.dtype == F16]
+    def _epilogue_module(self, base: str, halves: list[str], arrays: list[str]) -> str:
+        """``base``.wgsl (a module with window.wgsl and the pointwise epilogue: gemm, winograd) with the storage
+        arrays ``arrays`` declared float16, built on first use and named by the float16 operands ``halves``
+        (``base`` itself where there are none)."""
         if not halves:
-            return "gemm"
-        module = "gemm16" + "".join(halves)
+            return base
+        module = f"{base}16{''.join(halves)}"
         if module not in self._modules:
-            arrays = halves + (["Bias", "ActOut"] if "C" in halves else [])
             self._modules[module] = self.device.create_shader_module(
                 code=PRELUDE + (_HERE / "params.wgsl").read_text() + (_HERE / "window.wgsl").read_text()
-                + gemm_source(arrays) + pointwise.wgsl_functions() + pointwise.wgsl_epilogue())
+                + _halve((_HERE / f"{base}.wgsl").read_text(), tuple(arrays)) + pointwise.wgsl_functions()
+                + pointwise.wgsl_epilogue())
         return module
+
+    def _gemm_module(self, a: WView, b: WView, out: WView) -> str:
+        """gemm.wgsl with the operands that are float16 declared so (C's Bias and ActOut with C), built on first
+        use: gemm16AB is float16 A and B into a float32 C; the tiles in workgroup memory, the products and the sums
+        stay float32, and a float16 C is rounded once, when stored."""
+        halves = [name for name, v in zip("ABC", (a, b, out)) if v.dtype == F16]
+        return self._epilogue_module("gemm", halves, halves + (["Bias", "ActOut"] if "C" in halves else []))
 
     def _gemm_h(self, a, trans_a, b, trans_b, out, alpha=1.0, beta=0.0) -> bool:
         """Any of A, B and C float16, the others float32, each within one binding: the tiled kernels with float16
@@ -353,16 +353,7 @@ class Half(Convolution):
         results into a float16 y, dx or dw. The transforms' arithmetic and the tiles U, V and M stay float32, so a
         float16 result is rounded once, when stored."""
         halves = [name for name, v in (("src", src), ("dst", dst)) if v.dtype == F16]
-        if not halves:
-            return "winograd"
-        module = "winograd16" + "".join(halves)
-        if module not in self._modules:
-            arrays = halves + (["bias"] if "dst" in halves else [])
-            self._modules[module] = self.device.create_shader_module(
-                code=PRELUDE + (_HERE / "params.wgsl").read_text() + (_HERE / "window.wgsl").read_text()
-                + _halve((_HERE / "winograd.wgsl").read_text(), tuple(arrays)) + pointwise.wgsl_functions()
-                + pointwise.wgsl_epilogue())
-        return module
+        return self._epilogue_module("winograd", halves, halves + (["bias"] if "dst" in halves else []))
 
     # convolutions, where every tensor fits one binding: as Winograd where the float32 path takes it (the same rule,
     # _winograd_chunk), float16 loads and stores around float32 transforms and tiles; elsewhere as implicit GEMMs
