@@ -532,23 +532,24 @@ class Solver:
         be = self.network.backend
         g_bufs = [g.read_write(be) for g in grads]
         scale = self._scale.read_write(be)
-        scratch, total = self._scratch.write(be), self._norm.write(be)
-        be.fill(0.0, total)
         for g in g_bufs:
             be.unscale(g, scale)
-            be.dot(g, g, scratch)
-            be.axpby(1.0, scratch, 1.0, total)
-        be.loss_scale_update(total, scale, self._scale_counts.read_write(be), self._rate.read_write(be),
-                             cfg.loss_scale_growth_factor, cfg.loss_scale_backoff_factor,
+        be.loss_scale_update(self._sum_squares(be, g_bufs), scale, self._scale_counts.read_write(be),
+                             self._rate.read_write(be), cfg.loss_scale_growth_factor, cfg.loss_scale_backoff_factor,
                              cfg.loss_scale_growth_interval, dynamic)
 
-    def _clip(self, be: Backend, g_bufs: list[Any], threshold: float) -> None:
-        # the squared norms add up on the device and the scaling reads their sum there: nothing comes back
+    def _sum_squares(self, be: Backend, g_bufs: list[Any]) -> Any:
+        """The sum of the squares of every gradient, added up on the device (inf or nan where any gradient has one):
+        the one-element buffer it is in. Nothing comes back to the host."""
         scratch, total = self._scratch.write(be), self._norm.write(be)
         be.fill(0.0, total)
         for g in g_bufs:
             be.dot(g, g, scratch)
             be.axpby(1.0, scratch, 1.0, total)
+        return total
+
+    def _clip(self, be: Backend, g_bufs: list[Any], threshold: float) -> None:
+        total = self._sum_squares(be, g_bufs)  # the scaling reads the norm on the device
         for g in g_bufs:
             be.clip_to_norm(g, total, threshold)
 
