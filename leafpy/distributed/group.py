@@ -91,6 +91,9 @@ class failing_rank_ends_the_job:  # noqa: N801 (used as a context manager, read 
     """How long a rank other than 0 waits before reporting its error and ending the job: an error every rank meets
     (a bad data file, a bad setting) is then printed once, by rank 0, whose abort ends the others first; an error
     of one rank alone is printed by that rank, this much later."""
+    FORWARD_S = 0.5
+    """How long a rank waits between printing its error and ending the job, so that the launcher forwards the
+    message before it stops the ranks (without it the message was lost now and then)."""
 
     def __init__(self, group: ProcessGroup) -> None:
         self.group = group
@@ -113,6 +116,8 @@ class failing_rank_ends_the_job:  # noqa: N801 (used as a context manager, read 
         else:
             print(f"leafpy: rank {self.group.rank}: unexpected error:", file=sys.stderr)
             traceback.print_exception(kind, error, tb, file=sys.stderr)
+        sys.stderr.flush()
+        time.sleep(self.FORWARD_S)
         code = error.code if isinstance(error, SystemExit) and isinstance(error.code, int) else 1
         self.group.abort(code)
         os._exit(code)  # MPI_Abort may return before the launcher ends this process
