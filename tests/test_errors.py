@@ -126,6 +126,13 @@ def test_unknown_backend():
         lp.backend("opencl")
 
 
+@pytest.mark.parametrize("value", [-1, 0, float("nan"), "1e-4", True])
+def test_a_bad_conv_tolerance_is_refused_before_the_gpu_is_looked_for(value):
+    """Checked first, so the error is the same on a machine with or without a GPU."""
+    with pytest.raises(lp.ConfigError, match=r"backend 'cuda': conv_tolerance: expected"):
+        lp.backend("cuda", conv_tolerance=value)
+
+
 def test_inputs_that_are_not_numbers_name_the_place(native):
     cfg = lp.SequentialConfig(inputs=[("data", [4, 5])])
     cfg.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=3)))
