@@ -26,7 +26,7 @@ import numpy as np
 from . import __version__
 from . import config as run_config
 from . import data as datasets
-from .backends import BACKEND_NAMES, PRECISIONS, precision_option
+from .backends import BACKEND_NAMES, PRECISIONS, run_backend
 from .backends import backend as get_backend
 from .errors import LeafpyError
 from .layers.container.sequential import Sequential
@@ -221,8 +221,10 @@ def train(args: argparse.Namespace) -> int:
         run.train["epochs"] = args.epochs
     group = distributed.init()
     with distributed.failing_rank_ends_the_job(group):
-        options = {"device": group.local_rank} if backend_name == "cuda" and group.local_size > 1 else {}
-        be = get_backend(backend_name, **options, **precision_option(run.train["precision"]))
+        options: dict[str, Any] = {}
+        if backend_name == "cuda" and group.local_size > 1:
+            options["device"] = group.local_rank
+        be = run_backend(run.train, **options)
         out_dir = out_dir_for(run, args.out)
         if group.is_root:
             try:
@@ -377,9 +379,7 @@ def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, n
 
 
 def _backend_for(args: argparse.Namespace, run: run_config.RunConfig | None) -> Any:
-    name = args.backend or (str(run.train.get("backend", "native")) if run is not None else "native")
-    precision = args.precision or (str(run.train.get("precision", "fp32")) if run is not None else "fp32")
-    return get_backend(name, **precision_option(precision))
+    return run_backend(run.train if run is not None else {}, args.backend, args.precision)
 
 
 def evaluate_cmd(args: argparse.Namespace) -> int:

@@ -26,7 +26,8 @@ from .solvers.solver import SolverConfig
 
 LAYER_KEYS = ("name", "type", "inputs", "outputs", "params", "propagate_down")
 DATA_KEYS = ("dataset", "batch_size", "test_fraction", "seed", "path", "num_classes")
-TRAIN_KEYS = ("epochs", "backend", "precision", "log_every", "keep_best", "monitor", "sync_batch_norm")
+TRAIN_KEYS = ("epochs", "backend", "precision", "channels_last", "log_every", "keep_best", "monitor",
+              "sync_batch_norm")
 RUN_KEYS = ("name", "data", "network", "objective", "solver", "train")
 
 
@@ -207,8 +208,9 @@ def from_dict(doc: Any, source: str = "<run>") -> RunConfig:
     precision = train.get("precision", "fp32")
     if precision not in PRECISIONS:
         raise ConfigError(f"train.precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
-    if not isinstance(train.get("sync_batch_norm", False), bool):
-        raise ConfigError(f"train.sync_batch_norm: expected true or false, got {train['sync_batch_norm']!r}")
+    for key in ("sync_batch_norm", "channels_last"):
+        if not isinstance(train.get(key, False), bool):
+            raise ConfigError(f"train.{key}: expected true or false, got {train[key]!r}")
     _check_data(data)
     return RunConfig(name=name, network=network, objective=objective, solver=solver, data=data, train=train)
 

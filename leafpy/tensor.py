@@ -77,7 +77,7 @@ def _as_shape(shape: Sequence[int] | int) -> tuple[int, ...]:
 class _Storage:
     """Flat buffers, one per backend key, and which of them hold the current data."""
 
-    __slots__ = ("size", "dtype", "copies", "fresh", "version")
+    __slots__ = ("size", "dtype", "copies", "fresh", "version", "layouts")
 
     def __init__(self, size: int, dtype: np.dtype) -> None:
         self.size = size
@@ -86,6 +86,8 @@ class _Storage:
         self.copies: dict[str, tuple[Any, Any]] = {}
         self.fresh: set[str] = set()
         self.version = next(_VERSIONS)
+        # key -> the shape a channels-last backend's copy is laid out for (Backend.memory_order)
+        self.layouts: dict[str, tuple[int, ...]] = {}
 
     def changed(self) -> None:
         """The data may have changed: a new version."""
@@ -165,6 +167,7 @@ class SharedTensor:
             st = self._st
             if n > st.size:
                 st.copies.clear()
+                st.layouts.clear()
                 st.size = n
             st.fresh.clear()
             st.changed()
@@ -176,6 +179,7 @@ class SharedTensor:
         st = self._st
         if math.prod(new) > st.size:
             st.copies.clear()
+            st.layouts.clear()
             st.fresh.clear()
             st.size = math.prod(new)
             st.changed()
@@ -205,24 +209,57 @@ class SharedTensor:
         st = self._st
         buf = self._buffer(backend, key)
         if key in st.fresh:
-            return buf
+            return self._laid_out(backend, key, buf, convert=True)
         if not st.fresh:  # never written: zeros everywhere
             if backend is None:
                 buf.fill(0)
             else:
                 backend.fill(0.0, buf)
             st.fresh.add(key)
-            return buf
+            return self._laid_out(backend, key, buf, convert=False)
         if key == HOST:
             src_key = next(iter(st.fresh))
             src_backend, src_buf = st.copies[src_key]
-            src_backend.download(src_buf, buf)
+            laid = st.layouts.get(src_key)
+            order = src_backend.memory_order(laid) if laid is not None and src_backend.channels_last else None
+            if order is None:
+                src_backend.download(src_buf, buf)
+            else:  # back from the device's order to row-major
+                assert laid is not None
+                staged = np.empty_like(buf)
+                src_backend.download(src_buf, staged)
+                n = math.prod(laid)
+                buf[n:] = staged[n:]
+                buf[:n].reshape(laid)[...] = staged[:n].reshape([laid[i] for i in order]).transpose(
+                    np.argsort(order))
             SharedTensor.transfers_total += 1
         else:
             host = self._sync(None, HOST)
+            order = backend.memory_order(self._shape) if backend.channels_last else None  # type: ignore[union-attr]
+            if order is not None:  # into the device's order
+                host = host.copy()
+                n = self.size
+                host[:n] = np.ascontiguousarray(host[:n].reshape(self._shape).transpose(order)).reshape(-1)
             backend.upload(host, buf)  # type: ignore[union-attr]
             SharedTensor.transfers_total += 1
+            st.layouts[key] = self._shape
         st.fresh.add(key)
+        return buf
+
+    def _laid_out(self, backend: Backend | None, key: str, buf: Any, convert: bool) -> Any:
+        """``buf`` (the copy on ``backend``) laid out for this tensor's shape: on a backend whose memory order
+        depends on the shape (channels-last), a copy laid out for another shape of this storage (an alias of
+        another shape: a Flatten in place) is rewritten on the device when ``convert`` (it holds the data), else
+        only noted."""
+        if backend is None or not backend.channels_last:
+            return buf
+        st, shape = self._st, self._shape
+        old = st.layouts.get(key)
+        if old != shape:
+            if (convert and old is not None and math.prod(old) == self.size
+                    and (backend.memory_order(old) is not None or backend.memory_order(shape) is not None)):
+                backend.relayout(self._prefix(buf), old, shape)
+            st.layouts[key] = shape
         return buf
 
     def read(self, backend: Backend) -> Any:
@@ -237,7 +274,10 @@ class SharedTensor:
     def write(self, backend: Backend) -> Any:
         """A buffer on ``backend`` to overwrite completely; afterwards that copy is the only fresh one."""
         key = backend.key
-        buf = self._buffer(None if key == HOST else backend, key)
+        # a copy that holds the data is converted even here: a layer that runs in place "writes" its input's
+        # storage seen with its output's shape (a Flatten), and that write changes nothing
+        buf = self._laid_out(backend, key, self._buffer(None if key == HOST else backend, key),
+                             convert=key in self._st.fresh)
         st = self._st
         st.fresh.clear()
         st.fresh.add(key)
@@ -354,7 +394,8 @@ class SharedTensor:
         if copy is not None:
             kwargs["copy"] = copy
         if device is not None:
-            array = self._prefix(device[1]).reshape(self._shape)
+            be = device[0]
+            array = be.view(self._prefix(self._laid_out(be, be.key, device[1], convert=True)), self._shape)
         else:
             array = self._prefix(self._sync(None, HOST)).reshape(self._shape)
             kwargs.pop("stream")

@@ -311,14 +311,12 @@ class Trainer:
                  callbacks: Iterable[Callback] = (), resume: str | None = None, group: Any = None,
                  dataset: datasets.Dataset | None = None, log: Callable[[str], None] | None = None,
                  log_every: int | None = None, keep_best: int | None = None, monitor: str | None = None) -> None:
-        from .backends import backend as get_backend
-        from .backends import precision_option
+        from .backends import run_backend
 
         if not isinstance(run, run_config.RunConfig):
             raise ConfigError(f"Trainer: expected a RunConfig (lp.config.load(path)), got {type(run).__name__}")
         self.run = run
-        self.backend = backend if backend is not None else get_backend(
-            str(run.train.get("backend", "native")), **precision_option(str(run.train.get("precision", "fp32"))))
+        self.backend = backend if backend is not None else run_backend(run.train)
         self.group = group
         self.is_root = group is None or group.is_root
         self._log = log if log is not None else (lambda msg: print(msg, flush=True))

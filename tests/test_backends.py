@@ -19,17 +19,31 @@ ROOT = os.path.join(os.path.dirname(__file__), "..")
 DEVICE_BACKENDS = [
     pytest.param(("cuda", {}), id="cuda", marks=pytest.mark.cuda),
     pytest.param(("cuda", {"use_cudnn": False}), id="cuda-im2col", marks=pytest.mark.cuda),
+    pytest.param(("cuda", {"channels_last": True}), id="cuda-channels-last", marks=pytest.mark.cuda),
     pytest.param(("webgpu", {}), id="webgpu", marks=pytest.mark.webgpu),
 ]
+CHANNELS_LAST_NATIVE = pytest.param(("native", {"channels_last": True}), id="native-channels-last")
+"""4-D tensors stored NHWC on the CPU: the channels-last code paths and their conversions, against row-major
+native (the cuda backend's channels-last primitives are its own, tested above on a GPU)."""
 
 
-@pytest.fixture(params=DEVICE_BACKENDS)
-def device(request):
+def _backend_param(request):
     name, options = request.param
     try:
         return lp.backend(name, **options)
     except lp.BackendUnavailable as e:
         pytest.skip(f"{name} backend unavailable: {e}")
+
+
+@pytest.fixture(params=DEVICE_BACKENDS)
+def device(request):
+    return _backend_param(request)
+
+
+@pytest.fixture(params=[*DEVICE_BACKENDS, CHANNELS_LAST_NATIVE])
+def device_or_layout(request):
+    """The device backends, and native storing 4-D tensors channels-last."""
+    return _backend_param(request)
 
 
 def close(a, b, what, rtol=2e-4, atol=2e-5):
@@ -71,7 +85,8 @@ def _cases():
 
 
 @pytest.mark.parametrize("case", list(_cases()))
-def test_layer_matches_native(device, case):
+def test_layer_matches_native(device_or_layout, case):
+    device = device_or_layout
     config, make_inputs = case
     native = lp.backend("native")
     rng = np.random.default_rng(11)
@@ -96,8 +111,9 @@ def test_layer_matches_native(device, case):
 
 
 @pytest.mark.parametrize("seed", range(25))
-def test_random_networks_match_native(device, seed):
+def test_random_networks_match_native(device_or_layout, seed):
     # in-place runs, nested containers and shared weights, at the declared batch and at another one
+    device = device_or_layout
     rng = np.random.default_rng(seed)
     config, shape = random_nets.random_network(rng)
     nets = [random_nets.build(be, config, np.random.default_rng(seed)) for be in (lp.backend("native"), device)]
@@ -134,9 +150,10 @@ def _solver(backend, dropout=True, **changes):
     pytest.param(dict(solver="momentum", base_lr=0.05, minibatch_size=2, lr_policy="step", stepsize=1, gamma=0.5),
                  1e-4, id="momentum-accumulated"),
 ])
-def test_solver_steps_match_native(device, changes, atol):
+def test_solver_steps_match_native(device_or_layout, changes, atol):
     # Adam and RMSprop divide by sqrt(v): where a gradient is near zero the step is decided by rounding, hence a
     # looser atol
+    device = device_or_layout
     ds = lp.data.digits()
     batches = list(lp.data.batches(ds.x_train[:96], ds.y_train[:96], 32, seed=0))
     solvers = [_solver(be, momentum=0.9, clip_gradients=10.0, weight_decay=1e-3, **changes)
@@ -149,8 +166,9 @@ def test_solver_steps_match_native(device, changes, atol):
         close(b.to_numpy(), a.to_numpy(), "weights after 3 steps", rtol=1e-3, atol=atol)
 
 
-def test_batch_norm_trains_and_infers_as_on_native(device):
+def test_batch_norm_trains_and_infers_as_on_native(device_or_layout):
     """Running statistics written on the device reach the host; inference (fixed statistics) and its gradient."""
+    device = device_or_layout
     cfg = lp.SequentialConfig(inputs=[("data", [16, 1, 8, 8])])
     cfg.add_layer(lp.LayerConfig("conv", lp.ConvolutionConfig(num_output=4, filter_shape=[3])))
     cfg.add_layer(lp.LayerConfig("bn", lp.BatchNormConfig()))
@@ -192,7 +210,8 @@ def test_batch_norm_trains_and_infers_as_on_native(device):
         close(b.to_numpy(), a.to_numpy(), f"{name} gradient in inference", rtol=1e-3, atol=1e-4)
 
 
-def test_checkpoints_move_between_backends(device, tmp_path):
+def test_checkpoints_move_between_backends(device_or_layout, tmp_path):
+    device = device_or_layout
     native = lp.backend("native")
     x = lp.data.digits().x_test[:16]
     for src, dst in ((device, native), (native, device)):
@@ -206,7 +225,8 @@ def test_checkpoints_move_between_backends(device, tmp_path):
         close(t.network.forward([x])[0].to_numpy(), s.network.forward([x])[0].to_numpy(), "outputs")
 
 
-def test_a_training_step_moves_no_data(device):
+def test_a_training_step_moves_no_data(device_or_layout):
+    device = device_or_layout
     s = _solver(device)
     ds = lp.data.digits()
     x = lp.SharedTensor.from_numpy(ds.x_train[:32])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_cli import run
+from test_cli import accuracy, run
 
 import leafpy as lp
 
@@ -80,3 +80,83 @@ solver: {{solver: momentum, base_lr: 0.01, momentum: 0.9}}
     assert "x.transpose(0, 3, 1, 2)" in p.stderr and "[6, 6, 3]" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr
     assert not (tmp_path / "out" / "model.leaf").exists()
+
+
+CHANNELS_LAST_RUN = """\
+# written by hand: every layer kind that sees 4-D tensors, a concatenation over channels, a schedule and Adam
+# (no bias before BatchNorm: its gradient is zero but for rounding, which Adam would turn into steps)
+name: layouts
+data: {dataset: digits, batch_size: 24, test_fraction: 0.25, seed: 3}
+train: {epochs: 1}
+network:
+  type: Sequential
+  inputs: [{name: data, shape: [24, 1, 8, 8]}]
+  layers:
+    - {name: conv1, type: Convolution, num_output: 6, filter_shape: [3], padding: [1], bias: false}
+    - {name: bn1, type: BatchNorm}
+    - {name: relu1, type: ReLU, outputs: [r1]}
+    - {name: side, type: Convolution, num_output: 3, filter_shape: [1], inputs: [r1], outputs: [side]}
+    - {name: cat, type: Concat, inputs: [r1, side], outputs: [cat]}
+    - {name: lrn, type: LRN, local_size: 3}
+    - {name: pool1, type: Pooling, mode: max, filter_shape: [2], stride: [2]}
+    - {name: conv2, type: Convolution, num_output: 8, filter_shape: [3], stride: [1], padding: [1]}
+    - {name: relu2, type: ReLU}
+    - {name: pool2, type: Pooling, mode: average, filter_shape: [2], stride: [2]}
+    - {name: flat, type: Flatten}
+    - {name: fc, type: Linear, output_size: 10}
+    - {name: logsm, type: LogSoftmax}
+objective:
+  type: Sequential
+  inputs: [{name: network_out, shape: [24, 10]}, {name: label, shape: [24, 1]}]
+  layers:
+    - {name: nll, type: NegativeLogLikelihood, num_classes: 10}
+solver: {solver: adam, base_lr: 0.01, lr_policy: step, stepsize: 20, gamma: 0.5, weight_decay: 0.0001, seed: 1}
+"""
+
+
+def _history(out):
+    import json
+
+    return json.loads((out / "history.json").read_text())
+
+
+def test_leafpy_train_channels_last_matches_row_major_and_its_files_mean_the_same(tmp_path):
+    """``train.channels_last`` through the leafpy command: the same losses as the row-major run, a model file that
+    evaluates to the same accuracy on the row-major backend, and a row-major checkpoint resumed channels-last."""
+    run_file = tmp_path / "layouts.yaml"
+    run_file.write_text(CHANNELS_LAST_RUN)
+    outs = {}
+    for name, extra in (("rows", []), ("nhwc", ["--set", "train.channels_last=true"])):
+        outs[name] = tmp_path / name
+        p = run("train", str(run_file), "--out", str(outs[name]), "--epochs", "2", *extra)
+        assert p.returncode == 0, p.stderr
+        outs[name + "_acc"] = accuracy(p.stdout)
+    a, b = _history(outs["rows"]), _history(outs["nhwc"])
+    assert len(a) == len(b) == 2
+    for ea, eb in zip(a, b):
+        assert eb["loss"] == pytest.approx(ea["loss"], rel=1e-4)
+        assert eb["test_loss"] == pytest.approx(ea["test_loss"], rel=1e-4)
+    # the channels-last run's model, evaluated row-major (the saved weights are in the file's own order)
+    e = run("evaluate", str(run_file), "--weights", str(outs["nhwc"] / "model.leaf"))
+    assert e.returncode == 0, e.stderr
+    assert accuracy(e.stdout) == pytest.approx(outs["nhwc_acc"], abs=1e-9)
+    # one epoch row-major, the second channels-last: where two row-major epochs end
+    resumed = tmp_path / "resumed"
+    p = run("train", str(run_file), "--out", str(resumed), "--epochs", "1")
+    assert p.returncode == 0, p.stderr
+    p = run("train", str(run_file), "--out", str(resumed), "--epochs", "2", "--resume",
+            str(resumed / "checkpoint.leaf"), "--set", "train.channels_last=true")
+    assert p.returncode == 0, p.stderr
+    native = lp.backend("native")
+    ends = [lp.Solver.load_checkpoint(native, native, d / "checkpoint.leaf") for d in (outs["rows"], resumed)]
+    assert ends[0].iteration == ends[1].iteration
+    for name, w0, w1 in zip(ends[0].network.learnable_weights_names(), ends[0].network.learnable_weights_data(),
+                            ends[1].network.learnable_weights_data()):
+        np.testing.assert_allclose(w1.to_numpy(), w0.to_numpy(), rtol=1e-3, atol=1e-5, err_msg=name)
+
+
+def test_channels_last_option_is_checked():
+    with pytest.raises(lp.ConfigError, match="channels_last must be true or false"):
+        lp.backend("native", channels_last="yes")
+    with pytest.raises(lp.ConfigError, match=r"train\.channels_last: expected true or false"):
+        lp.config.loads(CHANNELS_LAST_RUN.replace("train: {epochs: 1}", "train: {epochs: 1, channels_last: 1}"))

@@ -67,9 +67,21 @@ def backend(name: str = "native", **options: Any) -> Backend:
     return instance
 
 
-def precision_option(precision: str) -> dict[str, str]:
-    """``backend()``'s options for ``precision``: none for fp32, so the shared default instance serves it."""
-    return {} if precision == "fp32" else {"precision": precision}
+def precision_option(precision: str, channels_last: bool = False) -> dict[str, Any]:
+    """``backend()``'s options for ``precision`` and the ``channels_last`` layout: none for fp32 stored row-major,
+    so the shared default instance serves it."""
+    options: dict[str, Any] = {} if precision == "fp32" else {"precision": precision}
+    if channels_last:
+        options["channels_last"] = True
+    return options
+
+
+def run_backend(train: dict, name: str | None = None, precision: str | None = None, **options: Any) -> Backend:
+    """The backend a run file's ``train`` section asks for (``backend``, ``precision``, ``channels_last``), with
+    ``name`` and ``precision`` given on the command line taking their place."""
+    return backend(name or str(train.get("backend", "native")), **options,
+                   **precision_option(precision or str(train.get("precision", "fp32")),
+                                      bool(train.get("channels_last", False))))
 
 
 def available_backends() -> list[str]:
@@ -85,4 +97,4 @@ def available_backends() -> list[str]:
 
 
 __all__ = ["Backend", "BACKEND_NAMES", "PRECISIONS", "PRIMITIVES", "available_backends", "backend",
-           "precision_option"]
+           "precision_option", "run_backend"]

@@ -6,6 +6,8 @@ Subclasses set ``xp`` and the memory contract, and override only the hot paths t
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -29,12 +31,20 @@ def dropout_threshold(ratio: float) -> int:
     return min(int(ratio * 2**32), 2**32 - 1)
 
 
+CHANNELS_LAST = (0, 2, 3, 1)
+"""The memory order of a 4-D [N, C, H, W] tensor on a channels-last backend: N, H, W, C (NHWC)."""
+
+
 class ArrayBackend(Backend):
-    """A backend whose buffers are ``xp`` arrays."""
+    """A backend whose buffers are ``xp`` arrays.
+
+    With ``channels_last`` every 4-D tensor is stored NHWC and handed to primitives as a strided [N, C, H, W] view
+    of that memory, so the primitives written against ``xp`` serve both orders; a primitive that needs row-major
+    memory takes it through :meth:`_row_major`."""
 
     xp: Any = np
 
-    def __init__(self, dtype: Any = np.float32, precision: str = "fp32") -> None:
+    def __init__(self, dtype: Any = np.float32, precision: str = "fp32", channels_last: bool = False) -> None:
         from ..errors import ConfigError
 
         dtype = np.dtype(dtype)
@@ -43,9 +53,12 @@ class ArrayBackend(Backend):
         if precision not in PRECISIONS:
             raise ConfigError(f"backend '{self.name}': unknown precision {precision!r}; valid precisions: "
                               f"{', '.join(PRECISIONS)}")
+        if not isinstance(channels_last, (bool, np.bool_)):
+            raise ConfigError(f"backend '{self.name}': channels_last must be true or false, got {channels_last!r}")
         self.dtype = dtype
         self.precision = precision
-        self._options: dict[str, Any] = {"dtype": dtype}
+        self.channels_last = bool(channels_last)
+        self._options: dict[str, Any] = {"dtype": dtype, "channels_last": self.channels_last}
         self._twin: Backend | None = None
         if self.mixed:
             self._emulate_low_precision()
@@ -75,7 +88,7 @@ class ArrayBackend(Backend):
 
     def cast(self, x, out):
         with np.errstate(over="ignore"):  # beyond float16's range is inf (loss scaling looks for it)
-            out.reshape(-1)[...] = x.reshape(-1)
+            out[...] = x.reshape(out.shape)
 
     def full_precision(self):
         if not self.mixed:
@@ -84,8 +97,44 @@ class ArrayBackend(Backend):
             self._twin = type(self)(**self._options)
         return self._twin
 
+    def memory_order(self, shape):
+        return CHANNELS_LAST if self.channels_last and len(shape) == 4 else None
+
     def view(self, buf: Array, shape: tuple[int, ...]) -> Array:
+        if self.channels_last and len(shape) == 4:
+            n, c, h, w = shape
+            return buf.reshape(n, h, w, c).transpose(0, 3, 1, 2)
         return buf.reshape(shape)
+
+    def relayout(self, buf, old, new):
+        values = self.xp.ascontiguousarray(self.view(buf, old))  # row-major: the order both shapes share
+        self.view(buf, new)[...] = values.reshape(new)
+
+    @staticmethod
+    def flat(a: Array) -> Array:
+        """The elements of ``a`` (a buffer as :meth:`view` hands it out, or a row-major array) as a 1-D view, in
+        memory order: arrays of one shape share that order, so elementwise work over several of them (solver
+        updates, packing gradients) may run on these views."""
+        if a.flags.c_contiguous:
+            return a.reshape(-1)
+        if a.ndim == 4:
+            t = a.transpose(CHANNELS_LAST)
+            if t.flags.c_contiguous:
+                return t.reshape(-1)
+        from ..errors import BackendError
+
+        raise BackendError(f"{a.shape} array with strides {a.strides} is not one block of memory")
+
+    @contextmanager
+    def _row_major(self, a: Array, read: bool = True) -> Iterator[Array]:
+        """``a`` as a row-major array for code that reshapes it: ``a`` itself when it is one, else a row-major
+        copy (of its values when ``read``) whose values are written back into ``a`` afterwards."""
+        if a.flags.c_contiguous:
+            yield a
+            return
+        t = self.xp.ascontiguousarray(a) if read else self.xp.empty(a.shape, a.dtype)
+        yield t
+        a[...] = t
 
     # --- BLAS ---------------------------------------------------------------------------------------------
     def gemm(self, a, trans_a, b, trans_b, out, alpha=1.0, beta=0.0):
@@ -123,7 +172,7 @@ class ArrayBackend(Backend):
     def copy(self, x, out):
         if x is out:
             return
-        out.reshape(-1)[...] = x.reshape(-1)
+        out[...] = x.reshape(out.shape)
 
     def fill(self, value, out):
         out.fill(value)
@@ -399,10 +448,16 @@ class ArrayBackend(Backend):
             for a, b in spans:
                 cols = self._cols_of_rows(xt, kh, kw, a, b, ow, stride, ws, rows)
                 self.xp.matmul(filt, cols[:rows_used], out=y[:, a * row:b * row])
-        self._to_batch_first(out.reshape(n, -1), y.reshape(-1, n))
+        if out.flags.c_contiguous:
+            self._to_batch_first(out.reshape(n, -1), y.reshape(-1, n))
+        else:
+            out[...] = y.reshape(o, oh, ow, n).transpose(3, 0, 1, 2)
         ws["dy_t_fresh"] = False  # a new forward pass: the next backward brings a new dy
 
     def conv2d_grad_filter(self, x, dy, dw, stride, padding, ws, beta=0.0):
+        if not dw.flags.c_contiguous:
+            with self._row_major(dw, read=beta != 0.0) as d:
+                return self.conv2d_grad_filter(x, dy, d, stride, padding, ws, beta)
         o, c, kh, kw = dw.shape
         oh, ow = dy.shape[2], dy.shape[3]
         k = c * kh * kw
@@ -442,7 +497,7 @@ class ArrayBackend(Backend):
             d6 = dcols.reshape(c, kh, kw, b - a, ow, n)
             for i, j, _, columns in self._windows(kh, kw, b - a, ow, stride):
                 dxt[:, i + sh * a:i + sh * (b - 1) + 1:sh, columns, :] += d6[:, i, j]
-        if ph or pw:
+        if ph or pw or not dx.flags.c_contiguous:
             dx[...] = dxt[:, ph:ph + h, pw:pw + wd, :].transpose(3, 0, 1, 2)
         else:
             self._to_batch_first(dx.reshape(n, -1), dxt.reshape(-1, n))
@@ -511,6 +566,9 @@ class ArrayBackend(Backend):
 
     # --- blocks along an axis -------------------------------------------------------------------------------
     def copy_block(self, part, whole, part_inner, whole_inner, offset, into_whole):
+        if not (part.flags.c_contiguous and whole.flags.c_contiguous):
+            with self._row_major(part, read=into_whole) as p, self._row_major(whole) as w:
+                return self.copy_block(p, w, part_inner, whole_inner, offset, into_whole)
         outer = part.size // part_inner if part_inner else 0
         p = part.reshape(outer, part_inner)
         block = whole.reshape(outer, whole_inner)[:, offset:offset + part_inner]
@@ -572,7 +630,7 @@ class ArrayBackend(Backend):
 
     def _update_pieces(self, *arrays):
         """(scratch, *pieces) for consecutive pieces of the flattened ``arrays`` (all of one size)."""
-        flat = [a.reshape(-1) for a in arrays]
+        flat = [self.flat(a) for a in arrays]
         size, step = flat[0].size, self.UPDATE_PIECE
         scratch = self._work({}, "update_piece", (min(size, step),), flat[0].dtype)
         for a in range(0, size, step):

@@ -65,6 +65,8 @@ class Backend:
     """The master dtype: weights, weight gradients and the solver's state."""
     precision: str = "fp32"
     """One of :data:`PRECISIONS`."""
+    channels_last: bool = False
+    """Whether 4-D tensors are laid out channels-last (NHWC) in this backend's buffers (see :meth:`memory_order`)."""
 
     @property
     def compute_dtype(self) -> np.dtype:
@@ -91,7 +93,20 @@ class Backend:
         raise NotImplementedError
 
     def view(self, buf: Buffer, shape: tuple[int, ...]) -> Buffer:
-        """The flat buffer seen with ``shape`` (no copy)."""
+        """The flat buffer seen with ``shape`` (no copy), in the memory order :meth:`memory_order` gives it."""
+        raise NotImplementedError
+
+    def memory_order(self, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+        """How this backend lays out a tensor of ``shape`` in its flat buffers: None for row-major (C order, the
+        host's), else the permutation of the axes that is row-major in memory ((0, 2, 3, 1) for channels-last
+        NCHW tensors). Buffers handed to primitives are always seen in the logical shape (strided where permuted);
+        a SharedTensor converts at the edges: uploads, downloads, and aliases whose shapes are laid out apart."""
+        return None
+
+    def relayout(self, buf: Buffer, old: tuple[int, ...], new: tuple[int, ...]) -> None:
+        """Rewrite ``buf`` (holding a tensor of shape ``old``, laid out for it) so that it holds the same values, in
+        row-major order, laid out for shape ``new`` (same size). Only backends with a :meth:`memory_order` that is
+        not row-major need this."""
         raise NotImplementedError
 
     def synchronize(self) -> None:
@@ -429,7 +444,7 @@ class Backend:
         return f"<{type(self).__name__} {self.key} {self.dtype}{mode}>"
 
 
-OPTIONAL_HOOKS = ("run_step", "peak_memory", "cast", "full_precision")
+OPTIONAL_HOOKS = ("run_step", "peak_memory", "cast", "full_precision", "memory_order", "relayout")
 SHORTHANDS = ("relu", "relu_grad", "sigmoid", "sigmoid_grad", "tanh", "tanh_grad")
 """Methods written once here over a primitive (a backend may still override them)."""
 PRIMITIVES = tuple(

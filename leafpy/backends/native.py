@@ -18,15 +18,21 @@ from .array import ArrayBackend
 
 
 class NativeBackend(ArrayBackend):
-    """NumPy arrays in host memory; the host copy of a SharedTensor is this backend's copy."""
+    """NumPy arrays in host memory; the host copy of a SharedTensor is this backend's copy.
+
+    ``channels_last``: store 4-D tensors NHWC, as the cuda backend can, in copies of their own beside the host's
+    row-major copy (moved to and from it as a device's are): the channels-last code paths, and the conversions
+    at their edges, run and are tested without a GPU. Not faster on a CPU."""
 
     name = "native"
     key = HOST
     xp = np
 
-    def __init__(self, dtype: Any = np.float32, precision: str = "fp32") -> None:
+    def __init__(self, dtype: Any = np.float32, precision: str = "fp32", channels_last: bool = False) -> None:
         self._threads = threading.local()
-        super().__init__(dtype, precision)
+        super().__init__(dtype, precision, channels_last)
+        if self.channels_last:
+            self.key = "native:channels_last"
 
     def _work(self, ws, name, shape, dtype=None):
         # one buffer per name and dtype for every layer, grown to the largest size asked for: a network's layers
@@ -103,7 +109,8 @@ class NativeBackend(ArrayBackend):
         n, _, oh, ow = out.shape
         cols = self._image_cols(x, kh, kw, oh, ow, stride, padding, ws)
         filt = self._filter_with_bias(w, bias, ws)  # LeNet-64's first convolution: 0.56 -> 0.38 ms with the bias
-        np.matmul(filt, cols[:, :filt.shape[1]], out=out.reshape(n, o, oh * ow))
+        with self._row_major(out, read=False) as y:
+            np.matmul(filt, cols[:, :filt.shape[1]], out=y.reshape(n, o, oh * ow))
 
     def conv2d_grad_filter(self, x, dy, dw, stride, padding, ws, beta=0.0):
         if not self._per_image(dw, dy.shape):
@@ -117,8 +124,9 @@ class NativeBackend(ArrayBackend):
             cols = self._image_cols(x, kh, kw, oh, ow, stride, padding, ws)
         parts = self._work(ws, "dw_parts", (n, o, k), dw.dtype)
         np.matmul(dy.reshape(n, o, oh * ow), cols[:, :k].transpose(0, 2, 1), out=parts)
-        self.axpby(1.0, np.sum(parts, axis=0, out=self._work(ws, "dw_sum", (o, k), dw.dtype)), beta,
-                   dw.reshape(o, -1))
+        with self._row_major(dw, read=beta != 0.0) as d:
+            self.axpby(1.0, np.sum(parts, axis=0, out=self._work(ws, "dw_sum", (o, k), dw.dtype)), beta,
+                       d.reshape(o, -1))
 
     def conv2d_grad_data(self, dy, w, dx, stride, padding, ws):
         if not self._per_image(w, dy.shape):

@@ -119,7 +119,7 @@ class NcclTransport(Transport):
         flat = self._flat.get(key)
         if flat is None or flat.size != total + 1:
             flat = self._flat[key] = cp.empty(total + 1, cp.float32)
-        bufs = [t.read_write(be).reshape(-1)[:t.size] for t in tensors]
+        bufs = [be.flat(t.read_write(be)) for t in tensors]  # type: ignore[attr-defined]  # (CudaBackend)
         with stream:
             offset = 0
             for b in bufs:

@@ -28,10 +28,10 @@ from ... import _checks
 from ...errors import BackendError, BackendUnavailable
 from .. import pointwise
 from ..array import ArrayBackend
-from ..base import MEMORY, PRIMITIVES, SHORTHANDS
+from ..base import MEMORY, PRIMITIVES, SHORTHANDS, emulated
 from ..recorder import StepRecorder
 from .blas import _CaptureBlas
-from .cudnn import _CudnnConv
+from .cudnn import _CudnnConv, _strides
 from .kernels import _BN_SOURCE, _POOL_SOURCE, module_source, vectorized_source
 from .lowp import as_stored, formats_of, is_low, low_dtypes, storage_format, typed_kernel
 
@@ -91,6 +91,10 @@ class CudaBackend(ArrayBackend):
     convolution bias inside the cuDNN forward graph; None (default) does so for bfloat16/float16 convolutions only
     (on an H200: AlexNet-128 in bf16 4.47 -> 4.32 ms a step; in float32 the fused graphs were slower than a
     separate add).
+    ``channels_last``: store 4-D tensors NHWC (see ArrayBackend): cuDNN's tensor-core convolutions then read and
+    write them as they are, without the transposes it adds around NCHW operands in bfloat16 and float16; users'
+    arrays stay NCHW (the conversion happens on upload and download, and where a 4-D tensor is seen with another
+    shape). Pooling, BatchNorm and LRN run on row-major copies (:attr:`ROW_MAJOR_ONLY`).
     ``conv_tolerance``: without TF32, the relative error (against the median of cuDNN's candidate plans, on the
     first batch) a float32 convolution plan may show to be kept: 2^-12 by default (Winograd filter gradients that
     meet it are kept, the FFT and large-tile transforms that reach 1e-3 to 1e-2 are not; see
@@ -107,12 +111,12 @@ class CudaBackend(ArrayBackend):
     def __init__(self, dtype: Any = np.float32, device: int = 0, use_cudnn: bool | None = None,
                  tf32: bool = False, graphs: bool = True, fuse_bias: bool | None = None,
                  conv_tolerance: float | None = _CudnnConv.FP32_TOLERANCE,
-                 precision: str = "fp32") -> None:
+                 precision: str = "fp32", channels_last: bool = False) -> None:
         tf32 = tf32 or precision == "tf32"  # precision='tf32' is the tf32=True option
         if conv_tolerance is not None:
             conv_tolerance = _checks.number("backend 'cuda': conv_tolerance", conv_tolerance, minimum=0.0,
                                             min_open=True)
-        super().__init__(dtype, "tf32" if tf32 and precision == "fp32" else precision)
+        super().__init__(dtype, "tf32" if tf32 and precision == "fp32" else precision, channels_last)
         self._options.update(device=device, use_cudnn=use_cudnn, tf32=tf32, graphs=graphs, fuse_bias=fuse_bias,
                              conv_tolerance=conv_tolerance)  # the fp32 twin (full_precision) runs on the same device
         try:
@@ -155,6 +159,28 @@ class CudaBackend(ArrayBackend):
                                              "pip install nvidia-cudnn-frontend nvidia-cudnn-cu12") from e
         if not getattr(self, "mixed", False):  # a bf16/fp16 setting converts these primitives' 16-bit operands
             self._refuse_low_precision()
+        if self.channels_last:
+            self._row_major_operands()
+
+    ROW_MAJOR_ONLY = ("pool2d", "pool2d_grad", "batch_norm_stats", "batch_norm_grad_sums", "batch_norm",
+                      "batch_norm_grad", "lrn", "lrn_grad")
+    """Primitives whose kernels index 4-D operands as row-major NCHW memory: with ``channels_last`` they run on
+    row-major copies of channels-last operands (a transpose each way)."""
+
+    def _row_major_operands(self) -> None:
+        xp = self.xp
+
+        def channels_last(a: Any) -> bool:
+            return getattr(a, "ndim", 0) == 4 and not a.flags.c_contiguous
+
+        def copies(operands: dict[str, Any]) -> dict[str, Any]:
+            return {k: xp.ascontiguousarray(a) for k, a in operands.items()}
+
+        def back(copy: Any, operand: Any) -> None:
+            operand[...] = copy
+
+        for name in self.ROW_MAJOR_ONLY:
+            setattr(self, name, emulated(name, getattr(self, name), channels_last, copies, back))
 
     def _refuse_low_precision(self) -> None:
         """Make each primitive of :attr:`EMULATED` refuse bfloat16 and float16 operands with a BackendError."""
@@ -409,7 +435,7 @@ class CudaBackend(ArrayBackend):
             raise BackendError(f"cuda cast: {x.size} elements into {out.size}; the buffers must have one size")
         fx, fo = storage_format(x.dtype), storage_format(out.dtype)
         if fx is None or fo is None:  # float64 on either side: CuPy's own conversion
-            out.reshape(-1)[...] = x.reshape(-1)
+            out[...] = x.reshape(out.shape)
         elif fx == fo:
             self.copy(x, out)
         else:
@@ -779,7 +805,8 @@ class CudaBackend(ArrayBackend):
             if direct:
                 tmp = cp.empty(dw.shape, x.dtype)
                 run("wgrad", *shapes, x, tmp, dy, 0.0, formats=low)
-                ms = conv.plan_ms("wgrad", *shapes, fm), conv.plan_ms("wgrad", *shapes, low)
+                ms = (conv.plan_ms("wgrad", *shapes, fm, (_strides(x), _strides(target), _strides(dy))),
+                      conv.plan_ms("wgrad", *shapes, low, (_strides(x), _strides(tmp), _strides(dy))))
                 direct = ms[0] <= ms[1]
             self._wgrad_direct[key] = bool(direct)
         if direct:

@@ -11,9 +11,9 @@ import numpy as np
 from ...errors import BackendError
 
 
-def _nchw_strides(shape: tuple[int, ...]) -> list[int]:
-    n, c, h, w = shape
-    return [c * h * w, h * w, w, 1]
+def _strides(array: Any) -> tuple[int, ...]:
+    """An array's strides in elements: row-major NCHW, or channels-last (NHWC memory seen as NCHW)."""
+    return tuple(s // array.itemsize for s in array.strides)
 
 
 class _CudnnConv:
@@ -59,8 +59,9 @@ class _CudnnConv:
         self.errors: dict = {}  # graph key -> {plan index: relative difference from the plans' median} (fp32)
         atexit.register(self.graphs.clear)  # release the graphs while their library is still loaded
 
-    def _build(self, kind: str, x_shape, w_shape, y_shape, stride, padding, formats=("f32",) * 4) -> tuple:
-        """The graph of one pass; ``formats``: the storage formats of the operands run() takes as x, w, y, bias."""
+    def _build(self, kind: str, x_shape, w_shape, y_shape, stride, padding, formats, strides) -> tuple:
+        """The graph of one pass; ``formats``: the storage formats of the operands run() takes as x, w, y, bias;
+        ``strides``: the element strides of x, w and y (cuDNN reads and writes either memory order)."""
         cudnn = self.cudnn
         f32 = cudnn.data_type.FLOAT
         types = {"f32": f32, "bf16": cudnn.data_type.BFLOAT16, "f16": cudnn.data_type.HALF}
@@ -69,27 +70,28 @@ class _CudnnConv:
         g = cudnn.pygraph(io_data_type=low[0] if low else f32, intermediate_data_type=f32, compute_data_type=f32,
                           handle=self.handle)
         pad, st, dil = list(padding), list(stride), [1, 1]
+        sx, sw, sy = (list(s) for s in strides)
         if kind in ("fprop", "fprop_bias"):
-            X = g.tensor(name="X", dim=list(x_shape), stride=_nchw_strides(x_shape), data_type=tx)
-            W = g.tensor(name="W", dim=list(w_shape), stride=_nchw_strides(w_shape), data_type=tw)
+            X = g.tensor(name="X", dim=list(x_shape), stride=sx, data_type=tx)
+            W = g.tensor(name="W", dim=list(w_shape), stride=sw, data_type=tw)
             Y = g.conv_fprop(image=X, weight=W, padding=pad, stride=st, dilation=dil, compute_data_type=f32)
             if kind == "fprop_bias":
                 o = w_shape[0]
                 Bt = g.tensor(name="B", dim=[1, o, 1, 1], stride=[o, 1, 1, 1], data_type=tb)
                 Y = g.bias(name="bias", input=Y, bias=Bt)
-            Y.set_output(True).set_dim(list(y_shape)).set_stride(_nchw_strides(y_shape)).set_data_type(ty)
+            Y.set_output(True).set_dim(list(y_shape)).set_stride(sy).set_data_type(ty)
             names = (X, W, Y) if kind == "fprop" else (X, W, Y, Bt)
         elif kind == "dgrad":
-            DY = g.tensor(name="DY", dim=list(y_shape), stride=_nchw_strides(y_shape), data_type=ty)
-            W = g.tensor(name="W", dim=list(w_shape), stride=_nchw_strides(w_shape), data_type=tw)
+            DY = g.tensor(name="DY", dim=list(y_shape), stride=sy, data_type=ty)
+            W = g.tensor(name="W", dim=list(w_shape), stride=sw, data_type=tw)
             DX = g.conv_dgrad(loss=DY, filter=W, padding=pad, stride=st, dilation=dil, compute_data_type=f32)
-            DX.set_output(True).set_dim(list(x_shape)).set_stride(_nchw_strides(x_shape)).set_data_type(tx)
+            DX.set_output(True).set_dim(list(x_shape)).set_stride(sx).set_data_type(tx)
             names = (DX, W, DY)
         else:
-            X = g.tensor(name="X", dim=list(x_shape), stride=_nchw_strides(x_shape), data_type=tx)
-            DY = g.tensor(name="DY", dim=list(y_shape), stride=_nchw_strides(y_shape), data_type=ty)
+            X = g.tensor(name="X", dim=list(x_shape), stride=sx, data_type=tx)
+            DY = g.tensor(name="DY", dim=list(y_shape), stride=sy, data_type=ty)
             DW = g.conv_wgrad(image=X, loss=DY, padding=pad, stride=st, dilation=dil, compute_data_type=f32)
-            DW.set_output(True).set_dim(list(w_shape)).set_stride(_nchw_strides(w_shape)).set_data_type(tw)
+            DW.set_output(True).set_dim(list(w_shape)).set_stride(sw).set_data_type(tw)
             names = (X, DW, DY)
         g.validate()
         g.build_operation_graph()
@@ -112,7 +114,7 @@ class _CudnnConv:
         results: list[Any] = []
         # the agreement check looks at a fixed sample of the output's elements: an inexact transform is off
         # everywhere, and a sample keeps the candidates' copies small
-        flat = out.reshape(-1)
+        flat = out.reshape(-1) if out.flags.c_contiguous else out.transpose(0, 2, 3, 1).reshape(-1)  # memory order
         sample = cp.arange(flat.size) if flat.size <= self.AGREEMENT_SAMPLE else cp.asarray(
             np.random.default_rng(0).choice(flat.size, self.AGREEMENT_SAMPLE, replace=False))
         for i in range(g.get_execution_plan_count()):
@@ -161,12 +163,14 @@ class _CudnnConv:
         return best
 
     @staticmethod
-    def _key(kind, x_shape, w_shape, y_shape, stride, padding, formats) -> tuple:
-        return kind, tuple(x_shape), tuple(w_shape), tuple(y_shape), tuple(stride), tuple(padding), tuple(formats)
+    def _key(kind, x_shape, w_shape, y_shape, stride, padding, formats, strides) -> tuple:
+        return (kind, tuple(x_shape), tuple(w_shape), tuple(y_shape), tuple(stride), tuple(padding), tuple(formats),
+                tuple(strides))
 
-    def plan_ms(self, kind, x_shape, w_shape, y_shape, stride, padding, formats) -> float:
-        """The autotuned time of the plan a pass runs (inf where none was tuned: unsupported, or not yet run)."""
-        key = self._key(kind, x_shape, w_shape, y_shape, stride, padding, formats)
+    def plan_ms(self, kind, x_shape, w_shape, y_shape, stride, padding, formats, strides) -> float:
+        """The autotuned time of the plan a pass runs (inf where none was tuned: unsupported, or not yet run);
+        ``strides``: the element strides of x, w and y, as :meth:`run` saw them."""
+        key = self._key(kind, x_shape, w_shape, y_shape, stride, padding, formats, strides)
         entry = self.graphs.get(key)
         if not isinstance(entry, tuple) or entry[2] is None:
             return float("inf")
@@ -176,11 +180,12 @@ class _CudnnConv:
             formats=("f32",) * 4, optional=False) -> bool:
         """Run one pass; False when cuDNN has no engine for it (only asked of optional fusions and of
         ``optional`` passes). ``formats``: the storage formats of x, w, y and bias."""
-        key = self._key(kind, x_shape, w_shape, y_shape, stride, padding, formats)
+        strides = (_strides(x), _strides(w), _strides(y))
+        key = self._key(kind, x_shape, w_shape, y_shape, stride, padding, formats, strides)
         entry = self.graphs.get(key)
         if entry is None:
             try:
-                entry = (*self._build(kind, x_shape, w_shape, y_shape, stride, padding, formats), None)
+                entry = (*self._build(kind, x_shape, w_shape, y_shape, stride, padding, formats, strides), None)
             except Exception as e:
                 if kind == "fprop_bias" or optional:
                     self.graphs[key] = "unsupported"

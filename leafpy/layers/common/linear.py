@@ -8,6 +8,7 @@ giving [N, T, output_size]."""
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ... import _checks
@@ -69,15 +70,25 @@ class Linear(Worker):
             shapes.append((self.config.output_size,))
         return shapes
 
+    @contextmanager
+    def _written_rows(self, backend, a):
+        """:meth:`_rows` of an output: a 4-D buffer stored channels-last is not row-major, so its rows are a copy,
+        written back afterwards."""
+        rows = self._rows(a)
+        yield rows
+        if backend.memory_order(a.shape) is not None and not a.flags.c_contiguous:
+            backend.copy(rows, a)
+
     def forward(self, backend, x, w, y):
-        y2 = self._rows(y[0])
-        backend.gemm(self._rows(x[0]), False, w[0], True, y2)
-        if self.config.bias:
-            backend.bias_add(y2, w[1])
+        with self._written_rows(backend, y[0]) as y2:
+            backend.gemm(self._rows(x[0]), False, w[0], True, y2)
+            if self.config.bias:
+                backend.bias_add(y2, w[1])
 
     def backward_input(self, backend, x, y, dy, w, dx):
         if dx[0] is not None:
-            backend.gemm(self._rows(dy[0]), False, w[0], False, self._rows(dx[0]))
+            with self._written_rows(backend, dx[0]) as d:
+                backend.gemm(self._rows(dy[0]), False, w[0], False, d)
 
     def backward_parameters(self, backend, x, y, dy, dw, beta):
         dy2 = self._rows(dy[0])
