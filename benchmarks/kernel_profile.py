@@ -2,7 +2,8 @@
 every kernel of the process: CuPy's, cuDNN's, cuBLAS's). leafpy's step runs without CUDA graphs here, so each
 kernel is its own record; the kernels are the same ones a recorded step replays.
 
-    python benchmarks/kernel_profile.py --net resnet18-128 [--conv-tolerance any|1e-5] [--precision bf16] [--top 40]
+    python benchmarks/kernel_profile.py --net resnet18-128 [--conv-tolerance any|1e-5] [--precision bf16]
+                                        [--channels-last] [--top 40]
 """
 
 from __future__ import annotations
@@ -54,10 +55,13 @@ def main() -> int:
     p.add_argument("--precision", choices=["fp32", "tf32", "bf16", "fp16"], default="fp32",
                    help="leafpy's precision setting; PyTorch runs the same mode (autocast and channels_last for "
                         "bf16/fp16)")
+    p.add_argument("--channels-last", action="store_true", help="leafpy stores 4-D tensors NHWC")
     args = p.parse_args()
     import torch
 
-    options = {} if args.conv_tolerance == "default" else {"conv_tolerance": args.conv_tolerance}
+    options: dict = {} if args.conv_tolerance == "default" else {"conv_tolerance": args.conv_tolerance}
+    if args.channels_last:
+        options["channels_last"] = True
     be = lp.backend("cuda", graphs=False, precision=args.precision, **options)
     solver, x, y = solver_and_batch(be, args.net)
     for _ in range(3):

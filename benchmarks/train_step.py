@@ -453,6 +453,8 @@ def main() -> int:
     p.add_argument("--conv-tolerance", type=conv_tolerance, default="default",
                    help="cuda: the backend's conv_tolerance (a number, or 'any' for any fp32 plan, as PyTorch's "
                         "cudnn.benchmark; default: the backend's)")
+    p.add_argument("--channels-last", action="store_true",
+                   help="leafpy stores 4-D tensors NHWC (the backend's channels_last option; native and cuda)")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--settle", type=float, default=None,
                    help="seconds to wait before each timed round, so the other framework's idle threads sleep "
@@ -465,6 +467,8 @@ def main() -> int:
         options["tf32"] = True
     if args.backend == "cuda" and args.conv_tolerance != "default":
         options["conv_tolerance"] = args.conv_tolerance
+    if args.channels_last:
+        options["channels_last"] = True
     backend = lp.backend(args.backend, **options)
     device = "cpu" if args.backend == "native" else "cuda"
     torch = None
@@ -487,6 +491,8 @@ def main() -> int:
     rows = []
     if args.precision != "fp32":
         print(f"# precision {args.precision} in both frameworks")
+    if args.channels_last:
+        print("# leafpy stores 4-D tensors channels-last")
     print(f"# leafpy {args.backend} vs {args.vs} on {platform.processor() or platform.machine()}, "
           f"{args.threads} threads, torch {torch.__version__ if torch else '-'}, numpy {np.__version__}")
     gpu = device == "cuda"

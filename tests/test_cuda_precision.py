@@ -574,15 +574,16 @@ objective:
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels-last"])
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_a_network_trains_in_low_precision_on_cuda_as_native_emulates_it(precision):
+def test_a_network_trains_in_low_precision_on_cuda_as_native_emulates_it(precision, channels_last):
     """The same steps from the same weights on cuda (16-bit kernels, cuBLAS/cuDNN in 16 bits with float32
-    accumulation, float32 copies for the rest) and on native's emulation (float32 arithmetic, the same storage
-    rounding): losses and weights agree within the format's tolerance, and cuda's steps replay (fp16's with loss
-    scaling too)."""
+    accumulation, float32 copies for the rest; 4-D tensors NCHW or channels-last) and on native's emulation
+    (float32 arithmetic, the same storage rounding, row-major): losses and weights agree within the format's
+    tolerance, and cuda's steps replay (fp16's with loss scaling too)."""
     import yaml
 
-    cuda = lp.backend("cuda", precision=precision) if _cuda() else None
+    cuda = lp.backend("cuda", precision=precision, channels_last=channels_last) if _cuda() else None
     native = lp.backend("native", precision=precision)
     spec = yaml.safe_load(LENET)
     net_cfg, obj_cfg = (lp.config.layer_from_dict({"name": k, **spec[k]}) for k in ("network", "objective"))

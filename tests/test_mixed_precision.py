@@ -48,7 +48,9 @@ def _params():
     for type_name, cases in sorted(CASES.items()):
         for i, case in enumerate(cases):
             for precision in PRECISIONS:
-                yield pytest.param(type_name, case, precision, id=f"{type_name}-{i}-{precision}")
+                yield pytest.param(type_name, case, precision, False, id=f"{type_name}-{i}-{precision}")
+            # bf16 with 4-D tensors stored NHWC: the layout under the emulation's casts
+            yield pytest.param(type_name, case, "bf16", True, id=f"{type_name}-{i}-bf16-channels-last")
 
 
 def _run(layer: lp.Layer, inputs: list[np.ndarray], dys: list[np.ndarray] | None):
@@ -61,11 +63,11 @@ def _run(layer: lp.Layer, inputs: list[np.ndarray], dys: list[np.ndarray] | None
     return outs, dx, dw
 
 
-@pytest.mark.parametrize("type_name,case,precision", list(_params()))
-def test_layer_in_low_precision_against_float64(type_name, case, precision):
+@pytest.mark.parametrize("type_name,case,precision,channels_last", list(_params()))
+def test_layer_in_low_precision_against_float64(type_name, case, precision, channels_last):
     dtype, u = PRECISIONS[precision]
     config, make_inputs = case
-    low_be = lp.backend("native", precision=precision)
+    low_be = lp.backend("native", precision=precision, **({"channels_last": True} if channels_last else {}))
     ref_be = lp.backend("native", dtype=np.float64)
     inputs = [_low(x, dtype) for x in make_inputs(np.random.default_rng(7))]
     low = lp.Layer.from_config(low_be, lp.LayerConfig("l", config), seed=3)

@@ -33,7 +33,7 @@ from ..recorder import StepRecorder
 from .blas import _CaptureBlas
 from .cudnn import _CudnnConv, _strides
 from .kernels import _BN_SOURCE, _POOL_SOURCE, module_source, vectorized_source
-from .lowp import as_stored, formats_of, is_low, low_dtypes, storage_format, typed_kernel
+from .lowp import as_stored, formats_of, is_low, low_dtypes, one_memory_order, storage_format, typed_kernel
 
 _INSTALL = ("pip install 'leafpy-dl[cuda]' (CuPy for CUDA 12: cupy-cuda12x; with CUDA 13 drivers install "
             "cupy-cuda13x instead)")
@@ -374,11 +374,13 @@ class CudaBackend(ArrayBackend):
     # of the same bytes on an H200; the ElementwiseKernels serve every other array.
     VECTOR_BLOCK = 256
 
-    def _fits_float4(self, *arrays: Any) -> bool:
+    def _fits_float4(self, *arrays: Any, any_order: bool = False) -> bool:
+        """Whether a float4 kernel may take these arrays: float32, one size, 16-byte aligned, and row-major — or,
+        with ``any_order`` (kernels that never read an element's index), of :func:`one_memory_order`."""
         size = arrays[0].size
         return (size % 4 == 0 and 0 < size < 2**31 and all(
-            a.dtype == np.float32 and a.size == size and a.flags.c_contiguous and a.data.ptr % 16 == 0
-            for a in arrays))
+            a.dtype == np.float32 and a.size == size and a.data.ptr % 16 == 0 for a in arrays) and (
+            all(a.flags.c_contiguous for a in arrays) or (any_order and one_memory_order(arrays))))
 
     def _launch4(self, kernel: Any, arrays: tuple, scalars: tuple = ()) -> None:
         n4 = arrays[0].size // 4
@@ -495,7 +497,7 @@ class CudaBackend(ArrayBackend):
             self._typed(_AXPBY, formats_of("axpby", x=x, y=y), read_outputs=True)(
                 as_stored(x), np.float32(alpha), np.float32(beta), as_stored(y))
             return
-        if self._fits_float4(x, y):
+        if self._fits_float4(x, y, any_order=True):
             self._launch4(self._vector_kernel("axpby"), (x, y), (np.float32(alpha), np.float32(beta)))
             return
         self._kernels["axpby"](x, self._scalar(alpha), self._scalar(beta), y)
@@ -514,7 +516,7 @@ class CudaBackend(ArrayBackend):
         pointwise.line(kind)
         if is_low(x) or is_low(out):
             return self._low_activation(kind, (x, out), tuple(params))
-        if self._fits_float4(x, out):
+        if self._fits_float4(x, out, any_order=True):
             self._launch4(self._vector_kernel(kind), (x, out), tuple(np.float32(p) for p in params))
             return
         self._kernels[kind](x, *map(self._scalar, params), out)
@@ -523,7 +525,7 @@ class CudaBackend(ArrayBackend):
         pointwise.line(kind)
         if is_low(src) or is_low(dy) or is_low(dx):
             return self._low_activation(kind + "_grad", (src, dy, dx), tuple(params))
-        if self._fits_float4(src, dy, dx):
+        if self._fits_float4(src, dy, dx, any_order=True):
             self._launch4(self._vector_kernel(kind + "_grad"), (src, dy, dx), tuple(np.float32(p) for p in params))
             return
         self._kernels[kind + "_grad"](src, dy, *map(self._scalar, params), dx)
@@ -803,7 +805,7 @@ class CudaBackend(ArrayBackend):
         tmp = None
         if key not in self._wgrad_direct:  # first call: time the other way too, keep the faster
             if direct:
-                tmp = cp.empty(dw.shape, x.dtype)
+                tmp = cp.empty_like(dw, dtype=x.dtype)
                 run("wgrad", *shapes, x, tmp, dy, 0.0, formats=low)
                 ms = (conv.plan_ms("wgrad", *shapes, fm, (_strides(x), _strides(target), _strides(dy))),
                       conv.plan_ms("wgrad", *shapes, low, (_strides(x), _strides(tmp), _strides(dy))))
@@ -814,7 +816,7 @@ class CudaBackend(ArrayBackend):
                 self.axpby(1.0, target, beta, dw)
             return
         if tmp is None:
-            tmp = cp.empty(dw.shape, x.dtype)
+            tmp = cp.empty_like(dw, dtype=x.dtype)  # dw's order: the conversion below runs over memory in order
             run("wgrad", *shapes, x, tmp, dy, 0.0, formats=low)
         if beta:
             self.axpby(1.0, tmp, beta, dw)

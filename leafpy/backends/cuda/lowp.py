@@ -11,6 +11,7 @@ accumulator.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -179,6 +180,17 @@ def _vector_source(params: list, operation: str, name: str, formats: dict[str, s
     return "\n".join(lines)
 
 
+def one_memory_order(arrays: Any) -> bool:
+    """Whether the arrays share one shape and one order (equal strides in elements) and each fills one block of
+    memory: row-major, or a channels-last [N, C, H, W] view of NHWC memory. Work on each element that does not
+    depend on where the element sits may then run over their memory in order, as over flat arrays."""
+    first = arrays[0]
+    if not (first.flags.c_contiguous or (first.ndim == 4 and first.transpose(0, 2, 3, 1).flags.c_contiguous)):
+        return False
+    order = tuple(s // first.itemsize for s in first.strides)
+    return all(a.shape == first.shape and tuple(s // a.itemsize for s in a.strides) == order for a in arrays)
+
+
 class TypedKernel:
     """An operation over arrays of any of the three formats: an ElementwiseKernel for any layout, and a kernel of
     :data:`VECTOR_WIDTH` values per thread where every (non-raw) array is contiguous, 16-byte aligned and of one
@@ -216,12 +228,16 @@ class TypedKernel:
         self.source = _vector_source(params, operation, self.name + "_v", formats, read_outputs, macros)
         self._cp = cp
         self._vector: Any = None
+        self.reads_index = re.search(r"\bi\b", operation) is not None
+        """Whether the operation reads the element's (row-major) index: its vector kernel then needs row-major
+        arrays, where other operations run over any arrays of :func:`one_memory_order`."""
 
     def __call__(self, *args: Any) -> None:
         arrays = [args[k] for k in self.arrays]
         size = arrays[0].size
         if size % VECTOR_WIDTH == 0 and 0 < size < 2**40 and all(
-                a.size == size and a.flags.c_contiguous and a.data.ptr % 16 == 0 for a in arrays):
+                a.size == size and a.data.ptr % 16 == 0 for a in arrays) and (
+                all(a.flags.c_contiguous for a in arrays) or (not self.reads_index and one_memory_order(arrays))):
             if self._vector is None:
                 self._vector = self._cp.RawModule(code=self.source).get_function(self.name + "_v")
             n = size // VECTOR_WIDTH
