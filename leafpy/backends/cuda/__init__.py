@@ -94,7 +94,7 @@ class CudaBackend(ArrayBackend):
     ``channels_last``: store 4-D tensors NHWC (see ArrayBackend): cuDNN's tensor-core convolutions then read and
     write them as they are, without the transposes it adds around NCHW operands in bfloat16 and float16; users'
     arrays stay NCHW (the conversion happens on upload and download, and where a 4-D tensor is seen with another
-    shape). Pooling, BatchNorm and LRN run on row-major copies (:attr:`ROW_MAJOR_ONLY`).
+    shape). Pooling runs NHWC kernels; BatchNorm and LRN run on row-major copies (:attr:`ROW_MAJOR_ONLY`).
     ``conv_tolerance``: without TF32, the relative error (against the median of cuDNN's candidate plans, on the
     first batch) a float32 convolution plan may show to be kept: 2^-12 by default (Winograd filter gradients that
     meet it are kept, the FFT and large-tile transforms that reach 1e-3 to 1e-2 are not; see
@@ -138,7 +138,7 @@ class CudaBackend(ArrayBackend):
         self._kernels = self._build_kernels(cupy)
         self._pool_module = cupy.RawModule(code=module_source(_POOL_SOURCE, "f32"))
         self._bn_module = cupy.RawModule(code=module_source(_BN_SOURCE, "f32"))
-        self._low_modules: dict[tuple[str, str], Any] = {}
+        self._low_modules: dict[tuple[str, str, bool], Any] = {}
         self._wgrad_direct: dict[tuple, bool] = {}  # 16-bit filter gradients: cuDNN writes float32 (or converts)
         self._typed_kernels: dict[tuple, Any] = {}
         self._vector_kernels: dict[str, Any] = {}
@@ -162,8 +162,7 @@ class CudaBackend(ArrayBackend):
         if self.channels_last:
             self._row_major_operands()
 
-    ROW_MAJOR_ONLY = ("pool2d", "pool2d_grad", "batch_norm_stats", "batch_norm_grad_sums", "batch_norm",
-                      "batch_norm_grad", "lrn", "lrn_grad")
+    ROW_MAJOR_ONLY = ("batch_norm_stats", "batch_norm_grad_sums", "batch_norm", "batch_norm_grad", "lrn", "lrn_grad")
     """Primitives whose kernels index 4-D operands as row-major NCHW memory: with ``channels_last`` they run on
     row-major copies of channels-last operands (a transpose each way)."""
 
@@ -416,12 +415,13 @@ class CudaBackend(ArrayBackend):
                                                              read_outputs)
         return kernel
 
-    def _low_module(self, which: str, fmt: str) -> Any:
+    def _low_module(self, which: str, fmt: str, channels_last: bool = False) -> Any:
         """The pooling ("pool") or batch-normalisation ("bn") kernels for activations stored in ``fmt``."""
-        module = self._low_modules.get((which, fmt))
+        module = self._low_modules.get((which, fmt, channels_last))
         if module is None:
             source = _POOL_SOURCE if which == "pool" else _BN_SOURCE
-            module = self._low_modules[(which, fmt)] = self.xp.RawModule(code=module_source(source, fmt))
+            module = self._low_modules[(which, fmt, channels_last)] = self.xp.RawModule(
+                code=module_source(source, fmt, channels_last))
         return module
 
     @staticmethod
@@ -688,26 +688,54 @@ class CudaBackend(ArrayBackend):
             raise BackendError(f"cuda {op}: input ({a.dtype}) and output ({b.dtype}) must share a dtype")
         return fa
 
+    @staticmethod
+    def _pool_layout(*arrays: Any) -> bool | None:
+        """False where every operand is row-major NCHW, True where every one is a channels-last view of NHWC memory
+        (the kernels' CHANNELS_LAST variant), None for a mix (then row-major copies serve)."""
+        arrays = tuple(a for a in arrays if a is not None)
+        if all(a.flags.c_contiguous for a in arrays):
+            return False
+        if all(a.ndim == 4 and a.transpose(0, 2, 3, 1).flags.c_contiguous for a in arrays):
+            return True
+        return None
+
+    def _pool_kernel(self, name: str, fmt: str | None, channels_last: bool) -> Any:
+        if fmt is None and not channels_last:
+            return self._pool_module.get_function(name)
+        return self._low_module("pool", fmt or "f32", channels_last).get_function(name)
+
     def pool2d(self, x, out, mask, mode, kernel, stride, padding):
         fmt = self._pool_format("pool2d", x, out)
         if fmt is None and x.dtype != np.float32:
             return super().pool2d(x, out, mask, mode, kernel, stride, padding)
-        module = self._pool_module if fmt is None else self._low_module("pool", fmt)
+        layout = self._pool_layout(x, out, mask)
+        if layout is None:
+            m = None if mask is None else self.xp.empty(mask.shape, mask.dtype)
+            with self._row_major(out, read=False) as o:
+                self.pool2d(self.xp.ascontiguousarray(x), o, m, mode, kernel, stride, padding)
+            if mask is not None:
+                mask[...] = m
+            return
         total, args = self._pool_args(x.shape, out.shape, kernel, stride, padding, mode == "max")
         m = mask if mask is not None else out  # unused for average pooling
-        module.get_function("pool_fwd")(((total + 255) // 256,), (256,), (as_stored(x), as_stored(out), m) + args)
+        self._pool_kernel("pool_fwd", fmt, layout)(((total + 255) // 256,), (256,), (as_stored(x), as_stored(out),
+                                                                                     m) + args)
 
     def pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding):
         fmt = self._pool_format("pool2d_grad", dy, dx)
         if fmt is None and dy.dtype != np.float32:
             return super().pool2d_grad(dy, dx, mask, mode, kernel, stride, padding)
-        # 16-bit gradients are added up in float32 scratch, then rounded once
-        acc = dx if fmt is None else self.xp.empty(dx.shape, np.float32)
+        layout = self._pool_layout(dy, dx, mask)
+        if layout is None:
+            with self._row_major(dx, read=False) as d:
+                m = None if mask is None else self.xp.ascontiguousarray(mask)
+                return self.pool2d_grad(self.xp.ascontiguousarray(dy), d, m, mode, kernel, stride, padding)
+        # 16-bit gradients are added up in float32 scratch (in dx's memory order), then rounded once
+        acc = dx if fmt is None else self.xp.empty_like(dx, dtype=np.float32)
         acc.fill(0)
-        module = self._pool_module if fmt is None else self._low_module("pool", fmt)
         total, args = self._pool_args(dx.shape, dy.shape, kernel, stride, padding, mode == "max")
         m = mask if mask is not None else dy
-        module.get_function("pool_bwd")(((total + 255) // 256,), (256,), (as_stored(dy), acc, m) + args)
+        self._pool_kernel("pool_bwd", fmt, layout)(((total + 255) // 256,), (256,), (as_stored(dy), acc, m) + args)
         if acc is not dx:
             self.cast(acc, dx)
 

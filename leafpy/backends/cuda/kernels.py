@@ -8,20 +8,36 @@ arithmetic is in float for every format."""
 from .lowp import CONVERT
 
 
-def module_source(source: str, fmt: str) -> str:
-    """``source`` for activations stored in ``fmt`` ("f32", "bf16" or "f16")."""
+def module_source(source: str, fmt: str, channels_last: bool = False) -> str:
+    """``source`` for activations stored in ``fmt`` ("f32", "bf16" or "f16"), NHWC where ``channels_last`` (for
+    the sources that read CHANNELS_LAST)."""
     stored = "float" if fmt == "f32" else "unsigned short"
     low = "" if fmt == "f32" else "#define LOWP 1\n"
-    return (f"{CONVERT}\ntypedef {stored} S;\n#define LD(v) ld_{fmt}(v)\n#define ST(v) st_{fmt}(v)\n{low}"
+    layout = "#define CHANNELS_LAST 1\n" if channels_last else ""
+    return (f"{CONVERT}\ntypedef {stored} S;\n#define LD(v) ld_{fmt}(v)\n#define ST(v) st_{fmt}(v)\n{low}{layout}"
             + source)
 
 _POOL_SOURCE = r"""
+// Element i of y (and of mask, dy) in memory order: NCHW, or with CHANNELS_LAST defined NHWC, where a window's
+// values are C apart and neighbouring threads read neighbouring channels. `src` is the element's image plane,
+// ELEMENT(h, w) the offset of (h, w) in it.
+#ifdef CHANNELS_LAST
+#define POOL_GEOMETRY \
+    const int c = i % C, ow = (i / C) % OW, oh = (i / (C * OW)) % OH; \
+    const long long plane = (long long)(i / (C * OW * OH)) * H * W * C + c;
+#define ELEMENT(h, w) (((h) * W + (w)) * C)
+#else
+#define POOL_GEOMETRY \
+    const int ow = i % OW, oh = (i / OW) % OH; \
+    const long long plane = (long long)(i / (OW * OH)) * H * W;
+#define ELEMENT(h, w) ((h) * W + (w))
+#endif
 extern "C" __global__ void pool_fwd(const S* x, S* y, int* mask, int total, int C, int H, int W,
         int OH, int OW, int kh, int kw, int sh, int sw, int ph, int pw, int is_max) {
     int i = blockDim.x * blockIdx.x + threadIdx.x;
     if (i >= total) return;
-    int ow = i % OW, oh = (i / OW) % OH, nc = i / (OW * OH);
-    const S* src = x + (long long)nc * H * W;
+    POOL_GEOMETRY
+    const S* src = x + plane;
     int h0 = oh * sh - ph, w0 = ow * sw - pw;
     const float NEG_INF = __int_as_float(0xff800000);
     float best = NEG_INF, sum = 0.f; int arg = 0;
@@ -30,7 +46,7 @@ extern "C" __global__ void pool_fwd(const S* x, S* y, int* mask, int total, int 
         for (int b = 0; b < kw; ++b) {
             int w = w0 + b;
             bool inside = h >= 0 && h < H && w >= 0 && w < W;
-            float v = inside ? LD(src[h * W + w]) : (is_max ? NEG_INF : 0.f);
+            float v = inside ? LD(src[ELEMENT(h, w)]) : (is_max ? NEG_INF : 0.f);
             if (is_max) { if (v > best) { best = v; arg = a * kw + b; } } else { sum += v; }
         }
     }
@@ -43,18 +59,18 @@ extern "C" __global__ void pool_bwd(const S* dy, float* dx, const int* mask, int
         int OH, int OW, int kh, int kw, int sh, int sw, int ph, int pw, int is_max) {
     int i = blockDim.x * blockIdx.x + threadIdx.x;
     if (i >= total) return;
-    int ow = i % OW, oh = (i / OW) % OH, nc = i / (OW * OH);
-    float* dst = dx + (long long)nc * H * W;
+    POOL_GEOMETRY
+    float* dst = dx + plane;
     int h0 = oh * sh - ph, w0 = ow * sw - pw;
     float g = LD(dy[i]);
     if (is_max) {
         int a = mask[i] / kw, b = mask[i] % kw, h = h0 + a, w = w0 + b;
-        if (h >= 0 && h < H && w >= 0 && w < W) atomicAdd(dst + h * W + w, g);
+        if (h >= 0 && h < H && w >= 0 && w < W) atomicAdd(dst + ELEMENT(h, w), g);
     } else {
         float share = g / (float)(kh * kw);
         for (int a = 0; a < kh; ++a) for (int b = 0; b < kw; ++b) {
             int h = h0 + a, w = w0 + b;
-            if (h >= 0 && h < H && w >= 0 && w < W) atomicAdd(dst + h * W + w, share);
+            if (h >= 0 && h < H && w >= 0 && w < W) atomicAdd(dst + ELEMENT(h, w), share);
         }
     }
 }

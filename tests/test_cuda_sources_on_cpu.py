@@ -1,0 +1,162 @@
+"""The cuda backend's pooling kernels, run on the CPU: their CUDA source (leafpy/backends/cuda/kernels.py, the text
+CuPy compiles on the GPU) is compiled by the host's C++ compiler behind a few definitions that stand in for CUDA's
+(one thread at a time, atomicAdd as an addition), and run over every output element, row-major and channels-last,
+float32 and bfloat16 storage, against float64 NumPy pooling. The index arithmetic of both layouts is then tested
+where CI runs, without a GPU; the GPU machine runs the same kernels through the cuda backend (test_backends.py)."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+import subprocess
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from leafpy.backends.cuda.kernels import _POOL_SOURCE
+from leafpy.backends.cuda.lowp import CONVERT
+
+SHIMS = r"""
+#include <cstring>
+struct Index { int x; };
+static Index blockDim = {1}, blockIdx = {0}, threadIdx = {0};
+#define __global__
+#define __device__
+#define __forceinline__ inline
+static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline float __uint_as_float(unsigned int u) { float f; std::memcpy(&f, &u, 4); return f; }
+static inline unsigned int __float_as_uint(float f) { unsigned int u; std::memcpy(&u, &f, 4); return u; }
+static inline float atomicAdd(float* p, float v) { float old = *p; *p = old + v; return old; }
+"""
+
+RUNNER = r"""
+#define POOL_ARGS int total, int C, int H, int W, int OH, int OW, int kh, int kw, int sh, int sw, int ph, int pw, \
+    int is_max
+#define POOL_VALUES total, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, is_max
+extern "C" void run_fwd(const S* x, S* y, int* mask, POOL_ARGS) {
+    for (int t = 0; t < total; ++t) { blockIdx.x = t; pool_fwd(x, y, mask, POOL_VALUES); }
+}
+extern "C" void run_bwd(const S* dy, float* dx, const int* mask, POOL_ARGS) {
+    for (int t = 0; t < total; ++t) { blockIdx.x = t; pool_bwd(dy, dx, mask, POOL_VALUES); }
+}
+"""
+
+CASES = [  # (N, C, H, W), kernel, stride, padding
+    ((2, 3, 7, 6), (3, 3), (2, 2), (1, 1)),  # overlapping windows, padding: the gradient adds up
+    ((3, 5, 8, 8), (2, 2), (2, 2), (0, 0)),  # windows that tile the input
+    ((1, 4, 5, 9), (2, 3), (1, 2), (0, 1)),  # rectangular windows and strides
+]
+
+
+def _converters() -> str:
+    """lowp.CONVERT's float32 and bfloat16 conversions (float16's use PTX instructions a CPU has not)."""
+    head = CONVERT[:CONVERT.index("__device__ __forceinline__ float ld_f16")]
+    assert "ld_bf16" in head and "st_bf16" in head
+    return head
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        pytest.skip("no C++ compiler (g++) on this machine to build the kernels for the CPU")
+    libs = {}
+    for fmt in ("f32", "bf16"):
+        for channels_last in (False, True):
+            stored = "float" if fmt == "f32" else "unsigned short"
+            source = (SHIMS + _converters() + f"typedef {stored} S;\n#define LD(v) ld_{fmt}(v)\n"
+                      f"#define ST(v) st_{fmt}(v)\n" + ("#define CHANNELS_LAST 1\n" if channels_last else "")
+                      + _POOL_SOURCE + RUNNER)
+            d = tmp_path_factory.mktemp(f"pool_{fmt}_{int(channels_last)}")
+            (d / "pool.cpp").write_text(source)
+            out = subprocess.run([compiler, "-O1", "-shared", "-fPIC", "-o", str(d / "pool.so"), str(d / "pool.cpp")],
+                                 capture_output=True, text=True)
+            assert out.returncode == 0, out.stderr
+            libs[(fmt, channels_last)] = ctypes.CDLL(str(d / "pool.so"))
+    return libs
+
+
+def _reference(x, kernel, stride, padding, is_max):
+    """float64 pooling and, for the gradient, which input each output read (max) or all of its window."""
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    oh, ow = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+    padded = np.full((n, c, h + 2 * ph, w + 2 * pw), -np.inf if is_max else 0.0)
+    padded[:, :, ph:ph + h, pw:pw + w] = x
+    y = np.empty((n, c, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            win = padded[:, :, i * sh:i * sh + kh, j * sw:j * sw + kw]
+            y[:, :, i, j] = win.max(axis=(2, 3)) if is_max else win.mean(axis=(2, 3))
+    return y
+
+
+def _reference_grad(x, dy, kernel, stride, padding, is_max):
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    padded = np.full((n, c, h + 2 * ph, w + 2 * pw), -np.inf if is_max else 0.0)
+    padded[:, :, ph:ph + h, pw:pw + w] = x
+    dxp = np.zeros_like(padded)
+    for i in range(dy.shape[2]):
+        for j in range(dy.shape[3]):
+            win = padded[:, :, i * sh:i * sh + kh, j * sw:j * sw + kw]
+            if is_max:  # the first position of the window's maximum, as the kernels keep ties
+                flat = win.reshape(n, c, -1).argmax(axis=2)
+                a, b = np.divmod(flat, kw)
+                for nn in range(n):
+                    for cc in range(c):
+                        dxp[nn, cc, i * sh + a[nn, cc], j * sw + b[nn, cc]] += dy[nn, cc, i, j]
+            else:
+                dxp[:, :, i * sh:i * sh + kh, j * sw:j * sw + kw] += dy[:, :, i, j, None, None] / (kh * kw)
+    return dxp[:, :, ph:ph + h, pw:pw + w]
+
+
+def _memory(a, channels_last):
+    return np.ascontiguousarray(a.transpose(0, 2, 3, 1) if channels_last else a)
+
+
+def _logical(m, shape, channels_last):
+    n, c, h, w = shape
+    return m.reshape(n, h, w, c).transpose(0, 3, 1, 2) if channels_last else m.reshape(shape)
+
+
+def _ptr(a):
+    return a.ctypes.data_as(ctypes.c_void_p)
+
+
+@pytest.mark.parametrize("mode", ["max", "average"])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels-last"])
+@pytest.mark.parametrize("fmt", ["f32", "bf16"])
+@pytest.mark.parametrize("case", CASES, ids=["3x3s2p1", "2x2s2", "2x3s1x2p0x1"])
+def test_cuda_pooling_kernels_on_the_cpu(compiled, case, fmt, channels_last, mode):
+    shape, kernel, stride, padding = case
+    is_max = mode == "max"
+    lib = compiled[(fmt, channels_last)]
+    dtype = np.float32 if fmt == "f32" else ml_dtypes.bfloat16
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(dtype)  # distinct values: no ties decide a maximum
+    y_ref = _reference(x.astype(np.float64), kernel, stride, padding, is_max)
+    n, c, h, w = shape
+    oh, ow = y_ref.shape[2:]
+    total = n * c * oh * ow
+    args = [ctypes.c_int(v) for v in (total, c, h, w, oh, ow, *kernel, *stride, *padding, int(is_max))]
+    xm = _memory(x, channels_last)
+    ym = np.zeros(total, dtype)
+    mask = np.zeros(total, np.int32)
+    lib.run_fwd(_ptr(xm), _ptr(ym), _ptr(mask), *args)
+    y = _logical(ym, y_ref.shape, channels_last).astype(np.float64)
+    u = 2.0 ** -8 if fmt == "bf16" else 2.0 ** -24
+    np.testing.assert_allclose(y, y_ref, rtol=2 * u, atol=2 * u)
+    dy = rng.standard_normal(y_ref.shape).astype(dtype)
+    dx = np.zeros(x.size, np.float32)  # float32 for every format, as on the GPU
+    lib.run_bwd(_ptr(_memory(dy, channels_last)), _ptr(dx), _ptr(mask), *args)
+    dx_ref = _reference_grad(x.astype(np.float64), dy.astype(np.float64), kernel, stride, padding, is_max)
+    np.testing.assert_allclose(_logical(dx, shape, channels_last), dx_ref, rtol=1e-5, atol=1e-6)
+
+
+def test_the_shims_cover_what_the_pooling_source_calls():
+    # every CUDA built-in the pooling kernels call has a CPU stand-in above (a new one would fail to compile here)
+    called = set(re.findall(r"\b(__\w+|atomic\w+)\s*\(", _POOL_SOURCE))
+    assert called <= {"__int_as_float", "atomicAdd"}, called
