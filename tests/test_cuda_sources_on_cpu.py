@@ -1,8 +1,10 @@
-"""The cuda backend's pooling kernels, run on the CPU: their CUDA source (leafpy/backends/cuda/kernels.py, the text
-CuPy compiles on the GPU) is compiled by the host's C++ compiler behind a few definitions that stand in for CUDA's
-(one thread at a time, atomicAdd as an addition), and run over every output element, row-major and channels-last,
-float32 and bfloat16 storage, against float64 NumPy pooling. The index arithmetic of both layouts is then tested
-where CI runs, without a GPU; the GPU machine runs the same kernels through the cuda backend (test_backends.py)."""
+"""The cuda backend's pooling kernels and its channels-last batch-normalisation reductions, run on the CPU: their
+CUDA source (leafpy/backends/cuda/kernels.py, the text CuPy compiles on the GPU) is compiled by the host's C++
+compiler behind a few definitions that stand in for CUDA's (one thread at a time, atomicAdd as an addition), and run
+over every thread of their grids, row-major and channels-last, float32 and bfloat16 storage, against float64
+NumPy. Their index arithmetic is then tested where CI runs, without a GPU; the GPU machine runs the same kernels
+through the cuda backend (test_backends.py). Kernels that cooperate within a block (shared memory, warp shuffles)
+are only compiled here, not run."""
 
 from __future__ import annotations
 
@@ -15,16 +17,24 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from leafpy.backends.cuda.kernels import _POOL_SOURCE
+from leafpy.backends.cuda.kernels import _BN_SOURCE, _POOL_SOURCE
 from leafpy.backends.cuda.lowp import CONVERT
 
 SHIMS = r"""
+#include <algorithm>
+#include <cmath>
 #include <cstring>
-struct Index { int x; };
-static Index blockDim = {1}, blockIdx = {0}, threadIdx = {0};
+using std::min;
+using std::max;
+struct Index { int x, y; };
+static Index blockDim = {1, 1}, blockIdx = {0, 0}, threadIdx = {0, 0}, gridDim = {1, 1};
+struct float4 { float x, y, z, w; };
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define __shared__ static
+static inline void __syncthreads() {}
+static inline float __shfl_down_sync(unsigned int, float v, int) { return v; }
 static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 static inline float __uint_as_float(unsigned int u) { float f; std::memcpy(&f, &u, 4); return f; }
 static inline unsigned int __float_as_uint(float f) { unsigned int u; std::memcpy(&u, &f, 4); return u; }
@@ -57,25 +67,61 @@ def _converters() -> str:
     return head
 
 
-@pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
+BN_RUNNER = r"""
+static void grid(int blocks_x, int blocks_y, int threads, void (*body)()) {
+    gridDim.x = blocks_x; gridDim.y = blocks_y; blockDim.x = threads;
+    for (int by = 0; by < blocks_y; ++by) for (int bx = 0; bx < blocks_x; ++bx) for (int t = 0; t < threads; ++t) {
+        blockIdx.x = bx; blockIdx.y = by; threadIdx.x = t; body();
+    }
+}
+static const S *X, *DY; static float *PART, *MEAN, *VAR, *SUM_DY, *SUM_DY_XHAT; static int M, C, ROWS, RUNS;
+extern "C" void run_rows_stats(const S* x, float* part, float* mean, float* var, int m, int c, int rows) {
+    X = x; PART = part; MEAN = mean; VAR = var; M = m; C = c; ROWS = rows; RUNS = (m + rows - 1) / rows;
+    grid((c + 127) / 128, RUNS, 128, [] { bn_rows_stats_part(X, PART, M, C, ROWS); });
+    grid((c + 127) / 128, 1, 128, [] { bn_stats_combine(PART, MEAN, VAR, M, C, 1, ROWS, RUNS); });
+}
+extern "C" void run_rows_grad(const S* x, const S* dy, const float* mean, const float* var, float* part,
+        float* sum_dy, float* sum_dy_xhat, int m, int c, int rows, float eps) {
+    X = x; DY = dy; MEAN = (float*)mean; VAR = (float*)var; PART = part; SUM_DY = sum_dy;
+    SUM_DY_XHAT = sum_dy_xhat; M = m; C = c; ROWS = rows; RUNS = (m + rows - 1) / rows;
+    static float EPS; EPS = eps;
+    grid((c + 127) / 128, RUNS, 128, [] { bn_rows_grad_part(X, DY, MEAN, PART, M, C, ROWS); });
+    grid((c + 127) / 128, 1, 128, [] { bn_grad_combine(PART, VAR, SUM_DY, SUM_DY_XHAT, C, RUNS, EPS); });
+}
+extern "C" void run_rows_sum(const S* x, float* part, int m, int c, int rows) {
+    X = x; PART = part; M = m; C = c; ROWS = rows; RUNS = (m + rows - 1) / rows;
+    grid((c + 127) / 128, RUNS, 128, [] { rows_sum_part(X, PART, M, C, ROWS); });
+}
+"""
+
+
+def _build(tmp_path_factory, tag: str, source: str) -> ctypes.CDLL:
     compiler = shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         pytest.skip("no C++ compiler (g++) on this machine to build the kernels for the CPU")
-    libs = {}
-    for fmt in ("f32", "bf16"):
-        for channels_last in (False, True):
-            stored = "float" if fmt == "f32" else "unsigned short"
-            source = (SHIMS + _converters() + f"typedef {stored} S;\n#define LD(v) ld_{fmt}(v)\n"
-                      f"#define ST(v) st_{fmt}(v)\n" + ("#define CHANNELS_LAST 1\n" if channels_last else "")
-                      + _POOL_SOURCE + RUNNER)
-            d = tmp_path_factory.mktemp(f"pool_{fmt}_{int(channels_last)}")
-            (d / "pool.cpp").write_text(source)
-            out = subprocess.run([compiler, "-O1", "-shared", "-fPIC", "-o", str(d / "pool.so"), str(d / "pool.cpp")],
-                                 capture_output=True, text=True)
-            assert out.returncode == 0, out.stderr
-            libs[(fmt, channels_last)] = ctypes.CDLL(str(d / "pool.so"))
-    return libs
+    d = tmp_path_factory.mktemp(tag)
+    (d / "k.cpp").write_text(source)
+    out = subprocess.run([compiler, "-std=c++17", "-O1", "-shared", "-fPIC", "-o", str(d / "k.so"),
+                          str(d / "k.cpp")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return ctypes.CDLL(str(d / "k.so"))
+
+
+def _prelude(fmt: str, channels_last: bool = False) -> str:
+    stored = "float" if fmt == "f32" else "unsigned short"
+    return (SHIMS + _converters() + f"typedef {stored} S;\n#define LD(v) ld_{fmt}(v)\n#define ST(v) st_{fmt}(v)\n"
+            + ("#define LOWP 1\n" if fmt != "f32" else "") + ("#define CHANNELS_LAST 1\n" if channels_last else ""))
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    return {(fmt, cl): _build(tmp_path_factory, f"pool_{fmt}_{int(cl)}", _prelude(fmt, cl) + _POOL_SOURCE + RUNNER)
+            for fmt in ("f32", "bf16") for cl in (False, True)}
+
+
+@pytest.fixture(scope="module")
+def compiled_bn(tmp_path_factory):
+    return {fmt: _build(tmp_path_factory, f"bn_{fmt}", _prelude(fmt) + _BN_SOURCE + BN_RUNNER) for fmt in ("f32", "bf16")}
 
 
 def _reference(x, kernel, stride, padding, is_max):
@@ -160,3 +206,38 @@ def test_the_shims_cover_what_the_pooling_source_calls():
     # every CUDA built-in the pooling kernels call has a CPU stand-in above (a new one would fail to compile here)
     called = set(re.findall(r"\b(__\w+|atomic\w+)\s*\(", _POOL_SOURCE))
     assert called <= {"__int_as_float", "atomicAdd"}, called
+
+
+@pytest.mark.parametrize("fmt", ["f32", "bf16"])
+@pytest.mark.parametrize("shape,rows", [((2, 5, 3, 4), 7), ((3, 130, 2, 2), 4), ((1, 3, 1, 1), 256)],
+                         ids=["runs-of-7", "two-channel-blocks", "one-row"])
+def test_channels_last_batch_norm_reductions_on_the_cpu(compiled_bn, fmt, shape, rows):
+    """Per-channel mean, biased variance, sum of dy and of dy * xhat, and a bias gradient's sums, over NHWC memory
+    read as rows [N * H * W, C] in runs of ``rows`` rows (a last, shorter run included)."""
+    lib = compiled_bn[fmt]
+    dtype = np.float32 if fmt == "f32" else ml_dtypes.bfloat16
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal(shape) * 2 + 3).astype(dtype)  # |mean| > std: the two-pass variance matters
+    dy = rng.standard_normal(shape).astype(dtype)
+    n, c, h, w = shape
+    m = n * h * w
+    runs = -(-m // rows)
+    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
+    mean_ref, var_ref = x64.mean(axis=(0, 2, 3)), x64.var(axis=(0, 2, 3))
+    part = np.zeros(2 * c * runs, np.float32)
+    mean, var = np.zeros(c, np.float32), np.zeros(c, np.float32)
+    xm, dym = _memory(x, True), _memory(dy, True)
+    ints = [ctypes.c_int(v) for v in (m, c, rows)]
+    lib.run_rows_stats(_ptr(xm), _ptr(part), _ptr(mean), _ptr(var), *ints)
+    np.testing.assert_allclose(mean, mean_ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(var, var_ref, rtol=1e-4, atol=1e-5)
+    eps = 1e-5
+    sum_dy, sum_dy_xhat = np.zeros(c, np.float32), np.zeros(c, np.float32)
+    lib.run_rows_grad(_ptr(xm), _ptr(dym), _ptr(mean), _ptr(var), _ptr(part), _ptr(sum_dy), _ptr(sum_dy_xhat),
+                      *ints, ctypes.c_float(eps))
+    np.testing.assert_allclose(sum_dy, dy64.sum(axis=(0, 2, 3)), rtol=1e-5, atol=1e-4)
+    xhat_sum = (dy64 * (x64 - mean.astype(np.float64)[None, :, None, None])).sum(axis=(0, 2, 3))
+    np.testing.assert_allclose(sum_dy_xhat, xhat_sum / np.sqrt(var.astype(np.float64) + eps), rtol=1e-4, atol=1e-4)
+    sums = np.zeros(c * runs, np.float32)
+    lib.run_rows_sum(_ptr(dym), _ptr(sums), *ints)
+    np.testing.assert_allclose(sums.reshape(c, runs).sum(axis=1), dy64.sum(axis=(0, 2, 3)), rtol=1e-5, atol=1e-4)

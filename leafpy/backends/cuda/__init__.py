@@ -94,7 +94,8 @@ class CudaBackend(ArrayBackend):
     ``channels_last``: store 4-D tensors NHWC (see ArrayBackend): cuDNN's tensor-core convolutions then read and
     write them as they are, without the transposes it adds around NCHW operands in bfloat16 and float16; users'
     arrays stay NCHW (the conversion happens on upload and download, and where a 4-D tensor is seen with another
-    shape). Pooling runs NHWC kernels; BatchNorm and LRN run on row-major copies (:attr:`ROW_MAJOR_ONLY`).
+    shape). Pooling, BatchNorm and bias gradients run kernels for NHWC; LRN runs on row-major copies
+    (:attr:`ROW_MAJOR_ONLY`).
     ``conv_tolerance``: without TF32, the relative error (against the median of cuDNN's candidate plans, on the
     first batch) a float32 convolution plan may show to be kept: 2^-12 by default (Winograd filter gradients that
     meet it are kept, the FFT and large-tile transforms that reach 1e-3 to 1e-2 are not; see
@@ -159,12 +160,31 @@ class CudaBackend(ArrayBackend):
                                              "pip install nvidia-cudnn-frontend nvidia-cudnn-cu12") from e
         if not getattr(self, "mixed", False):  # a bf16/fp16 setting converts these primitives' 16-bit operands
             self._refuse_low_precision()
-        if self.channels_last:
-            self._row_major_operands()
+        self._row_major_operands()  # channels-last operands (this backend's with channels_last, or given)
 
-    ROW_MAJOR_ONLY = ("batch_norm_stats", "batch_norm_grad_sums", "batch_norm", "batch_norm_grad", "lrn", "lrn_grad")
-    """Primitives whose kernels index 4-D operands as row-major NCHW memory: with ``channels_last`` they run on
-    row-major copies of channels-last operands (a transpose each way)."""
+    ROW_MAJOR_ONLY = ("lrn", "lrn_grad")
+    """Primitives whose kernels index 4-D operands as row-major NCHW memory: they run on row-major copies of
+    channels-last operands (a transpose each way)."""
+    ONE_LAYOUT = ("pool2d", "pool2d_grad", "batch_norm_stats", "batch_norm_grad_sums", "batch_norm",
+                  "batch_norm_grad", "bias_grad")
+    """Primitives with kernels for either layout (:meth:`_layout_of`): they run as they are when their 4-D operands
+    are all row-major or all channels-last, and on row-major copies of the channels-last ones for a mix."""
+
+    @staticmethod
+    def _layout_of(*arrays: Any) -> bool | None:
+        """Of a call's operands: False when every 4-D one is row-major, True when every one is a view of NHWC memory
+        (a 4-D array with one channel, or one position, is both), None for a mix."""
+        four = [a for a in arrays if getattr(a, "ndim", 0) == 4]
+        if all(a.flags.c_contiguous for a in four):
+            return False
+        if all(a.transpose(0, 2, 3, 1).flags.c_contiguous for a in four):
+            return True
+        return None
+
+    @staticmethod
+    def _rows(a: Any) -> Any:
+        """A channels-last [N, C, H, W] view's memory as row-major rows [N * H * W, C]."""
+        return a.transpose(0, 2, 3, 1).reshape(-1, a.shape[1])
 
     def _row_major_operands(self) -> None:
         xp = self.xp
@@ -180,6 +200,16 @@ class CudaBackend(ArrayBackend):
 
         for name in self.ROW_MAJOR_ONLY:
             setattr(self, name, emulated(name, getattr(self, name), channels_last, copies, back))
+        for name in self.ONE_LAYOUT:
+            method = getattr(self, name)
+            converted = emulated(name, method, channels_last, copies, back)
+
+            def run(*args: Any, _method: Any = method, _converted: Any = converted, **kwargs: Any) -> Any:
+                one = self._layout_of(*args, *kwargs.values()) is not None
+                return (_method if one else _converted)(*args, **kwargs)
+
+            functools.update_wrapper(run, method)
+            setattr(self, name, run)
 
     def _refuse_low_precision(self) -> None:
         """Make each primitive of :attr:`EMULATED` refuse bfloat16 and float16 operands with a BackendError."""
@@ -477,15 +507,23 @@ class CudaBackend(ArrayBackend):
         super().bias_add(y, b)
 
     def bias_grad(self, dy, db, beta=0.0):
-        if not is_low(dy):
+        channels_last = dy.ndim == 4 and not dy.flags.c_contiguous
+        if not is_low(dy) and not (channels_last and dy.dtype == np.float32):
             return super().bias_grad(dy, db, beta)
-        fmt = formats_of("bias_grad", dy=dy, db=db)["dy"]
-        # per channel, partial sums over runs of samples (the batch-norm reductions' split), then their sum
-        c, rows, runs, part = self._bn_runs(dy)
-        n, i32 = dy.shape[0], np.int32
-        self._low_module("bn", fmt).get_function("channel_sum_part_low")(
-            (c, runs), (256,), (as_stored(self.xp.ascontiguousarray(dy)), part, i32(n), i32(c),
-                                i32(dy.size // max(n * c, 1)), i32(rows)))
+        fmt = formats_of("bias_grad", dy=dy, db=db)["dy"] if is_low(dy) else "f32"
+        i32 = np.int32
+        if channels_last:  # per channel, partial sums over runs of rows [N * H * W, C]
+            rows = self._rows(dy)
+            m, c = rows.shape
+            run, runs, part = self._row_runs(m, c)
+            self._bn_kernels(fmt).get_function("rows_sum_part")(
+                ((c + 127) // 128, runs), (128,), (as_stored(rows), part, i32(m), i32(c), i32(run)))
+        else:  # per channel, partial sums over runs of samples (the batch-norm reductions' split)
+            c, run, runs, part = self._bn_runs(dy)
+            n = dy.shape[0]
+            self._low_module("bn", fmt).get_function("channel_sum_part_low")(
+                (c, runs), (256,), (as_stored(self.xp.ascontiguousarray(dy)), part, i32(n), i32(c),
+                                    i32(dy.size // max(n * c, 1)), i32(run)))
         sums = part[:c * runs].reshape(c, runs).sum(axis=1)
         if beta == 0.0:
             self.cast(sums, db)
@@ -575,10 +613,35 @@ class CudaBackend(ArrayBackend):
         runs = -(-n // rows)
         return c, rows, runs, self.xp.empty(2 * c * runs, np.float32)
 
+    ROW_RUN = 256
+    """Rows per run of the channels-last reductions (each thread adds up one channel over a run in float32, then
+    the runs' partials are combined in double); longer where a grid would otherwise pass 65535 runs."""
+
+    def _row_runs(self, m: int, c: int) -> tuple[int, int, Any]:
+        """(rows per run, runs, scratch for each run's two partial values) of a channels-last reduction over [m, c]."""
+        run = max(self.ROW_RUN, -(-m // 65535))
+        runs = -(-m // run)
+        return run, runs, self.xp.empty(2 * c * runs, np.float32)
+
+    def _bn_kernels(self, fmt: str) -> Any:
+        return self._bn_module if fmt == "f32" else self._low_module("bn", fmt)
+
     def batch_norm_stats(self, x, mean, var):
         low = is_low(x)
         if not low and x.dtype != np.float32:
             return super().batch_norm_stats(x, mean, var)
+        if self._layout_of(x):
+            if low:
+                self._float32_arrays("batch_norm_stats", mean=mean, var=var)
+            rows = self._rows(x)
+            m, c = rows.shape
+            run, runs, part = self._row_runs(m, c)
+            i32 = np.int32
+            self._bn_kernels(storage_format(x.dtype) if low else "f32").get_function("bn_rows_stats_part")(
+                ((c + 127) // 128, runs), (128,), (as_stored(rows), part, i32(m), i32(c), i32(run)))
+            self._bn_module.get_function("bn_stats_combine")(
+                ((c + 127) // 128,), (128,), (part, mean, var, i32(m), i32(c), i32(1), i32(run), i32(runs)))
+            return
         _, inner = self._bn_geometry(x)
         c, rows, runs, part = self._bn_runs(x)
         i32, f = np.int32, self._bn_module.get_function
@@ -598,6 +661,20 @@ class CudaBackend(ArrayBackend):
         low = is_low(x) or is_low(dy)
         if not low and x.dtype != np.float32:
             return super().batch_norm_grad_sums(x, dy, mean, var, sum_dy, sum_dy_xhat, eps)
+        if self._layout_of(x, dy):
+            fmt = formats_of("batch_norm_grad_sums", x=x, dy=dy) if low else {"x": "f32", "dy": "f32"}
+            if fmt["x"] != fmt["dy"]:
+                raise BackendError(f"cuda batch_norm_grad_sums: x ({x.dtype}) and dy ({dy.dtype}) must share a dtype")
+            rows, drows = self._rows(x), self._rows(dy)
+            m, c = rows.shape
+            run, runs, part = self._row_runs(m, c)
+            i32 = np.int32
+            self._bn_kernels(fmt["x"]).get_function("bn_rows_grad_part")(
+                ((c + 127) // 128, runs), (128,), (as_stored(rows), as_stored(drows), mean, part, i32(m), i32(c),
+                                                   i32(run)))
+            self._bn_module.get_function("bn_grad_combine")(
+                ((c + 127) // 128,), (128,), (part, var, sum_dy, sum_dy_xhat, i32(c), i32(runs), np.float32(eps)))
+            return
         _, inner = self._bn_geometry(x)
         c, rows, runs, part = self._bn_runs(x)
         i32, f = np.int32, self._bn_module.get_function
@@ -618,6 +695,8 @@ class CudaBackend(ArrayBackend):
                                                            np.float32(eps)))
 
     def batch_norm(self, x, mean, var, gamma, beta, y, eps):
+        if self._layout_of(x, y):  # per element, channel = index % C over rows [N * H * W, C]
+            return self.batch_norm(self._rows(x), mean, var, gamma, beta, self._rows(y), eps)
         c, inner = self._bn_geometry(x)
         flags = np.int32((gamma is not None) | ((beta is not None) << 1))
         g, b = mean if gamma is None else gamma, mean if beta is None else beta
@@ -633,6 +712,9 @@ class CudaBackend(ArrayBackend):
         self._kernels["bn_forward"](x, mean, var, g, b, c, inner, self._scalar(eps), flags, y)
 
     def batch_norm_grad(self, x, dy, mean, var, gamma, sum_dy, sum_dy_xhat, dx, eps, batch_stats):
+        if self._layout_of(x, dy, dx):
+            return self.batch_norm_grad(self._rows(x), self._rows(dy), mean, var, gamma, sum_dy, sum_dy_xhat,
+                                        self._rows(dx), eps, batch_stats)
         c, inner = self._bn_geometry(x)
         flags = np.int32((gamma is not None) | (bool(batch_stats) << 2))
         g = mean if gamma is None else gamma
@@ -688,17 +770,6 @@ class CudaBackend(ArrayBackend):
             raise BackendError(f"cuda {op}: input ({a.dtype}) and output ({b.dtype}) must share a dtype")
         return fa
 
-    @staticmethod
-    def _pool_layout(*arrays: Any) -> bool | None:
-        """False where every operand is row-major NCHW, True where every one is a channels-last view of NHWC memory
-        (the kernels' CHANNELS_LAST variant), None for a mix (then row-major copies serve)."""
-        arrays = tuple(a for a in arrays if a is not None)
-        if all(a.flags.c_contiguous for a in arrays):
-            return False
-        if all(a.ndim == 4 and a.transpose(0, 2, 3, 1).flags.c_contiguous for a in arrays):
-            return True
-        return None
-
     def _pool_kernel(self, name: str, fmt: str | None, channels_last: bool) -> Any:
         if fmt is None and not channels_last:
             return self._pool_module.get_function(name)
@@ -708,14 +779,7 @@ class CudaBackend(ArrayBackend):
         fmt = self._pool_format("pool2d", x, out)
         if fmt is None and x.dtype != np.float32:
             return super().pool2d(x, out, mask, mode, kernel, stride, padding)
-        layout = self._pool_layout(x, out, mask)
-        if layout is None:
-            m = None if mask is None else self.xp.empty(mask.shape, mask.dtype)
-            with self._row_major(out, read=False) as o:
-                self.pool2d(self.xp.ascontiguousarray(x), o, m, mode, kernel, stride, padding)
-            if mask is not None:
-                mask[...] = m
-            return
+        layout = bool(self._layout_of(x, out, mask))  # a mix was converted (ONE_LAYOUT)
         total, args = self._pool_args(x.shape, out.shape, kernel, stride, padding, mode == "max")
         m = mask if mask is not None else out  # unused for average pooling
         self._pool_kernel("pool_fwd", fmt, layout)(((total + 255) // 256,), (256,), (as_stored(x), as_stored(out),
@@ -725,11 +789,7 @@ class CudaBackend(ArrayBackend):
         fmt = self._pool_format("pool2d_grad", dy, dx)
         if fmt is None and dy.dtype != np.float32:
             return super().pool2d_grad(dy, dx, mask, mode, kernel, stride, padding)
-        layout = self._pool_layout(dy, dx, mask)
-        if layout is None:
-            with self._row_major(dx, read=False) as d:
-                m = None if mask is None else self.xp.ascontiguousarray(mask)
-                return self.pool2d_grad(self.xp.ascontiguousarray(dy), d, m, mode, kernel, stride, padding)
+        layout = bool(self._layout_of(dy, dx, mask))
         # 16-bit gradients are added up in float32 scratch (in dx's memory order), then rounded once
         acc = dx if fmt is None else self.xp.empty_like(dx, dtype=np.float32)
         acc.fill(0)

@@ -220,6 +220,43 @@ extern "C" __global__ void bn_grad_part_low(const S* x, const S* dy, const float
     grad_part(x, dy, mean, part, n, c, s, rows);
 }
 #endif
+// Channels-last activations: x as rows [M, C] of NHWC memory (M = N * H * W). Thread (ch, run) reduces channel
+// ch over a run of `rows` rows, row after row, so neighbouring threads read neighbouring channels (coalesced, no
+// shared memory); its partials go where the per-channel kernels put theirs, so the combine kernels serve both.
+#define ROWS_GEOMETRY \
+    const int ch = blockIdx.x * blockDim.x + threadIdx.x; \
+    if (ch >= c) return; \
+    const int b0 = blockIdx.y * rows, b1 = min(b0 + rows, m); \
+    const long long at = (long long)b0 * c + ch;
+#define ROWS_AT(a, k) LD(a[at + (long long)(k) * c])
+extern "C" __global__ void bn_rows_stats_part(const S* x, float* part, int m, int c, int rows) {
+    ROWS_GEOMETRY
+    float acc = 0.f;
+    for (int k = 0; k < b1 - b0; ++k) acc += ROWS_AT(x, k);
+    const float mu = acc / (float)(b1 - b0);
+    acc = 0.f;
+    for (int k = 0; k < b1 - b0; ++k) { const float d = ROWS_AT(x, k) - mu; acc += d * d; }
+    float* p = part + 2 * ((long long)ch * gridDim.y + blockIdx.y);
+    p[0] = mu;
+    p[1] = acc;
+}
+extern "C" __global__ void bn_rows_grad_part(const S* x, const S* dy, const float* mean, float* part, int m, int c,
+        int rows) {
+    ROWS_GEOMETRY
+    const float mu = mean[ch];
+    float a = 0.f, b2 = 0.f;
+    for (int k = 0; k < b1 - b0; ++k) { const float g = ROWS_AT(dy, k); a += g; b2 += g * (ROWS_AT(x, k) - mu); }
+    float* p = part + 2 * ((long long)ch * gridDim.y + blockIdx.y);
+    p[0] = a;
+    p[1] = b2;
+}
+// a bias gradient's partial sums (one per run, as channel_sum_part_low's)
+extern "C" __global__ void rows_sum_part(const S* x, float* part, int m, int c, int rows) {
+    ROWS_GEOMETRY
+    float acc = 0.f;
+    for (int k = 0; k < b1 - b0; ++k) acc += ROWS_AT(x, k);
+    part[(long long)ch * gridDim.y + blockIdx.y] = acc;
+}
 // sum dy and sum dy * (x - mean) / sqrt(var + eps) from the partials
 extern "C" __global__ void bn_grad_combine(const float* part, const float* var, float* sum_dy, float* sum_dy_xhat,
         int c, int splits, float eps) {
