@@ -94,8 +94,7 @@ class CudaBackend(ArrayBackend):
     ``channels_last``: store 4-D tensors NHWC (see ArrayBackend): cuDNN's tensor-core convolutions then read and
     write them as they are, without the transposes it adds around NCHW operands in bfloat16 and float16; users'
     arrays stay NCHW (the conversion happens on upload and download, and where a 4-D tensor is seen with another
-    shape). Pooling, BatchNorm and bias gradients run kernels for NHWC; LRN runs on row-major copies
-    (:attr:`ROW_MAJOR_ONLY`).
+    shape). Pooling, BatchNorm, LRN and bias gradients take NHWC operands as they are (:attr:`ONE_LAYOUT`).
     ``conv_tolerance``: without TF32, the relative error (against the median of cuDNN's candidate plans, on the
     first batch) a float32 convolution plan may show to be kept: 2^-12 by default (Winograd filter gradients that
     meet it are kept, the FFT and large-tile transforms that reach 1e-3 to 1e-2 are not; see
@@ -160,13 +159,10 @@ class CudaBackend(ArrayBackend):
                                              "pip install nvidia-cudnn-frontend nvidia-cudnn-cu12") from e
         if not getattr(self, "mixed", False):  # a bf16/fp16 setting converts these primitives' 16-bit operands
             self._refuse_low_precision()
-        self._row_major_operands()  # channels-last operands (this backend's with channels_last, or given)
+        self._one_layout_per_call()
 
-    ROW_MAJOR_ONLY = ("lrn", "lrn_grad")
-    """Primitives whose kernels index 4-D operands as row-major NCHW memory: they run on row-major copies of
-    channels-last operands (a transpose each way)."""
     ONE_LAYOUT = ("pool2d", "pool2d_grad", "batch_norm_stats", "batch_norm_grad_sums", "batch_norm",
-                  "batch_norm_grad", "bias_grad")
+                  "batch_norm_grad", "bias_grad", "lrn", "lrn_grad")
     """Primitives with kernels for either layout (:meth:`_layout_of`): they run as they are when their 4-D operands
     are all row-major or all channels-last, and on row-major copies of the channels-last ones for a mix."""
 
@@ -186,7 +182,9 @@ class CudaBackend(ArrayBackend):
         """A channels-last [N, C, H, W] view's memory as row-major rows [N * H * W, C]."""
         return a.transpose(0, 2, 3, 1).reshape(-1, a.shape[1])
 
-    def _row_major_operands(self) -> None:
+    def _one_layout_per_call(self) -> None:
+        """Wrap each primitive of :attr:`ONE_LAYOUT` so that a call with a mix of layouts runs on row-major copies
+        of its channels-last operands (written back where the primitive writes them)."""
         xp = self.xp
 
         def channels_last(a: Any) -> bool:
@@ -198,8 +196,6 @@ class CudaBackend(ArrayBackend):
         def back(copy: Any, operand: Any) -> None:
             operand[...] = copy
 
-        for name in self.ROW_MAJOR_ONLY:
-            setattr(self, name, emulated(name, getattr(self, name), channels_last, copies, back))
         for name in self.ONE_LAYOUT:
             method = getattr(self, name)
             converted = emulated(name, method, channels_last, copies, back)
@@ -825,11 +821,15 @@ class CudaBackend(ArrayBackend):
         return c, x.size // max(x.shape[0] * c, 1)
 
     def lrn(self, x, scale, out, size, alpha, beta, k):
+        if self._layout_of(x, scale, out):  # across channels: along rows [N * H * W, C]
+            return self.lrn(self._rows(x), self._rows(scale), self._rows(out), size, alpha, beta, k)
         c, inner = self._lrn_geometry(x)
         s = self._scalar
         self._lrn_kernel("lrn")(x, c, inner, size, s(alpha / size), s(beta), s(k), scale, out)
 
     def lrn_grad(self, x, y, scale, dy, dx, size, alpha, beta):
+        if self._layout_of(x, y, scale, dy, dx):
+            return self.lrn_grad(*(self._rows(a) for a in (x, y, scale, dy, dx)), size, alpha, beta)
         c, inner = self._lrn_geometry(x)
         s = self._scalar
         self._lrn_kernel("lrn_grad")(x, y, scale, dy, c, inner, size, s(2.0 * alpha * beta / size), s(beta), dx)
