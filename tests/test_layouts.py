@@ -160,3 +160,40 @@ def test_channels_last_option_is_checked():
         lp.backend("native", channels_last="yes")
     with pytest.raises(lp.ConfigError, match=r"train\.channels_last: expected true or false"):
         lp.config.loads(CHANNELS_LAST_RUN.replace("train: {epochs: 1}", "train: {epochs: 1, channels_last: 1}"))
+
+
+def test_channels_last_storage_keeps_its_values_through_aliases_and_reshapes():
+    """A tensor's values, whatever shape it is seen with on a channels-last backend: written as [N, C, H, W], read
+    through an alias [N, C*H*W], written through it, read back 4-D, reshaped to another 4-D shape, and downloaded:
+    always the row-major values NumPy gives for the same reshapes."""
+    be = lp.backend("native", channels_last=True)
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    t = lp.SharedTensor((2, 3, 4, 5))
+    be.copy(be.view(np.ascontiguousarray(ref.transpose(0, 2, 3, 1)).reshape(-1), (2, 3, 4, 5)), t.write(be))
+    assert t.read(be).strides != np.empty((2, 3, 4, 5), np.float32).strides  # stored NHWC
+    flat = t.alias((2, 60))
+    np.testing.assert_array_equal(np.asarray(flat.read(be)), ref.reshape(2, 60))
+    flat.read_write(be)[:, :7] *= -1.0  # written through the alias: the storage is row-major for [2, 60] now
+    ref.reshape(2, 60)[:, :7] *= -1.0
+    np.testing.assert_array_equal(t.read(be), ref)  # and NHWC again, converted on the device
+    other = t.alias((2, 6, 2, 5))  # another 4-D shape of the same storage
+    np.testing.assert_array_equal(other.read(be), ref.reshape(2, 6, 2, 5))
+    np.testing.assert_array_equal(other.to_numpy(), ref.reshape(2, 6, 2, 5))
+    np.testing.assert_array_equal(t.to_numpy(), ref)
+    # a host change reaches the device copy in the device's order
+    t.set(ref * 2)
+    np.testing.assert_array_equal(t.read(be), ref * 2)
+    np.testing.assert_array_equal(flat.read(be), (ref * 2).reshape(2, 60))
+
+
+def test_channels_last_relayout_stays_on_the_device():
+    """Seeing a 4-D tensor with another shape converts it on the backend, not through the host."""
+    be = lp.backend("native", channels_last=True)
+    t = lp.SharedTensor((2, 3, 2, 2))
+    be.fill(1.5, t.write(be))
+    lp.SharedTensor.reset_transfer_count()
+    alias = t.alias((2, 12))
+    assert float(alias.read(be).sum()) == pytest.approx(1.5 * 24)
+    t.read(be)
+    assert lp.SharedTensor.transfers_total == 0
