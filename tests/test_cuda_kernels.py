@@ -30,11 +30,25 @@ BN_SHAPES = [
 ]
 
 
+def _bn_cases():
+    for shape in BN_SHAPES:
+        name = "x".join(map(str, shape))
+        yield pytest.param(shape, False, id=name)
+        if len(shape) == 4:  # the same values stored NHWC: the rows kernels and the elementwise passes over rows
+            yield pytest.param(shape, True, id=name + "-channels-last")
+
+
 @pytest.mark.cuda
-@pytest.mark.parametrize("shape", BN_SHAPES, ids=["x".join(map(str, s)) for s in BN_SHAPES])
-def test_batch_norm_primitives_match_float64(shape):
+@pytest.mark.parametrize("shape,channels_last", list(_bn_cases()))
+def test_batch_norm_primitives_match_float64(shape, channels_last):
     be = _cuda()
     import cupy as cp
+
+    def device(a):
+        """``a`` on the GPU, as a channels-last view of NHWC memory where asked."""
+        if not channels_last:
+            return cp.asarray(a)
+        return cp.ascontiguousarray(cp.asarray(a).transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
 
     rng = np.random.default_rng(0)
     c = shape[1]
@@ -47,12 +61,13 @@ def test_batch_norm_primitives_match_float64(shape):
     m = x.size // c
     per = (1, c) + (1,) * (len(shape) - 2)
 
-    xd, dyd, gd, bd = (cp.asarray(v) for v in (x, dy, gamma, beta))
+    xd, dyd = device(x), device(dy)
+    gd, bd = cp.asarray(gamma), cp.asarray(beta)
     mean_d, var_d, sdy, sdx = (cp.empty(c, cp.float32) for _ in range(4))
     be.batch_norm_stats(xd, mean_d, var_d)
     np.testing.assert_allclose(mean_d.get(), want.mean, rtol=1e-6, err_msg="mean")
     np.testing.assert_allclose(var_d.get(), want.var, rtol=1e-4, err_msg="variance")
-    y = cp.empty_like(xd)
+    y = device(np.zeros(shape, np.float32))
     be.batch_norm(xd, mean_d, var_d, gd, bd, y, EPS)
     np.testing.assert_allclose(y.get(), want.y, rtol=1e-4, atol=1e-3, err_msg="normalised output")
     be.batch_norm(xd, mean_d, var_d, None, None, y, EPS)
@@ -61,7 +76,7 @@ def test_batch_norm_primitives_match_float64(shape):
     scale = np.sqrt(m)  # the sums of m terms of unit size
     np.testing.assert_allclose(sdy.get(), want.sum_dy, atol=1e-4 * scale, err_msg="sum of dy")
     np.testing.assert_allclose(sdx.get(), want.sum_dy_xhat, atol=1e-3 * scale, err_msg="sum of dy * xhat")
-    dx = cp.empty_like(xd)
+    dx = device(np.zeros(shape, np.float32))
     be.batch_norm_grad(xd, dyd, mean_d, var_d, gd, sdy, sdx, dx, EPS, True)
     # a difference of terms of the gradient's own size: float32 leaves ~1e-4 of the largest of them
     np.testing.assert_allclose(dx.get(), want.dx, rtol=1e-3, atol=1e-4 * max(1.0, float(np.abs(want.dx).max())),

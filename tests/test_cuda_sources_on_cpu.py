@@ -121,7 +121,8 @@ def compiled(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def compiled_bn(tmp_path_factory):
-    return {fmt: _build(tmp_path_factory, f"bn_{fmt}", _prelude(fmt) + _BN_SOURCE + BN_RUNNER) for fmt in ("f32", "bf16")}
+    return {fmt: _build(tmp_path_factory, f"bn_{fmt}", _prelude(fmt) + _BN_SOURCE + BN_RUNNER)
+            for fmt in ("f32", "bf16")}
 
 
 def _reference(x, kernel, stride, padding, is_max):
