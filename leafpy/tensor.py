@@ -247,19 +247,31 @@ class SharedTensor:
         return buf
 
     def _laid_out(self, backend: Backend | None, key: str, buf: Any, convert: bool) -> Any:
-        """``buf`` (the copy on ``backend``) laid out for this tensor's shape: on a backend whose memory order
-        depends on the shape (channels-last), a copy laid out for another shape of this storage (an alias of
-        another shape: a Flatten in place) is rewritten on the device when ``convert`` (it holds the data), else
-        only noted."""
+        """``buf`` (the copy on ``backend``) laid out for this tensor's shape, on a backend whose memory order
+        depends on the shape (channels-last). A copy is laid out for one shape of its storage at a time (the
+        storage's first elements, the rest row-major); seen with another shape (an alias: a Flatten in place; a
+        prefix view of another size), it is rewritten on the device: wholly when ``convert`` (the values are
+        read), else only the elements past this tensor's (they are kept; the tensor's own are overwritten)."""
         if backend is None or not backend.channels_last:
             return buf
         st, shape = self._st, self._shape
         old = st.layouts.get(key)
-        if old != shape:
-            if (convert and old is not None and math.prod(old) == self.size
-                    and (backend.memory_order(old) is not None or backend.memory_order(shape) is not None)):
-                backend.relayout(self._prefix(buf), old, shape)
-            st.layouts[key] = shape
+        if old == shape:
+            return buf
+        st.layouts[key] = shape
+        if old is None or key not in st.fresh:
+            return buf
+        n_old, n = math.prod(old), self.size
+        old_order, new_order = backend.memory_order(old), backend.memory_order(shape)
+        if old_order is None and new_order is None:
+            return buf
+        if convert and n_old == n:
+            backend.relayout(buf[:n], old, shape)
+            return buf
+        if old_order is not None and (convert or n_old > n):  # back to row-major
+            backend.relayout(buf[:n_old], old, (n_old,))
+        if convert and new_order is not None:
+            backend.relayout(buf[:n], (n,), shape)
         return buf
 
     def read(self, backend: Backend) -> Any:
@@ -274,10 +286,7 @@ class SharedTensor:
     def write(self, backend: Backend) -> Any:
         """A buffer on ``backend`` to overwrite completely; afterwards that copy is the only fresh one."""
         key = backend.key
-        # a copy that holds the data is converted even here: a layer that runs in place "writes" its input's
-        # storage seen with its output's shape (a Flatten), and that write changes nothing
-        buf = self._laid_out(backend, key, self._buffer(None if key == HOST else backend, key),
-                             convert=key in self._st.fresh)
+        buf = self._laid_out(backend, key, self._buffer(None if key == HOST else backend, key), convert=False)
         st = self._st
         st.fresh.clear()
         st.fresh.add(key)

@@ -158,6 +158,8 @@ def test_leafpy_train_channels_last_matches_row_major_and_its_files_mean_the_sam
 def test_channels_last_option_is_checked():
     with pytest.raises(lp.ConfigError, match="channels_last must be true or false"):
         lp.backend("native", channels_last="yes")
+    with pytest.raises(lp.ConfigError, match=r"webgpu.*'channels_last' \(this backend stores tensors row-major only"):
+        lp.backend("webgpu", channels_last=True)
     with pytest.raises(lp.ConfigError, match=r"train\.channels_last: expected true or false"):
         lp.config.loads(CHANNELS_LAST_RUN.replace("train: {epochs: 1}", "train: {epochs: 1, channels_last: 1}"))
 
@@ -197,3 +199,40 @@ def test_channels_last_relayout_stays_on_the_device():
     assert float(alias.read(be).sum()) == pytest.approx(1.5 * 24)
     t.read(be)
     assert lp.SharedTensor.transfers_total == 0
+
+
+def test_channels_last_prefix_views_of_other_sizes_keep_their_values():
+    """Views of a storage's first elements, of other sizes: a storage set whole and synced through a smaller
+    view reads back whole; a view written on the device keeps its values through a read of a larger one; the
+    elements past a smaller view's survive a write through it."""
+    cl = lp.backend("native", channels_last=True)
+    whole = lp.SharedTensor((4, 3, 2, 5))
+    x = np.arange(whole.size, dtype=np.float32).reshape(whole.shape)
+    whole.set(x)
+    whole.prefix_view((2, 3, 2, 5)).read(cl)
+    np.testing.assert_array_equal(np.asarray(whole.read(cl)), x)
+    part = whole.prefix_view((1, 6, 2, 5))
+    y = -np.arange(part.size, dtype=np.float32).reshape(part.shape)
+    be_view = part.write(cl)
+    be_view[...] = y
+    whole.read(cl)
+    np.testing.assert_array_equal(part.to_numpy(), y)
+    small = whole.prefix_view((1, 2, 3, 5))
+    z = np.full(small.shape, 7.0, np.float32)
+    cl.copy(cl.view(np.ascontiguousarray(z.transpose(0, 2, 3, 1)).reshape(-1), small.shape), small.write(cl))
+    want = np.concatenate([y.reshape(-1), x.reshape(-1)[part.size:]])
+    want[:small.size] = 7.0
+    np.testing.assert_array_equal(whole.to_numpy().reshape(-1), want)
+
+
+def test_backends_of_two_memory_orders_keep_separate_copies():
+    """A copy's memory order follows from its backend key: a row-major and a channels-last backend of one
+    device never share a copy."""
+    rm, cl = lp.backend("native"), lp.backend("native", channels_last=True)
+    assert rm.key != cl.key
+    x = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    t = lp.SharedTensor.from_numpy(x)
+    t.read(cl)
+    np.testing.assert_array_equal(np.asarray(t.read(rm)), x)
+    t.read_write(cl)[...] *= 2  # written on the channels-last copy: the host copy is synced from it
+    np.testing.assert_array_equal(np.asarray(t.read(rm)), 2 * x)

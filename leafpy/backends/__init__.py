@@ -53,7 +53,9 @@ def backend(name: str = "native", **options: Any) -> Backend:
             return _default[name]
     unknown = [k for k in options if k not in valid]
     if unknown:
-        raise ConfigError(f"backend {name!r}: unknown option {unknown[0]!r}; valid options: {', '.join(valid)}")
+        hint = (" (this backend stores tensors row-major only: leave out channels_last, train.channels_last in a "
+                "run file)" if unknown[0] == "channels_last" else "")
+        raise ConfigError(f"backend {name!r}: unknown option {unknown[0]!r}{hint}; valid options: {', '.join(valid)}")
     try:
         instance = cls(**options)
     except (TypeError, ValueError) as e:

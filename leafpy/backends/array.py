@@ -181,6 +181,9 @@ class ArrayBackend(Backend):
         self.xp.multiply(x, y, out=out)
 
     def dot(self, x, y, out):
+        if x.shape == y.shape and x.strides == y.strides and not x.flags.c_contiguous and x.ndim == 4:
+            out[...] = self.xp.dot(self.flat(x), self.flat(y))  # channels-last: over the memory, no copies
+            return
         out[...] = self.xp.dot(x.reshape(-1), y.reshape(-1))
 
     # --- activations: evaluated from their formulas in pointwise.TABLE ---------------------------------------------
@@ -567,6 +570,13 @@ class ArrayBackend(Backend):
     # --- blocks along an axis -------------------------------------------------------------------------------
     def copy_block(self, part, whole, part_inner, whole_inner, offset, into_whole):
         if not (part.flags.c_contiguous and whole.flags.c_contiguous):
+            block = self._block_of(part, whole, part_inner, whole_inner, offset)
+            if block is not None:  # a slice of whole along the one axis where the shapes differ: strides as they are
+                if into_whole:
+                    whole[block] = part
+                else:
+                    part[...] = whole[block]
+                return
             with self._row_major(part, read=into_whole) as p, self._row_major(whole) as w:
                 return self.copy_block(p, w, part_inner, whole_inner, offset, into_whole)
         outer = part.size // part_inner if part_inner else 0
@@ -576,6 +586,24 @@ class ArrayBackend(Backend):
             block[...] = p
         else:
             p[...] = block
+
+    @staticmethod
+    def _block_of(part, whole, part_inner, whole_inner, offset) -> tuple | None:
+        """The index of whole that copy_block's flattened block (``part_inner`` of every ``whole_inner`` elements,
+        from ``offset``) is, where part and whole differ in one axis only (Concat's and Slice's blocks); None
+        otherwise."""
+        if part.ndim != whole.ndim:
+            return None
+        axes = [k for k in range(part.ndim) if part.shape[k] != whole.shape[k]]
+        if len(axes) != 1:
+            return None
+        k = axes[0]
+        inner = int(np.prod(part.shape[k + 1:], dtype=np.int64))
+        if (inner == 0 or part_inner != part.shape[k] * inner or whole_inner != whole.shape[k] * inner
+                or offset % inner):
+            return None
+        start = offset // inner
+        return (slice(None),) * k + (slice(start, start + part.shape[k]),)
 
     # --- local response normalisation -----------------------------------------------------------------------
     def _channel_window_sum(self, v, size):

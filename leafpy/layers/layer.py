@@ -454,10 +454,18 @@ class Layer:
         worker.setup(self.backend, shapes)
 
     # --- compute --------------------------------------------------------------------------------------------
+    def _only_a_view(self) -> bool:
+        """An in-place layer whose output is its input seen with another shape (Reshape, Flatten): it runs nothing,
+        and reads or writes nothing (on a channels-last backend each access would convert the storage)."""
+        return self.in_place and self.worker is not None and not self.worker.modifies_data
+
     def run_forward(self) -> None:
         be = self.backend
         worker = self.worker
         self.validate()
+        if self._only_a_view():
+            self.ran_forward = True
+            return
         x = [t.read(be) for t in self.inputs]
         written = worker.updated_in_forward()  # type: ignore[union-attr]
         w = [t.read_write(be) if i in written else t.read(be) for i, t in enumerate(self.weights)]
@@ -477,7 +485,7 @@ class Layer:
         worker = self.worker
         assert worker is not None
         want_dx = any(g is not None for g in self.input_grads)
-        if not self.weights and not want_dx:
+        if (not self.weights and not want_dx) or self._only_a_view():
             return
         x = [t.read(be) for t in self.inputs]
         y = [t.read(be) for t in self.outputs]

@@ -132,7 +132,8 @@ class CudaBackend(ArrayBackend):
         self.xp = cupy
         self.device = cupy.cuda.Device(device)
         self.device.use()
-        self.key = f"cuda:{device}"
+        # a copy's memory order follows from its key: channels-last copies are copies of their own
+        self.key = f"cuda:{device}" + (":channels_last" if self.channels_last else "")
         self.tf32 = tf32
         self.fuse_bias = fuse_bias
         self._kernels = self._build_kernels(cupy)
