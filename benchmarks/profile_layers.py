@@ -39,10 +39,13 @@ def main() -> int:
                    help="set a backend attribute first (an integer or float), e.g. SPLIT_K_TILES=512")
     p.add_argument("--tf32", action="store_true", help="TF32 convolutions and GEMMs in both frameworks (cuda)")
     p.add_argument("--precision", default="fp32", help="the backend's precision setting (fp32, bf16, fp16...)")
+    p.add_argument("--channels-last", action="store_true", help="4-D tensors stored NHWC (native, cuda)")
     args = p.parse_args()
     options: dict = {"graphs": False, "tf32": args.tf32} if args.backend == "cuda" else {}
     if args.precision != "fp32":
         options["precision"] = args.precision
+    if args.channels_last:
+        options["channels_last"] = True
     be = lp.backend(args.backend, **options)
     for item in args.set:
         name, value = item.split("=", 1)
