@@ -178,6 +178,9 @@ class CudaBackend(ArrayBackend):
             return True
         return None
 
+    def relayout(self, buf, old, new):
+        super().relayout(as_stored(buf), old, new)  # 16-bit values moved as their bits
+
     @staticmethod
     def _rows(a: Any) -> Any:
         """A channels-last [N, C, H, W] view's memory as row-major rows [N * H * W, C]."""
@@ -191,11 +194,11 @@ class CudaBackend(ArrayBackend):
         def channels_last(a: Any) -> bool:
             return getattr(a, "ndim", 0) == 4 and not a.flags.c_contiguous
 
-        def copies(operands: dict[str, Any]) -> dict[str, Any]:
-            return {k: xp.ascontiguousarray(a) for k, a in operands.items()}
+        def copies(operands: dict[str, Any]) -> dict[str, Any]:  # 16-bit values moved as their bits
+            return {k: xp.ascontiguousarray(as_stored(a)).view(a.dtype) for k, a in operands.items()}
 
         def back(copy: Any, operand: Any) -> None:
-            operand[...] = copy
+            as_stored(operand)[...] = as_stored(copy)
 
         for name in self.ONE_LAYOUT:
             method = getattr(self, name)
