@@ -252,7 +252,9 @@ def _train(args: argparse.Namespace, run: run_config.RunConfig, be: Any, out_dir
         atomic_write(os.path.join(out_dir, RUN_FILE), run_config.dumps(run).encode())
     ds = trainer.dataset
     ranks = f" on {group.size} ranks (global batch {trainer.global_batch})" if group.size > 1 else ""
-    trainer.log(f"leafpy: training {run.name or args.config} on {be.name}{ranks}: {len(ds.x_train)} training and "
+    modes = [m for m in (be.precision if be.precision != "fp32" else "", "channels-last" * be.channels_last) if m]
+    mode = f" ({', '.join(modes)})" if modes else ""
+    trainer.log(f"leafpy: training {run.name or args.config} on {be.name}{mode}{ranks}: {len(ds.x_train)} training and "
                 f"{len(ds.x_test)} held-out samples ({ds.name}), batch {run.batch_size}, "
                 f"{trainer.solver.network.num_parameters():,} parameters, epochs {trainer.start_epoch + 1}.."
                 f"{trainer.epochs}")

@@ -130,6 +130,7 @@ def test_leafpy_train_channels_last_matches_row_major_and_its_files_mean_the_sam
         outs[name] = tmp_path / name
         p = run("train", str(run_file), "--out", str(outs[name]), "--epochs", "2", *extra)
         assert p.returncode == 0, p.stderr
+        assert ("on native (channels-last)" in p.stdout) == (name == "nhwc"), p.stdout.splitlines()[0]
         outs[name + "_acc"] = accuracy(p.stdout)
     a, b = _history(outs["rows"]), _history(outs["nhwc"])
     assert len(a) == len(b) == 2
