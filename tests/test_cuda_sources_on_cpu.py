@@ -242,3 +242,37 @@ def test_channels_last_batch_norm_reductions_on_the_cpu(compiled_bn, fmt, shape,
     sums = np.zeros(c * runs, np.float32)
     lib.run_rows_sum(_ptr(dym), _ptr(sums), *ints)
     np.testing.assert_allclose(sums.reshape(c, runs).sum(axis=1), dy64.sum(axis=(0, 2, 3)), rtol=1e-5, atol=1e-4)
+
+
+def _nhwc_view(shape, dtype=np.float32):
+    n, c, h, w = shape
+    return np.zeros((n, h, w, c), dtype).transpose(0, 3, 1, 2)
+
+
+def test_the_cuda_backends_layout_decisions_on_host_arrays():
+    """The cuda backend's choices between its row-major and channels-last kernels are array logic (shapes,
+    strides, flags) that NumPy arrays answer as CuPy's do: which kernels a call gets, the rows [N*H*W, C] its
+    NHWC operands are read as, cuDNN's strides, and which arrays may run as flat memory."""
+    from leafpy.backends.cuda import CudaBackend
+    from leafpy.backends.cuda.cudnn import _strides
+    from leafpy.backends.cuda.lowp import one_memory_order
+
+    rows_major, nhwc = np.zeros((2, 3, 4, 5), np.float32), _nhwc_view((2, 3, 4, 5))
+    bias, one_channel, one_position = np.zeros(3, np.float32), _nhwc_view((2, 1, 4, 5)), _nhwc_view((2, 3, 1, 1))
+    layout = CudaBackend._layout_of
+    assert layout(rows_major, rows_major, bias) is False
+    assert layout(nhwc, _nhwc_view((2, 3, 2, 2)), bias, "max", (2, 2)) is True
+    assert layout(nhwc, one_position) is True  # a [N, C, 1, 1] array is both
+    assert layout(one_channel, np.zeros((2, 1, 2, 2), np.float32)) is False  # one channel: both orders agree
+    assert layout(nhwc, rows_major) is None  # a mix: run on row-major copies
+    assert layout(bias) is False
+    rows = CudaBackend._rows(nhwc)
+    assert rows.shape == (2 * 4 * 5, 3) and rows.flags.c_contiguous and np.shares_memory(rows, nhwc)
+    x = np.arange(120, dtype=np.float32).reshape(2, 3, 4, 5)
+    stored = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    np.testing.assert_array_equal(CudaBackend._rows(stored)[7], x[0, :, 1, 2])  # row 7: image 0, h 1, w 2
+    assert _strides(rows_major) == (60, 20, 5, 1) and _strides(nhwc) == (60, 1, 15, 3)
+    assert one_memory_order([nhwc, _nhwc_view((2, 3, 4, 5), np.float16)])  # strides compared in elements
+    assert not one_memory_order([nhwc, rows_major])
+    assert not one_memory_order([nhwc, _nhwc_view((2, 3, 5, 4))])
+    assert not one_memory_order([np.zeros((4, 6), np.float32)[:, :3]])  # not one block of memory
