@@ -276,3 +276,19 @@ def test_the_cuda_backends_layout_decisions_on_host_arrays():
     assert not one_memory_order([nhwc, rows_major])
     assert not one_memory_order([nhwc, _nhwc_view((2, 3, 5, 4))])
     assert not one_memory_order([np.zeros((4, 6), np.float32)[:, :3]])  # not one block of memory
+
+
+@pytest.mark.parametrize("m,c", [(131072, 64), (392, 512), (1, 3), (1605632, 64), (10**8, 3), (5, 1000)])
+def test_channels_last_reduction_grids_cover_every_row_within_the_limits(m, c):
+    """Runs of rows for the row reductions: every row in exactly one run, no run empty (bn_stats_combine weighs
+    each run by its rows), at most 65535 runs (the grid's y limit), blocks of whole warps across the channels."""
+    from types import SimpleNamespace
+
+    from leafpy.backends.cuda import CudaBackend
+
+    host = SimpleNamespace(ROW_THREADS=CudaBackend.ROW_THREADS, ROW_RUN_MAX=CudaBackend.ROW_RUN_MAX, xp=np)
+    run, runs, part = CudaBackend._row_runs(host, m, c)
+    assert runs <= 65535 and run * runs >= m and (runs - 1) * run < m
+    assert part.size == 2 * c * runs
+    (gx, gy), (block,) = CudaBackend._row_grid(c, runs)
+    assert gy == runs and block % 32 == 0 and block <= 128 and gx * block >= c > (gx - 1) * block

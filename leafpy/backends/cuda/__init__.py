@@ -517,7 +517,7 @@ class CudaBackend(ArrayBackend):
             m, c = rows.shape
             run, runs, part = self._row_runs(m, c)
             self._bn_kernels(fmt).get_function("rows_sum_part")(
-                ((c + 127) // 128, runs), (128,), (as_stored(rows), part, i32(m), i32(c), i32(run)))
+                *self._row_grid(c, runs), (as_stored(rows), part, i32(m), i32(c), i32(run)))
         else:  # per channel, partial sums over runs of samples (the batch-norm reductions' split)
             c, run, runs, part = self._bn_runs(dy)
             n = dy.shape[0]
@@ -613,15 +613,26 @@ class CudaBackend(ArrayBackend):
         runs = -(-n // rows)
         return c, rows, runs, self.xp.empty(2 * c * runs, np.float32)
 
-    ROW_RUN = 256
-    """Rows per run of the channels-last reductions (each thread adds up one channel over a run in float32, then
-    the runs' partials are combined in double); longer where a grid would otherwise pass 65535 runs."""
+    ROW_THREADS = 1 << 16
+    """Threads the channels-last reductions aim for (channels x runs of rows; each thread adds up one channel over
+    its run in float32, and the runs' partials are combined in double), so that few channels or a small batch still
+    fill the GPU."""
+    ROW_RUN_MAX = 1024
+    """The longest run one thread adds up (more runs where there are more rows, up to the grid's 65535)."""
 
     def _row_runs(self, m: int, c: int) -> tuple[int, int, Any]:
         """(rows per run, runs, scratch for each run's two partial values) of a channels-last reduction over [m, c]."""
-        run = max(self.ROW_RUN, -(-m // 65535))
+        runs = max(1, min(m, 65535, max(-(-self.ROW_THREADS // c), -(-m // self.ROW_RUN_MAX))))
+        run = -(-m // runs)
         runs = -(-m // run)
         return run, runs, self.xp.empty(2 * c * runs, np.float32)
+
+    @staticmethod
+    def _row_grid(c: int, runs: int) -> tuple[tuple[int, int], tuple[int]]:
+        """(grid, block) of a channels-last reduction: a warp-multiple of threads per block, at most 128, across
+        the channels; one row of blocks per run."""
+        block = min(128, 32 * -(-c // 32))
+        return (-(-c // block), runs), (block,)
 
     def _bn_kernels(self, fmt: str) -> Any:
         return self._bn_module if fmt == "f32" else self._low_module("bn", fmt)
@@ -638,7 +649,7 @@ class CudaBackend(ArrayBackend):
             run, runs, part = self._row_runs(m, c)
             i32 = np.int32
             self._bn_kernels(storage_format(x.dtype) if low else "f32").get_function("bn_rows_stats_part")(
-                ((c + 127) // 128, runs), (128,), (as_stored(rows), part, i32(m), i32(c), i32(run)))
+                *self._row_grid(c, runs), (as_stored(rows), part, i32(m), i32(c), i32(run)))
             self._bn_module.get_function("bn_stats_combine")(
                 ((c + 127) // 128,), (128,), (part, mean, var, i32(m), i32(c), i32(1), i32(run), i32(runs)))
             return
@@ -665,13 +676,13 @@ class CudaBackend(ArrayBackend):
             fmt = formats_of("batch_norm_grad_sums", x=x, dy=dy) if low else {"x": "f32", "dy": "f32"}
             if fmt["x"] != fmt["dy"]:
                 raise BackendError(f"cuda batch_norm_grad_sums: x ({x.dtype}) and dy ({dy.dtype}) must share a dtype")
+            self._float32_arrays("batch_norm_grad_sums", mean=mean, var=var, sum_dy=sum_dy, sum_dy_xhat=sum_dy_xhat)
             rows, drows = self._rows(x), self._rows(dy)
             m, c = rows.shape
             run, runs, part = self._row_runs(m, c)
             i32 = np.int32
             self._bn_kernels(fmt["x"]).get_function("bn_rows_grad_part")(
-                ((c + 127) // 128, runs), (128,), (as_stored(rows), as_stored(drows), mean, part, i32(m), i32(c),
-                                                   i32(run)))
+                *self._row_grid(c, runs), (as_stored(rows), as_stored(drows), mean, part, i32(m), i32(c), i32(run)))
             self._bn_module.get_function("bn_grad_combine")(
                 ((c + 127) // 128,), (128,), (part, var, sum_dy, sum_dy_xhat, i32(c), i32(runs), np.float32(eps)))
             return
