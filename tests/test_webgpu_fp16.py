@@ -307,6 +307,10 @@ def test_activations_and_bias_add_run_in_float16_kernels(fp16):
     (20, 12, 40, False, True, np.float16, np.float16, 0.0, 1),   # a linear layer's forward: one kernel
     (70, 130, 33, True, False, np.float16, np.float16, 0.5, 1),  # larger tiles, beta read from a float16 C
     (16, 24, 1500, True, False, np.float16, np.float32, 1.0, 2),  # a weight gradient into float32: split K, summed
+    # a linear layer's forward with a long K and few tiles (AlexNet's fully connected layers): split K too, the
+    # float32 partials summed into the float16 product (a workgroup per output; a thread per output past 16384)
+    (8, 64, 2048, False, True, np.float16, np.float16, 0.0, 2),
+    (64, 300, 1024, False, True, np.float16, np.float16, 0.5, 2),
     (8, 36, 9, False, True, np.float32, np.float32, 0.0, 1),     # a recurrent product: float32 state, float16 weights
 ])
 def test_gemm_reads_float16_and_accumulates_in_float32(fp16, m, n, k, ta, tb, a_dtype, c_dtype, beta, dispatches):

@@ -97,8 +97,7 @@ class Gemm(Reductions):
         outputs = batch * m * n
         splits = 1
         fill = self.SPLIT_K_TILES * (4 if tm == 32 else 1)  # 32x32 tiles run 64 threads, the others 256
-        if tiles < fill and k >= self.SPLIT_K_FROM and not any(name == "C_MODE" for name, _ in conv) \
-                and out.dtype.itemsize == 4:  # float32 partials summed into a float32 C only
+        if tiles < fill and k >= self.SPLIT_K_FROM and not any(name == "C_MODE" for name, _ in conv):
             shortest = self.SPLIT_K_MIN
             if (not conv and m * n * k * batch >= self.SPLIT_K_FINE_WORK
                     and tiles * min(-(-fill // tiles), k // shortest) < self.SPLIT_K_FINE_GROUPS):
@@ -121,21 +120,26 @@ class Gemm(Reductions):
         chunk = -(-k // splits)
         chunk = -(-chunk // 16) * 16  # whole K slices of either kernel
         splits = -(-k // chunk)
-        partial = self._scratch_buffer(splits * outputs, "splitk")
+        partial = self._scratch_buffer(splits * outputs, "splitk")  # float32 partials, whatever C's format
         for c0, cx in spans:
-            self._dispatch(module, entry, GemmParams(**shape, k_slice=chunk, col0=c0 * tn, alpha=1.0),
+            self._dispatch(self._gemm_module(a, b, partial), entry, GemmParams(**shape, k_slice=chunk, col0=c0 * tn,
+                                                                               alpha=1.0),
                            [a, b, partial, *operands[3:]], (cx, gy, splits * batch), constants=consts)
         if outputs <= self.SPLIT_SUM_ROWS:  # few outputs, many partials each: one workgroup per output
             def emit() -> None:
                 self._sum_rows(partial, out, splits, outputs, alpha, beta, columns=True)
         else:
             def emit() -> None:
-                self._elementwise("split_sum", outputs, [partial, out], ElementwiseParams, whole=(0,),
-                                  slices=splits, alpha=alpha, beta=beta)
-        if batch == 1 and out.size == outputs:  # a recurrent cell reading out next may sum the partials itself
-            self._defer_sum(out, partial, splits, alpha, beta, emit)
+                self._split_sum(partial, out, splits, outputs, alpha, beta)
+        if batch == 1 and out.size == outputs and out.dtype.itemsize == 4:
+            self._defer_sum(out, partial, splits, alpha, beta, emit)  # a recurrent cell next may add them itself
         else:
             emit()
+
+    def _split_sum(self, partial: WView, out: WView, splits: int, outputs: int, alpha: float, beta: float) -> None:
+        """out = alpha * (the sum of the ``splits`` slices of ``partial``) + beta * out, a thread per output."""
+        self._elementwise("split_sum", outputs, [partial, out], ElementwiseParams, whole=(0,), slices=splits,
+                          alpha=alpha, beta=beta)
 
     def _gemm_module(self, a: WView, b: WView, out: WView) -> str:
         """The GEMM module for the operands' dtypes: "gemm" for float32 ones (half.py names and builds those for

@@ -70,7 +70,8 @@ def elementwise_source() -> str:
     stores around float32 arithmetic: NAME_h (b = f(a)), NAME_grad_h (c = g(a, b)) and their in-place twins
     NAME_h_inplace, NAME_grad_h_inplace; copy_h, fill_h, scal_h, axpby_h, block_into_h and block_from_h as
     elementwise.wgsl's; mul_h (c = a * b) and mul_hf (b float32) with in-place twins (a = a * b);
-    bias_add_h (bias float16) and bias_add_hf (bias float32)."""
+    bias_add_h (bias float16) and bias_add_hf (bias float32); split_sum_h (split-K's float32 partials a summed
+    into a float16 product b)."""
     declared = re.search(r"struct ElementwiseParams \{[^}]*\}", (_HERE / "elementwise.wgsl").read_text())
     if declared is None:
         raise BackendError("webgpu: elementwise.wgsl declares no struct ElementwiseParams")
@@ -94,6 +95,17 @@ def elementwise_source() -> str:
     parts.append("fn block_index(i: u32) -> u32 {\n    let g = i + p.base;\n"
                  "    return (g / p.part_inner) * p.whole_inner + p.column + g % p.part_inner;\n}")
     parts += [_ENTRY.format(entry=entry, store=store) for entry, store in blas]
+    parts.append("""@compute @workgroup_size(256)
+fn split_sum_h(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i >= p.count) { return; }
+    var s = 0.0;
+    for (var z = 0u; z < p.slices; z = z + 1u) { s = s + a32[z * p.count + i]; }
+    var v = p.alpha * s;
+    if (p.beta != 0.0) { v = v + p.beta * f32(b16[i]); }
+    b16[i] = to_h(v);
+}
+""")
     for entry, other in (("mul_h", "b16"), ("mul_hf", "b32")):
         parts.append(_ENTRY.format(entry=entry, store=f"c16[i] = to_h(f32(a16[i]) * f32({other}[i]))"))
         parts.append(_ENTRY.format(entry=entry + "_inplace", store=f"a16[i] = to_h(f32(a16[i]) * f32({other}[i]))"))
@@ -202,6 +214,8 @@ class Half(Convolution):
             code=PRELUDE + common + window + _halve((_HERE / "pool.wgsl").read_text(), ("src", "dst")))
         self._modules["reduce16"] = self.device.create_shader_module(
             code=PRELUDE + common + self.lanes + _halve((_HERE / "reduce.wgsl").read_text(), ("a",)))
+        self._modules["reduce16b"] = self.device.create_shader_module(
+            code=PRELUDE + common + self.lanes + _halve((_HERE / "reduce.wgsl").read_text(), ("b",)))
         classes = (_HERE / "classes.wgsl").read_text()
         for module, arrays in (("classes16a", ("a",)), ("classes16c", ("c",))):
             self._modules[module] = self.device.create_shader_module(
@@ -336,6 +350,13 @@ class Half(Convolution):
         stay float32, and a float16 C is rounded once, when stored."""
         halves = [name for name, v in zip("ABC", (a, b, out)) if v.dtype == F16]
         return self._epilogue_module("gemm", halves, halves + (["Bias", "ActOut"] if "C" in halves else []))
+
+    def _split_sum(self, partial, out, splits, outputs, alpha, beta):
+        if out.dtype != F16:
+            return super()._split_sum(partial, out, splits, outputs, alpha, beta)
+        # split-K's float32 partials summed into a float16 product, rounded once
+        self._elementwise("split_sum_h", outputs, [partial, out], ElementwiseHalfParams, whole=(0,), slices=splits,
+                          alpha=alpha, beta=beta)
 
     def _gemm_h(self, a, trans_a, b, trans_b, out, alpha=1.0, beta=0.0) -> bool:
         """Any of A, B and C float16, the others float32, each within one binding: the tiled kernels with float16

@@ -10,9 +10,13 @@ from .encoder import _workgroup_each
 from .params import ReduceParams
 
 
-def _module(first: WView) -> str:
-    """The sums' module: "reduce16" (half.py's, its first array float16) where the summed tensor is float16."""
-    return "reduce16" if first.dtype.itemsize == 2 else "reduce"
+def _module(entry: str, buffers: list) -> str:
+    """The sums' module: "reduce16" (half.py's, its first array float16) where the summed tensor is float16,
+    "reduce16b" (its second array float16) where sum_rows writes a float16 result (split-K's partials summed into
+    a float16 product)."""
+    if buffers[0].dtype.itemsize == 2:
+        return "reduce16"
+    return "reduce16b" if entry == "sum_rows" and buffers[1].dtype.itemsize == 2 else "reduce"
 
 
 class Reductions(Binding):
@@ -22,7 +26,7 @@ class Reductions(Binding):
         for v in buffers:
             if v.raw.size > self.max_binding:
                 raise BackendError(f"webgpu: a {v.raw.size}-byte operand of {entry} exceeds the storage binding limit")
-        self._dispatch(_module(buffers[0]), entry, ReduceParams(**values), buffers, groups)
+        self._dispatch(_module(entry, buffers), entry, ReduceParams(**values), buffers, groups)
 
     def dot(self, x, y, out):
         if x.raw is y.raw:
@@ -63,7 +67,8 @@ class Reductions(Binding):
         for i, (n0, n1, (bind,), (offset,)) in enumerate(runs):
             params = ReduceParams(count=n1 - n0, channels=c, inner=inner, blocks=total, block=length,
                                   first_block=i * blocks, a_offset=offset)
-            self._dispatch(_module(dy), "bias_grad_part", params, [dy, part], (c, blocks, 1), [bind, None])
+            self._dispatch(_module("bias_grad_part", [dy]), "bias_grad_part", params, [dy, part], (c, blocks, 1),
+                           [bind, None])
         self._sum_rows(part, db, total, c, alpha, beta)
 
     def _sum_rows(self, a, out, length: int, rows: int, alpha: float, beta: float, columns: bool = False) -> None:
