@@ -499,12 +499,20 @@ def test_webgpu_buffers_return_to_a_pool():
 
 @pytest.mark.webgpu
 @pytest.mark.parametrize("m,n,k,ta,tb,beta", [(300, 200, 50, False, True, 0.0), (100, 250, 30, False, False, 0.5),
-                                              (90, 300, 20, True, True, 1.0)])
+                                              (90, 300, 20, True, True, 1.0),
+                                              # few rows, a long K: each block splits K, its partials summed
+                                              # into the block of C (a large layer's product at a small batch)
+                                              (8, 200, 2048, False, True, 0.5), (40, 100, 1024, False, True, 0.0)])
 def test_webgpu_splits_gemm_over_the_binding_limit(monkeypatch, m, n, k, ta, tb, beta):
     be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
     monkeypatch.setattr(be, "max_binding", 40_000)  # bytes: C (and A or B) exceed it in every case
-    assert 4 * m * n > be.max_binding
+    assert 4 * max(m * n, n * k) > be.max_binding
+    entries = []
+    encode = be._encode
+    monkeypatch.setattr(be, "_encode", lambda module, entry, *args, **kw: (entries.append(entry),
+                                                                           encode(module, entry, *args, **kw)))
     _gemm_matches_numpy(be, m, n, k, ta, tb, 1.5, beta, "blocked gemm")
+    assert ("split_sum_block" in entries) == (k >= be.SPLIT_K_FROM), entries
 
 
 def _convolution_passes_match_native(be, n, c, o, size, seed=0, rtol=2e-4, atol=2e-5, padding=1, bias=False,

@@ -108,6 +108,20 @@ fn split_sum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     b[i] = v;
 }
 
+// split-K of a product blocked under the binding limit: the block [rows x part_inner] of C, seen in rows of
+// whole_inner from element `column` of b as bound: b = alpha * sum_s a[s * count + i] + beta * b there
+@compute @workgroup_size(256)
+fn split_sum_block(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i >= p.count) { return; }
+    var s = 0.0;
+    for (var z = 0u; z < p.slices; z = z + 1u) { s = s + a[z * p.count + i]; }
+    let o = (i / p.part_inner) * p.whole_inner + p.column + i % p.part_inner;
+    var v = p.alpha * s;
+    if (p.beta != 0.0) { v = v + p.beta * b[o]; }
+    b[o] = v;
+}
+
 // Blocks along an axis (Concat, Slice): a = part seen as [outer, part_inner], b = the whole tensor seen as
 // [outer, whole_inner], the block starting at column `column`.
 fn block_index(i: u32) -> u32 {

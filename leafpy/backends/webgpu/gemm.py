@@ -95,16 +95,8 @@ class Gemm(Reductions):
             consts += (("BATCHED", 1),)
         tiles = gx * gy * batch
         outputs = batch * m * n
-        splits = 1
-        fill = self.SPLIT_K_TILES * (4 if tm == 32 else 1)  # 32x32 tiles run 64 threads, the others 256
-        if tiles < fill and k >= self.SPLIT_K_FROM and not any(name == "C_MODE" for name, _ in conv):
-            shortest = self.SPLIT_K_MIN
-            if (not conv and m * n * k * batch >= self.SPLIT_K_FINE_WORK
-                    and tiles * min(-(-fill // tiles), k // shortest) < self.SPLIT_K_FINE_GROUPS):
-                shortest = self.SPLIT_K_FINE_MIN
-            splits = max(1, min(-(-fill // tiles), k // shortest, self.max_groups // batch))
-            while splits > 1 and splits * outputs * 4 > self.max_binding:
-                splits //= 2
+        splits = 1 if any(name == "C_MODE" for name, _ in conv) else self._k_splits(tiles, tm, m, n, k, batch,
+                                                                                   bool(conv))
         # columns past the device's grid width run as several dispatches, each from its first column (col0)
         spans = [(c0, min(gx - c0, self.max_groups)) for c0 in range(0, gx, self.max_groups)]
         shape = dict(m=m, n=n, k=k, first_sample=n0, batch=batch, **lds)
@@ -135,6 +127,23 @@ class Gemm(Reductions):
             self._defer_sum(out, partial, splits, alpha, beta, emit)  # a recurrent cell next may add them itself
         else:
             emit()
+
+    def _k_splits(self, tiles: int, tm: int, m: int, n: int, k: int, batch: int = 1, conv: bool = False) -> int:
+        """Into how many K ranges a product of ``tiles`` workgroups (tiles of ``tm`` rows) splits, each writing a
+        float32 partial product that is then summed: enough to fill the GPU where the tiles alone do not and K is
+        long (see SPLIT_K_TILES, SPLIT_K_FROM, SPLIT_K_MIN and SPLIT_K_FINE_*), as long as the partials fit one
+        binding."""
+        fill = self.SPLIT_K_TILES * (4 if tm == 32 else 1)  # 32x32 tiles run 64 threads, the others 256
+        if tiles >= fill or k < self.SPLIT_K_FROM:
+            return 1
+        shortest = self.SPLIT_K_MIN
+        if (not conv and m * n * k * batch >= self.SPLIT_K_FINE_WORK
+                and tiles * min(-(-fill // tiles), k // shortest) < self.SPLIT_K_FINE_GROUPS):
+            shortest = self.SPLIT_K_FINE_MIN
+        splits = max(1, min(-(-fill // tiles), k // shortest, self.max_groups // batch))
+        while splits > 1 and splits * batch * m * n * 4 > self.max_binding:
+            splits //= 2
+        return splits
 
     def _split_sum(self, partial: WView, out: WView, splits: int, outputs: int, alpha: float, beta: float) -> None:
         """out = alpha * (the sum of the ``splits`` slices of ``partial``) + beta * out, a thread per output."""
@@ -185,8 +194,27 @@ class Gemm(Reductions):
                     rc = self._span((m0 * n + n0) * 4, ((m0 + mm - 1) * n + n0 + nn) * 4)
                     a_off = ra[2] + (m0 if trans_a else k0)
                     b_off = rb[2] + (k0 if trans_b else n0)
-                    params = GemmParams(m=mm, n=nn, k=kk, batch=1, a_offset=a_off, b_offset=b_off, c_offset=rc[2],
-                                        k_slice=kk, **lds, alpha=alpha, beta=beta if k0 == 0 else 1.0)
                     entry, tm, tn, tile_consts = self._gemm_tile(mm, nn, kk)
-                    self._dispatch("gemm", entry, params, operands, (-(-nn // tn), -(-mm // tm), 1),
-                                   [ra[:2], rb[:2], rc[:2], None, None], constants=consts + tile_consts)
+                    gx, gy = -(-nn // tn), -(-mm // tm)
+                    splits = self._k_splits(gx * gy, tm, mm, nn, kk)
+                    if splits == 1:
+                        params = GemmParams(m=mm, n=nn, k=kk, batch=1, a_offset=a_off, b_offset=b_off,
+                                            c_offset=rc[2], k_slice=kk, **lds, alpha=alpha,
+                                            beta=beta if k0 == 0 else 1.0)
+                        self._dispatch("gemm", entry, params, operands, (gx, gy, 1),
+                                       [ra[:2], rb[:2], rc[:2], None, None], constants=consts + tile_consts)
+                        continue
+                    # too few tiles for a long K (a large layer's product at a small batch): split K, the
+                    # partials [splits, mm, nn] summed into the block of C, which is rows of nn in rows of n
+                    chunk = -(-kk // splits)
+                    chunk = -(-chunk // 16) * 16  # whole K slices of either kernel
+                    splits = -(-kk // chunk)
+                    partial = self._scratch_buffer(splits * mm * nn, "splitk")
+                    params = GemmParams(m=mm, n=nn, k=kk, batch=1, a_offset=a_off, b_offset=b_off, c_offset=0,
+                                        k_slice=chunk, **{**lds, "ldc": nn}, alpha=1.0)
+                    self._dispatch("gemm", entry, params, [a, b, partial, *operands[3:]], (gx, gy, splits),
+                                   [ra[:2], rb[:2], None, None, None], constants=consts + tile_consts)
+                    count = mm * nn
+                    self._dispatch("elementwise", "split_sum_block", ElementwiseParams(
+                        count=count, slices=splits, part_inner=nn, whole_inner=n, column=rc[2], alpha=alpha,
+                        beta=beta if k0 == 0 else 1.0), [partial, out], self._grid(count), [None, rc[:2]])
