@@ -208,14 +208,14 @@ def test_layer_in_fp16_against_float64(fp16, type_name, case):
 
 
 # --- training -------------------------------------------------------------------------------------------------------
-def _lenet(batch: int, **solver) -> lp.SolverConfig:
+def _lenet(batch: int, hidden: int = 16, **solver) -> lp.SolverConfig:
     net = lp.SequentialConfig(inputs=[("data", [batch, 1, 8, 8])])
     net.add_layer(lp.LayerConfig("conv1", lp.ConvolutionConfig(num_output=4, filter_shape=[3], stride=[1],
                                                                padding=[1])))
     net.add_layer(lp.LayerConfig("relu1", "ReLU"))
     net.add_layer(lp.LayerConfig("pool1", lp.PoolingConfig(mode="max", filter_shape=[2], stride=[2], padding=[0])))
     net.add_layer(lp.LayerConfig("flat", "Flatten"))
-    net.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=16)))
+    net.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=hidden)))
     net.add_layer(lp.LayerConfig("tanh", "TanH"))
     net.add_layer(lp.LayerConfig("fc2", lp.LinearConfig(output_size=10)))
     net.add_layer(lp.LayerConfig("logsm", "LogSoftmax"))
@@ -225,17 +225,19 @@ def _lenet(batch: int, **solver) -> lp.SolverConfig:
                            solver="momentum", base_lr=0.1, momentum=0.9, seed=1, **solver)
 
 
-@pytest.mark.parametrize("loss_scale", [None, "none"], ids=["dynamic-scaling", "no-scaling"])
-def test_lenet_trains_in_fp16_as_native_emulates_it(fp16, loss_scale):
+@pytest.mark.parametrize("loss_scale,hidden", [(None, 16), ("none", 16), (None, 512)],
+                         ids=["dynamic-scaling", "no-scaling", "split-k"])
+def test_lenet_trains_in_fp16_as_native_emulates_it(fp16, loss_scale, hidden):
     """Same weights, same batches: webgpu fp16 against native's fp16 emulation, step by step; with loss scaling or
-    without, the steps are recorded and replayed."""
+    without, the steps are recorded and replayed; with 512 hidden units fc2's float16 product splits K (its float32
+    partials summed into the float16 logits)."""
     steps, batch = 5, 8
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal((batch, 1, 8, 8)).astype(np.float32) for _ in range(steps)]
     ys = [rng.integers(0, 10, (batch, 1)).astype(np.float32) for _ in range(steps)]
     runs = []
     for be in (lp.backend("native", precision="fp16"), fp16):
-        solver = lp.Solver.from_config(be, be, _lenet(batch, loss_scale=loss_scale))
+        solver = lp.Solver.from_config(be, be, _lenet(batch, hidden, loss_scale=loss_scale))
         replays = getattr(be, "replays", 0)
         outs, losses = [], []
         for x, y in zip(xs, ys):
