@@ -515,6 +515,49 @@ def test_winograd_convolutions_in_float16_against_float64(fp16, monkeypatch, n, 
         assert np.all(err <= tol), f"{name}: relative error {err[worst]:.3g} > {tol[worst]:.3g} at {worst}"
 
 
+@pytest.mark.parametrize("kernel,pad", [(3, 1), (5, 2)])
+def test_winograd_float16_tiles_for_3x3_windows(fp16, monkeypatch, kernel, pad):
+    """With ``winograd_f16_tiles`` a 3x3 convolution's transformed tiles and their products are float16 (the
+    batched tile product reads and writes float16; the filter gradient's sums stay float32), within the primitive
+    budget of REDUCTION_DEPTH u against float64 (each tile is one more float16 rounding); 5x5 windows keep float32
+    tiles (their transform coefficients made float16 tiles ~20 u off)."""
+    import reference
+
+    monkeypatch.setattr(fp16, "winograd_f16_tiles", True)
+    rng = np.random.default_rng(kernel)
+    n, c, o, size = 2, 64, 64, 6
+    x = _low(rng.standard_normal((n, c, size, size)), F16)
+    w = _low(rng.standard_normal((o, c, kernel, kernel)) / np.sqrt(c * kernel * kernel), F16)
+    stride, padding = (1, 1), (pad, pad)
+    y_ref = reference.conv2d(x, w, np.zeros(o), stride, padding)
+    dy = _low(rng.standard_normal(y_ref.shape), F16)
+    dx_ref, dw_ref, _ = reference.conv2d_backward(x, w, dy, stride, padding)
+    modules = []
+    encode = fp16._encode
+    monkeypatch.setattr(fp16, "_encode", lambda module, entry, *a, **k: (modules.append((module, entry)),
+                                                                         encode(module, entry, *a, **k)))
+    _, bx = _upload(fp16, x)
+    _, bw = _upload(fp16, w)
+    _, bdy = _upload(fp16, dy)
+    y, dx = lp.SharedTensor(y_ref.shape, np.float16), lp.SharedTensor(x.shape, np.float16)
+    dw = lp.SharedTensor(w.shape, np.float32)
+    fp16.conv2d(bx, bw, y.write(fp16), stride, padding, {})
+    fp16.conv2d_grad_data(bdy, bw, dx.write(fp16), stride, padding, {})
+    fp16.conv2d_grad_filter(bx, bdy, dw.write(fp16), stride, padding, {}, 0.0)
+    fp16.flush()
+    products = [m for m, e in modules if m.startswith("gemm")]
+    assert any(e == "winograd_input" for _, e in modules), modules
+    if kernel == 3:  # forward and data gradient: float16 tile products; the filter gradient: float32 sums
+        assert products.count("gemm16ABC") >= 2 and "gemm16AB" in products, products
+    else:
+        assert "gemm16ABC" not in products and "gemm16AB" not in products, products
+    for name, got, want in (("conv2d", y, y_ref), ("conv2d_grad_data", dx, dx_ref), ("conv2d_grad_filter", dw,
+                                                                                     dw_ref)):
+        err = float(np.abs(got.to_numpy().astype(np.float64) - want).max() / np.abs(want).max())
+        WORST[f"{name} Winograd float16 tiles {kernel}x{kernel}"] = (err, REDUCTION_DEPTH * U)
+        assert err <= REDUCTION_DEPTH * U, f"{name}: {err:.3g}"
+
+
 @pytest.mark.parametrize("min_channels,winograd", [(64, True), (65, False)])
 def test_float16_convolutions_choose_winograd_as_float32_does(fp16, monkeypatch, min_channels, winograd):
     """A 3x3 stride-1 convolution of 64 channels in and out: with WINOGRAD_MIN_CHANNELS 64 both precisions take

@@ -128,10 +128,13 @@ class Buffers(Encoder):
         probe = self._scratch_buffer(1, "sync")
         self.download(probe, np.empty(1, np.float32))
 
-    def _scratch_buffer(self, size: int, tag: str) -> WView:
+    def _scratch_buffer(self, size: int, tag: str, dtype: Any = np.float32) -> WView:
         """A prefix of the one scratch buffer kept per use (``tag``), grown to the largest size asked for: the
         layers of a network share it (dispatches run in order), and a work-in-progress value never outlives the
-        primitive that wrote it."""
+        primitive that wrote it. ``dtype`` float16: ``size`` float16 elements in that buffer's first bytes."""
+        if np.dtype(dtype) == np.float16:
+            words = self._scratch_buffer(-(-size // 2), tag)
+            return WView(words.raw, (size,), np.dtype(np.float16), words.owner or words)
         b = self._scratch.get(tag)
         if b is None or b.size < size:
             if b is not None:

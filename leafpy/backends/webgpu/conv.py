@@ -4,6 +4,8 @@ im2col columns in batch chunks past the binding limit (conv.wgsl), Winograd F(2x
 
 from __future__ import annotations
 
+import numpy as np
+
 from .buffers import WView
 from .elementwise import Elementwise
 from .params import ConvParams, PoolParams, WinogradParams
@@ -75,6 +77,15 @@ class Convolution(Elementwise):
     """Bytes of transformed tiles per batch chunk (and at most the device's storage-binding limit)."""
     winograd_filter_grad = True
     """Whether the filter gradient takes Winograd too (where ``winograd`` applies)."""
+    winograd_f16_tiles = False
+    """float16 3x3 convolutions keep their transformed tiles (U, V, M; the filter gradient's transformed x and dy)
+    in float16 too, halving the transforms' and the tile products' memory traffic; the filter gradient's sums stay
+    float32. Measured on 64 -> 64 channels at 13x13 against float64 (max error / max value): 5.8e-4, 6.9e-4, 5.3e-4
+    for the forward pass, data and filter gradients, against 2.6e-4, 2.6e-4, 4.8e-7 with float32 tiles (float16's
+    unit roundoff: 4.9e-4). F(2x2, 5x5) keeps float32 tiles whatever this says: its larger transform coefficients
+    made float16 tiles 7.6e-3 to 1.1e-2 off (64 -> 96 channels at 27x27). Off by default until a GPU shows the
+    traffic saved is worth a second rounding (and a loss-scaled gradient's transform, up to 4x its largest value,
+    overflows float16 sooner: the loss scale backs off further)."""
 
     def _winograd_chunk(self, x_shape, w_shape, y_shape, stride, padding) -> int:
         """Samples per batch chunk where ``y = conv(x, w)`` (and the data and filter gradients of that geometry) can
@@ -94,9 +105,9 @@ class Convolution(Elementwise):
             return 0
         return chunk
 
-    def _winograd_setup(self, x_shape, y_shape, r: int, padding, chunk: int):
-        """(geometry constants, blocks per sample, points per tile, scratch for U, V and M) of one Winograd pass,
-        x the transform's input and y its output."""
+    def _winograd_setup(self, x_shape, y_shape, r: int, padding, chunk: int, dtypes: tuple = (np.float32,) * 3):
+        """(geometry constants, blocks per sample, points per tile, scratch for U, V and M in ``dtypes``) of one
+        Winograd pass, x the transform's input and y its output."""
         _, cin, h, wd = x_shape
         cout, oh, ow = y_shape[1], y_shape[2], y_shape[3]
         per_sample = -(-oh // 2) * -(-ow // 2)
@@ -104,10 +115,16 @@ class Convolution(Elementwise):
         geometry = (("CONV_C", cin), ("CONV_O", cout), ("IN_H", h), ("IN_W", wd), ("PH", padding[0]),
                     ("PW", padding[1]), ("OH", oh), ("OW", ow), ("R", r))
         blocks = chunk * per_sample
-        scratch = (self._scratch_buffer(points * cout * cin, "winograd_u"),
-                   self._scratch_buffer(points * cin * blocks, "winograd_v"),
-                   self._scratch_buffer(points * cout * blocks, "winograd_m"))
+        scratch = (self._scratch_buffer(points * cout * cin, "winograd_u", dtypes[0]),
+                   self._scratch_buffer(points * cin * blocks, "winograd_v", dtypes[1]),
+                   self._scratch_buffer(points * cout * blocks, "winograd_m", dtypes[2]))
         return geometry, per_sample, points, scratch
+
+    def _tile_dtype(self, r: int, *operands: WView) -> np.dtype:
+        """The transformed tiles' dtype for RxR windows: float16 where ``winograd_f16_tiles``, R is 3 and every
+        operand is float16."""
+        half = self.winograd_f16_tiles and r == 3 and all(v.dtype == np.float16 for v in operands)
+        return np.dtype(np.float16 if half else np.float32)
 
     def _winograd_module(self, src: WView, dst: WView) -> str:
         """The Winograd module for a transform reading ``src`` and writing ``dst`` (and a bias of dst's dtype):
@@ -128,7 +145,8 @@ class Convolution(Elementwise):
         degrees."""
         n, cin = x.shape[:2]
         cout, r = y.shape[1], w.shape[2]
-        geometry, per_sample, points, (u, v, m) = self._winograd_setup(x.shape, y.shape, r, padding, chunk)
+        geometry, per_sample, points, (u, v, m) = self._winograd_setup(x.shape, y.shape, r, padding, chunk,
+                                                                       (self._tile_dtype(r, x, w, y),) * 3)
         params = WinogradParams(count=cout * cin, w_out=w.shape[0], w_in=w.shape[1])
         self._dispatch(self._winograd_module(w, u), "winograd_filter", params, [w, u], self._grid(cout * cin),
                        constants=(("FLIP", int(flip)), ("R", r)))
@@ -149,7 +167,9 @@ class Convolution(Elementwise):
         transformed x and dy blocks multiplied per point of the tile (K = the blocks: split-K), chunk by chunk."""
         n, c = x.shape[:2]
         o, r = dy.shape[1], dw.shape[2]
-        geometry, per_sample, points, (du, v, z) = self._winograd_setup(x.shape, dy.shape, r, padding, chunk)
+        tiles = self._tile_dtype(r, x, dy)  # the transformed x and dy; du keeps float32 sums over the blocks
+        geometry, per_sample, points, (du, v, z) = self._winograd_setup(x.shape, dy.shape, r, padding, chunk,
+                                                                        (np.float32, tiles, tiles))
         for n0 in range(0, n, chunk):
             blocks = min(chunk, n - n0) * per_sample
             self._winograd_blocks("winograd_input", x, v, c, blocks, n0, geometry)
