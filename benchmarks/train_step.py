@@ -453,6 +453,8 @@ def main() -> int:
     p.add_argument("--conv-tolerance", type=conv_tolerance, default="default",
                    help="cuda: the backend's conv_tolerance (a number, or 'any' for any fp32 plan, as PyTorch's "
                         "cudnn.benchmark; default: the backend's)")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="set one of leafpy's backend tuning attributes first (as profile_layers.py's --set)")
     p.add_argument("--channels-last", action="store_true",
                    help="leafpy stores 4-D tensors NHWC (the backend's channels_last option; native and cuda)")
     p.add_argument("--json", help="write the results here")
@@ -470,6 +472,12 @@ def main() -> int:
     if args.channels_last:
         options["channels_last"] = True
     backend = lp.backend(args.backend, **options)
+    for item in args.set:
+        name, value = item.split("=", 1)
+        if not hasattr(backend, name):
+            p.error(f"--set {item}: the {args.backend} backend has no attribute {name!r}")
+        kind = type(getattr(backend, name))
+        setattr(backend, name, kind(float(value)) if "." in value else kind(int(value)))
     device = "cpu" if args.backend == "native" else "cuda"
     torch = None
     if args.vs == "torch":
