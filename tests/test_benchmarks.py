@@ -53,3 +53,18 @@ def test_profile_layers_lists_every_layer():
     for layer in ("fc1", "fc2", "fc3", "relu1", "relu2", "logsm", "nll"):
         assert f"{layer} forward" in p.stdout
     assert "fc1 backward_parameters" in p.stdout
+
+
+def test_webgpu_plan_lists_a_step_without_running_it():
+    """MLP-128's step: its three products' forward, data and filter passes (the first layer's data gradient pruned)
+    and the updates of its six weights, listed with their grids (run on lavapipe where no GPU exists)."""
+    p = script("webgpu_plan.py", "--net", "mlp128", "--batch", "16")
+    if p.returncode != 0 and "BackendUnavailable" in p.stderr:
+        import pytest
+
+        pytest.skip(f"webgpu backend unavailable: {p.stderr.strip().splitlines()[-1]}")
+    assert p.returncode == 0, p.stderr
+    assert "# mlp128 at batch 16, webgpu fp32" in p.stdout
+    rows = {line.split()[1]: line.split() for line in p.stdout.splitlines()[2:]}
+    assert int(rows["momentum_update"][2]) == 6
+    assert int(rows["gemm"][2]) >= 8  # 3 forward + 3 filter gradients + 2 data gradients, some split over K
