@@ -7,7 +7,7 @@ struct ElementwiseParams {
     key_multiplier: u32,  // dropout_mask's hash
     threshold: u32,
     slices: u32,          // split_sum
-    part_inner: u32,      // block_into, block_from
+    part_inner: u32,      // block_into, block_from, split_sum
     whole_inner: u32,
     column: u32,
     value: f32,           // fill
@@ -96,22 +96,11 @@ fn scale_by_scalar(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
     if (i < p.count) { c[i] = a[i] * b[0] * p.scale; }
 }
 
-// split-K: b = alpha * sum_s a[s * count + i] + beta * b, over the slices
+// split-K: b = alpha * sum_s a[s * count + i] + beta * b, over the slices, into rows of part_inner values in rows
+// of whole_inner from element `column` of b as bound (a block of C: a product blocked under the binding limit;
+// part_inner = whole_inner and column 0 for all of C)
 @compute @workgroup_size(256)
 fn split_sum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
-    let i = flat_index(gid, nw);
-    if (i >= p.count) { return; }
-    var s = 0.0;
-    for (var z = 0u; z < p.slices; z = z + 1u) { s = s + a[z * p.count + i]; }
-    var v = p.alpha * s;
-    if (p.beta != 0.0) { v = v + p.beta * b[i]; }
-    b[i] = v;
-}
-
-// split-K of a product blocked under the binding limit: the block [rows x part_inner] of C, seen in rows of
-// whole_inner from element `column` of b as bound: b = alpha * sum_s a[s * count + i] + beta * b there
-@compute @workgroup_size(256)
-fn split_sum_block(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
     if (i >= p.count) { return; }
     var s = 0.0;

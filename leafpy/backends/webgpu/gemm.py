@@ -95,8 +95,8 @@ class Gemm(Reductions):
             consts += (("BATCHED", 1),)
         tiles = gx * gy * batch
         outputs = batch * m * n
-        splits = 1 if any(name == "C_MODE" for name, _ in conv) else self._k_splits(tiles, tm, m, n, k, batch,
-                                                                                   bool(conv))
+        splits, chunk = (1, k) if any(name == "C_MODE" for name, _ in conv) else self._k_splits(
+            tiles, tm, m, n, k, batch, bool(conv))
         # columns past the device's grid width run as several dispatches, each from its first column (col0)
         spans = [(c0, min(gx - c0, self.max_groups)) for c0 in range(0, gx, self.max_groups)]
         shape = dict(m=m, n=n, k=k, first_sample=n0, batch=batch, **lds)
@@ -109,9 +109,6 @@ class Gemm(Reductions):
                 self._dispatch(module, entry, GemmParams(**shape, k_slice=k, col0=c0 * tn, alpha=alpha, beta=beta),
                                operands, (cx, gy, batch), constants=consts)
             return
-        chunk = -(-k // splits)
-        chunk = -(-chunk // 16) * 16  # whole K slices of either kernel
-        splits = -(-k // chunk)
         partial = self._scratch_buffer(splits * outputs, "splitk")  # float32 partials, whatever C's format
         for c0, cx in spans:
             self._dispatch(self._gemm_module(a, b, partial), entry, GemmParams(**shape, k_slice=chunk, col0=c0 * tn,
@@ -128,14 +125,15 @@ class Gemm(Reductions):
         else:
             emit()
 
-    def _k_splits(self, tiles: int, tm: int, m: int, n: int, k: int, batch: int = 1, conv: bool = False) -> int:
-        """Into how many K ranges a product of ``tiles`` workgroups (tiles of ``tm`` rows) splits, each writing a
-        float32 partial product that is then summed: enough to fill the GPU where the tiles alone do not and K is
-        long (see SPLIT_K_TILES, SPLIT_K_FROM, SPLIT_K_MIN and SPLIT_K_FINE_*), as long as the partials fit one
-        binding."""
+    def _k_splits(self, tiles: int, tm: int, m: int, n: int, k: int, batch: int = 1,
+                  conv: bool = False) -> tuple[int, int]:
+        """(ranges, their length) of K for a product of ``tiles`` workgroups (tiles of ``tm`` rows), each range
+        writing a float32 partial product that is then summed: enough ranges to fill the GPU where the tiles alone
+        do not and K is long (see SPLIT_K_TILES, SPLIT_K_FROM, SPLIT_K_MIN and SPLIT_K_FINE_*), as long as the
+        partials fit one binding; (1, k) for none."""
         fill = self.SPLIT_K_TILES * (4 if tm == 32 else 1)  # 32x32 tiles run 64 threads, the others 256
         if tiles >= fill or k < self.SPLIT_K_FROM:
-            return 1
+            return 1, k
         shortest = self.SPLIT_K_MIN
         if (not conv and m * n * k * batch >= self.SPLIT_K_FINE_WORK
                 and tiles * min(-(-fill // tiles), k // shortest) < self.SPLIT_K_FINE_GROUPS):
@@ -143,12 +141,16 @@ class Gemm(Reductions):
         splits = max(1, min(-(-fill // tiles), k // shortest, self.max_groups // batch))
         while splits > 1 and splits * batch * m * n * 4 > self.max_binding:
             splits //= 2
-        return splits
+        if splits == 1:
+            return 1, k
+        chunk = -(-k // splits)
+        chunk = -(-chunk // 16) * 16  # whole K slices of either kernel
+        return -(-k // chunk), chunk
 
     def _split_sum(self, partial: WView, out: WView, splits: int, outputs: int, alpha: float, beta: float) -> None:
         """out = alpha * (the sum of the ``splits`` slices of ``partial``) + beta * out, a thread per output."""
         self._elementwise("split_sum", outputs, [partial, out], ElementwiseParams, whole=(0,), slices=splits,
-                          alpha=alpha, beta=beta)
+                          part_inner=outputs, whole_inner=outputs, alpha=alpha, beta=beta)
 
     def _gemm_module(self, a: WView, b: WView, out: WView) -> str:
         """The GEMM module for the operands' dtypes: "gemm" for float32 ones (half.py names and builds those for
@@ -196,7 +198,7 @@ class Gemm(Reductions):
                     b_off = rb[2] + (k0 if trans_b else n0)
                     entry, tm, tn, tile_consts = self._gemm_tile(mm, nn, kk)
                     gx, gy = -(-nn // tn), -(-mm // tm)
-                    splits = self._k_splits(gx * gy, tm, mm, nn, kk)
+                    splits, chunk = self._k_splits(gx * gy, tm, mm, nn, kk)
                     if splits == 1:
                         params = GemmParams(m=mm, n=nn, k=kk, batch=1, a_offset=a_off, b_offset=b_off,
                                             c_offset=rc[2], k_slice=kk, **lds, alpha=alpha,
@@ -206,15 +208,12 @@ class Gemm(Reductions):
                         continue
                     # too few tiles for a long K (a large layer's product at a small batch): split K, the
                     # partials [splits, mm, nn] summed into the block of C, which is rows of nn in rows of n
-                    chunk = -(-kk // splits)
-                    chunk = -(-chunk // 16) * 16  # whole K slices of either kernel
-                    splits = -(-kk // chunk)
                     partial = self._scratch_buffer(splits * mm * nn, "splitk")
                     params = GemmParams(m=mm, n=nn, k=kk, batch=1, a_offset=a_off, b_offset=b_off, c_offset=0,
                                         k_slice=chunk, **{**lds, "ldc": nn}, alpha=1.0)
                     self._dispatch("gemm", entry, params, [a, b, partial, *operands[3:]], (gx, gy, splits),
                                    [ra[:2], rb[:2], None, None, None], constants=consts + tile_consts)
                     count = mm * nn
-                    self._dispatch("elementwise", "split_sum_block", ElementwiseParams(
+                    self._dispatch("elementwise", "split_sum", ElementwiseParams(
                         count=count, slices=splits, part_inner=nn, whole_inner=n, column=rc[2], alpha=alpha,
                         beta=beta if k0 == 0 else 1.0), [partial, out], self._grid(count), [None, rc[:2]])
