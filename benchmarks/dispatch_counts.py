@@ -47,9 +47,7 @@ def main() -> int:
                    help="set a backend attribute first (an integer or float), e.g. SPLIT_K_FINE_WORK=1e30")
     args = p.parse_args()
     be = lp.backend("webgpu")
-    for item in args.set:
-        name, value = item.split("=", 1)
-        setattr(be, name, float(value) if any(c in value for c in ".e") else int(value))
+    train_step.set_attributes(be, args.set, p.error)
     print(f"# webgpu on {be.adapter_name}")
     print(f"{'network':<14}{'dispatches':>11}{'replayed':>10}")
     for name in args.nets.split(","):

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
-from train_step import NETWORKS, SETTLE_S, solver_and_batch  # noqa: E402
+from train_step import NETWORKS, SETTLE_S, set_attributes, solver_and_batch  # noqa: E402
 
 import leafpy as lp  # noqa: E402
 
@@ -47,10 +47,7 @@ def main() -> int:
     if args.channels_last:
         options["channels_last"] = True
     be = lp.backend(args.backend, **options)
-    for item in args.set:
-        name, value = item.split("=", 1)
-        kind = type(getattr(be, name))
-        setattr(be, name, kind(float(value)) if "." in value else kind(int(value)))
+    set_attributes(be, args.set, p.error)
     solver, x, y = solver_and_batch(be, args.net)
     for _ in range(3):
         solver.train_minibatch(x, y)

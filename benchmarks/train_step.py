@@ -129,6 +129,20 @@ GPU_ONLY = {"alexnet128", "alexnet-lrn128", "resnet18-128"}
 
 
 # --- leafpy -----------------------------------------------------------------------------------------------------
+def set_attributes(backend, items: list[str], error) -> None:
+    """The benchmark scripts' ``--set NAME=VALUE``: each a backend tuning attribute, converted to the type it has
+    (``error``: the parser's, for a name the backend lacks or a value that is no number)."""
+    for item in items:
+        name, _, value = item.partition("=")
+        if not hasattr(backend, name):
+            error(f"--set {item}: the {backend.name} backend has no attribute {name!r}")
+        try:
+            number = float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            error(f"--set {item}: {value!r} is not a number")
+        setattr(backend, name, type(getattr(backend, name))(number))
+
+
 def solver_and_batch(backend, name: str) -> tuple[lp.Solver, lp.SharedTensor, lp.SharedTensor]:
     """A solver for one of NETWORKS and a random batch for it (used by the other benchmark scripts)."""
     make, batch, shape, classes = NETWORKS[name]
@@ -472,12 +486,7 @@ def main() -> int:
     if args.channels_last:
         options["channels_last"] = True
     backend = lp.backend(args.backend, **options)
-    for item in args.set:
-        name, value = item.split("=", 1)
-        if not hasattr(backend, name):
-            p.error(f"--set {item}: the {args.backend} backend has no attribute {name!r}")
-        kind = type(getattr(backend, name))
-        setattr(backend, name, kind(float(value)) if "." in value else kind(int(value)))
+    set_attributes(backend, args.set, p.error)
     device = "cpu" if args.backend == "native" else "cuda"
     torch = None
     if args.vs == "torch":

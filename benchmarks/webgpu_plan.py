@@ -31,10 +31,7 @@ def main() -> int:
     p.add_argument("--each", action="store_true", help="list every dispatch in order, not totals per kernel")
     args = p.parse_args()
     be = lp.backend("webgpu", **({"precision": args.precision} if args.precision != "fp32" else {}))
-    for item in args.set:
-        name, value = item.split("=", 1)
-        kind = type(getattr(be, name))
-        setattr(be, name, kind(float(value)) if "." in value else kind(int(value)))
+    train_step.set_attributes(be, args.set, p.error)
     be.replay = False  # every step encodes its dispatches (and none runs)
     listed: list[tuple[str, str, tuple, int]] = []
 
