@@ -155,3 +155,37 @@ def test_nested_sequential_gradients(native64):
     checked = check_layer_gradients(net, [x])
     n_weights = sum(w.size for w in net.learnable_weights_data())
     assert checked == x.size + n_weights
+
+
+@pytest.mark.parametrize("type_name,case", list(_params()))
+def test_backward_reads_the_output_only_where_the_layer_says_so(native64, type_name, case):
+    """A layer after this one may overwrite its output in place unless it declares ``backward_reads_output``; so
+    the gradients of a layer that does not declare it must not change when its output is overwritten between
+    forward and backward."""
+    config, make_inputs = case
+    layer = lp.Layer.from_config(native64, lp.LayerConfig("l", config), seed=3)
+    inputs = make_inputs(np.random.default_rng(7))
+    if type_name == "Dropout":
+        layer.worker.calls = 0
+    outs = layer.forward([x.copy() for x in inputs])
+    dys = [np.random.default_rng(1).standard_normal(o.shape) for o in outs]
+    honest = [g.to_numpy() if g is not None else None for g in layer.backward(dys)]
+    if type_name == "Dropout":
+        layer.worker.calls = 0
+    outs = layer.forward([x.copy() for x in inputs])
+    for o in outs:  # what an in-place ReLU, TanH or Sigmoid after it would leave there
+        o.set(np.tanh(o.to_numpy()) + 0.5)
+    changed = any(g is not None and not np.allclose(g.to_numpy(), h, rtol=1e-12, atol=1e-12)
+                  for g, h in zip(layer.backward(dys), honest))
+    assert not changed or layer.worker.backward_reads_output, (
+        f"{type_name}: backward reads the layer's output but the worker does not declare backward_reads_output")
+
+
+def test_an_activation_after_lrn_leaves_the_output_lrn_backward_reads(native64):
+    """LRN then TanH: TanH runs in place only where LRN's backward does not need LRN's output."""
+    cfg = lp.SequentialConfig(inputs=[("data", [2, 4, 3])], force_backward=True)
+    cfg.add_layer(lp.LayerConfig("lrn", lp.LRNConfig(local_size=3, alpha=0.5, beta=0.75, k=2.0)))
+    cfg.add_layer(lp.LayerConfig("act", "TanH"))
+    net = lp.Layer.from_config(native64, lp.LayerConfig("net", cfg), seed=0)
+    x = np.random.default_rng(0).standard_normal((2, 4, 3))
+    assert check_layer_gradients(net, [x]) == x.size

@@ -32,6 +32,9 @@ class LRNConfig:
 
 @register_layer("LRN", LRNConfig)
 class LRN(Worker):
+    backward_reads_output = True
+    """The gradient reads y (an activation after an LRN must not overwrite it in place)."""
+
     def __init__(self, config: LRNConfig, layer_name: str) -> None:
         super().__init__(config, layer_name)
         self.scale = None
