@@ -7,6 +7,7 @@ import pytest
 from gradcheck import check_layer_gradients
 
 import leafpy as lp
+from leafpy.layers.container.wiring import wire
 
 
 def away_from_zero(rng, shape, gap=0.05):
@@ -189,3 +190,28 @@ def test_an_activation_after_lrn_leaves_the_output_lrn_backward_reads(native64):
     net = lp.Layer.from_config(native64, lp.LayerConfig("net", cfg), seed=0)
     x = np.random.default_rng(0).standard_normal((2, 4, 3))
     assert check_layer_gradients(net, [x]) == x.size
+
+
+def _in_place_cases():
+    for type_name, cases in sorted(CASES.items()):
+        for i, (config, make_inputs) in enumerate(cases):
+            worker = lp.Layer.from_config(lp.backend("native", dtype="float64"), lp.LayerConfig("l", config)).worker
+            if worker.in_place and worker.num_inputs == 1:
+                yield pytest.param(config, make_inputs, id=f"{type_name}-{i}")
+
+
+@pytest.mark.parametrize("config,make_inputs", list(_in_place_cases()))
+def test_layers_that_run_in_place_have_the_gradients_of_their_own_run(native64, config, make_inputs):
+    """Each layer that may run in place, after a Linear over the last axis (so it does run in place), in a network
+    checked against central differences."""
+    x = make_inputs(np.random.default_rng(7))[0]
+    cfg = lp.SequentialConfig(inputs=[("data", list(x.shape))], force_backward=True)
+    cfg.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=x.shape[-1], axis=-1)))
+    cfg.add_layer(lp.LayerConfig("l", config))
+    assert wire(cfg).steps[1].in_place
+    net = lp.Layer.from_config(native64, lp.LayerConfig("net", cfg), seed=3)
+    weights = net.learnable_weights_data()
+    weights[0].set(np.eye(x.shape[-1]) + 0.1 * np.random.default_rng(2).standard_normal(weights[0].shape))
+    if isinstance(config, lp.DropoutConfig):
+        net.set_training(False)
+    assert check_layer_gradients(net, [x]) >= x.size
