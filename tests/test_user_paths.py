@@ -4,7 +4,6 @@ checks what the user sees (exit code, message, files) against an expectation wor
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -43,3 +42,35 @@ def test_a_fixed_split_whose_halves_differ_in_sample_shape_is_refused_before_tra
                "--set", "data.path=mine.npz", "--set", f"data.test_fraction={test_fraction}")
     failed_cleanly(p, "mine.npz", "x_test", "[1, 4, 8]", "x_train", "[1, 8, 8]")
     assert "epoch 1" not in p.stdout and not (tmp_path / "run" / "checkpoint.leaf").exists()
+
+
+# --- evaluate and predict after training with another seed -------------------------------------------------------
+def _mlp_log_probabilities(model: Path, x: np.ndarray) -> np.ndarray:
+    """digits_mlp's forward pass (Flatten, Linear, ReLU, Linear, LogSoftmax) in float64 NumPy from the saved
+    weights."""
+    import leafpy as lp
+
+    w = {k: v.astype(np.float64) for k, v in lp.Layer.load(lp.backend("native"), str(model)).named_weights().items()}
+    h = np.maximum(x.reshape(len(x), -1) @ w["fc1/weight"].T + w["fc1/bias"], 0.0)
+    z = h @ w["fc2/weight"].T + w["fc2/bias"]
+    return z - (z.max(axis=1, keepdims=True) + np.log(np.exp(z - z.max(axis=1, keepdims=True)).sum(axis=1,
+                                                                                                 keepdims=True)))
+
+
+def test_predict_with_the_run_file_and_weights_trained_with_another_seed(tmp_path):
+    assert leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--seed", "5", "--out", "run").returncode == 0
+    x = np.random.default_rng(1).random((7, 1, 8, 8))
+    np.savez(tmp_path / "new.npz", x=x)
+    # new samples do not depend on the training split: the shipped run file and the weights are enough
+    p = leafpy(tmp_path, "predict", "digits_mlp", "--weights", "run/model.leaf", "--input", "new.npz", "--out",
+               "pred.npz")
+    assert p.returncode == 0, p.stderr
+    with np.load(tmp_path / "pred.npz") as f:
+        outputs, classes = f["outputs"], f["classes"]
+    expected = _mlp_log_probabilities(tmp_path / "run" / "model.leaf", x)
+    np.testing.assert_allclose(outputs, expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(classes, expected.argmax(axis=1))
+    # scoring the held-out split still needs the split the weights were trained on, and says which command to run
+    e = leafpy(tmp_path, "evaluate", "digits_mlp", "--weights", "run/model.leaf")
+    failed_cleanly(e, "another data split", "data.seed", "leafpy evaluate ")
+    assert "COMMAND" not in e.stderr
