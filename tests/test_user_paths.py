@@ -4,6 +4,7 @@ checks what the user sees (exit code, message, files) against an expectation wor
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -74,3 +75,16 @@ def test_predict_with_the_run_file_and_weights_trained_with_another_seed(tmp_pat
     e = leafpy(tmp_path, "evaluate", "digits_mlp", "--weights", "run/model.leaf")
     failed_cleanly(e, "another data split", "data.seed", "leafpy evaluate ")
     assert "COMMAND" not in e.stderr
+
+
+# --- run files by name and by run directory ------------------------------------------------------------------------
+def test_train_a_shipped_name_beside_a_folder_of_that_name_and_continue_from_the_run_directory(tmp_path):
+    (tmp_path / "digits_mlp").mkdir()  # e.g. where the user keeps notes on it: holds no run file
+    p = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--out", "run")
+    assert p.returncode == 0, p.stderr
+    # `leafpy train --help`: the config may be a run directory that leafpy train wrote
+    r = leafpy(tmp_path, "train", "run", "--epochs", "2", "--out", "run", "--resume", "run/checkpoint.leaf")
+    assert r.returncode == 0, r.stderr
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    assert [h["epoch"] for h in history] == [1, 2]
+    assert history[-1]["iteration"] == 2 * -(-1438 // 32)  # digits: 1797 samples, 20% held out, batches of 32
