@@ -333,11 +333,13 @@ def config_difference(saved: Any, given: Any, path: str) -> str | None:
     return None
 
 
-def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, need_run: bool = True
+def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, need_run: bool = True,
+                command: str = "evaluate", check_split: bool = True
                 ) -> tuple[run_config.RunConfig | None, str | None]:
     """The run and the weights a command works on, from a run directory (its run.yaml and model.leaf), a model
     or checkpoint file (with the run.yaml beside it, if any) or a run file with ``--weights``. Weights trained with
-    another network or on another data split than the run describes are refused, naming the difference."""
+    another network than the run describes are refused, naming the difference, and with ``check_split`` (the
+    commands that score the held-out split) so are weights trained on another data split."""
     if os.path.isdir(target):
         run_path = os.path.join(target, RUN_FILE)
         if not os.path.isfile(run_path):
@@ -354,7 +356,7 @@ def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, n
             run = run_config.load(beside, overrides)
         elif need_run:
             raise LeafpyError(f"{target}: no {RUN_FILE} beside it says which data and split it was trained on; "
-                              "give the run file: leafpy COMMAND RUN.yaml --weights " + target)
+                              f"give the run file: leafpy {command} RUN.yaml --weights {target}")
         else:
             run = None
     else:
@@ -362,7 +364,7 @@ def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, n
         if weights is None and need_run:
             raise LeafpyError(f"{target}: a run file needs --weights (a model.leaf or checkpoint.leaf), or give the "
                               "run directory that leafpy train wrote")
-        if weights is not None:
+        if weights is not None and check_split:
             beside = os.path.join(os.path.dirname(os.path.abspath(weights)), RUN_FILE)
             if os.path.isfile(beside):
                 trained = run_config.load(beside)
@@ -370,7 +372,7 @@ def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, n
                 found = config_difference(trained.data, run.data, "data")
                 if found:
                     raise LeafpyError(f"{weights} was trained on another data split than {target} describes ({found}"
-                                      f" per {beside}); evaluate with the run directory: leafpy COMMAND "
+                                      f" per {beside}); {command} with the run directory: leafpy {command} "
                                       f"{os.path.dirname(beside) or '.'}")
     if weights is not None and run is not None:
         found = config_difference(saved_network_config(weights), run.network, "network")
@@ -409,7 +411,8 @@ def predict_cmd(args: argparse.Namespace) -> int:
 
     if args.out and not args.out.endswith((".npz", ".csv")):
         raise LeafpyError(f"--out {args.out}: predictions are written as .npz or .csv; name the file so")
-    run, weights = resolve_run(args.config, args.set, args.weights)
+    # new samples: the split the weights were trained on does not matter here
+    run, weights = resolve_run(args.config, args.set, args.weights, command="predict", check_split=False)
     assert run is not None and weights is not None
     be = _backend_for(args, run)
     x = datasets.npz_samples(args.input)
@@ -462,7 +465,7 @@ def summary_cmd(args: argparse.Namespace) -> int:
         net = Layer.load(be, target)
         _out(f"{target}: network '{net.name}' (with its saved weights)")
     else:
-        run, _ = resolve_run(target, args.set, None, need_run=False)
+        run, _ = resolve_run(target, args.set, None, need_run=False, command="summary")
         assert run is not None
         net = Layer.from_config(be, run.network)
         _out(f"{run.name or target}: network '{net.name}'")

@@ -435,21 +435,28 @@ def shipped() -> list[str]:
         return []
 
 
+RUN_FILE = "run.yaml"
+"""The resolved run a training run leaves in its output directory."""
+
+
 def resolve(path: str | os.PathLike) -> str:
-    """``path`` itself when it exists or names a directory; otherwise, for a bare name such as ``digits_lenet``
-    (or ``digits_lenet.yaml``), the run file of that name shipped with leafpy."""
+    """The run file ``path`` names: a run directory's ``run.yaml``; ``path`` itself when it exists or names a
+    directory; otherwise, for a bare name such as ``digits_lenet`` (or ``digits_lenet.yaml``), the run file of that
+    name shipped with leafpy (a directory of that name that holds no run file does not hide it)."""
     path = os.fspath(path)
-    if os.path.exists(path) or os.sep in path or (os.altsep and os.altsep in path):
-        return path
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, RUN_FILE)):
+        return os.path.join(path, RUN_FILE)
+    bare = not (os.sep in path or (os.altsep and os.altsep in path))
     stem = path[:-5] if path.endswith(".yaml") else path
-    if stem in shipped():
+    if bare and stem in shipped() and (not os.path.exists(path) or os.path.isdir(path)):
         return os.path.join(SHIPPED_DIR, stem + ".yaml")
     return path
 
 
 def load(path: str | os.PathLike, overrides: Sequence[str] = ()) -> RunConfig:
     """A RunConfig from a YAML run file, with ``overrides`` (``"solver.base_lr=0.01"``) applied. A bare name
-    that is not a file here (``digits_lenet``) reads the run file of that name shipped with leafpy."""
+    that is not a file here (``digits_lenet``) reads the run file of that name shipped with leafpy, and a run
+    directory that leafpy train wrote its ``run.yaml``."""
     if not isinstance(path, (str, os.PathLike)):
         raise ConfigError(f"config.load: expected a path to a YAML run file, got {type(path).__name__} {path!r}")
     path = resolve(path)

@@ -1,0 +1,90 @@
+"""The leafpy command as a new user meets it: `python -m leafpy` in an empty directory, with data files made by
+NumPy or by hand, output directories that are not what leafpy expects, resumed runs and piped output. Each test
+checks what the user sees (exit code, message, files) against an expectation worked out independently."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def leafpy(cwd: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python -m leafpy ARGS`` in ``cwd`` with this checkout's leafpy, as a user at a prompt would run it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+    return subprocess.run([sys.executable, "-m", "leafpy", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def failed_cleanly(p: subprocess.CompletedProcess, *words: str) -> None:
+    """Exit code 1, one `leafpy: error:` line naming ``words``, and no traceback."""
+    assert p.returncode == 1, (p.returncode, p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.startswith("leafpy: error: "), p.stderr
+    for w in words:
+        assert w in p.stderr, (w, p.stderr)
+
+
+# --- data files made by NumPy -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("test_fraction", ["null", "0.2"])
+def test_a_fixed_split_whose_halves_differ_in_sample_shape_is_refused_before_training(tmp_path, test_fraction):
+    rng = np.random.default_rng(0)
+    x = rng.random((60, 1, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 10, 60)
+    np.savez(tmp_path / "mine.npz", x_train=x[:40], y_train=y[:40], x_test=x[40:, :, :4], y_test=y[40:])
+    p = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--out", "run", "--set", "data.dataset=npz",
+               "--set", "data.path=mine.npz", "--set", f"data.test_fraction={test_fraction}")
+    failed_cleanly(p, "mine.npz", "x_test", "[1, 4, 8]", "x_train", "[1, 8, 8]")
+    assert "epoch 1" not in p.stdout and not (tmp_path / "run" / "checkpoint.leaf").exists()
+
+
+# --- evaluate and predict after training with another seed -------------------------------------------------------
+def _mlp_log_probabilities(model: Path, x: np.ndarray) -> np.ndarray:
+    """digits_mlp's forward pass (Flatten, Linear, ReLU, Linear, LogSoftmax) in float64 NumPy from the saved
+    weights."""
+    import leafpy as lp
+
+    w = {k: v.astype(np.float64) for k, v in lp.Layer.load(lp.backend("native"), str(model)).named_weights().items()}
+    h = np.maximum(x.reshape(len(x), -1) @ w["fc1/weight"].T + w["fc1/bias"], 0.0)
+    z = h @ w["fc2/weight"].T + w["fc2/bias"]
+    return z - (z.max(axis=1, keepdims=True) + np.log(np.exp(z - z.max(axis=1, keepdims=True)).sum(axis=1,
+                                                                                                 keepdims=True)))
+
+
+def test_predict_with_the_run_file_and_weights_trained_with_another_seed(tmp_path):
+    assert leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--seed", "5", "--out", "run").returncode == 0
+    x = np.random.default_rng(1).random((7, 1, 8, 8))
+    np.savez(tmp_path / "new.npz", x=x)
+    # new samples do not depend on the training split: the shipped run file and the weights are enough
+    p = leafpy(tmp_path, "predict", "digits_mlp", "--weights", "run/model.leaf", "--input", "new.npz", "--out",
+               "pred.npz")
+    assert p.returncode == 0, p.stderr
+    with np.load(tmp_path / "pred.npz") as f:
+        outputs, classes = f["outputs"], f["classes"]
+    expected = _mlp_log_probabilities(tmp_path / "run" / "model.leaf", x)
+    np.testing.assert_allclose(outputs, expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(classes, expected.argmax(axis=1))
+    # scoring the held-out split still needs the split the weights were trained on, and says which command to run
+    e = leafpy(tmp_path, "evaluate", "digits_mlp", "--weights", "run/model.leaf")
+    failed_cleanly(e, "another data split", "data.seed", "leafpy evaluate ")
+    assert "COMMAND" not in e.stderr
+
+
+# --- run files by name and by run directory ------------------------------------------------------------------------
+def test_train_a_shipped_name_beside_a_folder_of_that_name_and_continue_from_the_run_directory(tmp_path):
+    (tmp_path / "digits_mlp").mkdir()  # e.g. where the user keeps notes on it: holds no run file
+    p = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--out", "run")
+    assert p.returncode == 0, p.stderr
+    # `leafpy train --help`: the config may be a run directory that leafpy train wrote
+    r = leafpy(tmp_path, "train", "run", "--epochs", "2", "--out", "run", "--resume", "run/checkpoint.leaf")
+    assert r.returncode == 0, r.stderr
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    assert [h["epoch"] for h in history] == [1, 2]
+    assert history[-1]["iteration"] == 2 * -(-1438 // 32)  # digits: 1797 samples, 20% held out, batches of 32
