@@ -422,7 +422,7 @@ class _Builder:
             cfg = lp.ReshapeConfig(shape=[cur.shape[0], -1])
         shape = cur.shape if kind in ("act", "Dropout") else (cur.shape[0], self.size(cur))
         named = not cur.name.startswith("SEQUENTIAL") and cur.name not in [n for n, _ in self.cfg.inputs]
-        if kind in ("act", "Dropout") and named and self.rng.random() < 0.2:
+        if kind in ("act", "Dropout") and self.rng.random() < 0.2 and named:
             self.g.features.add("named-in-place")
             self.add(cfg, [cur], out_names=[cur.name])
             return Blob(cur.name, shape)
