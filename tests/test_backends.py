@@ -110,23 +110,33 @@ def test_layer_matches_native(device_or_layout, case):
         close(a, b, "weight gradient")
 
 
-@pytest.mark.parametrize("seed", range(25))
+@pytest.mark.parametrize("seed", random_nets.DEFAULT_SEEDS)
 def test_random_networks_match_native(device_or_layout, seed):
-    # in-place runs, nested containers and shared weights, at the declared batch and at another one
-    device = device_or_layout
+    # every layer type, branches, in-place runs, nested containers, shared weights, ids and labels, in training
+    # or inference mode (tests/random_nets.py), at the declared batch and at another one
+    check_random_network_matches_native(device_or_layout, seed)
+
+
+def check_random_network_matches_native(device, seed, rtol=2e-4, atol=2e-5):
+    """random_case(seed) on ``device`` against native float32: outputs, input gradients, weight gradients."""
+    case = random_nets.random_case(seed)
     rng = np.random.default_rng(seed)
-    config, shape = random_nets.random_network(rng)
-    nets = [random_nets.build(be, config, np.random.default_rng(seed)) for be in (lp.backend("native"), device)]
-    for batch in (shape[0], 3):
-        x = rng.standard_normal((batch, *shape[1:])).astype(np.float32)
-        outs = [net.forward([x])[0].to_numpy() for net in nets]
-        close(outs[1], outs[0], "output")
+    nets = [random_nets.build(be, case.config, np.random.default_rng(seed), case.training)
+            for be in (lp.backend("native"), device)]
+    for batch in (case.inputs[0].shape[0], 3):
+        xs = case.make_inputs(rng, batch, np.float32)
+        outs = [net.forward(xs)[0].to_numpy() for net in nets]
+        close(outs[1], outs[0], f"{case}: output", rtol, atol)
         dy = rng.standard_normal(outs[0].shape).astype(np.float32)
-        dxs = [net.backward([dy])[0].to_numpy() for net in nets]
-        close(dxs[1], dxs[0], "input gradient")
+        dxs = [net.backward([dy]) for net in nets]
+        for i, (a, b) in enumerate(zip(dxs[1], dxs[0])):
+            assert (a is None) == (b is None), f"{case}: input {i}"
+            if a is not None:
+                close(a.to_numpy(), b.to_numpy(), f"{case}: gradient of input {i}", rtol, atol)
         grads = [[g.to_numpy() for g in net.learnable_weights_gradients()] for net in nets]
         for name, a, b in zip(nets[0].learnable_weights_names(), grads[1], grads[0]):
-            close(a, b, f"{name} gradient")
+            if name not in random_nets.untrained(nets[0]):
+                close(a, b, f"{case}: {name} gradient", rtol, atol)
 
 
 def _solver(backend, dropout=True, **changes):

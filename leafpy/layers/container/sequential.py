@@ -22,7 +22,7 @@ container's input and output gradients and the weight gradients keep their value
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -220,14 +220,23 @@ class Sequential(Layer):
             layer.runs_backward = reached and (layer.has_weights or any(g is not None for g in layer.input_grads))
         self._plan_fan_in(blobs)
         self._share_gradients()
-        # shared weights: the first layer to run backward writes the gradient, the others add to it
+        # shared weights: the first layer to run backward writes the gradient, the others add to it; layers in
+        # nested containers count too (this binding comes after theirs, so the outermost one decides for all)
         seen: set[int] = set()
-        for layer in reversed(self.layers):
-            if isinstance(layer, Sequential) or not layer.runs_backward:
-                continue
+        for layer in self._backward_leaves():
             for k, g in enumerate(layer.weight_grads):
                 layer.weight_beta[k] = 1.0 if id(g) in seen else 0.0
                 seen.add(id(g))
+
+    def _backward_leaves(self) -> Iterator[Layer]:
+        """The layers that run backward, nested containers' layers included, in the order they run."""
+        for layer in reversed(self.layers):
+            if not layer.runs_backward:
+                continue
+            if isinstance(layer, Sequential):
+                yield from layer._backward_leaves()
+            else:
+                yield layer
 
     def _fan_out_grad(self, i: int, j: int, blob: str, grad: SharedTensor | None) -> SharedTensor | None:
         """A blob read by several layers: each reader writes its gradient into a tensor of its own, summed into
