@@ -17,7 +17,9 @@ import contextlib
 import dataclasses
 import io
 import os
+import signal
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -179,6 +181,10 @@ def _alive(pid: int) -> bool:
     return True
 
 
+RELAUNCH_STOP_S = 60.0
+"""How long ``leafpy train --nproc`` waits, after a stop signal, for the ranks to write their checkpoint and end."""
+
+
 def _relaunch(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """``leafpy train --nproc N``: the same command under mpiexec with N ranks."""
     import shutil
@@ -196,14 +202,36 @@ def _relaunch(args: argparse.Namespace, argv: Sequence[str]) -> int:
         rest = [a for a in rest if not a.startswith("--nproc=")]
     cmd = [mpiexec, "-n", str(args.nproc), sys.executable, "-m", "leafpy", *rest]
     proc = subprocess.Popen(cmd)
+    stopping: list[float] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        # a stop signal for this process alone (kill PID, a scheduler, timeout) must reach the ranks, or they train
+        # on without it. mpiexec passes SIGTERM on to them: each rank then stops at the same step and rank 0 writes
+        # a checkpoint. (Not SIGINT: mpiexec takes a second SIGINT, as after a Ctrl-C in a terminal that reached
+        # it too, for an abort without checkpoint.)
+        if not stopping:
+            stopping.append(time.monotonic())
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+
+    from .train import STOP_SIGNALS
+
+    previous = [(s, signal.getsignal(s)) for s in STOP_SIGNALS]
+    for s, handler in previous:
+        if handler is not signal.SIG_IGN:
+            signal.signal(s, forward)
     try:
-        return proc.wait()
-    except KeyboardInterrupt:  # the launcher passes Ctrl-C on to the ranks: give them time to checkpoint
-        try:
-            return proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            return 130
+        while True:
+            try:
+                return proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                if stopping and time.monotonic() - stopping[0] > RELAUNCH_STOP_S:  # the ranks did not stop
+                    proc.kill()
+                    proc.wait()
+                    return 130
+    finally:
+        for s, handler in previous:
+            signal.signal(s, handler)
 
 
 def train(args: argparse.Namespace) -> int:

@@ -1,0 +1,140 @@
+"""Data-parallel runs as users launch them (``leafpy train --nproc N``, ``mpiexec -n N``), each checked against one
+process on the global batch, the README's promise: stop signals that reach only the launcher, a last global batch
+with fewer samples than ranks, and the held-out scores of a run whose BatchNorm statistics are each rank's own."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import leafpy as lp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+needs_mpi = pytest.mark.skipif(MPIEXEC is None or importlib.util.find_spec("mpi4py") is None,
+                               reason="needs mpi4py and mpiexec (pip install 'leafpy-dl[dist]': mpi4py, mpich)")
+ENV = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), MPLBACKEND="Agg",
+           OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+
+def write_run(tmp_path, samples: int, *, batch_norm: bool = False, solver: str = "") -> str:
+    """A run file over an npz file of ``samples`` training samples (6 features, 3 classes) and 10 held-out ones."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((samples + 10, 6)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] * x[:, 2] > 0).astype(np.int64) + (x[:, 3] > 1)
+    np.savez(tmp_path / "data.npz", x_train=x[:samples], y_train=y[:samples], x_test=x[samples:], y_test=y[samples:])
+    bn = ["    - {name: bn1, type: BatchNorm, momentum: 0.3}"] if batch_norm else []
+    text = "\n".join([
+        "name: tiny",
+        f"data: {{dataset: npz, path: {tmp_path / 'data.npz'}, batch_size: 4, seed: 0}}",
+        "network:",
+        "  type: Sequential",
+        "  inputs: [{name: data, shape: [4, 6]}]",
+        "  layers:",
+        f"    - {{name: fc1, type: Linear, output_size: 12, bias: {str(not batch_norm).lower()}}}",
+        *bn,
+        "    - {name: act, type: TanH}",
+        "    - {name: fc2, type: Linear, output_size: 3}",
+        "    - {name: logsm, type: LogSoftmax}",
+        "objective:",
+        "  type: Sequential",
+        "  inputs: [{name: out, shape: [4, 3]}, {name: label, shape: [4, 1]}]",
+        "  layers: [{name: nll, type: NegativeLogLikelihood, num_classes: 3}]",
+        "solver: {" + (solver or "solver: momentum, base_lr: 0.05, momentum: 0.9, weight_decay: 0.001, "
+                                  "clip_gradients: 0.5, lr_policy: step, gamma: 0.5, stepsize: 7, seed: 0") + "}",
+        "train: {log_every: 0}",
+        ""])
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def leafpy(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "leafpy", *args], env=ENV, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def trained(out_dir) -> list[np.ndarray]:
+    net = lp.Layer.load(lp.backend("native"), str(out_dir / "model.leaf"))
+    return [w.to_numpy() for w in net.learnable_weights_data()]
+
+
+def survivors(marker: str) -> list[int]:
+    """The processes (launcher, mpiexec, ranks) whose command line names ``marker`` (a test's own directory)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+@needs_mpi
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the job's processes through /proc")
+@pytest.mark.parametrize("signum,resume_ranks", [(signal.SIGTERM, 3), (signal.SIGINT, 1)])
+def test_a_stop_signal_to_the_nproc_launcher_alone_stops_every_rank_with_one_checkpoint(tmp_path, signum,
+                                                                                       resume_ranks):
+    """`kill PID` (a scheduler, `timeout`) reaches the `leafpy train --nproc 2` process only, not mpiexec or the
+    ranks: the launcher passes it on, every rank stops at the same step, rank 0 writes one checkpoint, the job ends
+    with 130 and no process of it is left; the checkpoint, taken mid-epoch, continues on ``resume_ranks`` ranks at
+    the same global batch to the weights one process makes on that global batch. (Before, a SIGTERM ended the
+    launcher at once and left mpiexec and the ranks training on; a SIGINT was not passed on for 60 s, then mpiexec
+    was killed, with no checkpoint.)"""
+    run = write_run(tmp_path, 60)
+    epochs = 400  # far more than the run reaches before the signal
+    proc = subprocess.Popen([sys.executable, "-m", "leafpy", "train", run, "--out", str(tmp_path / "cut"),
+                             "--epochs", str(epochs), "--nproc", "2", "--set", "data.batch_size=6"], env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("epoch 3/"):
+                proc.send_signal(signum)  # the launcher alone
+                break
+        sent = time.monotonic()
+        out, err = proc.communicate(timeout=90)
+        took = time.monotonic() - sent
+        time.sleep(0.5)
+        left = survivors(str(tmp_path))
+    finally:
+        for pid in [proc.pid] * (proc.poll() is None) + survivors(str(tmp_path)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    out = "".join(lines) + out
+    assert proc.returncode == 130, (proc.returncode, out[-2000:], err[-2000:])
+    assert took < 30, took
+    assert not left, f"processes of the job still running: {left}"
+    assert (out + err).count("checkpoint saved to") == 1, (out[-2000:], err[-2000:])
+    ckpt = tmp_path / "cut" / "checkpoint.leaf"
+    state = lp.Solver.load_checkpoint(lp.backend("native"), lp.backend("native"), str(ckpt)).trainer_state
+    stopped_in = int(state["epoch"]) + 1  # the epoch it stopped in (1-based)
+    assert 3 <= stopped_in < epochs, state
+    # finish that epoch on another number of ranks at the same global batch (12), and in one process
+    per_rank = str(12 // resume_ranks)
+    resumed = leafpy("train", run, "--out", str(tmp_path / "cut"), "--resume", str(ckpt), "--epochs",
+                     str(stopped_in), "--set", f"data.batch_size={per_rank}",
+                     *(["--nproc", str(resume_ranks)] if resume_ranks > 1 else []))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    one = leafpy("train", run, "--out", str(tmp_path / "one"), "--epochs", str(stopped_in), "--set",
+                 "data.batch_size=12")
+    assert one.returncode == 0, one.stderr[-3000:]
+    start = trained(tmp_path / "one")
+    for got, want in zip(trained(tmp_path / "cut"), start):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
