@@ -140,6 +140,7 @@ class _RunLock:
         self.path = os.path.join(directory, ".lock")
 
     def __enter__(self) -> _RunLock:
+        directory = os.path.dirname(self.path)
         for _ in range(2):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -156,7 +157,13 @@ class _RunLock:
                     os.unlink(self.path)  # stale: its process is gone
                 except FileNotFoundError:
                     pass
+                except OSError as e:
+                    raise LeafpyError(f"{self.path}: cannot take over the run directory's lock ({e.strerror or e}); "
+                                      "remove it if no run is using the directory") from e
                 continue
+            except OSError as e:  # a read-only directory or file system, no permission
+                raise LeafpyError(f"--out {directory}: cannot write into the output directory ({e.strerror or e}); "
+                                  "train into a directory you can write to") from e
             with os.fdopen(fd, "w") as f:
                 f.write(str(os.getpid()))
             return self
@@ -227,6 +234,9 @@ def train(args: argparse.Namespace) -> int:
         be = run_backend(run.train, **options)
         out_dir = out_dir_for(run, args.out)
         if group.is_root:
+            if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+                raise LeafpyError(f"--out {out_dir}: a file, not a directory; give the directory the run's files "
+                                  "go into (it is made if missing)")
             try:
                 os.makedirs(out_dir, exist_ok=True)
             except OSError as e:

@@ -88,3 +88,32 @@ def test_train_a_shipped_name_beside_a_folder_of_that_name_and_continue_from_the
     history = json.loads((tmp_path / "run" / "history.json").read_text())
     assert [h["epoch"] for h in history] == [1, 2]
     assert history[-1]["iteration"] == 2 * -(-1438 // 32)  # digits: 1797 samples, 20% held out, batches of 32
+
+
+# --- output directories ---------------------------------------------------------------------------------------------
+def _read_only_directory(tmp_path: Path, kind: str) -> str:
+    if kind == "chmod":
+        if os.geteuid() == 0:
+            pytest.skip("root writes into a directory without write permission")
+        d = tmp_path / "ro"
+        d.mkdir()
+        d.chmod(0o555)
+        return str(d)
+    d = Path("/sys/kernel")  # sysfs: no process writes a new file there
+    if not d.is_dir():
+        pytest.skip("no /sys/kernel on this system")
+    return str(d)
+
+
+@pytest.mark.parametrize("kind", ["chmod", "sysfs"])
+def test_an_output_directory_that_cannot_be_written_is_named(tmp_path, kind):
+    out = _read_only_directory(tmp_path, kind)
+    p = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--out", out)
+    failed_cleanly(p, f"--out {out}", "cannot write")
+
+
+def test_an_output_path_that_is_a_file_is_named_as_one(tmp_path):
+    (tmp_path / "notes").write_text("mine\n")
+    p = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--out", "notes")
+    failed_cleanly(p, "--out notes", "a file, not a directory")
+    assert (tmp_path / "notes").read_text() == "mine\n"
