@@ -117,3 +117,16 @@ def test_an_output_path_that_is_a_file_is_named_as_one(tmp_path):
     p = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--out", "notes")
     failed_cleanly(p, "--out notes", "a file, not a directory")
     assert (tmp_path / "notes").read_text() == "mine\n"
+
+
+# --- the train section ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("setting,words", [
+    ("train.log_every=often", ["train.log_every", "'often'"]),
+    ("train.keep_best=two", ["train.keep_best", "'two'"]),
+    ("train.keep_best=-1", ["train.keep_best", "-1"]),
+    ("train.monitor=val_acc", ["train.monitor", "test_loss, test_accuracy", "'val_acc'"]),
+])
+def test_train_settings_of_the_wrong_kind_are_named_before_training(tmp_path, setting, words):
+    p = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--out", "run", "--set", setting)
+    failed_cleanly(p, *words)
+    assert "epoch 1" not in p.stdout
