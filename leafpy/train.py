@@ -356,6 +356,7 @@ class Trainer:
         self.start_epoch = int(state.get("epoch", self._epoch_of_iteration()))
         self.start_sample = int(state.get("sample", 0))
         self._resumed_losses = (float(state.get("loss_sum", 0.0)), int(state.get("loss_count", 0)))
+        self._resumed_hits = (int(state.get("correct", 0)), int(state.get("scored", 0)))
         built_in: list[Callback] = [Progress(log_every if log_every is not None else int(run.train.get("log_every",
                                                                                                          100)))]
         if out_dir is not None:
@@ -444,6 +445,9 @@ class Trainer:
                 if self.stop_training:
                     break
                 loss_sum, loss_count = self._resumed_losses if start else (0.0, 0)
+                # the epoch's training accuracy counts every sample of the epoch (the progress bar's, the last ten
+                # batches); a resumed epoch goes on from the counts it was interrupted with
+                correct, scored = self._resumed_hits if start else (0, 0)
                 self.position_batches = math.ceil(start / self.global_batch)
                 for cb in self.callbacks:
                     cb.on_epoch_begin(self, epoch)
@@ -458,18 +462,23 @@ class Trainer:
                     loss_sum += loss
                     loss_count += 1
                     if self.running is not None:
-                        self.running.add(predictions(out), yb)
+                        predicted = predictions(out)
+                        self.running.add(predicted, yb)
+                        correct += int(np.count_nonzero(predicted == np.asarray(yb).reshape(-1)))
+                        scored += len(predicted)
                     seen += len(xb) * self.world
                     self.samples_per_second = seen / max(time.perf_counter() - t0, 1e-9)
                     for cb in self.callbacks:
                         cb.on_batch_end(self, epoch, batch, loss)
                     if self._stop_requested():
-                        self._mark_position(epoch, done, loss_sum, loss_count)
+                        self._mark_position(epoch, done, loss_sum, loss_count, correct, scored)
                         self._stop_on_signal()
                 start = 0
                 self._resumed_losses = (0.0, 0)
+                self._resumed_hits = (0, 0)
                 elapsed = time.perf_counter() - t0
-                record = self._epoch_record(epoch, loss_sum / max(loss_count, 1), elapsed, seen)
+                record = self._epoch_record(epoch, loss_sum / max(loss_count, 1), elapsed, seen,
+                                            correct / scored if scored else None)
                 self.history.append(record)
                 self._mark_position(epoch + 1, 0, 0.0, 0)
                 for cb in self.callbacks:
@@ -484,18 +493,21 @@ class Trainer:
                 cb.on_train_end(self)
         return self.history
 
-    def _mark_position(self, epoch: int, sample: int, loss_sum: float, loss_count: int) -> None:
+    def _mark_position(self, epoch: int, sample: int, loss_sum: float, loss_count: int, correct: int = 0,
+                       scored: int = 0) -> None:
         self.solver.trainer_state = {"epoch": epoch, "sample": sample, "loss_sum": loss_sum,
-                                     "loss_count": loss_count, "data": dict(self.run.data)}
+                                     "loss_count": loss_count, "correct": correct, "scored": scored,
+                                     "data": dict(self.run.data)}
 
-    def _epoch_record(self, epoch: int, loss: float, elapsed: float, seen: int) -> dict[str, Any]:
+    def _epoch_record(self, epoch: int, loss: float, elapsed: float, seen: int,
+                      train_accuracy: float | None = None) -> dict[str, Any]:
         held_out = self.evaluate()
         record: dict[str, Any] = {"epoch": epoch + 1, "iteration": self.solver.iteration, "loss": loss,
                                   "test_loss": held_out.loss,
                                   "learning_rate": self.solver.config.learning_rate(max(self.solver.iteration - 1, 0)),
                                   "seconds": elapsed, "samples_per_second": seen / max(elapsed, 1e-9)}
         if held_out.matrix is not None and self.running is not None:
-            record["train_accuracy"] = self.running.accuracy()
+            record["train_accuracy"] = train_accuracy if train_accuracy is not None else self.running.accuracy()
             record["test_accuracy"] = held_out.matrix.accuracy()
         if self.solver.loss_scaling() != "none":
             record["loss_scale"] = self.solver.loss_scale

@@ -130,3 +130,39 @@ def test_train_settings_of_the_wrong_kind_are_named_before_training(tmp_path, se
     p = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--out", "run", "--set", setting)
     failed_cleanly(p, *words)
     assert "epoch 1" not in p.stdout
+
+
+# --- progress output ------------------------------------------------------------------------------------------------
+def test_the_epoch_line_reports_the_training_accuracy_of_the_whole_epoch(tmp_path):
+    import leafpy as lp
+
+    # a rate so small that no weight moves: every batch of the epoch is scored by the initial weights
+    p = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--out", "run", "--set", "data.batch_size=7",
+               "--set", "solver.base_lr=1e-30")
+    assert p.returncode == 0, p.stderr
+    ds = lp.data.digits(0.2, 0)
+    expected = float(np.mean(_mlp_log_probabilities(tmp_path / "run" / "model.leaf", ds.x_train).argmax(axis=1)
+                             == ds.y_train))
+    record = json.loads((tmp_path / "run" / "history.json").read_text())[0]
+    assert record["train_accuracy"] == pytest.approx(expected, abs=1e-9)
+    assert f"training accuracy {expected:.2%}" in p.stdout, p.stdout
+
+
+def test_an_epoch_interrupted_late_and_resumed_reports_the_same_training_accuracy(tmp_path):
+    import leafpy as lp
+
+    class StopAfter(lp.Callback):
+        def on_batch_end(self, trainer, epoch, batch, loss):
+            if batch == 40:  # of 45: the last ten batches straddle the interruption
+                trainer.interrupted = True
+
+    run = lp.config.load("digits_mlp")
+    whole = lp.Trainer(run, out_dir=str(tmp_path / "whole"), log=lambda m: None).fit(1)
+    cut = lp.Trainer(lp.config.load("digits_mlp"), out_dir=str(tmp_path / "cut"), callbacks=[StopAfter()],
+                     log=lambda m: None)
+    with pytest.raises(lp.train.TrainingInterrupted):
+        cut.fit(1)
+    resumed = lp.Trainer(lp.config.load("digits_mlp"), out_dir=str(tmp_path / "cut"),
+                         resume=str(tmp_path / "cut" / "checkpoint.leaf"), log=lambda m: None).fit(1)
+    assert resumed[-1]["loss"] == whole[-1]["loss"]  # the resumed run makes the same updates, bit for bit
+    assert resumed[-1]["train_accuracy"] == whole[-1]["train_accuracy"]
