@@ -258,16 +258,24 @@ def _train(args: argparse.Namespace, run: run_config.RunConfig, be: Any, out_dir
     from .train import Trainer, TrainingInterrupted
 
     trainer = Trainer(run, be, out_dir=out_dir, resume=args.resume, group=group, log=_out)
+    done, within = trainer.start_epoch, trainer.start_sample > 0
+    if trainer.epochs < done or (trainer.epochs == done and within):
+        where = f"is in epoch {done + 1}" if within else f"ends epoch {done}"
+        asked = f"{trainer.epochs} epoch{'s' * (trainer.epochs != 1)}"
+        raise LeafpyError(f"--resume {args.resume}: the checkpoint {where}, past the {asked} asked for (--epochs or "
+                          f"train.epochs); give --epochs {done + 1} or more to train further")
     if group.is_root:
         atomic_write(os.path.join(out_dir, RUN_FILE), run_config.dumps(run).encode())
     ds = trainer.dataset
     ranks = f" on {group.size} ranks (global batch {trainer.global_batch})" if group.size > 1 else ""
     modes = [m for m in (be.precision if be.precision != "fp32" else "", "channels-last" * be.channels_last) if m]
     mode = f" ({', '.join(modes)})" if modes else ""
+    epochs = (f"epochs {done + 1}..{trainer.epochs}" if trainer.epochs > done else
+              f"nothing left to train: the checkpoint ends epoch {done}, the last asked for (--epochs or "
+              f"train.epochs); its model and scores follow (give --epochs {done + 1} or more to train further)")
     trainer.log(f"leafpy: training {run.name or args.config} on {be.name}{mode}{ranks}: {len(ds.x_train)} training and "
                 f"{len(ds.x_test)} held-out samples ({ds.name}), batch {run.batch_size}, "
-                f"{trainer.solver.network.num_parameters():,} parameters, epochs {trainer.start_epoch + 1}.."
-                f"{trainer.epochs}")
+                f"{trainer.solver.network.num_parameters():,} parameters, {epochs}")
     try:
         history = trainer.fit()
     except TrainingInterrupted as e:

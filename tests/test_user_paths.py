@@ -166,3 +166,16 @@ def test_an_epoch_interrupted_late_and_resumed_reports_the_same_training_accurac
                          resume=str(tmp_path / "cut" / "checkpoint.leaf"), log=lambda m: None).fit(1)
     assert resumed[-1]["loss"] == whole[-1]["loss"]  # the resumed run makes the same updates, bit for bit
     assert resumed[-1]["train_accuracy"] == whole[-1]["train_accuracy"]
+
+
+# --- resuming -------------------------------------------------------------------------------------------------------
+def test_resuming_a_finished_run_with_no_more_epochs_says_so(tmp_path):
+    assert leafpy(tmp_path, "train", "digits_mlp", "--epochs", "2", "--out", "run").returncode == 0
+    run_yaml = (tmp_path / "run" / "run.yaml").read_text()
+    fewer = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--out", "run", "--resume", "run/checkpoint.leaf")
+    failed_cleanly(fewer, "ends epoch 2", "--epochs 3")
+    assert (tmp_path / "run" / "run.yaml").read_text() == run_yaml  # the run's record is left as it was
+    same = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "2", "--out", "run", "--resume", "run/checkpoint.leaf")
+    assert same.returncode == 0, same.stderr
+    assert "nothing left to train" in same.stdout and "--epochs 3" in same.stdout and "epoch 3" not in same.stdout
+    assert len(json.loads((tmp_path / "run" / "history.json").read_text())) == 2
