@@ -552,6 +552,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("leafpy: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (leafpy summary ... | head): stop quietly, as SIGPIPE would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return 128 + 13
 
 
 if __name__ == "__main__":

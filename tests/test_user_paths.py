@@ -179,3 +179,16 @@ def test_resuming_a_finished_run_with_no_more_epochs_says_so(tmp_path):
     assert same.returncode == 0, same.stderr
     assert "nothing left to train" in same.stdout and "--epochs 3" in same.stdout and "epoch 3" not in same.stdout
     assert len(json.loads((tmp_path / "run" / "history.json").read_text())) == 2
+
+
+# --- output into a pipe ---------------------------------------------------------------------------------------------
+def test_output_into_a_pipe_whose_reader_has_gone_stops_quietly(tmp_path):
+    """`leafpy summary RUN | head -1`: head exits after its line; leafpy stops without a traceback."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "leafpy", "summary", "digits_mlp"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    proc.stdout.close()  # the reader is gone before leafpy writes anything
+    _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+    assert proc.returncode == 128 + 13  # as a process ended by SIGPIPE reports in a shell
