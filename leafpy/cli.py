@@ -128,8 +128,20 @@ def resolve_data(run: run_config.RunConfig) -> None:
         data["path"] = os.path.abspath(data["path"])
 
 
-def out_dir_for(run: run_config.RunConfig, out: str | None) -> str:
-    return out or os.path.join("runs", run.name or "run")
+def out_dir_for(run: run_config.RunConfig, out: str | None, resume: str | None = None) -> str:
+    """``--out``, else the directory of the checkpoint a run resumes (the run it continues), else runs/NAME."""
+    if out:
+        return out
+    if resume:
+        return os.path.dirname(resume) or "."
+    return os.path.join("runs", run.name or "run")
+
+
+def _same_directory(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 class _RunLock:
@@ -232,7 +244,7 @@ def train(args: argparse.Namespace) -> int:
         if backend_name == "cuda" and group.local_size > 1:
             options["device"] = group.local_rank
         be = run_backend(run.train, **options)
-        out_dir = out_dir_for(run, args.out)
+        out_dir = out_dir_for(run, args.out, args.resume)
         if group.is_root:
             if os.path.exists(out_dir) and not os.path.isdir(out_dir):
                 raise LeafpyError(f"--out {out_dir}: a file, not a directory; give the directory the run's files "
@@ -241,7 +253,9 @@ def train(args: argparse.Namespace) -> int:
                 os.makedirs(out_dir, exist_ok=True)
             except OSError as e:
                 raise LeafpyError(f"--out {out_dir}: cannot create the output directory: {e.strerror or e}") from e
-            if not args.resume and not args.overwrite:
+            # a resumed run writes over its own files; any other run's are kept unless --overwrite
+            continues = bool(args.resume) and _same_directory(os.path.dirname(args.resume) or ".", out_dir)
+            if not continues and not args.overwrite:
                 held = [f for f in ("model.leaf", "checkpoint.leaf", RUN_FILE) if os.path.exists(
                     os.path.join(out_dir, f))]
                 if held:
@@ -518,7 +532,8 @@ def build_parser() -> argparse.ArgumentParser:
     t = _command(sub, "train", train, "train a run file's network", "Train a run file's network; a checkpoint is "
                  "written after each epoch, and Ctrl-C saves one and stops.")
     t.add_argument("--epochs", type=int, help="train up to this epoch (default: the run file's train.epochs)")
-    t.add_argument("--out", help="output directory (default: runs/NAME)")
+    t.add_argument("--out", help="output directory (default: the --resume checkpoint's directory, else "
+                   "runs/NAME)")
     t.add_argument("--resume", metavar="CHECKPOINT", help="continue from a checkpoint")
     t.add_argument("--seed", type=int, help="seed for weights, dropout and shuffling")
     t.add_argument("--overwrite", action="store_true", help="replace another run's files in --out")

@@ -192,3 +192,23 @@ def test_output_into_a_pipe_whose_reader_has_gone_stops_quietly(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
     assert proc.returncode == 128 + 13  # as a process ended by SIGPIPE reports in a shell
+
+
+def test_resume_as_the_interrupt_message_says_continues_in_the_checkpoints_directory(tmp_path):
+    """`continue with --resume DIR/checkpoint.leaf` and no --out: the run continues in DIR, and the default
+    directory runs/NAME, holding another run, is left alone."""
+    other = tmp_path / "runs" / "digits-mlp"
+    other.mkdir(parents=True)
+    for name in ("checkpoint.leaf", "model.leaf", "history.json"):
+        (other / name).write_bytes(b"another run's " + name.encode())
+    assert leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--out", "mine").returncode == 0
+    r = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "2", "--resume", "mine/checkpoint.leaf")
+    assert r.returncode == 0, r.stderr
+    history = json.loads((tmp_path / "mine" / "history.json").read_text())
+    assert [h["iteration"] for h in history] == [45, 90]  # 1438 training samples in batches of 32
+    # an explicit --out that holds another run is refused unless --overwrite, as for a new run
+    o = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "3", "--resume", "mine/checkpoint.leaf", "--out",
+               str(other))
+    failed_cleanly(o, "another run's files", "--overwrite")
+    for name in ("checkpoint.leaf", "model.leaf", "history.json"):
+        assert (other / name).read_bytes() == b"another run's " + name.encode()
