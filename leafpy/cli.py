@@ -448,7 +448,7 @@ def predict_cmd(args: argparse.Namespace) -> int:
     assert run is not None and weights is not None
     be = _backend_for(args, run)
     x = datasets.npz_samples(args.input)
-    check_samples(run, x.shape[1:], f"{args.input}: the samples")
+    check_samples(run, x.shape[1:], f"{args.input}: the samples", trained=True)
     net = Layer.from_config(be, run.network)
     load_weights(net, weights)
     net.set_training(False)

@@ -615,8 +615,9 @@ def load_data(run: run_config.RunConfig) -> datasets.Dataset:
     return ds
 
 
-def check_samples(run: run_config.RunConfig, shape: Sequence[int], what: str) -> None:
-    """Samples of this per-sample shape fit the network's input (see :func:`load_data`)."""
+def check_samples(run: run_config.RunConfig, shape: Sequence[int], what: str, *, trained: bool = False) -> None:
+    """Samples of this per-sample shape fit the network's input (see :func:`load_data`); ``trained``: for weights
+    already trained, whose input cannot be declared again."""
     from .layers.layer import layout_hint, same_layout
 
     name, declared = run.network.config.inputs[0]
@@ -628,4 +629,6 @@ def check_samples(run: run_config.RunConfig, shape: Sequence[int], what: str) ->
                           f"{', '.join(map(str, shape))}] if that is the network's real layout)")
     if math.prod(declared[1:]) != math.prod(shape):
         raise LeafpyError(f"{what} have shape {list(shape)}, but the network's input {name!r} is declared "
-                          f"{list(declared)}; declare [{declared[0]}, {', '.join(map(str, shape))}] in network.inputs")
+                          f"{list(declared)}; " + (f"give samples of shape {list(declared[1:])}" if trained else
+                          f"declare [{declared[0]}, {', '.join(map(str, shape))}] in network.inputs, or give samples "
+                          f"of shape {list(declared[1:])} (data: {{dataset: npz, path: FILE.npz}})"))

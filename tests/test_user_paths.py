@@ -212,3 +212,20 @@ def test_resume_as_the_interrupt_message_says_continues_in_the_checkpoints_direc
     failed_cleanly(o, "another run's files", "--overwrite")
     for name in ("checkpoint.leaf", "model.leaf", "history.json"):
         assert (other / name).read_bytes() == b"another run's " + name.encode()
+
+
+# --- messages that say what to do -----------------------------------------------------------------------------------
+def test_a_network_for_other_images_than_the_bundled_digits_names_the_data_it_needs(tmp_path):
+    """alexnet.yaml has no data of its own: the fix is data of its input's shape, not a network for 8x8 digits."""
+    p = leafpy(tmp_path, "train", "alexnet", "--epochs", "1", "--out", "run")
+    failed_cleanly(p, "[3, 224, 224]", "dataset: npz")
+    import leafpy as lp
+
+    run = lp.config.load("digits_mlp")  # a model and its run file, as a training run leaves them
+    (tmp_path / "mlp").mkdir()
+    lp.config.save(run, tmp_path / "mlp" / "run.yaml")
+    lp.Layer.from_config(lp.backend("native"), run.network).save(str(tmp_path / "mlp" / "model.leaf"))
+    np.savez(tmp_path / "wrong.npz", x=np.zeros((3, 5)))
+    q = leafpy(tmp_path, "predict", "mlp", "--input", "wrong.npz")
+    failed_cleanly(q, "wrong.npz", "[5]", "give samples of shape [1, 8, 8]")
+    assert "network.inputs" not in q.stderr  # trained weights: their input cannot be declared again
