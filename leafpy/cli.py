@@ -28,7 +28,7 @@ from . import config as run_config
 from . import data as datasets
 from .backends import BACKEND_NAMES, PRECISIONS, run_backend
 from .backends import backend as get_backend
-from .errors import LeafpyError
+from .errors import LeafpyError, SerializationError
 from .layers.container.sequential import Sequential
 from .layers.layer import Layer
 from .metrics import predictions
@@ -494,7 +494,14 @@ def summary_cmd(args: argparse.Namespace) -> int:
     be = get_backend("native")
     target = args.config
     if target.endswith(".leaf") and os.path.isfile(target):
-        net = Layer.load(be, target)
+        try:
+            net = Layer.load(be, target)
+        except SerializationError as model_error:  # a checkpoint, as evaluate and predict take: its network
+            try:
+                net = Layer.from_config(be, saved_network_config(target))
+            except SerializationError:
+                raise model_error from None
+            load_weights(net, target)
         _out(f"{target}: network '{net.name}' (with its saved weights)")
     else:
         run, _ = resolve_run(target, args.set, None, need_run=False, command="summary")
@@ -510,7 +517,7 @@ def _command(sub: Any, name: str, func: Any, summary: str, description: str, *, 
     """A subcommand taking a run file, ``--set`` overrides and, where it runs a network, the backend."""
     c = sub.add_parser(name, help=summary, description=description)
     c.add_argument("config", help="a YAML run file (or a shipped one's name), or a run directory that leafpy train "
-                   "wrote" + (", or a model file" if name != "train" else ""))
+                   "wrote" + (", or a model or checkpoint file" if name != "train" else ""))
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="change one value of the run file, e.g. solver.base_lr=0.01 or "
                    "network.layers.conv1.num_output=32 (repeatable)")

@@ -229,3 +229,14 @@ def test_a_network_for_other_images_than_the_bundled_digits_names_the_data_it_ne
     q = leafpy(tmp_path, "predict", "mlp", "--input", "wrong.npz")
     failed_cleanly(q, "wrong.npz", "[5]", "give samples of shape [1, 8, 8]")
     assert "network.inputs" not in q.stderr  # trained weights: their input cannot be declared again
+
+
+def test_summary_of_a_checkpoint_as_evaluate_and_predict_take_one(tmp_path):
+    import leafpy as lp
+
+    be = lp.backend("native")
+    lp.Solver.from_config(be, be, lp.config.load("digits_mlp").solver).save_checkpoint(str(tmp_path / "c.leaf"))
+    p = leafpy(tmp_path, "summary", "c.leaf")
+    assert p.returncode == 0, p.stderr
+    # Flatten 64 -> Linear 128 -> ReLU -> Linear 10: weights and biases
+    assert "fc1" in p.stdout and f"total parameters: {64 * 128 + 128 + 128 * 10 + 10:,}" in p.stdout, p.stdout
