@@ -380,9 +380,12 @@ class Trainer:
                 if key == "batch_size":
                     continue
                 if trained_on.get(key) != run.data.get(key):
+                    run_dir = os.path.dirname(resume) or "."
+                    own = (f" (leafpy train {run_dir} --resume {resume} reads the run.yaml beside it)"
+                           if os.path.isfile(os.path.join(run_dir, run_config.RUN_FILE)) else "")
                     raise ConfigError(f"data.{key}: the checkpoint {resume} was trained with {trained_on.get(key)!r}, "
                                       f"this run has {run.data.get(key)!r}: resuming would train on another split or "
-                                      "data; resume with the run's own data section, or start a new run")
+                                      f"data; resume with the run's own data section{own}, or start a new run")
         return solver
 
     def _epoch_of_iteration(self) -> int:

@@ -79,9 +79,13 @@ def test_predict_with_the_run_file_and_weights_trained_with_another_seed(tmp_pat
 
 # --- run files by name and by run directory ------------------------------------------------------------------------
 def test_train_a_shipped_name_beside_a_folder_of_that_name_and_continue_from_the_run_directory(tmp_path):
+    """A run trained with --seed 7 continues from its run directory, whose run.yaml has the seed."""
     (tmp_path / "digits_mlp").mkdir()  # e.g. where the user keeps notes on it: holds no run file
-    p = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--out", "run")
+    p = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--out", "run", "--seed", "7")
     assert p.returncode == 0, p.stderr
+    # the shipped file (seed 0) would resume on another split: refused, naming the command that continues the run
+    s = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "2", "--resume", "run/checkpoint.leaf")
+    failed_cleanly(s, "data.seed", "leafpy train run --resume run/checkpoint.leaf")
     # `leafpy train --help`: the config may be a run directory that leafpy train wrote
     r = leafpy(tmp_path, "train", "run", "--epochs", "2", "--out", "run", "--resume", "run/checkpoint.leaf")
     assert r.returncode == 0, r.stderr
