@@ -245,6 +245,7 @@ def train(args: argparse.Namespace) -> int:
             options["device"] = group.local_rank
         be = run_backend(run.train, **options)
         out_dir = out_dir_for(run, args.out, args.resume)
+        continues = False
         if group.is_root:
             if os.path.exists(out_dir) and not os.path.isdir(out_dir):
                 raise LeafpyError(f"--out {out_dir}: a file, not a directory; give the directory the run's files "
@@ -265,7 +266,26 @@ def train(args: argparse.Namespace) -> int:
         group.barrier()
         lock = _RunLock(out_dir) if group.is_root else contextlib.nullcontext()
         with lock:
+            if group.is_root and args.overwrite and not continues:
+                _remove_run_files(out_dir)  # none of the replaced run's files may pass for this run's
             return _train(args, run, be, out_dir, group)
+
+
+RUN_FILES = ("model.leaf", "checkpoint.leaf", RUN_FILE, "history.json", "history.csv", "training.png")
+"""The files a training run writes into its directory, besides its best-epochE.leaf checkpoints."""
+
+
+def _remove_run_files(directory: str) -> None:
+    """Remove the files a training run wrote into ``directory`` (and nothing else in it)."""
+    names = [n for n in os.listdir(directory) if n in RUN_FILES or (n.startswith("best-epoch") and n.endswith(".leaf"))]
+    for name in names:
+        try:
+            os.unlink(os.path.join(directory, name))
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise LeafpyError(f"--overwrite: cannot remove the previous run's {os.path.join(directory, name)}: "
+                              f"{e.strerror or e}") from e
 
 
 def _train(args: argparse.Namespace, run: run_config.RunConfig, be: Any, out_dir: str, group: Any) -> int:

@@ -244,3 +244,17 @@ def test_summary_of_a_checkpoint_as_evaluate_and_predict_take_one(tmp_path):
     assert p.returncode == 0, p.stderr
     # Flatten 64 -> Linear 128 -> ReLU -> Linear 10: weights and biases
     assert "fc1" in p.stdout and f"total parameters: {64 * 128 + 128 + 128 * 10 + 10:,}" in p.stdout, p.stdout
+
+
+def test_overwrite_leaves_none_of_the_replaced_runs_files_beside_the_new_ones(tmp_path):
+    old = tmp_path / "run"
+    old.mkdir()
+    (old / "run.yaml").write_text("name: an older run\n")
+    (old / "best-epoch9.leaf").write_bytes(b"the older run's best epoch")
+    (old / "history.json").write_text(json.dumps([{"epoch": e} for e in range(1, 10)]))
+    (old / "notes.txt").write_text("mine\n")
+    p = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--out", "run", "--overwrite")
+    assert p.returncode == 0, p.stderr
+    assert not (old / "best-epoch9.leaf").exists()  # would pass for this run's best epoch
+    assert len(json.loads((old / "history.json").read_text())) == 1
+    assert (old / "notes.txt").read_text() == "mine\n"  # not a file of a run: kept
