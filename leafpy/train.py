@@ -185,25 +185,47 @@ class Checkpoint(Callback):
         self.monitor = monitor
         self.best: list[tuple[float, int, str]] = []
 
+    def on_train_begin(self, trainer: Trainer) -> None:
+        """A resumed run ranks the best epochs it kept before with those it trains now."""
+        if not trainer.is_root or self.keep_best <= 0:
+            return
+        for record in trainer.history:
+            path = os.path.join(self.directory, f"best-epoch{record['epoch']}.leaf")
+            score = self._score(record)
+            if score is not None and os.path.exists(path) and all(p != path for _, _, p in self.best):
+                self.best.append((score, record["epoch"], path))
+        self._keep()
+
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         if not trainer.is_root:
             return
         trainer.save_checkpoint(self.path)
-        value = record.get(self.monitor)
-        if self.keep_best <= 0 or value is None or not math.isfinite(value):
+        score = self._score(record)
+        if self.keep_best <= 0 or score is None:
             return
-        score = -value if self.monitor.endswith("accuracy") else value  # lower is better
         path = os.path.join(self.directory, f"best-epoch{record['epoch']}.leaf")
         if len(self.best) < self.keep_best or score < self.best[-1][0]:
             trainer.save_checkpoint(path)
+            self.best = [b for b in self.best if b[2] != path]
             self.best.append((score, record["epoch"], path))
-            self.best.sort()
-            for _, _, old in self.best[self.keep_best:]:
-                try:
-                    os.unlink(old)
-                except OSError:
-                    pass
-            del self.best[self.keep_best:]
+            self._keep()
+
+    def _score(self, record: dict[str, Any]) -> float | None:
+        """The record's monitored value, lower is better; None where it has none."""
+        value = record.get(self.monitor)
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            return None
+        return -value if self.monitor.endswith("accuracy") else value
+
+    def _keep(self) -> None:
+        """Keep the ``keep_best`` best epochs' files; remove the others."""
+        self.best.sort()
+        for _, _, old in self.best[self.keep_best:]:
+            try:
+                os.unlink(old)
+            except OSError:
+                pass
+        del self.best[self.keep_best:]
 
 
 class EarlyStopping(Callback):

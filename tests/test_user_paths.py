@@ -258,3 +258,15 @@ def test_overwrite_leaves_none_of_the_replaced_runs_files_beside_the_new_ones(tm
     assert not (old / "best-epoch9.leaf").exists()  # would pass for this run's best epoch
     assert len(json.loads((old / "history.json").read_text())) == 1
     assert (old / "notes.txt").read_text() == "mine\n"  # not a file of a run: kept
+
+
+def test_a_resumed_run_keeps_the_best_epochs_of_the_whole_run(tmp_path):
+    keep = ["--set", "train.keep_best=2", "--set", "train.monitor=test_loss"]
+    assert leafpy(tmp_path, "train", "digits_mlp", "--epochs", "2", "--out", "run", *keep).returncode == 0
+    r = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "4", "--out", "run", "--resume", "run/checkpoint.leaf",
+               *keep)
+    assert r.returncode == 0, r.stderr
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    best = sorted(history, key=lambda h: h["test_loss"])[:2]
+    assert sorted(p.name for p in (tmp_path / "run").glob("best-epoch*.leaf")) == sorted(
+        f"best-epoch{h['epoch']}.leaf" for h in best)
