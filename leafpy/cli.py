@@ -266,9 +266,7 @@ def train(args: argparse.Namespace) -> int:
         group.barrier()
         lock = _RunLock(out_dir) if group.is_root else contextlib.nullcontext()
         with lock:
-            if group.is_root and args.overwrite and not continues:
-                _remove_run_files(out_dir)  # none of the replaced run's files may pass for this run's
-            return _train(args, run, be, out_dir, group)
+            return _train(args, run, be, out_dir, group, replace=args.overwrite and not continues)
 
 
 RUN_FILES = ("model.leaf", "checkpoint.leaf", RUN_FILE, "history.json", "history.csv", "training.png")
@@ -288,7 +286,9 @@ def _remove_run_files(directory: str) -> None:
                               f"{e.strerror or e}") from e
 
 
-def _train(args: argparse.Namespace, run: run_config.RunConfig, be: Any, out_dir: str, group: Any) -> int:
+def _train(args: argparse.Namespace, run: run_config.RunConfig, be: Any, out_dir: str, group: Any, *,
+           replace: bool = False) -> int:
+    """The training run; ``replace``: remove another run's files from ``out_dir`` once this one can start."""
     from .train import Trainer, TrainingInterrupted
 
     trainer = Trainer(run, be, out_dir=out_dir, resume=args.resume, group=group, log=_out)
@@ -299,6 +299,9 @@ def _train(args: argparse.Namespace, run: run_config.RunConfig, be: Any, out_dir
         raise LeafpyError(f"--resume {args.resume}: the checkpoint {where}, past the {asked} asked for (--epochs or "
                           f"train.epochs); give --epochs {done + 1} or more to train further")
     if group.is_root:
+        if replace:
+            _remove_run_files(out_dir)  # none of the replaced run's files may pass for this run's
+            trainer.history.clear()  # nor its history, read when resuming another directory's checkpoint
         atomic_write(os.path.join(out_dir, RUN_FILE), run_config.dumps(run).encode())
     ds = trainer.dataset
     ranks = f" on {group.size} ranks (global batch {trainer.global_batch})" if group.size > 1 else ""

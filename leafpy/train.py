@@ -381,10 +381,13 @@ class Trainer:
         self._resumed_hits = (int(state.get("correct", 0)), int(state.get("scored", 0)))
         built_in: list[Callback] = [Progress(log_every if log_every is not None else int(run.train.get("log_every",
                                                                                                          100)))]
+        keep_best = keep_best if keep_best is not None else int(run.train.get("keep_best", 0))
+        monitor = monitor or str(run.train.get("monitor", "test_loss"))
+        if keep_best and monitor == "test_accuracy" and not self.classes:
+            raise ConfigError("train.monitor: test_accuracy ranks classes, and this run's objective has none (a "
+                              "regression); keep the best epochs by test_loss")
         if out_dir is not None:
-            built_in += [History(out_dir), Checkpoint(out_dir, keep_best=keep_best if keep_best is not None else
-                                                      int(run.train.get("keep_best", 0)),
-                                                      monitor=monitor or str(run.train.get("monitor", "test_loss")))]
+            built_in += [History(out_dir), Checkpoint(out_dir, keep_best=keep_best, monitor=monitor)]
             if resume:
                 self.history = self._read_history()
         self.callbacks = built_in + list(callbacks)

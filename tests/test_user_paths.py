@@ -253,6 +253,12 @@ def test_overwrite_leaves_none_of_the_replaced_runs_files_beside_the_new_ones(tm
     (old / "best-epoch9.leaf").write_bytes(b"the older run's best epoch")
     (old / "history.json").write_text(json.dumps([{"epoch": e} for e in range(1, 10)]))
     (old / "notes.txt").write_text("mine\n")
+    before = {p.name: p.read_bytes() for p in old.iterdir()}
+    # a run that cannot start replaces nothing
+    f = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--out", "run", "--overwrite", "--set",
+               "data.dataset=npz", "--set", "data.path=missing.npz")
+    failed_cleanly(f, "missing.npz")
+    assert {p.name: p.read_bytes() for p in old.iterdir()} == before
     p = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--out", "run", "--overwrite")
     assert p.returncode == 0, p.stderr
     assert not (old / "best-epoch9.leaf").exists()  # would pass for this run's best epoch
@@ -270,3 +276,26 @@ def test_a_resumed_run_keeps_the_best_epochs_of_the_whole_run(tmp_path):
     best = sorted(history, key=lambda h: h["test_loss"])[:2]
     assert sorted(p.name for p in (tmp_path / "run").glob("best-epoch*.leaf")) == sorted(
         f"best-epoch{h['epoch']}.leaf" for h in best)
+
+
+REGRESSION_RUN = """name: line
+data: {dataset: npz, path: line.npz, batch_size: 10}
+network:
+  type: Sequential
+  inputs: [{name: data, shape: [10, 2]}]
+  layers: [{name: fc, type: Linear, output_size: 1}]
+objective:
+  type: Sequential
+  inputs: [{name: out, shape: [10, 1]}, {name: target, shape: [10, 1]}]
+  layers: [{name: mse, type: MeanSquaredError}]
+"""
+
+
+def test_best_epochs_by_accuracy_in_a_regression_run_are_refused_before_training(tmp_path):
+    x = np.random.default_rng(0).standard_normal((50, 2))
+    np.savez(tmp_path / "line.npz", x=x, y=x @ np.array([1.0, -2.0]))
+    (tmp_path / "line.yaml").write_text(REGRESSION_RUN)
+    p = leafpy(tmp_path, "train", "line.yaml", "--out", "run", "--set", "train.keep_best=1", "--set",
+               "train.monitor=test_accuracy")
+    failed_cleanly(p, "train.monitor", "test_accuracy", "test_loss")
+    assert "epoch 1" not in p.stdout
