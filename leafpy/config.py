@@ -478,8 +478,11 @@ def load(path: str | os.PathLike, overrides: Sequence[str] = ()) -> RunConfig:
         raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); save the run file as UTF-8") from None
     except OSError as e:
         hint = ""
+        stem = os.path.basename(path)[:-5] if path.endswith(".yaml") else None
         if isinstance(e, FileNotFoundError) and os.sep not in path:
             hint = f" (run files shipped with leafpy: {', '.join(shipped()) or 'none'})"
+        elif isinstance(e, FileNotFoundError) and stem in shipped():  # the README's configs/NAME.yaml elsewhere
+            hint = f"; leafpy ships a run file of that name, read from any directory by its name alone: {stem}"
         raise LeafpyError(f"{path}: cannot read the run file: {e.strerror or e}{hint}") from e
     try:
         return loads(text, path, overrides)

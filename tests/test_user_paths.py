@@ -299,3 +299,10 @@ def test_best_epochs_by_accuracy_in_a_regression_run_are_refused_before_training
                "train.monitor=test_accuracy")
     failed_cleanly(p, "train.monitor", "test_accuracy", "test_loss")
     assert "epoch 1" not in p.stdout
+
+
+def test_the_readmes_configs_path_outside_the_source_tree_names_the_shipped_run_file(tmp_path):
+    p = leafpy(tmp_path, "summary", "configs/digits_lenet.yaml")  # as the README writes it, in an empty directory
+    failed_cleanly(p, "configs/digits_lenet.yaml", "No such file", "digits_lenet")
+    assert "by its name alone" in p.stderr
+    assert leafpy(tmp_path, "summary", "digits_lenet").returncode == 0  # and that name works here
