@@ -113,7 +113,7 @@ def _plot(history: list[dict], path: str) -> bool:
     return True
 
 
-RUN_FILE = "run.yaml"
+RUN_FILE = run_config.RUN_FILE
 
 
 def resolve_data(run: run_config.RunConfig) -> None:
@@ -402,6 +402,8 @@ def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, n
                               "wrote (--out), or the run file and --weights")
         weights = weights or os.path.join(target, "model.leaf")
         run = run_config.load(run_path, overrides)
+        if check_split and overrides:
+            _check_split(run_config.load(run_path), run, weights, run_path, "--set changes it: drop the --set of data")
     elif target.endswith(".leaf"):
         if weights:
             raise LeafpyError(f"{target} is a weights file already; give either it or --weights, not both")
@@ -409,6 +411,8 @@ def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, n
         beside = os.path.join(os.path.dirname(os.path.abspath(target)), RUN_FILE)
         if os.path.isfile(beside):
             run = run_config.load(beside, overrides)
+            if check_split and overrides:
+                _check_split(run_config.load(beside), run, weights, beside, "--set changes it: drop the --set of data")
         elif need_run:
             raise LeafpyError(f"{target}: no {RUN_FILE} beside it says which data and split it was trained on; "
                               f"give the run file: leafpy {command} RUN.yaml --weights {target}")
@@ -422,19 +426,27 @@ def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, n
         if weights is not None and check_split:
             beside = os.path.join(os.path.dirname(os.path.abspath(weights)), RUN_FILE)
             if os.path.isfile(beside):
-                trained = run_config.load(beside)
-                resolve_data(run)
-                found = config_difference(trained.data, run.data, "data")
-                if found:
-                    raise LeafpyError(f"{weights} was trained on another data split than {target} describes ({found}"
-                                      f" per {beside}); {command} with the run directory: leafpy {command} "
-                                      f"{os.path.dirname(beside) or '.'}")
+                _check_split(run_config.load(beside), run, weights, beside, f"{target} describes another: {command} "
+                             f"with the run directory: leafpy {command} {os.path.dirname(beside) or '.'}")
     if weights is not None and run is not None:
         found = config_difference(saved_network_config(weights), run.network, "network")
         if found:
             raise LeafpyError(f"{weights} holds another network than the run file describes ({found}); give the "
                               "run file these weights were trained with")
     return run, weights
+
+
+def _check_split(trained: run_config.RunConfig, run: run_config.RunConfig, weights: str, trained_file: str,
+                 fix: str) -> None:
+    """Refuse to score ``weights`` on another split than the one they were trained on (as ``trained_file``
+    records): its held-out samples would include training ones. The batch size does not change the split."""
+    resolve_data(run)
+    resolve_data(trained)
+    split = {k: v for k, v in run.data.items() if k != "batch_size"}
+    found = config_difference({k: v for k, v in trained.data.items() if k != "batch_size"}, split, "data")
+    if found:
+        raise LeafpyError(f"{weights} was trained on another data split ({found} per {trained_file}), whose held-out "
+                          f"samples would include training ones; {fix}")
 
 
 def _backend_for(args: argparse.Namespace, run: run_config.RunConfig | None) -> Any:

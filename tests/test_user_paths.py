@@ -306,3 +306,19 @@ def test_the_readmes_configs_path_outside_the_source_tree_names_the_shipped_run_
     failed_cleanly(p, "configs/digits_lenet.yaml", "No such file", "digits_lenet")
     assert "by its name alone" in p.stderr
     assert leafpy(tmp_path, "summary", "digits_lenet").returncode == 0  # and that name works here
+
+
+def test_evaluate_scores_only_the_split_the_weights_were_trained_on(tmp_path):
+    import leafpy as lp
+
+    assert leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--out", "run", "--set",
+                  "data.batch_size=7").returncode == 0
+    # another seed's held-out samples are mostly this run's training samples: refused
+    moved = leafpy(tmp_path, "evaluate", "run", "--set", "data.seed=3")
+    failed_cleanly(moved, "another data split", "data.seed", "--set")
+    # the shipped run file differs from the run only in its batch size, which does not change the split
+    e = leafpy(tmp_path, "evaluate", "digits_mlp", "--weights", "run/model.leaf")
+    assert e.returncode == 0, e.stderr
+    ds = lp.data.digits(0.2, 0)
+    predicted = _mlp_log_probabilities(tmp_path / "run" / "model.leaf", ds.x_test).argmax(axis=1)
+    assert f"held-out accuracy: {np.mean(predicted == ds.y_test):.2%}" in e.stdout, e.stdout
