@@ -400,7 +400,13 @@ def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, n
         if not os.path.isfile(run_path):
             raise LeafpyError(f"{target}: a directory without {RUN_FILE}; give a run directory that leafpy train "
                               "wrote (--out), or the run file and --weights")
-        weights = weights or os.path.join(target, "model.leaf")
+        if weights is None:
+            weights = os.path.join(target, "model.leaf")
+            checkpoint = os.path.join(target, "checkpoint.leaf")
+            if not os.path.exists(weights) and os.path.isfile(checkpoint):
+                raise LeafpyError(f"{target}: no model.leaf yet (the run stopped before its end); give its last "
+                                  f"checkpoint: --weights {checkpoint}, or finish the run: leafpy train {target} "
+                                  f"--resume {checkpoint}")
         run = run_config.load(run_path, overrides)
         if check_split and overrides:
             _check_split(run_config.load(run_path), run, weights, run_path, "--set changes it: drop the --set of data")

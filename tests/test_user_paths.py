@@ -322,3 +322,16 @@ def test_evaluate_scores_only_the_split_the_weights_were_trained_on(tmp_path):
     ds = lp.data.digits(0.2, 0)
     predicted = _mlp_log_probabilities(tmp_path / "run" / "model.leaf", ds.x_test).argmax(axis=1)
     assert f"held-out accuracy: {np.mean(predicted == ds.y_test):.2%}" in e.stdout, e.stdout
+
+
+def test_evaluating_a_run_stopped_before_its_model_was_written_names_its_checkpoint(tmp_path):
+    import leafpy as lp
+
+    be = lp.backend("native")
+    run = lp.config.load("digits_mlp")
+    (tmp_path / "run").mkdir()  # what an interrupted first epoch leaves: run.yaml and checkpoint.leaf
+    lp.config.save(run, tmp_path / "run" / "run.yaml")
+    lp.Solver.from_config(be, be, run.solver).save_checkpoint(str(tmp_path / "run" / "checkpoint.leaf"))
+    p = leafpy(tmp_path, "evaluate", "run")
+    failed_cleanly(p, "no model.leaf yet", "--weights run/checkpoint.leaf", "--resume run/checkpoint.leaf")
+    assert leafpy(tmp_path, "evaluate", "run", "--weights", "run/checkpoint.leaf").returncode == 0
