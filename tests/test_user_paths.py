@@ -54,8 +54,8 @@ def _mlp_log_probabilities(model: Path, x: np.ndarray) -> np.ndarray:
     w = {k: v.astype(np.float64) for k, v in lp.Layer.load(lp.backend("native"), str(model)).named_weights().items()}
     h = np.maximum(x.reshape(len(x), -1) @ w["fc1/weight"].T + w["fc1/bias"], 0.0)
     z = h @ w["fc2/weight"].T + w["fc2/bias"]
-    return z - (z.max(axis=1, keepdims=True) + np.log(np.exp(z - z.max(axis=1, keepdims=True)).sum(axis=1,
-                                                                                                 keepdims=True)))
+    z = z - z.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
 
 
 def test_predict_with_the_run_file_and_weights_trained_with_another_seed(tmp_path):
