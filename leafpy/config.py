@@ -29,6 +29,8 @@ DATA_KEYS = ("dataset", "batch_size", "test_fraction", "seed", "path", "num_clas
 TRAIN_KEYS = ("epochs", "backend", "precision", "channels_last", "log_every", "keep_best", "monitor",
               "sync_batch_norm")
 RUN_KEYS = ("name", "data", "network", "objective", "solver", "train")
+MONITORS = ("test_loss", "test_accuracy")
+"""The held-out scores ``train.keep_best`` may rank epochs by."""
 
 
 @dataclass
@@ -205,6 +207,12 @@ def from_dict(doc: Any, source: str = "<run>") -> RunConfig:
                        ("data.num_classes", data.get("num_classes"))):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
             raise ConfigError(f"{key}: expected a positive integer, got {value!r}")
+    for key in ("log_every", "keep_best"):
+        value = train.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ConfigError(f"train.{key}: expected a non-negative integer (0 turns it off), got {value!r}")
+    if train.get("monitor", "test_loss") not in MONITORS:
+        raise ConfigError(f"train.monitor: expected one of {', '.join(MONITORS)}, got {train['monitor']!r}")
     precision = train.get("precision", "fp32")
     if precision not in PRECISIONS:
         raise ConfigError(f"train.precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
@@ -470,8 +478,11 @@ def load(path: str | os.PathLike, overrides: Sequence[str] = ()) -> RunConfig:
         raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); save the run file as UTF-8") from None
     except OSError as e:
         hint = ""
+        stem = os.path.basename(path)[:-5] if path.endswith(".yaml") else None
         if isinstance(e, FileNotFoundError) and os.sep not in path:
             hint = f" (run files shipped with leafpy: {', '.join(shipped()) or 'none'})"
+        elif isinstance(e, FileNotFoundError) and stem in shipped():  # the README's configs/NAME.yaml elsewhere
+            hint = f"; leafpy ships a run file of that name, read from any directory by its name alone: {stem}"
         raise LeafpyError(f"{path}: cannot read the run file: {e.strerror or e}{hint}") from e
     try:
         return loads(text, path, overrides)
