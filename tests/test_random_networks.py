@@ -14,7 +14,7 @@ import random_nets
 import yaml
 from conftest import webgpu_offering
 from gradcheck import check_layer_gradients
-from test_backends import check_random_network_matches_native, device_or_layout  # noqa: F401 (a fixture)
+from test_backends import check_random_network_matches_native, close, device_or_layout  # noqa: F401 (a fixture)
 
 import leafpy as lp
 
@@ -98,6 +98,42 @@ def test_random_network_gradients_corpus(native64, corpus_seed):
 @pytest.mark.random_corpus
 def test_random_networks_match_native_corpus(device_or_layout, corpus_seed):  # noqa: F811
     check_random_network_matches_native(device_or_layout, corpus_seed)
+
+
+def _random_solver(backend, case, output_shape, seed):
+    """Momentum SGD with weight decay and clipping on the case's network, an MSE objective against a target."""
+    obj = lp.SequentialConfig(inputs=[("out", list(output_shape)), ("target", list(output_shape))])
+    obj.add_layer(lp.LayerConfig("mse", "MeanSquaredError"))
+    solver = lp.Solver.from_config(backend, backend, lp.SolverConfig(
+        network=case.config, objective=lp.LayerConfig("loss", obj), solver="momentum", base_lr=0.05, momentum=0.9,
+        weight_decay=1e-3, clip_gradients=5.0, seed=0))
+    rng = np.random.default_rng(seed)
+    for name, w in zip(solver.network.learnable_weights_names(), solver.network.learnable_weights_data()):
+        values = rng.standard_normal(w.shape) * 0.7
+        w.set(np.abs(values) + 0.5 if name.endswith("running_var") else values)
+    return solver
+
+
+@pytest.mark.parametrize("seed", random_nets.DEFAULT_SEEDS)
+def test_random_network_solver_steps_match_native(device_or_layout, seed):  # noqa: F811
+    """Three training steps (dropout masks, batch statistics, shared weights' summed gradients, the update) on the
+    device against native; networks of one float or ids input and one output (the solver's form)."""
+    case = random_nets.random_case(seed)
+    probe = random_nets.build(lp.backend("native"), case.config, np.random.default_rng(0))
+    outs = probe.forward(case.make_inputs(np.random.default_rng(0), None, np.float32))
+    if len(case.inputs) != 1 or len(outs) != 1:
+        pytest.skip(f"{case}: {len(case.inputs)} inputs and {len(outs)} outputs; the solver takes one of each")
+    solvers = [_random_solver(be, case, outs[0].shape, seed) for be in (lp.backend("native"), device_or_layout)]
+    rng = np.random.default_rng(seed)
+    for step in range(3):
+        x = case.make_inputs(rng, None, np.float32)[0]
+        target = rng.standard_normal(outs[0].shape).astype(np.float32)
+        got = [s.train_minibatch(x, target).to_numpy() for s in solvers]
+        close(got[1], got[0], f"{case}: output of step {step}", rtol=1e-3, atol=1e-4)
+    names = solvers[0].network.learnable_weights_names()
+    weights = [[w.to_numpy() for w in s.network.learnable_weights_data()] for s in solvers]
+    for name, a, b in zip(names, weights[1], weights[0]):
+        close(a, b, f"{case}: {name} after three steps", rtol=1e-3, atol=1e-4)
 
 
 @pytest.mark.parametrize("seed", random_nets.DEFAULT_SEEDS)
