@@ -500,6 +500,9 @@ class _Generator:
         elif len(cur.shape) >= 2 and rng.random() < 0.25:
             cur = b.b_softmax(cur)
         self.features.add(family)
+        if rng.random() < 0.3:  # no input gradients: backward is pruned where no weight needs it
+            b.cfg.force_backward = False
+            self.features.add("pruned")
         return Case(seed, family, lp.LayerConfig("net", b.cfg), inputs, self.training, self.features)
 
     def embed(self, b: _Builder, ids: Blob, vocab: int) -> Blob:
