@@ -22,7 +22,8 @@ CORPUS_SEEDS = range(1000, 1400)
 """A longer corpus, run with ``-m random_corpus``."""
 FEATURES = {"residual", "eltwise-sum", "eltwise-prod", "eltwise-max", "concat", "slice", "slice-unread",
             "slice-concat-auto", "skip", "nested", "nested-two-inputs", "nested-deeper", "shared", "shared-nested",
-            "named-in-place", "ids-fan-out", "pruned", "reshape", *random_nets.FAMILIES}
+            "named-in-place", "ids-fan-out", "pruned", "conv-2d-settings", "pool-padded", "reshape",
+            *random_nets.FAMILIES}
 
 
 def _coverage(seeds):
