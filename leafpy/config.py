@@ -107,22 +107,31 @@ def layer_from_dict(d: Any, path: str = "network") -> LayerConfig:
     if type_name == "Sequential":
         if path.count(".layers[") >= MAX_DEPTH // 2:
             raise ConfigError(f"{path}: Sequentials nested more than {MAX_DEPTH // 2} deep")
-        _check_keys(d, ("name", "type", "inputs", "layers", "force_backward"), path, "a Sequential")
+        _check_keys(d, ("name", "type", "inputs", "layers", "force_backward", "outputs", "params",
+                        "propagate_down"), path, "a Sequential")
         inputs = d.get("inputs") or []
         if not isinstance(inputs, list):
             raise ConfigError(f"{path}.inputs: expected a list of {{name, shape}}, got {inputs!r}")
         seq = _wrap(path, lambda: SequentialConfig(force_backward=d.get("force_backward", False)))
+        sources = []  # the enclosing container's blobs that feed the declared inputs (its `from`s)
         for i, item in enumerate(inputs):
             item = _mapping(item, f"{path}.inputs[{i}]")
-            _check_keys(item, ("name", "shape"), f"{path}.inputs[{i}]", "an input")
+            _check_keys(item, ("name", "shape", "from"), f"{path}.inputs[{i}]", "an input")
             _wrap(path, lambda: seq.add_input(item.get("name"), item.get("shape")))
+            if "from" in item:
+                sources.append(item["from"])
+        if sources and len(sources) != len(inputs):
+            raise ConfigError(f"{path}.inputs: give every input a 'from' (the blob of the enclosing container that "
+                              f"feeds it) or none (wired automatically); {len(sources)} of {len(inputs)} have one")
         layers = d.get("layers") or []
         if not isinstance(layers, list):
             raise ConfigError(f"{path}.layers: expected a list of layers, got {layers!r}")
         for i, item in enumerate(layers):
             lc = layer_from_dict(item, f"{path}.layers[{i}]")
             _wrap(f"{path}.layers[{i}]", lambda: seq.add_layer(lc))
-        return _wrap(path, lambda: LayerConfig(name, seq))
+        params = [_weight_from_dict(p, f"{path}.params[{i}]") for i, p in enumerate(d.get("params") or [])]
+        return _wrap(path, lambda: LayerConfig(name, seq, inputs=sources, outputs=d.get("outputs") or [],
+                                               params=params, propagate_down=d.get("propagate_down") or []))
     cls = entry.config_class
     own = [f.name for f in dataclasses.fields(cls)] if cls is not None else []
     _check_keys(d, list(LAYER_KEYS) + own, path, f"a {type_name} layer")
@@ -154,15 +163,19 @@ def layer_to_dict(config: LayerConfig) -> dict:
     """The YAML mapping of a LayerConfig."""
     d: dict[str, Any] = {"name": config.name, "type": config.type}
     if config.type == "Sequential":
+        # the declared inputs take the key `inputs`: the blobs that feed them, where named, go in their `from`
         seq: SequentialConfig = config.config
-        d["inputs"] = [{"name": n, "shape": list(s)} for n, s in seq.inputs]
+        if config.inputs and len(config.inputs) != len(seq.inputs):
+            raise ConfigError(f"layer '{config.name}' (Sequential).inputs: expected {len(seq.inputs)} blob names "
+                              f"(one per declared input), got {list(config.inputs)}")
+        d["inputs"] = [{"name": n, "shape": list(s), **({"from": config.inputs[i]} if config.inputs else {})}
+                       for i, (n, s) in enumerate(seq.inputs)]
         if seq.force_backward:
             d["force_backward"] = True
         d["layers"] = [layer_to_dict(lc) for lc in seq.layers]
-        return d
-    if config.config is not None:
+    elif config.config is not None:
         d.update(_non_default(config.config))
-    if config.inputs:
+    if config.inputs and config.type != "Sequential":
         d["inputs"] = list(config.inputs)
     if config.outputs:
         d["outputs"] = list(config.outputs)

@@ -198,6 +198,10 @@ class _Builder:
         bias = bool(self.rng.random() < 0.7)
         if len(cur.shape) == 3 and self.rng.random() < 0.6:  # per time step
             return self.one(lp.LinearConfig(output_size=out, bias=bias, axis=-1), cur, (*cur.shape[:2], out))
+        if len(cur.shape) == 4 and self.rng.random() < 0.3:  # the axes before it kept
+            axis = int(self.rng.choice([2, -1]))
+            return self.one(lp.LinearConfig(output_size=out, bias=bias, axis=axis), cur,
+                            (*cur.shape[:axis % 4], out))
         return self.one(lp.LinearConfig(output_size=out, bias=bias), cur, (cur.shape[0], out))
 
     def b_shrink(self, cur: Blob) -> Blob:
@@ -207,13 +211,17 @@ class _Builder:
 
     def b_conv(self, cur: Blob) -> Blob:
         n, c, h, w = cur.shape
-        f, s, p = int(self.rng.integers(1, 4)), int(self.rng.integers(1, 3)), int(self.rng.integers(0, 2))
-        if min(h, w) + 2 * p < f:
-            f = 1
+        dims = 2 if self.rng.random() < 0.3 else 1  # one value for both spatial axes, or one each
+        f, s, p = ([int(v) for v in self.rng.integers(lo, hi, dims)] for lo, hi in ((1, 4), (1, 3), (0, 2)))
+        fh, fw, sh, sw, ph, pw = f[0], f[-1], s[0], s[-1], p[0], p[-1]
+        if h + 2 * ph < fh or w + 2 * pw < fw:
+            f = [1] * dims
+            fh = fw = 1
         out = int(self.rng.integers(1, 4))
-        cfg = lp.ConvolutionConfig(num_output=out, filter_shape=[f], stride=[s], padding=[p],
+        cfg = lp.ConvolutionConfig(num_output=out, filter_shape=f, stride=s, padding=p,
                                    bias=bool(self.rng.random() < 0.8))
-        return self.one(cfg, cur, (n, out, (h + 2 * p - f) // s + 1, (w + 2 * p - f) // s + 1))
+        self.g.features.add(f"conv-{dims}d-settings")
+        return self.one(cfg, cur, (n, out, (h + 2 * ph - fh) // sh + 1, (w + 2 * pw - fw) // sw + 1))
 
     def b_pool(self, cur: Blob) -> Blob:
         n, c, h, w = cur.shape
@@ -221,8 +229,12 @@ class _Builder:
             return cur
         s = int(self.rng.integers(1, 3))
         mode = str(self.rng.choice(["max", "average"]))
-        return self.one(lp.PoolingConfig(mode=mode, filter_shape=[2], stride=[s]), cur,
-                        (n, c, (h - 2) // s + 1, (w - 2) // s + 1))
+        f, p = 2, 0
+        if self.rng.random() < 0.3:  # a wider window, padded
+            f, p = (3, 1) if min(h, w) >= 3 else (2, 1)
+            self.g.features.add("pool-padded")
+        return self.one(lp.PoolingConfig(mode=mode, filter_shape=[f], stride=[s], padding=[p]), cur,
+                        (n, c, (h + 2 * p - f) // s + 1, (w + 2 * p - f) // s + 1))
 
     def b_flatten(self, cur: Blob) -> Blob:
         return self.one("Flatten", cur, (cur.shape[0], self.size(cur)))
@@ -355,7 +367,7 @@ class _Builder:
         auto = self._is_prev(cur) and self.prev_single and self.rng.random() < 0.5
         names = self.add(lp.SliceConfig(axis=axis, slice_points=points), None if auto else [cur], n_out=len(shapes))
         parts = [Blob(n, s) for n, s in zip(names, shapes)]
-        if len(parts) == 2 and self.rng.random() < 0.3:  # straight back together, by the automatic wiring
+        if len(parts) == 2 and self.rng.random() < 0.45:  # straight back together, by the automatic wiring
             self.g.features.add("slice-concat-auto")
             return Blob(self.add(lp.ConcatConfig(axis=axis), None)[0], cur.shape)
         if len(parts) > 1 and self.rng.random() < 0.2:
@@ -500,6 +512,9 @@ class _Generator:
         elif len(cur.shape) >= 2 and rng.random() < 0.25:
             cur = b.b_softmax(cur)
         self.features.add(family)
+        if rng.random() < 0.3:  # no input gradients: backward is pruned where no weight needs it
+            b.cfg.force_backward = False
+            self.features.add("pruned")
         return Case(seed, family, lp.LayerConfig("net", b.cfg), inputs, self.training, self.features)
 
     def embed(self, b: _Builder, ids: Blob, vocab: int) -> Blob:

@@ -125,10 +125,12 @@ def check_random_network_matches_native(device, seed, rtol=2e-4, atol=2e-5):
             for be in (lp.backend("native"), device)]
     for batch in (case.inputs[0].shape[0], 3):
         xs = case.make_inputs(rng, batch, np.float32)
-        outs = [net.forward(xs)[0].to_numpy() for net in nets]
-        close(outs[1], outs[0], f"{case}: output", rtol, atol)
-        dy = rng.standard_normal(outs[0].shape).astype(np.float32)
-        dxs = [net.backward([dy]) for net in nets]
+        given = [x.copy() for x in xs]
+        outs = [[o.to_numpy() for o in net.forward(xs)] for net in nets]
+        for i, (a, b) in enumerate(zip(outs[1], outs[0])):
+            close(a, b, f"{case}: output {i}", rtol, atol)
+        dys = [rng.standard_normal(o.shape).astype(np.float32) for o in outs[0]]  # a Slice may leave several
+        dxs = [net.backward(dys) for net in nets]
         for i, (a, b) in enumerate(zip(dxs[1], dxs[0])):
             assert (a is None) == (b is None), f"{case}: input {i}"
             if a is not None:
@@ -137,6 +139,8 @@ def check_random_network_matches_native(device, seed, rtol=2e-4, atol=2e-5):
         for name, a, b in zip(nets[0].learnable_weights_names(), grads[1], grads[0]):
             if name not in random_nets.untrained(nets[0]):
                 close(a, b, f"{case}: {name} gradient", rtol, atol)
+        for x, x0 in zip(xs, given):
+            np.testing.assert_array_equal(x, x0, err_msg=f"{case}: a forward or backward pass changed its input")
 
 
 def _solver(backend, dropout=True, **changes):

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 from collections import Counter
 
+import ml_dtypes
 import numpy as np
 import pytest
 import random_nets
+import yaml
+from conftest import webgpu_offering
 from gradcheck import check_layer_gradients
+from test_backends import check_random_network_matches_native, close, device_or_layout  # noqa: F401 (a fixture)
 
 import leafpy as lp
 
@@ -18,7 +22,8 @@ CORPUS_SEEDS = range(1000, 1400)
 """A longer corpus, run with ``-m random_corpus``."""
 FEATURES = {"residual", "eltwise-sum", "eltwise-prod", "eltwise-max", "concat", "slice", "slice-unread",
             "slice-concat-auto", "skip", "nested", "nested-two-inputs", "nested-deeper", "shared", "shared-nested",
-            "named-in-place", "ids-fan-out", "reshape", *random_nets.FAMILIES}
+            "named-in-place", "ids-fan-out", "pruned", "conv-2d-settings", "pool-padded", "reshape",
+            *random_nets.FAMILIES}
 
 
 def _coverage(seeds):
@@ -68,7 +73,8 @@ def _gradient_check(native64, seed):
     inputs = case.make_inputs(rng)
     checked = check_layer_gradients(net, inputs, tol=1e-5, untrained=random_nets.untrained(net),
                                     before_forward=lambda: random_nets.reset_dropout(net))
-    assert checked > 0, case
+    trained = set(net.learnable_weights_names()) - set(random_nets.untrained(net))
+    assert checked > 0 or not (trained or case.config.config.force_backward), case
 
 
 @pytest.mark.parametrize("seed", random_nets.DEFAULT_SEEDS)
@@ -89,6 +95,120 @@ def pytest_generate_tests(metafunc):
 @pytest.mark.random_corpus
 def test_random_network_gradients_corpus(native64, corpus_seed):
     _gradient_check(native64, corpus_seed)
+
+
+@pytest.mark.random_corpus
+def test_random_networks_match_native_corpus(device_or_layout, corpus_seed):  # noqa: F811
+    check_random_network_matches_native(device_or_layout, corpus_seed)
+
+
+def _random_solver(backend, case, output_shape, seed):
+    """Momentum SGD with weight decay and clipping on the case's network, an MSE objective against a target."""
+    obj = lp.SequentialConfig(inputs=[("out", list(output_shape)), ("target", list(output_shape))])
+    obj.add_layer(lp.LayerConfig("mse", "MeanSquaredError"))
+    solver = lp.Solver.from_config(backend, backend, lp.SolverConfig(
+        network=case.config, objective=lp.LayerConfig("loss", obj), solver="momentum", base_lr=0.05, momentum=0.9,
+        weight_decay=1e-3, clip_gradients=5.0, seed=0))
+    rng = np.random.default_rng(seed)
+    for name, w in zip(solver.network.learnable_weights_names(), solver.network.learnable_weights_data()):
+        values = rng.standard_normal(w.shape) * 0.7
+        w.set(np.abs(values) + 0.5 if name.endswith("running_var") else values)
+    return solver
+
+
+@pytest.mark.parametrize("seed", random_nets.DEFAULT_SEEDS)
+def test_random_network_solver_steps_match_native(device_or_layout, seed):  # noqa: F811
+    """Three training steps (dropout masks, batch statistics, shared weights' summed gradients, the update) on the
+    device against native; networks of one float or ids input and one output (the solver's form)."""
+    case = random_nets.random_case(seed)
+    probe = random_nets.build(lp.backend("native"), case.config, np.random.default_rng(0))
+    outs = probe.forward(case.make_inputs(np.random.default_rng(0), None, np.float32))
+    if len(case.inputs) != 1 or len(outs) != 1:
+        pytest.skip(f"{case}: {len(case.inputs)} inputs and {len(outs)} outputs; the solver takes one of each")
+    solvers = [_random_solver(be, case, outs[0].shape, seed) for be in (lp.backend("native"), device_or_layout)]
+    rng = np.random.default_rng(seed)
+    for step in range(3):
+        x = case.make_inputs(rng, None, np.float32)[0]
+        target = rng.standard_normal(outs[0].shape).astype(np.float32)
+        got = [s.train_minibatch(x, target).to_numpy() for s in solvers]
+        close(got[1], got[0], f"{case}: output of step {step}", rtol=1e-3, atol=1e-4)
+    names = solvers[0].network.learnable_weights_names()
+    weights = [[w.to_numpy() for w in s.network.learnable_weights_data()] for s in solvers]
+    for name, a, b in zip(names, weights[1], weights[0]):
+        close(a, b, f"{case}: {name} after three steps", rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("seed", random_nets.DEFAULT_SEEDS)
+def test_random_networks_round_trip(native, tmp_path, seed):
+    """YAML (through PyYAML's safe dump and load) and a model file give back the config, and the loaded model
+    computes what the saved one computed."""
+    case = random_nets.random_case(seed)
+    text = yaml.safe_dump(lp.config.layer_to_dict(case.config))
+    assert lp.config.layer_from_dict(yaml.safe_load(text)) == case.config, text
+    net = random_nets.build(native, case.config, np.random.default_rng(seed))  # inference: no dropout masks
+    xs = case.make_inputs(np.random.default_rng(1), None, np.float32)
+    want = [o.to_numpy() for o in net.forward(xs)]
+    net.save(tmp_path / "net.leaf")
+    loaded = lp.Layer.load(native, tmp_path / "net.leaf")
+    assert loaded.config == case.config
+    loaded.set_training(False)
+    for got, w in zip(loaded.forward(xs), want):
+        np.testing.assert_allclose(got.to_numpy(), w, rtol=1e-6, atol=1e-6)
+
+
+# --- low precision: the same network on two backends that round alike ----------------------------------------------
+GROSS_ULPS = 128
+"""Low-precision runs of one network on two backends, compared element by element relative to max(1, |value|), in
+units of the format's u: storage rounds at every layer, and where the two backends sum in different orders a value
+may land one spacing apart (2u), which later layers carry and magnitudes inside the network (up to ~100 for these
+weights) amplify; 32u was the largest seen over 200 networks. A wiring or gradient defect is off by O(1)."""
+
+
+def _low_precision_pair(base, other, seed, dtype, u):
+    case = random_nets.random_case(seed)
+    rng = np.random.default_rng(seed)
+    nets = [random_nets.build(be, case.config, np.random.default_rng(seed), case.training) for be in (base, other)]
+    for batch in (case.inputs[0].shape[0], 3):
+        xs = [x.astype(dtype).astype(np.float32) for x in case.make_inputs(rng, batch)]
+        outs = [[o.to_numpy() for o in net.forward([x.copy() for x in xs])] for net in nets]
+        dys = [rng.standard_normal(o.shape).astype(dtype).astype(np.float32) for o in outs[0]]
+        grads = [[g.to_numpy() if g is not None else None for g in net.backward(dys)] for net in nets]
+        weights = [[g.to_numpy() for g in net.learnable_weights_gradients()] for net in nets]
+        pairs = [(f"output {i}", a, b) for i, (a, b) in enumerate(zip(*outs))]
+        pairs += [(f"gradient of input {i}", a, b) for i, (a, b) in enumerate(zip(*grads)) if b is not None]
+        pairs += [(f"{n} gradient", a, b) for n, a, b in zip(nets[0].learnable_weights_names(), *weights)
+                  if n not in random_nets.untrained(nets[0])]
+        for what, want, got in pairs:
+            want, got = np.asarray(want, np.float64), np.asarray(got, np.float64)
+            err = float(np.abs(got - want).max() / max(float(np.abs(want).max()), 1.0)) / u
+            assert err <= GROSS_ULPS, f"{case} at batch {batch}: {what} differs by {err:.3g}u"
+
+
+@pytest.mark.parametrize("seed", random_nets.DEFAULT_SEEDS)
+def test_random_networks_in_bf16_channels_last_match_row_major(seed):
+    """native bf16 storing 4-D tensors NHWC against native bf16 row-major (the layout under the emulation's casts)."""
+    _low_precision_pair(lp.backend("native", precision="bf16"),
+                        lp.backend("native", precision="bf16", channels_last=True), seed,
+                        np.dtype(ml_dtypes.bfloat16), 2.0**-8)
+
+
+@pytest.fixture(scope="module")
+def fp16_pair():
+    """native's fp16 emulation and webgpu in fp16 (skipped where the adapter lacks shader-f16)."""
+    webgpu_offering("shader-f16")
+    return lp.backend("native", precision="fp16"), lp.backend("webgpu", precision="fp16")
+
+
+@pytest.mark.webgpu
+@pytest.mark.parametrize("seed", range(24))
+def test_random_networks_in_webgpu_fp16_match_native_fp16(fp16_pair, seed):
+    _low_precision_pair(*fp16_pair, seed, np.dtype(np.float16), 2.0**-11)
+
+
+@pytest.mark.webgpu
+@pytest.mark.random_corpus
+def test_random_networks_in_webgpu_fp16_match_native_fp16_corpus(fp16_pair, corpus_seed):
+    _low_precision_pair(*fp16_pair, corpus_seed, np.dtype(np.float16), 2.0**-11)
 
 
 # --- defects the random networks found, each kept as a small case -------------------------------------------------
@@ -118,3 +238,41 @@ def test_a_weight_shared_with_a_layer_in_a_nested_container_gets_both_gradients(
     np.testing.assert_allclose(net.learnable_weights_gradients()[1].to_numpy(), dy.sum(0) + dz.sum(0), rtol=1e-12)
     np.testing.assert_allclose(dx, dz @ w, rtol=1e-12)
     check_layer_gradients(net, [x])  # and random_case(79) draws such a pair among other layers
+
+
+NESTED_YAML = """
+name: nested
+network:
+  type: Sequential
+  inputs: [{name: data, shape: [2, 3]}]
+  layers:
+    - {name: fc, type: Linear, output_size: 3, outputs: [h]}
+    - {name: tanh, type: TanH, inputs: [h], outputs: [t]}
+    - name: block
+      type: Sequential
+      inputs: [{name: a, shape: [2, 3], from: t}, {name: b, shape: [2, 3], from: h}]
+      outputs: [s]
+      layers: [{name: add, type: Eltwise, operation: sum, coeff: [2.0, -1.0], inputs: [a, b]}]
+    - {name: out, type: Eltwise, operation: prod, inputs: [s, h]}
+objective:
+  type: Sequential
+  inputs: [{name: network_out, shape: [2, 3]}, {name: target, shape: [2, 3]}]
+  layers: [{name: mse, type: MeanSquaredError}]
+"""
+
+
+def test_a_nested_container_wired_by_name_survives_yaml(native64):
+    """A nested Sequential reading named blobs of its container (each declared input's ``from``) and naming its
+    output: its wiring was dropped when written to YAML (the declared inputs take the key ``inputs``), so random
+    networks with such containers (random_case(4) and 19 others of seeds 0-399) came back wired otherwise."""
+    run = lp.config.loads(NESTED_YAML)
+    block = run.network.config.layers[2]
+    assert block.inputs == ("t", "h") and block.outputs == ("s",)
+    assert lp.config.loads(lp.config.dumps(run)).network == run.network
+    net = lp.Layer.from_config(native64, run.network, seed=1)
+    w, b = (t.to_numpy() for t in net.learnable_weights_data())
+    x = np.random.default_rng(0).standard_normal((2, 3))
+    h = x @ w.T + b
+    np.testing.assert_allclose(net.forward([x])[0].to_numpy(), (2 * np.tanh(h) - h) * h, rtol=1e-12)
+    with pytest.raises(lp.ConfigError, match=r"network.layers\[2\].inputs: give every input a 'from'.*1 of 2"):
+        lp.config.loads(NESTED_YAML.replace(", from: h}", "}"))
