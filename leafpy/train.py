@@ -457,7 +457,7 @@ class Trainer:
                         self._diverged(loss, xb)
                     loss_sum += loss
                     loss_count += 1
-                    if self.running is not None:
+                    if self.running is not None and len(yb):  # (a rank may have no share of a last batch)
                         self.running.add(predictions(out), yb)
                     seen += len(xb) * self.world
                     self.samples_per_second = seen / max(time.perf_counter() - t0, 1e-9)

@@ -211,7 +211,10 @@ def test_shards_cover_each_global_batch_once():
         np.testing.assert_array_equal(joined, order[12 * j:12 * j + 12])
     g = dist.ProcessGroup()
     g.rank, g.size = 1, 3
-    assert [len(b) for b in dist.shard_indices(np.arange(14), 4, g)] == [4]  # 2 left over: fewer than ranks
+    # 2 left over, fewer than the ranks: ranks 0 and 1 take one each, rank 2 none (it adds nothing to that update)
+    assert [len(b) for b in dist.shard_indices(np.arange(14), 4, g)] == [4, 1]
+    g.rank = 2
+    assert [len(b) for b in dist.shard_indices(np.arange(14), 4, g)] == [4, 0]
 
 
 def test_world_of_one_trains_as_a_plain_solver():
