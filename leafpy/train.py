@@ -512,6 +512,8 @@ class Trainer:
     def evaluate(self) -> Scores:
         """The current weights on the held-out split."""
         ds = self.dataset
+        if self.parallel is not None:  # every rank scores with rank 0's running statistics, those it saves
+            self.parallel.broadcast_statistics()
         return evaluate(self.solver.network, self.objective, ds.x_test, ds.y_test, self.classes, self.batch_size,
                         self.group)
 

@@ -188,3 +188,37 @@ def test_three_ranks_train_a_last_batch_smaller_than_the_ranks_as_one_process(tm
     state = lp.Solver.load_checkpoint(lp.backend("native"), lp.backend("native"),
                                       str(tmp_path / "three" / "checkpoint.leaf"))
     assert state.iteration == 7  # 15 batches, 2 per update (the last call stays pending)
+
+
+def held_out_loss(out_dir, data) -> float:
+    """The NLL mean of the saved model (Linear without bias, BatchNorm on its running statistics, TanH, Linear,
+    LogSoftmax) on the held-out samples, in NumPy float64."""
+    net = lp.Layer.load(lp.backend("native"), str(out_dir / "model.leaf"))
+    w = {k: v.astype(np.float64) for k, v in net.named_weights().items()}
+    h = data["x_test"].astype(np.float64) @ w["fc1/weight"].T
+    h = (h - w["bn1/running_mean"]) / np.sqrt(w["bn1/running_var"] + 1e-5) * w["bn1/weight"] + w["bn1/bias"]
+    z = np.tanh(h) @ w["fc2/weight"].T + w["fc2/bias"]
+    z -= z.max(axis=1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+    return float(-logp[np.arange(len(z)), data["y_test"]].mean())
+
+
+@needs_mpi
+def test_held_out_scores_of_a_run_with_per_rank_batch_norm_are_those_of_the_saved_model(tmp_path):
+    """Without sync_batch_norm each rank moves BatchNorm's running statistics towards its own batches; the model
+    saved is rank 0's. The held-out loss `leafpy train --nproc 2` reports (and writes in its history) is that
+    model's, as `leafpy evaluate` and a NumPy forward pass of model.leaf give it. (Before, every rank scored its
+    share of the held-out set with its own statistics: a loss of no saved model, here 0.04 away.)"""
+    run = write_run(tmp_path, 60, batch_norm=True)
+    two = leafpy("train", run, "--out", str(tmp_path / "two"), "--epochs", "3", "--nproc", "2")
+    assert two.returncode == 0, two.stderr[-3000:]
+    reported = float(two.stdout.split("held-out loss:")[1].split()[0])
+    want = held_out_loss(tmp_path / "two", np.load(tmp_path / "data.npz"))
+    assert reported == pytest.approx(want, abs=2e-6)
+    import json
+
+    history = json.loads((tmp_path / "two" / "history.json").read_text())
+    assert history[-1]["test_loss"] == pytest.approx(want, rel=1e-5)
+    evaluated = leafpy("evaluate", str(tmp_path / "two"))
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert float(evaluated.stdout.split("held-out loss:")[1].split()[0]) == pytest.approx(want, abs=2e-6)

@@ -103,6 +103,19 @@ class DataParallel:
             self.group.broadcast_(host, root)
             t.set(host)
 
+    def broadcast_statistics(self, root: int = 0) -> None:
+        """Every rank takes ``root``'s untrained weights (BatchNorm's running statistics: without
+        ``sync_batch_norm`` each rank moves its own towards its own batches). Called before held-out evaluation, so
+        every rank scores its share with the model rank 0 saves."""
+        if self.group.size == 1 or self._sync_batch_norm:  # synchronised statistics are the same everywhere
+            return
+        net = self.solver.network
+        for t, cfg in zip(net.learnable_weights_data(), net.learnable_weights_configs()):
+            if cfg.lr_mult == 0.0:
+                host = np.ascontiguousarray(t.to_numpy())
+                self.group.broadcast_(host, root)
+                t.set(host)
+
     def train_minibatch(self, data: Any, target: Any) -> SharedTensor:
         """One step on this rank's share of a global batch; the update (every minibatch_size-th call) uses every
         rank's gradients. A share may be empty (a last global batch with fewer samples than ranks): the rank then
