@@ -5,6 +5,7 @@ with fewer samples than ranks, and the held-out scores of a run whose BatchNorm 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -174,7 +175,7 @@ def test_three_ranks_train_a_last_batch_smaller_than_the_ranks_as_one_process(tm
     minibatch_size 2 (5 batches an epoch, an odd number) and synchronised BatchNorm, 3 epochs of `leafpy train
     --nproc 3` make the updates, running statistics included, of one process at batch 12, the 2-sample batch
     included. (Before, that batch was dropped: one update fewer and an accumulation phase shifted each epoch; the
-    weights ended 7e-3 away.)"""
+    weights ended 7e-3 away.) The epochs' training losses in the history are the one process's too."""
     run = write_run(tmp_path, 50, batch_norm=True,
                     solver="solver: adam, base_lr: 0.01, weight_decay: 0.001, clip_gradients: 1.0, "
                            "minibatch_size: 2, lr_policy: multistep, stepvalues: [3, 5], gamma: 0.5, seed: 0")
@@ -188,6 +189,9 @@ def test_three_ranks_train_a_last_batch_smaller_than_the_ranks_as_one_process(tm
     state = lp.Solver.load_checkpoint(lp.backend("native"), lp.backend("native"),
                                       str(tmp_path / "three" / "checkpoint.leaf"))
     assert state.iteration == 7  # 15 batches, 2 per update (the last call stays pending)
+    # the training loss of each epoch is the global batches' (rank 0's own share's before)
+    got, want = (json.loads((tmp_path / d / "history.json").read_text()) for d in ("three", "one"))
+    assert [h["loss"] for h in got] == pytest.approx([h["loss"] for h in want], rel=1e-5)
 
 
 def held_out_loss(out_dir, data) -> float:
@@ -215,8 +219,6 @@ def test_held_out_scores_of_a_run_with_per_rank_batch_norm_are_those_of_the_save
     reported = float(two.stdout.split("held-out loss:")[1].split()[0])
     want = held_out_loss(tmp_path / "two", np.load(tmp_path / "data.npz"))
     assert reported == pytest.approx(want, abs=2e-6)
-    import json
-
     history = json.loads((tmp_path / "two" / "history.json").read_text())
     assert history[-1]["test_loss"] == pytest.approx(want, rel=1e-5)
     evaluated = leafpy("evaluate", str(tmp_path / "two"))
