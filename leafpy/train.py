@@ -485,6 +485,8 @@ class Trainer:
         return self.history
 
     def _mark_position(self, epoch: int, sample: int, loss_sum: float, loss_count: int) -> None:
+        if self.parallel is not None:  # (every rank, before rank 0 checkpoints) the ranks' pending gradients
+            self.parallel.combine_pending_gradients()
         self.solver.trainer_state = {"epoch": epoch, "sample": sample, "loss_sum": loss_sum,
                                      "loss_count": loss_count, "data": dict(self.run.data)}
 

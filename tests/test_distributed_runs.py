@@ -224,3 +224,34 @@ def test_held_out_scores_of_a_run_with_per_rank_batch_norm_are_those_of_the_save
     evaluated = leafpy("evaluate", str(tmp_path / "two"))
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert float(evaluated.stdout.split("held-out loss:")[1].split()[0]) == pytest.approx(want, abs=2e-6)
+
+
+ACCUMULATING = ("solver: adam, base_lr: 0.01, weight_decay: 0.001, clip_gradients: 1.0, minibatch_size: 2, "
+                "lr_policy: multistep, stepvalues: [3, 5], gamma: 0.5, seed: 0")
+
+
+@needs_mpi
+def test_a_checkpoint_with_pending_accumulation_resumes_on_other_numbers_of_ranks(tmp_path):
+    """minibatch_size 2 and 5 global batches an epoch (50 samples, 12 a batch): the checkpoint after epoch 1 has one
+    accumulated call pending. Written by 3 ranks, it resumes on 3, 2 and 1 ranks (12 samples a global batch each
+    time) to the weights of one process trained 3 epochs without a stop. (Before, the checkpoint held rank 0's
+    share of the pending gradients only, and every resumed run ended 1e-2 away.)"""
+    run = write_run(tmp_path, 50, batch_norm=True, solver=ACCUMULATING)
+
+    def train(out: str, epochs: int, ranks: int, *extra: str) -> None:
+        p = leafpy("train", run, "--out", str(tmp_path / out), "--epochs", str(epochs), "--set",
+                   f"data.batch_size={12 // ranks}", "--set", "train.sync_batch_norm=true",
+                   *(["--nproc", str(ranks)] if ranks > 1 else []), *extra)
+        assert p.returncode == 0, p.stderr[-3000:]
+
+    train("one", 3, 1)
+    train("cut", 1, 3)
+    ckpt = tmp_path / "cut" / "checkpoint.leaf"
+    assert lp.Solver.load_checkpoint(lp.backend("native"), lp.backend("native"), str(ckpt)).snapshot()[
+        "pending_calls"] == 1
+    want = trained(tmp_path / "one")
+    for ranks in (3, 2, 1):
+        shutil.copytree(tmp_path / "cut", tmp_path / f"resumed{ranks}")
+        train(f"resumed{ranks}", 3, ranks, "--resume", str(tmp_path / f"resumed{ranks}" / "checkpoint.leaf"))
+        for got, w in zip(trained(tmp_path / f"resumed{ranks}"), want):
+            np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-5, err_msg=f"resumed on {ranks} ranks")

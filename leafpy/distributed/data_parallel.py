@@ -103,6 +103,18 @@ class DataParallel:
             self.group.broadcast_(host, root)
             t.set(host)
 
+    def combine_pending_gradients(self) -> None:
+        """With gradient accumulation (minibatch_size > 1) between two updates, each rank holds its own share of the
+        gradients summed so far; this gives every rank their combination (the mean of the ranks' sums, which the
+        next update would take anyway), so a checkpoint rank 0 writes now holds what one process on the global
+        batches would hold, and resumes on any number of ranks. Training goes on as without it (to float32
+        rounding). Call it on every rank (a collective) before rank 0 saves a checkpoint; it does nothing when no
+        call is pending."""
+        solver = self.solver
+        if self.group.size == 1 or solver.config.minibatch_size == 1 or not solver._calls:
+            return
+        self.transport.allreduce_weighted(list(solver._accum), 1.0)
+
     def broadcast_statistics(self, root: int = 0) -> None:
         """Every rank takes ``root``'s untrained weights (BatchNorm's running statistics: without
         ``sync_batch_norm`` each rank moves its own towards its own batches). Called before held-out evaluation, so
