@@ -484,21 +484,24 @@ class Trainer:
                 for batch, (done, idx) in enumerate(self._batches(epoch, start), start=self.position_batches):
                     xb, yb = ds.x_train[idx], ds.y_train[idx]
                     out = self._train_step(xb, yb)
-                    loss = solver.loss()
+                    hits = 0
+                    if self.running is not None and len(yb):  # (a rank may have no share of a last batch)
+                        predicted = predictions(out)
+                        self.running.add(predicted, yb)
+                        hits = int(np.count_nonzero(predicted == np.asarray(yb).reshape(-1)))
+                    loss, samples, hits, stop = self._batch_loss(solver.loss(), len(xb), hits)
                     if not math.isfinite(loss):
                         self._diverged(loss, xb)
                     loss_sum += loss
                     loss_count += 1
                     if self.running is not None:
-                        predicted = predictions(out)
-                        self.running.add(predicted, yb)
-                        correct += int(np.count_nonzero(predicted == np.asarray(yb).reshape(-1)))
-                        scored += len(predicted)
-                    seen += len(xb) * self.world
+                        correct += hits
+                        scored += samples
+                    seen += samples
                     self.samples_per_second = seen / max(time.perf_counter() - t0, 1e-9)
                     for cb in self.callbacks:
                         cb.on_batch_end(self, epoch, batch, loss)
-                    if self._stop_requested():
+                    if stop if stop is not None else self._stop_requested():
                         self._mark_position(epoch, done, loss_sum, loss_count, correct, scored)
                         self._stop_on_signal()
                 start = 0
@@ -523,6 +526,8 @@ class Trainer:
 
     def _mark_position(self, epoch: int, sample: int, loss_sum: float, loss_count: int, correct: int = 0,
                        scored: int = 0) -> None:
+        if self.parallel is not None:  # (every rank, before rank 0 checkpoints) the ranks' pending gradients
+            self.parallel.combine_pending_gradients()
         self.solver.trainer_state = {"epoch": epoch, "sample": sample, "loss_sum": loss_sum,
                                      "loss_count": loss_count, "correct": correct, "scored": scored,
                                      "data": dict(self.run.data)}
@@ -552,6 +557,8 @@ class Trainer:
     def evaluate(self) -> Scores:
         """The current weights on the held-out split."""
         ds = self.dataset
+        if self.parallel is not None:  # every rank scores with rank 0's running statistics, those it saves
+            self.parallel.broadcast_statistics()
         return evaluate(self.solver.network, self.objective, ds.x_test, ds.y_test, self.classes, self.batch_size,
                         self.group)
 
@@ -591,12 +598,33 @@ class Trainer:
             installed.append((sig, previous))
         return installed
 
+    def _batch_loss(self, loss: float, samples: int, hits: int) -> tuple[float, int, int, bool | None]:
+        """The loss of the whole (global) batch, its samples, its correct predictions (``hits``: this rank's) and,
+        with several ranks, whether to stop after it. The ranks' losses are combined weighted by their samples (one
+        all-reduce, which also sums the hits and tells every rank whether any got a stop signal: they agree after
+        every batch, so they stop at the same one and none waits alone in a collective); a NaN on any rank is a NaN
+        on all, so every rank stops at the same step. None for the stop with one process: it checks its own flag
+        after the batch's callbacks."""
+        if self.world == 1:
+            return loss, samples, hits, None
+        sums = np.array([loss * samples if samples else 0.0, float(samples), float(hits),
+                         1.0 if self.interrupted else 0.0])
+        self.group.allreduce_(sums)
+        return float(sums[0] / sums[1]), int(sums[1]), int(sums[2]), self._agreed_stop(sums[3] > 0)
+
     def _stop_requested(self) -> bool:
         """Whether to stop here: this process got a stop signal or, with several ranks, any rank did (all ranks
         agree after every batch, so they stop at the same one and none waits alone in a collective)."""
         if self.world > 1:
-            self.interrupted = self.group.allreduce_sum(1.0 if self.interrupted else 0.0) > 0
+            return self._agreed_stop(self.group.allreduce_sum(1.0 if self.interrupted else 0.0) > 0)
         return self.interrupted
+
+    def _agreed_stop(self, agreed: Any) -> bool:
+        """What the ranks agreed on. A signal handled during or after the all-reduce (Python runs handlers between
+        bytecodes: when the collective returns) is kept for the next agreement, neither lost nor acted on alone."""
+        if agreed:
+            self.interrupted = True
+        return bool(agreed)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.interrupted = True
