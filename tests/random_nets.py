@@ -538,11 +538,12 @@ def random_case(seed: int) -> Case:
 
 
 def random_network(rng: np.random.Generator) -> tuple[lp.LayerConfig, list[int]]:
-    """A network config over one float input, and that input's shape (a case of a float-input family drawn from
-    ``rng``)."""
+    """A network config over one float input, with force_backward, and that input's shape (a case of a float-input
+    family drawn from ``rng``)."""
     while True:
         case = random_case(int(rng.integers(2**31)))
         if len(case.inputs) == 1 and case.inputs[0].kind == "float":
+            case.config.config.force_backward = True
             return case.config, list(case.inputs[0].shape)
 
 
