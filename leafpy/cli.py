@@ -17,7 +17,9 @@ import contextlib
 import dataclasses
 import io
 import os
+import signal
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,7 +30,7 @@ from . import config as run_config
 from . import data as datasets
 from .backends import BACKEND_NAMES, PRECISIONS, run_backend
 from .backends import backend as get_backend
-from .errors import LeafpyError
+from .errors import LeafpyError, SerializationError
 from .layers.container.sequential import Sequential
 from .layers.layer import Layer
 from .metrics import predictions
@@ -113,7 +115,7 @@ def _plot(history: list[dict], path: str) -> bool:
     return True
 
 
-RUN_FILE = "run.yaml"
+RUN_FILE = run_config.RUN_FILE
 
 
 def resolve_data(run: run_config.RunConfig) -> None:
@@ -128,8 +130,20 @@ def resolve_data(run: run_config.RunConfig) -> None:
         data["path"] = os.path.abspath(data["path"])
 
 
-def out_dir_for(run: run_config.RunConfig, out: str | None) -> str:
-    return out or os.path.join("runs", run.name or "run")
+def out_dir_for(run: run_config.RunConfig, out: str | None, resume: str | None = None) -> str:
+    """``--out``, else the directory of the checkpoint a run resumes (the run it continues), else runs/NAME."""
+    if out:
+        return out
+    if resume:
+        return os.path.dirname(resume) or "."
+    return os.path.join("runs", run.name or "run")
+
+
+def _same_directory(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 class _RunLock:
@@ -140,6 +154,7 @@ class _RunLock:
         self.path = os.path.join(directory, ".lock")
 
     def __enter__(self) -> _RunLock:
+        directory = os.path.dirname(self.path)
         for _ in range(2):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -156,7 +171,13 @@ class _RunLock:
                     os.unlink(self.path)  # stale: its process is gone
                 except FileNotFoundError:
                     pass
+                except OSError as e:
+                    raise LeafpyError(f"{self.path}: cannot take over the run directory's lock ({e.strerror or e}); "
+                                      "remove it if no run is using the directory") from e
                 continue
+            except OSError as e:  # a read-only directory or file system, no permission
+                raise LeafpyError(f"--out {directory}: cannot write into the output directory ({e.strerror or e}); "
+                                  "train into a directory you can write to") from e
             with os.fdopen(fd, "w") as f:
                 f.write(str(os.getpid()))
             return self
@@ -179,6 +200,10 @@ def _alive(pid: int) -> bool:
     return True
 
 
+RELAUNCH_STOP_S = 60.0
+"""How long ``leafpy train --nproc`` waits, after a stop signal, for the ranks to write their checkpoint and end."""
+
+
 def _relaunch(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """``leafpy train --nproc N``: the same command under mpiexec with N ranks."""
     import shutil
@@ -196,14 +221,36 @@ def _relaunch(args: argparse.Namespace, argv: Sequence[str]) -> int:
         rest = [a for a in rest if not a.startswith("--nproc=")]
     cmd = [mpiexec, "-n", str(args.nproc), sys.executable, "-m", "leafpy", *rest]
     proc = subprocess.Popen(cmd)
+    stopping: list[float] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        # a stop signal for this process alone (kill PID, a scheduler, timeout) must reach the ranks, or they train
+        # on without it. mpiexec passes SIGTERM on to them: each rank then stops at the same step and rank 0 writes
+        # a checkpoint. (Not SIGINT: mpiexec takes a second SIGINT, as after a Ctrl-C in a terminal that reached
+        # it too, for an abort without checkpoint.)
+        if not stopping:
+            stopping.append(time.monotonic())
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+
+    from .train import STOP_SIGNALS
+
+    previous = [(s, signal.getsignal(s)) for s in STOP_SIGNALS]
+    for s, handler in previous:
+        if handler is not signal.SIG_IGN:
+            signal.signal(s, forward)
     try:
-        return proc.wait()
-    except KeyboardInterrupt:  # the launcher passes Ctrl-C on to the ranks: give them time to checkpoint
-        try:
-            return proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            return 130
+        while True:
+            try:
+                return proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                if stopping and time.monotonic() - stopping[0] > RELAUNCH_STOP_S:  # the ranks did not stop
+                    proc.kill()
+                    proc.wait()
+                    return 130
+    finally:
+        for s, handler in previous:
+            signal.signal(s, handler)
 
 
 def train(args: argparse.Namespace) -> int:
@@ -225,13 +272,19 @@ def train(args: argparse.Namespace) -> int:
         if backend_name == "cuda" and group.local_size > 1:
             options["device"] = group.local_rank
         be = run_backend(run.train, **options)
-        out_dir = out_dir_for(run, args.out)
+        out_dir = out_dir_for(run, args.out, args.resume)
+        continues = False
         if group.is_root:
+            if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+                raise LeafpyError(f"--out {out_dir}: a file, not a directory; give the directory the run's files "
+                                  "go into (it is made if missing)")
             try:
                 os.makedirs(out_dir, exist_ok=True)
             except OSError as e:
                 raise LeafpyError(f"--out {out_dir}: cannot create the output directory: {e.strerror or e}") from e
-            if not args.resume and not args.overwrite:
+            # a resumed run writes over its own files; any other run's are kept unless --overwrite
+            continues = bool(args.resume) and _same_directory(os.path.dirname(args.resume) or ".", out_dir)
+            if not continues and not args.overwrite:
                 held = [f for f in ("model.leaf", "checkpoint.leaf", RUN_FILE) if os.path.exists(
                     os.path.join(out_dir, f))]
                 if held:
@@ -241,23 +294,53 @@ def train(args: argparse.Namespace) -> int:
         group.barrier()
         lock = _RunLock(out_dir) if group.is_root else contextlib.nullcontext()
         with lock:
-            return _train(args, run, be, out_dir, group)
+            return _train(args, run, be, out_dir, group, replace=args.overwrite and not continues)
 
 
-def _train(args: argparse.Namespace, run: run_config.RunConfig, be: Any, out_dir: str, group: Any) -> int:
+RUN_FILES = ("model.leaf", "checkpoint.leaf", RUN_FILE, "history.json", "history.csv", "training.png")
+"""The files a training run writes into its directory, besides its best-epochE.leaf checkpoints."""
+
+
+def _remove_run_files(directory: str) -> None:
+    """Remove the files a training run wrote into ``directory`` (and nothing else in it)."""
+    names = [n for n in os.listdir(directory) if n in RUN_FILES or (n.startswith("best-epoch") and n.endswith(".leaf"))]
+    for name in names:
+        try:
+            os.unlink(os.path.join(directory, name))
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise LeafpyError(f"--overwrite: cannot remove the previous run's {os.path.join(directory, name)}: "
+                              f"{e.strerror or e}") from e
+
+
+def _train(args: argparse.Namespace, run: run_config.RunConfig, be: Any, out_dir: str, group: Any, *,
+           replace: bool = False) -> int:
+    """The training run; ``replace``: remove another run's files from ``out_dir`` once this one can start."""
     from .train import Trainer, TrainingInterrupted
 
     trainer = Trainer(run, be, out_dir=out_dir, resume=args.resume, group=group, log=_out)
+    done, within = trainer.start_epoch, trainer.start_sample > 0
+    if trainer.epochs < done or (trainer.epochs == done and within):
+        where = f"is in epoch {done + 1}" if within else f"ends epoch {done}"
+        asked = f"{trainer.epochs} epoch{'s' * (trainer.epochs != 1)}"
+        raise LeafpyError(f"--resume {args.resume}: the checkpoint {where}, past the {asked} asked for (--epochs or "
+                          f"train.epochs); give --epochs {done + 1} or more to train further")
     if group.is_root:
+        if replace:
+            _remove_run_files(out_dir)  # none of the replaced run's files may pass for this run's
+            trainer.history.clear()  # nor its history, read when resuming another directory's checkpoint
         atomic_write(os.path.join(out_dir, RUN_FILE), run_config.dumps(run).encode())
     ds = trainer.dataset
     ranks = f" on {group.size} ranks (global batch {trainer.global_batch})" if group.size > 1 else ""
     modes = [m for m in (be.precision if be.precision != "fp32" else "", "channels-last" * be.channels_last) if m]
     mode = f" ({', '.join(modes)})" if modes else ""
+    epochs = (f"epochs {done + 1}..{trainer.epochs}" if trainer.epochs > done else
+              f"nothing left to train: the checkpoint ends epoch {done}, the last asked for (--epochs or "
+              f"train.epochs); its model and scores follow (give --epochs {done + 1} or more to train further)")
     trainer.log(f"leafpy: training {run.name or args.config} on {be.name}{mode}{ranks}: {len(ds.x_train)} training and "
                 f"{len(ds.x_test)} held-out samples ({ds.name}), batch {run.batch_size}, "
-                f"{trainer.solver.network.num_parameters():,} parameters, epochs {trainer.start_epoch + 1}.."
-                f"{trainer.epochs}")
+                f"{trainer.solver.network.num_parameters():,} parameters, {epochs}")
     try:
         history = trainer.fit()
     except TrainingInterrupted as e:
@@ -333,18 +416,28 @@ def config_difference(saved: Any, given: Any, path: str) -> str | None:
     return None
 
 
-def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, need_run: bool = True
+def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, need_run: bool = True,
+                command: str = "evaluate", check_split: bool = True
                 ) -> tuple[run_config.RunConfig | None, str | None]:
     """The run and the weights a command works on, from a run directory (its run.yaml and model.leaf), a model
     or checkpoint file (with the run.yaml beside it, if any) or a run file with ``--weights``. Weights trained with
-    another network or on another data split than the run describes are refused, naming the difference."""
+    another network than the run describes are refused, naming the difference, and with ``check_split`` (the
+    commands that score the held-out split) so are weights trained on another data split."""
     if os.path.isdir(target):
         run_path = os.path.join(target, RUN_FILE)
         if not os.path.isfile(run_path):
             raise LeafpyError(f"{target}: a directory without {RUN_FILE}; give a run directory that leafpy train "
                               "wrote (--out), or the run file and --weights")
-        weights = weights or os.path.join(target, "model.leaf")
+        if weights is None:
+            weights = os.path.join(target, "model.leaf")
+            checkpoint = os.path.join(target, "checkpoint.leaf")
+            if not os.path.exists(weights) and os.path.isfile(checkpoint):
+                raise LeafpyError(f"{target}: no model.leaf yet (the run stopped before its end); give its last "
+                                  f"checkpoint: --weights {checkpoint}, or finish the run: leafpy train {target} "
+                                  f"--resume {checkpoint}")
         run = run_config.load(run_path, overrides)
+        if check_split and overrides:
+            _check_split(run_config.load(run_path), run, weights, run_path, "--set changes it: drop the --set of data")
     elif target.endswith(".leaf"):
         if weights:
             raise LeafpyError(f"{target} is a weights file already; give either it or --weights, not both")
@@ -352,9 +445,11 @@ def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, n
         beside = os.path.join(os.path.dirname(os.path.abspath(target)), RUN_FILE)
         if os.path.isfile(beside):
             run = run_config.load(beside, overrides)
+            if check_split and overrides:
+                _check_split(run_config.load(beside), run, weights, beside, "--set changes it: drop the --set of data")
         elif need_run:
             raise LeafpyError(f"{target}: no {RUN_FILE} beside it says which data and split it was trained on; "
-                              "give the run file: leafpy COMMAND RUN.yaml --weights " + target)
+                              f"give the run file: leafpy {command} RUN.yaml --weights {target}")
         else:
             run = None
     else:
@@ -362,22 +457,30 @@ def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, n
         if weights is None and need_run:
             raise LeafpyError(f"{target}: a run file needs --weights (a model.leaf or checkpoint.leaf), or give the "
                               "run directory that leafpy train wrote")
-        if weights is not None:
+        if weights is not None and check_split:
             beside = os.path.join(os.path.dirname(os.path.abspath(weights)), RUN_FILE)
             if os.path.isfile(beside):
-                trained = run_config.load(beside)
-                resolve_data(run)
-                found = config_difference(trained.data, run.data, "data")
-                if found:
-                    raise LeafpyError(f"{weights} was trained on another data split than {target} describes ({found}"
-                                      f" per {beside}); evaluate with the run directory: leafpy COMMAND "
-                                      f"{os.path.dirname(beside) or '.'}")
+                _check_split(run_config.load(beside), run, weights, beside, f"{target} describes another: {command} "
+                             f"with the run directory: leafpy {command} {os.path.dirname(beside) or '.'}")
     if weights is not None and run is not None:
         found = config_difference(saved_network_config(weights), run.network, "network")
         if found:
             raise LeafpyError(f"{weights} holds another network than the run file describes ({found}); give the "
                               "run file these weights were trained with")
     return run, weights
+
+
+def _check_split(trained: run_config.RunConfig, run: run_config.RunConfig, weights: str, trained_file: str,
+                 fix: str) -> None:
+    """Refuse to score ``weights`` on another split than the one they were trained on (as ``trained_file``
+    records): its held-out samples would include training ones. The batch size does not change the split."""
+    resolve_data(run)
+    resolve_data(trained)
+    split = {k: v for k, v in run.data.items() if k != "batch_size"}
+    found = config_difference({k: v for k, v in trained.data.items() if k != "batch_size"}, split, "data")
+    if found:
+        raise LeafpyError(f"{weights} was trained on another data split ({found} per {trained_file}), whose held-out "
+                          f"samples would include training ones; {fix}")
 
 
 def _backend_for(args: argparse.Namespace, run: run_config.RunConfig | None) -> Any:
@@ -409,11 +512,12 @@ def predict_cmd(args: argparse.Namespace) -> int:
 
     if args.out and not args.out.endswith((".npz", ".csv")):
         raise LeafpyError(f"--out {args.out}: predictions are written as .npz or .csv; name the file so")
-    run, weights = resolve_run(args.config, args.set, args.weights)
+    # new samples: the split the weights were trained on does not matter here
+    run, weights = resolve_run(args.config, args.set, args.weights, command="predict", check_split=False)
     assert run is not None and weights is not None
     be = _backend_for(args, run)
     x = datasets.npz_samples(args.input)
-    check_samples(run, x.shape[1:], f"{args.input}: the samples")
+    check_samples(run, x.shape[1:], f"{args.input}: the samples", trained=True)
     net = Layer.from_config(be, run.network)
     load_weights(net, weights)
     net.set_training(False)
@@ -459,10 +563,17 @@ def summary_cmd(args: argparse.Namespace) -> int:
     be = get_backend("native")
     target = args.config
     if target.endswith(".leaf") and os.path.isfile(target):
-        net = Layer.load(be, target)
+        try:
+            net = Layer.load(be, target)
+        except SerializationError as model_error:  # a checkpoint, as evaluate and predict take: its network
+            try:
+                net = Layer.from_config(be, saved_network_config(target))
+            except SerializationError:
+                raise model_error from None
+            load_weights(net, target)
         _out(f"{target}: network '{net.name}' (with its saved weights)")
     else:
-        run, _ = resolve_run(target, args.set, None, need_run=False)
+        run, _ = resolve_run(target, args.set, None, need_run=False, command="summary")
         assert run is not None
         net = Layer.from_config(be, run.network)
         _out(f"{run.name or target}: network '{net.name}'")
@@ -475,7 +586,7 @@ def _command(sub: Any, name: str, func: Any, summary: str, description: str, *, 
     """A subcommand taking a run file, ``--set`` overrides and, where it runs a network, the backend."""
     c = sub.add_parser(name, help=summary, description=description)
     c.add_argument("config", help="a YAML run file (or a shipped one's name), or a run directory that leafpy train "
-                   "wrote" + (", or a model file" if name != "train" else ""))
+                   "wrote" + (", or a model or checkpoint file" if name != "train" else ""))
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="change one value of the run file, e.g. solver.base_lr=0.01 or "
                    "network.layers.conv1.num_output=32 (repeatable)")
@@ -497,7 +608,8 @@ def build_parser() -> argparse.ArgumentParser:
     t = _command(sub, "train", train, "train a run file's network", "Train a run file's network; a checkpoint is "
                  "written after each epoch, and Ctrl-C saves one and stops.")
     t.add_argument("--epochs", type=int, help="train up to this epoch (default: the run file's train.epochs)")
-    t.add_argument("--out", help="output directory (default: runs/NAME)")
+    t.add_argument("--out", help="output directory (default: the --resume checkpoint's directory, else "
+                   "runs/NAME)")
     t.add_argument("--resume", metavar="CHECKPOINT", help="continue from a checkpoint")
     t.add_argument("--seed", type=int, help="seed for weights, dropout and shuffling")
     t.add_argument("--overwrite", action="store_true", help="replace another run's files in --out")
@@ -531,6 +643,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("leafpy: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (leafpy summary ... | head): stop quietly, as SIGPIPE would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return 128 + 13
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ DATA_KEYS = ("dataset", "batch_size", "test_fraction", "seed", "path", "num_clas
 TRAIN_KEYS = ("epochs", "backend", "precision", "channels_last", "log_every", "keep_best", "monitor",
               "sync_batch_norm")
 RUN_KEYS = ("name", "data", "network", "objective", "solver", "train")
+MONITORS = ("test_loss", "test_accuracy")
+"""The held-out scores ``train.keep_best`` may rank epochs by."""
 
 
 @dataclass
@@ -218,6 +220,12 @@ def from_dict(doc: Any, source: str = "<run>") -> RunConfig:
                        ("data.num_classes", data.get("num_classes"))):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
             raise ConfigError(f"{key}: expected a positive integer, got {value!r}")
+    for key in ("log_every", "keep_best"):
+        value = train.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ConfigError(f"train.{key}: expected a non-negative integer (0 turns it off), got {value!r}")
+    if train.get("monitor", "test_loss") not in MONITORS:
+        raise ConfigError(f"train.monitor: expected one of {', '.join(MONITORS)}, got {train['monitor']!r}")
     precision = train.get("precision", "fp32")
     if precision not in PRECISIONS:
         raise ConfigError(f"train.precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
@@ -448,21 +456,28 @@ def shipped() -> list[str]:
         return []
 
 
+RUN_FILE = "run.yaml"
+"""The resolved run a training run leaves in its output directory."""
+
+
 def resolve(path: str | os.PathLike) -> str:
-    """``path`` itself when it exists or names a directory; otherwise, for a bare name such as ``digits_lenet``
-    (or ``digits_lenet.yaml``), the run file of that name shipped with leafpy."""
+    """The run file ``path`` names: a run directory's ``run.yaml``; ``path`` itself when it exists or names a
+    directory; otherwise, for a bare name such as ``digits_lenet`` (or ``digits_lenet.yaml``), the run file of that
+    name shipped with leafpy (a directory of that name that holds no run file does not hide it)."""
     path = os.fspath(path)
-    if os.path.exists(path) or os.sep in path or (os.altsep and os.altsep in path):
-        return path
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, RUN_FILE)):
+        return os.path.join(path, RUN_FILE)
+    bare = not (os.sep in path or (os.altsep and os.altsep in path))
     stem = path[:-5] if path.endswith(".yaml") else path
-    if stem in shipped():
+    if bare and stem in shipped() and (not os.path.exists(path) or os.path.isdir(path)):
         return os.path.join(SHIPPED_DIR, stem + ".yaml")
     return path
 
 
 def load(path: str | os.PathLike, overrides: Sequence[str] = ()) -> RunConfig:
     """A RunConfig from a YAML run file, with ``overrides`` (``"solver.base_lr=0.01"``) applied. A bare name
-    that is not a file here (``digits_lenet``) reads the run file of that name shipped with leafpy."""
+    that is not a file here (``digits_lenet``) reads the run file of that name shipped with leafpy, and a run
+    directory that leafpy train wrote its ``run.yaml``."""
     if not isinstance(path, (str, os.PathLike)):
         raise ConfigError(f"config.load: expected a path to a YAML run file, got {type(path).__name__} {path!r}")
     path = resolve(path)
@@ -476,8 +491,11 @@ def load(path: str | os.PathLike, overrides: Sequence[str] = ()) -> RunConfig:
         raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); save the run file as UTF-8") from None
     except OSError as e:
         hint = ""
+        stem = os.path.basename(path)[:-5] if path.endswith(".yaml") else None
         if isinstance(e, FileNotFoundError) and os.sep not in path:
             hint = f" (run files shipped with leafpy: {', '.join(shipped()) or 'none'})"
+        elif isinstance(e, FileNotFoundError) and stem in shipped():  # the README's configs/NAME.yaml elsewhere
+            hint = f"; leafpy ships a run file of that name, read from any directory by its name alone: {stem}"
         raise LeafpyError(f"{path}: cannot read the run file: {e.strerror or e}{hint}") from e
     try:
         return loads(text, path, overrides)

@@ -203,6 +203,14 @@ def npz(path: str, *, test_fraction: float | None = None, seed: int = 0, num_cla
             ys.append(_samples(path, y_key, y if y.ndim > 1 else y.reshape(-1, 1), scale_bytes=False))
         else:
             ys.append(_labels(path, y_key, y, len(x), x_key))
+    keys = list(zip(layout[::2], layout[1::2]))
+    for i in range(1, len(pairs)):  # a fixed split's halves must have one shape per sample (and per target)
+        for key, first_key, a, first in ((keys[i][0], keys[0][0], xs[i], xs[0]),
+                                         (keys[i][1], keys[0][1], ys[i], ys[0])):
+            if a.shape[1:] != first.shape[1:]:
+                raise SerializationError(f"{path}: {key} holds samples of shape {list(a.shape[1:])}, but {first_key} "
+                                         f"holds {list(first.shape[1:])}; the training and held-out arrays must have "
+                                         "one shape per sample")
     if targets == "values":
         num_classes = 0
         top = 0
@@ -284,10 +292,12 @@ def _samples(path: str, key: str, x: np.ndarray, scale_bytes: bool = True) -> np
         return x.astype(np.float32) / 255.0
     if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_) or np.iscomplexobj(x):
         raise SerializationError(f"{path}: {key} must hold real numbers, got dtype {x.dtype}")
-    x = x.astype(np.float32)
+    with np.errstate(over="ignore"):  # values beyond float32's range become infinite: reported below
+        x = x.astype(np.float32)
     bad = int(np.count_nonzero(~np.isfinite(x)))
     if bad:
-        raise SerializationError(f"{path}: {key} has {bad} NaN or infinite values")
+        raise SerializationError(f"{path}: {key} has {bad} NaN or infinite values (or values past float32's "
+                                 "largest, about 3.4e38)")
     return x
 
 

@@ -185,25 +185,47 @@ class Checkpoint(Callback):
         self.monitor = monitor
         self.best: list[tuple[float, int, str]] = []
 
+    def on_train_begin(self, trainer: Trainer) -> None:
+        """A resumed run ranks the best epochs it kept before with those it trains now."""
+        if not trainer.is_root or self.keep_best <= 0:
+            return
+        for record in trainer.history:
+            path = os.path.join(self.directory, f"best-epoch{record['epoch']}.leaf")
+            score = self._score(record)
+            if score is not None and os.path.exists(path) and all(p != path for _, _, p in self.best):
+                self.best.append((score, record["epoch"], path))
+        self._keep()
+
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         if not trainer.is_root:
             return
         trainer.save_checkpoint(self.path)
-        value = record.get(self.monitor)
-        if self.keep_best <= 0 or value is None or not math.isfinite(value):
+        score = self._score(record)
+        if self.keep_best <= 0 or score is None:
             return
-        score = -value if self.monitor.endswith("accuracy") else value  # lower is better
         path = os.path.join(self.directory, f"best-epoch{record['epoch']}.leaf")
         if len(self.best) < self.keep_best or score < self.best[-1][0]:
             trainer.save_checkpoint(path)
+            self.best = [b for b in self.best if b[2] != path]
             self.best.append((score, record["epoch"], path))
-            self.best.sort()
-            for _, _, old in self.best[self.keep_best:]:
-                try:
-                    os.unlink(old)
-                except OSError:
-                    pass
-            del self.best[self.keep_best:]
+            self._keep()
+
+    def _score(self, record: dict[str, Any]) -> float | None:
+        """The record's monitored value, lower is better; None where it has none."""
+        value = record.get(self.monitor)
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            return None
+        return -value if self.monitor.endswith("accuracy") else value
+
+    def _keep(self) -> None:
+        """Keep the ``keep_best`` best epochs' files; remove the others."""
+        self.best.sort()
+        for _, _, old in self.best[self.keep_best:]:
+            try:
+                os.unlink(old)
+            except OSError:
+                pass
+        del self.best[self.keep_best:]
 
 
 class EarlyStopping(Callback):
@@ -356,12 +378,16 @@ class Trainer:
         self.start_epoch = int(state.get("epoch", self._epoch_of_iteration()))
         self.start_sample = int(state.get("sample", 0))
         self._resumed_losses = (float(state.get("loss_sum", 0.0)), int(state.get("loss_count", 0)))
+        self._resumed_hits = (int(state.get("correct", 0)), int(state.get("scored", 0)))
         built_in: list[Callback] = [Progress(log_every if log_every is not None else int(run.train.get("log_every",
                                                                                                          100)))]
+        keep_best = keep_best if keep_best is not None else int(run.train.get("keep_best", 0))
+        monitor = monitor or str(run.train.get("monitor", "test_loss"))
+        if keep_best and monitor == "test_accuracy" and not self.classes:
+            raise ConfigError("train.monitor: test_accuracy ranks classes, and this run's objective has none (a "
+                              "regression); keep the best epochs by test_loss")
         if out_dir is not None:
-            built_in += [History(out_dir), Checkpoint(out_dir, keep_best=keep_best if keep_best is not None else
-                                                      int(run.train.get("keep_best", 0)),
-                                                      monitor=monitor or str(run.train.get("monitor", "test_loss")))]
+            built_in += [History(out_dir), Checkpoint(out_dir, keep_best=keep_best, monitor=monitor)]
             if resume:
                 self.history = self._read_history()
         self.callbacks = built_in + list(callbacks)
@@ -379,9 +405,12 @@ class Trainer:
                 if key == "batch_size":
                     continue
                 if trained_on.get(key) != run.data.get(key):
+                    run_dir = os.path.dirname(resume) or "."
+                    own = (f" (leafpy train {run_dir} --resume {resume} reads the run.yaml beside it)"
+                           if os.path.isfile(os.path.join(run_dir, run_config.RUN_FILE)) else "")
                     raise ConfigError(f"data.{key}: the checkpoint {resume} was trained with {trained_on.get(key)!r}, "
                                       f"this run has {run.data.get(key)!r}: resuming would train on another split or "
-                                      "data; resume with the run's own data section, or start a new run")
+                                      f"data; resume with the run's own data section{own}, or start a new run")
         return solver
 
     def _epoch_of_iteration(self) -> int:
@@ -444,6 +473,9 @@ class Trainer:
                 if self.stop_training:
                     break
                 loss_sum, loss_count = self._resumed_losses if start else (0.0, 0)
+                # the epoch's training accuracy counts every sample of the epoch (the progress bar's, the last ten
+                # batches); a resumed epoch goes on from the counts it was interrupted with
+                correct, scored = self._resumed_hits if start else (0, 0)
                 self.position_batches = math.ceil(start / self.global_batch)
                 for cb in self.callbacks:
                     cb.on_epoch_begin(self, epoch)
@@ -452,24 +484,32 @@ class Trainer:
                 for batch, (done, idx) in enumerate(self._batches(epoch, start), start=self.position_batches):
                     xb, yb = ds.x_train[idx], ds.y_train[idx]
                     out = self._train_step(xb, yb)
-                    loss = solver.loss()
+                    hits = 0
+                    if self.running is not None and len(yb):  # (a rank may have no share of a last batch)
+                        predicted = predictions(out)
+                        self.running.add(predicted, yb)
+                        hits = int(np.count_nonzero(predicted == np.asarray(yb).reshape(-1)))
+                    loss, samples, hits, stop = self._batch_loss(solver.loss(), len(xb), hits)
                     if not math.isfinite(loss):
                         self._diverged(loss, xb)
                     loss_sum += loss
                     loss_count += 1
                     if self.running is not None:
-                        self.running.add(predictions(out), yb)
-                    seen += len(xb) * self.world
+                        correct += hits
+                        scored += samples
+                    seen += samples
                     self.samples_per_second = seen / max(time.perf_counter() - t0, 1e-9)
                     for cb in self.callbacks:
                         cb.on_batch_end(self, epoch, batch, loss)
-                    if self._stop_requested():
-                        self._mark_position(epoch, done, loss_sum, loss_count)
+                    if stop if stop is not None else self._stop_requested():
+                        self._mark_position(epoch, done, loss_sum, loss_count, correct, scored)
                         self._stop_on_signal()
                 start = 0
                 self._resumed_losses = (0.0, 0)
+                self._resumed_hits = (0, 0)
                 elapsed = time.perf_counter() - t0
-                record = self._epoch_record(epoch, loss_sum / max(loss_count, 1), elapsed, seen)
+                record = self._epoch_record(epoch, loss_sum / max(loss_count, 1), elapsed, seen,
+                                            correct / scored if scored else None)
                 self.history.append(record)
                 self._mark_position(epoch + 1, 0, 0.0, 0)
                 for cb in self.callbacks:
@@ -484,18 +524,23 @@ class Trainer:
                 cb.on_train_end(self)
         return self.history
 
-    def _mark_position(self, epoch: int, sample: int, loss_sum: float, loss_count: int) -> None:
+    def _mark_position(self, epoch: int, sample: int, loss_sum: float, loss_count: int, correct: int = 0,
+                       scored: int = 0) -> None:
+        if self.parallel is not None:  # (every rank, before rank 0 checkpoints) the ranks' pending gradients
+            self.parallel.combine_pending_gradients()
         self.solver.trainer_state = {"epoch": epoch, "sample": sample, "loss_sum": loss_sum,
-                                     "loss_count": loss_count, "data": dict(self.run.data)}
+                                     "loss_count": loss_count, "correct": correct, "scored": scored,
+                                     "data": dict(self.run.data)}
 
-    def _epoch_record(self, epoch: int, loss: float, elapsed: float, seen: int) -> dict[str, Any]:
+    def _epoch_record(self, epoch: int, loss: float, elapsed: float, seen: int,
+                      train_accuracy: float | None = None) -> dict[str, Any]:
         held_out = self.evaluate()
         record: dict[str, Any] = {"epoch": epoch + 1, "iteration": self.solver.iteration, "loss": loss,
                                   "test_loss": held_out.loss,
                                   "learning_rate": self.solver.config.learning_rate(max(self.solver.iteration - 1, 0)),
                                   "seconds": elapsed, "samples_per_second": seen / max(elapsed, 1e-9)}
         if held_out.matrix is not None and self.running is not None:
-            record["train_accuracy"] = self.running.accuracy()
+            record["train_accuracy"] = train_accuracy if train_accuracy is not None else self.running.accuracy()
             record["test_accuracy"] = held_out.matrix.accuracy()
         if self.solver.loss_scaling() != "none":
             record["loss_scale"] = self.solver.loss_scale
@@ -512,6 +557,8 @@ class Trainer:
     def evaluate(self) -> Scores:
         """The current weights on the held-out split."""
         ds = self.dataset
+        if self.parallel is not None:  # every rank scores with rank 0's running statistics, those it saves
+            self.parallel.broadcast_statistics()
         return evaluate(self.solver.network, self.objective, ds.x_test, ds.y_test, self.classes, self.batch_size,
                         self.group)
 
@@ -551,12 +598,33 @@ class Trainer:
             installed.append((sig, previous))
         return installed
 
+    def _batch_loss(self, loss: float, samples: int, hits: int) -> tuple[float, int, int, bool | None]:
+        """The loss of the whole (global) batch, its samples, its correct predictions (``hits``: this rank's) and,
+        with several ranks, whether to stop after it. The ranks' losses are combined weighted by their samples (one
+        all-reduce, which also sums the hits and tells every rank whether any got a stop signal: they agree after
+        every batch, so they stop at the same one and none waits alone in a collective); a NaN on any rank is a NaN
+        on all, so every rank stops at the same step. None for the stop with one process: it checks its own flag
+        after the batch's callbacks."""
+        if self.world == 1:
+            return loss, samples, hits, None
+        sums = np.array([loss * samples if samples else 0.0, float(samples), float(hits),
+                         1.0 if self.interrupted else 0.0])
+        self.group.allreduce_(sums)
+        return float(sums[0] / sums[1]), int(sums[1]), int(sums[2]), self._agreed_stop(sums[3] > 0)
+
     def _stop_requested(self) -> bool:
         """Whether to stop here: this process got a stop signal or, with several ranks, any rank did (all ranks
         agree after every batch, so they stop at the same one and none waits alone in a collective)."""
         if self.world > 1:
-            self.interrupted = self.group.allreduce_sum(1.0 if self.interrupted else 0.0) > 0
+            return self._agreed_stop(self.group.allreduce_sum(1.0 if self.interrupted else 0.0) > 0)
         return self.interrupted
+
+    def _agreed_stop(self, agreed: Any) -> bool:
+        """What the ranks agreed on. A signal handled during or after the all-reduce (Python runs handlers between
+        bytecodes: when the collective returns) is kept for the next agreement, neither lost nor acted on alone."""
+        if agreed:
+            self.interrupted = True
+        return bool(agreed)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.interrupted = True
@@ -603,8 +671,9 @@ def load_data(run: run_config.RunConfig) -> datasets.Dataset:
     return ds
 
 
-def check_samples(run: run_config.RunConfig, shape: Sequence[int], what: str) -> None:
-    """Samples of this per-sample shape fit the network's input (see :func:`load_data`)."""
+def check_samples(run: run_config.RunConfig, shape: Sequence[int], what: str, *, trained: bool = False) -> None:
+    """Samples of this per-sample shape fit the network's input (see :func:`load_data`); ``trained``: for weights
+    already trained, whose input cannot be declared again."""
     from .layers.layer import layout_hint, same_layout
 
     name, declared = run.network.config.inputs[0]
@@ -616,4 +685,6 @@ def check_samples(run: run_config.RunConfig, shape: Sequence[int], what: str) ->
                           f"{', '.join(map(str, shape))}] if that is the network's real layout)")
     if math.prod(declared[1:]) != math.prod(shape):
         raise LeafpyError(f"{what} have shape {list(shape)}, but the network's input {name!r} is declared "
-                          f"{list(declared)}; declare [{declared[0]}, {', '.join(map(str, shape))}] in network.inputs")
+                          f"{list(declared)}; " + (f"give samples of shape {list(declared[1:])}" if trained else
+                          f"declare [{declared[0]}, {', '.join(map(str, shape))}] in network.inputs, or give samples "
+                          f"of shape {list(declared[1:])} (data: {{dataset: npz, path: FILE.npz}})"))

@@ -5,6 +5,7 @@ batch; a failing rank ends the job."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -211,7 +212,10 @@ def test_shards_cover_each_global_batch_once():
         np.testing.assert_array_equal(joined, order[12 * j:12 * j + 12])
     g = dist.ProcessGroup()
     g.rank, g.size = 1, 3
-    assert [len(b) for b in dist.shard_indices(np.arange(14), 4, g)] == [4]  # 2 left over: fewer than ranks
+    # 2 left over, fewer than the ranks: ranks 0 and 1 take one each, rank 2 none (it adds nothing to that update)
+    assert [len(b) for b in dist.shard_indices(np.arange(14), 4, g)] == [4, 1]
+    g.rank = 2
+    assert [len(b) for b in dist.shard_indices(np.arange(14), 4, g)] == [4, 0]
 
 
 def test_world_of_one_trains_as_a_plain_solver():
@@ -248,6 +252,11 @@ def test_leafpy_train_on_two_ranks_equals_one_process_at_twice_the_batch(tmp_pat
     acc = [float(line.split()[-1].rstrip("%")) for line in (one.stdout + two.stdout).splitlines()
            if line.startswith("held-out accuracy")]
     assert len(acc) == 2 and abs(acc[0] - acc[1]) < 0.3  # held-out evaluation sharded and summed
+    # each epoch's training loss and accuracy are the global batches', as one process counts them
+    histories = [json.loads((tmp_path / d / "history.json").read_text()) for d in ("one", "two")]
+    for r1, r2 in zip(*histories):
+        assert abs(r1["loss"] - r2["loss"]) < 1e-4 * max(1.0, r1["loss"]), (r1, r2)
+        assert abs(r1["train_accuracy"] - r2["train_accuracy"]) < 0.003, (r1, r2)
 
 
 BN_RUN = """

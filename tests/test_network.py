@@ -407,6 +407,21 @@ def test_batch_norm_statistics_modes_and_files(native64, tmp_path, rng):
     assert loaded.learnable_weights_configs()[4].lr_mult == 0.0
 
 
+def test_batch_norm_on_one_value_per_channel_keeps_its_running_variance(native64, rng):
+    """A last batch of one sample with no axes after C: the batch variance is 0 and has no unbiased estimate, so
+    the running variance must not be pulled towards 0 (inference would then divide by sqrt(eps)); the running mean
+    moves as usual."""
+    cfg = lp.SequentialConfig(inputs=[("data", [1, 3])])
+    cfg.add_layer(lp.LayerConfig("bn", lp.BatchNormConfig(momentum=0.5)))
+    net = lp.Layer.from_config(native64, lp.LayerConfig("net", cfg), seed=0)
+    weights = dict(zip(net.learnable_weights_names(), net.learnable_weights_data()))
+    weights["bn/running_var"].set(np.array([2.0, 3.0, 4.0]))
+    x = rng.standard_normal((1, 3))
+    net.forward([x])
+    np.testing.assert_allclose(weights["bn/running_var"].to_numpy(), [2.0, 3.0, 4.0], atol=1e-12)
+    np.testing.assert_allclose(weights["bn/running_mean"].to_numpy(), 0.5 * x[0], atol=1e-12)
+
+
 def test_batch_norm_statistics_are_left_alone_by_the_solver(native64, rng):
     # weight decay 0.5 and a rate of 0.1 would shrink them visibly if the update touched them
     net = lp.SequentialConfig(inputs=[("data", [8, 4])])

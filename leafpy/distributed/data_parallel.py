@@ -21,23 +21,18 @@ that a collective's latency is paid rarely, small enough that the host staging b
 def shard_indices(order: np.ndarray, batch_size: int, group: ProcessGroup) -> Iterator[np.ndarray]:
     """This rank's sample indices for each global batch of ``order``: the global batch is ``group.size`` x
     ``batch_size`` samples, rank r takes the r-th share. The last, partial global batch is split as evenly as
-    possible; when it has fewer samples than there are ranks, those few are left out of the epoch (a rank
-    without samples would have no gradient to give)."""
+    possible; when it has fewer samples than there are ranks, the last ranks' shares are empty
+    (:meth:`DataParallel.train_minibatch` takes an empty share: that rank adds nothing to the update)."""
     if batch_size <= 0:
         raise ConfigError(f"data.batch_size: expected a positive integer, got {batch_size!r}")
     step = batch_size * group.size
     for start in range(0, len(order), step):
-        idx = shard(order[start:start + step], batch_size, group)
-        if idx is None:
-            return
-        yield idx
+        yield shard(order[start:start + step], batch_size, group)
 
 
-def shard(chunk: np.ndarray, batch_size: int, group: ProcessGroup) -> np.ndarray | None:
-    """This rank's share of one global batch (see :func:`shard_indices`); None for a last batch too small to
-    give every rank a sample."""
-    if len(chunk) < group.size:
-        return None
+def shard(chunk: np.ndarray, batch_size: int, group: ProcessGroup) -> np.ndarray:
+    """This rank's share of one global batch (see :func:`shard_indices`); empty for the last ranks when the
+    batch has fewer samples than there are ranks."""
     if len(chunk) == batch_size * group.size:
         return chunk[group.rank * batch_size:(group.rank + 1) * batch_size]
     return np.array_split(chunk, group.size)[group.rank]
@@ -85,11 +80,12 @@ class DataParallel:
         for worker in solver.network.workers():
             if hasattr(worker, "stream"):  # dropout: each rank masks its own samples with masks of its own
                 worker.stream = group.rank
+        self._statistics: BatchStatistics | None = None
         if sync_batch_norm and group.size > 1:
-            statistics = BatchStatistics(group)
+            self._statistics = BatchStatistics(group)
             for worker in solver.network.workers():
                 if hasattr(worker, "synchronizer"):
-                    worker.synchronizer = statistics
+                    worker.synchronizer = self._statistics
         self._plan_overlap()
 
     @property
@@ -107,10 +103,49 @@ class DataParallel:
             self.group.broadcast_(host, root)
             t.set(host)
 
+    def combine_pending_gradients(self) -> None:
+        """With gradient accumulation (minibatch_size > 1) between two updates, each rank holds its own share of the
+        gradients summed so far; this gives every rank their combination (the mean of the ranks' sums, which the
+        next update would take anyway), so a checkpoint rank 0 writes now holds what one process on the global
+        batches would hold, and resumes on any number of ranks. Training goes on as without it (to float32
+        rounding). Call it on every rank (a collective) before rank 0 saves a checkpoint; it does nothing when no
+        call is pending."""
+        solver = self.solver
+        if self.group.size == 1 or solver.config.minibatch_size == 1 or not solver._calls:
+            return
+        self.transport.allreduce_weighted(list(solver._accum), 1.0)
+
+    def broadcast_statistics(self, root: int = 0) -> None:
+        """Every rank takes ``root``'s untrained weights (BatchNorm's running statistics: without
+        ``sync_batch_norm`` each rank moves its own towards its own batches). Called before held-out evaluation, so
+        every rank scores its share with the model rank 0 saves."""
+        if self.group.size == 1 or self._sync_batch_norm:  # synchronised statistics are the same everywhere
+            return
+        net = self.solver.network
+        for t, cfg in zip(net.learnable_weights_data(), net.learnable_weights_configs()):
+            if cfg.lr_mult == 0.0:
+                host = np.ascontiguousarray(t.to_numpy())
+                self.group.broadcast_(host, root)
+                t.set(host)
+
     def train_minibatch(self, data: Any, target: Any) -> SharedTensor:
         """One step on this rank's share of a global batch; the update (every minibatch_size-th call) uses every
-        rank's gradients."""
+        rank's gradients. A share may be empty (a last global batch with fewer samples than ranks): the rank then
+        takes part in the step with a placeholder sample of zeros whose gradient and BatchNorm statistics weigh
+        nothing, and the network output returned is that placeholder's."""
         n = len(data) if not isinstance(data, SharedTensor) else data.shape[0]
+        if n == 0:
+            data, target = (np.zeros((1, *np.shape(a)[1:]), np.asarray(a).dtype) for a in (data, target))
+            if self._statistics is not None:
+                self._statistics.weightless = True
+            try:
+                return self._step(0, data, target)
+            finally:
+                if self._statistics is not None:
+                    self._statistics.weightless = False
+        return self._step(int(n), data, target)
+
+    def _step(self, n: int, data: Any, target: Any) -> SharedTensor:
         if self.solver.config.minibatch_size > 1 and self.group.size > 1:
             # accumulated calls may differ in size (a last partial batch): weight each by its share of its own
             # global batch, so the ranks' sums add up to the sum of the global batches' mean gradients
@@ -118,7 +153,7 @@ class DataParallel:
             self.solver.accumulation_scale = self.group.size * n / total
             self._samples = 1
         else:
-            self._samples += int(n)
+            self._samples += n
         iteration = self.solver.iteration
         out = self.solver.train_minibatch(data, target)
         if self.solver.iteration != iteration:  # an update: the next step's samples count from zero
@@ -199,6 +234,8 @@ class BatchStatistics:
 
     def __init__(self, group: ProcessGroup) -> None:
         self.group = group
+        self.weightless = False
+        """This rank's values count for nothing (a placeholder sample: the rank has no share of this batch)."""
 
     def _gather(self, backend: Any, buffers: list[Any], weight: float) -> tuple[np.ndarray, np.ndarray]:
         """Every rank's ``buffers`` ([ranks, len(buffers), channels]) and ``weight`` ([ranks])."""
@@ -209,7 +246,7 @@ class BatchStatistics:
         for i, buf in enumerate(buffers):
             backend.download(buf, host)
             row[i * c:(i + 1) * c] = host
-        row[-1] = weight
+        row[-1] = 0.0 if self.weightless else weight
         self.group.allreduce_(table)
         return table[:, :-1].reshape(self.group.size, len(buffers), c), table[:, -1]
 

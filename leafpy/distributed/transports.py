@@ -117,8 +117,10 @@ class NcclTransport(Transport):
         cp, be = self.cupy, self.backend
         total = sum(t.size for t in tensors)
         flat = self._flat.get(key)
-        if flat is None or flat.size != total + 1:
-            flat = self._flat[key] = cp.empty(total + 1, cp.float32)
+        if flat is None or flat.size != total + 2:
+            # the bucket, the weight's slot, and a slot for 1 / (sum of weights): a step allocates nothing, so a
+            # captured step's memory is its own
+            flat = self._flat[key] = cp.empty(total + 2, cp.float32)
         bufs = [be.flat(t.read_write(be)) for t in tensors]  # type: ignore[attr-defined]  # (CudaBackend)
         with stream:
             offset = 0
@@ -128,7 +130,8 @@ class NcclTransport(Transport):
             flat[total] = weight
             self.comm.allReduce(flat.data.ptr, flat.data.ptr, total + 1, self.nccl.NCCL_FLOAT32,
                                 self.nccl.NCCL_SUM, stream.ptr)
-            scale = 1.0 / flat[total]  # a device scalar: nothing comes back to the host
+            scale = flat[total + 1:]  # a device scalar: nothing comes back to the host
+            cp.reciprocal(flat[total:total + 1], out=scale)
             offset = 0
             for b in bufs:
                 cp.multiply(flat[offset:offset + b.size], scale, out=b)

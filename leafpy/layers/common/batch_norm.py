@@ -3,7 +3,8 @@
 
 In training mode mean and (biased) variance are the batch's, over N and every axis after C, and the running
 statistics move towards them: ``running = (1 - momentum) * running + momentum * batch`` (the running variance
-with the unbiased batch variance, as PyTorch keeps it). In inference mode (``set_training(False)``) the running
+with the unbiased batch variance, as PyTorch keeps it; a batch with one value per channel, which has none, leaves the
+running variance as it is). In inference mode (``set_training(False)``) the running
 statistics normalise. ``weight`` and ``bias`` (absent with ``affine: false``) are learned; ``running_mean`` and
 ``running_var`` are weights that are saved and loaded with the model but never trained (their learning rate and
 decay multipliers are 0 and their gradient is 0), as Caffe keeps its BatchNorm statistics."""
@@ -88,9 +89,9 @@ class BatchNorm(Worker):
             count = x[0].size // x[0].shape[1]
             if self.synchronizer is not None:
                 count = self.synchronizer.statistics(backend, mean, var, count)
-            unbiased = count / (count - 1) if count > 1 else 1.0
             backend.axpby(m, mean, 1.0 - m, running_mean)
-            backend.axpby(m * unbiased, var, 1.0 - m, running_var)
+            if count > 1:  # one value per channel has no unbiased variance: the running variance stays
+                backend.axpby(m * count / (count - 1), var, 1.0 - m, running_var)
         else:
             mean, var = running_mean, running_var
         self._used = (mean, var)

@@ -57,10 +57,13 @@ class Linear(Worker):
         shape = tuple(input_shapes[0])
         return [(*shape[:self._axis(shape)], self.config.output_size)]
 
-    def _rows(self, a):
-        """``a`` as [rows, features]: the kept axes flattened into rows."""
+    def _rows(self, a, output: bool = False):
+        """``a`` as [rows, features]: the kept axes flattened into rows. The axis counts in the input's shape, so
+        an output (or its gradient), [kept..., output_size], keeps every axis but its last."""
         if self.config.axis == 1:
             return a.reshape(a.shape[0], -1)
+        if output:
+            return a.reshape(-1, a.shape[-1])
         return a.reshape(math.prod(a.shape[:self._axis(a.shape)]), -1)
 
     def weight_shapes(self, input_shapes):
@@ -71,27 +74,27 @@ class Linear(Worker):
         return shapes
 
     @contextmanager
-    def _written_rows(self, backend, a):
-        """:meth:`_rows` of an output: a 4-D buffer stored channels-last is not row-major, so its rows are a copy,
-        written back afterwards."""
-        rows = self._rows(a)
+    def _written_rows(self, backend, a, output: bool):
+        """:meth:`_rows` of a buffer written here: a 4-D buffer stored channels-last is not row-major, so its rows
+        are a copy, written back afterwards."""
+        rows = self._rows(a, output)
         yield rows
         if backend.memory_order(a.shape) is not None and not a.flags.c_contiguous:
             backend.copy(rows, a)
 
     def forward(self, backend, x, w, y):
-        with self._written_rows(backend, y[0]) as y2:
+        with self._written_rows(backend, y[0], True) as y2:
             backend.gemm(self._rows(x[0]), False, w[0], True, y2)
             if self.config.bias:
                 backend.bias_add(y2, w[1])
 
     def backward_input(self, backend, x, y, dy, w, dx):
         if dx[0] is not None:
-            with self._written_rows(backend, dx[0]) as d:
-                backend.gemm(self._rows(dy[0]), False, w[0], False, d)
+            with self._written_rows(backend, dx[0], False) as d:
+                backend.gemm(self._rows(dy[0], True), False, w[0], False, d)
 
     def backward_parameters(self, backend, x, y, dy, dw, beta):
-        dy2 = self._rows(dy[0])
+        dy2 = self._rows(dy[0], True)
         backend.gemm(dy2, True, self._rows(x[0]), False, dw[0], 1.0, beta[0])
         if self.config.bias:
             backend.bias_grad(dy2, dw[1], beta[1])

@@ -1,0 +1,107 @@
+"""Whole solver steps against a NumPy float64 reference of the documented step: clip the accumulated gradients by
+their global L2 norm, average them over ``minibatch_size`` calls, add L2 weight decay times each weight's
+``decay_mult``, then the update rule with the policy's rate times ``lr_mult`` (Caffe's order), under a static loss
+scale, over enough updates that the learning rate changes and the clipping both binds and does not."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import leafpy as lp
+
+RULES = ["momentum", "nesterov", "adam", "rmsprop", "adagrad", "adadelta"]
+MULTS = ((1.0, 3.0), (2.0, 0.0))  # (lr_mult, decay_mult) of the weight and of the bias
+SETTINGS = dict(base_lr=0.05, momentum=0.8, lr_policy="multistep", gamma=0.5, stepvalues=(2, 5), minibatch_size=2,
+                clip_gradients=18.0, weight_decay=0.05, loss_scale=8.0, epsilon=1e-6, rms_decay=0.9, beta1=0.8,
+                beta2=0.95)
+
+
+def make_solver(backend, rule):
+    net = lp.SequentialConfig(inputs=[("data", [4, 3])])
+    net.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=2),
+                                 params=[lp.WeightConfig(lr_mult=lr, decay_mult=d) for lr, d in MULTS]))
+    obj = lp.SequentialConfig(inputs=[("network_out", [4, 2]), ("target", [4, 2])])
+    obj.add_layer(lp.LayerConfig("mse", "MeanSquaredError"))
+    settings = dict(SETTINGS, base_lr=1.0) if rule == "adadelta" else SETTINGS
+    cfg = lp.SolverConfig(network=lp.LayerConfig("net", net), objective=lp.LayerConfig("loss", obj), solver=rule,
+                          seed=0, **settings)
+    return lp.Solver.from_config(backend, backend, cfg), settings
+
+
+def reference_updates(rule, settings, weights, batches):
+    """The weights after each update, in NumPy float64, from the formulas in README "Solvers" and the rules'
+    modules (Caffe's forms)."""
+    s = settings
+    k, m, eps, decay = s["minibatch_size"], s["momentum"], s["epsilon"], s["rms_decay"]
+    ws = [w.copy() for w in weights]
+    state = [[np.zeros_like(w), np.zeros_like(w)] for w in ws]
+    out, acc, norms = [], None, []
+    for call, (x, t) in enumerate(batches):
+        y = x @ ws[0].T + ws[1]
+        dy = 2.0 * (y - t) / y.size  # MeanSquaredError: the mean over every element
+        grads = [dy.T @ x, dy.sum(axis=0)]
+        acc = grads if acc is None else [a + g for a, g in zip(acc, grads)]
+        if (call + 1) % k:
+            continue
+        it = len(out)
+        lr = s["base_lr"] * s["gamma"] ** sum(1 for v in s["stepvalues"] if it >= v)
+        norm = math.sqrt(sum(float(np.sum(g * g)) for g in acc))
+        norms.append(norm)
+        scale = s["clip_gradients"] / norm if norm > s["clip_gradients"] else 1.0
+        for j, (w, g) in enumerate(zip(ws, acc)):
+            lr_mult, decay_mult = MULTS[j]
+            g = g * scale / k + s["weight_decay"] * decay_mult * w
+            rate = lr * lr_mult
+            h, u = state[j]
+            if rule == "momentum":
+                h[...] = m * h + rate * g
+                w -= h
+            elif rule == "nesterov":
+                prev = h.copy()
+                h[...] = m * h + rate * g
+                w -= (1 + m) * h - m * prev
+            elif rule == "adam":
+                h[...] = s["beta1"] * h + (1 - s["beta1"]) * g
+                u[...] = s["beta2"] * u + (1 - s["beta2"]) * g * g
+                step = it + 1
+                w -= rate * math.sqrt(1 - s["beta2"] ** step) / (1 - s["beta1"] ** step) * h / (np.sqrt(u) + eps)
+            elif rule == "rmsprop":
+                h[...] = decay * h + (1 - decay) * g * g
+                w -= rate * g / (np.sqrt(h) + eps)
+            elif rule == "adagrad":
+                h += g * g
+                w -= rate * g / (np.sqrt(h) + eps)
+            else:  # adadelta
+                h[...] = decay * h + (1 - decay) * g * g
+                d = g * np.sqrt((u + eps) / (h + eps))
+                u[...] = decay * u + (1 - decay) * d * d
+                w -= rate * d
+        out.append([w.copy() for w in ws])
+        acc = None
+    return out, norms
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_solver_steps_match_the_documented_step(native64, rule):
+    rng = np.random.default_rng(4)
+    batches = [(rng.standard_normal((4, 3)) * 2, rng.standard_normal((4, 2))) for _ in range(16)]
+    solver, settings = make_solver(native64, rule)
+    weights = [w.to_numpy() for w in solver.network.learnable_weights_data()]
+    expected, norms = reference_updates(rule, settings, weights, batches)
+    # the accumulated gradients' norm passes the threshold on some updates and not on others (and their average's
+    # never does, so clipping the average instead would differ)
+    clip = settings["clip_gradients"]
+    assert any(n > clip for n in norms) and any(n <= clip for n in norms), norms
+    updates = 0
+    for call, (x, t) in enumerate(batches):
+        solver.train_minibatch(x, t)
+        if (call + 1) % settings["minibatch_size"]:
+            continue
+        got = [w.to_numpy() for w in solver.network.learnable_weights_data()]
+        for name, g, e in zip(("weight", "bias"), got, expected[updates]):
+            np.testing.assert_allclose(g, e, rtol=1e-11, atol=1e-13, err_msg=f"{rule}: {name} after update {updates}")
+        updates += 1
+    assert solver.iteration == updates == 8
