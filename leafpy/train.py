@@ -446,10 +446,7 @@ class Trainer:
         step = self.global_batch
         for begin in range(start, len(order), step):
             chunk = order[begin:begin + step]
-            idx = chunk if self.group is None else shard(chunk, self.batch_size, self.group)
-            if idx is None:
-                return
-            yield begin + len(chunk), idx
+            yield begin + len(chunk), chunk if self.group is None else shard(chunk, self.batch_size, self.group)
 
     def _train_step(self, xb: np.ndarray, yb: np.ndarray) -> Any:
         if self.parallel is not None:

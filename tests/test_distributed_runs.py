@@ -175,7 +175,7 @@ def test_three_ranks_train_a_last_batch_smaller_than_the_ranks_as_one_process(tm
     minibatch_size 2 (5 batches an epoch, an odd number) and synchronised BatchNorm, 3 epochs of `leafpy train
     --nproc 3` make the updates, running statistics included, of one process at batch 12, the 2-sample batch
     included. (Before, that batch was dropped: one update fewer and an accumulation phase shifted each epoch; the
-    weights ended 7e-3 away.) The epochs' training losses in the history are the one process's too."""
+    weights ended 7e-3 away.) The epochs' training losses and accuracies in the history are the one process's too."""
     run = write_run(tmp_path, 50, batch_norm=True,
                     solver="solver: adam, base_lr: 0.01, weight_decay: 0.001, clip_gradients: 1.0, "
                            "minibatch_size: 2, lr_policy: multistep, stepvalues: [3, 5], gamma: 0.5, seed: 0")
@@ -189,9 +189,10 @@ def test_three_ranks_train_a_last_batch_smaller_than_the_ranks_as_one_process(tm
     state = lp.Solver.load_checkpoint(lp.backend("native"), lp.backend("native"),
                                       str(tmp_path / "three" / "checkpoint.leaf"))
     assert state.iteration == 7  # 15 batches, 2 per update (the last call stays pending)
-    # the training loss of each epoch is the global batches' (rank 0's own share's before)
+    # the training loss and accuracy of each epoch are the global batches' (rank 0's own share's before)
     got, want = (json.loads((tmp_path / d / "history.json").read_text()) for d in ("three", "one"))
     assert [h["loss"] for h in got] == pytest.approx([h["loss"] for h in want], rel=1e-5)
+    assert [h["train_accuracy"] for h in got] == pytest.approx([h["train_accuracy"] for h in want], abs=1e-9)
 
 
 def held_out_loss(out_dir, data) -> float:
