@@ -269,9 +269,15 @@ class Progress(Callback):
             from tqdm import tqdm
         except ImportError:
             return
+        try:
+            sized = os.get_terminal_size(sys.stderr.fileno()).columns > 0
+        except (OSError, ValueError):
+            sized = False
+        # a terminal that reports no size (a pty nobody sized) would hide the bar: give it 80 columns and 24 rows
+        size: dict[str, Any] = {"dynamic_ncols": True} if sized else {"ncols": 80, "nrows": 24}
         self.bar = tqdm(total=trainer.batches_per_epoch, initial=trainer.position_batches,
                         desc=f"epoch {epoch + 1}/{trainer.epochs}", unit="batch", leave=False, mininterval=0.25,
-                        dynamic_ncols=True, file=sys.stderr)
+                        file=sys.stderr, **size)
 
     def on_batch_end(self, trainer: Trainer, epoch: int, batch: int, loss: float) -> None:
         if not trainer.is_root:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -335,3 +337,28 @@ def test_evaluating_a_run_stopped_before_its_model_was_written_names_its_checkpo
     p = leafpy(tmp_path, "evaluate", "run")
     failed_cleanly(p, "no model.leaf yet", "--weights run/checkpoint.leaf", "--resume run/checkpoint.leaf")
     assert leafpy(tmp_path, "evaluate", "run", "--weights", "run/checkpoint.leaf").returncode == 0
+
+
+def test_a_terminal_that_reports_no_size_still_shows_the_progress_bar(tmp_path):
+    """A pseudo-terminal nobody sized (0 columns, 0 rows), as some terminals in editors and CI runners give."""
+    pty = pytest.importorskip("pty")
+    master, slave = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
+    proc = subprocess.Popen([sys.executable, "-m", "leafpy", "train", "digits_mlp", "--epochs", "1", "--out", "run"],
+                            cwd=tmp_path, env=env, stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    seen, deadline = b"", time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if not select.select([master], [], [], 1.0)[0]:
+            continue
+        try:
+            chunk = os.read(master, 1 << 16)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    assert proc.wait(timeout=120) == 0, seen.decode(errors="replace")
+    text = seen.decode(errors="replace")
+    assert "epoch 1/1" in text and f"/{-(-1438 // 32)} [" in text, text  # the bar: batches done / 45
