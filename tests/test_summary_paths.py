@@ -1,0 +1,64 @@
+"""`leafpy summary` on run directories as training leaves them, and run files whose outermost network names a
+feeding blob it cannot have. Each test checks what the user sees against what the command is for: summary prints a
+network, it scores nothing and takes no --weights."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import leafpy as lp
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def leafpy(cwd: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python -m leafpy ARGS`` in ``cwd`` with this checkout's leafpy."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+    return subprocess.run([sys.executable, "-m", "leafpy", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _run_directory(tmp_path: Path, *, model: bool) -> Path:
+    """What `leafpy train` leaves: run.yaml and checkpoint.leaf, and model.leaf once the run ends."""
+    be = lp.backend("native")
+    run = lp.config.load("digits_mlp")
+    d = tmp_path / "run"
+    d.mkdir()
+    lp.config.save(run, d / "run.yaml")
+    lp.Solver.from_config(be, be, run.solver).save_checkpoint(str(d / "checkpoint.leaf"))
+    if model:
+        lp.Layer.from_config(be, run.network).save(str(d / "model.leaf"))
+    return d
+
+
+def test_summary_of_a_run_directory_with_a_data_setting_shows_the_network(tmp_path):
+    """summary scores no held-out samples: a --set of the data section cannot mix training samples into them."""
+    _run_directory(tmp_path, model=True)
+    p = leafpy(tmp_path, "summary", "run", "--set", "data.seed=3")
+    assert p.returncode == 0, p.stderr
+    assert "total parameters" in p.stdout, p.stdout
+
+
+def test_summary_of_a_stopped_run_names_no_option_it_lacks(tmp_path):
+    """A run stopped before model.leaf: summary shows the network from run.yaml, or names a fix that works for
+    summary (it takes no --weights)."""
+    _run_directory(tmp_path, model=False)
+    p = leafpy(tmp_path, "summary", "run")
+    assert p.returncode == 0 or "--weights" not in p.stderr, p.stderr
+    assert "unrecognized arguments" in leafpy(tmp_path, "summary", "run", "--weights", "run/checkpoint.leaf").stderr
+
+
+def test_the_outermost_network_cannot_name_a_blob_that_feeds_it(tmp_path):
+    """`from` names a blob of the enclosing container; the outermost network has none, so a `from` there (a typo
+    or a block pasted from a nested one) is refused instead of being kept and ignored."""
+    text = (ROOT / "configs" / "digits_mlp.yaml").read_text().replace(
+        "inputs: [{name: data, shape: [32, 1, 8, 8]}]", "inputs: [{name: data, shape: [32, 1, 8, 8], from: pixels}]")
+    assert "from: pixels" in text
+    (tmp_path / "r.yaml").write_text(text)
+    with pytest.raises(lp.errors.LeafpyError, match="from"):
+        lp.Layer.from_config(lp.backend("native"), lp.config.load(str(tmp_path / "r.yaml")).network)
