@@ -62,3 +62,19 @@ def test_the_outermost_network_cannot_name_a_blob_that_feeds_it(tmp_path):
     (tmp_path / "r.yaml").write_text(text)
     with pytest.raises(lp.errors.LeafpyError, match="from"):
         lp.Layer.from_config(lp.backend("native"), lp.config.load(str(tmp_path / "r.yaml")).network)
+
+
+def test_params_on_a_nested_sequential_take_effect_or_are_refused():
+    """`params: [{lr_mult: 0}]` on a nested Sequential in YAML: either its weights are frozen as asked, or the key is
+    refused as a Sequential's, never accepted and dropped (the block would train while the run file says not)."""
+    d = {"name": "n", "type": "Sequential", "inputs": [{"name": "data", "shape": [4, 6]}], "layers": [
+        {"name": "fc0", "type": "Linear", "output_size": 5},
+        {"name": "blk", "type": "Sequential", "inputs": [{"name": "a", "shape": [4, 5]}],
+         "params": [{"lr_mult": 0.0}], "layers": [{"name": "fc1", "type": "Linear", "output_size": 3}]}]}
+    try:
+        net = lp.Layer.from_config(lp.backend("native"), lp.config.layer_from_dict(d))
+    except lp.errors.ConfigError as e:
+        assert "params" in str(e)
+        return
+    multipliers = dict(zip(net.learnable_weights_names(), (c.lr_mult for c in net.learnable_weights_configs())))
+    assert multipliers["blk/fc1/weight"] == 0.0, multipliers
