@@ -49,8 +49,9 @@ def test_summary_of_a_stopped_run_names_no_option_it_lacks(tmp_path):
     summary (it takes no --weights)."""
     _run_directory(tmp_path, model=False)
     p = leafpy(tmp_path, "summary", "run")
-    assert p.returncode == 0 or "--weights" not in p.stderr, p.stderr
-    assert "unrecognized arguments" in leafpy(tmp_path, "summary", "run", "--weights", "run/checkpoint.leaf").stderr
+    if p.returncode != 0 and "--weights run/checkpoint.leaf" in p.stderr:  # the fix it names must work
+        fixed = leafpy(tmp_path, "summary", "run", "--weights", "run/checkpoint.leaf")
+        assert fixed.returncode == 0, (p.stderr, fixed.stderr)
 
 
 def test_the_outermost_network_cannot_name_a_blob_that_feeds_it(tmp_path):
