@@ -1,9 +1,10 @@
-"""`leafpy summary` on run directories as training leaves them, and run files whose outermost network names a
-feeding blob it cannot have. Each test checks what the user sees against what the command is for: summary prints a
-network, it scores nothing and takes no --weights."""
+"""Run directories and run files as users meet them: `leafpy summary` on a run directory (summary prints a network,
+scores nothing and takes no --weights), keys of a Sequential in YAML that must act or be refused, and the best
+epochs a resumed run keeps. Each test checks what the user sees against what the command is documented to do."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -79,3 +80,17 @@ def test_params_on_a_nested_sequential_take_effect_or_are_refused():
         return
     multipliers = dict(zip(net.learnable_weights_names(), (c.lr_mult for c in net.learnable_weights_configs())))
     assert multipliers["blk/fc1/weight"] == 0.0, multipliers
+
+
+def test_a_run_resumed_from_an_earlier_best_epoch_keeps_no_best_file_of_the_epochs_it_replaced(tmp_path):
+    """Resumed from best-epoch2.leaf, the run's epochs 3.. are new: a best-epoch4.leaf left from the epochs it
+    replaced is not one of this run's (its history ends at epoch 3), so it must not stay beside them."""
+    keep = ["--set", "train.keep_best=3", "--set", "train.monitor=test_loss"]
+    assert leafpy(tmp_path, "train", "digits_mlp", "--epochs", "4", "--out", "run", *keep).returncode == 0
+    assert (tmp_path / "run" / "best-epoch2.leaf").exists() and (tmp_path / "run" / "best-epoch4.leaf").exists()
+    r = leafpy(tmp_path, "train", "run", "--resume", "run/best-epoch2.leaf", "--epochs", "3", *keep)
+    assert r.returncode == 0, r.stderr
+    epochs = [h["epoch"] for h in json.loads((tmp_path / "run" / "history.json").read_text())]
+    assert epochs == [1, 2, 3]
+    kept = sorted(int(p.name[len("best-epoch"):-len(".leaf")]) for p in (tmp_path / "run").glob("best-epoch*.leaf"))
+    assert set(kept) <= set(epochs), kept
