@@ -94,3 +94,14 @@ def test_a_run_resumed_from_an_earlier_best_epoch_keeps_no_best_file_of_the_epoc
     assert epochs == [1, 2, 3]
     kept = sorted(int(p.name[len("best-epoch"):-len(".leaf")]) for p in (tmp_path / "run").glob("best-epoch*.leaf"))
     assert set(kept) <= set(epochs), kept
+
+
+def test_evaluate_a_run_directory_with_weights_of_another_split_is_refused(tmp_path):
+    """`leafpy evaluate DIR --weights OTHER/model.leaf`, OTHER trained with another seed: DIR's held-out samples are
+    mostly OTHER's training samples, as with `leafpy evaluate DIR/run.yaml --weights ...`, which is refused."""
+    assert leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--out", "a").returncode == 0
+    assert leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--out", "b", "--seed", "3").returncode == 0
+    as_file = leafpy(tmp_path, "evaluate", "a/run.yaml", "--weights", "b/model.leaf")
+    assert as_file.returncode == 1 and "another data split" in as_file.stderr, as_file.stderr
+    as_directory = leafpy(tmp_path, "evaluate", "a", "--weights", "b/model.leaf")
+    assert as_directory.returncode == 1 and "another data split" in as_directory.stderr, as_directory.stdout
