@@ -194,6 +194,12 @@ def test_confusion_matrix():
     assert cm.accuracy() == 0.75 and cm.samples == 4
     assert cm.matrix[1, 2] == 1
     assert "accuracy 75.00% of 4 samples" in str(cm)
+    # the recall column: correct / the class's samples; a class without samples shows a dash, not 0%
+    rows = str(cm).splitlines()[1:4]
+    assert [r.split()[-1] for r in rows] == ["100.0%", "50.0%", "100.0%"]
+    few = lp.ConfusionMatrix(3)
+    few.add([0, 2], [0, 2])
+    assert str(few).splitlines()[2].split()[-1] == "-"
     running = lp.ConfusionMatrix(3, capacity=2)
     running.add([0, 0, 0], [1, 1, 1])
     running.add([2], [2])
