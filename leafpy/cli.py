@@ -556,7 +556,7 @@ def write_predictions(path: str, outputs: np.ndarray, classes: np.ndarray | None
         else:
             np.savez(buf, outputs=outputs, classes=classes)
         data = buf.getvalue()
-    atomic_write(path, data)
+    atomic_write(path, data, example="predictions" + os.path.splitext(path)[1])
 
 
 def summary_cmd(args: argparse.Namespace) -> int:
