@@ -592,13 +592,14 @@ class _HoldsWeights(Protocol):
     def load_weights(self, weights: Mapping[str, Any], *, strict: bool = True) -> Any: ...
 
 
-def load_weights(layer: _HoldsWeights, path: str | os.PathLike) -> None:
-    """Set a network's weights (through its public ``load_weights``) from a model file or from the network in a
-    solver checkpoint, by name; errors name the file."""
+def load_weights(layer: _HoldsWeights, path: str | os.PathLike, *, strict: bool = True) -> Any:
+    """Set a network's weights (through its public ``load_weights``, with its ``strict``) from a model file or from
+    the network in a solver checkpoint, by name; errors name the file. Returns what ``load_weights`` returns (the
+    weights left alone)."""
     path = os.fspath(path)
     saved, leaf = read_weights(path)
     with reading(path):
-        layer.load_weights(from_leaf(saved, layer.weight_specs()) if leaf else saved)
+        return layer.load_weights(from_leaf(saved, layer.weight_specs()) if leaf else saved, strict=strict)
 
 
 def saved_network_config(path: str | os.PathLike) -> LayerConfig:
