@@ -441,3 +441,38 @@ def test_resuming_after_the_data_files_changed_is_refused(tmp_path):
     failed_cleanly(p, "not those the checkpoint run/checkpoint.leaf was trained on", "--weights run/checkpoint.leaf")
     p = leafpy(tmp_path, "train", "five.yaml", "--out", "again", "--weights", "run/checkpoint.leaf")
     assert p.returncode == 0 and "starting from the weights in run/checkpoint.leaf" in p.stdout, p.stderr
+
+
+def test_a_cosine_schedule_with_warm_up_from_the_run_file(tmp_path):
+    """solver: {lr_policy: cosine, max_iter, min_lr, warmup_iter, warmup_factor} in a hand-written run file: each
+    epoch's recorded rate is the formula's at its last update, the checkpoint keeps the settings, and a run stopped
+    after epoch 1 and resumed ends with the weights of the uninterrupted run."""
+    import math
+
+    import leafpy as lp
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "five.npz", x=rng.random((64, 1, 8, 8)).astype(np.float32), y=rng.integers(0, 5, 64))
+    sched = "{solver: momentum, base_lr: 0.2, momentum: 0.9, seed: 3, lr_policy: cosine, max_iter: 9, " \
+            "min_lr: 0.01, warmup_iter: 2, warmup_factor: 0.5}"
+    (tmp_path / "five.yaml").write_text(FIVE_CLASS_RUN.replace(
+        "{solver: momentum, base_lr: 0.0, momentum: 0.9, seed: 3}", sched))
+    whole = leafpy(tmp_path, "train", "five.yaml", "--out", "whole", "--epochs", "3")
+    assert whole.returncode == 0, whole.stderr
+
+    def rate(it):  # 48 training samples at batch 16: 3 updates an epoch
+        cos = lambda t: 0.01 + 0.19 * (1 + math.cos(math.pi * min(t, 9) / 9)) / 2  # noqa: E731
+        return cos(2) * (0.5 + 0.5 * it / 2) if it < 2 else cos(it)
+
+    history = json.loads((tmp_path / "whole" / "history.json").read_text())
+    assert [r["iteration"] for r in history] == [3, 6, 9]
+    assert [r["learning_rate"] for r in history] == pytest.approx([rate(2), rate(5), rate(8)])
+    saved = lp.Solver.load_checkpoint(lp.backend("native"), lp.backend("native"),
+                                      str(tmp_path / "whole" / "checkpoint.leaf")).config
+    assert (saved.lr_policy, saved.min_lr, saved.warmup_iter, saved.warmup_factor) == ("cosine", 0.01, 2, 0.5)
+    assert leafpy(tmp_path, "train", "five.yaml", "--out", "cut", "--epochs", "1").returncode == 0
+    resumed = leafpy(tmp_path, "train", "five.yaml", "--out", "cut", "--resume", "cut/checkpoint.leaf", "--epochs", "3")
+    assert resumed.returncode == 0, resumed.stderr
+    a, b = _weights(tmp_path / "whole" / "model.leaf"), _weights(tmp_path / "cut" / "model.leaf")
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])

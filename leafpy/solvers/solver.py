@@ -23,7 +23,7 @@ from ..errors import ConfigError, LeafpyError, SerializationError, ShapeError
 from ..layers.layer import Layer, LayerConfig, WeightConfig
 from ..tensor import SharedTensor, as_numbers
 
-LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
+LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid", "cosine")
 _SOLVER_TOKENS = itertools.count()
 
 
@@ -53,6 +53,12 @@ class SolverConfig:
     stepvalues: tuple[int, ...] = ()
     power: float = 1.0
     max_iter: int | None = None
+    min_lr: float = 0.0
+    """The cosine policy's rate at max_iter (and after it)."""
+    warmup_iter: int = 0
+    warmup_factor: float = 0.0
+    """A linear warm-up over the first warmup_iter iterations (0: none), from warmup_factor times the policy's rate
+    at warmup_iter up to that rate; from warmup_iter on, the policy's rate."""
     clip_gradients: float | None = None
     weight_decay: float | None = None
     momentum: float = 0.0
@@ -95,8 +101,13 @@ class SolverConfig:
         s(self, "power", _checks.number("solver.power", self.power))
         if self.max_iter is not None:
             s(self, "max_iter", _checks.positive_int("solver.max_iter", self.max_iter))
-        elif self.lr_policy == "poly":
-            raise ConfigError("solver.max_iter: the poly policy needs max_iter (a positive integer)")
+        elif self.lr_policy in ("poly", "cosine"):
+            raise ConfigError(f"solver.max_iter: the {self.lr_policy} policy needs max_iter (a positive integer): the "
+                              "iteration where its rate reaches its end")
+        s(self, "min_lr", _checks.number("solver.min_lr", self.min_lr, minimum=0.0))
+        s(self, "warmup_iter", _checks.non_negative_int("solver.warmup_iter", self.warmup_iter))
+        s(self, "warmup_factor", _checks.number("solver.warmup_factor", self.warmup_factor, minimum=0.0,
+                                                maximum=1.0))
         if self.lr_policy == "multistep" and not steps:
             raise ConfigError("solver.stepvalues: the multistep policy needs stepvalues, e.g. [1000, 2000]")
         self._check_policy()
@@ -158,12 +169,23 @@ class SolverConfig:
 
     def learning_rate(self, iteration: int) -> float:
         """The learning rate at ``iteration`` under this config's policy (Caffe's formulas, evaluated so that no
-        intermediate value overflows: sigmoid far from its step is 0 or base_lr, as in Caffe). A rate beyond the
-        largest float (a growing exp or step policy after many iterations) is a ConfigError naming the iteration."""
+        intermediate value overflows: sigmoid far from its step is 0 or base_lr, as in Caffe; cosine is
+        ``min_lr + (base_lr - min_lr) * (1 + cos(pi * iteration / max_iter)) / 2``, min_lr after max_iter), after a
+        linear warm-up over the first ``warmup_iter`` iterations. A rate beyond the largest float (a growing exp or
+        step policy after many iterations) is a ConfigError naming the iteration."""
+        if iteration < self.warmup_iter:
+            f = self.warmup_factor
+            return self._policy_rate(self.warmup_iter) * (f + (1.0 - f) * iteration / self.warmup_iter)
+        return self._policy_rate(iteration)
+
+    def _policy_rate(self, iteration: int) -> float:
         base, gamma, it = self.base_lr, self.gamma, iteration
         policy = self.lr_policy
         if policy == "fixed":
             return base
+        if policy == "cosine":
+            last = self.max_iter if self.max_iter is not None else 1
+            return self.min_lr + (base - self.min_lr) * 0.5 * (1.0 + math.cos(math.pi * min(it, last) / last))
         if policy == "step":
             rate = _times_power(base, gamma, it // self.stepsize)
         elif policy == "exp":
