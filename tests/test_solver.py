@@ -53,7 +53,7 @@ def test_cosine_policy_and_linear_warm_up(it):
     assert stepped(it) == pytest.approx(base * it / 100 if it < 100 else base * 0.5 ** (it // 300))
 
 
-@pytest.mark.parametrize("rule", ["momentum", "adam"])
+@pytest.mark.parametrize("rule", ["momentum", "adam", "adamw"])
 def test_updates_follow_a_cosine_schedule_after_warm_up(native64, rng, rule):
     """Each update uses its iteration's rate: the warm-up's, then the cosine's, then min_lr."""
     base, low, last, warm = 0.3, 0.02, 8, 3
@@ -114,22 +114,25 @@ def by_hand(solver_name, W, b, xs, ts, *, lr, m=0.9, wd=0.01, b1=0.9, b2=0.999, 
     for it, (x, t) in enumerate(zip(xs, ts)):
         y = x @ W.T + b
         dy = 2 * (y - t) / y.size
-        gW, gb = dy.T @ x + wd * W, dy.sum(0)  # bias: decay_mult 0
+        # bias: decay_mult 0; AdamW decays the weights themselves (PyTorch's AdamW: w *= 1 - lr * decay first)
+        gW, gb = dy.T @ x + (0.0 if solver_name == "adamw" else wd) * W, dy.sum(0)
         for k, (p, g, mult) in enumerate(((W, gW, 1.0), (b, gb, 2.0))):
             rate = (lr(it) if callable(lr) else lr) * mult
-            if solver_name == "momentum":
+            if solver_name == "adamw" and k == 0:
+                p *= 1.0 - rate * wd
+            if solver_name in ("adam", "adamw"):
+                hist["m"][k] = b1 * hist["m"][k] + (1 - b1) * g
+                hist["v"][k] = b2 * hist["v"][k] + (1 - b2) * g * g
+                t_ = it + 1
+                rate_t = rate * np.sqrt(1 - b2 ** t_) / (1 - b1 ** t_)
+                p -= rate_t * hist["m"][k] / (np.sqrt(hist["v"][k]) + eps)
+            elif solver_name == "momentum":
                 hist["h"][k] = m * hist["h"][k] + rate * g
                 p -= hist["h"][k]
             elif solver_name == "nesterov":
                 prev = hist["h"][k].copy()
                 hist["h"][k] = m * hist["h"][k] + rate * g
                 p -= (1 + m) * hist["h"][k] - m * prev
-            elif solver_name == "adam":
-                hist["m"][k] = b1 * hist["m"][k] + (1 - b1) * g
-                hist["v"][k] = b2 * hist["v"][k] + (1 - b2) * g * g
-                t_ = it + 1
-                rate_t = rate * np.sqrt(1 - b2 ** t_) / (1 - b1 ** t_)
-                p -= rate_t * hist["m"][k] / (np.sqrt(hist["v"][k]) + eps)
             elif solver_name == "rmsprop":
                 hist["h"][k] = decay * hist["h"][k] + (1 - decay) * g * g
                 p -= rate * g / (np.sqrt(hist["h"][k]) + eps)
@@ -148,7 +151,7 @@ def by_hand(solver_name, W, b, xs, ts, *, lr, m=0.9, wd=0.01, b1=0.9, b2=0.999, 
 
 
 @pytest.mark.parametrize("piece", [None, 4], ids=["whole", "in-pieces"])
-@pytest.mark.parametrize("rule", ["momentum", "nesterov", "adam", "rmsprop", "adagrad", "adadelta"])
+@pytest.mark.parametrize("rule", ["momentum", "nesterov", "adam", "adamw", "rmsprop", "adagrad", "adadelta"])
 def test_first_three_steps_by_hand(native64, rule, piece):
     if piece:
         native64.UPDATE_PIECE = piece  # the 2x3 weight updates in two pieces, on this instance only

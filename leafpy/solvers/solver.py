@@ -243,12 +243,18 @@ class UpdateRule:
         step never enter a recorded step."""
         return lr
 
-    def update(self, backend: Backend, w: Any, g: Any, state: list[Any], rate: Any, lr_mult: float) -> None:
+    def update(self, backend: Backend, w: Any, g: Any, state: list[Any], rate: Any, lr_mult: float,
+               decay: float = 0.0) -> None:
         """Update the weight ``w`` from its gradient ``g`` (device buffers; ``state`` the rule's history buffers);
-        ``rate`` is the buffer ``[step rate, apply]``: :meth:`step_rate`, scaled by the weight's ``lr_mult``, and
+        ``rate`` is the buffer ``[step rate, apply, lr]``: :meth:`step_rate`, scaled by the weight's ``lr_mult``;
         0 where the step is skipped (loss scaling saw inf or nan gradients), when the backend's update primitive
-        writes nothing."""
+        writes nothing; and the policy's rate itself. A rule with ``decoupled_weight_decay`` also gets ``decay``
+        (weight_decay times the weight's decay_mult) to apply itself; the others get gradients with the decay in."""
         raise NotImplementedError
+
+    decoupled_weight_decay: ClassVar[bool] = False
+    """The rule applies weight decay to the weights itself (AdamW's ``w -= lr·decay·w``), instead of the solver
+    adding ``decay·w`` to the gradient first (L2 regularisation, Caffe's)."""
 
 
 class Solver:
@@ -272,9 +278,9 @@ class Solver:
         self._accum = [SharedTensor(w.shape, dtype) for w in weights] if config.minibatch_size > 1 else []
         self._scratch = SharedTensor((1,), dtype)
         # [the step's rate (rule.step_rate), uploaded before each step when it changed; 1 to apply the update or 0
-        # to skip it, written on the device under loss scaling]
-        self._rate = SharedTensor((2,), dtype)
-        self._rate_value: float | None = None
+        # to skip it, written on the device under loss scaling; the policy's rate]
+        self._rate = SharedTensor((3,), dtype)
+        self._rate_value: tuple[float, float] | None = None
         self._workers_of: Layer | None = None
         self._worker_list: list[Any] = []
         self._norm = SharedTensor((1,), dtype)
@@ -429,12 +435,13 @@ class Solver:
         data, grads, _, configs = self.network.runner.parameters()
         return data, grads, configs
 
-    def _set_rate(self, rate: float) -> None:
-        """Put the step's rate into its device buffer before the step (4 bytes uploaded when it changed)."""
+    def _set_rate(self, rate: float, lr: float) -> None:
+        """Put the step's rate (and the policy's) into their device buffer before the step (uploaded when they
+        changed)."""
         be = self.network.backend
-        if rate != self._rate_value:  # apply: 1 (loss scaling sets it on the device within the step)
-            be.upload(np.array([rate, 1.0], dtype=be.dtype), self._rate.write(be))
-            self._rate_value = rate
+        if (rate, lr) != self._rate_value:  # apply: 1 (loss scaling sets it on the device within the step)
+            be.upload(np.array([rate, 1.0, lr], dtype=be.dtype), self._rate.write(be))
+            self._rate_value = (rate, lr)
         else:
             self._rate.read(be)
 
@@ -466,7 +473,8 @@ class Solver:
         update_now = k == 1 or self._calls + 1 == k
         # per-step values go to the device before staging, which may queue work that an upload would submit first
         if update_now:
-            self._set_rate(self.rule.step_rate(self.config.learning_rate(self.iteration), self.iteration))
+            lr = self.config.learning_rate(self.iteration)
+            self._set_rate(self.rule.step_rate(lr, self.iteration), lr)
         workers = self._workers()
         for worker in workers:
             worker.before_step(be)
@@ -541,9 +549,13 @@ class Solver:
             if wc.lr_mult == 0.0:  # a weight that never moves (BatchNorm's running statistics): nothing to launch
                 continue
             wb = w.read_write(be)
-            if cfg.weight_decay and wc.decay_mult:
-                be.axpby(cfg.weight_decay * wc.decay_mult, wb, 1.0, g)
+            decay = (cfg.weight_decay or 0.0) * wc.decay_mult
             st = [s.read_write(be) for s in state]
+            if self.rule.decoupled_weight_decay:
+                self.rule.update(be, wb, g, st, rate, wc.lr_mult, decay=decay)
+                continue
+            if decay:
+                be.axpby(decay, wb, 1.0, g)
             self.rule.update(be, wb, g, st, rate, wc.lr_mult)
 
     def _unscale(self, grads: Sequence[SharedTensor], dynamic: bool) -> None:
