@@ -276,8 +276,8 @@ def train(args: argparse.Namespace) -> int:
         continues = False
         if group.is_root:
             if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-                raise LeafpyError(f"--out {out_dir}: a file, not a directory; give the directory the run's files "
-                                  "go into (it is made if missing)")
+                raise LeafpyError(f"--out {out_dir}: cannot create the output directory: a file, not a directory, is "
+                                  "there; give the directory the run's files go into (it is made if missing)")
             try:
                 os.makedirs(out_dir, exist_ok=True)
             except OSError as e:

@@ -339,7 +339,7 @@ class _Builder:
         r = len(cur.shape)
         axis = -1 if r == 3 else 1
         if r == 4 and self.rng.random() < 0.3:
-            axis = 2  # along the height: both paths must keep it
+            axis = int(self.rng.choice([2, 3]))  # along a spatial axis: every path keeps the shape
         parts = [self.path(cur, change=axis in (1, -1)) for _ in range(int(self.rng.integers(1, 3)))]
         if self.rng.random() < 0.5 or len(parts) == 1:
             parts.append(cur)
@@ -351,7 +351,7 @@ class _Builder:
 
     def b_slice(self, cur: Blob) -> Blob:
         r = len(cur.shape)
-        axis = int(self.rng.choice([1, -1])) if r > 2 else 1
+        axis = int(self.rng.choice([1, -1] if r == 3 else [1, 2, -1])) if r > 2 else 1
         length = cur.shape[axis]
         if length < 2:
             return self.b_act(cur)
@@ -496,17 +496,20 @@ class _Generator:
             cur = b.one(lp.LinearConfig(output_size=k), cur, (n, k))
             if rng.random() < 0.7:
                 cur = b.one("LogSoftmax", cur)
-            inputs.append(Input("label", (n, 1), "labels", k))
-            b.cfg.add_input("label", (n, 1))
+            label = (n, 1) if rng.random() < 0.7 else (n,)
+            inputs.append(Input("label", label, "labels", k))
+            b.cfg.add_input("label", label)
             # without named inputs the loss reads the previous output and the unread declared input "label"
             named = not (b.prev_single and b._is_prev(cur)) or rng.random() < 0.4
             cur = Blob(b.add(lp.NegativeLogLikelihoodConfig(num_classes=k),
-                             [cur, Blob("label", (n, 1))] if named else None)[0], (1,))
+                             [cur, Blob("label", label)] if named else None)[0], (1,))
         elif family == "target":
-            inputs.append(Input("target", cur.shape))
-            b.cfg.add_input("target", cur.shape)
+            # the target has the prediction's shape, or its number of values per sample
+            target = cur.shape if len(cur.shape) == 2 or rng.random() < 0.7 else (n, b.size(cur))
+            inputs.append(Input("target", target))
+            b.cfg.add_input("target", target)
             named = not (b.prev_single and b._is_prev(cur)) or rng.random() < 0.4
-            cur = Blob(b.add("MeanSquaredError", [cur, Blob("target", cur.shape)] if named else None)[0], (1,))
+            cur = Blob(b.add("MeanSquaredError", [cur, Blob("target", target)] if named else None)[0], (1,))
         if cur.shape == (1,) and rng.random() < 0.5:
             cur = b.in_place(cur, keep_shape=True)  # in place after a loss
         elif len(cur.shape) >= 2 and rng.random() < 0.25:
@@ -535,11 +538,12 @@ def random_case(seed: int) -> Case:
 
 
 def random_network(rng: np.random.Generator) -> tuple[lp.LayerConfig, list[int]]:
-    """A network config over one float input, and that input's shape (a case of a float-input family drawn from
-    ``rng``)."""
+    """A network config over one float input, with force_backward, and that input's shape (a case of a float-input
+    family drawn from ``rng``)."""
     while True:
         case = random_case(int(rng.integers(2**31)))
         if len(case.inputs) == 1 and case.inputs[0].kind == "float":
+            case.config.config.force_backward = True
             return case.config, list(case.inputs[0].shape)
 
 

@@ -119,7 +119,7 @@ def test_an_output_directory_that_cannot_be_written_is_named(tmp_path, kind):
 def test_an_output_path_that_is_a_file_is_named_as_one(tmp_path):
     (tmp_path / "notes").write_text("mine\n")
     p = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--out", "notes")
-    failed_cleanly(p, "--out notes", "a file, not a directory")
+    failed_cleanly(p, "--out notes", "a file, not a directory, is there")
     assert (tmp_path / "notes").read_text() == "mine\n"
 
 

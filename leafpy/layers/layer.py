@@ -73,7 +73,8 @@ class Worker:
     modifies_data: ClassVar[bool] = True
     """False for layers whose output is their input seen with another shape."""
     backward_reads_output: ClassVar[bool] = False
-    """backward_input reads the layer's output (so a later layer must not overwrite it in place)."""
+    """The backward pass reads the layer's output (so a later layer must not overwrite it in place); without it the
+    backward methods get None for each output in ``y``."""
     differentiable: ClassVar[tuple[bool, ...] | None] = None
     """Per input: whether it can take a gradient (None: all)."""
     weight_names: tuple[str, ...] = ()  # a worker without some optional weight (a bias) sets its own
@@ -133,11 +134,13 @@ class Worker:
     def forward(self, backend: Backend, x: list[Buffer], w: list[Buffer], y: list[Buffer]) -> None:
         raise NotImplementedError
 
-    def backward_input(self, backend: Backend, x: list[Buffer], y: list[Buffer], dy: list[Buffer],
+    def backward_input(self, backend: Backend, x: list[Buffer], y: list[Buffer | None], dy: list[Buffer],
                        w: list[Buffer], dx: list[Buffer | None]) -> None:
+        """Write the input gradients ``dx`` (None where no gradient is wanted). ``y`` holds the outputs only where
+        the worker declares ``backward_reads_output`` (None otherwise)."""
         raise NotImplementedError
 
-    def backward_parameters(self, backend: Backend, x: list[Buffer], y: list[Buffer], dy: list[Buffer],
+    def backward_parameters(self, backend: Backend, x: list[Buffer], y: list[Buffer | None], dy: list[Buffer],
                             dw: list[Buffer], beta: list[float]) -> None:
         """Write weight gradients: ``dw[i] = grad + beta[i] * dw[i]`` (beta 1 accumulates into a shared weight)."""
 
@@ -488,7 +491,9 @@ class Layer:
         if (not self.weights and not want_dx) or self._only_a_view():
             return
         x = [t.read(be) for t in self.inputs]
-        y = [t.read(be) for t in self.outputs]
+        # a worker that does not declare that its backward reads y gets None: a layer after it may have
+        # overwritten y in place (and on a channels-last backend reading it could cost a relayout)
+        y = [t.read(be) for t in self.outputs] if worker.backward_reads_output else [None] * len(self.outputs)
         dy = [t.read(be) for t in self.output_grads]
         if self.weights:
             dw = [g.read_write(be) if b else g.write(be) for g, b in zip(self.weight_grads, self.weight_beta)]
