@@ -198,6 +198,9 @@ struct SolverConfig {
   lossScaleGrowthFactor @22 :Float64 = 2.0;
   lossScaleBackoffFactor @23 :Float64 = 0.5;
   lossScaleGrowthInterval @24 :UInt64 = 2000;
+  minLr @25 :Float64;         # the cosine policy's rate at maxIter
+  warmupIter @26 :UInt64;     # a linear warm-up over the first warmupIter iterations (0: none)
+  warmupFactor @27 :Float64;  # from warmupFactor times the rate at warmupIter
 }
 
 struct SolverCheckpoint {

@@ -319,7 +319,10 @@ def _train(args: argparse.Namespace, run: run_config.RunConfig, be: Any, out_dir
     """The training run; ``replace``: remove another run's files from ``out_dir`` once this one can start."""
     from .train import Trainer, TrainingInterrupted
 
-    trainer = Trainer(run, be, out_dir=out_dir, resume=args.resume, group=group, log=_out)
+    if args.resume and args.weights:
+        raise LeafpyError(f"--resume {args.resume} continues a run with its own weights, --weights {args.weights} "
+                          "starts a new run from a file's; give one of them")
+    trainer = Trainer(run, be, out_dir=out_dir, resume=args.resume, group=group, log=_out, weights=args.weights)
     done, within = trainer.start_epoch, trainer.start_sample > 0
     if trainer.epochs < done or (trainer.epochs == done and within):
         where = f"is in epoch {done + 1}" if within else f"ends epoch {done}"
@@ -341,6 +344,11 @@ def _train(args: argparse.Namespace, run: run_config.RunConfig, be: Any, out_dir
     trainer.log(f"leafpy: training {run.name or args.config} on {be.name}{mode}{ranks}: {len(ds.x_train)} training and "
                 f"{len(ds.x_test)} held-out samples ({ds.name}), batch {run.batch_size}, "
                 f"{trainer.solver.network.num_parameters():,} parameters, {epochs}")
+    if trainer.loaded is not None:
+        kept, ignored = trainer.loaded.missing, trainer.loaded.unexpected
+        trainer.log(f"starting from the weights in {args.weights}" +
+                    (f"; initial values for {', '.join(kept)}" if kept else "") +
+                    (f"; not in this network: {', '.join(map(str, ignored))}" if ignored else ""))
     try:
         history = trainer.fit()
     except TrainingInterrupted as e:
@@ -556,7 +564,7 @@ def write_predictions(path: str, outputs: np.ndarray, classes: np.ndarray | None
         else:
             np.savez(buf, outputs=outputs, classes=classes)
         data = buf.getvalue()
-    atomic_write(path, data)
+    atomic_write(path, data, example="predictions" + os.path.splitext(path)[1])
 
 
 def summary_cmd(args: argparse.Namespace) -> int:
@@ -611,6 +619,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", help="output directory (default: the --resume checkpoint's directory, else "
                    "runs/NAME)")
     t.add_argument("--resume", metavar="CHECKPOINT", help="continue from a checkpoint")
+    t.add_argument("--weights", metavar="FILE", help="start a new run from the weights of a model.leaf or "
+                   "checkpoint.leaf, matched by name (fine-tuning: weights the file lacks keep their initial values, "
+                   "weights the network lacks are ignored)")
     t.add_argument("--seed", type=int, help="seed for weights, dropout and shuffling")
     t.add_argument("--overwrite", action="store_true", help="replace another run's files in --out")
     t.add_argument("--nproc", type=int, help="train data-parallel on this many local processes (under mpiexec)")

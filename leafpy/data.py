@@ -40,6 +40,18 @@ class Dataset:
     def target_shape(self) -> tuple[int, ...]:
         return tuple(self.y_train.shape[1:])
 
+    def digest(self) -> str:
+        """A fingerprint of the samples and targets of both splits (their order, shapes, types and values): a
+        checkpoint keeps it, so a resumed run can tell that its data changed."""
+        import hashlib
+
+        h = hashlib.blake2b(digest_size=16)
+        for a in (self.x_train, self.y_train, self.x_test, self.y_test):
+            a = np.ascontiguousarray(a)
+            h.update(f"{a.dtype.str}{a.shape};".encode())
+            h.update(a.data.cast("B"))
+        return h.hexdigest()
+
 
 def split(name: str, x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int, num_classes: int) -> Dataset:
     if not 0.0 < test_fraction < 1.0:

@@ -90,7 +90,8 @@ class ConfusionMatrix:
         lines = ["target\\pred " + "".join(f"{c:>{width}}" for c in range(k)) + f"{'recall':>8}"]
         for t in range(k):
             row = self._matrix[t]
-            recall = row[t] / row.sum() if row.sum() else 0.0
-            lines.append(f"{t:>11} " + "".join(f"{v:>{width}}" for v in row) + f"{recall:>8.1%}")
+            # a class with no samples has no recall: a dash, not 0%
+            recall = f"{row[t] / row.sum():>8.1%}" if row.sum() else f"{'-':>8}"
+            lines.append(f"{t:>11} " + "".join(f"{v:>{width}}" for v in row) + recall)
         lines.append(f"accuracy {self.accuracy():.2%} of {self.samples} samples")
         return "\n".join(lines)

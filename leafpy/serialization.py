@@ -199,18 +199,19 @@ def read_layer_config(reader: Any, where: str = "config") -> LayerConfig:
 # --------------------------------------------------------------------------------------------------------------
 # files
 # --------------------------------------------------------------------------------------------------------------
-def atomic_write(path: str | os.PathLike, data: bytes) -> None:
+def atomic_write(path: str | os.PathLike, data: bytes, example: str = "model.leaf") -> None:
     """Write ``data`` to ``path`` so that a failure at any point leaves the previous file intact: a temporary file
     beside the target, synced, then renamed over it. A symbolic link is written through (its target is replaced,
     the link stays); a target that exists but is not a regular file (a device, a FIFO) is refused; the file keeps
-    the existing file's permissions, or gets those the umask gives a new file; the temporary file never stays."""
+    the existing file's permissions, or gets those the umask gives a new file; the temporary file never stays.
+    ``example``: the file name a message suggests where ``path`` is a directory."""
     path = os.fspath(path)
     if os.path.islink(path):
         path = os.path.realpath(path)
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise SerializationError(f"{path}: cannot write: it is a directory; give a file name such as "
-                                 f"{os.path.join(path, 'model.leaf')}")
+                                 f"{os.path.join(path, example)}")
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -591,13 +592,14 @@ class _HoldsWeights(Protocol):
     def load_weights(self, weights: Mapping[str, Any], *, strict: bool = True) -> Any: ...
 
 
-def load_weights(layer: _HoldsWeights, path: str | os.PathLike) -> None:
-    """Set a network's weights (through its public ``load_weights``) from a model file or from the network in a
-    solver checkpoint, by name; errors name the file."""
+def load_weights(layer: _HoldsWeights, path: str | os.PathLike, *, strict: bool = True) -> Any:
+    """Set a network's weights (through its public ``load_weights``, with its ``strict``) from a model file or from
+    the network in a solver checkpoint, by name; errors name the file. Returns what ``load_weights`` returns (the
+    weights left alone)."""
     path = os.fspath(path)
     saved, leaf = read_weights(path)
     with reading(path):
-        layer.load_weights(from_leaf(saved, layer.weight_specs()) if leaf else saved)
+        return layer.load_weights(from_leaf(saved, layer.weight_specs()) if leaf else saved, strict=strict)
 
 
 def saved_network_config(path: str | os.PathLike) -> LayerConfig:

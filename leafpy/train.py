@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import io
 import json
 import math
@@ -338,7 +339,8 @@ class Trainer:
     def __init__(self, run: run_config.RunConfig, backend: Backend | None = None, *, out_dir: str | None = None,
                  callbacks: Iterable[Callback] = (), resume: str | None = None, group: Any = None,
                  dataset: datasets.Dataset | None = None, log: Callable[[str], None] | None = None,
-                 log_every: int | None = None, keep_best: int | None = None, monitor: str | None = None) -> None:
+                 log_every: int | None = None, keep_best: int | None = None, monitor: str | None = None,
+                 weights: str | None = None) -> None:
         from .backends import run_backend
 
         if not isinstance(run, run_config.RunConfig):
@@ -364,7 +366,13 @@ class Trainer:
         self.global_batch = self.batch_size * self.world
         self.batches_per_epoch = math.ceil(n / self.global_batch)
         self.seed = int(run.data.get("seed", 0))
-        self.solver = self._make_solver(resume)
+        if resume and weights:
+            raise ConfigError(f"Trainer: resume ({resume}) continues a run with its own weights and weights "
+                              f"({weights}) starts a new one from a file's; give one of them")
+        self.loaded: Any = None
+        """With ``weights``: what the file did not set (``missing``: the network's weights it lacks, which keep
+        their initial values; ``unexpected``: its weights the network does not have)."""
+        self.solver = self._make_solver(resume, weights)
         if group is not None and group.size > 1:
             from .distributed import DataParallel
 
@@ -399,10 +407,13 @@ class Trainer:
         self.callbacks = built_in + list(callbacks)
 
     # --- set-up -----------------------------------------------------------------------------------------------
-    def _make_solver(self, resume: str | None) -> Solver:
+    def _make_solver(self, resume: str | None, weights: str | None = None) -> Solver:
         run = self.run
         if not resume:
-            return Solver.from_config(self.backend, self.backend, run.solver)
+            solver = Solver.from_config(self.backend, self.backend, run.solver)
+            if weights:
+                self._start_from(solver, weights)
+            return solver
         solver = Solver.load_checkpoint(self.backend, self.backend, resume)
         solver.reconfigure(run.solver, "the run file")
         trained_on = solver.trainer_state.get("data")
@@ -417,7 +428,28 @@ class Trainer:
                     raise ConfigError(f"data.{key}: the checkpoint {resume} was trained with {trained_on.get(key)!r}, "
                                       f"this run has {run.data.get(key)!r}: resuming would train on another split or "
                                       f"data; resume with the run's own data section{own}, or start a new run")
+        digest = solver.trainer_state.get("data_digest")
+        if digest is not None and digest != self.data_digest:
+            raise ConfigError(f"data: the {self.dataset.name} samples or targets are not those the checkpoint "
+                              f"{resume} was trained on (the files changed since): resuming would not continue that "
+                              f"run; restore the data, or start a new run from its weights with --weights {resume}")
         return solver
+
+    def _start_from(self, solver: Solver, path: str) -> None:
+        """A new run's network takes the weights of the same names from a model or checkpoint file (fine-tuning,
+        as Caffe's ``train --weights``): a weight of the file the network lacks is ignored, a weight of the
+        network the file lacks keeps its initial value, a weight of another shape is an error, and so is a file
+        none of whose weights the network has."""
+        from .serialization import load_weights
+
+        self.loaded = load_weights(solver.network, path, strict=False)
+        names = solver.network.learnable_weights_names()
+        if len(self.loaded.missing) == len(names):
+            raise ConfigError(f"--weights {path}: none of its weights has the name of one of this network's "
+                              f"({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}; the file's: "
+                              f"{', '.join(map(str, self.loaded.unexpected[:4]))}"
+                              f"{', ...' if len(self.loaded.unexpected) > 4 else ''}): is it a model of another "
+                              "network?")
 
     def _epoch_of_iteration(self) -> int:
         """For a checkpoint without a recorded position: the epochs its iterations complete."""
@@ -533,7 +565,12 @@ class Trainer:
             self.parallel.combine_pending_gradients()
         self.solver.trainer_state = {"epoch": epoch, "sample": sample, "loss_sum": loss_sum,
                                      "loss_count": loss_count, "correct": correct, "scored": scored,
-                                     "data": dict(self.run.data)}
+                                     "data": dict(self.run.data), "data_digest": self.data_digest}
+
+    @functools.cached_property
+    def data_digest(self) -> str:
+        """The dataset's fingerprint (:meth:`Dataset.digest`), which checkpoints keep."""
+        return self.dataset.digest()
 
     def _epoch_record(self, epoch: int, loss: float, elapsed: float, seen: int,
                       train_accuracy: float | None = None) -> dict[str, Any]:

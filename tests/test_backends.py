@@ -159,6 +159,7 @@ def _solver(backend, dropout=True, **changes):
     pytest.param(dict(solver="nesterov", base_lr=0.05), 1e-4, id="nesterov"),
     pytest.param(dict(solver="rmsprop", base_lr=0.001), 5e-4, id="rmsprop"),
     pytest.param(dict(solver="adam", base_lr=0.001), 5e-4, id="adam"),
+    pytest.param(dict(solver="adamw", base_lr=0.001), 5e-4, id="adamw"),
     pytest.param(dict(solver="adagrad", base_lr=0.01), 5e-4, id="adagrad"),
     pytest.param(dict(solver="adadelta", base_lr=1.0, epsilon=1e-6), 5e-4, id="adadelta"),
     pytest.param(dict(solver="momentum", base_lr=0.05, minibatch_size=2, lr_policy="step", stepsize=1, gamma=0.5),

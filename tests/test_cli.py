@@ -222,6 +222,10 @@ def test_predict_writes_classes_and_outputs(tmp_path):
     p = run("predict", str(run_file), "--weights", str(model), "--input", str(tmp_path / "new.npz"),
             "--out", str(tmp_path / "p.txt"))
     assert p.returncode == 1 and "predictions are written as .npz or .csv" in p.stderr
+    (tmp_path / "taken.csv").mkdir()  # an --out that is a directory: the message suggests a predictions file in it
+    p = run("predict", str(run_file), "--weights", str(model), "--input", str(tmp_path / "new.npz"),
+            "--out", str(tmp_path / "taken.csv"))
+    assert p.returncode == 1 and "it is a directory" in p.stderr and "predictions.csv" in p.stderr, p.stderr
     np.savez(tmp_path / "wide.npz", x=np.zeros((3, 5, 5)))
     p = run("predict", str(run_file), "--weights", str(model), "--input", str(tmp_path / "wide.npz"))
     assert p.returncode == 1 and "wide.npz: the samples have shape [5, 5]" in p.stderr and "Traceback" not in p.stderr

@@ -107,7 +107,7 @@ def test_errors_name_the_path(old, new, message):
 
 @pytest.mark.parametrize("extra,message", [
     ("solver: {momentum: 1.5}", r"solver\.momentum: expected a number in \[0, 1\)"),
-    ("solver: {lr_policy: cosine}", r"solver\.lr_policy: expected one of 'fixed'"),
+    ("solver: {lr_policy: linear}", r"solver\.lr_policy: expected one of 'fixed'"),
     ("solver: {learning_rate: 0.1}", r"solver: unknown key 'learning_rate'.*base_lr"),
     ("data: {dataset: cifar}", r"data\.dataset: expected one of 'digits', 'mnist', 'fashion_mnist', 'npz'"),
     ("data: {batch_size: -1}", r"data\.batch_size"),

@@ -306,7 +306,8 @@ def test_loss_scaled_steps_replay_and_match_the_reference(device, case, monkeypa
 
 
 RULE_SETTINGS = {"momentum": dict(momentum=0.9), "nesterov": dict(momentum=0.9), "adam": dict(base_lr=0.01),
-                 "rmsprop": dict(base_lr=0.01), "adagrad": dict(base_lr=0.05), "adadelta": dict(base_lr=1.0)}
+                 "rmsprop": dict(base_lr=0.01), "adagrad": dict(base_lr=0.05), "adadelta": dict(base_lr=1.0),
+                 "adamw": dict(base_lr=0.01, weight_decay=0.1)}
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -12,7 +12,7 @@ import pytest
 
 import leafpy as lp
 
-RULES = ["momentum", "nesterov", "adam", "rmsprop", "adagrad", "adadelta"]
+RULES = ["momentum", "nesterov", "adam", "adamw", "rmsprop", "adagrad", "adadelta"]
 MULTS = ((1.0, 3.0), (2.0, 0.0))  # (lr_mult, decay_mult) of the weight and of the bias
 SETTINGS = dict(base_lr=0.05, momentum=0.8, lr_policy="multistep", gamma=0.5, stepvalues=(2, 5), minibatch_size=2,
                 clip_gradients=18.0, weight_decay=0.05, loss_scale=8.0, epsilon=1e-6, rms_decay=0.9, beta1=0.8,
@@ -53,8 +53,12 @@ def reference_updates(rule, settings, weights, batches):
         scale = s["clip_gradients"] / norm if norm > s["clip_gradients"] else 1.0
         for j, (w, g) in enumerate(zip(ws, acc)):
             lr_mult, decay_mult = MULTS[j]
-            g = g * scale / k + s["weight_decay"] * decay_mult * w
             rate = lr * lr_mult
+            if rule == "adamw":  # decoupled: the weights shrink by rate * decay before Adam's step
+                g = g * scale / k
+                w *= 1.0 - rate * s["weight_decay"] * decay_mult
+            else:
+                g = g * scale / k + s["weight_decay"] * decay_mult * w
             h, u = state[j]
             if rule == "momentum":
                 h[...] = m * h + rate * g
@@ -63,7 +67,7 @@ def reference_updates(rule, settings, weights, batches):
                 prev = h.copy()
                 h[...] = m * h + rate * g
                 w -= (1 + m) * h - m * prev
-            elif rule == "adam":
+            elif rule in ("adam", "adamw"):
                 h[...] = s["beta1"] * h + (1 - s["beta1"]) * g
                 u[...] = s["beta2"] * u + (1 - s["beta2"]) * g * g
                 step = it + 1

@@ -19,11 +19,12 @@ ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 RULES = {"momentum": dict(base_lr=0.05, momentum=0.9), "nesterov": dict(base_lr=0.05, momentum=0.9),
          "adam": dict(base_lr=0.01), "rmsprop": dict(base_lr=0.002), "adagrad": dict(base_lr=0.02),
-         "adadelta": dict(base_lr=1.0)}
+         "adadelta": dict(base_lr=1.0), "adamw": dict(base_lr=0.01)}
 SCHEDULES = {"inv": dict(lr_policy="inv", gamma=0.3, power=0.75),  # Caffe's LeNet schedule, steeper
              "step": dict(lr_policy="step", stepsize=2, gamma=0.5),
              "poly": dict(lr_policy="poly", max_iter=12, power=2.0),
-             "sigmoid": dict(lr_policy="sigmoid", gamma=-1.0, stepsize=3)}
+             "sigmoid": dict(lr_policy="sigmoid", gamma=-1.0, stepsize=3),
+             "cosine-warmup": dict(lr_policy="cosine", max_iter=10, min_lr=1e-3, warmup_iter=3, warmup_factor=0.1)}
 CASES = ([(rule, "inv", 1) for rule in RULES]
          + [(rule, schedule, k) for rule in ("adam", "momentum") for schedule in SCHEDULES for k in (1, 2)
             if (schedule, k) != ("inv", 1)])

@@ -174,7 +174,7 @@ def _solver(backend, rule="momentum", minibatch_size=1):
 
 
 @pytest.mark.parametrize("rule,k", [("momentum", 1), ("adam", 1), ("nesterov", 2), ("rmsprop", 1), ("adagrad", 1),
-                                    ("adadelta", 1)])
+                                    ("adadelta", 1), ("adamw", 2)])
 def test_resume_equals_uninterrupted_training_bit_for_bit(tmp_path, native, rule, k):
     ds = lp.data.digits()
     batches = list(lp.data.batches(ds.x_train[:320], ds.y_train[:320], 32, seed=0))

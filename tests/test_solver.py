@@ -38,12 +38,51 @@ def test_caffe_learning_rate_formulas(it):
         base / (1 + math.exp(0.05 * (it - 200))))
 
 
+@pytest.mark.parametrize("it", [0, 1, 99, 100, 101, 550, 999, 1000, 1001, 5000])
+def test_cosine_policy_and_linear_warm_up(it):
+    """PyTorch's CosineAnnealingLR formula (T_max = max_iter, eta_min = min_lr), held at min_lr past max_iter; a
+    warm-up over the first 100 iterations rises linearly from 0.2 times the rate at iteration 100 to that rate."""
+    base, low, last = 0.4, 0.01, 1000
+    def cosine(t):
+        return low + (base - low) * (1 + math.cos(math.pi * min(t, last) / last)) / 2
+    assert policy(lr_policy="cosine", base_lr=base, min_lr=low, max_iter=last)(it) == pytest.approx(cosine(it))
+    warm = policy(lr_policy="cosine", base_lr=base, min_lr=low, max_iter=last, warmup_iter=100, warmup_factor=0.2)
+    want = cosine(100) * (0.2 + 0.8 * it / 100) if it < 100 else cosine(it)
+    assert warm(it) == pytest.approx(want)
+    stepped = policy(lr_policy="step", base_lr=base, gamma=0.5, stepsize=300, warmup_iter=100)
+    assert stepped(it) == pytest.approx(base * it / 100 if it < 100 else base * 0.5 ** (it // 300))
+
+
+@pytest.mark.parametrize("rule", ["momentum", "adam", "adamw"])
+def test_updates_follow_a_cosine_schedule_after_warm_up(native64, rng, rule):
+    """Each update uses its iteration's rate: the warm-up's, then the cosine's, then min_lr."""
+    base, low, last, warm = 0.3, 0.02, 8, 3
+
+    def rate(it):
+        cos = lambda t: low + (base - low) * (1 + math.cos(math.pi * min(t, last) / last)) / 2  # noqa: E731
+        return cos(warm) * (0.25 + 0.75 * it / warm) if it < warm else cos(it)
+
+    s = tiny_solver(native64, rule, base_lr=base, momentum=0.9, weight_decay=0.01, lr_policy="cosine", min_lr=low,
+                    max_iter=last, warmup_iter=warm, warmup_factor=0.25)
+    W0, b0 = (w.to_numpy() for w in s.network.learnable_weights_data())
+    xs, ts = rng.standard_normal((11, 4, 3)), rng.standard_normal((11, 4, 2))
+    want = by_hand(rule, W0, b0, xs, ts, lr=rate)
+    for (x, t), (W, b) in zip(zip(xs, ts), want):
+        s.train_minibatch(x, t)
+        np.testing.assert_allclose(s.network.learnable_weights_data()[0].to_numpy(), W, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(s.network.learnable_weights_data()[1].to_numpy(), b, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("kw,field", [
     ({"base_lr": -0.1}, "base_lr"),
     ({"momentum": 1.0}, "momentum"),
     ({"momentum": -0.5}, "momentum"),
     ({"stepsize": 0}, "stepsize"),
-    ({"lr_policy": "cosine"}, "fixed.*step.*exp.*inv.*multistep.*poly.*sigmoid"),
+    ({"lr_policy": "linear"}, "fixed.*step.*exp.*inv.*multistep.*poly.*sigmoid.*cosine"),
+    ({"lr_policy": "cosine"}, "the cosine policy needs max_iter"),
+    ({"min_lr": -1e-3}, "min_lr"),
+    ({"warmup_iter": -1}, "warmup_iter"),
+    ({"warmup_factor": 1.5}, "warmup_factor"),
     ({"solver": "lbfgs"}, "adam.*momentum.*nesterov.*rmsprop"),
     ({"lr_policy": "poly"}, "max_iter"),
     ({"lr_policy": "multistep"}, "stepvalues"),
@@ -68,29 +107,32 @@ def tiny_solver(backend, solver, batch=4, **kw):
 
 
 def by_hand(solver_name, W, b, xs, ts, *, lr, m=0.9, wd=0.01, b1=0.9, b2=0.999, eps=1e-8, decay=0.99):
-    """The same updates written out in NumPy (float64)."""
+    """The same updates written out in NumPy (float64); ``lr``: a rate, or the rate of each iteration."""
     W, b = W.copy(), b.copy()
     hist = {k: [np.zeros_like(W), np.zeros_like(b)] for k in ("h", "m", "v", "u")}
     out = []
     for it, (x, t) in enumerate(zip(xs, ts)):
         y = x @ W.T + b
         dy = 2 * (y - t) / y.size
-        gW, gb = dy.T @ x + wd * W, dy.sum(0)  # bias: decay_mult 0
+        # bias: decay_mult 0; AdamW decays the weights themselves (PyTorch's AdamW: w *= 1 - lr * decay first)
+        gW, gb = dy.T @ x + (0.0 if solver_name == "adamw" else wd) * W, dy.sum(0)
         for k, (p, g, mult) in enumerate(((W, gW, 1.0), (b, gb, 2.0))):
-            rate = lr * mult
-            if solver_name == "momentum":
+            rate = (lr(it) if callable(lr) else lr) * mult
+            if solver_name == "adamw" and k == 0:
+                p *= 1.0 - rate * wd
+            if solver_name in ("adam", "adamw"):
+                hist["m"][k] = b1 * hist["m"][k] + (1 - b1) * g
+                hist["v"][k] = b2 * hist["v"][k] + (1 - b2) * g * g
+                t_ = it + 1
+                rate_t = rate * np.sqrt(1 - b2 ** t_) / (1 - b1 ** t_)
+                p -= rate_t * hist["m"][k] / (np.sqrt(hist["v"][k]) + eps)
+            elif solver_name == "momentum":
                 hist["h"][k] = m * hist["h"][k] + rate * g
                 p -= hist["h"][k]
             elif solver_name == "nesterov":
                 prev = hist["h"][k].copy()
                 hist["h"][k] = m * hist["h"][k] + rate * g
                 p -= (1 + m) * hist["h"][k] - m * prev
-            elif solver_name == "adam":
-                hist["m"][k] = b1 * hist["m"][k] + (1 - b1) * g
-                hist["v"][k] = b2 * hist["v"][k] + (1 - b2) * g * g
-                t_ = it + 1
-                rate_t = rate * np.sqrt(1 - b2 ** t_) / (1 - b1 ** t_)
-                p -= rate_t * hist["m"][k] / (np.sqrt(hist["v"][k]) + eps)
             elif solver_name == "rmsprop":
                 hist["h"][k] = decay * hist["h"][k] + (1 - decay) * g * g
                 p -= rate * g / (np.sqrt(hist["h"][k]) + eps)
@@ -109,7 +151,7 @@ def by_hand(solver_name, W, b, xs, ts, *, lr, m=0.9, wd=0.01, b1=0.9, b2=0.999, 
 
 
 @pytest.mark.parametrize("piece", [None, 4], ids=["whole", "in-pieces"])
-@pytest.mark.parametrize("rule", ["momentum", "nesterov", "adam", "rmsprop", "adagrad", "adadelta"])
+@pytest.mark.parametrize("rule", ["momentum", "nesterov", "adam", "adamw", "rmsprop", "adagrad", "adadelta"])
 def test_first_three_steps_by_hand(native64, rule, piece):
     if piece:
         native64.UPDATE_PIECE = piece  # the 2x3 weight updates in two pieces, on this instance only
@@ -194,6 +236,12 @@ def test_confusion_matrix():
     assert cm.accuracy() == 0.75 and cm.samples == 4
     assert cm.matrix[1, 2] == 1
     assert "accuracy 75.00% of 4 samples" in str(cm)
+    # the recall column: correct / the class's samples; a class without samples shows a dash, not 0%
+    rows = str(cm).splitlines()[1:4]
+    assert [r.split()[-1] for r in rows] == ["100.0%", "50.0%", "100.0%"]
+    few = lp.ConfusionMatrix(3)
+    few.add([0, 2], [0, 2])
+    assert str(few).splitlines()[2].split()[-1] == "-"
     running = lp.ConfusionMatrix(3, capacity=2)
     running.add([0, 0, 0], [1, 1, 1])
     running.add([2], [2])

@@ -769,11 +769,14 @@ class ArrayBackend(Backend):
             gp *= lr
             wp -= gp
 
-    def adam_update(self, w, g, m, v, rate, lr_mult, beta1, beta2, eps):
+    def adam_update(self, w, g, m, v, rate, lr_mult, beta1, beta2, eps, decay=0.0):
         lr = self._rate(rate, lr_mult)
         if lr is None:
             return
+        shrink = 1.0 - float(rate[2]) * lr_mult * decay  # AdamW's decoupled decay, before the step
         for t, wp, gp, mp, vp in self._update_pieces(w, g, m, v):
+            if decay:
+                wp *= shrink
             self.xp.subtract(gp, mp, out=t)  # m += (1 - b1)(g - m)
             t *= 1.0 - beta1
             mp += t

@@ -331,8 +331,9 @@ class Backend:
         raise NotImplementedError
 
     def adam_update(self, w: Buffer, g: Buffer, m: Buffer, v: Buffer, rate: Buffer, lr_mult: float, beta1: float,
-                    beta2: float, eps: float) -> None:
-        """``m = b1 m + (1-b1) g; v = b2 v + (1-b2) g²; w -= lr * m / (sqrt(v) + eps)`` (``lr`` bias-corrected)."""
+                    beta2: float, eps: float, decay: float = 0.0) -> None:
+        """``m = b1 m + (1-b1) g; v = b2 v + (1-b2) g²; w -= lr * m / (sqrt(v) + eps)`` (``lr`` bias-corrected);
+        with ``decay`` (AdamW) first ``w *= 1 - rate[2] * lr_mult * decay`` (the policy's rate, uncorrected)."""
         raise NotImplementedError
 
     def rmsprop_update(self, w: Buffer, g: Buffer, h: Buffer, rate: Buffer, lr_mult: float, decay: float,

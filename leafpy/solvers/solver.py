@@ -23,7 +23,7 @@ from ..errors import ConfigError, LeafpyError, SerializationError, ShapeError
 from ..layers.layer import Layer, LayerConfig, WeightConfig
 from ..tensor import SharedTensor, as_numbers
 
-LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
+LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid", "cosine")
 _SOLVER_TOKENS = itertools.count()
 
 
@@ -53,6 +53,12 @@ class SolverConfig:
     stepvalues: tuple[int, ...] = ()
     power: float = 1.0
     max_iter: int | None = None
+    min_lr: float = 0.0
+    """The cosine policy's rate at max_iter (and after it)."""
+    warmup_iter: int = 0
+    warmup_factor: float = 0.0
+    """A linear warm-up over the first warmup_iter iterations (0: none), from warmup_factor times the policy's rate
+    at warmup_iter up to that rate; from warmup_iter on, the policy's rate."""
     clip_gradients: float | None = None
     weight_decay: float | None = None
     momentum: float = 0.0
@@ -95,8 +101,13 @@ class SolverConfig:
         s(self, "power", _checks.number("solver.power", self.power))
         if self.max_iter is not None:
             s(self, "max_iter", _checks.positive_int("solver.max_iter", self.max_iter))
-        elif self.lr_policy == "poly":
-            raise ConfigError("solver.max_iter: the poly policy needs max_iter (a positive integer)")
+        elif self.lr_policy in ("poly", "cosine"):
+            raise ConfigError(f"solver.max_iter: the {self.lr_policy} policy needs max_iter (a positive integer): the "
+                              "iteration where its rate reaches its end")
+        s(self, "min_lr", _checks.number("solver.min_lr", self.min_lr, minimum=0.0))
+        s(self, "warmup_iter", _checks.non_negative_int("solver.warmup_iter", self.warmup_iter))
+        s(self, "warmup_factor", _checks.number("solver.warmup_factor", self.warmup_factor, minimum=0.0,
+                                                maximum=1.0))
         if self.lr_policy == "multistep" and not steps:
             raise ConfigError("solver.stepvalues: the multistep policy needs stepvalues, e.g. [1000, 2000]")
         self._check_policy()
@@ -158,12 +169,23 @@ class SolverConfig:
 
     def learning_rate(self, iteration: int) -> float:
         """The learning rate at ``iteration`` under this config's policy (Caffe's formulas, evaluated so that no
-        intermediate value overflows: sigmoid far from its step is 0 or base_lr, as in Caffe). A rate beyond the
-        largest float (a growing exp or step policy after many iterations) is a ConfigError naming the iteration."""
+        intermediate value overflows: sigmoid far from its step is 0 or base_lr, as in Caffe; cosine is
+        ``min_lr + (base_lr - min_lr) * (1 + cos(pi * iteration / max_iter)) / 2``, min_lr after max_iter), after a
+        linear warm-up over the first ``warmup_iter`` iterations. A rate beyond the largest float (a growing exp or
+        step policy after many iterations) is a ConfigError naming the iteration."""
+        if iteration < self.warmup_iter:
+            f = self.warmup_factor
+            return self._policy_rate(self.warmup_iter) * (f + (1.0 - f) * iteration / self.warmup_iter)
+        return self._policy_rate(iteration)
+
+    def _policy_rate(self, iteration: int) -> float:
         base, gamma, it = self.base_lr, self.gamma, iteration
         policy = self.lr_policy
         if policy == "fixed":
             return base
+        if policy == "cosine":
+            last = self.max_iter if self.max_iter is not None else 1
+            return self.min_lr + (base - self.min_lr) * 0.5 * (1.0 + math.cos(math.pi * min(it, last) / last))
         if policy == "step":
             rate = _times_power(base, gamma, it // self.stepsize)
         elif policy == "exp":
@@ -221,12 +243,18 @@ class UpdateRule:
         step never enter a recorded step."""
         return lr
 
-    def update(self, backend: Backend, w: Any, g: Any, state: list[Any], rate: Any, lr_mult: float) -> None:
+    def update(self, backend: Backend, w: Any, g: Any, state: list[Any], rate: Any, lr_mult: float,
+               decay: float = 0.0) -> None:
         """Update the weight ``w`` from its gradient ``g`` (device buffers; ``state`` the rule's history buffers);
-        ``rate`` is the buffer ``[step rate, apply]``: :meth:`step_rate`, scaled by the weight's ``lr_mult``, and
+        ``rate`` is the buffer ``[step rate, apply, lr]``: :meth:`step_rate`, scaled by the weight's ``lr_mult``;
         0 where the step is skipped (loss scaling saw inf or nan gradients), when the backend's update primitive
-        writes nothing."""
+        writes nothing; and the policy's rate itself. A rule with ``decoupled_weight_decay`` also gets ``decay``
+        (weight_decay times the weight's decay_mult) to apply itself; the others get gradients with the decay in."""
         raise NotImplementedError
+
+    decoupled_weight_decay: ClassVar[bool] = False
+    """The rule applies weight decay to the weights itself (AdamW's ``w -= lr·decay·w``), instead of the solver
+    adding ``decay·w`` to the gradient first (L2 regularisation, Caffe's)."""
 
 
 class Solver:
@@ -250,9 +278,9 @@ class Solver:
         self._accum = [SharedTensor(w.shape, dtype) for w in weights] if config.minibatch_size > 1 else []
         self._scratch = SharedTensor((1,), dtype)
         # [the step's rate (rule.step_rate), uploaded before each step when it changed; 1 to apply the update or 0
-        # to skip it, written on the device under loss scaling]
-        self._rate = SharedTensor((2,), dtype)
-        self._rate_value: float | None = None
+        # to skip it, written on the device under loss scaling; the policy's rate]
+        self._rate = SharedTensor((3,), dtype)
+        self._rate_value: tuple[float, float] | None = None
         self._workers_of: Layer | None = None
         self._worker_list: list[Any] = []
         self._norm = SharedTensor((1,), dtype)
@@ -407,12 +435,13 @@ class Solver:
         data, grads, _, configs = self.network.runner.parameters()
         return data, grads, configs
 
-    def _set_rate(self, rate: float) -> None:
-        """Put the step's rate into its device buffer before the step (4 bytes uploaded when it changed)."""
+    def _set_rate(self, rate: float, lr: float) -> None:
+        """Put the step's rate (and the policy's) into their device buffer before the step (uploaded when they
+        changed)."""
         be = self.network.backend
-        if rate != self._rate_value:  # apply: 1 (loss scaling sets it on the device within the step)
-            be.upload(np.array([rate, 1.0], dtype=be.dtype), self._rate.write(be))
-            self._rate_value = rate
+        if (rate, lr) != self._rate_value:  # apply: 1 (loss scaling sets it on the device within the step)
+            be.upload(np.array([rate, 1.0, lr], dtype=be.dtype), self._rate.write(be))
+            self._rate_value = (rate, lr)
         else:
             self._rate.read(be)
 
@@ -444,7 +473,8 @@ class Solver:
         update_now = k == 1 or self._calls + 1 == k
         # per-step values go to the device before staging, which may queue work that an upload would submit first
         if update_now:
-            self._set_rate(self.rule.step_rate(self.config.learning_rate(self.iteration), self.iteration))
+            lr = self.config.learning_rate(self.iteration)
+            self._set_rate(self.rule.step_rate(lr, self.iteration), lr)
         workers = self._workers()
         for worker in workers:
             worker.before_step(be)
@@ -519,9 +549,13 @@ class Solver:
             if wc.lr_mult == 0.0:  # a weight that never moves (BatchNorm's running statistics): nothing to launch
                 continue
             wb = w.read_write(be)
-            if cfg.weight_decay and wc.decay_mult:
-                be.axpby(cfg.weight_decay * wc.decay_mult, wb, 1.0, g)
+            decay = (cfg.weight_decay or 0.0) * wc.decay_mult
             st = [s.read_write(be) for s in state]
+            if self.rule.decoupled_weight_decay:
+                self.rule.update(be, wb, g, st, rate, wc.lr_mult, decay=decay)
+                continue
+            if decay:
+                be.axpby(decay, wb, 1.0, g)
             self.rule.update(be, wb, g, st, rate, wc.lr_mult)
 
     def _unscale(self, grads: Sequence[SharedTensor], dynamic: bool) -> None:

@@ -252,6 +252,10 @@ class CudaBackend(ArrayBackend):
             "adam": ek("T g, raw T rate, T mult, T b1, T b2, T eps", "T w, T m, T v",
                        _applied("m = b1 * m + ((T)1 - b1) * g; v = b2 * v + ((T)1 - b2) * g * g;"
                                 " w -= rate[0] * mult * m / (sqrt(v) + eps)"), "leafpy_adam"),
+            "adamw": ek("T g, raw T rate, T mult, T b1, T b2, T eps, T decay", "T w, T m, T v",
+                        _applied("m = b1 * m + ((T)1 - b1) * g; v = b2 * v + ((T)1 - b2) * g * g;"
+                                 " w = w * ((T)1 - rate[2] * mult * decay) - rate[0] * mult * m / (sqrt(v) + eps)"),
+                        "leafpy_adamw"),
             "rmsprop": ek("T g, raw T rate, T mult, T d, T eps", "T w, T h",
                           _applied("h = d * h + ((T)1 - d) * g * g; w -= rate[0] * mult * g / (sqrt(h) + eps)"),
                           "leafpy_rmsprop"),
@@ -587,9 +591,12 @@ class CudaBackend(ArrayBackend):
         s = self._scalar
         self._kernels["nesterov"](g, rate, s(lr_mult), s(momentum), w, h, prev)
 
-    def adam_update(self, w, g, m, v, rate, lr_mult, beta1, beta2, eps):
+    def adam_update(self, w, g, m, v, rate, lr_mult, beta1, beta2, eps, decay=0.0):
         s = self._scalar
-        self._kernels["adam"](g, rate, s(lr_mult), s(beta1), s(beta2), s(eps), w, m, v)
+        if decay:
+            self._kernels["adamw"](g, rate, s(lr_mult), s(beta1), s(beta2), s(eps), s(decay), w, m, v)
+        else:
+            self._kernels["adam"](g, rate, s(lr_mult), s(beta1), s(beta2), s(eps), w, m, v)
 
     def rmsprop_update(self, w, g, h, rate, lr_mult, decay, eps):
         s = self._scalar

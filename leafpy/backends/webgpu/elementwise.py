@@ -249,9 +249,9 @@ class Elementwise(Gemm):
     def nesterov_update(self, w, g, h, prev, rate, lr_mult, momentum):
         self._update("nesterov_update", [w, g, h, prev], rate, lr_mult=lr_mult, momentum=momentum)
 
-    def adam_update(self, w, g, m, v, rate, lr_mult, beta1, beta2, eps):
+    def adam_update(self, w, g, m, v, rate, lr_mult, beta1, beta2, eps, decay=0.0):
         self._update("adam_update", [w, g, m, v], rate, lr_mult=lr_mult, beta1=beta1, beta2=beta2,
-                     eps=eps)
+                     eps=eps, decay=decay)
 
     def rmsprop_update(self, w, g, h, rate, lr_mult, decay, eps):
         self._update("rmsprop_update", [w, g, h], rate, lr_mult=lr_mult, decay=decay, eps=eps)

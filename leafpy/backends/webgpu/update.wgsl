@@ -7,7 +7,7 @@ struct UpdateParams {
     momentum: f32,   // momentum_update, nesterov_update
     beta1: f32,      // adam_update
     beta2: f32,
-    decay: f32,      // rmsprop_update, adadelta_update
+    decay: f32,      // rmsprop_update, adadelta_update; adam_update: AdamW's weight decay (0: Adam)
     eps: f32,        // adam_update, rmsprop_update, adagrad_update, adadelta_update
     threshold: f32,  // clip_to_norm
     growth: f32,     // loss_scale_update: the growth factor, the backoff factor, the good steps before growing and
@@ -98,7 +98,7 @@ fn adam_update(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
         let m = p.beta1 * s1[i] + (1.0 - p.beta1) * gi;
         let v = p.beta2 * s2[i] + (1.0 - p.beta2) * gi * gi;
         s1[i] = m; s2[i] = v;
-        w[i] = w[i] - lr() * m / (sqrt(v) + p.eps);
+        w[i] = w[i] * (1.0 - rate[2] * p.lr_mult * p.decay) - lr() * m / (sqrt(v) + p.eps);
     }
 }
 
