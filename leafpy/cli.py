@@ -139,7 +139,7 @@ def out_dir_for(run: run_config.RunConfig, out: str | None, resume: str | None =
     return os.path.join("runs", run.name or "run")
 
 
-def _same_directory(a: str, b: str) -> bool:
+def _same_path(a: str, b: str) -> bool:
     try:
         return os.path.samefile(a, b)
     except OSError:
@@ -283,7 +283,7 @@ def train(args: argparse.Namespace) -> int:
             except OSError as e:
                 raise LeafpyError(f"--out {out_dir}: cannot create the output directory: {e.strerror or e}") from e
             # a resumed run writes over its own files; any other run's are kept unless --overwrite
-            continues = bool(args.resume) and _same_directory(os.path.dirname(args.resume) or ".", out_dir)
+            continues = bool(args.resume) and _same_path(os.path.dirname(args.resume) or ".", out_dir)
             if not continues and not args.overwrite:
                 held = [f for f in ("model.leaf", "checkpoint.leaf", RUN_FILE) if os.path.exists(
                     os.path.join(out_dir, f))]
@@ -395,66 +395,66 @@ def _report(scores: Any) -> None:
         _out(f"held-out accuracy: {scores.matrix.accuracy():.2%}")
 
 
-def config_difference(saved: Any, given: Any, path: str) -> str | None:
-    """Where two configs (dataclasses, lists, dicts, values) first differ: "path: A in one, B in the other"."""
+def config_difference(saved: Any, given: Any, path: str,
+                      sides: tuple[str, str] = ("in the weights' file", "in the run file")) -> str | None:
+    """Where two configs (dataclasses, lists, dicts, values) first differ: "path: A in one, B in the other", where
+    ``sides`` name where ``saved`` and ``given`` come from."""
     if dataclasses.is_dataclass(saved) and dataclasses.is_dataclass(given) and type(saved) is type(given):
         for f in dataclasses.fields(saved):
-            found = config_difference(getattr(saved, f.name), getattr(given, f.name), f"{path}.{f.name}")
+            found = config_difference(getattr(saved, f.name), getattr(given, f.name), f"{path}.{f.name}", sides)
             if found:
                 return found
         return None
     if isinstance(saved, (list, tuple)) and isinstance(given, (list, tuple)):
         if len(saved) != len(given):
-            return f"{path}: {len(saved)} entries in the weights' file, {len(given)} in the run file"
+            return f"{path}: {len(saved)} entries {sides[0]}, {len(given)} {sides[1]}"
         for i, (a, b) in enumerate(zip(saved, given)):
             label = f"{path}[{i}]" + (f" ({a.name})" if hasattr(a, "name") and isinstance(a.name, str) else "")
-            found = config_difference(a, b, label)
+            found = config_difference(a, b, label, sides)
             if found:
                 return found
         return None
     if isinstance(saved, dict) and isinstance(given, dict):
         for key in sorted(set(saved) | set(given), key=str):
-            found = config_difference(saved.get(key), given.get(key), f"{path}.{key}")
+            found = config_difference(saved.get(key), given.get(key), f"{path}.{key}", sides)
             if found:
                 return found
         return None
     if saved != given:
         kind = lambda v: type(v).__name__ if dataclasses.is_dataclass(v) else repr(v)  # noqa: E731
-        return f"{path}: {kind(saved)} in the weights' file, {kind(given)} in the run file"
+        return f"{path}: {kind(saved)} {sides[0]}, {kind(given)} {sides[1]}"
     return None
 
 
 def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, need_run: bool = True,
-                command: str = "evaluate", check_split: bool = True
+                need_weights: bool = True, command: str = "evaluate", check_split: bool = True
                 ) -> tuple[run_config.RunConfig | None, str | None]:
     """The run and the weights a command works on, from a run directory (its run.yaml and model.leaf), a model
     or checkpoint file (with the run.yaml beside it, if any) or a run file with ``--weights``. Weights trained with
     another network than the run describes are refused, naming the difference, and with ``check_split`` (the
-    commands that score the held-out split) so are weights trained on another data split."""
+    commands that score the held-out split) so are weights trained on another data split than the run's, as the
+    run.yaml beside them records. Without ``need_weights`` (summary) a run directory gives the run alone."""
+    run_file = target  # what describes the run, as the user named it
     if os.path.isdir(target):
-        run_path = os.path.join(target, RUN_FILE)
-        if not os.path.isfile(run_path):
+        run_file = os.path.join(target, RUN_FILE)
+        if not os.path.isfile(run_file):
             raise LeafpyError(f"{target}: a directory without {RUN_FILE}; give a run directory that leafpy train "
                               "wrote (--out), or the run file and --weights")
-        if weights is None:
+        if weights is None and need_weights:
             weights = os.path.join(target, "model.leaf")
             checkpoint = os.path.join(target, "checkpoint.leaf")
             if not os.path.exists(weights) and os.path.isfile(checkpoint):
                 raise LeafpyError(f"{target}: no model.leaf yet (the run stopped before its end); give its last "
                                   f"checkpoint: --weights {checkpoint}, or finish the run: leafpy train {target} "
                                   f"--resume {checkpoint}")
-        run = run_config.load(run_path, overrides)
-        if check_split and overrides:
-            _check_split(run_config.load(run_path), run, weights, run_path, "--set changes it: drop the --set of data")
+        run: run_config.RunConfig | None = run_config.load(run_file, overrides)
     elif target.endswith(".leaf"):
         if weights:
             raise LeafpyError(f"{target} is a weights file already; give either it or --weights, not both")
         weights = target
-        beside = os.path.join(os.path.dirname(os.path.abspath(target)), RUN_FILE)
-        if os.path.isfile(beside):
-            run = run_config.load(beside, overrides)
-            if check_split and overrides:
-                _check_split(run_config.load(beside), run, weights, beside, "--set changes it: drop the --set of data")
+        run_file = os.path.join(os.path.dirname(target), RUN_FILE)
+        if os.path.isfile(run_file):
+            run = run_config.load(run_file, overrides)
         elif need_run:
             raise LeafpyError(f"{target}: no {RUN_FILE} beside it says which data and split it was trained on; "
                               f"give the run file: leafpy {command} RUN.yaml --weights {target}")
@@ -465,11 +465,14 @@ def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, n
         if weights is None and need_run:
             raise LeafpyError(f"{target}: a run file needs --weights (a model.leaf or checkpoint.leaf), or give the "
                               "run directory that leafpy train wrote")
-        if weights is not None and check_split:
-            beside = os.path.join(os.path.dirname(os.path.abspath(weights)), RUN_FILE)
-            if os.path.isfile(beside):
-                _check_split(run_config.load(beside), run, weights, beside, f"{target} describes another: {command} "
-                             f"with the run directory: leafpy {command} {os.path.dirname(beside) or '.'}")
+    if weights is not None and run is not None and check_split:
+        trained = os.path.join(os.path.dirname(weights), RUN_FILE)  # the run the weights were trained in
+        if os.path.isfile(trained):
+            own = _same_path(trained, run_file)  # then only the --set can change the split
+            _check_split(run_config.load(trained), run, weights, trained,
+                         f"in {run_file}" + (" with the --set" if overrides else ""),
+                         "--set changes it: drop the --set of data" if own else
+                         f"score them on their own split: leafpy {command} {weights}")
     if weights is not None and run is not None:
         found = config_difference(saved_network_config(weights), run.network, "network")
         if found:
@@ -479,16 +482,18 @@ def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, n
 
 
 def _check_split(trained: run_config.RunConfig, run: run_config.RunConfig, weights: str, trained_file: str,
-                 fix: str) -> None:
+                 given: str, fix: str) -> None:
     """Refuse to score ``weights`` on another split than the one they were trained on (as ``trained_file``
-    records): its held-out samples would include training ones. The batch size does not change the split."""
+    records; ``given`` says where the run's own split comes from): its held-out samples would include training
+    ones. The batch size does not change the split."""
     resolve_data(run)
     resolve_data(trained)
     split = {k: v for k, v in run.data.items() if k != "batch_size"}
-    found = config_difference({k: v for k, v in trained.data.items() if k != "batch_size"}, split, "data")
+    found = config_difference({k: v for k, v in trained.data.items() if k != "batch_size"}, split, "data",
+                              (f"in {trained_file}", given))
     if found:
-        raise LeafpyError(f"{weights} was trained on another data split ({found} per {trained_file}), whose held-out "
-                          f"samples would include training ones; {fix}")
+        raise LeafpyError(f"{weights} was trained on another data split ({found}), whose held-out samples would "
+                          f"include training ones; {fix}")
 
 
 def _backend_for(args: argparse.Namespace, run: run_config.RunConfig | None) -> Any:
@@ -581,10 +586,14 @@ def summary_cmd(args: argparse.Namespace) -> int:
             load_weights(net, target)
         _out(f"{target}: network '{net.name}' (with its saved weights)")
     else:
-        run, _ = resolve_run(target, args.set, None, need_run=False, command="summary")
+        # summary scores nothing and shows the network the run file describes: no weights, no split to check
+        run, _ = resolve_run(target, args.set, None, need_run=False, need_weights=False, command="summary",
+                             check_split=False)
         assert run is not None
         net = Layer.from_config(be, run.network)
         _out(f"{run.name or target}: network '{net.name}'")
+        if os.path.isdir(target) and not os.path.exists(os.path.join(target, "model.leaf")):
+            _out(f"(no model.leaf in {target} yet: the run stopped before its end)")
     _out(summary_text(net))
     return 0
 
