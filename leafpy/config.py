@@ -107,8 +107,11 @@ def layer_from_dict(d: Any, path: str = "network") -> LayerConfig:
     if type_name == "Sequential":
         if path.count(".layers[") >= MAX_DEPTH // 2:
             raise ConfigError(f"{path}: Sequentials nested more than {MAX_DEPTH // 2} deep")
-        _check_keys(d, ("name", "type", "inputs", "layers", "force_backward", "outputs", "params",
-                        "propagate_down"), path, "a Sequential")
+        if "params" in d:  # a container has no weights of its own: the key would set nothing
+            raise ConfigError(f"{path} ('{name}', a Sequential): 'params' sets nothing on a Sequential, which has no "
+                              "weights of its own; give params to the layers inside it (in its layers)")
+        _check_keys(d, ("name", "type", "inputs", "layers", "force_backward", "outputs", "propagate_down"), path,
+                    "a Sequential")
         inputs = d.get("inputs") or []
         if not isinstance(inputs, list):
             raise ConfigError(f"{path}.inputs: expected a list of {{name, shape}}, got {inputs!r}")
@@ -119,6 +122,10 @@ def layer_from_dict(d: Any, path: str = "network") -> LayerConfig:
             _check_keys(item, ("name", "shape", "from"), f"{path}.inputs[{i}]", "an input")
             _wrap(path, lambda: seq.add_input(item.get("name"), item.get("shape")))
             if "from" in item:
+                if ".layers[" not in path:  # the outermost network: no enclosing container has a blob to name
+                    raise ConfigError(f"{path}.inputs[{i}].from: 'from' is for a nested Sequential's inputs (it names "
+                                      "the blob of the enclosing network that feeds one); the outermost network's "
+                                      "inputs are fed by the run: remove the 'from'")
                 sources.append(item["from"])
         if sources and len(sources) != len(inputs):
             raise ConfigError(f"{path}.inputs: give every input a 'from' (the blob of the enclosing container that "
@@ -129,9 +136,8 @@ def layer_from_dict(d: Any, path: str = "network") -> LayerConfig:
         for i, item in enumerate(layers):
             lc = layer_from_dict(item, f"{path}.layers[{i}]")
             _wrap(f"{path}.layers[{i}]", lambda: seq.add_layer(lc))
-        params = [_weight_from_dict(p, f"{path}.params[{i}]") for i, p in enumerate(d.get("params") or [])]
         return _wrap(path, lambda: LayerConfig(name, seq, inputs=sources, outputs=d.get("outputs") or [],
-                                               params=params, propagate_down=d.get("propagate_down") or []))
+                                               propagate_down=d.get("propagate_down") or []))
     cls = entry.config_class
     own = [f.name for f in dataclasses.fields(cls)] if cls is not None else []
     _check_keys(d, list(LAYER_KEYS) + own, path, f"a {type_name} layer")
