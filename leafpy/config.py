@@ -226,12 +226,10 @@ def from_dict(doc: Any, source: str = "<run>") -> RunConfig:
                        ("data.num_classes", data.get("num_classes"))):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
             raise ConfigError(f"{key}: expected a positive integer, got {value!r}")
-    for key in ("log_every", "keep_best"):
-        value = train.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ConfigError(f"train.{key}: expected a non-negative integer (0 turns it off), got {value!r}")
-    if train.get("monitor", "test_loss") not in MONITORS:
-        raise ConfigError(f"train.monitor: expected one of {', '.join(MONITORS)}, got {train['monitor']!r}")
+    log_every = train.get("log_every")
+    if log_every is not None and (isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 0):
+        raise ConfigError(f"train.log_every: expected a non-negative integer (0 turns it off), got {log_every!r}")
+    check_best_epochs(train.get("keep_best", 0), train.get("monitor", "test_loss"))
     precision = train.get("precision", "fp32")
     if precision not in PRECISIONS:
         raise ConfigError(f"train.precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
@@ -243,6 +241,16 @@ def from_dict(doc: Any, source: str = "<run>") -> RunConfig:
 
 
 DATASETS = ("digits", "mnist", "fashion_mnist", "npz")
+
+
+def check_best_epochs(keep_best: Any, monitor: Any, keep_best_name: str = "train.keep_best",
+                      monitor_name: str = "train.monitor") -> None:
+    """Refuse a ``keep_best`` (how many best epochs to keep, 0: none) or a ``monitor`` (what ranks them) that a
+    run's training cannot use; the names say where the values come from (the run file's keys by default)."""
+    if isinstance(keep_best, bool) or not isinstance(keep_best, int) or keep_best < 0:
+        raise ConfigError(f"{keep_best_name}: expected a non-negative integer (0 turns it off), got {keep_best!r}")
+    if monitor not in MONITORS:
+        raise ConfigError(f"{monitor_name}: expected one of {', '.join(MONITORS)}, got {monitor!r}")
 
 
 def _check_data(data: dict) -> None:

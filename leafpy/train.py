@@ -395,6 +395,10 @@ class Trainer:
         self._resumed_hits = (int(state.get("correct", 0)), int(state.get("scored", 0)))
         built_in: list[Callback] = [Progress(log_every if log_every is not None else int(run.train.get("log_every",
                                                                                                          100)))]
+        run_config.check_best_epochs(keep_best if keep_best is not None else run.train.get("keep_best", 0),
+                                     monitor if monitor is not None else run.train.get("monitor", "test_loss"),
+                                     "train.keep_best" if keep_best is None else "Trainer keep_best",
+                                     "train.monitor" if monitor is None else "Trainer monitor")
         keep_best = keep_best if keep_best is not None else int(run.train.get("keep_best", 0))
         monitor = monitor or str(run.train.get("monitor", "test_loss"))
         if keep_best and monitor == "test_accuracy" and not self.classes:
