@@ -187,8 +187,26 @@ class Checkpoint(Callback):
         self.best: list[tuple[float, int, str]] = []
 
     def on_train_begin(self, trainer: Trainer) -> None:
-        """A resumed run ranks the best epochs it kept before with those it trains now."""
-        if not trainer.is_root or self.keep_best <= 0:
+        """A resumed run ranks the best epochs it kept before with those it trains now; the best epochs' files
+        past its position (from the epochs it trains again, as when it resumes an earlier best epoch) go."""
+        if not trainer.is_root:
+            return
+        if trainer.resumed_from is not None and _same_path(os.path.dirname(trainer.resumed_from) or ".",
+                                                            self.directory):
+            replaced = []
+            for name in sorted(os.listdir(self.directory)):
+                epoch = name[len("best-epoch"):-len(".leaf")]
+                if name.startswith("best-epoch") and name.endswith(".leaf") and epoch.isdigit() \
+                        and int(epoch) > trainer.start_epoch:
+                    try:
+                        os.unlink(os.path.join(self.directory, name))
+                    except FileNotFoundError:
+                        continue
+                    replaced.append(name)
+            if replaced:
+                trainer.log(f"removed {', '.join(replaced)} from {self.directory}: the run resumes at epoch "
+                            f"{trainer.start_epoch}, and trains those epochs again")
+        if self.keep_best <= 0:
             return
         for record in trainer.history:
             path = os.path.join(self.directory, f"best-epoch{record['epoch']}.leaf")
@@ -227,6 +245,13 @@ class Checkpoint(Callback):
             except OSError:
                 pass
         del self.best[self.keep_best:]
+
+
+def _same_path(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 class EarlyStopping(Callback):
@@ -404,6 +429,8 @@ class Trainer:
         if keep_best and monitor == "test_accuracy" and not self.classes:
             raise ConfigError("train.monitor: test_accuracy ranks classes, and this run's objective has none (a "
                               "regression); keep the best epochs by test_loss")
+        self.resumed_from = resume
+        """The checkpoint the run continues from (``resume``), if any."""
         if out_dir is not None:
             built_in += [History(out_dir), Checkpoint(out_dir, keep_best=keep_best, monitor=monitor)]
             if resume:
