@@ -634,7 +634,12 @@ class Trainer:
                         self.group)
 
     def _diverged(self, loss: float, xb: np.ndarray) -> None:
-        where = first_non_finite(self.solver.network, xb)
+        if not len(xb):  # a rank without a share of a last batch: the other ranks' samples made it
+            where = "not found on this rank (it had no samples of this batch)"
+        else:
+            where = first_non_finite(self.solver.network, xb)
+            if self.world > 1:
+                where += f" (for rank {self.group.rank}'s share of the batch; the other ranks' may differ)"
         ckpt = os.path.join(self.out_dir, "checkpoint.leaf") if self.out_dir else None
         last = ckpt if ckpt and os.path.exists(ckpt) else "not written yet"
         raise TrainingDiverged(f"the loss became {loss} at iteration {self.solver.iteration}; first non-finite "

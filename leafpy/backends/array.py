@@ -773,10 +773,10 @@ class ArrayBackend(Backend):
         lr = self._rate(rate, lr_mult)
         if lr is None:
             return
-        shrink = 1.0 - float(rate[2]) * lr_mult * decay  # AdamW's decoupled decay, before the step
+        shrink = 1.0 - float(rate[2]) * lr_mult * decay if decay else 1.0  # AdamW: [rate, apply, lr]
         for t, wp, gp, mp, vp in self._update_pieces(w, g, m, v):
             if decay:
-                wp *= shrink
+                wp *= shrink  # the decoupled decay, before the step
             self.xp.subtract(gp, mp, out=t)  # m += (1 - b1)(g - m)
             t *= 1.0 - beta1
             mp += t

@@ -246,10 +246,11 @@ class UpdateRule:
     def update(self, backend: Backend, w: Any, g: Any, state: list[Any], rate: Any, lr_mult: float,
                decay: float = 0.0) -> None:
         """Update the weight ``w`` from its gradient ``g`` (device buffers; ``state`` the rule's history buffers);
-        ``rate`` is the buffer ``[step rate, apply, lr]``: :meth:`step_rate`, scaled by the weight's ``lr_mult``;
+        ``rate`` is the buffer ``[step rate, apply]``: :meth:`step_rate`, scaled by the weight's ``lr_mult``, and
         0 where the step is skipped (loss scaling saw inf or nan gradients), when the backend's update primitive
-        writes nothing; and the policy's rate itself. A rule with ``decoupled_weight_decay`` also gets ``decay``
-        (weight_decay times the weight's decay_mult) to apply itself; the others get gradients with the decay in."""
+        writes nothing. A rule with ``decoupled_weight_decay`` gets ``[step rate, apply, lr]`` (lr: the policy's
+        rate) and ``decay`` (weight_decay times the weight's decay_mult) to apply itself; the others get gradients
+        with the decay in."""
         raise NotImplementedError
 
     decoupled_weight_decay: ClassVar[bool] = False
@@ -278,8 +279,9 @@ class Solver:
         self._accum = [SharedTensor(w.shape, dtype) for w in weights] if config.minibatch_size > 1 else []
         self._scratch = SharedTensor((1,), dtype)
         # [the step's rate (rule.step_rate), uploaded before each step when it changed; 1 to apply the update or 0
-        # to skip it, written on the device under loss scaling; the policy's rate]
-        self._rate = SharedTensor((3,), dtype)
+        # to skip it, written on the device under loss scaling; for a rule with decoupled weight decay, the policy's
+        # rate]
+        self._rate = SharedTensor((3 if self.rule.decoupled_weight_decay else 2,), dtype)
         self._rate_value: tuple[float, float] | None = None
         self._workers_of: Layer | None = None
         self._worker_list: list[Any] = []
@@ -440,7 +442,7 @@ class Solver:
         changed)."""
         be = self.network.backend
         if (rate, lr) != self._rate_value:  # apply: 1 (loss scaling sets it on the device within the step)
-            be.upload(np.array([rate, 1.0, lr], dtype=be.dtype), self._rate.write(be))
+            be.upload(np.array([rate, 1.0, lr][:self._rate.size], dtype=be.dtype), self._rate.write(be))
             self._rate_value = (rate, lr)
         else:
             self._rate.read(be)

@@ -98,7 +98,9 @@ fn adam_update(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
         let m = p.beta1 * s1[i] + (1.0 - p.beta1) * gi;
         let v = p.beta2 * s2[i] + (1.0 - p.beta2) * gi * gi;
         s1[i] = m; s2[i] = v;
-        w[i] = w[i] * (1.0 - rate[2] * p.lr_mult * p.decay) - lr() * m / (sqrt(v) + p.eps);
+        var wi = w[i];
+        if (p.decay != 0.0) { wi = wi * (1.0 - rate[2] * p.lr_mult * p.decay); }  // AdamW: [rate, apply, lr]
+        w[i] = wi - lr() * m / (sqrt(v) + p.eps);
     }
 }
 
