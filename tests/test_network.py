@@ -444,3 +444,14 @@ def test_batch_norm_statistics_are_left_alone_by_the_solver(native64, rng):
             np.testing.assert_allclose(weights["bn/running_mean"].to_numpy(), mean, rtol=1e-12, atol=1e-12)
             np.testing.assert_allclose(weights["bn/running_var"].to_numpy(), var, rtol=1e-12, atol=1e-12)
         assert not np.allclose(weights["bn/weight"].to_numpy(), 1.0)  # while weight and bias train
+
+
+def test_params_on_a_container_from_python_are_refused(native):
+    """A Sequential has no weights of its own: params given to it would be dropped silently, so they are refused
+    (the YAML reader refuses them too)."""
+    inner = lp.SequentialConfig(inputs=[("x", [2, 3])])
+    inner.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=2)))
+    outer = lp.SequentialConfig(inputs=[("data", [2, 3])])
+    outer.add_layer(lp.LayerConfig("blk", inner, params=[lp.WeightConfig(lr_mult=0.0)]))
+    with pytest.raises(lp.ConfigError, match="layer 'blk' .*give them to the layers inside it"):
+        lp.Layer.from_config(native, lp.LayerConfig("net", outer))

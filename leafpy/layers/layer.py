@@ -172,6 +172,10 @@ class Layer:
                 raise ConfigError(f"layer '{self.name}' ({config.type}): {len(config.params)} params entries given, "
                                   f"but this layer has {n_w} weight{'s' * (n_w != 1)} "
                                   f"({', '.join(_worker.weight_names) or 'none'})")
+        elif config.params:
+            raise ConfigError(f"layer '{self.name}' ({config.type}): a container has no weights of its own, so its "
+                              f"params ({len(config.params)} given) would do nothing; give them to the layers inside "
+                              "it")
         self.training = True
         self.weights: list[SharedTensor] = []
         self.weight_grads: list[SharedTensor] = []
