@@ -285,6 +285,9 @@ class Progress(Callback):
     iterations on stderr (0: none)."""
 
     def __init__(self, log_every: int = 100) -> None:
+        if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 0:
+            raise ConfigError(f"Progress log_every: expected a non-negative integer (0 turns it off), got "
+                              f"{log_every!r}")
         self.log_every = log_every
         self.bar: Any = None
 

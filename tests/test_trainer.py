@@ -258,3 +258,10 @@ def test_under_nohup_ctrl_c_is_left_ignored(tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "SIGTERM" in out + err
+
+
+@pytest.mark.parametrize("bad", [-1, "10", 2.5, True])
+def test_a_log_every_that_is_not_a_count_is_refused_from_python(bad):
+    run = lp.config.load("digits_mlp")
+    with pytest.raises(lp.ConfigError, match="log_every: expected a non-negative integer"):
+        lp.Trainer(run, log_every=bad)
