@@ -190,6 +190,8 @@ def strict_init(cls: type[_Config]) -> type[_Config]:
     """A config dataclass whose constructor reports positional arguments and unknown fields as ConfigErrors
     listing the valid fields (the generated ``__init__`` raises a bare TypeError)."""
     init = cls.__init__
+    if getattr(init, "_strict_init", False):
+        return cls
     names = [f.name for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
     where = cls.__name__
 
@@ -203,6 +205,7 @@ def strict_init(cls: type[_Config]) -> type[_Config]:
             raise ConfigError(f"{where}: unknown field {unknown[0]!r}; valid fields: {', '.join(names)}")
         init(self, **kwargs)
 
+    __init__._strict_init = True  # type: ignore[attr-defined]
     cls.__init__ = __init__  # type: ignore[method-assign]
     return cls
 

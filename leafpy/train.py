@@ -404,6 +404,10 @@ class Trainer:
             built_in += [History(out_dir), Checkpoint(out_dir, keep_best=keep_best, monitor=monitor)]
             if resume:
                 self.history = self._read_history()
+        for cb in callbacks:
+            if not isinstance(cb, Callback):
+                raise ConfigError(f"Trainer: callbacks: expected lp.Callback instances (subclass lp.Callback and "
+                                  f"override its on_... methods), got {type(cb).__name__} {cb!r}"[:300])
         self.callbacks = built_in + list(callbacks)
 
     # --- set-up -----------------------------------------------------------------------------------------------

@@ -245,8 +245,8 @@ def test_a_rule_without_state_checkpoints_and_resumes(native, tmp_path, monkeypa
         name = "plain_sgd_for_test"
 
         def update(self, backend, w, g, state, rate, lr_mult):
-            host = np.empty(2, np.float32)
-            backend.download(rate, host)  # [the step's rate, apply] (native: no replay)
+            host = np.empty(3, np.float32)
+            backend.download(rate, host)  # [the step's rate, apply, lr] (native: no replay)
             backend.axpby(-float(host[0]) * lr_mult, g, 1.0, w)  # w -= rate * g
 
     update_rules()  # every real rule registered first

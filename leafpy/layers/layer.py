@@ -257,6 +257,8 @@ class Layer:
 
     def set_training(self, training: bool = True) -> None:
         """Training mode (dropout active) or inference mode."""
+        if not isinstance(training, (bool, np.bool_)):
+            raise ConfigError(f"layer '{self.name}': set_training expects True or False, got {training!r}"[:300])
         self.training = bool(training)
         if self.worker is not None:
             self.worker.training = self.training

@@ -7,6 +7,7 @@ YAML) does not depend on how layers run. Layer modules register themselves with 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ Shape = tuple[int, ...]
 FILLER_TYPES = ("constant", "glorot_uniform", "gaussian", "he")
 
 
+@_checks.strict_init
 @dataclass(frozen=True, kw_only=True)
 class FillerConfig:
     """How a weight is initialised: constant ``value``, Glorot/Xavier uniform, Gaussian ``std``, or He (normal)."""
@@ -53,10 +55,11 @@ class FillerConfig:
         return rng.normal(0.0, math.sqrt(2.0 / fan_in), shape)
 
 
+@_checks.strict_init
 @dataclass(frozen=True, kw_only=True)
 class WeightConfig:
     """Per-weight settings: a ``name`` to share the weight between layers, learning-rate and decay multipliers,
-    and the filler (None: the layer's default)."""
+    and the filler (None: the layer's default; a FillerConfig, its mapping, or a filler type name such as "he")."""
 
     name: str | None = None
     lr_mult: float = 1.0
@@ -70,6 +73,11 @@ class WeightConfig:
         object.__setattr__(self, "decay_mult", _checks.number("params.decay_mult", self.decay_mult, minimum=0.0))
         if isinstance(self.filler, dict):
             object.__setattr__(self, "filler", FillerConfig(**self.filler))
+        elif isinstance(self.filler, str):
+            object.__setattr__(self, "filler", FillerConfig(type=self.filler))
+        elif self.filler is not None and not isinstance(self.filler, FillerConfig):
+            raise ConfigError(f"params.filler: expected a FillerConfig or a filler type ({', '.join(FILLER_TYPES)}), "
+                              f"got {type(self.filler).__name__} {self.filler!r}"[:300])
 
 
 class WeightSpec(NamedTuple):
@@ -109,6 +117,9 @@ def add_layer_type(entry: LayerType) -> None:
     _REGISTRY[entry.name] = entry
     if entry.config_class is not None:
         _BY_CONFIG[entry.config_class] = entry.name
+        fields = dataclasses.fields(entry.config_class) if dataclasses.is_dataclass(entry.config_class) else ()
+        if fields and all(f.kw_only for f in fields if f.init):
+            _checks.strict_init(entry.config_class)  # a misspelt field is a ConfigError naming the valid ones
 
 
 def layer_types() -> list[str]:
@@ -173,7 +184,11 @@ class LayerConfig:
         for what, names in (("inputs", inputs), ("outputs", outputs)):
             if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
                 raise ConfigError(f"layer '{name}'.{what}: expected a list of blob names, got {names!r}")
-        params_t = tuple(p if isinstance(p, WeightConfig) else WeightConfig(**p) for p in params)
+        given = list(params) if isinstance(params, (list, tuple)) else None
+        if given is None or not all(isinstance(p, (WeightConfig, dict)) for p in given):
+            raise ConfigError(f"layer '{name}'.params: expected a list of WeightConfig (one per weight, e.g. "
+                              f"[lp.WeightConfig(name='w')]), got {params!r}"[:300])
+        params_t = tuple(p if isinstance(p, WeightConfig) else WeightConfig(**p) for p in given)
         if isinstance(propagate_down, bool) or not all(isinstance(p, bool) for p in propagate_down):
             raise ConfigError(f"layer '{name}'.propagate_down: expected a list of booleans, got {propagate_down!r}")
         object.__setattr__(self, "name", name)

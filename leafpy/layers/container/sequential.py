@@ -46,13 +46,19 @@ class SequentialConfig:
     force_backward: bool = False
 
     def __post_init__(self) -> None:
+        if isinstance(self.inputs, (dict, str)):
+            raise ConfigError(f"SequentialConfig.inputs: expected a list of (name, shape) pairs such as "
+                              f"[('data', [64, 1, 28, 28])], got {self.inputs!r}"[:300])
         inputs = list(self.inputs)
         self.inputs = []
         for item in inputs:
             if isinstance(item, dict):
                 name, shape = item.get("name"), item.get("shape")
-            else:
+            elif isinstance(item, (tuple, list)) and len(item) == 2:
                 name, shape = item
+            else:
+                raise ConfigError(f"SequentialConfig.inputs: expected a (name, shape) pair such as "
+                                  f"('data', [64, 1, 28, 28]), got {item!r}"[:300])
             self.add_input(name, shape)
         layers = list(self.layers)
         self.layers = []
@@ -156,6 +162,9 @@ class Sequential(Layer):
             layer.validate()
 
     def set_training(self, training: bool = True) -> None:
+        """Training mode (dropout active, BatchNorm on the batch's statistics) or inference mode, for every layer."""
+        if not isinstance(training, (bool, np.bool_)):
+            raise ConfigError(f"layer '{self.name}': set_training expects True or False, got {training!r}"[:300])
         self.training = bool(training)
         for layer in self.layers:
             layer.set_training(training)
