@@ -140,18 +140,24 @@ class Callback:
     after the current epoch."""
 
     def on_train_begin(self, trainer: Trainer) -> None:
+        """Before the first epoch of a ``fit``."""
         pass
 
     def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None:
+        """Before epoch ``epoch`` (counted from 0) runs its batches."""
         pass
 
     def on_batch_end(self, trainer: Trainer, epoch: int, batch: int, loss: float) -> None:
+        """After each training batch's update, with its loss."""
         pass
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        """After each epoch, with its record (loss, test_loss, test_accuracy, learning_rate, ...), which
+        ``trainer.history`` holds too."""
         pass
 
     def on_train_end(self, trainer: Trainer) -> None:
+        """When ``fit`` ends, also after an error or an interruption."""
         pass
 
 
@@ -356,7 +362,13 @@ class Trainer:
                 os.makedirs(out_dir, exist_ok=True)
             except OSError as e:
                 raise ConfigError(f"Trainer: cannot create the output directory {out_dir}: {e.strerror or e}") from e
+        if dataset is not None and not isinstance(dataset, datasets.Dataset):
+            raise ConfigError(f"Trainer: dataset: expected an lp.data.Dataset (lp.data.Dataset(name, x_train, y_train, "
+                              f"x_test, y_test, num_classes)), got {type(dataset).__name__}")
         self.dataset = dataset if dataset is not None else load_data(run)
+        if len(self.dataset.x_test) == 0:
+            raise ConfigError(f"data: the held-out split of {self.dataset.name} is empty, and the Trainer scores it "
+                              "after every epoch; give held-out samples (x_test, y_test)")
         self.classes = num_classes(run)
         self.batch_size = run.batch_size
         self.world = group.size if group is not None else 1
@@ -475,6 +487,7 @@ class Trainer:
         return [h for h in history if h["epoch"] <= self.start_epoch]
 
     def log(self, msg: str) -> None:
+        """Print a line through the Trainer's ``log`` (rank 0 only)."""
         if self.is_root:
             self._log(msg)
 
@@ -551,6 +564,7 @@ class Trainer:
                                             correct / scored if scored else None)
                 self.history.append(record)
                 self._mark_position(epoch + 1, 0, 0.0, 0)
+                self.start_epoch, self.start_sample = epoch + 1, 0  # a later fit goes on from here
                 for cb in self.callbacks:
                     cb.on_epoch_end(self, record)
                 self.log(self._epoch_line(record))
@@ -624,6 +638,8 @@ class Trainer:
         self.solver.save_checkpoint(path)
 
     def save_model(self, path: str) -> None:
+        """Save the trained network (its config and weights) as a model file, which ``lp.Layer.load`` and
+        ``leafpy evaluate`` read (rank 0 only)."""
         if self.is_root:
             self.solver.network.save(path)
 

@@ -235,14 +235,17 @@ class Layer:
     # --- properties -------------------------------------------------------------------------------------
     @property
     def has_weights(self) -> bool:
+        """Whether the layer holds weights (learnable or not, as BatchNorm's running statistics)."""
         return bool(self.worker is not None and self.worker.weight_names)
 
     @property
     def num_inputs(self) -> int:
+        """How many input blobs the layer reads."""
         return self.worker.num_inputs  # type: ignore[union-attr]
 
     @property
     def backward_reads_output(self) -> bool:
+        """Whether the backward pass reads the layer's output (then a later layer may not overwrite it in place)."""
         return self.worker.backward_reads_output  # type: ignore[union-attr]
 
     def workers(self) -> list[Worker]:
@@ -264,15 +267,19 @@ class Layer:
             self.worker.training = self.training
 
     def learnable_weights_data(self) -> list[SharedTensor]:
+        """The weights, in network order, a weight shared by name once (``learnable_weights_names`` names them)."""
         return _unique(self._weight_entries())[0]
 
     def learnable_weights_gradients(self) -> list[SharedTensor]:
+        """The weights' gradients, in the order of ``learnable_weights_data`` (written by ``backward``)."""
         return _unique(self._weight_entries())[1]
 
     def learnable_weights_names(self) -> list[str]:
+        """The weights' names, e.g. ``["conv1/weight", "conv1/bias", ...]`` (a shared weight under its shared name)."""
         return _unique(self._weight_entries())[2]
 
     def learnable_weights_configs(self) -> list[WeightConfig]:
+        """Each weight's WeightConfig (lr_mult, decay_mult, filler), in the order of ``learnable_weights_data``."""
         return _unique(self._weight_entries())[3]
 
     def _weight_entries(self) -> list[tuple[SharedTensor, SharedTensor, str, WeightConfig]]:
@@ -285,6 +292,7 @@ class Layer:
         return np.dtype(be.compute_dtype if self.input_takes_gradient(k) else be.dtype)
 
     def num_parameters(self) -> int:
+        """The number of weight values (a shared weight counted once)."""
         return sum(w.size for w in self.learnable_weights_data())
 
     # --- named weights ------------------------------------------------------------------------------------
@@ -465,6 +473,7 @@ class Layer:
         return self.in_place and self.worker is not None and not self.worker.modifies_data
 
     def run_forward(self) -> None:
+        """Compute the outputs from the bound inputs (a Network calls it; users call ``forward``)."""
         be = self.backend
         worker = self.worker
         self.validate()
@@ -486,6 +495,7 @@ class Layer:
         self.ran_forward = True
 
     def run_backward(self) -> None:
+        """Compute the weight gradients and the input gradients that are needed from the output gradients."""
         be = self.backend
         worker = self.worker
         assert worker is not None

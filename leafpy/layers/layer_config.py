@@ -8,6 +8,7 @@ YAML) does not depend on how layers run. Layer modules register themselves with 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ class FillerConfig:
         object.__setattr__(self, "std", _checks.number("filler.std", self.std, minimum=0.0))
 
     def fill(self, shape: Shape, rng: np.random.Generator) -> np.ndarray:
+        """Initial values of the given shape (float64), drawn from ``rng``."""
         fan_in = math.prod(shape[1:]) if len(shape) > 1 else shape[0]
         fan_out = shape[0] * math.prod(shape[2:]) if len(shape) > 1 else shape[0]
         if self.type == "constant":
@@ -203,3 +205,25 @@ class LayerConfig:
     def layer_type(self) -> Any:
         """The config object, or the type name for parameterless types."""
         return self.config if self.config is not None else self.type
+
+
+def _keywords_checked(init: Any) -> Any:
+    """LayerConfig's constructor, reporting a misspelt keyword or an extra positional argument as a ConfigError
+    naming the valid ones (the plain constructor raises a bare TypeError)."""
+    valid = ("inputs", "outputs", "params", "propagate_down")
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if len(args) > 2:
+            raise ConfigError(f"LayerConfig: takes a name and a layer type (a config or a type name) positionally, "
+                              f"got {len(args)} positional arguments; give {', '.join(valid)} by keyword")
+        unknown = [k for k in kwargs if k not in valid and k not in ("name", "layer_type")]
+        if unknown:
+            raise ConfigError(f"LayerConfig: unknown field {unknown[0]!r}; valid fields: name, layer_type, "
+                              f"{', '.join(valid)}")
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+LayerConfig.__init__ = _keywords_checked(LayerConfig.__init__)  # type: ignore[method-assign]
