@@ -158,3 +158,14 @@ def test_every_public_name_and_method_has_a_docstring():
 
     missing = [name for name, obj in _public_members() if not inspect.getdoc(obj)]
     assert not missing, missing
+
+
+# --- networks from Python ------------------------------------------------------------------------------------------
+def test_from_config_and_load_name_a_seed_or_backend_of_the_wrong_kind(tmp_path):
+    cfg = lp.LayerConfig("net", lp.SequentialConfig(inputs=[("data", [2, 4])],
+                                                    layers=[lp.LayerConfig("fc", lp.LinearConfig(output_size=3))]))
+    with pytest.raises(lp.ConfigError, match="Layer.from_config: seed: expected a non-negative integer"):
+        lp.Layer.from_config(lp.backend("native"), cfg, seed="a")
+    lp.Layer.from_config(lp.backend("native"), cfg, seed=0).save(str(tmp_path / "m.leaf"))
+    with pytest.raises(lp.ConfigError, match=r"Layer.load: expected a backend \(leafpy.backend\(name\)\), got 'nat"):
+        lp.Layer.load("native", str(tmp_path / "m.leaf"))

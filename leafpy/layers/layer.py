@@ -204,6 +204,8 @@ class Layer:
             raise ConfigError(f"Layer.from_config: expected a LayerConfig, got {type(config).__name__}")
         if not isinstance(backend, Backend):
             raise ConfigError(f"Layer.from_config: expected a backend (leafpy.backend(name)), got {backend!r}")
+        if seed is not None:
+            seed = _checks.non_negative_int("Layer.from_config: seed", seed)
         entry = lookup(config.type, f"layer '{config.name}'")
         if entry.is_container:
             return entry.impl(backend, config, seed=seed, weight_registry=weight_registry)
@@ -216,6 +218,8 @@ class Layer:
         from .. import serialization
 
         _checks.path("Layer.load: path", path)
+        if not isinstance(backend, Backend):  # (before the file is read: the file is not what is wrong)
+            raise ConfigError(f"Layer.load: expected a backend (leafpy.backend(name)), got {backend!r}")
         path = os.fspath(path)
         saved = serialization.read_model(path)
         with serialization.reading(path, "Layer"):
