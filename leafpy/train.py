@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _checks
 from . import config as run_config
 from . import data as datasets
 from .backends.base import Backend
@@ -512,7 +513,7 @@ class Trainer:
         """Train up to epoch ``epochs`` (default: the run's train.epochs); returns the history. On a stop signal
         a checkpoint is saved and TrainingInterrupted raised; on a NaN or infinite loss, TrainingDiverged."""
         if epochs is not None:
-            self.epochs = int(epochs)
+            self.epochs = _checks.non_negative_int("Trainer.fit: epochs", epochs)
         ds = self.dataset
         solver = self.solver
         for cb in self.callbacks:

@@ -127,6 +127,10 @@ def test_fit_called_again_goes_on_from_the_epoch_it_reached():
     assert [r["epoch"] for r in history] == [1, 2, 3]
     assert [r["iteration"] for r in history] == [2, 4, 6] and trainer.solver.iteration == 6
     assert trainer.fit(epochs=3) == history and trainer.solver.iteration == 6  # already there: nothing to do
+    for epochs in ("4", 4.5, -1):
+        with pytest.raises(lp.ConfigError, match="Trainer.fit: epochs: expected a non-negative integer"):
+            trainer.fit(epochs=epochs)
+    assert trainer.solver.iteration == 6
 
 
 def test_a_trainer_dataset_that_is_not_a_dataset_or_has_no_held_out_samples_is_refused():
