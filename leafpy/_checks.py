@@ -188,21 +188,29 @@ _Config = TypeVar("_Config")
 
 def strict_init(cls: type[_Config]) -> type[_Config]:
     """A config dataclass whose constructor reports positional arguments and unknown fields as ConfigErrors
-    listing the valid fields (the generated ``__init__`` raises a bare TypeError)."""
+    listing the valid fields (the generated ``__init__`` raises a bare TypeError). Fields that are not keyword-only
+    may still be given by position, in order."""
     init = cls.__init__
-    names = [f.name for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+    if getattr(init, "_strict_init", False):
+        return cls
+    fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+    names = [f.name for f in fields]
+    positional = sum(1 for f in fields if not f.kw_only)
     where = cls.__name__
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        if args:
-            raise ConfigError(f"{where}: takes keyword arguments only, got {len(args)} positional "
+        if len(args) > positional:
+            allowed = (f"at most {positional} positional ({', '.join(names[:positional])})" if positional
+                       else "keyword arguments only")
+            raise ConfigError(f"{where}: takes {allowed}, got {len(args)} positional "
                               f"({', '.join(repr(a) for a in args)[:200]}); valid fields: {', '.join(names)}")
         unknown = [k for k in kwargs if k not in names]
         if unknown:
             raise ConfigError(f"{where}: unknown field {unknown[0]!r}; valid fields: {', '.join(names)}")
-        init(self, **kwargs)
+        init(self, *args, **kwargs)
 
+    __init__._strict_init = True  # type: ignore[attr-defined]
     cls.__init__ = __init__  # type: ignore[method-assign]
     return cls
 

@@ -82,9 +82,20 @@ def _check_keys(d: dict, valid: tuple[str, ...] | list[str], path: str, what: st
 
 
 # --- layers -----------------------------------------------------------------------------------------------------
+def _params_list(d: dict, path: str) -> list:
+    """A layer's ``params``: a list with one mapping per weight, in the order of the layer's weights."""
+    params = d.get("params") or []
+    if not isinstance(params, (list, tuple)):
+        raise ConfigError(f"{path}.params: expected a list with one entry per weight (e.g. params: [{{name: w}}, "
+                          f"{{name: b}}]), got {type(params).__name__} {params!r}"[:300])
+    return list(params)
+
+
 def _weight_from_dict(d: Any, path: str) -> WeightConfig:
     d = dict(_mapping(d, path))
     _check_keys(d, ("name", "lr_mult", "decay_mult", "filler"), path, "a weight")
+    if isinstance(d.get("filler"), str):  # `filler: he`, short for `filler: {type: he}`
+        d["filler"] = {"type": d["filler"]}
     if "filler" in d:
         f = _mapping(d["filler"], f"{path}.filler")
         _check_keys(f, ("type", "value", "std"), f"{path}.filler", "a filler")
@@ -143,7 +154,7 @@ def layer_from_dict(d: Any, path: str = "network") -> LayerConfig:
     _check_keys(d, list(LAYER_KEYS) + own, path, f"a {type_name} layer")
     kwargs = {k: v for k, v in d.items() if k in own}
     config: Any = type_name if cls is None else _wrap(path, lambda: cls(**kwargs))
-    params = [_weight_from_dict(p, f"{path}.params[{i}]") for i, p in enumerate(d.get("params") or [])]
+    params = [_weight_from_dict(p, f"{path}.params[{i}]") for i, p in enumerate(_params_list(d, path))]
     return _wrap(path, lambda: LayerConfig(
         name, config, inputs=d.get("inputs") or [], outputs=d.get("outputs") or [], params=params,
         propagate_down=d.get("propagate_down") or []))

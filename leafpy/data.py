@@ -49,7 +49,8 @@ class Dataset:
         for a in (self.x_train, self.y_train, self.x_test, self.y_test):
             a = np.ascontiguousarray(a)
             h.update(f"{a.dtype.str}{a.shape};".encode())
-            h.update(a.data.cast("B"))
+            if a.size:  # (an empty array has no bytes, and a memoryview of it cannot be cast)
+                h.update(a.data.cast("B"))
         return h.hexdigest()
 
 
@@ -334,8 +335,11 @@ def batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, seed: int | None =
             ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Batches of (x, y), shuffled reproducibly from (seed, epoch) unless seed is None; the last partial
     batch is yielded too."""
-    if batch_size <= 0:
-        raise ConfigError(f"data.batch_size: expected a positive integer, got {batch_size!r}")
+    batch_size = _checks.positive_int("data.batch_size", batch_size)
+    x, y = np.asarray(x), np.asarray(y)
+    if x.ndim == 0 or y.ndim == 0 or len(x) != len(y):
+        raise ConfigError(f"batches: x and y must hold one entry per sample, got x of shape {x.shape} and y of "
+                          f"shape {y.shape}")
     n = len(x)
     order = np.arange(n) if seed is None else np.random.default_rng([seed, epoch]).permutation(n)
     for start in range(0, n, batch_size):

@@ -32,14 +32,23 @@ class ConfusionMatrix:
 
     def add(self, predictions: Any, targets: Any) -> None:
         """Add predicted and true class indices (any shapes with the same number of elements)."""
-        p = np.asarray(predictions).reshape(-1).astype(np.int64)
-        t = np.asarray(targets).reshape(-1).astype(np.int64)
+        arrays = []
+        for name, given in (("prediction", predictions), ("target", targets)):
+            v = np.asarray(given.to_numpy() if isinstance(given, SharedTensor) else given)
+            if v.dtype.kind not in "biuf":
+                raise ShapeError(f"ConfusionMatrix.add: {name}s must be class indices (numbers), got an array of "
+                                 f"dtype {v.dtype}")
+            arrays.append(v.reshape(-1))
+        p, t = arrays
         if p.size != t.size:
             raise ShapeError(f"ConfusionMatrix.add: {p.size} predictions but {t.size} targets")
         k = self.num_classes
         for name, v in (("prediction", p), ("target", t)):
-            if v.size and (v.min() < 0 or v.max() >= k):
-                raise ShapeError(f"ConfusionMatrix.add: a {name} is outside [0, {k - 1}]")
+            bad = _checks.first_non_index(v, k)
+            if bad is not None:
+                raise ShapeError(f"ConfusionMatrix.add: {name} {bad} is {v[bad].item()!r}; {name}s must be class "
+                                 f"indices in [0, {k - 1}] (for network outputs [N, C] use add_outputs)")
+        p, t = p.astype(np.int64), t.astype(np.int64)
         np.add.at(self._matrix, (t, p), 1)
         if self.capacity is not None:
             self._targets.append(t)
@@ -65,9 +74,11 @@ class ConfusionMatrix:
 
     @property
     def samples(self) -> int:
+        """The number of (target, prediction) pairs counted."""
         return int(self._matrix.sum())
 
     def accuracy(self) -> float:
+        """The fraction of counted predictions equal to their targets (0.0 before any)."""
         n = self.samples
         return float(np.trace(self._matrix)) / n if n else 0.0
 
@@ -80,6 +91,7 @@ class ConfusionMatrix:
         self._matrix += c
 
     def reset(self) -> None:
+        """Forget every count."""
         self._matrix[...] = 0
         self._targets.clear()
         self._preds.clear()

@@ -126,19 +126,23 @@ class SharedTensor:
         return t
 
     def shares_storage(self, other: SharedTensor) -> bool:
+        """Whether both tensors are views of one storage (as a reshape or an in-place layer's output is)."""
         return self._st is other._st
 
     # --- shape --------------------------------------------------------------------------------------------
     @property
     def shape(self) -> tuple[int, ...]:
+        """The tensor's shape."""
         return self._shape
 
     @property
     def size(self) -> int:
+        """The number of values (the product of the shape)."""
         return math.prod(self._shape)
 
     @property
     def dtype(self) -> np.dtype:
+        """The element type of the tensor's storage (float32, or float64 on a float64 native backend)."""
         return self._st.dtype
 
     @property
@@ -356,10 +360,12 @@ class SharedTensor:
         return self._prefix(self._st.copies[HOST][1]).reshape(self._shape)
 
     def is_fresh_on(self, key: str) -> bool:
+        """Whether the copy on the device ``key`` ("host" or a backend's key) holds the current values."""
         return key in self._st.fresh
 
     @classmethod
     def reset_transfer_count(cls) -> None:
+        """Sets the count of host<->device transfers of all tensors (``transfers_total``) back to zero."""
         cls.transfers_total = 0
 
     # --- interop: NumPy's array protocol and DLPack ------------------------------------------------------------

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _checks
 from . import config as run_config
 from . import data as datasets
 from .backends.base import Backend
@@ -140,18 +141,24 @@ class Callback:
     after the current epoch."""
 
     def on_train_begin(self, trainer: Trainer) -> None:
+        """Before the first epoch of a ``fit``."""
         pass
 
     def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None:
+        """Before epoch ``epoch`` (counted from 0) runs its batches."""
         pass
 
     def on_batch_end(self, trainer: Trainer, epoch: int, batch: int, loss: float) -> None:
+        """After each training batch's update, with its loss."""
         pass
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        """After each epoch, with its record (loss, test_loss, test_accuracy, learning_rate, ...), which
+        ``trainer.history`` holds too."""
         pass
 
     def on_train_end(self, trainer: Trainer) -> None:
+        """When ``fit`` ends, also after an error or an interruption."""
         pass
 
 
@@ -384,7 +391,13 @@ class Trainer:
                 os.makedirs(out_dir, exist_ok=True)
             except OSError as e:
                 raise ConfigError(f"Trainer: cannot create the output directory {out_dir}: {e.strerror or e}") from e
+        if dataset is not None and not isinstance(dataset, datasets.Dataset):
+            raise ConfigError(f"Trainer: dataset: expected an lp.data.Dataset (lp.data.Dataset(name, x_train, y_train, "
+                              f"x_test, y_test, num_classes)), got {type(dataset).__name__}")
         self.dataset = dataset if dataset is not None else load_data(run)
+        if len(self.dataset.x_test) == 0:
+            raise ConfigError(f"data: the held-out split of {self.dataset.name} is empty, and the Trainer scores it "
+                              "after every epoch; give held-out samples (x_test, y_test)")
         self.classes = num_classes(run)
         self.batch_size = run.batch_size
         self.world = group.size if group is not None else 1
@@ -438,6 +451,10 @@ class Trainer:
             built_in += [History(out_dir), Checkpoint(out_dir, keep_best=keep_best, monitor=monitor)]
             if resume:
                 self.history = self._read_history()
+        for cb in callbacks:
+            if not isinstance(cb, Callback):
+                raise ConfigError(f"Trainer: callbacks: expected lp.Callback instances (subclass lp.Callback and "
+                                  f"override its on_... methods), got {type(cb).__name__} {cb!r}"[:300])
         self.callbacks = built_in + list(callbacks)
 
     # --- set-up -----------------------------------------------------------------------------------------------
@@ -505,6 +522,7 @@ class Trainer:
         return [h for h in history if h["epoch"] <= self.start_epoch]
 
     def log(self, msg: str) -> None:
+        """Print a line through the Trainer's ``log`` (rank 0 only)."""
         if self.is_root:
             self._log(msg)
 
@@ -529,7 +547,7 @@ class Trainer:
         """Train up to epoch ``epochs`` (default: the run's train.epochs); returns the history. On a stop signal
         a checkpoint is saved and TrainingInterrupted raised; on a NaN or infinite loss, TrainingDiverged."""
         if epochs is not None:
-            self.epochs = int(epochs)
+            self.epochs = _checks.non_negative_int("Trainer.fit: epochs", epochs)
         ds = self.dataset
         solver = self.solver
         for cb in self.callbacks:
@@ -581,6 +599,7 @@ class Trainer:
                                             correct / scored if scored else None)
                 self.history.append(record)
                 self._mark_position(epoch + 1, 0, 0.0, 0)
+                self.start_epoch, self.start_sample = epoch + 1, 0  # a later fit goes on from here
                 for cb in self.callbacks:
                     cb.on_epoch_end(self, record)
                 self.log(self._epoch_line(record))
@@ -659,6 +678,8 @@ class Trainer:
         self.solver.save_checkpoint(path)
 
     def save_model(self, path: str) -> None:
+        """Save the trained network (its config and weights) as a model file, which ``lp.Layer.load`` and
+        ``leafpy evaluate`` read (rank 0 only)."""
         if self.is_root:
             self.solver.network.save(path)
 

@@ -397,7 +397,7 @@ def test_a_rule_that_cannot_skip_on_the_device_is_skipped_on_the_host(monkeypatc
 
         def update(self, backend, w, g, state, rate, lr_mult):
             host = np.empty(2, np.float32)
-            backend.download(rate, host)
+            backend.download(rate, host)  # [the step's rate, apply]
             backend.axpby(-float(host[0]) * lr_mult, g, 1.0, w)  # w -= rate * g, whatever rate[1] says
 
     update_rules()

@@ -156,6 +156,7 @@ class Backend:
 
     # shorthands (not primitives of their own)
     def relu(self, x: Buffer, out: Buffer) -> None:
+        """``out = max(x, 0)``."""
         self.activation("relu", x, out)
 
     def relu_grad(self, y: Buffer, dy: Buffer, dx: Buffer) -> None:
@@ -163,6 +164,7 @@ class Backend:
         self.activation_grad("relu", y, dy, dx)
 
     def sigmoid(self, x: Buffer, out: Buffer) -> None:
+        """``out = 1 / (1 + exp(-x))``."""
         self.activation("sigmoid", x, out)
 
     def sigmoid_grad(self, y: Buffer, dy: Buffer, dx: Buffer) -> None:
@@ -170,6 +172,7 @@ class Backend:
         self.activation_grad("sigmoid", y, dy, dx)
 
     def tanh(self, x: Buffer, out: Buffer) -> None:
+        """``out = tanh(x)``."""
         self.activation("tanh", x, out)
 
     def tanh_grad(self, y: Buffer, dy: Buffer, dx: Buffer) -> None:

@@ -208,6 +208,8 @@ class Layer:
             raise ConfigError(f"Layer.from_config: expected a LayerConfig, got {type(config).__name__}")
         if not isinstance(backend, Backend):
             raise ConfigError(f"Layer.from_config: expected a backend (leafpy.backend(name)), got {backend!r}")
+        if seed is not None:
+            seed = _checks.non_negative_int("Layer.from_config: seed", seed)
         entry = lookup(config.type, f"layer '{config.name}'")
         if entry.is_container:
             return entry.impl(backend, config, seed=seed, weight_registry=weight_registry)
@@ -220,6 +222,8 @@ class Layer:
         from .. import serialization
 
         _checks.path("Layer.load: path", path)
+        if not isinstance(backend, Backend):  # (before the file is read: the file is not what is wrong)
+            raise ConfigError(f"Layer.load: expected a backend (leafpy.backend(name)), got {backend!r}")
         path = os.fspath(path)
         saved = serialization.read_model(path)
         with serialization.reading(path, "Layer"):
@@ -239,14 +243,17 @@ class Layer:
     # --- properties -------------------------------------------------------------------------------------
     @property
     def has_weights(self) -> bool:
+        """Whether the layer holds weights (learnable or not, as BatchNorm's running statistics)."""
         return bool(self.worker is not None and self.worker.weight_names)
 
     @property
     def num_inputs(self) -> int:
+        """How many input blobs the layer reads."""
         return self.worker.num_inputs  # type: ignore[union-attr]
 
     @property
     def backward_reads_output(self) -> bool:
+        """Whether the backward pass reads the layer's output (then a later layer may not overwrite it in place)."""
         return self.worker.backward_reads_output  # type: ignore[union-attr]
 
     def workers(self) -> list[Worker]:
@@ -261,20 +268,26 @@ class Layer:
 
     def set_training(self, training: bool = True) -> None:
         """Training mode (dropout active) or inference mode."""
+        if not isinstance(training, (bool, np.bool_)):
+            raise ConfigError(f"layer '{self.name}': set_training expects True or False, got {training!r}"[:300])
         self.training = bool(training)
         if self.worker is not None:
             self.worker.training = self.training
 
     def learnable_weights_data(self) -> list[SharedTensor]:
+        """The weights, in network order, a weight shared by name once (``learnable_weights_names`` names them)."""
         return _unique(self._weight_entries())[0]
 
     def learnable_weights_gradients(self) -> list[SharedTensor]:
+        """The weights' gradients, in the order of ``learnable_weights_data`` (written by ``backward``)."""
         return _unique(self._weight_entries())[1]
 
     def learnable_weights_names(self) -> list[str]:
+        """The weights' names, e.g. ``["conv1/weight", "conv1/bias", ...]`` (a shared weight under its shared name)."""
         return _unique(self._weight_entries())[2]
 
     def learnable_weights_configs(self) -> list[WeightConfig]:
+        """Each weight's WeightConfig (lr_mult, decay_mult, filler), in the order of ``learnable_weights_data``."""
         return _unique(self._weight_entries())[3]
 
     def _weight_entries(self) -> list[tuple[SharedTensor, SharedTensor, str, WeightConfig]]:
@@ -287,6 +300,7 @@ class Layer:
         return np.dtype(be.compute_dtype if self.input_takes_gradient(k) else be.dtype)
 
     def num_parameters(self) -> int:
+        """The number of weight values (a shared weight counted once)."""
         return sum(w.size for w in self.learnable_weights_data())
 
     # --- named weights ------------------------------------------------------------------------------------
@@ -467,6 +481,7 @@ class Layer:
         return self.in_place and self.worker is not None and not self.worker.modifies_data
 
     def run_forward(self) -> None:
+        """Compute the outputs from the bound inputs (a Network calls it; users call ``forward``)."""
         be = self.backend
         worker = self.worker
         self.validate()
@@ -488,6 +503,7 @@ class Layer:
         self.ran_forward = True
 
     def run_backward(self) -> None:
+        """Compute the weight gradients and the input gradients that are needed from the output gradients."""
         be = self.backend
         worker = self.worker
         assert worker is not None

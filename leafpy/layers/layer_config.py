@@ -7,6 +7,8 @@ YAML) does not depend on how layers run. Layer modules register themselves with 
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +27,7 @@ Shape = tuple[int, ...]
 FILLER_TYPES = ("constant", "glorot_uniform", "gaussian", "he")
 
 
+@_checks.strict_init
 @dataclass(frozen=True, kw_only=True)
 class FillerConfig:
     """How a weight is initialised: constant ``value``, Glorot/Xavier uniform, Gaussian ``std``, or He (normal)."""
@@ -41,6 +44,7 @@ class FillerConfig:
         object.__setattr__(self, "std", _checks.number("filler.std", self.std, minimum=0.0))
 
     def fill(self, shape: Shape, rng: np.random.Generator) -> np.ndarray:
+        """Initial values of the given shape (float64), drawn from ``rng``."""
         fan_in = math.prod(shape[1:]) if len(shape) > 1 else shape[0]
         fan_out = shape[0] * math.prod(shape[2:]) if len(shape) > 1 else shape[0]
         if self.type == "constant":
@@ -53,10 +57,11 @@ class FillerConfig:
         return rng.normal(0.0, math.sqrt(2.0 / fan_in), shape)
 
 
+@_checks.strict_init
 @dataclass(frozen=True, kw_only=True)
 class WeightConfig:
     """Per-weight settings: a ``name`` to share the weight between layers, learning-rate and decay multipliers,
-    and the filler (None: the layer's default)."""
+    and the filler (None: the layer's default; a FillerConfig, its mapping, or a filler type name such as "he")."""
 
     name: str | None = None
     lr_mult: float = 1.0
@@ -70,6 +75,11 @@ class WeightConfig:
         object.__setattr__(self, "decay_mult", _checks.number("params.decay_mult", self.decay_mult, minimum=0.0))
         if isinstance(self.filler, dict):
             object.__setattr__(self, "filler", FillerConfig(**self.filler))
+        elif isinstance(self.filler, str):
+            object.__setattr__(self, "filler", FillerConfig(type=self.filler))
+        elif self.filler is not None and not isinstance(self.filler, FillerConfig):
+            raise ConfigError(f"params.filler: expected a FillerConfig or a filler type ({', '.join(FILLER_TYPES)}), "
+                              f"got {type(self.filler).__name__} {self.filler!r}"[:300])
 
 
 class WeightSpec(NamedTuple):
@@ -109,6 +119,9 @@ def add_layer_type(entry: LayerType) -> None:
     _REGISTRY[entry.name] = entry
     if entry.config_class is not None:
         _BY_CONFIG[entry.config_class] = entry.name
+        fields = dataclasses.fields(entry.config_class) if dataclasses.is_dataclass(entry.config_class) else ()
+        if fields and all(f.kw_only for f in fields if f.init):
+            _checks.strict_init(entry.config_class)  # a misspelt field is a ConfigError naming the valid ones
 
 
 def layer_types() -> list[str]:
@@ -173,7 +186,11 @@ class LayerConfig:
         for what, names in (("inputs", inputs), ("outputs", outputs)):
             if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
                 raise ConfigError(f"layer '{name}'.{what}: expected a list of blob names, got {names!r}")
-        params_t = tuple(p if isinstance(p, WeightConfig) else WeightConfig(**p) for p in params)
+        given = list(params) if isinstance(params, (list, tuple)) else None
+        if given is None or not all(isinstance(p, (WeightConfig, dict)) for p in given):
+            raise ConfigError(f"layer '{name}'.params: expected a list of WeightConfig (one per weight, e.g. "
+                              f"[lp.WeightConfig(name='w')]), got {params!r}"[:300])
+        params_t = tuple(p if isinstance(p, WeightConfig) else WeightConfig(**p) for p in given)
         if isinstance(propagate_down, bool) or not all(isinstance(p, bool) for p in propagate_down):
             raise ConfigError(f"layer '{name}'.propagate_down: expected a list of booleans, got {propagate_down!r}")
         object.__setattr__(self, "name", name)
@@ -188,3 +205,25 @@ class LayerConfig:
     def layer_type(self) -> Any:
         """The config object, or the type name for parameterless types."""
         return self.config if self.config is not None else self.type
+
+
+def _keywords_checked(init: Any) -> Any:
+    """LayerConfig's constructor, reporting a misspelt keyword or an extra positional argument as a ConfigError
+    naming the valid ones (the plain constructor raises a bare TypeError)."""
+    valid = ("inputs", "outputs", "params", "propagate_down")
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if len(args) > 2:
+            raise ConfigError(f"LayerConfig: takes a name and a layer type (a config or a type name) positionally, "
+                              f"got {len(args)} positional arguments; give {', '.join(valid)} by keyword")
+        unknown = [k for k in kwargs if k not in valid and k not in ("name", "layer_type")]
+        if unknown:
+            raise ConfigError(f"LayerConfig: unknown field {unknown[0]!r}; valid fields: name, layer_type, "
+                              f"{', '.join(valid)}")
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+LayerConfig.__init__ = _keywords_checked(LayerConfig.__init__)  # type: ignore[method-assign]

@@ -69,18 +69,22 @@ class Network:
 
     @property
     def name(self) -> str:
+        """The outermost layer's name."""
         return self.layer.name
 
     @property
     def outputs(self) -> list[SharedTensor]:
+        """The layer's output tensors (written by ``run_forward``)."""
         return self.layer.outputs
 
     @property
     def output_grads(self) -> list[SharedTensor]:
+        """The gradients of the outputs (read by ``run_backward``; another network may write them, see ``connect``)."""
         return self.layer.output_grads
 
     @property
     def num_inputs(self) -> int:
+        """How many inputs the layer reads."""
         return self.layer.num_inputs
 
     # --- inputs ---------------------------------------------------------------------------------------------
@@ -177,9 +181,11 @@ class Network:
 
     # --- running --------------------------------------------------------------------------------------------
     def run_forward(self) -> None:
+        """The forward pass over the tensors already fed or connected (``forward`` feeds arrays, then runs it)."""
         self.layer.run_forward()
 
     def run_backward(self) -> None:
+        """The backward pass from ``output_grads`` (weight gradients, and input gradients where needed)."""
         self.layer.run_backward()
 
     def forward(self, inputs: Sequence[Any]) -> list[SharedTensor]:

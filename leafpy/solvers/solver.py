@@ -367,6 +367,7 @@ class Solver:
 
     @property
     def objective(self) -> Layer:
+        """The objective layer (the loss over the network's output and the target)."""
         return self._objective
 
     @objective.setter

@@ -36,6 +36,7 @@ from ..layer import Layer, LayerConfig, layout_hint, register_layer, same_layout
 from .wiring import Step, Traits, plan_gradients, traits_of, wire
 
 
+@_checks.strict_init
 @dataclass(eq=True)
 class SequentialConfig:
     """Layers in order, the container's named inputs with their shapes (the first dimension is the batch and
@@ -46,13 +47,19 @@ class SequentialConfig:
     force_backward: bool = False
 
     def __post_init__(self) -> None:
+        if isinstance(self.inputs, (dict, str)):
+            raise ConfigError(f"SequentialConfig.inputs: expected a list of (name, shape) pairs such as "
+                              f"[('data', [64, 1, 28, 28])], got {self.inputs!r}"[:300])
         inputs = list(self.inputs)
         self.inputs = []
         for item in inputs:
             if isinstance(item, dict):
                 name, shape = item.get("name"), item.get("shape")
-            else:
+            elif isinstance(item, (tuple, list)) and len(item) == 2:
                 name, shape = item
+            else:
+                raise ConfigError(f"SequentialConfig.inputs: expected a (name, shape) pair such as "
+                                  f"('data', [64, 1, 28, 28]), got {item!r}"[:300])
             self.add_input(name, shape)
         layers = list(self.layers)
         self.layers = []
@@ -63,6 +70,7 @@ class SequentialConfig:
             raise ConfigError(f"SequentialConfig.force_backward: expected true or false, got {self.force_backward!r}")
 
     def add_input(self, name: str, shape: Sequence[int]) -> None:
+        """Declare a named input and its shape (the first dimension is the batch, which may vary)."""
         if not isinstance(name, str) or not name:
             raise ConfigError(f"SequentialConfig.inputs: expected a non-empty input name, got {name!r}")
         if any(n == name for n, _ in self.inputs):
@@ -70,6 +78,7 @@ class SequentialConfig:
         self.inputs.append((name, _checks.shape(f"SequentialConfig.inputs[{name!r}].shape", shape)))
 
     def add_layer(self, layer: LayerConfig) -> None:
+        """Append a layer; it reads the previous layer's outputs unless its ``inputs`` name other blobs."""
         if not isinstance(layer, LayerConfig):
             raise ConfigError(f"SequentialConfig.add_layer: expected a LayerConfig, got {type(layer).__name__}")
         names = self.__dict__.get("_names")
@@ -134,6 +143,7 @@ class Sequential(Layer):
 
     @property
     def outputs(self) -> list[SharedTensor]:
+        """The container's output tensors: its last layer's."""
         return self.layers[-1].outputs if hasattr(self, "layers") else []
 
     @outputs.setter
@@ -142,6 +152,7 @@ class Sequential(Layer):
 
     @property
     def output_grads(self) -> list[SharedTensor]:
+        """The gradients of the container's outputs: its last layer's."""
         return self.layers[-1].output_grads if hasattr(self, "layers") else []
 
     @output_grads.setter
@@ -156,6 +167,9 @@ class Sequential(Layer):
             layer.validate()
 
     def set_training(self, training: bool = True) -> None:
+        """Training mode (dropout active, BatchNorm on the batch's statistics) or inference mode, for every layer."""
+        if not isinstance(training, (bool, np.bool_)):
+            raise ConfigError(f"layer '{self.name}': set_training expects True or False, got {training!r}"[:300])
         self.training = bool(training)
         for layer in self.layers:
             layer.set_training(training)
