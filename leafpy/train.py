@@ -264,12 +264,21 @@ def _same_path(a: str, b: str) -> bool:
 class EarlyStopping(Callback):
     """Stop when the held-out ``monitor`` has not improved by more than ``min_delta`` for ``patience`` epochs."""
 
+    SCORES = ("test_loss", "test_accuracy", "loss", "train_accuracy")
+    """What it may watch: the epoch record's losses and (in a run with classes) accuracies."""
+
     def __init__(self, *, monitor: str = "test_loss", patience: int = 5, min_delta: float = 0.0) -> None:
-        self.monitor = monitor
-        self.patience = patience
-        self.min_delta = min_delta
+        self.monitor = _checks.choice("EarlyStopping monitor", monitor, self.SCORES)
+        self.patience = _checks.positive_int("EarlyStopping patience", patience)
+        self.min_delta = _checks.number("EarlyStopping min_delta", min_delta, minimum=0.0)
         self.best: float | None = None
         self.waited = 0
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        """Refuse an accuracy to watch in a run without classes before any training, not after the first epoch."""
+        if self.monitor.endswith("accuracy") and not trainer.classes:
+            raise ConfigError(f"EarlyStopping monitor: {self.monitor} needs classes, and this run's objective has "
+                              "none (a regression); watch test_loss or loss")
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         value = record.get(self.monitor)

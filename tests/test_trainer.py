@@ -265,3 +265,41 @@ def test_a_log_every_that_is_not_a_count_is_refused_from_python(bad):
     run = lp.config.load("digits_mlp")
     with pytest.raises(lp.ConfigError, match="log_every: expected a non-negative integer"):
         lp.Trainer(run, log_every=bad)
+
+
+@pytest.mark.parametrize("kw,words", [(dict(monitor="val_acc"), "monitor"), (dict(patience=0), "patience"),
+                                      (dict(min_delta=-0.1), "min_delta")])
+def test_early_stopping_settings_are_checked_when_made(kw, words):
+    with pytest.raises(lp.ConfigError, match=f"EarlyStopping {words}"):
+        lp.train.EarlyStopping(**kw)
+
+
+def test_early_stopping_on_an_accuracy_in_a_regression_run_is_refused_before_training(tmp_path):
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "curve.npz", x=rng.random((40, 4)), y=rng.random((40, 2)))
+    run = lp.config.load(io_yaml(tmp_path))
+    trainer = lp.Trainer(run, callbacks=[lp.train.EarlyStopping(monitor="test_accuracy")], log=lambda m: None)
+    with pytest.raises(lp.ConfigError, match="needs classes"):
+        trainer.fit(1)
+    assert trainer.solver.iteration == 0
+
+
+def io_yaml(tmp_path):
+    """A regression run file over tmp_path/curve.npz (MeanSquaredError: no classes)."""
+    path = tmp_path / "curve.yaml"
+    path.write_text(f"""
+name: curve
+data: {{dataset: npz, path: {tmp_path / 'curve.npz'}, batch_size: 10}}
+network:
+  type: Sequential
+  inputs: [{{name: data, shape: [10, 4]}}]
+  layers:
+    - {{name: fc, type: Linear, output_size: 2}}
+objective:
+  type: Sequential
+  inputs: [{{name: network_out, shape: [10, 2]}}, {{name: target, shape: [10, 2]}}]
+  layers:
+    - {{name: mse, type: MeanSquaredError}}
+solver: {{solver: momentum, base_lr: 0.01, seed: 0}}
+""")
+    return str(path)
