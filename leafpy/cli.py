@@ -35,6 +35,7 @@ from .layers.container.sequential import Sequential
 from .layers.layer import Layer
 from .metrics import predictions
 from .serialization import atomic_write, load_weights, saved_network_config
+from .train import same_path
 
 
 def _out(msg: str = "") -> None:
@@ -137,13 +138,6 @@ def out_dir_for(run: run_config.RunConfig, out: str | None, resume: str | None =
     if resume:
         return os.path.dirname(resume) or "."
     return os.path.join("runs", run.name or "run")
-
-
-def _same_path(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
 
 
 class _RunLock:
@@ -283,7 +277,7 @@ def train(args: argparse.Namespace) -> int:
             except OSError as e:
                 raise LeafpyError(f"--out {out_dir}: cannot create the output directory: {e.strerror or e}") from e
             # a resumed run writes over its own files; any other run's are kept unless --overwrite
-            continues = bool(args.resume) and _same_path(os.path.dirname(args.resume) or ".", out_dir)
+            continues = bool(args.resume) and same_path(os.path.dirname(args.resume) or ".", out_dir)
             if not continues and not args.overwrite:
                 held = [f for f in ("model.leaf", "checkpoint.leaf", RUN_FILE) if os.path.exists(
                     os.path.join(out_dir, f))]
@@ -468,7 +462,7 @@ def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, n
     if weights is not None and run is not None and check_split:
         trained = os.path.join(os.path.dirname(weights), RUN_FILE)  # the run the weights were trained in
         if os.path.isfile(trained):
-            own = _same_path(trained, run_file)  # then only the --set can change the split
+            own = same_path(trained, run_file)  # then only the --set can change the split
             _check_split(run_config.load(trained), run, weights, trained,
                          f"in {run_file}" + (" with the --set" if overrides else ""),
                          "--set changes it: drop the --set of data" if own else

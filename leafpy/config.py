@@ -237,9 +237,8 @@ def from_dict(doc: Any, source: str = "<run>") -> RunConfig:
                        ("data.num_classes", data.get("num_classes"))):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
             raise ConfigError(f"{key}: expected a positive integer, got {value!r}")
-    log_every = train.get("log_every")
-    if log_every is not None and (isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 0):
-        raise ConfigError(f"train.log_every: expected a non-negative integer (0 turns it off), got {log_every!r}")
+    if train.get("log_every") is not None:
+        check_log_every(train["log_every"], "train.log_every")
     check_best_epochs(train.get("keep_best", 0), train.get("monitor", "test_loss"))
     precision = train.get("precision", "fp32")
     if precision not in PRECISIONS:
@@ -252,6 +251,14 @@ def from_dict(doc: Any, source: str = "<run>") -> RunConfig:
 
 
 DATASETS = ("digits", "mnist", "fashion_mnist", "npz")
+
+
+def check_log_every(log_every: Any, name: str) -> int:
+    """A progress line every ``log_every`` iterations: a non-negative integer (0: none); ``name`` says where it
+    comes from."""
+    if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 0:
+        raise ConfigError(f"{name}: expected a non-negative integer (0 turns it off), got {log_every!r}")
+    return log_every
 
 
 def check_best_epochs(keep_best: Any, monitor: Any, keep_best_name: str = "train.keep_best",

@@ -198,7 +198,7 @@ class Checkpoint(Callback):
         past its position (from the epochs it trains again, as when it resumes an earlier best epoch) go."""
         if not trainer.is_root:
             return
-        if trainer.resumed_from is not None and _same_path(os.path.dirname(trainer.resumed_from) or ".",
+        if trainer.resumed_from is not None and same_path(os.path.dirname(trainer.resumed_from) or ".",
                                                             self.directory):
             replaced = []
             for name in sorted(os.listdir(self.directory)):
@@ -254,7 +254,8 @@ class Checkpoint(Callback):
         del self.best[self.keep_best:]
 
 
-def _same_path(a: str, b: str) -> bool:
+def same_path(a: str, b: str) -> bool:
+    """Whether two paths name one existing file or directory."""
     try:
         return os.path.samefile(a, b)
     except OSError:
@@ -301,10 +302,7 @@ class Progress(Callback):
     iterations on stderr (0: none)."""
 
     def __init__(self, log_every: int = 100) -> None:
-        if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 0:
-            raise ConfigError(f"Progress log_every: expected a non-negative integer (0 turns it off), got "
-                              f"{log_every!r}")
-        self.log_every = log_every
+        self.log_every = run_config.check_log_every(log_every, "Progress log_every")
         self.bar: Any = None
 
     def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None:
@@ -445,12 +443,11 @@ class Trainer:
         self._resumed_hits = (int(state.get("correct", 0)), int(state.get("scored", 0)))
         built_in: list[Callback] = [Progress(log_every if log_every is not None else int(run.train.get("log_every",
                                                                                                          100)))]
-        run_config.check_best_epochs(keep_best if keep_best is not None else run.train.get("keep_best", 0),
-                                     monitor if monitor is not None else run.train.get("monitor", "test_loss"),
-                                     "train.keep_best" if keep_best is None else "Trainer keep_best",
-                                     "train.monitor" if monitor is None else "Trainer monitor")
-        keep_best = keep_best if keep_best is not None else int(run.train.get("keep_best", 0))
-        monitor = monitor or str(run.train.get("monitor", "test_loss"))
+        names = ("train.keep_best" if keep_best is None else "Trainer keep_best",
+                 "train.monitor" if monitor is None else "Trainer monitor")
+        keep_best = run.train.get("keep_best", 0) if keep_best is None else keep_best
+        monitor = run.train.get("monitor", "test_loss") if monitor is None else monitor
+        run_config.check_best_epochs(keep_best, monitor, *names)
         if keep_best and monitor == "test_accuracy" and not self.classes:
             raise ConfigError("train.monitor: test_accuracy ranks classes, and this run's objective has none (a "
                               "regression); keep the best epochs by test_loss")

@@ -19,7 +19,7 @@ class Adam(UpdateRule):
         t = iteration + 1
         return lr * math.sqrt(1.0 - c.beta2 ** t) / (1.0 - c.beta1 ** t)
 
-    def update(self, backend, w, g, state, rate, lr_mult):
+    def update(self, backend, w, g, state, rate, lr_mult, decay=0.0):
         m, v = state
         c = self.config
-        backend.adam_update(w, g, m, v, rate, lr_mult, c.beta1, c.beta2, c.epsilon)
+        backend.adam_update(w, g, m, v, rate, lr_mult, c.beta1, c.beta2, c.epsilon, decay)

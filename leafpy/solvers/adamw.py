@@ -12,9 +12,4 @@ from .adam import Adam
 @register_rule
 class AdamW(Adam):
     name = "adamw"
-    decoupled_weight_decay = True
-
-    def update(self, backend, w, g, state, rate, lr_mult, decay=0.0):
-        m, v = state
-        c = self.config
-        backend.adam_update(w, g, m, v, rate, lr_mult, c.beta1, c.beta2, c.epsilon, decay)
+    decoupled_weight_decay = True  # the solver then hands Adam's update the decay (adam_update's ``decay``)

@@ -168,9 +168,7 @@ class Sequential(Layer):
 
     def set_training(self, training: bool = True) -> None:
         """Training mode (dropout active, BatchNorm on the batch's statistics) or inference mode, for every layer."""
-        if not isinstance(training, (bool, np.bool_)):
-            raise ConfigError(f"layer '{self.name}': set_training expects True or False, got {training!r}"[:300])
-        self.training = bool(training)
+        super().set_training(training)
         for layer in self.layers:
             layer.set_training(training)
 
