@@ -97,7 +97,10 @@ class DataParallel:
         if self.group.size == 1:
             return
         tensors = list(self.solver.network.learnable_weights_data())
-        tensors += [t for state in self.solver.state for t in state]
+        self._broadcast(tensors + [t for state in self.solver.state for t in state], root)
+
+    def _broadcast(self, tensors: list[SharedTensor], root: int) -> None:
+        """Every rank takes ``root``'s values of ``tensors`` (through the host)."""
         for t in tensors:
             host = np.ascontiguousarray(t.to_numpy())
             self.group.broadcast_(host, root)
@@ -122,11 +125,8 @@ class DataParallel:
         if self.group.size == 1 or self._sync_batch_norm:  # synchronised statistics are the same everywhere
             return
         net = self.solver.network
-        for t, cfg in zip(net.learnable_weights_data(), net.learnable_weights_configs()):
-            if cfg.lr_mult == 0.0:
-                host = np.ascontiguousarray(t.to_numpy())
-                self.group.broadcast_(host, root)
-                t.set(host)
+        self._broadcast([t for t, cfg in zip(net.learnable_weights_data(), net.learnable_weights_configs())
+                         if cfg.lr_mult == 0.0], root)
 
     def train_minibatch(self, data: Any, target: Any) -> SharedTensor:
         """One step on this rank's share of a global batch; the update (every minibatch_size-th call) uses every
