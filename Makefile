@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo vulkan bench clean
+.PHONY: test demo vulkan bench dist clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -35,5 +35,12 @@ bench: $(STAMP)
 	$(PY) -m pip install -q "torch==2.13.0" "threadpoolctl>=3"
 	$(PY) benchmarks/train_step.py --backend native --vs torch
 
+# make dist: the sdist and wheel in dist/, their metadata checked (what a release uploads)
+dist: $(STAMP)
+	$(PY) -m pip install -q "build>=1.2" "twine>=5"
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+	$(PY) -m twine check --strict dist/*
+
 clean:
-	rm -rf $(VENV) runs build *.egg-info
+	rm -rf $(VENV) runs build dist *.egg-info

@@ -249,6 +249,7 @@ def layout_hint(got: Sequence[int], want: Sequence[int], name: str = "x", first:
             return (f"; the same numbers in another layout (channels-last images for a channels-first input, or "
                     f"a transposed array?): {call} has the declared shape")
     if math.prod(got) == math.prod(want):
+        shape = ("-1", *map(str, want[1:])) if first else tuple(map(str, want))  # any number of samples
         return (f"; it has as many numbers but another layout: if they are in the declared order, pass "
-                f"{name}.reshape{want}")
+                f"{name}.reshape({', '.join(shape)})")
     return ""

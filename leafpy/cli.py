@@ -127,8 +127,18 @@ def resolve_data(run: run_config.RunConfig) -> None:
     data.setdefault("seed", 0)
     if data["dataset"] == "digits":
         data.setdefault("test_fraction", 0.2)
-    if isinstance(data.get("path"), str):
-        data["path"] = os.path.abspath(data["path"])
+    if isinstance(data.get("path"), str) and not os.path.isabs(data["path"]):
+        data["path"] = os.path.abspath(os.path.join(run_config.data_base(run), data["path"]))
+        run.data_relative = True
+
+
+def portable(run: run_config.RunConfig, directory: str) -> run_config.RunConfig:
+    """The run as its run directory records it: a data path that was given relative is written relative to the
+    directory, so that the run directory and its data move together."""
+    if not run.data_relative:
+        return run
+    data = dict(run.data, path=os.path.relpath(run.data["path"], os.path.abspath(directory)))
+    return dataclasses.replace(run, data=data)
 
 
 def out_dir_for(run: run_config.RunConfig, out: str | None, resume: str | None = None) -> str:
@@ -137,7 +147,7 @@ def out_dir_for(run: run_config.RunConfig, out: str | None, resume: str | None =
         return out
     if resume:
         return os.path.dirname(resume) or "."
-    return os.path.join("runs", run.name or "run")
+    return os.path.join("runs", run_config.check_run_name(run.name) or "run")
 
 
 class _RunLock:
@@ -205,8 +215,8 @@ def _relaunch(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
     if mpiexec is None:
-        raise LeafpyError("--nproc: mpiexec was not found; install it with pip install \"leafpy-dl[dist]\" (the "
-                          "mpich wheel), or launch with your cluster's mpiexec or srun")
+        raise LeafpyError("--nproc: mpiexec was not found; install it with pip install mpi4py mpich (the "
+                          "dist extra; mpich's wheel holds mpiexec), or launch with your cluster's mpiexec or srun")
     rest = list(argv)
     i = rest.index("--nproc") if "--nproc" in rest else None
     if i is not None:
@@ -327,7 +337,7 @@ def _train(args: argparse.Namespace, run: run_config.RunConfig, be: Any, out_dir
         if replace:
             _remove_run_files(out_dir)  # none of the replaced run's files may pass for this run's
             trainer.history.clear()  # nor its history, read when resuming another directory's checkpoint
-        atomic_write(os.path.join(out_dir, RUN_FILE), run_config.dumps(run).encode())
+        atomic_write(os.path.join(out_dir, RUN_FILE), run_config.dumps(portable(run, out_dir)).encode())
     ds = trainer.dataset
     ranks = f" on {group.size} ranks (global batch {trainer.global_batch})" if group.size > 1 else ""
     modes = [m for m in (be.precision if be.precision != "fp32" else "", "channels-last" * be.channels_last) if m]
@@ -335,9 +345,13 @@ def _train(args: argparse.Namespace, run: run_config.RunConfig, be: Any, out_dir
     epochs = (f"epochs {done + 1}..{trainer.epochs}" if trainer.epochs > done else
               f"nothing left to train: the checkpoint ends epoch {done}, the last asked for (--epochs or "
               f"train.epochs); its model and scores follow (give --epochs {done + 1} or more to train further)")
-    trainer.log(f"leafpy: training {run.name or args.config} on {be.name}{mode}{ranks}: {len(ds.x_train)} training and "
-                f"{len(ds.x_test)} held-out samples ({ds.name}), batch {run.batch_size}, "
+    adapter = f" [{be.adapter_name}]" if be.adapter_name else ""
+    trainer.log(f"leafpy: training {run.name or args.config} on {be.name}{adapter}{mode}{ranks}: {len(ds.x_train)} "
+                f"training and {len(ds.x_test)} held-out samples ({ds.name}), batch {run.batch_size}, "
                 f"{trainer.solver.network.num_parameters():,} parameters, {epochs}")
+    if be.emulated:
+        trainer.log(f"note: {be.adapter_name} is a CPU emulation of a GPU: webgpu runs correctly there but far "
+                    "slower than --backend native")
     if trainer.loaded is not None:
         kept, ignored = trainer.loaded.missing, trainer.loaded.unexpected
         trainer.log(f"starting from the weights in {args.weights}" +

@@ -43,6 +43,10 @@ class RunConfig:
     solver: SolverConfig
     data: dict = field(default_factory=dict)
     train: dict = field(default_factory=dict)
+    source: str = field(default="", compare=False, repr=False)
+    """The file the run was read from ("" for one made in Python)."""
+    data_relative: bool = field(default=False, compare=False, repr=False)
+    """Whether ``data.path`` was given relative (and is written so into a run directory's run.yaml)."""
 
     @property
     def batch_size(self) -> int:
@@ -226,7 +230,7 @@ def from_dict(doc: Any, source: str = "<run>") -> RunConfig:
             raise ConfigError(f"{key}.type: expected Sequential, got {cfg.type!r}")
     solver_doc = dict(_mapping(doc.get("solver") or {}, "solver"))
     _check_keys(solver_doc, SOLVER_KEYS, "solver", "the solver")
-    name = str(doc.get("name", ""))
+    name = check_run_name(doc.get("name", ""))
     solver_doc.setdefault("name", name)
     solver = _wrap("solver", lambda: SolverConfig(network=network, objective=objective, **solver_doc))
     data = dict(_mapping(doc.get("data") or {}, "data"))
@@ -251,6 +255,19 @@ def from_dict(doc: Any, source: str = "<run>") -> RunConfig:
 
 
 DATASETS = ("digits", "mnist", "fashion_mnist", "npz")
+
+
+def check_run_name(name: Any) -> str:
+    """A run's name names its directory under runs/ (when no --out is given): a name, never a path."""
+    if name is None:
+        return ""
+    if not isinstance(name, (str, int, float)) or isinstance(name, bool):
+        raise ConfigError(f"name: expected the run's name (text), got {type(name).__name__} {name!r}"[:300])
+    name = str(name)
+    if name in (".", "..") or any(c in name for c in "/\\\0") or os.path.isabs(name):
+        raise ConfigError(f"name: {name!r} is a path, and a run's name names its directory under runs/; give a "
+                          "name without '/' or '\\' (e.g. mnist-lenet), and choose the directory with --out")
+    return name
 
 
 def check_log_every(log_every: Any, name: str) -> int:
@@ -530,10 +547,21 @@ def load(path: str | os.PathLike, overrides: Sequence[str] = ()) -> RunConfig:
             hint = f"; leafpy ships a run file of that name, read from any directory by its name alone: {stem}"
         raise LeafpyError(f"{path}: cannot read the run file: {e.strerror or e}{hint}") from e
     try:
-        return loads(text, path, overrides)
+        run = loads(text, path, overrides)
     except ConfigError as e:
         msg = str(e)
         raise ConfigError(msg if msg.startswith(path) else f"{path}: {msg}") from None
+    run.source = path
+    return run
+
+
+def data_base(run: RunConfig) -> str:
+    """The directory a relative ``data.path`` is relative to: a run directory's run.yaml (which leafpy train wrote)
+    records it relative to that directory, so the directory moves with its data; any other run file's is relative
+    to the working directory."""
+    if run.source and os.path.basename(run.source) == RUN_FILE:
+        return os.path.dirname(run.source)
+    return ""
 
 
 def dumps(run: RunConfig) -> str:

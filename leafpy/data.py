@@ -72,7 +72,7 @@ def digits(test_fraction: float = 0.2, seed: int = 0) -> Dataset:
     try:
         from sklearn.datasets import load_digits
     except ImportError as e:
-        raise LeafpyError("the digits dataset needs scikit-learn: pip install 'leafpy-dl[data]'") from e
+        raise LeafpyError("the digits dataset needs scikit-learn: pip install scikit-learn") from e
     d = load_digits()
     x = (d.images / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
     return split("digits", x, d.target.astype(np.int64), test_fraction, seed, 10)

@@ -299,7 +299,7 @@ class EarlyStopping(Callback):
 
 class Progress(Callback):
     """A progress bar on a terminal (tqdm: loss, accuracy, samples/s); elsewhere a line every ``log_every``
-    iterations on stderr (0: none)."""
+    iterations (0: none) through :meth:`Trainer.progress`."""
 
     def __init__(self, log_every: int = 100) -> None:
         self.log_every = run_config.check_log_every(log_every, "Progress log_every")
@@ -332,8 +332,8 @@ class Progress(Callback):
                                      refresh=False)
             self.bar.update(1)
         elif self.log_every and trainer.solver.iteration % self.log_every == 0:
-            print(f"iteration {trainer.solver.iteration}: loss {loss:.4f}, lr {trainer.solver.learning_rate():.3g}"
-                  f"{_scaling_text(trainer.solver)}", file=sys.stderr, flush=True)
+            trainer.progress(f"iteration {trainer.solver.iteration}: loss {loss:.4f}, "
+                             f"lr {trainer.solver.learning_rate():.3g}{_scaling_text(trainer.solver)}")
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         self.close()
@@ -392,6 +392,7 @@ class Trainer:
         self.group = group
         self.is_root = group is None or group.is_root
         self._log = log if log is not None else (lambda msg: print(msg, flush=True))
+        self._progress = log if log is not None else (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.out_dir = out_dir
         if out_dir is not None and self.is_root:
             try:
@@ -532,6 +533,12 @@ class Trainer:
         if self.is_root:
             self._log(msg)
 
+    def progress(self, msg: str) -> None:
+        """A progress line (rank 0 only): through the Trainer's ``log`` where one was given, else on stderr, apart
+        from the results on stdout."""
+        if self.is_root:
+            self._progress(msg)
+
     # --- the loop ---------------------------------------------------------------------------------------------
     def _order(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.dataset.x_train))
@@ -549,6 +556,8 @@ class Trainer:
             return self.parallel.train_minibatch(xb, yb)
         return self.solver.train_minibatch(xb, yb)
 
+    # a diverging run is reported once, by TrainingDiverged with the first non-finite layer, not by NumPy's warnings
+    @np.errstate(over="ignore", invalid="ignore", divide="ignore")
     def fit(self, epochs: int | None = None) -> list[dict[str, Any]]:
         """Train up to epoch ``epochs`` (default: the run's train.epochs); returns the history. On a stop signal
         a checkpoint is saved and TrainingInterrupted raised; on a NaN or infinite loss, TrainingDiverged."""

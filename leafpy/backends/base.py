@@ -67,6 +67,10 @@ class Backend:
     """One of :data:`PRECISIONS`."""
     channels_last: bool = False
     """Whether 4-D tensors are laid out channels-last (NHWC) in this backend's buffers (see :meth:`memory_order`)."""
+    adapter_name: str = ""
+    """The device a GPU backend runs on, as its driver names it ("" on the CPU)."""
+    emulated: bool = False
+    """Whether that device is a CPU emulation of a GPU (correct, but far slower than the native backend)."""
 
     @property
     def compute_dtype(self) -> np.dtype:

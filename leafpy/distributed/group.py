@@ -140,8 +140,8 @@ def init() -> ProcessGroup:
     except ImportError as e:
         raise BackendUnavailable(
             f"distributed: this process was started as one of {launched_size()} ranks, but mpi4py cannot be "
-            f"imported ({e}); install it with pip install \"leafpy-dl[dist]\" (mpi4py and the mpich wheel, "
-            "which provides mpiexec)") from e
+            f"imported ({e}); install it with pip install mpi4py mpich (the dist extra; mpich's "
+            "wheel provides mpiexec)") from e
     _GROUP = ProcessGroup(MPI.COMM_WORLD)
     if _GROUP.size != launched_size():
         raise LeafpyError(f"distributed: the launcher started {launched_size()} ranks but MPI sees "

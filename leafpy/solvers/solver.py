@@ -258,6 +258,25 @@ class UpdateRule:
     adding ``decay·w`` to the gradient first (L2 regularisation, Caffe's)."""
 
 
+def _last_layer(config: LayerConfig) -> LayerConfig:
+    """The layer whose output a container's last layer gives, looking inside nested containers."""
+    while config.type == "Sequential" and config.config.layers:
+        config = config.config.layers[-1]
+    return config
+
+
+def _check_loss_input(network: LayerConfig, objective: LayerConfig) -> None:
+    """NegativeLogLikelihood reads log-probabilities: a Softmax output (probabilities) would train on a loss of
+    ``-p`` without a word."""
+    last, loss = _last_layer(network), objective
+    while loss.type == "Sequential" and loss.config.layers:
+        loss = loss.config.layers[0]
+    if last.type == "Softmax" and loss.type == "NegativeLogLikelihood":
+        raise ConfigError(f"objective layer '{loss.name}' (NegativeLogLikelihood) reads log-probabilities, but the "
+                          f"network ends in layer '{last.name}' (Softmax), which gives probabilities; make it a "
+                          f"LogSoftmax (type: LogSoftmax)")
+
+
 class Solver:
     """Trains ``network`` against ``objective``; see the module docstring for the step."""
 
@@ -349,6 +368,7 @@ class Solver:
             raise ConfigError(f"Solver.from_config: expected a SolverConfig, got {type(config).__name__}")
         if config.network is None or config.objective is None:
             raise ConfigError("solver.network and solver.objective: both must be given (LayerConfigs)")
+        _check_loss_input(config.network, config.objective)
         network = Layer.from_config(network_backend, config.network, seed=config.seed)
         # losses and softmax in the master precision: under bf16 and fp16 the objective runs on a full-precision twin
         objective = Layer.from_config(objective_backend.full_precision(), config.objective)

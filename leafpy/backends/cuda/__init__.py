@@ -35,8 +35,8 @@ from .cudnn import _CudnnConv, _strides
 from .kernels import _BN_SOURCE, _POOL_SOURCE, module_source, vectorized_source
 from .lowp import as_stored, formats_of, is_low, low_dtypes, one_memory_order, storage_format, typed_kernel
 
-_INSTALL = ("pip install 'leafpy-dl[cuda]' (CuPy for CUDA 12: cupy-cuda12x; with CUDA 13 drivers install "
-            "cupy-cuda13x instead)")
+_INSTALL = ("pip install cupy-cuda12x nvidia-cudnn-frontend nvidia-cudnn-cu12 (the cuda extra; with CUDA 13 "
+            "drivers install cupy-cuda13x instead)")
 
 # ElementwiseKernel formulas over a type T (in_params, out_params, operation, name): compiled for T = float or
 # double, and by lowp.typed_kernel for bfloat16 and float16 operands
@@ -132,6 +132,8 @@ class CudaBackend(ArrayBackend):
         self.xp = cupy
         self.device = cupy.cuda.Device(device)
         self.device.use()
+        name = cupy.cuda.runtime.getDeviceProperties(device).get("name", b"")
+        self.adapter_name = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
         # a copy's memory order follows from its key: channels-last copies are copies of their own
         self.key = f"cuda:{device}" + (":channels_last" if self.channels_last else "")
         self.tf32 = tf32

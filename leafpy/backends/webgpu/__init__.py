@@ -19,6 +19,10 @@ Importing this module does not import wgpu; constructing the backend does.
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +73,9 @@ class WebGPUBackend(Half):
             import wgpu
         except ImportError as e:
             raise BackendUnavailable("backend 'webgpu' needs wgpu-py, which is not installed: "
-                                     "pip install 'leafpy-dl[webgpu]'") from e
+                                     "pip install wgpu (the webgpu extra)") from e
         self.wgpu = wgpu
+        _runtime_dir()
         try:
             if adapter is not None:
                 found = [a for a in wgpu.gpu.enumerate_adapters_sync() if adapter.lower() in _describe(a).lower()]
@@ -90,6 +95,9 @@ class WebGPUBackend(Half):
                                      "(e.g. Debian's mesa-vulkan-drivers and libvulkan1)")
         self.adapter = chosen
         self.adapter_name = _describe(chosen)
+        self.emulated = chosen.info.get("adapter_type") == "CPU"
+        """Whether the adapter is a CPU emulation of a GPU (Mesa's lavapipe or llvmpipe): correct, but far slower
+        than the native backend."""
         limits = chosen.limits
         want = {k: limits[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size",
                                        "max-compute-workgroup-storage-size") if k in limits}
@@ -160,6 +168,18 @@ _REFUSED = {
             "shader-f16)",
 }
 """Why the webgpu backend refuses a precision."""
+
+
+def _runtime_dir() -> None:
+    """Give Mesa's drivers a valid XDG_RUNTIME_DIR (a private temporary directory) where the environment has none,
+    so that opening an adapter does not print "XDG_RUNTIME_DIR is invalid or not set" lines; nothing is written
+    there by a compute device."""
+    current = os.environ.get("XDG_RUNTIME_DIR", "")
+    if current and os.path.isdir(current) and os.access(current, os.W_OK):
+        return
+    path = tempfile.mkdtemp(prefix="leafpy-xdg-")  # made with mode 0700, as Mesa wants
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    os.environ["XDG_RUNTIME_DIR"] = path
 
 
 def _describe(adapter: Any) -> str:

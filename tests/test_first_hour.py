@@ -1,0 +1,136 @@
+"""A new user's first hour with the leafpy command: run names that are paths, flat data for an image network, a
+diverging run, a Softmax before NegativeLogLikelihood, the Trainer's log, webgpu on a CPU adapter, and a run
+directory moved together with its data. Each runs `python -m leafpy` in a temporary directory, as at a prompt."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+from test_user_paths import ROOT, failed_cleanly, leafpy
+
+import leafpy as lp
+
+
+def _run_file(path, **changes) -> str:
+    """The shipped digits_mlp run file, with top-level sections changed, written to ``path``."""
+    with open(lp.config.resolve("digits_mlp")) as f:
+        doc = yaml.safe_load(f)
+    doc.update(changes)
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+@pytest.mark.parametrize("name", ["../../escape", "/tmp/leafpy-escape-test", "..", "a\\b"])
+def test_a_run_name_that_is_a_path_is_refused_and_writes_nothing(tmp_path, name):
+    cwd = tmp_path / "a" / "b"
+    cwd.mkdir(parents=True)
+    run = _run_file(cwd / "run.yaml", name=name)
+    p = leafpy(cwd, "train", run, "--epochs", "1")
+    failed_cleanly(p, "name:", "is a path", "--out")
+    assert not (tmp_path / "escape").exists() and not os.path.exists("/tmp/leafpy-escape-test")
+    assert sorted(os.listdir(cwd)) == ["run.yaml"]
+
+
+def test_flat_samples_for_an_image_network_get_a_reshape_hint_for_any_number_of_samples(tmp_path):
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "flat.npz", x=rng.random((1000, 64), dtype=np.float32), y=rng.integers(0, 10, 1000))
+    p = leafpy(tmp_path, "train", "digits_lenet", "--set", "data.dataset=npz", "--set", "data.path=flat.npz",
+               "--epochs", "1")
+    failed_cleanly(p, "x.reshape(-1, 1, 8, 8)")
+    assert "reshape(64" not in p.stderr and "reshape(1000" not in p.stderr
+
+
+def test_a_diverging_run_reports_once_without_numpy_warnings(tmp_path):
+    p = leafpy(tmp_path, "train", "digits_mlp", "--set", "solver.base_lr=1e4", "--epochs", "1", "--out", "run")
+    failed_cleanly(p, "the loss became", "try a smaller base_lr")
+    assert "RuntimeWarning" not in p.stderr and "site-packages" not in p.stderr, p.stderr
+
+
+def test_a_softmax_before_negative_log_likelihood_is_refused_naming_log_softmax(tmp_path):
+    with open(lp.config.resolve("digits_mlp")) as f:
+        doc = yaml.safe_load(f)
+    last = doc["network"]["layers"][-1]
+    assert last["type"] == "LogSoftmax"
+    last["type"] = "Softmax"
+    (tmp_path / "softmax.yaml").write_text(yaml.safe_dump(doc))
+    p = leafpy(tmp_path, "train", "softmax.yaml", "--epochs", "1")
+    failed_cleanly(p, "NegativeLogLikelihood", "log-probabilities", "Softmax", "LogSoftmax")
+
+
+def test_the_trainers_log_receives_the_progress_lines(tmp_path):
+    run = lp.config.load("digits_mlp")
+    lines: list[str] = []
+    trainer = lp.Trainer(run, lp.backend("native"), log=lines.append, log_every=10)
+    trainer.fit(epochs=1)
+    iterations = [line for line in lines if line.startswith("iteration ")]
+    per_epoch = trainer.batches_per_epoch
+    assert [int(line.split()[1].rstrip(":")) for line in iterations] == list(range(10, per_epoch + 1, 10))
+    assert any(line.startswith("epoch 1/1") for line in lines)
+
+
+def test_progress_lines_go_to_stderr_without_a_log(capsys):
+    run = lp.config.load("digits_mlp")
+    trainer = lp.Trainer(run, lp.backend("native"), log_every=20)
+    trainer.fit(epochs=1)
+    out, err = capsys.readouterr()
+    assert "iteration 20:" in err and "iteration 20:" not in out
+    assert "epoch 1/1" in out
+
+
+def test_webgpu_names_its_adapter_and_says_when_it_is_a_cpu_emulator(tmp_path):
+    try:
+        be = lp.backend("webgpu")
+    except lp.BackendUnavailable as e:
+        pytest.skip(f"webgpu backend unavailable: {e}")
+    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}  # as in a container or over ssh
+    env.update(PYTHONPATH=str(ROOT), MPLBACKEND="Agg")
+    p = subprocess.run([sys.executable, "-m", "leafpy", "train", "digits_mlp", "--backend", "webgpu", "--epochs",
+                        "1", "--out", "run"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert f"on webgpu [{be.adapter_name}]" in p.stdout
+    assert ("a CPU emulation of a GPU" in p.stdout) == (be.adapter.info.get("adapter_type") == "CPU")
+    assert "XDG_RUNTIME_DIR" not in p.stderr, p.stderr
+
+
+def test_a_run_directory_moves_with_its_data(tmp_path):
+    rng = np.random.default_rng(0)
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    x = rng.random((120, 1, 8, 8), dtype=np.float32)
+    np.savez(project / "data" / "blobs.npz", x=x, y=(x.mean(axis=(1, 2, 3)) > 0.5).astype(np.int64))
+    p = leafpy(project, "train", "digits_mlp", "--set", "data.dataset=npz", "--set", "data.path=data/blobs.npz",
+               "--set", "data.test_fraction=0.25", "--epochs", "1", "--out", "runs/a")
+    assert p.returncode == 0, p.stderr
+    recorded = yaml.safe_load((project / "runs" / "a" / "run.yaml").read_text())["data"]["path"]
+    assert recorded == os.path.join("..", "..", "data", "blobs.npz")
+    trained = leafpy(project, "evaluate", "runs/a")
+    moved = tmp_path / "elsewhere" / "project2"
+    shutil.move(str(project), str(moved))
+    for cwd, target in ((tmp_path, str(moved / "runs" / "a")), (moved / "runs", "a/model.leaf")):
+        p = leafpy(cwd, "evaluate", target)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.splitlines()[-2:] == trained.stdout.splitlines()[-2:]  # the same held-out scores
+
+
+def test_an_absolute_data_path_stays_absolute(tmp_path):
+    rng = np.random.default_rng(1)
+    x = rng.random((80, 1, 8, 8), dtype=np.float32)
+    np.savez(tmp_path / "d.npz", x=x, y=rng.integers(0, 10, 80))
+    p = leafpy(tmp_path, "train", "digits_mlp", "--set", "data.dataset=npz", "--set",
+               f"data.path={tmp_path / 'd.npz'}", "--set", "data.test_fraction=0.25", "--epochs", "1", "--out", "r")
+    assert p.returncode == 0, p.stderr
+    assert yaml.safe_load((tmp_path / "r" / "run.yaml").read_text())["data"]["path"] == str(tmp_path / "d.npz")
+
+
+def test_messages_name_installable_packages():
+    """Install hints name packages on the package index (leafpy's own distribution is installed from a clone)."""
+    for path in ("leafpy/backends/cuda/__init__.py", "leafpy/backends/webgpu/__init__.py", "leafpy/data.py",
+                 "leafpy/cli.py", "leafpy/distributed/group.py"):
+        text = (ROOT / path).read_text()
+        assert "pip install 'leafpy-dl" not in text and 'pip install \\"leafpy-dl' not in text, path
