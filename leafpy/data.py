@@ -47,11 +47,17 @@ class Dataset:
 
         h = hashlib.blake2b(digest_size=16)
         for a in (self.x_train, self.y_train, self.x_test, self.y_test):
-            a = np.ascontiguousarray(a)
-            h.update(f"{a.dtype.str}{a.shape};".encode())
-            if a.size:  # (an empty array has no bytes, and a memoryview of it cannot be cast)
-                h.update(a.data.cast("B"))
+            hash_array(h, a)
         return h.hexdigest()
+
+
+def hash_array(h: Any, a: np.ndarray) -> None:
+    """Add an array's dtype, shape and bytes to the hashlib object ``h`` (the bytes read once, not copied unless
+    the array is not contiguous)."""
+    a = np.ascontiguousarray(a)
+    h.update(f"{a.dtype.str}{a.shape};".encode())
+    if a.size:  # (an empty array has no bytes, and a memoryview of it cannot be cast)
+        h.update(a.data.cast("B"))
 
 
 def split(name: str, x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int, num_classes: int) -> Dataset:

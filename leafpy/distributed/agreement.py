@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..data import hash_array
 from ..errors import LeafpyError
 from .group import ProcessGroup
 
@@ -29,7 +30,7 @@ ABSENT = "(not set)"
 def fingerprint(array: np.ndarray) -> str:
     """An array's dtype, shape and a hash of its bytes (read once; a few seconds for gigabytes)."""
     digest = hashlib.blake2b(digest_size=12)
-    digest.update(np.ascontiguousarray(array).data)
+    hash_array(digest, array)
     return f"{array.dtype} {list(array.shape)} blake2b {digest.hexdigest()}"
 
 
