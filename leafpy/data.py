@@ -119,10 +119,19 @@ def _meminfo_available() -> int | None:
 
 
 def _cgroup_left() -> int | None:
+    """What a cgroup v2 memory limit leaves, counting the page cache it may reclaim (inactive files) as free."""
     limit, used = _first_line("/sys/fs/cgroup/memory.max"), _first_line("/sys/fs/cgroup/memory.current")
     if not limit or not used or not limit.isdigit() or not used.isdigit():
         return None  # no cgroup v2 limit ("max"), or none readable
-    return max(0, int(limit) - int(used))
+    reclaimable = 0
+    try:
+        with open("/sys/fs/cgroup/memory.stat") as f:
+            for line in f:
+                if line.startswith("inactive_file "):
+                    reclaimable = int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return max(0, int(limit) - int(used) + reclaimable)
 
 
 def _address_space_left(page: int) -> int | None:
