@@ -10,7 +10,7 @@ import os
 import tokenize
 import zipfile
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,11 +47,17 @@ class Dataset:
 
         h = hashlib.blake2b(digest_size=16)
         for a in (self.x_train, self.y_train, self.x_test, self.y_test):
-            a = np.ascontiguousarray(a)
-            h.update(f"{a.dtype.str}{a.shape};".encode())
-            if a.size:  # (an empty array has no bytes, and a memoryview of it cannot be cast)
-                h.update(a.data.cast("B"))
+            hash_array(h, a)
         return h.hexdigest()
+
+
+def hash_array(h: Any, a: np.ndarray) -> None:
+    """Add an array's dtype, shape and bytes to the hashlib object ``h`` (the bytes read once, not copied unless
+    the array is not contiguous)."""
+    a = np.ascontiguousarray(a)
+    h.update(f"{a.dtype.str}{a.shape};".encode())
+    if a.size:  # (an empty array has no bytes, and a memoryview of it cannot be cast)
+        h.update(a.data.cast("B"))
 
 
 def split(name: str, x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int, num_classes: int) -> Dataset:
@@ -78,6 +84,83 @@ def digits(test_fraction: float = 0.2, seed: int = 0) -> Dataset:
     return split("digits", x, d.target.astype(np.int64), test_fraction, seed, 10)
 
 
+MEMORY_SHARE = 0.9
+"""The share of the memory available that a dataset may take as it loads (the rest: the network, its batches)."""
+
+
+def available_memory() -> int | None:
+    """Bytes this process may still allocate: the least of the system's available memory (MemAvailable), what a
+    container's memory limit leaves (cgroup v2) and what the address-space limit leaves (RLIMIT_AS, as ``ulimit
+    -v`` sets it); None where none of them can be read."""
+    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+    known = [n for n in (_meminfo_available(), _cgroup_left(), _address_space_left(page)) if n is not None]
+    if not known and hasattr(os, "sysconf") and "SC_AVPHYS_PAGES" in os.sysconf_names:
+        known.append(os.sysconf("SC_AVPHYS_PAGES") * page)
+    return min(known) if known else None
+
+
+def _first_line(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.readline().strip()
+    except (OSError, ValueError):
+        return None
+
+
+def _meminfo_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_left() -> int | None:
+    """What a cgroup v2 memory limit leaves, counting the page cache it may reclaim (inactive files) as free."""
+    limit, used = _first_line("/sys/fs/cgroup/memory.max"), _first_line("/sys/fs/cgroup/memory.current")
+    if not limit or not used or not limit.isdigit() or not used.isdigit():
+        return None  # no cgroup v2 limit ("max"), or none readable
+    reclaimable = 0
+    try:
+        with open("/sys/fs/cgroup/memory.stat") as f:
+            for line in f:
+                if line.startswith("inactive_file "):
+                    reclaimable = int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return max(0, int(limit) - int(used) + reclaimable)
+
+
+def _address_space_left(page: int) -> int | None:
+    try:
+        import resource
+    except ImportError:
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    statm = _first_line("/proc/self/statm")
+    if soft == resource.RLIM_INFINITY or not statm:
+        return None
+    return max(0, soft - int(statm.split()[0]) * page)
+
+
+def _bytes(n: float) -> str:
+    return f"{int(n):,} bytes ({n / 2**30:.2f} GiB)"
+
+
+def check_memory(path: str, declared: str, need: int) -> None:
+    """Refuse, before anything is allocated, a dataset whose loading needs more than :data:`MEMORY_SHARE` of
+    :func:`available_memory`: ``need`` is what its arrays will take, as read and as converted (float32 samples,
+    int64 labels), from the shapes its headers declare (``declared`` says which)."""
+    available = available_memory()
+    if available is None or need <= MEMORY_SHARE * available:
+        return
+    raise LeafpyError(f"{path}: {declared}: loading it needs about {_bytes(need)} of memory, and this process has "
+                      f"{_bytes(available)} available; use a smaller subset of the data or a memory-mapped dataset")
+
+
 _IDX_FILES = {
     "train_x": "train-images-idx3-ubyte",
     "train_y": "train-labels-idx1-ubyte",
@@ -86,13 +169,14 @@ _IDX_FILES = {
 }
 
 
-IDX_MAX_BYTES = 2**32
-"""Largest IDX data read (MNIST's training images are 47 MB): a header declaring more is refused before reading."""
+GZIP_MAX_RATIO = 1032
+"""Deflate (gzip) expands data at most this much: a gzipped IDX file declaring more data is damaged."""
 
 
-def read_idx(path: str) -> np.ndarray:
-    """Read one IDX file of unsigned bytes (gzipped or not). Its header's dimensions decide how much is read, so a
-    damaged or hostile header is refused before anything large is allocated."""
+@contextlib.contextmanager
+def _idx_file(path: str) -> Iterator[tuple[Any, tuple[int, ...]]]:
+    """An IDX file of unsigned bytes opened (gunzipped if .gz) at its data, with the shape its header declares; a
+    header declaring more than an uncompressed file holds is refused here, before anything is read."""
     try:
         with _checks.open_regular(path, "an IDX file") as raw, \
                 (gzip.GzipFile(fileobj=raw, mode="rb") if path.endswith(".gz") else contextlib.nullcontext(raw)) as f:
@@ -106,16 +190,33 @@ def read_idx(path: str) -> np.ndarray:
                 raise SerializationError(f"{path}: the IDX header is cut short ({ndim} dimensions declared); the file "
                                          "is truncated: download it again")
             dims = tuple(int.from_bytes(head[4 * i:4 * i + 4], "big") for i in range(ndim))
-            size = math.prod(dims)
-            if size > IDX_MAX_BYTES:
-                raise SerializationError(f"{path}: the IDX header declares shape {dims} ({size} bytes), more than "
-                                         f"{IDX_MAX_BYTES} bytes; the file is damaged: download it again")
-            data = _read_exactly(f, size + 1)
+            size = os.fstat(raw.fileno()).st_size
+            held = size - 4 - 4 * ndim if f is raw else size * GZIP_MAX_RATIO
+            if math.prod(dims) > held:
+                raise SerializationError(f"{path}: the IDX header declares shape {dims} ({math.prod(dims)} data "
+                                         f"bytes), but the file {'holds' if f is raw else 'can hold at most'} {held}; "
+                                         "the file is truncated or damaged: download it again")
+            yield f, dims
     except (OSError, EOFError, zlib.error) as e:
         if isinstance(e, LeafpyError):
             raise
         raise SerializationError(f"{path}: cannot read the IDX file ({getattr(e, 'strerror', None) or e}); the file "
                                  "is damaged or not gzip data: download it again") from e
+
+
+def idx_shape(path: str) -> tuple[int, ...]:
+    """The shape an IDX file's header declares (its data is not read)."""
+    with _idx_file(path) as (_, dims):
+        return dims
+
+
+def read_idx(path: str) -> np.ndarray:
+    """Read one IDX file of unsigned bytes (gzipped or not). Its header's dimensions decide how much is read, so a
+    damaged or hostile header is refused (see :func:`check_memory`) before anything large is allocated."""
+    with _idx_file(path) as (f, dims):
+        size = math.prod(dims)
+        check_memory(path, f"the IDX header declares shape {dims}", 2 * size)  # read in chunks, then joined
+        data = _read_exactly(f, size + 1)
     if len(data) != size:
         got = "more than that" if len(data) > size else f"{len(data)}"
         raise SerializationError(f"{path}: the IDX header says shape {dims} ({size} data bytes), but the file has "
@@ -156,6 +257,12 @@ def mnist(directory: str, *, test_fraction: float | None = None, seed: int = 0, 
     if missing:
         raise LeafpyError(f"{name}: missing files in {directory!r}: {', '.join(missing)} (each may be gzipped, "
                           f"with .gz). Put the four IDX files {', '.join(_IDX_FILES.values())} there.")
+    shapes = {k: idx_shape(p) for k, p in paths.items()}
+    read = sum(math.prod(d) for d in shapes.values())
+    loaded = sum(math.prod(d) * (4 if k.endswith("_x") else 8) for k, d in shapes.items())  # float32, int64
+    check_memory(directory, "its IDX headers declare " + ", ".join(
+        f"{os.path.basename(paths[k])} {list(d)}" for k, d in shapes.items()),
+        read + loaded * (1 if test_fraction is None else 3))  # a random split: joined, then split
     arrays = {k: read_idx(p) for k, p in paths.items()}
     xs, ys = {}, {}
     for part in ("train", "test"):
@@ -169,7 +276,9 @@ def mnist(directory: str, *, test_fraction: float | None = None, seed: int = 0, 
                                      f"{labels.shape}; give the label file that belongs to those images")
         if labels.max() > 9:
             raise SerializationError(f"{y_path}: label {int(labels.max())} is outside MNIST's classes 0-9")
-        xs[part] = (images.astype(np.float32) / 255.0)[:, None]
+        x = images.astype(np.float32)
+        x /= 255.0
+        xs[part] = x[:, None]
         ys[part] = labels.astype(np.int64)
     if xs["train"].shape[1:] != xs["test"].shape[1:]:
         raise SerializationError(f"{paths['test_x']}: images are {xs['test'].shape[2]}x{xs['test'].shape[3]}, but "
@@ -203,7 +312,8 @@ def npz(path: str, *, test_fraction: float | None = None, seed: int = 0, num_cla
     if targets not in ("classes", "values"):
         raise ConfigError(f"npz: targets must be 'classes' or 'values', got {targets!r}")
     arrays = _read_npz(path, NPZ_KEYS, "x and y, or x_train, y_train, x_test and y_test (np.savez(path, x=..., "
-                               "y=...))")
+                               "y=...))", copies=lambda keys: 1 if test_fraction is None and len(keys) == 4 else
+                       1 + len(keys) // 2)  # a random split: the arrays joined (two pairs), then split
     layout = next(k for k in NPZ_KEYS if set(k) <= set(arrays))
     pairs = [(arrays[x_key], arrays[y_key], x_key, y_key) for x_key, y_key in zip(layout[::2], layout[1::2])]
     xs, ys = [], []
@@ -236,7 +346,7 @@ def npz(path: str, *, test_fraction: float | None = None, seed: int = 0, num_cla
                           f"got {num_classes}")
     name = os.path.basename(path)
     if len(pairs) == 1 or test_fraction is not None:
-        x, y = np.concatenate(xs), np.concatenate(ys)
+        x, y = (a[0] if len(a) == 1 else np.concatenate(a) for a in (xs, ys))
         return split(name, x, y, 0.2 if test_fraction is None else test_fraction, seed, num_classes)
     return Dataset(name, xs[0], ys[0], xs[1], ys[1], num_classes)
 
@@ -249,9 +359,11 @@ def npz_samples(path: str) -> np.ndarray:
     return _samples(path, key, arrays[key])
 
 
-def _read_npz(path: str, layouts: Sequence[Sequence[str]], wanted: str) -> dict[str, np.ndarray]:
+def _read_npz(path: str, layouts: Sequence[Sequence[str]], wanted: str,
+              copies: Callable[[Sequence[str]], int] = lambda keys: 1) -> dict[str, np.ndarray]:
     """The arrays of the first of ``layouts`` (tuples of names) that the file has, read without pickle. Each array's
-    header is checked against the size the archive declares for it before the array is read."""
+    header is checked against the size the archive declares for it, and all of them against the memory available
+    (as read, then converted ``copies(layout)`` times: float32 samples, int64 labels), before any array is read."""
     try:
         with _checks.open_regular(path, "a NumPy .npz file") as fh:
             if not zipfile.is_zipfile(fh):
@@ -263,9 +375,11 @@ def _read_npz(path: str, layouts: Sequence[Sequence[str]], wanted: str) -> dict[
                 if layout is None:
                     raise SerializationError(f"{path}: expected arrays named {wanted}; the file has "
                                              f"{', '.join(sorted(sizes)) or 'none'}")
+                declared = {}
                 for key in layout:
                     with z.open(key + ".npy") as member:
-                        _check_npy_header(path, key, member, sizes[key])
+                        declared[key] = _check_npy_header(path, key, member, sizes[key])
+                _check_npz_memory(path, declared, copies(layout))
             fh.seek(0)
             with np.load(fh, allow_pickle=False) as f:
                 return {k: f[k] for k in layout}
@@ -281,8 +395,16 @@ def _read_npz(path: str, layouts: Sequence[Sequence[str]], wanted: str) -> dict[
         raise SerializationError(f"{path}: {why}") from e
 
 
-def _check_npy_header(path: str, key: str, member: Any, size: int) -> None:
-    """Refuse an array whose .npy header declares more data than the archive holds for it."""
+def _check_npz_memory(path: str, declared: dict[str, tuple[tuple[int, ...], np.dtype]], copies: int) -> None:
+    read = sum(math.prod(shape) * dtype.itemsize for shape, dtype in declared.values())
+    loaded = sum(math.prod(shape) * (8 if key.startswith("y") else 4) for key, (shape, _) in declared.items())
+    check_memory(path, "it declares " + ", ".join(f"{key} {list(shape)} of {dtype}" for key, (shape, dtype) in
+                                                  declared.items()), read + copies * loaded)
+
+
+def _check_npy_header(path: str, key: str, member: Any, size: int) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype of an array's .npy header, refused where it declares more data than the archive holds
+    for it."""
     version = np.lib.format.read_magic(member)
     if version == (1, 0):
         shape, _, dtype = np.lib.format.read_array_header_1_0(member)
@@ -296,13 +418,16 @@ def _check_npy_header(path: str, key: str, member: Any, size: int) -> None:
     if nbytes > size:
         raise SerializationError(f"{path}: {key} declares shape {tuple(shape)} of {dtype} ({nbytes} bytes), but "
                                  f"the file holds {size} bytes for it; the file is damaged: write it again")
+    return tuple(shape), dtype
 
 
 def _samples(path: str, key: str, x: np.ndarray, scale_bytes: bool = True) -> np.ndarray:
     if x.ndim < 2 or len(x) == 0:
         raise SerializationError(f"{path}: {key} must hold samples as [N, ...] with N >= 1, got shape {x.shape}")
     if x.dtype == np.uint8 and scale_bytes:
-        return x.astype(np.float32) / 255.0
+        scaled = x.astype(np.float32)
+        scaled /= 255.0
+        return scaled
     if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_) or np.iscomplexobj(x):
         raise SerializationError(f"{path}: {key} must hold real numbers, got dtype {x.dtype}")
     with np.errstate(over="ignore"):  # values beyond float32's range become infinite: reported below

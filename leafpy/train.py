@@ -425,6 +425,7 @@ class Trainer:
         if group is not None and group.size > 1:
             from .distributed import DataParallel
 
+            self._check_ranks_agree(group)
             self.parallel: Any = DataParallel(self.solver, group,
                                               sync_batch_norm=bool(run.train.get("sync_batch_norm", False)))
         else:
@@ -465,6 +466,25 @@ class Trainer:
         self.callbacks = built_in + list(callbacks)
 
     # --- set-up -----------------------------------------------------------------------------------------------
+    def _check_ranks_agree(self, group: Any) -> None:
+        """Stop every rank when one was started with another run, backend, precision, data or starting point than
+        rank 0 (before the first collective of training, which such ranks would hang in or fail)."""
+        from .distributed import agreement
+
+        ds, state, be = self.dataset, self.solver.trainer_state, self.backend
+        start = {"start.iteration": self.solver.iteration, "start.epoch": state.get("epoch"),
+                 "start.sample": state.get("sample", 0)}
+        arrays = {"x_train": ds.x_train, "y_train": ds.y_train, "x_test": ds.x_test, "y_test": ds.y_test}
+        run = self.run
+        resolved = {**run_config.to_dict(run), "solver": {  # the solver's and train's defaults too
+            f.name: getattr(run.solver, f.name) for f in dataclasses.fields(run.solver)
+            if f.name not in ("network", "objective")}}
+        resolved["data"] = {**run.data, "batch_size": run.batch_size}
+        resolved["train"] = {**run.train, "epochs": run.epochs}
+        agreement.check_same_run(group, agreement.describe(
+            resolved, arrays, {"backend": be.name, "precision": be.precision, "channels_last": be.channels_last,
+                               **start}))
+
     def _make_solver(self, resume: str | None, weights: str | None = None) -> Solver:
         run = self.run
         if not resume:

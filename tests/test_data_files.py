@@ -184,3 +184,82 @@ def test_a_device_as_dataset_file_is_refused():
     t.join(5)
     assert not t.is_alive(), "reading the dataset did not stop on a device"
     assert errors and "/dev/zero: a device, not a regular file" in str(errors[0])
+
+
+# --- data that does not fit in memory -----------------------------------------------------------------------------
+def _limited_address_space() -> None:
+    """The child's address space limited to 1 GiB, as `ulimit -v 1048576` does."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="limits the child's address space (RLIMIT_AS)")
+def test_training_on_more_data_than_memory_holds_says_what_it_needs_before_allocating(tmp_path):
+    """`leafpy train` on a 0.6 MB npz declaring 10 million 8x8 images (2.6 GB as float32), in a shell limited to
+    1 GiB: one clear error naming the file, the declared shape, the bytes needed and available and the fix.
+    (Before: a MemoryError traceback, after reading 640 MB.)"""
+    from tests.hostile import corpus
+
+    bomb = corpus.data_bombs(tmp_path)["npz data bomb"][0]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
+    p = subprocess.run([sys.executable, "-m", "leafpy", "train", "digits_mlp", "--set", "data.dataset=npz", "--set",
+                        f"data.path={bomb}", "--out", str(tmp_path / "out")], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=60, preexec_fn=_limited_address_space)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    for words in (str(bomb), "x [10000000, 1, 8, 8] of uint8", "needs about", "available",
+                  "use a smaller subset of the data or a memory-mapped dataset"):
+        assert words in p.stderr, (words, p.stderr)
+
+
+def sparse_idx(path: Path, dims) -> None:
+    """An IDX file of zeros declaring ``dims``, sparse on disk (its data is a hole)."""
+    with open(path, "wb") as f:
+        f.write(idx_bytes(dims, b""))
+        f.truncate(4 + 4 * len(dims) + int(np.prod(dims)))
+
+
+@pytest.mark.parametrize("available,fits", [(16 << 30, True), (3 << 30, True), (1 << 30, False)])
+def test_mnist_files_load_as_far_as_the_memory_available_holds(tmp_path, monkeypatch, available, fits):
+    """A legitimate 400 MB training image file (510,000 28x28 images: 1.6 GB as float32), the memory available
+    given: with 16 or 3 GiB it is read; with 1 GiB it is refused before anything is read, naming the files' shapes,
+    the bytes needed (the bytes read plus the float32 images and int64 labels) and those available. (Before, a fixed
+    cap of 4 GiB per file decided: files under it failed with a MemoryError when the float32 copy did not fit.)"""
+    write_mnist(tmp_path)
+    sparse_idx(tmp_path / NAMES["train_x"], (510_000, 28, 28))
+    sparse_idx(tmp_path / NAMES["train_y"], (510_000,))
+    monkeypatch.setattr(lp.data, "available_memory", lambda: available)
+    read: list[str] = []
+
+    class Read(Exception):
+        pass
+
+    def read_idx(path):
+        read.append(path)
+        raise Read  # the files passed the check: reading them is not this test's business
+
+    monkeypatch.setattr(lp.data, "read_idx", read_idx)
+    if fits:
+        with pytest.raises(Read):
+            lp.data.load({"dataset": "mnist", "path": str(tmp_path)})
+        return
+    msg = mnist_error(tmp_path)
+    need = (510_000 + 5) * 785 + 4 * (510_000 + 5) * 784 + 8 * (510_000 + 5)
+    assert not read
+    for words in (str(tmp_path), "train-images-idx3-ubyte [510000, 28, 28]", f"{need:,} bytes", f"{1 << 30:,} bytes",
+                  "memory-mapped dataset"):
+        assert words in msg, (words, msg)
+
+
+def test_an_npz_is_refused_when_its_arrays_would_not_fit_and_read_when_they_would(tmp_path, monkeypatch):
+    """The npz reader bounds itself by the memory available too, from the .npy headers alone: 1,000 float64 samples
+    of 100 values (0.8 MB as read, 0.4 MB as float32, twice over for a random split) and their labels."""
+    path = tmp_path / "d.npz"
+    np.savez(path, x=np.ones((1000, 100)), y=np.zeros(1000, np.int64))
+    need = 1000 * 100 * 8 + 1000 * 8 + 2 * (1000 * 100 * 4 + 1000 * 8)
+    monkeypatch.setattr(lp.data, "available_memory", lambda: need)  # 90% of it may be taken: not enough
+    with pytest.raises(lp.LeafpyError, match=f"needs about {need:,} bytes") as info:
+        lp.data.npz(str(path))
+    assert "x [1000, 100] of float64, y [1000] of int64" in str(info.value)
+    monkeypatch.setattr(lp.data, "available_memory", lambda: 2 * need)
+    assert lp.data.npz(str(path)).x_train.shape == (800, 100)

@@ -257,3 +257,55 @@ def test_a_checkpoint_with_pending_accumulation_resumes_on_other_numbers_of_rank
         train(f"resumed{ranks}", 3, ranks, "--resume", str(tmp_path / f"resumed{ranks}" / "checkpoint.leaf"))
         for got, w in zip(trained(tmp_path / f"resumed{ranks}"), want):
             np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-5, err_msg=f"resumed on {ranks} ranks")
+
+
+def _differently(tmp_path, change: str) -> tuple[str, str]:
+    """Two run files (each in its own directory, over its own copy of the data): rank 1's differs by ``change``."""
+    runs = []
+    for rank in (0, 1):
+        (tmp_path / f"rank{rank}").mkdir()
+        runs.append(write_run(tmp_path / f"rank{rank}", 40))
+    path = tmp_path / "rank1" / "run.yaml"
+    text = path.read_text()
+    if change == "data":
+        data = dict(np.load(tmp_path / "rank1" / "data.npz"))
+        data["x_train"][5, 2] += 1.0  # one sample, same shape and dtype
+        np.savez(tmp_path / "rank1" / "data.npz", **data)
+    else:
+        old, new = change.split(" -> ")
+        assert old in text
+        path.write_text(text.replace(old, new))
+    return runs[0], runs[1]
+
+
+@needs_mpi
+@pytest.mark.parametrize("change,named", [
+    ("train: {log_every: 0} -> train: {log_every: 0, epochs: 5}", "at train.epochs: 10 on rank 0, 5 on rank 1"),
+    ("batch_size: 4 -> batch_size: 5", "at data.batch_size: 4 on rank 0, 5 on rank 1"),
+    ("base_lr: 0.05 -> base_lr: 0.1", "at solver.base_lr: 0.05 on rank 0, 0.1 on rank 1"),
+    ("output_size: 12 -> output_size: 16", "at network.layers[0].output_size: 12 on rank 0, 16 on rank 1"),
+    ("solver: momentum -> solver: nesterov", 'at solver.solver: "momentum" on rank 0, "nesterov" on rank 1'),
+    ("data", "at data file x_train: float32 [40, 6] blake2b "),
+])
+def test_ranks_started_with_different_runs_or_data_stop_at_once_naming_the_difference(tmp_path, change, named):
+    """`mpiexec -n 1 leafpy train a.yaml : -n 1 leafpy train b.yaml`, the two run files (or their npz data)
+    differing in one thing: every rank stops within seconds, non-zero, with a message naming the field and both
+    values. (Before, other epochs or batch sizes hung, another learning rate or other data trained silently, another
+    layer size or update rule ended in a raw mpi4py exception.) The data may lie at another path on each rank."""
+    runs = _differently(tmp_path, change)
+    epochs = [] if "epochs" in change else ["--epochs", "2"]
+    cmd = [MPIEXEC]
+    for rank, run in enumerate(runs):
+        cmd += [":"] * rank + ["-n", "1", sys.executable, "-m", "leafpy", "train", run, "--out",
+                               str(tmp_path / f"out{rank}"), *epochs]
+    began = time.monotonic()
+    try:
+        done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=60)
+    finally:
+        for pid in survivors(str(tmp_path)):
+            os.kill(pid, signal.SIGKILL)
+    assert done.returncode != 0, done.stdout[-2000:]
+    assert time.monotonic() - began < 40
+    assert f"rank 1's run differs from rank 0's {named}" in done.stderr, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert not (tmp_path / "out0" / "model.leaf").exists()

@@ -28,3 +28,11 @@ def test_flipped_model_bytes_give_clear_errors(outcomes):
 def test_other_hostile_inputs_give_clear_errors(outcomes, cls):
     c = outcomes[cls]
     assert sum(c.values()) > 0 and set(c) == {"clear error"}, c
+
+
+def test_data_bombs_are_refused_before_their_arrays_are_allocated(outcomes):
+    """An npz of 10 million images in 0.6 MB, a gzipped IDX of 5 million in 4 MB and a sparse 3.9 GB IDX, opened
+    in a child limited to 1 GiB: each a LeafpyError naming the bytes needed and available (before: MemoryError)."""
+    for cls in ("npz data bomb", "IDX data bomb"):
+        c = outcomes[cls]
+        assert sum(c.values()) > 0 and set(c) == {"clear error"}, (cls, c)

@@ -23,8 +23,9 @@ same step. Gradients travel in buckets: over NCCL between GPUs (cuda), over MPI 
 from __future__ import annotations
 
 from . import transports
+from .agreement import check_same_run
 from .data_parallel import DataParallel, shard_batches, shard_indices
 from .group import ProcessGroup, failing_rank_ends_the_job, init, launched_size
 
-__all__ = ["DataParallel", "ProcessGroup", "failing_rank_ends_the_job", "init", "launched_size", "shard_batches",
-           "shard_indices", "transports"]
+__all__ = ["DataParallel", "ProcessGroup", "check_same_run", "failing_rank_ends_the_job", "init", "launched_size",
+           "shard_batches", "shard_indices", "transports"]

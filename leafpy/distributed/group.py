@@ -66,6 +66,12 @@ class ProcessGroup:
         buf = np.array([float(value)])  # a buffer, not mpi4py's pickled objects
         return float(self.allreduce_(buf)[0])
 
+    def allgather_text(self, text: str) -> list[str]:
+        """Every rank's ``text``, in rank order (one collective)."""
+        if self.comm is None or self.size == 1:
+            return [text]
+        return [str(t) for t in self.comm.allgather(str(text))]
+
     def barrier(self) -> None:
         if self.comm is not None and self.size > 1:
             self.comm.Barrier()

@@ -221,6 +221,70 @@ def npz_files(work: Path) -> list[Path]:
     return out
 
 
+BOMB_SAMPLES = 10_000_000
+"""The data bombs declare this many samples (and hold them: zeros, compressed or in a sparse file)."""
+
+
+def _npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
+    text = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}"
+    text += " " * (-(len(text) + 11) % 64) + "\n"
+    return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text.encode()
+
+
+def _zeros_deflated(head: bytes, zeros: int, chunk: int = 1 << 24) -> tuple[bytes, int]:
+    """A raw deflate stream of ``head`` then ``zeros`` zero bytes, and its CRC-32, made without compressing every
+    chunk: after a full flush the compressor's output for the same input is the same."""
+    import zlib
+
+    z = zlib.compressobj(9, zlib.DEFLATED, -15)
+    block = bytes(chunk)
+    first = z.compress(head) + z.flush(zlib.Z_FULL_FLUSH)
+    repeat, rest = z.compress(block) + z.flush(zlib.Z_FULL_FLUSH), zeros % chunk
+    tail = z.compress(bytes(rest)) + z.flush(zlib.Z_FINISH)
+    crc = zlib.crc32(head)
+    for _ in range(zeros // chunk):
+        crc = zlib.crc32(block, crc)
+    return first + repeat * (zeros // chunk) + tail, zlib.crc32(bytes(rest), crc)
+
+
+def _zip_of_zeros(path: Path, members: dict[str, tuple[bytes, int]]) -> None:
+    """A zip archive (as np.savez_compressed writes) of members ``name: (head, zero bytes after it)``."""
+    import struct
+
+    local, central = b"", b""
+    for name, (head, zeros) in members.items():
+        data, crc = _zeros_deflated(head, zeros)
+        fields = (20, 0, 8, 0, 0x21, crc, len(data), len(head) + zeros, len(name), 0)
+        central += struct.pack("<4s6H3L5H2L", b"PK\x01\x02", 20, *fields, 0, 0, 0, 0, len(local)) + name.encode()
+        local += struct.pack("<4s5H3L2H", b"PK\x03\x04", *fields) + name.encode() + data
+    end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, len(members), len(members), len(central), len(local), 0)
+    path.write_bytes(local + central + end)
+
+
+def data_bombs(work: Path) -> dict[str, list[Path]]:
+    """Small files that declare (and hold) more samples than a child limited to 1 GiB can load: an npz of 10
+    million 8x8 images (0.6 MB), a gzipped IDX of 5 million 28x28 images (4 MB) and a sparse 3.9 GB IDX. Each must
+    be refused before its arrays are allocated, with what they need and what is available."""
+    import gzip
+    import os
+    import struct
+
+    npz = work / "bomb-images.npz"
+    _zip_of_zeros(npz, {"x.npy": (_npy_header("|u1", (BOMB_SAMPLES, 1, 8, 8)), BOMB_SAMPLES * 64),
+                        "y.npy": (_npy_header("|u1", (BOMB_SAMPLES,)), BOMB_SAMPLES)})
+    head = struct.pack(">BBBB", 0, 0, 8, 3) + struct.pack(">III", BOMB_SAMPLES // 2, 28, 28)
+    chunk = bytes(16_000_000)  # the image bytes are 245 such chunks
+    gz = work / "bomb-idx3-ubyte.gz"
+    gz.write_bytes(gzip.compress(head + chunk, 9) + gzip.compress(chunk, 9) * 244)
+    sparse = work / "bomb-sparse-idx3-ubyte"
+    sparse.write_bytes(head)
+    os.truncate(sparse, len(head) + BOMB_SAMPLES // 2 * 784)
+    return {"npz data bomb": [npz], "IDX data bomb": [gz, sparse]}
+
+
+LOADER.update({"npz data bomb": "npz", "IDX data bomb": "idx"})
+
+
 def generate(work: Path, seed: int = 0, n: int = 20) -> dict[str, list[Path]]:
     """Seeded cases per class (the damaged-file classes sample n offsets; the crafted ones are fixed)."""
     good = work / "good.leaf"
@@ -235,6 +299,7 @@ def generate(work: Path, seed: int = 0, n: int = 20) -> dict[str, list[Path]]:
     cases["run file"] = run_files(work)
     cases["IDX file"] = idx_files(work)
     cases["npz file"] = npz_files(work)
+    cases.update(data_bombs(work))
     return cases
 
 
