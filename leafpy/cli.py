@@ -35,7 +35,7 @@ from .layers.container.sequential import Sequential
 from .layers.layer import Layer
 from .metrics import predictions
 from .serialization import atomic_write, load_weights, saved_network_config
-from .train import same_path
+from .train import resolve_data, same_path
 
 
 def _out(msg: str = "") -> None:
@@ -117,18 +117,6 @@ def _plot(history: list[dict], path: str) -> bool:
 
 
 RUN_FILE = run_config.RUN_FILE
-
-
-def resolve_data(run: run_config.RunConfig) -> None:
-    """Write the data section's defaults out (dataset, seed, digits' split, an absolute path), so that the
-    run.yaml a training run leaves behind reproduces its split from anywhere."""
-    data = run.data
-    data.setdefault("dataset", "digits")
-    data.setdefault("seed", 0)
-    if data["dataset"] == "digits":
-        data.setdefault("test_fraction", 0.2)
-    if isinstance(data.get("path"), str):
-        data["path"] = os.path.abspath(data["path"])
 
 
 def out_dir_for(run: run_config.RunConfig, out: str | None, resume: str | None = None) -> str:
@@ -327,7 +315,6 @@ def _train(args: argparse.Namespace, run: run_config.RunConfig, be: Any, out_dir
         if replace:
             _remove_run_files(out_dir)  # none of the replaced run's files may pass for this run's
             trainer.history.clear()  # nor its history, read when resuming another directory's checkpoint
-        atomic_write(os.path.join(out_dir, RUN_FILE), run_config.dumps(run).encode())
     ds = trainer.dataset
     ranks = f" on {group.size} ranks (global batch {trainer.global_batch})" if group.size > 1 else ""
     modes = [m for m in (be.precision if be.precision != "fp32" else "", "channels-last" * be.channels_last) if m]
