@@ -31,7 +31,7 @@ from . import data as datasets
 from .backends import BACKEND_NAMES, PRECISIONS, run_backend
 from .backends import backend as get_backend
 from .errors import LeafpyError, SerializationError
-from .layers.container.sequential import Sequential
+from .layers.container.sequential import Sequential, batch_free
 from .layers.layer import Layer
 from .metrics import predictions
 from .serialization import atomic_write, load_weights, saved_network_config
@@ -455,7 +455,7 @@ def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, n
                          "--set changes it: drop the --set of data" if own else
                          f"score them on their own split: leafpy {command} {weights}")
     if weights is not None and run is not None:
-        found = config_difference(saved_network_config(weights), run.network, "network")
+        found = config_difference(batch_free(saved_network_config(weights)), batch_free(run.network), "network")
         if found:
             raise LeafpyError(f"{weights} holds another network than the run file describes ({found}); give the "
                               "run file these weights were trained with")

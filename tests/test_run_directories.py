@@ -59,7 +59,8 @@ def test_the_outermost_network_cannot_name_a_blob_that_feeds_it(tmp_path):
     """`from` names a blob of the enclosing container; the outermost network has none, so a `from` there (a typo
     or a block pasted from a nested one) is refused instead of being kept and ignored."""
     text = (ROOT / "configs" / "digits_mlp.yaml").read_text().replace(
-        "inputs: [{name: data, shape: [32, 1, 8, 8]}]", "inputs: [{name: data, shape: [32, 1, 8, 8], from: pixels}]")
+        "inputs: [{name: data, shape: [null, 1, 8, 8]}]",
+        "inputs: [{name: data, shape: [null, 1, 8, 8], from: pixels}]")
     assert "from: pixels" in text
     (tmp_path / "r.yaml").write_text(text)
     with pytest.raises(lp.errors.LeafpyError, match="from"):
@@ -149,3 +150,14 @@ def test_a_run_the_trainer_wrote_from_python_is_read_by_evaluate_summary_and_res
     assert summary.returncode == 0 and "total parameters" in summary.stdout, summary.stderr
     resumed = leafpy(tmp_path, "train", "runs/mlp", "--resume", "runs/mlp/checkpoint.leaf", "--epochs", "3")
     assert resumed.returncode == 0 and "epochs 3..3" in resumed.stdout, resumed.stderr
+
+
+def test_a_run_file_whose_batch_follows_data_batch_size_resumes_and_scores_with_another_batch_size(tmp_path):
+    """digits_mlp declares its batch `null` (data.batch_size): a network declared for 32 samples a batch is the
+    same network for 16, so a resumed run or weights scored with another batch size are not refused."""
+    assert leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--out", "run").returncode == 0
+    resumed = leafpy(tmp_path, "train", "digits_mlp", "--out", "run", "--resume", "run/checkpoint.leaf",
+                     "--epochs", "2", "--set", "data.batch_size=16")
+    assert resumed.returncode == 0 and "batch 16" in resumed.stdout, resumed.stderr
+    scored = leafpy(tmp_path, "evaluate", "digits_mlp", "--weights", "run/model.leaf", "--set", "data.batch_size=8")
+    assert scored.returncode == 0 and "held-out accuracy" in scored.stdout, scored.stderr
