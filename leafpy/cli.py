@@ -31,11 +31,11 @@ from . import data as datasets
 from .backends import BACKEND_NAMES, PRECISIONS, run_backend
 from .backends import backend as get_backend
 from .errors import LeafpyError, SerializationError
-from .layers.container.sequential import Sequential
+from .layers.container.sequential import Sequential, batch_free
 from .layers.layer import Layer
 from .metrics import predictions
 from .serialization import atomic_write, load_weights, saved_network_config
-from .train import same_path
+from .train import resolve_data, same_path
 
 
 def _out(msg: str = "") -> None:
@@ -117,28 +117,6 @@ def _plot(history: list[dict], path: str) -> bool:
 
 
 RUN_FILE = run_config.RUN_FILE
-
-
-def resolve_data(run: run_config.RunConfig) -> None:
-    """Write the data section's defaults out (dataset, seed, digits' split, an absolute path), so that the
-    run.yaml a training run leaves behind reproduces its split from anywhere."""
-    data = run.data
-    data.setdefault("dataset", "digits")
-    data.setdefault("seed", 0)
-    if data["dataset"] == "digits":
-        data.setdefault("test_fraction", 0.2)
-    if isinstance(data.get("path"), str) and not os.path.isabs(data["path"]):
-        data["path"] = os.path.abspath(os.path.join(run_config.data_base(run), data["path"]))
-        run.data_relative = True
-
-
-def portable(run: run_config.RunConfig, directory: str) -> run_config.RunConfig:
-    """The run as its run directory records it: a data path that was given relative is written relative to the
-    directory, so that the run directory and its data move together."""
-    if not run.data_relative:
-        return run
-    data = dict(run.data, path=os.path.relpath(run.data["path"], os.path.abspath(directory)))
-    return dataclasses.replace(run, data=data)
 
 
 def out_dir_for(run: run_config.RunConfig, out: str | None, resume: str | None = None) -> str:
@@ -337,7 +315,6 @@ def _train(args: argparse.Namespace, run: run_config.RunConfig, be: Any, out_dir
         if replace:
             _remove_run_files(out_dir)  # none of the replaced run's files may pass for this run's
             trainer.history.clear()  # nor its history, read when resuming another directory's checkpoint
-        atomic_write(os.path.join(out_dir, RUN_FILE), run_config.dumps(portable(run, out_dir)).encode())
     ds = trainer.dataset
     ranks = f" on {group.size} ranks (global batch {trainer.global_batch})" if group.size > 1 else ""
     modes = [m for m in (be.precision if be.precision != "fp32" else "", "channels-last" * be.channels_last) if m]
@@ -482,7 +459,7 @@ def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, n
                          "--set changes it: drop the --set of data" if own else
                          f"score them on their own split: leafpy {command} {weights}")
     if weights is not None and run is not None:
-        found = config_difference(saved_network_config(weights), run.network, "network")
+        found = config_difference(batch_free(saved_network_config(weights)), batch_free(run.network), "network")
         if found:
             raise LeafpyError(f"{weights} holds another network than the run file describes ({found}); give the "
                               "run file these weights were trained with")

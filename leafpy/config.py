@@ -19,8 +19,9 @@ import yaml
 
 from . import _checks
 from .backends.base import PRECISIONS
-from .errors import ConfigError, LeafpyError, SerializationError
+from .errors import ConfigError, LeafpyError, SerializationError, ShapeError
 from .layers.container.sequential import SequentialConfig
+from .layers.container.wiring import output_shapes
 from .layers.layer import FillerConfig, LayerConfig, WeightConfig, layer_types, lookup
 from .solvers.solver import SolverConfig
 
@@ -107,8 +108,9 @@ def _weight_from_dict(d: Any, path: str) -> WeightConfig:
     return _wrap(path, lambda: WeightConfig(**d))
 
 
-def layer_from_dict(d: Any, path: str = "network") -> LayerConfig:
-    """A LayerConfig from its YAML mapping."""
+def layer_from_dict(d: Any, path: str = "network", batch: int | None = None) -> LayerConfig:
+    """A LayerConfig from its YAML mapping; a declared input shape whose first (batch) entry is null takes
+    ``batch`` (a run's data.batch_size; None: a batch of one)."""
     d = _mapping(d, path)
     if "type" not in d:
         raise ConfigError(f"{path}: missing 'type'; known types: {', '.join(layer_types())}")
@@ -135,7 +137,10 @@ def layer_from_dict(d: Any, path: str = "network") -> LayerConfig:
         for i, item in enumerate(inputs):
             item = _mapping(item, f"{path}.inputs[{i}]")
             _check_keys(item, ("name", "shape", "from"), f"{path}.inputs[{i}]", "an input")
-            _wrap(path, lambda: seq.add_input(item.get("name"), item.get("shape")))
+            shape = item.get("shape")
+            if batch is not None and isinstance(shape, list) and shape and shape[0] is None:
+                shape = [batch, *shape[1:]]
+            _wrap(path, lambda: seq.add_input(item.get("name"), shape))
             if "from" in item:
                 if ".layers[" not in path:  # the outermost network: no enclosing container has a blob to name
                     raise ConfigError(f"{path}.inputs[{i}].from: 'from' is for a nested Sequential's inputs (it names "
@@ -149,7 +154,7 @@ def layer_from_dict(d: Any, path: str = "network") -> LayerConfig:
         if not isinstance(layers, list):
             raise ConfigError(f"{path}.layers: expected a list of layers, got {layers!r}")
         for i, item in enumerate(layers):
-            lc = layer_from_dict(item, f"{path}.layers[{i}]")
+            lc = layer_from_dict(item, f"{path}.layers[{i}]", batch)
             _wrap(f"{path}.layers[{i}]", lambda: seq.add_layer(lc))
         return _wrap(path, lambda: LayerConfig(name, seq, inputs=sources, outputs=d.get("outputs") or [],
                                                propagate_down=d.get("propagate_down") or []))
@@ -223,16 +228,6 @@ def from_dict(doc: Any, source: str = "<run>") -> RunConfig:
     for key in ("network", "objective"):
         if key not in doc:
             raise ConfigError(f"{source}: missing the '{key}' section")
-    network = layer_from_dict(doc["network"], "network")
-    objective = layer_from_dict(doc["objective"], "objective")
-    for key, cfg in (("network", network), ("objective", objective)):
-        if cfg.type != "Sequential":
-            raise ConfigError(f"{key}.type: expected Sequential, got {cfg.type!r}")
-    solver_doc = dict(_mapping(doc.get("solver") or {}, "solver"))
-    _check_keys(solver_doc, SOLVER_KEYS, "solver", "the solver")
-    name = check_run_name(doc.get("name", ""))
-    solver_doc.setdefault("name", name)
-    solver = _wrap("solver", lambda: SolverConfig(network=network, objective=objective, **solver_doc))
     data = dict(_mapping(doc.get("data") or {}, "data"))
     _check_keys(data, DATA_KEYS, "data", "the data section")
     train = dict(_mapping(doc.get("train") or {}, "train"))
@@ -241,6 +236,17 @@ def from_dict(doc: Any, source: str = "<run>") -> RunConfig:
                        ("data.num_classes", data.get("num_classes"))):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
             raise ConfigError(f"{key}: expected a positive integer, got {value!r}")
+    network = layer_from_dict(doc["network"], "network", data.get("batch_size"))
+    if network.type != "Sequential":
+        raise ConfigError(f"network.type: expected Sequential, got {network.type!r}")
+    objective = layer_from_dict(_objective_section(doc["objective"], network), "objective", data.get("batch_size"))
+    if objective.type != "Sequential":
+        raise ConfigError(f"objective.type: expected Sequential, got {objective.type!r}")
+    solver_doc = dict(_mapping(doc.get("solver") or {}, "solver"))
+    _check_keys(solver_doc, SOLVER_KEYS, "solver", "the solver")
+    name = check_run_name(doc.get("name", ""))
+    solver_doc.setdefault("name", name)
+    solver = _wrap("solver", lambda: SolverConfig(network=network, objective=objective, **solver_doc))
     if train.get("log_every") is not None:
         check_log_every(train["log_every"], "train.log_every")
     check_best_epochs(train.get("keep_best", 0), train.get("monitor", "test_loss"))
@@ -252,6 +258,57 @@ def from_dict(doc: Any, source: str = "<run>") -> RunConfig:
             raise ConfigError(f"train.{key}: expected true or false, got {train[key]!r}")
     _check_data(data)
     return RunConfig(name=name, network=network, objective=objective, solver=solver, data=data, train=train)
+
+
+OBJECTIVES = {"nll": ("NegativeLogLikelihood", "label"), "mse": ("MeanSquaredError", "target")}
+"""The short objectives (``objective: nll``): the loss layer and the name of its target input."""
+
+
+def _objective_section(value: Any, network: LayerConfig) -> Any:
+    """The objective section in full. A short name (``nll``, ``mse``) or a loss layer alone (``{type:
+    NegativeLogLikelihood}``) becomes the Sequential over ``network_out`` and the target (``label`` [N, 1] for
+    NLL, ``target`` of the output's shape for MSE), whose shapes, and NLL's ``num_classes``, are the network's
+    output's; a Sequential (the explicit form) is returned as it is."""
+    short = ", ".join(f"{k} ({t})" for k, (t, _) in OBJECTIVES.items())
+    if isinstance(value, str):
+        key = {t.lower(): k for k, (t, _) in OBJECTIVES.items()}.get(value.lower(), value.lower())
+        if key not in OBJECTIVES:
+            raise ConfigError(f"objective: unknown objective {value!r}; short names: {short}; or write the loss "
+                              "layer ({type: NegativeLogLikelihood}) or the Sequential over network_out and the target")
+        layer: dict = {"name": key, "type": OBJECTIVES[key][0]}
+    elif isinstance(value, dict) and value.get("type", "Sequential") != "Sequential":
+        key = next((k for k, (t, _) in OBJECTIVES.items() if t == value["type"]), "")
+        if not key:
+            raise ConfigError(f"objective.type: expected Sequential, or a loss layer alone: "
+                              f"{', '.join(t for t, _ in OBJECTIVES.values())}; got {value['type']!r}")
+        layer = {"name": key, **value}
+    else:
+        return value
+    out = _network_output(network, f"objective {value!r}" if isinstance(value, str) else "objective")
+    target: list = list(out)
+    if key == "nll":
+        if len(out) != 2:
+            raise ConfigError(f"objective: NegativeLogLikelihood scores log-probabilities of shape [N, classes], but "
+                              f"the network's output has shape {list(out)}; end the network with a Linear over the "
+                              "classes (after a Flatten) and a LogSoftmax, or score it with mse")
+        if layer.setdefault("num_classes", out[1]) != out[1]:
+            raise ConfigError(f"objective.num_classes: {layer['num_classes']!r}, but the network's output has "
+                              f"{out[1]} classes (shape {list(out)}); leave num_classes out to take the network's")
+        target = [out[0], 1]
+    return {"type": "Sequential", "inputs": [{"name": "network_out", "shape": list(out)},
+                                             {"name": OBJECTIVES[key][1], "shape": target}], "layers": [layer]}
+
+
+def _network_output(network: LayerConfig, what: str) -> tuple[int, ...]:
+    """The shape of the network's one output, for its declared inputs (ConfigError naming ``what`` needs it)."""
+    try:
+        shapes = output_shapes(network.config)
+    except ShapeError as e:
+        raise ConfigError(f"network: {e}") from None
+    if len(shapes) != 1:
+        raise ConfigError(f"{what}: scores one network output, and the network's last layer has {len(shapes)}; "
+                          "write the objective as a Sequential that declares its inputs")
+    return shapes[0]
 
 
 DATASETS = ("digits", "mnist", "fashion_mnist", "npz")

@@ -67,6 +67,29 @@ class Scores:
         return None if self.matrix is None else self.matrix.accuracy()
 
 
+def resolve_data(run: run_config.RunConfig) -> None:
+    """Write the data section's defaults out (dataset, seed, digits' split, an absolute path), so that the
+    run.yaml a training run leaves behind reproduces its split from anywhere. A relative path is relative to the
+    working directory, or to the run directory whose run.yaml it comes from (see :func:`config.data_base`)."""
+    data = run.data
+    data.setdefault("dataset", "digits")
+    data.setdefault("seed", 0)
+    if data["dataset"] == "digits":
+        data.setdefault("test_fraction", 0.2)
+    if isinstance(data.get("path"), str) and not os.path.isabs(data["path"]):
+        data["path"] = os.path.abspath(os.path.join(run_config.data_base(run), data["path"]))
+        run.data_relative = True
+
+
+def portable(run: run_config.RunConfig, directory: str) -> run_config.RunConfig:
+    """The run as its run directory records it: a data path that was given relative is written relative to the
+    directory, so that the run directory and its data move together."""
+    if not run.data_relative:
+        return run
+    data = dict(run.data, path=os.path.relpath(run.data["path"], os.path.abspath(directory)))
+    return dataclasses.replace(run, data=data)
+
+
 def num_classes(run: run_config.RunConfig) -> int:
     """The classes the run's objective scores (the largest num_classes of its layers); 0 for a regression."""
     return max((getattr(layer.config, "num_classes", None) or 0 for layer in run.objective.config.layers), default=0)
@@ -374,9 +397,11 @@ STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP")
 
 
 class Trainer:
-    """Trains the run's network (see the module docstring). ``out_dir`` (None: write nothing) receives
-    ``checkpoint.leaf`` each epoch, ``history.json``/``history.csv`` and, from :meth:`save_model`,
-    ``model.leaf``; ``callbacks`` add to the built-in ones (progress, history, checkpoint)."""
+    """Trains the run's network (see the module docstring). ``out_dir`` (None: write nothing) receives ``run.yaml``
+    when :meth:`fit` starts (the resolved run, as ``leafpy train`` writes it, which ``leafpy evaluate``, ``predict``
+    and ``summary`` read; not with ``dataset``, data the run does not describe), ``checkpoint.leaf`` each epoch,
+    ``history.json``/``history.csv`` and, from :meth:`save_model`, ``model.leaf``; ``callbacks`` add to the
+    built-in ones (progress, history, checkpoint)."""
 
     def __init__(self, run: run_config.RunConfig, backend: Backend | None = None, *, out_dir: str | None = None,
                  callbacks: Iterable[Callback] = (), resume: str | None = None, group: Any = None,
@@ -387,7 +412,8 @@ class Trainer:
 
         if not isinstance(run, run_config.RunConfig):
             raise ConfigError(f"Trainer: expected a RunConfig (lp.config.load(path)), got {type(run).__name__}")
-        self.run = run
+        self.run = run = dataclasses.replace(run, data=dict(run.data), train=dict(run.train))
+        resolve_data(run)  # what run.yaml and the checkpoints record: the split, reproducible from anywhere
         self.backend = backend if backend is not None else run_backend(run.train)
         self.group = group
         self.is_root = group is None or group.is_root
@@ -403,6 +429,7 @@ class Trainer:
             raise ConfigError(f"Trainer: dataset: expected an lp.data.Dataset (lp.data.Dataset(name, x_train, y_train, "
                               f"x_test, y_test, num_classes)), got {type(dataset).__name__}")
         self.dataset = dataset if dataset is not None else load_data(run)
+        self._describes_data = dataset is None
         if len(self.dataset.x_test) == 0:
             raise ConfigError(f"data: the held-out split of {self.dataset.name} is empty, and the Trainer scores it "
                               "after every epoch; give held-out samples (x_test, y_test)")
@@ -585,6 +612,9 @@ class Trainer:
             self.epochs = _checks.non_negative_int("Trainer.fit: epochs", epochs)
         ds = self.dataset
         solver = self.solver
+        if self.out_dir is not None and self.is_root and self._describes_data:
+            run_config.save(portable(self.resolved_run(), self.out_dir), os.path.join(self.out_dir,
+                                                                                     run_config.RUN_FILE))
         for cb in self.callbacks:
             cb.on_train_begin(self)
         handlers = self._install_signal_handlers()
@@ -646,6 +676,17 @@ class Trainer:
             for cb in self.callbacks:
                 cb.on_train_end(self)
         return self.history
+
+    def resolved_run(self) -> run_config.RunConfig:
+        """The run as this trainer trains it, which ``run.yaml`` records: the data section's defaults written out,
+        the backend, precision and layout it runs on, and the epochs it trains to."""
+        be = self.backend
+        train = {**self.run.train, "backend": be.name, "precision": be.precision, "epochs": self.epochs}
+        if be.channels_last:
+            train["channels_last"] = True
+        else:
+            train.pop("channels_last", None)
+        return dataclasses.replace(self.run, train=train)
 
     def _mark_position(self, epoch: int, sample: int, loss_sum: float, loss_count: int, correct: int = 0,
                        scored: int = 0) -> None:

@@ -182,3 +182,99 @@ def test_unsafe_yaml_is_refused(tmp_path):
     p.write_text("- just\n- a list\n")
     with pytest.raises(lp.ConfigError, match="expected a mapping"):
         lp.config.load(p)
+
+
+# --- run files without repetition: a null batch, the objective derived from the network ---------------------------
+EXPLICIT = os.path.join(os.path.dirname(__file__), "data", "explicit_configs")
+
+
+@pytest.mark.parametrize("name", lp.config.shipped())
+def test_each_shipped_run_file_means_what_its_explicit_form_meant(name):
+    """The shipped run files say the batch once and the objective by name: each loads to the same run as the
+    explicit file it replaced (batch in every declared shape, the objective's Sequential and num_classes written
+    out), and the run.yaml written from it is that explicit form."""
+    short = lp.config.load(name)
+    explicit = lp.config.load(os.path.join(EXPLICIT, f"{name}.yaml"))
+    assert short == explicit
+    written = lp.config.dumps(short)
+    assert lp.config.loads(written) == explicit
+    assert "null" not in written and "objective: nll" not in written and "num_classes" in written
+
+
+MLP = """
+name: mlp
+data: {dataset: digits, batch_size: 16}
+network:
+  type: Sequential
+  inputs: [{name: data, shape: [NETWORK_BATCH, 1, 8, 8]}]
+  layers:
+    - {name: flat, type: Flatten}
+    - {name: fc, type: Linear, output_size: 10}
+    - {name: logsm, type: LogSoftmax}
+objective: OBJECTIVE
+solver: {base_lr: 0.1}
+"""
+MLP_OBJECTIVE = """
+  type: Sequential
+  inputs: [{name: network_out, shape: [16, 10]}, {name: label, shape: [16, 1]}]
+  layers:
+    - {name: nll, type: NegativeLogLikelihood, num_classes: 10}"""
+
+
+def _mlp(objective: str, batch: str = "null") -> str:
+    return MLP.replace("NETWORK_BATCH", batch).replace("OBJECTIVE", objective)
+
+
+@pytest.mark.parametrize("objective", ["nll", "NLL", "NegativeLogLikelihood", "{type: NegativeLogLikelihood}",
+                                       "{name: nll, type: NegativeLogLikelihood, num_classes: 10}",
+                                       MLP_OBJECTIVE.replace("[16, 10]", "[null, 10]").replace("[16, 1]", "[null, 1]")])
+def test_a_short_objective_and_a_null_batch_mean_the_explicit_run(objective):
+    explicit = lp.config.loads(_mlp(MLP_OBJECTIVE, "16"))
+    run = lp.config.loads(_mlp(objective))
+    assert run == explicit
+    assert run.network.config.inputs[0][1] == (16, 1, 8, 8) and run.batch_size == 16
+    assert lp.config.loads(lp.config.dumps(run)) == explicit
+
+
+def test_a_null_batch_follows_the_batch_size_set_on_the_command_line_and_is_one_without_any():
+    run = lp.config.loads(_mlp("nll"), overrides=["data.batch_size=64"])
+    assert run.network.config.inputs[0][1] == (64, 1, 8, 8) and run.batch_size == 64
+    assert [s for _, s in run.objective.config.inputs] == [(64, 10), (64, 1)]
+    alone = lp.config.loads(_mlp("nll").replace("data: {dataset: digits, batch_size: 16}", ""))
+    assert alone.network.config.inputs[0][1] == (1, 1, 8, 8) and alone.batch_size == 1
+    assert lp.SequentialConfig(inputs=[("data", [None, 4])]).inputs == [("data", (1, 4))]
+
+
+def test_mse_takes_a_target_of_the_network_output_shape():
+    text = _mlp("mse").replace("    - {name: logsm, type: LogSoftmax}\n", "")
+    explicit = _mlp("""
+  type: Sequential
+  inputs: [{name: network_out, shape: [16, 10]}, {name: target, shape: [16, 10]}]
+  layers: [{name: mse, type: MeanSquaredError}]""", "16").replace("    - {name: logsm, type: LogSoftmax}\n", "")
+    assert lp.config.loads(text) == lp.config.loads(explicit)
+    assert lp.config.loads(text.replace("objective: mse", "objective: {type: MeanSquaredError}")) == \
+        lp.config.loads(explicit)
+
+
+@pytest.mark.parametrize("objective, message", [
+    ("cross_entropy", "unknown objective 'cross_entropy'; short names: nll (NegativeLogLikelihood), mse"),
+    ("{type: ReLU}", "objective.type: expected Sequential, or a loss layer alone: NegativeLogLikelihood, "
+                     "MeanSquaredError; got 'ReLU'"),
+    ("{type: NegativeLogLikelihood, num_classes: 7}", "objective.num_classes: 7, but the network's output has 10"),
+])
+def test_a_short_objective_that_cannot_be_expanded_is_refused_with_the_valid_choices(objective, message):
+    with pytest.raises(lp.ConfigError) as e:
+        lp.config.loads(_mlp(objective))
+    assert message in str(e.value)
+
+
+def test_nll_on_an_output_that_is_not_classes_is_a_config_error_naming_the_shape():
+    text = _mlp("nll").replace("    - {name: flat, type: Flatten}\n    - {name: fc, type: Linear, output_size: 10}\n"
+                               "    - {name: logsm, type: LogSoftmax}\n",
+                               "    - {name: conv, type: Convolution, num_output: 4, filter_shape: [3]}\n")
+    with pytest.raises(lp.ConfigError, match=r"log-probabilities of shape \[N, classes\], but the network's output "
+                                             r"has shape \[16, 4, 6, 6\]"):
+        lp.config.loads(text)
+    broken = _mlp("nll").replace("output_size: 10}", "output_size: 10, axis: 3}")
+    with pytest.raises(lp.ConfigError, match="network: layer 'fc'"):
+        lp.config.loads(broken)

@@ -59,7 +59,8 @@ def test_the_outermost_network_cannot_name_a_blob_that_feeds_it(tmp_path):
     """`from` names a blob of the enclosing container; the outermost network has none, so a `from` there (a typo
     or a block pasted from a nested one) is refused instead of being kept and ignored."""
     text = (ROOT / "configs" / "digits_mlp.yaml").read_text().replace(
-        "inputs: [{name: data, shape: [32, 1, 8, 8]}]", "inputs: [{name: data, shape: [32, 1, 8, 8], from: pixels}]")
+        "inputs: [{name: data, shape: [null, 1, 8, 8]}]",
+        "inputs: [{name: data, shape: [null, 1, 8, 8], from: pixels}]")
     assert "from: pixels" in text
     (tmp_path / "r.yaml").write_text(text)
     with pytest.raises(lp.errors.LeafpyError, match="from"):
@@ -117,3 +118,46 @@ def test_the_trainer_from_python_refuses_best_epoch_settings_a_run_file_may_not_
                    **options).fit(1)
     with pytest.raises(lp.errors.ConfigError, match=f"train.{refused}"):
         lp.config.load("digits_mlp", [f"train.{key}={value}" for key, value in options.items()])
+
+
+README_TRAINER = """
+import leafpy as lp
+run = lp.config.load("digits_mlp")
+trainer = lp.Trainer(run, backend=lp.backend("native"), out_dir="runs/mlp",
+                     callbacks=[lp.train.EarlyStopping(monitor="test_loss", patience=3, min_delta=1e-3)])
+history = trainer.fit(epochs=2)
+trainer.save_model("runs/mlp/model.leaf")
+print(f"trainer accuracy: {trainer.evaluate().accuracy:.2%}")
+"""
+
+
+def test_a_run_the_trainer_wrote_from_python_is_read_by_evaluate_summary_and_resume(tmp_path):
+    """The README's Trainer example leaves a run directory the commands take, as `leafpy train` does: its
+    run.yaml is the resolved run (the data split, the backend and precision it ran on, the epochs it trained)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
+    p = subprocess.run([sys.executable, "-c", README_TRAINER], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    trained = p.stdout.strip().splitlines()[-1].split(": ")[1]
+    written = lp.config.load(tmp_path / "runs" / "mlp" / "run.yaml")
+    assert written.train["backend"] == "native" and written.train["precision"] == "fp32"
+    assert written.train["epochs"] == 2 and written.data["seed"] == 0 and written.data["dataset"] == "digits"
+    assert written == lp.config.loads(lp.config.dumps(written))
+    evaluated = leafpy(tmp_path, "evaluate", "runs/mlp")
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert f"held-out accuracy: {trained}" in evaluated.stdout, (trained, evaluated.stdout)
+    summary = leafpy(tmp_path, "summary", "runs/mlp")
+    assert summary.returncode == 0 and "total parameters" in summary.stdout, summary.stderr
+    resumed = leafpy(tmp_path, "train", "runs/mlp", "--resume", "runs/mlp/checkpoint.leaf", "--epochs", "3")
+    assert resumed.returncode == 0 and "epochs 3..3" in resumed.stdout, resumed.stderr
+
+
+def test_a_run_file_whose_batch_follows_data_batch_size_resumes_and_scores_with_another_batch_size(tmp_path):
+    """digits_mlp declares its batch `null` (data.batch_size): a network declared for 32 samples a batch is the
+    same network for 16, so a resumed run or weights scored with another batch size are not refused."""
+    assert leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--out", "run").returncode == 0
+    resumed = leafpy(tmp_path, "train", "digits_mlp", "--out", "run", "--resume", "run/checkpoint.leaf",
+                     "--epochs", "2", "--set", "data.batch_size=16")
+    assert resumed.returncode == 0 and "batch 16" in resumed.stdout, resumed.stderr
+    scored = leafpy(tmp_path, "evaluate", "digits_mlp", "--weights", "run/model.leaf", "--set", "data.batch_size=8")
+    assert scored.returncode == 0 and "held-out accuracy" in scored.stdout, scored.stderr

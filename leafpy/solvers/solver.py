@@ -20,6 +20,7 @@ import numpy as np
 from .. import _checks
 from ..backends.base import Backend
 from ..errors import ConfigError, LeafpyError, SerializationError, ShapeError
+from ..layers.container.sequential import batch_free
 from ..layers.layer import Layer, LayerConfig, WeightConfig
 from ..tensor import SharedTensor, as_numbers
 
@@ -624,8 +625,11 @@ class Solver:
         of anything in FIXED_ON_RESUME is a ConfigError naming the field. Returns the names of changed fields."""
         if not isinstance(config, SolverConfig):
             raise ConfigError(f"Solver.reconfigure: expected a SolverConfig, got {type(config).__name__}")
-        changed = [f.name for f in dataclasses.fields(SolverConfig)
-                   if getattr(config, f.name) != getattr(self.config, f.name) and f.name != "name"]
+        def differs(name: str) -> bool:  # a network or objective declared for another batch size is the same one
+            new, old = getattr(config, name), getattr(self.config, name)
+            return batch_free(new) != batch_free(old) if name in ("network", "objective") else new != old
+
+        changed = [f.name for f in dataclasses.fields(SolverConfig) if f.name != "name" and differs(f.name)]
         fixed = [name for name in changed if name in self.FIXED_ON_RESUME]
         if fixed:
             name = fixed[0]

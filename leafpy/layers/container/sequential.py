@@ -69,8 +69,11 @@ class SequentialConfig:
         if not isinstance(self.force_backward, bool):
             raise ConfigError(f"SequentialConfig.force_backward: expected true or false, got {self.force_backward!r}")
 
-    def add_input(self, name: str, shape: Sequence[int]) -> None:
-        """Declare a named input and its shape (the first dimension is the batch, which may vary)."""
+    def add_input(self, name: str, shape: Sequence[int | None]) -> None:
+        """Declare a named input and its shape (the first dimension is the batch, which may vary; None declares a
+        batch of one, which is what the batch of a network built before it is fed is)."""
+        if isinstance(shape, (list, tuple)) and shape and shape[0] is None:
+            shape = (1, *shape[1:])
         if not isinstance(name, str) or not name:
             raise ConfigError(f"SequentialConfig.inputs: expected a non-empty input name, got {name!r}")
         if any(n == name for n, _ in self.inputs):
@@ -88,6 +91,19 @@ class SequentialConfig:
             raise ConfigError(f"SequentialConfig.layers: two layers are named {layer.name!r}; names must be unique")
         self.layers.append(layer)
         names.add(layer.name)
+
+
+def batch_free(config: LayerConfig) -> LayerConfig:
+    """``config`` with the batch (first) entry of every declared input shape, its own and its nested Sequentials',
+    set to 1: what one network's configs have in common whatever batch size each was declared or trained with
+    (a run file's ``null`` batch follows data.batch_size)."""
+    if not isinstance(config, LayerConfig) or not isinstance(config.config, SequentialConfig):
+        return config
+    seq = config.config
+    free = SequentialConfig(layers=[batch_free(lc) for lc in seq.layers], force_backward=seq.force_backward,
+                            inputs=[(n, (1, *s[1:])) for n, s in seq.inputs])
+    return LayerConfig(config.name, free, inputs=config.inputs, outputs=config.outputs, params=config.params,
+                       propagate_down=config.propagate_down)
 
 
 @register_layer("Sequential", SequentialConfig)

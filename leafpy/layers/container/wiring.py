@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ConfigError
-from ..layer_config import LayerConfig, lookup
+from ..layer_config import LayerConfig, Shape, lookup
 
 if TYPE_CHECKING:
     from .sequential import SequentialConfig
@@ -149,6 +149,26 @@ def wire(config: SequentialConfig, traits: Sequence[Traits] | None = None) -> Wi
             storage_of[o] = o
             keeps[o] = reads_out
     return Wiring(steps, producer, consumers)
+
+
+def output_shapes(config: SequentialConfig, input_shapes: Sequence[Shape] | None = None) -> list[Shape]:
+    """The shapes of a Sequential's outputs (its last layer's) for inputs of ``input_shapes`` (default: the
+    declared ones), from the configs alone: each layer's worker, built from its config (which allocates nothing),
+    computes its outputs' shapes as ``bind`` does, and a ShapeError names the first layer they do not fit."""
+    given = [s for _, s in config.inputs] if input_shapes is None else input_shapes
+    shapes: dict[str, Shape] = {n: tuple(s) for (n, _), s in zip(config.inputs, given)}
+    steps = wire(config).steps
+    for lc, step in zip(config.layers, steps):
+        inputs = [shapes[n] for n in step.inputs]
+        entry = lookup(lc.type, f"layer '{lc.name}'")
+        if entry.is_container:
+            outputs = output_shapes(lc.config, inputs)
+        else:
+            worker = entry.impl(lc.config, lc.name)
+            worker.check_inputs(inputs)
+            outputs = worker.output_shapes(inputs)
+        shapes.update(zip(step.outputs, (tuple(s) for s in outputs)))
+    return [shapes[n] for n in steps[-1].outputs] if steps else []
 
 
 @dataclass
