@@ -233,10 +233,14 @@ def from_dict(doc: Any, source: str = "<run>") -> RunConfig:
     _check_keys(data, DATA_KEYS, "data", "the data section")
     train = dict(_mapping(doc.get("train") or {}, "train"))
     _check_keys(train, TRAIN_KEYS, "train", "the train section")
-    for key, value in (("data.batch_size", data.get("batch_size")), ("train.epochs", train.get("epochs")),
-                       ("data.num_classes", data.get("num_classes"))):
+    for section, where, key in ((data, "data", "batch_size"), (train, "train", "epochs"),
+                                (data, "data", "num_classes")):
+        value = section.get(key)
+        if value is None and key in section:
+            raise ConfigError(f"{where}.{key}: expected a positive integer, got null; give a number, or leave the key "
+                              "out for its default")
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-            raise ConfigError(f"{key}: expected a positive integer, got {value!r}")
+            raise ConfigError(f"{where}.{key}: expected a positive integer, got {value!r}")
     if train.get("log_every") is not None:
         check_log_every(train["log_every"], "train.log_every")
     check_best_epochs(train.get("keep_best", 0), train.get("monitor", "test_loss"))

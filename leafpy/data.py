@@ -93,6 +93,7 @@ IDX_MAX_BYTES = 2**32
 def read_idx(path: str) -> np.ndarray:
     """Read one IDX file of unsigned bytes (gzipped or not). Its header's dimensions decide how much is read, so a
     damaged or hostile header is refused before anything large is allocated."""
+    path = _checks.path("read_idx: path", path)
     try:
         with _checks.open_regular(path, "an IDX file") as raw, \
                 (gzip.GzipFile(fileobj=raw, mode="rb") if path.endswith(".gz") else contextlib.nullcontext(raw)) as f:
@@ -143,6 +144,7 @@ def mnist(directory: str, *, test_fraction: float | None = None, seed: int = 0, 
     [N, 1, H, W] with H and W from the files; ``input_shape`` (the network's per-sample input, e.g. [1, 28, 28])
     must match them.
     """
+    directory = _checks.path(f"{name}: directory", directory)
     paths = {}
     missing = []
     for key, stem in _IDX_FILES.items():
@@ -200,6 +202,7 @@ def npz(path: str, *, test_fraction: float | None = None, seed: int = 0, num_cla
     are). With ``targets="classes"`` the labels ``y`` are class indices, shape [N] or [N, 1], and ``num_classes``
     defaults to the largest label + 1; with ``targets="values"`` (regression) ``y[i]`` are real numbers of any
     shape. The file is read without pickle: arrays of Python objects are refused."""
+    path = _checks.path("npz: path", path)
     if targets not in ("classes", "values"):
         raise ConfigError(f"npz: targets must be 'classes' or 'values', got {targets!r}")
     arrays = _read_npz(path, NPZ_KEYS, "x and y, or x_train, y_train, x_test and y_test (np.savez(path, x=..., "
@@ -244,6 +247,7 @@ def npz(path: str, *, test_fraction: float | None = None, seed: int = 0, num_cla
 def npz_samples(path: str) -> np.ndarray:
     """The samples ``x`` (or ``x_test``) of a NumPy ``.npz`` file, as :func:`npz` reads them (labels, if any, are
     not read): inputs for a trained network."""
+    path = _checks.path("npz_samples: path", path)
     arrays = _read_npz(path, (("x",), ("x_test",)), "x (np.savez(path, x=...))")
     key = "x" if "x" in arrays else "x_test"
     return _samples(path, key, arrays[key])

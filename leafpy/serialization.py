@@ -33,6 +33,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from . import _checks
 from .errors import ConfigError, LeafpyError, SerializationError, ShapeError
 from .layers.layer_config import FillerConfig, LayerConfig, WeightConfig, WeightSpec, layer_types, lookup
 
@@ -799,4 +800,36 @@ def _read_trainer_state(text: str, path: str) -> dict[str, Any]:
     if not isinstance(state, dict):
         raise SerializationError(f"{path}: the checkpoint's trainer state is a {type(state).__name__}, not an "
                                  "object; the file is damaged")
+    check_trainer_state(state, f"{path}: the checkpoint's trainer state")
     return state
+
+
+COUNT_LIMIT = 2**53
+"""The largest epoch, sample or loss count a trainer state holds (JSON numbers are exact up to 2**53)."""
+TRAINER_STATE_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "epoch": ("a count", lambda v: _checks.counter(v, COUNT_LIMIT)),
+    "sample": ("a count", lambda v: _checks.counter(v, COUNT_LIMIT)),
+    "loss_count": ("a count", lambda v: _checks.counter(v, COUNT_LIMIT)),
+    "correct": ("a count", lambda v: _checks.counter(v, COUNT_LIMIT)),
+    "scored": ("a count", lambda v: _checks.counter(v, COUNT_LIMIT)),
+    "loss_sum": ("a finite number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+                 and math.isfinite(v)),
+    "data": ("an object (the run's data section)", lambda v: isinstance(v, dict)),
+    "data_digest": ("a text", lambda v: isinstance(v, str)),
+}
+"""What each entry the Trainer records in a checkpoint must be (entries of other names are kept as they are)."""
+
+
+def check_trainer_state(state: Mapping[str, Any], where: str) -> None:
+    """Refuse (SerializationError) a trainer state whose entries have the wrong type or range, or that scores more
+    correct predictions than it scored samples."""
+    for key, (what, valid) in TRAINER_STATE_FIELDS.items():
+        if key in state and not valid(state[key]):
+            bound = f" in [0, {COUNT_LIMIT}]" if what == "a count" else ""
+            raise SerializationError(f"{where}: {key} is {json.dumps(state[key])[:80]}, expected {what}{bound}; the "
+                                     "file is damaged: resume from another checkpoint, or start again with "
+                                     "--weights FILE")
+    if state.get("correct", 0) > state.get("scored", 0):
+        raise SerializationError(f"{where}: {state['correct']} correct predictions of {state.get('scored', 0)} "
+                                 "scored samples; the file is damaged: resume from another checkpoint, or start "
+                                 "again with --weights FILE")

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import ShapeError
+from .errors import ConfigError, ShapeError
 
 if TYPE_CHECKING:
     from .backends.base import Backend
@@ -63,6 +63,16 @@ def as_numbers(array: Any, where: str) -> np.ndarray:
     if a.dtype.kind not in "biuf" and a.dtype.name != "bfloat16":  # bfloat16 (ml_dtypes): what bf16 tensors hold
         raise ShapeError(f"{where}: expected real numbers (bool, integer or float), got an array of dtype {a.dtype}")
     return a
+
+
+def _key(backend: Any, method: str) -> str:
+    """The key of ``backend``; anything but a backend is a ConfigError naming the method (the check costs nothing
+    when ``backend`` is one)."""
+    try:
+        return backend.key
+    except AttributeError:
+        raise ConfigError(f"SharedTensor.{method}: expected a backend (leafpy.backend(name)), got "
+                          f"{type(backend).__name__} {backend!r:.60}") from None
 
 
 def _as_shape(shape: Sequence[int] | int) -> tuple[int, ...]:
@@ -280,7 +290,7 @@ class SharedTensor:
 
     def read(self, backend: Backend) -> Any:
         """This tensor's data on ``backend``, synced if stale, for reading only."""
-        key = backend.key
+        key = _key(backend, "read")
         buf = self._sync(None if key == HOST else backend, key)
         accesses = _ACCESSES.get()
         if accesses is not None:
@@ -289,7 +299,7 @@ class SharedTensor:
 
     def write(self, backend: Backend) -> Any:
         """A buffer on ``backend`` to overwrite completely; afterwards that copy is the only fresh one."""
-        key = backend.key
+        key = _key(backend, "write")
         buf = self._laid_out(backend, key, self._buffer(None if key == HOST else backend, key), convert=False)
         st = self._st
         st.fresh.clear()
@@ -302,7 +312,7 @@ class SharedTensor:
 
     def read_write(self, backend: Backend) -> Any:
         """This tensor's data on ``backend``, synced, to modify in place; afterwards that copy is the only fresh one."""
-        key = backend.key
+        key = _key(backend, "read_write")
         buf = self._sync(None if key == HOST else backend, key)
         st = self._st
         if len(st.fresh) > 1:

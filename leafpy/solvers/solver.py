@@ -709,10 +709,11 @@ class Solver:
             take("accumulated", state["accumulated"], self._accum, names)
         random = state["random"]
         workers = self._random_workers()
-        if not isinstance(random, Sequence) or not all(isinstance(r, Mapping) and all(
-                _counter(r.get(f)) for f in ("seed", "calls")) for r in random):
+        if not isinstance(random, Sequence) or not all(
+                isinstance(r, Mapping) and _checks.counter(r.get("seed"), 2**64 - 1)
+                and _checks.counter(r.get("calls"), MAX_ITERATION) for r in random):
             raise ConfigError(f"{where}: random must be a list of {{'seed': int, 'calls': int}} (one per random "
-                              f"layer), got {random!r:.200}")
+                              f"layer, the seed a 64-bit count, calls in [0, {MAX_ITERATION}]), got {random!r:.200}")
         if random and len(random) != len(workers):
             raise ConfigError(f"{where}: random has {len(random)} entries, the network has {len(workers)} random "
                               "layers")
@@ -724,7 +725,7 @@ class Solver:
         scale = scaling.get("scale") if isinstance(scaling, Mapping) else None
         if not isinstance(scaling, Mapping) or isinstance(scale, bool) or not isinstance(scale, (int, float)) \
                 or not math.isfinite(scale) or scale <= 0 \
-                or not all(_counter(scaling.get(f)) for f in ("good_steps", "skipped_steps")):
+                or not all(_checks.counter(scaling.get(f)) for f in ("good_steps", "skipped_steps")):
             raise ConfigError(f"{where}: loss_scale must be {{'scale': a positive number, 'good_steps': int, "
                               f"'skipped_steps': int}}, got {scaling!r:.200}")
         for t, arr in assignments:
@@ -775,7 +776,3 @@ class Solver:
             raise SerializationError(f"{source}: the checkpoint has {calls!r} gradient-accumulation calls pending, "
                                      f"expected fewer than its minibatch_size ({k}); the file is damaged")
 
-
-def _counter(value: Any) -> bool:
-    """A non-negative integer (not a bool)."""
-    return bool(isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0)
