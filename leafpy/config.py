@@ -255,6 +255,8 @@ def from_dict(doc: Any, source: str = "<run>") -> RunConfig:
 
 
 DATASETS = ("digits", "mnist", "fashion_mnist", "npz")
+DIGITS_IGNORES = ("path", "num_classes")
+"""data keys the bundled digits dataset has no use for (a run file giving them means another dataset)."""
 
 
 def check_log_every(log_every: Any, name: str) -> int:
@@ -277,7 +279,12 @@ def check_best_epochs(keep_best: Any, monitor: Any, keep_best_name: str = "train
 
 def _check_data(data: dict) -> None:
     """The data section's values (what the dataset files hold is checked when they are read)."""
-    _checks.choice("data.dataset", data.get("dataset", "digits"), DATASETS)
+    dataset = _checks.choice("data.dataset", data.get("dataset", "digits"), DATASETS)
+    for key in DIGITS_IGNORES:
+        if dataset == "digits" and key in data:
+            raise ConfigError(f"data.{key}: the digits dataset is bundled with scikit-learn and has 10 classes, so "
+                              f"{key} does not apply to it (got {data[key]!r}); remove it, or set data.dataset to "
+                              "npz (or mnist) for your own files")
     if data.get("test_fraction") is not None:
         _checks.number("data.test_fraction", data["test_fraction"], minimum=0.0, maximum=1.0, min_open=True,
                        max_open=True)

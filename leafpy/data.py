@@ -263,10 +263,14 @@ def _read_npz(path: str, layouts: Sequence[Sequence[str]], wanted: str) -> dict[
             fh.seek(0)
             with zipfile.ZipFile(fh) as z:
                 sizes = {info.filename[:-4]: info.file_size for info in z.infolist() if info.filename.endswith(".npy")}
-                layout = next((k for k in layouts if set(sizes) >= set(k)), None)
-                if layout is None:
+                found = [k for k in layouts if set(sizes) >= set(k)]
+                if not found:
                     raise SerializationError(f"{path}: expected arrays named {wanted}; the file has "
                                              f"{', '.join(sorted(sizes)) or 'none'}")
+                if len(found) > 1:
+                    raise SerializationError(f"{path}: holds both {' and '.join(', '.join(k) for k in found)}: which "
+                                             "is the data is ambiguous; save only one of them")
+                layout = found[0]
                 for key in layout:
                     with z.open(key + ".npy") as member:
                         _check_npy_header(path, key, member, sizes[key])
@@ -296,10 +300,22 @@ def _check_npy_header(path: str, key: str, member: Any, size: int) -> None:
         raise SerializationError(f"{path}: {key} has .npy format version {version}, which NumPy cannot read")
     if dtype.hasobject:
         raise SerializationError(f"{path}: it holds arrays of Python objects ({key}); save plain arrays of numbers")
+    _real(path, key, dtype)
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes > size:
         raise SerializationError(f"{path}: {key} declares shape {tuple(shape)} of {dtype} ({nbytes} bytes), but "
                                  f"the file holds {size} bytes for it; the file is damaged: write it again")
+
+
+KINDS = {"m": "time spans (timedelta64)", "M": "dates (datetime64)", "c": "complex numbers", "U": "text",
+         "S": "bytes", "O": "Python objects", "V": "records (structured or raw bytes)"}
+
+
+def _real(path: str, key: str, dtype: np.dtype) -> None:
+    """Refuse an array that does not hold real numbers (bool, integer or float), naming what it holds."""
+    if dtype.kind not in "biuf":
+        raise SerializationError(f"{path}: {key} holds {KINDS.get(dtype.kind, 'values')} of dtype {dtype}; leafpy "
+                                 "needs real numbers: convert them (e.g. x.astype(np.float32)) and save again")
 
 
 def _samples(path: str, key: str, x: np.ndarray, scale_bytes: bool = True) -> np.ndarray:
@@ -307,15 +323,20 @@ def _samples(path: str, key: str, x: np.ndarray, scale_bytes: bool = True) -> np
         raise SerializationError(f"{path}: {key} must hold samples as [N, ...] with N >= 1, got shape {x.shape}")
     if x.dtype == np.uint8 and scale_bytes:
         return x.astype(np.float32) / 255.0
-    if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_) or np.iscomplexobj(x):
-        raise SerializationError(f"{path}: {key} must hold real numbers, got dtype {x.dtype}")
-    with np.errstate(over="ignore"):  # values beyond float32's range become infinite: reported below
-        x = x.astype(np.float32)
-    bad = int(np.count_nonzero(~np.isfinite(x)))
+    _real(path, key, x.dtype)
+    with np.errstate(over="ignore", under="ignore"):  # values beyond float32's range: reported below
+        x32 = x.astype(np.float32)
+    bad = int(np.count_nonzero(~np.isfinite(x32)))
     if bad:
         raise SerializationError(f"{path}: {key} has {bad} NaN or infinite values (or values past float32's "
                                  "largest, about 3.4e38)")
-    return x
+    if x.dtype.kind == "f" and x.dtype.itemsize > 4:
+        lost = np.flatnonzero((x32 == 0) & (x != 0))
+        if len(lost):
+            raise SerializationError(f"{path}: {key} has {len(lost)} nonzero values that become 0 in float32 (the "
+                                     f"first: {x.reshape(-1)[lost[0]]!r}; float32's smallest is about 1.4e-45): "
+                                     "the data is mis-scaled; rescale it (e.g. to [0, 1]) and save again")
+    return x32
 
 
 def _labels(path: str, key: str, y: np.ndarray, n: int, x_key: str) -> np.ndarray:
@@ -324,8 +345,7 @@ def _labels(path: str, key: str, y: np.ndarray, n: int, x_key: str) -> np.ndarra
     if y.shape != (n,):
         raise SerializationError(f"{path}: {key} must be class indices of shape [{n}] or [{n}, 1] (one per sample "
                                  f"of {x_key}), got shape {y.shape}")
-    if not np.issubdtype(y.dtype, np.number) or np.iscomplexobj(y):
-        raise SerializationError(f"{path}: {key} must hold class indices, got dtype {y.dtype}")
+    _real(path, key, y.dtype)
     with np.errstate(invalid="ignore"):  # NaN or huge labels: reported below, not warned about
         labels = y.astype(np.int64)
         wrong = np.flatnonzero((labels != y) | (labels < 0))

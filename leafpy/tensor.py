@@ -187,10 +187,16 @@ class SharedTensor:
             st.changed()
         self._shape = new
 
-    def prefix_view(self, shape: Sequence[int]) -> SharedTensor:
-        """Another tensor over the first ``prod(shape)`` elements of this tensor's storage (grown if needed)."""
+    def prefix_view(self, shape: Sequence[int], *, grow: bool = False) -> SharedTensor:
+        """Another tensor over the first ``prod(shape)`` elements of this tensor's storage. A shape larger than the
+        storage is a ShapeError unless ``grow``: then the storage is enlarged and its values are dropped (how a
+        container sizes one gradient buffer for several layers)."""
         new = _as_shape(shape)
         st = self._st
+        if math.prod(new) > st.size and not grow:
+            raise ShapeError(f"SharedTensor.prefix_view: shape {new} needs {math.prod(new)} elements, the tensor's "
+                             f"storage holds {st.size}; give a shape of at most {st.size} elements (grow=True "
+                             "enlarges the storage and drops its values)")
         if math.prod(new) > st.size:
             st.copies.clear()
             st.layouts.clear()

@@ -714,9 +714,9 @@ class Solver:
                 and _checks.counter(r.get("calls"), MAX_ITERATION) for r in random):
             raise ConfigError(f"{where}: random must be a list of {{'seed': int, 'calls': int}} (one per random "
                               f"layer, the seed a 64-bit count, calls in [0, {MAX_ITERATION}]), got {random!r:.200}")
-        if random and len(random) != len(workers):
+        if len(random) != len(workers):  # an empty list would start every random layer's draws again
             raise ConfigError(f"{where}: random has {len(random)} entries, the network has {len(workers)} random "
-                              "layers")
+                              "layers (each needs its seed and draws, to continue where it stopped)")
         trainer_state = state["trainer_state"]
         if not isinstance(trainer_state, Mapping):
             raise ConfigError(f"{where}: trainer_state must be a mapping (JSON object), got "

@@ -252,6 +252,8 @@ RUN_FILES = {
     "huge-layer": None,  # filled from the shipped MLP
     "infinite-rate": None,
     "not-utf8": None,
+    "digits-num-classes": None,  # settings the bundled digits dataset would ignore
+    "digits-path": None,
 }
 
 
@@ -260,6 +262,8 @@ def run_files(work: Path) -> list[Path]:
     texts = dict(RUN_FILES)
     texts["huge-layer"] = mlp.replace("output_size: 128", "output_size: 1000000000000")
     texts["infinite-rate"] = mlp.replace("base_lr: 0.05", "base_lr: .inf")
+    texts["digits-num-classes"] = mlp.replace("data: {dataset: digits,", "data: {dataset: digits, num_classes: 12,")
+    texts["digits-path"] = mlp.replace("data: {dataset: digits,", "data: {dataset: digits, path: mine.npz,")
     out = []
     for name, text in texts.items():
         p = work / f"run-{name}.yaml"
