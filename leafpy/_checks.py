@@ -85,7 +85,7 @@ def number(where: str, value: Any, *, minimum: float | None = None, maximum: flo
 
 def counter(value: Any, maximum: int = INT_LIMIT) -> bool:
     """Whether ``value`` is a count: an integer (not a bool) in [0, ``maximum``]."""
-    return isinstance(value, (int, np.integer)) and not _is_bool(value) and 0 <= value <= maximum
+    return bool(isinstance(value, (int, np.integer)) and not _is_bool(value) and 0 <= value <= maximum)
 
 
 def flag(where: str, value: Any) -> bool:

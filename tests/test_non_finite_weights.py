@@ -6,13 +6,13 @@ would leave them."""
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import leafpy as lp
 from leafpy import serialization as ser
+from tests.hostile.corpus import write_weights as write_model
 from tests.test_user_paths import failed_cleanly, leafpy
 
 
@@ -20,18 +20,6 @@ def _linear(seed: int = 0) -> lp.Layer:
     layer = lp.Layer.from_config(lp.backend("native"), lp.LayerConfig("fc", lp.LinearConfig(output_size=3)), seed=seed)
     layer.forward([np.ones((2, 4), np.float32)])
     return layer
-
-
-def write_model(path: Path, config: lp.LayerConfig, weights: list[tuple[str, np.ndarray]]) -> None:
-    """A leafpy model file with these named weights (any values, names repeated or not) and a valid checksum."""
-    msg = ser.model_message(config, {})
-    entries = msg.init("weightsData", len(weights))
-    for entry, (name, arr) in zip(entries, weights):
-        entry.name = name
-        t = entry.init("tensor")
-        t.shape = list(arr.shape)
-        t.raw = np.ascontiguousarray(arr, dtype="<f4").tobytes()
-    path.write_bytes(ser.encode(msg, "Layer"))
 
 
 def with_bad_values(weights: dict[str, np.ndarray], name: str, value: float, count: int) -> list:

@@ -12,7 +12,8 @@ from tests.hostile.corpus import edited_checkpoint, make_checkpoint, npz_odditie
 from tests.test_user_paths import failed_cleanly, leafpy
 
 NPZ_WORDS = {"timedelta": "time spans (timedelta64)", "datetime": "dates (datetime64)",
-             "complex": "complex numbers", "text": "holds text of dtype", "underflow": "18 nonzero values that become 0 in float32",
+             "complex": "complex numbers", "text": "holds text of dtype",
+             "underflow": "18 nonzero values that become 0 in float32",
              "two-layouts": "holds both x, y and x_train, y_train, x_test, y_test"}
 
 
