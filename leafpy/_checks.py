@@ -83,6 +83,18 @@ def number(where: str, value: Any, *, minimum: float | None = None, maximum: flo
     return v
 
 
+def counter(value: Any, maximum: int = INT_LIMIT) -> bool:
+    """Whether ``value`` is a count: an integer (not a bool) in [0, ``maximum``]."""
+    return bool(isinstance(value, (int, np.integer)) and not _is_bool(value) and 0 <= value <= maximum)
+
+
+def flag(where: str, value: Any) -> bool:
+    """A true-or-false setting (a Python or NumPy bool)."""
+    if not _is_bool(value):
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    return bool(value)
+
+
 def path(where: str, value: Any) -> str:
     """A file path: a non-empty str or os.PathLike."""
     if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):

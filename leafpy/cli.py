@@ -18,6 +18,7 @@ import dataclasses
 import io
 import os
 import signal
+import stat
 import sys
 import time
 from collections.abc import Sequence
@@ -44,6 +45,9 @@ def _out(msg: str = "") -> None:
 
 # --- summary --------------------------------------------------------------------------------------------------
 def summary_rows(layer: Layer, depth: int = 0) -> list[tuple[str, str, str, int]]:
+    if depth == 0 and not isinstance(layer, Sequential):  # a bare layer (a model file of one Linear): its row
+        shape = "x".join(map(str, layer.outputs[0].shape)) if layer.outputs else "?"
+        return [(layer.name, layer.config.type, shape, layer.num_parameters())]
     rows = []
     if isinstance(layer, Sequential):
         for child in layer.layers:
@@ -356,6 +360,18 @@ def _train(args: argparse.Namespace, run: run_config.RunConfig, be: Any, out_dir
 
 
 def _plot_atomic(history: list[dict], path: str) -> bool:
+    """Draw the training curves to ``path`` (atomically); False where matplotlib is missing. A plot that cannot be
+    written (a full disk) is a warning, not a failure: the run's model and checkpoint are saved by then."""
+    try:
+        return _write_plot(history, path)
+    except (OSError, LeafpyError) as e:
+        why = getattr(e, "strerror", None) or str(e)
+        print(f"leafpy: warning: the plot {path} was not written ({why}); the model and checkpoint are saved",
+              file=sys.stderr, flush=True)
+        return False
+
+
+def _write_plot(history: list[dict], path: str) -> bool:
     import tempfile
 
     directory = os.path.dirname(os.path.abspath(path))
@@ -560,7 +576,8 @@ def write_predictions(path: str, outputs: np.ndarray, classes: np.ndarray | None
 def summary_cmd(args: argparse.Namespace) -> int:
     be = get_backend("native")
     target = args.config
-    if target.endswith(".leaf") and os.path.isfile(target):
+    if target.endswith(".leaf") and not os.path.isdir(target):
+        _regular_file(target, "a model.leaf or checkpoint.leaf, a run file or a run directory")
         try:
             net = Layer.load(be, target)
         except SerializationError as model_error:  # a checkpoint, as evaluate and predict take: its network
@@ -574,13 +591,28 @@ def summary_cmd(args: argparse.Namespace) -> int:
         # summary scores nothing and shows the network the run file describes: no weights, no split to check
         run, _ = resolve_run(target, args.set, None, need_run=False, need_weights=False, command="summary",
                              check_split=False)
-        assert run is not None
+        if run is None:  # (resolve_run gives a run for anything but a .leaf file)
+            raise LeafpyError(f"{target}: no run file describes a network here; give a run file or a run directory")
         net = Layer.from_config(be, run.network)
         _out(f"{run.name or target}: network '{net.name}'")
         if os.path.isdir(target) and not os.path.exists(os.path.join(target, "model.leaf")):
             _out(f"(no model.leaf in {target} yet: the run stopped before its end)")
     _out(summary_text(net))
+    if not isinstance(net, Sequential) and net.has_weights and not net.num_parameters():
+        _out(f"(a bare {net.config.type} layer declares no input: its output shape and its weights, set from the "
+             "file, are made on its first forward pass)")
     return 0
+
+
+def _regular_file(path: str, what: str) -> None:
+    """Refuse, before anything opens it, a path that is missing, a loop of symbolic links or not a regular file (a
+    FIFO would block the open)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise LeafpyError(f"{path}: cannot read: {e.strerror or e}; give {what}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise LeafpyError(f"{path}: not a regular file (a FIFO, a device or a socket); give {what}")
 
 
 def _command(sub: Any, name: str, func: Any, summary: str, description: str, *, weights: bool = False,
@@ -631,7 +663,47 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class Interrupted(KeyboardInterrupt):
+    """A stop signal (SIGTERM, SIGHUP) outside the training loop, which handles its own: it ends the command as
+    Ctrl-C does, with a message and exit code 130, instead of killing it without a word."""
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise Interrupted(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def _stop_signals_interrupt() -> Any:
+    """While the command runs, SIGTERM and SIGHUP (where not ignored) raise :class:`Interrupted`; the training
+    loop puts its own handlers (checkpoint, then stop) in place while it runs."""
+    import threading
+
+    from .train import STOP_SIGNALS
+
+    previous = []
+    if threading.current_thread() is threading.main_thread():
+        for sig in STOP_SIGNALS:
+            handler = signal.getsignal(sig)
+            if sig != signal.SIGINT and handler is signal.SIG_DFL:
+                previous.append((sig, handler))
+                signal.signal(sig, _interrupt)
+    try:
+        yield
+    finally:
+        for sig, handler in previous:
+            signal.signal(sig, handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    with _stop_signals_interrupt():
+        try:
+            return _main(argv)
+        except KeyboardInterrupt as e:
+            print(f"leafpy: interrupted ({e.args[0] if isinstance(e, Interrupted) else 'SIGINT'})", file=sys.stderr)
+            return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "epochs", None) is not None and args.epochs <= 0:
         print("leafpy: error: --epochs must be a positive integer", file=sys.stderr)
@@ -645,9 +717,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LeafpyError as e:
         print(f"leafpy: error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("leafpy: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:  # the reader went away (leafpy summary ... | head): stop quietly, as SIGPIPE would
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
         return 128 + 13

@@ -232,10 +232,14 @@ def from_dict(doc: Any, source: str = "<run>") -> RunConfig:
     _check_keys(data, DATA_KEYS, "data", "the data section")
     train = dict(_mapping(doc.get("train") or {}, "train"))
     _check_keys(train, TRAIN_KEYS, "train", "the train section")
-    for key, value in (("data.batch_size", data.get("batch_size")), ("train.epochs", train.get("epochs")),
-                       ("data.num_classes", data.get("num_classes"))):
+    for section, where, key in ((data, "data", "batch_size"), (train, "train", "epochs"),
+                                (data, "data", "num_classes")):
+        value = section.get(key)
+        if value is None and key in section:
+            raise ConfigError(f"{where}.{key}: expected a positive integer, got null; give a number, or leave the key "
+                              "out for its default")
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-            raise ConfigError(f"{key}: expected a positive integer, got {value!r}")
+            raise ConfigError(f"{where}.{key}: expected a positive integer, got {value!r}")
     network = layer_from_dict(doc["network"], "network", data.get("batch_size"))
     if network.type != "Sequential":
         raise ConfigError(f"network.type: expected Sequential, got {network.type!r}")
@@ -312,6 +316,8 @@ def _network_output(network: LayerConfig, what: str) -> tuple[int, ...]:
 
 
 DATASETS = ("digits", "mnist", "fashion_mnist", "npz")
+DIGITS_IGNORES = ("path", "num_classes")
+"""data keys the bundled digits dataset has no use for (a run file giving them means another dataset)."""
 
 
 def check_run_name(name: Any) -> str:
@@ -347,7 +353,12 @@ def check_best_epochs(keep_best: Any, monitor: Any, keep_best_name: str = "train
 
 def _check_data(data: dict) -> None:
     """The data section's values (what the dataset files hold is checked when they are read)."""
-    _checks.choice("data.dataset", data.get("dataset", "digits"), DATASETS)
+    dataset = _checks.choice("data.dataset", data.get("dataset", "digits"), DATASETS)
+    for key in DIGITS_IGNORES:
+        if dataset == "digits" and key in data:
+            raise ConfigError(f"data.{key}: the digits dataset is bundled with scikit-learn and has 10 classes, so "
+                              f"{key} does not apply to it (got {data[key]!r}); remove it, or set data.dataset to "
+                              "npz (or mnist) for your own files")
     if data.get("test_fraction") is not None:
         _checks.number("data.test_fraction", data["test_fraction"], minimum=0.0, maximum=1.0, min_open=True,
                        max_open=True)

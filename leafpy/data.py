@@ -177,6 +177,7 @@ GZIP_MAX_RATIO = 1032
 def _idx_file(path: str) -> Iterator[tuple[Any, tuple[int, ...]]]:
     """An IDX file of unsigned bytes opened (gunzipped if .gz) at its data, with the shape its header declares; a
     header declaring more than an uncompressed file holds is refused here, before anything is read."""
+    path = _checks.path("read_idx: path", path)
     try:
         with _checks.open_regular(path, "an IDX file") as raw, \
                 (gzip.GzipFile(fileobj=raw, mode="rb") if path.endswith(".gz") else contextlib.nullcontext(raw)) as f:
@@ -244,6 +245,7 @@ def mnist(directory: str, *, test_fraction: float | None = None, seed: int = 0, 
     [N, 1, H, W] with H and W from the files; ``input_shape`` (the network's per-sample input, e.g. [1, 28, 28])
     must match them.
     """
+    directory = _checks.path(f"{name}: directory", directory)
     paths = {}
     missing = []
     for key, stem in _IDX_FILES.items():
@@ -309,6 +311,7 @@ def npz(path: str, *, test_fraction: float | None = None, seed: int = 0, num_cla
     are). With ``targets="classes"`` the labels ``y`` are class indices, shape [N] or [N, 1], and ``num_classes``
     defaults to the largest label + 1; with ``targets="values"`` (regression) ``y[i]`` are real numbers of any
     shape. The file is read without pickle: arrays of Python objects are refused."""
+    path = _checks.path("npz: path", path)
     if targets not in ("classes", "values"):
         raise ConfigError(f"npz: targets must be 'classes' or 'values', got {targets!r}")
     arrays = _read_npz(path, NPZ_KEYS, "x and y, or x_train, y_train, x_test and y_test (np.savez(path, x=..., "
@@ -354,6 +357,7 @@ def npz(path: str, *, test_fraction: float | None = None, seed: int = 0, num_cla
 def npz_samples(path: str) -> np.ndarray:
     """The samples ``x`` (or ``x_test``) of a NumPy ``.npz`` file, as :func:`npz` reads them (labels, if any, are
     not read): inputs for a trained network."""
+    path = _checks.path("npz_samples: path", path)
     arrays = _read_npz(path, (("x",), ("x_test",)), "x (np.savez(path, x=...))")
     key = "x" if "x" in arrays else "x_test"
     return _samples(path, key, arrays[key])
@@ -371,10 +375,14 @@ def _read_npz(path: str, layouts: Sequence[Sequence[str]], wanted: str,
             fh.seek(0)
             with zipfile.ZipFile(fh) as z:
                 sizes = {info.filename[:-4]: info.file_size for info in z.infolist() if info.filename.endswith(".npy")}
-                layout = next((k for k in layouts if set(sizes) >= set(k)), None)
-                if layout is None:
+                found = [k for k in layouts if set(sizes) >= set(k)]
+                if not found:
                     raise SerializationError(f"{path}: expected arrays named {wanted}; the file has "
                                              f"{', '.join(sorted(sizes)) or 'none'}")
+                if len(found) > 1:
+                    raise SerializationError(f"{path}: holds both {' and '.join(', '.join(k) for k in found)}: which "
+                                             "is the data is ambiguous; save only one of them")
+                layout = found[0]
                 declared = {}
                 for key in layout:
                     with z.open(key + ".npy") as member:
@@ -414,11 +422,23 @@ def _check_npy_header(path: str, key: str, member: Any, size: int) -> tuple[tupl
         raise SerializationError(f"{path}: {key} has .npy format version {version}, which NumPy cannot read")
     if dtype.hasobject:
         raise SerializationError(f"{path}: it holds arrays of Python objects ({key}); save plain arrays of numbers")
+    _real(path, key, dtype)
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes > size:
         raise SerializationError(f"{path}: {key} declares shape {tuple(shape)} of {dtype} ({nbytes} bytes), but "
                                  f"the file holds {size} bytes for it; the file is damaged: write it again")
     return tuple(shape), dtype
+
+
+KINDS = {"m": "time spans (timedelta64)", "M": "dates (datetime64)", "c": "complex numbers", "U": "text",
+         "S": "bytes", "O": "Python objects", "V": "records (structured or raw bytes)"}
+
+
+def _real(path: str, key: str, dtype: np.dtype) -> None:
+    """Refuse an array that does not hold real numbers (bool, integer or float), naming what it holds."""
+    if dtype.kind not in "biuf":
+        raise SerializationError(f"{path}: {key} holds {KINDS.get(dtype.kind, 'values')} of dtype {dtype}; leafpy "
+                                 "needs real numbers: convert them (e.g. x.astype(np.float32)) and save again")
 
 
 def _samples(path: str, key: str, x: np.ndarray, scale_bytes: bool = True) -> np.ndarray:
@@ -428,15 +448,20 @@ def _samples(path: str, key: str, x: np.ndarray, scale_bytes: bool = True) -> np
         scaled = x.astype(np.float32)
         scaled /= 255.0
         return scaled
-    if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_) or np.iscomplexobj(x):
-        raise SerializationError(f"{path}: {key} must hold real numbers, got dtype {x.dtype}")
-    with np.errstate(over="ignore"):  # values beyond float32's range become infinite: reported below
-        x = x.astype(np.float32)
-    bad = int(np.count_nonzero(~np.isfinite(x)))
+    _real(path, key, x.dtype)
+    with np.errstate(over="ignore", under="ignore"):  # values beyond float32's range: reported below
+        x32 = x.astype(np.float32)
+    bad = int(np.count_nonzero(~np.isfinite(x32)))
     if bad:
         raise SerializationError(f"{path}: {key} has {bad} NaN or infinite values (or values past float32's "
                                  "largest, about 3.4e38)")
-    return x
+    if x.dtype.kind == "f" and x.dtype.itemsize > 4:
+        lost = np.flatnonzero((x32 == 0) & (x != 0))
+        if len(lost):
+            raise SerializationError(f"{path}: {key} has {len(lost)} nonzero values that become 0 in float32 (the "
+                                     f"first: {x.reshape(-1)[lost[0]]!r}; float32's smallest is about 1.4e-45): "
+                                     "the data is mis-scaled; rescale it (e.g. to [0, 1]) and save again")
+    return x32
 
 
 def _labels(path: str, key: str, y: np.ndarray, n: int, x_key: str) -> np.ndarray:
@@ -445,8 +470,7 @@ def _labels(path: str, key: str, y: np.ndarray, n: int, x_key: str) -> np.ndarra
     if y.shape != (n,):
         raise SerializationError(f"{path}: {key} must be class indices of shape [{n}] or [{n}, 1] (one per sample "
                                  f"of {x_key}), got shape {y.shape}")
-    if not np.issubdtype(y.dtype, np.number) or np.iscomplexobj(y):
-        raise SerializationError(f"{path}: {key} must hold class indices, got dtype {y.dtype}")
+    _real(path, key, y.dtype)
     with np.errstate(invalid="ignore"):  # NaN or huge labels: reported below, not warned about
         labels = y.astype(np.int64)
         wrong = np.flatnonzero((labels != y) | (labels < 0))

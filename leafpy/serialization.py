@@ -25,6 +25,7 @@ import re
 import stat
 import struct
 import tempfile
+import warnings
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -32,6 +33,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from . import _checks
 from .errors import ConfigError, LeafpyError, SerializationError, ShapeError
 from .layers.layer_config import FillerConfig, LayerConfig, WeightConfig, WeightSpec, layer_types, lookup
 
@@ -395,7 +397,8 @@ def _write_weights(builder_list: Any, items: list[tuple[str, np.ndarray]], leaf:
         builder_list[i].name = name
         t = builder_list[i].init("tensor")
         t.shape = list(arr.shape)
-        flat = np.ascontiguousarray(arr, dtype="<f4").reshape(-1)
+        with np.errstate(over="ignore"):  # values too large for float32 were refused, or allowed, before
+            flat = np.ascontiguousarray(arr, dtype="<f4").reshape(-1)
         if leaf:
             t.data = flat.tolist()
         else:
@@ -403,9 +406,13 @@ def _write_weights(builder_list: Any, items: list[tuple[str, np.ndarray]], leaf:
 
 
 def _read_weights(reader_list: Any, where: str) -> dict[str, np.ndarray]:
-    """Named arrays, each checked against its declared shape before anything is allocated for it."""
+    """Named arrays, each checked against its declared shape before anything is allocated for it; a name given
+    twice is refused (one copy would silently win)."""
     out: dict[str, np.ndarray] = {}
     for w in reader_list:
+        if w.name in out:
+            raise SerializationError(f"{where}: weight {w.name!r} appears twice in the file, and only one copy can "
+                                     "be the weight; the file is damaged or was not written by leafpy")
         shape = tuple(int(d) for d in w.tensor.shape)
         count = math.prod(shape)
         raw = w.tensor.raw
@@ -422,6 +429,44 @@ def _read_weights(reader_list: Any, where: str) -> dict[str, np.ndarray]:
             data = np.asarray(values, dtype=np.float32)
         out[w.name] = data.reshape(shape)
     return out
+
+
+def _non_finite(arr: np.ndarray) -> str:
+    """What is not finite in ``arr`` once stored as float32 ("3 NaN values, 1 infinite value (1 of them a finite
+    value too large for float32)"), or "" when every value is finite."""
+    a = np.asarray(arr)
+    if a.dtype.kind not in "fc":
+        return ""
+    with np.errstate(over="ignore", invalid="ignore"):
+        stored = a.astype(np.float32)
+    bad = ~np.isfinite(stored)
+    if not bad.any():
+        return ""
+    nan, inf = int(np.isnan(stored).sum()), int(np.isinf(stored).sum())
+    overflow = int((np.isfinite(a) & bad).sum())
+    parts = [f"{nan} NaN value{'s' * (nan != 1)}"] * bool(nan) + [f"{inf} infinite value{'s' * (inf != 1)}"] * bool(inf)
+    return ", ".join(parts) + (f" ({overflow} of them finite values too large for float32)" if overflow else "")
+
+
+def check_finite(weights: Mapping[str, np.ndarray], where: str, fix: str, allow: bool = False) -> None:
+    """Refuse (SerializationError) weights holding NaN or infinite values, or values that overflow float32, naming
+    the first such weight; with ``allow`` warn (RuntimeWarning) instead. ``fix``: what the user can do."""
+    for name, arr in weights.items():
+        found = _non_finite(arr)
+        if not found:
+            continue
+        msg = f"{where}: weight {name!r} holds {found}; the model is unusable"
+        if not allow:
+            raise SerializationError(f"{msg} — {fix}")
+        warnings.warn(f"{msg}; going on because allow_non_finite=True", RuntimeWarning, stacklevel=4)
+        return
+
+
+LOAD_FIX = ("retrain or load an earlier checkpoint (to inspect it anyway: allow_non_finite=True in Python, which "
+            "warns)")
+SAVE_FIX = ("nothing was written: the training diverged, or the weights were set so; fix them first "
+            "(allow_non_finite=True writes it anyway, with a warning)")
+CHECKPOINT_FIX = "a checkpoint must be one to continue from; nothing was written"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -549,12 +594,14 @@ def _fill_layer(builder: Any, config: LayerConfig, weights: Mapping[str, np.ndar
 
 
 def save_model(path: str | os.PathLike, config: LayerConfig, weights: Mapping[str, np.ndarray], *,
-               format: str = "leafpy", specs: Sequence[WeightSpec] = ()) -> None:
+               format: str = "leafpy", specs: Sequence[WeightSpec] = (), allow_non_finite: bool = False) -> None:
     """Write a layer's config and named weights to ``path`` atomically: leafpy's file (with its header and
     checksum), or with ``format="leaf"`` a file Leaf 0.2.1 reads (what Leaf cannot represent is a ConfigError;
-    ``specs``, the network's ``Layer.weight_specs()``, give Leaf's weight names and the filters to flip)."""
+    ``specs``, the network's ``Layer.weight_specs()``, give Leaf's weight names and the filters to flip). Weights
+    holding NaN or infinite values (or values too large for float32) are refused unless ``allow_non_finite``."""
     if format not in FORMATS:
         raise ConfigError(f"Layer.save: format must be one of {', '.join(FORMATS)}, got {format!r}")
+    check_finite(weights, f"{os.fspath(path)}", SAVE_FIX, allow_non_finite)
     if format == "leaf":
         check_leaf_representable(config, "Layer.save(format='leaf')")
         atomic_write(path, model_message(config, to_leaf(weights, specs), leaf=True).to_bytes_packed())
@@ -562,17 +609,19 @@ def save_model(path: str | os.PathLike, config: LayerConfig, weights: Mapping[st
     atomic_write(path, encode(model_message(config, weights), "Layer"))
 
 
-def read_model(path: str | os.PathLike) -> SavedModel:
-    """Read a model file written by :func:`save_model` or by Leaf 0.2.1."""
+def read_model(path: str | os.PathLike, *, allow_non_finite: bool = False) -> SavedModel:
+    """Read a model file written by :func:`save_model` or by Leaf 0.2.1 (non-finite weights: see
+    :func:`check_finite`)."""
     path = os.fspath(path)
     msg, origin = read_message(path, "Layer")
     with reading(path, "Layer"):
         config = read_layer_config(msg.config)
         saved = _read_weights(msg.weightsData, path)
+    check_finite(saved, path, LOAD_FIX, allow_non_finite)
     return SavedModel(config, saved, is_leaf_file(origin, saved))
 
 
-def read_weights(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], bool]:
+def read_weights(path: str | os.PathLike, *, allow_non_finite: bool = False) -> tuple[dict[str, np.ndarray], bool]:
     """The named weights of a model file or of the network in a solver checkpoint, and whether Leaf wrote them."""
     path = os.fspath(path)
     errors = []
@@ -581,9 +630,11 @@ def read_weights(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], bool]:
         try:
             msg, origin = read_message(path, struct_name)
             saved = _guard(path, lambda: _read_weights(weights_of(msg), path))
-            return saved, is_leaf_file(origin, saved)
         except SerializationError as e:
             errors.append(e)
+            continue
+        check_finite(saved, path, LOAD_FIX, allow_non_finite)
+        return saved, is_leaf_file(origin, saved)
     raise errors[0]
 
 
@@ -592,12 +643,13 @@ class _HoldsWeights(Protocol):
     def load_weights(self, weights: Mapping[str, Any], *, strict: bool = True) -> Any: ...
 
 
-def load_weights(layer: _HoldsWeights, path: str | os.PathLike, *, strict: bool = True) -> Any:
+def load_weights(layer: _HoldsWeights, path: str | os.PathLike, *, strict: bool = True,
+                 allow_non_finite: bool = False) -> Any:
     """Set a network's weights (through its public ``load_weights``, with its ``strict``) from a model file or from
     the network in a solver checkpoint, by name; errors name the file. Returns what ``load_weights`` returns (the
-    weights left alone)."""
+    weights left alone). Non-finite weights are refused unless ``allow_non_finite`` (see :func:`check_finite`)."""
     path = os.fspath(path)
-    saved, leaf = read_weights(path)
+    saved, leaf = read_weights(path, allow_non_finite=allow_non_finite)
     with reading(path):
         return layer.load_weights(from_leaf(saved, layer.weight_specs()) if leaf else saved, strict=strict)
 
@@ -676,7 +728,9 @@ STATE_SEPARATOR = "#"
 def save_checkpoint(path: str | os.PathLike, config: Any, weights: Mapping[str, np.ndarray],
                     state: Mapping[str, Any]) -> None:
     """Write a checkpoint atomically: the SolverConfig ``config``, the network's named ``weights`` and ``state``
-    (``Solver.snapshot()``: iteration, pending_calls, history, accumulated, random, trainer_state)."""
+    (``Solver.snapshot()``: iteration, pending_calls, history, accumulated, random, trainer_state). Non-finite
+    weights are refused: a checkpoint must be one to continue from."""
+    check_finite(weights, os.fspath(path), CHECKPOINT_FIX)
     msg = schema().SolverCheckpoint.new_message()
     write_solver_config(msg.init("config"), config)
     _fill_layer(msg.init("network"), config.network, weights)
@@ -706,6 +760,7 @@ def read_checkpoint(path: str | os.PathLike, config_class: type) -> SavedCheckpo
     with reading(path, "SolverCheckpoint"):
         config = read_solver_config(msg.config, config_class)
         weights = _read_weights(msg.network.weightsData, path)
+        check_finite(weights, path, "load an earlier checkpoint, or start a new run", allow=False)
         history: dict[str, dict[str, np.ndarray]] = {}
         for key, arr in _read_weights(msg.state, path).items():
             weight, sep, name = key.rpartition(STATE_SEPARATOR)
@@ -745,4 +800,36 @@ def _read_trainer_state(text: str, path: str) -> dict[str, Any]:
     if not isinstance(state, dict):
         raise SerializationError(f"{path}: the checkpoint's trainer state is a {type(state).__name__}, not an "
                                  "object; the file is damaged")
+    check_trainer_state(state, f"{path}: the checkpoint's trainer state")
     return state
+
+
+COUNT_LIMIT = 2**53
+"""The largest epoch, sample or loss count a trainer state holds (JSON numbers are exact up to 2**53)."""
+TRAINER_STATE_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "epoch": ("a count", lambda v: _checks.counter(v, COUNT_LIMIT)),
+    "sample": ("a count", lambda v: _checks.counter(v, COUNT_LIMIT)),
+    "loss_count": ("a count", lambda v: _checks.counter(v, COUNT_LIMIT)),
+    "correct": ("a count", lambda v: _checks.counter(v, COUNT_LIMIT)),
+    "scored": ("a count", lambda v: _checks.counter(v, COUNT_LIMIT)),
+    "loss_sum": ("a finite number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+                 and math.isfinite(v)),
+    "data": ("an object (the run's data section)", lambda v: isinstance(v, dict)),
+    "data_digest": ("a text", lambda v: isinstance(v, str)),
+}
+"""What each entry the Trainer records in a checkpoint must be (entries of other names are kept as they are)."""
+
+
+def check_trainer_state(state: Mapping[str, Any], where: str) -> None:
+    """Refuse (SerializationError) a trainer state whose entries have the wrong type or range, or that scores more
+    correct predictions than it scored samples."""
+    for key, (what, valid) in TRAINER_STATE_FIELDS.items():
+        if key in state and not valid(state[key]):
+            bound = f" in [0, {COUNT_LIMIT}]" if what == "a count" else ""
+            raise SerializationError(f"{where}: {key} is {json.dumps(state[key])[:80]}, expected {what}{bound}; the "
+                                     "file is damaged: resume from another checkpoint, or start again with "
+                                     "--weights FILE")
+    if state.get("correct", 0) > state.get("scored", 0):
+        raise SerializationError(f"{where}: {state['correct']} correct predictions of {state.get('scored', 0)} "
+                                 "scored samples; the file is damaged: resume from another checkpoint, or start "
+                                 "again with --weights FILE")

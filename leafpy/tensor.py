@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import ShapeError
+from .errors import ConfigError, ShapeError
 
 if TYPE_CHECKING:
     from .backends.base import Backend
@@ -63,6 +63,16 @@ def as_numbers(array: Any, where: str) -> np.ndarray:
     if a.dtype.kind not in "biuf" and a.dtype.name != "bfloat16":  # bfloat16 (ml_dtypes): what bf16 tensors hold
         raise ShapeError(f"{where}: expected real numbers (bool, integer or float), got an array of dtype {a.dtype}")
     return a
+
+
+def _key(backend: Any, method: str) -> str:
+    """The key of ``backend``; anything but a backend is a ConfigError naming the method (the check costs nothing
+    when ``backend`` is one)."""
+    try:
+        return backend.key
+    except AttributeError:
+        raise ConfigError(f"SharedTensor.{method}: expected a backend (leafpy.backend(name)), got "
+                          f"{type(backend).__name__} {backend!r:.60}") from None
 
 
 def _as_shape(shape: Sequence[int] | int) -> tuple[int, ...]:
@@ -177,10 +187,16 @@ class SharedTensor:
             st.changed()
         self._shape = new
 
-    def prefix_view(self, shape: Sequence[int]) -> SharedTensor:
-        """Another tensor over the first ``prod(shape)`` elements of this tensor's storage (grown if needed)."""
+    def prefix_view(self, shape: Sequence[int], *, grow: bool = False) -> SharedTensor:
+        """Another tensor over the first ``prod(shape)`` elements of this tensor's storage. A shape larger than the
+        storage is a ShapeError unless ``grow``: then the storage is enlarged and its values are dropped (how a
+        container sizes one gradient buffer for several layers)."""
         new = _as_shape(shape)
         st = self._st
+        if math.prod(new) > st.size and not grow:
+            raise ShapeError(f"SharedTensor.prefix_view: shape {new} needs {math.prod(new)} elements, the tensor's "
+                             f"storage holds {st.size}; give a shape of at most {st.size} elements (grow=True "
+                             "enlarges the storage and drops its values)")
         if math.prod(new) > st.size:
             st.copies.clear()
             st.layouts.clear()
@@ -280,7 +296,7 @@ class SharedTensor:
 
     def read(self, backend: Backend) -> Any:
         """This tensor's data on ``backend``, synced if stale, for reading only."""
-        key = backend.key
+        key = _key(backend, "read")
         buf = self._sync(None if key == HOST else backend, key)
         accesses = _ACCESSES.get()
         if accesses is not None:
@@ -289,7 +305,7 @@ class SharedTensor:
 
     def write(self, backend: Backend) -> Any:
         """A buffer on ``backend`` to overwrite completely; afterwards that copy is the only fresh one."""
-        key = backend.key
+        key = _key(backend, "write")
         buf = self._laid_out(backend, key, self._buffer(None if key == HOST else backend, key), convert=False)
         st = self._st
         st.fresh.clear()
@@ -302,7 +318,7 @@ class SharedTensor:
 
     def read_write(self, backend: Backend) -> Any:
         """This tensor's data on ``backend``, synced, to modify in place; afterwards that copy is the only fresh one."""
-        key = backend.key
+        key = _key(backend, "read_write")
         buf = self._sync(None if key == HOST else backend, key)
         st = self._st
         if len(st.fresh) > 1:

@@ -419,7 +419,7 @@ class Trainer:
         self.is_root = group is None or group.is_root
         self._log = log if log is not None else (lambda msg: print(msg, flush=True))
         self._progress = log if log is not None else (lambda msg: print(msg, file=sys.stderr, flush=True))
-        self.out_dir = out_dir
+        self.out_dir = out_dir if out_dir is None else _checks.path("Trainer: out_dir", out_dir)
         if out_dir is not None and self.is_root:
             try:
                 os.makedirs(out_dir, exist_ok=True)
@@ -468,6 +468,9 @@ class Trainer:
         state = self.solver.trainer_state
         self.start_epoch = int(state.get("epoch", self._epoch_of_iteration()))
         self.start_sample = int(state.get("sample", 0))
+        if self.start_sample > n:
+            raise ConfigError(f"--resume {resume}: the checkpoint stopped at sample {self.start_sample} of an epoch "
+                              f"of {n} training samples; it belongs to another run (or the file is damaged)")
         self._resumed_losses = (float(state.get("loss_sum", 0.0)), int(state.get("loss_count", 0)))
         self._resumed_hits = (int(state.get("correct", 0)), int(state.get("scored", 0)))
         built_in: list[Callback] = [Progress(log_every if log_every is not None else int(run.train.get("log_every",
@@ -566,8 +569,9 @@ class Trainer:
         try:
             with open(path) as f:
                 history = json.load(f)
-            if not isinstance(history, list) or not all(isinstance(h, dict) and "epoch" in h for h in history):
-                raise ValueError("not a list of epoch records")
+            if not isinstance(history, list) or not all(isinstance(h, dict) and _checks.counter(h.get("epoch"))
+                                                        for h in history):
+                raise ValueError("not a list of epoch records, each with its epoch number")
         except FileNotFoundError:
             return []
         except (OSError, ValueError) as e:

@@ -117,7 +117,7 @@ def test_npz_arrays_split_or_kept(tmp_path):
     (dict(x=np.zeros((3, 2)), y=np.array([0, -1, 2])), r"y\[1\] is -1"),
     (dict(x=np.zeros((3, 2)), y=np.array([0, np.nan, 2])), r"y\[1\] is nan"),
     (dict(x=np.array([[0, np.nan]] * 3), y=np.zeros(3)), r"x has 3 NaN or infinite values"),
-    (dict(x=np.array([["a", "b"]] * 3), y=np.zeros(3)), r"x must hold real numbers, got dtype <U1"),
+    (dict(x=np.array([["a", "b"]] * 3), y=np.zeros(3)), r"x holds text of dtype <U1; leafpy needs real numbers"),
     (dict(x=np.array([[{}, 1]] * 3, dtype=object), y=np.zeros(3)), r"it holds arrays of Python objects"),
 ])
 def test_npz_problems_name_the_file_and_the_fix(tmp_path, arrays, message):

@@ -24,7 +24,8 @@ def test_flipped_model_bytes_give_clear_errors(outcomes):
 
 
 @pytest.mark.parametrize("cls", ["checkpoint truncation", "checkpoint byte flip", "crafted message", "run file",
-                                 "IDX file", "npz file"])
+                                 "IDX file", "npz file", "crafted model weights", "crafted checkpoint state",
+                                 "npz oddity"])
 def test_other_hostile_inputs_give_clear_errors(outcomes, cls):
     c = outcomes[cls]
     assert sum(c.values()) > 0 and set(c) == {"clear error"}, c

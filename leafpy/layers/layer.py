@@ -217,28 +217,34 @@ class Layer:
                      _worker=entry.impl(config.config, config.name))
 
     @staticmethod
-    def load(backend: Backend, path: str) -> Layer:
-        """Read a layer (config and weights) saved with :meth:`save`, or by Leaf 0.2.1."""
+    def load(backend: Backend, path: str, *, allow_non_finite: bool = False) -> Layer:
+        """Read a layer (config and weights) saved with :meth:`save`, or by Leaf 0.2.1. A file whose weights hold
+        NaN or infinite values is refused (SerializationError naming the weight); ``allow_non_finite=True`` loads
+        it with a RuntimeWarning instead, to inspect it."""
         from .. import serialization
 
         _checks.path("Layer.load: path", path)
         if not isinstance(backend, Backend):  # (before the file is read: the file is not what is wrong)
             raise ConfigError(f"Layer.load: expected a backend (leafpy.backend(name)), got {backend!r}")
         path = os.fspath(path)
-        saved = serialization.read_model(path)
+        saved = serialization.read_model(path, allow_non_finite=_checks.flag("Layer.load: allow_non_finite",
+                                                                             allow_non_finite))
         with serialization.reading(path, "Layer"):
             layer = Layer.from_config(backend, saved.config)
             layer._load_saved(saved.weights, True, saved.leaf, path)
         return layer
 
-    def save(self, path: str, format: str = "leafpy") -> None:
+    def save(self, path: str, format: str = "leafpy", *, allow_non_finite: bool = False) -> None:
         """Write this layer's config and weights to ``path`` (Cap'n Proto, atomically): leafpy's file, with a
         header and a checksum, or with ``format="leaf"`` a file Leaf 0.2.1 reads (Leaf's weight names, flipped
-        convolution filters; a ConfigError for what Leaf cannot represent, such as biases)."""
+        convolution filters; a ConfigError for what Leaf cannot represent, such as biases). Weights holding NaN or
+        infinite values are refused (SerializationError naming the weight, nothing written) unless
+        ``allow_non_finite=True``, which writes them with a RuntimeWarning."""
         from .. import serialization
 
         _checks.path("Layer.save: path", path)
-        serialization.save_model(path, self.config, self.named_weights(), format=format, specs=self.weight_specs())
+        serialization.save_model(path, self.config, self.named_weights(), format=format, specs=self.weight_specs(),
+                                 allow_non_finite=_checks.flag("Layer.save: allow_non_finite", allow_non_finite))
 
     # --- properties -------------------------------------------------------------------------------------
     @property

@@ -198,6 +198,9 @@ class Network:
         """Backpropagate gradients of the outputs (arrays or SharedTensors); returns the inputs' gradients (None
         where not computed). Weight gradients land in :meth:`parameters`' gradients."""
         layer, be = self.layer, self.backend
+        if not isinstance(output_grads, (list, tuple)):
+            raise ShapeError(f"{self._where}: backward takes a list of output gradients (one per output, e.g. [dy]), "
+                             f"got {type(output_grads).__name__}")
         if not layer.ran_forward:
             raise ShapeError(f"{self._where}: call forward before backward (backward differentiates the last "
                              "forward's inputs)")

@@ -733,13 +733,14 @@ class Solver:
             take("accumulated", state["accumulated"], self._accum, names)
         random = state["random"]
         workers = self._random_workers()
-        if not isinstance(random, Sequence) or not all(isinstance(r, Mapping) and all(
-                _counter(r.get(f)) for f in ("seed", "calls")) for r in random):
+        if not isinstance(random, Sequence) or not all(
+                isinstance(r, Mapping) and _checks.counter(r.get("seed"), 2**64 - 1)
+                and _checks.counter(r.get("calls"), MAX_ITERATION) for r in random):
             raise ConfigError(f"{where}: random must be a list of {{'seed': int, 'calls': int}} (one per random "
-                              f"layer), got {random!r:.200}")
-        if random and len(random) != len(workers):
+                              f"layer, the seed a 64-bit count, calls in [0, {MAX_ITERATION}]), got {random!r:.200}")
+        if len(random) != len(workers):  # an empty list would start every random layer's draws again
             raise ConfigError(f"{where}: random has {len(random)} entries, the network has {len(workers)} random "
-                              "layers")
+                              "layers (each needs its seed and draws, to continue where it stopped)")
         trainer_state = state["trainer_state"]
         if not isinstance(trainer_state, Mapping):
             raise ConfigError(f"{where}: trainer_state must be a mapping (JSON object), got "
@@ -748,7 +749,7 @@ class Solver:
         scale = scaling.get("scale") if isinstance(scaling, Mapping) else None
         if not isinstance(scaling, Mapping) or isinstance(scale, bool) or not isinstance(scale, (int, float)) \
                 or not math.isfinite(scale) or scale <= 0 \
-                or not all(_counter(scaling.get(f)) for f in ("good_steps", "skipped_steps")):
+                or not all(_checks.counter(scaling.get(f)) for f in ("good_steps", "skipped_steps")):
             raise ConfigError(f"{where}: loss_scale must be {{'scale': a positive number, 'good_steps': int, "
                               f"'skipped_steps': int}}, got {scaling!r:.200}")
         for t, arr in assignments:
@@ -799,7 +800,3 @@ class Solver:
             raise SerializationError(f"{source}: the checkpoint has {calls!r} gradient-accumulation calls pending, "
                                      f"expected fewer than its minibatch_size ({k}); the file is damaged")
 
-
-def _counter(value: Any) -> bool:
-    """A non-negative integer (not a bool)."""
-    return bool(isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0)

@@ -67,15 +67,19 @@ def make_model(path: Path) -> None:
 
 LOADER = {"model truncation": "model", "model byte flip": "model", "checkpoint truncation": "checkpoint",
           "checkpoint byte flip": "checkpoint", "crafted message": "model", "run file": "run file",
-          "IDX file": "idx", "npz file": "npz"}
+          "IDX file": "idx", "npz file": "npz", "crafted model weights": "model",
+          "crafted checkpoint state": "checkpoint", "npz oddity": "npz"}
 """How each class's cases are opened in the child."""
 
 
-def make_checkpoint(path: Path) -> None:
+def make_checkpoint(path: Path, dropout: bool = False) -> None:
+    """A small solver's checkpoint after one step (with a Dropout layer, whose draws it records, if asked)."""
     import leafpy as lp
     be = lp.backend("native")
     net = lp.SequentialConfig(inputs=[("data", [2, 4])])
     net.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=3)))
+    if dropout:
+        net.add_layer(lp.LayerConfig("drop", lp.DropoutConfig(ratio=0.5)))
     obj = lp.SequentialConfig(inputs=[("out", [2, 3]), ("label", [2, 1])])
     obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=3)))
     solver = lp.Solver.from_config(be, be, lp.SolverConfig(network=lp.LayerConfig("n", net),
@@ -142,6 +146,104 @@ def crafted_messages(work: Path) -> list[Path]:
     return out
 
 
+def write_weights(path: Path, config, weights: list, struct: str = "Layer", into=None) -> None:
+    """A leafpy file (valid header and checksum) whose Layer (or ``into``, a builder's Layer inside a
+    ``struct`` message) holds these (name, array) weights as given: names may repeat, values be anything."""
+    from leafpy import serialization as ser
+
+    msg = into if into is not None else ser.model_message(config, {})
+    layer = msg if struct == "Layer" else msg.network
+    entries = layer.init("weightsData", len(weights))
+    for entry, (name, arr) in zip(entries, weights):
+        entry.name = name
+        t = entry.init("tensor")
+        t.shape = list(np.shape(arr))
+        t.raw = np.ascontiguousarray(arr, dtype="<f4").tobytes()
+    path.write_bytes(ser.encode(msg, struct))
+
+
+def edited_checkpoint(good: Path, path: Path, trainer_state: dict | None = None, **fields) -> Path:
+    """A copy of the checkpoint ``good`` with its trainer state (JSON, merged over the saved one) and message
+    fields (``rngCalls=[...]``...) replaced, written with a valid header and checksum: what a hostile writer or a
+    damaged program could leave."""
+    from leafpy import serialization as ser
+
+    data = good.read_bytes()
+    msg = ser.schema().SolverCheckpoint.from_bytes_packed(data[ser._HEADER.size:]).as_builder()
+    if trainer_state is not None:
+        saved = json.loads(str(msg.trainerState) or "{}")
+        msg.trainerState = json.dumps({**saved, **trainer_state})
+    for name, value in fields.items():
+        setattr(msg, name, value)
+    path.write_bytes(ser.encode(msg, "SolverCheckpoint"))
+    return path
+
+
+CRAFTED_TRAINER_STATES = {
+    "epoch-null": {"epoch": None}, "epoch-text": {"epoch": "x"}, "epoch-nan": {"epoch": float("nan")},
+    "epoch-negative": {"epoch": -3}, "loss-sum-text": {"loss_sum": "abc"},
+    "more-correct-than-scored": {"correct": 8944665, "scored": 10000}, "sample-negative": {"sample": -1},
+}
+"""Trainer states a checkpoint must not be resumed from (each merged over a real one)."""
+
+
+def crafted_checkpoints(work: Path) -> list[Path]:
+    """Checkpoints with a valid checksum whose trainer state, random-layer state or weights are impossible."""
+    good = work / "good-dropout-ckpt.leaf"
+    make_checkpoint(good, dropout=True)
+    out = [edited_checkpoint(good, work / f"ckpt-state-{name}.leaf", state)
+           for name, state in CRAFTED_TRAINER_STATES.items()]
+    out.append(edited_checkpoint(good, work / "ckpt-rng-calls-max.leaf", rngCalls=[2**64 - 1]))
+    out.append(edited_checkpoint(good, work / "ckpt-rng-empty.leaf", rngCalls=[], rngSeeds=[]))
+    from leafpy import serialization as ser
+
+    msg = ser.schema().SolverCheckpoint.from_bytes_packed(good.read_bytes()[ser._HEADER.size:]).as_builder()
+    weights = list(ser.read_weights(good)[0].items())
+    write_weights(work / "ckpt-nan-weight.leaf", None, [(weights[0][0], weights[0][1] * np.nan)] + weights[1:],
+                  "SolverCheckpoint", msg)
+    out.append(work / "ckpt-nan-weight.leaf")
+    return out
+
+
+def crafted_model_weights(work: Path) -> list[Path]:
+    """Model files with a valid checksum whose weights hold NaN or infinities, or name one weight twice."""
+    import leafpy as lp
+
+    layer = lp.Layer.from_config(lp.backend("native"), lp.LayerConfig("fc", lp.LinearConfig(output_size=3)), seed=0)
+    layer.forward([np.ones((1, 4), np.float32)])
+    w, b = layer.named_weights().values()
+    cases = {"nan": [("fc/weight", np.where(np.eye(3, 4) > 0, np.nan, w)), ("fc/bias", b)],
+             "inf": [("fc/weight", w), ("fc/bias", np.array([np.inf, 0, 0]))],
+             "minus-inf": [("fc/weight", w * -np.inf), ("fc/bias", b)],
+             "duplicate-name": [("fc/weight", w), ("fc/bias", b), ("fc/bias", b + 1)]}
+    out = []
+    for name, weights in cases.items():
+        write_weights(work / f"model-{name}.leaf", layer.config, weights)
+        out.append(work / f"model-{name}.leaf")
+    return out
+
+
+def npz_oddities(work: Path) -> list[Path]:
+    """npz files of numbers leafpy cannot train on (times, dates, complex numbers, text, float64 values that float32
+    turns to 0) or holding two datasets at once."""
+    n = 6
+    y = np.arange(n) % 2
+    samples = {"timedelta": np.arange(n * 3).astype("timedelta64[s]").reshape(n, 3),
+               "datetime": np.arange(n * 3).astype("datetime64[D]").reshape(n, 3),
+               "complex": np.ones((n, 3), np.complex64), "text": np.array([["a", "b", "c"]] * n),
+               "underflow": np.full((n, 3), 1e-320)}
+    out = []
+    for name, x in samples.items():
+        p = work / f"npz-{name}.npz"
+        np.savez(p, x=x, y=y)
+        out.append(p)
+    p = work / "npz-two-layouts.npz"
+    x = np.ones((n, 3), np.float32)
+    np.savez(p, x=x, y=y, x_train=x[:4], y_train=y[:4], x_test=x[4:], y_test=y[4:])
+    out.append(p)
+    return out
+
+
 RUN_FILES = {
     "billion-laughs": "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
         f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n" for p, c in zip("abcdefgh", "bcdefghi")),
@@ -150,6 +252,8 @@ RUN_FILES = {
     "huge-layer": None,  # filled from the shipped MLP
     "infinite-rate": None,
     "not-utf8": None,
+    "digits-num-classes": None,  # settings the bundled digits dataset would ignore
+    "digits-path": None,
 }
 
 
@@ -158,6 +262,8 @@ def run_files(work: Path) -> list[Path]:
     texts = dict(RUN_FILES)
     texts["huge-layer"] = mlp.replace("output_size: 128", "output_size: 1000000000000")
     texts["infinite-rate"] = mlp.replace("base_lr: 0.05", "base_lr: .inf")
+    texts["digits-num-classes"] = mlp.replace("data: {dataset: digits,", "data: {dataset: digits, num_classes: 12,")
+    texts["digits-path"] = mlp.replace("data: {dataset: digits,", "data: {dataset: digits, path: mine.npz,")
     out = []
     for name, text in texts.items():
         p = work / f"run-{name}.yaml"
@@ -300,6 +406,9 @@ def generate(work: Path, seed: int = 0, n: int = 20) -> dict[str, list[Path]]:
     cases["IDX file"] = idx_files(work)
     cases["npz file"] = npz_files(work)
     cases.update(data_bombs(work))
+    cases["crafted model weights"] = crafted_model_weights(work)
+    cases["crafted checkpoint state"] = crafted_checkpoints(work)
+    cases["npz oddity"] = npz_oddities(work)
     return cases
 
 

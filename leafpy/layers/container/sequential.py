@@ -318,11 +318,11 @@ class Sequential(Layer):
             for g in slot:
                 for m in g.members:
                     layer = layers[m]
-                    layer.output_grads = [storage.prefix_view(layer.outputs[0].shape)]
+                    layer.output_grads = [storage.prefix_view(layer.outputs[0].shape, grow=True)]
                     if m != g.root:
-                        layer.input_grads = [storage.prefix_view(layer.inputs[0].shape)]
+                        layer.input_grads = [storage.prefix_view(layer.inputs[0].shape, grow=True)]
                 c = layers[g.consumer]
-                c.input_grads[g.k] = storage.prefix_view(c.inputs[g.k].shape)
+                c.input_grads[g.k] = storage.prefix_view(c.inputs[g.k].shape, grow=True)
         self._grad_pool = used
 
     def _explain(self, e: ShapeError, plan: Step, blobs: dict) -> str:
