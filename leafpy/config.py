@@ -25,7 +25,8 @@ from .layers.layer import FillerConfig, LayerConfig, WeightConfig, layer_types, 
 from .solvers.solver import SolverConfig
 
 LAYER_KEYS = ("name", "type", "inputs", "outputs", "params", "propagate_down")
-DATA_KEYS = ("dataset", "batch_size", "test_fraction", "seed", "path", "num_classes")
+DATA_KEYS = ("dataset", "batch_size", "test_fraction", "seed", "path", "num_classes", "image_size", "channels",
+             "skip_unreadable", "cache_dir", "target", "features", "delimiter", "normalize", "class_names")
 TRAIN_KEYS = ("epochs", "backend", "precision", "channels_last", "log_every", "keep_best", "monitor",
               "sync_batch_norm")
 RUN_KEYS = ("name", "data", "network", "objective", "solver", "train")
@@ -254,7 +255,7 @@ def from_dict(doc: Any, source: str = "<run>") -> RunConfig:
     return RunConfig(name=name, network=network, objective=objective, solver=solver, data=data, train=train)
 
 
-DATASETS = ("digits", "mnist", "fashion_mnist", "npz")
+DATASETS = ("digits", "mnist", "fashion_mnist", "npz", "image_folder", "csv")
 
 
 def check_run_name(name: Any) -> str:
@@ -296,8 +297,16 @@ def _check_data(data: dict) -> None:
                        max_open=True)
     if "seed" in data:
         _checks.non_negative_int("data.seed", data["seed"])
-    if "path" in data and (not isinstance(data["path"], str) or not data["path"]):
-        raise ConfigError(f"data.path: expected a file or directory path, got {data['path']!r}")
+    path = data.get("path")
+    if isinstance(path, dict) and data.get("dataset") == "image_folder":
+        if set(path) != {"train", "test"} or not all(isinstance(p, str) and p for p in path.values()):
+            raise ConfigError(f"data.path: expected a folder, or {{train: DIR, test: DIR}}, got {path!r}"[:300])
+    elif "path" in data and (not isinstance(path, str) or not path):
+        raise ConfigError(f"data.path: expected a file or directory path, got {path!r}")
+    if "normalize" in data:
+        from .sources import prepare
+
+        prepare.from_dict({"normalize": data["normalize"], "class_names": data.get("class_names")}, "data")
 
 
 def to_dict(run: RunConfig) -> dict:
@@ -565,7 +574,7 @@ def data_base(run: RunConfig) -> str:
 
 
 def dumps(run: RunConfig) -> str:
-    return yaml.safe_dump(to_dict(run), sort_keys=False, default_flow_style=None, width=120)
+    return yaml.safe_dump(to_dict(run), sort_keys=False, default_flow_style=None, width=120, allow_unicode=True)
 
 
 def save(run: RunConfig, path: str | os.PathLike) -> None:

@@ -696,6 +696,9 @@ class Trainer:
         """Save the trained network (its config and weights) as a model file, which ``lp.Layer.load`` and
         ``leafpy evaluate`` read (rank 0 only)."""
         if self.is_root:
+            from .sources import prepare
+
+            self.solver.network.preparation = prepare.from_dict(self.run.data)
             self.solver.network.save(path)
 
     # --- signals ------------------------------------------------------------------------------------------------
@@ -783,7 +786,29 @@ def load_data(run: run_config.RunConfig) -> datasets.Dataset:
             raise LeafpyError(f"data: the {ds.name} targets have shape {list(ds.target_shape)} per sample, but the "
                               f"objective's target input {target_name!r} is declared {list(target)}; declare "
                               f"[{target[0]}, {', '.join(map(str, ds.target_shape))}] in objective.inputs")
+    prepare_data(run, ds, classes)
     return ds
+
+
+def prepare_data(run: run_config.RunConfig, ds: datasets.Dataset, classes: bool) -> None:
+    """Normalise ``ds`` as ``data.normalize`` asks (``auto``: from its training split only; a regression's targets
+    too) and record in the run's data section what was used, the class names and an image folder's size and
+    CSV table's features, as run.yaml and the model file keep them."""
+    from .sources import prepare
+
+    data = run.data
+    names = ds.class_names or tuple(data.get("class_names") or ())
+    if names and len(names) < ds.num_classes:
+        raise ConfigError(f"data.class_names: {len(names)} names for {ds.num_classes} classes; name every class")
+    prep = prepare.resolve(data, ds.x_train, None if classes else ds.y_train, names)
+    ds.x_train, ds.x_test = prep.inputs(ds.x_train), prep.inputs(ds.x_test)
+    if not classes:
+        ds.y_train, ds.y_test = prep.targets(ds.y_train), prep.targets(ds.y_test)
+    ds.class_names = prep.class_names
+    if data.get("dataset") == "image_folder":
+        data["channels"], data["image_size"] = int(ds.input_shape[0]), [int(v) for v in ds.input_shape[1:]]
+    if ds.feature_names:
+        data["features"] = list(ds.feature_names)
 
 
 def check_samples(run: run_config.RunConfig, shape: Sequence[int], what: str, *, trained: bool = False) -> None:
