@@ -383,7 +383,7 @@ def _train(args: argparse.Namespace, run: run_config.RunConfig, be: Any, out_dir
     if history and _plot_atomic(history, os.path.join(out_dir, "training.png")):
         _out(f"plot: {os.path.join(out_dir, 'training.png')}")
     _out(f"model: {model_path}  checkpoint: {ckpt_path}  run: {os.path.join(out_dir, RUN_FILE)}")
-    _report(final)
+    _report(final, trainer.preparation.class_names)
     return 0
 
 
@@ -406,10 +406,19 @@ def _plot_atomic(history: list[dict], path: str) -> bool:
             pass
 
 
-def _report(scores: Any) -> None:
+def _report(scores: Any, class_names: Sequence[str] = ()) -> None:
+    """The held-out scores: loss; per class precision, recall and F1, macro and weighted F1, accuracy and top-5
+    accuracy; or a regression's MSE, MAE and R² in the targets' units."""
+    if scores.matrix is not None:
+        _out(scores.matrix.report(class_names))
     _out(f"held-out loss: {scores.loss:.6g}")
     if scores.matrix is not None:
         _out(f"held-out accuracy: {scores.matrix.accuracy():.2%}")
+    if scores.top_k is not None:
+        _out(f"held-out top-{scores.top_k[0]} accuracy: {scores.top_k[1]:.2%}")
+    if scores.regression is not None:
+        r = scores.regression
+        _out(f"held-out MSE {r['mse']:.6g}, MAE {r['mae']:.6g}, R² {r['r2']:.4f} (in the targets' units)")
 
 
 def config_difference(saved: Any, given: Any, path: str,
@@ -528,12 +537,13 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
     net = Layer.from_config(be, run.network)
     load_weights(net, weights)
     objective = Layer.from_config(be.full_precision(), run.objective)  # losses in fp32 under bf16 and fp16
-    scores = evaluate(net, objective, ds.x_test, ds.y_test, num_classes(run), run.batch_size)
+    prep = _preparation(run, weights)
+    scores = evaluate(net, objective, ds.x_test, ds.y_test, num_classes(run), run.batch_size, preparation=prep)
     _out(f"leafpy: {weights} on the held-out split of {ds.name} ({len(ds.x_test)} samples, seed "
          f"{run.data.get('seed', 0)})")
     if scores.matrix is not None:
         _out(str(scores.matrix))
-    _report(scores)
+    _report(scores, prep.class_names)
     return 0
 
 

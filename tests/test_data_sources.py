@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import re
 from pathlib import Path
@@ -54,7 +55,8 @@ MLP = ["digits_mlp", "--epochs", "8", "--set", "data.dataset=image_folder"]
 def test_an_image_folder_trains_evaluates_and_predicts_by_class_name(tmp_path):
     write_digits(tmp_path / "digits")
     env_cache = ["--set", f"data.cache_dir={tmp_path / 'cache'}"]
-    p = leafpy(tmp_path, "train", *MLP, "--set", "data.path=digits", *env_cache, "--out", "run")
+    p = leafpy(tmp_path, "train", *MLP, "--set", "data.path=digits", *env_cache, "--set", "train.keep_best=1",
+               "--set", "train.monitor=test_macro_f1", "--out", "run")
     assert p.returncode == 0, p.stderr
     accuracy = float(re.findall(r"held-out accuracy: ([\d.]+)%", p.stdout)[-1])
     npz_run = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "8", "--out", "arrays")
@@ -65,6 +67,11 @@ def test_an_image_folder_trains_evaluates_and_predicts_by_class_name(tmp_path):
     e = leafpy(tmp_path, "evaluate", "run")
     assert e.returncode == 0, e.stderr
     assert f"held-out accuracy: {accuracy:.2f}%" in e.stdout  # the same split, from the cache
+    assert "held-out top-5 accuracy: " in e.stdout and re.search(r"\n\s+seven\s+[\d.]+", e.stdout), e.stdout
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    history = history["epochs"] if isinstance(history, dict) else history
+    assert all(0.9 < h["test_macro_f1"] <= 1 and h["test_top5_accuracy"] >= h["test_accuracy"] for h in history[-1:])
+    assert len(list((tmp_path / "run").glob("best-epoch*.leaf"))) == 1  # kept by macro F1
     # new images of one class, given as a folder and as one file: named by the class they show
     (tmp_path / "new").mkdir()
     for f in sorted((tmp_path / "digits" / "seven").iterdir())[:12]:
@@ -167,6 +174,22 @@ def test_a_csv_table_with_class_names(tmp_path):
     assert q.returncode == 0, q.stderr
     got = [r["class"] for r in csv.DictReader(io.StringIO((tmp_path / "p.csv").read_text()))]
     assert sum(g == t for g, t in zip(got, labels[:40])) >= 36, got
+    # evaluate's metrics are scikit-learn's on the held-out split's predictions
+    from sklearn.metrics import f1_score
+
+    import leafpy as lp
+
+    held_out = lp.data.csv(tmp_path / "cancer.csv", "diagnosis", test_fraction=0.2, seed=0)
+    write_table(tmp_path / "held_out.csv", held_out.x_test, [""] * len(held_out.x_test), names, "unused")
+    q = leafpy(tmp_path, "predict", "run", "--input", "held_out.csv", "--out", "h.csv")
+    assert q.returncode == 0, q.stderr
+    predicted = [r["class"] for r in csv.DictReader(io.StringIO((tmp_path / "h.csv").read_text()))]
+    truth = [held_out.class_names[k] for k in held_out.y_test]
+    e = leafpy(tmp_path, "evaluate", "run")
+    assert e.returncode == 0, e.stderr
+    macro = float(re.search(r"macro F1 ([\d.]+), weighted F1 ([\d.]+)", e.stdout).group(1))
+    assert abs(macro - f1_score(truth, predicted, average="macro")) < 1e-4, e.stdout
+    assert re.search(r"\s+malignant\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+\d+", e.stdout), e.stdout  # per class, by name
     # a missing value is an error naming its line and column
     text = (tmp_path / "cancer.csv").read_text().splitlines()
     cells = text[7].split(",")
@@ -203,6 +226,24 @@ def test_a_csv_regression_gives_predictions_in_the_targets_units(tmp_path):
     mse = float(np.mean((predicted - d.target[:100]) ** 2))
     print(f"diabetes CSV: mean squared error {mse:.0f} (variance {np.var(d.target[:100]):.0f})")
     assert mse < 0.8 * np.var(d.target[:100])
+    # evaluate reports MSE, MAE and R² in the targets' units, as scikit-learn computes them from the predictions
+    from sklearn.metrics import mean_absolute_error, mean_squared_error, r2_score
+
+    import leafpy as lp
+
+    held_out = lp.data.csv(tmp_path / "diabetes.csv", "progression", test_fraction=0.2, seed=0, targets="values")
+    write_table(tmp_path / "held_out.csv", held_out.x_test, [""] * len(held_out.x_test), names, "unused")
+    assert leafpy(tmp_path, "predict", "run", "--input", "held_out.csv", "--out", "h.npz").returncode == 0
+    with np.load(tmp_path / "h.npz") as f:
+        got = f["outputs"][:, 0]
+    e = leafpy(tmp_path, "evaluate", "run")
+    assert e.returncode == 0, e.stderr
+    mse, mae, r2 = map(float, re.search(r"MSE ([\d.e+-]+), MAE ([\d.e+-]+), R² ([\d.e+-]+)", e.stdout).groups())
+    print(e.stdout.strip().splitlines()[-1])
+    t = held_out.y_test[:, 0]
+    assert mse == pytest.approx(mean_squared_error(t, got), rel=1e-3)
+    assert mae == pytest.approx(mean_absolute_error(t, got), rel=1e-3)
+    assert r2 == pytest.approx(r2_score(t, got), abs=1e-3) and r2 > 0.2
     # a model loaded in Python carries what it needs
     import leafpy as lp
 
