@@ -514,8 +514,10 @@ def _check_split(trained: run_config.RunConfig, run: run_config.RunConfig, weigh
     ones. The batch size does not change the split."""
     resolve_data(run)
     resolve_data(trained)
-    split = {k: v for k, v in run.data.items() if k != "batch_size"}
-    found = config_difference({k: v for k, v in trained.data.items() if k != "batch_size"}, split, "data",
+    # what training resolves and records (normalize: auto's values, class names...) does not change the split
+    kept = ("batch_size", "normalize", "class_names", "features", "image_size", "channels", "cache_dir")
+    split = {k: v for k, v in run.data.items() if k not in kept}
+    found = config_difference({k: v for k, v in trained.data.items() if k not in kept}, split, "data",
                               (f"in {trained_file}", given))
     if found:
         raise LeafpyError(f"{weights} was trained on another data split ({found}), whose held-out samples would "

@@ -240,6 +240,9 @@ def test_a_csv_regression_gives_predictions_in_the_targets_units(tmp_path):
     assert e.returncode == 0, e.stderr
     mse, mae, r2 = map(float, re.search(r"MSE ([\d.e+-]+), MAE ([\d.e+-]+), R² ([\d.e+-]+)", e.stdout).groups())
     print(e.stdout.strip().splitlines()[-1])
+    # the run file itself (normalize: auto) with the weights scores the same split with the same values
+    again = leafpy(tmp_path, "evaluate", "diabetes.yaml", "--weights", "run/model.leaf")
+    assert again.returncode == 0 and e.stdout.splitlines()[-1] in again.stdout, (again.stdout, again.stderr)
     t = held_out.y_test[:, 0]
     assert mse == pytest.approx(mean_squared_error(t, got), rel=1e-3)
     assert mae == pytest.approx(mean_absolute_error(t, got), rel=1e-3)
@@ -251,3 +254,25 @@ def test_a_csv_regression_gives_predictions_in_the_targets_units(tmp_path):
     x = net.preparation.inputs(d.data[:100].astype(np.float32))
     y = net.preparation.outputs(net.forward([x])[0].to_numpy())
     np.testing.assert_allclose(y[:, 0], predicted, rtol=1e-4, atol=1e-3)
+
+
+def _png_declaring(width: int, height: int) -> bytes:
+    """A PNG whose header declares width x height grayscale pixels, with one tiny compressed row of data."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + \
+        chunk(b"IEND", b"")
+
+
+def test_a_decompression_bomb_is_refused_before_it_is_decoded(tmp_path):
+    write_digits(tmp_path / "digits", per_class=3, odd=False)
+    (tmp_path / "digits" / "two" / "bomb.png").write_bytes(_png_declaring(100_000, 100_000))  # 10^10 pixels
+    p = leafpy(tmp_path, "train", *MLP[:-2], "--epochs", "1", "--set", "data.dataset=image_folder", "--set",
+               "data.path=digits", "--set", "data.cache_dir=null", "--out", "run")
+    failed_cleanly(p, "bomb.png", "cannot decode")
+    assert "decompression bomb" in p.stderr.lower() or "exceeds limit" in p.stderr, p.stderr
