@@ -20,6 +20,7 @@ struct Layer {
   name @0 :Text;
   config @1 :LayerConfig;
   weightsData @2 :List(Weight);
+  preparation @3 :Text;     # how the model reads data (JSON: class names, normalisation); empty: none
 }
 
 struct LayerConfig {

@@ -2,7 +2,7 @@
 
     leafpy train RUN.yaml [--backend B] [--epochs N] [--out DIR] [--resume CHECKPOINT] [--seed S]
     leafpy evaluate RUN.yaml --weights FILE [--backend B]
-    leafpy predict RUN.yaml --weights FILE --input SAMPLES.npz [--out PREDICTIONS.npz|.csv] [--backend B]
+    leafpy predict RUN.yaml --weights FILE --input IMAGE|FOLDER|TABLE.csv|SAMPLES.npz [--out FILE.csv|.npz]
     leafpy summary RUN.yaml
 
 Every command takes ``--set KEY=VALUE`` (repeatable) to change one value of the run file. A run whose objective
@@ -330,6 +330,9 @@ def _train(args: argparse.Namespace, run: run_config.RunConfig, be: Any, out_dir
     trainer.log(f"leafpy: training {run.name or args.config} on {be.name}{adapter}{mode}{ranks}: {len(ds.x_train)} "
                 f"training and {len(ds.x_test)} held-out samples ({ds.name}), batch {run.batch_size}, "
                 f"{trainer.solver.network.num_parameters():,} parameters, {epochs}")
+    if ds.skipped:
+        shown = ", ".join(ds.skipped[:10]) + (f" and {len(ds.skipped) - 10} more" if len(ds.skipped) > 10 else "")
+        trainer.log(f"skipped {len(ds.skipped)} unreadable file{'s' * (len(ds.skipped) != 1)}: {shown}")
     if be.emulated:
         trainer.log(f"note: {be.adapter_name} is a CPU emulation of a GPU: webgpu runs correctly there but far "
                     "slower than --backend native")
@@ -355,7 +358,7 @@ def _train(args: argparse.Namespace, run: run_config.RunConfig, be: Any, out_dir
     if history and _plot_atomic(history, os.path.join(out_dir, "training.png")):
         _out(f"plot: {os.path.join(out_dir, 'training.png')}")
     _out(f"model: {model_path}  checkpoint: {ckpt_path}  run: {os.path.join(out_dir, RUN_FILE)}")
-    _report(final)
+    _report(final, trainer.preparation.class_names)
     return 0
 
 
@@ -390,10 +393,19 @@ def _write_plot(history: list[dict], path: str) -> bool:
             pass
 
 
-def _report(scores: Any) -> None:
+def _report(scores: Any, class_names: Sequence[str] = ()) -> None:
+    """The held-out scores: loss; per class precision, recall and F1, macro and weighted F1, accuracy and top-5
+    accuracy; or a regression's MSE, MAE and R² in the targets' units."""
+    if scores.matrix is not None:
+        _out(scores.matrix.report(class_names))
     _out(f"held-out loss: {scores.loss:.6g}")
     if scores.matrix is not None:
         _out(f"held-out accuracy: {scores.matrix.accuracy():.2%}")
+    if scores.top_k is not None:
+        _out(f"held-out top-{scores.top_k[0]} accuracy: {scores.top_k[1]:.2%}")
+    if scores.regression is not None:
+        r = scores.regression
+        _out(f"held-out MSE {r['mse']:.6g}, MAE {r['mae']:.6g}, R² {r['r2']:.4f} (in the targets' units)")
 
 
 def config_difference(saved: Any, given: Any, path: str,
@@ -489,8 +501,10 @@ def _check_split(trained: run_config.RunConfig, run: run_config.RunConfig, weigh
     ones. The batch size does not change the split."""
     resolve_data(run)
     resolve_data(trained)
-    split = {k: v for k, v in run.data.items() if k != "batch_size"}
-    found = config_difference({k: v for k, v in trained.data.items() if k != "batch_size"}, split, "data",
+    # what training resolves and records (normalize: auto's values, class names...) does not change the split
+    kept = ("batch_size", "normalize", "class_names", "features", "image_size", "channels", "cache_dir")
+    split = {k: v for k, v in run.data.items() if k not in kept}
+    found = config_difference({k: v for k, v in trained.data.items() if k not in kept}, split, "data",
                               (f"in {trained_file}", given))
     if found:
         raise LeafpyError(f"{weights} was trained on another data split ({found}), whose held-out samples would "
@@ -512,16 +526,18 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
     net = Layer.from_config(be, run.network)
     load_weights(net, weights)
     objective = Layer.from_config(be.full_precision(), run.objective)  # losses in fp32 under bf16 and fp16
-    scores = evaluate(net, objective, ds.x_test, ds.y_test, num_classes(run), run.batch_size)
+    prep = _preparation(run, weights)
+    scores = evaluate(net, objective, ds.x_test, ds.y_test, num_classes(run), run.batch_size, preparation=prep)
     _out(f"leafpy: {weights} on the held-out split of {ds.name} ({len(ds.x_test)} samples, seed "
          f"{run.data.get('seed', 0)})")
     if scores.matrix is not None:
         _out(str(scores.matrix))
-    _report(scores)
+    _report(scores, prep.class_names)
     return 0
 
 
 def predict_cmd(args: argparse.Namespace) -> int:
+    from . import sources
     from .train import check_samples, num_classes
 
     if args.out and not args.out.endswith((".npz", ".csv")):
@@ -530,8 +546,14 @@ def predict_cmd(args: argparse.Namespace) -> int:
     run, weights = resolve_run(args.config, args.set, args.weights, command="predict", check_split=False)
     assert run is not None and weights is not None
     be = _backend_for(args, run)
-    x = datasets.npz_samples(args.input)
+    prep = _preparation(run, weights)
+    found = sources.samples_for_prediction(run.data, args.input, run.network.config.inputs[0][1][1:])
+    if found is None:
+        x = datasets.npz_samples(args.input)
+        found = x, [str(i) for i in range(len(x))]
+    x, labels = found
     check_samples(run, x.shape[1:], f"{args.input}: the samples", trained=True)
+    x = prep.inputs(x)
     net = Layer.from_config(be, run.network)
     load_weights(net, weights)
     net.set_training(False)
@@ -539,16 +561,70 @@ def predict_cmd(args: argparse.Namespace) -> int:
     outputs = np.concatenate([net.forward([x[i:i + batch]])[0].to_numpy().astype(be.dtype)  # bf16/fp16 as fp32
                               for i in range(0, len(x), batch)])
     classes = predictions(outputs) if num_classes(run) else None
+    if classes is None:
+        outputs = prep.outputs(outputs)
+    names = list(prep.class_names) or [str(k) for k in range(num_classes(run))]
+    probs = probabilities(outputs) if classes is not None else None
     if args.out:
-        write_predictions(args.out, outputs, classes)
+        if prep.class_names and probs is not None and args.out.endswith(".csv"):
+            write_named_predictions(args.out, labels, probs, names)
+        else:
+            write_predictions(args.out, outputs, classes)
     _out(f"leafpy: {len(x)} samples of {args.input} through {weights}: outputs {list(outputs.shape)}")
-    if classes is not None:
-        counts = np.bincount(classes)
-        _out("predicted classes: " + ", ".join(f"{k}: {n}" for k, n in enumerate(counts) if n))
-        shown = " ".join(map(str, classes[:20])) + (" ..." if len(classes) > 20 else "")
-        _out(f"first samples: {shown}")
+    if classes is not None and probs is not None:
+        counts = np.bincount(classes, minlength=len(names))
+        _out("predicted classes: " + ", ".join(f"{names[k]}: {n}" for k, n in enumerate(counts) if n))
+        for label, row in list(zip(labels, probs))[:20]:
+            _out(f"  {label}: " + ", ".join(f"{names[k]} {row[k]:.1%}" for k in _top(row)))
+        if len(labels) > 20:
+            _out(f"  ... ({len(labels) - 20} more)")
     _out(f"written: {args.out}" if args.out else "write them with --out FILE.npz or FILE.csv")
     return 0
+
+
+def _preparation(run: run_config.RunConfig, weights: str) -> Any:
+    """How the model reads data: as its model file records it, else as the run's data section does."""
+    from .serialization import read_model
+    from .sources import prepare
+
+    try:
+        saved = prepare.from_text(read_model(weights).preparation, weights)
+    except SerializationError:  # a checkpoint: its run.yaml records it
+        saved = None
+    if saved is not None:
+        return saved
+    if run.data.get("normalize") == "auto":
+        raise LeafpyError(f"{weights}: the run normalises its data (normalize: auto) but records no values for it; "
+                          "give the run directory that leafpy train wrote (its run.yaml records them)")
+    return prepare.from_dict(run.data)
+
+
+def probabilities(outputs: np.ndarray) -> np.ndarray:
+    """Class probabilities of network outputs [N, C]: the outputs themselves where each row already is a
+    distribution (Softmax), else their softmax (log-probabilities, scores)."""
+    flat = outputs.reshape(outputs.shape[0], outputs.shape[1], -1)[:, :, 0].astype(np.float64)
+    if (flat >= 0).all() and np.allclose(flat.sum(axis=1), 1.0, atol=1e-3):
+        return flat
+    e = np.exp(flat - flat.max(axis=1, keepdims=True))
+    return np.asarray(e / e.sum(axis=1, keepdims=True))
+
+
+def _top(row: np.ndarray, k: int = 3) -> list[int]:
+    return [int(i) for i in np.argsort(-row, kind="stable")[:k]]
+
+
+def write_named_predictions(path: str, labels: Sequence[str], probs: np.ndarray, names: Sequence[str]) -> None:
+    """One CSV row per sample: its input, the top classes by name and their probabilities (atomically)."""
+    import csv
+
+    k = min(3, len(names))
+    text = io.StringIO()
+    w = csv.writer(text, lineterminator="\n")
+    w.writerow(["input", "class", "probability"] + [f"{c}_{i}" for i in range(2, k + 1) for c in ("class",
+                                                                                                 "probability")])
+    for label, row in zip(labels, probs):
+        w.writerow([label] + [v for c in _top(row, k) for v in (names[c], f"{row[c]:.6g}")])
+    atomic_write(path, text.getvalue().encode(), example="predictions.csv")
 
 
 def write_predictions(path: str, outputs: np.ndarray, classes: np.ndarray | None) -> None:
@@ -654,9 +730,10 @@ def build_parser() -> argparse.ArgumentParser:
     _command(sub, "evaluate", evaluate_cmd, "held-out loss and accuracy of saved weights",
              "Evaluate saved weights (a model or a checkpoint) on the run's held-out data.", weights=True)
     r = _command(sub, "predict", predict_cmd, "run saved weights on new samples",
-                 "Run saved weights (a model or a checkpoint) on the samples x of an .npz file; prints the "
-                 "predicted classes and writes the outputs with --out.", weights=True)
-    r.add_argument("--input", required=True, help="an .npz file with the samples as x (np.savez(path, x=...))")
+                 "Run saved weights (a model or a checkpoint) on new samples (images, a CSV table, an .npz "
+                 "file); prints the top classes by name and writes them (or the outputs) with --out.", weights=True)
+    r.add_argument("--input", required=True, help="an image, a folder of images, a CSV table with the run's "
+                   "feature columns, or an .npz file with the samples as x (np.savez(path, x=...))")
     r.add_argument("--out", help="write the outputs (and classes) to this .npz or .csv file")
     _command(sub, "summary", summary_cmd, "table of layers, output shapes and parameter counts",
              "Print the network's layers, output shapes and parameter counts.", backend=False)

@@ -26,12 +26,22 @@ from .layers.layer import FillerConfig, LayerConfig, WeightConfig, layer_types, 
 from .solvers.solver import SolverConfig
 
 LAYER_KEYS = ("name", "type", "inputs", "outputs", "params", "propagate_down")
-DATA_KEYS = ("dataset", "batch_size", "test_fraction", "seed", "path", "num_classes")
+DATA_KEYS = ("dataset", "batch_size", "test_fraction", "seed", "path", "num_classes", "image_size", "channels",
+             "skip_unreadable", "cache_dir", "target", "features", "delimiter", "normalize", "class_names")
 TRAIN_KEYS = ("epochs", "backend", "precision", "channels_last", "log_every", "keep_best", "monitor",
               "sync_batch_norm")
 RUN_KEYS = ("name", "data", "network", "objective", "solver", "train")
-MONITORS = ("test_loss", "test_accuracy")
+CLASS_MONITORS = ("test_accuracy", "test_macro_f1", "test_weighted_f1", "test_top5_accuracy")
+"""Held-out scores of a run with classes (top-5 accuracy: with more than 5 classes)."""
+REGRESSION_MONITORS = ("test_mse", "test_mae", "test_r2")
+"""Held-out scores of a regression run, in the targets' units."""
+MONITORS = ("test_loss", *CLASS_MONITORS, *REGRESSION_MONITORS)
 """The held-out scores ``train.keep_best`` may rank epochs by."""
+
+
+def higher_is_better(score: str) -> bool:
+    """Whether a larger value of this epoch-record score is better (accuracies, F1, R²)."""
+    return score.endswith(("accuracy", "f1", "r2"))
 
 
 @dataclass
@@ -315,7 +325,7 @@ def _network_output(network: LayerConfig, what: str) -> tuple[int, ...]:
     return shapes[0]
 
 
-DATASETS = ("digits", "mnist", "fashion_mnist", "npz")
+DATASETS = ("digits", "mnist", "fashion_mnist", "npz", "image_folder", "csv")
 DIGITS_IGNORES = ("path", "num_classes")
 """data keys the bundled digits dataset has no use for (a run file giving them means another dataset)."""
 
@@ -364,8 +374,16 @@ def _check_data(data: dict) -> None:
                        max_open=True)
     if "seed" in data:
         _checks.non_negative_int("data.seed", data["seed"])
-    if "path" in data and (not isinstance(data["path"], str) or not data["path"]):
-        raise ConfigError(f"data.path: expected a file or directory path, got {data['path']!r}")
+    path = data.get("path")
+    if isinstance(path, dict) and data.get("dataset") == "image_folder":
+        if set(path) != {"train", "test"} or not all(isinstance(p, str) and p for p in path.values()):
+            raise ConfigError(f"data.path: expected a folder, or {{train: DIR, test: DIR}}, got {path!r}"[:300])
+    elif "path" in data and (not isinstance(path, str) or not path):
+        raise ConfigError(f"data.path: expected a file or directory path, got {path!r}")
+    if "normalize" in data:
+        from .sources import prepare
+
+        prepare.from_dict({"normalize": data["normalize"], "class_names": data.get("class_names")}, "data")
 
 
 def to_dict(run: RunConfig) -> dict:
@@ -633,7 +651,7 @@ def data_base(run: RunConfig) -> str:
 
 
 def dumps(run: RunConfig) -> str:
-    return yaml.safe_dump(to_dict(run), sort_keys=False, default_flow_style=None, width=120)
+    return yaml.safe_dump(to_dict(run), sort_keys=False, default_flow_style=None, width=120, allow_unicode=True)
 
 
 def save(run: RunConfig, path: str | os.PathLike) -> None:

@@ -18,6 +18,10 @@ import numpy as np
 
 from . import _checks
 from .errors import ConfigError, LeafpyError, SerializationError
+from .sources import csv_table
+from .sources import image_folder as _images
+from .sources.parts import Parts
+from .sources.prepare import Preparation  # noqa: F401  (re-exported: lp.data.Preparation)
 
 
 @dataclass
@@ -31,6 +35,12 @@ class Dataset:
     x_test: np.ndarray
     y_test: np.ndarray
     num_classes: int
+    class_names: tuple[str, ...] = ()
+    """The classes' names, class k the k-th (empty: classes are numbered, or a regression)."""
+    skipped: tuple[str, ...] = ()
+    """Files left out because they could not be read (image folders with ``skip_unreadable``)."""
+    feature_names: tuple[str, ...] = ()
+    """The columns the samples were read from (CSV tables)."""
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -496,16 +506,56 @@ def batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, seed: int | None =
         yield x[idx], y[idx]
 
 
+def from_parts(parts: Parts, test_fraction: float | None, seed: int) -> Dataset:
+    """A Dataset of what a source read: its own split, else split at random (``test_fraction``, 0.2 unless
+    given)."""
+    if parts.test is None:
+        tf = 0.2 if test_fraction is None else test_fraction
+        ds = split(parts.name, parts.x, parts.y, tf, seed, parts.num_classes)
+    else:
+        ds = Dataset(parts.name, parts.x, parts.y, *parts.test, parts.num_classes)
+    ds.class_names, ds.skipped, ds.feature_names = parts.class_names, parts.skipped, parts.feature_names
+    return ds
+
+
+def image_folder(path: str | dict[str, str], *, image_size: Sequence[int] | None = None, channels: int = 3,
+                 test_fraction: float | None = None, seed: int = 0, skip_unreadable: bool = False,
+                 cache_dir: str | None = "default") -> Dataset:
+    """A folder with one subfolder of images per class (their names, sorted, are the class names: class k is the
+    k-th), split at random by ``test_fraction`` (0.2 unless given), or ``{"train": DIR, "test": DIR}``, two such
+    folders (a given split, kept). Images become float32 [N, channels, H, W] in [0, 1], resized to ``image_size``
+    [H, W] (default: the first image's size); ``channels`` 1 (grayscale) or 3 (RGB). A file that cannot be decoded
+    is an error naming it, or with ``skip_unreadable`` left out and listed in ``Dataset.skipped``. Decoded images
+    are kept in ``cache_dir`` ("default": ``$LEAFPY_CACHE``, else ~/.cache/leafpy/images; None: no cache)."""
+    return from_parts(_images.read(path, image_size=image_size, channels=channels, skip_unreadable=skip_unreadable,
+                                   cache_dir=cache_dir), test_fraction, seed)
+
+
+def csv(path: str, target: str, *, features: Sequence[str] | None = None, delimiter: str = ",",
+        test_fraction: float | None = None, seed: int = 0, targets: str = "classes") -> Dataset:
+    """A CSV table with a header row: ``target`` names the label column (``targets`` "classes": its distinct
+    values, sorted, are the class names; "values": numbers to regress on, [N, 1]), ``features`` the columns read
+    as samples [N, F] float32 (default: every other column), split at random by ``test_fraction`` (0.2 unless
+    given). A missing or non-numeric feature is an error naming its line and column."""
+    return from_parts(csv_table.read(path, target, features=features, delimiter=delimiter, targets=targets),
+                      test_fraction, seed)
+
+
 def load(spec: dict, targets: str = "classes", input_shape: Sequence[int] | None = None) -> Dataset:
-    """A dataset from a run file's ``data`` section: dataset digits | mnist | fashion_mnist | npz. ``targets``
+    """A dataset from a run file's ``data`` section: dataset digits | mnist | fashion_mnist | npz | image_folder |
+    csv. ``targets``
     "values" reads an npz file's ``y`` as regression targets (the others hold classes only). ``input_shape``, the
     network's per-sample input, is what MNIST's images must be (their size is in the files)."""
     kind = spec.get("dataset", "digits")
     seed = int(spec.get("seed", 0))
     tf = spec.get("test_fraction")
+    if kind in ("image_folder", "csv"):
+        from . import sources
+
+        return from_parts(sources.load(kind, spec, targets, input_shape), None if tf is None else float(tf), seed)
     if targets == "values" and kind != "npz":
         raise ConfigError(f"data.dataset: {kind} has class labels, and this objective needs values to regress "
-                          "on: give them in an npz file (dataset: npz)")
+                          "on: give them in an npz file (dataset: npz) or a CSV table (dataset: csv)")
     if kind == "digits":
         return digits(float(0.2 if tf is None else tf), seed)
     if kind in ("mnist", "fashion_mnist", "npz"):
@@ -521,4 +571,5 @@ def load(spec: dict, targets: str = "classes", input_shape: Sequence[int] | None
                        targets=targets)
         return mnist(path, test_fraction=None if tf is None else float(tf), seed=seed, name=kind,
                      input_shape=input_shape)
-    raise ConfigError(f"data.dataset: expected one of 'digits', 'mnist', 'fashion_mnist', 'npz', got {kind!r}")
+    raise ConfigError(f"data.dataset: expected one of 'digits', 'mnist', 'fashion_mnist', 'npz', 'image_folder', "
+                      f"'csv', got {kind!r}")

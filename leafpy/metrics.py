@@ -1,7 +1,9 @@
-"""Classification metrics: predictions from network outputs and a confusion matrix with accuracy."""
+"""Metrics: predictions from network outputs, a confusion matrix with accuracy, per-class precision, recall and F1
+(macro and weighted F1), top-k accuracy, and regression scores (MSE, MAE, R²), in NumPy."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -82,6 +84,52 @@ class ConfusionMatrix:
         n = self.samples
         return float(np.trace(self._matrix)) / n if n else 0.0
 
+    def _rates(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per class: precision, recall, F1 (0 where undefined, as scikit-learn's zero_division default) and
+        support (targets of the class)."""
+        m = self._matrix.astype(np.float64)
+        hits, predicted, support = np.diag(m), m.sum(axis=0), m.sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            precision = np.where(predicted > 0, hits / predicted, 0.0)
+            recall = np.where(support > 0, hits / support, 0.0)
+            f1 = np.where(precision + recall > 0, 2 * precision * recall / (precision + recall), 0.0)
+        return precision, recall, f1, support
+
+    def precision(self) -> np.ndarray:
+        """Per class: the fraction of its predictions that were right (0 for a class never predicted)."""
+        return self._rates()[0]
+
+    def recall(self) -> np.ndarray:
+        """Per class: the fraction of its samples predicted as it (0 for a class without samples)."""
+        return self._rates()[1]
+
+    def f1(self) -> np.ndarray:
+        """Per class: the harmonic mean of precision and recall."""
+        return self._rates()[2]
+
+    def macro_f1(self) -> float:
+        """The mean F1 of the classes that occur as targets or predictions (scikit-learn's ``average="macro"``)."""
+        _, _, f1, support = self._rates()
+        seen = (support > 0) | (self._matrix.sum(axis=0) > 0)
+        return float(f1[seen].mean()) if seen.any() else 0.0
+
+    def weighted_f1(self) -> float:
+        """The classes' F1 weighted by their number of targets (scikit-learn's ``average="weighted"``)."""
+        _, _, f1, support = self._rates()
+        return float((f1 * support).sum() / support.sum()) if support.sum() else 0.0
+
+    def report(self, class_names: Sequence[str] = ()) -> str:
+        """Per class precision, recall, F1 and support, then macro and weighted F1, as a table."""
+        precision, recall, f1, support = self._rates()
+        names = [str(n) for n in class_names] or [str(k) for k in range(self.num_classes)]
+        w = max(11, *(len(n) for n in names))
+        lines = [f"{'class':>{w}} {'precision':>10} {'recall':>8} {'f1':>8} {'support':>8}"]
+        for k in range(self.num_classes):
+            lines.append(f"{names[k]:>{w}} {precision[k]:>10.3f} {recall[k]:>8.3f} {f1[k]:>8.3f} "
+                         f"{int(support[k]):>8}")
+        lines.append(f"macro F1 {self.macro_f1():.4f}, weighted F1 {self.weighted_f1():.4f}")
+        return "\n".join(lines)
+
     def add_counts(self, counts: Any) -> None:
         """Add another matrix's counts (rows targets, columns predictions): e.g. the sum of every rank's."""
         c = np.asarray(counts, dtype=np.int64)
@@ -107,3 +155,23 @@ class ConfusionMatrix:
             lines.append(f"{t:>11} " + "".join(f"{v:>{width}}" for v in row) + recall)
         lines.append(f"accuracy {self.accuracy():.2%} of {self.samples} samples")
         return "\n".join(lines)
+
+
+def top_k_hits(outputs: Any, targets: Any, k: int) -> int:
+    """How many samples' target is among the ``k`` largest of their outputs [N, C]."""
+    a = outputs.to_numpy() if isinstance(outputs, SharedTensor) else np.asarray(outputs)
+    a = a.reshape(a.shape[0], a.shape[1], -1)[:, :, 0]
+    t = np.asarray(targets).reshape(-1).astype(np.int64)
+    top = np.argpartition(-a, min(k, a.shape[1]) - 1, axis=1)[:, :k]
+    return int((top == t[:, None]).any(axis=1).sum())
+
+
+def regression_scores(predicted: np.ndarray, target: np.ndarray) -> dict[str, float]:
+    """Mean squared error, mean absolute error and R² (per output, averaged, as scikit-learn's
+    ``uniform_average``; an output whose targets are constant scores 1 when predicted exactly, else 0)."""
+    p = np.asarray(predicted, np.float64).reshape(len(predicted), -1)
+    t = np.asarray(target, np.float64).reshape(len(target), -1)
+    residual = ((t - p) ** 2).sum(axis=0)
+    total = ((t - t.mean(axis=0)) ** 2).sum(axis=0)
+    r2 = np.where(total > 0, 1 - residual / np.where(total > 0, total, 1), np.where(residual > 0, 0.0, 1.0))
+    return {"mse": float(((t - p) ** 2).mean()), "mae": float(np.abs(t - p).mean()), "r2": float(r2.mean())}

@@ -577,6 +577,8 @@ class SavedModel(NamedTuple):
     config: LayerConfig
     weights: dict[str, np.ndarray]
     leaf: bool
+    preparation: str = ""
+    """How the model reads data (JSON: class names, normalisation; see leafpy.sources.prepare); "": none."""
 
 
 def model_message(config: LayerConfig, weights: Mapping[str, np.ndarray], leaf: bool = False) -> Any:
@@ -594,7 +596,8 @@ def _fill_layer(builder: Any, config: LayerConfig, weights: Mapping[str, np.ndar
 
 
 def save_model(path: str | os.PathLike, config: LayerConfig, weights: Mapping[str, np.ndarray], *,
-               format: str = "leafpy", specs: Sequence[WeightSpec] = (), allow_non_finite: bool = False) -> None:
+               format: str = "leafpy", specs: Sequence[WeightSpec] = (), allow_non_finite: bool = False,
+               preparation: str = "") -> None:
     """Write a layer's config and named weights to ``path`` atomically: leafpy's file (with its header and
     checksum), or with ``format="leaf"`` a file Leaf 0.2.1 reads (what Leaf cannot represent is a ConfigError;
     ``specs``, the network's ``Layer.weight_specs()``, give Leaf's weight names and the filters to flip). Weights
@@ -606,7 +609,9 @@ def save_model(path: str | os.PathLike, config: LayerConfig, weights: Mapping[st
         check_leaf_representable(config, "Layer.save(format='leaf')")
         atomic_write(path, model_message(config, to_leaf(weights, specs), leaf=True).to_bytes_packed())
         return
-    atomic_write(path, encode(model_message(config, weights), "Layer"))
+    msg = model_message(config, weights)
+    msg.preparation = preparation
+    atomic_write(path, encode(msg, "Layer"))
 
 
 def read_model(path: str | os.PathLike, *, allow_non_finite: bool = False) -> SavedModel:
@@ -618,7 +623,7 @@ def read_model(path: str | os.PathLike, *, allow_non_finite: bool = False) -> Sa
         config = read_layer_config(msg.config)
         saved = _read_weights(msg.weightsData, path)
     check_finite(saved, path, LOAD_FIX, allow_non_finite)
-    return SavedModel(config, saved, is_leaf_file(origin, saved))
+    return SavedModel(config, saved, is_leaf_file(origin, saved), str(msg.preparation))
 
 
 def read_weights(path: str | os.PathLike, *, allow_non_finite: bool = False) -> tuple[dict[str, np.ndarray], bool]:

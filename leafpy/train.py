@@ -42,9 +42,10 @@ from .distributed.data_parallel import shard
 from .errors import ConfigError, LeafpyError
 from .layers.container.sequential import Sequential
 from .layers.layer import Layer
-from .metrics import ConfusionMatrix, predictions
+from .metrics import ConfusionMatrix, predictions, top_k_hits
 from .serialization import atomic_write
 from .solvers.solver import Solver
+from .sources import prepare
 
 
 class TrainingDiverged(LeafpyError):
@@ -61,10 +62,25 @@ class Scores:
 
     loss: float
     matrix: ConfusionMatrix | None
+    top_k: tuple[int, float] | None = None
+    """(k, the fraction of samples whose class is among their k most likely): k = 5 with more than 5 classes."""
+    regression: dict[str, float] | None = None
+    """A regression's mse, mae and r2, in the targets' units."""
 
     @property
     def accuracy(self) -> float | None:
         return None if self.matrix is None else self.matrix.accuracy()
+
+    def metrics(self) -> dict[str, float]:
+        """The held-out metrics an epoch record keeps (``test_...``), besides the loss and accuracy."""
+        out: dict[str, float] = {}
+        if self.matrix is not None:
+            out.update(test_macro_f1=self.matrix.macro_f1(), test_weighted_f1=self.matrix.weighted_f1())
+        if self.top_k is not None:
+            out[f"test_top{self.top_k[0]}_accuracy"] = self.top_k[1]
+        for k, v in (self.regression or {}).items():
+            out[f"test_{k}"] = v
+        return out
 
 
 def resolve_data(run: run_config.RunConfig) -> None:
@@ -76,9 +92,12 @@ def resolve_data(run: run_config.RunConfig) -> None:
     data.setdefault("seed", 0)
     if data["dataset"] == "digits":
         data.setdefault("test_fraction", 0.2)
-    if isinstance(data.get("path"), str) and not os.path.isabs(data["path"]):
-        data["path"] = os.path.abspath(os.path.join(run_config.data_base(run), data["path"]))
-        run.data_relative = True
+    paths = data.get("path")  # one path, or {train: DIR, test: DIR}
+    for key, p in (paths.items() if isinstance(paths, dict) else [(None, paths)]):
+        if isinstance(p, str) and not os.path.isabs(p):
+            p = os.path.abspath(os.path.join(run_config.data_base(run), p))
+            data["path"] = dict(data["path"], **{key: p}) if key else p
+            run.data_relative = True
 
 
 def portable(run: run_config.RunConfig, directory: str) -> run_config.RunConfig:
@@ -86,8 +105,10 @@ def portable(run: run_config.RunConfig, directory: str) -> run_config.RunConfig:
     directory, so that the run directory and its data move together."""
     if not run.data_relative:
         return run
-    data = dict(run.data, path=os.path.relpath(run.data["path"], os.path.abspath(directory)))
-    return dataclasses.replace(run, data=data)
+    paths, base = run.data["path"], os.path.abspath(directory)
+    relative = ({k: os.path.relpath(p, base) for k, p in paths.items()} if isinstance(paths, dict) else
+                os.path.relpath(paths, base))
+    return dataclasses.replace(run, data=dict(run.data, path=relative))
 
 
 def num_classes(run: run_config.RunConfig) -> int:
@@ -96,12 +117,15 @@ def num_classes(run: run_config.RunConfig) -> int:
 
 
 def evaluate(net: Layer, objective: Layer, x: np.ndarray, y: np.ndarray, classes: int, batch_size: int,
-             group: Any = None) -> Scores:
-    """The objective's mean and (with classes) the confusion matrix of ``net`` on (x, y), in inference mode.
-    With a process group of several ranks each scores its share and the results are summed."""
+             group: Any = None, preparation: Any = None) -> Scores:
+    """The objective's mean and (with classes) the confusion matrix and top-5 accuracy (more than 5 classes) of
+    ``net`` on (x, y), in inference mode; for a regression its MSE, MAE and R² in the targets' units
+    (``preparation``: how they were normalised). With a process group of several ranks each scores its share and
+    the results are summed."""
     net.set_training(False)
     cm = ConfusionMatrix(classes) if classes else None
-    total = 0.0
+    total, top = 0.0, 0
+    sums: np.ndarray | None = None  # a regression's per-output sums: squared and absolute errors, targets, squares
     n = len(x)
     if group is not None and group.size > 1:
         share = np.array_split(np.arange(n), group.size)[group.rank]
@@ -111,14 +135,41 @@ def evaluate(net: Layer, objective: Layer, x: np.ndarray, y: np.ndarray, classes
         total += float(objective.forward([out, yb])[0].to_numpy().reshape(-1)[0]) * len(xb)
         if cm is not None:
             cm.add(predictions(out), yb)
+            top += top_k_hits(out, yb, 5) if classes > 5 else 0
+        else:
+            part = _regression_sums(out.to_numpy(), yb, preparation)
+            sums = part if sums is None else sums + part
     net.set_training(True)
     if group is not None and group.size > 1:
         total = group.allreduce_sum(total)
+        top = int(round(group.allreduce_sum(float(top))))
+        if sums is not None:
+            sums = group.allreduce_(sums)
         if cm is not None:
             counts = group.allreduce_(cm.matrix.astype(np.float64))
             cm.reset()
             cm.add_counts(np.rint(counts).astype(np.int64))
-    return Scores(total / max(n, 1), cm)
+    top_k = (5, top / max(n, 1)) if cm is not None and classes > 5 else None
+    return Scores(total / max(n, 1), cm, top_k, _regression_scores(sums, n) if sums is not None else None)
+
+
+def _regression_sums(out: np.ndarray, target: np.ndarray, preparation: Any) -> np.ndarray:
+    """Per output: the sums of squared and of absolute errors, of the targets and of their squares (float64), in
+    the targets' units."""
+    if preparation is not None:
+        out, target = preparation.outputs(out), preparation.outputs(np.asarray(target, np.float32))
+    p = np.asarray(out, np.float64).reshape(len(out), -1)
+    t = np.asarray(target, np.float64).reshape(len(p), -1)
+    return np.stack([((t - p) ** 2).sum(0), np.abs(t - p).sum(0), t.sum(0), (t ** 2).sum(0)])
+
+
+def _regression_scores(sums: np.ndarray, n: int) -> dict[str, float]:
+    squared, absolute, t, t2 = sums
+    spread = t2 - t * t / max(n, 1)
+    r2 = np.where(spread > 1e-12 * np.maximum(t2, 1e-300), 1 - squared / np.where(spread > 0, spread, 1),
+                  np.where(squared > 0, 0.0, 1.0))
+    size = max(n, 1) * len(squared)
+    return {"mse": float(squared.sum() / size), "mae": float(absolute.sum() / size), "r2": float(r2.mean())}
 
 
 def first_non_finite(net: Layer, xb: np.ndarray) -> str:
@@ -264,7 +315,7 @@ class Checkpoint(Callback):
         value = record.get(self.monitor)
         if not isinstance(value, (int, float)) or not math.isfinite(value):
             return None
-        return -value if self.monitor.endswith("accuracy") else value
+        return -value if run_config.higher_is_better(self.monitor) else value
 
     def _keep(self) -> None:
         """Keep the ``keep_best`` best epochs' files; remove the others."""
@@ -288,7 +339,7 @@ def same_path(a: str, b: str) -> bool:
 class EarlyStopping(Callback):
     """Stop when the held-out ``monitor`` has not improved by more than ``min_delta`` for ``patience`` epochs."""
 
-    SCORES = ("test_loss", "test_accuracy", "loss", "train_accuracy")
+    SCORES = (*run_config.MONITORS, "loss", "train_accuracy")
     """What it may watch: the epoch record's losses and (in a run with classes) accuracies."""
 
     def __init__(self, *, monitor: str = "test_loss", patience: int = 5, min_delta: float = 0.0) -> None:
@@ -300,7 +351,7 @@ class EarlyStopping(Callback):
 
     def on_train_begin(self, trainer: Trainer) -> None:
         """Refuse an accuracy to watch in a run without classes before any training, not after the first epoch."""
-        if self.monitor.endswith("accuracy") and not trainer.classes:
+        if (self.monitor in run_config.CLASS_MONITORS or self.monitor == "train_accuracy") and not trainer.classes:
             raise ConfigError(f"EarlyStopping monitor: {self.monitor} needs classes, and this run's objective has "
                               "none (a regression); watch test_loss or loss")
 
@@ -309,7 +360,7 @@ class EarlyStopping(Callback):
         if value is None:
             raise ConfigError(f"EarlyStopping: the epoch records have no {self.monitor!r}; choose one of "
                               f"{', '.join(k for k in record if k.startswith('test_'))}")
-        score = -value if self.monitor.endswith("accuracy") else value
+        score = -value if run_config.higher_is_better(self.monitor) else value
         if self.best is None or score < self.best - self.min_delta:
             self.best, self.waited = score, 0
             return
@@ -430,6 +481,8 @@ class Trainer:
                               f"x_test, y_test, num_classes)), got {type(dataset).__name__}")
         self.dataset = dataset if dataset is not None else load_data(run)
         self._describes_data = dataset is None
+        self.preparation = prepare.from_dict(run.data)
+        """How the data was prepared (class names, normalisation), as the model file records it."""
         if len(self.dataset.x_test) == 0:
             raise ConfigError(f"data: the held-out split of {self.dataset.name} is empty, and the Trainer scores it "
                               "after every epoch; give held-out samples (x_test, y_test)")
@@ -480,9 +533,12 @@ class Trainer:
         keep_best = run.train.get("keep_best", 0) if keep_best is None else keep_best
         monitor = run.train.get("monitor", "test_loss") if monitor is None else monitor
         run_config.check_best_epochs(keep_best, monitor, *names)
-        if keep_best and monitor == "test_accuracy" and not self.classes:
-            raise ConfigError("train.monitor: test_accuracy ranks classes, and this run's objective has none (a "
+        if keep_best and monitor in run_config.CLASS_MONITORS and not self.classes:
+            raise ConfigError(f"train.monitor: {monitor} ranks classes, and this run's objective has none (a "
                               "regression); keep the best epochs by test_loss")
+        if keep_best and monitor in run_config.REGRESSION_MONITORS and self.classes:
+            raise ConfigError(f"train.monitor: {monitor} scores a regression, and this run's objective has classes; "
+                              f"keep the best epochs by one of {', '.join(run_config.CLASS_MONITORS)} or test_loss")
         self.resumed_from = resume
         """The checkpoint the run continues from (``resume``), if any."""
         if out_dir is not None:
@@ -715,6 +771,7 @@ class Trainer:
         if held_out.matrix is not None and self.running is not None:
             record["train_accuracy"] = train_accuracy if train_accuracy is not None else self.running.accuracy()
             record["test_accuracy"] = held_out.matrix.accuracy()
+        record.update(held_out.metrics())
         if self.solver.loss_scaling() != "none":
             record["loss_scale"] = self.solver.loss_scale
             record["skipped_steps"] = self.solver.skipped_steps
@@ -733,7 +790,7 @@ class Trainer:
         if self.parallel is not None:  # every rank scores with rank 0's running statistics, those it saves
             self.parallel.broadcast_statistics()
         return evaluate(self.solver.network, self.objective, ds.x_test, ds.y_test, self.classes, self.batch_size,
-                        self.group)
+                        self.group, self.preparation)
 
     def _diverged(self, loss: float, xb: np.ndarray) -> None:
         if not len(xb):  # a rank without a share of a last batch: the other ranks' samples made it
@@ -761,6 +818,7 @@ class Trainer:
         """Save the trained network (its config and weights) as a model file, which ``lp.Layer.load`` and
         ``leafpy evaluate`` read (rank 0 only)."""
         if self.is_root:
+            self.solver.network.preparation = self.preparation
             self.solver.network.save(path)
 
     # --- signals ------------------------------------------------------------------------------------------------
@@ -848,7 +906,27 @@ def load_data(run: run_config.RunConfig) -> datasets.Dataset:
             raise LeafpyError(f"data: the {ds.name} targets have shape {list(ds.target_shape)} per sample, but the "
                               f"objective's target input {target_name!r} is declared {list(target)}; declare "
                               f"[{target[0]}, {', '.join(map(str, ds.target_shape))}] in objective.inputs")
+    prepare_data(run, ds, classes)
     return ds
+
+
+def prepare_data(run: run_config.RunConfig, ds: datasets.Dataset, classes: bool) -> None:
+    """Normalise ``ds`` as ``data.normalize`` asks (``auto``: from its training split only; a regression's targets
+    too) and record in the run's data section what was used, the class names and an image folder's size and
+    CSV table's features, as run.yaml and the model file keep them."""
+    data = run.data
+    names = ds.class_names or tuple(data.get("class_names") or ())
+    if names and len(names) < ds.num_classes:
+        raise ConfigError(f"data.class_names: {len(names)} names for {ds.num_classes} classes; name every class")
+    prep = prepare.resolve(data, ds.x_train, None if classes else ds.y_train, names)
+    ds.x_train, ds.x_test = prep.inputs(ds.x_train), prep.inputs(ds.x_test)
+    if not classes:
+        ds.y_train, ds.y_test = prep.targets(ds.y_train), prep.targets(ds.y_test)
+    ds.class_names = prep.class_names
+    if data.get("dataset") == "image_folder":
+        data["channels"], data["image_size"] = int(ds.input_shape[0]), [int(v) for v in ds.input_shape[1:]]
+    if ds.feature_names:
+        data["features"] = list(ds.feature_names)
 
 
 def check_samples(run: run_config.RunConfig, shape: Sequence[int], what: str, *, trained: bool = False) -> None:

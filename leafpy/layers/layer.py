@@ -22,6 +22,7 @@ from .. import _checks
 from .._checks import layout_hint, same_layout  # noqa: F401  (re-exported for the layer modules)
 from ..backends.base import Backend, Buffer
 from ..errors import ConfigError, SerializationError, ShapeError
+from ..sources.prepare import Preparation
 from ..tensor import SharedTensor, as_numbers, recording
 from .layer_config import (  # noqa: F401  (re-exported: layer modules import them from here)
     FILLER_TYPES,
@@ -162,6 +163,9 @@ class Layer:
         self.backend = backend
         self.config = config
         self.name = config.name
+        self.preparation: Preparation | None = None
+        """How the model reads data (class names, normalisation: ``preparation.inputs(x)`` before ``forward``,
+        ``preparation.outputs(y)`` after it), as training recorded it in the model file; None: nothing recorded."""
         self._rng = np.random.default_rng(seed)
         self._registry = weight_registry if weight_registry is not None else {}
         self.worker = _worker
@@ -222,6 +226,7 @@ class Layer:
         NaN or infinite values is refused (SerializationError naming the weight); ``allow_non_finite=True`` loads
         it with a RuntimeWarning instead, to inspect it."""
         from .. import serialization
+        from ..sources import prepare
 
         _checks.path("Layer.load: path", path)
         if not isinstance(backend, Backend):  # (before the file is read: the file is not what is wrong)
@@ -232,6 +237,7 @@ class Layer:
         with serialization.reading(path, "Layer"):
             layer = Layer.from_config(backend, saved.config)
             layer._load_saved(saved.weights, True, saved.leaf, path)
+        layer.preparation = prepare.from_text(saved.preparation, path)
         return layer
 
     def save(self, path: str, format: str = "leafpy", *, allow_non_finite: bool = False) -> None:
@@ -244,7 +250,8 @@ class Layer:
 
         _checks.path("Layer.save: path", path)
         serialization.save_model(path, self.config, self.named_weights(), format=format, specs=self.weight_specs(),
-                                 allow_non_finite=_checks.flag("Layer.save: allow_non_finite", allow_non_finite))
+                                 allow_non_finite=_checks.flag("Layer.save: allow_non_finite", allow_non_finite),
+                                 preparation=self.preparation.to_text() if self.preparation is not None else "")
 
     # --- properties -------------------------------------------------------------------------------------
     @property

@@ -1,0 +1,127 @@
+"""A CSV table with a header row: one column is the target (strings give class names; numbers, with a
+regression objective, values to regress on), the features are other columns. Cells are parsed strictly with the
+csv module and float(): a missing, non-numeric or non-finite feature is an error naming its line and column."""
+
+from __future__ import annotations
+
+import csv as _csv
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import _checks
+from ..errors import ConfigError, LeafpyError
+from .parts import Parts
+
+MAX_BYTES = 1 << 31
+"""The largest CSV file read (it is read whole)."""
+
+
+def read_rows(path: str, delimiter: str = ",") -> tuple[list[str], list[list[str]]]:
+    """The header and the rows of a CSV file (blank lines skipped); a row with another number of cells than the
+    header is an error naming its line."""
+    if not isinstance(delimiter, str) or len(delimiter) != 1 or delimiter in "\r\n\"":
+        raise ConfigError(f"data.delimiter: expected one character such as ',' or ';', got {delimiter!r}")
+    try:
+        with _checks.open_regular(path, "a CSV file") as raw:
+            size = os.fstat(raw.fileno()).st_size
+            if size > MAX_BYTES:
+                raise LeafpyError(f"{path}: {size} bytes, more than the {MAX_BYTES} a CSV table may have; convert it "
+                                  "to an .npz file")
+            text = raw.read().decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise LeafpyError(f"{path}: not UTF-8 text ({e}); save the table as UTF-8 CSV") from e
+    except OSError as e:
+        if isinstance(e, LeafpyError):
+            raise
+        raise LeafpyError(f"{path}: cannot read the CSV file: {e.strerror or e}") from e
+    try:
+        reader = _csv.reader(text.splitlines(), delimiter=delimiter, strict=True)
+        rows = [(reader.line_num, r) for r in reader if r]
+    except _csv.Error as e:
+        raise LeafpyError(f"{path}: line {reader.line_num}: not valid CSV ({e})") from e
+    if not rows:
+        raise LeafpyError(f"{path}: empty; a CSV table needs a header row and one row per sample")
+    header = [h.strip() for h in rows[0][1]]
+    for line, r in rows[1:]:
+        if len(r) != len(header):
+            raise LeafpyError(f"{path}: line {line} has {len(r)} cells, the header {len(header)}; every row needs one "
+                              f"cell per column (delimiter {delimiter!r})")
+    if len(rows) < 2:
+        raise LeafpyError(f"{path}: a header and no rows; give one row per sample")
+    return header, [r for _, r in rows[1:]]
+
+
+def numbers(path: str, header: Sequence[str], rows: Sequence[Sequence[str]], columns: Sequence[str],
+            first_line: int = 2) -> np.ndarray:
+    """float32 [N, len(columns)] from those columns; a missing, non-numeric or non-finite cell is an error naming
+    its line and column."""
+    where = [column_index(path, header, c) for c in columns]
+    out = np.empty((len(rows), len(where)), np.float32)
+    for i, r in enumerate(rows):
+        for j, k in enumerate(where):
+            cell = r[k].strip()
+            try:
+                v = float(cell)
+            except ValueError:
+                v = math.nan
+            if not math.isfinite(v) or abs(v) > 3.4e38:
+                what = "is missing" if not cell else f"is {cell[:40]!r}, not a finite number"
+                raise LeafpyError(f"{path}: line {first_line + i}, column {header[k]!r}: the value {what}; fill it "
+                                  "in or drop the row (or the column from data.features)")
+            out[i, j] = v
+    return out
+
+
+def column_index(path: str, header: Sequence[str], name: Any) -> int:
+    if name not in header:
+        raise ConfigError(f"{path}: no column {name!r}; the header has {', '.join(map(repr, header))}"[:500])
+    return list(header).index(name)
+
+
+def class_labels(path: str, header: Sequence[str], rows: Sequence[Sequence[str]], target: str
+                 ) -> tuple[list[str], np.ndarray]:
+    """The target column as class names (sorted: numerically when every name is an integer) and indices."""
+    k = column_index(path, header, target)
+    cells = [r[k].strip() for r in rows]
+    missing = next((i for i, c in enumerate(cells) if not c), None)
+    if missing is not None:
+        raise LeafpyError(f"{path}: line {missing + 2}, column {target!r}: the target is missing; fill it in or drop "
+                          "the row")
+    names = sorted(set(cells), key=lambda c: (0, int(c), "") if _integer(c) else (1, 0, c))
+    index = {n: i for i, n in enumerate(names)}
+    return names, np.array([index[c] for c in cells], np.int64)
+
+
+def _integer(cell: str) -> bool:
+    try:
+        int(cell)
+    except ValueError:
+        return False
+    return True
+
+
+def read(path: str, target: str, *, features: Sequence[str] | None = None, delimiter: str = ",",
+         targets: str = "classes") -> Parts:
+    """A CSV table (see ``lp.data.csv``) as :class:`Parts`."""
+    path = os.fspath(path)
+    header, rows = read_rows(path, delimiter)
+    if not isinstance(target, str):
+        raise ConfigError(f"data.target: expected the name of the label column, got {target!r}")
+    column_index(path, header, target)
+    if features is None:
+        features = [h for h in header if h != target]
+    elif not isinstance(features, (list, tuple)) or not features or not all(isinstance(f, str) for f in features):
+        raise ConfigError(f"data.features: expected a list of column names, got {features!r}"[:300])
+    if target in features:
+        raise ConfigError(f"data.features: the target column {target!r} cannot be a feature too")
+    x = numbers(path, header, rows, features)
+    names: list[str] = []
+    if targets == "values":
+        y = numbers(path, header, rows, [target])
+    else:
+        names, y = class_labels(path, header, rows, target)
+    return Parts(os.path.basename(path), x, y, len(names), None, tuple(names), (), tuple(features))

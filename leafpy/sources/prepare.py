@@ -1,0 +1,160 @@
+"""What a trained model needs to read new data as it read its training data: class names and the normalisation of
+its inputs (and, for a regression, of its targets). Recorded in run.yaml (``data.class_names``,
+``data.normalize``) and in the model file, so ``evaluate``, ``predict`` and ``lp.Layer.load`` apply it."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, SerializationError
+
+MAX_TEXT = 1 << 20
+"""The largest preparation record (bytes of JSON) a model file may carry."""
+
+
+@dataclass(frozen=True)
+class Preparation:
+    """Class names (empty: numbered classes or a regression) and the normalisation ``(x - mean) / std`` per input
+    channel or feature (``mean``/``std`` empty: none), and per target value for a regression (``target_mean``,
+    ``target_std``): predictions are given back as ``y * target_std + target_mean``."""
+
+    class_names: tuple[str, ...] = ()
+    mean: tuple[float, ...] = ()
+    std: tuple[float, ...] = ()
+    target_mean: tuple[float, ...] = ()
+    target_std: tuple[float, ...] = ()
+
+    def inputs(self, x: np.ndarray) -> np.ndarray:
+        """Samples [N, C, ...] (or [N, features]) normalised as the model was trained."""
+        return _scale(x, self.mean, self.std)
+
+    def targets(self, y: np.ndarray) -> np.ndarray:
+        """Regression targets in the units the network was trained on."""
+        return _scale(y, self.target_mean, self.target_std)
+
+    def outputs(self, y: np.ndarray) -> np.ndarray:
+        """A regression network's outputs back in the targets' units."""
+        if not self.target_mean:
+            return y
+        return (y * _per_axis(self.target_std, y) + _per_axis(self.target_mean, y)).astype(y.dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {}
+        if self.class_names:
+            d["class_names"] = list(self.class_names)
+        if self.mean:
+            d["normalize"] = normalize_dict(self)
+        return d
+
+    def to_text(self) -> str:
+        """The JSON a model file keeps ("" when there is nothing to keep)."""
+        d = self.to_dict()
+        return json.dumps(d, sort_keys=True) if d else ""
+
+
+def normalize_dict(p: Preparation) -> dict[str, list[float]]:
+    d = {"mean": list(p.mean), "std": list(p.std)}
+    if p.target_mean:
+        d.update(target_mean=list(p.target_mean), target_std=list(p.target_std))
+    return d
+
+
+def _per_axis(values: Sequence[float], a: np.ndarray) -> np.ndarray:
+    """``values`` (one per channel: axis 1) shaped to broadcast over ``a``; one value broadcasts over all."""
+    v = np.asarray(values, np.float32)
+    if len(v) == 1 or a.ndim < 2:
+        return v.reshape(-1)[:1] if len(v) == 1 else v
+    return v.reshape((1, len(v)) + (1,) * (a.ndim - 2))
+
+
+def _scale(a: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
+    if not mean:
+        return a
+    if len(mean) != 1 and (a.ndim < 2 or a.shape[1] != len(mean)):
+        raise ConfigError(f"data.normalize: {len(mean)} means (one per channel or feature), but the samples have "
+                          f"shape {list(a.shape[1:])}; give one value, or one per channel (axis 1)")
+    return ((a - _per_axis(mean, a)) / _per_axis(std, a)).astype(np.float32)
+
+
+def _numbers(value: Any, where: str, positive: bool = False) -> tuple[float, ...]:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    out = []
+    for v in items:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (positive and v <= 0):
+            raise ConfigError(f"{where}: expected {'positive ' if positive else ''}finite numbers (one, or one per "
+                              f"channel or feature), got {value!r}"[:300])
+        out.append(float(v))
+    if not out:
+        raise ConfigError(f"{where}: expected at least one number, got {value!r}")
+    return tuple(out)
+
+
+def from_dict(d: Any, where: str = "data") -> Preparation:
+    """A Preparation from run.yaml's data section or a model file's record (``class_names``, ``normalize``)."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(d).__name__}")
+    names = d.get("class_names") or ()
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f"{where}.class_names: expected a list of names, got {names!r}"[:300])
+    norm = d.get("normalize")
+    if norm is None or norm is False or norm == "auto":
+        return Preparation(tuple(names))
+    if not isinstance(norm, dict) or not {"mean", "std"} <= set(norm):
+        raise ConfigError(f"{where}.normalize: expected auto or {{mean: [...], std: [...]}}, got {norm!r}"[:300])
+    fields = {k: _numbers(norm[k], f"{where}.normalize.{k}", positive=k.endswith("std"))
+              for k in ("mean", "std", "target_mean", "target_std") if k in norm}
+    for a, b in (("mean", "std"), ("target_mean", "target_std")):
+        if (a in fields) != (b in fields) or (a in fields and len(fields[a]) != len(fields[b])):
+            raise ConfigError(f"{where}.normalize: {a} and {b} must both be given, with as many values each")
+    return Preparation(tuple(names), **fields)
+
+
+def from_text(text: str, path: str) -> Preparation | None:
+    """The preparation a model file records (None when it records none: files written before it existed)."""
+    if not text:
+        return None
+    if len(text) > MAX_TEXT:
+        raise SerializationError(f"{path}: the model's data preparation is {len(text)} bytes, more than {MAX_TEXT}; "
+                                 "the file is damaged")
+    try:
+        return from_dict(json.loads(text), f"{path}: data preparation")
+    except (ValueError, ConfigError) as e:
+        raise SerializationError(f"{path}: the model's data preparation is unreadable ({e}); the file is "
+                                 "damaged") from e
+
+
+def channel_statistics(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Mean and standard deviation per channel or feature (axis 1) of ``x`` [N, C, ...], in float64; a constant
+    channel gets standard deviation 1 (it is centred, not scaled)."""
+    axes = (0,) + tuple(range(2, x.ndim))
+    mean = x.mean(axis=axes, dtype=np.float64)
+    std = x.std(axis=axes, dtype=np.float64)
+    std = np.where(std > 1e-12, std, 1.0)
+    return tuple(map(float, np.atleast_1d(mean))), tuple(map(float, np.atleast_1d(std)))
+
+
+def resolve(data: dict, x_train: np.ndarray, y_train: np.ndarray | None, class_names: Sequence[str] = ()
+            ) -> Preparation:
+    """The run's preparation, its ``normalize: auto`` computed from the training split only (``y_train``: a
+    regression's targets, normalised too; None for classes); ``data`` (the run's data section) is updated to
+    record it, as run.yaml keeps it."""
+    given = from_dict({k: data[k] for k in ("normalize",) if k in data}, "data")
+    norm = data.get("normalize")
+    if norm == "auto":
+        mean, std = channel_statistics(x_train)
+        extra: dict[str, Any] = {}
+        if y_train is not None:
+            extra = dict(zip(("target_mean", "target_std"), channel_statistics(y_train.reshape(len(y_train), -1))))
+        given = Preparation((), mean, std, **extra)
+    prep = Preparation(tuple(class_names), given.mean, given.std, given.target_mean, given.target_std)
+    if prep.mean:
+        data["normalize"] = normalize_dict(prep)
+    if prep.class_names:
+        data["class_names"] = list(prep.class_names)
+    return prep

@@ -1,0 +1,278 @@
+"""Data as users have it, through the leafpy command: scikit-learn's digits written as a folder of PNG (and a
+JPEG, an RGB file, a corrupt file, a class with one image, a unicode class name) and its breast cancer and diabetes
+sets as CSV tables; trained, evaluated and predicted in a temporary directory, predictions checked by class name."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_user_paths import failed_cleanly, leafpy
+
+pytest.importorskip("PIL", reason="image folders need Pillow (the data extra)")
+pytest.importorskip("sklearn", reason="the user's data here is scikit-learn's bundled sets")
+
+NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+CNN_NAMES = NAMES[:-1] + ["neun \u00fc\u4e5d"]  # a unicode class name
+
+
+def write_digits(root: Path, per_class: int | None = None, *, names: list[str] = NAMES, odd: bool = True) -> dict:
+    """The digits as root/NAME/i.png (8-bit grayscale), with odd files when ``odd``; returns their true names."""
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    truth = {}
+    counts = dict.fromkeys(range(10), 0)
+    for i, (img, t) in enumerate(zip(d.images, d.target)):
+        if per_class is not None and counts[t] >= per_class:
+            continue
+        counts[t] += 1
+        folder = root / names[t]
+        folder.mkdir(parents=True, exist_ok=True)
+        pixels = (img * 255 / 16).astype(np.uint8)
+        if odd and i == 3:  # an RGB file in a grayscale set
+            Image.fromarray(np.stack([pixels] * 3, axis=-1), "RGB").save(folder / f"{i:04d}.png")
+        elif odd and i == 5:  # a JPEG
+            Image.fromarray(pixels, "L").save(folder / f"{i:04d}.jpg", quality=95)
+        elif odd and i == 6:  # a 16-bit PNG
+            Image.fromarray(pixels.astype(np.uint16) * 257).save(folder / f"{i:04d}.png")
+        else:
+            Image.fromarray(pixels, "L").save(folder / f"{i:04d}.png")
+        truth[f"{names[t]}/{i:04d}"] = names[t]
+    return truth
+
+
+MLP = ["digits_mlp", "--epochs", "8", "--set", "data.dataset=image_folder"]
+
+
+def test_an_image_folder_trains_evaluates_and_predicts_by_class_name(tmp_path):
+    write_digits(tmp_path / "digits")
+    env_cache = ["--set", f"data.cache_dir={tmp_path / 'cache'}"]
+    p = leafpy(tmp_path, "train", *MLP, "--set", "data.path=digits", *env_cache, "--set", "train.keep_best=1",
+               "--set", "train.monitor=test_macro_f1", "--out", "run")
+    assert p.returncode == 0, p.stderr
+    accuracy = float(re.findall(r"held-out accuracy: ([\d.]+)%", p.stdout)[-1])
+    npz_run = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "8", "--out", "arrays")
+    npz_accuracy = float(re.findall(r"held-out accuracy: ([\d.]+)%", npz_run.stdout)[-1])
+    print(f"digits: image folder {accuracy:.2f}%, bundled arrays {npz_accuracy:.2f}%")
+    assert accuracy > 93.0 and abs(accuracy - npz_accuracy) < 3.0, (accuracy, npz_accuracy)
+    assert len(list((tmp_path / "cache").glob("*.npy"))) == 1  # decoded once, kept
+    e = leafpy(tmp_path, "evaluate", "run")
+    assert e.returncode == 0, e.stderr
+    assert f"held-out accuracy: {accuracy:.2f}%" in e.stdout  # the same split, from the cache
+    assert "held-out top-5 accuracy: " in e.stdout and re.search(r"\n\s+seven\s+[\d.]+", e.stdout), e.stdout
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    history = history["epochs"] if isinstance(history, dict) else history
+    assert all(0.9 < h["test_macro_f1"] <= 1 and h["test_top5_accuracy"] >= h["test_accuracy"] for h in history[-1:])
+    assert len(list((tmp_path / "run").glob("best-epoch*.leaf"))) == 1  # kept by macro F1
+    # new images of one class, given as a folder and as one file: named by the class they show
+    (tmp_path / "new").mkdir()
+    for f in sorted((tmp_path / "digits" / "seven").iterdir())[:12]:
+        (tmp_path / "new" / f.name).write_bytes(f.read_bytes())
+    q = leafpy(tmp_path, "predict", "run", "--input", "new", "--out", "p.csv")
+    assert q.returncode == 0, q.stderr
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "p.csv").read_text())))
+    assert len(rows) == 12 and rows[0]["input"].endswith(".png")
+    assert sum(r["class"] == "seven" for r in rows) >= 11, rows
+    assert all(0.0 <= float(r["probability"]) <= 1.0 for r in rows)
+    one = leafpy(tmp_path, "predict", "run", "--input", "digits/three/0003.png")  # the RGB file
+    assert one.returncode == 0 and "0003.png: three " in one.stdout, (one.stdout, one.stderr)
+
+
+def test_a_corrupt_image_is_named_or_skipped_and_listed(tmp_path):
+    write_digits(tmp_path / "digits", per_class=6, odd=False)
+    (tmp_path / "digits" / "four" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    p = leafpy(tmp_path, "train", *MLP[:-2], "--epochs", "1", "--set", "data.dataset=image_folder", "--set",
+               "data.path=digits", "--set", "data.cache_dir=null", "--out", "run")
+    failed_cleanly(p, "broken.png", "skip_unreadable")
+    assert len(p.stderr.strip().splitlines()) == 1
+    q = leafpy(tmp_path, "train", *MLP[:-2], "--epochs", "1", "--set", "data.dataset=image_folder", "--set",
+               "data.path=digits", "--set", "data.skip_unreadable=true", "--set", "data.cache_dir=null", "--out", "run")
+    assert q.returncode == 0, q.stderr
+    assert "skipped 1 unreadable file" in q.stdout and "broken.png" in q.stdout
+    assert "48 training and 12 held-out samples" in q.stdout  # 10 x 6 images; the broken one left out
+
+
+def test_given_splits_a_unicode_class_and_a_class_with_one_image(tmp_path):
+    write_digits(tmp_path / "train", per_class=20, names=CNN_NAMES)
+    truth = write_digits(tmp_path / "test", per_class=3, names=CNN_NAMES, odd=False)
+    for f in sorted((tmp_path / "train" / CNN_NAMES[9]).iterdir())[1:]:  # a class with one image
+        f.unlink()
+    p = leafpy(tmp_path, "train", *MLP, "--set", "data.path.train=train", "--set", "data.path.test=test", "--set",
+               "data.normalize=auto", "--set", "data.cache_dir=null", "--out", "run")
+    assert p.returncode == 0, p.stderr
+    run_yaml = (tmp_path / "run" / "run.yaml").read_text(encoding="utf-8")
+    assert CNN_NAMES[9] in run_yaml and "mean:" in run_yaml and "std:" in run_yaml
+    q = leafpy(tmp_path, "predict", "run", "--input", "test", "--out", "p.csv")
+    assert q.returncode == 0, q.stderr
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "p.csv").read_text(encoding="utf-8"))))
+    right = sum(r["class"] == truth[os.path.splitext(r["input"])[0]] for r in rows)
+    assert len(rows) == 30 and right >= 24, rows
+
+
+# --- CSV tables ---------------------------------------------------------------------------------------------------
+TABLE_RUN = """
+name: table
+data: {{dataset: csv, path: {path}, target: {target}, batch_size: 32, normalize: auto}}
+network:
+  type: Sequential
+  inputs: [{{name: data, shape: [32, {features}]}}]
+  layers:
+    - {{name: fc1, type: Linear, output_size: 32}}
+    - {{name: act, type: ReLU}}
+    - {{name: fc2, type: Linear, output_size: {outputs}}}
+{last}
+objective:
+  type: Sequential
+  inputs: [{{name: network_out, shape: [32, {outputs}]}}, {{name: target, shape: [32, 1]}}]
+  layers: [{objective}]
+solver: {{solver: adam, base_lr: 0.01}}
+train: {{epochs: {epochs}}}
+"""
+
+
+def write_table(path: Path, x: np.ndarray, target: list, names: list[str], target_name: str) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow([*names, target_name])
+        for row, t in zip(x, target):
+            w.writerow([*(f"{v:.6g}" for v in row), t])
+
+
+def test_a_csv_table_with_class_names(tmp_path):
+    from sklearn.datasets import load_breast_cancer
+
+    d = load_breast_cancer()
+    names = [n.replace(" ", "_") for n in d.feature_names]
+    labels = [d.target_names[t] for t in d.target]
+    write_table(tmp_path / "cancer.csv", d.data, labels, names, "diagnosis")
+    (tmp_path / "cancer.yaml").write_text(TABLE_RUN.format(
+        path="cancer.csv", target="diagnosis", features=30, outputs=2, epochs=10,
+        last="    - {name: logsm, type: LogSoftmax}",
+        objective="{name: nll, type: NegativeLogLikelihood, num_classes: 2}"))
+    p = leafpy(tmp_path, "train", "cancer.yaml", "--out", "run")
+    assert p.returncode == 0, p.stderr
+    accuracy = float(re.findall(r"held-out accuracy: ([\d.]+)%", p.stdout)[-1])
+    print(f"breast cancer CSV: held-out accuracy {accuracy:.2f}%")
+    assert accuracy > 92.0
+    import leafpy as lp
+
+    saved = lp.Layer.load(lp.backend("native"), str(tmp_path / "run" / "model.leaf")).preparation
+    assert saved.class_names == ("benign", "malignant") and len(saved.mean) == 30
+    # new rows, without the label column, in another column order: read by feature name
+    order = names[::-1]
+    rows = d.data[:40, ::-1]
+    write_table(tmp_path / "new.csv", rows, [""] * 40, order, "unused")
+    q = leafpy(tmp_path, "predict", "run", "--input", "new.csv", "--out", "p.csv")
+    assert q.returncode == 0, q.stderr
+    got = [r["class"] for r in csv.DictReader(io.StringIO((tmp_path / "p.csv").read_text()))]
+    assert sum(g == t for g, t in zip(got, labels[:40])) >= 36, got
+    # evaluate's metrics are scikit-learn's on the held-out split's predictions
+    from sklearn.metrics import f1_score
+
+    import leafpy as lp
+
+    held_out = lp.data.csv(tmp_path / "cancer.csv", "diagnosis", test_fraction=0.2, seed=0)
+    write_table(tmp_path / "held_out.csv", held_out.x_test, [""] * len(held_out.x_test), names, "unused")
+    q = leafpy(tmp_path, "predict", "run", "--input", "held_out.csv", "--out", "h.csv")
+    assert q.returncode == 0, q.stderr
+    predicted = [r["class"] for r in csv.DictReader(io.StringIO((tmp_path / "h.csv").read_text()))]
+    truth = [held_out.class_names[k] for k in held_out.y_test]
+    e = leafpy(tmp_path, "evaluate", "run")
+    assert e.returncode == 0, e.stderr
+    macro = float(re.search(r"macro F1 ([\d.]+), weighted F1 ([\d.]+)", e.stdout).group(1))
+    assert abs(macro - f1_score(truth, predicted, average="macro")) < 1e-4, e.stdout
+    assert re.search(r"\s+malignant\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+\d+", e.stdout), e.stdout  # per class, by name
+    # a missing value is an error naming its line and column
+    text = (tmp_path / "cancer.csv").read_text().splitlines()
+    cells = text[7].split(",")
+    cells[4] = ""
+    text[7] = ",".join(cells)
+    (tmp_path / "cancer.csv").write_text("\n".join(text) + "\n")
+    e = leafpy(tmp_path, "train", "cancer.yaml", "--out", "run2")
+    failed_cleanly(e, "cancer.csv", "line 8", repr(names[4]), "missing")
+    cells[4] = "n/a"
+    text[7] = ",".join(cells)
+    (tmp_path / "cancer.csv").write_text("\n".join(text) + "\n")
+    failed_cleanly(leafpy(tmp_path, "train", "cancer.yaml", "--out", "run2"), "line 8", "'n/a'")
+
+
+def test_a_csv_regression_gives_predictions_in_the_targets_units(tmp_path):
+    from sklearn.datasets import load_diabetes
+
+    d = load_diabetes(scaled=False)
+    names = list(d.feature_names)
+    write_table(tmp_path / "diabetes.csv", d.data, [f"{v:g}" for v in d.target], names, "progression")
+    (tmp_path / "diabetes.yaml").write_text(TABLE_RUN.format(
+        path="diabetes.csv", target="progression", features=10, outputs=1, epochs=30, last="",
+        objective="{name: mse, type: MeanSquaredError}"))
+    p = leafpy(tmp_path, "train", "diabetes.yaml", "--out", "run")
+    assert p.returncode == 0, p.stderr
+    assert "target_mean" in (tmp_path / "run" / "run.yaml").read_text()
+    write_table(tmp_path / "new.csv", d.data[:100], [""] * 100, names, "unused")
+    q = leafpy(tmp_path, "predict", "run", "--input", "new.csv", "--out", "p.npz")
+    assert q.returncode == 0, q.stderr
+    with np.load(tmp_path / "p.npz") as f:
+        predicted = f["outputs"][:, 0]
+    # in the targets' units (25..346), not normalised ones; better than predicting the mean
+    assert 50 < predicted.mean() < 250, predicted[:5]
+    mse = float(np.mean((predicted - d.target[:100]) ** 2))
+    print(f"diabetes CSV: mean squared error {mse:.0f} (variance {np.var(d.target[:100]):.0f})")
+    assert mse < 0.8 * np.var(d.target[:100])
+    # evaluate reports MSE, MAE and R² in the targets' units, as scikit-learn computes them from the predictions
+    from sklearn.metrics import mean_absolute_error, mean_squared_error, r2_score
+
+    import leafpy as lp
+
+    held_out = lp.data.csv(tmp_path / "diabetes.csv", "progression", test_fraction=0.2, seed=0, targets="values")
+    write_table(tmp_path / "held_out.csv", held_out.x_test, [""] * len(held_out.x_test), names, "unused")
+    assert leafpy(tmp_path, "predict", "run", "--input", "held_out.csv", "--out", "h.npz").returncode == 0
+    with np.load(tmp_path / "h.npz") as f:
+        got = f["outputs"][:, 0]
+    e = leafpy(tmp_path, "evaluate", "run")
+    assert e.returncode == 0, e.stderr
+    mse, mae, r2 = map(float, re.search(r"MSE ([\d.e+-]+), MAE ([\d.e+-]+), R² ([\d.e+-]+)", e.stdout).groups())
+    print(e.stdout.strip().splitlines()[-1])
+    # the run file itself (normalize: auto) with the weights scores the same split with the same values
+    again = leafpy(tmp_path, "evaluate", "diabetes.yaml", "--weights", "run/model.leaf")
+    assert again.returncode == 0 and e.stdout.splitlines()[-1] in again.stdout, (again.stdout, again.stderr)
+    t = held_out.y_test[:, 0]
+    assert mse == pytest.approx(mean_squared_error(t, got), rel=1e-3)
+    assert mae == pytest.approx(mean_absolute_error(t, got), rel=1e-3)
+    assert r2 == pytest.approx(r2_score(t, got), abs=1e-3) and r2 > 0.2
+    # a model loaded in Python carries what it needs
+    import leafpy as lp
+
+    net = lp.Layer.load(lp.backend("native"), str(tmp_path / "run" / "model.leaf"))
+    x = net.preparation.inputs(d.data[:100].astype(np.float32))
+    y = net.preparation.outputs(net.forward([x])[0].to_numpy())
+    np.testing.assert_allclose(y[:, 0], predicted, rtol=1e-4, atol=1e-3)
+
+
+def _png_declaring(width: int, height: int) -> bytes:
+    """A PNG whose header declares width x height grayscale pixels, with one tiny compressed row of data."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + \
+        chunk(b"IEND", b"")
+
+
+def test_a_decompression_bomb_is_refused_before_it_is_decoded(tmp_path):
+    write_digits(tmp_path / "digits", per_class=3, odd=False)
+    (tmp_path / "digits" / "two" / "bomb.png").write_bytes(_png_declaring(100_000, 100_000))  # 10^10 pixels
+    p = leafpy(tmp_path, "train", *MLP[:-2], "--epochs", "1", "--set", "data.dataset=image_folder", "--set",
+               "data.path=digits", "--set", "data.cache_dir=null", "--out", "run")
+    failed_cleanly(p, "bomb.png", "cannot decode")
+    assert "decompression bomb" in p.stderr.lower() or "exceeds limit" in p.stderr, p.stderr
