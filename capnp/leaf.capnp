@@ -92,8 +92,11 @@ struct ConvolutionConfig {
   numOutput @0 :UInt64;
   filterShape @1 :List(UInt64);
   stride @2 :List(UInt64);
-  padding @3 :List(UInt64);
+  padding @3 :List(UInt64);     # before each spatial dimension (and after it, unless padEnd says otherwise)
   bias @4 :Bool;
+  dilation @5 :List(UInt64);    # empty: 1 (no dilation)
+  group @6 :UInt64 = 1;
+  padEnd @7 :List(UInt64);      # after each spatial dimension; empty: as padding
 }
 
 struct LinearConfig {
@@ -106,7 +109,11 @@ struct PoolingConfig {
   mode @0 :PoolingMode;
   filterShape @1 :List(UInt64);
   stride @2 :List(UInt64);
-  padding @3 :List(UInt64);
+  padding @3 :List(UInt64);     # before each spatial dimension (and after it, unless padEnd says otherwise)
+  padEnd @4 :List(UInt64);      # after each spatial dimension; empty: as padding
+  ceilMode @5 :Bool;            # output sizes rounded up (Caffe's pooling), not down
+  countIncludePad @6 :Bool = true;  # average pooling divides by the window's size padding included
+  globalPooling @7 :Bool;       # one window over the whole input (filter, stride and padding unused)
 }
 
 enum PoolingMode {

@@ -184,7 +184,10 @@ def read_layer_config(reader: Any, where: str = "config") -> LayerConfig:
         for f in dataclasses.fields(entry.config_class):
             stored = _schema_field(type_name, f.name)
             if stored in sub.schema.fieldnames:
-                kwargs[f.name] = _read_value(getattr(sub, stored))
+                value = _read_value(getattr(sub, stored))
+                if value == () and f.default is not dataclasses.MISSING:
+                    continue  # an empty list (or one a file written before the field existed lacks): the default
+                kwargs[f.name] = value
         config = entry.config_class(**kwargs)
     params = []
     for p in reader.params:
@@ -430,6 +433,10 @@ def _read_weights(reader_list: Any, where: str) -> dict[str, np.ndarray]:
 LEAF_TYPES = {"Convolution", "Linear", "Pooling", "LogSoftmax", "Softmax", "ReLU", "Sigmoid",
               "NegativeLogLikelihood", "Reshape", "Sequential"}
 """The layer types Leaf 0.2.1 had."""
+LEAF_FIELDS = {"Convolution": ("num_output", "filter_shape", "stride", "padding", "bias"),
+               "Pooling": ("mode", "filter_shape", "stride", "padding")}
+"""Of those types' settings, the ones Leaf had: the others (group, dilation, pad_end, ceil_mode, ...) must keep their
+defaults in a Leaf file."""
 
 
 def check_leaf_representable(config: LayerConfig, where: str) -> None:
@@ -445,6 +452,11 @@ def check_leaf_representable(config: LayerConfig, where: str) -> None:
         refuse("a bias (Leaf's Linear and Convolution had none: bias=False)")
     if config.type == "Pooling" and c.mode != "max":
         refuse(f"{c.mode} pooling (Leaf pooled by maximum only)")
+    if config.type in LEAF_FIELDS:
+        leaf_only = type(c)(**{k: getattr(c, k) for k in LEAF_FIELDS[config.type]})
+        for f in dataclasses.fields(c):
+            if getattr(c, f.name) != getattr(leaf_only, f.name):
+                refuse(f"{f.name} {getattr(c, f.name)!r} (Leaf's {config.type} had no {f.name})")
     for wc in config.params:
         if wc.lr_mult != 1.0 or wc.decay_mult != 1.0 or wc.filler is not None:
             refuse("per-weight lr_mult, decay_mult or filler (Leaf's WeightConfig holds a name only)")

@@ -33,3 +33,62 @@ def test_linear_axis_counted_from_the_end_keeps_the_axes_before_it(native64, sha
     dw, db = (t.to_numpy() for t in layer.learnable_weights_gradients())
     np.testing.assert_allclose(dw, dy_rows.T @ rows, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(db, dy_rows.sum(axis=0), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("config,shape", [
+    (dict(num_output=4, filter_shape=[3], group=2), (2, 4, 5, 5)),
+    (dict(num_output=6, filter_shape=[3], padding=[1], group=3), (2, 3, 6, 5)),  # depthwise, channel multiplier 2
+    (dict(num_output=3, filter_shape=[3, 2], dilation=[2, 3], padding=[2, 1]), (1, 2, 7, 8)),
+    (dict(num_output=4, filter_shape=[3], stride=[2, 1], padding=[1, 2], pad_end=[2, 0], dilation=[2, 1], group=2),
+     (2, 4, 7, 6)),
+    (dict(num_output=2, filter_shape=[2], stride=[2], padding=[0], pad_end=[1]), (1, 2, 5, 5)),
+])
+def test_grouped_dilated_asymmetric_convolution_matches_a_loop_reference(native64, config, shape):
+    """Convolution with group, dilation and padding after (pad_end) other than before, against explicit loops over
+    groups and output positions."""
+    import reference
+
+    rng = np.random.default_rng(3)
+    cfg = lp.ConvolutionConfig(**config)
+    layer = lp.Layer.from_config(native64, lp.LayerConfig("conv", cfg), seed=0)
+    x = rng.standard_normal(shape)
+    y = layer.forward([x])[0].to_numpy()
+    w, b = (t.to_numpy() for t in layer.learnable_weights_data())
+    assert w.shape[1] == shape[1] // cfg.group
+    ref = reference.conv2d_grouped(x, w, b, cfg.stride, cfg.padding, cfg.pad_end or cfg.padding, cfg.dilation,
+                                   cfg.group)
+    assert y.shape == ref.shape
+    np.testing.assert_allclose(y, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("config,shape", [
+    (dict(mode="max", filter_shape=[3], stride=[2], ceil_mode=True), (2, 2, 6, 7)),
+    (dict(mode="average", filter_shape=[3], stride=[2], padding=[1], ceil_mode=True), (1, 2, 6, 5)),
+    (dict(mode="average", filter_shape=[3], stride=[2], padding=[1], count_include_pad=False), (1, 2, 5, 6)),
+    (dict(mode="average", filter_shape=[3], stride=[2], padding=[1], ceil_mode=True, count_include_pad=False),
+     (2, 1, 6, 6)),
+    (dict(mode="max", filter_shape=[3, 2], stride=[1, 2], padding=[0, 1], pad_end=[2, 0]), (1, 2, 5, 5)),
+    (dict(mode="average", filter_shape=[3], stride=[1], padding=[1, 0], pad_end=[0, 2]), (1, 2, 4, 5)),
+])
+def test_pooling_ceil_mode_padding_and_divisors_match_a_loop_reference(native64, config, shape):
+    """Pooling with ceil_mode, count_include_pad and padding after (pad_end) other than before, against loops that
+    follow PyTorch's and Caffe's definitions."""
+    import reference
+
+    cfg = lp.PoolingConfig(**config)
+    layer = lp.Layer.from_config(native64, lp.LayerConfig("pool", cfg))
+    x = np.random.default_rng(5).permutation(np.arange(np.prod(shape))).reshape(shape) * 0.1
+    y = layer.forward([x])[0].to_numpy()
+    ref = reference.pool2d(x, cfg.mode, cfg.filter_shape, cfg.stride, cfg.padding, cfg.pad_end or cfg.padding,
+                           cfg.ceil_mode, cfg.count_include_pad)
+    assert y.shape == ref.shape
+    np.testing.assert_allclose(y, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["max", "average"])
+def test_global_pooling_pools_each_whole_plane(native64, mode):
+    layer = lp.Layer.from_config(native64, lp.LayerConfig("gp", lp.PoolingConfig(mode=mode, global_pooling=True)))
+    x = np.random.default_rng(1).standard_normal((2, 3, 5, 4))
+    y = layer.forward([x])[0].to_numpy()
+    want = x.max(axis=(2, 3)) if mode == "max" else x.mean(axis=(2, 3))
+    np.testing.assert_allclose(y, want.reshape(2, 3, 1, 1), rtol=1e-12, atol=1e-12)
