@@ -60,6 +60,10 @@ struct LayerConfig {
     rnn @31 :RecurrentConfig;
     gru @32 :RecurrentConfig;
     swish @33 :Void;          # SiLU under its other name
+    # the types above stored as Void (as Leaf had them) with settings other than their defaults
+    softmaxConfig @34 :AxisConfig;
+    logSoftmaxConfig @35 :AxisConfig;
+    flattenConfig @36 :AxisConfig;
   }
 
   outputs @11 :List(Text);
@@ -138,6 +142,10 @@ struct NegativeLogLikelihoodConfig {
 
 struct ReshapeConfig {
   shape @0 :List(UInt64);   # 0 after the batch dimension: inferred (leafpy's -1)
+}
+
+struct AxisConfig {           # Softmax, LogSoftmax, Flatten
+  axis @0 :Int64 = 1;         # negative counts from the end
 }
 
 struct DropoutConfig {

@@ -83,8 +83,17 @@ def _union_member(type_name: str) -> str:
     raise SerializationError(f"layer type {type_name!r} has no entry in leaf.capnp's LayerConfig union")
 
 
+def _void_default(member: str, config: LayerConfig) -> bool:
+    """Whether ``config`` is stored as the Void member ``member``: a type stored so (as Leaf had it) whose settings,
+    kept in its member ``{member}Config``, are all their defaults (old readers and Leaf then read it as before)."""
+    union = schema().LayerConfig.LayerType.schema.union_fields
+    return member + "Config" in union and config.config == type(config.config)()
+
+
 def _layer_type_of(member: str) -> str | None:
     """The layer type stored as union member ``member`` (the inverse of _union_member)."""
+    if member.endswith("Config") and member[:-len("Config")] in schema().LayerConfig.LayerType.schema.union_fields:
+        member = member[:-len("Config")]  # the settings of a type otherwise stored as Void
     for type_name, m in UNION_MEMBERS.items():
         if m == member:
             return type_name
@@ -128,8 +137,10 @@ def write_layer_config(builder: Any, config: LayerConfig) -> None:
             ins[i].name = n
             ins[i].shape = list(shape)
         sb.forceBackward = seq.force_backward
-    elif config.config is None:
+    elif config.config is None or _void_default(member, config):
         setattr(ltype, member, None)
+    elif member + "Config" in schema().LayerConfig.LayerType.schema.union_fields:
+        _fill_struct(ltype.init(member + "Config"), config.type, config.config)
     else:
         _fill_struct(ltype.init(member), config.type, config.config)
     builder.outputs = list(config.outputs)
@@ -176,8 +187,8 @@ def read_layer_config(reader: Any, where: str = "config") -> LayerConfig:
             layers=[read_layer_config(lc, f"{where}.layers[{i}]") for i, lc in enumerate(sr.layers)],
             inputs=[(i.name, tuple(i.shape)) for i in sr.inputs],
             force_backward=bool(sr.forceBackward))
-    elif entry.config_class is None:
-        config = type_name
+    elif entry.config_class is None or getattr(reader.layerType, which) is None:
+        config = type_name  # a type without settings, or stored as Void: its defaults
     else:
         sub = getattr(reader.layerType, which)
         kwargs = {}
@@ -434,7 +445,7 @@ LEAF_TYPES = {"Convolution", "Linear", "Pooling", "LogSoftmax", "Softmax", "ReLU
               "NegativeLogLikelihood", "Reshape", "Sequential"}
 """The layer types Leaf 0.2.1 had."""
 LEAF_FIELDS = {"Convolution": ("num_output", "filter_shape", "stride", "padding", "bias"),
-               "Pooling": ("mode", "filter_shape", "stride", "padding")}
+               "Pooling": ("mode", "filter_shape", "stride", "padding"), "Softmax": (), "LogSoftmax": ()}
 """Of those types' settings, the ones Leaf had: the others (group, dilation, pad_end, ceil_mode, ...) must keep their
 defaults in a Leaf file."""
 

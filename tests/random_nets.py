@@ -191,7 +191,11 @@ class _Builder:
         return self.one(lp.DropoutConfig(ratio=float(self.rng.choice([0.25, 0.5]))), cur)
 
     def b_softmax(self, cur: Blob) -> Blob:
-        return self.one(str(self.rng.choice(["Softmax", "LogSoftmax"])), cur)
+        kind = str(self.rng.choice(["Softmax", "LogSoftmax"]))
+        if len(cur.shape) == 3 and self.rng.random() < 0.4:  # over the last axis
+            self.g.features.add("softmax-axis")
+            return self.one((lp.SoftmaxConfig if kind == "Softmax" else lp.LogSoftmaxConfig)(axis=-1), cur)
+        return self.one(kind, cur)
 
     def b_linear(self, cur: Blob) -> Blob:
         out = int(self.rng.integers(2, 6))
@@ -266,6 +270,9 @@ class _Builder:
                         (n, c, *out))
 
     def b_flatten(self, cur: Blob) -> Blob:
+        if len(cur.shape) == 4 and self.rng.random() < 0.3:  # the axis counted from the end (the batch axis kept)
+            self.g.features.add("flatten-axis")
+            return self.one(lp.FlattenConfig(axis=-3), cur, (cur.shape[0], self.size(cur)))
         return self.one("Flatten", cur, (cur.shape[0], self.size(cur)))
 
     def b_reshape(self, cur: Blob) -> Blob:

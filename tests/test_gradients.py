@@ -77,10 +77,13 @@ CASES = {
     "Swish": [("Swish", lambda r: [2 * r.standard_normal((2, 3))])],
     "Softmax": [("Softmax", lambda r: [r.standard_normal((3, 5))]),
                 ("Softmax", lambda r: [r.standard_normal((2, 3, 2))]),
-                ("Softmax", lambda r: [r.standard_normal((2, 300))])],  # long rows: a workgroup per row
+                ("Softmax", lambda r: [r.standard_normal((2, 300))]),  # long rows: a workgroup per row
+                (lp.SoftmaxConfig(axis=-1), lambda r: [r.standard_normal((2, 3, 4))]),
+                (lp.SoftmaxConfig(axis=0), lambda r: [r.standard_normal((3, 2, 2))])],
     "LogSoftmax": [("LogSoftmax", lambda r: [r.standard_normal((3, 5))]),
                    ("LogSoftmax", lambda r: [r.standard_normal((2, 4, 3))]),
-                   ("LogSoftmax", lambda r: [r.standard_normal((2, 100, 3))])],
+                   ("LogSoftmax", lambda r: [r.standard_normal((2, 100, 3))]),
+                   (lp.LogSoftmaxConfig(axis=2), lambda r: [r.standard_normal((2, 3, 5))])],
     "NegativeLogLikelihood": [
         (lp.NegativeLogLikelihoodConfig(num_classes=5), lambda r: [r.standard_normal((4, 5)), labels(r, 4, 5)]),
         (lp.NegativeLogLikelihoodConfig(num_classes=3),
@@ -88,7 +91,10 @@ CASES = {
     ],
     "MeanSquaredError": [("MeanSquaredError", lambda r: [r.standard_normal((3, 4)), r.standard_normal((3, 4))])],
     "Reshape": [(lp.ReshapeConfig(shape=[1, 3, -1]), lambda r: [r.standard_normal((2, 6))])],
-    "Flatten": [("Flatten", lambda r: [r.standard_normal((2, 3, 2, 2))])],
+    "Flatten": [("Flatten", lambda r: [r.standard_normal((2, 3, 2, 2))]),
+                (lp.FlattenConfig(axis=2), lambda r: [r.standard_normal((2, 3, 2, 2))]),
+                (lp.FlattenConfig(axis=0), lambda r: [r.standard_normal((2, 3, 2))]),
+                (lp.FlattenConfig(axis=-1), lambda r: [r.standard_normal((2, 3, 4))])],
     "Dropout": [(lp.DropoutConfig(ratio=0.3), lambda r: [r.standard_normal((4, 6))])],
     "BatchNorm": [(lp.BatchNormConfig(), lambda r: [r.standard_normal((4, 3, 2, 2)) * 2 + 1]),
                   (lp.BatchNormConfig(affine=False, eps=1e-3, momentum=0.5), lambda r: [r.standard_normal((5, 3))])],

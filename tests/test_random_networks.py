@@ -24,7 +24,7 @@ FEATURES = {"residual", "eltwise-sum", "eltwise-prod", "eltwise-max", "concat", 
             "slice-concat-auto", "skip", "nested", "nested-two-inputs", "nested-deeper", "shared", "shared-nested",
             "named-in-place", "ids-fan-out", "pruned", "conv-2d-settings", "pool-padded", "reshape",
             "conv-dilated", "conv-pad-end", "conv-grouped", "conv-depthwise", "pool-global", "pool-ceil",
-            "pool-exclude-pad",
+            "pool-exclude-pad", "softmax-axis", "flatten-axis",
             *random_nets.FAMILIES}
 
 

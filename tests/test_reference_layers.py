@@ -92,3 +92,40 @@ def test_global_pooling_pools_each_whole_plane(native64, mode):
     y = layer.forward([x])[0].to_numpy()
     want = x.max(axis=(2, 3)) if mode == "max" else x.mean(axis=(2, 3))
     np.testing.assert_allclose(y, want.reshape(2, 3, 1, 1), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("shape,axis", [((2, 3, 4, 5), 2), ((2, 3, 4, 5), -1), ((3, 4, 2), 0), ((2, 5), 1)])
+def test_softmax_over_any_axis_matches_the_formula(native64, kind, shape, axis):
+    """Softmax and LogSoftmax over ``axis``: exp(x) / sum over that axis (and its log), with the gradients
+    y (dy - sum(dy y)) and dy - exp(y) sum(dy)."""
+    config = (lp.SoftmaxConfig if kind == "Softmax" else lp.LogSoftmaxConfig)(axis=axis)
+    layer = lp.Layer.from_config(native64, lp.LayerConfig("sm", config))
+    rng = np.random.default_rng(2)
+    x, dy = rng.standard_normal(shape), rng.standard_normal(shape)
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    p = e / e.sum(axis=axis, keepdims=True)
+    want = p if kind == "Softmax" else np.log(p)
+    np.testing.assert_allclose(layer.forward([x])[0].to_numpy(), want, rtol=1e-12, atol=1e-12)
+    grad = p * (dy - (dy * p).sum(axis=axis, keepdims=True)) if kind == "Softmax" else (
+        dy - p * dy.sum(axis=axis, keepdims=True))
+    np.testing.assert_allclose(layer.backward([dy])[0].to_numpy(), grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape,axis,want", [((2, 3, 4, 5), 1, (2, 60)), ((2, 3, 4, 5), 2, (6, 20)),
+                                             ((2, 3, 4), 0, (1, 24)), ((2, 3, 4), 3, (24, 1)),
+                                             ((2, 3, 4), -1, (6, 4))])
+def test_flatten_axis_keeps_the_axes_before_it_in_the_first_dimension(native64, shape, axis, want):
+    layer = lp.Layer.from_config(native64, lp.LayerConfig("f", lp.FlattenConfig(axis=axis)))
+    x = np.random.default_rng(0).standard_normal(shape)
+    y = layer.forward([x])[0].to_numpy()
+    np.testing.assert_array_equal(y, x.reshape(want))
+
+
+def test_an_axis_outside_the_input_is_a_shape_error_naming_the_range(native64):
+    cfg = lp.SequentialConfig(inputs=[("data", [2, 3, 4])])
+    cfg.add_layer(lp.LayerConfig("sm", lp.SoftmaxConfig(axis=3)))
+    with pytest.raises(lp.ShapeError, match=r"layer 'sm'.*axis 3 is outside an input of shape \(2, 3, 4\).*-3 to 2"):
+        lp.Layer.from_config(native64, lp.LayerConfig("net", cfg))
+    with pytest.raises(lp.ConfigError, match="FlattenConfig.axis: expected an integer axis"):
+        lp.FlattenConfig(axis="last")
