@@ -64,6 +64,7 @@ struct LayerConfig {
     softmaxConfig @34 :AxisConfig;
     logSoftmaxConfig @35 :AxisConfig;
     flattenConfig @36 :AxisConfig;
+    deconvolution @37 :DeconvolutionConfig;
   }
 
   outputs @11 :List(Text);
@@ -101,6 +102,18 @@ struct ConvolutionConfig {
   dilation @5 :List(UInt64);    # empty: 1 (no dilation)
   group @6 :UInt64 = 1;
   padEnd @7 :List(UInt64);      # after each spatial dimension; empty: as padding
+}
+
+struct DeconvolutionConfig {  # a transposed convolution: weight [C, numOutput / group, kh, kw]
+  numOutput @0 :UInt64;
+  filterShape @1 :List(UInt64);
+  stride @2 :List(UInt64);
+  padding @3 :List(UInt64);
+  padEnd @4 :List(UInt64);         # empty: as padding
+  outputPadding @5 :List(UInt64);  # empty: 0
+  dilation @6 :List(UInt64);       # empty: 1
+  group @7 :UInt64 = 1;
+  bias @8 :Bool = true;
 }
 
 struct LinearConfig {

@@ -16,6 +16,7 @@ from .layers import (
                      BatchNormConfig,
                      ConcatConfig,
                      ConvolutionConfig,
+                     DeconvolutionConfig,
                      DropoutConfig,
                      EltwiseConfig,
                      ELUConfig,
@@ -61,5 +62,6 @@ __all__ = [
     "ConfusionMatrix", "LR_POLICIES", "Solver", "SolverConfig", "config", "data", "predictions",
     "Callback", "Trainer", "train",
     "EmbeddingConfig", "GRUConfig", "LSTMConfig", "RNNConfig", "SoftmaxConfig", "LogSoftmaxConfig", "FlattenConfig",
+    "DeconvolutionConfig",
     "ELUConfig", "GELUConfig", "LeakyReLUConfig", "SoftplusConfig",
 ]

@@ -28,6 +28,7 @@ DEFAULT_SEEDS = range(80)
 (test_random_networks.py checks it)."""
 IN_PLACE_TYPES = ("ReLU", "Sigmoid", "TanH", "LeakyReLU", "ELU", "Dropout", "Reshape", "Flatten")
 """The layer types that may run in place."""
+DECONV = 0.3
 FAMILIES = ("image", "vector", "sequence", "ids", "labels", "target")
 
 
@@ -213,8 +214,25 @@ class _Builder:
             return self.b_pool(cur)
         return self.b_linear(cur)
 
+    def b_deconv(self, cur: Blob) -> Blob:
+        n, c, h, w = cur.shape
+        f, s = int(self.rng.integers(1, 4)), int(self.rng.integers(1, 3))
+        p = int(self.rng.integers(0, f))
+        op = 1 if s == 2 and self.rng.random() < 0.4 else 0
+        group = c if c > 1 and self.rng.random() < 0.3 else 1
+        out = group * int(self.rng.integers(1, 3))
+        size = [(d - 1) * s - 2 * p + f + op for d in (h, w)]
+        if min(size) < 1:
+            p, size = 0, [(d - 1) * s + f + op for d in (h, w)]
+        cfg = lp.DeconvolutionConfig(num_output=out, filter_shape=[f], stride=[s], padding=[p], output_padding=[op],
+                                     group=group, bias=bool(self.rng.random() < 0.7))
+        out_blob = self.one(cfg, cur, (n, out, *size))
+        return self.in_place(out_blob, keep_shape=True) if self.rng.random() < 0.5 else out_blob
+
     def b_conv(self, cur: Blob) -> Blob:
         n, c, h, w = cur.shape
+        if self.rng.random() < DECONV:
+            return self.b_deconv(cur)
         dims = 2 if self.rng.random() < 0.3 else 1  # one value for both spatial axes, or one each
         f, s, p = ([int(v) for v in self.rng.integers(lo, hi, dims)] for lo, hi in ((1, 4), (1, 3), (0, 2)))
         fh, fw, sh, sw, ph, pw = f[0], f[-1], s[0], s[-1], p[0], p[-1]
@@ -223,7 +241,7 @@ class _Builder:
         if self.rng.random() < 0.5 and fh > 1 and h + 2 * ph >= 2 * fh - 1 and w + 2 * pw >= 2 * fw - 1:
             d = extra["dilation"] = 2
             self.g.features.add("conv-dilated")
-        if self.rng.random() < 0.2:  # padding after unlike padding before
+        if self.rng.random() < 0.6:  # padding after unlike padding before
             e = extra["pad_end"] = [ph + 1, pw]
             self.g.features.add("conv-pad-end")
         span_h, span_w = (fh - 1) * d + 1, (fw - 1) * d + 1
@@ -234,7 +252,7 @@ class _Builder:
         out = int(self.rng.integers(1, 4))
         if c > 1 and self.rng.random() < 0.6:  # grouped: two groups, or depthwise
             extra["group"] = group = c if c % 2 or self.rng.random() < 0.5 else 2
-            out = group * int(self.rng.integers(1, 3))
+            out = group * (2 if self.rng.random() < 0.7 else 1)
             # depthwise: one output per channel; grouped: several outputs per group
             self.g.features.add("conv-depthwise" if out == c else "conv-grouped")
         cfg = lp.ConvolutionConfig(num_output=out, filter_shape=f, stride=s, padding=p,
@@ -333,8 +351,12 @@ class _Builder:
                 if r == 4:
                     c = int(self.rng.integers(1, 4)) if change else out.shape[1]
                     f = int(self.rng.choice([1, 3]))
-                    out = self.one(lp.ConvolutionConfig(num_output=c, filter_shape=[f], padding=[f // 2]), out,
-                                   (out.shape[0], c, *out.shape[2:]))
+                    group = 1
+                    if c > 1 and c == out.shape[1] and self.rng.random() < 0.4:  # two groups, or depthwise
+                        group = 2 if c % 2 == 0 else c
+                        self.g.features.add("conv-grouped" if group < c else "conv-depthwise")
+                    out = self.one(lp.ConvolutionConfig(num_output=c, filter_shape=[f], padding=[f // 2], group=group),
+                                   out, (out.shape[0], c, *out.shape[2:]))
                 elif r == 3 and self.rng.random() < 0.5 and out.shape[1] <= 6:
                     h = int(self.rng.integers(1, 4)) if change else out.shape[2]
                     kind = str(self.rng.choice(["LSTM", "GRU", "RNN"]))

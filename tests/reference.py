@@ -43,6 +43,28 @@ def conv2d_grouped(x, w, b, stride, pad, pad_end, dilation, groups):
     return y + (0 if b is None else b.reshape(1, -1, 1, 1))
 
 
+def deconv2d(x, w, b, stride, pad, pad_end, output_padding, dilation, groups):
+    """Transposed convolution by scattering each input value through the filter (PyTorch's ConvTranspose2d):
+    ``w`` [C, O / groups, kh, kw]; every input position (i, j) adds x * w at output (i * stride + tap * dilation -
+    pad); the output is cropped by ``pad`` before and ``pad_end`` after and grown by ``output_padding``."""
+    n, c, h, wd = x.shape
+    _, og, kh, kw = w.shape
+    cg = c // groups
+    full = [(size - 1) * s + (k - 1) * d + 1 + op for size, s, k, d, op in
+            zip((h, wd), stride, (kh, kw), dilation, output_padding)]
+    y = np.zeros((n, og * groups, *full))
+    for ch in range(c):
+        g = ch // cg
+        for i in range(h):
+            for j in range(wd):
+                for a in range(kh):
+                    for bb in range(kw):
+                        r, q = i * stride[0] + a * dilation[0], j * stride[1] + bb * dilation[1]
+                        y[:, g * og:(g + 1) * og, r, q] += x[:, ch, i, j, None] * w[ch, :, a, bb]
+    y = y[:, :, pad[0]:full[0] - pad_end[0], pad[1]:full[1] - pad_end[1]]
+    return y + (0 if b is None else b.reshape(1, -1, 1, 1))
+
+
 def conv2d_backward(x, w, dy, stride=(1, 1), pad=(0, 0)):
     n, c, h, wd = x.shape
     o, _, kh, kw = w.shape

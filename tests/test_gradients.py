@@ -46,6 +46,14 @@ CASES = {
                               dilation=[1, 2], group=2),  # asymmetric padding
          lambda r: [r.standard_normal((1, 4, 5, 6))]),
     ],
+    "Deconvolution": [
+        (lp.DeconvolutionConfig(num_output=3, filter_shape=[3], stride=[2], padding=[1]),
+         lambda r: [r.standard_normal((2, 2, 3, 3))]),
+        (lp.DeconvolutionConfig(num_output=2, filter_shape=[2, 3], stride=[2, 1], output_padding=[1, 0],
+                                bias=False), lambda r: [r.standard_normal((1, 3, 3, 4))]),
+        (lp.DeconvolutionConfig(num_output=4, filter_shape=[3], stride=[1], padding=[2, 1], pad_end=[1, 0],
+                                dilation=[2, 1], group=2), lambda r: [r.standard_normal((2, 4, 4, 3))]),
+    ],
     "Pooling": [
         (lp.PoolingConfig(mode="max", filter_shape=[2], stride=[2]), lambda r: [distinct(r, (2, 2, 4, 4))]),
         (lp.PoolingConfig(mode="max", filter_shape=[3], stride=[2], padding=[1]),

@@ -129,3 +129,55 @@ def test_an_axis_outside_the_input_is_a_shape_error_naming_the_range(native64):
         lp.Layer.from_config(native64, lp.LayerConfig("net", cfg))
     with pytest.raises(lp.ConfigError, match="FlattenConfig.axis: expected an integer axis"):
         lp.FlattenConfig(axis="last")
+
+
+@pytest.mark.parametrize("config,shape", [
+    (dict(num_output=3, filter_shape=[3], stride=[2]), (2, 2, 3, 4)),
+    (dict(num_output=2, filter_shape=[3, 2], stride=[2, 3], padding=[1, 0], output_padding=[1, 2]), (1, 3, 3, 3)),
+    (dict(num_output=4, filter_shape=[2], stride=[1], padding=[1], pad_end=[0], group=2, dilation=[2]), (2, 4, 4, 3)),
+    (dict(num_output=3, filter_shape=[3], stride=[2], padding=[1], group=3, bias=False), (1, 3, 3, 3)),
+])
+def test_deconvolution_matches_a_scatter_reference(native64, config, shape):
+    """Deconvolution (stride, padding before and after, output_padding, dilation, group) against the scatter
+    definition of a transposed convolution."""
+    import reference
+
+    cfg = lp.DeconvolutionConfig(**config)
+    layer = lp.Layer.from_config(native64, lp.LayerConfig("deconv", cfg), seed=0)
+    x = np.random.default_rng(4).standard_normal(shape)
+    y = layer.forward([x])[0].to_numpy()
+    weights = [t.to_numpy() for t in layer.learnable_weights_data()]
+    assert weights[0].shape == (shape[1], cfg.num_output // cfg.group, *cfg.filter_shape)
+    ref = reference.deconv2d(x, weights[0], weights[1] if cfg.bias else None, cfg.stride, cfg.padding,
+                             cfg.pad_end or cfg.padding, cfg.output_padding, cfg.dilation, cfg.group)
+    assert y.shape == ref.shape
+    np.testing.assert_allclose(y, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("force_backward", [True, False])
+def test_deconvolution_gradients_follow_new_inputs_in_the_same_buffers(native, force_backward):
+    """Deconvolution runs the convolution primitives in other roles (its forward pass is a data gradient): a second
+    step with new values in the same buffers must give that step's gradients, not reuse the first step's
+    transposes or columns (with the data gradient, and without it as for a network's first layer)."""
+    def net():
+        cfg = lp.SequentialConfig(inputs=[("data", [2, 4, 5, 5])], force_backward=force_backward)
+        cfg.add_layer(lp.LayerConfig("d", lp.DeconvolutionConfig(num_output=3, filter_shape=[3], stride=[2],
+                                                                 padding=[1])))
+        return lp.Layer.from_config(native, lp.LayerConfig("net", cfg), seed=1)
+
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((2, 4, 5, 5)).astype(np.float32) for _ in range(2)]
+    dys = [rng.standard_normal((2, 3, 9, 9)).astype(np.float32) for _ in range(2)]
+    layer = net()
+    for x, dy in zip(xs, dys):
+        layer.forward([x])
+        layer.backward([dy])
+    got = [g.to_numpy() for g in layer.learnable_weights_gradients()]
+    fresh = net()
+    y = fresh.forward([xs[1]])[0].to_numpy()
+    fresh.backward([dys[1]])
+    want = [g.to_numpy() for g in fresh.learnable_weights_gradients()]
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    layer.forward([xs[0]])
+    np.testing.assert_allclose(layer.forward([xs[1]])[0].to_numpy(), y, rtol=1e-6, atol=1e-6)

@@ -418,14 +418,15 @@ class ArrayBackend(Backend):
         return ptr, a.shape
 
     def _dy_t(self, dy: Array, ws: dict) -> Array:
-        """dy [N, O, oh, ow] as [O, oh * ow * N] (computed once per backward pass)."""
+        """dy [N, O, oh, ow] as [O, oh * ow * N] (computed once per backward pass: kept for the next call only
+        within a backward pass that follows a forward :meth:`conv2d` in the same ``ws``, which marks the pass)."""
         n, o, oh, ow = dy.shape
         t = self._scratch(ws, "dy_t", (o, oh, ow, n), dy.dtype)
         key = self._identity(dy)
         if ws.get("dy_t_of") != key or ws.get("dy_t_fresh") is not True:
             t[...] = dy.transpose(1, 2, 3, 0)
             ws["dy_t_of"] = key
-            ws["dy_t_fresh"] = True
+            ws["dy_t_fresh"] = ws.pop("in_pass", False)
         return t.reshape(o, -1)
 
     def _to_batch_first(self, dst: Array, src: Array) -> None:
@@ -530,6 +531,7 @@ class ArrayBackend(Backend):
         else:
             out[...] = y.reshape(o, oh, ow, n).transpose(3, 0, 1, 2)
         ws["dy_t_fresh"] = False  # a new forward pass: the next backward brings a new dy
+        ws["in_pass"] = True
 
     def conv2d_grad_filter(self, x, dy, dw, stride, padding, ws, beta=0.0, dilation=(1, 1), groups=1):
         if not self._plain_conv(x.shape, dw.shape, dy.shape, stride, padding, dilation, groups):
@@ -537,6 +539,13 @@ class ArrayBackend(Backend):
         if not dw.flags.c_contiguous:
             with self._row_major(dw, read=beta != 0.0) as d:
                 return self.conv2d_grad_filter(x, dy, d, stride, padding, ws, beta)
+        try:
+            self._grad_filter_plain(x, dy, dw, stride, padding, ws, beta)
+        finally:  # the forward pass's columns serve one filter gradient: a later call may see new values at x
+            ws.pop("cols_of", None)
+            ws.pop("x_chwn_of", None)
+
+    def _grad_filter_plain(self, x, dy, dw, stride, padding, ws, beta) -> None:
         o, c, kh, kw = dw.shape
         oh, ow = dy.shape[2], dy.shape[3]
         k = c * kh * kw
@@ -567,6 +576,7 @@ class ArrayBackend(Backend):
         ph, pw = padding
         sh = stride[0]
         dy_t = self._dy_t(dy, ws)
+        ws["dy_t_fresh"] = False  # the data gradient is the last to read it: a later call may bring new dy values
         dxt = self._work(ws, "dx_chwn", (c, h + 2 * ph, wd + 2 * pw, n), dx.dtype)
         dxt.fill(0)
         k, row = c * kh * kw, ow * n

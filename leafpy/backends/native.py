@@ -120,10 +120,11 @@ class NativeBackend(ArrayBackend):
         o, c, kh, kw = dw.shape
         n, _, oh, ow = dy.shape
         k = c * kh * kw
-        if ws.get("image_cols_of") == self._identity(x) and "image_cols" in ws:
+        if ws.pop("image_cols_of", None) == self._identity(x) and "image_cols" in ws:
             cols = ws["image_cols"]  # the forward pass's columns of this x
         else:
             cols = self._image_cols(x, kh, kw, oh, ow, stride, padding, ws)
+            ws.pop("image_cols_of", None)  # columns made here serve this call only
         parts = self._work(ws, "dw_parts", (n, o, k), dw.dtype)
         np.matmul(dy.reshape(n, o, oh * ow), cols[:, :k].transpose(0, 2, 1), out=parts)
         with self._row_major(dw, read=beta != 0.0) as d:

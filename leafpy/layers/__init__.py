@@ -9,6 +9,7 @@ from .common.batch_norm import BatchNormConfig  # noqa: E402
 from .common.class_axis import LogSoftmaxConfig, SoftmaxConfig  # noqa: E402
 from .common.concat import ConcatConfig, SliceConfig  # noqa: E402
 from .common.convolution import ConvolutionConfig  # noqa: E402
+from .common.deconvolution import DeconvolutionConfig  # noqa: E402
 from .common.dropout import DropoutConfig  # noqa: E402
 from .common.eltwise import EltwiseConfig  # noqa: E402
 from .common.embedding import EmbeddingConfig  # noqa: E402
@@ -30,4 +31,4 @@ __all__ = ["BatchNormConfig", "ELUConfig", "GELUConfig", "LeakyReLUConfig", "Sof
            "ReshapeConfig", "Sequential", "SequentialConfig", "SliceConfig", "WeightConfig", "Worker", "layer_types",
            "lookup", "register_layer", "Network", "Parameters", "Wiring",
            "plan_gradients", "wire", "EmbeddingConfig", "GRUConfig", "LSTMConfig", "RNNConfig", "SoftmaxConfig",
-           "LogSoftmaxConfig", "FlattenConfig"]
+           "LogSoftmaxConfig", "FlattenConfig", "DeconvolutionConfig"]
