@@ -61,6 +61,11 @@ struct LayerConfig {
     rnn @31 :RecurrentConfig;
     gru @32 :RecurrentConfig;
     swish @33 :Void;          # SiLU under its other name
+    # the types above stored as Void (as Leaf had them) with settings other than their defaults
+    softmaxConfig @34 :AxisConfig;
+    logSoftmaxConfig @35 :AxisConfig;
+    flattenConfig @36 :AxisConfig;
+    deconvolution @37 :DeconvolutionConfig;
   }
 
   outputs @11 :List(Text);
@@ -93,8 +98,23 @@ struct ConvolutionConfig {
   numOutput @0 :UInt64;
   filterShape @1 :List(UInt64);
   stride @2 :List(UInt64);
-  padding @3 :List(UInt64);
+  padding @3 :List(UInt64);     # before each spatial dimension (and after it, unless padEnd says otherwise)
   bias @4 :Bool;
+  dilation @5 :List(UInt64);    # empty: 1 (no dilation)
+  group @6 :UInt64 = 1;
+  padEnd @7 :List(UInt64);      # after each spatial dimension; empty: as padding
+}
+
+struct DeconvolutionConfig {  # a transposed convolution: weight [C, numOutput / group, kh, kw]
+  numOutput @0 :UInt64;
+  filterShape @1 :List(UInt64);
+  stride @2 :List(UInt64);
+  padding @3 :List(UInt64);
+  padEnd @4 :List(UInt64);         # empty: as padding
+  outputPadding @5 :List(UInt64);  # empty: 0
+  dilation @6 :List(UInt64);       # empty: 1
+  group @7 :UInt64 = 1;
+  bias @8 :Bool = true;
 }
 
 struct LinearConfig {
@@ -107,7 +127,11 @@ struct PoolingConfig {
   mode @0 :PoolingMode;
   filterShape @1 :List(UInt64);
   stride @2 :List(UInt64);
-  padding @3 :List(UInt64);
+  padding @3 :List(UInt64);     # before each spatial dimension (and after it, unless padEnd says otherwise)
+  padEnd @4 :List(UInt64);      # after each spatial dimension; empty: as padding
+  ceilMode @5 :Bool;            # output sizes rounded up (Caffe's pooling), not down
+  countIncludePad @6 :Bool = true;  # average pooling divides by the window's size padding included
+  globalPooling @7 :Bool;       # one window over the whole input (filter, stride and padding unused)
 }
 
 enum PoolingMode {
@@ -132,6 +156,10 @@ struct NegativeLogLikelihoodConfig {
 
 struct ReshapeConfig {
   shape @0 :List(UInt64);   # 0 after the batch dimension: inferred (leafpy's -1)
+}
+
+struct AxisConfig {           # Softmax, LogSoftmax, Flatten
+  axis @0 :Int64 = 1;         # negative counts from the end
 }
 
 struct DropoutConfig {

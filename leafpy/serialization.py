@@ -85,8 +85,17 @@ def _union_member(type_name: str) -> str:
     raise SerializationError(f"layer type {type_name!r} has no entry in leaf.capnp's LayerConfig union")
 
 
+def _void_default(member: str, config: LayerConfig) -> bool:
+    """Whether ``config`` is stored as the Void member ``member``: a type stored so (as Leaf had it) whose settings,
+    kept in its member ``{member}Config``, are all their defaults (old readers and Leaf then read it as before)."""
+    union = schema().LayerConfig.LayerType.schema.union_fields
+    return member + "Config" in union and config.config == type(config.config)()
+
+
 def _layer_type_of(member: str) -> str | None:
     """The layer type stored as union member ``member`` (the inverse of _union_member)."""
+    if member.endswith("Config") and member[:-len("Config")] in schema().LayerConfig.LayerType.schema.union_fields:
+        member = member[:-len("Config")]  # the settings of a type otherwise stored as Void
     for type_name, m in UNION_MEMBERS.items():
         if m == member:
             return type_name
@@ -130,8 +139,10 @@ def write_layer_config(builder: Any, config: LayerConfig) -> None:
             ins[i].name = n
             ins[i].shape = list(shape)
         sb.forceBackward = seq.force_backward
-    elif config.config is None:
+    elif config.config is None or _void_default(member, config):
         setattr(ltype, member, None)
+    elif member + "Config" in schema().LayerConfig.LayerType.schema.union_fields:
+        _fill_struct(ltype.init(member + "Config"), config.type, config.config)
     else:
         _fill_struct(ltype.init(member), config.type, config.config)
     builder.outputs = list(config.outputs)
@@ -178,15 +189,18 @@ def read_layer_config(reader: Any, where: str = "config") -> LayerConfig:
             layers=[read_layer_config(lc, f"{where}.layers[{i}]") for i, lc in enumerate(sr.layers)],
             inputs=[(i.name, tuple(i.shape)) for i in sr.inputs],
             force_backward=bool(sr.forceBackward))
-    elif entry.config_class is None:
-        config = type_name
+    elif entry.config_class is None or getattr(reader.layerType, which) is None:
+        config = type_name  # a type without settings, or stored as Void: its defaults
     else:
         sub = getattr(reader.layerType, which)
         kwargs = {}
         for f in dataclasses.fields(entry.config_class):
             stored = _schema_field(type_name, f.name)
             if stored in sub.schema.fieldnames:
-                kwargs[f.name] = _read_value(getattr(sub, stored))
+                value = _read_value(getattr(sub, stored))
+                if value == () and f.default is not dataclasses.MISSING:
+                    continue  # an empty list (or one a file written before the field existed lacks): the default
+                kwargs[f.name] = value
         config = entry.config_class(**kwargs)
     params = []
     for p in reader.params:
@@ -475,6 +489,10 @@ CHECKPOINT_FIX = "a checkpoint must be one to continue from; nothing was written
 LEAF_TYPES = {"Convolution", "Linear", "Pooling", "LogSoftmax", "Softmax", "ReLU", "Sigmoid",
               "NegativeLogLikelihood", "Reshape", "Sequential"}
 """The layer types Leaf 0.2.1 had."""
+LEAF_FIELDS = {"Convolution": ("num_output", "filter_shape", "stride", "padding", "bias"),
+               "Pooling": ("mode", "filter_shape", "stride", "padding"), "Softmax": (), "LogSoftmax": ()}
+"""Of those types' settings, the ones Leaf had: the others (group, dilation, pad_end, ceil_mode, ...) must keep their
+defaults in a Leaf file."""
 
 
 def check_leaf_representable(config: LayerConfig, where: str) -> None:
@@ -490,6 +508,11 @@ def check_leaf_representable(config: LayerConfig, where: str) -> None:
         refuse("a bias (Leaf's Linear and Convolution had none: bias=False)")
     if config.type == "Pooling" and c.mode != "max":
         refuse(f"{c.mode} pooling (Leaf pooled by maximum only)")
+    if config.type in LEAF_FIELDS:
+        leaf_only = type(c)(**{k: getattr(c, k) for k in LEAF_FIELDS[config.type]})
+        for f in dataclasses.fields(c):
+            if getattr(c, f.name) != getattr(leaf_only, f.name):
+                refuse(f"{f.name} {getattr(c, f.name)!r} (Leaf's {config.type} had no {f.name})")
     for wc in config.params:
         if wc.lr_mult != 1.0 or wc.decay_mult != 1.0 or wc.filler is not None:
             refuse("per-weight lr_mult, decay_mult or filler (Leaf's WeightConfig holds a name only)")

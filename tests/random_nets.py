@@ -28,6 +28,7 @@ DEFAULT_SEEDS = range(80)
 (test_random_networks.py checks it)."""
 IN_PLACE_TYPES = ("ReLU", "Sigmoid", "TanH", "LeakyReLU", "ELU", "Dropout", "Reshape", "Flatten")
 """The layer types that may run in place."""
+DECONV = 0.3
 FAMILIES = ("image", "vector", "sequence", "ids", "labels", "target")
 
 
@@ -191,7 +192,11 @@ class _Builder:
         return self.one(lp.DropoutConfig(ratio=float(self.rng.choice([0.25, 0.5]))), cur)
 
     def b_softmax(self, cur: Blob) -> Blob:
-        return self.one(str(self.rng.choice(["Softmax", "LogSoftmax"])), cur)
+        kind = str(self.rng.choice(["Softmax", "LogSoftmax"]))
+        if len(cur.shape) == 3 and self.rng.random() < 0.4:  # over the last axis
+            self.g.features.add("softmax-axis")
+            return self.one((lp.SoftmaxConfig if kind == "Softmax" else lp.LogSoftmaxConfig)(axis=-1), cur)
+        return self.one(kind, cur)
 
     def b_linear(self, cur: Blob) -> Blob:
         out = int(self.rng.integers(2, 6))
@@ -209,19 +214,51 @@ class _Builder:
             return self.b_pool(cur)
         return self.b_linear(cur)
 
+    def b_deconv(self, cur: Blob) -> Blob:
+        n, c, h, w = cur.shape
+        f, s = int(self.rng.integers(1, 4)), int(self.rng.integers(1, 3))
+        p = int(self.rng.integers(0, f))
+        op = 1 if s == 2 and self.rng.random() < 0.4 else 0
+        group = c if c > 1 and self.rng.random() < 0.3 else 1
+        out = group * int(self.rng.integers(1, 3))
+        size = [(d - 1) * s - 2 * p + f + op for d in (h, w)]
+        if min(size) < 1:
+            p, size = 0, [(d - 1) * s + f + op for d in (h, w)]
+        cfg = lp.DeconvolutionConfig(num_output=out, filter_shape=[f], stride=[s], padding=[p], output_padding=[op],
+                                     group=group, bias=bool(self.rng.random() < 0.7))
+        out_blob = self.one(cfg, cur, (n, out, *size))
+        return self.in_place(out_blob, keep_shape=True) if self.rng.random() < 0.5 else out_blob
+
     def b_conv(self, cur: Blob) -> Blob:
         n, c, h, w = cur.shape
+        if self.rng.random() < DECONV:
+            return self.b_deconv(cur)
         dims = 2 if self.rng.random() < 0.3 else 1  # one value for both spatial axes, or one each
         f, s, p = ([int(v) for v in self.rng.integers(lo, hi, dims)] for lo, hi in ((1, 4), (1, 3), (0, 2)))
         fh, fw, sh, sw, ph, pw = f[0], f[-1], s[0], s[-1], p[0], p[-1]
-        if h + 2 * ph < fh or w + 2 * pw < fw:
-            f = [1] * dims
-            fh = fw = 1
+        extra: dict = {}
+        d, e = 1, [ph, pw]
+        if self.rng.random() < 0.5 and fh > 1 and h + 2 * ph >= 2 * fh - 1 and w + 2 * pw >= 2 * fw - 1:
+            d = extra["dilation"] = 2
+            self.g.features.add("conv-dilated")
+        if self.rng.random() < 0.6:  # padding after unlike padding before
+            e = extra["pad_end"] = [ph + 1, pw]
+            self.g.features.add("conv-pad-end")
+        span_h, span_w = (fh - 1) * d + 1, (fw - 1) * d + 1
+        if h + ph + e[0] < span_h or w + pw + e[1] < span_w:
+            f, extra = [1] * dims, {}
+            fh = fw = span_h = span_w = 1
+            e = [ph, pw]
         out = int(self.rng.integers(1, 4))
+        if c > 1 and self.rng.random() < 0.6:  # grouped: two groups, or depthwise
+            extra["group"] = group = c if c % 2 or self.rng.random() < 0.5 else 2
+            out = group * (2 if self.rng.random() < 0.7 else 1)
+            # depthwise: one output per channel; grouped: several outputs per group
+            self.g.features.add("conv-depthwise" if out == c else "conv-grouped")
         cfg = lp.ConvolutionConfig(num_output=out, filter_shape=f, stride=s, padding=p,
-                                   bias=bool(self.rng.random() < 0.8))
+                                   bias=bool(self.rng.random() < 0.8), **extra)
         self.g.features.add(f"conv-{dims}d-settings")
-        return self.one(cfg, cur, (n, out, (h + 2 * ph - fh) // sh + 1, (w + 2 * pw - fw) // sw + 1))
+        return self.one(cfg, cur, (n, out, (h + ph + e[0] - span_h) // sh + 1, (w + pw + e[1] - span_w) // sw + 1))
 
     def b_pool(self, cur: Blob) -> Blob:
         n, c, h, w = cur.shape
@@ -233,10 +270,27 @@ class _Builder:
         if self.rng.random() < 0.3:  # a wider window, padded
             f, p = (3, 1) if min(h, w) >= 3 else (2, 1)
             self.g.features.add("pool-padded")
-        return self.one(lp.PoolingConfig(mode=mode, filter_shape=[f], stride=[s], padding=[p]), cur,
-                        (n, c, (h + 2 * p - f) // s + 1, (w + 2 * p - f) // s + 1))
+        if self.rng.random() < 0.1:
+            self.g.features.add("pool-global")
+            return self.one(lp.PoolingConfig(mode=mode, global_pooling=True), cur, (n, c, 1, 1))
+        extra: dict = {}
+        if self.rng.random() < 0.3:
+            extra["ceil_mode"] = True
+            self.g.features.add("pool-ceil")
+        if (p or extra) and mode == "average" and self.rng.random() < 0.7:
+            extra["count_include_pad"] = False
+            self.g.features.add("pool-exclude-pad")
+        out = []
+        for size in (h, w):
+            o = (size + 2 * p - f + (s - 1 if extra.get("ceil_mode") else 0)) // s + 1
+            out.append(o - 1 if extra.get("ceil_mode") and (o - 1) * s >= size + p else o)
+        return self.one(lp.PoolingConfig(mode=mode, filter_shape=[f], stride=[s], padding=[p], **extra), cur,
+                        (n, c, *out))
 
     def b_flatten(self, cur: Blob) -> Blob:
+        if len(cur.shape) == 4 and self.rng.random() < 0.3:  # the axis counted from the end (the batch axis kept)
+            self.g.features.add("flatten-axis")
+            return self.one(lp.FlattenConfig(axis=-3), cur, (cur.shape[0], self.size(cur)))
         return self.one("Flatten", cur, (cur.shape[0], self.size(cur)))
 
     def b_reshape(self, cur: Blob) -> Blob:
@@ -297,8 +351,12 @@ class _Builder:
                 if r == 4:
                     c = int(self.rng.integers(1, 4)) if change else out.shape[1]
                     f = int(self.rng.choice([1, 3]))
-                    out = self.one(lp.ConvolutionConfig(num_output=c, filter_shape=[f], padding=[f // 2]), out,
-                                   (out.shape[0], c, *out.shape[2:]))
+                    group = 1
+                    if c > 1 and c == out.shape[1] and self.rng.random() < 0.4:  # two groups, or depthwise
+                        group = 2 if c % 2 == 0 else c
+                        self.g.features.add("conv-grouped" if group < c else "conv-depthwise")
+                    out = self.one(lp.ConvolutionConfig(num_output=c, filter_shape=[f], padding=[f // 2], group=group),
+                                   out, (out.shape[0], c, *out.shape[2:]))
                 elif r == 3 and self.rng.random() < 0.5 and out.shape[1] <= 6:
                     h = int(self.rng.integers(1, 4)) if change else out.shape[2]
                     kind = str(self.rng.choice(["LSTM", "GRU", "RNN"]))

@@ -278,3 +278,66 @@ def test_nll_on_an_output_that_is_not_classes_is_a_config_error_naming_the_shape
     broken = _mlp("nll").replace("output_size: 10}", "output_size: 10, axis: 3}")
     with pytest.raises(lp.ConfigError, match="network: layer 'fc'"):
         lp.config.loads(broken)
+
+
+def _table_configs():
+    from test_gradients import CASES
+
+    for type_name, cases in sorted(CASES.items()):
+        for i, (config, _) in enumerate(cases):
+            yield pytest.param(config, id=f"{type_name}-{i}")
+
+
+@pytest.mark.parametrize("config", list(_table_configs()))
+def test_every_table_config_round_trips_through_yaml_and_capnp(config):
+    """Each layer setting of the gradient table (group, dilation, pad_end, ceil_mode, ...) survives YAML -> config
+    -> YAML and config -> capnp -> config."""
+    lc = lp.LayerConfig("l", config)
+    d = lp.config.layer_to_dict(lc)
+    assert lp.config.layer_from_dict(d) == lc
+    msg = serialization.schema().LayerConfig.new_message()
+    serialization.write_layer_config(msg, lc)
+    back = serialization.read_layer_config(serialization.schema().LayerConfig.from_bytes_packed(
+        msg.to_bytes_packed()))
+    assert back == lc
+
+
+def test_a_file_from_before_the_new_settings_reads_them_as_their_defaults():
+    """A convolution and a pooling layer written without the fields group, dilation, pad_end, ceil_mode,
+    count_include_pad and global_pooling (as Leaf 0.2.1 and older leafpy wrote them) read back meaning what they
+    meant: one group, no dilation, symmetric padding, floor sizes, padding counted."""
+    schema = serialization.schema()
+    msg = schema.LayerConfig.new_message()
+    msg.name = "conv"
+    conv = msg.layerType.init("convolution")
+    conv.numOutput, conv.filterShape, conv.stride, conv.padding = 4, [3, 3], [1, 1], [1, 1]
+    cfg = serialization.read_layer_config(schema.LayerConfig.from_bytes_packed(msg.to_bytes_packed())).config
+    assert (cfg.group, cfg.dilation, cfg.pad_end) == (1, (1, 1), None)
+    msg = schema.LayerConfig.new_message()
+    msg.name = "pool"
+    pool = msg.layerType.init("pooling")
+    pool.mode, pool.filterShape, pool.stride, pool.padding = "average", [3, 3], [2, 2], [1, 1]
+    cfg = serialization.read_layer_config(schema.LayerConfig.from_bytes_packed(msg.to_bytes_packed())).config
+    assert (cfg.ceil_mode, cfg.count_include_pad, cfg.global_pooling, cfg.pad_end) == (False, True, False, None)
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: lp.ConvolutionConfig(num_output=5, filter_shape=[3], group=2),
+     r"group: num_output \(5\) must be a multiple"),
+    (lambda: lp.ConvolutionConfig(num_output=4, filter_shape=[3], group=0), "ConvolutionConfig.group"),
+    (lambda: lp.ConvolutionConfig(num_output=4, filter_shape=[3], dilation=[0]), r"ConvolutionConfig.dilation\[0\]"),
+    (lambda: lp.ConvolutionConfig(num_output=4, filter_shape=[3], pad_end=[1, 2, 3]), "ConvolutionConfig.pad_end"),
+    (lambda: lp.PoolingConfig(filter_shape=[2], pad_end=[2]), r"PoolingConfig.pad_end\[0\]: padding must be smaller"),
+    (lambda: lp.PoolingConfig(ceil_mode="yes"), "PoolingConfig.ceil_mode: expected true or false"),
+    (lambda: lp.PoolingConfig(count_include_pad=1), "PoolingConfig.count_include_pad: expected true or false"),
+])
+def test_bad_window_settings_are_config_errors_naming_the_field(make, match):
+    with pytest.raises(lp.ConfigError, match=match):
+        make()
+
+
+def test_channels_that_do_not_split_into_the_groups_are_a_shape_error():
+    cfg = lp.SequentialConfig(inputs=[("data", [2, 3, 5, 5])])
+    cfg.add_layer(lp.LayerConfig("conv", lp.ConvolutionConfig(num_output=4, filter_shape=[3], group=2)))
+    with pytest.raises(lp.ShapeError, match=r"layer 'conv'.*3 channels do not split into group 2"):
+        lp.Layer.from_config(lp.backend("native"), lp.LayerConfig("net", cfg))

@@ -43,8 +43,8 @@ static inline float atomicAdd(float* p, float v) { float old = *p; *p = old + v;
 
 RUNNER = r"""
 #define POOL_ARGS int total, int C, int H, int W, int OH, int OW, int kh, int kw, int sh, int sw, int ph, int pw, \
-    int is_max
-#define POOL_VALUES total, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, is_max
+    int is_max, int lh, int lw, int hh, int hw
+#define POOL_VALUES total, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, is_max, lh, lw, hh, hw
 extern "C" void run_fwd(const S* x, S* y, int* mask, POOL_ARGS) {
     for (int t = 0; t < total; ++t) { blockIdx.x = t; pool_fwd(x, y, mask, POOL_VALUES); }
 }
@@ -57,6 +57,11 @@ CASES = [  # (N, C, H, W), kernel, stride, padding
     ((2, 3, 7, 6), (3, 3), (2, 2), (1, 1)),  # overlapping windows, padding: the gradient adds up
     ((3, 5, 8, 8), (2, 2), (2, 2), (0, 0)),  # windows that tile the input
     ((1, 4, 5, 9), (2, 3), (1, 2), (0, 1)),  # rectangular windows and strides
+]
+EXTRA_CASES = [  # the same, then padding after, ceil_mode and count_include_pad, checked against the native backend
+    ((2, 2, 6, 7), (3, 3), (2, 2), (1, 1), (1, 1), True, True),  # ceil mode: windows past the padding
+    ((1, 3, 6, 6), (3, 3), (2, 2), (1, 1), (1, 1), True, False),  # and divisors of the input's positions only
+    ((1, 2, 5, 6), (3, 2), (1, 2), (0, 1), (2, 0), False, True),  # asymmetric padding
 ]
 
 
@@ -160,6 +165,18 @@ def _reference_grad(x, dy, kernel, stride, padding, is_max):
     return dxp[:, :, ph:ph + h, pw:pw + w]
 
 
+def _native_pooling(x, mode, kernel, stride, padding, pad_end, ceil_mode, count_pad):
+    """The float64 native Pooling layer's output, and its input gradient as a function of dy (the layer's own checks:
+    tests/test_gradients.py and test_reference_layers.py)."""
+    import leafpy as lp
+
+    cfg = lp.PoolingConfig(mode=mode, filter_shape=list(kernel), stride=list(stride), padding=list(padding),
+                           pad_end=list(pad_end), ceil_mode=ceil_mode, count_include_pad=count_pad)
+    layer = lp.Layer.from_config(lp.backend("native", dtype="float64"), lp.LayerConfig("pool", cfg))
+    y = layer.forward([x])[0].to_numpy()
+    return y, lambda dy: layer.backward([dy])[0].to_numpy()
+
+
 def _memory(a, channels_last):
     return np.ascontiguousarray(a.transpose(0, 2, 3, 1) if channels_last else a)
 
@@ -176,19 +193,26 @@ def _ptr(a):
 @pytest.mark.parametrize("mode", ["max", "average"])
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels-last"])
 @pytest.mark.parametrize("fmt", ["f32", "bf16"])
-@pytest.mark.parametrize("case", CASES, ids=["3x3s2p1", "2x2s2", "2x3s1x2p0x1"])
+@pytest.mark.parametrize("case", CASES + EXTRA_CASES,
+                         ids=["3x3s2p1", "2x2s2", "2x3s1x2p0x1", "ceil", "ceil-exclude-pad", "pad-end"])
 def test_cuda_pooling_kernels_on_the_cpu(compiled, case, fmt, channels_last, mode):
-    shape, kernel, stride, padding = case
+    shape, kernel, stride, padding, *extra = case
+    pad_end, ceil_mode, count_pad = extra or (padding, False, True)
     is_max = mode == "max"
     lib = compiled[(fmt, channels_last)]
     dtype = np.float32 if fmt == "f32" else ml_dtypes.bfloat16
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape).astype(dtype)  # distinct values: no ties decide a maximum
-    y_ref = _reference(x.astype(np.float64), kernel, stride, padding, is_max)
+    if extra:
+        y_ref, native_dx = _native_pooling(x.astype(np.float64), mode, kernel, stride, padding, pad_end, ceil_mode,
+                                           count_pad)
+    else:
+        y_ref = _reference(x.astype(np.float64), kernel, stride, padding, is_max)
     n, c, h, w = shape
     oh, ow = y_ref.shape[2:]
     total = n * c * oh * ow
-    args = [ctypes.c_int(v) for v in (total, c, h, w, oh, ow, *kernel, *stride, *padding, int(is_max))]
+    bounds = (-padding[0], -padding[1], h + pad_end[0], w + pad_end[1]) if count_pad else (0, 0, h, w)
+    args = [ctypes.c_int(v) for v in (total, c, h, w, oh, ow, *kernel, *stride, *padding, int(is_max), *bounds)]
     xm = _memory(x, channels_last)
     ym = np.zeros(total, dtype)
     mask = np.zeros(total, np.int32)
@@ -199,7 +223,10 @@ def test_cuda_pooling_kernels_on_the_cpu(compiled, case, fmt, channels_last, mod
     dy = rng.standard_normal(y_ref.shape).astype(dtype)
     dx = np.zeros(x.size, np.float32)  # float32 for every format, as on the GPU
     lib.run_bwd(_ptr(_memory(dy, channels_last)), _ptr(dx), _ptr(mask), *args)
-    dx_ref = _reference_grad(x.astype(np.float64), dy.astype(np.float64), kernel, stride, padding, is_max)
+    if extra:
+        dx_ref = native_dx(dy.astype(np.float64))
+    else:
+        dx_ref = _reference_grad(x.astype(np.float64), dy.astype(np.float64), kernel, stride, padding, is_max)
     np.testing.assert_allclose(_logical(dx, shape, channels_last), dx_ref, rtol=1e-5, atol=1e-6)
 
 

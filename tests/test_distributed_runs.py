@@ -25,7 +25,8 @@ MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shuti
 needs_mpi = pytest.mark.skipif(MPIEXEC is None or importlib.util.find_spec("mpi4py") is None,
                                reason="needs mpi4py and mpiexec (pip install 'leafpy-dl[dist]': mpi4py, mpich)")
 ENV = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), MPLBACKEND="Agg",
-           OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+           OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+           OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")  # Open MPI refuses root otherwise
 
 
 def write_run(tmp_path, samples: int, *, batch_norm: bool = False, solver: str = "") -> str:

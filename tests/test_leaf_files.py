@@ -165,6 +165,10 @@ def test_leafpy_to_leaf_and_back_computes_the_same(tmp_path):
     (lambda c: c.add_layer(lp.LayerConfig("drop", lp.DropoutConfig(ratio=0.5))), "Dropout did not exist"),
     (lambda c: c.add_layer(lp.LayerConfig("pool", lp.PoolingConfig(mode="average", filter_shape=[2]))),
      "average pooling"),
+    (lambda c: c.add_layer(lp.LayerConfig("conv", lp.ConvolutionConfig(num_output=3, filter_shape=[1], group=3,
+                                                                       bias=False))), "group 3"),
+    (lambda c: c.add_layer(lp.LayerConfig("conv", lp.ConvolutionConfig(num_output=2, filter_shape=[2],
+                                                                       dilation=[2], bias=False))), "dilation"),
 ])
 def test_what_leaf_cannot_represent_is_refused(tmp_path, change, what):
     cfg = lp.SequentialConfig(inputs=[("data", [2, 3, 4, 4])])

@@ -23,6 +23,8 @@ CORPUS_SEEDS = range(1000, 1400)
 FEATURES = {"residual", "eltwise-sum", "eltwise-prod", "eltwise-max", "concat", "slice", "slice-unread",
             "slice-concat-auto", "skip", "nested", "nested-two-inputs", "nested-deeper", "shared", "shared-nested",
             "named-in-place", "ids-fan-out", "pruned", "conv-2d-settings", "pool-padded", "reshape",
+            "conv-dilated", "conv-pad-end", "conv-grouped", "conv-depthwise", "pool-global", "pool-ceil",
+            "pool-exclude-pad", "softmax-axis", "flatten-axis",
             *random_nets.FAMILIES}
 
 

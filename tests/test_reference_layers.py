@@ -33,3 +33,151 @@ def test_linear_axis_counted_from_the_end_keeps_the_axes_before_it(native64, sha
     dw, db = (t.to_numpy() for t in layer.learnable_weights_gradients())
     np.testing.assert_allclose(dw, dy_rows.T @ rows, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(db, dy_rows.sum(axis=0), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("config,shape", [
+    (dict(num_output=4, filter_shape=[3], group=2), (2, 4, 5, 5)),
+    (dict(num_output=6, filter_shape=[3], padding=[1], group=3), (2, 3, 6, 5)),  # depthwise, channel multiplier 2
+    (dict(num_output=3, filter_shape=[3, 2], dilation=[2, 3], padding=[2, 1]), (1, 2, 7, 8)),
+    (dict(num_output=4, filter_shape=[3], stride=[2, 1], padding=[1, 2], pad_end=[2, 0], dilation=[2, 1], group=2),
+     (2, 4, 7, 6)),
+    (dict(num_output=2, filter_shape=[2], stride=[2], padding=[0], pad_end=[1]), (1, 2, 5, 5)),
+])
+def test_grouped_dilated_asymmetric_convolution_matches_a_loop_reference(native64, config, shape):
+    """Convolution with group, dilation and padding after (pad_end) other than before, against explicit loops over
+    groups and output positions."""
+    import reference
+
+    rng = np.random.default_rng(3)
+    cfg = lp.ConvolutionConfig(**config)
+    layer = lp.Layer.from_config(native64, lp.LayerConfig("conv", cfg), seed=0)
+    x = rng.standard_normal(shape)
+    y = layer.forward([x])[0].to_numpy()
+    w, b = (t.to_numpy() for t in layer.learnable_weights_data())
+    assert w.shape[1] == shape[1] // cfg.group
+    ref = reference.conv2d_grouped(x, w, b, cfg.stride, cfg.padding, cfg.pad_end or cfg.padding, cfg.dilation,
+                                   cfg.group)
+    assert y.shape == ref.shape
+    np.testing.assert_allclose(y, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("config,shape", [
+    (dict(mode="max", filter_shape=[3], stride=[2], ceil_mode=True), (2, 2, 6, 7)),
+    (dict(mode="average", filter_shape=[3], stride=[2], padding=[1], ceil_mode=True), (1, 2, 6, 5)),
+    (dict(mode="average", filter_shape=[3], stride=[2], padding=[1], count_include_pad=False), (1, 2, 5, 6)),
+    (dict(mode="average", filter_shape=[3], stride=[2], padding=[1], ceil_mode=True, count_include_pad=False),
+     (2, 1, 6, 6)),
+    (dict(mode="max", filter_shape=[3, 2], stride=[1, 2], padding=[0, 1], pad_end=[2, 0]), (1, 2, 5, 5)),
+    (dict(mode="average", filter_shape=[3], stride=[1], padding=[1, 0], pad_end=[0, 2]), (1, 2, 4, 5)),
+])
+def test_pooling_ceil_mode_padding_and_divisors_match_a_loop_reference(native64, config, shape):
+    """Pooling with ceil_mode, count_include_pad and padding after (pad_end) other than before, against loops that
+    follow PyTorch's and Caffe's definitions."""
+    import reference
+
+    cfg = lp.PoolingConfig(**config)
+    layer = lp.Layer.from_config(native64, lp.LayerConfig("pool", cfg))
+    x = np.random.default_rng(5).permutation(np.arange(np.prod(shape))).reshape(shape) * 0.1
+    y = layer.forward([x])[0].to_numpy()
+    ref = reference.pool2d(x, cfg.mode, cfg.filter_shape, cfg.stride, cfg.padding, cfg.pad_end or cfg.padding,
+                           cfg.ceil_mode, cfg.count_include_pad)
+    assert y.shape == ref.shape
+    np.testing.assert_allclose(y, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["max", "average"])
+def test_global_pooling_pools_each_whole_plane(native64, mode):
+    layer = lp.Layer.from_config(native64, lp.LayerConfig("gp", lp.PoolingConfig(mode=mode, global_pooling=True)))
+    x = np.random.default_rng(1).standard_normal((2, 3, 5, 4))
+    y = layer.forward([x])[0].to_numpy()
+    want = x.max(axis=(2, 3)) if mode == "max" else x.mean(axis=(2, 3))
+    np.testing.assert_allclose(y, want.reshape(2, 3, 1, 1), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("shape,axis", [((2, 3, 4, 5), 2), ((2, 3, 4, 5), -1), ((3, 4, 2), 0), ((2, 5), 1)])
+def test_softmax_over_any_axis_matches_the_formula(native64, kind, shape, axis):
+    """Softmax and LogSoftmax over ``axis``: exp(x) / sum over that axis (and its log), with the gradients
+    y (dy - sum(dy y)) and dy - exp(y) sum(dy)."""
+    config = (lp.SoftmaxConfig if kind == "Softmax" else lp.LogSoftmaxConfig)(axis=axis)
+    layer = lp.Layer.from_config(native64, lp.LayerConfig("sm", config))
+    rng = np.random.default_rng(2)
+    x, dy = rng.standard_normal(shape), rng.standard_normal(shape)
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    p = e / e.sum(axis=axis, keepdims=True)
+    want = p if kind == "Softmax" else np.log(p)
+    np.testing.assert_allclose(layer.forward([x])[0].to_numpy(), want, rtol=1e-12, atol=1e-12)
+    grad = p * (dy - (dy * p).sum(axis=axis, keepdims=True)) if kind == "Softmax" else (
+        dy - p * dy.sum(axis=axis, keepdims=True))
+    np.testing.assert_allclose(layer.backward([dy])[0].to_numpy(), grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape,axis,want", [((2, 3, 4, 5), 1, (2, 60)), ((2, 3, 4, 5), 2, (6, 20)),
+                                             ((2, 3, 4), 0, (1, 24)), ((2, 3, 4), 3, (24, 1)),
+                                             ((2, 3, 4), -1, (6, 4))])
+def test_flatten_axis_keeps_the_axes_before_it_in_the_first_dimension(native64, shape, axis, want):
+    layer = lp.Layer.from_config(native64, lp.LayerConfig("f", lp.FlattenConfig(axis=axis)))
+    x = np.random.default_rng(0).standard_normal(shape)
+    y = layer.forward([x])[0].to_numpy()
+    np.testing.assert_array_equal(y, x.reshape(want))
+
+
+def test_an_axis_outside_the_input_is_a_shape_error_naming_the_range(native64):
+    cfg = lp.SequentialConfig(inputs=[("data", [2, 3, 4])])
+    cfg.add_layer(lp.LayerConfig("sm", lp.SoftmaxConfig(axis=3)))
+    with pytest.raises(lp.ShapeError, match=r"layer 'sm'.*axis 3 is outside an input of shape \(2, 3, 4\).*-3 to 2"):
+        lp.Layer.from_config(native64, lp.LayerConfig("net", cfg))
+    with pytest.raises(lp.ConfigError, match="FlattenConfig.axis: expected an integer axis"):
+        lp.FlattenConfig(axis="last")
+
+
+@pytest.mark.parametrize("config,shape", [
+    (dict(num_output=3, filter_shape=[3], stride=[2]), (2, 2, 3, 4)),
+    (dict(num_output=2, filter_shape=[3, 2], stride=[2, 3], padding=[1, 0], output_padding=[1, 2]), (1, 3, 3, 3)),
+    (dict(num_output=4, filter_shape=[2], stride=[1], padding=[1], pad_end=[0], group=2, dilation=[2]), (2, 4, 4, 3)),
+    (dict(num_output=3, filter_shape=[3], stride=[2], padding=[1], group=3, bias=False), (1, 3, 3, 3)),
+])
+def test_deconvolution_matches_a_scatter_reference(native64, config, shape):
+    """Deconvolution (stride, padding before and after, output_padding, dilation, group) against the scatter
+    definition of a transposed convolution."""
+    import reference
+
+    cfg = lp.DeconvolutionConfig(**config)
+    layer = lp.Layer.from_config(native64, lp.LayerConfig("deconv", cfg), seed=0)
+    x = np.random.default_rng(4).standard_normal(shape)
+    y = layer.forward([x])[0].to_numpy()
+    weights = [t.to_numpy() for t in layer.learnable_weights_data()]
+    assert weights[0].shape == (shape[1], cfg.num_output // cfg.group, *cfg.filter_shape)
+    ref = reference.deconv2d(x, weights[0], weights[1] if cfg.bias else None, cfg.stride, cfg.padding,
+                             cfg.pad_end or cfg.padding, cfg.output_padding, cfg.dilation, cfg.group)
+    assert y.shape == ref.shape
+    np.testing.assert_allclose(y, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("force_backward", [True, False])
+def test_deconvolution_gradients_follow_new_inputs_in_the_same_buffers(native, force_backward):
+    """Deconvolution runs the convolution primitives in other roles (its forward pass is a data gradient): a second
+    step with new values in the same buffers must give that step's gradients, not reuse the first step's
+    transposes or columns (with the data gradient, and without it as for a network's first layer)."""
+    def net():
+        cfg = lp.SequentialConfig(inputs=[("data", [2, 4, 5, 5])], force_backward=force_backward)
+        cfg.add_layer(lp.LayerConfig("d", lp.DeconvolutionConfig(num_output=3, filter_shape=[3], stride=[2],
+                                                                 padding=[1])))
+        return lp.Layer.from_config(native, lp.LayerConfig("net", cfg), seed=1)
+
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((2, 4, 5, 5)).astype(np.float32) for _ in range(2)]
+    dys = [rng.standard_normal((2, 3, 9, 9)).astype(np.float32) for _ in range(2)]
+    layer = net()
+    for x, dy in zip(xs, dys):
+        layer.forward([x])
+        layer.backward([dy])
+    got = [g.to_numpy() for g in layer.learnable_weights_gradients()]
+    fresh = net()
+    y = fresh.forward([xs[1]])[0].to_numpy()
+    fresh.backward([dys[1]])
+    want = [g.to_numpy() for g in fresh.learnable_weights_gradients()]
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    layer.forward([xs[0]])
+    np.testing.assert_allclose(layer.forward([xs[1]])[0].to_numpy(), y, rtol=1e-6, atol=1e-6)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from . import pointwise
-from .base import MEMORY, PRECISIONS, PRIMITIVES, SHORTHANDS, Backend, Pair, emulated
+from .base import MEMORY, PRECISIONS, PRIMITIVES, SHORTHANDS, Backend, Pair, emulated, plain_conv
 
 Array = Any
 """An ``xp`` array (NumPy or CuPy): the buffers of the array backends."""
@@ -418,21 +418,96 @@ class ArrayBackend(Backend):
         return ptr, a.shape
 
     def _dy_t(self, dy: Array, ws: dict) -> Array:
-        """dy [N, O, oh, ow] as [O, oh * ow * N] (computed once per backward pass)."""
+        """dy [N, O, oh, ow] as [O, oh * ow * N] (computed once per backward pass: kept for the next call only
+        within a backward pass that follows a forward :meth:`conv2d` in the same ``ws``, which marks the pass)."""
         n, o, oh, ow = dy.shape
         t = self._scratch(ws, "dy_t", (o, oh, ow, n), dy.dtype)
         key = self._identity(dy)
         if ws.get("dy_t_of") != key or ws.get("dy_t_fresh") is not True:
             t[...] = dy.transpose(1, 2, 3, 0)
             ws["dy_t_of"] = key
-            ws["dy_t_fresh"] = True
+            ws["dy_t_fresh"] = ws.pop("in_pass", False)
         return t.reshape(o, -1)
 
     def _to_batch_first(self, dst: Array, src: Array) -> None:
         """dst [N, R] = src [R, N] transposed (a batch-innermost layout back to NCHW)."""
         dst[...] = src.T
 
-    def conv2d(self, x, w, out, stride, padding, ws, bias=None):
+    # --- grouped, dilated or asymmetrically padded convolution: per-group GEMMs over tap-by-tap columns ----------
+    _plain_conv = staticmethod(plain_conv)
+
+    def _padded_input(self, x: Array, y_shape, kernel, stride, padding, dilation, ws: dict, name: str) -> Array:
+        """x [N, C, H, W] zero padded before by ``padding`` and after as far as the windows reach."""
+        n, c, h, w = x.shape
+        ph, pw = padding
+        hp, wp = (max(size + p, (o - 1) * s + (k - 1) * d + 1) for size, o, k, s, p, d in
+                  zip((h, w), y_shape[2:], kernel, stride, padding, dilation))
+        t = self._zeroed_once(ws, name, (n, c, hp, wp), x.dtype)
+        t[:, :, ph:ph + h, pw:pw + w] = x
+        return t
+
+    @staticmethod
+    def _dilated_windows(kh: int, kw: int, oh: int, ow: int, stride: Pair, dilation: Pair):
+        sh, sw = stride
+        dh, dw = dilation
+        for i in range(kh):
+            for j in range(kw):
+                yield i, j, slice(i * dh, i * dh + sh * (oh - 1) + 1, sh), slice(j * dw, j * dw + sw * (ow - 1) + 1, sw)
+
+    def _group_cols(self, x, w_shape, y_shape, stride, padding, dilation, groups, ws) -> Array:
+        """Columns [G, C/G * kh * kw, N * oh * ow] of x (the group's channels, taps, then batch and position)."""
+        _, cg, kh, kw = w_shape
+        n, _, oh, ow = y_shape
+        src = self._padded_input(x, y_shape, (kh, kw), stride, padding, dilation, ws, "x_general")
+        cols = self._work(ws, "cols_general", (x.shape[1], kh, kw, n, oh, ow), x.dtype)
+        for i, j, rows, columns in self._dilated_windows(kh, kw, oh, ow, stride, dilation):
+            cols[:, i, j] = src[:, :, rows, columns].transpose(1, 0, 2, 3)
+        return cols.reshape(groups, cg * kh * kw, n * oh * ow)
+
+    def _conv_general(self, x, w, out, stride, padding, ws, bias, dilation, groups) -> None:
+        o = w.shape[0]
+        og = o // groups
+        n, _, oh, ow = out.shape
+        cols = self._group_cols(x, w.shape, out.shape, stride, padding, dilation, groups, ws)
+        y = self._work(ws, "y_general", (o, n * oh * ow), x.dtype)
+        w3 = w.reshape(groups, og, -1)
+        for g in range(groups):
+            self.xp.matmul(w3[g], cols[g], out=y[g * og:(g + 1) * og])
+        out[...] = y.reshape(o, n, oh, ow).transpose(1, 0, 2, 3)
+        if bias is not None:
+            self.bias_add(out, bias)
+
+    def _grad_filter_general(self, x, dy, dw, stride, padding, ws, beta, dilation, groups) -> None:
+        o = dw.shape[0]
+        og = o // groups
+        cols = self._group_cols(x, dw.shape, dy.shape, stride, padding, dilation, groups, ws)
+        dy_t = self.xp.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(groups, og, -1)
+        with self._row_major(dw, read=beta != 0.0) as d:
+            d3 = d.reshape(groups, og, -1)
+            for g in range(groups):
+                self.gemm(dy_t[g], False, cols[g], True, d3[g], 1.0, beta)
+
+    def _grad_data_general(self, dy, w, dx, stride, padding, ws, dilation, groups) -> None:
+        o, cg, kh, kw = w.shape
+        og = o // groups
+        n, c, h, wd = dx.shape
+        oh, ow = dy.shape[2], dy.shape[3]
+        ph, pw = padding
+        dy_t = self.xp.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(groups, og, -1)
+        dcols = self._work(ws, "dcols_general", (c, kh, kw, n, oh, ow), dy.dtype)
+        d3 = dcols.reshape(groups, cg * kh * kw, -1)
+        w3 = w.reshape(groups, og, -1)
+        for g in range(groups):
+            self.xp.matmul(w3[g].T, dy_t[g], out=d3[g])
+        dxp = self._padded_input(dx, dy.shape, (kh, kw), stride, padding, dilation, ws, "dx_general")
+        dxp.fill(0)
+        for i, j, rows, columns in self._dilated_windows(kh, kw, oh, ow, stride, dilation):
+            dxp[:, :, rows, columns] += dcols[:, i, j].transpose(1, 0, 2, 3)
+        dx[...] = dxp[:, :, ph:ph + h, pw:pw + wd]
+
+    def conv2d(self, x, w, out, stride, padding, ws, bias=None, dilation=(1, 1), groups=1):
+        if not self._plain_conv(x.shape, w.shape, out.shape, stride, padding, dilation, groups):
+            return self._conv_general(x, w, out, stride, padding, ws, bias, dilation, groups)
         o, c, kh, kw = w.shape
         n, _, oh, ow = out.shape
         k = c * kh * kw
@@ -456,11 +531,21 @@ class ArrayBackend(Backend):
         else:
             out[...] = y.reshape(o, oh, ow, n).transpose(3, 0, 1, 2)
         ws["dy_t_fresh"] = False  # a new forward pass: the next backward brings a new dy
+        ws["in_pass"] = True
 
-    def conv2d_grad_filter(self, x, dy, dw, stride, padding, ws, beta=0.0):
+    def conv2d_grad_filter(self, x, dy, dw, stride, padding, ws, beta=0.0, dilation=(1, 1), groups=1):
+        if not self._plain_conv(x.shape, dw.shape, dy.shape, stride, padding, dilation, groups):
+            return self._grad_filter_general(x, dy, dw, stride, padding, ws, beta, dilation, groups)
         if not dw.flags.c_contiguous:
             with self._row_major(dw, read=beta != 0.0) as d:
                 return self.conv2d_grad_filter(x, dy, d, stride, padding, ws, beta)
+        try:
+            self._grad_filter_plain(x, dy, dw, stride, padding, ws, beta)
+        finally:  # the forward pass's columns serve one filter gradient: a later call may see new values at x
+            ws.pop("cols_of", None)
+            ws.pop("x_chwn_of", None)
+
+    def _grad_filter_plain(self, x, dy, dw, stride, padding, ws, beta) -> None:
         o, c, kh, kw = dw.shape
         oh, ow = dy.shape[2], dy.shape[3]
         k = c * kh * kw
@@ -482,13 +567,16 @@ class ArrayBackend(Backend):
         """dw [O, K] = dy_t [O, L] @ cols [K, L]^T + beta * dw (the filter gradient's GEMM)."""
         self.gemm(dy_t, False, cols, True, dw, 1.0, beta)
 
-    def conv2d_grad_data(self, dy, w, dx, stride, padding, ws):
+    def conv2d_grad_data(self, dy, w, dx, stride, padding, ws, dilation=(1, 1), groups=1):
+        if not self._plain_conv(dx.shape, w.shape, dy.shape, stride, padding, dilation, groups):
+            return self._grad_data_general(dy, w, dx, stride, padding, ws, dilation, groups)
         o, c, kh, kw = w.shape
         n, _, h, wd = dx.shape
         oh, ow = dy.shape[2], dy.shape[3]
         ph, pw = padding
         sh = stride[0]
         dy_t = self._dy_t(dy, ws)
+        ws["dy_t_fresh"] = False  # the data gradient is the last to read it: a later call may bring new dy values
         dxt = self._work(ws, "dx_chwn", (c, h + 2 * ph, wd + 2 * pw, n), dx.dtype)
         dxt.fill(0)
         k, row = c * kh * kw, ow * n
@@ -506,20 +594,39 @@ class ArrayBackend(Backend):
             self._to_batch_first(dx.reshape(n, -1), dxt.reshape(-1, n))
 
     # --- pooling: one pass per window offset over strided views ----------------------------------------------
-    def _pool_input(self, x: Array, padding: Pair, value: float) -> Array:
+    @staticmethod
+    def _pool_extent(x_shape, y_shape, kernel, stride, padding) -> tuple[int, int]:
+        """The padded input's size: the padding before, the input, and as far after as the windows reach."""
+        return tuple(max(size + p, (o - 1) * s + k) for size, o, k, s, p in
+                     zip(x_shape[2:], y_shape[2:], kernel, stride, padding))
+
+    def _pool_input(self, x: Array, padding: Pair, extent: tuple[int, int], value: float) -> Array:
         ph, pw = padding
-        if not ph and not pw:
-            return x
         n, c, h, w = x.shape
-        xp_ = self.xp.full((n, c, h + 2 * ph, w + 2 * pw), value, x.dtype)
+        if not ph and not pw and extent == (h, w):
+            return x
+        xp_ = self.xp.full((n, c, *extent), value, x.dtype)
         xp_[:, :, ph:ph + h, pw:pw + w] = x
         return xp_
 
-    def pool2d(self, x, out, mask, mode, kernel, stride, padding):
+    def _pool_scale(self, x_shape, y_shape, kernel, stride, padding, pad_end, count_pad, dtype) -> Any:
+        """1 / each average window's divisor: a number where every window counts kh * kw positions, else an
+        [oh, ow] array (windows clipped at the input, or at its padding with ``count_pad``)."""
+        counts = []
+        for size, o, k, s, p, e in zip(x_shape[2:], y_shape[2:], kernel, stride, padding, pad_end or padding):
+            starts = np.arange(o) * s - p
+            lo, hi = (-p, size + e) if count_pad else (0, size)
+            counts.append(np.minimum(starts + k, hi) - np.maximum(starts, lo))
+        if all((c == k).all() for c, k in zip(counts, kernel)):
+            return 1.0 / (kernel[0] * kernel[1])
+        return self.xp.asarray(1.0 / np.maximum(np.outer(counts[0], counts[1]), 1), dtype=dtype)
+
+    def pool2d(self, x, out, mask, mode, kernel, stride, padding, pad_end=None, count_pad=True):
         kh, kw = kernel
         oh, ow = out.shape[2], out.shape[3]
         xp = self.xp
-        src = self._pool_input(x, padding, -np.inf if mode == "max" else 0.0)
+        extent = self._pool_extent(x.shape, out.shape, kernel, stride, padding)
+        src = self._pool_input(x, padding, extent, -np.inf if mode == "max" else 0.0)
         first = True
         if mode == "max":
             better = xp.empty(out.shape, dtype=bool)
@@ -540,18 +647,20 @@ class ArrayBackend(Backend):
             else:
                 out += s
         if mode != "max":
-            out *= 1.0 / (kh * kw)
+            out *= self._pool_scale(x.shape, out.shape, kernel, stride, padding, pad_end, count_pad, out.dtype)
 
-    def pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding):
+    def pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding, pad_end=None, count_pad=True):
         kh, kw = kernel
         ph, pw = padding
         n, c, h, w = dx.shape
         oh, ow = dy.shape[2], dy.shape[3]
-        overlap = stride[0] < kh or stride[1] < kw or ph or pw
-        dxp = self.xp.zeros((n, c, h + 2 * ph, w + 2 * pw), dx.dtype) if overlap else dx
+        extent = self._pool_extent(dx.shape, dy.shape, kernel, stride, padding)
+        overlap = stride[0] < kh or stride[1] < kw or ph or pw or extent != (h, w)
+        dxp = self.xp.zeros((n, c, *extent), dx.dtype) if overlap else dx
         if not overlap and (stride[0] > kh or stride[1] > kw or h > oh * kh or w > ow * kw):
             dx.fill(0)  # inputs no window covers (windows that tile the input write every element)
-        scale = 1.0 / (kh * kw)
+        scale = 0.0 if mode == "max" else self._pool_scale(dx.shape, dy.shape, kernel, stride, padding, pad_end,
+                                                           count_pad, dy.dtype)
         for i, j, rows, columns in self._windows(kh, kw, oh, ow, stride):
             target = dxp[:, :, rows, columns]
             if mode == "max":

@@ -56,6 +56,20 @@ def precision_dtype(precision: str, master: Any) -> np.dtype:
     return np.dtype(master)
 
 
+def padding_end(size: int, out: int, kernel: int, stride: int, pad: int, dilation: int = 1) -> int:
+    """The zero padding after a spatial dimension of ``size`` that a window op with ``out`` outputs reads: the
+    smallest that holds every window (0 where the windows end inside the input)."""
+    return max(0, (out - 1) * stride + (kernel - 1) * dilation + 1 - size - pad)
+
+
+def plain_conv(x_shape, w_shape, y_shape, stride, padding, dilation, groups) -> bool:
+    """Whether a convolution is one the fast paths of every backend take: one group, no dilation, and every window
+    inside the input padded symmetrically by ``padding``."""
+    dims = zip(x_shape[2:], y_shape[2:], w_shape[2:], stride, padding)
+    return groups == 1 and tuple(dilation) == (1, 1) and all((o - 1) * s + k <= size + 2 * p
+                                                             for size, o, k, s, p in dims)
+
+
 class Backend:
     """Base class of every backend; subclasses implement every method below."""
 
@@ -249,27 +263,34 @@ class Backend:
 
     # --- convolution and pooling ----------------------------------------------------------------------------
     def conv2d(self, x: Buffer, w: Buffer, out: Buffer, stride: Pair, padding: Pair, ws: dict,
-               bias: Buffer | None = None) -> None:
-        """Cross-correlation of NCHW ``x`` with ``w`` ``[O, C, kh, kw]`` into ``out`` ``[N, O, oh, ow]``, plus
-        ``bias[o]`` on output channel o when given."""
+               bias: Buffer | None = None, dilation: Pair = (1, 1), groups: int = 1) -> None:
+        """Cross-correlation of NCHW ``x`` with ``w`` ``[O, C / groups, kh, kw]`` into ``out`` ``[N, O, oh, ow]``,
+        plus ``bias[o]`` on output channel o when given. ``padding`` is the zero padding before each spatial
+        dimension; the padding after it is whatever the output's size implies (:func:`padding_end`), so asymmetric
+        padding needs no argument of its own. ``dilation``: the spacing of the filter's taps; ``groups``: channels
+        split into that many groups, output group g reading input group g only (groups == C: depthwise)."""
         raise NotImplementedError
 
-    def conv2d_grad_data(self, dy: Buffer, w: Buffer, dx: Buffer, stride: Pair, padding: Pair, ws: dict) -> None:
+    def conv2d_grad_data(self, dy: Buffer, w: Buffer, dx: Buffer, stride: Pair, padding: Pair, ws: dict,
+                         dilation: Pair = (1, 1), groups: int = 1) -> None:
         """Gradient of :meth:`conv2d` w.r.t. its input, written into ``dx``."""
         raise NotImplementedError
 
     def conv2d_grad_filter(self, x: Buffer, dy: Buffer, dw: Buffer, stride: Pair, padding: Pair, ws: dict,
-                           beta: float = 0.0) -> None:
+                           beta: float = 0.0, dilation: Pair = (1, 1), groups: int = 1) -> None:
         """Gradient of :meth:`conv2d` w.r.t. its filter: ``dw = grad + beta * dw``."""
         raise NotImplementedError
 
     def pool2d(self, x: Buffer, out: Buffer, mask: Buffer | None, mode: str, kernel: Pair, stride: Pair,
-               padding: Pair) -> None:
-        """Max or average pooling (average counts padding). Max pooling records argmax positions in ``mask``."""
+               padding: Pair, pad_end: Pair | None = None, count_pad: bool = True) -> None:
+        """Max or average pooling. Max pooling records argmax positions in ``mask``. Windows start at ``o * stride -
+        padding``; each is clipped to the input (max) or, for average pooling, divided by the count of its positions
+        inside ``[-padding, size + pad_end)`` (``count_pad``: Caffe's and PyTorch's count_include_pad) or inside the
+        input only (not ``count_pad``); ``pad_end`` None: the same as ``padding``."""
         raise NotImplementedError
 
     def pool2d_grad(self, dy: Buffer, dx: Buffer, mask: Buffer | None, mode: str, kernel: Pair, stride: Pair,
-                    padding: Pair) -> None:
+                    padding: Pair, pad_end: Pair | None = None, count_pad: bool = True) -> None:
         """Gradient of :meth:`pool2d` w.r.t. its input, written into ``dx``."""
         raise NotImplementedError
 

@@ -102,9 +102,10 @@ class NativeBackend(ArrayBackend):
         ws["image_cols_of"] = self._identity(x)
         return cols
 
-    def conv2d(self, x, w, out, stride, padding, ws, bias=None):
-        if not self._per_image(w, out.shape):
-            return super().conv2d(x, w, out, stride, padding, ws, bias)
+    def conv2d(self, x, w, out, stride, padding, ws, bias=None, dilation=(1, 1), groups=1):
+        if not self._per_image(w, out.shape) or not self._plain_conv(x.shape, w.shape, out.shape, stride, padding,
+                                                                      dilation, groups):
+            return super().conv2d(x, w, out, stride, padding, ws, bias, dilation, groups)
         o, c, kh, kw = w.shape
         n, _, oh, ow = out.shape
         cols = self._image_cols(x, kh, kw, oh, ow, stride, padding, ws)
@@ -112,25 +113,28 @@ class NativeBackend(ArrayBackend):
         with self._row_major(out, read=False) as y:
             np.matmul(filt, cols[:, :filt.shape[1]], out=y.reshape(n, o, oh * ow))
 
-    def conv2d_grad_filter(self, x, dy, dw, stride, padding, ws, beta=0.0):
-        if not self._per_image(dw, dy.shape):
-            return super().conv2d_grad_filter(x, dy, dw, stride, padding, ws, beta)
+    def conv2d_grad_filter(self, x, dy, dw, stride, padding, ws, beta=0.0, dilation=(1, 1), groups=1):
+        if not self._per_image(dw, dy.shape) or not self._plain_conv(x.shape, dw.shape, dy.shape, stride, padding,
+                                                                      dilation, groups):
+            return super().conv2d_grad_filter(x, dy, dw, stride, padding, ws, beta, dilation, groups)
         o, c, kh, kw = dw.shape
         n, _, oh, ow = dy.shape
         k = c * kh * kw
-        if ws.get("image_cols_of") == self._identity(x) and "image_cols" in ws:
+        if ws.pop("image_cols_of", None) == self._identity(x) and "image_cols" in ws:
             cols = ws["image_cols"]  # the forward pass's columns of this x
         else:
             cols = self._image_cols(x, kh, kw, oh, ow, stride, padding, ws)
+            ws.pop("image_cols_of", None)  # columns made here serve this call only
         parts = self._work(ws, "dw_parts", (n, o, k), dw.dtype)
         np.matmul(dy.reshape(n, o, oh * ow), cols[:, :k].transpose(0, 2, 1), out=parts)
         with self._row_major(dw, read=beta != 0.0) as d:
             self.axpby(1.0, np.sum(parts, axis=0, out=self._work(ws, "dw_sum", (o, k), dw.dtype)), beta,
                        d.reshape(o, -1))
 
-    def conv2d_grad_data(self, dy, w, dx, stride, padding, ws):
-        if not self._per_image(w, dy.shape):
-            return super().conv2d_grad_data(dy, w, dx, stride, padding, ws)
+    def conv2d_grad_data(self, dy, w, dx, stride, padding, ws, dilation=(1, 1), groups=1):
+        if not self._per_image(w, dy.shape) or not self._plain_conv(dx.shape, w.shape, dy.shape, stride, padding,
+                                                                     dilation, groups):
+            return super().conv2d_grad_data(dy, w, dx, stride, padding, ws, dilation, groups)
         o, c, kh, kw = w.shape
         n, _, h, wd = dx.shape
         oh, ow = dy.shape[2], dy.shape[3]
@@ -164,14 +168,15 @@ class NativeBackend(ArrayBackend):
             return [(0, oh)]
         return self._pieces(oh, row_bytes, self.CONV_PIECE_BYTES)
 
-    def pool2d(self, x, out, mask, mode, kernel, stride, padding):
+    def pool2d(self, x, out, mask, mode, kernel, stride, padding, pad_end=None, count_pad=True):
         for a, b in self._pieces(x.shape[0], x[0].nbytes, self.POOL_PIECE_BYTES):
-            super().pool2d(x[a:b], out[a:b], None if mask is None else mask[a:b], mode, kernel, stride, padding)
+            super().pool2d(x[a:b], out[a:b], None if mask is None else mask[a:b], mode, kernel, stride, padding,
+                           pad_end, count_pad)
 
-    def pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding):
+    def pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding, pad_end=None, count_pad=True):
         for a, b in self._pieces(dx.shape[0], dx[0].nbytes, self.POOL_PIECE_BYTES):
             super().pool2d_grad(dy[a:b], dx[a:b], None if mask is None else mask[a:b], mode, kernel, stride,
-                                padding)
+                                padding, pad_end, count_pad)
 
     FILTER_SPLIT = 1024
     FILTER_SPLIT_MAX_OUTPUTS = 4096

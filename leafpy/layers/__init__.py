@@ -6,8 +6,10 @@ from .activation.gelu import GELUConfig  # noqa: E402
 from .activation.leaky_relu import LeakyReLUConfig  # noqa: E402
 from .activation.softplus import SoftplusConfig  # noqa: E402
 from .common.batch_norm import BatchNormConfig  # noqa: E402
+from .common.class_axis import LogSoftmaxConfig, SoftmaxConfig  # noqa: E402
 from .common.concat import ConcatConfig, SliceConfig  # noqa: E402
 from .common.convolution import ConvolutionConfig  # noqa: E402
+from .common.deconvolution import DeconvolutionConfig  # noqa: E402
 from .common.dropout import DropoutConfig  # noqa: E402
 from .common.eltwise import EltwiseConfig  # noqa: E402
 from .common.embedding import EmbeddingConfig  # noqa: E402
@@ -20,6 +22,7 @@ from .container.wiring import Wiring, plan_gradients, wire  # noqa: E402
 from .layer import FillerConfig, Layer, LayerConfig, WeightConfig, Worker, layer_types, lookup, register_layer  # noqa: F401
 from .loss.negative_log_likelihood import NegativeLogLikelihoodConfig  # noqa: E402
 from .network import Network, Parameters  # noqa: E402
+from .utility.flatten import FlattenConfig  # noqa: E402
 from .utility.reshape import ReshapeConfig  # noqa: E402
 
 __all__ = ["BatchNormConfig", "ELUConfig", "GELUConfig", "LeakyReLUConfig", "SoftplusConfig",
@@ -27,4 +30,5 @@ __all__ = ["BatchNormConfig", "ELUConfig", "GELUConfig", "LeakyReLUConfig", "Sof
            "Layer", "LayerConfig", "LinearConfig", "LRNConfig", "NegativeLogLikelihoodConfig", "PoolingConfig",
            "ReshapeConfig", "Sequential", "SequentialConfig", "SliceConfig", "WeightConfig", "Worker", "layer_types",
            "lookup", "register_layer", "Network", "Parameters", "Wiring",
-           "plan_gradients", "wire", "EmbeddingConfig", "GRUConfig", "LSTMConfig", "RNNConfig"]
+           "plan_gradients", "wire", "EmbeddingConfig", "GRUConfig", "LSTMConfig", "RNNConfig", "SoftmaxConfig",
+           "LogSoftmaxConfig", "FlattenConfig", "DeconvolutionConfig"]

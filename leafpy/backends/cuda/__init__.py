@@ -31,7 +31,7 @@ from ..array import ArrayBackend
 from ..base import MEMORY, PRIMITIVES, SHORTHANDS, emulated
 from ..recorder import StepRecorder
 from .blas import _CaptureBlas
-from .cudnn import _CudnnConv, _strides
+from .cudnn import _CudnnConv, _strides, geometry
 from .kernels import _BN_SOURCE, _POOL_SOURCE, module_source, vectorized_source
 from .lowp import as_stored, formats_of, is_low, low_dtypes, one_memory_order, storage_format, typed_kernel
 
@@ -773,13 +773,16 @@ class CudaBackend(ArrayBackend):
                                  self._scalar(1.0 / (1.0 - ratio)), mask)
 
     # --- pooling: one kernel per pass ---------------------------------------------------------------------------
-    def _pool_args(self, x_shape, y_shape, kernel, stride, padding, is_max):
+    def _pool_args(self, x_shape, y_shape, kernel, stride, padding, is_max, pad_end=None, count_pad=True):
         n, c, h, w = x_shape
         oh, ow = y_shape[2], y_shape[3]
         total = n * c * oh * ow
         i32 = np.int32
+        end = pad_end or padding
+        bounds = (-padding[0], -padding[1], h + end[0], w + end[1]) if count_pad else (0, 0, h, w)
         return total, (i32(total), i32(c), i32(h), i32(w), i32(oh), i32(ow), i32(kernel[0]), i32(kernel[1]),
-                       i32(stride[0]), i32(stride[1]), i32(padding[0]), i32(padding[1]), i32(is_max))
+                       i32(stride[0]), i32(stride[1]), i32(padding[0]), i32(padding[1]), i32(is_max),
+                       *(i32(b) for b in bounds))
 
     def _pool_format(self, op: str, a: Any, b: Any) -> str | None:
         """The 16-bit format of a pooling pass's activations, None for float32 (a BackendError for a mix)."""
@@ -795,25 +798,25 @@ class CudaBackend(ArrayBackend):
             return self._pool_module.get_function(name)
         return self._low_module("pool", fmt or "f32", channels_last).get_function(name)
 
-    def pool2d(self, x, out, mask, mode, kernel, stride, padding):
+    def pool2d(self, x, out, mask, mode, kernel, stride, padding, pad_end=None, count_pad=True):
         fmt = self._pool_format("pool2d", x, out)
         if fmt is None and x.dtype != np.float32:
-            return super().pool2d(x, out, mask, mode, kernel, stride, padding)
+            return super().pool2d(x, out, mask, mode, kernel, stride, padding, pad_end, count_pad)
         layout = bool(self._layout_of(x, out, mask))  # a mix was converted (ONE_LAYOUT)
-        total, args = self._pool_args(x.shape, out.shape, kernel, stride, padding, mode == "max")
+        total, args = self._pool_args(x.shape, out.shape, kernel, stride, padding, mode == "max", pad_end, count_pad)
         m = mask if mask is not None else out  # unused for average pooling
         self._pool_kernel("pool_fwd", fmt, layout)(((total + 255) // 256,), (256,), (as_stored(x), as_stored(out),
                                                                                      m) + args)
 
-    def pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding):
+    def pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding, pad_end=None, count_pad=True):
         fmt = self._pool_format("pool2d_grad", dy, dx)
         if fmt is None and dy.dtype != np.float32:
-            return super().pool2d_grad(dy, dx, mask, mode, kernel, stride, padding)
+            return super().pool2d_grad(dy, dx, mask, mode, kernel, stride, padding, pad_end, count_pad)
         layout = bool(self._layout_of(dy, dx, mask))
         # 16-bit gradients are added up in float32 scratch (in dx's memory order), then rounded once
         acc = dx if fmt is None else self.xp.empty_like(dx, dtype=np.float32)
         acc.fill(0)
-        total, args = self._pool_args(dx.shape, dy.shape, kernel, stride, padding, mode == "max")
+        total, args = self._pool_args(dx.shape, dy.shape, kernel, stride, padding, mode == "max", pad_end, count_pad)
         m = mask if mask is not None else dy
         self._pool_kernel("pool_bwd", fmt, layout)(((total + 255) // 256,), (256,), (as_stored(dy), acc, m) + args)
         if acc is not dx:
@@ -870,36 +873,52 @@ class CudaBackend(ArrayBackend):
         f = formats_of(op, **arrays)
         return f["x"], f["w"], f["y"], f.get("bias", "f32")
 
-    def conv2d(self, x, w, out, stride, padding, ws, bias=None):
+    def conv2d(self, x, w, out, stride, padding, ws, bias=None, dilation=(1, 1), groups=1):
         fm = self._conv_formats("conv2d", x, w, out, bias)
         if self._cudnn is None:
-            return super().conv2d(x, w, out, stride, padding, ws, bias)
+            return super().conv2d(x, w, out, stride, padding, ws, bias, dilation, groups)
+        pads = geometry(x.shape, w.shape, out.shape, padding, stride, dilation)
         fuse = self.fuse_bias if self.fuse_bias is not None else fm != ("f32",) * 4
-        if bias is not None and fuse and self._cudnn.run("fprop_bias", x.shape, w.shape, out.shape, stride, padding,
+        if bias is not None and fuse and self._cudnn.run("fprop_bias", x.shape, w.shape, out.shape, stride, pads,
                                                          x, w, out, 0.0, bias, formats=fm):
             return
-        self._cudnn.run("fprop", x.shape, w.shape, out.shape, stride, padding, x, w, out, 0.0, formats=fm)
+        self._cudnn.run("fprop", x.shape, w.shape, out.shape, stride, pads, x, w, out, 0.0, formats=fm)
         if bias is not None:
             self.bias_add(out, bias)
 
-    def conv2d_grad_data(self, dy, w, dx, stride, padding, ws):
+    def conv2d_grad_data(self, dy, w, dx, stride, padding, ws, dilation=(1, 1), groups=1):
         fm = self._conv_formats("conv2d_grad_data", dx, w, dy)
         if self._cudnn is None:
-            return super().conv2d_grad_data(dy, w, dx, stride, padding, ws)
-        self._cudnn.run("dgrad", dx.shape, w.shape, dy.shape, stride, padding, dx, w, dy, 0.0, formats=fm)
+            return super().conv2d_grad_data(dy, w, dx, stride, padding, ws, dilation, groups)
+        pads = geometry(dx.shape, w.shape, dy.shape, padding, stride, dilation)
+        self._cudnn.run("dgrad", dx.shape, w.shape, dy.shape, stride, pads, dx, w, dy, 0.0, formats=fm)
 
-    def conv2d_grad_filter(self, x, dy, dw, stride, padding, ws, beta=0.0):
+    def conv2d_grad_filter(self, x, dy, dw, stride, padding, ws, beta=0.0, dilation=(1, 1), groups=1):
         fm = self._conv_formats("conv2d_grad_filter", x, dw, dy)
         if self._cudnn is None:
-            return super().conv2d_grad_filter(x, dy, dw, stride, padding, ws, beta)
+            return super().conv2d_grad_filter(x, dy, dw, stride, padding, ws, beta, dilation, groups)
+        pads = geometry(x.shape, dw.shape, dy.shape, padding, stride, dilation)
+        if groups > 1 and len(pads) == 3 and pads[0] != pads[1]:
+            # cuDNN's grouped filter gradient is wrong with padding after unlike padding before (seen on an H200,
+            # cuDNN 9): each group's gradient from its own channels, as an ungrouped convolution
+            cx, co = x.shape[1] // groups, dw.shape[0] // groups
+            for g in range(groups):
+                self._grad_filter(x[:, g * cx:(g + 1) * cx], dy[:, g * co:(g + 1) * co], dw[g * co:(g + 1) * co],
+                                  stride, pads, beta, fm)
+            return
+        self._grad_filter(x, dy, dw, stride, pads, beta, fm)
+
+    def _grad_filter(self, x, dy, dw, stride, pads, beta, fm) -> None:
+        conv = self._cudnn
+        assert conv is not None  # (conv2d_grad_filter's caller checked)
         if fm != ("f32",) * 4:
-            return self._low_grad_filter(self._cudnn, x, dy, dw, stride, padding, beta, fm)
+            return self._low_grad_filter(conv, x, dy, dw, stride, pads, beta, fm)
         if beta:
             tmp = self.xp.empty_like(dw)
-            self._cudnn.run("wgrad", x.shape, dw.shape, dy.shape, stride, padding, x, tmp, dy, 0.0)
+            conv.run("wgrad", x.shape, dw.shape, dy.shape, stride, pads, x, tmp, dy, 0.0)
             dw += tmp
         else:
-            self._cudnn.run("wgrad", x.shape, dw.shape, dy.shape, stride, padding, x, dw, dy, 0.0)
+            conv.run("wgrad", x.shape, dw.shape, dy.shape, stride, pads, x, dw, dy, 0.0)
 
     def _low_grad_filter(self, conv: _CudnnConv, x, dy, dw, stride, padding, beta, fm) -> None:
         """The filter gradient of 16-bit activations into ``dw``: written in dw's format by cuDNN (float32, as mixed

@@ -9,11 +9,23 @@ from typing import Any
 import numpy as np
 
 from ...errors import BackendError
+from ..base import padding_end
 
 
 def _strides(array: Any) -> tuple[int, ...]:
     """An array's strides in elements: row-major NCHW, or channels-last (NHWC memory seen as NCHW)."""
     return tuple(s // array.itemsize for s in array.strides)
+
+
+def geometry(x_shape, w_shape, y_shape, padding, stride, dilation) -> tuple:
+    """What a graph takes as its padding: ``padding`` itself for a plain convolution (the graphs cached before
+    grouped and dilated convolutions existed keep their keys), else (padding before, padding after, dilation), the
+    padding after implied by the output's size. Groups need nothing: cuDNN reads them from the filter's channels."""
+    dims = list(zip(x_shape[2:], y_shape[2:], w_shape[2:], stride, padding, dilation))
+    if tuple(dilation) == (1, 1) and all((size + 2 * p - k) // s + 1 == o for size, o, k, s, p, _ in dims):
+        return tuple(padding)
+    after = tuple(padding_end(size, o, k, s, p, d) for size, o, k, s, p, d in dims)
+    return tuple(padding), after, tuple(dilation)
 
 
 class _CudnnConv:
@@ -69,12 +81,15 @@ class _CudnnConv:
         low = [types[f] for f in formats if f != "f32"]
         g = cudnn.pygraph(io_data_type=low[0] if low else f32, intermediate_data_type=f32, compute_data_type=f32,
                           handle=self.handle)
-        pad, st, dil = list(padding), list(stride), [1, 1]
+        # padding: the symmetric (ph, pw) of a plain convolution, or (before, after, dilation) pairs (see geometry)
+        pre, post, dil = (list(p) for p in padding) if len(padding) == 3 else (list(padding),) * 2 + ([1, 1],)
+        st = list(stride)
         sx, sw, sy = (list(s) for s in strides)
         if kind in ("fprop", "fprop_bias"):
             X = g.tensor(name="X", dim=list(x_shape), stride=sx, data_type=tx)
             W = g.tensor(name="W", dim=list(w_shape), stride=sw, data_type=tw)
-            Y = g.conv_fprop(image=X, weight=W, padding=pad, stride=st, dilation=dil, compute_data_type=f32)
+            Y = g.conv_fprop(image=X, weight=W, pre_padding=pre, post_padding=post, stride=st, dilation=dil,
+                             compute_data_type=f32)
             if kind == "fprop_bias":
                 o = w_shape[0]
                 Bt = g.tensor(name="B", dim=[1, o, 1, 1], stride=[o, 1, 1, 1], data_type=tb)
@@ -84,13 +99,15 @@ class _CudnnConv:
         elif kind == "dgrad":
             DY = g.tensor(name="DY", dim=list(y_shape), stride=sy, data_type=ty)
             W = g.tensor(name="W", dim=list(w_shape), stride=sw, data_type=tw)
-            DX = g.conv_dgrad(loss=DY, filter=W, padding=pad, stride=st, dilation=dil, compute_data_type=f32)
+            DX = g.conv_dgrad(loss=DY, filter=W, pre_padding=pre, post_padding=post, stride=st, dilation=dil,
+                              compute_data_type=f32)
             DX.set_output(True).set_dim(list(x_shape)).set_stride(sx).set_data_type(tx)
             names = (DX, W, DY)
         else:
             X = g.tensor(name="X", dim=list(x_shape), stride=sx, data_type=tx)
             DY = g.tensor(name="DY", dim=list(y_shape), stride=sy, data_type=ty)
-            DW = g.conv_wgrad(image=X, loss=DY, padding=pad, stride=st, dilation=dil, compute_data_type=f32)
+            DW = g.conv_wgrad(image=X, loss=DY, pre_padding=pre, post_padding=post, stride=st, dilation=dil,
+                              compute_data_type=f32)
             DW.set_output(True).set_dim(list(w_shape)).set_stride(sw).set_data_type(tw)
             names = (X, DW, DY)
         g.validate()

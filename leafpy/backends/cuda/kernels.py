@@ -32,8 +32,12 @@ _POOL_SOURCE = r"""
     const long long plane = (long long)(i / (OW * OH)) * H * W;
 #define ELEMENT(h, w) ((h) * W + (w))
 #endif
+// average windows divide by their positions inside [lh, hh) x [lw, hw): the input and its padding (Caffe's
+// count_include_pad), or the input only
+#define POOL_DIVISOR(h0, w0) \
+    (float)max((min(h0 + kh, hh) - max(h0, lh)) * (min(w0 + kw, hw) - max(w0, lw)), 1)
 extern "C" __global__ void pool_fwd(const S* x, S* y, int* mask, int total, int C, int H, int W,
-        int OH, int OW, int kh, int kw, int sh, int sw, int ph, int pw, int is_max) {
+        int OH, int OW, int kh, int kw, int sh, int sw, int ph, int pw, int is_max, int lh, int lw, int hh, int hw) {
     int i = blockDim.x * blockIdx.x + threadIdx.x;
     if (i >= total) return;
     POOL_GEOMETRY
@@ -50,13 +54,13 @@ extern "C" __global__ void pool_fwd(const S* x, S* y, int* mask, int total, int 
             if (is_max) { if (v > best) { best = v; arg = a * kw + b; } } else { sum += v; }
         }
     }
-    if (is_max) { y[i] = ST(best); mask[i] = arg; } else { y[i] = ST(sum / (float)(kh * kw)); }
+    if (is_max) { y[i] = ST(best); mask[i] = arg; } else { y[i] = ST(sum / POOL_DIVISOR(h0, w0)); }
 }
 // one thread per output element adds its gradient where the forward pass took its value (measured faster on an
 // H200 than one thread per input element gathering over its windows); dx is float32 for every format (16-bit
 // activations' gradients are added up there and rounded once)
 extern "C" __global__ void pool_bwd(const S* dy, float* dx, const int* mask, int total, int C, int H, int W,
-        int OH, int OW, int kh, int kw, int sh, int sw, int ph, int pw, int is_max) {
+        int OH, int OW, int kh, int kw, int sh, int sw, int ph, int pw, int is_max, int lh, int lw, int hh, int hw) {
     int i = blockDim.x * blockIdx.x + threadIdx.x;
     if (i >= total) return;
     POOL_GEOMETRY
@@ -67,7 +71,7 @@ extern "C" __global__ void pool_bwd(const S* dy, float* dx, const int* mask, int
         int a = mask[i] / kw, b = mask[i] % kw, h = h0 + a, w = w0 + b;
         if (h >= 0 && h < H && w >= 0 && w < W) atomicAdd(dst + ELEMENT(h, w), g);
     } else {
-        float share = g / (float)(kh * kw);
+        float share = g / POOL_DIVISOR(h0, w0);
         for (int a = 0; a < kh; ++a) for (int b = 0; b < kw; ++b) {
             int h = h0 + a, w = w0 + b;
             if (h >= 0 && h < H && w >= 0 && w < W) atomicAdd(dst + ELEMENT(h, w), share);

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..base import plain_conv
 from .buffers import WView
 from .elementwise import Elementwise
-from .params import ConvParams, PoolParams, WinogradParams
+from .params import ConvParams, DirectParams, PoolParams, WinogradParams
 
 
 class Convolution(Elementwise):
@@ -201,7 +202,25 @@ class Convolution(Elementwise):
             self._winograd_filter_grad(x, dy, dw, padding, beta, chunk)
         return bool(chunk)
 
-    def conv2d(self, x, w, out, stride, padding, ws, bias=None):
+    # --- grouped, dilated or asymmetrically padded: direct.wgsl, a thread per element written -------------------
+    @staticmethod
+    def _direct_constants(x_shape, w_shape, y_shape, stride, padding, dilation, groups) -> tuple:
+        n, c, h, w = x_shape
+        return (("BATCH", n), ("C_IN", c), ("C_OUT", w_shape[0]), ("GROUPS", groups), ("IN_H", h), ("IN_W", w),
+                ("KH", w_shape[2]), ("KW", w_shape[3]), ("SH", stride[0]), ("SW", stride[1]), ("PH", padding[0]),
+                ("PW", padding[1]), ("DH", dilation[0]), ("DW", dilation[1]), ("OH", y_shape[2]), ("OW", y_shape[3]))
+
+    def _direct(self, entry: str, a: WView, b: WView, dst: WView, consts: tuple, beta: float = 0.0) -> None:
+        self._dispatch("direct", entry, DirectParams(count=dst.size, beta=beta), [a, b, dst], self._grid(dst.size),
+                       constants=consts)
+
+    def conv2d(self, x, w, out, stride, padding, ws, bias=None, dilation=(1, 1), groups=1):
+        if not plain_conv(x.shape, w.shape, out.shape, stride, padding, dilation, groups):
+            consts = self._direct_constants(x.shape, w.shape, out.shape, stride, padding, dilation, groups)
+            self._direct("direct_fwd", x, w, out, consts)
+            if bias is not None:
+                self.bias_add(out, bias)
+            return
         if self._winograd_conv(x, w, out, stride, padding, bias):
             return
         n, c, o, k, p, chunk, u = self._conv_geometry(x.shape, w.shape, out.shape, stride, padding)
@@ -218,7 +237,10 @@ class Convolution(Elementwise):
         if bias is not None:
             self.bias_add(out, bias)
 
-    def conv2d_grad_data(self, dy, w, dx, stride, padding, ws):
+    def conv2d_grad_data(self, dy, w, dx, stride, padding, ws, dilation=(1, 1), groups=1):
+        if not plain_conv(dx.shape, w.shape, dy.shape, stride, padding, dilation, groups):
+            consts = self._direct_constants(dx.shape, w.shape, dy.shape, stride, padding, dilation, groups)
+            return self._direct("direct_data", dy, w, dx, consts)
         if self._winograd_conv_grad_data(dy, w, dx, stride, padding):
             return
         n, c, o, k, p, chunk, u = self._conv_geometry(dx.shape, w.shape, dy.shape, stride, padding)
@@ -244,7 +266,10 @@ class Convolution(Elementwise):
                 self._gemm(w, True, ymat, False, cols, k, nc * p, o, 1.0, 0.0)
             self._conv_launch("col2im", u, nc * c * h * wd, n0, nc, o, cols, dx)
 
-    def conv2d_grad_filter(self, x, dy, dw, stride, padding, ws, beta=0.0):
+    def conv2d_grad_filter(self, x, dy, dw, stride, padding, ws, beta=0.0, dilation=(1, 1), groups=1):
+        if not plain_conv(x.shape, dw.shape, dy.shape, stride, padding, dilation, groups):
+            consts = self._direct_constants(x.shape, dw.shape, dy.shape, stride, padding, dilation, groups)
+            return self._direct("direct_filter", x, dy, dw, consts, beta)
         if self._winograd_conv_grad_filter(x, dy, dw, stride, padding, beta):
             return
         n, c, o, k, p, chunk, u = self._conv_geometry(x.shape, dw.shape, dy.shape, stride, padding)
@@ -262,19 +287,22 @@ class Convolution(Elementwise):
 
     # --- pooling ------------------------------------------------------------------------------------------------
     @staticmethod
-    def _pool_constants(x_shape, y_shape, kernel, stride, padding, is_max) -> tuple:
-        return (("IS_MAX", int(is_max)), ("IN_H", x_shape[2]), ("IN_W", x_shape[3]), ("KH", kernel[0]),
+    def _pool_constants(x_shape, y_shape, kernel, stride, padding, is_max, pad_end=None, count_pad=True) -> tuple:
+        h, w = x_shape[2], x_shape[3]
+        end = pad_end or padding
+        bounds = (-padding[0], -padding[1], h + end[0], w + end[1]) if count_pad else (0, 0, h, w)
+        return (("IS_MAX", int(is_max)), ("IN_H", h), ("IN_W", w), ("KH", kernel[0]),
                 ("KW", kernel[1]), ("SH", stride[0]), ("SW", stride[1]), ("PH", padding[0]), ("PW", padding[1]),
-                ("OH", y_shape[2]), ("OW", y_shape[3]))
+                ("OH", y_shape[2]), ("OW", y_shape[3])) + tuple(zip(("LH", "LW", "HH", "HW"), bounds))
 
-    def pool2d(self, x, out, mask, mode, kernel, stride, padding):
+    def pool2d(self, x, out, mask, mode, kernel, stride, padding, pad_end=None, count_pad=True):
         m = mask if mask is not None else self._scratch_buffer(out.size, "nomask")
-        consts = self._pool_constants(x.shape, out.shape, kernel, stride, padding, mode == "max")
+        consts = self._pool_constants(x.shape, out.shape, kernel, stride, padding, mode == "max", pad_end, count_pad)
         self._pool("pool_fwd", [x, out, m], x.shape, out.shape, out.shape, consts)
 
-    def pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding):
+    def pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding, pad_end=None, count_pad=True):
         m = mask if mask is not None else self._scratch_buffer(dy.size, "nomask")
-        consts = self._pool_constants(dx.shape, dy.shape, kernel, stride, padding, mode == "max")
+        consts = self._pool_constants(dx.shape, dy.shape, kernel, stride, padding, mode == "max", pad_end, count_pad)
         tiled = (tuple(kernel) == tuple(stride) and tuple(padding) == (0, 0)
                  and (dx.shape[2], dx.shape[3]) == (dy.shape[2] * stride[0], dy.shape[3] * stride[1]))
         if tiled:  # each input in exactly one window: a thread per output writes its window

@@ -25,7 +25,7 @@ import numpy as np
 
 from ...errors import BackendError
 from .. import pointwise
-from ..base import MEMORY, WRITES, Backend, emulated
+from ..base import MEMORY, WRITES, Backend, emulated, plain_conv
 from .buffers import WView, _pad4
 from .conv import Convolution
 from .elementwise import _act
@@ -379,7 +379,9 @@ class Half(Convolution):
     # convolutions, where every tensor fits one binding: as Winograd where the float32 path takes it (the same rule,
     # _winograd_chunk), float16 loads and stores around float32 transforms and tiles; elsewhere as implicit GEMMs
     # (x, dy and dx read and written in NCHW by the GEMM kernels, no float32 columns)
-    def _conv2d_h(self, x, w, out, stride, padding, ws, bias=None) -> bool:
+    def _conv2d_h(self, x, w, out, stride, padding, ws, bias=None, dilation=(1, 1), groups=1) -> bool:
+        if not plain_conv(x.shape, w.shape, out.shape, stride, padding, dilation, groups):
+            return False  # direct.wgsl, on float32 copies
         if not self._halves(x, w, out, *([bias] if bias is not None else [])):
             return False
         if self._winograd_conv(x, w, out, stride, padding, bias):
@@ -391,7 +393,9 @@ class Half(Convolution):
         self._gemm(w, False, x, False, out, o, n * p, k, 1.0, 0.0, conv, bias=bias)
         return True
 
-    def _conv2d_grad_data_h(self, dy, w, dx, stride, padding, ws) -> bool:
+    def _conv2d_grad_data_h(self, dy, w, dx, stride, padding, ws, dilation=(1, 1), groups=1) -> bool:
+        if not plain_conv(dx.shape, w.shape, dy.shape, stride, padding, dilation, groups):
+            return False
         if not self._halves(dy, w, dx):
             return False
         if self._winograd_conv_grad_data(dy, w, dx, stride, padding):
@@ -404,7 +408,9 @@ class Half(Convolution):
         self._gemm(w, False, dy, False, dx, c, n * h * wd, o * kh * kw, 1.0, 0.0, conv)
         return True
 
-    def _conv2d_grad_filter_h(self, x, dy, dw, stride, padding, ws, beta=0.0) -> bool:
+    def _conv2d_grad_filter_h(self, x, dy, dw, stride, padding, ws, beta=0.0, dilation=(1, 1), groups=1) -> bool:
+        if not plain_conv(x.shape, dw.shape, dy.shape, stride, padding, dilation, groups):
+            return False
         if not self._halves(x, dy) or dw.dtype not in (F16, F32) or dw.raw.size > self.max_binding:
             return False
         if self._winograd_conv_grad_filter(x, dy, dw, stride, padding, beta):
@@ -416,16 +422,16 @@ class Half(Convolution):
         self._gemm(dy, False, x, True, dw, o, k, n * p, 1.0, beta, conv)
         return True
 
-    def _pool2d_h(self, x, out, mask, mode, kernel, stride, padding) -> bool:
+    def _pool2d_h(self, x, out, mask, mode, kernel, stride, padding, pad_end=None, count_pad=True) -> bool:
         if not self._halves(x, out):
             return False
-        Convolution.pool2d(self, x, out, mask, mode, kernel, stride, padding)
+        Convolution.pool2d(self, x, out, mask, mode, kernel, stride, padding, pad_end, count_pad)
         return True
 
-    def _pool2d_grad_h(self, dy, dx, mask, mode, kernel, stride, padding) -> bool:
+    def _pool2d_grad_h(self, dy, dx, mask, mode, kernel, stride, padding, pad_end=None, count_pad=True) -> bool:
         if not self._halves(dy, dx):
             return False
-        Convolution.pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding)
+        Convolution.pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding, pad_end, count_pad)
         return True
 
     def _bias_grad_h(self, dy, db, beta=0.0) -> bool:

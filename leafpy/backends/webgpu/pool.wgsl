@@ -14,6 +14,20 @@ struct PoolParams {
 @group(0) @binding(3) var<storage, read> argmax: array<i32>;
 
 override IS_MAX: bool = true;
+// average windows divide by their positions inside [LH, HH) x [LW, HW): the input and its padding (Caffe's
+// count_include_pad), or the input only
+override LH: i32 = 0;
+override LW: i32 = 0;
+override HH: i32 = 1;
+override HW: i32 = 1;
+
+fn divisor(y: u32, x: u32) -> f32 {
+    let h0 = i32(y * SH) - i32(PH);
+    let w0 = i32(x * SW) - i32(PW);
+    let rows = min(h0 + i32(KH), HH) - max(h0, LH);
+    let cols = min(w0 + i32(KW), HW) - max(w0, LW);
+    return f32(max(rows * cols, 1));
+}
 
 @compute @workgroup_size(256)
 fn pool_fwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
@@ -45,7 +59,7 @@ fn pool_fwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
         dst[p.dst_offset + idx] = best;
         mask[p.mask_offset + idx] = arg;
     } else {
-        dst[p.dst_offset + idx] = sum / f32(KH * KW);
+        dst[p.dst_offset + idx] = sum / divisor(y, x);
     }
 }
 
@@ -68,7 +82,7 @@ fn pool_bwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
             if (IS_MAX) {
                 if (argmax[p.mask_offset + o] == i32(i * KW + j)) { s = s + src[p.src_offset + o]; }
             } else {
-                s = s + src[p.src_offset + o] / f32(KH * KW);
+                s = s + src[p.src_offset + o] / divisor(u32(y), u32(x));
             }
         }
     }
@@ -88,7 +102,7 @@ fn pool_bwd_tiled(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
     let arg = argmax[p.mask_offset + idx];
     for (var i = 0u; i < KH; i = i + 1u) {
         for (var j = 0u; j < KW; j = j + 1u) {
-            var v = g / f32(KH * KW);
+            var v = g / divisor(y, x);
             if (IS_MAX) { v = select(0.0, g, arg == i32(i * KW + j)); }
             dst[p.dst_offset + (plane * IN_H + y * SH + i) * IN_W + x * SW + j] = v;
         }
