@@ -168,9 +168,10 @@ class Sequential(Layer):
 
     def set_training(self, training: bool = True) -> None:
         """Training mode (dropout active, BatchNorm on the batch's statistics) or inference mode, for every layer."""
-        super().set_training(training)
-        for layer in self.layers:
-            layer.set_training(training)
+        with self._one("set_training"):
+            super().set_training(training)
+            for layer in self.layers:
+                layer.set_training(training)
 
     def _weight_entries(self):
         entries = []
