@@ -275,9 +275,13 @@ class Layer:
         if not isinstance(training, (bool, np.bool_)):
             raise ConfigError(f"layer '{self.name}': set_training expects True or False, got {training!r}"[:300])
         with self._one("set_training"):
-            self.training = bool(training)
-            if self.worker is not None:
-                self.worker.training = self.training
+            self._set_mode(bool(training))
+
+    def _set_mode(self, training: bool) -> None:
+        """set_training's work, once checked (a container passes it on to its layers)."""
+        self.training = training
+        if self.worker is not None:
+            self.worker.training = training
 
     def learnable_weights_data(self) -> list[SharedTensor]:
         """The weights, in network order, a weight shared by name once (``learnable_weights_names`` names them)."""
