@@ -28,6 +28,7 @@ import numpy as np
 from . import __version__
 from . import config as run_config
 from . import data as datasets
+from ._run_lock import RunLock
 from .backends import BACKEND_NAMES, PRECISIONS, run_backend
 from .backends import backend as get_backend
 from .errors import LeafpyError, SerializationError
@@ -140,60 +141,6 @@ def out_dir_for(run: run_config.RunConfig, out: str | None, resume: str | None =
     return os.path.join("runs", run.name or "run")
 
 
-class _RunLock:
-    """``DIR/.lock`` holding this process's id for the run's duration; a lock whose process is gone is stale and
-    taken over, so a crashed run never blocks the directory."""
-
-    def __init__(self, directory: str) -> None:
-        self.path = os.path.join(directory, ".lock")
-
-    def __enter__(self) -> _RunLock:
-        directory = os.path.dirname(self.path)
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                try:
-                    with open(self.path) as f:
-                        pid = int(f.read().strip() or 0)
-                except (OSError, ValueError):
-                    pid = 0
-                if pid and pid != os.getpid() and _alive(pid):
-                    raise LeafpyError(f"{os.path.dirname(self.path)}: another leafpy run (process {pid}) is writing "
-                                      "to this directory; wait for it, or train into another --out") from None
-                try:
-                    os.unlink(self.path)  # stale: its process is gone
-                except FileNotFoundError:
-                    pass
-                except OSError as e:
-                    raise LeafpyError(f"{self.path}: cannot take over the run directory's lock ({e.strerror or e}); "
-                                      "remove it if no run is using the directory") from e
-                continue
-            except OSError as e:  # a read-only directory or file system, no permission
-                raise LeafpyError(f"--out {directory}: cannot write into the output directory ({e.strerror or e}); "
-                                  "train into a directory you can write to") from e
-            with os.fdopen(fd, "w") as f:
-                f.write(str(os.getpid()))
-            return self
-        raise LeafpyError(f"{self.path}: cannot take the run directory's lock; remove the file if no run is using it")
-
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 RELAUNCH_STOP_S = 60.0
 """How long ``leafpy train --nproc`` waits, after a stop signal, for the ranks to write their checkpoint and end."""
 
@@ -286,7 +233,7 @@ def train(args: argparse.Namespace) -> int:
                                       f"with --resume {os.path.join(out_dir, 'checkpoint.leaf')}, train into another "
                                       "--out, or pass --overwrite to replace them")
         group.barrier()
-        lock = _RunLock(out_dir) if group.is_root else contextlib.nullcontext()
+        lock = RunLock(out_dir) if group.is_root else contextlib.nullcontext()
         with lock:
             return _train(args, run, be, out_dir, group, replace=args.overwrite and not continues)
 
