@@ -102,7 +102,9 @@ class RunLock:
         """Replace a stale ``.lock`` by the temporary (True); False when ``.lock`` went away meanwhile (link
         again); a LeafpyError when a live run holds it."""
         with _directory_flock(self.directory):
-            holder = self._holder()  # judged under the flock: no other takeover between this and the replace
+            # judged under the flock: between this and the replace no other process takes the lock over, nobody
+            # links a new one (.lock exists), and its holder, gone, cannot remove it
+            holder = self._holder()
             if holder is None:
                 return False
             self._refuse_if_held(holder)
@@ -114,11 +116,17 @@ class RunLock:
             return True
 
     def _holder(self) -> _Holder | None:
-        """What ``.lock`` says (None: there is none)."""
+        """What ``.lock`` says (None: there is none, or it changed while it was read). A lock read is judged only
+        while it is still the one at ``.lock``: its run may have ended, removing it, and another run taken the
+        lock since; judging that run's lock by the ended run's id would take a live lock."""
         try:
             with open(self.path, "rb") as f:
-                age = time.time() - os.fstat(f.fileno()).st_mtime
+                st = os.fstat(f.fileno())
                 text = f.read(32)
+                now = os.stat(self.path)
+            if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                return None
+            age = time.time() - st.st_mtime
         except FileNotFoundError:
             return None
         except OSError:
