@@ -32,6 +32,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from . import _checks
 from .errors import ConfigError, LeafpyError, SerializationError, ShapeError
 from .layers.layer_config import FillerConfig, LayerConfig, WeightConfig, WeightSpec, layer_types, lookup
 
@@ -281,11 +282,9 @@ def encode(msg: Any, struct_name: str) -> bytes:
 
 def _read_file(path: str) -> bytes:
     try:
-        with open(path, "rb") as f:  # a missing file, a directory, no permission: OSError
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise SerializationError(f"{path}: not a regular file; give the path of a .leaf file")
-            size = st.st_size
+        # a missing file, no permission: OSError; a FIFO, a device, a directory: refused without waiting
+        with _checks.open_regular(path, "a .leaf file", SerializationError) as f:
+            size = os.fstat(f.fileno()).st_size
             if size == 0:
                 raise SerializationError(f"{path}: the file is empty")
             if size > MAX_FILE_BYTES:
