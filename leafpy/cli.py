@@ -35,7 +35,7 @@ from .errors import LeafpyError, SerializationError
 from .layers.container.sequential import Sequential
 from .layers.layer import Layer
 from .metrics import predictions
-from .serialization import atomic_write, load_weights, saved_network_config
+from .serialization import atomic_write, load_weights, remove_temporaries, saved_network_config
 from .train import same_path
 
 
@@ -86,7 +86,7 @@ def summary_text(net: Layer) -> str:
 
 
 # --- train ------------------------------------------------------------------------------------------------------
-def _plot(history: list[dict], path: str) -> bool:
+def _plot(history: list[dict], path: str | io.BytesIO) -> bool:
     try:
         import matplotlib
 
@@ -112,7 +112,7 @@ def _plot(history: list[dict], path: str) -> bool:
         a2.set_ylabel("accuracy")
         a2.legend()
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, format="png")
     plt.close(fig)
     return True
 
@@ -235,6 +235,8 @@ def train(args: argparse.Namespace) -> int:
         group.barrier()
         lock = RunLock(out_dir) if group.is_root else contextlib.nullcontext()
         with lock:
+            if group.is_root:
+                _remove_stale_temporaries(out_dir)
             return _train(args, run, be, out_dir, group, replace=args.overwrite and not continues)
 
 
@@ -242,9 +244,22 @@ RUN_FILES = ("model.leaf", "checkpoint.leaf", RUN_FILE, "history.json", "history
 """The files a training run writes into its directory, besides its best-epochE.leaf checkpoints."""
 
 
+def _is_run_file(name: str) -> bool:
+    """Whether ``name`` is one of the files a training run writes into its directory."""
+    return name in RUN_FILES or (name.startswith("best-epoch") and name.endswith(".leaf"))
+
+
+def _remove_stale_temporaries(directory: str) -> None:
+    """Remove the temporary files of the run's files that a save killed midway left (the lock is held)."""
+    removed = remove_temporaries(directory, _is_run_file)
+    if removed:
+        _out(f"leafpy: removed {len(removed)} temporary file{'s' * (len(removed) != 1)} left by an interrupted save "
+             f"in {directory}: {', '.join(sorted(removed))}")
+
+
 def _remove_run_files(directory: str) -> None:
     """Remove the files a training run wrote into ``directory`` (and nothing else in it)."""
-    names = [n for n in os.listdir(directory) if n in RUN_FILES or (n.startswith("best-epoch") and n.endswith(".leaf"))]
+    names = [n for n in os.listdir(directory) if _is_run_file(n)]
     for name in names:
         try:
             os.unlink(os.path.join(directory, name))
@@ -312,22 +327,11 @@ def _train(args: argparse.Namespace, run: run_config.RunConfig, be: Any, out_dir
 
 
 def _plot_atomic(history: list[dict], path: str) -> bool:
-    import tempfile
-
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".training.", suffix=".png", dir=directory)
-    os.close(fd)
-    try:
-        if not _plot(history, tmp):
-            return False
-        with open(tmp, "rb") as f:
-            atomic_write(path, f.read())
-        return True
-    finally:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+    image = io.BytesIO()  # drawn in memory: the only temporary file is atomic_write's
+    if not _plot(history, image):
+        return False
+    atomic_write(path, image.getvalue())
+    return True
 
 
 def _report(scores: Any) -> None:

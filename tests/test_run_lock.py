@@ -1,5 +1,6 @@
 """The run directory's lock (DIR/.lock): of processes starting at once exactly one trains into a directory, a dead
-run's lock is taken over by one of them, and a failed start leaves no lock behind."""
+run's lock is taken over by one of them, and a failed start leaves no lock behind. Holding it, a run removes the
+temporary files that a save killed midway left in the directory."""
 
 from __future__ import annotations
 
@@ -102,3 +103,26 @@ def test_two_runs_started_at_once_into_one_directory(tmp_path):
     assert "another leafpy run (process" in refused.stderr or "holds another run's files" in refused.stderr
     assert "epoch 3/3" in next(d for d in done if not d.returncode).stdout
     assert not Path(out / ".lock").exists()
+
+
+# --- what a killed save left ------------------------------------------------------------------------------------
+KILLED_SAVES = [".checkpoint.leaf.a1b2c3d4.tmp", ".history.json.zz_9x8y7.tmp", ".model.leaf.q0w9e8r7.tmp",
+                ".best-epoch2.leaf.abcdefgh.tmp", ".run.yaml.0123abcd.tmp"]
+NOT_OURS = [".notes.txt.a1b2c3d4.tmp", "checkpoint.leaf.tmp", ".checkpoint.leaf.toolong123.tmp", "mine.tmp"]
+
+
+@pytest.mark.parametrize("start", ["resume", "overwrite"])
+def test_a_run_removes_the_temporaries_a_killed_save_left_and_nothing_else(tmp_path, start):
+    first = leafpy(tmp_path, "train", MLP, "--epochs", "1", "--out", "run")
+    assert first.returncode == 0, first.stderr
+    out = tmp_path / "run"
+    for name in KILLED_SAVES + NOT_OURS:
+        (out / name).write_bytes(b"\0" * 1000)
+    more = ("--resume", "run/checkpoint.leaf") if start == "resume" else ("--overwrite",)
+    p = leafpy(tmp_path, "train", MLP, "--epochs", "2", "--out", "run", *more)
+    assert p.returncode == 0, p.stderr
+    left = set(os.listdir(out))
+    assert not left & set(KILLED_SAVES), sorted(left)
+    assert set(NOT_OURS) <= left
+    assert "removed 5 temporary files left by an interrupted save" in p.stdout
+    assert not [n for n in left if n.endswith(".tmp") and n not in NOT_OURS]  # nor did this run leave any
