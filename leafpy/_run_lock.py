@@ -141,7 +141,8 @@ class RunLock:
         pid = holder.pid
         if pid == 0 and holder.age < EMPTY_STALE_S:
             raise LeafpyError(f"{self.directory}: another process is taking the run directory's lock ({self.path} "
-                              "holds no process id yet); wait for that run, or train into another --out")
+                              "holds no process id yet, or cannot be read); wait for that run, or train into another "
+                              "--out")
         # our own id in it: left by an earlier process of the same id (a restarted container), which is gone
         if pid and pid != os.getpid() and _alive(pid):
             raise LeafpyError(f"{self.directory}: another leafpy run (process {pid}) is writing to this directory; "
