@@ -177,22 +177,30 @@ def allocation(where: str, what: dict[str, Sequence[Sequence[int]]], itemsize: i
     return need
 
 
-def open_regular(path: str, what: str) -> Any:
+def open_regular(path: str, what: str, error: type[Exception] = ConfigError) -> Any:
     """``path`` opened for reading in binary, refusing what is not a regular file (a FIFO, a device, a directory)
-    without blocking on it: a FIFO would wait forever for a writer, a device never end."""
+    with ``error`` naming it, without blocking on it: a FIFO would wait forever for a writer, a device never end.
+    Every reader of a user's file goes through here. The path is looked at before it is opened (opening a device
+    can act on it), and what was opened is looked at again: the path may have been replaced in between, so the
+    open itself never waits (O_NONBLOCK, cleared once the file is known to be regular). A missing or unreadable
+    file is an OSError."""
+    _refuse_special(os.stat(path).st_mode, path, what, error)
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else \
-                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket or other special file"
-            raise ConfigError(f"{path}: {kind}, not a regular file; give the path of {what}")
+        _refuse_special(os.fstat(fd).st_mode, path, what, error)
         if hasattr(os, "set_blocking"):
             os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
         raise
+
+
+def _refuse_special(mode: int, path: str, what: str, error: type[Exception]) -> None:
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else \
+            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket or other special file"
+        raise error(f"{path}: {kind}, not a regular file; give the path of {what}")
 
 
 _Config = TypeVar("_Config")

@@ -29,13 +29,14 @@ import numpy as np
 from . import __version__
 from . import config as run_config
 from . import data as datasets
+from ._run_lock import RunLock
 from .backends import BACKEND_NAMES, PRECISIONS, run_backend
 from .backends import backend as get_backend
 from .errors import LeafpyError, SerializationError
 from .layers.container.sequential import Sequential, batch_free
 from .layers.layer import Layer
 from .metrics import predictions
-from .serialization import atomic_write, load_weights, saved_network_config
+from .serialization import atomic_write, load_weights, remove_temporaries, saved_network_config
 from .train import resolve_data, same_path
 
 
@@ -89,7 +90,7 @@ def summary_text(net: Layer) -> str:
 
 
 # --- train ------------------------------------------------------------------------------------------------------
-def _plot(history: list[dict], path: str) -> bool:
+def _plot(history: list[dict], path: str | io.BytesIO) -> bool:
     try:
         import matplotlib
 
@@ -115,7 +116,7 @@ def _plot(history: list[dict], path: str) -> bool:
         a2.set_ylabel("accuracy")
         a2.legend()
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, format="png")
     plt.close(fig)
     return True
 
@@ -130,60 +131,6 @@ def out_dir_for(run: run_config.RunConfig, out: str | None, resume: str | None =
     if resume:
         return os.path.dirname(resume) or "."
     return os.path.join("runs", run_config.check_run_name(run.name) or "run")
-
-
-class _RunLock:
-    """``DIR/.lock`` holding this process's id for the run's duration; a lock whose process is gone is stale and
-    taken over, so a crashed run never blocks the directory."""
-
-    def __init__(self, directory: str) -> None:
-        self.path = os.path.join(directory, ".lock")
-
-    def __enter__(self) -> _RunLock:
-        directory = os.path.dirname(self.path)
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                try:
-                    with open(self.path) as f:
-                        pid = int(f.read().strip() or 0)
-                except (OSError, ValueError):
-                    pid = 0
-                if pid and pid != os.getpid() and _alive(pid):
-                    raise LeafpyError(f"{os.path.dirname(self.path)}: another leafpy run (process {pid}) is writing "
-                                      "to this directory; wait for it, or train into another --out") from None
-                try:
-                    os.unlink(self.path)  # stale: its process is gone
-                except FileNotFoundError:
-                    pass
-                except OSError as e:
-                    raise LeafpyError(f"{self.path}: cannot take over the run directory's lock ({e.strerror or e}); "
-                                      "remove it if no run is using the directory") from e
-                continue
-            except OSError as e:  # a read-only directory or file system, no permission
-                raise LeafpyError(f"--out {directory}: cannot write into the output directory ({e.strerror or e}); "
-                                  "train into a directory you can write to") from e
-            with os.fdopen(fd, "w") as f:
-                f.write(str(os.getpid()))
-            return self
-        raise LeafpyError(f"{self.path}: cannot take the run directory's lock; remove the file if no run is using it")
-
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 RELAUNCH_STOP_S = 60.0
@@ -278,8 +225,10 @@ def train(args: argparse.Namespace) -> int:
                                       f"with --resume {os.path.join(out_dir, 'checkpoint.leaf')}, train into another "
                                       "--out, or pass --overwrite to replace them")
         group.barrier()
-        lock = _RunLock(out_dir) if group.is_root else contextlib.nullcontext()
+        lock = RunLock(out_dir) if group.is_root else contextlib.nullcontext()
         with lock:
+            if group.is_root:
+                _remove_stale_temporaries(out_dir)
             return _train(args, run, be, out_dir, group, replace=args.overwrite and not continues)
 
 
@@ -287,9 +236,22 @@ RUN_FILES = ("model.leaf", "checkpoint.leaf", RUN_FILE, "history.json", "history
 """The files a training run writes into its directory, besides its best-epochE.leaf checkpoints."""
 
 
+def _is_run_file(name: str) -> bool:
+    """Whether ``name`` is one of the files a training run writes into its directory."""
+    return name in RUN_FILES or (name.startswith("best-epoch") and name.endswith(".leaf"))
+
+
+def _remove_stale_temporaries(directory: str) -> None:
+    """Remove the temporary files of the run's files that a save killed midway left (the lock is held)."""
+    removed = remove_temporaries(directory, _is_run_file)
+    if removed:
+        _out(f"leafpy: removed {len(removed)} temporary file{'s' * (len(removed) != 1)} left by an interrupted save "
+             f"in {directory}: {', '.join(sorted(removed))}")
+
+
 def _remove_run_files(directory: str) -> None:
     """Remove the files a training run wrote into ``directory`` (and nothing else in it)."""
-    names = [n for n in os.listdir(directory) if n in RUN_FILES or (n.startswith("best-epoch") and n.endswith(".leaf"))]
+    names = [n for n in os.listdir(directory) if _is_run_file(n)]
     for name in names:
         try:
             os.unlink(os.path.join(directory, name))
@@ -366,31 +328,16 @@ def _plot_atomic(history: list[dict], path: str) -> bool:
     """Draw the training curves to ``path`` (atomically); False where matplotlib is missing. A plot that cannot be
     written (a full disk) is a warning, not a failure: the run's model and checkpoint are saved by then."""
     try:
-        return _write_plot(history, path)
+        image = io.BytesIO()  # drawn in memory: the only temporary file is atomic_write's
+        if not _plot(history, image):
+            return False
+        atomic_write(path, image.getvalue())
+        return True
     except (OSError, LeafpyError) as e:
         why = getattr(e, "strerror", None) or str(e)
         print(f"leafpy: warning: the plot {path} was not written ({why}); the model and checkpoint are saved",
               file=sys.stderr, flush=True)
         return False
-
-
-def _write_plot(history: list[dict], path: str) -> bool:
-    import tempfile
-
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".training.", suffix=".png", dir=directory)
-    os.close(fd)
-    try:
-        if not _plot(history, tmp):
-            return False
-        with open(tmp, "rb") as f:
-            atomic_write(path, f.read())
-        return True
-    finally:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
 
 
 def _report(scores: Any, class_names: Sequence[str] = ()) -> None:

@@ -215,6 +215,34 @@ def read_layer_config(reader: Any, where: str = "config") -> LayerConfig:
 # --------------------------------------------------------------------------------------------------------------
 # files
 # --------------------------------------------------------------------------------------------------------------
+_TEMPORARY = re.compile(r"\.(?P<target>.+)\.[a-z0-9_]{8}\.tmp\Z")
+"""The name of atomic_write's temporary file for a target NAME: ``.NAME.`` and tempfile's 8 random characters."""
+
+
+def remove_temporaries(directory: str, targets: Callable[[str], bool]) -> list[str]:
+    """Remove the temporary files that :func:`atomic_write` left in ``directory`` when its process was killed
+    midway through a write, for the target names ``targets`` accepts; returns the names removed. Only for a
+    directory no other process is writing into (a run directory whose lock is held): another writer's temporary
+    is live until renamed."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        m = _TEMPORARY.match(name)
+        if m is None or not targets(m["target"]):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                os.unlink(path)
+                removed.append(name)
+        except OSError:  # gone already, or not ours to remove: left alone
+            pass
+    return removed
+
+
 def atomic_write(path: str | os.PathLike, data: bytes, example: str = "model.leaf") -> None:
     """Write ``data`` to ``path`` so that a failure at any point leaves the previous file intact: a temporary file
     beside the target, synced, then renamed over it. A symbolic link is written through (its target is replaced,
@@ -246,7 +274,7 @@ def atomic_write(path: str | os.PathLike, data: bytes, example: str = "model.lea
         os.umask(umask)
         mode = 0o666 & ~umask
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)  # _TEMPORARY
     except OSError as e:
         raise SerializationError(f"{path}: cannot write: {e.strerror or e}") from e
     try:
@@ -297,11 +325,9 @@ def encode(msg: Any, struct_name: str) -> bytes:
 
 def _read_file(path: str) -> bytes:
     try:
-        with open(path, "rb") as f:  # a missing file, a directory, no permission: OSError
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise SerializationError(f"{path}: not a regular file; give the path of a .leaf file")
-            size = st.st_size
+        # a missing file, no permission: OSError; a FIFO, a device, a directory: refused without waiting
+        with _checks.open_regular(path, "a .leaf file", SerializationError) as f:
+            size = os.fstat(f.fileno()).st_size
             if size == 0:
                 raise SerializationError(f"{path}: the file is empty")
             if size > MAX_FILE_BYTES:

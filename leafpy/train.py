@@ -623,14 +623,14 @@ class Trainer:
     def _read_history(self) -> list[dict[str, Any]]:
         path = os.path.join(self.out_dir or "", "history.json")
         try:
-            with open(path) as f:
+            with _checks.open_regular(path, "the run's history (JSON)") as f:
                 history = json.load(f)
             if not isinstance(history, list) or not all(isinstance(h, dict) and _checks.counter(h.get("epoch"))
                                                         for h in history):
                 raise ValueError("not a list of epoch records, each with its epoch number")
         except FileNotFoundError:
             return []
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError) as e:  # (a FIFO or a directory there: a ConfigError, a ValueError)
             self.log(f"warning: {path} cannot be read ({e}); the history starts again from this epoch")
             return []
         return [h for h in history if h["epoch"] <= self.start_epoch]

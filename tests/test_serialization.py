@@ -220,7 +220,7 @@ def test_bad_files_raise_serialization_error(tmp_path, native, good_file, monkey
         assert str(p) in str(e.value), name
     with pytest.raises(lp.SerializationError, match="cannot read"):
         lp.Layer.load(native, tmp_path / "missing.leaf")
-    with pytest.raises(lp.SerializationError, match=f"{tmp_path}: cannot read: Is a directory"):
+    with pytest.raises(lp.SerializationError, match=f"{tmp_path}: a directory, not a regular file"):
         lp.Layer.load(native, tmp_path)
     # a checkpoint is not a model, and the other way round
     with pytest.raises(lp.SerializationError, match="if it is a model file: Layer.load reads it"):

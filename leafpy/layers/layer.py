@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import _checks
 from .._checks import layout_hint, same_layout  # noqa: F401  (re-exported for the layer modules)
+from .._exclusive import OneCaller
 from ..backends.base import Backend, Buffer
 from ..errors import ConfigError, SerializationError, ShapeError
 from ..sources.prepare import Preparation
@@ -199,6 +200,7 @@ class Layer:
         self.runs_backward = True
         self.ran_forward = False
         self._declared_bytes = 0  # what bind() declared for this layer's weights and outputs
+        self._one = OneCaller(f"layer '{self.name}'")  # one thread at a time: see forward
 
     # --- construction ------------------------------------------------------------------------------------
     @staticmethod
@@ -249,7 +251,9 @@ class Layer:
         from .. import serialization
 
         _checks.path("Layer.save: path", path)
-        serialization.save_model(path, self.config, self.named_weights(), format=format, specs=self.weight_specs(),
+        with self._one("save"):
+            weights = self.named_weights()
+        serialization.save_model(path, self.config, weights, format=format, specs=self.weight_specs(),
                                  allow_non_finite=_checks.flag("Layer.save: allow_non_finite", allow_non_finite),
                                  preparation=self.preparation.to_text() if self.preparation is not None else "")
 
@@ -283,9 +287,14 @@ class Layer:
         """Training mode (dropout active) or inference mode."""
         if not isinstance(training, (bool, np.bool_)):
             raise ConfigError(f"layer '{self.name}': set_training expects True or False, got {training!r}"[:300])
-        self.training = bool(training)
+        with self._one("set_training"):
+            self._set_mode(bool(training))
+
+    def _set_mode(self, training: bool) -> None:
+        """set_training's work, once checked (a container passes it on to its layers)."""
+        self.training = training
         if self.worker is not None:
-            self.worker.training = self.training
+            self.worker.training = training
 
     def learnable_weights_data(self) -> list[SharedTensor]:
         """The weights, in network order, a weight shared by name once (``learnable_weights_names`` names them)."""
@@ -329,6 +338,10 @@ class Layer:
         without, those weights keep their values and are listed in the result. Nothing is set unless every given
         weight fits. A standalone layer that has not run yet creates its weights on its first forward pass: the
         values are kept and set then."""
+        with self._one("load_weights"):
+            return self._load_weights(weights, strict)
+
+    def _load_weights(self, weights: Mapping[str, Any], strict: bool) -> LoadedWeights:
         if not isinstance(weights, Mapping):
             raise ConfigError(f"layer '{self.name}': load_weights takes a mapping of weight names to arrays (as "
                               f"named_weights() returns), got {type(weights).__name__}")
@@ -574,13 +587,22 @@ class Layer:
         return _unique(self._weight_entries())
 
     def forward(self, inputs: Sequence[Any]) -> list[SharedTensor]:
-        """Run forward on a list of inputs (numpy arrays or SharedTensors); returns the output tensors."""
-        return self.runner.forward(inputs)
+        """Run forward on a list of inputs (numpy arrays or SharedTensors); returns the output tensors.
+
+        The outputs are the layer's own buffers, valid until its next call (``forward``, ``backward``, a solver's
+        step): copy them (``.to_numpy()``) to keep them. A network serves one thread at a time: a call from a
+        second thread while another is inside (forward, backward, a solver's ``train_minibatch``, ``save``,
+        ``load_weights``, ``set_training``) raises a LeafpyError; give each thread its own network
+        (``Layer.load``, ``Layer.from_config``) or serialise the calls."""
+        with self._one("forward"):
+            return self.runner.forward(inputs)
 
     def backward(self, output_grads: Sequence[Any]) -> list[SharedTensor | None]:
         """Backpropagate gradients of the outputs; returns gradients of the inputs (None where not computed).
-        Weight gradients land in :meth:`learnable_weights_gradients`."""
-        return self.runner.backward(output_grads)
+        Weight gradients land in :meth:`learnable_weights_gradients`. As with :meth:`forward`, the returned
+        tensors are the layer's buffers, valid until its next call, and a second thread is refused."""
+        with self._one("backward"):
+            return self.runner.backward(output_grads)
 
     def __repr__(self) -> str:
         return f"<Layer {self.name!r} ({self.config.type}) on {self.backend.name}>"

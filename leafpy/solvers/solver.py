@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .. import _checks
+from .._exclusive import OneCaller
 from ..backends.base import Backend
 from ..errors import ConfigError, LeafpyError, SerializationError, ShapeError
 from ..layers.container.sequential import batch_free
@@ -289,6 +290,7 @@ class Solver:
         self.config = config
         self.iteration = 0
         self._token = next(_SOLVER_TOKENS)  # unique for the process's life (id() is reused after deletion)
+        self._one = OneCaller(f"the solver of network '{network.name}'")  # one thread at a time: train_minibatch
         self.rule: UpdateRule = update_rules()[config.solver](config)
         self._calls = 0  # train_minibatch calls since the last update
         be = network.backend
@@ -489,7 +491,15 @@ class Solver:
     def train_minibatch(self, data: Any, target: Any) -> SharedTensor:
         """One forward/backward pass and (every minibatch_size-th call) one update; returns the network output.
 
-        The update works in the gradient buffers, so after an update they no longer hold the raw gradients."""
+        The update works in the gradient buffers, so after an update they no longer hold the raw gradients. The
+        returned output is the network's own buffer, valid until its next call. A solver (and its network) serves
+        one thread at a time: a second thread calling while a step runs gets a LeafpyError; give each thread its
+        own solver (``Solver.from_config``) or serialise the calls."""
+        with self._one("train_minibatch"), self.network._one("train_minibatch"), \
+                self.objective._one("train_minibatch"):
+            return self._train_minibatch(data, target)
+
+    def _train_minibatch(self, data: Any, target: Any) -> SharedTensor:
         self.network.set_training(True)
         be = self.network.backend
         k = self.config.minibatch_size
@@ -689,6 +699,10 @@ class Solver:
         network's weights are set separately: ``solver.network.load_weights``). Every entry is checked before
         anything is set: a missing or unknown name is a ConfigError, an array of the wrong shape a ShapeError,
         each naming the entry, what was expected and what was given."""
+        with self._one("restore"):
+            self._restore(state)
+
+    def _restore(self, state: Mapping[str, Any]) -> None:
         where = "Solver.restore"
         if not isinstance(state, Mapping):
             raise ConfigError(f"{where}: expected a mapping as Solver.snapshot() returns, got {type(state).__name__}")
@@ -772,7 +786,9 @@ class Solver:
         from .. import serialization
 
         _checks.path("Solver.save_checkpoint: path", path)
-        serialization.save_checkpoint(path, self.config, self.network.named_weights(), self.snapshot())
+        with self._one("save_checkpoint"), self.network._one("save_checkpoint"):
+            weights, state = self.network.named_weights(), self.snapshot()
+        serialization.save_checkpoint(path, self.config, weights, state)
 
     @staticmethod
     def load_checkpoint(network_backend: Backend, objective_backend: Backend, path: str) -> Solver:
