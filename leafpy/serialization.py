@@ -554,7 +554,7 @@ def save_model(path: str | os.PathLike, config: LayerConfig, weights: Mapping[st
     checksum), or with ``format="leaf"`` a file Leaf 0.2.1 reads (what Leaf cannot represent is a ConfigError;
     ``specs``, the network's ``Layer.weight_specs()``, give Leaf's weight names and the filters to flip)."""
     if format not in FORMATS:
-        raise ConfigError(f"Layer.save: format must be one of {', '.join(FORMATS)}, got {format!r}")
+        raise ConfigError(f"Layer.save: format must be one of {', '.join(FORMATS)}, onnx, got {format!r}")
     if format == "leaf":
         check_leaf_representable(config, "Layer.save(format='leaf')")
         atomic_write(path, model_message(config, to_leaf(weights, specs), leaf=True).to_bytes_packed())

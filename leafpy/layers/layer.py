@@ -234,10 +234,16 @@ class Layer:
     def save(self, path: str, format: str = "leafpy") -> None:
         """Write this layer's config and weights to ``path`` (Cap'n Proto, atomically): leafpy's file, with a
         header and a checksum, or with ``format="leaf"`` a file Leaf 0.2.1 reads (Leaf's weight names, flipped
-        convolution filters; a ConfigError for what Leaf cannot represent, such as biases)."""
+        convolution filters; a ConfigError for what Leaf cannot represent, such as biases), or with
+        ``format="onnx"`` an ONNX model at opset 17 (``lp.onnx.export``, which takes other opsets)."""
         from .. import serialization
 
         _checks.path("Layer.save: path", path)
+        if format == "onnx":
+            from ..onnx import export
+
+            export(self, path)
+            return
         serialization.save_model(path, self.config, self.named_weights(), format=format, specs=self.weight_specs())
 
     # --- properties -------------------------------------------------------------------------------------
