@@ -650,6 +650,9 @@ def convert(model: Any, *, batch_size: int = 1, feeds: dict[str, np.ndarray] | N
     for vi in graph.input:
         if vi.name in constants:
             continue
+        if not vi.type.HasField("tensor_type"):
+            raise ConfigError(f"ONNX graph input {vi.name!r}: a {vi.type.WhichOneof('value') or 'value of no type'}; "
+                              "leafpy's networks take tensors")
         if vi.name in feeds:
             g.constants[vi.name] = np.asarray(feeds[vi.name])
             g.input_shapes[vi.name] = tuple(np.shape(feeds[vi.name])) or (1,)
