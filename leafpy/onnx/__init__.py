@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
+
 from ..backends import backend as get_backend
 from ..backends.base import Backend
 from ..errors import ConfigError
@@ -40,6 +42,15 @@ def load(path_or_model: Any, backend: str | Backend = "native", *, batch_size: i
     return net
 
 
+def read_weights(path_or_model: Any) -> dict[str, np.ndarray]:
+    """The weights of an ONNX model by the names :func:`load` gives them ("conv1/weight"), without building the
+    network: what ``leafpy train --weights model.onnx`` and ``load_weights`` read."""
+    from ._proto import read_model
+    from .importer import convert
+
+    return convert(read_model(path_or_model), batch_size=DEFAULT_BATCH)[1]
+
+
 def to_model(layer: Layer, opset: int = 17) -> Any:
     """``layer`` as an onnx.ModelProto at ``opset`` (13 or later)."""
     from .exporter import to_model as build
@@ -56,4 +67,4 @@ def export(layer: Layer, path: str | os.PathLike, opset: int = 17) -> None:
     atomic_write(path, to_model(layer, opset).SerializeToString(), example="model.onnx")
 
 
-__all__ = ["load", "export", "to_model", "DEFAULT_BATCH"]
+__all__ = ["load", "export", "to_model", "read_weights", "DEFAULT_BATCH"]

@@ -33,7 +33,8 @@ def node_tests() -> list[Any]:
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         cases = load_model_tests(kind="node")
-    return [c for c in cases if len(c.model.graph.node) == 1 and c.model.graph.node[0].op_type in OPERATORS]
+    return [c for c in cases if c.model is not None and len(c.model.graph.node) == 1
+            and c.model.graph.node[0].op_type in OPERATORS]
 
 
 def operator_of(case: Any) -> str:
@@ -81,7 +82,9 @@ def onnxruntime_results() -> dict[str, str | None] | None:
 def table(results: dict[str, str | None], reference: dict[str, str | None] | None = None,
           backend_name: str = "native") -> str:
     cases = node_tests()
-    total, ours, theirs = Counter(), Counter(), Counter()
+    total: Counter[str] = Counter()
+    ours: Counter[str] = Counter()
+    theirs: Counter[str] = Counter()
     for c in cases:
         op = operator_of(c)
         total[op] += 1

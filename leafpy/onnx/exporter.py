@@ -329,7 +329,8 @@ def to_model(layer: Layer, opset: int = 17) -> Any:
                           "shapes are known then); or export the network holding it")
     e = Emitter(opset)
     if layer.worker is None:
-        in_names, in_shapes = list(layer.input_names), [tuple(s) for s in layer.input_shapes]
+        seq: Any = layer
+        in_names, in_shapes = list(seq.input_names), [tuple(s) for s in seq.input_shapes]
     else:
         in_names = [f"input{k}" for k in range(len(layer.inputs))]
         in_shapes = [tuple(t.shape) for t in layer.inputs]
@@ -340,7 +341,8 @@ def to_model(layer: Layer, opset: int = 17) -> Any:
     float_t = onnx.TensorProto.FLOAT
     inputs = [h.make_tensor_value_info(n, float_t, ["N", *s[1:]]) for n, s in zip(in_names, in_shapes)]
     batch = in_shapes[0][0] if in_shapes and in_shapes[0] else None
-    outputs = [h.make_tensor_value_info(n, float_t, ["N" if i == 0 and d == batch else d for i, d in enumerate(t.shape)])
+    outputs = [h.make_tensor_value_info(n, float_t, ["N" if i == 0 and d == batch else d
+                                                     for i, d in enumerate(t.shape)])
                for n, t in zip(out_names, layer.outputs)]
     graph = h.make_graph(e.nodes, layer.name, inputs, outputs, e.initializers)
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", opset)], producer_name="leafpy",

@@ -20,10 +20,29 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, ShapeError
-from ..layers import (BatchNormConfig, ConcatConfig, ConvolutionConfig, DropoutConfig, EltwiseConfig, ELUConfig,
-                      EmbeddingConfig, GELUConfig, GRUConfig, LayerConfig, LeakyReLUConfig, LinearConfig, LRNConfig,
-                      LSTMConfig, NegativeLogLikelihoodConfig, PoolingConfig, ReshapeConfig, RNNConfig,
-                      SequentialConfig, SliceConfig, SoftplusConfig)
+from ..layers import (
+    BatchNormConfig,
+    ConcatConfig,
+    ConvolutionConfig,
+    DropoutConfig,
+    EltwiseConfig,
+    ELUConfig,
+    EmbeddingConfig,
+    GELUConfig,
+    GRUConfig,
+    LayerConfig,
+    LeakyReLUConfig,
+    LinearConfig,
+    LRNConfig,
+    LSTMConfig,
+    NegativeLogLikelihoodConfig,
+    PoolingConfig,
+    ReshapeConfig,
+    RNNConfig,
+    SequentialConfig,
+    SliceConfig,
+    SoftplusConfig,
+)
 from ..layers.layer_config import lookup
 from ._proto import opset_of, require_onnx, to_array
 
@@ -399,8 +418,8 @@ def dropout(g: Graph, n: Node) -> None:
     if training is not None and bool(training):
         raise ConfigError(f"{n.where}: training_mode=True is not supported at import: leafpy's Dropout draws its "
                           "own masks when the network trains (set_training(True))")
-    ratio = g.const(n, 1, "ratio")
-    ratio = float(ratio) if ratio is not None else float(n.attr("ratio", 0.5))
+    given = g.const(n, 1, "ratio")
+    ratio = float(given) if given is not None else float(n.attr("ratio", 0.5))
     g.add(n, DropoutConfig(ratio=ratio), [x], [n.outputs[0]])
 
 
@@ -453,9 +472,8 @@ def split(g: Graph, n: Node) -> None:
     x = g.blob(n, 0)
     shape = g.shape(x)
     axis = int(n.attr("axis", 0)) % len(shape)
-    sizes = g.const(n, 1, "split sizes")
-    if sizes is None:
-        sizes = n.attr("split")
+    given = g.const(n, 1, "split sizes")
+    sizes = given.tolist() if given is not None else n.attr("split")
     k = len(n.outputs)
     if sizes is None:
         each = math.ceil(shape[axis] / k)
