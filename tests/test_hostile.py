@@ -28,3 +28,10 @@ def test_flipped_model_bytes_give_clear_errors(outcomes):
 def test_other_hostile_inputs_give_clear_errors(outcomes, cls):
     c = outcomes[cls]
     assert sum(c.values()) > 0 and set(c) == {"clear error"}, c
+
+
+@pytest.mark.parametrize("cls", ["ONNX truncation", "ONNX crafted"])
+def test_damaged_and_crafted_onnx_files_give_clear_errors(outcomes, cls):
+    pytest.importorskip("onnx", reason="the ONNX cases need the onnx package (pip install 'leafpy-dl[onnx]')")
+    c = outcomes[cls]
+    assert sum(c.values()) > 0 and set(c) == {"clear error"}, c

@@ -393,7 +393,9 @@ def reshape(g: Graph, n: Node) -> None:
     assert target is not None
     shape = g.shape(x)
     out = _onnx_reshape(shape, target.astype(np.int64).tolist(), n.attr("allowzero", 0))
-    if math.prod(out) != math.prod(shape) or not out or out[0] != shape[0]:
+    if math.prod(out) != math.prod(shape) or not out:
+        raise ConfigError(f"{n.where}: cannot reshape {shape} ({math.prod(shape)} values) to {target.tolist()}")
+    if out[0] != shape[0]:
         raise ConfigError(f"{n.where}: reshaping {shape} to {target.tolist()} gives {out}, which changes the batch "
                           "axis (the first); leafpy's Reshape keeps the batch (reshaping across it is not supported)")
     g.add(n, ReshapeConfig(shape=tuple(out)), [x], [n.outputs[0]])
