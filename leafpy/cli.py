@@ -34,8 +34,8 @@ from .errors import LeafpyError, SerializationError
 from .layers.container.sequential import Sequential
 from .layers.layer import Layer
 from .metrics import predictions
-from .serialization import atomic_write, load_weights, saved_network_config
-from .train import same_path
+from .serialization import atomic_write, saved_network_config
+from .train import load_weights, same_path
 
 
 def _out(msg: str = "") -> None:

@@ -597,12 +597,7 @@ def load_weights(layer: _HoldsWeights, path: str | os.PathLike, *, strict: bool 
     the network in a solver checkpoint, by name; errors name the file. Returns what ``load_weights`` returns (the
     weights left alone)."""
     path = os.fspath(path)
-    if path.endswith(".onnx"):  # an ONNX model's weights, named by its nodes as lp.onnx.load names its layers
-        from .onnx import read_weights as read_onnx_weights
-
-        saved, leaf = read_onnx_weights(path), False
-    else:
-        saved, leaf = read_weights(path)
+    saved, leaf = read_weights(path)
     with reading(path):
         return layer.load_weights(from_leaf(saved, layer.weight_specs()) if leaf else saved, strict=strict)
 

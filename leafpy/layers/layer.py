@@ -12,6 +12,7 @@ batch size changes) -> ``run_forward`` / ``run_backward``.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
@@ -37,6 +38,10 @@ from .layer_config import (  # noqa: F401  (re-exported: layer modules import th
     type_of_config,
 )
 from .network import Network
+
+WRITTEN_ELSEWHERE = {"onnx": ("leafpy.onnx", "export")}
+"""Save formats written by a module of their own, named rather than imported (that module builds on the layers),
+and imported on first use: format -> (module, function(layer, path))."""
 
 
 def register_layer(name: str, config_class: type | None = None) -> Callable[[type], type]:
@@ -239,10 +244,9 @@ class Layer:
         from .. import serialization
 
         _checks.path("Layer.save: path", path)
-        if format == "onnx":
-            from ..onnx import export
-
-            export(self, path)
+        if format in WRITTEN_ELSEWHERE:
+            module, function = WRITTEN_ELSEWHERE[format]
+            getattr(importlib.import_module(module), function)(self, path)
             return
         serialization.save_model(path, self.config, self.named_weights(), format=format, specs=self.weight_specs())
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__
 from ..errors import ConfigError
 from ..layers import Layer
 from ._proto import require_onnx
@@ -345,8 +344,7 @@ def to_model(layer: Layer, opset: int = 17) -> Any:
                                                      for i, d in enumerate(t.shape)])
                for n, t in zip(out_names, layer.outputs)]
     graph = h.make_graph(e.nodes, layer.name, inputs, outputs, e.initializers)
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", opset)], producer_name="leafpy",
-                         producer_version=__version__)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", opset)], producer_name="leafpy")
     model.ir_version = h.find_min_ir_version_for(list(model.opset_import))  # the oldest that holds it: read widely
     onnx.checker.check_model(model)
     return model
