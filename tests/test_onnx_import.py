@@ -133,13 +133,13 @@ def test_an_attribute_leafpy_cannot_compute_is_a_config_error_naming_node_operat
 
 
 def test_an_operator_leafpy_lacks_is_named_with_the_ones_it_has(tmp_path):
-    model = _one_node(helper.make_node("Transpose", ["x"], ["y"], name="t", perm=[0, 2, 1]),
+    model = _one_node(helper.make_node("Cos", ["x"], ["y"], name="t"),
                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3])],
                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     onnx.save(model, str(tmp_path / "t.onnx"))
     p = leafpy(tmp_path, "summary", "t.onnx")
     assert p.returncode == 1 and "Traceback" not in p.stderr
-    assert "ONNX node 't' (Transpose): operator Transpose is not supported" in p.stderr and "Conv" in p.stderr
+    assert "ONNX node 't' (Cos): operator Cos is not supported" in p.stderr and "Conv" in p.stderr
 
 
 def test_truncated_and_external_data_files_are_serialization_errors(tmp_path):
@@ -166,3 +166,11 @@ def test_import_leafpy_does_not_import_onnx():
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.stdout.strip() == "False", p.stderr
+
+
+def test_a_transpose_other_than_around_a_recurrent_layer_is_refused_naming_perm():
+    model = _one_node(helper.make_node("Transpose", ["x"], ["y"], name="t", perm=[0, 2, 1]),
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    with pytest.raises(lp.ConfigError, match=r"ONNX node 't' \(Transpose\): perm=\[0, 2, 1\] is not supported"):
+        lp.onnx.load(model)

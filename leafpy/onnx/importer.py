@@ -11,6 +11,7 @@ inputs, or ``batch_size`` where the graph leaves it open), so every layer is che
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -127,6 +128,9 @@ class Graph:
     used_inputs: list[str] = field(default_factory=list)
     readers: dict[str, int] = field(default_factory=dict)
     layer_names: set[str] = field(default_factory=set)
+    time_major: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """ONNX values that are a leafpy blob seen time-major, around a layout-0 recurrent node: value -> (blob,
+    what it is: "x" [T, N, I] the blob transposed; "Y" [T, 1, N, H]; "Y_h" [1, N, H]; "steps" [T, N, H])."""
 
     @property
     def opset(self) -> int:
@@ -152,6 +156,10 @@ class Graph:
                 self.used_inputs.append(name)
             self.shapes[name] = self.input_shapes[name]
             return name
+        if name in self.time_major:
+            raise ConfigError(f"{node.where}: input {k} ({name!r}) is a recurrent layer's value in ONNX's time-major "
+                              "layout 0; leafpy reads it only through the Squeeze and Transpose that bring it back to "
+                              "batch-first [N, T, H] (or [N, H])")
         if name in self.constants:
             raise ConfigError(f"{node.where}: input {k} ({name!r}) is a constant; leafpy computes this operator on "
                               "computed tensors (a constant operand here needs broadcasting, not supported yet)")
@@ -444,8 +452,35 @@ def _same_shapes(g: Graph, n: Node, blobs: list[str]) -> None:
                           "(broadcasting is not supported yet)")
 
 
+def _bias_of_linear(g: Graph, n: Node) -> bool:
+    """Add(MatMul's output, a constant vector) as the bias of the Linear layer the MatMul became (how exporters
+    write a Linear layer on [N, T, K]). True where it was folded."""
+    if n.op != "Add" or len(n.inputs) != 2:
+        return False
+    names = [g.resolve(i) for i in n.inputs]
+    consts = [k for k, name in enumerate(names) if name in g.constants and name not in g.feeds]
+    if len(consts) != 1:
+        return False
+    bias, blob = g.constants[names[consts[0]]], names[1 - consts[0]]
+    found = [i for i, lc in enumerate(g.layers) if lc.outputs == (blob,)]
+    if not found or g.readers.get(blob, 0) != 1 or blob in {o.name for o in g.model.graph.output}:
+        return False
+    i = found[0]
+    lc = g.layers[i]
+    size = lc.config.output_size if lc.type == "Linear" else -1
+    if lc.type != "Linear" or lc.config.bias or bias.shape not in ((size,), (1, size)):
+        return False
+    g.layers[i] = LayerConfig(lc.name, dataclasses.replace(lc.config, bias=True), inputs=lc.inputs,
+                              outputs=lc.outputs)
+    g.weights[f"{lc.name}/bias"] = np.ascontiguousarray(bias.reshape(-1), dtype=np.float32)
+    g.alias[n.outputs[0]] = blob
+    return True
+
+
 @op("Add", "Sum", "Mul", "Max", "Sub")
 def eltwise(g: Graph, n: Node) -> None:
+    if _bias_of_linear(g, n):
+        return
     blobs = [g.blob(n, k) for k in range(len(n.inputs))]
     if len(blobs) == 1:
         g.alias[n.outputs[0]] = blobs[0]
@@ -555,8 +590,9 @@ def reorder_gates(a: np.ndarray, order: list[int]) -> np.ndarray:
 @op("LSTM", "GRU", "RNN", attributes=("hidden_size", "direction", "layout", "linear_before_reset", "activations",
                                       "clip", "input_forget", "activation_alpha", "activation_beta"))
 def recurrent(g: Graph, n: Node) -> None:
-    n.require("layout", lambda v: v == 1, "layout=1 (batch first, [N, T, input]; layout 0 needs a Transpose, "
-              "not supported yet)", 0)
+    layout = n.require("layout", lambda v: v == 1 or _time_major_input(g, n), "layout=1 (batch first), or layout 0 "
+                       "on a Transpose(perm=[1, 0, 2]) of a batch-first sequence, its Y or Y_h brought back by "
+                       "Squeeze (and Transpose)", 0)
     n.require("direction", lambda v: v == "forward", "direction=forward (reverse and bidirectional are not "
               "supported yet)", "forward")
     n.require("clip", lambda v: v is None, "no clip")
@@ -568,14 +604,14 @@ def recurrent(g: Graph, n: Node) -> None:
         n.require("linear_before_reset", lambda v: v == 1, "linear_before_reset=1 (PyTorch's GRU; ONNX's default "
                   "form is not supported yet)", 0)
     for k, what in ((4, "sequence_lens"), (5, "initial_h"), (6, "initial_c"), (7, "P (peepholes)")):
-        if n.has_input(k):
+        if n.has_input(k) and not (k in (5, 6) and n.inputs[k] in g.constants and not g.constants[n.inputs[k]].any()):
             raise ConfigError(f"{n.where}: input {what} is not supported; leafpy's recurrent layers run whole "
                               "sequences from a zero state")
     used = n.used_outputs(g)
     if len(used) != 1 or used[0] > 1:
         raise ConfigError(f"{n.where}: outputs {[n.outputs[k] for k in used]}: leafpy's {n.op} gives either every "
                           "step's output (Y) or the last (Y_h), one of them")
-    x = g.blob(n, 0)
+    x = g.time_major[g.resolve(n.inputs[0])][0] if layout == 0 else g.blob(n, 0)
     w, r, b = g.const(n, 1, "W"), g.const(n, 2, "R"), g.const(n, 3, "B")
     assert w is not None and r is not None
     hidden = int(n.attr("hidden_size", r.shape[-1]))
@@ -593,8 +629,68 @@ def recurrent(g: Graph, n: Node) -> None:
     cfg = config_class(hidden_size=hidden, return_sequences=used[0] == 0)
     seq = f"{n.outputs[used[0]]}:{n.op}"
     g.add(n, cfg, [x], [seq], weights=weights)
+    if layout == 0:  # read back through Squeeze (and Transpose): see squeeze() and transpose()
+        g.time_major[n.outputs[used[0]]] = (seq, "Y" if used[0] == 0 else "Y_h")
+        return
     shape = g.shape(seq)  # [N, T, H] or [N, H]: ONNX's layout 1 has a directions axis before H
     g.add(n, ReshapeConfig(shape=(*shape[:-1], 1, shape[-1])), [seq], [n.outputs[used[0]]], suffix="_directions")
+
+
+def _time_major_input(g: Graph, n: Node) -> bool:
+    name = g.resolve(n.inputs[0]) if n.inputs else ""
+    return g.time_major.get(name, ("", ""))[1] == "x"
+
+
+def _axes(g: Graph, n: Node) -> list[int] | None:
+    given = g.const(n, 1, "axes")
+    axes = given.tolist() if given is not None else n.attr("axes")
+    return None if axes is None else [int(a) for a in axes]
+
+
+@op("Transpose", attributes=("perm",))
+def transpose(g: Graph, n: Node) -> None:
+    """Only the swaps of batch and time around a layout-0 recurrent layer (leafpy keeps sequences batch-first)."""
+    name = g.resolve(n.inputs[0])
+    perm = list(n.attr("perm") or [])
+    held = g.time_major.get(name)
+    if perm == [1, 0, 2] and held is not None and held[1] == "steps":
+        g.alias[n.outputs[0]] = held[0]
+        return
+    if perm == [1, 0, 2] and held is None and len(g.shape(g.blob(n, 0))) == 3:
+        g.time_major[n.outputs[0]] = (name, "x")
+        return
+    raise n.refuse("perm", perm, "[1, 0, 2] between a batch-first sequence and a layout-0 LSTM, GRU or RNN "
+                   "(other transposes are not supported yet)")
+
+
+@op("Squeeze", "Unsqueeze", attributes=("axes",))
+def squeeze(g: Graph, n: Node) -> None:
+    """A recurrent layer's time-major output brought back, or a Reshape that leaves the batch axis alone."""
+    name = g.resolve(n.inputs[0])
+    axes = _axes(g, n)
+    held = g.time_major.get(name)
+    if held is not None and n.op == "Squeeze":
+        if held[1] == "Y_h" and axes == [0]:
+            g.alias[n.outputs[0]] = held[0]
+            return
+        if held[1] == "Y" and axes == [1]:
+            g.time_major[n.outputs[0]] = (held[0], "steps")
+            return
+    x = g.blob(n, 0)
+    shape = list(g.shape(x))
+    if axes is None or any(a % (len(shape) + (n.op == "Unsqueeze") * len(axes)) == 0 for a in axes):
+        raise n.refuse("axes", axes, "axes after the batch axis (0)")
+    if n.op == "Squeeze":
+        rank = len(shape)
+        out = [d for i, d in enumerate(shape) if i not in {a % rank for a in axes}]
+    else:
+        rank = len(shape) + len(axes)
+        out = shape[:]
+        for a in sorted(a % rank for a in axes):
+            out.insert(a, 1)
+    if math.prod(out) != math.prod(shape):
+        raise n.refuse("axes", axes, "axes of size 1")
+    g.add(n, ReshapeConfig(shape=tuple(out)), [x], [n.outputs[0]])
 
 
 def _loss_checks(g: Graph, n: Node) -> None:
