@@ -174,3 +174,28 @@ def test_a_transpose_other_than_around_a_recurrent_layer_is_refused_naming_perm(
                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     with pytest.raises(lp.ConfigError, match=r"ONNX node 't' \(Transpose\): perm=\[0, 2, 1\] is not supported"):
         lp.onnx.load(model)
+
+
+DATA = ROOT / "tests" / "data" / "onnx"
+
+
+@pytest.mark.parametrize("name", ["torch_resnet", "torch_lstm_text"])
+def test_models_pytorch_exported_import_and_match_pytorch_within_1e_4(name):
+    """Written by tests/data/onnx/make_torch_models.py (torch.onnx.export, opset 17); PyTorch's outputs beside."""
+    saved = np.load(DATA / f"{name}.npz")
+    net = lp.onnx.load(str(DATA / f"{name}.onnx"))
+    net.set_training(False)
+    x = saved["x"].astype(np.float32)
+    np.testing.assert_allclose(net.forward([x])[0].to_numpy(), saved["y"], atol=1e-4)
+    double = np.concatenate([x, x])  # the batch the file was written with is not the only one
+    np.testing.assert_allclose(net.forward([double])[0].to_numpy()[len(x):], saved["y"], atol=1e-4)
+
+
+def test_a_pytorch_model_through_summary_and_predict(tmp_path):
+    saved = np.load(DATA / "torch_resnet.npz")
+    np.savez(tmp_path / "x.npz", x=saved["x"])
+    p = leafpy(tmp_path, "summary", str(DATA / "torch_resnet.onnx"))
+    assert p.returncode == 0 and "Eltwise" in p.stdout, p.stderr
+    p = leafpy(tmp_path, "predict", str(DATA / "torch_resnet.onnx"), "--input", "x.npz", "--out", "p.npz")
+    assert p.returncode == 0, p.stderr
+    np.testing.assert_allclose(np.load(tmp_path / "p.npz")["outputs"], saved["y"], atol=1e-4)

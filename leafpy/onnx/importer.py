@@ -563,9 +563,36 @@ def lrn(g: Graph, n: Node) -> None:
     g.add(n, cfg, [x], [n.outputs[0]])
 
 
+def _pick(g: Graph, n: Node) -> bool:
+    """Gather of one constant index along an axis after the batch of a computed blob (``y[:, -1]``): a Slice, and
+    a Reshape dropping the axis for a scalar index. True where it applied."""
+    name = g.resolve(n.inputs[0])
+    index = g.constants.get(g.resolve(n.inputs[1])) if len(n.inputs) > 1 else None
+    if name in g.constants or index is None or index.size != 1 or g.resolve(n.inputs[1]) in g.feeds:
+        return False
+    x = g.blob(n, 0)
+    shape = g.shape(x)
+    axis = int(n.attr("axis", 0)) % len(shape)
+    if axis == 0:
+        return False
+    i = int(index.reshape(-1)[0]) % shape[axis]
+    piece = f"{n.outputs[0]}:piece" if index.ndim == 0 else n.outputs[0]
+    points = [p for p in (i, i + 1) if 0 < p < shape[axis]]
+    outs = [f"{n.outputs[0]}:before", piece, f"{n.outputs[0]}:after"][1 if i == 0 else 0:2 if i + 1 == shape[axis]
+                                                                           else 3]
+    _slice_layer(g, n, x, axis, points, outs)
+    if index.ndim == 0:
+        out = tuple(d for k, d in enumerate(shape) if k != axis)
+        g.add(n, ReshapeConfig(shape=out), [g.resolve(piece)], [n.outputs[0]], suffix="_squeeze")
+    return True
+
+
 @op("Gather", attributes=("axis",))
 def gather(g: Graph, n: Node) -> None:
-    n.require("axis", lambda v: v == 0, "axis=0 (rows of a constant table: an Embedding)", 0)
+    if _pick(g, n):
+        return
+    n.require("axis", lambda v: v == 0, "axis=0 (rows of a constant table: an Embedding), or one constant index of "
+              "an axis after the batch", 0)
     table = g.const(n, 0, "table")
     assert table is not None
     if table.ndim != 2:
@@ -779,6 +806,8 @@ def convert(model: Any, *, batch_size: int = 1, feeds: dict[str, np.ndarray] | N
             g.readers[i] = g.readers.get(i, 0) + 1
     for i, proto in enumerate(graph.node):
         node = Node(proto, i)
+        if _fold(g, node):
+            continue
         entry = OPS.get(node.op) if proto.domain in ("", "ai.onnx") else None
         if entry is None:
             raise ConfigError(f"{node.where}: operator {proto.domain + '.' if proto.domain else ''}{node.op} is not "
@@ -795,6 +824,46 @@ def convert(model: Any, *, batch_size: int = 1, feeds: dict[str, np.ndarray] | N
     for lc in g.layers:
         seq.add_layer(lc)
     return LayerConfig(name, seq), g.weights
+
+
+FOLDED = frozenset({"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Expand", "Reshape", "Cast", "Slice",
+                    "Add", "Sub", "Mul", "Div", "ConstantOfShape", "Range", "Transpose", "Identity", "Equal", "Where",
+                    "Size", "Neg", "Sqrt"})
+"""Operators computed at import when their inputs are constants (the shape arithmetic exporters write, such as the
+zero initial states of a recurrent layer expanded to the batch)."""
+
+
+def _fold(g: Graph, n: Node) -> bool:
+    """Compute ``n`` now when every input is a constant of the model (not a run-time input), or when it is Shape
+    of a blob (whose shape is known: the batch as declared). True where it did."""
+    names = [g.resolve(i) for i in n.inputs if i]
+    held = g.time_major.get(names[0]) if names else None
+    if n.op == "Shape" and names and (names[0] in g.shapes or (held is not None and held[1] == "x")):
+        shape = np.array(g.shapes[names[0]] if held is None else np.array(g.shapes[held[0]])[[1, 0, 2]], np.int64)
+        g.constants[n.outputs[0]] = shape[n.attr("start", 0):n.attr("end", len(shape))]
+        return True
+    if n.op not in FOLDED or not names or any(i not in g.constants or i in g.feeds for i in names):
+        return False
+    onnx = require_onnx()
+    from onnx.reference import ReferenceEvaluator
+
+    h = onnx.helper
+    values = {i: g.constants[i] for i in names}
+    inputs = [h.make_tensor_value_info(i, h.np_dtype_to_tensor_dtype(v.dtype), v.shape) for i, v in values.items()]
+    proto = onnx.NodeProto()
+    proto.CopyFrom(n.proto)
+    proto.ClearField("input")
+    proto.input.extend([g.resolve(i) if i else "" for i in n.inputs])
+    model = h.make_model(h.make_graph([proto], "fold", inputs, [h.make_value_info(o, onnx.TypeProto())
+                                                                 for o in n.outputs if o]),
+                         opset_imports=list(g.model.opset_import))
+    try:
+        results = ReferenceEvaluator(model).run(None, values)
+    except Exception as e:  # onnx's evaluator raises anything; the node is what failed
+        raise ConfigError(f"{n.where}: computing it from its constant inputs failed: {e}") from None
+    for o, v in zip([o for o in n.outputs if o], results):
+        g.constants[o] = np.asarray(v)
+    return True
 
 
 def _finish_outputs(g: Graph) -> None:
