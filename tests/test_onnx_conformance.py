@@ -16,6 +16,7 @@ pytest.importorskip("onnx", reason="the ONNX conformance tests need the onnx pac
 
 import onnx.backend.test  # noqa: E402
 
+import leafpy  # noqa: E402
 import leafpy.onnx.backend  # noqa: E402
 from leafpy.onnx import conformance  # noqa: E402
 
@@ -54,3 +55,37 @@ def test_every_exclusion_is_an_in_scope_test_with_a_reason():
 def test_most_in_scope_node_tests_are_run_not_excluded():
     # 129 of 295 pass at the time of writing; the layer features of issue 32 item 3 raise it towards 90%
     assert len(IN_SCOPE) - len(excluded()) >= 125, (len(IN_SCOPE), len(excluded()))
+
+
+LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+LIGHT_REFUSED = {  # what each light model needs that leafpy's layers lack yet (issue 32 item 3)
+    "bvlc_alexnet": "group=2", "shufflenet": "group=4", "inception_v1": r"pads=\[0, 0, 1, 1\]",
+    "densenet121": r"\(Mul\): input 1 \('r2'\) is a constant",
+    "inception_v2": r"\(Mul\): input 1 \('r2'\) is a constant",
+}
+
+
+def _light(name: str):
+    from onnx.backend.test.runner import Runner
+
+    model = onnx.load(str(LIGHT / f"light_{name}.onnx"))
+    inits = {i.name for i in model.graph.initializer}
+    feeds = [Runner.generate_dummy_data(x) for x in model.graph.input if x.name not in inits]  # as ONNX's runner
+    want = onnx.numpy_helper.to_array(onnx.load_tensor(str(LIGHT / f"light_{name}_output_0.pb")))
+    return model, feeds, want
+
+
+@pytest.mark.parametrize("name", ["resnet50", "squeezenet",
+                                  pytest.param("zfnet512", marks=pytest.mark.slow),
+                                  pytest.param("vgg19", marks=pytest.mark.slow)])
+def test_light_models_in_the_onnx_wheel_match_their_stored_outputs(name):
+    model, feeds, want = _light(name)
+    got = leafpy.onnx.backend.prepare(model).run(feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", sorted(LIGHT_REFUSED))
+def test_light_models_needing_missing_layer_features_are_refused_naming_them(name):
+    model, feeds, _ = _light(name)
+    with pytest.raises(leafpy.ConfigError, match=LIGHT_REFUSED[name]):
+        leafpy.onnx.backend.prepare(model).run(feeds)

@@ -379,10 +379,11 @@ def softmax(g: Graph, n: Node) -> None:
     new = g.opset >= 13
     axis = n.attr("axis", -1 if new else 1)
     # from opset 13 the axis is one axis; before, the input is flattened into [outer, inner] at the axis
-    fits = axis % rank == 1 if new else (rank == 2 and axis % rank == 1)
+    fits = axis % rank == 1 and (new or math.prod(g.shape(x)[2:]) == 1)  # [N, C, 1, 1] flattens to [N, C]
     if not fits:
         raise n.refuse("axis", axis, f"the class axis 1 (for this input of rank {rank}"
-                       f"{'' if new else ', before opset 13 only on [N, C] input'}; other axes are not supported yet)")
+                       f"{'' if new else ', before opset 13 only on [N, C] or [N, C, 1, ...] input'}; other axes "
+                       "are not supported yet)")
     g.add(n, n.op, [x], [n.outputs[0]])
 
 
