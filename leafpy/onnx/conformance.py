@@ -103,7 +103,8 @@ def table(results: dict[str, str | None], reference: dict[str, str | None] | Non
 
 def exclusions(results: dict[str, str | None]) -> str:
     """Each failing test with its reason, one a line: ``test_name  # reason``."""
-    return "\n".join(f"{name}  # {reason}" for name, reason in results.items() if reason is not None)
+    return "\n".join(f"{name}  # {reason.split('; leafpy imports:')[0]}" for name, reason in results.items()
+                     if reason is not None)
 
 
 def main(argv: list[str] | None = None) -> int:
