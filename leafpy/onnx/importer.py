@@ -517,8 +517,9 @@ def split(g: Graph, n: Node) -> None:
         each = math.ceil(shape[axis] / k)
         sizes = [min(each, shape[axis] - i * each) for i in range(k)]
     points = np.cumsum(np.asarray(sizes, np.int64)).tolist()[:-1]
-    if axis == 0:
-        raise n.refuse("axis", 0, "an axis after the batch axis (0)")
+    if any(b <= a for a, b in zip([0, *points], [*points, shape[axis]])):
+        raise ConfigError(f"{n.where}: split sizes {list(sizes)}: leafpy's Slice cuts pieces of at least one "
+                          "element")
     outs = [o or f"{n.name}:unused{i}" for i, o in enumerate(n.outputs)]
     _slice_layer(g, n, x, axis, points, outs)
 
@@ -542,9 +543,9 @@ def slice_(g: Graph, n: Node) -> None:
             raise ConfigError(f"{n.where}: steps {steps_l}: leafpy's Slice takes contiguous pieces (step 1)")
         if (s, e) != (0, size):
             cut.append((a, s, e))
-    if len(cut) > 1 or (cut and cut[0][0] == 0) or (cut and cut[0][1] >= cut[0][2]):
+    if len(cut) > 1 or (cut and cut[0][1] >= cut[0][2]):
         raise ConfigError(f"{n.where}: slicing {cut} of {shape}: leafpy's Slice cuts one non-empty range along one "
-                          "axis after the batch axis")
+                          "axis")
     if not cut:
         g.alias[n.outputs[0]] = x
         return
