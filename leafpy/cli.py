@@ -456,7 +456,7 @@ def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, n
                                   f"checkpoint: --weights {checkpoint}, or finish the run: leafpy train {target} "
                                   f"--resume {checkpoint}")
         run: run_config.RunConfig | None = run_config.load(run_file, overrides)
-    elif target.endswith(".leaf"):
+    elif target.endswith((".leaf", ".onnx")):
         if weights:
             raise LeafpyError(f"{target} is a weights file already; give either it or --weights, not both")
         weights = target

@@ -199,3 +199,18 @@ def test_a_pytorch_model_through_summary_and_predict(tmp_path):
     p = leafpy(tmp_path, "predict", str(DATA / "torch_resnet.onnx"), "--input", "x.npz", "--out", "p.npz")
     assert p.returncode == 0, p.stderr
     np.testing.assert_allclose(np.load(tmp_path / "p.npz")["outputs"], saved["y"], atol=1e-4)
+
+
+def test_a_trained_run_exports_and_its_onnx_model_evaluates_and_fine_tunes_as_its_model_leaf(tmp_path):
+    run_file = str(ROOT / "configs" / "digits_mlp.yaml")
+    p = leafpy(tmp_path, "train", run_file, "--epochs", "1", "--out", "run")
+    assert p.returncode == 0, p.stderr
+    p = leafpy(tmp_path, "convert", "run", "run/model.onnx")
+    assert p.returncode == 0, p.stderr
+    leaf, onnx_file = leafpy(tmp_path, "evaluate", "run"), leafpy(tmp_path, "evaluate", "run/model.onnx")
+    assert leaf.returncode == 0 and onnx_file.returncode == 0, onnx_file.stderr
+    score = [line for line in leaf.stdout.splitlines() if line.startswith("held-out")]
+    assert score and score == [line for line in onnx_file.stdout.splitlines() if line.startswith("held-out")]
+    p = leafpy(tmp_path, "train", run_file, "--epochs", "1", "--out", "tuned", "--weights", "run/model.onnx")
+    assert p.returncode == 0, p.stderr
+    assert "starting from the weights in run/model.onnx" in p.stdout + p.stderr
