@@ -203,3 +203,13 @@ def test_every_layer_types_export_loads_back_and_computes_the_same(layer_type):
     xs = _inputs(CASES[layer_type], 3, rng)
     for got, want in zip(back.forward(xs), net.forward(xs)):
         np.testing.assert_allclose(got.to_numpy().reshape(want.shape), want.to_numpy(), atol=1e-5)
+
+
+def test_a_nested_sequential_exports_as_its_layers_in_place():
+    inner = lp.SequentialConfig(inputs=[("block_in", [2, 5])])
+    inner.add_layer(L("fc_a", lp.LinearConfig(output_size=5)))
+    inner.add_layer(L("tanh_a", "TanH"))
+    net = lp.Layer.from_config(lp.backend("native"), _net(
+        [L("block", inner), L("relu", "ReLU"), L("fc_b", lp.LinearConfig(output_size=3))], VECTOR), seed=0)
+    _randomize(net, np.random.default_rng(7))
+    _check(net, [np.random.default_rng(8).normal(size=(4, 5)).astype(np.float32)])

@@ -214,3 +214,17 @@ def test_a_trained_run_exports_and_its_onnx_model_evaluates_and_fine_tunes_as_it
     p = leafpy(tmp_path, "train", run_file, "--epochs", "1", "--out", "tuned", "--weights", "run/model.onnx")
     assert p.returncode == 0, p.stderr
     assert "starting from the weights in run/model.onnx" in p.stdout + p.stderr
+
+
+def test_the_test_backend_rebuilds_when_run_time_weights_change():
+    import leafpy.onnx.backend as backend
+
+    model = _one_node(helper.make_node("Gemm", ["x", "w"], ["y"], name="fc"),
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+                       helper.make_tensor_value_info("w", TensorProto.FLOAT, [3, 4])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    rep = backend.prepare(model)
+    x = np.ones((2, 3), np.float32)
+    for scale in (1.0, 2.0):
+        w = np.arange(12, dtype=np.float32).reshape(3, 4) * scale
+        np.testing.assert_allclose(rep.run([x, w])[0], x @ w, rtol=1e-6)

@@ -44,14 +44,13 @@ class LeafpyRep(BackendRep):
         self.backend_name = backend_name
         init = {t.name for t in model.graph.initializer}
         self.input_names = [vi.name for vi in model.graph.input if vi.name not in init]
-        self._built: tuple[Any, Any, list[str]] | None = None
+        self._built: tuple[dict[str, Any], Any, list[str]] | None = None
 
     def _build(self, feeds: dict[str, np.ndarray]) -> tuple[Any, list[str]]:
         from ..layers import Layer
         from .importer import convert
 
-        key = tuple((k, np.shape(v)) for k, v in feeds.items())
-        if self._built is not None and self._built[0] == key:
+        if self._built is not None and self._fits(feeds):
             return self._built[1], self._built[2]
         first = next(iter(feeds.values()), None)
         batch = int(np.shape(first)[0]) if first is not None and np.ndim(first) else 1
@@ -60,8 +59,17 @@ class LeafpyRep(BackendRep):
         net.load_weights(weights)
         net.set_training(False)
         names = [n for n, _ in config.config.inputs]
-        self._built = (key, net, names)
+        # what the network was built from: every input's shape, and the values of those that became weights
+        self._built = ({k: (np.shape(v), None if k in names else np.array(v)) for k, v in feeds.items()}, net, names)
         return net, names
+
+    def _fits(self, feeds: dict[str, np.ndarray]) -> bool:
+        """Whether the network built last serves ``feeds``: the same shapes, the same values where they are weights."""
+        assert self._built is not None
+        built = self._built[0]
+        return built.keys() == feeds.keys() and all(
+            np.shape(v) == built[k][0] and (built[k][1] is None or np.array_equal(v, built[k][1]))
+            for k, v in feeds.items())
 
     def run(self, inputs: Any, **kwargs: Any) -> Any:
         if isinstance(inputs, dict):
