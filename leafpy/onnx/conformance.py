@@ -10,6 +10,7 @@ inputs. Outputs are compared as ONNX's runner compares them (dtype equal, rtol a
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import warnings
 from collections import Counter
@@ -26,8 +27,9 @@ OPERATORS = (
 """The operators whose node tests are in scope: those that match leafpy's layers (issue 32's list)."""
 
 
+@functools.cache
 def node_tests() -> list[Any]:
-    """ONNX's node test cases whose single node is an operator in scope, in ONNX's order."""
+    """ONNX's node test cases whose single node is an operator in scope, in ONNX's order (loaded once)."""
     from onnx.backend.test.loader import load_model_tests
 
     with warnings.catch_warnings(), np.errstate(all="ignore"):
