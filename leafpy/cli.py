@@ -600,7 +600,7 @@ def write_predictions(path: str, outputs: np.ndarray, classes: np.ndarray | None
 def summary_cmd(args: argparse.Namespace) -> int:
     be = get_backend("native")
     target = args.config
-    if target.endswith((".onnx", ".leaf")) and os.path.isfile(target):
+    if target.endswith((".onnx", ".leaf")) and os.path.exists(target) and not os.path.isdir(target):
         net = _model_from(target, be)
         _out(f"{target}: network '{net.name}' (with its saved weights)")
     else:

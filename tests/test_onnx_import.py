@@ -228,3 +228,12 @@ def test_the_test_backend_rebuilds_when_run_time_weights_change():
     for scale in (1.0, 2.0):
         w = np.arange(12, dtype=np.float32).reshape(3, 4) * scale
         np.testing.assert_allclose(rep.run([x, w])[0], x @ w, rtol=1e-6)
+
+
+def test_a_fifo_or_a_directory_named_onnx_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "pipe.onnx"
+    os.mkfifo(fifo)
+    (tmp_path / "dir.onnx").mkdir()
+    for path, words in ((fifo, "a FIFO, not a regular file"), (tmp_path / "dir.onnx", "a directory")):
+        p = leafpy(tmp_path, "summary", str(path))
+        assert p.returncode == 1 and words in p.stderr and "Traceback" not in p.stderr, p.stderr

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _checks
 from ..errors import LeafpyError, SerializationError
 
 MAX_ONNX_BYTES = 2**31 - 1
@@ -36,11 +37,8 @@ def read_model(source: Any, where: str = "lp.onnx.load") -> Any:
     elif isinstance(source, (bytes, bytearray, memoryview)):
         model, name = _parse(onnx, bytes(source), "the given bytes"), "the given bytes"
     elif isinstance(source, (str, os.PathLike)):
-        from ..serialization import _read_file
-
         name = os.fspath(source)
-        data = _read_file(name)
-        model = _parse(onnx, data, name)
+        model = _parse(onnx, _read(name), name)
     else:
         raise LeafpyError(f"{where}: expected a path to an .onnx file, its bytes or an onnx.ModelProto, got "
                           f"{type(source).__name__}")
@@ -51,6 +49,24 @@ def read_model(source: Any, where: str = "lp.onnx.load") -> Any:
                                  "or not an ONNX model)")
     check_tensors(model.graph, name)
     return model
+
+
+def _read(path: str) -> bytes:
+    """The file's bytes: a regular file (a FIFO or a device would block or never end) under protobuf's limit."""
+    try:
+        with _checks.open_regular(path, "an ONNX model (.onnx)") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                raise SerializationError(f"{path}: the file is empty")
+            if size > MAX_ONNX_BYTES:
+                raise SerializationError(f"{path}: {size} bytes, over protobuf's limit of {MAX_ONNX_BYTES}; leafpy "
+                                         "reads self-contained models only")
+            data = f.read(size + 1)
+    except OSError as e:
+        raise SerializationError(f"{path}: cannot read: {e.strerror or e}") from e
+    if len(data) != size:
+        raise SerializationError(f"{path}: the file changed size while it was read; read it again")
+    return data
 
 
 def _parse(onnx: Any, data: bytes, name: str) -> Any:
