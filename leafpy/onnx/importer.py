@@ -549,11 +549,14 @@ def slice_(g: Graph, n: Node) -> None:
     if not cut:
         g.alias[n.outputs[0]] = x
         return
-    a, s, e = cut[0]
-    points = [p for p in (s, e) if 0 < p < shape[a]]
-    outs = [f"{n.outputs[0]}:before", n.outputs[0], f"{n.outputs[0]}:after"]
-    outs = outs[1 if s == 0 else 0:2 if e == shape[a] else 3]
-    _slice_layer(g, n, x, a, points, outs)
+    _cut(g, n, x, *cut[0], n.outputs[0])
+
+
+def _cut(g: Graph, n: Node, x: str, axis: int, start: int, end: int, piece: str) -> None:
+    """The range [start, end) of ``x`` along ``axis`` as blob ``piece``: a Slice whose other pieces go unread."""
+    size = g.shape(x)[axis]
+    outs = [f"{piece}:before", piece, f"{piece}:after"][1 if start == 0 else 0:2 if end == size else 3]
+    _slice_layer(g, n, x, axis, [p for p in (start, end) if 0 < p < size], outs)
 
 
 @op("LRN", attributes=("size", "alpha", "beta", "bias"))
@@ -579,10 +582,7 @@ def _pick(g: Graph, n: Node) -> bool:
         return False
     i = int(index.reshape(-1)[0]) % shape[axis]
     piece = f"{n.outputs[0]}:piece" if index.ndim == 0 else n.outputs[0]
-    points = [p for p in (i, i + 1) if 0 < p < shape[axis]]
-    outs = [f"{n.outputs[0]}:before", piece, f"{n.outputs[0]}:after"][1 if i == 0 else 0:2 if i + 1 == shape[axis]
-                                                                           else 3]
-    _slice_layer(g, n, x, axis, points, outs)
+    _cut(g, n, x, axis, i, i + 1, piece)
     if index.ndim == 0:
         out = tuple(d for k, d in enumerate(shape) if k != axis)
         g.add(n, ReshapeConfig(shape=out), [g.resolve(piece)], [n.outputs[0]], suffix="_squeeze")
