@@ -65,3 +65,12 @@ __all__ = [
     "DeconvolutionConfig",
     "ELUConfig", "GELUConfig", "LeakyReLUConfig", "SoftplusConfig",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``lp.onnx``, imported on first use (it needs the onnx package only when a model is read or written)."""
+    if name == "onnx":
+        import importlib
+
+        return importlib.import_module(".onnx", __name__)
+    raise AttributeError(f"module 'leafpy' has no attribute {name!r}")

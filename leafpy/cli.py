@@ -36,8 +36,8 @@ from .errors import LeafpyError, SerializationError
 from .layers.container.sequential import Sequential, batch_free
 from .layers.layer import Layer
 from .metrics import predictions
-from .serialization import atomic_write, load_weights, remove_temporaries, saved_network_config
-from .train import resolve_data, same_path
+from .serialization import atomic_write, remove_temporaries, saved_network_config
+from .train import load_weights, resolve_data, same_path
 
 
 def _out(msg: str = "") -> None:
@@ -408,7 +408,7 @@ def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, n
                                   f"checkpoint: --weights {checkpoint}, or finish the run: leafpy train {target} "
                                   f"--resume {checkpoint}")
         run: run_config.RunConfig | None = run_config.load(run_file, overrides)
-    elif target.endswith(".leaf"):
+    elif target.endswith((".leaf", ".onnx")):
         if weights:
             raise LeafpyError(f"{target} is a weights file already; give either it or --weights, not both")
         weights = target
@@ -433,7 +433,7 @@ def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, n
                          f"in {run_file}" + (" with the --set" if overrides else ""),
                          "--set changes it: drop the --set of data" if own else
                          f"score them on their own split: leafpy {command} {weights}")
-    if weights is not None and run is not None:
+    if weights is not None and run is not None and not weights.endswith(".onnx"):  # ONNX: matched by name on load
         found = config_difference(batch_free(saved_network_config(weights)), batch_free(run.network), "network")
         if found:
             raise LeafpyError(f"{weights} holds another network than the run file describes ({found}); give the "
@@ -489,28 +489,41 @@ def predict_cmd(args: argparse.Namespace) -> int:
 
     if args.out and not args.out.endswith((".npz", ".csv")):
         raise LeafpyError(f"--out {args.out}: predictions are written as .npz or .csv; name the file so")
-    # new samples: the split the weights were trained on does not matter here
-    run, weights = resolve_run(args.config, args.set, args.weights, command="predict", check_split=False)
-    assert run is not None and weights is not None
-    be = _backend_for(args, run)
-    prep = _preparation(run, weights)
-    found = sources.samples_for_prediction(run.data, args.input, run.network.config.inputs[0][1][1:])
-    if found is None:
+    if args.config.endswith(".onnx") and args.weights is None:  # an ONNX model alone: its graph is the network
+        from . import onnx
+        from .sources import prepare
+
         x = datasets.npz_samples(args.input)
-        found = x, [str(i) for i in range(len(x))]
-    x, labels = found
-    check_samples(run, x.shape[1:], f"{args.input}: the samples", trained=True)
-    x = prep.inputs(x)
-    net = Layer.from_config(be, run.network)
-    load_weights(net, weights)
-    net.set_training(False)
-    batch = run.batch_size
-    outputs = np.concatenate([net.forward([x[i:i + batch]])[0].to_numpy().astype(be.dtype)  # bf16/fp16 as fp32
-                              for i in range(0, len(x), batch)])
-    classes = predictions(outputs) if num_classes(run) else None
-    if classes is None:
-        outputs = prep.outputs(outputs)
-    names = list(prep.class_names) or [str(k) for k in range(num_classes(run))]
+        labels = [str(i) for i in range(len(x))]
+        be = _backend_for(args, None)
+        net: Any = onnx.load(args.config, be)
+        weights, prep = args.config, prepare.from_dict({})
+        want = tuple(net.input_shapes[0][1:])
+        if tuple(x.shape[1:]) != want:
+            raise LeafpyError(f"{args.input}: samples of shape {list(x.shape[1:])}, where {args.config} takes "
+                              f"{list(want)} per sample; reshape x to [N, {', '.join(map(str, want))}]")
+        outputs = _forward_batches(net, x, 64, be)
+        classes = predictions(outputs) if outputs.ndim == 2 and outputs.shape[1] > 1 else None
+        names = [str(k) for k in range(outputs.shape[1])] if classes is not None else []
+    else:
+        # new samples: the split the weights were trained on does not matter here
+        run, weights = resolve_run(args.config, args.set, args.weights, command="predict", check_split=False)
+        assert run is not None and weights is not None
+        be = _backend_for(args, run)
+        prep = _preparation(run, weights)
+        found = sources.samples_for_prediction(run.data, args.input, run.network.config.inputs[0][1][1:])
+        if found is None:
+            x = datasets.npz_samples(args.input)
+            found = x, [str(i) for i in range(len(x))]
+        x, labels = found
+        check_samples(run, x.shape[1:], f"{args.input}: the samples", trained=True)
+        net = Layer.from_config(be, run.network)
+        load_weights(net, weights)
+        outputs = _forward_batches(net, prep.inputs(x), run.batch_size, be)
+        classes = predictions(outputs) if num_classes(run) else None
+        if classes is None:
+            outputs = prep.outputs(outputs)
+        names = list(prep.class_names) or [str(k) for k in range(num_classes(run))]
     probs = probabilities(outputs) if classes is not None else None
     if args.out:
         if prep.class_names and probs is not None and args.out.endswith(".csv"):
@@ -574,6 +587,13 @@ def write_named_predictions(path: str, labels: Sequence[str], probs: np.ndarray,
     atomic_write(path, text.getvalue().encode(), example="predictions.csv")
 
 
+def _forward_batches(net: Layer, x: np.ndarray, batch: int, be: Any) -> np.ndarray:
+    """The network's first output for every sample of ``x``, in inference mode, ``batch`` samples at a time."""
+    net.set_training(False)
+    return np.concatenate([net.forward([x[i:i + batch]])[0].to_numpy().astype(be.dtype)  # bf16/fp16 as fp32
+                           for i in range(0, len(x), batch)])
+
+
 def write_predictions(path: str, outputs: np.ndarray, classes: np.ndarray | None) -> None:
     """``outputs`` (and ``classes``) into an .npz file, or a .csv file of one row per sample (atomically)."""
     if path.endswith(".csv"):
@@ -599,16 +619,9 @@ def write_predictions(path: str, outputs: np.ndarray, classes: np.ndarray | None
 def summary_cmd(args: argparse.Namespace) -> int:
     be = get_backend("native")
     target = args.config
-    if target.endswith(".leaf") and not os.path.isdir(target):
-        _regular_file(target, "a model.leaf or checkpoint.leaf, a run file or a run directory")
-        try:
-            net = Layer.load(be, target)
-        except SerializationError as model_error:  # a checkpoint, as evaluate and predict take: its network
-            try:
-                net = Layer.from_config(be, saved_network_config(target))
-            except SerializationError:
-                raise model_error from None
-            load_weights(net, target)
+    if target.endswith((".onnx", ".leaf")) and not os.path.isdir(target):
+        _regular_file(target, "a model (.leaf or .onnx), a checkpoint.leaf, a run file or a run directory")
+        net = _model_from(target, be)
         _out(f"{target}: network '{net.name}' (with its saved weights)")
     else:
         # summary scores nothing and shows the network the run file describes: no weights, no split to check
@@ -638,12 +651,49 @@ def _regular_file(path: str, what: str) -> None:
         raise LeafpyError(f"{path}: not a regular file (a FIFO, a device or a socket); give {what}")
 
 
+def _model_from(path: str, be: Any) -> Layer:
+    """The network of a model file: an ONNX model, a leafpy (or Leaf) model, a checkpoint's network, or a run
+    directory's model.leaf."""
+    if path.endswith(".onnx"):
+        from . import onnx
+
+        return onnx.load(path, be)
+    if os.path.isdir(path):
+        path = os.path.join(path, "model.leaf")
+    try:
+        return Layer.load(be, path)
+    except SerializationError as model_error:  # a checkpoint: its network
+        try:
+            net = Layer.from_config(be, saved_network_config(path))
+        except SerializationError:
+            raise model_error from None
+        load_weights(net, path)
+        return net
+
+
+def convert_cmd(args: argparse.Namespace) -> int:
+    kinds = (".onnx", ".leaf")
+    if not args.output.endswith(kinds):
+        raise LeafpyError(f"{args.output}: name the output .onnx (an ONNX model) or .leaf (a leafpy model)")
+    if not (args.input.endswith(kinds) or os.path.isdir(args.input)):
+        raise LeafpyError(f"{args.input}: give an .onnx or .leaf model (or a checkpoint.leaf, or a run directory)")
+    net = _model_from(args.input, get_backend("native"))
+    if args.output.endswith(".onnx"):
+        from . import onnx
+
+        onnx.export(net, args.output, opset=args.opset)
+    else:
+        net.save(args.output)
+    _out(f"leafpy: {args.input} -> {args.output} (network '{net.name}', {net.num_parameters()} parameters)")
+    return 0
+
+
 def _command(sub: Any, name: str, func: Any, summary: str, description: str, *, weights: bool = False,
              backend: bool = True) -> argparse.ArgumentParser:
     """A subcommand taking a run file, ``--set`` overrides and, where it runs a network, the backend."""
     c = sub.add_parser(name, help=summary, description=description)
     c.add_argument("config", help="a YAML run file (or a shipped one's name), or a run directory that leafpy train "
-                   "wrote" + (", or a model or checkpoint file" if name != "train" else ""))
+                   "wrote" + (", or a model or checkpoint file (.leaf or .onnx)" if name != "train" else ""))
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="change one value of the run file, e.g. solver.base_lr=0.01 or "
                    "network.layers.conv1.num_output=32 (repeatable)")
@@ -682,6 +732,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--input", required=True, help="an image, a folder of images, a CSV table with the run's "
                    "feature columns, or an .npz file with the samples as x (np.savez(path, x=...))")
     r.add_argument("--out", help="write the outputs (and classes) to this .npz or .csv file")
+    v = sub.add_parser("convert", help="convert a model between ONNX and leafpy's format",
+                       description="Convert a model by the files' suffixes: .onnx -> .leaf imports an ONNX model, "
+                       ".leaf (a model, a checkpoint's network or a run directory) -> .onnx exports one.")
+    v.add_argument("input", help="an .onnx or .leaf model, a checkpoint.leaf, or a run directory")
+    v.add_argument("output", help="the file to write: .onnx or .leaf")
+    v.add_argument("--opset", type=int, default=17, help="the ONNX opset to write (13 to 23; default 17)")
+    v.set_defaults(func=convert_cmd)
     _command(sub, "summary", summary_cmd, "table of layers, output shapes and parameter counts",
              "Print the network's layers, output shapes and parameter counts.", backend=False)
     return p

@@ -652,7 +652,7 @@ def save_model(path: str | os.PathLike, config: LayerConfig, weights: Mapping[st
     ``specs``, the network's ``Layer.weight_specs()``, give Leaf's weight names and the filters to flip). Weights
     holding NaN or infinite values (or values too large for float32) are refused unless ``allow_non_finite``."""
     if format not in FORMATS:
-        raise ConfigError(f"Layer.save: format must be one of {', '.join(FORMATS)}, got {format!r}")
+        raise ConfigError(f"Layer.save: format must be one of {', '.join(FORMATS)}, onnx, got {format!r}")
     check_finite(weights, f"{os.fspath(path)}", SAVE_FIX, allow_non_finite)
     if format == "leaf":
         check_leaf_representable(config, "Layer.save(format='leaf')")

@@ -447,6 +447,19 @@ STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP")
 """Signals after which training saves a checkpoint and stops (each only where it was not ignored at start)."""
 
 
+def load_weights(layer: Any, path: str, *, strict: bool = True) -> Any:
+    """Set a network's weights by name from a model or checkpoint file (serialization.load_weights) or from an
+    ONNX model (its weights as lp.onnx.load names them: "conv1/weight" for a node named conv1)."""
+    from . import serialization
+
+    if os.fspath(path).endswith(".onnx"):
+        from .onnx import read_weights
+
+        with serialization.reading(os.fspath(path)):
+            return layer.load_weights(read_weights(path), strict=strict)
+    return serialization.load_weights(layer, path, strict=strict)
+
+
 class Trainer:
     """Trains the run's network (see the module docstring). ``out_dir`` (None: write nothing) receives ``run.yaml``
     when :meth:`fit` starts (the resolved run, as ``leafpy train`` writes it, which ``leafpy evaluate``, ``predict``
@@ -604,8 +617,6 @@ class Trainer:
         as Caffe's ``train --weights``): a weight of the file the network lacks is ignored, a weight of the
         network the file lacks keeps its initial value, a weight of another shape is an error, and so is a file
         none of whose weights the network has."""
-        from .serialization import load_weights
-
         self.loaded = load_weights(solver.network, path, strict=False)
         names = solver.network.learnable_weights_names()
         if len(self.loaded.missing) == len(names):

@@ -37,3 +37,10 @@ def test_data_bombs_are_refused_before_their_arrays_are_allocated(outcomes):
     for cls in ("npz data bomb", "IDX data bomb"):
         c = outcomes[cls]
         assert sum(c.values()) > 0 and set(c) == {"clear error"}, (cls, c)
+
+
+@pytest.mark.parametrize("cls", ["ONNX truncation", "ONNX crafted"])
+def test_damaged_and_crafted_onnx_files_give_clear_errors(outcomes, cls):
+    pytest.importorskip("onnx", reason="the ONNX cases need the onnx package (pip install 'leafpy-dl[onnx]')")
+    c = outcomes[cls]
+    assert sum(c.values()) > 0 and set(c) == {"clear error"}, c

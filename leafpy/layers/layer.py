@@ -12,6 +12,7 @@ batch size changes) -> ``run_forward`` / ``run_backward``.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
@@ -39,6 +40,10 @@ from .layer_config import (  # noqa: F401  (re-exported: layer modules import th
     type_of_config,
 )
 from .network import Network
+
+WRITTEN_ELSEWHERE = {"onnx": ("leafpy.onnx", "export")}
+"""Save formats written by a module of their own, named rather than imported (that module builds on the layers),
+and imported on first use: format -> (module, function(layer, path))."""
 
 
 def register_layer(name: str, config_class: type | None = None) -> Callable[[type], type]:
@@ -245,12 +250,18 @@ class Layer:
     def save(self, path: str, format: str = "leafpy", *, allow_non_finite: bool = False) -> None:
         """Write this layer's config and weights to ``path`` (Cap'n Proto, atomically): leafpy's file, with a
         header and a checksum, or with ``format="leaf"`` a file Leaf 0.2.1 reads (Leaf's weight names, flipped
-        convolution filters; a ConfigError for what Leaf cannot represent, such as biases). Weights holding NaN or
-        infinite values are refused (SerializationError naming the weight, nothing written) unless
+        convolution filters; a ConfigError for what Leaf cannot represent, such as biases), or with
+        ``format="onnx"`` an ONNX model at opset 17 (``lp.onnx.export``, which takes other opsets). Weights holding
+        NaN or infinite values are refused (SerializationError naming the weight, nothing written) unless
         ``allow_non_finite=True``, which writes them with a RuntimeWarning."""
         from .. import serialization
 
         _checks.path("Layer.save: path", path)
+        if format in WRITTEN_ELSEWHERE:
+            module, function = WRITTEN_ELSEWHERE[format]
+            with self._one("save"):
+                getattr(importlib.import_module(module), function)(self, path)
+            return
         with self._one("save"):
             weights = self.named_weights()
         serialization.save_model(path, self.config, weights, format=format, specs=self.weight_specs(),

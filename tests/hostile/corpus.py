@@ -39,6 +39,8 @@ def open_case(loader, path):
         lp.data.read_idx(path)
     elif loader == "npz":
         lp.data.npz(path, test_fraction=0.5)
+    elif loader == "onnx":
+        lp.onnx.load(path)
 
 out = {}
 loader = sys.argv[2]
@@ -68,7 +70,8 @@ def make_model(path: Path) -> None:
 LOADER = {"model truncation": "model", "model byte flip": "model", "checkpoint truncation": "checkpoint",
           "checkpoint byte flip": "checkpoint", "crafted message": "model", "run file": "run file",
           "IDX file": "idx", "npz file": "npz", "crafted model weights": "model",
-          "crafted checkpoint state": "checkpoint", "npz oddity": "npz"}
+          "crafted checkpoint state": "checkpoint", "npz oddity": "npz", "ONNX truncation": "onnx",
+          "ONNX crafted": "onnx"}
 """How each class's cases are opened in the child."""
 
 
@@ -391,6 +394,74 @@ def data_bombs(work: Path) -> dict[str, list[Path]]:
 LOADER.update({"npz data bomb": "npz", "IDX data bomb": "idx"})
 
 
+def _onnx_model(**change):
+    """A small valid ONNX model (Conv -> Relu -> Flatten -> Gemm), its parts replaceable by keyword."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    parts = dict(
+        inits=[numpy_helper.from_array(rng.normal(size=s).astype(np.float32), n)
+               for n, s in (("w", (2, 1, 3, 3)), ("b", (2,)), ("fc", (3, 32)))],
+        nodes=[helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", kernel_shape=[3, 3]),
+               helper.make_node("Relu", ["c"], ["r"], name="relu"),
+               helper.make_node("Flatten", ["r"], ["f"], name="flat"),
+               helper.make_node("Gemm", ["f", "fc"], ["y"], name="fc", transB=1)],
+        inputs=[helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 6, 6])],
+        outputs=[helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+        opset=[helper.make_opsetid("", 17)])
+    parts.update(change)
+    graph = helper.make_graph(parts["nodes"], "g", parts["inputs"], parts["outputs"], parts["inits"])
+    return helper.make_model(graph, opset_imports=parts["opset"])
+
+
+def onnx_files(work: Path, rng: np.random.Generator, n: int) -> dict[str, list[Path]]:
+    """ONNX models cut short and crafted (external data, sizes beyond the data, subgraphs, cycles, huge shapes).
+    Byte flips are left out: ONNX files carry no checksum, so a flipped weight is another valid model."""
+    try:
+        from onnx import TensorProto, helper, numpy_helper
+    except ImportError:  # the ONNX classes need the onnx package; test_hostile says so
+        return {}
+    data = _onnx_model().SerializeToString()
+    cuts = []
+    for k, off in enumerate(sorted(set(rng.integers(0, len(data), n).tolist()))):
+        p = work / f"onnx-trunc{k}.onnx"
+        p.write_bytes(data[:off])
+        cuts.append(p)
+    big = _onnx_model()
+    big.graph.initializer[2].dims[:] = [10**6, 10**6]
+    negative = _onnx_model()
+    negative.graph.initializer[1].dims[:] = [-2]
+    unknown_type = _onnx_model()
+    unknown_type.graph.initializer[1].data_type = 999
+    external = _onnx_model()
+    t = external.graph.initializer[0]
+    t.ClearField("raw_data")
+    t.data_location = TensorProto.EXTERNAL
+    t.external_data.add(key="location", value="../../etc/passwd")
+    sub = helper.make_graph([helper.make_node("Relu", ["x"], ["z"])], "then", [],
+                            [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)])
+    branch = _onnx_model(nodes=[helper.make_node("If", ["x"], ["y"], name="if", then_branch=sub, else_branch=sub)])
+    cycle = _onnx_model(nodes=[helper.make_node("Relu", ["y"], ["y"], name="self")])
+    huge_input = _onnx_model(inputs=[helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 10**6, 10**6])])
+    symbolic = _onnx_model(inputs=[helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, "H", 6])])
+    kernel = _onnx_model()
+    kernel.graph.node[0].attribute[0].ints[:] = [1000, 1000]
+    huge_reshape = _onnx_model(nodes=[helper.make_node("Reshape", ["x", "s"], ["y"], name="r")],
+                               inits=[numpy_helper.from_array(np.array([0, 2**62, 2**62], np.int64), "s")])
+    crafted = {"big-tensor": big, "negative-dim": negative, "unknown-type": unknown_type, "external": external,
+               "subgraph": branch, "cycle": cycle, "huge-input": huge_input, "symbolic": symbolic,
+               "kernel": kernel, "huge-reshape": huge_reshape, "no-opset": _onnx_model(opset=[])}
+    out = []
+    for name, model in crafted.items():
+        p = work / f"onnx-{name}.onnx"
+        p.write_bytes(model.SerializeToString())
+        out.append(p)
+    for name, raw in (("empty", b""), ("noise", rng.bytes(512)), ("text", b"ir_version: 8\ngraph {}")):
+        p = work / f"onnx-{name}.onnx"
+        p.write_bytes(raw)
+        out.append(p)
+    return {"ONNX truncation": cuts, "ONNX crafted": out}
+
+
 def generate(work: Path, seed: int = 0, n: int = 20) -> dict[str, list[Path]]:
     """Seeded cases per class (the damaged-file classes sample n offsets; the crafted ones are fixed)."""
     good = work / "good.leaf"
@@ -409,6 +480,7 @@ def generate(work: Path, seed: int = 0, n: int = 20) -> dict[str, list[Path]]:
     cases["crafted model weights"] = crafted_model_weights(work)
     cases["crafted checkpoint state"] = crafted_checkpoints(work)
     cases["npz oddity"] = npz_oddities(work)
+    cases.update(onnx_files(work, rng, n))
     return cases
 
 

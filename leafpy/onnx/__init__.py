@@ -1,0 +1,70 @@
+"""ONNX in and out: ``load`` turns an ONNX model into a leafpy network (a Sequential of LayerConfigs with named
+wiring, its weights set), ``export`` writes a leafpy network as an ONNX model, ``backend`` is an ONNX test backend.
+
+Needs the onnx package (``pip install 'leafpy-dl[onnx]'``), imported on first use: ``import leafpy`` does not import
+it. What leafpy cannot compute is a ConfigError naming the node, the operator, the attribute and what is supported.
+See docs/onnx.md.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from ..backends import backend as get_backend
+from ..backends.base import Backend
+from ..errors import ConfigError
+from ..layers import Layer
+
+DEFAULT_BATCH = 1
+"""The batch size declared for a graph whose inputs leave the batch open (any batch size runs)."""
+
+
+def load(path_or_model: Any, backend: str | Backend = "native", *, batch_size: int | None = None,
+         name: str | None = None) -> Layer:
+    """The network of an ONNX model (a path, bytes or an onnx.ModelProto) as a leafpy ``Layer`` on ``backend``,
+    with the model's weights. ``batch_size``: the batch declared where the graph leaves it open (default 1; any
+    batch runs)."""
+    from ._proto import read_model
+    from .importer import convert
+
+    model = read_model(path_or_model)
+    be = get_backend(backend) if isinstance(backend, str) else backend
+    if name is None:
+        name = model.graph.name or "onnx"
+        if isinstance(path_or_model, (str, os.PathLike)):
+            name = os.path.splitext(os.path.basename(os.fspath(path_or_model)))[0] or name
+    config, weights = convert(model, batch_size=batch_size or DEFAULT_BATCH, name=name)
+    net = Layer.from_config(be, config)
+    net.load_weights(weights)
+    return net
+
+
+def read_weights(path_or_model: Any) -> dict[str, np.ndarray]:
+    """The weights of an ONNX model by the names :func:`load` gives them ("conv1/weight"), without building the
+    network: what ``leafpy train --weights model.onnx`` and ``load_weights`` read."""
+    from ._proto import read_model
+    from .importer import convert
+
+    return convert(read_model(path_or_model), batch_size=DEFAULT_BATCH)[1]
+
+
+def to_model(layer: Layer, opset: int = 17) -> Any:
+    """``layer`` as an onnx.ModelProto at ``opset`` (13 or later)."""
+    from .exporter import to_model as build
+
+    return build(layer, opset)
+
+
+def export(layer: Layer, path: str | os.PathLike, opset: int = 17) -> None:
+    """Write ``layer`` (a network or one layer) as an ONNX model to ``path`` (atomically)."""
+    from ..serialization import atomic_write
+
+    if not isinstance(layer, Layer):
+        raise ConfigError(f"lp.onnx.export: expected a leafpy Layer, got {type(layer).__name__}")
+    atomic_write(path, to_model(layer, opset).SerializeToString(), example="model.onnx")
+
+
+__all__ = ["load", "export", "to_model", "read_weights", "DEFAULT_BATCH"]

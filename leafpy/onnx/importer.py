@@ -1,0 +1,884 @@
+"""ONNX graph -> a leafpy Sequential of LayerConfigs with named wiring, and its weights.
+
+Each ONNX operator is one entry of :data:`OPS` (the ``@op`` decorator): the attributes it understands and a
+function that turns one node into layers. An attribute value a layer cannot compute, or an operator with no entry,
+is a ConfigError naming the node, the operator, the attribute and what is supported, never a silently different
+function. A new layer feature is one entry (or one accepted attribute value) more.
+
+Blob shapes are followed through the graph with the layers' own ``output_shapes`` (the batch taken from the graph's
+inputs, or ``batch_size`` where the graph leaves it open), so every layer is checked as it is added.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, ShapeError
+from ..layers import (
+    BatchNormConfig,
+    ConcatConfig,
+    ConvolutionConfig,
+    DropoutConfig,
+    EltwiseConfig,
+    ELUConfig,
+    EmbeddingConfig,
+    GELUConfig,
+    GRUConfig,
+    LayerConfig,
+    LeakyReLUConfig,
+    LinearConfig,
+    LRNConfig,
+    LSTMConfig,
+    NegativeLogLikelihoodConfig,
+    PoolingConfig,
+    ReshapeConfig,
+    RNNConfig,
+    SequentialConfig,
+    SliceConfig,
+    SoftplusConfig,
+)
+from ..layers.layer_config import lookup
+from ._proto import opset_of, require_onnx, to_array
+
+Converter = Callable[["Graph", "Node"], None]
+
+
+@dataclass(frozen=True)
+class OpEntry:
+    convert: Converter
+    attributes: tuple[str, ...]
+
+
+OPS: dict[str, OpEntry] = {}
+
+
+def op(*names: str, attributes: Sequence[str] = ()) -> Callable[[Converter], Converter]:
+    """Register a converter for the ONNX operators ``names``, accepting ``attributes`` (others are refused)."""
+
+    def register(fn: Converter) -> Converter:
+        for n in names:
+            OPS[n] = OpEntry(fn, tuple(attributes))
+        return fn
+
+    return register
+
+
+def supported_operators() -> list[str]:
+    return sorted(OPS)
+
+
+class Node:
+    """One ONNX node with its attributes decoded, and the error messages that name it."""
+
+    def __init__(self, proto: Any, index: int) -> None:
+        onnx = require_onnx()
+        self.proto = proto
+        self.op = proto.op_type
+        self.name = proto.name or f"{proto.op_type}_{index}"
+        self.attrs = {a.name: onnx.helper.get_attribute_value(a) for a in proto.attribute}
+        self.inputs = list(proto.input)
+        self.outputs = list(proto.output)
+
+    @property
+    def where(self) -> str:
+        return f"ONNX node '{self.name}' ({self.op})"
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        v = self.attrs.get(name, default)
+        return v.decode() if isinstance(v, bytes) else v
+
+    def refuse(self, attribute: str, value: Any, supported: str) -> ConfigError:
+        return ConfigError(f"{self.where}: {attribute}={value!r} is not supported; leafpy supports {supported}")
+
+    def require(self, attribute: str, ok: Callable[[Any], bool], supported: str, default: Any = None) -> Any:
+        """The attribute's value (or ``default``), refused unless ``ok(value)``."""
+        value = self.attr(attribute, default)
+        if not ok(value):
+            raise self.refuse(attribute, value, supported)
+        return value
+
+    def has_input(self, k: int) -> bool:
+        return k < len(self.inputs) and bool(self.inputs[k])
+
+    def used_outputs(self, graph: Graph) -> list[int]:
+        return [k for k, o in enumerate(self.outputs) if o and graph.is_used(o)]
+
+
+@dataclass
+class Graph:
+    """The conversion's state: constants, blob shapes, aliases, the layers and weights made so far."""
+
+    model: Any
+    constants: dict[str, np.ndarray]
+    batch_size: int
+    feeds: frozenset[str] = frozenset()
+    """Graph inputs whose values are given (the test backend's run-time weights): usable as constants too."""
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    alias: dict[str, str] = field(default_factory=dict)
+    layers: list[LayerConfig] = field(default_factory=list)
+    weights: dict[str, np.ndarray] = field(default_factory=dict)
+    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    used_inputs: list[str] = field(default_factory=list)
+    readers: dict[str, int] = field(default_factory=dict)
+    layer_names: set[str] = field(default_factory=set)
+    time_major: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """ONNX values that are a leafpy blob seen time-major, around a layout-0 recurrent node: value -> (blob,
+    what it is: "x" [T, N, I] the blob transposed; "Y" [T, 1, N, H]; "Y_h" [1, N, H]; "steps" [T, N, H])."""
+
+    @property
+    def opset(self) -> int:
+        return opset_of(self.model)
+
+    def is_used(self, name: str) -> bool:
+        return self.readers.get(name, 0) > 0 or name in {o.name for o in self.model.graph.output}
+
+    def resolve(self, name: str) -> str:
+        while name in self.alias:
+            name = self.alias[name]
+        return name
+
+    def blob(self, node: Node, k: int) -> str:
+        """Input ``k`` of ``node`` as a computed blob (a graph input or a layer's output)."""
+        if not node.has_input(k):
+            raise ConfigError(f"{node.where}: input {k} is missing")
+        name = self.resolve(node.inputs[k])
+        if name in self.shapes:
+            return name
+        if name in self.input_shapes:
+            if name not in self.used_inputs:
+                self.used_inputs.append(name)
+            self.shapes[name] = self.input_shapes[name]
+            return name
+        if name in self.time_major:
+            raise ConfigError(f"{node.where}: input {k} ({name!r}) is a recurrent layer's value in ONNX's time-major "
+                              "layout 0; leafpy reads it only through the Squeeze and Transpose that bring it back to "
+                              "batch-first [N, T, H] (or [N, H])")
+        if name in self.constants:
+            raise ConfigError(f"{node.where}: input {k} ({name!r}) is a constant; leafpy computes this operator on "
+                              "computed tensors (a constant operand here needs broadcasting, not supported yet)")
+        raise ConfigError(f"{node.where}: input {k} ({name!r}) is not produced by any earlier node or graph input")
+
+    def const(self, node: Node, k: int, what: str) -> np.ndarray | None:
+        """Input ``k`` of ``node`` as a constant (None where the optional input is absent)."""
+        if not node.has_input(k):
+            return None
+        name = self.resolve(node.inputs[k])
+        if name in self.constants:
+            return self.constants[name]
+        raise ConfigError(f"{node.where}: input {k} ({name!r}, the {what}) must be a constant (an initializer or "
+                          "a Constant node); leafpy holds it as a layer's weight")
+
+    def shape(self, blob: str) -> tuple[int, ...]:
+        return self.shapes[blob]
+
+    def layer_name(self, node: Node, suffix: str = "") -> str:
+        base = re.sub(r"[^A-Za-z0-9_.\-]+", "_", node.name + suffix).strip("_.") or f"{node.op}"
+        name, i = base, 1
+        while name in self.layer_names:
+            i += 1
+            name = f"{base}_{i}"
+        self.layer_names.add(name)
+        return name
+
+    def add(self, node: Node, layer_type: Any, inputs: Sequence[str], outputs: Sequence[str], *,
+            weights: dict[str, np.ndarray] | None = None, suffix: str = "") -> str:
+        """Append a layer reading ``inputs`` and writing ``outputs``; its output shapes are computed (and its
+        input shapes checked) by the layer type itself. Returns the layer's name."""
+        name = self.layer_name(node, suffix)
+        cfg = LayerConfig(name, layer_type, inputs=list(inputs), outputs=list(outputs))
+        worker = lookup(cfg.type).impl(cfg.config, name)
+        shapes = [self.shapes[b] for b in inputs]
+        try:
+            worker.check_inputs(shapes)
+            out_shapes = worker.output_shapes(shapes)
+        except ShapeError as e:
+            raise ConfigError(f"{node.where}: as leafpy's {cfg.type} layer: {e}") from None
+        for o, s in zip(outputs, out_shapes):
+            self.shapes[o] = tuple(int(d) for d in s)
+        for local, value in (weights or {}).items():
+            self.weights[f"{name}/{local}"] = np.ascontiguousarray(value, dtype=np.float32)
+        self.layers.append(cfg)
+        return name
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# helpers for window operators
+# ----------------------------------------------------------------------------------------------------------------
+def _spatial_input(g: Graph, n: Node) -> tuple[str, tuple[int, ...]]:
+    x = g.blob(n, 0)
+    shape = g.shape(x)
+    if len(shape) != 4:
+        raise ConfigError(f"{n.where}: input of shape {shape}: leafpy's window operators take 2-D images "
+                          "[N, C, H, W] (1-D and 3-D are not supported)")
+    return x, shape
+
+
+def _symmetric_pads(g: Graph, n: Node, shape: tuple[int, ...], kernel: Sequence[int], strides: Sequence[int],
+                    dilations: Sequence[int] = (1, 1)) -> tuple[int, int]:
+    """``pads`` (or ``auto_pad``) as one padding per spatial dimension; asymmetric padding is refused."""
+    auto = n.attr("auto_pad", "NOTSET")
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        pads = []
+        for size, k, s, d in zip(shape[2:], kernel, strides, dilations):
+            total = max((math.ceil(size / s) - 1) * s + (k - 1) * d + 1 - size, 0)
+            if total % 2:
+                raise n.refuse("auto_pad", auto, f"SAME_* only where it pads both sides equally (here {total} "
+                               "rows or columns in all: asymmetric padding is not supported yet); NOTSET, VALID")
+            pads.append(total // 2)
+        return pads[0], pads[1]
+    if auto not in ("NOTSET", "VALID"):
+        raise n.refuse("auto_pad", auto, "NOTSET, VALID, SAME_UPPER, SAME_LOWER")
+    pads = list(n.attr("pads", [0, 0, 0, 0])) if auto == "NOTSET" else [0, 0, 0, 0]
+    if len(pads) != 4 or pads[:2] != pads[2:]:
+        raise n.refuse("pads", pads, "equal padding at both ends of each dimension ([p_h, p_w, p_h, p_w]); "
+                       "asymmetric padding is not supported yet")
+    return pads[0], pads[1]
+
+
+def _ones(value: Any) -> bool:
+    return value is None or all(v == 1 for v in value)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the operators
+# ----------------------------------------------------------------------------------------------------------------
+@op("Conv", attributes=("kernel_shape", "strides", "pads", "dilations", "group", "auto_pad"))
+def conv(g: Graph, n: Node) -> None:
+    x, shape = _spatial_input(g, n)
+    w = g.const(n, 1, "filters")
+    assert w is not None  # input 1 is required: g.const raised otherwise
+    if w.ndim != 4:
+        raise ConfigError(f"{n.where}: filters of shape {w.shape}: leafpy convolves 2-D images ([M, C, kh, kw])")
+    b = g.const(n, 2, "bias")
+    n.require("group", lambda v: v == 1, "group=1 (grouped and depthwise convolution are not supported yet)", 1)
+    n.require("dilations", _ones, "dilations of 1 (dilated convolution is not supported yet)")
+    kernel = tuple(n.attr("kernel_shape", w.shape[2:]))
+    strides = tuple(n.attr("strides", [1, 1]))
+    pads = _symmetric_pads(g, n, shape, kernel, strides)
+    cfg = ConvolutionConfig(num_output=w.shape[0], filter_shape=kernel, stride=strides, padding=pads,
+                            bias=b is not None)
+    weights = {"weight": w} if b is None else {"weight": w, "bias": b}
+    g.add(n, cfg, [x], [n.outputs[0]], weights=weights)
+
+
+def _pool(g: Graph, n: Node, mode: str) -> None:
+    x, shape = _spatial_input(g, n)
+    if len(n.used_outputs(g)) > 1 or (len(n.outputs) > 1 and n.outputs[1]):
+        raise ConfigError(f"{n.where}: the Indices output is not supported; leafpy's Pooling gives the pooled values")
+    kernel = tuple(n.attr("kernel_shape"))
+    strides = tuple(n.attr("strides", [1] * len(kernel)))
+    n.require("ceil_mode", lambda v: v == 0, "ceil_mode=0 (rounding the output size up is not supported yet)", 0)
+    n.require("dilations", _ones, "dilations of 1 (dilated pooling is not supported yet)")
+    n.require("storage_order", lambda v: v == 0, "storage_order=0 (row-major)", 0)
+    pads = _symmetric_pads(g, n, shape, kernel, strides)
+    if mode == "average" and any(pads):
+        n.require("count_include_pad", lambda v: v == 1, "count_include_pad=1 where there is padding (leafpy "
+                  "counts the padding in each window's divisor; excluding it is not supported yet)", 0)
+    if any(p >= k for p, k in zip(pads, kernel)):
+        raise n.refuse("pads", list(n.attr("pads")), "padding smaller than the kernel")
+    cfg = PoolingConfig(mode=mode, filter_shape=kernel, stride=strides, padding=pads)
+    g.add(n, cfg, [x], [n.outputs[0]])
+
+
+@op("MaxPool", attributes=("kernel_shape", "strides", "pads", "auto_pad", "ceil_mode", "dilations", "storage_order"))
+def max_pool(g: Graph, n: Node) -> None:
+    _pool(g, n, "max")
+
+
+@op("AveragePool", attributes=("kernel_shape", "strides", "pads", "auto_pad", "ceil_mode", "dilations",
+                               "count_include_pad"))
+def average_pool(g: Graph, n: Node) -> None:
+    _pool(g, n, "average")
+
+
+@op("GlobalMaxPool", "GlobalAveragePool")
+def global_pool(g: Graph, n: Node) -> None:
+    x, shape = _spatial_input(g, n)
+    cfg = PoolingConfig(mode="max" if n.op == "GlobalMaxPool" else "average", filter_shape=shape[2:],
+                        stride=shape[2:], padding=(0, 0))
+    g.add(n, cfg, [x], [n.outputs[0]])
+
+
+@op("Gemm", attributes=("alpha", "beta", "transA", "transB"))
+def gemm(g: Graph, n: Node) -> None:
+    a = g.blob(n, 0)
+    n.require("transA", lambda v: v == 0, "transA=0 (the data as rows [N, K])", 0)
+    b = g.const(n, 1, "weight matrix")
+    assert b is not None
+    w = (b if n.attr("transB", 0) else b.T) * float(n.attr("alpha", 1.0))
+    c = g.const(n, 2, "bias")
+    weights = {"weight": w}
+    if c is not None:
+        if c.size not in (1, w.shape[0]) or (c.ndim == 2 and c.shape[0] != 1):
+            raise ConfigError(f"{n.where}: bias C of shape {c.shape}: leafpy's Linear adds one bias per output "
+                              f"(shape [{w.shape[0]}] or [1, {w.shape[0]}])")
+        weights["bias"] = np.broadcast_to(c.reshape(-1), (w.shape[0],)) * float(n.attr("beta", 1.0))
+    if len(g.shape(a)) != 2:
+        raise ConfigError(f"{n.where}: input A of shape {g.shape(a)}: Gemm takes a matrix [N, K]")
+    g.add(n, LinearConfig(output_size=w.shape[0], bias=c is not None), [a], [n.outputs[0]], weights=weights)
+
+
+@op("MatMul")
+def matmul(g: Graph, n: Node) -> None:
+    a = g.blob(n, 0)
+    b = g.const(n, 1, "weight matrix")
+    assert b is not None
+    if b.ndim != 2:
+        raise ConfigError(f"{n.where}: B of shape {b.shape}: leafpy multiplies by one constant matrix [K, M] "
+                          "(a Linear layer); batched or computed right-hand sides are not supported")
+    rank = len(g.shape(a))
+    if rank < 2:
+        raise ConfigError(f"{n.where}: A of shape {g.shape(a)}: expected [N, ..., K]")
+    cfg = LinearConfig(output_size=b.shape[1], bias=False, axis=1 if rank == 2 else -1)
+    g.add(n, cfg, [a], [n.outputs[0]], weights={"weight": b.T})
+
+
+@op("BatchNormalization", attributes=("epsilon", "momentum", "training_mode", "spatial"))
+def batch_norm(g: Graph, n: Node) -> None:
+    x = g.blob(n, 0)
+    n.require("training_mode", lambda v: v == 0, "training_mode=0 (inference: the running statistics)", 0)
+    n.require("spatial", lambda v: v == 1, "spatial=1", 1)
+    if len(n.used_outputs(g)) > 1:
+        raise ConfigError(f"{n.where}: the running-statistics outputs are not supported; leafpy keeps them inside")
+    momentum = n.require("momentum", lambda v: 0.0 <= v <= 1.0, "a momentum in [0, 1]", 0.9)
+    names = ("weight", "bias", "running_mean", "running_var")
+    weights = {k: g.const(n, i + 1, k) for i, k in enumerate(names)}
+    cfg = BatchNormConfig(eps=float(n.attr("epsilon", 1e-5)), momentum=1.0 - float(momentum))
+    g.add(n, cfg, [x], [n.outputs[0]], weights=weights)  # type: ignore[arg-type]
+
+
+def _activation(layer_type: Callable[[Node], Any]) -> Converter:
+    def convert(g: Graph, n: Node) -> None:
+        g.add(n, layer_type(n), [g.blob(n, 0)], [n.outputs[0]])
+    return convert
+
+
+op("Relu")(_activation(lambda n: "ReLU"))
+op("Sigmoid")(_activation(lambda n: "Sigmoid"))
+op("Tanh")(_activation(lambda n: "TanH"))
+op("Softplus")(_activation(lambda n: SoftplusConfig()))
+op("LeakyRelu", attributes=("alpha",))(_activation(lambda n: LeakyReLUConfig(negative_slope=n.require(
+    "alpha", lambda v: v >= 0, "alpha >= 0", 0.01))))
+op("Elu", attributes=("alpha",))(_activation(lambda n: ELUConfig(alpha=n.require(
+    "alpha", lambda v: v >= 0, "alpha >= 0", 1.0))))
+op("Gelu", attributes=("approximate",))(_activation(lambda n: GELUConfig(approximate=n.require(
+    "approximate", lambda v: v in ("none", "tanh"), "none, tanh", "none"))))
+
+
+@op("Softmax", "LogSoftmax", attributes=("axis",))
+def softmax(g: Graph, n: Node) -> None:
+    x = g.blob(n, 0)
+    rank = len(g.shape(x))
+    new = g.opset >= 13
+    axis = n.attr("axis", -1 if new else 1)
+    # from opset 13 the axis is one axis; before, the input is flattened into [outer, inner] at the axis
+    fits = axis % rank == 1 and (new or math.prod(g.shape(x)[2:]) == 1)  # [N, C, 1, 1] flattens to [N, C]
+    if not fits:
+        raise n.refuse("axis", axis, f"the class axis 1 (for this input of rank {rank}"
+                       f"{'' if new else ', before opset 13 only on [N, C] or [N, C, 1, ...] input'}; other axes "
+                       "are not supported yet)")
+    g.add(n, n.op, [x], [n.outputs[0]])
+
+
+def _onnx_reshape(shape: tuple[int, ...], target: Sequence[int], allowzero: int) -> list[int]:
+    out = [shape[i] if d == 0 and not allowzero and i < len(shape) else int(d) for i, d in enumerate(target)]
+    if out.count(-1) == 1:
+        known = math.prod(d for d in out if d != -1)
+        out[out.index(-1)] = math.prod(shape) // known if known else 0
+    return out
+
+
+@op("Reshape", attributes=("allowzero",))
+def reshape(g: Graph, n: Node) -> None:
+    x = g.blob(n, 0)
+    target = g.const(n, 1, "shape")
+    assert target is not None
+    shape = g.shape(x)
+    out = _onnx_reshape(shape, target.astype(np.int64).tolist(), n.attr("allowzero", 0))
+    if math.prod(out) != math.prod(shape) or not out:
+        raise ConfigError(f"{n.where}: cannot reshape {shape} ({math.prod(shape)} values) to {target.tolist()}")
+    if out[0] != shape[0]:
+        raise ConfigError(f"{n.where}: reshaping {shape} to {target.tolist()} gives {out}, which changes the batch "
+                          "axis (the first); leafpy's Reshape keeps the batch (reshaping across it is not supported)")
+    g.add(n, ReshapeConfig(shape=tuple(out)), [x], [n.outputs[0]])
+
+
+@op("Flatten", attributes=("axis",))
+def flatten(g: Graph, n: Node) -> None:
+    x = g.blob(n, 0)
+    rank = len(g.shape(x))
+    n.require("axis", lambda v: v % max(rank, 1) == 1 or (rank == 1 and v == 1),
+              f"axis=1 (everything after the batch, for this input of rank {rank}; other axes are not supported "
+              "yet)", 1)
+    g.add(n, "Flatten", [x], [n.outputs[0]])
+
+
+@op("Dropout", attributes=("ratio", "seed", "is_test"))
+def dropout(g: Graph, n: Node) -> None:
+    x = g.blob(n, 0)
+    if len(n.used_outputs(g)) > 1:
+        raise ConfigError(f"{n.where}: the mask output is not supported; leafpy's Dropout keeps its mask inside")
+    training = g.const(n, 2, "training_mode")
+    if training is not None and bool(training):
+        raise ConfigError(f"{n.where}: training_mode=True is not supported at import: leafpy's Dropout draws its "
+                          "own masks when the network trains (set_training(True))")
+    given = g.const(n, 1, "ratio")
+    ratio = float(given) if given is not None else float(n.attr("ratio", 0.5))
+    g.add(n, DropoutConfig(ratio=ratio), [x], [n.outputs[0]])
+
+
+@op("Identity", "Cast", attributes=("to", "saturate", "round_mode"))
+def identity(g: Graph, n: Node) -> None:
+    """No layer: the output names the input (Cast too: leafpy computes in floating point throughout, and ids and
+    labels travel as floats, exact up to 2**24)."""
+    name = g.resolve(n.inputs[0])
+    if name in g.constants and name not in g.feeds:
+        g.constants[n.outputs[0]] = g.constants[name]
+    else:
+        g.blob(n, 0)
+    g.alias[n.outputs[0]] = name
+
+
+def _same_shapes(g: Graph, n: Node, blobs: list[str]) -> None:
+    shapes = [g.shape(b) for b in blobs]
+    if any(s != shapes[0] for s in shapes):
+        raise ConfigError(f"{n.where}: inputs of shapes {shapes}: leafpy's Eltwise combines inputs of one shape "
+                          "(broadcasting is not supported yet)")
+
+
+def _bias_of_linear(g: Graph, n: Node) -> bool:
+    """Add(MatMul's output, a constant vector) as the bias of the Linear layer the MatMul became (how exporters
+    write a Linear layer on [N, T, K]). True where it was folded."""
+    if n.op != "Add" or len(n.inputs) != 2:
+        return False
+    names = [g.resolve(i) for i in n.inputs]
+    consts = [k for k, name in enumerate(names) if name in g.constants and name not in g.feeds]
+    if len(consts) != 1:
+        return False
+    bias, blob = g.constants[names[consts[0]]], names[1 - consts[0]]
+    found = [i for i, lc in enumerate(g.layers) if lc.outputs == (blob,)]
+    if not found or g.readers.get(blob, 0) != 1 or blob in {o.name for o in g.model.graph.output}:
+        return False
+    i = found[0]
+    lc = g.layers[i]
+    size = lc.config.output_size if lc.type == "Linear" else -1
+    if lc.type != "Linear" or lc.config.bias or bias.shape not in ((size,), (1, size)):
+        return False
+    g.layers[i] = LayerConfig(lc.name, dataclasses.replace(lc.config, bias=True), inputs=lc.inputs,
+                              outputs=lc.outputs)
+    g.weights[f"{lc.name}/bias"] = np.ascontiguousarray(bias.reshape(-1), dtype=np.float32)
+    g.alias[n.outputs[0]] = blob
+    return True
+
+
+@op("Add", "Sum", "Mul", "Max", "Sub")
+def eltwise(g: Graph, n: Node) -> None:
+    if _bias_of_linear(g, n):
+        return
+    blobs = [g.blob(n, k) for k in range(len(n.inputs))]
+    if len(blobs) == 1:
+        g.alias[n.outputs[0]] = blobs[0]
+        return
+    _same_shapes(g, n, blobs)
+    operation = {"Add": "sum", "Sum": "sum", "Sub": "sum", "Mul": "prod", "Max": "max"}[n.op]
+    coeff = (1.0, -1.0) if n.op == "Sub" else ()
+    g.add(n, EltwiseConfig(operation=operation, coeff=coeff), blobs, [n.outputs[0]])
+
+
+@op("Concat", attributes=("axis",))
+def concat(g: Graph, n: Node) -> None:
+    blobs = [g.blob(n, k) for k in range(len(n.inputs))]
+    g.add(n, ConcatConfig(axis=int(n.attr("axis"))), blobs, [n.outputs[0]])
+
+
+def _slice_layer(g: Graph, n: Node, x: str, axis: int, points: list[int], outputs: list[str]) -> None:
+    if not points:
+        g.alias[outputs[0]] = x
+        return
+    g.add(n, SliceConfig(axis=axis, slice_points=tuple(points)), [x], outputs)
+
+
+@op("Split", attributes=("axis", "split", "num_outputs"))
+def split(g: Graph, n: Node) -> None:
+    x = g.blob(n, 0)
+    shape = g.shape(x)
+    axis = int(n.attr("axis", 0)) % len(shape)
+    given = g.const(n, 1, "split sizes")
+    sizes = given.tolist() if given is not None else n.attr("split")
+    k = len(n.outputs)
+    if sizes is None:
+        each = math.ceil(shape[axis] / k)
+        sizes = [min(each, shape[axis] - i * each) for i in range(k)]
+    points = np.cumsum(np.asarray(sizes, np.int64)).tolist()[:-1]
+    if any(b <= a for a, b in zip([0, *points], [*points, shape[axis]])):
+        raise ConfigError(f"{n.where}: split sizes {list(sizes)}: leafpy's Slice cuts pieces of at least one "
+                          "element")
+    outs = [o or f"{n.name}:unused{i}" for i, o in enumerate(n.outputs)]
+    _slice_layer(g, n, x, axis, points, outs)
+
+
+@op("Slice")
+def slice_(g: Graph, n: Node) -> None:
+    x = g.blob(n, 0)
+    shape = g.shape(x)
+    starts, ends = g.const(n, 1, "starts"), g.const(n, 2, "ends")
+    assert starts is not None and ends is not None
+    axes = g.const(n, 3, "axes")
+    steps = g.const(n, 4, "steps")
+    axes_l = list(range(len(starts))) if axes is None else [int(a) % len(shape) for a in axes]
+    steps_l = [1] * len(axes_l) if steps is None else [int(s) for s in steps]
+    cut = []
+    for a, s, e, st in zip(axes_l, starts.tolist(), ends.tolist(), steps_l):
+        size = shape[a]
+        s = min(max(s + size if s < 0 else s, 0), size)
+        e = min(max(e + size if e < 0 else e, 0), size)
+        if st != 1:
+            raise ConfigError(f"{n.where}: steps {steps_l}: leafpy's Slice takes contiguous pieces (step 1)")
+        if (s, e) != (0, size):
+            cut.append((a, s, e))
+    if len(cut) > 1 or (cut and cut[0][1] >= cut[0][2]):
+        raise ConfigError(f"{n.where}: slicing {cut} of {shape}: leafpy's Slice cuts one non-empty range along one "
+                          "axis")
+    if not cut:
+        g.alias[n.outputs[0]] = x
+        return
+    _cut(g, n, x, *cut[0], n.outputs[0])
+
+
+def _cut(g: Graph, n: Node, x: str, axis: int, start: int, end: int, piece: str) -> None:
+    """The range [start, end) of ``x`` along ``axis`` as blob ``piece``: a Slice whose other pieces go unread."""
+    size = g.shape(x)[axis]
+    outs = [f"{piece}:before", piece, f"{piece}:after"][1 if start == 0 else 0:2 if end == size else 3]
+    _slice_layer(g, n, x, axis, [p for p in (start, end) if 0 < p < size], outs)
+
+
+@op("LRN", attributes=("size", "alpha", "beta", "bias"))
+def lrn(g: Graph, n: Node) -> None:
+    x = g.blob(n, 0)
+    size = n.require("size", lambda v: v % 2 == 1, "an odd size (a window centred on each channel)")
+    cfg = LRNConfig(local_size=size, alpha=float(n.attr("alpha", 1e-4)), beta=float(n.attr("beta", 0.75)),
+                    k=float(n.attr("bias", 1.0)))
+    g.add(n, cfg, [x], [n.outputs[0]])
+
+
+def _pick(g: Graph, n: Node) -> bool:
+    """Gather of one constant index along an axis after the batch of a computed blob (``y[:, -1]``): a Slice, and
+    a Reshape dropping the axis for a scalar index. True where it applied."""
+    name = g.resolve(n.inputs[0])
+    index = g.constants.get(g.resolve(n.inputs[1])) if len(n.inputs) > 1 else None
+    if name in g.constants or index is None or index.size != 1 or g.resolve(n.inputs[1]) in g.feeds:
+        return False
+    x = g.blob(n, 0)
+    shape = g.shape(x)
+    axis = int(n.attr("axis", 0)) % len(shape)
+    if axis == 0:
+        return False
+    i = int(index.reshape(-1)[0]) % shape[axis]
+    piece = f"{n.outputs[0]}:piece" if index.ndim == 0 else n.outputs[0]
+    _cut(g, n, x, axis, i, i + 1, piece)
+    if index.ndim == 0:
+        out = tuple(d for k, d in enumerate(shape) if k != axis)
+        g.add(n, ReshapeConfig(shape=out), [g.resolve(piece)], [n.outputs[0]], suffix="_squeeze")
+    return True
+
+
+@op("Gather", attributes=("axis",))
+def gather(g: Graph, n: Node) -> None:
+    if _pick(g, n):
+        return
+    n.require("axis", lambda v: v == 0, "axis=0 (rows of a constant table: an Embedding), or one constant index of "
+              "an axis after the batch", 0)
+    table = g.const(n, 0, "table")
+    assert table is not None
+    if table.ndim != 2:
+        raise ConfigError(f"{n.where}: a table of shape {table.shape}: leafpy's Embedding looks rows up in a 2-D "
+                          "table")
+    ids = g.blob(n, 1)
+    cfg = EmbeddingConfig(input_dim=table.shape[0], output_dim=table.shape[1])
+    g.add(n, cfg, [ids], [n.outputs[0]], weights={"weight": table})
+
+
+# gate blocks: ONNX's order -> leafpy's (LSTM iofc -> ifgo, GRU zrh -> rzn)
+GATES_FROM_ONNX = {"LSTM": [0, 2, 3, 1], "GRU": [1, 0, 2], "RNN": [0]}
+GATES_TO_ONNX = {"LSTM": [0, 3, 1, 2], "GRU": [1, 0, 2], "RNN": [0]}
+
+
+def reorder_gates(a: np.ndarray, order: list[int]) -> np.ndarray:
+    """``a`` [G*H, ...] with its G row blocks taken in ``order``."""
+    blocks = np.split(a, len(order))
+    return np.concatenate([blocks[i] for i in order])
+
+
+@op("LSTM", "GRU", "RNN", attributes=("hidden_size", "direction", "layout", "linear_before_reset", "activations",
+                                      "clip", "input_forget", "activation_alpha", "activation_beta"))
+def recurrent(g: Graph, n: Node) -> None:
+    layout = n.require("layout", lambda v: v == 1 or _time_major_input(g, n), "layout=1 (batch first), or layout 0 "
+                       "on a Transpose(perm=[1, 0, 2]) of a batch-first sequence, its Y or Y_h brought back by "
+                       "Squeeze (and Transpose)", 0)
+    n.require("direction", lambda v: v == "forward", "direction=forward (reverse and bidirectional are not "
+              "supported yet)", "forward")
+    n.require("clip", lambda v: v is None, "no clip")
+    n.require("input_forget", lambda v: v == 0, "input_forget=0", 0)
+    defaults = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}[n.op]
+    n.require("activations", lambda v: v is None or [a.decode() if isinstance(a, bytes) else a for a in v]
+              == defaults, f"the default activations {defaults}")
+    if n.op == "GRU":
+        n.require("linear_before_reset", lambda v: v == 1, "linear_before_reset=1 (PyTorch's GRU; ONNX's default "
+                  "form is not supported yet)", 0)
+    for k, what in ((4, "sequence_lens"), (5, "initial_h"), (6, "initial_c"), (7, "P (peepholes)")):
+        if n.has_input(k) and not (k in (5, 6) and n.inputs[k] in g.constants and not g.constants[n.inputs[k]].any()):
+            raise ConfigError(f"{n.where}: input {what} is not supported; leafpy's recurrent layers run whole "
+                              "sequences from a zero state")
+    used = n.used_outputs(g)
+    if len(used) != 1 or used[0] > 1:
+        raise ConfigError(f"{n.where}: outputs {[n.outputs[k] for k in used]}: leafpy's {n.op} gives either every "
+                          "step's output (Y) or the last (Y_h), one of them")
+    x = g.time_major[g.resolve(n.inputs[0])][0] if layout == 0 else g.blob(n, 0)
+    w, r, b = g.const(n, 1, "W"), g.const(n, 2, "R"), g.const(n, 3, "B")
+    assert w is not None and r is not None
+    hidden = int(n.attr("hidden_size", r.shape[-1]))
+    order = GATES_FROM_ONNX[n.op]
+    w_ih, w_hh = reorder_gates(w[0], order), reorder_gates(r[0], order)
+    gh = w_ih.shape[0]
+    bias = np.zeros(2 * gh, np.float32) if b is None else b[0]
+    b_ih, b_hh = reorder_gates(bias[:gh], order), reorder_gates(bias[gh:], order)
+    weights = {"weight_ih": w_ih, "weight_hh": w_hh}
+    if n.op == "GRU":
+        weights.update(bias_ih=b_ih, bias_hh=b_hh)
+    else:
+        weights["bias"] = b_ih + b_hh
+    config_class = {"LSTM": LSTMConfig, "GRU": GRUConfig, "RNN": RNNConfig}[n.op]
+    cfg = config_class(hidden_size=hidden, return_sequences=used[0] == 0)
+    seq = f"{n.outputs[used[0]]}:{n.op}"
+    g.add(n, cfg, [x], [seq], weights=weights)
+    if layout == 0:  # read back through Squeeze (and Transpose): see squeeze() and transpose()
+        g.time_major[n.outputs[used[0]]] = (seq, "Y" if used[0] == 0 else "Y_h")
+        return
+    shape = g.shape(seq)  # [N, T, H] or [N, H]: ONNX's layout 1 has a directions axis before H
+    g.add(n, ReshapeConfig(shape=(*shape[:-1], 1, shape[-1])), [seq], [n.outputs[used[0]]], suffix="_directions")
+
+
+def _time_major_input(g: Graph, n: Node) -> bool:
+    name = g.resolve(n.inputs[0]) if n.inputs else ""
+    return g.time_major.get(name, ("", ""))[1] == "x"
+
+
+def _axes(g: Graph, n: Node) -> list[int] | None:
+    given = g.const(n, 1, "axes")
+    axes = given.tolist() if given is not None else n.attr("axes")
+    return None if axes is None else [int(a) for a in axes]
+
+
+@op("Transpose", attributes=("perm",))
+def transpose(g: Graph, n: Node) -> None:
+    """Only the swaps of batch and time around a layout-0 recurrent layer (leafpy keeps sequences batch-first)."""
+    name = g.resolve(n.inputs[0])
+    perm = list(n.attr("perm") or [])
+    held = g.time_major.get(name)
+    if perm == [1, 0, 2] and held is not None and held[1] == "steps":
+        g.alias[n.outputs[0]] = held[0]
+        return
+    if perm == [1, 0, 2] and held is None and len(g.shape(g.blob(n, 0))) == 3:
+        g.time_major[n.outputs[0]] = (name, "x")
+        return
+    raise n.refuse("perm", perm, "[1, 0, 2] between a batch-first sequence and a layout-0 LSTM, GRU or RNN "
+                   "(other transposes are not supported yet)")
+
+
+@op("Squeeze", "Unsqueeze", attributes=("axes",))
+def squeeze(g: Graph, n: Node) -> None:
+    """A recurrent layer's time-major output brought back, or a Reshape that leaves the batch axis alone."""
+    name = g.resolve(n.inputs[0])
+    axes = _axes(g, n)
+    held = g.time_major.get(name)
+    if held is not None and n.op == "Squeeze":
+        if held[1] == "Y_h" and axes == [0]:
+            g.alias[n.outputs[0]] = held[0]
+            return
+        if held[1] == "Y" and axes == [1]:
+            g.time_major[n.outputs[0]] = (held[0], "steps")
+            return
+    x = g.blob(n, 0)
+    shape = list(g.shape(x))
+    if axes is None or any(a % (len(shape) + (n.op == "Unsqueeze") * len(axes)) == 0 for a in axes):
+        raise n.refuse("axes", axes, "axes after the batch axis (0)")
+    if n.op == "Squeeze":
+        rank = len(shape)
+        out = [d for i, d in enumerate(shape) if i not in {a % rank for a in axes}]
+    else:
+        rank = len(shape) + len(axes)
+        out = shape[:]
+        for a in sorted(a % rank for a in axes):
+            out.insert(a, 1)
+    if math.prod(out) != math.prod(shape):
+        raise n.refuse("axes", axes, "axes of size 1")
+    g.add(n, ReshapeConfig(shape=tuple(out)), [x], [n.outputs[0]])
+
+
+def _loss_checks(g: Graph, n: Node) -> None:
+    n.require("reduction", lambda v: v == "mean", "reduction=mean (sum and none are not supported yet)", "mean")
+    n.require("ignore_index", lambda v: v is None, "no ignore_index (not supported yet)")
+    if n.has_input(2):
+        raise ConfigError(f"{n.where}: class weights (input 2) are not supported yet")
+    if len(n.used_outputs(g)) > 1:
+        raise ConfigError(f"{n.where}: the log_prob output is not supported; leafpy's loss gives the loss alone")
+
+
+@op("NegativeLogLikelihoodLoss", attributes=("reduction", "ignore_index"))
+def nll(g: Graph, n: Node) -> None:
+    _loss_checks(g, n)
+    x, labels = g.blob(n, 0), g.blob(n, 1)
+    if len(g.shape(x)) != 2:
+        raise ConfigError(f"{n.where}: input of shape {g.shape(x)}: leafpy's NegativeLogLikelihood takes [N, C]")
+    g.add(n, NegativeLogLikelihoodConfig(num_classes=g.shape(x)[1]), [x, labels], [n.outputs[0]])
+
+
+@op("SoftmaxCrossEntropyLoss", attributes=("reduction", "ignore_index"))
+def softmax_cross_entropy(g: Graph, n: Node) -> None:
+    _loss_checks(g, n)
+    x, labels = g.blob(n, 0), g.blob(n, 1)
+    if len(g.shape(x)) != 2:
+        raise ConfigError(f"{n.where}: scores of shape {g.shape(x)}: leafpy's loss takes [N, C]")
+    logp = f"{n.outputs[0]}:log_prob"
+    g.add(n, "LogSoftmax", [x], [logp], suffix="_log_softmax")
+    g.add(n, NegativeLogLikelihoodConfig(num_classes=g.shape(x)[1]), [logp, labels], [n.outputs[0]])
+
+
+@op("Constant", attributes=("value", "value_float", "value_floats", "value_int", "value_ints"))
+def constant(g: Graph, n: Node) -> None:
+    if "value" in n.attrs:
+        g.constants[n.outputs[0]] = to_array(next(a.t for a in n.proto.attribute if a.name == "value"))
+        return
+    for key, dtype in (("value_float", np.float32), ("value_floats", np.float32), ("value_int", np.int64),
+                       ("value_ints", np.int64)):
+        if key in n.attrs:
+            g.constants[n.outputs[0]] = np.asarray(n.attrs[key], dtype)
+            return
+    raise ConfigError(f"{n.where}: a Constant without a value leafpy reads (value, value_float(s), value_int(s))")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the graph
+# ----------------------------------------------------------------------------------------------------------------
+def _input_shape(vi: Any, batch_size: int) -> tuple[int, ...]:
+    dims = vi.type.tensor_type.shape.dim
+    shape = []
+    for i, d in enumerate(dims):
+        if d.HasField("dim_value") and d.dim_value > 0:
+            shape.append(int(d.dim_value))
+        elif i == 0:
+            shape.append(batch_size)
+        else:
+            raise ConfigError(f"ONNX graph input {vi.name!r}: dimension {i} is {d.dim_param or 'unknown'}; leafpy "
+                              "needs a fixed size for every dimension but the batch (the first)")
+    if not shape:
+        raise ConfigError(f"ONNX graph input {vi.name!r}: a scalar or a shape left unknown; leafpy needs [N, ...]")
+    return tuple(shape)
+
+
+def convert(model: Any, *, batch_size: int = 1, feeds: dict[str, np.ndarray] | None = None,
+            name: str = "onnx") -> tuple[LayerConfig, dict[str, np.ndarray]]:
+    """The network of ``model`` as a Sequential LayerConfig named ``name`` and its weights by name.
+    ``feeds``: values of graph inputs known now (used where an operator needs a constant, as the ONNX backend
+    tests give weights as inputs; the inputs read as data stay the network's inputs, with the feeds' shapes)."""
+    feeds = feeds or {}
+    graph = model.graph
+    constants = {t.name: to_array(t) for t in graph.initializer}
+    g = Graph(model, constants, batch_size, frozenset(feeds))
+    for vi in graph.input:
+        if vi.name in constants:
+            continue
+        if not vi.type.HasField("tensor_type"):
+            raise ConfigError(f"ONNX graph input {vi.name!r}: a {vi.type.WhichOneof('value') or 'value of no type'}; "
+                              "leafpy's networks take tensors")
+        if vi.name in feeds:
+            g.constants[vi.name] = np.asarray(feeds[vi.name])
+            g.input_shapes[vi.name] = tuple(np.shape(feeds[vi.name])) or (1,)
+        else:
+            g.input_shapes[vi.name] = _input_shape(vi, batch_size)
+    for node in graph.node:
+        for i in node.input:
+            g.readers[i] = g.readers.get(i, 0) + 1
+    for i, proto in enumerate(graph.node):
+        node = Node(proto, i)
+        if _fold(g, node):
+            continue
+        entry = OPS.get(node.op) if proto.domain in ("", "ai.onnx") else None
+        if entry is None:
+            raise ConfigError(f"{node.where}: operator {proto.domain + '.' if proto.domain else ''}{node.op} is not "
+                              f"supported; leafpy imports: {', '.join(supported_operators())}")
+        for a in node.attrs:
+            if a not in entry.attributes:
+                raise ConfigError(f"{node.where}: attribute {a!r} is not supported; leafpy reads "
+                                  f"{', '.join(entry.attributes) or 'no attributes'} for {node.op}")
+        entry.convert(g, node)
+    _finish_outputs(g)
+    if not g.used_inputs:
+        raise ConfigError("ONNX graph: no computed input reaches a layer; leafpy needs a network with an input")
+    seq = SequentialConfig(inputs=[(i, g.input_shapes[i]) for i in g.used_inputs])
+    for lc in g.layers:
+        seq.add_layer(lc)
+    return LayerConfig(name, seq), g.weights
+
+
+FOLDED = frozenset({"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Expand", "Reshape", "Cast", "Slice",
+                    "Add", "Sub", "Mul", "Div", "ConstantOfShape", "Range", "Transpose", "Identity", "Equal", "Where",
+                    "Size", "Neg", "Sqrt"})
+"""Operators computed at import when their inputs are constants (the shape arithmetic exporters write, such as the
+zero initial states of a recurrent layer expanded to the batch)."""
+
+
+def _fold(g: Graph, n: Node) -> bool:
+    """Compute ``n`` now when every input is a constant of the model (not a run-time input), or when it is Shape
+    of a blob (whose shape is known: the batch as declared). True where it did."""
+    names = [g.resolve(i) for i in n.inputs if i]
+    held = g.time_major.get(names[0]) if names else None
+    if n.op == "Shape" and names and (names[0] in g.shapes or (held is not None and held[1] == "x")):
+        shape = np.array(g.shapes[names[0]] if held is None else np.array(g.shapes[held[0]])[[1, 0, 2]], np.int64)
+        g.constants[n.outputs[0]] = shape[n.attr("start", 0):n.attr("end", len(shape))]
+        return True
+    if n.op not in FOLDED or not names or any(i not in g.constants or i in g.feeds for i in names):
+        return False
+    onnx = require_onnx()
+    from onnx.reference import ReferenceEvaluator
+
+    h = onnx.helper
+    values = {i: g.constants[i] for i in names}
+    inputs = [h.make_tensor_value_info(i, h.np_dtype_to_tensor_dtype(v.dtype), v.shape) for i, v in values.items()]
+    proto = onnx.NodeProto()
+    proto.CopyFrom(n.proto)
+    proto.ClearField("input")
+    proto.input.extend([g.resolve(i) if i else "" for i in n.inputs])
+    model = h.make_model(h.make_graph([proto], "fold", inputs, [h.make_value_info(o, onnx.TypeProto())
+                                                                 for o in n.outputs if o]),
+                         opset_imports=list(g.model.opset_import))
+    try:
+        results = ReferenceEvaluator(model).run(None, values)
+    except Exception as e:  # onnx's evaluator raises anything; the node is what failed
+        raise ConfigError(f"{n.where}: computing it from its constant inputs failed: {e}") from None
+    for o, v in zip([o for o in n.outputs if o], results):
+        g.constants[o] = np.asarray(v)
+    return True
+
+
+def _finish_outputs(g: Graph) -> None:
+    """The Sequential's outputs are its last layer's: make them the graph's outputs, adding an identity layer
+    (Dropout with ratio 0) where the graph's one output is another blob."""
+    wanted = [g.resolve(o.name) for o in g.model.graph.output]
+    last = list(g.layers[-1].outputs) if g.layers else []
+    if wanted == last:
+        return
+    if len(wanted) != 1:
+        raise ConfigError(f"ONNX graph outputs {[o.name for o in g.model.graph.output]}: a leafpy network gives its "
+                          f"last layer's outputs ({last}); several outputs must come from the last node")
+    fake = Node(require_onnx().helper.make_node("Identity", [wanted[0]], [wanted[0] + ":out"],
+                                                name=f"{g.model.graph.output[0].name}_output"), 0)
+    src = g.blob(fake, 0)
+    g.add(fake, DropoutConfig(ratio=0.0), [src], [fake.outputs[0]])

@@ -1,0 +1,86 @@
+"""Writes the PyTorch-exported ONNX models beside this script, with inputs and PyTorch's outputs (run once, by
+hand; the test suite reads the files and never imports torch):
+
+    pip install torch==2.13.0 onnxscript && python tests/data/onnx/make_torch_models.py
+
+- torch_resnet.onnx: a small ResNet-style network (convolution, BatchNorm, ReLU, a residual sum, max pooling,
+  global average pooling, a linear classifier), in inference mode;
+- torch_lstm_text.onnx: an Embedding + batch-first LSTM text classifier reading the last step.
+Each NAME.onnx has NAME.npz beside it with x (the input) and y (PyTorch's output).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+HERE = Path(__file__).resolve().parent
+
+
+class Block(nn.Module):
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(y)) + x)
+
+
+class ResNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2))
+        self.block1, self.block2 = Block(8), Block(8)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.block2(self.block1(self.stem(x)))
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+class TextLSTM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(50, 8)
+        self.lstm = nn.LSTM(8, 12, batch_first=True)
+        self.fc = nn.Linear(12, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        y, _ = self.lstm(self.emb(ids))
+        return torch.log_softmax(self.fc(y[:, -1]), dim=1)
+
+
+def _randomize_statistics(model: nn.Module, gen: torch.Generator) -> None:
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.copy_(torch.randn(m.num_features, generator=gen) * 0.1)
+            m.running_var.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
+
+
+def write(name: str, model: nn.Module, x: torch.Tensor) -> None:
+    model.eval()
+    with torch.no_grad():
+        y = model(x)
+    torch.onnx.export(model, (x,), str(HERE / f"{name}.onnx"), input_names=["x"], output_names=["y"],
+                      dynamo=False, opset_version=17)
+    np.savez(HERE / f"{name}.npz", x=x.numpy(), y=y.numpy())
+
+
+def main() -> None:
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    resnet = ResNet()
+    with torch.no_grad():
+        _randomize_statistics(resnet, gen)
+    write("torch_resnet", resnet, torch.randn(2, 3, 16, 16, generator=gen))
+    write("torch_lstm_text", TextLSTM(), torch.randint(0, 50, (3, 7), generator=gen))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""ONNX import as a user meets it: a model written by hand with onnx's helper API, read through ``leafpy summary``,
+``leafpy convert`` (both ways) and ``leafpy predict``; weights in leafpy's layouts; what leafpy cannot compute
+refused naming the node, the operator and the attribute; damaged files refused clearly."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import leafpy as lp
+
+onnx = pytest.importorskip("onnx", reason="ONNX import tests need the onnx package (pip install 'leafpy-dl[onnx]')")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def leafpy(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "leafpy", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def _init(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> TensorProto:
+    return numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name)
+
+
+def small_cnn(rng: np.random.Generator) -> onnx.ModelProto:
+    """Conv -> BatchNormalization -> Relu -> MaxPool -> Flatten -> Gemm (transB=0, alpha) -> LogSoftmax, batch open."""
+    inits = [_init(rng, "w", (4, 1, 3, 3)), _init(rng, "b", (4,)), _init(rng, "fc_w", (4 * 3 * 3, 5)),
+             _init(rng, "fc_b", (5,)), _init(rng, "scale", (4,)), _init(rng, "shift", (4,)),
+             _init(rng, "mean", (4,)), numpy_helper.from_array(rng.uniform(0.5, 2, 4).astype(np.float32), "var")]
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv1", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "scale", "shift", "mean", "var"], ["n"], name="bn1",
+                         epsilon=1e-3, momentum=0.8),
+        helper.make_node("Relu", ["n"], ["r"], name="relu1"),
+        helper.make_node("MaxPool", ["r"], ["p"], name="pool1", kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Flatten", ["p"], ["f"], name="flat"),
+        helper.make_node("Gemm", ["f", "fc_w", "fc_b"], ["g"], name="fc", alpha=0.5, beta=2.0),
+        helper.make_node("LogSoftmax", ["g"], ["y"], name="logsm", axis=1),
+    ]
+    graph = helper.make_graph(nodes, "small_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                 ["batch", 1, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 5])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def reference(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    from onnx.reference import ReferenceEvaluator
+
+    return ReferenceEvaluator(model).run(None, {"x": x})[0]
+
+
+def test_a_hand_made_model_goes_through_summary_convert_and_predict(tmp_path):
+    rng = np.random.default_rng(0)
+    model = small_cnn(rng)
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    x = rng.normal(size=(7, 1, 6, 6)).astype(np.float32)
+    np.savez(tmp_path / "x.npz", x=x)
+    want = reference(model, x)
+
+    p = leafpy(tmp_path, "summary", "model.onnx")
+    assert p.returncode == 0, p.stderr
+    for name in ("conv1", "bn1", "pool1", "fc", "logsm"):
+        assert name in p.stdout
+    p = leafpy(tmp_path, "predict", "model.onnx", "--input", "x.npz", "--out", "pred.npz")
+    assert p.returncode == 0, p.stderr
+    np.testing.assert_allclose(np.load(tmp_path / "pred.npz")["outputs"], want, atol=1e-5)
+    assert "predicted classes" in p.stdout
+
+    p = leafpy(tmp_path, "convert", "model.onnx", "model.leaf")
+    assert p.returncode == 0, p.stderr
+    net = lp.Layer.load(lp.backend("native"), str(tmp_path / "model.leaf"))
+    net.set_training(False)
+    np.testing.assert_allclose(net.forward([x])[0].to_numpy(), want, atol=1e-5)
+
+    p = leafpy(tmp_path, "convert", "model.leaf", "back.onnx", "--opset", "20")
+    assert p.returncode == 0, p.stderr
+    back = onnx.load(str(tmp_path / "back.onnx"))
+    assert back.opset_import[0].version == 20
+    np.testing.assert_allclose(reference(back, x), want, atol=1e-5)
+
+
+def test_an_imported_model_trains_gradients_reach_its_weights():
+    net = lp.onnx.load(small_cnn(np.random.default_rng(1)))
+    x = np.random.default_rng(2).normal(size=(3, 1, 6, 6)).astype(np.float32)
+    out = net.forward([x])[0]
+    net.backward([np.ones(out.shape, np.float32)])
+    grads = dict(zip(net.learnable_weights_names(), net.learnable_weights_gradients()))
+    for name in ("conv1/weight", "conv1/bias", "bn1/weight", "fc/weight", "fc/bias"):
+        assert float(np.abs(grads[name].to_numpy()).sum()) > 0, name
+
+
+def test_batch_norm_momentum_and_gemm_layout_are_translated():
+    net = lp.onnx.load(small_cnn(np.random.default_rng(3)))
+    bn = next(layer for layer in net.layers if layer.name == "bn1")
+    assert abs(bn.config.config.momentum - 0.2) < 1e-7 and abs(bn.config.config.eps - 1e-3) < 1e-9
+    assert dict(zip(net.learnable_weights_names(), net.learnable_weights_data()))["fc/weight"].shape == (5, 36)
+
+
+def _one_node(node, inputs, outputs, inits=(), opset=17):
+    graph = helper.make_graph([node], "g", inputs, outputs, list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def test_matmul_by_a_constant_is_a_linear_layer_per_time_step():
+    rng = np.random.default_rng(4)
+    w = rng.normal(size=(3, 2)).astype(np.float32)
+    model = _one_node(helper.make_node("MatMul", ["x", "w"], ["y"], name="proj"),
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4, 3])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4, 2])],
+                      [numpy_helper.from_array(w, "w")])
+    x = rng.normal(size=(5, 4, 3)).astype(np.float32)
+    net = lp.onnx.load(model)
+    np.testing.assert_allclose(net.forward([x])[0].to_numpy(), x @ w, atol=1e-5)
+
+
+@pytest.mark.parametrize("attrs, attribute", [({"group": 2}, "group=2"), ({"dilations": [2, 2]}, "dilations"),
+                                              ({"pads": [0, 0, 1, 1]}, "pads")])
+def test_an_attribute_leafpy_cannot_compute_is_a_config_error_naming_node_operator_attribute(attrs, attribute):
+    w = numpy_helper.from_array(np.ones((4, 1, 3, 3), np.float32), "w")
+    model = _one_node(helper.make_node("Conv", ["x", "w"], ["y"], name="dw", kernel_shape=[3, 3], **attrs),
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 8, 8])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    with pytest.raises(lp.ConfigError, match=rf"ONNX node 'dw' \(Conv\): {attribute}.*leafpy supports"):
+        lp.onnx.load(model)
+
+
+def test_an_operator_leafpy_lacks_is_named_with_the_ones_it_has(tmp_path):
+    model = _one_node(helper.make_node("Cos", ["x"], ["y"], name="t"),
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    onnx.save(model, str(tmp_path / "t.onnx"))
+    p = leafpy(tmp_path, "summary", "t.onnx")
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert "ONNX node 't' (Cos): operator Cos is not supported" in p.stderr and "Conv" in p.stderr
+
+
+def test_truncated_and_external_data_files_are_serialization_errors(tmp_path):
+    data = small_cnn(np.random.default_rng(5)).SerializeToString()
+    (tmp_path / "cut.onnx").write_bytes(data[: len(data) // 2])
+    with pytest.raises(lp.SerializationError, match="cut.onnx"):
+        lp.onnx.load(str(tmp_path / "cut.onnx"))
+    model = small_cnn(np.random.default_rng(5))
+    onnx.save_model(model, str(tmp_path / "ext.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="ext.data", size_threshold=0)
+    with pytest.raises(lp.SerializationError, match="external file"):
+        lp.onnx.load(str(tmp_path / "ext.onnx"))
+
+
+def test_a_tensor_larger_than_its_data_is_refused():
+    model = small_cnn(np.random.default_rng(6))
+    model.graph.initializer[0].dims[0] = 10**9
+    with pytest.raises(lp.SerializationError, match="declares shape"):
+        lp.onnx.load(model)
+
+
+def test_import_leafpy_does_not_import_onnx():
+    code = "import sys, leafpy; leafpy.onnx; print('onnx' in sys.modules)"
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.stdout.strip() == "False", p.stderr
+
+
+def test_a_transpose_other_than_around_a_recurrent_layer_is_refused_naming_perm():
+    model = _one_node(helper.make_node("Transpose", ["x"], ["y"], name="t", perm=[0, 2, 1]),
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    with pytest.raises(lp.ConfigError, match=r"ONNX node 't' \(Transpose\): perm=\[0, 2, 1\] is not supported"):
+        lp.onnx.load(model)
+
+
+DATA = ROOT / "tests" / "data" / "onnx"
+
+
+@pytest.mark.parametrize("name", ["torch_resnet", "torch_lstm_text"])
+def test_models_pytorch_exported_import_and_match_pytorch_within_1e_4(name):
+    """Written by tests/data/onnx/make_torch_models.py (torch.onnx.export, opset 17); PyTorch's outputs beside."""
+    saved = np.load(DATA / f"{name}.npz")
+    net = lp.onnx.load(str(DATA / f"{name}.onnx"))
+    net.set_training(False)
+    x = saved["x"].astype(np.float32)
+    np.testing.assert_allclose(net.forward([x])[0].to_numpy(), saved["y"], atol=1e-4)
+    double = np.concatenate([x, x])  # the batch the file was written with is not the only one
+    np.testing.assert_allclose(net.forward([double])[0].to_numpy()[len(x):], saved["y"], atol=1e-4)
+
+
+def test_a_pytorch_model_through_summary_and_predict(tmp_path):
+    saved = np.load(DATA / "torch_resnet.npz")
+    np.savez(tmp_path / "x.npz", x=saved["x"])
+    p = leafpy(tmp_path, "summary", str(DATA / "torch_resnet.onnx"))
+    assert p.returncode == 0 and "Eltwise" in p.stdout, p.stderr
+    p = leafpy(tmp_path, "predict", str(DATA / "torch_resnet.onnx"), "--input", "x.npz", "--out", "p.npz")
+    assert p.returncode == 0, p.stderr
+    np.testing.assert_allclose(np.load(tmp_path / "p.npz")["outputs"], saved["y"], atol=1e-4)
+
+
+def test_a_trained_run_exports_and_its_onnx_model_evaluates_and_fine_tunes_as_its_model_leaf(tmp_path):
+    run_file = str(ROOT / "configs" / "digits_mlp.yaml")
+    p = leafpy(tmp_path, "train", run_file, "--epochs", "1", "--out", "run")
+    assert p.returncode == 0, p.stderr
+    p = leafpy(tmp_path, "convert", "run", "run/model.onnx")
+    assert p.returncode == 0, p.stderr
+    leaf, onnx_file = leafpy(tmp_path, "evaluate", "run"), leafpy(tmp_path, "evaluate", "run/model.onnx")
+    assert leaf.returncode == 0 and onnx_file.returncode == 0, onnx_file.stderr
+    score = [line for line in leaf.stdout.splitlines() if line.startswith("held-out")]
+    assert score and score == [line for line in onnx_file.stdout.splitlines() if line.startswith("held-out")]
+    p = leafpy(tmp_path, "train", run_file, "--epochs", "1", "--out", "tuned", "--weights", "run/model.onnx")
+    assert p.returncode == 0, p.stderr
+    assert "starting from the weights in run/model.onnx" in p.stdout + p.stderr
+
+
+def test_the_test_backend_rebuilds_when_run_time_weights_change():
+    import leafpy.onnx.backend as backend
+
+    model = _one_node(helper.make_node("Gemm", ["x", "w"], ["y"], name="fc"),
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+                       helper.make_tensor_value_info("w", TensorProto.FLOAT, [3, 4])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    rep = backend.prepare(model)
+    x = np.ones((2, 3), np.float32)
+    for scale in (1.0, 2.0):
+        w = np.arange(12, dtype=np.float32).reshape(3, 4) * scale
+        np.testing.assert_allclose(rep.run([x, w])[0], x @ w, rtol=1e-6)
+
+
+def test_a_fifo_or_a_directory_named_onnx_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "pipe.onnx"
+    os.mkfifo(fifo)
+    (tmp_path / "dir.onnx").mkdir()
+    for path, words in ((fifo, "a FIFO, not a regular file"), (tmp_path / "dir.onnx", "a directory")):
+        p = leafpy(tmp_path, "summary", str(path))
+        assert p.returncode == 1 and words in p.stderr and "Traceback" not in p.stderr, p.stderr
