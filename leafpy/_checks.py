@@ -196,6 +196,16 @@ def open_regular(path: str, what: str, error: type[Exception] = ConfigError) -> 
         raise
 
 
+def regular_file(path: str, what: str, error: type[Exception] = ConfigError) -> None:
+    """Refuse, before anything opens it, a path that is missing, a loop of symbolic links or not a regular file
+    (see :func:`open_regular`), with ``error`` naming it and ``what`` to give instead."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise error(f"{path}: cannot read: {e.strerror or e}; give {what}") from None
+    _refuse_special(mode, path, what, error)
+
+
 def _refuse_special(mode: int, path: str, what: str, error: type[Exception]) -> None:
     if not stat.S_ISREG(mode):
         kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else \

@@ -18,7 +18,6 @@ import dataclasses
 import io
 import os
 import signal
-import stat
 import sys
 import time
 from collections.abc import Sequence
@@ -26,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__
+from . import __version__, _checks
 from . import config as run_config
 from . import data as datasets
 from ._run_lock import RunLock
@@ -620,7 +619,8 @@ def summary_cmd(args: argparse.Namespace) -> int:
     be = get_backend("native")
     target = args.config
     if target.endswith((".onnx", ".leaf")) and not os.path.isdir(target):
-        _regular_file(target, "a model (.leaf or .onnx), a checkpoint.leaf, a run file or a run directory")
+        _checks.regular_file(target, "a model (.leaf or .onnx), a checkpoint.leaf, a run file or a run directory",
+                             LeafpyError)
         net = _model_from(target, be)
         _out(f"{target}: network '{net.name}' (with its saved weights)")
     else:
@@ -638,17 +638,6 @@ def summary_cmd(args: argparse.Namespace) -> int:
         _out(f"(a bare {net.config.type} layer declares no input: its output shape and its weights, set from the "
              "file, are made on its first forward pass)")
     return 0
-
-
-def _regular_file(path: str, what: str) -> None:
-    """Refuse, before anything opens it, a path that is missing, a loop of symbolic links or not a regular file (a
-    FIFO would block the open)."""
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        raise LeafpyError(f"{path}: cannot read: {e.strerror or e}; give {what}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise LeafpyError(f"{path}: not a regular file (a FIFO, a device or a socket); give {what}")
 
 
 def _model_from(path: str, be: Any) -> Layer:
