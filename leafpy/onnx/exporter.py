@@ -1,11 +1,12 @@
 """A leafpy network -> an ONNX model: one entry of :data:`EMITTERS` per layer type, writing the ONNX nodes that
 compute what the layer computes (checked in onnxruntime against the native backend, tests/test_onnx_export.py).
 
-Where ONNX's operator differs from leafpy's layer the entry bridges it: AveragePool with count_include_pad=1
-(leafpy counts the padding), BatchNormalization's momentum as 1 minus leafpy's, SiLU as Sigmoid·Mul below opset 24,
-recurrent layers in ONNX's layout 0 with Transposes around them and the gates reordered (LSTM ifgo -> iofc, GRU
-rzn -> zrh, with linear_before_reset=1, PyTorch's form, which leafpy's GRU is), Reshape with 0 for the batch entry,
-the batch dimension of every input left open ("N").
+Where ONNX's operator differs from leafpy's layer the entry bridges it: AveragePool's count_include_pad always
+written (ONNX's default excludes the padding; leafpy's default counts it), BatchNormalization's momentum as 1 minus
+leafpy's, SiLU as Sigmoid·Mul below opset 24, recurrent layers in ONNX's layout 0 with Transposes around them and
+the gates reordered (LSTM ifgo -> iofc, GRU rzn -> zrh, with linear_before_reset=1, PyTorch's form, which leafpy's
+GRU is), Reshape with 0 for the batch entry, the batch dimension of every input left open ("N"). Deconvolution is
+ConvTranspose (the same weight layout), global pooling GlobalMaxPool/GlobalAveragePool.
 """
 
 from __future__ import annotations
@@ -76,23 +77,48 @@ def input_shape(layer: Layer, k: int = 0) -> tuple[int, ...]:
     return tuple(layer.inputs[k].shape)
 
 
-@emits("Convolution")
-def _conv(e: Emitter, layer: Layer, ins: list[str], outs: list[str]) -> None:
-    c, w = layer.config.config, weights_of(layer)
-    args = [ins[0], e.const(f"{layer.name}/weight", w["weight"])]
+def _window_attrs(c: Any) -> dict[str, Any]:
+    """kernel_shape, strides and pads ([begin..., end...]: ``padding`` and ``pad_end``) of a window layer."""
+    return dict(kernel_shape=list(c.filter_shape), strides=list(c.stride),
+                pads=list(c.padding) + list(c.pad_end or c.padding))
+
+
+def _with_weights(e: Emitter, layer: Layer, x: str) -> list[str]:
+    w = weights_of(layer)
+    args = [x, e.const(f"{layer.name}/weight", w["weight"])]
     if "bias" in w:
         args.append(e.const(f"{layer.name}/bias", w["bias"]))
-    e.node("Conv", args, outs, name=layer.name, kernel_shape=list(c.filter_shape), strides=list(c.stride),
-           pads=list(c.padding) * 2)
+    return args
+
+
+@emits("Convolution")
+def _conv(e: Emitter, layer: Layer, ins: list[str], outs: list[str]) -> None:
+    c = layer.config.config
+    e.node("Conv", _with_weights(e, layer, ins[0]), outs, name=layer.name, dilations=list(c.dilation),
+           group=c.group, **_window_attrs(c))
+
+
+@emits("Deconvolution")
+def _deconv(e: Emitter, layer: Layer, ins: list[str], outs: list[str]) -> None:
+    """ConvTranspose: the same weight layout [C, num_output / group, kh, kw]."""
+    c = layer.config.config
+    e.node("ConvTranspose", _with_weights(e, layer, ins[0]), outs, name=layer.name, dilations=list(c.dilation),
+           group=c.group, output_padding=list(c.output_padding), **_window_attrs(c))
 
 
 @emits("Pooling")
 def _pool(e: Emitter, layer: Layer, ins: list[str], outs: list[str]) -> None:
     c = layer.config.config
-    attrs: dict[str, Any] = dict(kernel_shape=list(c.filter_shape), strides=list(c.stride), pads=list(c.padding) * 2)
-    if c.mode == "average":
-        attrs["count_include_pad"] = 1  # leafpy counts the padding in each window's divisor
-    e.node("MaxPool" if c.mode == "max" else "AveragePool", ins, outs, name=layer.name, **attrs)
+    op = "MaxPool" if c.mode == "max" else "AveragePool"
+    if c.global_pooling:
+        e.node(f"Global{op}", ins, outs, name=layer.name)
+        return
+    attrs = _window_attrs(c)
+    if c.ceil_mode:
+        attrs["ceil_mode"] = 1
+    if c.mode == "average":  # ONNX's default excludes the padding from the divisor; leafpy's counts it
+        attrs["count_include_pad"] = int(c.count_include_pad)
+    e.node(op, ins, outs, name=layer.name, **attrs)
 
 
 @emits("Linear")
@@ -141,9 +167,12 @@ def _simple(op: str, **fixed: Any) -> Emit:
 emits("ReLU")(_simple("Relu"))
 emits("Sigmoid")(_simple("Sigmoid"))
 emits("TanH")(_simple("Tanh"))
-emits("Flatten")(_simple("Flatten", axis=1))
-emits("Softmax")(_simple("Softmax", axis=1))
-emits("LogSoftmax")(_simple("LogSoftmax", axis=1))
+
+
+@emits("Flatten", "Softmax", "LogSoftmax")
+def _on_axis(e: Emitter, layer: Layer, ins: list[str], outs: list[str]) -> None:
+    """ONNX's own operator on the layer's axis (from opset 13 Softmax and LogSoftmax take one axis, as leafpy)."""
+    e.node(layer.config.type, ins, outs, name=layer.name, axis=layer.config.config.axis)
 
 
 @emits("LeakyReLU")
