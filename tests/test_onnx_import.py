@@ -121,11 +121,12 @@ def test_matmul_by_a_constant_is_a_linear_layer_per_time_step():
     np.testing.assert_allclose(net.forward([x])[0].to_numpy(), x @ w, atol=1e-5)
 
 
-@pytest.mark.parametrize("attrs, attribute", [({"group": 2}, "group=2"), ({"dilations": [2, 2]}, "dilations"),
-                                              ({"pads": [0, 0, 1, 1]}, "pads")])
+@pytest.mark.parametrize("attrs, attribute", [({"auto_pad": "SAME_MIDDLE"}, "auto_pad='SAME_MIDDLE'"),
+                                              ({"pads": [0, 0, -1, 1]}, "pads"), ({"pads": [1, 1]}, "pads")])
 def test_an_attribute_leafpy_cannot_compute_is_a_config_error_naming_node_operator_attribute(attrs, attribute):
     w = numpy_helper.from_array(np.ones((4, 1, 3, 3), np.float32), "w")
-    model = _one_node(helper.make_node("Conv", ["x", "w"], ["y"], name="dw", kernel_shape=[3, 3], **attrs),
+    model = _one_node(helper.make_node("Conv", ["x", "w"], ["y"], name="dw", kernel_shape=[3, 3], group=2,
+                                        **attrs),
                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 8, 8])],
                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
     with pytest.raises(lp.ConfigError, match=rf"ONNX node 'dw' \(Conv\): {attribute}.*leafpy supports"):
@@ -168,11 +169,90 @@ def test_import_leafpy_does_not_import_onnx():
     assert p.stdout.strip() == "False", p.stderr
 
 
-def test_a_transpose_other_than_around_a_recurrent_layer_is_refused_naming_perm():
-    model = _one_node(helper.make_node("Transpose", ["x"], ["y"], name="t", perm=[0, 2, 1]),
-                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3])],
+def test_a_transpose_other_than_around_a_recurrent_layer_or_of_neighbouring_axes_is_refused_naming_perm():
+    model = _one_node(helper.make_node("Transpose", ["x"], ["y"], name="t", perm=[0, 3, 2, 1]),
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 4])],
                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    with pytest.raises(lp.ConfigError, match=r"ONNX node 't' \(Transpose\): perm=\[0, 2, 1\] is not supported"):
+    with pytest.raises(lp.ConfigError, match=r"ONNX node 't' \(Transpose\): perm=\[0, 3, 2, 1\] is not "
+                       "supported"):
+        lp.onnx.load(model)
+
+
+def _node_case(op, shape, weights=(), opset=17, **attrs):
+    rng = np.random.default_rng(len(op) + len(attrs))
+    inits = [numpy_helper.from_array(rng.normal(0, 0.5, s).astype(np.float32), f"w{i}") for i, s in
+             enumerate(weights)]
+    node = helper.make_node(op, ["x", *[t.name for t in inits]], ["y"], name="n", **attrs)
+    model = _one_node(node, [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits, opset)
+    return model, rng.normal(0, 1, shape).astype(np.float32)
+
+
+WINDOW_AND_AXIS_CASES = {
+    "conv_grouped_dilated_asymmetric": ("Conv", [2, 4, 9, 8], [(6, 2, 3, 2), (6,)],
+                                        dict(group=2, dilations=[2, 1], pads=[1, 0, 2, 1])),
+    "conv_depthwise_same_upper": ("Conv", [2, 4, 8, 8], [(4, 1, 3, 3)], dict(group=4, strides=[2, 2],
+                                                                             auto_pad="SAME_UPPER")),
+    "conv_same_lower": ("Conv", [2, 4, 4, 5], [(3, 4, 2, 2), (3,)], dict(auto_pad="SAME_LOWER")),
+    "conv_valid": ("Conv", [2, 4, 6, 5], [(3, 4, 2, 3)], dict(auto_pad="VALID", strides=[2, 1])),
+    "convtranspose_output_shape": ("ConvTranspose", [2, 4, 4, 4], [(4, 3, 3, 3), (6,)],
+                                   dict(group=2, strides=[2, 2], output_shape=[10, 9])),
+    "convtranspose_same_upper": ("ConvTranspose", [2, 2, 4, 3], [(2, 3, 3, 3)], dict(strides=[2, 2],
+                                                                                     auto_pad="SAME_UPPER")),
+    "convtranspose_pads_output_padding_dilations": ("ConvTranspose", [2, 2, 4, 3], [(2, 2, 3, 2)],
+                                                    dict(strides=[3, 2], pads=[1, 0, 0, 1], output_padding=[2, 1],
+                                                         dilations=[1, 2])),
+    "maxpool_ceil_asymmetric": ("MaxPool", [2, 3, 9, 8], [], dict(kernel_shape=[3, 3], strides=[2, 2],
+                                                                  pads=[1, 0, 0, 1], ceil_mode=1)),
+    "averagepool_same_lower_excluding_pads": ("AveragePool", [2, 3, 5, 4], [], dict(kernel_shape=[2, 2],
+                                                                                    auto_pad="SAME_LOWER")),
+    "averagepool_ceil_counting_pads": ("AveragePool", [2, 3, 5, 4], [], dict(kernel_shape=[3, 3], strides=[2, 2],
+                                                                             pads=[1, 1, 1, 1], ceil_mode=1,
+                                                                             count_include_pad=1)),
+    "globalaveragepool": ("GlobalAveragePool", [2, 3, 5, 4], [], {}),
+    "globalmaxpool": ("GlobalMaxPool", [2, 3, 5, 4], [], {}),
+    "softmax_axis_2": ("Softmax", [2, 3, 4, 5], [], dict(axis=2)),
+    "logsoftmax_axis_last": ("LogSoftmax", [2, 3, 4, 5], [], dict(axis=-1)),
+    "softmax_opset_11_flattened_at_axis_2": ("Softmax", [2, 3, 4, 5], [], dict(axis=2, opset=11)),
+    "logsoftmax_opset_11_one_wide_axis": ("LogSoftmax", [2, 3, 4, 1], [], dict(axis=2, opset=11)),
+    "logsoftmax_opset_11_default_axis": ("LogSoftmax", [2, 3, 4], [], dict(opset=11)),
+    "flatten_axis_2": ("Flatten", [2, 3, 4, 5], [], dict(axis=2)),
+    "flatten_axis_0": ("Flatten", [2, 3, 4], [], dict(axis=0)),
+    "channel_shuffle": ("Transpose", [2, 3, 4, 2, 2], [], dict(perm=[0, 2, 1, 3, 4])),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WINDOW_AND_AXIS_CASES))
+def test_window_and_axis_attributes_import_as_onnx_computes_them(case):
+    op, shape, weights, attrs = WINDOW_AND_AXIS_CASES[case]
+    attrs = dict(attrs)
+    opset = attrs.pop("opset", 17)
+    model, x = _node_case(op, shape, weights, opset, **attrs)
+    net = lp.onnx.load(model)
+    net.set_training(False)
+    # onnxruntime, not onnx's reference evaluator, which computes Softmax with opset 13's single axis at every opset
+    # and ConvTranspose without its group
+    ort = pytest.importorskip("onnxruntime", reason="the imported nodes are checked in onnxruntime")
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = net.forward([x])[0].to_numpy()
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("op, shape, weights, attrs, words", [
+    ("ConvTranspose", [1, 2, 4, 4], [(2, 2, 3, 3)], dict(strides=[2, 2], output_shape=[7, 8]),
+     r"output_shape=\[7, 8\] is not supported; leafpy supports an output_shape at least the computed output"),
+    ("ConvTranspose", [1, 2, 4, 4], [(2, 2, 3, 3)], dict(strides=[2, 2], output_shape=[12, 9]),
+     r"DeconvolutionConfig.*output_padding"),
+    ("Softmax", [2, 3, 4], [], dict(axis=0, opset=11), r"axis=0 is not supported; leafpy supports before opset 13"),
+    ("MaxPool", [1, 2, 6, 6], [], dict(kernel_shape=[2, 2], dilations=[2, 2]), r"dilations=\[2, 2\] is not supported"),
+    ("Conv", [1, 3, 6, 6], [(4, 2, 3, 3)], dict(group=2), r"group 2 read 4 channels; the input has 3"),
+])
+def test_window_and_axis_attributes_leafpy_cannot_compute_are_refused_naming_them(op, shape, weights, attrs, words):
+    attrs = dict(attrs)
+    opset = attrs.pop("opset", 17)
+    model, _ = _node_case(op, shape, weights, opset, **attrs)
+    with pytest.raises(lp.ConfigError, match=rf"ONNX node 'n' \({op}\).*{words}"):
         lp.onnx.load(model)
 
 

@@ -25,15 +25,18 @@ from ..layers import (
     BatchNormConfig,
     ConcatConfig,
     ConvolutionConfig,
+    DeconvolutionConfig,
     DropoutConfig,
     EltwiseConfig,
     ELUConfig,
     EmbeddingConfig,
+    FlattenConfig,
     GELUConfig,
     GRUConfig,
     LayerConfig,
     LeakyReLUConfig,
     LinearConfig,
+    LogSoftmaxConfig,
     LRNConfig,
     LSTMConfig,
     NegativeLogLikelihoodConfig,
@@ -42,6 +45,7 @@ from ..layers import (
     RNNConfig,
     SequentialConfig,
     SliceConfig,
+    SoftmaxConfig,
     SoftplusConfig,
 )
 from ..layers.layer_config import lookup
@@ -220,30 +224,58 @@ def _spatial_input(g: Graph, n: Node) -> tuple[str, tuple[int, ...]]:
     return x, shape
 
 
-def _symmetric_pads(g: Graph, n: Node, shape: tuple[int, ...], kernel: Sequence[int], strides: Sequence[int],
-                    dilations: Sequence[int] = (1, 1)) -> tuple[int, int]:
-    """``pads`` (or ``auto_pad``) as one padding per spatial dimension; asymmetric padding is refused."""
+def _same_pads(n: Node, auto: str, totals: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """auto_pad SAME_UPPER (the odd row or column at the end) or SAME_LOWER (at the start): ``totals`` split into
+    (begin, end) per spatial dimension."""
+    if any(t < 0 for t in totals):
+        raise n.refuse("auto_pad", auto, "SAME_* where the padding it asks for is not negative (here "
+                       f"{list(totals)} rows/columns); NOTSET with pads, VALID")
+    small = tuple(t // 2 for t in totals)
+    large = tuple(t - t // 2 for t in totals)
+    return (small, large) if auto == "SAME_UPPER" else (large, small)
+
+
+def _pads(n: Node, shape: tuple[int, ...], kernel: Sequence[int], strides: Sequence[int],
+          dilations: Sequence[int] = (1, 1)) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``pads`` (or ``auto_pad``, computed from the static input shape) as (padding, pad_end): the rows/columns
+    before and after each spatial dimension."""
     auto = n.attr("auto_pad", "NOTSET")
     if auto in ("SAME_UPPER", "SAME_LOWER"):
-        pads = []
-        for size, k, s, d in zip(shape[2:], kernel, strides, dilations):
-            total = max((math.ceil(size / s) - 1) * s + (k - 1) * d + 1 - size, 0)
-            if total % 2:
-                raise n.refuse("auto_pad", auto, f"SAME_* only where it pads both sides equally (here {total} "
-                               "rows or columns in all: asymmetric padding is not supported yet); NOTSET, VALID")
-            pads.append(total // 2)
-        return pads[0], pads[1]
+        return _same_pads(n, auto, [max((math.ceil(size / s) - 1) * s + (k - 1) * d + 1 - size, 0)
+                                    for size, k, s, d in zip(shape[2:], kernel, strides, dilations)])
     if auto not in ("NOTSET", "VALID"):
         raise n.refuse("auto_pad", auto, "NOTSET, VALID, SAME_UPPER, SAME_LOWER")
-    pads = list(n.attr("pads", [0, 0, 0, 0])) if auto == "NOTSET" else [0, 0, 0, 0]
-    if len(pads) != 4 or pads[:2] != pads[2:]:
-        raise n.refuse("pads", pads, "equal padding at both ends of each dimension ([p_h, p_w, p_h, p_w]); "
-                       "asymmetric padding is not supported yet")
-    return pads[0], pads[1]
+    pads = [int(p) for p in n.attr("pads", [0, 0, 0, 0])] if auto == "NOTSET" else [0, 0, 0, 0]
+    if len(pads) != 4 or min(pads) < 0:
+        raise n.refuse("pads", pads, "four pads [h_begin, w_begin, h_end, w_end], none negative")
+    return tuple(pads[:2]), tuple(pads[2:])
 
 
 def _ones(value: Any) -> bool:
     return value is None or all(v == 1 for v in value)
+
+
+def _config(n: Node, config_class: Any, **fields: Any) -> Any:
+    """``config_class(**fields)``, a value it refuses reported as the node's."""
+    try:
+        return config_class(**fields)
+    except ConfigError as e:
+        raise ConfigError(f"{n.where}: as leafpy's {config_class.__name__}: {e}") from None
+
+
+def _filters(g: Graph, n: Node, group: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Conv's and ConvTranspose's filters (4-D: 2-D images) and optional bias."""
+    w = g.const(n, 1, "filters")
+    assert w is not None  # input 1 is required: g.const raised otherwise
+    if w.ndim != 4:
+        raise ConfigError(f"{n.where}: filters of shape {w.shape}: leafpy convolves 2-D images (4-D filters)")
+    if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+        raise n.refuse("group", group, "a positive group")
+    return w, g.const(n, 2, "bias")
+
+
+def _weights(w: np.ndarray, b: np.ndarray | None) -> dict[str, np.ndarray]:
+    return {"weight": w} if b is None else {"weight": w, "bias": b}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -252,20 +284,54 @@ def _ones(value: Any) -> bool:
 @op("Conv", attributes=("kernel_shape", "strides", "pads", "dilations", "group", "auto_pad"))
 def conv(g: Graph, n: Node) -> None:
     x, shape = _spatial_input(g, n)
-    w = g.const(n, 1, "filters")
-    assert w is not None  # input 1 is required: g.const raised otherwise
-    if w.ndim != 4:
-        raise ConfigError(f"{n.where}: filters of shape {w.shape}: leafpy convolves 2-D images ([M, C, kh, kw])")
-    b = g.const(n, 2, "bias")
-    n.require("group", lambda v: v == 1, "group=1 (grouped and depthwise convolution are not supported yet)", 1)
-    n.require("dilations", _ones, "dilations of 1 (dilated convolution is not supported yet)")
+    group = n.attr("group", 1)
+    w, b = _filters(g, n, group)
+    if w.shape[1] * group != shape[1]:
+        raise ConfigError(f"{n.where}: filters of shape {w.shape} with group {group} read {w.shape[1] * group} "
+                          f"channels; the input has {shape[1]} (shape {shape})")
     kernel = tuple(n.attr("kernel_shape", w.shape[2:]))
     strides = tuple(n.attr("strides", [1, 1]))
-    pads = _symmetric_pads(g, n, shape, kernel, strides)
-    cfg = ConvolutionConfig(num_output=w.shape[0], filter_shape=kernel, stride=strides, padding=pads,
-                            bias=b is not None)
-    weights = {"weight": w} if b is None else {"weight": w, "bias": b}
-    g.add(n, cfg, [x], [n.outputs[0]], weights=weights)
+    dilations = tuple(n.attr("dilations", [1, 1]))
+    begin, end = _pads(n, shape, kernel, strides, dilations)
+    cfg = _config(n, ConvolutionConfig, num_output=w.shape[0], filter_shape=kernel, stride=strides, padding=begin,
+                  pad_end=end, dilation=dilations, group=group, bias=b is not None)
+    g.add(n, cfg, [x], [n.outputs[0]], weights=_weights(w, b))
+
+
+@op("ConvTranspose", attributes=("kernel_shape", "strides", "pads", "dilations", "group", "auto_pad",
+                                 "output_padding", "output_shape"))
+def conv_transpose(g: Graph, n: Node) -> None:
+    x, shape = _spatial_input(g, n)
+    group = n.attr("group", 1)
+    w, b = _filters(g, n, group)
+    if w.shape[0] != shape[1]:
+        raise ConfigError(f"{n.where}: filters of shape {w.shape} read {w.shape[0]} channels; the input has "
+                          f"{shape[1]} (shape {shape})")
+    kernel = tuple(n.attr("kernel_shape", w.shape[2:]))
+    strides = tuple(n.attr("strides", [1, 1]))
+    dilations = tuple(n.attr("dilations", [1, 1]))
+    extra = tuple(n.attr("output_padding", [0, 0]))
+    full = [s * (size - 1) + e + (k - 1) * d + 1 for size, k, s, d, e in zip(shape[2:], kernel, strides, dilations,
+                                                                             extra)]
+    wanted = n.attr("output_shape")
+    wanted = list(wanted)[-2:] if wanted is not None else None
+    auto = n.attr("auto_pad", "NOTSET")
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        target = wanted or [size * s for size, s in zip(shape[2:], strides)]
+        begin, end = _same_pads(n, auto, [f - t for f, t in zip(full, target)])
+    else:
+        begin, end = _pads(n, shape, kernel, strides)
+        if wanted is not None:  # rows/columns beyond the computed output: output padding (the bias alone)
+            more = [t - (f - p - q) for t, f, p, q in zip(wanted, full, begin, end)]
+            if min(more) < 0:
+                raise n.refuse("output_shape", wanted, "an output_shape at least the computed output "
+                               f"{[f - p - q for f, p, q in zip(full, begin, end)]} (smaller, ONNX's specification "
+                               "and its reference place the cut differently); or give pads")
+            extra = tuple(e + m for e, m in zip(extra, more))
+    cfg = _config(n, DeconvolutionConfig, num_output=w.shape[1] * group, filter_shape=kernel, stride=strides,
+                  padding=begin, pad_end=end, output_padding=extra, dilation=dilations, group=group,
+                  bias=b is not None)
+    g.add(n, cfg, [x], [n.outputs[0]], weights=_weights(w, b))
 
 
 def _pool(g: Graph, n: Node, mode: str) -> None:
@@ -274,16 +340,13 @@ def _pool(g: Graph, n: Node, mode: str) -> None:
         raise ConfigError(f"{n.where}: the Indices output is not supported; leafpy's Pooling gives the pooled values")
     kernel = tuple(n.attr("kernel_shape"))
     strides = tuple(n.attr("strides", [1] * len(kernel)))
-    n.require("ceil_mode", lambda v: v == 0, "ceil_mode=0 (rounding the output size up is not supported yet)", 0)
     n.require("dilations", _ones, "dilations of 1 (dilated pooling is not supported yet)")
     n.require("storage_order", lambda v: v == 0, "storage_order=0 (row-major)", 0)
-    pads = _symmetric_pads(g, n, shape, kernel, strides)
-    if mode == "average" and any(pads):
-        n.require("count_include_pad", lambda v: v == 1, "count_include_pad=1 where there is padding (leafpy "
-                  "counts the padding in each window's divisor; excluding it is not supported yet)", 0)
-    if any(p >= k for p, k in zip(pads, kernel)):
-        raise n.refuse("pads", list(n.attr("pads")), "padding smaller than the kernel")
-    cfg = PoolingConfig(mode=mode, filter_shape=kernel, stride=strides, padding=pads)
+    begin, end = _pads(n, shape, kernel, strides)
+    if any(p >= k for p, k in zip(begin + end, kernel + kernel)):
+        raise n.refuse("pads", list(begin + end), "padding smaller than the kernel")
+    cfg = _config(n, PoolingConfig, mode=mode, filter_shape=kernel, stride=strides, padding=begin, pad_end=end,
+                  ceil_mode=bool(n.attr("ceil_mode", 0)), count_include_pad=bool(n.attr("count_include_pad", 0)))
     g.add(n, cfg, [x], [n.outputs[0]])
 
 
@@ -300,9 +363,8 @@ def average_pool(g: Graph, n: Node) -> None:
 
 @op("GlobalMaxPool", "GlobalAveragePool")
 def global_pool(g: Graph, n: Node) -> None:
-    x, shape = _spatial_input(g, n)
-    cfg = PoolingConfig(mode="max" if n.op == "GlobalMaxPool" else "average", filter_shape=shape[2:],
-                        stride=shape[2:], padding=(0, 0))
+    x, _ = _spatial_input(g, n)
+    cfg = PoolingConfig(mode="max" if n.op == "GlobalMaxPool" else "average", global_pooling=True)
     g.add(n, cfg, [x], [n.outputs[0]])
 
 
@@ -374,17 +436,29 @@ op("Gelu", attributes=("approximate",))(_activation(lambda n: GELUConfig(approxi
 
 @op("Softmax", "LogSoftmax", attributes=("axis",))
 def softmax(g: Graph, n: Node) -> None:
+    """From opset 13 over one axis (leafpy's ``axis``). Before, over the input flattened to [outer, inner] at the
+    axis: one axis where at most one of the trailing dimensions exceeds 1, else (the axis after the batch) a
+    Reshape to [..., inner], the softmax over its last axis, and a Reshape back."""
     x = g.blob(n, 0)
-    rank = len(g.shape(x))
+    shape = g.shape(x)
+    rank = len(shape)
     new = g.opset >= 13
     axis = n.attr("axis", -1 if new else 1)
-    # from opset 13 the axis is one axis; before, the input is flattened into [outer, inner] at the axis
-    fits = axis % rank == 1 and (new or math.prod(g.shape(x)[2:]) == 1)  # [N, C, 1, 1] flattens to [N, C]
-    if not fits:
-        raise n.refuse("axis", axis, f"the class axis 1 (for this input of rank {rank}"
-                       f"{'' if new else ', before opset 13 only on [N, C] or [N, C, 1, ...] input'}; other axes "
-                       "are not supported yet)")
-    g.add(n, n.op, [x], [n.outputs[0]])
+    if not -rank <= axis < rank:
+        raise n.refuse("axis", axis, f"an axis from {-rank} to {rank - 1} for this input of shape {shape}")
+    axis %= rank
+    config_class = SoftmaxConfig if n.op == "Softmax" else LogSoftmaxConfig
+    wide = [a for a in range(axis, rank) if shape[a] > 1]
+    if new or len(wide) <= 1:
+        g.add(n, config_class(axis=axis if new or not wide else wide[0]), [x], [n.outputs[0]])
+        return
+    if axis == 0:
+        raise n.refuse("axis", axis, f"before opset 13, an axis after the batch (axis 0 of {shape} flattens the "
+                       "batch with the rest, which leafpy's layers keep apart)")
+    rows = f"{n.outputs[0]}:rows"
+    g.add(n, ReshapeConfig(shape=(*shape[:axis], math.prod(shape[axis:]))), [x], [rows], suffix="_flatten")
+    g.add(n, config_class(axis=-1), [rows], [f"{rows}:{n.op}"])
+    g.add(n, ReshapeConfig(shape=shape), [f"{rows}:{n.op}"], [n.outputs[0]], suffix="_unflatten")
 
 
 def _onnx_reshape(shape: tuple[int, ...], target: Sequence[int], allowzero: int) -> list[int]:
@@ -412,12 +486,7 @@ def reshape(g: Graph, n: Node) -> None:
 
 @op("Flatten", attributes=("axis",))
 def flatten(g: Graph, n: Node) -> None:
-    x = g.blob(n, 0)
-    rank = len(g.shape(x))
-    n.require("axis", lambda v: v % max(rank, 1) == 1 or (rank == 1 and v == 1),
-              f"axis=1 (everything after the batch, for this input of rank {rank}; other axes are not supported "
-              "yet)", 1)
-    g.add(n, "Flatten", [x], [n.outputs[0]])
+    g.add(n, FlattenConfig(axis=int(n.attr("axis", 1))), [g.blob(n, 0)], [n.outputs[0]])
 
 
 @op("Dropout", attributes=("ratio", "seed", "is_test"))
@@ -688,8 +757,33 @@ def transpose(g: Graph, n: Node) -> None:
     if perm == [1, 0, 2] and held is None and len(g.shape(g.blob(n, 0))) == 3:
         g.time_major[n.outputs[0]] = (name, "x")
         return
-    raise n.refuse("perm", perm, "[1, 0, 2] between a batch-first sequence and a layout-0 LSTM, GRU or RNN "
-                   "(other transposes are not supported yet)")
+    x = g.blob(n, 0)
+    shape = g.shape(x)
+    swapped = [k for k, p in enumerate(perm) if p != k]
+    if len(perm) == len(shape) and len(swapped) == 2 and swapped[0] >= 1 and swapped[1] == swapped[0] + 1 \
+            and perm[swapped[0]] == swapped[1]:
+        _swap_axes(g, n, x, swapped[0])
+        return
+    raise n.refuse("perm", perm, "[1, 0, 2] between a batch-first sequence and a layout-0 LSTM, GRU or RNN, or a "
+                   "swap of two neighbouring axes after the batch (a channel shuffle); other transposes are not "
+                   "supported yet")
+
+
+def _swap_axes(g: Graph, n: Node, x: str, k: int) -> None:
+    """Axes k and k + 1 of ``x`` swapped: ``x`` cut into its pieces along k, each seen with that axis (of size 1)
+    after k + 1, and the pieces put side by side along k + 1 (exact: values are moved, none computed)."""
+    shape = g.shape(x)
+    pieces = [f"{n.outputs[0]}:piece{i}" for i in range(shape[k])]
+    _slice_layer(g, n, x, k, list(range(1, shape[k])), pieces)
+    moved = (*shape[:k], shape[k + 1], 1, *shape[k + 2:])
+    turned = []
+    for i, piece in enumerate(pieces):
+        turned.append(f"{piece}:turned")
+        g.add(n, ReshapeConfig(shape=moved), [g.resolve(piece)], [turned[-1]], suffix=f"_piece{i}")
+    if len(turned) == 1:
+        g.alias[n.outputs[0]] = turned[0]
+        return
+    g.add(n, ConcatConfig(axis=k + 1), turned, [n.outputs[0]])
 
 
 @op("Squeeze", "Unsqueeze", attributes=("axes",))
