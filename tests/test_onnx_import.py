@@ -218,6 +218,10 @@ WINDOW_AND_AXIS_CASES = {
     "logsoftmax_opset_11_default_axis": ("LogSoftmax", [2, 3, 4], [], dict(opset=11)),
     "flatten_axis_2": ("Flatten", [2, 3, 4, 5], [], dict(axis=2)),
     "flatten_axis_0": ("Flatten", [2, 3, 4], [], dict(axis=0)),
+    "conv_1d_grouped_dilated": ("Conv", [2, 4, 9], [(6, 2, 3), (6,)], dict(group=2, pads=[1, 2], dilations=[2])),
+    "convtranspose_1d": ("ConvTranspose", [2, 2, 5], [(2, 3, 3)], dict(strides=[2], output_padding=[1])),
+    "averagepool_1d_ceil": ("AveragePool", [2, 3, 9], [], dict(kernel_shape=[3], strides=[2], pads=[1, 0],
+                                                               ceil_mode=1)),
     "channel_shuffle": ("Transpose", [2, 3, 4, 2, 2], [], dict(perm=[0, 2, 1, 3, 4])),
 }
 

@@ -89,6 +89,8 @@ class Node:
         self.attrs = {a.name: onnx.helper.get_attribute_value(a) for a in proto.attribute}
         self.inputs = list(proto.input)
         self.outputs = list(proto.output)
+        self.lifted = False
+        """A window operator on a 1-D input, computed as on an image of height 1 (see _spatial_input)."""
 
     @property
     def where(self) -> str:
@@ -216,12 +218,44 @@ class Graph:
 # helpers for window operators
 # ----------------------------------------------------------------------------------------------------------------
 def _spatial_input(g: Graph, n: Node) -> tuple[str, tuple[int, ...]]:
+    """The input of a window operator as an image [N, C, H, W]: a 1-D input [N, C, L] as an image of height 1
+    (its attributes widened to match; :func:`_add_window` brings the output back)."""
     x = g.blob(n, 0)
     shape = g.shape(x)
+    if len(shape) == 3:
+        x = _as_image(g, n, x, shape)
+        shape = g.shape(x)
     if len(shape) != 4:
         raise ConfigError(f"{n.where}: input of shape {shape}: leafpy's window operators take 2-D images "
-                          "[N, C, H, W] (1-D and 3-D are not supported)")
+                          "[N, C, H, W] and 1-D inputs [N, C, L] (3-D is not supported)")
     return x, shape
+
+
+def _as_image(g: Graph, n: Node, x: str, shape: tuple[int, ...]) -> str:
+    for name, fill in (("kernel_shape", 1), ("strides", 1), ("dilations", 1), ("output_padding", 0),
+                       ("output_shape", 1)):
+        if name in n.attrs:
+            n.attrs[name] = [fill, *n.attrs[name]]
+    if "pads" in n.attrs:
+        pads = list(n.attrs["pads"])
+        if len(pads) != 2:
+            raise n.refuse("pads", pads, "two pads [begin, end] for a 1-D input")
+        n.attrs["pads"] = [0, pads[0], 0, pads[1]]
+    n.lifted = True
+    image = f"{n.outputs[0]}:image"
+    g.add(n, ReshapeConfig(shape=(shape[0], shape[1], 1, shape[2])), [x], [image], suffix="_as_image")
+    return image
+
+
+def _add_window(g: Graph, n: Node, cfg: Any, x: str, weights: dict[str, np.ndarray] | None = None) -> None:
+    """The window layer, its output brought back to [N, C, L] where the input was 1-D."""
+    if not n.lifted:
+        g.add(n, cfg, [x], [n.outputs[0]], weights=weights)
+        return
+    image = f"{n.outputs[0]}:image_out"
+    g.add(n, cfg, [x], [image], weights=weights)
+    shape = g.shape(image)
+    g.add(n, ReshapeConfig(shape=(shape[0], shape[1], shape[3])), [image], [n.outputs[0]], suffix="_as_1d")
 
 
 def _same_pads(n: Node, auto: str, totals: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -267,6 +301,8 @@ def _filters(g: Graph, n: Node, group: int) -> tuple[np.ndarray, np.ndarray | No
     """Conv's and ConvTranspose's filters (4-D: 2-D images) and optional bias."""
     w = g.const(n, 1, "filters")
     assert w is not None  # input 1 is required: g.const raised otherwise
+    if n.lifted and w.ndim == 3:
+        w = w[:, :, None, :]
     if w.ndim != 4:
         raise ConfigError(f"{n.where}: filters of shape {w.shape}: leafpy convolves 2-D images (4-D filters)")
     if isinstance(group, bool) or not isinstance(group, int) or group < 1:
@@ -295,7 +331,7 @@ def conv(g: Graph, n: Node) -> None:
     begin, end = _pads(n, shape, kernel, strides, dilations)
     cfg = _config(n, ConvolutionConfig, num_output=w.shape[0], filter_shape=kernel, stride=strides, padding=begin,
                   pad_end=end, dilation=dilations, group=group, bias=b is not None)
-    g.add(n, cfg, [x], [n.outputs[0]], weights=_weights(w, b))
+    _add_window(g, n, cfg, x, _weights(w, b))
 
 
 @op("ConvTranspose", attributes=("kernel_shape", "strides", "pads", "dilations", "group", "auto_pad",
@@ -331,7 +367,7 @@ def conv_transpose(g: Graph, n: Node) -> None:
     cfg = _config(n, DeconvolutionConfig, num_output=w.shape[1] * group, filter_shape=kernel, stride=strides,
                   padding=begin, pad_end=end, output_padding=extra, dilation=dilations, group=group,
                   bias=b is not None)
-    g.add(n, cfg, [x], [n.outputs[0]], weights=_weights(w, b))
+    _add_window(g, n, cfg, x, _weights(w, b))
 
 
 def _pool(g: Graph, n: Node, mode: str) -> None:
@@ -347,7 +383,7 @@ def _pool(g: Graph, n: Node, mode: str) -> None:
         raise n.refuse("pads", list(begin + end), "padding smaller than the kernel")
     cfg = _config(n, PoolingConfig, mode=mode, filter_shape=kernel, stride=strides, padding=begin, pad_end=end,
                   ceil_mode=bool(n.attr("ceil_mode", 0)), count_include_pad=bool(n.attr("count_include_pad", 0)))
-    g.add(n, cfg, [x], [n.outputs[0]])
+    _add_window(g, n, cfg, x)
 
 
 @op("MaxPool", attributes=("kernel_shape", "strides", "pads", "auto_pad", "ceil_mode", "dilations", "storage_order"))
@@ -365,7 +401,7 @@ def average_pool(g: Graph, n: Node) -> None:
 def global_pool(g: Graph, n: Node) -> None:
     x, _ = _spatial_input(g, n)
     cfg = PoolingConfig(mode="max" if n.op == "GlobalMaxPool" else "average", global_pooling=True)
-    g.add(n, cfg, [x], [n.outputs[0]])
+    _add_window(g, n, cfg, x)
 
 
 @op("Gemm", attributes=("alpha", "beta", "transA", "transB"))
