@@ -1,4 +1,4 @@
-"""The Python API as a user writing a script or a notebook meets it: configs built by hand (README's and DESIGN's
+"""The Python API as a user writing a script or a notebook meets it: configs built by hand (docs/api.md's and DESIGN's
 ways) and from YAML-like dicts, with the mistakes people make in them, and networks, solvers and trainers driven
 from Python. Each test checks what the user sees (a LeafpyError naming the field and the fix, or a number) against
 an expectation worked out independently (NumPy float64, a formula, the documented behaviour)."""
@@ -37,8 +37,8 @@ def test_a_misspelt_config_field_is_a_config_error_listing_the_valid_fields(make
     assert field in str(err.value)
 
 
-def test_a_filler_named_by_its_type_as_the_readme_lists_them_initialises_the_weight():
-    # README: `filler` picks its initialisation (constant, glorot_uniform, gaussian, he); gaussian has std 0.01
+def test_a_filler_named_by_its_type_as_the_api_docs_list_them_initialises_the_weight():
+    # docs/api.md: `filler` picks its initialisation (constant, glorot_uniform, gaussian, he); gaussian has std 0.01
     net = _net(lp.LayerConfig("fc", lp.LinearConfig(output_size=300), params=[lp.WeightConfig(filler="gaussian")]),
                (4, 200))
     w = net.named_weights()["fc/weight"].astype(np.float64)

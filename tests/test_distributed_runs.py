@@ -1,7 +1,8 @@
 """Data-parallel runs as users launch them (``leafpy train --nproc N``, ``mpiexec -n N``), each checked against one
-process on the global batch, the README's promise: stop signals that reach only the launcher, a last global batch
-with fewer samples than ranks, the held-out scores of a run whose BatchNorm statistics are each rank's own, and
-checkpoints taken with gradient accumulation pending, resumed on other numbers of ranks."""
+process on the global batch, the promise of docs/distributed-training.md: stop signals that reach only the
+launcher, a last global batch with fewer samples than ranks, the held-out scores of a run whose BatchNorm
+statistics are each rank's own, and checkpoints taken with gradient accumulation pending, resumed on other numbers
+of ranks."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ def make_solver(backend, rule):
 
 
 def reference_updates(rule, settings, weights, batches):
-    """The weights after each update, in NumPy float64, from the formulas in README "Solvers" and the rules'
+    """The weights after each update, in NumPy float64, from the formulas in docs/solvers.md and the rules'
     modules (Caffe's forms)."""
     s = settings
     k, m, eps, decay = s["minibatch_size"], s["momentum"], s["epsilon"], s["rms_decay"]

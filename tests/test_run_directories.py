@@ -120,7 +120,7 @@ def test_the_trainer_from_python_refuses_best_epoch_settings_a_run_file_may_not_
         lp.config.load("digits_mlp", [f"train.{key}={value}" for key, value in options.items()])
 
 
-README_TRAINER = """
+DOCS_TRAINER = """
 import leafpy as lp
 run = lp.config.load("digits_mlp")
 trainer = lp.Trainer(run, backend=lp.backend("native"), out_dir="runs/mlp",
@@ -132,10 +132,10 @@ print(f"trainer accuracy: {trainer.evaluate().accuracy:.2%}")
 
 
 def test_a_run_the_trainer_wrote_from_python_is_read_by_evaluate_summary_and_resume(tmp_path):
-    """The README's Trainer example leaves a run directory the commands take, as `leafpy train` does: its
+    """The Trainer example of docs/training.md leaves a run directory the commands take, as `leafpy train` does: its
     run.yaml is the resolved run (the data split, the backend and precision it ran on, the epochs it trained)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
-    p = subprocess.run([sys.executable, "-c", README_TRAINER], cwd=tmp_path, env=env, capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-c", DOCS_TRAINER], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, p.stderr
     trained = p.stdout.strip().splitlines()[-1].split(": ")[1]
