@@ -196,6 +196,24 @@ def open_regular(path: str, what: str, error: type[Exception] = ConfigError) -> 
         raise
 
 
+def read_whole(path: str, what: str, limit: int, over: str, error: type[Exception] = ConfigError) -> bytes:
+    """The bytes of a regular file (see :func:`open_regular`) that is neither empty nor over ``limit`` bytes
+    (``over`` says why that is the limit), read once; a file that changes size while it is read is refused."""
+    try:
+        with open_regular(path, what, error) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                raise error(f"{path}: the file is empty")
+            if size > limit:
+                raise error(f"{path}: the file is {size} bytes, over {over}")
+            data = f.read(size + 1)
+    except OSError as e:
+        raise error(f"{path}: cannot read: {e.strerror or e}") from e
+    if len(data) != size:
+        raise error(f"{path}: the file changed size while it was read; read it again")
+    return bytes(data)
+
+
 def regular_file(path: str, what: str, error: type[Exception] = ConfigError) -> None:
     """Refuse, before anything opens it, a path that is missing, a loop of symbolic links or not a regular file
     (see :func:`open_regular`), with ``error`` naming it and ``what`` to give instead."""

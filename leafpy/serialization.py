@@ -324,21 +324,10 @@ def encode(msg: Any, struct_name: str) -> bytes:
 
 
 def _read_file(path: str) -> bytes:
-    try:
-        # a missing file, no permission: OSError; a FIFO, a device, a directory: refused without waiting
-        with _checks.open_regular(path, "a .leaf file", SerializationError) as f:
-            size = os.fstat(f.fileno()).st_size
-            if size == 0:
-                raise SerializationError(f"{path}: the file is empty")
-            if size > MAX_FILE_BYTES:
-                raise SerializationError(f"{path}: the file is {size} bytes, over the limit of {MAX_FILE_BYTES} "
-                                         "(leafpy.serialization.MAX_FILE_BYTES)")
-            data = f.read(size + 1)
-    except OSError as e:
-        raise SerializationError(f"{path}: cannot read: {e.strerror or e}") from e
-    if len(data) != size:
-        raise SerializationError(f"{path}: the file changed size while it was read; read it again")
-    return data
+    # a missing file, no permission, a FIFO, a device, a directory: refused without waiting
+    return _checks.read_whole(path, "a .leaf file", MAX_FILE_BYTES,
+                              f"the limit of {MAX_FILE_BYTES} (leafpy.serialization.MAX_FILE_BYTES)",
+                              SerializationError)
 
 
 def _read_message(path: str | os.PathLike, struct_name: str) -> Any:

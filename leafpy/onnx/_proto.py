@@ -53,20 +53,9 @@ def read_model(source: Any, where: str = "lp.onnx.load") -> Any:
 
 def _read(path: str) -> bytes:
     """The file's bytes: a regular file (a FIFO or a device would block or never end) under protobuf's limit."""
-    try:
-        with _checks.open_regular(path, "an ONNX model (.onnx)") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size == 0:
-                raise SerializationError(f"{path}: the file is empty")
-            if size > MAX_ONNX_BYTES:
-                raise SerializationError(f"{path}: {size} bytes, over protobuf's limit of {MAX_ONNX_BYTES}; leafpy "
-                                         "reads self-contained models only")
-            data = f.read(size + 1)
-    except OSError as e:
-        raise SerializationError(f"{path}: cannot read: {e.strerror or e}") from e
-    if len(data) != size:
-        raise SerializationError(f"{path}: the file changed size while it was read; read it again")
-    return data
+    return _checks.read_whole(path, "an ONNX model (.onnx)", MAX_ONNX_BYTES,
+                              f"protobuf's limit of {MAX_ONNX_BYTES}; leafpy reads self-contained models only",
+                              SerializationError)
 
 
 def _parse(onnx: Any, data: bytes, name: str) -> Any:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from .._memory import available_memory
 from ..errors import ConfigError, LeafpyError
 from .parts import Parts
 
@@ -36,21 +37,6 @@ def _pil() -> Any:
         raise LeafpyError("image folders need Pillow: pip install pillow (or the data extra: pip install "
                           "\".[data]\")") from e
     return Image, ImageOps
-
-
-def available_memory() -> int:
-    """Bytes of memory available to this process now (MemAvailable; physical pages where that is unknown)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return 1 << 34
 
 
 def is_image(name: str) -> bool:
@@ -97,7 +83,7 @@ def check_memory(files: Sequence[str], image_size: Sequence[int], channels: int)
     """Refuse, before decoding, a set whose arrays (uint8 and float32) would not fit in the memory available."""
     need = len(files) * int(image_size[0]) * int(image_size[1]) * channels * 5
     have = available_memory()
-    if need > have:
+    if have is not None and need > have:
         raise LeafpyError(f"{os.path.dirname(os.path.dirname(files[0]))}: {len(files)} images of "
                           f"{image_size[0]}x{image_size[1]}x{channels} need {need / 2**30:.1f} GiB (uint8 and "
                           f"float32), more than the {have / 2**30:.1f} GiB available; use a smaller image_size or "
