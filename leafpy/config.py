@@ -27,7 +27,8 @@ from .solvers.solver import SolverConfig
 
 LAYER_KEYS = ("name", "type", "inputs", "outputs", "params", "propagate_down")
 DATA_KEYS = ("dataset", "batch_size", "test_fraction", "seed", "path", "num_classes", "image_size", "channels",
-             "skip_unreadable", "cache_dir", "target", "features", "delimiter", "normalize", "class_names")
+             "skip_unreadable", "cache_dir", "target", "features", "delimiter", "normalize", "class_names",
+             "augment")
 TRAIN_KEYS = ("epochs", "backend", "precision", "channels_last", "log_every", "keep_best", "monitor",
               "sync_batch_norm")
 RUN_KEYS = ("name", "data", "network", "objective", "solver", "train")
@@ -380,6 +381,10 @@ def _check_data(data: dict) -> None:
             raise ConfigError(f"data.path: expected a folder, or {{train: DIR, test: DIR}}, got {path!r}"[:300])
     elif "path" in data and (not isinstance(path, str) or not path):
         raise ConfigError(f"data.path: expected a file or directory path, got {path!r}")
+    if "augment" in data:
+        from .sources import augment
+
+        augment.from_dict(data["augment"])
     if "normalize" in data:
         from .sources import prepare
 

@@ -45,7 +45,7 @@ from .layers.layer import Layer
 from .metrics import ConfusionMatrix, predictions, top_k_hits
 from .serialization import atomic_write
 from .solvers.solver import Solver
-from .sources import prepare
+from .sources import augment, prepare
 
 
 class TrainingDiverged(LeafpyError):
@@ -92,6 +92,9 @@ def resolve_data(run: run_config.RunConfig) -> None:
     data.setdefault("seed", 0)
     if data["dataset"] == "digits":
         data.setdefault("test_fraction", 0.2)
+    aug = augment.from_dict(data.pop("augment", None))
+    if aug is not None:  # written out whole: a resumed run compares it with the checkpoint's
+        data["augment"] = aug.to_dict()
     paths = data.get("path")  # one path, or {train: DIR, test: DIR}
     for key, p in (paths.items() if isinstance(paths, dict) else [(None, paths)]):
         if isinstance(p, str) and not os.path.isabs(p):
@@ -508,6 +511,10 @@ class Trainer:
         self.global_batch = self.batch_size * self.world
         self.batches_per_epoch = math.ceil(n / self.global_batch)
         self.seed = int(run.data.get("seed", 0))
+        self.augment = augment.from_dict(run.data.get("augment"))
+        """The training batches' augmentation (``data.augment``; none at evaluation), or None."""
+        if self.augment is not None:
+            augment.check_shape(self.augment, self.dataset.input_shape, f"the {self.dataset.name} samples")
         if resume and weights:
             raise ConfigError(f"Trainer: resume ({resume}) continues a run with its own weights and weights "
                               f"({weights}) starts a new one from a file's; give one of them")
@@ -661,13 +668,22 @@ class Trainer:
     def _order(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.dataset.x_train))
 
-    def _batches(self, epoch: int, start: int) -> Iterable[tuple[int, np.ndarray]]:
-        """(samples of the epoch's order consumed after this batch, this rank's indices) from sample ``start``."""
+    def _batches(self, epoch: int, start: int) -> Iterable[tuple[int, np.ndarray, np.ndarray]]:
+        """(samples of the epoch's order consumed after this batch, this rank's samples x and targets y) from
+        sample ``start``; x augmented as ``data.augment`` says, from (seed, epoch, batch index) alone."""
         order = self._order(epoch)
         step = self.global_batch
+        ds = self.dataset
         for begin in range(start, len(order), step):
             chunk = order[begin:begin + step]
-            yield begin + len(chunk), chunk if self.group is None else shard(chunk, self.batch_size, self.group)
+            mine = np.arange(len(chunk)) if self.group is None else shard(np.arange(len(chunk)), self.batch_size,
+                                                                           self.group)
+            idx = chunk[mine]
+            xb = ds.x_train[idx]
+            if self.augment is not None:
+                draws = augment.draw(self.augment, len(chunk), self.seed, epoch, begin // step)
+                xb = augment.apply(xb, augment.take(draws, mine))
+            yield begin + len(chunk), xb, ds.y_train[idx]
 
     def _train_step(self, xb: np.ndarray, yb: np.ndarray) -> Any:
         if self.parallel is not None:
@@ -681,7 +697,6 @@ class Trainer:
         a checkpoint is saved and TrainingInterrupted raised; on a NaN or infinite loss, TrainingDiverged."""
         if epochs is not None:
             self.epochs = _checks.non_negative_int("Trainer.fit: epochs", epochs)
-        ds = self.dataset
         solver = self.solver
         if self.out_dir is not None and self.is_root and self._describes_data:
             run_config.save(portable(self.resolved_run(), self.out_dir), os.path.join(self.out_dir,
@@ -704,8 +719,7 @@ class Trainer:
                     cb.on_epoch_begin(self, epoch)
                 t0 = time.perf_counter()
                 seen = 0
-                for batch, (done, idx) in enumerate(self._batches(epoch, start), start=self.position_batches):
-                    xb, yb = ds.x_train[idx], ds.y_train[idx]
+                for batch, (done, xb, yb) in enumerate(self._batches(epoch, start), start=self.position_batches):
                     out = self._train_step(xb, yb)
                     hits = 0
                     if self.running is not None and len(yb):  # (a rank may have no share of a last batch)
