@@ -45,7 +45,7 @@ from .layers.layer import Layer
 from .metrics import ConfusionMatrix, predictions, top_k_hits
 from .serialization import atomic_write
 from .solvers.solver import Solver
-from .sources import augment, prepare
+from .sources import augment, mapped, prepare
 
 
 class TrainingDiverged(LeafpyError):
@@ -132,7 +132,7 @@ def evaluate(net: Layer, objective: Layer, x: np.ndarray, y: np.ndarray, classes
     n = len(x)
     if group is not None and group.size > 1:
         share = np.array_split(np.arange(n), group.size)[group.rank]
-        x, y = x[share], y[share]
+        x, y = mapped.take(x, share), y[share]
     for xb, yb in datasets.batches(x, y, batch_size, seed=None):
         out = net.forward([xb])[0]
         total += float(objective.forward([out, yb])[0].to_numpy().reshape(-1)[0]) * len(xb)
