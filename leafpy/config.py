@@ -28,7 +28,7 @@ from .solvers.solver import SolverConfig
 LAYER_KEYS = ("name", "type", "inputs", "outputs", "params", "propagate_down")
 DATA_KEYS = ("dataset", "batch_size", "test_fraction", "seed", "path", "num_classes", "image_size", "channels",
              "skip_unreadable", "cache_dir", "target", "features", "delimiter", "normalize", "class_names",
-             "augment", "memory_map")
+             "augment", "memory_map", "workers")
 TRAIN_KEYS = ("epochs", "backend", "precision", "channels_last", "log_every", "keep_best", "monitor",
               "sync_batch_norm")
 RUN_KEYS = ("name", "data", "network", "objective", "solver", "train")
@@ -386,6 +386,8 @@ def _check_data(data: dict) -> None:
                               f"..., x_test: ..., y_test: ...}}, got {path!r}"[:300])
     elif "path" in data and (not isinstance(path, str) or not path):
         raise ConfigError(f"data.path: expected a file or directory path, got {path!r}")
+    if "workers" in data:
+        _checks.non_negative_int("data.workers", data["workers"])
     if "augment" in data:
         from .sources import augment
 

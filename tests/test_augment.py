@@ -85,14 +85,18 @@ AUGMENTED = ["--set", "data.augment={random_crop: 1, horizontal_flip: true, shif
              "--set", "solver.solver=adam", "--set", "solver.base_lr=0.002"]
 
 
-def test_ctrl_c_mid_epoch_with_augmentation_then_resume_equals_the_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_ctrl_c_mid_epoch_with_augmentation_then_resume_equals_the_uninterrupted_run(tmp_path, workers):
+    """The uninterrupted run prepares its batches on the training thread; the interrupted one and its resume with
+    ``workers`` threads preparing batches ahead."""
     whole = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "2", "--out", "whole", *AUGMENTED)
     assert whole.returncode == 0, whole.stderr
     assert "augment: {random_crop: 1, horizontal_flip: true, vertical_flip: false, shift: 1}" in \
         (tmp_path / "whole" / "run.yaml").read_text()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
     proc = subprocess.Popen([sys.executable, "-m", "leafpy", "train", "digits_mlp", "--epochs", "2", "--out", "cut",
-                             "--set", "train.log_every=1", *AUGMENTED], cwd=tmp_path, env=env,
+                             "--set", "train.log_every=1", "--set", f"data.workers={workers}", *AUGMENTED],
+                            cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     for line in proc.stdout:  # (the command prints its progress lines on stdout)
@@ -105,7 +109,7 @@ def test_ctrl_c_mid_epoch_with_augmentation_then_resume_equals_the_uninterrupted
                                       str(tmp_path / "cut" / "checkpoint.leaf")).trainer_state
     assert state["epoch"] == 1 and 0 < state["sample"] < 1438, state  # stopped in the middle of epoch 2
     r = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "2", "--out", "cut", "--resume", "cut/checkpoint.leaf",
-               *AUGMENTED)
+               "--set", f"data.workers={workers}", *AUGMENTED)
     assert r.returncode == 0, r.stderr
     a, b = _weights(tmp_path / "whole" / "model.leaf"), _weights(tmp_path / "cut" / "model.leaf")
     assert a.keys() == b.keys()
@@ -120,3 +124,25 @@ def test_ctrl_c_mid_epoch_with_augmentation_then_resume_equals_the_uninterrupted
     other = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "3", "--out", "cut", "--resume", "cut/checkpoint.leaf",
                    *AUGMENTED[2:], "--set", "data.augment={random_crop: 2}")
     failed_cleanly(other, "data.augment")
+
+
+def test_worker_threads_end_when_training_stops_mid_epoch():
+    import threading
+
+    class Stop(lp.Callback):
+        def on_batch_end(self, trainer, epoch, batch, loss):
+            if batch == 5:
+                trainer.interrupted = True
+
+    run = lp.config.load("digits_mlp", ["data.workers=3", "data.augment={horizontal_flip: true}"])
+    before = threading.active_count()
+    t = lp.Trainer(run, lp.backend("native"), callbacks=[Stop()], log=lambda m: None)
+    with pytest.raises(lp.train.TrainingInterrupted):
+        t.fit(1)
+    assert threading.active_count() == before
+    assert not any(th.name.startswith("leafpy-data") for th in threading.enumerate())
+
+
+def test_workers_must_be_a_count(tmp_path):
+    p = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--out", "r", "--set", "data.workers=-2")
+    failed_cleanly(p, "data.workers", "non-negative integer")
