@@ -1,7 +1,8 @@
 """Augmentation of image batches [N, C, H, W] on the host, as the Trainer assembles each training batch: a random
 crop from the image padded with zeros, a small shift (edges repeated), horizontal and vertical flips. Each is one
-gather over the whole batch (NumPy fancy indexing), not a loop over its images. What a batch gets is drawn from
-(data seed, epoch, batch index) alone, so a run resumed mid-epoch draws what the uninterrupted run drew."""
+gather over the whole batch (NumPy fancy indexing into a strided view), not a loop over its images. What a batch
+gets is drawn from (data seed, epoch, batch index) alone, so a run resumed mid-epoch draws what the uninterrupted
+run drew."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from .. import _checks
 from ..errors import ConfigError
@@ -110,17 +112,16 @@ def apply(x: np.ndarray, draws: dict[str, np.ndarray]) -> np.ndarray:
 
 def translate(x: np.ndarray, offsets: np.ndarray, mode: str) -> np.ndarray:
     """out[i, :, h, w] = x[i, :, h + dy[i], w + dx[i]] for ``offsets`` [dy, dx] ([2, N]); outside the image: 0
-    (``mode`` "constant") or the nearest edge pixel ("edge"). One gather over the batch."""
+    (``mode`` "constant") or the nearest edge pixel ("edge"). One gather over the batch: of every sample's
+    [H, W] window at its offset, from a strided view of the padded batch's windows (no per-pixel index)."""
     dy, dx = offsets
     n, _, height, width = x.shape
     reach = int(max(np.abs(dy).max(initial=0), np.abs(dx).max(initial=0)))
     if reach == 0:
         return x.copy()
     padded = np.pad(x, ((0, 0), (0, 0), (reach, reach), (reach, reach)), mode=mode)  # type: ignore[call-overload]
-    rows = np.arange(height)[None, :] + (dy + reach)[:, None]  # [N, H]
-    cols = np.arange(width)[None, :] + (dx + reach)[:, None]  # [N, W]
-    return padded[np.arange(n)[:, None, None, None], np.arange(x.shape[1])[None, :, None, None],
-                  rows[:, None, :, None], cols[:, None, None, :]]
+    windows = sliding_window_view(padded, (height, width), axis=(2, 3))  # [N, C, 2r+1, 2r+1, H, W], a view
+    return windows[np.arange(n), :, dy + reach, dx + reach]
 
 
 def flip(x: np.ndarray, which: np.ndarray, axis: int) -> np.ndarray:
