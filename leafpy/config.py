@@ -27,7 +27,8 @@ from .solvers.solver import SolverConfig
 
 LAYER_KEYS = ("name", "type", "inputs", "outputs", "params", "propagate_down")
 DATA_KEYS = ("dataset", "batch_size", "test_fraction", "seed", "path", "num_classes", "image_size", "channels",
-             "skip_unreadable", "cache_dir", "target", "features", "delimiter", "normalize", "class_names")
+             "skip_unreadable", "cache_dir", "target", "features", "delimiter", "normalize", "class_names",
+             "augment", "memory_map", "workers")
 TRAIN_KEYS = ("epochs", "backend", "precision", "channels_last", "log_every", "keep_best", "monitor",
               "sync_batch_norm")
 RUN_KEYS = ("name", "data", "network", "objective", "solver", "train")
@@ -325,7 +326,7 @@ def _network_output(network: LayerConfig, what: str) -> tuple[int, ...]:
     return shapes[0]
 
 
-DATASETS = ("digits", "mnist", "fashion_mnist", "npz", "image_folder", "csv")
+DATASETS = ("digits", "mnist", "fashion_mnist", "npz", "npy", "image_folder", "csv")
 DIGITS_IGNORES = ("path", "num_classes")
 """data keys the bundled digits dataset has no use for (a run file giving them means another dataset)."""
 
@@ -378,8 +379,19 @@ def _check_data(data: dict) -> None:
     if isinstance(path, dict) and data.get("dataset") == "image_folder":
         if set(path) != {"train", "test"} or not all(isinstance(p, str) and p for p in path.values()):
             raise ConfigError(f"data.path: expected a folder, or {{train: DIR, test: DIR}}, got {path!r}"[:300])
+    elif data.get("dataset") == "npy":
+        if not isinstance(path, dict) or set(path) not in ({"x", "y"}, {"x_train", "y_train", "x_test", "y_test"}) \
+                or not all(isinstance(p, str) and p for p in path.values()):
+            raise ConfigError(f"data.path: the npy dataset needs {{x: X.npy, y: Y.npy}} or {{x_train: ..., y_train: "
+                              f"..., x_test: ..., y_test: ...}}, got {path!r}"[:300])
     elif "path" in data and (not isinstance(path, str) or not path):
         raise ConfigError(f"data.path: expected a file or directory path, got {path!r}")
+    if "workers" in data:
+        _checks.non_negative_int("data.workers", data["workers"])
+    if "augment" in data:
+        from .sources import augment
+
+        augment.from_dict(data["augment"])
     if "normalize" in data:
         from .sources import prepare
 

@@ -19,7 +19,7 @@ import numpy as np
 from . import _checks
 from ._memory import available_memory
 from .errors import ConfigError, LeafpyError, SerializationError
-from .sources import csv_table
+from .sources import csv_table, mapped
 from .sources import image_folder as _images
 from .sources.parts import Parts
 from .sources.prepare import Preparation  # noqa: F401  (re-exported: lp.data.Preparation)
@@ -64,7 +64,12 @@ class Dataset:
 
 def hash_array(h: Any, a: np.ndarray) -> None:
     """Add an array's dtype, shape and bytes to the hashlib object ``h`` (the bytes read once, not copied unless
-    the array is not contiguous)."""
+    the array is not contiguous; a memory-mapped one's a chunk at a time, with the rows it takes)."""
+    if isinstance(a, mapped.Mapped):
+        h.update(f"mapped{a.source.dtype.str}{a.shape};".encode())
+        for chunk in a.raw_chunks():
+            hash_array(h, chunk)
+        return
     a = np.ascontiguousarray(a)
     h.update(f"{a.dtype.str}{a.shape};".encode())
     if a.size:  # (an empty array has no bytes, and a memoryview of it cannot be cast)
@@ -81,7 +86,7 @@ def split(name: str, x: np.ndarray, y: np.ndarray, test_fraction: float, seed: i
                           f"fraction of {test_fraction:g} leaves none to train on; use more samples or a smaller "
                           "test_fraction")
     test, train = order[:n_test], order[n_test:]
-    return Dataset(name, x[train], y[train], x[test], y[test], num_classes)
+    return Dataset(name, mapped.take(x, train), y[train], mapped.take(x, test), y[test], num_classes)
 
 
 def digits(test_fraction: float = 0.2, seed: int = 0) -> Dataset:
@@ -255,7 +260,7 @@ NPZ_KEYS = (("x", "y"), ("x_train", "y_train", "x_test", "y_test"))
 
 
 def npz(path: str, *, test_fraction: float | None = None, seed: int = 0, num_classes: int | None = None,
-        targets: str = "classes") -> Dataset:
+        targets: str = "classes", memory_map: bool = False) -> Dataset:
     """A user's arrays from a NumPy ``.npz`` file (``np.savez``): ``x`` and ``y``, split at random by
     ``test_fraction`` (0.2 unless given), or ``x_train``, ``y_train``, ``x_test`` and ``y_test``, kept as they are
     unless ``test_fraction`` asks for a random split of everything.
@@ -263,18 +268,68 @@ def npz(path: str, *, test_fraction: float | None = None, seed: int = 0, num_cla
     Samples are ``x[i]`` of any shape (unsigned bytes are scaled to [0, 1], other numbers become float32 as they
     are). With ``targets="classes"`` the labels ``y`` are class indices, shape [N] or [N, 1], and ``num_classes``
     defaults to the largest label + 1; with ``targets="values"`` (regression) ``y[i]`` are real numbers of any
-    shape. The file is read without pickle: arrays of Python objects are refused."""
+    shape. The file is read without pickle: arrays of Python objects are refused.
+
+    ``memory_map``: the samples are read through a memory map (the file written by np.savez, not compressed) and
+    a batch is converted as it is taken (see :class:`leafpy.sources.mapped.Mapped`), so a file larger than memory
+    trains with bounded memory; the labels are read into memory."""
     path = _checks.path("npz: path", path)
     if targets not in ("classes", "values"):
         raise ConfigError(f"npz: targets must be 'classes' or 'values', got {targets!r}")
-    arrays = _read_npz(path, NPZ_KEYS, "x and y, or x_train, y_train, x_test and y_test (np.savez(path, x=..., "
-                               "y=...))", copies=lambda keys: 1 if test_fraction is None and len(keys) == 4 else
-                       1 + len(keys) // 2)  # a random split: the arrays joined (two pairs), then split
+    wanted = "x and y, or x_train, y_train, x_test and y_test (np.savez(path, x=..., y=...))"
+    if memory_map:
+        arrays = mapped.npz(path, lambda names: _layout(path, names, NPZ_KEYS, wanted))
+    else:
+        arrays = _read_npz(path, NPZ_KEYS, wanted, copies=lambda keys: 1 if test_fraction is None and len(keys) == 4
+                           else 1 + len(keys) // 2)  # a random split: the arrays joined (two pairs), then split
+    return _from_arrays(path, arrays, test_fraction, seed, num_classes, targets, memory_map)
+
+
+def npy(paths: dict[str, str], *, test_fraction: float | None = None, seed: int = 0, num_classes: int | None = None,
+        targets: str = "classes") -> Dataset:
+    """A user's arrays as ``.npy`` files (np.save): ``{"x": X.npy, "y": Y.npy}``, or ``x_train``, ``y_train``,
+    ``x_test`` and ``y_test``, read as :func:`npz` reads them with ``memory_map``: the samples through a memory
+    map, a batch at a time, so files larger than memory train with bounded memory."""
+    if not isinstance(paths, dict) or not all(isinstance(p, str) and p for p in paths.values()):
+        raise ConfigError(f"data.path: the npy dataset needs {{x: X.npy, y: Y.npy}} (or x_train, y_train, x_test, "
+                          f"y_test), got {paths!r}"[:300])
+    layout = _layout("data.path", list(paths), NPZ_KEYS, "x and y, or x_train, y_train, x_test and y_test")
+    extra = sorted(set(paths) - set(layout))
+    if extra:
+        raise ConfigError(f"data.path: unknown key{'s' * (len(extra) > 1)} {', '.join(extra)}; give "
+                          f"{', '.join(layout)}")
+    arrays = {k: mapped.npy(_checks.path(f"data.path.{k}", paths[k]), k) for k in layout}
+    return _from_arrays(paths[layout[0]], arrays, test_fraction, seed, num_classes, targets, True)
+
+
+def _layout(path: str, names: Sequence[str], layouts: Sequence[Sequence[str]], wanted: str) -> Sequence[str]:
+    """The one of ``layouts`` (tuples of array names) that ``names`` holds."""
+    found = [k for k in layouts if set(names) >= set(k)]
+    if not found:
+        raise SerializationError(f"{path}: expected arrays named {wanted}; the file has "
+                                 f"{', '.join(sorted(names)) or 'none'}")
+    if len(found) > 1:
+        raise SerializationError(f"{path}: holds both {' and '.join(', '.join(k) for k in found)}: which "
+                                 "is the data is ambiguous; save only one of them")
+    return found[0]
+
+
+def _from_arrays(path: str, arrays: dict[str, np.ndarray], test_fraction: float | None, seed: int,
+                 num_classes: int | None, targets: str, memory_map: bool) -> Dataset:
+    """A Dataset of the arrays :func:`npz` (or :func:`npy`) read, checked; mapped samples stay mapped."""
     layout = next(k for k in NPZ_KEYS if set(k) <= set(arrays))
+    if memory_map:
+        if len(layout) == 4 and test_fraction is not None:
+            raise ConfigError(f"data.test_fraction: {path} gives its own split (x_train, x_test), which a memory "
+                              "map keeps as it is; remove test_fraction")
+        check_memory(path, f"its labels and the order of its {len(arrays[layout[0]])} samples",
+                     16 * sum(len(arrays[k]) for k in layout[::2]))
     pairs = [(arrays[x_key], arrays[y_key], x_key, y_key) for x_key, y_key in zip(layout[::2], layout[1::2])]
-    xs, ys = [], []
+    xs: list[Any] = []  # (arrays, or mapped samples)
+    ys: list[np.ndarray] = []
     for x, y, x_key, y_key in pairs:
-        xs.append(_samples(path, x_key, x))
+        xs.append(_mapped_samples(path, x_key, x) if memory_map else _samples(path, x_key, x))
+        y = np.asarray(y)  # (labels: read into memory)
         if targets == "values":
             if y.ndim == 0 or len(y) != len(x):
                 raise SerializationError(f"{path}: {y_key} must hold one target per sample of {x_key} ({len(x)}), "
@@ -328,14 +383,7 @@ def _read_npz(path: str, layouts: Sequence[Sequence[str]], wanted: str,
             fh.seek(0)
             with zipfile.ZipFile(fh) as z:
                 sizes = {info.filename[:-4]: info.file_size for info in z.infolist() if info.filename.endswith(".npy")}
-                found = [k for k in layouts if set(sizes) >= set(k)]
-                if not found:
-                    raise SerializationError(f"{path}: expected arrays named {wanted}; the file has "
-                                             f"{', '.join(sorted(sizes)) or 'none'}")
-                if len(found) > 1:
-                    raise SerializationError(f"{path}: holds both {' and '.join(', '.join(k) for k in found)}: which "
-                                             "is the data is ambiguous; save only one of them")
-                layout = found[0]
+                layout = _layout(path, list(sizes), layouts, wanted)
                 declared = {}
                 for key in layout:
                     with z.open(key + ".npy") as member:
@@ -417,6 +465,18 @@ def _samples(path: str, key: str, x: np.ndarray, scale_bytes: bool = True) -> np
     return x32
 
 
+def _mapped_samples(path: str, key: str, x: np.ndarray) -> mapped.Mapped:
+    """Memory-mapped samples, checked as :func:`_samples` checks them a chunk at a time (nothing is kept)."""
+    if x.ndim < 2 or len(x) == 0:
+        raise SerializationError(f"{path}: {key} must hold samples as [N, ...] with N >= 1, got shape {x.shape}")
+    _real(path, key, x.dtype)
+    m = mapped.Mapped(x)
+    if x.dtype != np.uint8:
+        for chunk in m.raw_chunks():
+            _samples(path, key, chunk)
+    return m
+
+
 def _labels(path: str, key: str, y: np.ndarray, n: int, x_key: str) -> np.ndarray:
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
@@ -438,7 +498,7 @@ def batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, seed: int | None =
     """Batches of (x, y), shuffled reproducibly from (seed, epoch) unless seed is None; the last partial
     batch is yielded too."""
     batch_size = _checks.positive_int("data.batch_size", batch_size)
-    x, y = np.asarray(x), np.asarray(y)
+    x, y = x if isinstance(x, mapped.Mapped) else np.asarray(x), np.asarray(y)
     if x.ndim == 0 or y.ndim == 0 or len(x) != len(y):
         raise ConfigError(f"batches: x and y must hold one entry per sample, got x of shape {x.shape} and y of "
                           f"shape {y.shape}")
@@ -496,23 +556,33 @@ def load(spec: dict, targets: str = "classes", input_shape: Sequence[int] | None
         from . import sources
 
         return from_parts(sources.load(kind, spec, targets, input_shape), None if tf is None else float(tf), seed)
-    if targets == "values" and kind != "npz":
+    if targets == "values" and kind not in ("npz", "npy"):
         raise ConfigError(f"data.dataset: {kind} has class labels, and this objective needs values to regress "
                           "on: give them in an npz file (dataset: npz) or a CSV table (dataset: csv)")
     if kind == "digits":
         return digits(float(0.2 if tf is None else tf), seed)
+    if kind == "npy":
+        return npy(spec.get("path") or {}, test_fraction=None if tf is None else float(tf), seed=seed,
+                   num_classes=_num_classes(spec), targets=targets)
     if kind in ("mnist", "fashion_mnist", "npz"):
         path = spec.get("path")
         if not path:
             what = "the .npz file" if kind == "npz" else "the directory holding its IDX files"
             raise ConfigError(f"data.path: the {kind} dataset needs {what}")
         if kind == "npz":
-            classes = spec.get("num_classes")
-            if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int) or classes < 1):
-                raise ConfigError(f"data.num_classes: expected a positive integer, got {classes!r}")
-            return npz(path, test_fraction=None if tf is None else float(tf), seed=seed, num_classes=classes,
-                       targets=targets)
+            memory_map = spec.get("memory_map", False)
+            if not isinstance(memory_map, bool):
+                raise ConfigError(f"data.memory_map: expected true or false, got {memory_map!r}")
+            return npz(path, test_fraction=None if tf is None else float(tf), seed=seed,
+                       num_classes=_num_classes(spec), targets=targets, memory_map=memory_map)
         return mnist(path, test_fraction=None if tf is None else float(tf), seed=seed, name=kind,
                      input_shape=input_shape)
-    raise ConfigError(f"data.dataset: expected one of 'digits', 'mnist', 'fashion_mnist', 'npz', 'image_folder', "
-                      f"'csv', got {kind!r}")
+    raise ConfigError(f"data.dataset: expected one of 'digits', 'mnist', 'fashion_mnist', 'npz', 'npy', "
+                      f"'image_folder', 'csv', got {kind!r}")
+
+
+def _num_classes(spec: dict) -> int | None:
+    classes = spec.get("num_classes")
+    if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int) or classes < 1):
+        raise ConfigError(f"data.num_classes: expected a positive integer, got {classes!r}")
+    return classes

@@ -19,17 +19,19 @@ Under ``mpiexec -n N`` (see :mod:`leafpy.distributed`) every rank trains its sha
 
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import functools
 import io
+import itertools
 import json
 import math
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,7 +47,7 @@ from .layers.layer import Layer
 from .metrics import ConfusionMatrix, predictions, top_k_hits
 from .serialization import atomic_write
 from .solvers.solver import Solver
-from .sources import prepare
+from .sources import augment, mapped, prepare
 
 
 class TrainingDiverged(LeafpyError):
@@ -92,6 +94,9 @@ def resolve_data(run: run_config.RunConfig) -> None:
     data.setdefault("seed", 0)
     if data["dataset"] == "digits":
         data.setdefault("test_fraction", 0.2)
+    aug = augment.from_dict(data.pop("augment", None))
+    if aug is not None:  # written out whole: a resumed run compares it with the checkpoint's
+        data["augment"] = aug.to_dict()
     paths = data.get("path")  # one path, or {train: DIR, test: DIR}
     for key, p in (paths.items() if isinstance(paths, dict) else [(None, paths)]):
         if isinstance(p, str) and not os.path.isabs(p):
@@ -129,7 +134,7 @@ def evaluate(net: Layer, objective: Layer, x: np.ndarray, y: np.ndarray, classes
     n = len(x)
     if group is not None and group.size > 1:
         share = np.array_split(np.arange(n), group.size)[group.rank]
-        x, y = x[share], y[share]
+        x, y = mapped.take(x, share), y[share]
     for xb, yb in datasets.batches(x, y, batch_size, seed=None):
         out = net.forward([xb])[0]
         total += float(objective.forward([out, yb])[0].to_numpy().reshape(-1)[0]) * len(xb)
@@ -508,6 +513,12 @@ class Trainer:
         self.global_batch = self.batch_size * self.world
         self.batches_per_epoch = math.ceil(n / self.global_batch)
         self.seed = int(run.data.get("seed", 0))
+        self.workers = _checks.non_negative_int("data.workers", run.data.get("workers", 0))
+        """Threads preparing the next training batches (0: on the training thread)."""
+        self.augment = augment.from_dict(run.data.get("augment"))
+        """The training batches' augmentation (``data.augment``; none at evaluation), or None."""
+        if self.augment is not None:
+            augment.check_shape(self.augment, self.dataset.input_shape, f"the {self.dataset.name} samples")
         if resume and weights:
             raise ConfigError(f"Trainer: resume ({resume}) continues a run with its own weights and weights "
                               f"({weights}) starts a new one from a file's; give one of them")
@@ -596,7 +607,7 @@ class Trainer:
         trained_on = solver.trainer_state.get("data")
         if trained_on is not None:
             for key in sorted(set(trained_on) | set(run.data)):
-                if key == "batch_size":
+                if key in ("batch_size", "workers"):  # (neither changes what is trained)
                     continue
                 if trained_on.get(key) != run.data.get(key):
                     run_dir = os.path.dirname(resume) or "."
@@ -661,13 +672,45 @@ class Trainer:
     def _order(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.dataset.x_train))
 
-    def _batches(self, epoch: int, start: int) -> Iterable[tuple[int, np.ndarray]]:
-        """(samples of the epoch's order consumed after this batch, this rank's indices) from sample ``start``."""
+    def _batches(self, epoch: int, start: int) -> Generator[tuple[int, np.ndarray, np.ndarray], None, None]:
+        """(samples of the epoch's order consumed after this batch, this rank's samples x and targets y) from
+        sample ``start``; x augmented as ``data.augment`` says, from (seed, epoch, batch index) alone. With
+        ``data.workers`` > 0 that many threads prepare the next batches while the step runs (the same batches, in
+        the same order: each is a function of its position alone)."""
         order = self._order(epoch)
         step = self.global_batch
-        for begin in range(start, len(order), step):
-            chunk = order[begin:begin + step]
-            yield begin + len(chunk), chunk if self.group is None else shard(chunk, self.batch_size, self.group)
+        begins = range(start, len(order), step)
+        if not self.workers:
+            for begin in begins:
+                yield self._batch(order, epoch, begin)
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(self.workers, thread_name_prefix="leafpy-data")
+        try:
+            later = iter(begins)
+            ahead = collections.deque(pool.submit(self._batch, order, epoch, b)
+                                      for b in itertools.islice(later, 2 * self.workers))
+            while ahead:
+                ready = ahead.popleft().result()
+                for b in itertools.islice(later, 1):
+                    ahead.append(pool.submit(self._batch, order, epoch, b))
+                yield ready
+        finally:  # (also when training stops mid-epoch: fit closes the batches)
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _batch(self, order: np.ndarray, epoch: int, begin: int) -> tuple[int, np.ndarray, np.ndarray]:
+        """The batch of the epoch's ``order`` that starts at sample ``begin`` (see :meth:`_batches`)."""
+        step, ds = self.global_batch, self.dataset
+        chunk = order[begin:begin + step]
+        mine = np.arange(len(chunk)) if self.group is None else shard(np.arange(len(chunk)), self.batch_size,
+                                                                       self.group)
+        idx = chunk[mine]
+        xb = ds.x_train[idx]
+        if self.augment is not None:
+            draws = augment.draw(self.augment, len(chunk), self.seed, epoch, begin // step)
+            xb = augment.apply(xb, augment.take(draws, mine))
+        return begin + len(chunk), xb, ds.y_train[idx]
 
     def _train_step(self, xb: np.ndarray, yb: np.ndarray) -> Any:
         if self.parallel is not None:
@@ -681,7 +724,6 @@ class Trainer:
         a checkpoint is saved and TrainingInterrupted raised; on a NaN or infinite loss, TrainingDiverged."""
         if epochs is not None:
             self.epochs = _checks.non_negative_int("Trainer.fit: epochs", epochs)
-        ds = self.dataset
         solver = self.solver
         if self.out_dir is not None and self.is_root and self._describes_data:
             run_config.save(portable(self.resolved_run(), self.out_dir), os.path.join(self.out_dir,
@@ -689,6 +731,7 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_train_begin(self)
         handlers = self._install_signal_handlers()
+        batches: Generator[Any, None, None] = iter_none()
         try:
             epoch = self.start_epoch
             start = self.start_sample
@@ -704,8 +747,8 @@ class Trainer:
                     cb.on_epoch_begin(self, epoch)
                 t0 = time.perf_counter()
                 seen = 0
-                for batch, (done, idx) in enumerate(self._batches(epoch, start), start=self.position_batches):
-                    xb, yb = ds.x_train[idx], ds.y_train[idx]
+                batches = self._batches(epoch, start)
+                for batch, (done, xb, yb) in enumerate(batches, start=self.position_batches):
                     out = self._train_step(xb, yb)
                     hits = 0
                     if self.running is not None and len(yb):  # (a rank may have no share of a last batch)
@@ -742,6 +785,7 @@ class Trainer:
                 if self._stop_requested():
                     self._stop_on_signal()
         finally:
+            batches.close()  # (its worker threads end)
             for sig, previous in handlers:
                 signal.signal(sig, previous)
             for cb in self.callbacks:
@@ -957,3 +1001,8 @@ def check_samples(run: run_config.RunConfig, shape: Sequence[int], what: str, *,
                           f"{list(declared)}; " + (f"give samples of shape {list(declared[1:])}" if trained else
                           f"declare [{declared[0]}, {', '.join(map(str, shape))}] in network.inputs, or give samples "
                           f"of shape {list(declared[1:])} (data: {{dataset: npz, path: FILE.npz}})"))
+
+
+def iter_none() -> Generator[Any, None, None]:
+    """A generator of nothing (closing it does nothing)."""
+    yield from ()

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, SerializationError
+from .mapped import Mapped
 
 MAX_TEXT = 1 << 20
 """The largest preparation record (bytes of JSON) a model file may carry."""
@@ -31,7 +32,10 @@ class Preparation:
     target_std: tuple[float, ...] = ()
 
     def inputs(self, x: np.ndarray) -> np.ndarray:
-        """Samples [N, C, ...] (or [N, features]) normalised as the model was trained."""
+        """Samples [N, C, ...] (or [N, features]) normalised as the model was trained (memory-mapped samples stay
+        mapped, normalised a batch at a time as they are taken)."""
+        if isinstance(x, Mapped):
+            return x.normalized(self) if self.mean else x
         return _scale(x, self.mean, self.std)
 
     def targets(self, y: np.ndarray) -> np.ndarray:
@@ -131,10 +135,27 @@ def from_text(text: str, path: str) -> Preparation | None:
 
 def channel_statistics(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Mean and standard deviation per channel or feature (axis 1) of ``x`` [N, C, ...], in float64; a constant
-    channel gets standard deviation 1 (it is centred, not scaled)."""
+    channel gets standard deviation 1 (it is centred, not scaled). Memory-mapped samples are summed a chunk at
+    a time."""
+    if isinstance(x, Mapped):
+        return _streamed_statistics(x)
     axes = (0,) + tuple(range(2, x.ndim))
     mean = x.mean(axis=axes, dtype=np.float64)
     std = x.std(axis=axes, dtype=np.float64)
+    std = np.where(std > 1e-12, std, 1.0)
+    return tuple(map(float, np.atleast_1d(mean))), tuple(map(float, np.atleast_1d(std)))
+
+
+def _streamed_statistics(x: Mapped) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    total = squares = 0.0
+    count = 0
+    for chunk in x.chunks():
+        axes = (0,) + tuple(range(2, chunk.ndim))
+        total = total + chunk.sum(axis=axes, dtype=np.float64)
+        squares = squares + np.square(chunk, dtype=np.float64).sum(axis=axes)
+        count += chunk.size // (chunk.shape[1] if chunk.ndim > 1 else 1)
+    mean = np.asarray(total) / count
+    std = np.sqrt(np.maximum(np.asarray(squares) / count - mean * mean, 0.0))
     std = np.where(std > 1e-12, std, 1.0)
     return tuple(map(float, np.atleast_1d(mean))), tuple(map(float, np.atleast_1d(std)))
 

@@ -1,0 +1,161 @@
+"""Samples read through memory maps: a ``.npy`` file, or an uncompressed (``np.savez``) ``.npz`` member mapped at
+its data, so a dataset larger than memory trains with bounded memory. :class:`Mapped` stands for the samples as
+float32: indexing it with a batch's rows reads and converts those rows alone (unsigned bytes scaled to [0, 1],
+then normalised as the run says)."""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+import zipfile
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import _checks
+from ..errors import LeafpyError, SerializationError
+
+CHUNK_BYTES = 1 << 25
+"""About how many bytes of the file a pass over the samples (checks, fingerprint, statistics) reads at a time."""
+
+
+class Mapped:
+    """Samples [N, ...] kept in a memory-mapped array ``source`` (its rows ``rows``, in that order, where given):
+    ``m[idx]`` is float32, read and converted for those rows only; ``prep`` (an lp.data.Preparation) normalises."""
+
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, source: np.ndarray, rows: np.ndarray | None = None, prep: Any = None) -> None:
+        self.source, self.rows, self.prep = source, rows, prep
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self), *self.source.shape[1:])
+
+    @property
+    def ndim(self) -> int:
+        return self.source.ndim
+
+    def __len__(self) -> int:
+        return len(self.source) if self.rows is None else len(self.rows)
+
+    def __getitem__(self, idx: Any) -> np.ndarray:
+        if isinstance(idx, (int, np.integer)):
+            return self[np.array([idx])][0]
+        idx = np.arange(len(self))[idx] if isinstance(idx, slice) else np.asarray(idx)
+        return self.convert(self.source[idx if self.rows is None else self.rows[idx]])
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        """Every sample in memory (what a memory map is there to avoid: for small sets and checks)."""
+        whole = np.concatenate(list(self.chunks())) if len(self) else np.empty(self.shape, np.float32)
+        return whole if dtype is None else whole.astype(dtype)
+
+    def convert(self, raw: np.ndarray) -> np.ndarray:
+        """Rows of the file as samples: float32, unsigned bytes scaled to [0, 1], normalised by ``prep``."""
+        x = np.array(raw, np.float32)
+        if self.source.dtype == np.uint8:
+            x /= np.float32(255.0)
+        return x if self.prep is None else self.prep.inputs(x)
+
+    def take(self, rows: np.ndarray) -> Mapped:
+        """These samples (indices into this one), still mapped."""
+        return Mapped(self.source, rows if self.rows is None else self.rows[rows], self.prep)
+
+    def normalized(self, prep: Any) -> Mapped:
+        return Mapped(self.source, self.rows, prep)
+
+    def raw_chunks(self) -> Iterator[np.ndarray]:
+        """The samples' rows as the file holds them, in order, about :data:`CHUNK_BYTES` at a time."""
+        step = max(1, CHUNK_BYTES // max(1, math.prod(self.source.shape[1:]) * self.source.dtype.itemsize))
+        for start in range(0, len(self), step):
+            part = slice(start, start + step)
+            yield np.asarray(self.source[part] if self.rows is None else self.source[self.rows[part]])
+
+    def chunks(self) -> Iterator[np.ndarray]:
+        """The samples as float32, in order, a chunk at a time."""
+        for raw in self.raw_chunks():
+            yield self.convert(raw)
+
+
+def take(x: Any, rows: np.ndarray) -> Any:
+    """``x[rows]``, still mapped where ``x`` is :class:`Mapped`."""
+    return x.take(rows) if isinstance(x, Mapped) else x[rows]
+
+
+def _header(fh: Any, path: str, key: str, size: int) -> tuple[tuple[int, ...], np.dtype, int]:
+    """(shape, dtype, offset of the data in the file) of the .npy header at ``fh``'s position, whose array the
+    file must hold whole within ``size`` bytes from there."""
+    start = fh.tell()
+    try:
+        version = np.lib.format.read_magic(fh)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read(fh)
+    except (ValueError, SyntaxError, EOFError) as e:
+        raise SerializationError(f"{path}: {key} is not a readable .npy array ({e}); write it again with np.save "
+                                 "(or np.savez)") from e
+    if dtype.hasobject:
+        raise SerializationError(f"{path}: it holds arrays of Python objects ({key}); save plain arrays of numbers")
+    if fortran and len(shape) > 1:
+        raise SerializationError(f"{path}: {key} is stored in Fortran order, which cannot be read a sample at a "
+                                 f"time; save np.ascontiguousarray({key}) instead")
+    offset = fh.tell()
+    nbytes = math.prod(shape) * dtype.itemsize
+    if offset - start + nbytes > size:
+        raise SerializationError(f"{path}: {key} declares shape {tuple(shape)} of {dtype} ({nbytes} bytes), but the "
+                                 f"file holds {size - (offset - start)} bytes for it; the file is truncated or "
+                                 "damaged: write it again")
+    return tuple(shape), dtype, offset
+
+
+def _map(path: str, shape: tuple[int, ...], dtype: np.dtype, offset: int) -> np.ndarray:
+    if math.prod(shape) == 0:  # (an empty array cannot be mapped; it is refused as a dataset later)
+        return np.zeros(shape, dtype)
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
+
+
+def npy(path: str, key: str) -> np.ndarray:
+    """A ``.npy`` file (np.save) mapped read-only, its header checked first."""
+    try:
+        with _checks.open_regular(path, "a NumPy .npy file") as fh:
+            shape, dtype, offset = _header(fh, path, key, os.fstat(fh.fileno()).st_size)
+        return _map(path, shape, dtype, offset)
+    except OSError as e:
+        if isinstance(e, LeafpyError):
+            raise
+        raise LeafpyError(f"{path}: cannot read the dataset: {e.strerror or e}") from e
+
+
+def npz(path: str, choose: Callable[[Sequence[str]], Sequence[str]]) -> dict[str, np.ndarray]:
+    """The members of an uncompressed ``.npz`` file (np.savez) that ``choose`` picks from the names it holds,
+    each mapped read-only at its data, after checking that it is stored (not compressed) and that its .npy header
+    fits the space the archive gives it."""
+    try:
+        with _checks.open_regular(path, "a NumPy .npz file") as fh:
+            if not zipfile.is_zipfile(fh):
+                raise SerializationError(f"{path}: not a NumPy .npz file (np.savez(path, x=..., y=...) writes one)")
+            fh.seek(0)
+            with zipfile.ZipFile(fh) as z:
+                infos = {i.filename[:-4]: i for i in z.infolist() if i.filename.endswith(".npy")}
+            return {key: _member(fh, path, key, infos[key]) for key in choose(list(infos))}
+    except (OSError, zipfile.BadZipFile, struct.error) as e:
+        if isinstance(e, LeafpyError):
+            raise
+        raise SerializationError(f"{path}: not a readable NumPy .npz file ({e}); write it again with np.savez") from e
+
+
+def _member(fh: Any, path: str, key: str, info: zipfile.ZipInfo) -> np.ndarray:
+    if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
+        raise SerializationError(f"{path}: {key} is compressed (np.savez_compressed), and a memory map reads the "
+                                 "data as stored; save the arrays with np.savez, or set data.memory_map: false")
+    fh.seek(info.header_offset)
+    local = fh.read(30)
+    if len(local) < 30 or local[:4] != b"PK\x03\x04":
+        raise SerializationError(f"{path}: the zip entry of {key} is damaged; write the file again with np.savez")
+    names, extra = struct.unpack("<HH", local[26:30])
+    fh.seek(info.header_offset + 30 + names + extra)
+    shape, dtype, offset = _header(fh, path, key, info.file_size)
+    if offset + math.prod(shape) * dtype.itemsize > os.fstat(fh.fileno()).st_size:
+        raise SerializationError(f"{path}: {key} runs past the end of the file; the file is truncated")
+    return _map(path, shape, dtype, offset)

@@ -1,0 +1,123 @@
+"""Datasets read through memory maps (``dataset: npz`` with ``memory_map: true``, ``dataset: npy``): through the
+leafpy command they train as the same arrays loaded whole do, and a file whose float32 samples exceed the
+process's address-space limit (RLIMIT_AS, set in the child as ``ulimit -v`` would) trains an epoch under it, where
+loading it whole is refused."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_user_paths import ROOT, _weights, failed_cleanly, leafpy
+
+RUN = """
+name: mapped
+data: {dataset: npz, path: data.npz, batch_size: 64, test_fraction: 0.25, seed: 0}
+train: {epochs: 1}
+network:
+  type: Sequential
+  inputs: [{name: data, shape: [64, 3, 64, 64]}]
+  layers:
+    - {name: pool, type: Pooling, mode: average, filter_shape: [8, 8], stride: 8}
+    - {name: flat, type: Flatten}
+    - {name: head, type: Linear, output_size: 5}
+    - {name: logsm, type: LogSoftmax}
+objective:
+  type: Sequential
+  inputs: [{name: network_out, shape: [64, 5]}, {name: label, shape: [64, 1]}]
+  layers:
+    - {name: nll, type: NegativeLogLikelihood, num_classes: 5}
+solver: {solver: momentum, base_lr: 0.05, momentum: 0.9, seed: 3}
+"""
+
+
+def _write(tmp_path: Path, n: int, dtype: type = np.uint8) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 5, n)
+    x = rng.integers(0, 255, (n, 3, 64, 64), dtype=np.uint8)
+    x[:, 0, :8, :8] = y[:, None, None] * 50  # something to learn
+    x = x.astype(dtype)
+    (tmp_path / "run.yaml").write_text(RUN)
+    np.savez(tmp_path / "data.npz", x=x, y=y)
+    return x, y
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.float64])
+def test_mapped_npz_and_npy_train_as_the_arrays_loaded_whole(tmp_path, dtype):
+    x, y = _write(tmp_path, 400, dtype)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    runs = {"whole": [], "mapped": ["--set", "data.memory_map=true"],
+            "npy": ["--set", "data.dataset=npy", "--set", "data.path={x: x.npy, y: y.npy}"]}
+    for out, extra in runs.items():
+        p = leafpy(tmp_path, "train", "run.yaml", "--out", out, "--epochs", "2", *extra)
+        assert p.returncode == 0, p.stderr
+    w = {out: _weights(tmp_path / out / "model.leaf") for out in runs}
+    for out in ("mapped", "npy"):
+        for name in w["whole"]:
+            assert np.array_equal(w["whole"][name], w[out][name]), (out, name)  # converted a batch at a time alike
+    assert "x: ../x.npy" in (tmp_path / "npy" / "run.yaml").read_text()
+    e = leafpy(tmp_path, "evaluate", "npy")
+    assert e.returncode == 0 and "held-out accuracy" in e.stdout, e.stderr
+
+
+def test_a_mapped_dataset_that_cannot_be_mapped_is_refused_naming_the_fix(tmp_path):
+    x, y = _write(tmp_path, 40)
+    np.savez_compressed(tmp_path / "small.npz", x=x, y=y)
+    p = leafpy(tmp_path, "train", "run.yaml", "--out", "r", "--set", "data.path=small.npz", "--set",
+               "data.memory_map=true")
+    failed_cleanly(p, "small.npz", "compressed", "np.savez", "memory_map: false")
+    np.save(tmp_path / "x.npy", np.asfortranarray(x))
+    np.save(tmp_path / "y.npy", y)
+    q = leafpy(tmp_path, "train", "run.yaml", "--out", "r", "--set", "data.dataset=npy", "--set",
+               "data.path={x: x.npy, y: y.npy}")
+    failed_cleanly(q, "x.npy", "Fortran order", "np.ascontiguousarray")
+    r = leafpy(tmp_path, "train", "run.yaml", "--out", "r", "--set", "data.dataset=npy", "--set", "data.path=x.npy")
+    failed_cleanly(r, "data.path", "{x: X.npy, y: Y.npy}")
+    s = leafpy(tmp_path, "train", "run.yaml", "--out", "r", "--set", "data.memory_map=sure")
+    failed_cleanly(s, "data.memory_map", "true or false")
+
+
+CHILD = textwrap.dedent("""
+    import atexit, resource, runpy, sys
+    resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]), int(sys.argv[1])))
+
+    def peak():
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM"):
+                print("peak resident", line.split(":")[1].strip(), file=sys.stderr)
+
+    atexit.register(peak)
+    sys.argv = ["leafpy"] + sys.argv[2:]
+    runpy.run_module("leafpy", run_name="__main__")
+""")
+
+
+def test_a_dataset_larger_than_the_address_space_limit_trains_through_a_memory_map(tmp_path):
+    n = 16384  # 201 MB of uint8 samples: 805 MB as float32
+    _write(tmp_path, n)
+    size = os.path.getsize(tmp_path / "data.npz")
+    limit = size + (450 << 20)  # the file mapped, the interpreter, NumPy and leafpy, batches
+    assert n * 3 * 64 * 64 * 4 > limit
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg",
+           "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
+
+    def train(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", CHILD, str(limit), "train", "run.yaml", "--epochs", "1", *extra],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+    whole = train("--out", "whole")  # loading it whole: refused before anything is allocated
+    assert whole.returncode == 1 and "memory-mapped dataset" in whole.stderr, whole.stderr
+    assert "Traceback" not in whole.stderr
+    p = train("--out", "mapped", "--set", "data.memory_map=true")
+    assert p.returncode == 0, p.stderr
+    accuracy = float(p.stdout.split("held-out accuracy: ")[1].split("%")[0])
+    assert accuracy > 50.0, p.stdout  # it learned the marked corner (chance: 20%)
+    peak_kb = int(p.stderr.split("peak resident")[1].split()[0])
+    print(f"file {size >> 20} MiB, limit {limit >> 20} MiB, peak resident {peak_kb >> 10} MiB")
+    assert peak_kb * 1024 < limit
