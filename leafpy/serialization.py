@@ -369,7 +369,7 @@ def encode(msg: Any, struct_name: str) -> bytes:
     return b"".join(_encode_parts(msg, struct_name))
 
 
-def _read_file(path: str) -> bytearray:
+def _read_file(path: str) -> memoryview:
     try:
         # a missing file, no permission: OSError; a FIFO, a device, a directory: refused without waiting
         with _checks.open_regular(path, "a .leaf file", SerializationError) as f:
@@ -379,14 +379,14 @@ def _read_file(path: str) -> bytearray:
             if size > MAX_FILE_BYTES:
                 raise SerializationError(f"{path}: the file is {size} bytes, over the limit of {MAX_FILE_BYTES} "
                                          "(leafpy.serialization.MAX_FILE_BYTES)")
-            data = bytearray(size)  # one buffer, writable: the weights are views of it
+            data = np.empty(size, np.uint8)  # one buffer, writable, not zeroed first: the weights are views of it
             got = f.readinto(data)
             extra = f.read(1)
     except OSError as e:
         raise SerializationError(f"{path}: cannot read: {e.strerror or e}") from e
     if got != size or extra:
         raise SerializationError(f"{path}: the file changed size while it was read; read it again")
-    return data
+    return memoryview(data)
 
 
 def _read_message(path: str | os.PathLike, struct_name: str) -> Any:
@@ -408,14 +408,14 @@ def _read_parts(path: str, struct_name: str) -> tuple[Any, str, memoryview | Non
     (a view of the buffer the file was read into; None for other files)."""
     data = _read_file(path)
     raw = None
-    if data.startswith(MAGIC):
+    if data[:len(MAGIC)] == MAGIC:
         if len(data) < _HEADER.size:
             raise SerializationError(f"{path}: a leafpy file cut short in its header (truncated)")
         _, version, kind, words, length, crc = _HEADER.unpack_from(data)
         if version > FORMAT_VERSION:
             raise SerializationError(f"{path}: written by a newer leafpy (file format {version}, this leafpy reads "
                                      f"up to {FORMAT_VERSION}); upgrade leafpy")
-        rest = memoryview(data)[_HEADER.size:]
+        rest = data[_HEADER.size:]
         start = _raw_start(length) - _HEADER.size
         if len(rest) != length and (version < 2 or len(rest) < start):
             raise SerializationError(f"{path}: the file holds {len(rest)} bytes of data where its header "
@@ -432,7 +432,7 @@ def _read_parts(path: str, struct_name: str) -> tuple[Any, str, memoryview | Non
         if version >= 2:
             raw = rest[start:]
     else:
-        payload = memoryview(data)
+        payload = data
         words = 128 * len(data)  # a Leaf file carries no size: packing turns at most 256 zero words into 2 bytes
         origin = "bare"
     # reading a field again counts its words again: allow 8 readings of each word, and never more words than
