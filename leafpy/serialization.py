@@ -248,11 +248,12 @@ def remove_temporaries(directory: str, targets: Callable[[str], bool]) -> list[s
 
 def atomic_write(path: str | os.PathLike, data: bytes | Sequence[bytes | memoryview],
                  example: str = "model.leaf") -> None:
-    """Write ``data`` (bytes, or a sequence of buffers written one after the other) to ``path`` so that a failure at any point leaves the previous file intact: a temporary file
-    beside the target, synced, then renamed over it. A symbolic link is written through (its target is replaced,
-    the link stays); a target that exists but is not a regular file (a device, a FIFO) is refused; the file keeps
-    the existing file's permissions, or gets those the umask gives a new file; the temporary file never stays.
-    ``example``: the file name a message suggests where ``path`` is a directory."""
+    """Write ``data`` (bytes, or a sequence of buffers written one after the other) to ``path`` so that a failure at
+    any point leaves the previous file intact: a temporary file beside the target, synced, then renamed over it.
+    A symbolic link is written through (its target is replaced, the link stays); a target that exists but is not a
+    regular file (a device, a FIFO) is refused; the file keeps the existing file's permissions, or gets those the
+    umask gives a new file; the temporary file never stays. ``example``: the file name a message suggests where
+    ``path`` is a directory."""
     path = os.fspath(path)
     if os.path.islink(path):
         path = os.path.realpath(path)
@@ -321,7 +322,7 @@ payload's length in bytes, and a CRC-32 of the header's other fields and everyth
 the packed message, zeros up to the next multiple of RAW_ALIGN, and the raw section, which runs to the end)."""
 
 
-def _checksum(header_fields: bytes, chunks: Iterable[bytes | memoryview]) -> int:
+def _checksum(header_fields: bytes | memoryview, chunks: Iterable[bytes | memoryview]) -> int:
     crc = zlib.crc32(header_fields)
     for chunk in chunks:
         crc = zlib.crc32(chunk, crc)
@@ -346,7 +347,7 @@ class _RawSection:
         """Append a contiguous little-endian float32 array; returns its offset in the section."""
         offset = self.size
         pad = -flat.nbytes % RAW_ALIGN
-        self.chunks += [memoryview(flat).cast("B"), _PAD[:pad]]
+        self.chunks += [flat.data.cast("B"), _PAD[:pad]]
         self.size += flat.nbytes + pad
         return offset
 
@@ -386,7 +387,7 @@ def _read_file(path: str) -> memoryview:
         raise SerializationError(f"{path}: cannot read: {e.strerror or e}") from e
     if got != size or extra:
         raise SerializationError(f"{path}: the file changed size while it was read; read it again")
-    return memoryview(data)
+    return data.data
 
 
 def _read_message(path: str | os.PathLike, struct_name: str) -> Any:
