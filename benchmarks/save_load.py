@@ -1,9 +1,15 @@
-"""Model file benchmark: the time and the memory that saving and loading a network take (native backend).
+"""Model file benchmark: the time and the memory that saving and loading a network take (native backend), beside
+NumPy writing and reading the same arrays (``np.save`` into one file, then ``np.load``).
 
 Each phase runs in a fresh child process, which reports its seconds and its peak resident memory above what it
-held before the phase began (the built network, for a save; nothing but Python and leafpy, for a load).
+held before the phase began (the built network or the arrays, for a save; nothing but Python and leafpy, for a
+load). Every phase runs ``--repeat`` times, alternating; the table gives the median. leafpy's save ends with an
+fsync (a saved model is on the disk when ``save`` returns); ``np.save`` does not, so NumPy is timed both ways.
 
-    python benchmarks/save_load.py [--config alexnet.yaml] [--batch 1] [--json FILE]
+    python benchmarks/save_load.py [--model fc|alexnet] [--repeat 3] [--json FILE]
+
+``--model fc`` (the default) is AlexNet's fully connected layers, Linear 9216->4096->4096->1000 with biases
+(58.6 M weights); ``--model alexnet`` the whole of configs/alexnet.yaml.
 """
 
 from __future__ import annotations
@@ -12,61 +18,103 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+PHASES = ("leafpy save", "leafpy load", "numpy save", "numpy save+fsync", "numpy load")
 
 
 def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def child(phase: str, config: str, batch: int, path: str) -> None:
-    sys.path.insert(0, str(ROOT))
+def _network(model: str) -> Any:
     import leafpy as lp
 
     be = lp.backend("native")
-    if phase == "save":
-        run = lp.config.load(str(ROOT / "configs" / config))
-        net = lp.Layer.from_config(be, run.network, seed=0)
+    if model == "alexnet":
+        return lp.Layer.from_config(be, lp.config.load(str(ROOT / "configs" / "alexnet.yaml")).network, seed=0)
+    cfg = lp.SequentialConfig(inputs=[("data", [1, 9216])])
+    for i, (name, size) in enumerate((("fc6", 4096), ("fc7", 4096), ("fc8", 1000))):
+        cfg.add_layer(lp.LayerConfig(name, lp.LinearConfig(output_size=size)))
+        if i < 2:
+            cfg.add_layer(lp.LayerConfig(f"relu{i + 6}", "ReLU"))
+    net = lp.Layer.from_config(be, lp.LayerConfig("fc", cfg), seed=0)
+    import numpy as np
+
+    net.forward([np.zeros((1, 9216), np.float32)])
+    return net
+
+
+def child(phase: str, model: str, path: str) -> dict[str, Any]:
+    sys.path.insert(0, str(ROOT))
+    import numpy as np
+
+    import leafpy as lp
+
+    weights = 0
+    if phase == "leafpy load" or phase == "numpy load":
         base = _peak_mb()
         t = time.perf_counter()
-        net.save(path)
+        if phase == "leafpy load":
+            net = lp.Layer.load(lp.backend("native"), path)
+            weights = net.num_parameters()
+        else:
+            with open(path, "rb") as f:
+                arrays = []
+                while f.tell() < os.fstat(f.fileno()).st_size:
+                    arrays.append(np.load(f))
     else:
+        net = _network(model)
         base = _peak_mb()
         t = time.perf_counter()
-        net = lp.Layer.load(be, path)
+        if phase == "leafpy save":
+            net.save(path)
+        else:
+            with open(path, "wb") as f:
+                for a in net.named_weights().values():
+                    np.save(f, a)
+                if phase.endswith("fsync"):
+                    f.flush()
+                    os.fsync(f.fileno())
+        weights = net.num_parameters()
     seconds = time.perf_counter() - t
-    weights = sum(w.to_numpy().size for w in net.learnable_weights_data())
-    print(json.dumps({"phase": phase, "seconds": seconds, "peak_mb_above": _peak_mb() - base,
-                      "weights": weights, "file_mb": os.path.getsize(path) / 2**20}))
+    return {"phase": phase, "seconds": seconds, "peak_mb_above": _peak_mb() - base, "weights": weights,
+            "file_mb": os.path.getsize(path) / 2**20}
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default="alexnet.yaml", help="a run file in configs/")
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--model", default="fc", choices=("fc", "alexnet"))
+    p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--json", help="write the results here")
     p.add_argument("--child", nargs=2, metavar=("PHASE", "PATH"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        child(args.child[0], args.config, args.batch, args.child[1])
+        print(json.dumps(child(args.child[0], args.model, args.child[1])))
         return 0
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        path = str(Path(tmp) / "model.leaf")
-        for phase in ("save", "load"):
-            out = subprocess.run([sys.executable, __file__, "--config", args.config, "--child", phase, path],
-                                 capture_output=True, text=True, check=True)
-            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    w = rows[0]["weights"]
-    print(f"# {args.config}: {w / 1e6:.1f} M weights, file {rows[0]['file_mb']:.0f} MB")
-    for r in rows:
-        print(f"{r['phase']:<5} {r['seconds']:8.2f} s   peak memory +{r['peak_mb_above']:8.0f} MB")
+    rows: dict[str, list[dict[str, Any]]] = {ph: [] for ph in PHASES}
+    with tempfile.TemporaryDirectory(dir=os.environ.get("LEAFPY_BENCH_DIR")) as tmp:
+        for _ in range(args.repeat):
+            for phase in PHASES:
+                path = str(Path(tmp) / ("model.leaf" if phase.startswith("leafpy") else "arrays.npy"))
+                out = subprocess.run([sys.executable, __file__, "--model", args.model, "--child", phase, path],
+                                     capture_output=True, text=True, check=True)
+                rows[phase].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    first = rows["leafpy save"][0]
+    print(f"# model {args.model}: {first['weights'] / 1e6:.1f} M weights, leafpy file {first['file_mb']:.0f} MB, "
+          f"npy {rows['numpy save'][0]['file_mb']:.0f} MB; medians of {args.repeat}")
+    for phase in PHASES:
+        secs = [r["seconds"] for r in rows[phase]]
+        peak = statistics.median(r["peak_mb_above"] for r in rows[phase])
+        print(f"{phase:<17} {statistics.median(secs):7.3f} s  (min {min(secs):.3f}, max {max(secs):.3f})   "
+              f"peak memory +{peak:6.0f} MB")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

@@ -13,7 +13,9 @@ struct Weight {
 struct Tensor {
   shape @0 :List(UInt64);
   data @1 :List(Float32);   # Leaf's way
-  raw @2 :Data;             # leafpy's: the values as little-endian float32 bytes (data is then empty)
+  raw @2 :Data;             # leafpy's format 1: the values as little-endian float32 bytes (data is then empty)
+  offset @3 :UInt64;        # format 2 (raw and data empty): where the values, little-endian float32 bytes, begin
+                            # in the raw section that follows the message in the file
 }
 
 struct Layer {

@@ -196,9 +196,10 @@ def open_regular(path: str, what: str, error: type[Exception] = ConfigError) -> 
         raise
 
 
-def read_whole(path: str, what: str, limit: int, over: str, error: type[Exception] = ConfigError) -> bytes:
+def read_whole(path: str, what: str, limit: int, over: str, error: type[Exception] = ConfigError) -> memoryview:
     """The bytes of a regular file (see :func:`open_regular`) that is neither empty nor over ``limit`` bytes
-    (``over`` says why that is the limit), read once; a file that changes size while it is read is refused."""
+    (``over`` says why that is the limit), read once into one writable buffer that is not zeroed first (arrays may
+    be views of it); a file that changes size while it is read is refused."""
     try:
         with open_regular(path, what, error) as f:
             size = os.fstat(f.fileno()).st_size
@@ -206,12 +207,14 @@ def read_whole(path: str, what: str, limit: int, over: str, error: type[Exceptio
                 raise error(f"{path}: the file is empty")
             if size > limit:
                 raise error(f"{path}: the file is {size} bytes, over {over}")
-            data = f.read(size + 1)
+            data = np.empty(size, np.uint8)
+            got = f.readinto(data)
+            extra = f.read(1)
     except OSError as e:
         raise error(f"{path}: cannot read: {e.strerror or e}") from e
-    if len(data) != size:
+    if got != size or extra:
         raise error(f"{path}: the file changed size while it was read; read it again")
-    return bytes(data)
+    return data.data
 
 
 def regular_file(path: str, what: str, error: type[Exception] = ConfigError) -> None:

@@ -7,7 +7,10 @@ what it read. Config dataclasses map onto schema structs field by field (snake_c
 type needs only its schema entry.
 
 Files use the packed encoding, as Leaf 0.2.1's did, and Leaf's files load: its weight names ``"{layer}-{i}"`` are
-understood, and its convolution filters, stored flipped, are turned back (``from_leaf``, ``to_leaf``).
+understood, and its convolution filters, stored flipped, are turned back (``from_leaf``, ``to_leaf``). leafpy's own
+files (format 2) keep the message small: the weights follow it in a raw section, written straight from the arrays'
+buffers and read back as views of the one buffer the file is read into (format 1 files, the weights inside the
+message, still load).
 
 Saving is atomic: a temporary file in the target's directory, flushed and fsynced, then renamed over the target.
 Loading never trusts the file: its size is capped, the reader has a traversal and a nesting limit, and every
@@ -27,7 +30,7 @@ import struct
 import tempfile
 import warnings
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -243,12 +246,14 @@ def remove_temporaries(directory: str, targets: Callable[[str], bool]) -> list[s
     return removed
 
 
-def atomic_write(path: str | os.PathLike, data: bytes, example: str = "model.leaf") -> None:
-    """Write ``data`` to ``path`` so that a failure at any point leaves the previous file intact: a temporary file
-    beside the target, synced, then renamed over it. A symbolic link is written through (its target is replaced,
-    the link stays); a target that exists but is not a regular file (a device, a FIFO) is refused; the file keeps
-    the existing file's permissions, or gets those the umask gives a new file; the temporary file never stays.
-    ``example``: the file name a message suggests where ``path`` is a directory."""
+def atomic_write(path: str | os.PathLike, data: bytes | Sequence[bytes | memoryview],
+                 example: str = "model.leaf") -> None:
+    """Write ``data`` (bytes, or a sequence of buffers written one after the other) to ``path`` so that a failure at
+    any point leaves the previous file intact: a temporary file beside the target, synced, then renamed over it.
+    A symbolic link is written through (its target is replaced, the link stays); a target that exists but is not a
+    regular file (a device, a FIFO) is refused; the file keeps the existing file's permissions, or gets those the
+    umask gives a new file; the temporary file never stays. ``example``: the file name a message suggests where
+    ``path`` is a directory."""
     path = os.fspath(path)
     if os.path.islink(path):
         path = os.path.realpath(path)
@@ -280,7 +285,8 @@ def atomic_write(path: str | os.PathLike, data: bytes, example: str = "model.lea
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), mode)
-            f.write(data)
+            for chunk in [data] if isinstance(data, (bytes, bytearray, memoryview)) else data:
+                f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -304,27 +310,69 @@ def atomic_write(path: str | os.PathLike, data: bytes, example: str = "model.lea
 
 MAGIC = b"\x89LEAFPY\n"
 """The first bytes of every file leafpy writes (Leaf's files, bare packed messages, have none)."""
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""1: the weights inside the message (``Tensor.raw``); 2: in the raw section after it (``Tensor.offset``)."""
+RAW_ALIGN = 64
+"""Format 2: the raw section, and each array in it, starts at a multiple of this many bytes from the file's start."""
+_PAD = bytes(RAW_ALIGN)
 _KINDS = {"Layer": 1, "SolverCheckpoint": 2}
 _HEADER = struct.Struct("<8sIIQQI")
 """magic, format version, kind (1 model, 2 checkpoint), the message's unpacked size in words, the packed
-payload's length in bytes, and a CRC-32 of the header's other fields and the payload."""
+payload's length in bytes, and a CRC-32 of the header's other fields and everything after the header (format 2:
+the packed message, zeros up to the next multiple of RAW_ALIGN, and the raw section, which runs to the end)."""
 
 
-def _checksum(header_fields: bytes, payload: bytes | memoryview) -> int:
-    return zlib.crc32(payload, zlib.crc32(header_fields)) & 0xFFFFFFFF
+def _checksum(header_fields: bytes | memoryview, chunks: Iterable[bytes | memoryview]) -> int:
+    crc = zlib.crc32(header_fields)
+    for chunk in chunks:
+        crc = zlib.crc32(chunk, crc)
+    return crc & 0xFFFFFFFF
 
 
-def encode(msg: Any, struct_name: str) -> bytes:
-    """A leafpy file: the header (marker, version, kind, sizes, checksum) and the packed message."""
+def _raw_start(length: int) -> int:
+    """Where a format-2 file's raw section starts, after a packed message of ``length`` bytes."""
+    end = _HEADER.size + length
+    return end + (-end % RAW_ALIGN)
+
+
+class _RawSection:
+    """The arrays a format-2 file holds after its message, each starting RAW_ALIGN-aligned: kept as views of the
+    arrays themselves, so that writing them copies nothing."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes | memoryview] = []
+        self.size = 0
+
+    def add(self, flat: np.ndarray) -> int:
+        """Append a contiguous little-endian float32 array; returns its offset in the section."""
+        offset = self.size
+        pad = -flat.nbytes % RAW_ALIGN
+        self.chunks += [flat.data.cast("B"), _PAD[:pad]]
+        self.size += flat.nbytes + pad
+        return offset
+
+
+def _encode_parts(msg: Any, struct_name: str, section: _RawSection | None = None) -> list[bytes | memoryview]:
+    """A leafpy file as buffers to write one after the other: the header (marker, version, kind, sizes, checksum),
+    the packed message and, when ``section`` holds arrays, padding and the raw section."""
     payload = msg.to_bytes_packed()
     words = int(msg.total_size.word_count) + 1
     fields = _HEADER.pack(MAGIC, FORMAT_VERSION, _KINDS[struct_name], words, len(payload), 0)[:-4]
-    return fields + struct.pack("<I", _checksum(fields, payload)) + payload
+    rest: list[bytes | memoryview] = [payload]
+    if section is not None and section.size:
+        rest += [_PAD[:_raw_start(len(payload)) - _HEADER.size - len(payload)], *section.chunks]
+    return [fields + struct.pack("<I", _checksum(fields, rest)), *rest]
 
 
-def _read_file(path: str) -> bytes:
-    # a missing file, no permission, a FIFO, a device, a directory: refused without waiting
+def encode(msg: Any, struct_name: str) -> bytes:
+    """A leafpy file of ``msg`` alone (its weights, if any, inside it as ``Tensor.raw``): the header and the packed
+    message."""
+    return b"".join(_encode_parts(msg, struct_name))
+
+
+def _read_file(path: str) -> memoryview:
+    # a missing file, no permission, a FIFO, a device, a directory: refused without waiting; one buffer, which the
+    # weights are views of
     return _checks.read_whole(path, "a .leaf file", MAX_FILE_BYTES,
                               f"the limit of {MAX_FILE_BYTES} (leafpy.serialization.MAX_FILE_BYTES)",
                               SerializationError)
@@ -340,19 +388,28 @@ def _read_message(path: str | os.PathLike, struct_name: str) -> Any:
 def read_message(path: str, struct_name: str) -> tuple[Any, str]:
     """(message, origin): origin "leafpy" for a file with leafpy's header, "bare" for a bare packed message
     (Leaf 0.2.1's files, and leafpy's before the header)."""
+    msg, origin, _ = _read_parts(path, struct_name)
+    return msg, origin
+
+
+def _read_parts(path: str, struct_name: str) -> tuple[Any, str, memoryview | None]:
+    """(message, origin, raw section): what :func:`read_message` gives, and the raw section of a format-2 file
+    (a view of the buffer the file was read into; None for other files)."""
     data = _read_file(path)
-    if data.startswith(MAGIC):
+    raw = None
+    if data[:len(MAGIC)] == MAGIC:
         if len(data) < _HEADER.size:
             raise SerializationError(f"{path}: a leafpy file cut short in its header (truncated)")
         _, version, kind, words, length, crc = _HEADER.unpack_from(data)
         if version > FORMAT_VERSION:
             raise SerializationError(f"{path}: written by a newer leafpy (file format {version}, this leafpy reads "
                                      f"up to {FORMAT_VERSION}); upgrade leafpy")
-        payload = memoryview(data)[_HEADER.size:]
-        if len(payload) != length:
-            raise SerializationError(f"{path}: the file holds {len(payload)} bytes of data where its header "
+        rest = data[_HEADER.size:]
+        start = _raw_start(length) - _HEADER.size
+        if len(rest) != length and (version < 2 or len(rest) < start):
+            raise SerializationError(f"{path}: the file holds {len(rest)} bytes of data where its header "
                                      f"declares {length} (truncated or appended to)")
-        if _checksum(data[:_HEADER.size - 4], payload) != crc:
+        if _checksum(data[:_HEADER.size - 4], [rest]) != crc:
             raise SerializationError(f"{path}: checksum mismatch: the file is corrupted; use another copy")
         wanted = _KINDS[struct_name]
         if kind != wanted:
@@ -360,8 +417,11 @@ def read_message(path: str, struct_name: str) -> tuple[Any, str]:
             raise SerializationError(f"{path}: holds a {other}, not a {struct_name}"
                                      f"{MALFORMED_HINT.get(struct_name, '')}")
         origin = "leafpy"
+        payload = rest[:length]
+        if version >= 2:
+            raw = rest[start:]
     else:
-        payload = memoryview(data)
+        payload = data
         words = 128 * len(data)  # a Leaf file carries no size: packing turns at most 256 zero words into 2 bytes
         origin = "bare"
     # reading a field again counts its words again: allow 8 readings of each word, and never more words than
@@ -373,7 +433,29 @@ def read_message(path: str, struct_name: str) -> tuple[Any, str]:
     except Exception as e:  # capnp reports malformed input as KjException
         raise SerializationError(f"{path}: not a valid leafpy/Leaf {struct_name} file (truncated, corrupted or "
                                  f"another format): {_short(e)}") from None
-    return msg, origin
+    return msg, origin, raw
+
+
+def editable_message(path: str | os.PathLike, struct_name: str) -> Any:
+    """A builder of the message in a leafpy or Leaf file with its weights inside it (``Tensor.raw``, as format 1
+    kept them), for tools and tests that change a file: :func:`encode` writes it back."""
+    path = os.fspath(path)
+    msg, _, raw = _read_parts(path, struct_name)
+    builder = msg.as_builder()
+    if raw is not None:
+        for weights in _weight_lists(builder, struct_name):
+            for w in weights:
+                if not len(w.tensor.raw) and not len(w.tensor.data):
+                    count = math.prod(int(d) for d in w.tensor.shape)
+                    w.tensor.raw = _from_section(raw, int(w.tensor.offset), count, w.name, path).tobytes()
+                    w.tensor.offset = 0
+    return builder
+
+
+def _weight_lists(msg: Any, struct_name: str) -> list[Any]:
+    if struct_name == "Layer":
+        return [msg.weightsData]
+    return [msg.network.weightsData, msg.state, msg.accumulated]
 
 
 def _short(e: Exception) -> str:
@@ -420,8 +502,10 @@ def _guard(path: str, fn: Callable[[], Any], struct: str = "") -> Any:
         return fn()
 
 
-def _write_weights(builder_list: Any, items: list[tuple[str, np.ndarray]], leaf: bool = False) -> None:
-    """Named arrays; leafpy stores raw little-endian float32 bytes, Leaf (``leaf``) a List(Float32)."""
+def _write_weights(builder_list: Any, items: list[tuple[str, np.ndarray]], leaf: bool = False,
+                   section: _RawSection | None = None) -> None:
+    """Named arrays; leafpy stores raw little-endian float32 bytes (in ``section``, the raw section after the
+    message, where given), Leaf (``leaf``) a List(Float32)."""
     for i, (name, arr) in enumerate(items):
         builder_list[i].name = name
         t = builder_list[i].init("tensor")
@@ -430,13 +514,15 @@ def _write_weights(builder_list: Any, items: list[tuple[str, np.ndarray]], leaf:
             flat = np.ascontiguousarray(arr, dtype="<f4").reshape(-1)
         if leaf:
             t.data = flat.tolist()
+        elif section is not None:
+            t.offset = section.add(flat)
         else:
             t.raw = flat.tobytes()
 
 
-def _read_weights(reader_list: Any, where: str) -> dict[str, np.ndarray]:
+def _read_weights(reader_list: Any, where: str, raw_section: memoryview | None = None) -> dict[str, np.ndarray]:
     """Named arrays, each checked against its declared shape before anything is allocated for it; a name given
-    twice is refused (one copy would silently win)."""
+    twice is refused (one copy would silently win). A format-2 file's arrays are views of its ``raw_section``."""
     out: dict[str, np.ndarray] = {}
     for w in reader_list:
         if w.name in out:
@@ -450,6 +536,8 @@ def _read_weights(reader_list: Any, where: str) -> dict[str, np.ndarray]:
                 raise SerializationError(f"{where}: weight {w.name!r} declares shape {shape} ({count} values) but "
                                          f"holds {len(raw)} bytes")
             data = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+        elif raw_section is not None and count and not len(w.tensor.data):
+            data = _from_section(raw_section, int(w.tensor.offset), count, w.name, where)
         else:
             values = w.tensor.data
             if len(values) != count:
@@ -460,12 +548,24 @@ def _read_weights(reader_list: Any, where: str) -> dict[str, np.ndarray]:
     return out
 
 
+def _from_section(raw_section: memoryview, offset: int, count: int, name: str, where: str) -> np.ndarray:
+    """The ``count`` float32 values at byte ``offset`` of a raw section, as a view (no copy on little-endian
+    machines), once they are known to lie inside it."""
+    if offset + 4 * count > len(raw_section):
+        raise SerializationError(f"{where}: weight {name!r} holds {count} values from byte {offset} of the file's "
+                                 f"raw section, which has {len(raw_section)} bytes; the file is damaged (truncated "
+                                 "or not written by leafpy)")
+    return np.frombuffer(raw_section, dtype="<f4", count=count, offset=offset).astype(np.float32, copy=False)
+
+
 def _non_finite(arr: np.ndarray) -> str:
     """What is not finite in ``arr`` once stored as float32 ("3 NaN values, 1 infinite value (1 of them a finite
     value too large for float32)"), or "" when every value is finite."""
     a = np.asarray(arr)
     if a.dtype.kind not in "fc":
         return ""
+    if a.dtype == np.float32 and (not a.size or np.isfinite(a.min()) and np.isfinite(a.max())):
+        return ""  # (NaN and infinities show in the extremes: no temporary array)
     with np.errstate(over="ignore", invalid="ignore"):
         stored = a.astype(np.float32)
     bad = ~np.isfinite(stored)
@@ -627,10 +727,11 @@ def model_message(config: LayerConfig, weights: Mapping[str, np.ndarray], leaf: 
     return msg
 
 
-def _fill_layer(builder: Any, config: LayerConfig, weights: Mapping[str, np.ndarray], leaf: bool = False) -> None:
+def _fill_layer(builder: Any, config: LayerConfig, weights: Mapping[str, np.ndarray], leaf: bool = False,
+                section: _RawSection | None = None) -> None:
     builder.name = config.name
     write_layer_config(builder.init("config"), config)
-    _write_weights(builder.init("weightsData", len(weights)), list(weights.items()), leaf=leaf)
+    _write_weights(builder.init("weightsData", len(weights)), list(weights.items()), leaf=leaf, section=section)
 
 
 def save_model(path: str | os.PathLike, config: LayerConfig, weights: Mapping[str, np.ndarray], *,
@@ -647,19 +748,20 @@ def save_model(path: str | os.PathLike, config: LayerConfig, weights: Mapping[st
         check_leaf_representable(config, "Layer.save(format='leaf')")
         atomic_write(path, model_message(config, to_leaf(weights, specs), leaf=True).to_bytes_packed())
         return
-    msg = model_message(config, weights)
+    msg, section = schema().Layer.new_message(), _RawSection()
+    _fill_layer(msg, config, weights, section=section)
     msg.preparation = preparation
-    atomic_write(path, encode(msg, "Layer"))
+    atomic_write(path, _encode_parts(msg, "Layer", section))
 
 
 def read_model(path: str | os.PathLike, *, allow_non_finite: bool = False) -> SavedModel:
     """Read a model file written by :func:`save_model` or by Leaf 0.2.1 (non-finite weights: see
     :func:`check_finite`)."""
     path = os.fspath(path)
-    msg, origin = read_message(path, "Layer")
+    msg, origin, raw = _read_parts(path, "Layer")
     with reading(path, "Layer"):
         config = read_layer_config(msg.config)
-        saved = _read_weights(msg.weightsData, path)
+        saved = _read_weights(msg.weightsData, path, raw)
     check_finite(saved, path, LOAD_FIX, allow_non_finite)
     return SavedModel(config, saved, is_leaf_file(origin, saved), str(msg.preparation))
 
@@ -671,8 +773,8 @@ def read_weights(path: str | os.PathLike, *, allow_non_finite: bool = False) -> 
     readers = (("Layer", lambda m: m.weightsData), ("SolverCheckpoint", lambda m: m.network.weightsData))
     for struct_name, weights_of in readers:
         try:
-            msg, origin = read_message(path, struct_name)
-            saved = _guard(path, lambda: _read_weights(weights_of(msg), path))
+            msg, origin, raw = _read_parts(path, struct_name)
+            saved = _guard(path, lambda: _read_weights(weights_of(msg), path, raw))
         except SerializationError as e:
             errors.append(e)
             continue
@@ -774,16 +876,16 @@ def save_checkpoint(path: str | os.PathLike, config: Any, weights: Mapping[str, 
     (``Solver.snapshot()``: iteration, pending_calls, history, accumulated, random, trainer_state). Non-finite
     weights are refused: a checkpoint must be one to continue from."""
     check_finite(weights, os.fspath(path), CHECKPOINT_FIX)
-    msg = schema().SolverCheckpoint.new_message()
+    msg, section = schema().SolverCheckpoint.new_message(), _RawSection()
     write_solver_config(msg.init("config"), config)
-    _fill_layer(msg.init("network"), config.network, weights)
+    _fill_layer(msg.init("network"), config.network, weights, section=section)
     msg.iteration = int(state["iteration"])
     history = [(f"{w}{STATE_SEPARATOR}{s}", arr) for w, per_weight in state["history"].items()
                for s, arr in per_weight.items()]
-    _write_weights(msg.init("state", len(history)), history)
+    _write_weights(msg.init("state", len(history)), history, section=section)
     msg.pendingCalls = int(state["pending_calls"])
     acc = list(state["accumulated"].items())
-    _write_weights(msg.init("accumulated", len(acc)), acc)
+    _write_weights(msg.init("accumulated", len(acc)), acc, section=section)
     msg.rngSeeds = [int(r["seed"]) for r in state["random"]]
     msg.rngCalls = [int(r["calls"]) for r in state["random"]]
     trainer_state = state["trainer_state"]
@@ -793,19 +895,19 @@ def save_checkpoint(path: str | os.PathLike, config: Any, weights: Mapping[str, 
         msg.lossScale = float(scaling["scale"])
         msg.lossScaleGoodSteps = int(scaling["good_steps"])
         msg.skippedSteps = int(scaling["skipped_steps"])
-    atomic_write(path, encode(msg, "SolverCheckpoint"))
+    atomic_write(path, _encode_parts(msg, "SolverCheckpoint", section))
 
 
 def read_checkpoint(path: str | os.PathLike, config_class: type) -> SavedCheckpoint:
     """Read a checkpoint written by :func:`save_checkpoint`; its solver config is built as ``config_class``."""
     path = os.fspath(path)
-    msg = _read_message(path, "SolverCheckpoint")
+    msg, _, raw = _read_parts(path, "SolverCheckpoint")
     with reading(path, "SolverCheckpoint"):
         config = read_solver_config(msg.config, config_class)
-        weights = _read_weights(msg.network.weightsData, path)
+        weights = _read_weights(msg.network.weightsData, path, raw)
         check_finite(weights, path, "load an earlier checkpoint, or start a new run", allow=False)
         history: dict[str, dict[str, np.ndarray]] = {}
-        for key, arr in _read_weights(msg.state, path).items():
+        for key, arr in _read_weights(msg.state, path, raw).items():
             weight, sep, name = key.rpartition(STATE_SEPARATOR)
             if not sep:
                 raise SerializationError(f"{path}: solver state {key!r} is not named '{{weight}}#{{state}}'; the "
@@ -815,7 +917,7 @@ def read_checkpoint(path: str | os.PathLike, config_class: type) -> SavedCheckpo
             "iteration": int(msg.iteration),
             "pending_calls": int(msg.pendingCalls),
             "history": history,
-            "accumulated": _read_weights(msg.accumulated, path),
+            "accumulated": _read_weights(msg.accumulated, path, raw),
             "random": [{"seed": int(s), "calls": int(c)} for s, c in zip(msg.rngSeeds, msg.rngCalls)],
             "trainer_state": _read_trainer_state(str(msg.trainerState), path),
         }

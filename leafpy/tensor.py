@@ -213,12 +213,12 @@ class SharedTensor:
         return buf if n == self._st.size else buf[:n]
 
     # --- access -------------------------------------------------------------------------------------------
-    def _buffer(self, backend: Backend | None, key: str) -> Any:
+    def _buffer(self, backend: Backend | None, key: str, zeroed: bool = True) -> Any:
         st = self._st
         entry = st.copies.get(key)
         if entry is None:
-            if backend is None:
-                buf: Any = np.zeros(st.size, st.dtype)
+            if backend is None:  # (np.empty for a buffer about to be overwritten: it takes huge pages, zeros not)
+                buf: Any = np.zeros(st.size, st.dtype) if zeroed else np.empty(st.size, st.dtype)
             else:
                 buf = backend.allocate(st.size, st.dtype)
             st.copies[key] = (backend, buf)
@@ -362,7 +362,7 @@ class SharedTensor:
                 a = a.reshape(self._shape)
             else:
                 raise ShapeError(f"SharedTensor.set: expected an array of shape {self._shape}, got {a.shape}")
-        buf = self._buffer(None, HOST)
+        buf = self._buffer(None, HOST, zeroed=a.size < self._st.size)
         np.copyto(self._prefix(buf).reshape(self._shape), a, casting="unsafe")
         st = self._st
         st.fresh.clear()

@@ -36,15 +36,15 @@ def _read_with_pycapnp(path: Path) -> dict[str, np.ndarray]:
     import capnp
 
     data = path.read_bytes()
-    magic, _, kind, _, length, _ = HEADER.unpack_from(data)
-    assert magic == b"\x89LEAFPY\n" and kind == 1
-    payload = data[HEADER.size:]
-    assert len(payload) == length
-    msg = capnp.load(str(SCHEMA)).Layer.from_bytes_packed(payload)
+    magic, version, kind, _, length, _ = HEADER.unpack_from(data)
+    assert magic == b"\x89LEAFPY\n" and version == 2 and kind == 1
+    msg = capnp.load(str(SCHEMA)).Layer.from_bytes_packed(data[HEADER.size:HEADER.size + length])
+    raw = data[-(-(HEADER.size + length) // 64) * 64:]  # format 2: the raw section, 64-byte aligned, to the end
     out = {}
     for w in msg.weightsData:
         shape = tuple(int(d) for d in w.tensor.shape)
-        out[w.name] = np.frombuffer(w.tensor.raw, dtype="<f4").reshape(shape)
+        count = int(np.prod(shape))
+        out[w.name] = np.frombuffer(raw, dtype="<f4", count=count, offset=w.tensor.offset).reshape(shape)
     return out
 
 

@@ -135,7 +135,7 @@ def test_weights_are_matched_by_name_not_position(tmp_path, native):
     net = lp.Layer.from_config(native, lp.LayerConfig("net", cfg), seed=0)
     path = tmp_path / "net.leaf"
     net.save(path)
-    msg = serialization._read_message(path, "Layer").as_builder()
+    msg = serialization.editable_message(path, "Layer")
     saved = serialization._read_weights(msg.weightsData, "test")
     names = list(saved)
     order = [2, 3, 0, 1]  # store b's weights first
@@ -152,7 +152,7 @@ def test_missing_and_misshapen_weights_are_named(tmp_path, native):
     net = lp.Layer.from_config(native, lp.LayerConfig("net", cfg), seed=0)
     path = tmp_path / "net.leaf"
     net.save(path)
-    msg = serialization._read_message(path, "Layer").as_builder()
+    msg = serialization.editable_message(path, "Layer")
     serialization._write_weights(msg.init("weightsData", 1), [("a/weight", np.zeros((3, 3), np.float32))])
     path.write_bytes(serialization.encode(msg, "Layer"))
     with pytest.raises(lp.SerializationError, match="'a/bias' is missing"):

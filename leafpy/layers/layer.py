@@ -11,6 +11,7 @@ batch size changes) -> ``run_forward`` / ``run_backward``.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import importlib
 import os
@@ -161,6 +162,10 @@ def weight_name_part(layer_name: str) -> str:
     return layer_name.replace("%", "%25").replace("/", "%2F")
 
 
+_UNFILLED: contextvars.ContextVar[bool] = contextvars.ContextVar("leafpy_unfilled_weights", default=False)
+"""True while Layer.load builds a network whose weights the file then sets, every one: no initial values drawn."""
+
+
 class Layer:
     """A layer instance on a backend: config, worker, and the tensors it owns."""
 
@@ -242,7 +247,11 @@ class Layer:
         saved = serialization.read_model(path, allow_non_finite=_checks.flag("Layer.load: allow_non_finite",
                                                                              allow_non_finite))
         with serialization.reading(path, "Layer"):
-            layer = Layer.from_config(backend, saved.config)
+            unfilled = _UNFILLED.set(True)  # strict: the file sets every weight, so the fillers' draws are skipped
+            try:
+                layer = Layer.from_config(backend, saved.config)
+            finally:
+                _UNFILLED.reset(unfilled)
             layer._load_saved(saved.weights, True, saved.leaf, path)
         layer.preparation = prepare.from_text(saved.preparation, path)
         return layer
@@ -262,11 +271,11 @@ class Layer:
             with self._one("save"):
                 getattr(importlib.import_module(module), function)(self, path)
             return
-        with self._one("save"):
-            weights = self.named_weights()
-        serialization.save_model(path, self.config, weights, format=format, specs=self.weight_specs(),
-                                 allow_non_finite=_checks.flag("Layer.save: allow_non_finite", allow_non_finite),
-                                 preparation=self.preparation.to_text() if self.preparation is not None else "")
+        allow = _checks.flag("Layer.save: allow_non_finite", allow_non_finite)
+        with self._one("save"):  # the file is written from the weights' host buffers: no copy, no change meanwhile
+            serialization.save_model(path, self.config, self._host_weights(), format=format,
+                                     specs=self.weight_specs(), allow_non_finite=allow,
+                                     preparation=self.preparation.to_text() if self.preparation is not None else "")
 
     # --- properties -------------------------------------------------------------------------------------
     @property
@@ -341,6 +350,15 @@ class Layer:
         """Every weight as a host copy, by name, in network order (the names of :meth:`learnable_weights_names`,
         e.g. ``"conv1/weight"``; a weight shared by several layers appears once). What :meth:`save` writes."""
         return {name: t.to_numpy() for name, t in zip(self.learnable_weights_names(), self.learnable_weights_data())}
+
+    def _host_weights(self) -> dict[str, np.ndarray]:
+        """:meth:`named_weights` without copies where the host holds the current values (views of the buffers:
+        read them only while this layer is held)."""
+        out = {}
+        for name, t in zip(self.learnable_weights_names(), self.learnable_weights_data()):
+            host = t.peek_host()
+            out[name] = t.to_numpy() if host is None else host
+        return out
 
     def load_weights(self, weights: Mapping[str, Any], *, strict: bool = True) -> LoadedWeights:
         """Set weights by name from ``weights`` (name -> array), as :meth:`named_weights` gives them; Leaf's names
@@ -460,7 +478,8 @@ class Layer:
             else:
                 filler = cfg.filler or worker.default_filler(i)
                 data = SharedTensor(shape, dtype)
-                data.set(filler.fill(tuple(shape), self._rng))
+                if not _UNFILLED.get():
+                    data.set(filler.fill(tuple(shape), self._rng))
                 grad = SharedTensor(shape, dtype)
                 if cfg.name:
                     self._registry[full] = (data, grad)

@@ -53,9 +53,9 @@ def read_model(source: Any, where: str = "lp.onnx.load") -> Any:
 
 def _read(path: str) -> bytes:
     """The file's bytes: a regular file (a FIFO or a device would block or never end) under protobuf's limit."""
-    return _checks.read_whole(path, "an ONNX model (.onnx)", MAX_ONNX_BYTES,
-                              f"protobuf's limit of {MAX_ONNX_BYTES}; leafpy reads self-contained models only",
-                              SerializationError)
+    return bytes(_checks.read_whole(path, "an ONNX model (.onnx)", MAX_ONNX_BYTES,
+                                    f"protobuf's limit of {MAX_ONNX_BYTES}; leafpy reads self-contained models only",
+                                    SerializationError))
 
 
 def _parse(onnx: Any, data: bytes, name: str) -> Any:

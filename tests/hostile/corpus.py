@@ -171,8 +171,7 @@ def edited_checkpoint(good: Path, path: Path, trainer_state: dict | None = None,
     damaged program could leave."""
     from leafpy import serialization as ser
 
-    data = good.read_bytes()
-    msg = ser.schema().SolverCheckpoint.from_bytes_packed(data[ser._HEADER.size:]).as_builder()
+    msg = ser.editable_message(good, "SolverCheckpoint")
     if trainer_state is not None:
         saved = json.loads(str(msg.trainerState) or "{}")
         msg.trainerState = json.dumps({**saved, **trainer_state})
@@ -200,7 +199,7 @@ def crafted_checkpoints(work: Path) -> list[Path]:
     out.append(edited_checkpoint(good, work / "ckpt-rng-empty.leaf", rngCalls=[], rngSeeds=[]))
     from leafpy import serialization as ser
 
-    msg = ser.schema().SolverCheckpoint.from_bytes_packed(good.read_bytes()[ser._HEADER.size:]).as_builder()
+    msg = ser.editable_message(good, "SolverCheckpoint")
     weights = list(ser.read_weights(good)[0].items())
     write_weights(work / "ckpt-nan-weight.leaf", None, [(weights[0][0], weights[0][1] * np.nan)] + weights[1:],
                   "SolverCheckpoint", msg)

@@ -1,0 +1,137 @@
+"""leafpy's model file format 2: the weights in a raw section after the message, written from the arrays' own
+buffers and read back as views of the one buffer the file is read into; files of format 1 (the weights inside the
+message) still load and mean the same; the memory a save and a load take, measured in a child process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import leafpy as lp
+from leafpy import serialization as ser
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
+
+
+def _mlp(width: int, depth: int) -> lp.LayerConfig:
+    cfg = lp.SequentialConfig(inputs=[("data", [1, width])])
+    for i in range(depth):
+        cfg.add_layer(lp.LayerConfig(f"fc{i}", lp.LinearConfig(output_size=width)))
+    return lp.LayerConfig("mlp", cfg)
+
+
+def test_a_model_file_of_format_1_loads_and_computes_what_it_did():
+    """tests/data/v1_model.leaf was written by the leafpy before format 2 (make_v1_model_fixture.py)."""
+    expected = np.load(DATA / "v1_model.npz")
+    header = ser._HEADER.unpack_from((DATA / "v1_model.leaf").read_bytes())
+    assert header[1] == 1  # the fixture is of format 1
+    net = lp.Layer.load(lp.backend("native"), str(DATA / "v1_model.leaf"))
+    for name, w in net.named_weights().items():
+        np.testing.assert_array_equal(w, expected[name.replace("/", "__")])
+    np.testing.assert_allclose(net.forward([expected["x"]])[0].to_numpy(), expected["out"], rtol=1e-6, atol=1e-6)
+
+
+def test_a_saved_model_keeps_its_weights_after_the_message_aligned_and_raw(tmp_path):
+    net = lp.Layer.from_config(lp.backend("native"), _mlp(40, 2), seed=1)
+    path = tmp_path / "m.leaf"
+    net.save(str(path))
+    data = path.read_bytes()
+    _, version, _, _, length, _ = ser._HEADER.unpack_from(data)
+    assert version == ser.FORMAT_VERSION == 2
+    start = ser._raw_start(length)
+    assert start % ser.RAW_ALIGN == 0
+    msg = ser.schema().Layer.from_bytes_packed(data[ser._HEADER.size:ser._HEADER.size + length])
+    for w in msg.weightsData:
+        assert len(w.tensor.raw) == 0 and len(w.tensor.data) == 0 and w.tensor.offset % ser.RAW_ALIGN == 0
+        values = np.frombuffer(data, "<f4", count=int(np.prod(list(w.tensor.shape))), offset=start + w.tensor.offset)
+        np.testing.assert_array_equal(values, net.named_weights()[w.name].reshape(-1))
+    loaded = lp.Layer.load(lp.backend("native"), str(path))
+    for a, b in zip(net.named_weights().values(), loaded.named_weights().values()):
+        np.testing.assert_array_equal(a, b)
+
+
+def _crafted(tmp_path: Path, edit) -> Path:  # noqa: ANN001
+    """A saved model whose message ``edit`` changed, written back with its raw section and a valid checksum."""
+    net = lp.Layer.from_config(lp.backend("native"), _mlp(8, 1), seed=0)
+    good = tmp_path / "good.leaf"
+    net.save(str(good))
+    msg, _, raw = ser._read_parts(str(good), "Layer")
+    builder = msg.as_builder()
+    edit(builder)
+    section = ser._RawSection()
+    section.chunks, section.size = [bytes(raw)], len(raw)
+    path = tmp_path / "crafted.leaf"
+    path.write_bytes(b"".join(ser._encode_parts(builder, "Layer", section)))
+    return path
+
+
+@pytest.mark.parametrize("offset", [2**62, 128, 2**64 - 1])
+def test_a_weight_placed_past_the_raw_section_is_refused(tmp_path, offset):
+    def edit(m):  # noqa: ANN001, ANN202
+        m.weightsData[0].tensor.offset = offset
+
+    path = _crafted(tmp_path, edit)
+    with pytest.raises(lp.SerializationError, match=r"crafted.leaf: weight 'fc0/weight' holds 64 values from byte"):
+        lp.Layer.load(lp.backend("native"), str(path))
+
+
+def test_a_cut_raw_section_is_refused(tmp_path):
+    net = lp.Layer.from_config(lp.backend("native"), _mlp(8, 1), seed=0)
+    path = tmp_path / "m.leaf"
+    net.save(str(path))
+    data = path.read_bytes()
+    length = ser._HEADER.unpack_from(data)[4]
+    for cut in (ser._raw_start(length) - 1, ser._raw_start(length) + 4, len(data) - 4):
+        path.write_bytes(data[:cut])
+        with pytest.raises(lp.SerializationError, match="truncated|checksum"):
+            lp.Layer.load(lp.backend("native"), str(path))
+
+
+CHILD = """
+import json, os, resource, sys
+import leafpy as lp
+from leafpy import serialization
+serialization.schema()
+be = lp.backend("native")
+def peak():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+if sys.argv[1] == "save":
+    cfg = lp.SequentialConfig(inputs=[("data", [1, 2048])])
+    for i in range(2):
+        cfg.add_layer(lp.LayerConfig(f"fc{i}", lp.LinearConfig(output_size=2048)))
+    net = lp.Layer.from_config(be, lp.LayerConfig("mlp", cfg), seed=0)
+    before = peak()
+    net.save(sys.argv[2])
+else:
+    before = peak()
+    net = lp.Layer.load(be, sys.argv[2])
+print(json.dumps({"above": peak() - before, "weights": 4 * net.num_parameters()}))
+"""
+
+
+def _peak_above(phase: str, path: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", CHILD, phase, str(path)], capture_output=True, text=True, env=env,
+                         timeout=300, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_saving_and_loading_an_8m_weight_model_take_at_most_the_file_and_one_copy(tmp_path):
+    """Saving writes the weights from their buffers (no copy of them in memory); loading holds the file once and
+    the network's weights once, nothing more (before format 2: the packed file, the unpacked message, each
+    weight's bytes and a float64 draw of its initial values besides)."""
+    path = tmp_path / "m.leaf"
+    save = _peak_above("save", path)
+    size = path.stat().st_size
+    assert size >= save["weights"] > 32e6
+    slack = 8 * 2**20  # the allocator, the message, small arrays
+    assert save["above"] <= slack, save
+    load = _peak_above("load", path)
+    assert load["above"] <= size + load["weights"] + slack, (load, size)
