@@ -15,7 +15,10 @@ What is timed, for each number of workers (0 and 2 by default), with no network 
 
 Images per second = training images / seconds. The folder is generated once into ``--dir`` and reused.
 
-    python benchmarks/data_pipeline.py [--images 50000] [--dir DIR] [--workers 0 2] [--json FILE]
+With ``--memory-map`` the leafpy run sets ``data.memory_map: true``: its samples are read from the uint8 cache
+through a memory map and converted a batch at a time, instead of held in memory as float32.
+
+    python benchmarks/data_pipeline.py [--images 50000] [--dir DIR] [--workers 0 2] [--memory-map] [--json FILE]
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ PAD = 4
 RUN = """
 name: data-pipeline
 data: {{dataset: image_folder, path: {{train: {train}, test: {test}}}, cache_dir: {cache}, batch_size: {batch},
-       workers: {workers}, seed: 0, normalize: auto, augment: {{random_crop: {pad}, horizontal_flip: true}}}}
+       workers: {workers}, memory_map: {memory_map}, seed: 0, normalize: auto,
+       augment: {{random_crop: {pad}, horizontal_flip: true}}}}
 network:
   type: Sequential
   inputs: [{{name: data, shape: [null, 3, 32, 32]}}]
@@ -77,13 +81,13 @@ def generate(directory: Path, images: int) -> tuple[Path, Path]:
     return train, test
 
 
-def leafpy_side(train: Path, test: Path, workers: int) -> dict[str, float]:
+def leafpy_side(train: Path, test: Path, workers: int, memory_map: bool) -> dict[str, float]:
     import leafpy as lp
 
     cache = tempfile.mkdtemp(prefix="leafpy-bench-cache-")
     try:
         run = lp.config.loads(RUN.format(train=train, test=test, cache=cache, batch=BATCH, workers=workers,
-                                         pad=PAD, classes=CLASSES))
+                                         pad=PAD, classes=CLASSES, memory_map=str(memory_map).lower()))
         out: dict[str, float] = {}
         for label in ("epoch 1", "second run"):
             t = time.perf_counter()
@@ -157,6 +161,8 @@ def main() -> None:
     p.add_argument("--images", type=int, default=50_000)
     p.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "leafpy-data-pipeline"))
     p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    p.add_argument("--memory-map", action="store_true", help="leafpy: data.memory_map: true (batches converted "
+                   "from the uint8 cache)")
     p.add_argument("--json", help="also write the numbers to this file")
     args = p.parse_args()
     t = time.perf_counter()
@@ -165,7 +171,7 @@ def main() -> None:
           flush=True)
     rows = []
     for w in args.workers:
-        lp_rates, torch_rates = leafpy_side(train, test, w), torch_side(train, w)
+        lp_rates, torch_rates = leafpy_side(train, test, w, args.memory_map), torch_side(train, w)
         rows.append({"workers": w, "leafpy": lp_rates, "torch": torch_rates})
         print(f"workers {w}: leafpy {lp_rates}, torch {torch_rates}", file=sys.stderr, flush=True)
     print("\n| workers | epoch | leafpy images/s | PyTorch images/s | leafpy / PyTorch |\n|---|---|---|---|---|")

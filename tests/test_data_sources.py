@@ -87,6 +87,28 @@ def test_an_image_folder_trains_evaluates_and_predicts_by_class_name(tmp_path):
     assert one.returncode == 0 and "0003.png: three " in one.stdout, (one.stdout, one.stderr)
 
 
+def test_an_image_folder_memory_mapped_from_its_cache_trains_as_one_held_in_memory(tmp_path):
+    import leafpy as lp
+
+    write_digits(tmp_path / "digits", 40)
+    runs = {}
+    for mm in ("false", "true"):
+        p = leafpy(tmp_path, "train", *MLP[:-2], "--epochs", "2", "--set", "data.dataset=image_folder", "--set",
+                   "data.path=digits", "--set", f"data.cache_dir={tmp_path / 'cache'}", "--set",
+                   "data.augment={shift: 1, horizontal_flip: true}", "--set", "data.normalize=auto", "--set",
+                   f"data.memory_map={mm}", "--set", "data.workers=2", "--out", f"run_{mm}")
+        assert p.returncode == 0, p.stderr
+        runs[mm] = json.loads((tmp_path / f"run_{mm}" / "history.json").read_text())
+    for a, b in zip(runs["false"], runs["true"]):
+        assert abs(a["loss"] - b["loss"]) < 1e-4 * max(1.0, abs(a["loss"])), (a, b)
+        assert abs(a["test_accuracy"] - b["test_accuracy"]) < 1e-9, (a, b)
+    ds = lp.data.image_folder(tmp_path / "digits", cache_dir=str(tmp_path / "cache"), memory_map=True)
+    assert isinstance(ds.x_train, lp.sources.mapped.Mapped) and ds.x_train.source.dtype == np.uint8
+    assert isinstance(ds.x_train.source, np.memmap)  # the cache file, not a copy in memory
+    whole = lp.data.image_folder(tmp_path / "digits", cache_dir=str(tmp_path / "cache"))
+    assert np.array_equal(np.asarray(ds.x_train), whole.x_train)
+
+
 def test_a_corrupt_image_is_named_or_skipped_and_listed(tmp_path):
     write_digits(tmp_path / "digits", per_class=6, odd=False)
     (tmp_path / "digits" / "four" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
