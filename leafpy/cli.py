@@ -315,7 +315,7 @@ def _train(args: argparse.Namespace, run: run_config.RunConfig, be: Any, out_dir
         return 0
     if final.matrix is not None:
         _out("\nconfusion matrix on the held-out set:")
-        _out(str(final.matrix))
+        _out(final.matrix.table(trainer.preparation.class_names))
     if history and _plot_atomic(history, os.path.join(out_dir, "training.png")):
         _out(f"plot: {os.path.join(out_dir, 'training.png')}")
     _out(f"model: {model_path}  checkpoint: {ckpt_path}  run: {os.path.join(out_dir, RUN_FILE)}")
@@ -349,6 +349,10 @@ def _report(scores: Any, class_names: Sequence[str] = ()) -> None:
         _out(f"held-out accuracy: {scores.matrix.accuracy():.2%}")
     if scores.top_k is not None:
         _out(f"held-out top-{scores.top_k[0]} accuracy: {scores.top_k[1]:.2%}")
+    if scores.roc_auc is not None:
+        _out(f"held-out ROC AUC: {scores.roc_auc:.4f}")
+    elif scores.roc_auc_note:
+        _out(f"held-out ROC AUC: not computed ({scores.roc_auc_note})")
     if scores.regression is not None:
         r = scores.regression
         _out(f"held-out MSE {r['mse']:.6g}, MAE {r['mae']:.6g}, R² {r['r2']:.4f} (in the targets' units)")
@@ -477,7 +481,7 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
     _out(f"leafpy: {weights} on the held-out split of {ds.name} ({len(ds.x_test)} samples, seed "
          f"{run.data.get('seed', 0)})")
     if scores.matrix is not None:
-        _out(str(scores.matrix))
+        _out(scores.matrix.table(prep.class_names))
     _report(scores, prep.class_names)
     return 0
 

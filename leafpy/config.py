@@ -32,8 +32,8 @@ DATA_KEYS = ("dataset", "batch_size", "test_fraction", "seed", "path", "num_clas
 TRAIN_KEYS = ("epochs", "backend", "precision", "channels_last", "log_every", "keep_best", "monitor",
               "sync_batch_norm")
 RUN_KEYS = ("name", "data", "network", "objective", "solver", "train")
-CLASS_MONITORS = ("test_accuracy", "test_macro_f1", "test_weighted_f1", "test_top5_accuracy")
-"""Held-out scores of a run with classes (top-5 accuracy: with more than 5 classes)."""
+CLASS_MONITORS = ("test_accuracy", "test_macro_f1", "test_weighted_f1", "test_top5_accuracy", "test_roc_auc")
+"""Held-out scores of a run with classes (top-5 accuracy: with more than 5 classes; ROC AUC: with two)."""
 REGRESSION_MONITORS = ("test_mse", "test_mae", "test_r2")
 """Held-out scores of a regression run, in the targets' units."""
 MONITORS = ("test_loss", *CLASS_MONITORS, *REGRESSION_MONITORS)
@@ -42,7 +42,7 @@ MONITORS = ("test_loss", *CLASS_MONITORS, *REGRESSION_MONITORS)
 
 def higher_is_better(score: str) -> bool:
     """Whether a larger value of this epoch-record score is better (accuracies, F1, R²)."""
-    return score.endswith(("accuracy", "f1", "r2"))
+    return score.endswith(("accuracy", "f1", "r2", "auc"))
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """Metrics: predictions from network outputs, a confusion matrix with accuracy, per-class precision, recall and F1
-(macro and weighted F1), top-k accuracy, and regression scores (MSE, MAE, R²), in NumPy."""
+(macro and weighted F1), top-k accuracy, and regression scores (MSE, MAE, R²), in NumPy; a two-class ROC AUC
+through scikit-learn (imported when asked for)."""
 
 from __future__ import annotations
 
@@ -145,14 +146,22 @@ class ConfusionMatrix:
         self._preds.clear()
 
     def __str__(self) -> str:
+        return self.table()
+
+    def table(self, class_names: Sequence[str] = ()) -> str:
+        """The matrix (rows: targets, columns: predictions) with each class's recall, its classes named by
+        ``class_names`` where given (else numbered), and the accuracy."""
         k = self.num_classes
-        width = max(5, len(str(int(self._matrix.max(initial=0)))) + 1)
-        lines = ["target\\pred " + "".join(f"{c:>{width}}" for c in range(k)) + f"{'recall':>8}"]
+        names = [str(n) for n in class_names][:k] if len(class_names) >= k else [str(c) for c in range(k)]
+        width = max(5, len(str(int(self._matrix.max(initial=0)))) + 1, *(len(n) + 1 for n in names))
+        left = max(11, *(len(n) for n in names))
+        corner = "target\\pred"
+        lines = [f"{corner:<{left}} " + "".join(f"{n:>{width}}" for n in names) + f"{'recall':>8}"]
         for t in range(k):
             row = self._matrix[t]
             # a class with no samples has no recall: a dash, not 0%
             recall = f"{row[t] / row.sum():>8.1%}" if row.sum() else f"{'-':>8}"
-            lines.append(f"{t:>11} " + "".join(f"{v:>{width}}" for v in row) + recall)
+            lines.append(f"{names[t]:>{left}} " + "".join(f"{v:>{width}}" for v in row) + recall)
         lines.append(f"accuracy {self.accuracy():.2%} of {self.samples} samples")
         return "\n".join(lines)
 
@@ -164,6 +173,20 @@ def top_k_hits(outputs: Any, targets: Any, k: int) -> int:
     t = np.asarray(targets).reshape(-1).astype(np.int64)
     top = np.argpartition(-a, min(k, a.shape[1]) - 1, axis=1)[:, :k]
     return int((top == t[:, None]).any(axis=1).sum())
+
+
+def roc_auc(targets: Any, scores: Any) -> tuple[float | None, str]:
+    """(scikit-learn's ``roc_auc_score`` of two-class ``targets`` (0 and 1) ranked by ``scores``, the positive
+    class's probability or anything that orders samples as it does; "") or (None, why it was not computed:
+    scikit-learn missing, or one class alone among the targets)."""
+    t = np.asarray(targets).reshape(-1)
+    if len(np.unique(t)) < 2:
+        return None, "the held-out samples are all of one class"
+    try:
+        from sklearn.metrics import roc_auc_score
+    except ImportError:
+        return None, "it needs scikit-learn: pip install scikit-learn (or the data extra)"
+    return float(roc_auc_score(t, np.asarray(scores, np.float64).reshape(-1))), ""
 
 
 def regression_scores(predicted: np.ndarray, target: np.ndarray) -> dict[str, float]:

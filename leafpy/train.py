@@ -44,7 +44,7 @@ from .distributed.data_parallel import shard
 from .errors import ConfigError, LeafpyError
 from .layers.container.sequential import Sequential
 from .layers.layer import Layer
-from .metrics import ConfusionMatrix, predictions, top_k_hits
+from .metrics import ConfusionMatrix, predictions, roc_auc, top_k_hits
 from .serialization import atomic_write
 from .solvers.solver import Solver
 from .sources import augment, mapped, prepare
@@ -68,6 +68,10 @@ class Scores:
     """(k, the fraction of samples whose class is among their k most likely): k = 5 with more than 5 classes."""
     regression: dict[str, float] | None = None
     """A regression's mse, mae and r2, in the targets' units."""
+    roc_auc: float | None = None
+    """Two classes: the area under the ROC curve of the positive class's (class 1's) probability."""
+    roc_auc_note: str = ""
+    """Two classes without ``roc_auc``: why it was not computed."""
 
     @property
     def accuracy(self) -> float | None:
@@ -80,6 +84,8 @@ class Scores:
             out.update(test_macro_f1=self.matrix.macro_f1(), test_weighted_f1=self.matrix.weighted_f1())
         if self.top_k is not None:
             out[f"test_top{self.top_k[0]}_accuracy"] = self.top_k[1]
+        if self.roc_auc is not None:
+            out["test_roc_auc"] = self.roc_auc
         for k, v in (self.regression or {}).items():
             out[f"test_{k}"] = v
         return out
@@ -125,14 +131,17 @@ def evaluate(net: Layer, objective: Layer, x: np.ndarray, y: np.ndarray, classes
              group: Any = None, preparation: Any = None) -> Scores:
     """The objective's mean and (with classes) the confusion matrix and top-5 accuracy (more than 5 classes) of
     ``net`` on (x, y), in inference mode; for a regression its MSE, MAE and R² in the targets' units
-    (``preparation``: how they were normalised). With a process group of several ranks each scores its share and
-    the results are summed."""
+    (``preparation``: how they were normalised); for two classes the ROC AUC (scikit-learn). With a process group
+    of several ranks each scores its share and the results are summed (the ROC AUC, which needs every sample's
+    score in one place, is then left out)."""
     net.set_training(False)
     cm = ConfusionMatrix(classes) if classes else None
     total, top = 0.0, 0
     sums: np.ndarray | None = None  # a regression's per-output sums: squared and absolute errors, targets, squares
+    ranked: list[np.ndarray] | None = [] if classes == 2 else None  # two classes: each sample's class-1 score
     n = len(x)
     if group is not None and group.size > 1:
+        ranked = None
         share = np.array_split(np.arange(n), group.size)[group.rank]
         x, y = mapped.take(x, share), y[share]
     for xb, yb in datasets.batches(x, y, batch_size, seed=None):
@@ -141,6 +150,8 @@ def evaluate(net: Layer, objective: Layer, x: np.ndarray, y: np.ndarray, classes
         if cm is not None:
             cm.add(predictions(out), yb)
             top += top_k_hits(out, yb, 5) if classes > 5 else 0
+            if ranked is not None:
+                ranked.append(_positive_score(out.to_numpy()))
         else:
             part = _regression_sums(out.to_numpy(), yb, preparation)
             sums = part if sums is None else sums + part
@@ -155,7 +166,15 @@ def evaluate(net: Layer, objective: Layer, x: np.ndarray, y: np.ndarray, classes
             cm.reset()
             cm.add_counts(np.rint(counts).astype(np.int64))
     top_k = (5, top / max(n, 1)) if cm is not None and classes > 5 else None
-    return Scores(total / max(n, 1), cm, top_k, _regression_scores(sums, n) if sums is not None else None)
+    auc, why = (None, "") if ranked is None or not n else roc_auc(y, np.concatenate(ranked))
+    return Scores(total / max(n, 1), cm, top_k, _regression_scores(sums, n) if sums is not None else None, auc, why)
+
+
+def _positive_score(out: np.ndarray) -> np.ndarray:
+    """Two-class outputs [N, 2] (log-probabilities, probabilities or logits) as one score per sample that ranks
+    the samples as class 1's probability does: output 1 less output 0 (float64)."""
+    a = np.asarray(out, np.float64).reshape(len(out), 2, -1)[:, :, 0]
+    return a[:, 1] - a[:, 0]
 
 
 def _regression_sums(out: np.ndarray, target: np.ndarray, preparation: Any) -> np.ndarray:
@@ -557,6 +576,10 @@ class Trainer:
         keep_best = run.train.get("keep_best", 0) if keep_best is None else keep_best
         monitor = run.train.get("monitor", "test_loss") if monitor is None else monitor
         run_config.check_best_epochs(keep_best, monitor, *names)
+        if keep_best and monitor == "test_roc_auc" and self.classes != 2:
+            raise ConfigError(f"train.monitor: test_roc_auc scores two classes, and this run's objective has "
+                              f"{self.classes or 'none (a regression)'}; keep the best epochs by test_macro_f1, "
+                              "test_accuracy or test_loss")
         if keep_best and monitor in run_config.CLASS_MONITORS and not self.classes:
             raise ConfigError(f"train.monitor: {monitor} ranks classes, and this run's objective has none (a "
                               "regression); keep the best epochs by test_loss")

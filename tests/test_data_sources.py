@@ -9,6 +9,7 @@ import io
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +85,28 @@ def test_an_image_folder_trains_evaluates_and_predicts_by_class_name(tmp_path):
     assert all(0.0 <= float(r["probability"]) <= 1.0 for r in rows)
     one = leafpy(tmp_path, "predict", "run", "--input", "digits/three/0003.png")  # the RGB file
     assert one.returncode == 0 and "0003.png: three " in one.stdout, (one.stdout, one.stderr)
+
+
+def test_an_image_folder_memory_mapped_from_its_cache_trains_as_one_held_in_memory(tmp_path):
+    import leafpy as lp
+
+    write_digits(tmp_path / "digits", 40)
+    runs = {}
+    for mm in ("false", "true"):
+        p = leafpy(tmp_path, "train", *MLP[:-2], "--epochs", "2", "--set", "data.dataset=image_folder", "--set",
+                   "data.path=digits", "--set", f"data.cache_dir={tmp_path / 'cache'}", "--set",
+                   "data.augment={shift: 1, horizontal_flip: true}", "--set", "data.normalize=auto", "--set",
+                   f"data.memory_map={mm}", "--set", "data.workers=2", "--out", f"run_{mm}")
+        assert p.returncode == 0, p.stderr
+        runs[mm] = json.loads((tmp_path / f"run_{mm}" / "history.json").read_text())
+    for a, b in zip(runs["false"], runs["true"]):
+        assert abs(a["loss"] - b["loss"]) < 1e-4 * max(1.0, abs(a["loss"])), (a, b)
+        assert abs(a["test_accuracy"] - b["test_accuracy"]) < 1e-9, (a, b)
+    ds = lp.data.image_folder(tmp_path / "digits", cache_dir=str(tmp_path / "cache"), memory_map=True)
+    assert isinstance(ds.x_train, lp.sources.mapped.Mapped) and ds.x_train.source.dtype == np.uint8
+    assert isinstance(ds.x_train.source, np.memmap)  # the cache file, not a copy in memory
+    whole = lp.data.image_folder(tmp_path / "digits", cache_dir=str(tmp_path / "cache"))
+    assert np.array_equal(np.asarray(ds.x_train), whole.x_train)
 
 
 def test_a_corrupt_image_is_named_or_skipped_and_listed(tmp_path):
@@ -202,6 +225,55 @@ def test_a_csv_table_with_class_names(tmp_path):
     text[7] = ",".join(cells)
     (tmp_path / "cancer.csv").write_text("\n".join(text) + "\n")
     failed_cleanly(leafpy(tmp_path, "train", "cancer.yaml", "--out", "run2"), "line 8", "'n/a'")
+
+
+def test_a_two_class_run_reports_scikit_learns_roc_auc_and_names_its_classes(tmp_path):
+    from sklearn.datasets import load_breast_cancer
+    from sklearn.metrics import roc_auc_score
+
+    import leafpy as lp
+
+    d = load_breast_cancer()
+    names = [n.replace(" ", "_") for n in d.feature_names]
+    write_table(tmp_path / "cancer.csv", d.data, [d.target_names[t] for t in d.target], names, "diagnosis")
+    (tmp_path / "cancer.yaml").write_text(TABLE_RUN.format(
+        path="cancer.csv", target="diagnosis", features=30, outputs=2, epochs=3,
+        last="    - {name: logsm, type: LogSoftmax}",
+        objective="{name: nll, type: NegativeLogLikelihood, num_classes: 2}"))
+    p = leafpy(tmp_path, "train", "cancer.yaml", "--out", "run", "--set", "train.keep_best=1", "--set",
+               "train.monitor=test_roc_auc")
+    assert p.returncode == 0, p.stderr
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    assert all(0.5 < r["test_roc_auc"] <= 1.0 for r in history), history
+    assert len(list((tmp_path / "run").glob("best-epoch*.leaf"))) == 1
+    # evaluate's ROC AUC is scikit-learn's on the positive class's probability of the held-out rows
+    held_out = lp.data.csv(tmp_path / "cancer.csv", "diagnosis", test_fraction=0.2, seed=0)
+    write_table(tmp_path / "held_out.csv", held_out.x_test, [""] * len(held_out.x_test), names, "unused")
+    assert leafpy(tmp_path, "predict", "run", "--input", "held_out.csv", "--out", "h.npz").returncode == 0
+    out = np.load(tmp_path / "h.npz")["outputs"].astype(np.float64)
+    malignant = np.exp(out[:, 1]) / np.exp(out).sum(axis=1)
+    expected = roc_auc_score(held_out.y_test == held_out.class_names.index("malignant"), malignant)
+    e = leafpy(tmp_path, "evaluate", "run")
+    assert e.returncode == 0, e.stderr
+    auc = float(re.search(r"held-out ROC AUC: ([\d.]+)", e.stdout).group(1))
+    assert abs(auc - expected) < 1e-3, (auc, expected, e.stdout)
+    # the confusion matrix's rows and columns by class name
+    assert re.search(r"target\\pred\s+benign\s+malignant\s+recall", e.stdout), e.stdout
+    assert re.search(r"\n\s+malignant\s+\d+\s+\d+\s+[\d.]+%", e.stdout), e.stdout
+    # more than two classes: no ROC AUC to keep the best epochs by
+    q = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--set", "train.keep_best=1", "--set",
+               "train.monitor=test_roc_auc", "--out", "run2")
+    failed_cleanly(q, "train.monitor", "test_roc_auc", "two classes")
+
+
+def test_roc_auc_is_left_out_with_a_note_without_scikit_learn(monkeypatch):
+    from leafpy.metrics import roc_auc
+
+    assert roc_auc([0, 1, 1, 0], [0.1, 0.8, 0.7, 0.3]) == (1.0, "")
+    assert roc_auc([1, 1], [0.1, 0.8])[0] is None
+    monkeypatch.setitem(sys.modules, "sklearn.metrics", None)  # import sklearn.metrics fails
+    value, note = roc_auc([0, 1, 1, 0], [0.1, 0.8, 0.7, 0.3])
+    assert value is None and "scikit-learn" in note
 
 
 def test_a_csv_regression_gives_predictions_in_the_targets_units(tmp_path):

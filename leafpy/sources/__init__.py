@@ -31,12 +31,13 @@ def load(kind: str, spec: dict, targets: str, input_shape: Sequence[int] | None)
         raise ConfigError("data.dataset: an image folder holds classes, and this objective needs values to regress "
                           "on; use an objective with classes (NegativeLogLikelihood)")
     shape = list(input_shape) if input_shape is not None and len(input_shape) == 3 else None
-    skip = spec.get("skip_unreadable", False)
-    if not isinstance(skip, bool):
-        raise ConfigError(f"data.skip_unreadable: expected true or false, got {skip!r}")
+    skip, memory_map = spec.get("skip_unreadable", False), spec.get("memory_map", False)
+    for key, value in (("skip_unreadable", skip), ("memory_map", memory_map)):
+        if not isinstance(value, bool):
+            raise ConfigError(f"data.{key}: expected true or false, got {value!r}")
     return image_folder.read(path, image_size=spec.get("image_size") or (shape[1:] if shape else None),
                              channels=spec.get("channels") or (shape[0] if shape else 3), skip_unreadable=skip,
-                             cache_dir=spec.get("cache_dir", "default"))
+                             cache_dir=spec.get("cache_dir", "default"), memory_map=memory_map)
 
 
 def samples_for_prediction(data: dict, path: str, input_shape: Sequence[int]) -> tuple[Any, list[str]] | None:

@@ -19,6 +19,7 @@ import numpy as np
 
 from .._memory import available_memory
 from ..errors import ConfigError, LeafpyError
+from .mapped import Mapped
 from .parts import Parts
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -79,15 +80,17 @@ def image_files(folder: str) -> list[str]:
     return sorted(out)
 
 
-def check_memory(files: Sequence[str], image_size: Sequence[int], channels: int) -> None:
-    """Refuse, before decoding, a set whose arrays (uint8 and float32) would not fit in the memory available."""
-    need = len(files) * int(image_size[0]) * int(image_size[1]) * channels * 5
+def check_memory(files: Sequence[str], image_size: Sequence[int], channels: int, mapped: bool = False) -> None:
+    """Refuse, before decoding, a set whose arrays (uint8 and float32; uint8 alone when ``mapped``, served from
+    the cache) would not fit in the memory available."""
+    need = len(files) * int(image_size[0]) * int(image_size[1]) * channels * (1 if mapped else 5)
     have = available_memory()
     if have is not None and need > have:
         raise LeafpyError(f"{os.path.dirname(os.path.dirname(files[0]))}: {len(files)} images of "
-                          f"{image_size[0]}x{image_size[1]}x{channels} need {need / 2**30:.1f} GiB (uint8 and "
-                          f"float32), more than the {have / 2**30:.1f} GiB available; use a smaller image_size or "
-                          "fewer images")
+                          f"{image_size[0]}x{image_size[1]}x{channels} need {need / 2**30:.1f} GiB "
+                          f"({'uint8' if mapped else 'uint8 and float32'}), more than the {have / 2**30:.1f} GiB "
+                          "available; use a smaller image_size or fewer images"
+                          + ("" if mapped else ", or data.memory_map: true (the samples read from the cache)"))
 
 
 def decode(path: str, image_size: Sequence[int], channels: int) -> np.ndarray:
@@ -117,10 +120,10 @@ def decode(path: str, image_size: Sequence[int], channels: int) -> np.ndarray:
     return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
 
 
-def decode_all(files: Sequence[str], image_size: Sequence[int], channels: int, skip_unreadable: bool
-               ) -> tuple[np.ndarray, list[int]]:
+def decode_all(files: Sequence[str], image_size: Sequence[int], channels: int, skip_unreadable: bool,
+               mapped: bool = False) -> tuple[np.ndarray, list[int]]:
     """uint8 [N, C, H, W] of the files that decode, and the indices of those skipped (``skip_unreadable``)."""
-    check_memory(files, image_size, channels)
+    check_memory(files, image_size, channels, mapped)
     out = np.empty((len(files), channels, int(image_size[0]), int(image_size[1])), np.uint8)
     skipped: list[int] = []
     for i, f in enumerate(files):
@@ -150,11 +153,11 @@ def cache_key(files: Sequence[str], image_size: Sequence[int], channels: int) ->
 
 
 def cached_decode(files: Sequence[str], image_size: Sequence[int], channels: int, skip_unreadable: bool,
-                  cache_dir: str | None) -> tuple[np.ndarray, list[int]]:
+                  cache_dir: str | None, mapped: bool = False) -> tuple[np.ndarray, list[int]]:
     """:func:`decode_all` through the cache in ``cache_dir`` (None: decode without one): ``KEY.npy`` (uint8,
     memory-mapped when read) and ``KEY.json`` (the files skipped)."""
     if cache_dir is None:
-        return decode_all(files, image_size, channels, skip_unreadable)
+        return decode_all(files, image_size, channels, skip_unreadable, mapped)
     key = cache_key(files, image_size, channels)
     array_path, meta_path = os.path.join(cache_dir, key + ".npy"), os.path.join(cache_dir, key + ".json")
     shape = (channels, int(image_size[0]), int(image_size[1]))
@@ -167,14 +170,15 @@ def cached_decode(files: Sequence[str], image_size: Sequence[int], channels: int
             return images, skipped
     except (OSError, ValueError, KeyError, TypeError):
         pass  # no cache yet, or a damaged one: decode again
-    images, skipped = decode_all(files, image_size, channels, skip_unreadable)
+    images, skipped = decode_all(files, image_size, channels, skip_unreadable, mapped)
     try:
         os.makedirs(cache_dir, exist_ok=True)
         _replace(cache_dir, array_path, lambda f: np.save(f, images))
         _replace(cache_dir, meta_path, lambda f: f.write(json.dumps({"skipped": skipped}).encode()))
     except OSError as e:  # a cache that cannot be written costs a decode next time, nothing else
         warnings.warn(f"leafpy: cannot write the image cache in {cache_dir} ({e.strerror or e})", stacklevel=2)
-    return images, skipped
+        return images, skipped
+    return (np.load(array_path, mmap_mode="r", allow_pickle=False) if mapped else images), skipped
 
 
 def _replace(directory: str, target: str, write: Any) -> None:
@@ -191,15 +195,17 @@ def _replace(directory: str, target: str, write: Any) -> None:
 
 
 def read_folder(root: str, image_size: Sequence[int], channels: int, skip_unreadable: bool,
-                cache_dir: str | None) -> tuple[list[str], np.ndarray, np.ndarray, list[str]]:
-    """(class names, float32 images [N, C, H, W] in [0, 1], labels, the files skipped) of one class folder."""
+                cache_dir: str | None, mapped: bool = False) -> tuple[list[str], Any, np.ndarray, list[str]]:
+    """(class names, float32 images [N, C, H, W] in [0, 1], labels, the files skipped) of one class folder;
+    ``mapped``: the images as :class:`Mapped` samples over the uint8 cache, converted a batch at a time."""
     names, files, labels = list_classes(root)
-    images, skipped = cached_decode(files, image_size, channels, skip_unreadable, cache_dir)
+    images, skipped = cached_decode(files, image_size, channels, skip_unreadable, cache_dir, mapped)
     if skipped:
         labels = np.delete(labels, skipped)
     if not len(labels):
         raise LeafpyError(f"{root}: none of the {len(files)} images could be decoded")
-    return names, images.astype(np.float32) / np.float32(255.0), labels, [files[i] for i in skipped]
+    samples = Mapped(images) if mapped else images.astype(np.float32) / np.float32(255.0)
+    return names, samples, labels, [files[i] for i in skipped]
 
 
 def check_size(image_size: Any, channels: Any) -> tuple[tuple[int, int], int]:
@@ -212,7 +218,7 @@ def check_size(image_size: Any, channels: Any) -> tuple[tuple[int, int], int]:
 
 
 def read(path: str | dict[str, str], *, image_size: Sequence[int] | None = None, channels: int = 3,
-         skip_unreadable: bool = False, cache_dir: str | None = "default") -> Parts:
+         skip_unreadable: bool = False, cache_dir: str | None = "default", memory_map: bool = False) -> Parts:
     """A folder with one subfolder of images per class, or ``{"train": DIR, "test": DIR}`` (see
     ``lp.data.image_folder``), as :class:`Parts`."""
     if cache_dir == "default":
@@ -225,7 +231,8 @@ def read(path: str | dict[str, str], *, image_size: Sequence[int] | None = None,
         with _pil()[0].open(files[0]) as first:
             image_size = (first.height, first.width)
     size, channels = check_size(list(image_size), channels)
-    parts = {k: read_folder(os.fspath(v), size, channels, skip_unreadable, cache_dir) for k, v in roots.items()}
+    parts = {k: read_folder(os.fspath(v), size, channels, skip_unreadable, cache_dir, memory_map)
+             for k, v in roots.items()}
     names, x, y, skipped = parts["train"]
     name = os.path.basename(os.path.normpath(os.fspath(roots["train"])))
     test = None
