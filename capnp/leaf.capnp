@@ -164,6 +164,7 @@ struct NegativeLogLikelihoodConfig {  # and SoftmaxCrossEntropy's
   reduction @1 :LossReduction = mean;
   ignoreIndex @2 :List(Int64);   # empty: every label counts; else the one label whose samples are left out
   weight @3 :List(Float64);      # one per class; empty: all 1
+  logProb @4 :Bool;              # SoftmaxCrossEntropy: the log-probabilities as a second output
 }
 
 struct ReshapeConfig {

@@ -131,6 +131,8 @@ CASES = {
     "SoftmaxCrossEntropy": [
         (SCE(num_classes=5), lambda r: [r.standard_normal((4, 5)), labels(r, 4, 5)]),
         *loss_cases(SCE),
+        (SCE(num_classes=4, log_prob=True, weight=(1.0, 0.5, 2.0, 1.5), ignore_index=2),  # both outputs' gradients
+         loss_inputs((3, 4, 2), (3, 2), 4, 2)),
     ],
     "MeanSquaredError": [("MeanSquaredError", lambda r: [r.standard_normal((3, 4)), r.standard_normal((3, 4))])],
     "Reshape": [(lp.ReshapeConfig(shape=[1, 3, -1]), lambda r: [r.standard_normal((2, 6))])],

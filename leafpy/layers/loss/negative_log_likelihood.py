@@ -118,6 +118,13 @@ class NegativeLogLikelihood(LossWorker):
 class SoftmaxCrossEntropyConfig(NegativeLogLikelihoodConfig):
     """NegativeLogLikelihood of the log-softmax (over axis 1) of scores, in one layer."""
 
+    log_prob: bool = False
+    """Also give the log-probabilities [N, C, d...] as a second output (ONNX's log_prob)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "log_prob", _checks.flag(f"{type(self).__name__}.log_prob", self.log_prob))
+
 
 @register_layer("SoftmaxCrossEntropy", SoftmaxCrossEntropyConfig)
 class SoftmaxCrossEntropy(LossWorker):
@@ -128,9 +135,11 @@ class SoftmaxCrossEntropy(LossWorker):
     def __init__(self, config, layer_name):
         super().__init__(config, layer_name)
         self.logp = None
+        self.num_outputs = 2 if config.log_prob else 1
 
     def output_shapes(self, input_shapes):
-        return loss_shapes(self.where, self.config, *(tuple(s) for s in input_shapes), what="scores")
+        shapes = [tuple(s) for s in input_shapes]
+        return loss_shapes(self.where, self.config, *shapes, what="scores") + shapes[:1] * (self.num_outputs - 1)
 
     def setup(self, backend, input_shapes):
         shape = tuple(input_shapes[0])
@@ -140,8 +149,12 @@ class SoftmaxCrossEntropy(LossWorker):
     def forward(self, backend, x, w, y):
         backend.log_softmax(x[0], self.logp)
         backend.nll(self.logp, x[1], y[0], **self.options())
+        if len(y) > 1:
+            backend.copy(self.logp, y[1])
 
     def backward_input(self, backend, x, y, dy, w, dx):
         if dx[0] is not None:
             backend.nll_grad(x[1], dy[0], dx[0], **self.options())
+            if len(dy) > 1 and dy[1] is not None:  # the log-probabilities' own gradient joins the loss's
+                backend.axpby(1.0, dy[1], 1.0, dx[0])
             backend.log_softmax_grad(self.logp, dx[0], dx[0])
