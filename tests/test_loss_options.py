@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-from test_user_paths import ROOT, _mlp_log_probabilities, leafpy
+from test_user_paths import ROOT, _mlp_log_probabilities, failed_cleanly, leafpy
 
 import leafpy as lp
 from leafpy.errors import ConfigError, ShapeError
@@ -162,3 +162,22 @@ def test_train_with_an_objective_that_ignores_a_class_and_weighs_another(tmp_pat
     # the held-out loss is the weighted one (batch by batch, so not to the last digit), not the plain mean
     assert test_loss == pytest.approx(weighted, rel=2e-2)
     assert abs(test_loss - plain) > 10 * abs(test_loss - weighted)
+
+
+def test_train_with_the_softmax_cross_entropy_objective_on_scores(tmp_path):
+    run = (ROOT / "leafpy" / "configs" / "digits_mlp.yaml").read_text()
+    run = run.replace("    - {name: logsm, type: LogSoftmax}\n", "").replace(
+        "objective: nll", "objective: softmax_cross_entropy")
+    (tmp_path / "run.yaml").write_text(run)
+    p = leafpy(tmp_path, "train", "run.yaml", "--epochs", "2", "--out", "run")
+    assert p.returncode == 0, p.stderr
+    record = json.loads((tmp_path / "run" / "history.json").read_text())[-1]
+    assert record["test_accuracy"] > 0.8, record
+
+
+def test_an_objective_with_reduction_none_is_refused_before_training(tmp_path):
+    run = (ROOT / "leafpy" / "configs" / "digits_mlp.yaml").read_text().replace(
+        "objective: nll", "objective: {type: NegativeLogLikelihood, reduction: none}")
+    (tmp_path / "run.yaml").write_text(run)
+    p = leafpy(tmp_path, "train", "run.yaml", "--epochs", "1", "--out", "run")
+    failed_cleanly(p, "reduction 'none'", "one loss per sample", "use reduction mean")
