@@ -230,10 +230,20 @@ class ArrayBackend(Backend):
         return labels.reshape(-1).astype(self.xp.intp)
 
     def nll(self, logp, labels, out, weight=(), ignore_index=None, reduction="mean"):
-        nll_forward(self.xp, logp, labels, out, weight, ignore_index, reduction)
+        nll_forward(self.xp, logp, labels, out, self._class_weights(weight), ignore_index, reduction)
 
     def nll_grad(self, labels, dloss, dx, weight=(), ignore_index=None, reduction="mean"):
-        nll_backward(self.xp, labels, dloss, dx, weight, ignore_index, reduction)
+        nll_backward(self.xp, labels, dloss, dx, self._class_weights(weight), ignore_index, reduction)
+
+    def _class_weights(self, weight: tuple[float, ...]) -> Any:
+        """The class weights as a device array, uploaded once (a recorded CUDA graph step copies nothing from
+        the host); () as it is."""
+        if not weight:
+            return ()
+        cache = self.__dict__.setdefault("_class_weight_arrays", {})
+        if weight not in cache:
+            cache[weight] = self.xp.asarray(weight, dtype=self.xp.float64)
+        return cache[weight]
 
     def mse(self, x, t, diff, out):
         xp = self.xp
@@ -1026,7 +1036,7 @@ class ArrayBackend(Backend):
 
 
 # --- the negative log-likelihood, on NumPy or CuPy arrays (the webgpu backend runs it on host copies) ---------------
-def _nll_picks(xp: Any, labels: Any, shape: tuple[int, ...], weight: tuple[float, ...], ignore_index: int | None,
+def _nll_picks(xp: Any, labels: Any, shape: tuple[int, ...], weight: Any, ignore_index: int | None,
                dtype: Any) -> tuple[tuple, Any]:
     """The index of each sample's (and position's) labelled entry in ``[N, C, inner]`` and its weight: the class
     weight of its label (1 without class weights), 0 where the label is ``ignore_index``."""
@@ -1034,7 +1044,7 @@ def _nll_picks(xp: Any, labels: Any, shape: tuple[int, ...], weight: tuple[float
     idx = labels.reshape(-1).astype(xp.intp)
     keep = xp.ones(idx.shape, bool) if ignore_index is None else idx != ignore_index
     safe = xp.where(keep, idx, 0)
-    w = xp.asarray(weight, dtype)[safe] if weight else xp.ones(idx.shape, dtype)
+    w = xp.asarray(weight).astype(dtype)[safe] if len(weight) else xp.ones(idx.shape, dtype)
     w = xp.where(keep, w, xp.zeros((), dtype))
     rows = xp.arange(n)[:, None], safe.reshape(n, inner), xp.arange(inner)[None, :]
     return rows, w.reshape(n, inner)
@@ -1045,7 +1055,7 @@ def _nll_scale(xp: Any, w: Any, reduction: str) -> Any:
     return w.sum() if reduction == "mean" else xp.ones((), w.dtype)
 
 
-def nll_forward(xp: Any, logp: Any, labels: Any, out: Any, weight: tuple[float, ...] = (),
+def nll_forward(xp: Any, logp: Any, labels: Any, out: Any, weight: Any = (),
                 ignore_index: int | None = None, reduction: str = "mean") -> None:
     """``out`` = the weighted losses ``-w_i logp[i, label_i]`` (reduction none), their sum, or their sum over the
     sum of the weights (mean; NaN when every label is ignored, as in ONNX and PyTorch)."""
@@ -1060,7 +1070,7 @@ def nll_forward(xp: Any, logp: Any, labels: Any, out: Any, weight: tuple[float, 
         out[...] = losses.sum() / _nll_scale(xp, w, reduction)
 
 
-def nll_backward(xp: Any, labels: Any, dloss: Any, dx: Any, weight: tuple[float, ...] = (),
+def nll_backward(xp: Any, labels: Any, dloss: Any, dx: Any, weight: Any = (),
                  ignore_index: int | None = None, reduction: str = "mean") -> None:
     """``dx = 0; dx[i, label_i] = -w_i * dloss`` (dloss per sample for reduction none, else the one loss's,
     divided by the sum of the weights for mean)."""
