@@ -68,6 +68,7 @@ struct LayerConfig {
     logSoftmaxConfig @35 :AxisConfig;
     flattenConfig @36 :AxisConfig;
     deconvolution @37 :DeconvolutionConfig;
+    softmaxCrossEntropy @38 :NegativeLogLikelihoodConfig;
   }
 
   outputs @11 :List(Text);
@@ -152,8 +153,18 @@ struct ShapedInput {
   shape @1 :List(UInt64);
 }
 
-struct NegativeLogLikelihoodConfig {
+enum LossReduction {
+  mean @0;
+  sum @1;
+  none @2;
+}
+
+struct NegativeLogLikelihoodConfig {  # and SoftmaxCrossEntropy's
   numClasses @0 :UInt64;
+  reduction @1 :LossReduction = mean;
+  ignoreIndex @2 :List(Int64);   # empty: every label counts; else the one label whose samples are left out
+  weight @3 :List(Float64);      # one per class; empty: all 1
+  logProb @4 :Bool;              # SoftmaxCrossEntropy: the log-probabilities as a second output
 }
 
 struct ReshapeConfig {

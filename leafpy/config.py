@@ -275,7 +275,8 @@ def from_dict(doc: Any, source: str = "<run>") -> RunConfig:
     return RunConfig(name=name, network=network, objective=objective, solver=solver, data=data, train=train)
 
 
-OBJECTIVES = {"nll": ("NegativeLogLikelihood", "label"), "mse": ("MeanSquaredError", "target")}
+OBJECTIVES = {"nll": ("NegativeLogLikelihood", "label"), "mse": ("MeanSquaredError", "target"),
+              "softmax_cross_entropy": ("SoftmaxCrossEntropy", "label")}
 """The short objectives (``objective: nll``): the loss layer and the name of its target input."""
 
 
@@ -301,9 +302,10 @@ def _objective_section(value: Any, network: LayerConfig) -> Any:
         return value
     out = _network_output(network, f"objective {value!r}" if isinstance(value, str) else "objective")
     target: list = list(out)
-    if key == "nll":
+    if key != "mse":
         if len(out) != 2:
-            raise ConfigError(f"objective: NegativeLogLikelihood scores log-probabilities of shape [N, classes], but "
+            what = "log-probabilities" if key == "nll" else "scores"
+            raise ConfigError(f"objective: {OBJECTIVES[key][0]} scores {what} of shape [N, classes], but "
                               f"the network's output has shape {list(out)}; end the network with a Linear over the "
                               "classes (after a Flatten) and a LogSoftmax, or score it with mse")
         if layer.setdefault("num_classes", out[1]) != out[1]:

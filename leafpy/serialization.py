@@ -123,7 +123,11 @@ def _fill_struct(builder: Any, type_name: str, config: Any) -> None:
         value = getattr(config, f.name)
         if value is None:
             continue
-        setattr(builder, _schema_field(type_name, f.name), _write_value(value))
+        field = _schema_field(type_name, f.name)
+        if isinstance(value, int) and builder.schema.fields[field].proto.slot.type.which() == "list":
+            setattr(builder, field, [value])  # an optional integer (any sign), stored as a list of at most one
+            continue
+        setattr(builder, field, _write_value(value))
 
 
 def write_layer_config(builder: Any, config: LayerConfig) -> None:
@@ -605,7 +609,8 @@ LEAF_TYPES = {"Convolution", "Linear", "Pooling", "LogSoftmax", "Softmax", "ReLU
               "NegativeLogLikelihood", "Reshape", "Sequential"}
 """The layer types Leaf 0.2.1 had."""
 LEAF_FIELDS = {"Convolution": ("num_output", "filter_shape", "stride", "padding", "bias"),
-               "Pooling": ("mode", "filter_shape", "stride", "padding"), "Softmax": (), "LogSoftmax": ()}
+               "Pooling": ("mode", "filter_shape", "stride", "padding"), "Softmax": (), "LogSoftmax": (),
+               "NegativeLogLikelihood": ("num_classes",)}
 """Of those types' settings, the ones Leaf had: the others (group, dilation, pad_end, ceil_mode, ...) must keep their
 defaults in a Leaf file."""
 

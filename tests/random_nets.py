@@ -22,6 +22,7 @@ import numpy as np
 
 import leafpy as lp
 from leafpy.layers import wire
+from leafpy.layers.loss.negative_log_likelihood import SoftmaxCrossEntropyConfig
 
 DEFAULT_SEEDS = range(80)
 """The seeds the quick tests run; every layer type and every structural feature occurs among them
@@ -552,15 +553,18 @@ class _Generator:
             if len(cur.shape) != 2:
                 cur = b.one("Flatten", cur, (n, b.size(cur)))
             cur = b.one(lp.LinearConfig(output_size=k), cur, (n, k))
-            if rng.random() < 0.7:
+            log_softmax = rng.random() < 0.7
+            if log_softmax:
                 cur = b.one("LogSoftmax", cur)
+            # scores without a LogSoftmax go to the fused loss (its sum, with class weights, for odd k); no draw
+            loss = (lp.NegativeLogLikelihoodConfig(num_classes=k) if log_softmax else SoftmaxCrossEntropyConfig(
+                num_classes=k, reduction="sum" if k % 2 else "mean", weight=tuple(0.5 + i for i in range(k * (k % 2)))))
             label = (n, 1) if rng.random() < 0.7 else (n,)
             inputs.append(Input("label", label, "labels", k))
             b.cfg.add_input("label", label)
             # without named inputs the loss reads the previous output and the unread declared input "label"
             named = not (b.prev_single and b._is_prev(cur)) or rng.random() < 0.4
-            cur = Blob(b.add(lp.NegativeLogLikelihoodConfig(num_classes=k),
-                             [cur, Blob("label", label)] if named else None)[0], (1,))
+            cur = Blob(b.add(loss, [cur, Blob("label", label)] if named else None)[0], (1,))
         elif family == "target":
             # the target has the prediction's shape, or its number of values per sample
             target = cur.shape if len(cur.shape) == 2 or rng.random() < 0.7 else (n, b.size(cur))

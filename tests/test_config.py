@@ -259,7 +259,7 @@ def test_mse_takes_a_target_of_the_network_output_shape():
 @pytest.mark.parametrize("objective, message", [
     ("cross_entropy", "unknown objective 'cross_entropy'; short names: nll (NegativeLogLikelihood), mse"),
     ("{type: ReLU}", "objective.type: expected Sequential, or a loss layer alone: NegativeLogLikelihood, "
-                     "MeanSquaredError; got 'ReLU'"),
+                     "MeanSquaredError, SoftmaxCrossEntropy; got 'ReLU'"),
     ("{type: NegativeLogLikelihood, num_classes: 7}", "objective.num_classes: 7, but the network's output has 10"),
 ])
 def test_a_short_objective_that_cannot_be_expanded_is_refused_with_the_valid_choices(objective, message):

@@ -8,6 +8,7 @@ from gradcheck import check_layer_gradients
 
 import leafpy as lp
 from leafpy.layers.container.wiring import wire
+from leafpy.layers.loss.negative_log_likelihood import SoftmaxCrossEntropyConfig
 
 
 def away_from_zero(rng, shape, gap=0.05):
@@ -22,6 +23,35 @@ def distinct(rng, shape):
 
 def labels(rng, n, k):
     return rng.integers(0, k, (n, 1)).astype(np.float64)
+
+
+def ignoring(rng, shape, k, ignore):
+    """Class labels of ``shape`` with every third one ``ignore``."""
+    out = rng.integers(0, k, shape).astype(np.float64)
+    out.reshape(-1)[::3] = ignore
+    return out
+
+
+NLL = lp.NegativeLogLikelihoodConfig
+SCE = SoftmaxCrossEntropyConfig
+LOSS_CASES = [  # (options, scores shape, labels shape, ignore_index): every reduction, weights and ignore_index
+    (dict(reduction="sum", weight=(0.5, 2.0, 1.0, 0.0, 3.0)), (4, 5), (4, 1), None),
+    (dict(reduction="none", ignore_index=1), (3, 4, 2, 2), (3, 2, 2), 1),
+    (dict(weight=(1.5, 0.25, 2.0), ignore_index=-1), (6, 3), (6,), -1),
+    (dict(reduction="none", weight=(1.0, 3.0, 0.5)), (2, 3, 5), (2, 5), None),
+    (dict(reduction="sum", ignore_index=4), (2, 5, 3), (2, 1, 3), 4),
+]
+
+
+def loss_inputs(scores, labels_shape, k, ignore):
+    def make(r):
+        return [r.standard_normal(scores), r.integers(0, k, labels_shape).astype(np.float64) if ignore is None
+                else ignoring(r, labels_shape, k, ignore)]
+    return make
+
+
+def loss_cases(config_class):
+    return [(config_class(num_classes=s[1], **o), loss_inputs(s, ls, s[1], i)) for o, s, ls, i in LOSS_CASES]
 
 
 # One or more cases for every registered layer type; test_every_layer_type_has_a_case keeps this complete.
@@ -96,6 +126,13 @@ CASES = {
         (lp.NegativeLogLikelihoodConfig(num_classes=5), lambda r: [r.standard_normal((4, 5)), labels(r, 4, 5)]),
         (lp.NegativeLogLikelihoodConfig(num_classes=3),
          lambda r: [r.standard_normal((6, 3)), labels(r, 6, 3).reshape(6)]),
+        *loss_cases(NLL),
+    ],
+    "SoftmaxCrossEntropy": [
+        (SCE(num_classes=5), lambda r: [r.standard_normal((4, 5)), labels(r, 4, 5)]),
+        *loss_cases(SCE),
+        (SCE(num_classes=4, log_prob=True, weight=(1.0, 0.5, 2.0, 1.5), ignore_index=2),  # both outputs' gradients
+         loss_inputs((3, 4, 2), (3, 2), 4, 2)),
     ],
     "MeanSquaredError": [("MeanSquaredError", lambda r: [r.standard_normal((3, 4)), r.standard_normal((3, 4))])],
     "Reshape": [(lp.ReshapeConfig(shape=[1, 3, -1]), lambda r: [r.standard_normal((2, 6))])],

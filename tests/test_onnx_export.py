@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import leafpy as lp
+from leafpy.layers.loss.negative_log_likelihood import SoftmaxCrossEntropyConfig as SCE
 
 onnx = pytest.importorskip("onnx", reason="ONNX export tests need the onnx package (pip install 'leafpy-dl[onnx]')")
 ort = pytest.importorskip("onnxruntime", reason="the ONNX export is checked in onnxruntime (pip install onnxruntime)")
@@ -93,6 +94,15 @@ CASES: dict[str, tuple[list[lp.LayerConfig], list, tuple[str, ...]]] = {
     "MeanSquaredError": ([L("mse", "MeanSquaredError")], [("pred", [2, 5]), ("target", [2, 5])], ("x", "x")),
     "NegativeLogLikelihood": ([L("logsm", "LogSoftmax"), L("nll", lp.NegativeLogLikelihoodConfig(num_classes=5))],
                               [("scores", [2, 5]), ("label", [2, 1])], ("x", "labels")),
+    "NegativeLogLikelihood_options": (
+        [L("logsm", "LogSoftmax"), L("nll", lp.NegativeLogLikelihoodConfig(
+            num_classes=5, reduction="sum", ignore_index=2, weight=(0.5, 1.0, 2.0, 0.0, 3.0)))],
+        [("scores", [2, 5, 3]), ("label", [2, 3])], ("x", "labels")),
+    "SoftmaxCrossEntropy": ([L("sce", SCE(num_classes=5, weight=(0.5, 1.0, 2.0, 1.5, 3.0), ignore_index=1))],
+                            [("scores", [2, 5]), ("label", [2, 1])], ("x", "labels")),
+    "SoftmaxCrossEntropy_none_log_prob": ([L("sce", SCE(num_classes=5, reduction="none", log_prob=True),
+                                            outputs=["loss", "log_prob"])],
+                                          [("scores", [2, 5, 2, 2]), ("label", [2, 2, 2])], ("x", "labels")),
     "Pooling": ([L("max", lp.PoolingConfig(mode="max", filter_shape=[3], stride=[1], padding=[1])),
                  L("max_ceil", lp.PoolingConfig(mode="max", filter_shape=[2], stride=[2], padding=[0, 1],
                                                 pad_end=[1, 0], ceil_mode=True)),

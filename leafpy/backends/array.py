@@ -6,6 +6,7 @@ Subclasses set ``xp`` and the memory contract, and override only the hot paths t
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -228,18 +229,21 @@ class ArrayBackend(Backend):
     def _label_index(self, labels):
         return labels.reshape(-1).astype(self.xp.intp)
 
-    def nll(self, logp, labels, out):
-        xp = self.xp
-        n = logp.shape[0]
-        picked = logp.reshape(n, -1)[xp.arange(n), self._label_index(labels)]
-        out[...] = -picked.sum() / n
+    def nll(self, logp, labels, out, weight=(), ignore_index=None, reduction="mean"):
+        nll_forward(self.xp, logp, labels, out, self._class_weights(weight), ignore_index, reduction)
 
-    def nll_grad(self, labels, dloss, dx):
-        xp = self.xp
-        n = dx.shape[0]
-        d2 = dx.reshape(n, -1)
-        d2.fill(0)
-        d2[xp.arange(n), self._label_index(labels)] = -dloss.reshape(()) / n
+    def nll_grad(self, labels, dloss, dx, weight=(), ignore_index=None, reduction="mean"):
+        nll_backward(self.xp, labels, dloss, dx, self._class_weights(weight), ignore_index, reduction)
+
+    def _class_weights(self, weight: tuple[float, ...]) -> Any:
+        """The class weights as a device array, uploaded once (a recorded CUDA graph step copies nothing from
+        the host); () as it is."""
+        if not weight:
+            return ()
+        cache = self.__dict__.setdefault("_class_weight_arrays", {})
+        if weight not in cache:
+            cache[weight] = self.xp.asarray(weight, dtype=self.xp.float64)
+        return cache[weight]
 
     def mse(self, x, t, diff, out):
         xp = self.xp
@@ -1029,3 +1033,56 @@ class ArrayBackend(Backend):
         xp.multiply(da[:, 2 * hs:], r, out=db[:, 2 * hs:])
         dpre_h[:, t] = db
         dh *= z
+
+
+# --- the negative log-likelihood, on NumPy or CuPy arrays (the webgpu backend runs it on host copies) ---------------
+def _nll_picks(xp: Any, labels: Any, shape: tuple[int, ...], weight: Any, ignore_index: int | None,
+               dtype: Any) -> tuple[tuple, Any]:
+    """The index of each sample's (and position's) labelled entry in ``[N, C, inner]`` and its weight: the class
+    weight of its label (1 without class weights), 0 where the label is ``ignore_index``."""
+    n, inner = shape[0], math.prod(shape[2:])
+    idx = labels.reshape(-1).astype(xp.intp)
+    keep = xp.ones(idx.shape, bool) if ignore_index is None else idx != ignore_index
+    safe = xp.where(keep, idx, 0)
+    w = xp.asarray(weight).astype(dtype)[safe] if len(weight) else xp.ones(idx.shape, dtype)
+    w = xp.where(keep, w, xp.zeros((), dtype))
+    rows = xp.arange(n)[:, None], safe.reshape(n, inner), xp.arange(inner)[None, :]
+    return rows, w.reshape(n, inner)
+
+
+def _nll_scale(xp: Any, w: Any, reduction: str) -> Any:
+    """What the weighted losses are divided by: the sum of the counted samples' weights (mean), else 1."""
+    return w.sum() if reduction == "mean" else xp.ones((), w.dtype)
+
+
+def nll_forward(xp: Any, logp: Any, labels: Any, out: Any, weight: Any = (),
+                ignore_index: int | None = None, reduction: str = "mean") -> None:
+    """``out`` = the weighted losses ``-w_i logp[i, label_i]`` (reduction none), their sum, or their sum over the
+    sum of the weights (mean; NaN when every label is ignored, as in ONNX and PyTorch)."""
+    n, c = logp.shape[:2]
+    acc = xp.float64 if logp.dtype == xp.float64 else xp.float32
+    rows, w = _nll_picks(xp, labels, logp.shape, weight, ignore_index, acc)
+    losses = -w * logp.reshape(n, c, -1)[rows].astype(acc)
+    if reduction == "none":
+        out[...] = losses.reshape(out.shape)
+        return
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out[...] = losses.sum() / _nll_scale(xp, w, reduction)
+
+
+def nll_backward(xp: Any, labels: Any, dloss: Any, dx: Any, weight: Any = (),
+                 ignore_index: int | None = None, reduction: str = "mean") -> None:
+    """``dx = 0; dx[i, label_i] = -w_i * dloss`` (dloss per sample for reduction none, else the one loss's,
+    divided by the sum of the weights for mean)."""
+    n, c = dx.shape[:2]
+    acc = xp.float64 if dx.dtype == xp.float64 else xp.float32
+    rows, w = _nll_picks(xp, labels, dx.shape, weight, ignore_index, acc)
+    d3 = dx.reshape(n, c, -1)
+    d3.fill(0)
+    if reduction == "none":
+        g = -w * dloss.reshape(w.shape).astype(acc)
+    else:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            g = -w * (dloss.reshape(()).astype(acc) / _nll_scale(xp, w, reduction))
+    d3[rows] = g.astype(dx.dtype)
+

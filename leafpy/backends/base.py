@@ -214,12 +214,18 @@ class Backend:
         raise NotImplementedError
 
     # --- losses -------------------------------------------------------------------------------------------------
-    def nll(self, logp: Buffer, labels: Buffer, out: Buffer) -> None:
-        """``out[0] = -mean_i logp[i, labels[i]]`` for ``logp`` of shape ``[N, C]`` and ``N`` labels."""
+    def nll(self, logp: Buffer, labels: Buffer, out: Buffer, weight: tuple[float, ...] = (),
+            ignore_index: int | None = None, reduction: str = "mean") -> None:
+        """The negative log-likelihood of ``logp`` ``[N, C, d...]`` at ``labels`` ``[N, d...]`` (any shape of that
+        size), each sample's ``-logp[i, labels[i]]`` weighted by ``weight[labels[i]]`` (all 1 when empty) and by 0
+        where ``labels[i] == ignore_index``: ``out`` ``[1]`` the weighted mean (the sum over the sum of the
+        weights), ``[1]`` their sum (reduction sum), or ``[N, d...]`` the losses themselves (none)."""
         raise NotImplementedError
 
-    def nll_grad(self, labels: Buffer, dloss: Buffer, dx: Buffer) -> None:
-        """``dx = 0; dx[i, labels[i]] = -dloss[0] / N``."""
+    def nll_grad(self, labels: Buffer, dloss: Buffer, dx: Buffer, weight: tuple[float, ...] = (),
+                 ignore_index: int | None = None, reduction: str = "mean") -> None:
+        """``dx = 0; dx[i, labels[i]] = -w_i * dloss / s`` with the weights ``w_i`` of :meth:`nll`, ``s`` their sum
+        (mean) or 1 (sum), and ``dloss`` per sample for reduction none."""
         raise NotImplementedError
 
     def mse(self, x: Buffer, t: Buffer, diff: Buffer, out: Buffer) -> None:

@@ -308,11 +308,31 @@ def _recurrent(e: Emitter, layer: Layer, ins: list[str], outs: list[str]) -> Non
 
 @emits("NegativeLogLikelihood")
 def _nll(e: Emitter, layer: Layer, ins: list[str], outs: list[str]) -> None:
-    n = layer.name
-    labels = e.node("Reshape", [ins[1], e.const(f"{n}/flat", [-1], np.int64)], name=f"{n}/labels")[0]
+    _loss(e, layer, ins, outs, "NegativeLogLikelihoodLoss")
+
+
+@emits("SoftmaxCrossEntropy")
+def _softmax_cross_entropy(e: Emitter, layer: Layer, ins: list[str], outs: list[str]) -> None:
+    _loss(e, layer, ins, outs, "SoftmaxCrossEntropyLoss")
+
+
+def _loss(e: Emitter, layer: Layer, ins: list[str], outs: list[str], kind: str) -> None:
+    """The loss node with its reduction, ignore_index and class weights; labels as int64 [N, d...] and a mean or
+    sum as leafpy's [1]."""
+    n, c = layer.name, layer.config.config
+    per_sample = [0, *input_shape(layer)[2:]]
+    labels = e.node("Reshape", [ins[1], e.const(f"{n}/per_sample", per_sample, np.int64)], name=f"{n}/labels")[0]
     labels = e.node("Cast", [labels], name=f"{n}/labels", to=e.onnx.TensorProto.INT64)[0]
-    loss = e.node("NegativeLogLikelihoodLoss", [ins[0], labels], name=n, reduction="mean")[0]
-    e.node("Reshape", [loss, e.const(f"{n}/one", [1], np.int64)], outs, name=f"{n}/shape")
+    args = [ins[0], labels] + ([e.const(f"{n}/weight", c.weight, np.float32)] if c.weight else [])
+    attrs: dict = {"reduction": c.reduction}
+    if c.ignore_index is not None:
+        attrs["ignore_index"] = c.ignore_index
+    log_prob = outs[1:] if kind == "SoftmaxCrossEntropyLoss" else []
+    if c.reduction == "none":
+        e.node(kind, args, outs[:1] + log_prob, name=n, **attrs)
+        return
+    loss = e.node(kind, args, [e.fresh(f"{n}/loss"), *log_prob], name=n, **attrs)[0]
+    e.node("Reshape", [loss, e.const(f"{n}/one", [1], np.int64)], outs[:1], name=f"{n}/shape")
 
 
 @emits("MeanSquaredError")

@@ -49,6 +49,7 @@ from ..layers import (
     SoftplusConfig,
 )
 from ..layers.layer_config import lookup
+from ..layers.loss.negative_log_likelihood import REDUCTIONS, SoftmaxCrossEntropyConfig
 from ._proto import opset_of, require_onnx, to_array
 
 Converter = Callable[["Graph", "Node"], None]
@@ -852,33 +853,31 @@ def squeeze(g: Graph, n: Node) -> None:
     g.add(n, ReshapeConfig(shape=tuple(out)), [x], [n.outputs[0]])
 
 
-def _loss_checks(g: Graph, n: Node) -> None:
-    n.require("reduction", lambda v: v == "mean", "reduction=mean (sum and none are not supported yet)", "mean")
-    n.require("ignore_index", lambda v: v is None, "no ignore_index (not supported yet)")
-    if n.has_input(2):
-        raise ConfigError(f"{n.where}: class weights (input 2) are not supported yet")
-    if len(n.used_outputs(g)) > 1:
-        raise ConfigError(f"{n.where}: the log_prob output is not supported; leafpy's loss gives the loss alone")
+def _loss_config(g: Graph, n: Node, config_class: type, scores: str, **more: Any) -> Any:
+    """The loss layer's config from the node's reduction, ignore_index and class weights (input 2, a constant)."""
+    shape = g.shape(scores)
+    if len(shape) < 2:
+        raise ConfigError(f"{n.where}: input of shape {shape}: leafpy's loss takes [N, C] or [N, C, d1, ...]")
+    reduction = n.require("reduction", lambda v: v in REDUCTIONS, ", ".join(REDUCTIONS), "mean")
+    weight = g.const(n, 2, "class weights")
+    if weight is not None and weight.shape != (shape[1],):
+        raise ConfigError(f"{n.where}: class weights of shape {weight.shape}: expected one per class ([{shape[1]}])")
+    return config_class(num_classes=shape[1], reduction=reduction, ignore_index=n.attr("ignore_index"),
+                        weight=() if weight is None else tuple(float(v) for v in weight), **more)
 
 
 @op("NegativeLogLikelihoodLoss", attributes=("reduction", "ignore_index"))
 def nll(g: Graph, n: Node) -> None:
-    _loss_checks(g, n)
     x, labels = g.blob(n, 0), g.blob(n, 1)
-    if len(g.shape(x)) != 2:
-        raise ConfigError(f"{n.where}: input of shape {g.shape(x)}: leafpy's NegativeLogLikelihood takes [N, C]")
-    g.add(n, NegativeLogLikelihoodConfig(num_classes=g.shape(x)[1]), [x, labels], [n.outputs[0]])
+    g.add(n, _loss_config(g, n, NegativeLogLikelihoodConfig, x), [x, labels], [n.outputs[0]])
 
 
 @op("SoftmaxCrossEntropyLoss", attributes=("reduction", "ignore_index"))
 def softmax_cross_entropy(g: Graph, n: Node) -> None:
-    _loss_checks(g, n)
     x, labels = g.blob(n, 0), g.blob(n, 1)
-    if len(g.shape(x)) != 2:
-        raise ConfigError(f"{n.where}: scores of shape {g.shape(x)}: leafpy's loss takes [N, C]")
-    logp = f"{n.outputs[0]}:log_prob"
-    g.add(n, "LogSoftmax", [x], [logp], suffix="_log_softmax")
-    g.add(n, NegativeLogLikelihoodConfig(num_classes=g.shape(x)[1]), [logp, labels], [n.outputs[0]])
+    log_prob = 1 in n.used_outputs(g)
+    config = _loss_config(g, n, SoftmaxCrossEntropyConfig, x, log_prob=log_prob)
+    g.add(n, config, [x, labels], n.outputs[:1 + log_prob])
 
 
 @op("Constant", attributes=("value", "value_float", "value_floats", "value_int", "value_ints"))
@@ -952,7 +951,8 @@ def convert(model: Any, *, batch_size: int = 1, feeds: dict[str, np.ndarray] | N
     _finish_outputs(g)
     if not g.used_inputs:
         raise ConfigError("ONNX graph: no computed input reaches a layer; leafpy needs a network with an input")
-    seq = SequentialConfig(inputs=[(i, g.input_shapes[i]) for i in g.used_inputs])
+    used = [i for i in g.input_shapes if i in g.used_inputs]  # in the graph's order, not the order of first use
+    seq = SequentialConfig(inputs=[(i, g.input_shapes[i]) for i in used])
     for lc in g.layers:
         seq.add_layer(lc)
     return LayerConfig(name, seq), g.weights

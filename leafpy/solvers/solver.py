@@ -269,7 +269,7 @@ def _last_layer(config: LayerConfig) -> LayerConfig:
 
 def _check_loss_input(network: LayerConfig, objective: LayerConfig) -> None:
     """NegativeLogLikelihood reads log-probabilities: a Softmax output (probabilities) would train on a loss of
-    ``-p`` without a word."""
+    ``-p`` without a word; and the objective gives one loss (a loss with reduction none gives one per sample)."""
     last, loss = _last_layer(network), objective
     while loss.type == "Sequential" and loss.config.layers:
         loss = loss.config.layers[0]
@@ -277,6 +277,10 @@ def _check_loss_input(network: LayerConfig, objective: LayerConfig) -> None:
         raise ConfigError(f"objective layer '{loss.name}' (NegativeLogLikelihood) reads log-probabilities, but the "
                           f"network ends in layer '{last.name}' (Softmax), which gives probabilities; make it a "
                           f"LogSoftmax (type: LogSoftmax)")
+    final = _last_layer(objective)
+    if getattr(final.config, "reduction", "mean") == "none":
+        raise ConfigError(f"objective layer '{final.name}' ({final.type}): reduction 'none' gives one loss per sample, "
+                          "and training minimizes one loss; use reduction mean (the default) or sum")
 
 
 class Solver:

@@ -8,9 +8,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ...errors import BackendError
 from .. import pointwise
-from ..array import DROPOUT_KEY_MULTIPLIER, dropout_threshold
+from ..array import DROPOUT_KEY_MULTIPLIER, dropout_threshold, nll_backward, nll_forward
 from .buffers import WView
 from .encoder import _workgroup_each
 from .gemm import Gemm
@@ -124,18 +126,34 @@ class Elementwise(Gemm):
                                                          buffers[-1]], ElementwiseParams)
 
     # --- losses -----------------------------------------------------------------------------------------------
-    def nll(self, logp, labels, out):
+    def nll(self, logp, labels, out, weight=(), ignore_index=None, reduction="mean"):
+        if weight or ignore_index is not None or reduction != "mean" or len(logp.shape) > 2:
+            self._on_host(nll_forward, [logp, labels], out, weight, ignore_index, reduction)
+            return
         n = logp.shape[0]
         c = logp.size // n
         self._sum_parts("nll_parts", [logp, labels], n, [c, 1], out, alpha=-1.0 / n, classes=c)
 
-    def nll_grad(self, labels, dloss, dx):
+    def nll_grad(self, labels, dloss, dx, weight=(), ignore_index=None, reduction="mean"):
+        if weight or ignore_index is not None or reduction != "mean" or len(dx.shape) > 2:
+            self._on_host(nll_backward, [labels, dloss], dx, weight, ignore_index, reduction)
+            return
         n = dx.shape[0]
         c = dx.size // n
         for n0, n1, (bl, bx), (ol, ox) in self._item_chunks(n, [1, c]):
             count = (n1 - n0) * c
             params = ClassesParams(count=count, classes=c, batch=n, a_offset=ol, c_offset=ox)
             self._dispatch("classes", "nll_grad", params, [labels, dloss, dx], self._grid(count), [bl, None, bx])
+
+    def _on_host(self, fn, inputs: list, out, *args) -> None:
+        """Run the NumPy form ``fn(np, *inputs, out, *args)`` of a primitive on host copies (in float32) and upload
+        its result: the loss options (class weights, ignore_index, reductions, positions) that have no kernel."""
+        host = [np.empty(b.shape, np.float32) for b in inputs]
+        for b, h in zip(inputs, host):
+            self.download(b, h)
+        result = np.empty(out.shape, np.float32)
+        fn(np, *host, result, *args)
+        self.upload(result, out)
 
     def mse(self, x, t, diff, out):
         self._elementwise("sub", x.size, [x, t, diff], ElementwiseParams)
