@@ -40,7 +40,7 @@ __all__ = ["WView", "WebGPUBackend", "adapters"]
 _HERE = Path(__file__).parent
 _MODULES = ("elementwise", "update", "reduce", "classes", "gemm", "conv", "pool", "winograd", "batchnorm", "lrn",
             "direct")
-_WINDOWED = ("gemm", "conv", "pool", "winograd")  # modules that include window.wgsl
+_WINDOWED = ("gemm", "conv", "pool", "winograd", "direct")  # modules that include window.wgsl
 _LANED = ("reduce", "classes")  # modules whose reductions combine a workgroup's lanes (lanes*.wgsl)
 
 

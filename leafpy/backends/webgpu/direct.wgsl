@@ -12,22 +12,13 @@ struct DirectParams {
 @group(0) @binding(2) var<storage, read> b: array<f32>;
 @group(0) @binding(3) var<storage, read_write> dst: array<f32>;
 
+// IN_H, IN_W, KH, KW, SH, SW, PH, PW, OH, OW: window.wgsl's; besides them
 override BATCH: u32 = 1u;
 override C_IN: u32 = 1u;
 override C_OUT: u32 = 1u;
 override GROUPS: u32 = 1u;
-override IN_H: u32 = 1u;
-override IN_W: u32 = 1u;
-override KH: u32 = 1u;
-override KW: u32 = 1u;
-override SH: u32 = 1u;
-override SW: u32 = 1u;
-override PH: u32 = 0u;
-override PW: u32 = 0u;
 override DH: u32 = 1u;
 override DW: u32 = 1u;
-override OH: u32 = 1u;
-override OW: u32 = 1u;
 
 // y[n][o][y][x] = sum over the group's channels and taps of x[n][c][y SH + i DH - PH][x SW + j DW - PW] w[o][c][i][j]
 // (a: x, b: w, dst: y)
