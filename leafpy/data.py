@@ -21,6 +21,7 @@ from ._memory import available_memory
 from .errors import ConfigError, LeafpyError, SerializationError
 from .sources import csv_table, mapped
 from .sources import image_folder as _images
+from .sources.mapped import open_npz
 from .sources.parts import Parts
 from .sources.prepare import Preparation  # noqa: F401  (re-exported: lp.data.Preparation)
 
@@ -377,18 +378,13 @@ def _read_npz(path: str, layouts: Sequence[Sequence[str]], wanted: str,
     header is checked against the size the archive declares for it, and all of them against the memory available
     (as read, then converted ``copies(layout)`` times: float32 samples, int64 labels), before any array is read."""
     try:
-        with _checks.open_regular(path, "a NumPy .npz file") as fh:
-            if not zipfile.is_zipfile(fh):
-                raise SerializationError(f"{path}: not a NumPy .npz file (np.savez(path, x=..., y=...) writes one)")
-            fh.seek(0)
-            with zipfile.ZipFile(fh) as z:
-                sizes = {info.filename[:-4]: info.file_size for info in z.infolist() if info.filename.endswith(".npy")}
-                layout = _layout(path, list(sizes), layouts, wanted)
-                declared = {}
-                for key in layout:
-                    with z.open(key + ".npy") as member:
-                        declared[key] = _check_npy_header(path, key, member, sizes[key])
-                _check_npz_memory(path, declared, copies(layout))
+        with open_npz(path) as (fh, z, infos):
+            layout = _layout(path, list(infos), layouts, wanted)
+            declared = {}
+            for key in layout:
+                with z.open(key + ".npy") as member:
+                    declared[key] = _check_npy_header(path, key, member, infos[key].file_size)
+            _check_npz_memory(path, declared, copies(layout))
             fh.seek(0)
             with np.load(fh, allow_pickle=False) as f:
                 return {k: f[k] for k in layout}

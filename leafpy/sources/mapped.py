@@ -5,6 +5,7 @@ then normalised as the run says)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import struct
@@ -127,17 +128,24 @@ def npy(path: str, key: str) -> np.ndarray:
         raise LeafpyError(f"{path}: cannot read the dataset: {e.strerror or e}") from e
 
 
+@contextlib.contextmanager
+def open_npz(path: str) -> Iterator[tuple[Any, zipfile.ZipFile, dict[str, zipfile.ZipInfo]]]:
+    """An ``.npz`` file opened as a regular file (see ``_checks.open_regular``) and as a zip archive, with its
+    arrays' entries by name; a file that is not a zip archive is refused."""
+    with _checks.open_regular(path, "a NumPy .npz file") as fh:
+        if not zipfile.is_zipfile(fh):
+            raise SerializationError(f"{path}: not a NumPy .npz file (np.savez(path, x=..., y=...) writes one)")
+        fh.seek(0)
+        with zipfile.ZipFile(fh) as z:
+            yield fh, z, {i.filename[:-4]: i for i in z.infolist() if i.filename.endswith(".npy")}
+
+
 def npz(path: str, choose: Callable[[Sequence[str]], Sequence[str]]) -> dict[str, np.ndarray]:
     """The members of an uncompressed ``.npz`` file (np.savez) that ``choose`` picks from the names it holds,
     each mapped read-only at its data, after checking that it is stored (not compressed) and that its .npy header
     fits the space the archive gives it."""
     try:
-        with _checks.open_regular(path, "a NumPy .npz file") as fh:
-            if not zipfile.is_zipfile(fh):
-                raise SerializationError(f"{path}: not a NumPy .npz file (np.savez(path, x=..., y=...) writes one)")
-            fh.seek(0)
-            with zipfile.ZipFile(fh) as z:
-                infos = {i.filename[:-4]: i for i in z.infolist() if i.filename.endswith(".npy")}
+        with open_npz(path) as (fh, _, infos):
             return {key: _member(fh, path, key, infos[key]) for key in choose(list(infos))}
     except (OSError, zipfile.BadZipFile, struct.error) as e:
         if isinstance(e, LeafpyError):
