@@ -3,7 +3,10 @@ every kernel of the process: CuPy's, cuDNN's, cuBLAS's). leafpy's step runs with
 kernel is its own record; the kernels are the same ones a recorded step replays.
 
     python benchmarks/kernel_profile.py --net resnet18-128 [--conv-tolerance any|1e-5] [--precision bf16]
-                                        [--channels-last] [--top 40]
+                                        [--channels-last] [--top 40] [--primitives]
+
+--primitives also lists the backend primitives one leafpy step calls, with their operands, largest first: which
+layer's call launched a fill, copy or cast that the kernel table shows.
 """
 
 from __future__ import annotations
@@ -44,6 +47,35 @@ def show(title: str, times, counts, steps: int, top: int) -> None:
         print(f"  {t / steps / 1000:8.3f} ms {counts[name] / steps:5.1f}x  {name[:150]}")
 
 
+def primitive_calls(be, step) -> list[tuple[int, str]]:
+    """(bytes of the largest operand, "name shapes") of every backend primitive ``step`` calls."""
+    from leafpy.backends.base import PRIMITIVES
+
+    calls: list[tuple[int, str]] = []
+
+    def describe(a) -> str:
+        order = "" if getattr(a, "ndim", 0) != 4 or a.flags.c_contiguous else "/NHWC"
+        return f"{a.dtype}{list(a.shape)}{order}" if hasattr(a, "shape") else repr(a)[:20]
+
+    def wrap(name, method):
+        def traced(*args, **kwargs):
+            arrays = [a for a in (*args, *kwargs.values()) if hasattr(a, "nbytes")]
+            calls.append((max((a.nbytes for a in arrays), default=0),
+                          f"{name}({', '.join(describe(a) for a in (*args, *kwargs.values()))})"))
+            return method(*args, **kwargs)
+        return traced
+
+    saved = {name: getattr(be, name) for name in PRIMITIVES if hasattr(be, name) and name != "view"}
+    for name, method in saved.items():
+        setattr(be, name, wrap(name, method))
+    try:
+        step()
+    finally:
+        for name, method in saved.items():
+            setattr(be, name, method)
+    return calls
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--net", default="resnet18-128", choices=sorted(NETWORKS))
@@ -56,6 +88,7 @@ def main() -> int:
                    help="leafpy's precision setting; PyTorch runs the same mode (autocast and channels_last for "
                         "bf16/fp16)")
     p.add_argument("--channels-last", action="store_true", help="leafpy stores 4-D tensors NHWC")
+    p.add_argument("--primitives", action="store_true", help="list one step's backend primitive calls")
     args = p.parse_args()
     import torch
 
@@ -81,6 +114,11 @@ def main() -> int:
             total += ms
             print(f"  {key[0]:<6} x{key[1]} w{key[2]} s{key[4]}: {ms:.3f} ({min(timings)[0]:.3f}) of {len(timings)}")
         print(f"  sum of chosen plans: {total:.3f} ms")
+    if args.primitives:
+        calls = primitive_calls(be, lambda: solver.train_minibatch(x, y))
+        print(f"backend primitives of one step: {len(calls)} calls, largest operand first")
+        for nbytes, call in sorted(calls, key=lambda c: -c[0])[:args.top]:
+            print(f"  {nbytes / 2**20:8.1f} MiB  {call[:200]}")
     if args.vs == "torch":
         initial = [w.to_numpy() for w in solver.network.learnable_weights_data()]
         trainer = TorchTrainer.of_network(torch, solver.network, initial, "cuda", tf32=False,

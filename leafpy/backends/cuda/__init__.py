@@ -813,14 +813,16 @@ class CudaBackend(ArrayBackend):
         if fmt is None and dy.dtype != np.float32:
             return super().pool2d_grad(dy, dx, mask, mode, kernel, stride, padding, pad_end, count_pad)
         layout = bool(self._layout_of(dy, dx, mask))
-        # 16-bit gradients are added up in float32 scratch (in dx's memory order), then rounded once
-        acc = dx if fmt is None else self.xp.empty_like(dx, dtype=np.float32)
-        acc.fill(0)
         total, args = self._pool_args(dx.shape, dy.shape, kernel, stride, padding, mode == "max", pad_end, count_pad)
         m = mask if mask is not None else dy
-        self._pool_kernel("pool_bwd", fmt, layout)(((total + 255) // 256,), (256,), (as_stored(dy), acc, m) + args)
-        if acc is not dx:
-            self.cast(acc, dx)
+        if fmt is not None:  # 16 bits: each input's gradient gathered over its windows, written once
+            inputs = dx.size
+            args = (np.int32(inputs),) + args[1:]
+            self._pool_kernel("pool_bwd_gather", fmt, layout)(((inputs + 255) // 256,), (256,),
+                                                              (as_stored(dy), as_stored(dx), m) + args)
+            return
+        dx.fill(0)
+        self._pool_kernel("pool_bwd", fmt, layout)(((total + 255) // 256,), (256,), (dy, dx, m) + args)
 
     # --- local response normalisation: one thread per element sums its window of channels ----------------------
     _LRN = ("raw T x, int32 c, int32 inner, int32 size, T a_over_n, T beta, T k", "T scale, T y",
@@ -899,14 +901,29 @@ class CudaBackend(ArrayBackend):
             return super().conv2d_grad_filter(x, dy, dw, stride, padding, ws, beta, dilation, groups)
         pads = geometry(x.shape, dw.shape, dy.shape, padding, stride, dilation)
         if groups > 1 and len(pads) == 3 and pads[0] != pads[1]:
-            # cuDNN's grouped filter gradient is wrong with padding after unlike padding before (seen on an H200,
-            # cuDNN 9): each group's gradient from its own channels, as an ungrouped convolution
-            cx, co = x.shape[1] // groups, dw.shape[0] // groups
-            for g in range(groups):
-                self._grad_filter(x[:, g * cx:(g + 1) * cx], dy[:, g * co:(g + 1) * co], dw[g * co:(g + 1) * co],
-                                  stride, pads, beta, fm)
-            return
+            # cuDNN's grouped filter gradient is wrong with padding after unlike padding before (seen on an H100
+            # and an H200, cuDNN 9), and channel slices of channels-last arrays are misaligned for it: the
+            # gradient of the explicitly padded input, trimmed to the rows and columns the windows read, unpadded
+            x = self._padded_window_input(x, dy.shape, dw.shape, stride, pads)
+            pads = geometry(x.shape, dw.shape, dy.shape, (0, 0), stride, dilation)
         self._grad_filter(x, dy, dw, stride, pads, beta, fm)
+
+    def _padded_window_input(self, x, y_shape, w_shape, stride, pads) -> Any:
+        """A copy of ``x`` with its zero padding written out (``pads``: geometry's before, after, dilation), cut to
+        exactly what the windows of a ``y_shape`` output read, in x's memory order."""
+        before, _, dilation = pads
+        need = [(o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(y_shape[2:], stride, w_shape[2:], dilation)]
+        n, c = x.shape[:2]
+        src = as_stored(x)  # 16-bit values moved as their bits (zero bits are 0.0)
+        if self._layout_of(x):
+            out = self.xp.zeros((n, *need, c), dtype=src.dtype).transpose(0, 3, 1, 2)
+        else:
+            out = self.xp.zeros((n, c, *need), dtype=src.dtype)
+        (bh, bw), (h, w) = before, x.shape[2:]
+        hh, ww = min(h, need[0] - bh), min(w, need[1] - bw)
+        if hh > 0 and ww > 0:
+            out[:, :, bh:bh + hh, bw:bw + ww] = src[:, :, :hh, :ww]
+        return out.view(x.dtype)
 
     def _grad_filter(self, x, dy, dw, stride, pads, beta, fm) -> None:
         conv = self._cudnn
