@@ -56,8 +56,10 @@ extern "C" __global__ void pool_fwd(const S* x, S* y, int* mask, int total, int 
     }
     if (is_max) { y[i] = ST(best); mask[i] = arg; } else { y[i] = ST(sum / POOL_DIVISOR(h0, w0)); }
 }
-// float32 gradients: one thread per output element adds its gradient where the forward pass took its value
-// (measured faster on an H200 than one thread per input element gathering over its windows), into a cleared dx
+// one thread per output element adds its gradient where the forward pass took its value (measured faster on an
+// H200 than one thread per input element gathering over its windows, and on an H100 for 16-bit AlexNet with the
+// clearing and rounding counted); dx is float32 for every format (16-bit activations' gradients are added up
+// there and rounded once)
 extern "C" __global__ void pool_bwd(const S* dy, float* dx, const int* mask, int total, int C, int H, int W,
         int OH, int OW, int kh, int kw, int sh, int sw, int ph, int pw, int is_max, int lh, int lw, int hh, int hw) {
     int i = blockDim.x * blockIdx.x + threadIdx.x;
@@ -76,37 +78,6 @@ extern "C" __global__ void pool_bwd(const S* dy, float* dx, const int* mask, int
             if (h >= 0 && h < H && w >= 0 && w < W) atomicAdd(dst + ELEMENT(h, w), share);
         }
     }
-}
-// 16-bit gradients: one thread per input element gathers over the windows that hold it and writes its gradient
-// once, in its own format (no float32 scratch to clear, add into and round)
-extern "C" __global__ void pool_bwd_gather(const S* dy, S* dx, const int* mask, int total, int C, int H, int W,
-        int OH, int OW, int kh, int kw, int sh, int sw, int ph, int pw, int is_max, int lh, int lw, int hh, int hw) {
-    int i = blockDim.x * blockIdx.x + threadIdx.x;
-    if (i >= total) return;
-#ifdef CHANNELS_LAST
-    const int c = i % C, w = (i / C) % W, h = (i / (C * W)) % H;
-    const long long n = i / (C * W * H);
-#define DY_AT(oh, ow) ((((long long)n * OH + (oh)) * OW + (ow)) * C + c)
-#else
-    const int w = i % W, h = (i / W) % H;
-    const long long p = i / (W * H);
-#define DY_AT(oh, ow) ((p * OH + (oh)) * OW + (ow))
-#endif
-    const int ah = h + ph - kh + 1, aw = w + pw - kw + 1;
-    const int oh0 = ah <= 0 ? 0 : (ah + sh - 1) / sh, oh1 = min((h + ph) / sh, OH - 1);
-    const int ow0 = aw <= 0 ? 0 : (aw + sw - 1) / sw, ow1 = min((w + pw) / sw, OW - 1);
-    float g = 0.f;
-    for (int oh = oh0; oh <= oh1; ++oh) {
-        const int h0 = oh * sh - ph;
-        for (int ow = ow0; ow <= ow1; ++ow) {
-            const int w0 = ow * sw - pw;
-            const long long j = DY_AT(oh, ow);
-            if (is_max) { if (mask[j] == (h - h0) * kw + (w - w0)) g += LD(dy[j]); }
-            else { g += LD(dy[j]) / POOL_DIVISOR(h0, w0); }
-        }
-    }
-    dx[i] = ST(g);
-#undef DY_AT
 }
 """
 
