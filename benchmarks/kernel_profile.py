@@ -65,7 +65,8 @@ def primitive_calls(be, step) -> list[tuple[int, str]]:
             return method(*args, **kwargs)
         return traced
 
-    saved = {name: getattr(be, name) for name in PRIMITIVES if hasattr(be, name) and name != "view"}
+    saved = {name: getattr(be, name) for name in (*PRIMITIVES, "cast", "relayout")
+             if hasattr(be, name) and name != "view"}
     for name, method in saved.items():
         setattr(be, name, wrap(name, method))
     try:
@@ -116,8 +117,8 @@ def main() -> int:
         print(f"  sum of chosen plans: {total:.3f} ms")
     if args.primitives:
         calls = primitive_calls(be, lambda: solver.train_minibatch(x, y))
-        print(f"backend primitives of one step: {len(calls)} calls, largest operand first")
-        for nbytes, call in sorted(calls, key=lambda c: -c[0])[:args.top]:
+        print(f"backend primitives of one step: {len(calls)} calls, in order")
+        for nbytes, call in calls:
             print(f"  {nbytes / 2**20:8.1f} MiB  {call[:200]}")
     if args.vs == "torch":
         initial = [w.to_numpy() for w in solver.network.learnable_weights_data()]

@@ -87,7 +87,7 @@ def _as_shape(shape: Sequence[int] | int) -> tuple[int, ...]:
 class _Storage:
     """Flat buffers, one per backend key, and which of them hold the current data."""
 
-    __slots__ = ("size", "dtype", "copies", "fresh", "version", "layouts")
+    __slots__ = ("size", "dtype", "copies", "fresh", "version", "layouts", "scratch")
 
     def __init__(self, size: int, dtype: np.dtype) -> None:
         self.size = size
@@ -98,6 +98,9 @@ class _Storage:
         self.version = next(_VERSIONS)
         # key -> the shape a channels-last backend's copy is laid out for (Backend.memory_order)
         self.layouts: dict[str, tuple[int, ...]] = {}
+        # whether a write through a smaller view may drop the values past it (a gradient buffer shared by layers
+        # whose backward passes do not overlap: no one reads what an earlier layer left there)
+        self.scratch = False
 
     def changed(self) -> None:
         """The data may have changed: a new version."""
@@ -187,12 +190,14 @@ class SharedTensor:
             st.changed()
         self._shape = new
 
-    def prefix_view(self, shape: Sequence[int], *, grow: bool = False) -> SharedTensor:
+    def prefix_view(self, shape: Sequence[int], *, grow: bool = False, scratch: bool = False) -> SharedTensor:
         """Another tensor over the first ``prod(shape)`` elements of this tensor's storage. A shape larger than the
         storage is a ShapeError unless ``grow``: then the storage is enlarged and its values are dropped (how a
-        container sizes one gradient buffer for several layers)."""
+        container sizes one gradient buffer for several layers). ``scratch`` marks the storage as one whose values
+        past a write's own need not be kept (on a channels-last backend, such a write then rearranges nothing)."""
         new = _as_shape(shape)
         st = self._st
+        st.scratch = st.scratch or scratch
         if math.prod(new) > st.size and not grow:
             raise ShapeError(f"SharedTensor.prefix_view: shape {new} needs {math.prod(new)} elements, the tensor's "
                              f"storage holds {st.size}; give a shape of at most {st.size} elements (grow=True "
@@ -271,7 +276,8 @@ class SharedTensor:
         depends on the shape (channels-last). A copy is laid out for one shape of its storage at a time (the
         storage's first elements, the rest row-major); seen with another shape (an alias: a Flatten in place; a
         prefix view of another size), it is rewritten on the device: wholly when ``convert`` (the values are
-        read), else only the elements past this tensor's (they are kept; the tensor's own are overwritten)."""
+        read), else only the elements past this tensor's (they are kept, unless the storage is scratch; the
+        tensor's own are overwritten)."""
         if backend is None or not backend.channels_last:
             return buf
         st, shape = self._st, self._shape
@@ -288,7 +294,7 @@ class SharedTensor:
         if convert and n_old == n:
             backend.relayout(buf[:n], old, shape)
             return buf
-        if old_order is not None and (convert or n_old > n):  # back to row-major
+        if old_order is not None and (convert or (n_old > n and not st.scratch)):  # back to row-major
             backend.relayout(buf[:n_old], old, (n_old,))
         if convert and new_order is not None:
             backend.relayout(buf[:n], (n,), shape)

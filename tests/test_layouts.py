@@ -226,6 +226,63 @@ def test_channels_last_prefix_views_of_other_sizes_keep_their_values():
     np.testing.assert_array_equal(whole.to_numpy().reshape(-1), want)
 
 
+def test_a_write_through_a_smaller_view_of_scratch_storage_rearranges_nothing():
+    """A container's shared gradient buffer is scratch: a smaller layer's gradient written through it on a
+    channels-last backend moves no values of the earlier, larger one (they are dead), and its own values are
+    what was written."""
+    cl = lp.backend("native", channels_last=True)
+    storage = lp.SharedTensor((1,))
+    big = storage.prefix_view((4, 3, 4, 5), grow=True, scratch=True)
+    big.set(np.ones(big.shape, np.float32))
+    big.read(cl)
+    calls = []
+    relayout = cl.relayout
+    cl.relayout = lambda *a: (calls.append(a), relayout(*a))
+    small = storage.prefix_view((2, 3, 2, 5), grow=True, scratch=True)
+    z = np.arange(small.size, dtype=np.float32).reshape(small.shape)
+    cl.copy(cl.view(np.ascontiguousarray(z.transpose(0, 2, 3, 1)).reshape(-1), small.shape), small.write(cl))
+    assert calls == []
+    np.testing.assert_array_equal(small.to_numpy(), z)
+
+
+def test_a_channels_last_training_step_rearranges_only_at_the_flatten():
+    """LeNet on a channels-last backend: the shared gradient buffers are not rearranged between layers of
+    other sizes (only the Flatten's two views are), and the weights after three steps are the row-major
+    backend's."""
+    def train(be):
+        cfg = lp.SequentialConfig(inputs=[("data", [8, 1, 14, 14])])
+        for layer in (lp.LayerConfig("c1", lp.ConvolutionConfig(num_output=4, filter_shape=[3])),
+                      lp.LayerConfig("r1", "ReLU"),
+                      lp.LayerConfig("p1", lp.PoolingConfig(mode="max", filter_shape=[2], stride=[2])),
+                      lp.LayerConfig("c2", lp.ConvolutionConfig(num_output=6, filter_shape=[3])),
+                      lp.LayerConfig("p2", lp.PoolingConfig(mode="max", filter_shape=[2], stride=[2])),
+                      lp.LayerConfig("flat", "Flatten"), lp.LayerConfig("fc", lp.LinearConfig(output_size=3)),
+                      lp.LayerConfig("sm", "LogSoftmax")):
+            cfg.add_layer(layer)
+        obj = lp.SequentialConfig(inputs=[("out", [8, 3]), ("label", [8, 1])])
+        obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=3)))
+        solver = lp.Solver.from_config(be, be, lp.SolverConfig(
+            network=lp.LayerConfig("net", cfg), objective=lp.LayerConfig("loss", obj), solver="momentum",
+            base_lr=0.1, momentum=0.9, seed=1))
+        net = solver.network
+        rng = np.random.default_rng(2)
+        x = rng.standard_normal((8, 1, 14, 14)).astype(np.float32)
+        y = rng.integers(0, 3, (8, 1)).astype(np.float32)
+        calls = []
+        relayout = be.relayout
+        be.relayout = lambda buf, old, new: (calls.append((old, new)), relayout(buf, old, new))
+        for _ in range(3):
+            del calls[:]
+            solver.train_minibatch(x, y)
+        return [w.to_numpy() for w in net.learnable_weights_data()], calls
+
+    row_major, _ = train(lp.backend("native"))
+    weights, calls = train(lp.backend("native", channels_last=True))
+    assert sorted(calls) == [((8, 6, 2, 2), (8, 24)), ((8, 24), (8, 6, 2, 2))]
+    for a, b in zip(weights, row_major):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_backends_of_two_memory_orders_keep_separate_copies():
     """A copy's memory order follows from its backend key: a row-major and a channels-last backend of one
     device never share a copy."""

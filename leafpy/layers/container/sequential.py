@@ -321,11 +321,11 @@ class Sequential(Layer):
             for g in slot:
                 for m in g.members:
                     layer = layers[m]
-                    layer.output_grads = [storage.prefix_view(layer.outputs[0].shape, grow=True)]
+                    layer.output_grads = [storage.prefix_view(layer.outputs[0].shape, grow=True, scratch=True)]
                     if m != g.root:
-                        layer.input_grads = [storage.prefix_view(layer.inputs[0].shape, grow=True)]
+                        layer.input_grads = [storage.prefix_view(layer.inputs[0].shape, grow=True, scratch=True)]
                 c = layers[g.consumer]
-                c.input_grads[g.k] = storage.prefix_view(c.inputs[g.k].shape, grow=True)
+                c.input_grads[g.k] = storage.prefix_view(c.inputs[g.k].shape, grow=True, scratch=True)
         self._grad_pool = used
 
     def _explain(self, e: ShapeError, plan: Step, blobs: dict) -> str:
