@@ -4,12 +4,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo vulkan bench dist clean
+.PHONY: test demo vulkan bench dist docs clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test,data,cli,webgpu,dist]"
+	$(PY) -m pip install -q -e ".[test,data,cli,webgpu,dist,docs]"
 	touch $(STAMP)
 
 # webgpu tests run on Mesa's CPU Vulkan driver (lavapipe) where no GPU exists
@@ -42,5 +42,9 @@ dist: $(STAMP)
 	$(PY) -m build --outdir dist .
 	$(PY) -m twine check --strict dist/*
 
+# make docs: the documentation site (README as home page, docs/, API reference) in site/
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -d site
+
 clean:
-	rm -rf $(VENV) runs build dist *.egg-info
+	rm -rf $(VENV) runs build dist site *.egg-info

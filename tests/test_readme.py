@@ -16,8 +16,8 @@ def python_blocks(path: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", path.read_text(), re.S)
 
 
-def run_blocks(path: Path, namespace: dict) -> dict:
-    exec(compile("\n".join(python_blocks(path)), str(path), "exec"), namespace)
+def run_blocks(path: Path, namespace: dict, edit=lambda source: source) -> dict:
+    exec(compile(edit("\n".join(python_blocks(path))), str(path), "exec"), namespace)
     return namespace
 
 
@@ -45,6 +45,69 @@ def test_docs_examples_run_after_the_readmes(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace = run_blocks(path, run_blocks(README, {}))
     assert CONTINUING[page](namespace, tmp_path)
+
+
+def _trained_run(ns: dict, tmp: Path) -> None:
+    """A model trained with `normalize: auto` at runs/mine/model.leaf, and a few digits as `x`."""
+    import leafpy as lp
+
+    run = lp.config.load("digits_mlp", ["data.normalize=auto"])
+    trainer = lp.Trainer(run, backend=lp.backend("native"), out_dir=str(tmp / "runs/mine"))
+    trainer.fit(epochs=1)
+    trainer.save_model(str(tmp / "runs/mine/model.leaf"))
+    ns["x"] = lp.data.digits().x_test[:5]
+
+
+# the other pages with examples: what each needs first (beyond the README's names), and what it must leave
+PRELUDES = {
+    "threads.md": (lambda ns, tmp: exec("import threading", ns),
+                   lambda ns, tmp: ns["y"].shape == (64, 10)),
+    "distributed.md": (lambda ns, tmp: (run_blocks(ROOT / "docs/distributed-training.md", ns),
+                                        ns.update(run=ns["lp"].config.load("digits_mlp"), y=ns["labels"])),
+                       lambda ns, tmp: ns["group"].size == 1),
+    "onnx.md": (lambda ns, tmp: ns["lp"].onnx.export(ns["net"], "model.onnx"),
+                lambda ns, tmp: (tmp / "out.onnx").exists() and "conv1/weight" in ns["weights"]),
+    "data.md": (_trained_run,
+                lambda ns, tmp: ns["y"].shape == (5, 10) and ns["prep"] is not None),
+}
+
+
+@pytest.mark.parametrize("page", sorted(PRELUDES))
+def test_the_other_docs_examples_run(page, tmp_path, monkeypatch):
+    path = ROOT / "docs" / page
+    assert python_blocks(path), f"{path} has no Python example"
+    monkeypatch.chdir(tmp_path)
+    prelude, check = PRELUDES[page]
+    namespace = run_blocks(README, {})
+    prelude(namespace, tmp_path)
+    import leafpy as lp
+
+    # an example that names the cuda backend runs on native where there is none (CI)
+    on = "cuda" if "cuda" in lp.available_backends() else "native"
+    run_blocks(path, namespace, lambda source: source.replace('backend="cuda"', f'backend="{on}"'))
+    assert check(namespace, tmp_path)
+
+
+def test_every_docs_page_with_examples_is_run():
+    pages = {p.name for p in (ROOT / "docs").glob("*.md") if python_blocks(p)}
+    assert pages <= set(CONTINUING) | set(PRELUDES), f"docs pages whose examples no test runs: {pages - set(CONTINUING) - set(PRELUDES)}"
+
+
+def test_the_documentation_site_builds_strictly(tmp_path):
+    """`mkdocs build --strict` (the README as home page, every page in the nav, the API reference from the
+    docstrings): a broken link, a page left out of the nav or a reference to a missing name fails."""
+    pytest.importorskip("mkdocs", reason="the docs extra (mkdocs, mkdocs-material, mkdocstrings) is not installed")
+    pytest.importorskip("mkdocstrings", reason="the docs extra (mkdocs, mkdocs-material, mkdocstrings) is not installed")
+    import subprocess
+    import sys
+
+    site = tmp_path / "site"
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env={**__import__("os").environ,
+                                                                             "NO_MKDOCS_2_WARNING": "1"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "A short example" in (site / "index.html").read_text()
+    assert "train_minibatch" in (site / "reference/index.html").read_text()
 
 
 def anchors(page: Path) -> set[str]:
