@@ -90,21 +90,24 @@ def test_the_other_docs_examples_run(page, tmp_path, monkeypatch):
 
 def test_every_docs_page_with_examples_is_run():
     pages = {p.name for p in (ROOT / "docs").glob("*.md") if python_blocks(p)}
-    assert pages <= set(CONTINUING) | set(PRELUDES), f"docs pages whose examples no test runs: {pages - set(CONTINUING) - set(PRELUDES)}"
+    unrun = pages - set(CONTINUING) - set(PRELUDES)
+    assert not unrun, f"docs pages whose examples no test runs: {sorted(unrun)}"
 
 
 def test_the_documentation_site_builds_strictly(tmp_path):
     """`mkdocs build --strict` (the README as home page, every page in the nav, the API reference from the
     docstrings): a broken link, a page left out of the nav or a reference to a missing name fails."""
-    pytest.importorskip("mkdocs", reason="the docs extra (mkdocs, mkdocs-material, mkdocstrings) is not installed")
-    pytest.importorskip("mkdocstrings", reason="the docs extra (mkdocs, mkdocs-material, mkdocstrings) is not installed")
+    import os
     import subprocess
     import sys
 
+    missing = "the docs extra (mkdocs, mkdocs-material, mkdocstrings) is not installed"
+    pytest.importorskip("mkdocs", reason=missing)
+    pytest.importorskip("mkdocstrings", reason=missing)
+
     site = tmp_path / "site"
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300, env={**__import__("os").environ,
-                                                                             "NO_MKDOCS_2_WARNING": "1"})
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "A short example" in (site / "index.html").read_text()
     assert "train_minibatch" in (site / "reference/index.html").read_text()
