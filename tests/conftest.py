@@ -19,13 +19,19 @@ def rng():
     return np.random.default_rng(1234)
 
 
+def backend_or_skip(name: str, **options) -> lp.Backend:
+    """``lp.backend(name, **options)``, or the test skipped saying why the backend is unavailable here: the one
+    way every test asks for a backend that may be missing (CI has no GPU)."""
+    try:
+        return lp.backend(name, **options)
+    except lp.BackendUnavailable as e:
+        pytest.skip(f"{name} backend unavailable: {e}")
+
+
 def webgpu_offering(*features: str):
     """The shared webgpu backend, where its adapter offers every one of ``features``; the test is skipped (saying
     what is missing) where there is no webgpu adapter or it lacks one of them."""
-    try:
-        plain = lp.backend("webgpu")
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"webgpu backend unavailable: {e}")
+    plain = backend_or_skip("webgpu")
     for feature in features:
         if feature not in plain.adapter.features:
             pytest.skip(f"webgpu adapter {plain.adapter_name} does not offer {feature}")

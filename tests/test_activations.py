@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import backend_or_skip
 
 import leafpy as lp
 
@@ -25,17 +26,10 @@ BACKENDS = [
 ]
 
 
-def _backend(name, **options):
-    try:
-        return lp.backend(name, **options)
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"{name} backend unavailable: {e}")
-
-
 @pytest.fixture(params=BACKENDS)
 def be(request):
     name, options = request.param
-    return _backend(name, **options)
+    return backend_or_skip(name, **options)
 
 
 # --- float64 references: (f(x), f'(x)) ---------------------------------------------------------------------------
@@ -187,7 +181,7 @@ def test_webgpu_activation_joins_the_gemm_store(name, first):
     transform, in place only), and equal native's."""
     config = CASES[name][0]
     layer, shape = FIRST_LAYERS[first]
-    wg = _backend("webgpu", power_preference="low-power")
+    wg = backend_or_skip("webgpu", power_preference="low-power")
     wg.WINOGRAD_MIN_CHANNELS = 4 if first == "winograd" else 64
     cfg = lp.SequentialConfig(inputs=[("data", list(shape))], force_backward=True)
     cfg.add_layer(lp.LayerConfig("first", layer))
@@ -245,7 +239,7 @@ def test_a_new_formula_is_one_table_line(spec, monkeypatch):
     monkeypatch.setitem(pw.TABLE, "scaled_square", pw.Pointwise("scaled_square", a * pw.X * pw.X,
                                                                  pw.DY * (2.0 * a) * pw.X, ("a",)))
     fresh = {"native": {"dtype": "float32"}, "cuda": {"device": 0}, "webgpu": {"power_preference": "low-power"}}
-    be = _backend(name, **options, **fresh[name])  # with options: a new instance, not the shared one
+    be = backend_or_skip(name, **options, **fresh[name])  # with options: a new instance, not the shared one
     rng = np.random.default_rng(6)
     x, dy = rng.standard_normal((2, 37)).astype(np.float32)
     tx, ty, tdy = lp.SharedTensor.from_numpy(x), lp.SharedTensor((37,)), lp.SharedTensor.from_numpy(dy)

@@ -10,6 +10,7 @@ import weakref
 import numpy as np
 import pytest
 import random_nets
+from conftest import backend_or_skip
 from test_gradients import CASES
 
 import leafpy as lp
@@ -29,10 +30,7 @@ native (the cuda backend's channels-last primitives are its own, tested above on
 
 def _backend_param(request):
     name, options = request.param
-    try:
-        return lp.backend(name, **options)
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"{name} backend unavailable: {e}")
+    return backend_or_skip(name, **options)
 
 
 @pytest.fixture(params=DEVICE_BACKENDS)
@@ -49,20 +47,6 @@ def device_or_layout(request):
 def close(a, b, what, rtol=2e-4, atol=2e-5):
     scale = max(float(np.abs(b).max()), 1.0)
     np.testing.assert_allclose(a, b, rtol=rtol, atol=atol * scale, err_msg=what)
-
-
-def _webgpu(**options):
-    try:
-        return lp.backend("webgpu", **options)
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"webgpu backend unavailable: {e}")
-
-
-def _cuda(**options):
-    try:
-        return lp.backend("cuda", **options)
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"cuda backend unavailable: {e}")
 
 
 def _gemm_matches_numpy(be, m, n, k, ta, tb, alpha, beta, what, seed=0):
@@ -263,7 +247,7 @@ REPLAYED_RULES = {"momentum": 0.05, "nesterov": 0.05, "rmsprop": 0.001, "adagrad
 @pytest.mark.cuda
 @pytest.mark.parametrize("rule", sorted(REPLAYED_RULES))
 def test_cuda_graph_replay_equals_eager_steps(rule):
-    graphs, eager = _cuda(graphs=True), _cuda(graphs=False)
+    graphs, eager = backend_or_skip("cuda", graphs=True), backend_or_skip("cuda", graphs=False)
     import dataclasses
 
     run = lp.config.load(os.path.join(ROOT, "configs", "digits_mlp.yaml"))
@@ -287,7 +271,7 @@ def test_cuda_graph_replay_equals_eager_steps(rule):
 
 @pytest.mark.webgpu
 def test_webgpu_step_is_one_submission():
-    be = _webgpu()
+    be = backend_or_skip("webgpu")
     run = lp.config.load(os.path.join(ROOT, "configs", "digits_mlp.yaml"))  # no dropout: no per-step seed
     s = lp.Solver.from_config(be, be, run.solver)
     ds = lp.data.digits()
@@ -309,8 +293,8 @@ def test_webgpu_step_is_one_submission():
 def test_webgpu_replayed_steps_equal_encoded_ones_and_see_host_changes(monkeypatch, rule):
     """Replayable steps are re-encoded from their recorded dispatches; they train exactly as steps run through the
     layers, including after weights are set from the host between steps."""
-    replaying = _webgpu(power_preference="low-power")  # separate instances whose option we can change
-    encoding = _webgpu(adapter=replaying.adapter_name)
+    replaying = backend_or_skip("webgpu", power_preference="low-power")  # separate instances whose option we can change
+    encoding = backend_or_skip("webgpu", adapter=replaying.adapter_name)
     monkeypatch.setattr(encoding, "replay", False)
     ds = lp.data.digits()
     x, y = ds.x_train[:32], ds.y_train[:32]
@@ -333,7 +317,7 @@ def test_webgpu_replayed_steps_equal_encoded_ones_and_see_host_changes(monkeypat
 
 @pytest.mark.webgpu
 def test_webgpu_replay_runs_the_recorded_work_and_never_a_step_that_allocates():
-    be = _webgpu(power_preference="low-power")
+    be = backend_or_skip("webgpu", power_preference="low-power")
     acc = lp.SharedTensor.from_numpy(np.zeros(300, np.float32))
     one = lp.SharedTensor.from_numpy(np.ones(300, np.float32))
     one.read(be)
@@ -366,7 +350,7 @@ def test_webgpu_replay_runs_the_recorded_work_and_never_a_step_that_allocates():
 def test_webgpu_recorded_steps_of_a_deleted_solver_are_dropped():
     import gc
 
-    be = _webgpu(power_preference="low-power")
+    be = backend_or_skip("webgpu", power_preference="low-power")
     ds = lp.data.digits()
     s = _solver(be, dropout=False, solver="momentum")
     for _ in range(3):
@@ -383,7 +367,7 @@ def test_webgpu_recorded_steps_of_a_deleted_solver_are_dropped():
 
 @pytest.mark.webgpu
 def test_webgpu_splits_work_over_the_binding_limit(monkeypatch):
-    be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
+    be = backend_or_skip("webgpu", power_preference="low-power")  # a separate instance whose limit we can lower
     monkeypatch.setattr(be, "max_binding", 1024)  # bytes: forces elementwise work into pieces
     rng = np.random.default_rng(0)
     x = rng.standard_normal(5000).astype(np.float32)
@@ -405,7 +389,7 @@ def test_webgpu_splits_work_over_the_binding_limit(monkeypatch):
 
 @pytest.mark.webgpu
 def test_webgpu_adapter_choice_and_errors():
-    be = _webgpu()
+    be = backend_or_skip("webgpu")
     from leafpy.backends.webgpu import adapters
 
     names = adapters()
@@ -428,7 +412,7 @@ def test_gemm_shapes_transposes_and_split_k(device, m, n, k, ta, tb, beta):
 
 @pytest.mark.cuda
 def test_cuda_tracks_peak_memory_in_use():
-    be = _cuda(graphs=False)
+    be = backend_or_skip("cuda", graphs=False)
     be.track_memory()
     t = lp.SharedTensor((1 << 20,))
     t.write(be)
@@ -438,7 +422,7 @@ def test_cuda_tracks_peak_memory_in_use():
 
 def _cuda_graphs_and_eager():
     """A cuda backend that records steps, one that runs them eagerly, and a batch of the default model's data."""
-    graphs, eager = _cuda(), _cuda(graphs=False)
+    graphs, eager = backend_or_skip("cuda"), backend_or_skip("cuda", graphs=False)
     ds = lp.data.digits()
     return graphs, eager, ds.x_train[:32], ds.y_train[:32]
 
@@ -483,7 +467,7 @@ def test_cuda_graphs_of_two_live_solvers_alternating_equal_eager():
 def test_cuda_recorded_steps_do_not_keep_a_deleted_solver_alive():
     import gc
 
-    be = _cuda()
+    be = backend_or_skip("cuda")
     ds = lp.data.digits()
     s = _solver(be, dropout=False, solver="momentum")
     for _ in range(3):
@@ -501,7 +485,7 @@ def test_cuda_recorded_steps_do_not_keep_a_deleted_solver_alive():
 def test_webgpu_buffers_return_to_a_pool():
     import gc
 
-    be = _webgpu()
+    be = backend_or_skip("webgpu")
     t = lp.SharedTensor((1234,))
     t.write(be)
     raw = t.buffer_on(be.key).raw
@@ -519,7 +503,7 @@ def test_webgpu_buffers_return_to_a_pool():
                                               # into the block of C (a large layer's product at a small batch)
                                               (8, 200, 2048, False, True, 0.5), (40, 100, 1024, False, True, 0.0)])
 def test_webgpu_splits_gemm_over_the_binding_limit(monkeypatch, m, n, k, ta, tb, beta):
-    be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
+    be = backend_or_skip("webgpu", power_preference="low-power")  # a separate instance whose limit we can lower
     monkeypatch.setattr(be, "max_binding", 40_000)  # bytes: C (and A or B) exceed it in every case
     assert 4 * max(m * n, n * k) > be.max_binding
     entries = []
@@ -561,7 +545,7 @@ def _convolution_passes_match_native(be, n, c, o, size, seed=0, rtol=2e-4, atol=
 @pytest.mark.webgpu
 @pytest.mark.parametrize("implicit", [True, False], ids=["implicit", "im2col"])
 def test_webgpu_convolution_in_batch_chunks_matches_native(monkeypatch, implicit):
-    be = _webgpu(power_preference="low-power")  # a separate instance whose chunk size we can lower
+    be = backend_or_skip("webgpu", power_preference="low-power")  # a separate instance whose chunk size we can lower
     monkeypatch.setattr(be, "implicit_conv", implicit)
     # im2col columns of two samples: a batch of 5 runs in 3 chunks
     monkeypatch.setattr(be, "CONV_SCRATCH", 2 * 3 * 9 * 36 * 4)
@@ -577,7 +561,7 @@ def test_webgpu_winograd_convolution_matches_native(monkeypatch, kernel, n, padd
     F(2x2, 5x5): odd and even outputs (a last block half outside), each padding the data gradient can mirror, a
     bias in the output transform; with 1058 blocks the filter gradient's batched GEMM splits K (and sums the
     splits)."""
-    be = _webgpu(power_preference="low-power")  # a separate instance whose threshold we can lower
+    be = backend_or_skip("webgpu", power_preference="low-power")  # a separate instance whose threshold we can lower
     monkeypatch.setattr(be, "WINOGRAD_MIN_CHANNELS", 5)
     counts = _convolution_passes_match_native(be, n, 6, 5, size, seed=padding, padding=padding, bias=True,
                                               kernel=kernel, rtol=5e-4, atol=5e-5)
@@ -590,7 +574,7 @@ def test_webgpu_winograd_convolution_matches_native(monkeypatch, kernel, n, padd
 def test_webgpu_winograd_runs_in_batch_chunks(monkeypatch):
     """Transformed tiles over the scratch limit: the batch runs two samples at a time (three chunks); the filter
     gradient accumulates the chunks' products."""
-    be = _webgpu(power_preference="low-power")
+    be = backend_or_skip("webgpu", power_preference="low-power")
     monkeypatch.setattr(be, "WINOGRAD_MIN_CHANNELS", 5)
     monkeypatch.setattr(be, "WINOGRAD_SCRATCH", 2 * 36 * 6 * 16 * 4)  # two samples of 4x4 blocks, 36 points, 6 channels
     counts = _convolution_passes_match_native(be, 5, 6, 5, 8, padding=2, bias=True, kernel=5, rtol=5e-4, atol=5e-5)
@@ -599,7 +583,7 @@ def test_webgpu_winograd_runs_in_batch_chunks(monkeypatch):
 
 @pytest.mark.webgpu
 def test_webgpu_winograd_output_takes_an_in_place_relu(monkeypatch):
-    be = _webgpu(power_preference="low-power")
+    be = backend_or_skip("webgpu", power_preference="low-power")
     monkeypatch.setattr(be, "WINOGRAD_MIN_CHANNELS", 4)
     rng = np.random.default_rng(5)
     x, w = rng.standard_normal((2, 4, 5, 5), dtype=np.float32), rng.standard_normal((4, 4, 3, 3), dtype=np.float32)
@@ -618,7 +602,7 @@ def test_webgpu_winograd_output_takes_an_in_place_relu(monkeypatch):
 
 @pytest.mark.webgpu
 def test_webgpu_profile_times_each_dispatch_by_entry_point():
-    be = _webgpu(power_preference="low-power")
+    be = backend_or_skip("webgpu", power_preference="low-power")
     if not be.can_profile:
         pytest.skip(f"{be.adapter_name} offers no timestamp queries")
     rng = np.random.default_rng(0)
@@ -669,7 +653,7 @@ def test_bias_grad_over_many_blocks_matches_native(device):
 
 @pytest.mark.webgpu
 def test_webgpu_convolution_past_the_binding_limit_binds_chunks_of_samples(monkeypatch):
-    be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
+    be = backend_or_skip("webgpu", power_preference="low-power")  # a separate instance whose limit we can lower
     # x (5184 bytes), y, dy and dx exceed it; one sample's columns (3888) fit
     monkeypatch.setattr(be, "max_binding", 4096)
     _convolution_passes_match_native(be, 12, 3, 4, 6, seed=3)
@@ -678,7 +662,7 @@ def test_webgpu_convolution_past_the_binding_limit_binds_chunks_of_samples(monke
 @pytest.mark.webgpu
 def test_webgpu_implicit_convolution_on_large_tiles_and_split_k_matches_native():
     """Big enough for 128x128 tiles in the forward pass and split-K in the filter gradient."""
-    be = _webgpu()
+    be = backend_or_skip("webgpu")
     assert be._gemm_tile(128, 32 * 32 * 32)[1:3] == (128, 128)
     _convolution_passes_match_native(be, 32, 8, 128, 32, seed=1, rtol=1e-3, atol=1e-4)
 
@@ -688,7 +672,7 @@ def test_webgpu_implicit_convolution_on_large_tiles_and_split_k_matches_native()
 def test_webgpu_convolution_data_gradient_paths_match_native(monkeypatch, stride, dispatches):
     """With the implicit data gradient on: many input channels and a padded stride-1 window take one implicit
     GEMM; strided, GEMM then col2im."""
-    be = _webgpu(power_preference="low-power")  # a separate instance whose options we can change
+    be = backend_or_skip("webgpu", power_preference="low-power")  # a separate instance whose options we can change
     monkeypatch.setattr(be, "implicit_data_grad", True)
     native = lp.backend("native")
     rng = np.random.default_rng(2)
@@ -712,7 +696,7 @@ def test_webgpu_convolution_data_gradient_paths_match_native(monkeypatch, stride
 @pytest.mark.parametrize("mode,kernel,stride,padding", [("max", (3, 3), (2, 2), (1, 1)), ("average", (2, 2), (2, 2),
                                                                                              (0, 0))])
 def test_webgpu_pooling_past_the_binding_limit_runs_in_pieces(monkeypatch, mode, kernel, stride, padding):
-    be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
+    be = backend_or_skip("webgpu", power_preference="low-power")  # a separate instance whose limit we can lower
     monkeypatch.setattr(be, "max_binding", 4096)  # bytes: x (4800) and dx exceed it; a run of planes fits
     native = lp.backend("native")
     rng = np.random.default_rng(0)
@@ -736,7 +720,7 @@ def test_webgpu_pooling_past_the_binding_limit_runs_in_pieces(monkeypatch, mode,
 
 @pytest.mark.webgpu
 def test_webgpu_bias_gradient_past_the_binding_limit_runs_in_pieces(monkeypatch):
-    be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
+    be = backend_or_skip("webgpu", power_preference="low-power")  # a separate instance whose limit we can lower
     monkeypatch.setattr(be, "max_binding", 8192)
     rng = np.random.default_rng(0)
     dy, db0 = rng.standard_normal((40, 3, 8, 8), dtype=np.float32), rng.standard_normal(3, dtype=np.float32)
@@ -750,7 +734,7 @@ def test_webgpu_bias_gradient_past_the_binding_limit_runs_in_pieces(monkeypatch)
 @pytest.mark.webgpu
 @pytest.mark.parametrize("limit", [None, 4096], ids=["whole", "past-the-limit"])
 def test_webgpu_reductions_in_blocks_and_pieces_match_numpy(monkeypatch, limit):
-    be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
+    be = backend_or_skip("webgpu", power_preference="low-power")  # a separate instance whose limit we can lower
     monkeypatch.setattr(be, "PARTS_BLOCK", 1000)  # several blocks per run
     if limit:
         monkeypatch.setattr(be, "max_binding", limit)
@@ -784,7 +768,7 @@ def test_webgpu_reductions_in_blocks_and_pieces_match_numpy(monkeypatch, limit):
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
 def test_webgpu_every_gemm_tile_matches_numpy(monkeypatch, tile, ta, tb):
     """Each tile kernel, forced, on ragged shapes: partial tiles in m, n and the last K slice."""
-    be = _webgpu(power_preference="low-power")  # a separate instance whose tile choice we can force
+    be = backend_or_skip("webgpu", power_preference="low-power")  # a separate instance whose tile choice we can force
     monkeypatch.setattr(be, "_gemm_tile", lambda *shape: tile)
     _gemm_matches_numpy(be, 133, 70, 45, ta, tb, 1.5, 0.5, f"{tile[0]} {tile[1]}x{tile[2]}", seed=1)
     if ta or tb:
@@ -804,7 +788,7 @@ def test_webgpu_every_gemm_tile_matches_numpy(monkeypatch, tile, ta, tb):
 def test_webgpu_bias_and_relu_join_the_gemm_that_wrote_them(monkeypatch):
     """A linear layer's bias add and an in-place ReLU on the product run in the GEMM's store: one kernel. A ReLU
     into another buffer, or a bias after the ReLU, runs on its own."""
-    be = _webgpu(power_preference="low-power")
+    be = backend_or_skip("webgpu", power_preference="low-power")
     rng = np.random.default_rng(4)
     x, w, b = (rng.standard_normal(s, dtype=np.float32) for s in ((37, 50), (70, 50), (70,)))
     tx, tw, tb = (lp.SharedTensor.from_numpy(a) for a in (x, w, b))
@@ -836,7 +820,7 @@ def test_webgpu_bias_and_relu_join_the_gemm_that_wrote_them(monkeypatch):
 @pytest.mark.webgpu
 @pytest.mark.parametrize("k", [40, 3000], ids=["plain", "split-k"])
 def test_webgpu_gemm_wider_than_the_grid_runs_in_column_spans(monkeypatch, k):
-    be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
+    be = backend_or_skip("webgpu", power_preference="low-power")  # a separate instance whose limit we can lower
     monkeypatch.setattr(be, "max_groups", 3)  # workgroups per grid dimension: every product below is wider
     rng = np.random.default_rng(5)
     a, b = rng.random((70, k), dtype=np.float32), rng.random((k, 700), dtype=np.float32)
@@ -850,14 +834,14 @@ def test_webgpu_gemm_wider_than_the_grid_runs_in_column_spans(monkeypatch, k):
 
 @pytest.mark.webgpu
 def test_webgpu_convolution_wider_than_the_grid_runs_in_column_spans(monkeypatch):
-    be = _webgpu(power_preference="low-power")
+    be = backend_or_skip("webgpu", power_preference="low-power")
     monkeypatch.setattr(be, "max_groups", 4)
     _convolution_passes_match_native(be, 6, 3, 4, 9, seed=2)
 
 
 @pytest.mark.webgpu
 def test_webgpu_gemm_that_cannot_be_split_says_so(monkeypatch):
-    be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
+    be = backend_or_skip("webgpu", power_preference="low-power")  # a separate instance whose limit we can lower
     monkeypatch.setattr(be, "max_binding", 40_000)
     a = lp.SharedTensor((40, 12000))  # transposed A whose every stored row (one k) is 48 KB
     b = lp.SharedTensor((30, 40))
@@ -868,7 +852,7 @@ def test_webgpu_gemm_that_cannot_be_split_says_so(monkeypatch):
 
 @pytest.mark.webgpu
 def test_webgpu_class_rows_past_the_binding_limit_run_in_pieces_or_say_why(monkeypatch):
-    be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
+    be = backend_or_skip("webgpu", power_preference="low-power")  # a separate instance whose limit we can lower
     monkeypatch.setattr(be, "max_binding", 4096)
     rng = np.random.default_rng(0)
     for n, c in ((6, 1000), (200, 30)):  # a workgroup per row, a thread per row; both over 4096 bytes
@@ -889,7 +873,7 @@ def test_webgpu_class_rows_past_the_binding_limit_run_in_pieces_or_say_why(monke
 
 @pytest.mark.cuda
 def test_cuda_tf32_convolution_and_gemm_stay_within_tf32_error():
-    be = _cuda(tf32=True)
+    be = backend_or_skip("cuda", tf32=True)
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((256, 512), dtype=np.float32), rng.standard_normal((512, 128), dtype=np.float32)
     tc = lp.SharedTensor((256, 128))
@@ -913,7 +897,7 @@ def test_cuda_without_the_cudnn_frontend_convolves_through_im2col(monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "cudnn", None)  # `import cudnn` now raises ImportError
-    be = _cuda(use_cudnn=None)  # a new instance (the default one is cached)
+    be = backend_or_skip("cuda", use_cudnn=None)  # a new instance (the default one is cached)
     assert not be.uses_cudnn
     with pytest.raises(lp.BackendUnavailable, match="cuDNN graphs unavailable"):
         lp.backend("cuda", use_cudnn=True)
@@ -934,8 +918,8 @@ def test_webgpu_scratch_grows_in_place_and_recorded_steps_forget_the_old_buffer(
     the pool, so steps recorded against it are forgotten: a replay must never write into a tensor that took it."""
     import gc
 
-    be = _webgpu(power_preference="low-power")
-    twin = _webgpu(adapter=be.adapter_name)
+    be = backend_or_skip("webgpu", power_preference="low-power")
+    twin = backend_or_skip("webgpu", adapter=be.adapter_name)
     monkeypatch.setattr(twin, "replay", False)
     ds = lp.data.digits()
     x, y = ds.x_train[:32], ds.y_train[:32]

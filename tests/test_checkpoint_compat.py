@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 import pytest
+from conftest import backend_or_skip
 
 import leafpy as lp
 
@@ -21,10 +22,7 @@ BACKENDS = ["native", pytest.param("webgpu", marks=pytest.mark.webgpu), pytest.p
 
 @pytest.mark.parametrize("name", BACKENDS)
 def test_a_checkpoint_of_an_earlier_leafpy_continues_as_that_leafpy_did(name):
-    try:
-        be = lp.backend(name)
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"{name} backend unavailable: {e}")
+    be = backend_or_skip(name)
     solver = lp.Solver.load_checkpoint(be, be, os.path.join(DATA, "v0_1_checkpoint.leaf"))
     assert solver.iteration == 4 and solver.config.lr_policy == "inv" and solver.config.solver == "nesterov"
     expected = np.load(os.path.join(DATA, "v0_1_continued.npz"))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import backend_or_skip
 
 import leafpy as lp
 
@@ -287,10 +288,7 @@ def test_train_a_regression_objective(tmp_path):
 @pytest.mark.parametrize("backend", [pytest.param("webgpu", marks=pytest.mark.webgpu),
                                      pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_train_on_a_device_backend(tmp_path, backend):
-    try:
-        lp.backend(backend)
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"{backend} backend unavailable: {e}")
+    backend_or_skip(backend)
     out = tmp_path / "run"
     p = run("train", str(ROOT / "configs" / "digits_mlp.yaml"), "--backend", backend, "--epochs", "2",
             "--out", str(out))

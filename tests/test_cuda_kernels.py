@@ -7,17 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import reference
-
-import leafpy as lp
+from conftest import backend_or_skip
 
 EPS = 1e-5
-
-
-def _cuda():
-    try:
-        return lp.backend("cuda")
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"cuda backend unavailable: {e}")
 
 
 BN_SHAPES = [
@@ -41,7 +33,7 @@ def _bn_cases():
 @pytest.mark.cuda
 @pytest.mark.parametrize("shape,channels_last", list(_bn_cases()))
 def test_batch_norm_primitives_match_float64(shape, channels_last):
-    be = _cuda()
+    be = backend_or_skip("cuda")
     import cupy as cp
 
     def device(a):
@@ -98,7 +90,7 @@ ACTIVATIONS = {
 @pytest.mark.parametrize("size,offset", [(1 << 16, 0), (4099, 0), (4096, 1)],
                          ids=["float4", "odd-size", "unaligned"])
 def test_activations_and_axpby_match_float64(kind, size, offset):
-    be = _cuda()
+    be = backend_or_skip("cuda")
     import cupy as cp
 
     forward, gradient, params = ACTIVATIONS[kind]

@@ -13,6 +13,7 @@ import math
 import numpy as np
 import pytest
 import reference
+from conftest import backend_or_skip
 
 import leafpy as lp
 
@@ -20,13 +21,6 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 
 FORMATS = {"bf16": (np.dtype(ml_dtypes.bfloat16), 2.0**-8), "fp16": (np.dtype(np.float16), 2.0**-11)}
 F32_EPS = 2.0**-24
-
-
-def _cuda():
-    try:
-        return lp.backend("cuda")
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"cuda backend unavailable: {e}")
 
 
 def _rounded(values, dtype):
@@ -76,7 +70,7 @@ def _empty(shape, dtype):
 @pytest.mark.parametrize("trans_a,trans_b", [(False, False), (False, True), (True, False), (True, True)])
 @pytest.mark.parametrize("result", ["low", "f32", "f32_accumulate"])
 def test_gemm(fmt, trans_a, trans_b, result):
-    be = _cuda()
+    be = backend_or_skip("cuda")
     dtype, u = FORMATS[fmt]
     rng = np.random.default_rng(1)
     m, k, n = 37, 301, 45  # no dimension a multiple of 8
@@ -101,7 +95,7 @@ def test_gemm(fmt, trans_a, trans_b, result):
 
 @pytest.mark.cuda
 def test_gemm_refuses_mixed_operand_formats():
-    be = _cuda()
+    be = backend_or_skip("cuda")
     a = _dev(_rounded(np.ones((4, 4)), FORMATS["bf16"][0]))
     b = _dev(_rounded(np.ones((4, 4)), FORMATS["fp16"][0]))
     with pytest.raises(lp.LeafpyError, match="gemm"):
@@ -143,7 +137,7 @@ CONV_CASES = [((6, 16, 12, 12), (24, 16, 3, 3), (1, 1), (1, 1)), ((4, 8, 11, 11)
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("case", CONV_CASES, ids=["3x3s1p1", "5x5s2p0"])
 def test_convolution_passes(fmt, case):
-    be = _cuda()
+    be = backend_or_skip("cuda")
     if not be.uses_cudnn:
         pytest.skip("cuDNN graphs unavailable")
     dtype, u = FORMATS[fmt]
@@ -248,7 +242,7 @@ SIZES = [1003, 1024]
 @pytest.mark.parametrize("kind", ACTIVATIONS)
 @pytest.mark.parametrize("size", SIZES)
 def test_activation_and_gradient(fmt, kind, size):
-    be = _cuda()
+    be = backend_or_skip("cuda")
     dtype, u = FORMATS[fmt]
     forward, gradient, reads_y = ACTIVATIONS[kind]
     params = PARAMS.get(kind, ())
@@ -272,7 +266,7 @@ def test_activation_and_gradient(fmt, kind, size):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("shape", [(5, 7, 3, 3), (4, 7, 4, 4)], ids=["one-per-thread", "eight-per-thread"])
 def test_axpby_mul_bias(fmt, shape):
-    be = _cuda()
+    be = backend_or_skip("cuda")
     dtype, u = FORMATS[fmt]
     rng = np.random.default_rng(4)
     x = _rounded(rng.standard_normal(shape), dtype)
@@ -335,7 +329,7 @@ def _same_bits(got, expect, what):
 def test_cast_rounds_to_nearest_even():
     """Conversions are exactly specified (round to nearest even, NaN kept, beyond the range infinity): the bits
     must equal ml_dtypes' and NumPy's conversions."""
-    be = _cuda()
+    be = backend_or_skip("cuda")
     bf16, f16 = FORMATS["bf16"][0], FORMATS["fp16"][0]
     rng = np.random.default_rng(5)
     special = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -7e4, 65519.0, 65520.0, 6e-8, 3e-39, 1.00390625,
@@ -365,7 +359,7 @@ def test_cast_rounds_to_nearest_even():
 @pytest.mark.cuda
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_fill_copy_and_copy_block(fmt):
-    be = _cuda()
+    be = backend_or_skip("cuda")
     dtype, _ = FORMATS[fmt]
     buf = _empty((3, 10), dtype)
     be.fill(1.5, buf)
@@ -386,7 +380,7 @@ def test_fill_copy_and_copy_block(fmt):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("shape", [(16, 8, 6, 6), (5, 3, 5, 5)], ids=["eight-per-thread", "one-per-thread"])
 def test_batch_norm(fmt, shape):
-    be = _cuda()
+    be = backend_or_skip("cuda")
     import cupy as cp
 
     dtype, u = FORMATS[fmt]
@@ -426,7 +420,7 @@ def test_batch_norm(fmt, shape):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("mode", ["max", "avg"])
 def test_pooling(fmt, mode):
-    be = _cuda()
+    be = backend_or_skip("cuda")
     import cupy as cp
 
     dtype, u = FORMATS[fmt]
@@ -469,7 +463,7 @@ def test_pooling(fmt, mode):
 def test_dropout_mask(fmt):
     from leafpy.backends.array import DROPOUT_KEY_MULTIPLIER, dropout_threshold
 
-    be = _cuda()
+    be = backend_or_skip("cuda")
     import cupy as cp
 
     dtype, u = FORMATS[fmt]
@@ -494,7 +488,7 @@ def test_dropout_mask(fmt):
 def test_recorded_step_replays_16_bit_gemm_and_convolution(fmt):
     """A step of 16-bit GEMMs (one accumulating into float32) and convolution passes, recorded as a CUDA graph and
     replayed on new input values."""
-    be = _cuda()
+    be = backend_or_skip("cuda")
     dtype, u = FORMATS[fmt]
     rng = np.random.default_rng(8)
     m, k, n = 32, 64, 48
@@ -546,7 +540,7 @@ def test_recorded_step_replays_16_bit_gemm_and_convolution(fmt):
 
 @pytest.mark.cuda
 def test_primitive_without_16_bit_kernel_refuses_16_bit_buffers():
-    be = _cuda()
+    be = backend_or_skip("cuda")
     x = _dev(_rounded(np.ones((2, 5)), FORMATS["bf16"][0]))
     with pytest.raises(lp.BackendError, match="softmax"):
         be.softmax(x, _empty((2, 5), np.float32))
@@ -583,7 +577,7 @@ def test_a_network_trains_in_low_precision_on_cuda_as_native_emulates_it(precisi
     tolerance, and cuda's steps replay (fp16's with loss scaling too)."""
     import yaml
 
-    cuda = lp.backend("cuda", precision=precision, channels_last=channels_last) if _cuda() else None
+    cuda = lp.backend("cuda", precision=precision, channels_last=channels_last) if backend_or_skip("cuda") else None
     native = lp.backend("native", precision=precision)
     spec = yaml.safe_load(LENET)
     net_cfg, obj_cfg = (lp.config.layer_from_dict({"name": k, **spec[k]}) for k in ("network", "objective"))

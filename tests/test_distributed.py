@@ -23,6 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import distributed_worker as worker  # noqa: E402
+from conftest import backend_or_skip  # noqa: E402
 
 MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
 needs_mpi = pytest.mark.skipif(MPIEXEC is None or importlib.util.find_spec("mpi4py") is None,
@@ -306,13 +307,6 @@ def test_leafpy_train_with_synchronised_batch_norm_on_two_ranks(tmp_path):
         np.testing.assert_allclose(wb.to_numpy(), wa.to_numpy(), rtol=1e-4, atol=1e-5)
 
 
-def _cuda():
-    try:
-        return lp.backend("cuda")
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"cuda backend unavailable: {e}")
-
-
 def _nccl(be):
     """An NCCL transport over a world of one (the test is skipped where CuPy has no NCCL)."""
     try:
@@ -325,7 +319,7 @@ def _nccl(be):
 @pytest.mark.cuda
 @pytest.mark.parametrize("rule", ["momentum", "adam"])
 def test_cuda_ranks_over_the_mpi_transport_share_one_gpu(tmp_path, rule):
-    _cuda()
+    backend_or_skip("cuda")
     os.environ["LEAFPY_TRANSPORT"] = "mpi"
     try:
         run = mpirun(2, "equivalence", str(tmp_path / "w"), rule, "5", "12", "--backend", "cuda", timeout=300)
@@ -342,7 +336,7 @@ def test_cuda_ranks_over_the_mpi_transport_share_one_gpu(tmp_path, rule):
 
 @pytest.mark.cuda
 def test_nccl_transport_with_a_world_of_one():
-    be = _cuda()
+    be = backend_or_skip("cuda")
     transport = _nccl(be)
     rng = np.random.default_rng(0)
     values = [rng.standard_normal(s).astype(np.float32) for s in ((3, 4), (7,))]
@@ -360,7 +354,7 @@ def test_nccl_bucket_sums_on_their_own_stream_wait_for_the_gradients():
     """start() sums a bucket on a stream of its own: it must wait for the kernels that write the gradients (here a
     long GEMM just launched on the backend's stream) and finish() must make the backend's stream wait for the sum.
     Without the event the side stream packs the gradient before the GEMM has written it."""
-    be = _cuda()
+    be = backend_or_skip("cuda")
     transport = _nccl(be)
     assert transport.overlaps
     rng = np.random.default_rng(0)
@@ -387,7 +381,7 @@ def test_nccl_bucket_sums_record_and_replay_inside_a_training_step():
     replayed: each replay packs that step's gradients (the flat buffer holds weight x gradient) and the work after
     finish() sees the unpacked sum. With one rank the all-reduce itself leaves the buffer as it is, so this shows
     that NCCL's call records and replays with its side stream, not a sum across GPUs."""
-    be = _cuda()
+    be = backend_or_skip("cuda")
     transport = _nccl(be)
     assert transport.capturable
     rng = np.random.default_rng(1)
@@ -423,7 +417,7 @@ def test_nccl_bucket_sums_record_and_replay_inside_a_training_step():
 def test_a_data_parallel_cuda_step_replays_like_a_plain_one():
     """A data-parallel solver whose reducer can be recorded (here NCCL with one rank) replays its steps as CUDA
     graphs, and trains exactly as the plain solver does."""
-    be = _cuda()
+    be = backend_or_skip("cuda")
     runs = []
     for parallel in (False, True):
         solver = lp.Solver.from_config(be, be, worker.solver_config("momentum", 16, 1, 0.5, False))
@@ -465,10 +459,7 @@ def test_a_two_rank_run_resumed_equals_the_uninterrupted_run(tmp_path):
 
 
 def _webgpu_or_skip():
-    try:
-        lp.backend("webgpu")
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"webgpu backend unavailable: {e}")
+    backend_or_skip("webgpu")
 
 
 @needs_mpi

@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 import yaml
+from conftest import backend_or_skip
 from test_user_paths import ROOT, failed_cleanly, leafpy
 
 import leafpy as lp
@@ -84,10 +85,7 @@ def test_progress_lines_go_to_stderr_without_a_log(capsys):
 
 
 def test_webgpu_names_its_adapter_and_says_when_it_is_a_cpu_emulator(tmp_path):
-    try:
-        be = lp.backend("webgpu")
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"webgpu backend unavailable: {e}")
+    be = backend_or_skip("webgpu")
     env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}  # as in a container or over ssh
     env.update(PYTHONPATH=str(ROOT), MPLBACKEND="Agg")
     p = subprocess.run([sys.executable, "-m", "leafpy", "train", "digits_mlp", "--backend", "webgpu", "--epochs",

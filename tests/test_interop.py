@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import backend_or_skip
 
 import leafpy as lp
 
@@ -50,16 +51,9 @@ def test_dlpack_round_trip_on_the_host_shares_memory():
         lp.SharedTensor.from_dlpack([1.0, 2.0])
 
 
-def _cuda():
-    try:
-        return lp.backend("cuda")
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"cuda backend unavailable: {e}")
-
-
 @pytest.mark.cuda
 def test_cupy_and_torch_take_gpu_tensors_without_a_copy():
-    be = _cuda()
+    be = backend_or_skip("cuda")
     import cupy as cp
 
     x = np.random.default_rng(2).standard_normal((4, 5)).astype(np.float32)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import backend_or_skip
 
 import leafpy as lp
 from leafpy.errors import ConfigError
@@ -200,10 +201,9 @@ _BACKENDS: dict[str, lp.Backend] = {}
 def _fp16(name):
     """The backend ``name`` in fp16 (skips where it or, on webgpu, the adapter's shader-f16 feature is missing)."""
     if name not in _BACKENDS:
+        backend_or_skip(name)
         try:
             be = lp.backend(name, precision="fp16")
-        except lp.BackendUnavailable as e:
-            pytest.skip(f"{name} backend unavailable: {e}")
         except lp.BackendError as e:  # webgpu on an adapter without shader-f16
             pytest.skip(f"{name} backend has no fp16 here: {e}")
         _BACKENDS[name] = be
@@ -437,10 +437,7 @@ DECISIONS = [  # sumsq, scale, [good, skipped], dynamic -> scale, [good, skipped
 def test_loss_scale_update_and_unscale_primitives(device):
     """The device's decision against the rule written out: apply or skip, back off, grow (unless the scale would
     overflow), count; and unscale multiplies by the scale's reciprocal."""
-    try:
-        be = lp.backend(device)
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"{device} backend unavailable: {e}")
+    be = backend_or_skip(device)
     for sumsq, scale, counts, dynamic, want_scale, want_counts, want_apply in DECISIONS:
         ts = [lp.SharedTensor.from_numpy(np.array(v, np.float32)) for v in ([sumsq], [scale], counts, [0.25, 0.5])]
         be.loss_scale_update(*(t.read_write(be) for t in ts), 2.0, 0.5, 3, dynamic)

@@ -12,10 +12,11 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import backend_or_skip
 from test_gradients import CASES
 
 import leafpy as lp
-from leafpy.errors import BackendError, BackendUnavailable, ConfigError
+from leafpy.errors import BackendError, ConfigError
 
 PRECISIONS = {"bf16": (np.dtype(ml_dtypes.bfloat16), 2.0**-8), "fp16": (np.dtype(np.float16), 2.0**-11)}
 """The activations' dtype and unit roundoff (half the spacing of numbers in [1, 2)) of each low precision."""
@@ -204,10 +205,7 @@ def test_unknown_precision_is_named():
 @pytest.mark.parametrize("precision,hint", [("bf16", "WGSL has no bfloat16.*fp16.*shader-f16.*fp32"),
                                             ("tf32", "no TF32.*fp32")])
 def test_webgpu_refuses_low_precision(precision, hint):
-    try:
-        lp.backend("webgpu")
-    except BackendUnavailable as e:
-        pytest.skip(f"no webgpu backend here: {e}")
+    backend_or_skip("webgpu")
     with pytest.raises(BackendError, match=hint):
         lp.backend("webgpu", precision=precision)
     assert lp.backend("webgpu", precision="fp32").precision == "fp32"

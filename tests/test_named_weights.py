@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import backend_or_skip
 
 import leafpy as lp
 
@@ -163,17 +164,10 @@ BACKENDS = [pytest.param("native", id="native"), pytest.param("cuda", id="cuda",
             pytest.param("webgpu", id="webgpu", marks=pytest.mark.webgpu)]
 
 
-def _backend(name: str) -> lp.Backend:
-    try:
-        return lp.backend(name)
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"{name} backend unavailable: {e}")
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("rule,minibatch_size", [("adam", 2), ("momentum", 1)])
 def test_a_restored_solver_continues_bit_exactly(backend, rule, minibatch_size):
-    be = _backend(backend)
+    be = backend_or_skip(backend)
     batches = _batches(10)
     original = _solver(be, rule, minibatch_size)
     for x, y in batches[:5]:  # with minibatch_size 2, one call is pending here

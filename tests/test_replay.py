@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 import pytest
+from conftest import backend_or_skip
 
 import leafpy as lp
 
@@ -32,13 +33,6 @@ CASES = ([(rule, "inv", 1) for rule in RULES]
 DEVICES = [pytest.param("webgpu", marks=pytest.mark.webgpu), pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
-def _device(name):
-    try:
-        return lp.backend(name)
-    except lp.BackendUnavailable as e:
-        pytest.skip(f"{name} backend unavailable: {e}")
-
-
 def _config(rule, schedule, k, dropout=False, clip=None):
     run = lp.config.load(os.path.join(ROOT, "configs", "digits_mlp.yaml"))
     if dropout:  # a new mask every step, from a seed written before the step
@@ -51,20 +45,20 @@ def _config(rule, schedule, k, dropout=False, clip=None):
 @pytest.mark.parametrize("device_name", DEVICES)
 @pytest.mark.parametrize("rule,schedule,k", CASES, ids=[f"{r}-{s}-k{k}" for r, s, k in CASES])
 def test_replayed_steps_follow_the_schedule(device_name, rule, schedule, k):
-    _train_against_float64(_device(device_name), _config(rule, schedule, k), k)
+    _train_against_float64(backend_or_skip(device_name), _config(rule, schedule, k), k)
 
 
 @pytest.mark.parametrize("device_name", DEVICES)
 @pytest.mark.parametrize("k", [1, 2])
 def test_replayed_steps_draw_fresh_dropout_masks(device_name, k):
     """Dropout's masks hash the same on every backend, so the float64 reference draws the same ones."""
-    _train_against_float64(_device(device_name), _config("adam", "inv", k, dropout=True), k)
+    _train_against_float64(backend_or_skip(device_name), _config("adam", "inv", k, dropout=True), k)
 
 
 @pytest.mark.parametrize("device_name", DEVICES)
 def test_replayed_steps_clip_gradients_on_the_device(device_name):
     """Clipping scales the gradients by threshold / norm on the device (no readback), so clipped steps replay."""
-    clipped = _train_against_float64(_device(device_name), _config("momentum", "step", 1, clip=0.5), 1)
+    clipped = _train_against_float64(backend_or_skip(device_name), _config("momentum", "step", 1, clip=0.5), 1)
     unclipped = _train_against_float64(lp.backend("native"), _config("momentum", "step", 1), 1, replays=False)
     assert abs(clipped[-1] - unclipped[-1]) > 1e-3, "the threshold should clip these gradients"
 
@@ -102,7 +96,7 @@ def _train_against_float64(device, cfg, k, replays=True):
 def test_a_reconfigured_solver_records_its_steps_anew(device_name):
     """A recording holds the rule's constants (momentum, weight decay, the clipping threshold): after reconfigure
     the solver's steps are recorded again, so the new settings take effect as they do on native."""
-    device = _device(device_name)
+    device = backend_or_skip(device_name)
     f64 = lp.backend("native", dtype="float64")
     cfg = _config("momentum", "step", 1)
     solver, reference = lp.Solver.from_config(device, device, cfg), lp.Solver.from_config(f64, f64, cfg)
@@ -127,7 +121,7 @@ def test_dropout_draws_follow_native_around_replayed_steps_and_refused_batches(d
     """Replayed steps run none of dropout's Python: a training-mode forward pass afterwards still draws a new mask,
     and a batch the solver refuses takes back the draw made for it, on every backend alike."""
     results = []
-    for be in (_device(device_name), lp.backend("native")):
+    for be in (backend_or_skip(device_name), lp.backend("native")):
         solver = lp.Solver.from_config(be, be, _config("momentum", "step", 1, dropout=True))
         drop = next(w for w in solver.network.workers() if hasattr(w, "draws_random"))
         ds = lp.data.digits()
@@ -151,7 +145,7 @@ def test_dropout_draws_follow_native_around_replayed_steps_and_refused_batches(d
 def test_a_capture_that_fails_midway_runs_none_of_its_work():
     """A step that cannot be recorded runs as it is from then on; what the failed attempt had encoded is dropped,
     not submitted with the step's rerun."""
-    be = _device("webgpu")
+    be = backend_or_skip("webgpu")
     t = lp.SharedTensor.from_numpy(np.ones(1000, np.float32))
     t.read(be)
     calls = [0]
