@@ -13,27 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from runs import layer, run_file
 from test_user_paths import ROOT, _weights, failed_cleanly, leafpy
 
-RUN = """
-name: mapped
-data: {dataset: npz, path: data.npz, batch_size: 64, test_fraction: 0.25, seed: 0}
-train: {epochs: 1}
-network:
-  type: Sequential
-  inputs: [{name: data, shape: [64, 3, 64, 64]}]
-  layers:
-    - {name: pool, type: Pooling, mode: average, filter_shape: [8, 8], stride: 8}
-    - {name: flat, type: Flatten}
-    - {name: head, type: Linear, output_size: 5}
-    - {name: logsm, type: LogSoftmax}
-objective:
-  type: Sequential
-  inputs: [{name: network_out, shape: [64, 5]}, {name: label, shape: [64, 1]}]
-  layers:
-    - {name: nll, type: NegativeLogLikelihood, num_classes: 5}
-solver: {solver: momentum, base_lr: 0.05, momentum: 0.9, seed: 3}
-"""
+RUN = run_file([layer("pool", "Pooling", mode="average", filter_shape=[8, 8], stride=8), layer("flat", "Flatten"),
+                layer("head", "Linear", output_size=5), layer("logsm", "LogSoftmax")], [3, 64, 64], name="mapped",
+               data={"dataset": "npz", "path": "data.npz", "batch_size": 64, "test_fraction": 0.25, "seed": 0},
+               solver={"solver": "momentum", "base_lr": 0.05, "momentum": 0.9, "seed": 3}, train={"epochs": 1})
 
 
 def _write(tmp_path: Path, n: int, dtype: type = np.uint8) -> tuple[np.ndarray, np.ndarray]:

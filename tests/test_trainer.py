@@ -10,6 +10,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from runs import mlp, run_file
 from test_cli import ROOT, accuracy, leafpy_cmd, run
 
 import leafpy as lp
@@ -287,19 +288,7 @@ def test_early_stopping_on_an_accuracy_in_a_regression_run_is_refused_before_tra
 def io_yaml(tmp_path):
     """A regression run file over tmp_path/curve.npz (MeanSquaredError: no classes)."""
     path = tmp_path / "curve.yaml"
-    path.write_text(f"""
-name: curve
-data: {{dataset: npz, path: {tmp_path / 'curve.npz'}, batch_size: 10}}
-network:
-  type: Sequential
-  inputs: [{{name: data, shape: [10, 4]}}]
-  layers:
-    - {{name: fc, type: Linear, output_size: 2}}
-objective:
-  type: Sequential
-  inputs: [{{name: network_out, shape: [10, 2]}}, {{name: target, shape: [10, 2]}}]
-  layers:
-    - {{name: mse, type: MeanSquaredError}}
-solver: {{solver: momentum, base_lr: 0.01, seed: 0}}
-""")
+    path.write_text(run_file(mlp(2, log_softmax=False), [4], name="curve", objective="mse",
+                             data={"dataset": "npz", "path": str(tmp_path / "curve.npz"), "batch_size": 10},
+                             solver={"solver": "momentum", "base_lr": 0.01, "seed": 0}))
     return str(path)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from runs import mlp, run_file
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -280,17 +281,8 @@ def test_a_resumed_run_keeps_the_best_epochs_of_the_whole_run(tmp_path):
         f"best-epoch{h['epoch']}.leaf" for h in best)
 
 
-REGRESSION_RUN = """name: line
-data: {dataset: npz, path: line.npz, batch_size: 10}
-network:
-  type: Sequential
-  inputs: [{name: data, shape: [10, 2]}]
-  layers: [{name: fc, type: Linear, output_size: 1}]
-objective:
-  type: Sequential
-  inputs: [{name: out, shape: [10, 1]}, {name: target, shape: [10, 1]}]
-  layers: [{name: mse, type: MeanSquaredError}]
-"""
+REGRESSION_RUN = run_file(mlp(1, log_softmax=False), [2], name="line", objective="mse",
+                          data={"dataset": "npz", "path": "line.npz", "batch_size": 10})
 
 
 def test_best_epochs_by_accuracy_in_a_regression_run_are_refused_before_training(tmp_path):
