@@ -22,13 +22,15 @@ import numpy as np
 
 import leafpy as lp
 from leafpy.layers import wire
+from leafpy.layers.layer_config import lookup
 from leafpy.layers.loss.negative_log_likelihood import SoftmaxCrossEntropyConfig
 
 DEFAULT_SEEDS = range(80)
 """The seeds the quick tests run; every layer type and every structural feature occurs among them
 (test_random_networks.py checks it)."""
-IN_PLACE_TYPES = ("ReLU", "Sigmoid", "TanH", "LeakyReLU", "ELU", "Dropout", "Reshape", "Flatten")
-"""The layer types that may run in place."""
+IN_PLACE_TYPES = tuple(name for name in lp.layer_types() if not lookup(name).is_container
+                       and getattr(lookup(name).impl, "in_place", False))
+"""The layer types that may run in place (their workers say so: the registry, not a list kept here)."""
 DECONV = 0.3
 FAMILIES = ("image", "vector", "sequence", "ids", "labels", "target")
 

@@ -218,6 +218,13 @@ ACTIVATIONS = {  # name: (forward(x, *params), gradient(src, dy, *params), wheth
 }
 
 
+def test_every_activation_of_the_formula_table_has_a_reference_here():
+    """A new line in leafpy.backends.pointwise.TABLE cannot be left out of the 16-bit kernel tests above."""
+    from leafpy.backends import pointwise
+
+    assert set(ACTIVATIONS) == set(pointwise.TABLE), "give each formula-table activation a float64 reference here"
+
+
 def _gelu_tanh_grad(x):
     c = math.sqrt(2.0 / math.pi)
     t = np.tanh(c * (x + 0.044715 * x**3))
