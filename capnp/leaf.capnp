@@ -69,6 +69,7 @@ struct LayerConfig {
     flattenConfig @36 :AxisConfig;
     deconvolution @37 :DeconvolutionConfig;
     softmaxCrossEntropy @38 :NegativeLogLikelihoodConfig;
+    clip @39 :ClipConfig;
   }
 
   outputs @11 :List(Text);
@@ -290,4 +291,9 @@ struct GELUConfig {
 struct SoftplusConfig {
   beta @0 :Float64 = 1.0;
   threshold @1 :Float64 = 20.0;
+}
+
+struct ClipConfig {
+  lower @0 :Float64 = 0.0;
+  upper @1 :Float64 = 6.0;
 }

@@ -14,6 +14,7 @@ from .backends.base import Backend
 from .errors import BackendError, BackendUnavailable, ConfigError, LeafpyError, SerializationError, ShapeError
 from .layers import (
                      BatchNormConfig,
+                     ClipConfig,
                      ConcatConfig,
                      ConvolutionConfig,
                      DeconvolutionConfig,
@@ -63,7 +64,7 @@ __all__ = [
     "Callback", "Trainer", "train",
     "EmbeddingConfig", "GRUConfig", "LSTMConfig", "RNNConfig", "SoftmaxConfig", "LogSoftmaxConfig", "FlattenConfig",
     "DeconvolutionConfig",
-    "ELUConfig", "GELUConfig", "LeakyReLUConfig", "SoftplusConfig",
+    "ELUConfig", "GELUConfig", "LeakyReLUConfig", "SoftplusConfig", "ClipConfig",
 ]
 
 

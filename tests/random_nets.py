@@ -505,6 +505,8 @@ class _Builder:
 class _Generator:
     def __init__(self, seed: int) -> None:
         self.rng = np.random.default_rng(seed)
+        self.extra = np.random.default_rng([seed, 1])
+        """Draws for layer types added later, kept out of ``rng`` so that earlier seeds keep their networks."""
         self.count = 0
         self.features: set[str] = set()
         self.training = False
@@ -526,6 +528,9 @@ class _Generator:
             return lp.GELUConfig(approximate=str(self.rng.choice(["none", "tanh"])))
         if kind == "Softplus":
             return lp.SoftplusConfig(beta=float(self.rng.choice([1.0, 2.0])))
+        if kind == "ReLU" and self.extra.random() < 0.4:  # Clip, drawn aside: the seeds' networks stay as they were
+            lower, upper = [(0.0, 6.0), (-1.0, 1.0), (-0.5, 2.0)][int(self.extra.integers(3))]
+            return lp.ClipConfig(lower=lower, upper=upper)
         return kind
 
     def case(self, seed: int) -> Case:

@@ -91,6 +91,9 @@ CASES = {
     "Softplus": (lp.SoftplusConfig(), softplus),
     "Softplus-2-3": (lp.SoftplusConfig(beta=2.0, threshold=3.0), lambda x: softplus(x, 2.0, 3.0)),
     "SiLU": ("SiLU", silu),
+    "Clip": (lp.ClipConfig(), lambda x: (np.clip(x, 0.0, 6.0), ((x > 0.0) & (x < 6.0)).astype(float))),
+    "Clip-hardtanh": (lp.ClipConfig(lower=-1.0, upper=1.0),
+                      lambda x: (np.clip(x, -1.0, 1.0), ((x > -1.0) & (x < 1.0)).astype(float))),
     "Swish": ("Swish", silu),  # SiLU's other name
 }
 

@@ -190,7 +190,7 @@ def _erf(v):
     return np.vectorize(math.erf)(v)
 
 
-PARAMS = {"leaky_relu": (0.1,), "elu": (0.7,), "softplus": (1.5, 20.0)}
+PARAMS = {"leaky_relu": (0.1,), "elu": (0.7,), "softplus": (1.5, 20.0), "clip": (-1.0, 2.0)}
 
 
 def _sig(v):
@@ -215,6 +215,7 @@ ACTIVATIONS = {  # name: (forward(x, *params), gradient(src, dy, *params), wheth
              False),
     "gelu_tanh": (_gelu_tanh, lambda x, g: g * _gelu_tanh_grad(x), False),
     "silu": (lambda x: x * _sig(x), lambda x, g: g * _sig(x) * (1 + x * (1 - _sig(x))), False),
+    "clip": (lambda x, lo, hi: np.clip(x, lo, hi), lambda y, g, lo, hi: np.where((y > lo) & (y < hi), g, 0.0), True),
 }
 
 

@@ -112,6 +112,10 @@ CASES = {
                  # beta x on both sides of the threshold, away from it (the function steps there)
                  (lp.SoftplusConfig(beta=2.0, threshold=1.5), lambda r: [0.75 + away_from_zero(r, (3, 7), 0.1)])],
     "SiLU": [("SiLU", lambda r: [2 * r.standard_normal((3, 5))])],
+    # inputs on both sides of each bound, away from it (the gradient steps there)
+    "Clip": [(lp.ClipConfig(), lambda r: [3 + 4 * away_from_zero(r, (3, 7))]),
+             (lp.ClipConfig(lower=-1.0, upper=0.5), lambda r: [np.where(r.random((3, 7)) < 0.5, -1.0, 0.5)
+                                                                 + 0.5 * away_from_zero(r, (3, 7), 0.1)])],
     "Swish": [("Swish", lambda r: [2 * r.standard_normal((2, 3))])],
     "Softmax": [("Softmax", lambda r: [r.standard_normal((3, 5))]),
                 ("Softmax", lambda r: [r.standard_normal((2, 3, 2))]),

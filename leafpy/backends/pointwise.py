@@ -193,6 +193,7 @@ def _silu() -> Pointwise:
 
 
 _SLOPE, _ALPHA = param("negative_slope"), param("alpha")
+_LOWER, _UPPER = param("lower"), param("upper")
 
 TABLE: dict[str, Pointwise] = {line.name: line for line in (
     Pointwise("relu", maximum(X, 0.0), where(Y > 0.0, DY, 0.0)),
@@ -206,6 +207,9 @@ TABLE: dict[str, Pointwise] = {line.name: line for line in (
     _gelu(),
     _gelu_tanh(),
     _silu(),
+    # from y: lower < y < upper exactly where lower < x < upper (lower < upper: the config checks)
+    Pointwise("clip", minimum(maximum(X, _LOWER), _UPPER), where(Y > _LOWER, where(_UPPER > Y, DY, 0.0), 0.0),
+              ("lower", "upper")),
 )}
 """Every activation, by the name backends know it by (``Backend.activation(name, ...)``)."""
 

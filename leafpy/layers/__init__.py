@@ -1,6 +1,7 @@
 """Layers: the registry, the Layer wrapper and every layer type (each in its own module)."""
 
 from . import _load_all  # noqa: F401,E402
+from .activation.clip import ClipConfig  # noqa: E402
 from .activation.elu import ELUConfig  # noqa: E402
 from .activation.gelu import GELUConfig  # noqa: E402
 from .activation.leaky_relu import LeakyReLUConfig  # noqa: E402
@@ -31,4 +32,4 @@ __all__ = ["BatchNormConfig", "ELUConfig", "GELUConfig", "LeakyReLUConfig", "Sof
            "ReshapeConfig", "Sequential", "SequentialConfig", "SliceConfig", "WeightConfig", "Worker", "layer_types",
            "lookup", "register_layer", "Network", "Parameters", "Wiring",
            "plan_gradients", "wire", "EmbeddingConfig", "GRUConfig", "LSTMConfig", "RNNConfig", "SoftmaxConfig",
-           "LogSoftmaxConfig", "FlattenConfig", "DeconvolutionConfig"]
+           "LogSoftmaxConfig", "FlattenConfig", "DeconvolutionConfig", "ClipConfig"]
