@@ -492,22 +492,34 @@ def predict_cmd(args: argparse.Namespace) -> int:
 
     if args.out and not args.out.endswith((".npz", ".csv")):
         raise LeafpyError(f"--out {args.out}: predictions are written as .npz or .csv; name the file so")
-    if args.config.endswith(".onnx") and args.weights is None:  # an ONNX model alone: its graph is the network
+    beside = os.path.join(os.path.dirname(args.config), RUN_FILE)
+    if args.weights is None and (args.config.endswith(".onnx") or (args.config.endswith(".leaf")
+                                                                   and not os.path.isfile(beside))):
+        # a model alone (an ONNX model, or a model file with no run beside it): its graph is the network, its
+        # file says how it reads data (a leafpy model file records that; an ONNX graph reads its input as given)
         from . import onnx
+        from .serialization import read_model
         from .sources import prepare
 
         x = datasets.npz_samples(args.input)
         labels = [str(i) for i in range(len(x))]
         be = _backend_for(args, None)
-        net: Any = onnx.load(args.config, be)
-        weights, prep = args.config, prepare.from_dict({})
+        if args.config.endswith(".onnx"):
+            net: Any = onnx.load(args.config, be)
+            prep = prepare.from_dict({})
+        else:
+            net = Layer.load(be, args.config)
+            prep = prepare.from_text(read_model(args.config).preparation, args.config) or prepare.from_dict({})
+        weights = args.config
         want = tuple(net.input_shapes[0][1:])
         if tuple(x.shape[1:]) != want:
             raise LeafpyError(f"{args.input}: samples of shape {list(x.shape[1:])}, where {args.config} takes "
                               f"{list(want)} per sample; reshape x to [N, {', '.join(map(str, want))}]")
-        outputs = _forward_batches(net, x, 64, be)
+        outputs = _forward_batches(net, prep.inputs(x), 64, be)
         classes = predictions(outputs) if outputs.ndim == 2 and outputs.shape[1] > 1 else None
-        names = [str(k) for k in range(outputs.shape[1])] if classes is not None else []
+        if classes is None:
+            outputs = prep.outputs(outputs)
+        names = (list(prep.class_names) or [str(k) for k in range(outputs.shape[1])]) if classes is not None else []
     else:
         # new samples: the split the weights were trained on does not matter here
         run, weights = resolve_run(args.config, args.set, args.weights, command="predict", check_split=False)

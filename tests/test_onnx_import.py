@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import backend_or_skip
 
 import leafpy as lp
 
@@ -263,9 +264,10 @@ def test_window_and_axis_attributes_leafpy_cannot_compute_are_refused_naming_the
 DATA = ROOT / "tests" / "data" / "onnx"
 
 
-@pytest.mark.parametrize("name", ["torch_resnet", "torch_lstm_text"])
+@pytest.mark.parametrize("name", ["torch_resnet", "torch_lstm_text", "torch_mobilenet", "torch_window_settings"])
 def test_models_pytorch_exported_import_and_match_pytorch_within_1e_4(name):
-    """Written by tests/data/onnx/make_torch_models.py (torch.onnx.export, opset 17); PyTorch's outputs beside."""
+    """Written by tests/data/onnx/make_torch_models.py and make_torch_vision_models.py (torch.onnx.export, opset
+    17); PyTorch's outputs beside."""
     saved = np.load(DATA / f"{name}.npz")
     net = lp.onnx.load(str(DATA / f"{name}.onnx"))
     net.set_training(False)
@@ -283,6 +285,28 @@ def test_a_pytorch_model_through_summary_and_predict(tmp_path):
     p = leafpy(tmp_path, "predict", str(DATA / "torch_resnet.onnx"), "--input", "x.npz", "--out", "p.npz")
     assert p.returncode == 0, p.stderr
     np.testing.assert_allclose(np.load(tmp_path / "p.npz")["outputs"], saved["y"], atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["native", pytest.param("webgpu", marks=pytest.mark.webgpu)])
+def test_a_pytorch_mobilenet_converts_and_predicts_through_the_command(tmp_path, backend):
+    """MobileNet-v2's blocks from PyTorch (depthwise convolutions, ReLU6 as Clip, residual sums): `leafpy convert`
+    to a model file that predicts PyTorch's outputs, on each backend, and exports back to ONNX unchanged."""
+    backend_or_skip(backend)
+    saved = np.load(DATA / "torch_mobilenet.npz")
+    np.savez(tmp_path / "x.npz", x=saved["x"])
+    p = leafpy(tmp_path, "convert", str(DATA / "torch_mobilenet.onnx"), "mobilenet.leaf")
+    assert p.returncode == 0, p.stderr
+    p = leafpy(tmp_path, "summary", "mobilenet.leaf")
+    assert p.returncode == 0 and "Clip" in p.stdout and "Eltwise" in p.stdout, p.stderr
+    p = leafpy(tmp_path, "predict", "mobilenet.leaf", "--input", "x.npz", "--out", "p.npz", "--backend", backend)
+    assert p.returncode == 0, p.stderr
+    np.testing.assert_allclose(np.load(tmp_path / "p.npz")["outputs"], saved["y"], atol=1e-4)
+    p = leafpy(tmp_path, "convert", "mobilenet.leaf", "again.onnx")
+    assert p.returncode == 0, p.stderr
+    ort = pytest.importorskip("onnxruntime", reason="the exported model is checked in onnxruntime")
+    session = ort.InferenceSession(str(tmp_path / "again.onnx"))
+    out = session.run(None, {session.get_inputs()[0].name: saved["x"].astype(np.float32)})[0]
+    np.testing.assert_allclose(out, saved["y"], atol=1e-4)
 
 
 def test_a_trained_run_exports_and_its_onnx_model_evaluates_and_fine_tunes_as_its_model_leaf(tmp_path):

@@ -483,3 +483,28 @@ def test_adamw_with_a_cosine_schedule_trains_digits_from_the_command_line(tmp_pa
     saved = (tmp_path / "r" / "run.yaml").read_text()
     for text in ("solver: adamw", "lr_policy: cosine", "warmup_iter: 10", "max_iter: 90"):
         assert text in saved, saved
+
+
+def test_a_model_file_alone_predicts_as_its_run_directory_does(tmp_path):
+    """A model.leaf copied away from its run (no run.yaml beside it) predicts from its own records: the
+    normalisation and class names it was trained with, the same outputs as through the run directory."""
+    import shutil
+
+    import leafpy as lp
+
+    p = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--out", "run", "--set", "data.normalize=auto")
+    assert p.returncode == 0, p.stderr
+    (tmp_path / "elsewhere").mkdir()
+    shutil.copy(tmp_path / "run" / "model.leaf", tmp_path / "elsewhere" / "model.leaf")
+    x = lp.data.digits().x_test[:30]
+    np.savez(tmp_path / "x.npz", x=x)
+    via_run = leafpy(tmp_path, "predict", "run", "--input", "x.npz", "--out", "a.npz")
+    alone = leafpy(tmp_path, "predict", "elsewhere/model.leaf", "--input", "x.npz", "--out", "b.npz")
+    assert via_run.returncode == 0 and alone.returncode == 0, alone.stderr
+    a, b = np.load(tmp_path / "a.npz"), np.load(tmp_path / "b.npz")
+    np.testing.assert_allclose(b["outputs"], a["outputs"], rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(b["classes"], a["classes"])
+    # the model's own normalisation was applied: without it the outputs differ
+    net = lp.Layer.load(lp.backend("native"), tmp_path / "elsewhere" / "model.leaf")
+    raw = net.forward([x.astype(np.float32)])[0].to_numpy()
+    assert np.abs(raw - b["outputs"]).max() > 1e-3

@@ -216,6 +216,12 @@ def _softplus(e: Emitter, layer: Layer, ins: list[str], outs: list[str]) -> None
     e.node("Mul", [sp, e.const(f"{layer.name}/inv_beta", 1.0 / beta)], outs, name=layer.name)
 
 
+@emits("Clip")
+def _clip(e: Emitter, layer: Layer, ins: list[str], outs: list[str]) -> None:
+    cfg, n = layer.config.config, layer.name
+    e.node("Clip", [ins[0], e.const(f"{n}/min", cfg.lower), e.const(f"{n}/max", cfg.upper)], outs, name=n)
+
+
 @emits("SiLU", "Swish")
 def _silu(e: Emitter, layer: Layer, ins: list[str], outs: list[str]) -> None:
     if e.opset >= 24:

@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import ConfigError, ShapeError
 from ..layers import (
     BatchNormConfig,
+    ClipConfig,
     ConcatConfig,
     ConvolutionConfig,
     DeconvolutionConfig,
@@ -48,6 +49,7 @@ from ..layers import (
     SoftmaxConfig,
     SoftplusConfig,
 )
+from ..layers.activation.clip import F32_MAX
 from ..layers.layer_config import lookup
 from ..layers.loss.negative_log_likelihood import REDUCTIONS, SoftmaxCrossEntropyConfig
 from ._proto import opset_of, require_onnx, to_array
@@ -469,6 +471,22 @@ op("Elu", attributes=("alpha",))(_activation(lambda n: ELUConfig(alpha=n.require
     "alpha", lambda v: v >= 0, "alpha >= 0", 1.0))))
 op("Gelu", attributes=("approximate",))(_activation(lambda n: GELUConfig(approximate=n.require(
     "approximate", lambda v: v in ("none", "tanh"), "none, tanh", "none"))))
+
+
+@op("Clip", attributes=("min", "max"))
+def clip(g: Graph, n: Node) -> None:
+    """Clip (ReLU6 and Hardtanh in PyTorch's exports): the bounds as constant inputs (opset 11 and later) or
+    attributes (before); an absent one leaves that side open."""
+    bounds = []
+    for k, key, open_side in ((1, "min", -F32_MAX), (2, "max", F32_MAX)):
+        value = g.const(n, k, f"{key} bound")
+        if value is None:
+            value = n.attr(key, open_side)
+        v = np.asarray(value, dtype=np.float64)
+        if v.size != 1 or not np.isfinite(v).all():
+            raise ConfigError(f"{n.where}: the {key} bound must be one finite number, got {value!r}")
+        bounds.append(float(np.clip(v.reshape(()), -F32_MAX, F32_MAX)))
+    g.add(n, ClipConfig(lower=bounds[0], upper=bounds[1]), [g.blob(n, 0)], [n.outputs[0]])
 
 
 @op("Softmax", "LogSoftmax", attributes=("axis",))
