@@ -33,8 +33,9 @@ from typing import Any
 CHROMIUM_FLAGS = ("--headless=new", "--no-sandbox", "--enable-unsafe-webgpu", "--disable-gpu-sandbox",
                   "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--disable-default-apps", "--mute-audio", "--enable-features=Vulkan",
-                  "--use-webgpu-adapter=swiftshader", "--remote-debugging-pipe")
-"""WebGPU on SwiftShader in a headless, quiet browser that reaches nothing but the loopback server."""
+                  "--use-webgpu-adapter=swiftshader")
+"""WebGPU on SwiftShader in a headless, quiet browser that reaches nothing but the loopback server (``flags``:
+others, e.g. without --enable-unsafe-webgpu for a page that must cope with no WebGPU)."""
 
 
 class BrowserError(RuntimeError):
@@ -75,7 +76,8 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
 class Browser:
     """Headless Chromium showing ``folder`` (served on loopback) in one page; see the module docstring."""
 
-    def __init__(self, folder: str | os.PathLike, timeout: float = 30.0, executable: str | None = None) -> None:
+    def __init__(self, folder: str | os.PathLike, timeout: float = 30.0, executable: str | None = None,
+                 flags: tuple[str, ...] = CHROMIUM_FLAGS) -> None:
         self.folder = Path(folder)
         self.timeout = timeout
         self.events: list[dict] = []  # DevTools events (console messages, exceptions), in arrival order
@@ -99,7 +101,7 @@ class Browser:
         atexit.register(self.close)
         started = time.monotonic()
         try:
-            self._launch(exe)
+            self._launch(exe, flags)
             target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
             self._session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
             self.call("Runtime.enable", session=True)
@@ -109,11 +111,11 @@ class Browser:
         self.start_seconds = time.monotonic() - started
         """How long the browser took to start and open its page."""
 
-    def _launch(self, exe: str) -> None:
+    def _launch(self, exe: str, flags: tuple[str, ...]) -> None:
         to_browser_r, to_browser_w = map(_high, os.pipe())
         from_browser_r, from_browser_w = map(_high, os.pipe())
-        # the browser reads fd 3 and writes fd 4: bash (dash takes one-digit numbers only) moves the pipe ends there before exec
-        argv = [exe, *CHROMIUM_FLAGS, f"--user-data-dir={self._profile}", "about:blank"]
+        # the browser reads fd 3 and writes fd 4: bash (dash takes one-digit fds only) moves the pipes there
+        argv = [exe, *flags, "--remote-debugging-pipe", f"--user-data-dir={self._profile}", "about:blank"]
         shell = f'exec "$@" 3<&{to_browser_r} 4>&{from_browser_w} {to_browser_r}<&- {from_browser_w}>&-'
         self._proc = subprocess.Popen(["/bin/bash", "-c", shell, "chromium", *argv], pass_fds=(to_browser_r,
                                       from_browser_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -223,6 +225,7 @@ class Browser:
 
     def close(self) -> None:
         """Stop the browser (its whole process group) and the server; remove the profile folder."""
+        atexit.unregister(self.close)
         proc, self._proc = self._proc, None
         if proc is not None:
             for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 3.0)):
