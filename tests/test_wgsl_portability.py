@@ -14,6 +14,7 @@ import pytest
 from browser import Browser, BrowserError, find_chromium
 
 from leafpy.backends.webgpu import sources
+from leafpy.errors import BackendError
 
 WEB = Path(__file__).parent / "web"
 
@@ -56,6 +57,8 @@ def page(tmp_path_factory):
         pytest.skip(f"Chromium did not start: {e}")
     with b:
         b.goto("index.html")
+        if not b.evaluate("navigator.gpu ? navigator.gpu.requestAdapter().then(a => a !== null) : false"):
+            pytest.skip(f"Chromium offers no WebGPU adapter here; its log: {' | '.join(b.log[-3:])}")
         yield b
 
 
@@ -120,6 +123,18 @@ def test_the_page_driver_reports_a_throw_and_a_hung_promise_instead_of_hanging(p
     assert page.evaluate("1 + 1") == 2  # the page still answers
     png = page.screenshot()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_module_sources_are_named_as_the_backend_builds_them_and_unknown_names_are_refused():
+    assert sources.module_source("gemm16AC").startswith("enable f16;")
+    assert "ActOut: array<f16>" in sources.module_source("gemm16AC")  # C's epilogue arrays follow C
+    assert "enable subgroups;" in sources.module_source("reduce", subgroups=True, browser=True)
+    assert "enable subgroups;" not in sources.module_source("reduce", subgroups=True)  # naga refuses it
+    assert sources.module_source("conv", subgroups=True, browser=True) == sources.module_source("conv")
+    assert sources.entry_points(sources.module_source("classes"))[-2:] == ["softmax_rows", "softmax_grad_rows"]
+    for name in ("gemm16Q", "winograd16", "nothing"):
+        with pytest.raises(BackendError, match=f"no shader module '{name}'; modules: elementwise, "):
+            sources.module_source(name)
 
 
 @pytest.mark.webgpu
