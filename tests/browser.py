@@ -151,6 +151,7 @@ class Browser:
                     else:
                         self.events.append(message)
                     self._lock.notify_all()
+        os.close(self._in)  # here, not in close(): no read may meet a closed (or reused) descriptor
         with self._lock:
             self._closed = True
             self._lock.notify_all()
@@ -239,7 +240,6 @@ class Browser:
                 except subprocess.TimeoutExpired:
                     continue
             self._out.close()
-            os.close(self._in)
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

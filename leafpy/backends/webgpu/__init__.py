@@ -12,7 +12,8 @@ stream, pipelines, bind groups, pending GEMM fusion, recorded steps, profiling),
 pool, transfers, scratch), binding.py (splitting under the binding limit), reduce.py (sums), gemm.py (tiles,
 split-K), elementwise.py (activations, updates, losses, batch norm, sequences, the rest), conv.py (implicit
 GEMM, Winograd, pooling) and half.py (float16: conversions, emulated primitives); WebGPUBackend adds the device
-set-up. Each kernel family's parameters are a named struct in its .wgsl file, packed by keyword through params.py.
+set-up. Each kernel family's parameters are a named struct in its .wgsl file, packed by keyword through params.py;
+sources.py puts each shader module's WGSL together (the same text compiles in browsers).
 
 Importing this module does not import wgpu; constructing the backend does.
 """
