@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo vulkan bench dist docs clean
+.PHONY: test demo vulkan browser bench dist docs clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -24,7 +24,19 @@ vulkan:
 	  fi; \
 	fi
 
-test: $(STAMP) vulkan
+# the browser tests (-m browser) compile the WGSL in headless Chromium, whose WebGPU runs on SwiftShader
+browser:
+	@if ! command -v chromium >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing chromium for the browser tests"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	      || echo "could not install chromium: the browser tests will skip"; \
+	  else \
+	    echo "no chromium and no root: the browser tests will skip (install Debian's chromium)"; \
+	  fi; \
+	fi
+
+test: $(STAMP) vulkan browser
 	$(PY) -m mypy
 	$(PY) -m pytest -q tests
 

@@ -12,7 +12,8 @@ stream, pipelines, bind groups, pending GEMM fusion, recorded steps, profiling),
 pool, transfers, scratch), binding.py (splitting under the binding limit), reduce.py (sums), gemm.py (tiles,
 split-K), elementwise.py (activations, updates, losses, batch norm, sequences, the rest), conv.py (implicit
 GEMM, Winograd, pooling) and half.py (float16: conversions, emulated primitives); WebGPUBackend adds the device
-set-up. Each kernel family's parameters are a named struct in its .wgsl file, packed by keyword through params.py.
+set-up. Each kernel family's parameters are a named struct in its .wgsl file, packed by keyword through params.py;
+sources.py puts each shader module's WGSL together (the same text compiles in browsers).
 
 Importing this module does not import wgpu; constructing the backend does.
 """
@@ -23,7 +24,6 @@ import atexit
 import os
 import shutil
 import tempfile
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,14 +34,9 @@ from ..base import PRECISIONS
 from ..recorder import StepRecorder
 from .buffers import WView
 from .half import Half
+from .sources import BASE, lanes
 
 __all__ = ["WView", "WebGPUBackend", "adapters"]
-
-_HERE = Path(__file__).parent
-_MODULES = ("elementwise", "update", "reduce", "classes", "gemm", "conv", "pool", "winograd", "batchnorm", "lrn",
-            "direct")
-_WINDOWED = ("gemm", "conv", "pool", "winograd", "direct")  # modules that include window.wgsl
-_LANED = ("reduce", "classes")  # modules whose reductions combine a workgroup's lanes (lanes*.wgsl)
 
 
 class WebGPUBackend(Half):
@@ -127,17 +122,9 @@ class WebGPUBackend(Half):
         self.max_groups = int(lim["max-compute-workgroups-per-dimension"])
         self.offset_align = int(lim["min-storage-buffer-offset-alignment"])
         self.queue = self.device.queue
-        common = (_HERE / "params.wgsl").read_text()
-        window = (_HERE / "window.wgsl").read_text()
-        # the activations' entry points and the GEMM's epilogue are generated from their formulas (pointwise.TABLE)
-        generated = {"elementwise": pointwise.wgsl_functions() + pointwise.wgsl_entry_points(),
-                     "gemm": pointwise.wgsl_functions() + pointwise.wgsl_epilogue(),
-                     "winograd": pointwise.wgsl_functions() + pointwise.wgsl_epilogue()}
         self._inplace = pointwise.wgsl_inplace()  # entry -> (output position, the input position it may overwrite)
-        self.lanes = (_HERE / ("lanes_subgroup.wgsl" if self.subgroups else "lanes.wgsl")).read_text()
-        self._modules = {m: self.device.create_shader_module(
-            code=common + (window if m in _WINDOWED else "") + (self.lanes if m in _LANED else "")
-            + (_HERE / f"{m}.wgsl").read_text() + generated.get(m, "")) for m in _MODULES}
+        self.lanes = lanes(self.subgroups)
+        self._modules = {m: self._shader(m) for m in BASE}
         self._pipelines: dict = {}
         self._uniforms: dict = {}
         self._bind_groups: dict = {}

@@ -69,39 +69,37 @@ fn nll_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 // maximum and sums by reduce_workgroup (lanes.wgsl, or lanes_subgroup.wgsl).
 
 @compute @workgroup_size(256)
-fn softmax_rows(lane: Lane) {
+fn softmax_rows(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lane.lid;
-    let wid = lane.wid;
     let row = wid.x + wid.y * 65535u;
-    if (row >= p.count) { return; }
+    let classes = select(0u, p.classes, row < p.count);  // a workgroup past the last row reads and writes nothing
     let t = lid.x;
     var m = -3.0e38;
-    for (var k = t; k < p.classes; k = k + 256u) { m = max(m, a[p.a_offset + at(row, k)]); }
+    for (var k = t; k < classes; k = k + 256u) { m = max(m, a[p.a_offset + at(row, k)]); }
     m = reduce_workgroup(lane, m, true);
     var s = 0.0;
-    for (var k = t; k < p.classes; k = k + 256u) { s = s + exp(a[p.a_offset + at(row, k)] - m); }
+    for (var k = t; k < classes; k = k + 256u) { s = s + exp(a[p.a_offset + at(row, k)] - m); }
     s = reduce_workgroup(lane, s, false);
     let ls = log(s);
-    for (var k = t; k < p.classes; k = k + 256u) {
+    for (var k = t; k < classes; k = k + 256u) {
         let z = a[p.a_offset + at(row, k)] - m;
         b[p.b_offset + at(row, k)] = select(exp(z) / s, z - ls, p.is_log == 1u);
     }
 }
 
 @compute @workgroup_size(256)
-fn softmax_grad_rows(lane: Lane) {
+fn softmax_grad_rows(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lane.lid;
-    let wid = lane.wid;
     let row = wid.x + wid.y * 65535u;
-    if (row >= p.count) { return; }
+    let classes = select(0u, p.classes, row < p.count);  // a workgroup past the last row reads and writes nothing
     let t = lid.x;
     var s = 0.0;
-    for (var k = t; k < p.classes; k = k + 256u) {
+    for (var k = t; k < classes; k = k + 256u) {
         let i = at(row, k);
         s = s + select(b[p.b_offset + i] * a[p.a_offset + i], b[p.b_offset + i], p.is_log == 1u);
     }
     s = reduce_workgroup(lane, s, false);
-    for (var k = t; k < p.classes; k = k + 256u) {
+    for (var k = t; k < classes; k = k + 256u) {
         let i = at(row, k);
         let ai = a[p.a_offset + i];
         let bi = b[p.b_offset + i];

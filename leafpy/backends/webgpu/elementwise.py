@@ -5,7 +5,6 @@ cells."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,8 +25,6 @@ from .params import (
     SequenceParams,
     UpdateParams,
 )
-
-_HERE = Path(__file__).parent
 
 
 def _act(params: tuple) -> dict[str, float]:
@@ -293,8 +290,7 @@ class Elementwise(Gemm):
         after its last buffer (a dummy there otherwise)."""
         module = params.module
         if module not in self._modules:  # built on first use
-            self._modules[module] = self.device.create_shader_module(
-                code=(_HERE / "params.wgsl").read_text() + (_HERE / f"{module}.wgsl").read_text())
+            self._modules[module] = self._shader(module)
         if not items or not threads:
             return
         split = {i: e for i, e in enumerate(per_item) if e is not None}

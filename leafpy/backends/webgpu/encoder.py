@@ -13,6 +13,7 @@ from ...errors import BackendError
 from .. import pointwise
 from ..base import Backend
 from ..recorder import StepRecorder
+from .sources import module_source
 
 if TYPE_CHECKING:
     from .buffers import WView
@@ -178,6 +179,10 @@ class Encoder(Backend):
             self._collect_stamps()
 
     # --- dispatch machinery -------------------------------------------------------------------------------------
+    def _shader(self, module: str) -> Any:
+        """Shader module ``module`` compiled on this device (its WGSL from sources.module_source)."""
+        return self.device.create_shader_module(code=module_source(module, self.subgroups))
+
     def _pipeline(self, module: str, entry: str, constants: tuple = ()) -> Any:
         """The compute pipeline of an entry point, specialised by pipeline-overridable ``constants`` (name, value)
         pairs: a GEMM operand's transpose, a convolution's or pooling's geometry (divisions by constants are cheap);

@@ -1,7 +1,7 @@
 """float16 on the webgpu backend (precision "fp16", on adapters with the shader-f16 feature).
 
 float16 kernels (float16 loads and stores, float32 arithmetic and sums, one rounding per store): the float32
-kernels' WGSL rebuilt with their float16 arrays declared so (:func:`_halve`) for GEMMs, convolutions (implicit
+kernels' WGSL rebuilt with their float16 arrays declared so (sources._halve) for GEMMs, convolutions (implicit
 GEMMs, and Winograd transforms around float32 tiles), pooling, softmax, sums, batch normalisation, LRN, embeddings
 and recurrent cells, and generated elementwise kernels (activations from pointwise.TABLE, bias, products, copies,
 axpby, Concat/Slice blocks); see :attr:`Half.NATIVE_F16` and :attr:`Half.SEQUENCE_F16`. Every other call with
@@ -16,9 +16,7 @@ kernel sees the same aliasing the caller asked for.
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,8 +28,7 @@ from .buffers import WView, _pad4
 from .conv import Convolution
 from .elementwise import _act
 from .params import ElementwiseParams, HalfParams, ParamStruct
-
-_HERE = Path(__file__).parent
+from .sources import F16_OPEN
 
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
@@ -40,131 +37,6 @@ F32 = np.dtype(np.float32)
 def _is_half(v: Any) -> bool:
     """Whether a primitive's argument is a float16 device buffer."""
     return isinstance(v, WView) and v.dtype == F16
-
-
-PRELUDE = """enable f16;
-
-// f32 -> f16 rounded to nearest (even on ties); past float16's largest finite value (65504, and what rounds to it
-// from below 65520) an infinity of the same sign, as loss scaling expects from an overflow (WGSL leaves a plain
-// conversion's result there to the device): the largest finite value doubled overflows at run time
-var<private> lp_two: f32 = 2.0;
-fn to_h(x: f32) -> f16 {
-    if (abs(x) >= 65520.0) { return f16(clamp(x, -65504.0, 65504.0)) * f16(lp_two); }
-    return f16(x);
-}
-"""
-"""What every float16 shader module starts with (then params.wgsl and the module's own source)."""
-
-_ENTRY = """@compute @workgroup_size(256)
-fn {entry}(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {{
-    let i = flat_index(gid, nw);
-    if (i < p.count) {{ {store}; }}
-}}
-"""
-
-
-def elementwise_source() -> str:
-    """The float16 elementwise module (after PRELUDE and params.wgsl): elementwise.wgsl's ElementwiseParams, the
-    arrays a, b and c bound as float16 (a16, ...) or float32 (a32, ...), each entry point using one of each, and
-    the activations' entry points generated from pointwise.TABLE like the float32 ones, with float16 loads and
-    stores around float32 arithmetic: NAME_h (b = f(a)), NAME_grad_h (c = g(a, b)) and their in-place twins
-    NAME_h_inplace, NAME_grad_h_inplace; copy_h, fill_h, scal_h, axpby_h, block_into_h and block_from_h as
-    elementwise.wgsl's; mul_h (c = a * b) and mul_hf (b float32) with in-place twins (a = a * b);
-    bias_add_h (bias float16) and bias_add_hf (bias float32); split_sum_h (split-K's float32 partials a summed
-    into a float16 product b)."""
-    declared = re.search(r"struct ElementwiseParams \{[^}]*\}", (_HERE / "elementwise.wgsl").read_text())
-    if declared is None:
-        raise BackendError("webgpu: elementwise.wgsl declares no struct ElementwiseParams")
-    parts = [declared.group(0), "@group(0) @binding(0) var<uniform> p: ElementwiseParams;"]
-    for i, name in enumerate("abc"):
-        for kind in ("16", "32"):
-            parts.append(f"@group(0) @binding({i + 1}) var<storage, read_write> {name}{kind}: array<f{kind}>;")
-    parts.append(pointwise.wgsl_functions())
-    for ln in pointwise.TABLE.values():
-        ps = "".join(f", p.act{i}" for i in range(len(ln.params)))
-        f, g = f"pw_{ln.name}_f", f"pw_{ln.name}_g"
-        for entry, store in ((ln.entry + "_h", f"b16[i] = to_h({f}(f32(a16[i]){ps}))"),
-                             (ln.entry + "_h_inplace", f"a16[i] = to_h({f}(f32(a16[i]){ps}))"),
-                             (ln.name + "_grad_h", f"c16[i] = to_h({g}(f32(a16[i]), f32(b16[i]){ps}))"),
-                             (ln.name + "_grad_h_inplace", f"b16[i] = to_h({g}(f32(a16[i]), f32(b16[i]){ps}))")):
-            parts.append(_ENTRY.format(entry=entry, store=store))
-    blas = (("copy_h", "b16[i] = a16[i]"), ("fill_h", "a16[i] = to_h(p.value)"),
-            ("scal_h", "a16[i] = to_h(p.alpha * f32(a16[i]))"),
-            ("axpby_h", "b16[i] = to_h(p.alpha * f32(a16[i]) + p.beta * f32(b16[i]))"),
-            ("block_into_h", "b16[block_index(i)] = a16[i]"), ("block_from_h", "a16[i] = b16[block_index(i)]"))
-    parts.append("fn block_index(i: u32) -> u32 {\n    let g = i + p.base;\n"
-                 "    return (g / p.part_inner) * p.whole_inner + p.column + g % p.part_inner;\n}")
-    parts += [_ENTRY.format(entry=entry, store=store) for entry, store in blas]
-    parts.append("""@compute @workgroup_size(256)
-fn split_sum_h(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
-    let i = flat_index(gid, nw);
-    if (i >= p.count) { return; }
-    var s = 0.0;
-    for (var z = 0u; z < p.slices; z = z + 1u) { s = s + a32[z * p.count + i]; }
-    var v = p.alpha * s;
-    if (p.beta != 0.0) { v = v + p.beta * f32(b16[i]); }
-    b16[i] = to_h(v);
-}
-""")
-    for entry, other in (("mul_h", "b16"), ("mul_hf", "b32")):
-        parts.append(_ENTRY.format(entry=entry, store=f"c16[i] = to_h(f32(a16[i]) * f32({other}[i]))"))
-        parts.append(_ENTRY.format(entry=entry + "_inplace", store=f"a16[i] = to_h(f32(a16[i]) * f32({other}[i]))"))
-    channel = "((i + p.base) / p.inner) % p.channels"
-    for entry, bias in (("bias_add_h", "b16"), ("bias_add_hf", "b32")):
-        parts.append(_ENTRY.format(entry=entry, store=f"a16[i] = to_h(f32(a16[i]) + f32({bias}[{channel}]))"))
-    return "\n".join(parts) + "\n"
-
-
-def _halve(source: str, names: tuple[str, ...]) -> str:
-    """``source`` with the storage arrays ``names`` declared float16: each read ``X[i]`` becomes ``f32(X[i])`` and
-    each store ``X[i] = v;`` becomes ``X[i] = to_h(v);`` (brackets matched, so indices may nest)."""
-    for name in names:
-        source, found = re.subn(rf"(var<storage, read(?:_write)?> {name}): array<f32>", r"\1: array<f16>", source)
-        if found != 1:
-            raise BackendError(f"webgpu: expected one declaration of the storage array {name}, found {found}")
-    source = re.sub(r"//[^\n]*", "", source)  # comments would read as code below
-    pattern = re.compile(rf"\b({'|'.join(names)})\[")
-    out, at = [], 0
-    for match in pattern.finditer(source):
-        if match.start() < at:
-            continue
-        depth, end = 1, match.end()
-        while depth:
-            depth += {"[": 1, "]": -1}.get(source[end], 0)
-            end += 1
-        access = source[match.start():end]
-        store = re.match(r"\s*=(?!=)", source[end:])
-        out.append(source[at:match.start()])
-        if store:
-            stop = source.index(";", end)
-            value = source[end + store.end():stop].strip()
-            out.append(f"{_halve_reads(access[:-1], pattern, inner=True)}] = to_h({_halve_reads(value, pattern)});")
-            at = stop + 1
-        else:
-            out.append(f"f32({_halve_reads(access[:-1], pattern, inner=True)}])")
-            at = end
-    out.append(source[at:])
-    return "".join(out)
-
-
-def _halve_reads(text: str, pattern: re.Pattern, inner: bool = False) -> str:
-    """Reads of float16 arrays inside an index or a stored value wrapped in f32() (``inner``: text opens with the
-    array's own access, which stays as it is)."""
-    head = ""
-    if inner:
-        bracket = text.index("[") + 1
-        head, text = text[:bracket], text[bracket:]
-    parts, at = [], 0
-    for match in pattern.finditer(text):
-        if match.start() < at:
-            continue
-        depth, end = 1, match.end()
-        while depth:
-            depth += {"[": 1, "]": -1}.get(text[end], 0)
-            end += 1
-        parts += [text[at:match.start()], f"f32({_halve_reads(text[match.start():end - 1], pattern, True)}])"]
-        at = end
-    return head + "".join(parts) + text[at:]
 
 
 def elementwise_inplace() -> dict[str, tuple[int, int]]:
@@ -204,22 +76,8 @@ class Half(Convolution):
         from .. import PRIMITIVES
 
         self._typed_params: dict[str, ParamStruct] = {}
-        common = (_HERE / "params.wgsl").read_text()
-        self._modules["half"] = self.device.create_shader_module(
-            code=PRELUDE + common + (_HERE / "half.wgsl").read_text())
-        self._modules["elementwise16"] = self.device.create_shader_module(
-            code=PRELUDE + common + elementwise_source())
-        window = (_HERE / "window.wgsl").read_text()
-        self._modules["pool16"] = self.device.create_shader_module(
-            code=PRELUDE + common + window + _halve((_HERE / "pool.wgsl").read_text(), ("src", "dst")))
-        self._modules["reduce16"] = self.device.create_shader_module(
-            code=PRELUDE + common + self.lanes + _halve((_HERE / "reduce.wgsl").read_text(), ("a",)))
-        self._modules["reduce16b"] = self.device.create_shader_module(
-            code=PRELUDE + common + self.lanes + _halve((_HERE / "reduce.wgsl").read_text(), ("b",)))
-        classes = (_HERE / "classes.wgsl").read_text()
-        for module, arrays in (("classes16a", ("a",)), ("classes16c", ("c",))):
-            self._modules[module] = self.device.create_shader_module(
-                code=PRELUDE + common + self.lanes + _halve(classes, arrays))
+        for module in F16_OPEN:
+            self._modules[module] = self._shader(module)
         self._inplace.update(elementwise_inplace())
         for name in PRIMITIVES:
             if name in MEMORY:
@@ -338,10 +196,7 @@ class Half(Convolution):
             return base
         module = f"{base}16{''.join(halves)}"
         if module not in self._modules:
-            self._modules[module] = self.device.create_shader_module(
-                code=PRELUDE + (_HERE / "params.wgsl").read_text() + (_HERE / "window.wgsl").read_text()
-                + _halve((_HERE / f"{base}.wgsl").read_text(), tuple(arrays)) + pointwise.wgsl_functions()
-                + pointwise.wgsl_epilogue())
+            self._modules[module] = self._shader(module)
         return module
 
     def _gemm_module(self, a: WView, b: WView, out: WView) -> str:
@@ -471,9 +326,7 @@ class Half(Convolution):
         module = f"{params.module}16{''.join(halves)}"
         typed = self._typed_params.get(module)
         if typed is None:
-            source = _halve((_HERE / f"{params.module}.wgsl").read_text(), halves)
-            self._modules[module] = self.device.create_shader_module(
-                code=PRELUDE + (_HERE / "params.wgsl").read_text() + source)
+            self._modules[module] = self._shader(module)
             typed = self._typed_params[module] = ParamStruct(params.name, module,
                                                              list(zip(params.fields, params.kinds)))
         return typed

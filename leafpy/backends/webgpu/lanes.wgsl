@@ -1,9 +1,12 @@
 // A workgroup's 256 threads combined into one value (a sum, or a maximum), for the reductions: the entry points
-// take their builtins as a Lane. This is the portable build, a tree in workgroup memory; lanes_subgroup.wgsl is the
-// one for adapters with subgroup operations.
+// take their invocation's builtins as a Lane. This is the portable build, a tree in workgroup memory;
+// lanes_subgroup.wgsl is the one for adapters with subgroup operations.
+// Every thread of the workgroup calls reduce_workgroup (its barriers must be reached in uniform control flow, as the
+// WGSL specification's uniformity analysis checks): an entry point takes @builtin(workgroup_id) on its own, outside
+// the Lane (a struct holding a per-thread value is per-thread as a whole), and never returns before the call; a
+// workgroup with nothing to sum runs its loops zero times instead.
 struct Lane {
     @builtin(local_invocation_id) lid: vec3<u32>,
-    @builtin(workgroup_id) wid: vec3<u32>,
 }
 
 var<workgroup> lane_parts: array<f32, 256>;

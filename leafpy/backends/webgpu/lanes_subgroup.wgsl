@@ -4,7 +4,6 @@
 // 32-lane subgroups) in the same order, so all threads hold the same result. Same interface as lanes.wgsl.
 struct Lane {
     @builtin(local_invocation_id) lid: vec3<u32>,
-    @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(subgroup_invocation_id) sg_lane: u32,
     @builtin(subgroup_id) sg_id: u32,
     @builtin(num_subgroups) sg_count: u32,

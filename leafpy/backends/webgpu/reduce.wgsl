@@ -29,9 +29,8 @@ fn block_range(blk: u32) -> vec2<u32> {
 
 // dot_parts: c[first_block + blk] = sum a * b over the block
 @compute @workgroup_size(256)
-fn dot_parts(lane: Lane) {
+fn dot_parts(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lane.lid;
-    let wid = lane.wid;
     let r = block_range(wid.x);
     var s = 0.0;
     for (var i = r.x + lid.x; i < r.y; i = i + 256u) { s = s + a[p.a_offset + i] * b[p.b_offset + i]; }
@@ -41,9 +40,8 @@ fn dot_parts(lane: Lane) {
 
 // square_parts: b[first_block + blk] = sum a * a over the block
 @compute @workgroup_size(256)
-fn square_parts(lane: Lane) {
+fn square_parts(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lane.lid;
-    let wid = lane.wid;
     let r = block_range(wid.x);
     var s = 0.0;
     for (var i = r.x + lid.x; i < r.y; i = i + 256u) { let v = a[p.a_offset + i]; s = s + v * v; }
@@ -53,9 +51,8 @@ fn square_parts(lane: Lane) {
 
 // nll_parts: c[first_block + blk] = sum over the block's samples i of a[i * classes + label_i], labels in b
 @compute @workgroup_size(256)
-fn nll_parts(lane: Lane) {
+fn nll_parts(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lane.lid;
-    let wid = lane.wid;
     let r = block_range(wid.x);
     var s = 0.0;
     for (var i = r.x + lid.x; i < r.y; i = i + 256u) { s = s + a[p.a_offset + i * p.classes + u32(b[p.b_offset + i])]; }
@@ -66,9 +63,8 @@ fn nll_parts(lane: Lane) {
 // bias_grad_part: workgroup (c, blk) sums channel c over its block of the N * inner values of a run of samples:
 // b[c * blocks + first_block + blk] = sum a[a_offset + (n * channels + c) * inner + r]
 @compute @workgroup_size(256)
-fn bias_grad_part(lane: Lane) {
+fn bias_grad_part(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lane.lid;
-    let wid = lane.wid;
     let ch = wid.x;
     let per = p.count * p.inner;
     let end = min(per, (wid.y + 1u) * p.block);
@@ -85,19 +81,18 @@ fn bias_grad_part(lane: Lane) {
 // sum_rows: one workgroup per row r of a [rows x length]: b[r] = alpha * sum_j a[r * length + j] + beta * b[r]; with
 // columns = 1 a is read as [length x rows] (b[r] sums column r): split-K partial products with few outputs
 @compute @workgroup_size(256)
-fn sum_rows(lane: Lane) {
+fn sum_rows(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lane.lid;
-    let wid = lane.wid;
     let r = wid.x + wid.y * 65535u;
-    if (r >= p.rows) { return; }
+    let n = select(0u, p.length, r < p.rows);  // a workgroup past the last row sums nothing
     var s = 0.0;
     if (p.columns == 1u) {
-        for (var j = lid.x; j < p.length; j = j + 256u) { s = s + a[j * p.rows + r]; }
+        for (var j = lid.x; j < n; j = j + 256u) { s = s + a[j * p.rows + r]; }
     } else {
-        for (var j = lid.x; j < p.length; j = j + 256u) { s = s + a[r * p.length + j]; }
+        for (var j = lid.x; j < n; j = j + 256u) { s = s + a[r * p.length + j]; }
     }
     let total = reduce_workgroup(lane, s, false);
-    if (lid.x == 0u) {
+    if (lid.x == 0u && r < p.rows) {
         var v = p.alpha * total;
         if (p.beta != 0.0) { v = v + p.beta * b[r]; }
         b[r] = v;
