@@ -135,9 +135,10 @@ class WebGPUBackend(Half):
                      "winograd": pointwise.wgsl_functions() + pointwise.wgsl_epilogue()}
         self._inplace = pointwise.wgsl_inplace()  # entry -> (output position, the input position it may overwrite)
         self.lanes = (_HERE / ("lanes_subgroup.wgsl" if self.subgroups else "lanes.wgsl")).read_text()
-        self._modules = {m: self.device.create_shader_module(
-            code=common + (window if m in _WINDOWED else "") + (self.lanes if m in _LANED else "")
-            + (_HERE / f"{m}.wgsl").read_text() + generated.get(m, "")) for m in _MODULES}
+        self.sources = {m: common + (window if m in _WINDOWED else "") + (self.lanes if m in _LANED else "")
+                        + (_HERE / f"{m}.wgsl").read_text() + generated.get(m, "") for m in _MODULES}
+        """Each shader module's whole WGSL as this device compiled it (what leafpy.web exports)."""
+        self._modules = {m: self.device.create_shader_module(code=code) for m, code in self.sources.items()}
         self._pipelines: dict = {}
         self._uniforms: dict = {}
         self._bind_groups: dict = {}

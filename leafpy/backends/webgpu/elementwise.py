@@ -293,8 +293,8 @@ class Elementwise(Gemm):
         after its last buffer (a dummy there otherwise)."""
         module = params.module
         if module not in self._modules:  # built on first use
-            self._modules[module] = self.device.create_shader_module(
-                code=(_HERE / "params.wgsl").read_text() + (_HERE / f"{module}.wgsl").read_text())
+            self.sources[module] = (_HERE / "params.wgsl").read_text() + (_HERE / f"{module}.wgsl").read_text()
+            self._modules[module] = self.device.create_shader_module(code=self.sources[module])
         if not items or not threads:
             return
         split = {i: e for i, e in enumerate(per_item) if e is not None}
