@@ -142,7 +142,7 @@ class Browser:
         raise PageError(f"timed out waiting for {expression}")
 
     def screenshot(self, path: str | os.PathLike) -> None:
-        data = self.send("Page.captureScreenshot", session=True, format="png")["data"]
+        data = self.send("Page.captureScreenshot", session=True, format="png", captureBeyondViewport=True)["data"]
         Path(path).write_bytes(base64.b64decode(data))
 
     def close(self) -> None:
