@@ -18,6 +18,7 @@ import leafpy as lp
 from tests.browser_page import CHROMIUM, Browser, PageError
 from tests.conftest import webgpu_offering
 from tests.test_user_paths import failed_cleanly, leafpy
+from tests.web_replay import CASES, network
 
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=(
     f"{CHROMIUM} is missing: apt-get install chromium (headless Chromium runs leafpy.js on WebGPU)"))]
@@ -25,51 +26,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.skipif(not os.path.exists(CHROMIU
 CHROME_REJECTS_CLASSES = pytest.mark.xfail(strict=False, reason=(
     "Chrome's WGSL compiler rejects the classes module (softmax rows: workgroupBarrier after a non-uniform "
     "return) until the portable-WGSL fix (issue 35 item 1) is merged"))
-
-CASES = {
-    "conv_relu_pool_linear": ([1, 6, 6], [
-        {"name": "conv", "type": "Convolution", "num_output": 3, "filter_shape": [3], "stride": [1], "padding": [1]},
-        {"name": "relu", "type": "ReLU"},
-        {"name": "pool", "type": "Pooling", "mode": "max", "filter_shape": [2], "stride": [2]},
-        {"name": "avg", "type": "Pooling", "mode": "average", "filter_shape": [2], "stride": [1]},
-        {"name": "flat", "type": "Flatten"},
-        {"name": "fc", "type": "Linear", "output_size": 5}]),
-    "sigmoid_tanh": ([7], [
-        {"name": "fc1", "type": "Linear", "output_size": 6}, {"name": "sig", "type": "Sigmoid"},
-        {"name": "fc2", "type": "Linear", "output_size": 4}, {"name": "tanh", "type": "TanH"}]),
-    "batchnorm_dropout": ([2, 5, 5], [
-        {"name": "conv", "type": "Convolution", "num_output": 4, "filter_shape": [3], "stride": [2], "padding": [1]},
-        {"name": "bn", "type": "BatchNorm"}, {"name": "drop", "type": "Dropout", "ratio": 0.5},
-        {"name": "flat", "type": "Flatten"}, {"name": "fc", "type": "Linear", "output_size": 3}]),
-    "more_activations": ([6], [
-        {"name": "fc1", "type": "Linear", "output_size": 8}, {"name": "leaky", "type": "LeakyReLU",
-                                                              "negative_slope": 0.1},
-        {"name": "fc2", "type": "Linear", "output_size": 8}, {"name": "elu", "type": "ELU"},
-        {"name": "fc3", "type": "Linear", "output_size": 8}, {"name": "gelu", "type": "GELU"},
-        {"name": "fc4", "type": "Linear", "output_size": 8}, {"name": "softplus", "type": "Softplus"}]),
-    "lstm": ([4, 3], [{"name": "lstm", "type": "LSTM", "hidden_size": 5, "return_sequences": False},
-                      {"name": "fc", "type": "Linear", "output_size": 2}]),
-    "softmax": ([6], [{"name": "fc", "type": "Linear", "output_size": 4}, {"name": "sm", "type": "Softmax"}]),
-    "log_softmax": ([6], [{"name": "fc", "type": "Linear", "output_size": 4},
-                          {"name": "lsm", "type": "LogSoftmax"}]),
-}
 EXPECTED_FAILURES = {"softmax": CHROME_REJECTS_CLASSES, "log_softmax": CHROME_REJECTS_CLASSES}
-
-
-def network(name: str, sample: list[int], layers: list[dict], seed: int = 0) -> lp.Layer:
-    """A network on the native backend with random weights (BatchNorm's running statistics too)."""
-    cfg = lp.config.layer_from_dict({"name": name, "type": "Sequential",
-                                     "inputs": [{"name": "data", "shape": [None, *sample]}], "layers": layers})
-    net = lp.Layer.from_config(lp.backend("native"), cfg, seed=seed)
-    net.forward([np.zeros((1, *sample), np.float32)])
-    rng = np.random.default_rng(seed)
-    weights = {k: rng.normal(0, 0.5, v.shape).astype(np.float32) for k, v in net.named_weights().items()}
-    for k in weights:
-        if k.endswith("running_var"):
-            weights[k] = np.abs(weights[k]) + 0.5
-    net.load_weights(weights)
-    net.set_training(False)
-    return net
 
 
 def browser_predict(b: Browser, folder: str, x: np.ndarray, *, normalize: bool = False) -> tuple[np.ndarray, dict]:
@@ -201,6 +158,20 @@ def test_export_refuses_bad_arguments_with_leafpy_errors(tmp_path):
         lp.web.export(net, tmp_path / "file")
     with pytest.raises(lp.LeafpyError, match="expected a Layer"):
         lp.web.export("model.leaf", tmp_path / "out")  # type: ignore[arg-type]
+
+
+@CHROME_REJECTS_CLASSES
+@pytest.mark.parametrize("name", ["digits_resnet", "digits_lstm"])
+def test_shipped_digits_networks_predict_in_the_browser_as_native(served, name):
+    root, b = served
+    run = lp.config.load(name)
+    net = lp.Layer.from_config(lp.backend("native"), run.network, seed=0)
+    net.set_training(False)
+    lp.web.export(net, root / name, batch_sizes=[4])
+    x = lp.data.digits().x_test[:6]
+    want = net.forward([x])[0].to_numpy()
+    got, _ = browser_predict(b, name, x)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(want).max())))
 
 
 # --- the shipped digits LeNet, through the command line ----------------------------------------------------------
