@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import LeafpyError
 from ..layers.layer import Layer
 from ..serialization import atomic_write
-from .plan import record
+from .plan import record, sample_shape
 
 __all__ = ["export", "DEFAULT_BATCH_SIZES"]
 
@@ -42,9 +42,7 @@ def export(layer: Layer, directory: str | os.PathLike, batch_sizes: Sequence[int
         raise LeafpyError(f"lp.web.export: expected a Layer (a network), got {type(layer).__name__}")
     sizes = _batch_sizes(batch_sizes)
     out = _directory(directory)
-    from .. import backend
-
-    be: Any = backend("webgpu", subgroups=False)
+    be = _recording_backend()
     net = Layer.from_config(be, layer.config)
     net.load_weights(layer.named_weights())
     net.set_training(False)
@@ -63,7 +61,7 @@ def export(layer: Layer, directory: str | os.PathLike, batch_sizes: Sequence[int
         atomic_write(out / "model" / "wgsl" / f"{m}.wgsl", code)
         wgsl[m] = {"file": f"wgsl/{m}.wgsl", "bytes": len(code), "sha256": hashlib.sha256(code).hexdigest()}
     atomic_write(out / "model" / "weights.bin", blob)
-    doc = {"format": FORMAT, "version": 1, "network": layer.name, "input_shape": list(_sample(net)),
+    doc = {"format": FORMAT, "version": 1, "network": layer.name, "input_shape": list(sample_shape(net)),
            "output_kind": _OUTPUT_KINDS.get(_last_type(layer.config), "scores"),
            **_preparation(layer), "modules": wgsl,
            "weights": {"file": "weights.bin", "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest(),
@@ -72,6 +70,18 @@ def export(layer: Layer, directory: str | os.PathLike, batch_sizes: Sequence[int
     atomic_write(out / "model" / "plan.json", json.dumps(doc, indent=1).encode())
     for name in ("leafpy.js", "index.html"):
         atomic_write(out / name, (_HERE / name).read_bytes())
+
+
+_BACKEND: list[Any] = []
+
+
+def _recording_backend() -> Any:
+    """The webgpu backend the plans are recorded on (one per process): float32, no subgroup operations."""
+    if not _BACKEND:
+        from .. import backend
+
+        _BACKEND.append(backend("webgpu", subgroups=False))
+    return _BACKEND[0]
 
 
 def _batch_sizes(batch_sizes: Any) -> list[int]:
@@ -98,12 +108,6 @@ def _directory(directory: Any) -> Path:
         raise LeafpyError(f"lp.web.export: cannot create the folder {out} ({e.strerror}); give a writable path") \
             from e
     return out
-
-
-def _sample(net: Layer) -> tuple[int, ...]:
-    from .plan import _sample_shape
-
-    return _sample_shape(net)
 
 
 def _weights(named: dict[str, np.ndarray], raws: dict[str, Any], constants: list[bytes]) -> tuple[dict, bytes]:

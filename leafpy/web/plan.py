@@ -83,7 +83,7 @@ def record(net: Layer, batch: int, constants: list[bytes]) -> tuple[dict, dict[s
     """Run ``net`` (on the webgpu backend, in inference mode) forward on ``batch`` samples twice — the first settles
     its buffers, the second is recorded — and give the plan and the raw weight buffers by weight name."""
     be: Any = net.backend  # the webgpu backend (its tracer, flush)
-    shape = _sample_shape(net)
+    shape = sample_shape(net)
     x = np.zeros((batch,) + shape, np.float32)
     net.forward([x])
     be.flush()
@@ -103,7 +103,7 @@ def record(net: Layer, batch: int, constants: list[bytes]) -> tuple[dict, dict[s
     return rec.plan(batch, names, out.shape, constants), weights
 
 
-def _sample_shape(net: Layer) -> tuple[int, ...]:
+def sample_shape(net: Layer) -> tuple[int, ...]:
     """The shape of one sample of the network's only input."""
     shapes = net.declared_input_shapes()
     if len(shapes) != 1:
