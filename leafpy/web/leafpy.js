@@ -319,12 +319,15 @@ class Model {
   }
 }
 
-/** Load an exported model from the folder at url (e.g. "./model/"). */
+/** Load an exported model from the folder at url (e.g. "./model/"): fetch and check its files, compile its shader
+ * modules and make every plan's pipelines, buffers and bind groups. */
 export async function load(url, options = {}) {
   const {device, adapterName} = await openDevice(options);
   const base = new URL(url.endsWith("/") ? url : url + "/", globalThis.location ? location.href : undefined);
   const doc = await readPlan(base);
   const weights = await checkedBytes(base, doc.weights, "the weights");
   const modules = await compile(device, base, doc);
-  return new Model(doc, device, adapterName, modules, weights);
+  const model = new Model(doc, device, adapterName, modules, weights);
+  for (const batch of model.batchSizes) await model._plan(batch);  // pipelines compiled now, not in predict()
+  return model;
 }
