@@ -17,7 +17,7 @@ import pytest
 import leafpy as lp
 from tests.browser_page import CHROMIUM, Browser, PageError
 from tests.conftest import webgpu_offering
-from tests.test_user_paths import failed_cleanly, leafpy
+from tests.test_user_paths import leafpy
 from tests.web_replay import CASES, network
 
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=(
@@ -148,18 +148,6 @@ def test_predict_refuses_a_shape_that_is_not_the_networks(served, small_export):
     assert "shape must be [N, 7]" in message and "[1,6]" in message
 
 
-def test_export_refuses_bad_arguments_with_leafpy_errors(tmp_path):
-    net = network("small", *CASES["sigmoid_tanh"])
-    for bad in ([], [0], ["8"], [True], "8"):
-        with pytest.raises(lp.LeafpyError, match="batch_sizes"):
-            lp.web.export(net, tmp_path / "out", batch_sizes=bad)
-    (tmp_path / "file").write_text("x")
-    with pytest.raises(lp.LeafpyError, match="not a folder"):
-        lp.web.export(net, tmp_path / "file")
-    with pytest.raises(lp.LeafpyError, match="expected a Layer"):
-        lp.web.export("model.leaf", tmp_path / "out")  # type: ignore[arg-type]
-
-
 @CHROME_REJECTS_CLASSES
 @pytest.mark.parametrize("name", ["digits_resnet", "digits_lstm"])
 def test_shipped_digits_networks_predict_in_the_browser_as_native(served, name):
@@ -182,13 +170,6 @@ def lenet_run(tmp_path_factory):
     p = leafpy(cwd, "train", "digits_lenet", "--epochs", "1", "--out", "run", timeout=300)
     assert p.returncode == 0, p.stderr
     return cwd
-
-
-def test_export_command_refuses_what_it_cannot_export(lenet_run):
-    failed_cleanly(leafpy(lenet_run, "export", "--web", "out", "missing.leaf"), "missing.leaf")
-    failed_cleanly(leafpy(lenet_run, "export", "--web", "out", "run", "--batch-sizes", "8,x"), "--batch-sizes")
-    failed_cleanly(leafpy(lenet_run, "export", "--web", "run/model.leaf", "run"), "not a folder")
-    failed_cleanly(leafpy(lenet_run, "export", "--web", "out", "."), "no model.leaf")
 
 
 @CHROME_REJECTS_CLASSES

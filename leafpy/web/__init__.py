@@ -41,6 +41,7 @@ def export(layer: Layer, directory: str | os.PathLike, batch_sizes: Sequence[int
     if not isinstance(layer, Layer):
         raise LeafpyError(f"lp.web.export: expected a Layer (a network), got {type(layer).__name__}")
     sizes = _batch_sizes(batch_sizes)
+    sample = sample_shape(layer)
     out = _directory(directory)
     be = _recording_backend()
     net = Layer.from_config(be, layer.config)
@@ -61,7 +62,7 @@ def export(layer: Layer, directory: str | os.PathLike, batch_sizes: Sequence[int
         atomic_write(out / "model" / "wgsl" / f"{m}.wgsl", code)
         wgsl[m] = {"file": f"wgsl/{m}.wgsl", "bytes": len(code), "sha256": hashlib.sha256(code).hexdigest()}
     atomic_write(out / "model" / "weights.bin", blob)
-    doc = {"format": FORMAT, "version": 1, "network": layer.name, "input_shape": list(sample_shape(net)),
+    doc = {"format": FORMAT, "version": 1, "network": layer.name, "input_shape": list(sample),
            "output_kind": _OUTPUT_KINDS.get(_last_type(layer.config), "scores"),
            **_preparation(layer), "modules": wgsl,
            "weights": {"file": "weights.bin", "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest(),

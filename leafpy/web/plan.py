@@ -107,6 +107,6 @@ def sample_shape(net: Layer) -> tuple[int, ...]:
     """The shape of one sample of the network's only input."""
     shapes = net.declared_input_shapes()
     if len(shapes) != 1:
-        raise LeafpyError(f"leafpy.web: network '{net.name}' takes {len(shapes)} inputs; a web export takes a "
-                          "network with one input (the samples)")
+        raise LeafpyError(f"leafpy.web: network '{net.name}' declares {len(shapes)} inputs; a web export takes a "
+                          "network that declares one input, the samples (a Sequential with inputs: [{name, shape}])")
     return tuple(int(d) for d in shapes[0][1:])
