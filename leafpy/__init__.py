@@ -69,9 +69,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    """``lp.onnx``, imported on first use (it needs the onnx package only when a model is read or written)."""
-    if name == "onnx":
+    """``lp.onnx`` and ``lp.web``, imported on first use (lp.onnx needs the onnx package only when a model is read
+    or written)."""
+    if name in ("onnx", "web"):
         import importlib
 
-        return importlib.import_module(".onnx", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'leafpy' has no attribute {name!r}")

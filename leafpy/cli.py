@@ -693,6 +693,27 @@ def convert_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def export_cmd(args: argparse.Namespace) -> int:
+    from . import web
+
+    if not (args.model.endswith((".onnx", ".leaf")) or os.path.isdir(args.model)):
+        raise LeafpyError(f"{args.model}: give a model (.leaf or .onnx), a checkpoint.leaf or a run directory")
+    if os.path.isdir(args.model) and not os.path.isfile(os.path.join(args.model, "model.leaf")):
+        raise LeafpyError(f"{args.model}: no model.leaf in this folder; give a run directory that leafpy train "
+                          "finished, or a model file")
+    try:
+        sizes = [int(b) for b in args.batch_sizes.split(",")]
+    except ValueError:
+        raise LeafpyError(f"--batch-sizes {args.batch_sizes}: expected comma-separated positive integers, e.g. "
+                          "1,8,32") from None
+    net = _model_from(args.model, get_backend("native"))
+    web.export(net, args.web, batch_sizes=sizes)
+    _out(f"leafpy: {args.model} -> {args.web} (network '{net.name}', batch sizes "
+         f"{', '.join(map(str, sorted({1, *sizes})))}): serve the folder (python -m http.server -d {args.web}) and "
+         "open index.html in a browser with WebGPU")
+    return 0
+
+
 def _command(sub: Any, name: str, func: Any, summary: str, description: str, *, weights: bool = False,
              backend: bool = True) -> argparse.ArgumentParser:
     """A subcommand taking a run file, ``--set`` overrides and, where it runs a network, the backend."""
@@ -744,6 +765,15 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("output", help="the file to write: .onnx or .leaf")
     v.add_argument("--opset", type=int, default=17, help="the ONNX opset to write (13 to 23; default 17)")
     v.set_defaults(func=convert_cmd)
+    e = sub.add_parser("export", help="export a model to run in a web browser (WebGPU)",
+                       description="Write a static folder that runs the model in a web browser on WebGPU: "
+                       "leafpy.js, index.html (a demo page) and model/ (the forward pass as dispatches, the weights, "
+                       "the WGSL, class names and input normalisation).")
+    e.add_argument("--web", metavar="DIR", required=True, help="the folder to write")
+    e.add_argument("model", help="a model (.leaf or .onnx), a checkpoint.leaf, or a run directory")
+    e.add_argument("--batch-sizes", default="1,8,32", help="the batch sizes to record plans for, comma-separated "
+                   "(1 is always added; leafpy.js splits and pads other batch sizes over them; default 1,8,32)")
+    e.set_defaults(func=export_cmd)
     _command(sub, "summary", summary_cmd, "table of layers, output shapes and parameter counts",
              "Print the network's layers, output shapes and parameter counts.", backend=False)
     return p

@@ -206,6 +206,16 @@ class Browser:
             raise BrowserError(f"the page threw: {text}")
         return result["result"].get("value")
 
+    def wait_for(self, expression: str, timeout: float | None = None) -> Any:
+        """Poll ``expression`` until it is truthy; its value (BrowserError after ``timeout`` seconds)."""
+        end = time.monotonic() + (timeout or self.timeout)
+        while time.monotonic() < end:
+            value = self.evaluate(expression, timeout=timeout)
+            if value:
+                return value
+            time.sleep(0.1)
+        raise BrowserError(f"timed out waiting for {expression}")
+
     def screenshot(self, path: str | os.PathLike | None = None) -> bytes:
         """A PNG of the page (written to ``path`` where given)."""
         data = base64.b64decode(self.call("Page.captureScreenshot", {"format": "png"}, session=True)["data"])

@@ -82,7 +82,8 @@ def test_wheel_holds_run_files_types_marker_main_module_and_license(wheel):
         entry_points = z.read(ep_name).decode()
     shipped = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
     assert shipped and all(f"leafpy/configs/{f}" in names for f in shipped)
-    for needed in ("leafpy/py.typed", "leafpy/__main__.py", "leafpy/leaf.capnp", "leafpy/cli.py"):
+    for needed in ("leafpy/py.typed", "leafpy/__main__.py", "leafpy/leaf.capnp", "leafpy/cli.py",
+                   "leafpy/web/leafpy.js", "leafpy/web/index.html"):
         assert needed in names
     assert any(n.startswith("leafpy/backends/webgpu/") and n.endswith(".wgsl") for n in names)
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)

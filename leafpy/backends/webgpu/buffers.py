@@ -95,6 +95,8 @@ class Buffers(Encoder):
     def upload(self, host: np.ndarray, out: Any) -> None:
         self.flush()  # a queued write lands before unsubmitted work: submit that work first
         data = np.ascontiguousarray(host, dtype=out.dtype).tobytes()
+        if self.tracer is not None:
+            self.tracer.upload(data, out)
         if data:  # write_buffer moves 4-byte multiples: an odd float16 count takes one padding element along
             self.queue.write_buffer(out.raw, 0, data + bytes(-len(data) % 4))
 
@@ -102,6 +104,8 @@ class Buffers(Encoder):
         nbytes = -(-buf.size * buf.dtype.itemsize // 4) * 4
         if nbytes == 0:
             return
+        if self.tracer is not None:
+            self.tracer.download(buf)
         self.flush()
         u = self.wgpu.BufferUsage
         if self._staging is None or self._staging.size < nbytes:

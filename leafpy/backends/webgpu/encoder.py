@@ -43,6 +43,7 @@ class Encoder(Backend):
     submissions: int
     kernel_times: dict | None
     _modules: dict
+    sources: dict  # module -> its WGSL source
     lanes: str  # the WGSL of reduce_workgroup this device's reductions are built with (lanes*.wgsl)
     subgroups: bool
     _pipelines: dict
@@ -59,6 +60,9 @@ class Encoder(Backend):
     _resolve: Any
     _stamp_read: Any
     max_binding: int
+    tracer: Any = None
+    """While set (leafpy.web's plan recorder): told of every dispatch encoded, upload and download, so that a
+    forward pass can be written down as data and replayed elsewhere (leafpy.js) on the same kernels."""
 
     # --- profiling ----------------------------------------------------------------------------------------------
     PROFILE_PASSES = 2048  # two timestamps each; a query set holds at most 4096
@@ -217,6 +221,8 @@ class Encoder(Backend):
 
     def _encode(self, module: str, entry: str, params: bytes, buffers: list, groups: tuple[int, int, int],
                 ranges: list | None = None, constants: tuple = ()) -> None:
+        if self.tracer is not None:
+            self.tracer.dispatch(module, entry, params, buffers, groups, ranges, constants)
         pipe = self._pipeline(module, entry, constants)
         ubuf = self._uniform(params)
         raws = tuple(b.raw for b in buffers)

@@ -1,0 +1,146 @@
+"""leafpy in the browser: :func:`export` writes a static folder that runs a trained network in a web page on the
+same WGSL kernels as the webgpu backend.
+
+The folder holds ``leafpy.js`` (an ES module, no build step, no dependencies), ``index.html`` (a demo page) and
+``model/``: ``plan.json`` (the network's forward pass as dispatches, one plan per batch size, recorded from the
+webgpu backend by :mod:`leafpy.web.plan`; class names; input normalisation; checksums), ``weights.bin`` (every
+weight as little-endian float32, one after the other) and ``wgsl/`` (the shader modules the plans use). leafpy.js
+runs a batch of any size by splitting it over the plans' batch sizes (the largest while it fits, then the smallest
+that holds the rest, padded with zeros).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..backends.webgpu.sources import module_source
+from ..errors import LeafpyError
+from ..layers.layer import Layer
+from ..serialization import atomic_write
+from .plan import record, sample_shape
+
+__all__ = ["export", "DEFAULT_BATCH_SIZES"]
+
+DEFAULT_BATCH_SIZES = (1, 8, 32)
+MAX_BATCH = 4096
+FORMAT = "leafpy-web"
+_HERE = Path(__file__).parent
+_OUTPUT_KINDS = {"LogSoftmax": "log_probabilities", "Softmax": "probabilities"}
+
+
+def export(layer: Layer, directory: str | os.PathLike, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES) -> None:
+    """Write ``directory``/leafpy.js, index.html and model/ for ``layer`` (a network with one declared input, on
+    any backend): its forward pass is recorded on the webgpu backend (float32, without subgroup operations, so any
+    WebGPU browser compiles it) once per batch size in ``batch_sizes`` (1 is always added)."""
+    if not isinstance(layer, Layer):
+        raise LeafpyError(f"lp.web.export: expected a Layer (a network), got {type(layer).__name__}")
+    sizes = _batch_sizes(batch_sizes)
+    sample = sample_shape(layer)
+    out = _directory(directory)
+    be = _recording_backend()
+    net = Layer.from_config(be, layer.config)
+    net.load_weights(layer.named_weights())
+    net.set_training(False)
+    constants: list[bytes] = []
+    plans: list[dict] = []
+    raws: dict[str, Any] = {}
+    for b in sizes:
+        plan, raws = record(net, b, constants)
+        plans.append(plan)
+    weights, blob = _weights(layer.named_weights(), raws, constants)
+    modules = sorted({s["module"] for p in plans for s in p["steps"] if "module" in s})
+    (out / "model" / "wgsl").mkdir(parents=True, exist_ok=True)
+    wgsl = {}
+    for m in modules:
+        code = module_source(m, subgroups=False, browser=True).encode()  # as a browser compiles it
+        atomic_write(out / "model" / "wgsl" / f"{m}.wgsl", code)
+        wgsl[m] = {"file": f"wgsl/{m}.wgsl", "bytes": len(code), "sha256": hashlib.sha256(code).hexdigest()}
+    atomic_write(out / "model" / "weights.bin", blob)
+    doc = {"format": FORMAT, "version": 1, "network": layer.name, "input_shape": list(sample),
+           "output_kind": _OUTPUT_KINDS.get(_last_type(layer.config), "scores"),
+           **_preparation(layer), "modules": wgsl,
+           "weights": {"file": "weights.bin", "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest(),
+                       **weights},
+           "plans": plans}
+    atomic_write(out / "model" / "plan.json", json.dumps(doc, indent=1).encode())
+    for name in ("leafpy.js", "index.html"):
+        atomic_write(out / name, (_HERE / name).read_bytes())
+
+
+_BACKEND: list[Any] = []
+
+
+def _recording_backend() -> Any:
+    """The webgpu backend the plans are recorded on (one per process): float32, no subgroup operations."""
+    if not _BACKEND:
+        from .. import backend
+
+        _BACKEND.append(backend("webgpu", subgroups=False))
+    return _BACKEND[0]
+
+
+def _batch_sizes(batch_sizes: Any) -> list[int]:
+    if isinstance(batch_sizes, (str, bytes)) or not isinstance(batch_sizes, Sequence) or not batch_sizes:
+        raise LeafpyError(f"lp.web.export: batch_sizes: expected a list of positive integers, e.g. [1, 8, 32], got "
+                          f"{batch_sizes!r}"[:300])
+    for b in batch_sizes:
+        if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or not 1 <= b <= MAX_BATCH:
+            raise LeafpyError(f"lp.web.export: batch_sizes: expected integers from 1 to {MAX_BATCH}, got {b!r} in "
+                              f"{list(batch_sizes)}"[:300])
+    return sorted({1, *(int(b) for b in batch_sizes)})
+
+
+def _directory(directory: Any) -> Path:
+    if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+        raise LeafpyError(f"lp.web.export: directory: expected a folder path, got {directory!r}")
+    out = Path(directory)
+    if out.exists() and not out.is_dir():
+        raise LeafpyError(f"lp.web.export: {out} exists and is not a folder; give a new or existing folder to write "
+                          "leafpy.js, index.html and model/ into")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise LeafpyError(f"lp.web.export: cannot create the folder {out} ({e.strerror}); give a writable path") \
+            from e
+    return out
+
+
+def _weights(named: dict[str, np.ndarray], raws: dict[str, Any], constants: list[bytes]) -> tuple[dict, bytes]:
+    """The weights file's contents (each weight's float32 bytes, then the constants the plans write) and where
+    each lies in it."""
+    parts, tensors, offset = [], {}, 0
+    for name, a in named.items():
+        data = np.ascontiguousarray(a, dtype="<f4").tobytes()
+        tensors[name] = {"offset": offset, "bytes": len(data), "shape": list(a.shape),
+                         "buffer_bytes": int(raws[name].size)}
+        parts.append(data)
+        offset += len(data)
+    blobs = []
+    for c in constants:
+        padded = c + bytes(-len(c) % 4)  # (queue writes move 4-byte multiples)
+        blobs.append({"offset": offset, "bytes": len(padded)})
+        parts.append(padded)
+        offset += len(padded)
+    return {"tensors": tensors, "constants": blobs}, b"".join(parts)
+
+
+def _preparation(layer: Layer) -> dict:
+    prep = layer.preparation
+    if prep is None:
+        return {"classes": [], "normalize": None}
+    norm = {"mean": list(prep.mean), "std": list(prep.std)} if prep.mean else None
+    return {"classes": list(prep.class_names), "normalize": norm}
+
+
+def _last_type(config: Any) -> str:
+    """The type of the layer that writes a network's output (the last layer of the innermost last Sequential)."""
+    while config.type == "Sequential" and config.config.layers:
+        config = config.config.layers[-1]
+    return str(config.type)
