@@ -102,10 +102,10 @@ def test_an_image_folder_memory_mapped_from_its_cache_trains_as_one_held_in_memo
     for a, b in zip(runs["false"], runs["true"]):
         assert abs(a["loss"] - b["loss"]) < 1e-4 * max(1.0, abs(a["loss"])), (a, b)
         assert abs(a["test_accuracy"] - b["test_accuracy"]) < 1e-9, (a, b)
-    ds = lp.data.image_folder(tmp_path / "digits", cache_dir=str(tmp_path / "cache"), memory_map=True)
+    ds = lp.data.image_folder(tmp_path / "digits", channels=1, cache_dir=str(tmp_path / "cache"), memory_map=True)
     assert isinstance(ds.x_train, lp.sources.mapped.Mapped) and ds.x_train.source.dtype == np.uint8
-    assert isinstance(ds.x_train.source, np.memmap)  # the cache file, not a copy in memory
-    whole = lp.data.image_folder(tmp_path / "digits", cache_dir=str(tmp_path / "cache"))
+    assert isinstance(ds.x_train.source, np.memmap)  # the cache file the runs wrote, not a copy in memory
+    whole = lp.data.image_folder(tmp_path / "digits", channels=1, cache_dir=str(tmp_path / "cache"))
     assert np.array_equal(np.asarray(ds.x_train), whole.x_train)
 
 
@@ -117,7 +117,8 @@ def test_a_corrupt_image_is_named_or_skipped_and_listed(tmp_path):
     failed_cleanly(p, "broken.png", "skip_unreadable")
     assert len(p.stderr.strip().splitlines()) == 1
     q = leafpy(tmp_path, "train", *MLP[:-2], "--epochs", "1", "--set", "data.dataset=image_folder", "--set",
-               "data.path=digits", "--set", "data.skip_unreadable=true", "--set", "data.cache_dir=null", "--out", "run")
+               "data.path=digits", "--set", "data.skip_unreadable=true", "--set", "data.cache_dir=null", "--out",
+               "skipping")  # (the first run's directory holds its run.yaml: it stopped in its first epoch)
     assert q.returncode == 0, q.stderr
     assert "skipped 1 unreadable file" in q.stdout and "broken.png" in q.stdout
     assert "48 training and 12 held-out samples" in q.stdout  # 10 x 6 images; the broken one left out
