@@ -54,10 +54,12 @@ class Decoder:
         return self.left == 0
 
     def __getitem__(self, idx: Any) -> np.ndarray:
-        rows = np.arange(len(self))[idx]
-        flat = np.atleast_1d(rows)
-        self._decode(np.unique(flat[~self.decoded[flat]]))
-        return np.array(self.buffer[rows])
+        rows = np.arange(*idx.indices(len(self))) if isinstance(idx, slice) else np.asarray(idx)
+        if self.left:
+            flat = np.atleast_1d(rows)
+            self._decode(np.unique(flat[~self.decoded[flat]]))
+        got = self.buffer[rows]
+        return got if rows.ndim else np.array(got)
 
     def _decode(self, rows: np.ndarray) -> None:
         if not len(rows):
