@@ -61,7 +61,8 @@ def samples_for_prediction(data: dict, path: str, input_shape: Sequence[int]) ->
         size = data.get("image_size") or shape[1:]
         channels = data.get("channels") or shape[0]
         (size, channels) = image_folder.check_size(list(size), channels)
-        images, _ = image_folder.decode_all(files, size, channels, False)
+        images, _ = image_folder.decode_all(files, size, channels, False,
+                                            workers=_checks.non_negative_int("data.workers", data.get("workers", 0)))
         base = path if os.path.isdir(path) else os.path.dirname(path)
         return images.astype(np.float32) / np.float32(255.0), [os.path.relpath(f, base or ".") for f in files]
     if lower.endswith(".csv"):
