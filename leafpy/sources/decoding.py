@@ -35,7 +35,7 @@ class Decoder:
         self.lock = threading.Lock()
         self.workers = workers
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="leafpy-decode") if workers > 1 else None
-        if self.pool is not None:  # (its idle threads end when the decoder is dropped, or once all is decoded)
+        if self.pool is not None:  # (its idle threads end when the decoder is dropped)
             weakref.finalize(self, self.pool.shutdown, wait=False, cancel_futures=True)
 
     @property
@@ -84,10 +84,8 @@ class Decoder:
     def _finish(self) -> None:
         with self.lock:
             finish, self.finish = self.finish, None
-        if finish is not None:
+        if finish is not None:  # (the pool stays: a request that found rows missing may still be sharing them out)
             finish(self.buffer)
-            if self.pool is not None:
-                self.pool.shutdown(wait=False)
 
 
 def temporary_map(directory: str, shape: tuple[int, ...]) -> tuple[np.ndarray, str]:
