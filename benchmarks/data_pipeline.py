@@ -5,18 +5,20 @@ with torch ops, a ``DataLoader`` of batch 128 with the same number of workers; t
 
 What is timed, for each number of workers (0 and 2 by default), with no network step:
 
-* leafpy, epoch 1: ``lp.Trainer(run)`` with an empty image cache (listing, decoding every file with Pillow into the
-  uint8 cache, normalisation) and then one pass over ``Trainer._batches`` -- the batch assembly ``leafpy train``
-  runs (the shuffled gather, the augmentation drawn from (seed, epoch, batch), ``data.workers`` threads preparing
-  batches ahead).
+* leafpy, epoch 1: ``lp.Trainer(run)`` with an empty image cache (listing; ``normalize: auto`` sums every training
+  image, so the training folder is decoded here, by ``data.workers`` threads, where without it the images would
+  be decoded as the batches take them) and then one pass over ``Trainer._batches``: the batch assembly
+  ``leafpy train`` runs (the shuffled gather, the augmentation drawn from (seed, epoch, batch), ``data.workers``
+  threads preparing batches ahead).
 * leafpy, epoch 2: another pass over ``Trainer._batches`` (the samples already decoded).
 * leafpy, a second run's epoch 1: ``lp.Trainer(run)`` again, the folder read from the cache, plus one pass.
 * PyTorch, epochs 1 and 2: one pass over the DataLoader each (it decodes every file in every epoch).
 
 Images per second = training images / seconds. The folder is generated once into ``--dir`` and reused.
 
-With ``--memory-map`` the leafpy run sets ``data.memory_map: true``: its samples are read from the uint8 cache
-through a memory map and converted a batch at a time, instead of held in memory as float32.
+With ``--memory-map`` the leafpy run sets ``data.memory_map: true``: its images are decoded into, and read from,
+the uint8 cache file through a memory map instead of held in memory (uint8 either way, converted to float32 a batch
+at a time).
 
     python benchmarks/data_pipeline.py [--images 50000] [--dir DIR] [--workers 0 2] [--memory-map] [--json FILE]
 """

@@ -132,17 +132,18 @@ def evaluate(net: Layer, objective: Layer, x: np.ndarray, y: np.ndarray, classes
     """The objective's mean and (with classes) the confusion matrix and top-5 accuracy (more than 5 classes) of
     ``net`` on (x, y), in inference mode; for a regression its MSE, MAE and R² in the targets' units
     (``preparation``: how they were normalised); for two classes the ROC AUC (scikit-learn). With a process group
-    of several ranks each scores its share and the results are summed (the ROC AUC, which needs every sample's
-    score in one place, is then left out)."""
+    of several ranks each scores its share and the results are summed; for the ROC AUC, which ranks every sample's
+    score at once, each rank puts its share's scores in place in a vector of all of them, summed too (exactly: the
+    other ranks add zeros), so every rank scores them all as one process does."""
     net.set_training(False)
     cm = ConfusionMatrix(classes) if classes else None
     total, top = 0.0, 0
     sums: np.ndarray | None = None  # a regression's per-output sums: squared and absolute errors, targets, squares
     ranked: list[np.ndarray] | None = [] if classes == 2 else None  # two classes: each sample's class-1 score
-    n = len(x)
+    n, targets = len(x), y
+    share = np.arange(n)
     if group is not None and group.size > 1:
-        ranked = None
-        share = np.array_split(np.arange(n), group.size)[group.rank]
+        share = np.array_split(share, group.size)[group.rank]
         x, y = mapped.take(x, share), y[share]
     for xb, yb in datasets.batches(x, y, batch_size, seed=None):
         out = net.forward([xb])[0]
@@ -166,8 +167,17 @@ def evaluate(net: Layer, objective: Layer, x: np.ndarray, y: np.ndarray, classes
             cm.reset()
             cm.add_counts(np.rint(counts).astype(np.int64))
     top_k = (5, top / max(n, 1)) if cm is not None and classes > 5 else None
-    auc, why = (None, "") if ranked is None or not n else roc_auc(y, np.concatenate(ranked))
+    auc, why = (None, "") if ranked is None or not n else roc_auc(targets, _all_scores(ranked, share, n, group))
     return Scores(total / max(n, 1), cm, top_k, _regression_scores(sums, n) if sums is not None else None, auc, why)
+
+
+def _all_scores(ranked: list[np.ndarray], share: np.ndarray, n: int, group: Any) -> np.ndarray:
+    """Every held-out sample's score, in order, from this rank's (its ``share`` of the ``n`` samples) and, with
+    several ranks, the others' (summed into place: each rank's zeros elsewhere leave the others' scores exact)."""
+    scores = np.zeros(n, np.float64)
+    if ranked:
+        scores[share] = np.concatenate(ranked)
+    return group.allreduce_(scores) if group is not None and group.size > 1 else scores
 
 
 def _positive_score(out: np.ndarray) -> np.ndarray:

@@ -102,10 +102,10 @@ def test_an_image_folder_memory_mapped_from_its_cache_trains_as_one_held_in_memo
     for a, b in zip(runs["false"], runs["true"]):
         assert abs(a["loss"] - b["loss"]) < 1e-4 * max(1.0, abs(a["loss"])), (a, b)
         assert abs(a["test_accuracy"] - b["test_accuracy"]) < 1e-9, (a, b)
-    ds = lp.data.image_folder(tmp_path / "digits", cache_dir=str(tmp_path / "cache"), memory_map=True)
+    ds = lp.data.image_folder(tmp_path / "digits", channels=1, cache_dir=str(tmp_path / "cache"), memory_map=True)
     assert isinstance(ds.x_train, lp.sources.mapped.Mapped) and ds.x_train.source.dtype == np.uint8
-    assert isinstance(ds.x_train.source, np.memmap)  # the cache file, not a copy in memory
-    whole = lp.data.image_folder(tmp_path / "digits", cache_dir=str(tmp_path / "cache"))
+    assert isinstance(ds.x_train.source, np.memmap)  # the cache file the runs wrote, not a copy in memory
+    whole = lp.data.image_folder(tmp_path / "digits", channels=1, cache_dir=str(tmp_path / "cache"))
     assert np.array_equal(np.asarray(ds.x_train), whole.x_train)
 
 
@@ -117,7 +117,8 @@ def test_a_corrupt_image_is_named_or_skipped_and_listed(tmp_path):
     failed_cleanly(p, "broken.png", "skip_unreadable")
     assert len(p.stderr.strip().splitlines()) == 1
     q = leafpy(tmp_path, "train", *MLP[:-2], "--epochs", "1", "--set", "data.dataset=image_folder", "--set",
-               "data.path=digits", "--set", "data.skip_unreadable=true", "--set", "data.cache_dir=null", "--out", "run")
+               "data.path=digits", "--set", "data.skip_unreadable=true", "--set", "data.cache_dir=null", "--out",
+               "skipping")  # (the first run's directory holds its run.yaml: it stopped in its first epoch)
     assert q.returncode == 0, q.stderr
     assert "skipped 1 unreadable file" in q.stdout and "broken.png" in q.stdout
     assert "48 training and 12 held-out samples" in q.stdout  # 10 x 6 images; the broken one left out
@@ -138,6 +139,104 @@ def test_given_splits_a_unicode_class_and_a_class_with_one_image(tmp_path):
     rows = list(csv.DictReader(io.StringIO((tmp_path / "p.csv").read_text(encoding="utf-8"))))
     right = sum(r["class"] == truth[os.path.splitext(r["input"])[0]] for r in rows)
     assert len(rows) == 30 and right >= 24, rows
+
+
+# --- the first epoch decodes ---------------------------------------------------------------------------------------
+FOLDER = [*MLP[:-2], "--set", "data.dataset=image_folder", "--set", "data.path=digits", "--set", "train.log_every=0"]
+
+
+def cache_files(cache: Path) -> list[str]:
+    return sorted(p.name for p in cache.iterdir()) if cache.exists() else []
+
+
+def test_the_first_epoch_trains_while_the_folder_decodes_and_the_same_with_any_number_of_workers(tmp_path):
+    """With no cache yet an image folder is decoded as its batches are first taken (by `data.workers` threads):
+    runs with 0, 1 and 2 workers, each decoding into its own empty cache, train the same batches to the same
+    history, and each leaves the cache a folder decoded whole leaves. In Python the dataset comes back at once and
+    the cache appears once every image has been read. (Before, the whole folder was decoded, on one thread, before
+    the first batch.)"""
+    import leafpy as lp
+
+    write_digits(tmp_path / "digits", per_class=30)
+    runs = {}
+    for w in (0, 1, 2):
+        p = leafpy(tmp_path, "train", *FOLDER, "--epochs", "2", "--set", "data.augment={shift: 1, horizontal_flip: "
+                   "true}", "--set", f"data.workers={w}", "--set", f"data.cache_dir={tmp_path / f'cache{w}'}",
+                   "--out", f"run{w}")
+        assert p.returncode == 0, p.stderr
+        runs[w] = json.loads((tmp_path / f"run{w}" / "history.json").read_text())
+        names = cache_files(tmp_path / f"cache{w}")
+        assert len(names) == 2 and {Path(n).suffix for n in names} == {".npy", ".json"}, names  # no temporary left
+    for w in (1, 2):
+        for a, b in zip(runs[0], runs[w]):
+            assert abs(a["loss"] - b["loss"]) <= 1e-6 * abs(a["loss"]), (w, a, b)
+            assert abs(a["test_loss"] - b["test_loss"]) <= 1e-6 * abs(a["test_loss"]), (w, a, b)
+    fresh = tmp_path / "fresh"
+    ds = lp.data.image_folder(tmp_path / "digits", channels=1, cache_dir=str(fresh), workers=2)
+    assert cache_files(fresh) == []  # nothing decoded yet
+    first = ds.x_train[np.arange(8)]
+    assert first.dtype == np.float32 and first.shape == (8, 1, 8, 8) and cache_files(fresh) == []
+    whole = np.asarray(ds.x_train), np.asarray(ds.x_test)
+    assert len(cache_files(fresh)) == 2  # every image read: the cache is written
+    cached = lp.data.image_folder(tmp_path / "digits", channels=1, cache_dir=str(tmp_path / "cache0"))
+    assert np.array_equal(whole[0], np.asarray(cached.x_train)) and np.array_equal(whole[1], np.asarray(cached.x_test))
+    assert np.array_equal(first, whole[0][:8]) and ds.digest() == cached.digest()
+
+
+@pytest.mark.parametrize("memory_map", ["false", "true"])
+def test_a_corrupt_image_met_in_the_first_epoch_by_a_worker_ends_the_run_naming_it(tmp_path, memory_map):
+    """The file is decoded by one of two worker threads, mid-epoch: the run ends at once with the one-line error
+    one thread gives, naming the file, and leaves no half-written cache (nor, memory-mapped, its temporary file)."""
+    write_digits(tmp_path / "digits", per_class=20, odd=False)
+    (tmp_path / "digits" / "seven" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    errors = {}
+    for w in (0, 2):
+        p = leafpy(tmp_path, "train", *FOLDER, "--epochs", "2", "--set", f"data.workers={w}", "--set",
+                   f"data.memory_map={memory_map}", "--set", f"data.cache_dir={tmp_path / 'cache'}", "--out",
+                   f"run{w}", timeout=60)
+        failed_cleanly(p, "broken.png", "cannot decode the image", "skip_unreadable")
+        assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+        errors[w] = p.stderr
+        assert cache_files(tmp_path / "cache") == [], cache_files(tmp_path / "cache")
+    assert errors[0] == errors[2]
+
+
+def test_ctrl_c_in_the_first_epoch_ends_the_decoding_threads_and_the_resumed_run_equals_the_whole(tmp_path):
+    """SIGINT while two workers are decoding the first epoch: the run stops within seconds with its checkpoint
+    (and the cache: the checkpoint's fingerprint of the data reads every image), and resumed with no workers it
+    ends with the weights of a run never stopped."""
+    import signal
+    import subprocess
+
+    from test_user_paths import ROOT, _weights
+
+    write_digits(tmp_path / "digits")
+    args = [*FOLDER, "--epochs", "1", "--set", "data.batch_size=4", "--set", "data.augment={shift: 1}"]
+    whole = leafpy(tmp_path, "train", *args, "--set", "data.workers=1", "--set",
+                   f"data.cache_dir={tmp_path / 'cache_whole'}", "--out", "whole")
+    assert whole.returncode == 0, whole.stderr
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+    cache = tmp_path / "cache"
+    proc = subprocess.Popen([sys.executable, "-m", "leafpy", "train", *args, "--set", "data.workers=2", "--set",
+                             f"data.cache_dir={cache}", "--set", "train.log_every=1", "--out", "cut"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            if line.startswith("iteration 20:"):  # 80 of 1437 images trained on
+                proc.send_signal(signal.SIGINT)
+                break
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "checkpoint saved to" in out + err and len(cache_files(cache)) == 2, (out[-500:], err[-500:])
+    r = leafpy(tmp_path, "train", *args, "--set", f"data.cache_dir={cache}", "--out", "cut", "--resume",
+               "cut/checkpoint.leaf")
+    assert r.returncode == 0, r.stderr
+    a, b = _weights(tmp_path / "whole" / "model.leaf"), _weights(tmp_path / "cut" / "model.leaf")
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)  # bit for bit
 
 
 # --- CSV tables ---------------------------------------------------------------------------------------------------

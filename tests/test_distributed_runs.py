@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -311,3 +312,39 @@ def test_ranks_started_with_different_runs_or_data_stop_at_once_naming_the_diffe
     assert f"rank 1's run differs from rank 0's {named}" in done.stderr, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert not (tmp_path / "out0" / "model.leaf").exists()
+
+
+@needs_mpi
+def test_the_roc_auc_of_a_run_on_two_ranks_ranks_every_held_out_sample_as_one_process_does(tmp_path):
+    """`mpiexec -n 2 leafpy train` of a two-class run: each epoch's `test_roc_auc` is the ROC AUC of all held-out
+    samples (23, shared 12 and 11 by the ranks), that of scikit-learn's roc_auc_score on the saved model's outputs
+    and the one `leafpy evaluate` prints in one process. (Before, a run of several ranks left it out.)"""
+    pytest.importorskip("sklearn", reason="scikit-learn's roc_auc_score is the independent reference")
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((63, 6)).astype(np.float32)
+    y = (x[:, 0] + 0.8 * rng.standard_normal(63) > 0).astype(np.int64)  # noisy: an AUC well inside (0.5, 1)
+    run = Path(write_run(tmp_path, 40))  # its three-class run, made two-class, over these samples
+    run.write_text(run.read_text().replace("output_size: 3", "output_size: 2").replace("[4, 3]", "[4, 2]")
+                   .replace("num_classes: 3", "num_classes: 2"))
+    np.savez(tmp_path / "data.npz", x_train=x[:40], y_train=y[:40], x_test=x[40:], y_test=y[40:])
+    try:
+        done = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "leafpy", "train", str(run),
+                               "--out", str(tmp_path / "two"), "--epochs", "3"], env=ENV, capture_output=True,
+                              text=True, timeout=120)
+    finally:
+        for pid in survivors(str(tmp_path)):
+            os.kill(pid, signal.SIGKILL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    history = json.loads((tmp_path / "two" / "history.json").read_text())
+    history = history["epochs"] if isinstance(history, dict) else history
+    assert all("test_roc_auc" in h for h in history), history[-1]
+    net = lp.Layer.load(lp.backend("native"), str(tmp_path / "two" / "model.leaf"))
+    out = net.forward([x[40:]])[0].to_numpy()
+    reference = roc_auc_score(y[40:], out[:, 1] - out[:, 0])
+    assert 0.5 < reference < 1.0, reference  # (a score where the order of every sample counts)
+    assert abs(history[-1]["test_roc_auc"] - reference) < 1e-9, (history[-1]["test_roc_auc"], reference)
+    single = leafpy("evaluate", str(tmp_path / "two"))
+    assert single.returncode == 0, single.stderr
+    assert f"held-out ROC AUC: {reference:.4f}" in single.stdout, single.stdout

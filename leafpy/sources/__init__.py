@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .. import _checks
 from ..errors import ConfigError
 from .parts import Parts
 
@@ -37,7 +38,8 @@ def load(kind: str, spec: dict, targets: str, input_shape: Sequence[int] | None)
             raise ConfigError(f"data.{key}: expected true or false, got {value!r}")
     return image_folder.read(path, image_size=spec.get("image_size") or (shape[1:] if shape else None),
                              channels=spec.get("channels") or (shape[0] if shape else 3), skip_unreadable=skip,
-                             cache_dir=spec.get("cache_dir", "default"), memory_map=memory_map)
+                             cache_dir=spec.get("cache_dir", "default"), memory_map=memory_map,
+                             workers=_checks.non_negative_int("data.workers", spec.get("workers", 0)))
 
 
 def samples_for_prediction(data: dict, path: str, input_shape: Sequence[int]) -> tuple[Any, list[str]] | None:
@@ -59,7 +61,8 @@ def samples_for_prediction(data: dict, path: str, input_shape: Sequence[int]) ->
         size = data.get("image_size") or shape[1:]
         channels = data.get("channels") or shape[0]
         (size, channels) = image_folder.check_size(list(size), channels)
-        images, _ = image_folder.decode_all(files, size, channels, False)
+        images, _ = image_folder.decode_all(files, size, channels, False,
+                                            workers=_checks.non_negative_int("data.workers", data.get("workers", 0)))
         base = path if os.path.isdir(path) else os.path.dirname(path)
         return images.astype(np.float32) / np.float32(255.0), [os.path.relpath(f, base or ".") for f in files]
     if lower.endswith(".csv"):

@@ -1,8 +1,9 @@
 """A folder of images, one subfolder per class (their names, sorted, give the class indices), decoded with Pillow
 into uint8 [N, C, H, W] and kept in a memory-mapped cache keyed by the folder's content, so a later run reads the
-cache instead of decoding again. Files are untrusted: Pillow's decompression-bomb limit holds, the images' declared
-sizes are checked against memory before anything is decoded, and a file that cannot be decoded is an error naming
-it (or, with ``skip_unreadable``, skipped and listed)."""
+cache instead of decoding again; without a cache the images are decoded as they are first read (see
+:mod:`.decoding`), so the first epoch trains while the folder is decoded. Files are untrusted: Pillow's
+decompression-bomb limit holds, the images' declared sizes are checked against memory before anything is decoded,
+and a file that cannot be decoded is an error naming it (or, with ``skip_unreadable``, skipped and listed)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,16 @@ import json
 import os
 import tempfile
 import warnings
-from collections.abc import Sequence
+import weakref
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from .._memory import available_memory
 from ..errors import ConfigError, LeafpyError
+from . import decoding
 from .mapped import Mapped
 from .parts import Parts
 
@@ -81,15 +85,14 @@ def image_files(folder: str) -> list[str]:
 
 
 def check_memory(files: Sequence[str], image_size: Sequence[int], channels: int, mapped: bool = False) -> None:
-    """Refuse, before decoding, a set whose arrays (uint8 and float32; uint8 alone when ``mapped``, served from
-    the cache) would not fit in the memory available."""
-    need = len(files) * int(image_size[0]) * int(image_size[1]) * channels * (1 if mapped else 5)
+    """Refuse, before decoding into memory, a set whose uint8 images would not fit in the memory available
+    (``mapped``: a memory-mapped run, whose cache could not be written)."""
+    need = len(files) * int(image_size[0]) * int(image_size[1]) * channels
     have = available_memory()
     if have is not None and need > have:
         raise LeafpyError(f"{os.path.dirname(os.path.dirname(files[0]))}: {len(files)} images of "
-                          f"{image_size[0]}x{image_size[1]}x{channels} need {need / 2**30:.1f} GiB "
-                          f"({'uint8' if mapped else 'uint8 and float32'}), more than the {have / 2**30:.1f} GiB "
-                          "available; use a smaller image_size or fewer images"
+                          f"{image_size[0]}x{image_size[1]}x{channels} need {need / 2**30:.1f} GiB (uint8), more "
+                          f"than the {have / 2**30:.1f} GiB available; use a smaller image_size or fewer images"
                           + ("" if mapped else ", or data.memory_map: true (the samples read from the cache)"))
 
 
@@ -121,19 +124,41 @@ def decode(path: str, image_size: Sequence[int], channels: int) -> np.ndarray:
 
 
 def decode_all(files: Sequence[str], image_size: Sequence[int], channels: int, skip_unreadable: bool,
-               mapped: bool = False) -> tuple[np.ndarray, list[int]]:
-    """uint8 [N, C, H, W] of the files that decode, and the indices of those skipped (``skip_unreadable``)."""
+               mapped: bool = False, workers: int = 0) -> tuple[np.ndarray, list[int]]:
+    """uint8 [N, C, H, W] of the files that decode, and the indices of those skipped (``skip_unreadable``);
+    ``workers`` > 1 threads decode, the files taken in order all the same."""
     check_memory(files, image_size, channels, mapped)
     out = np.empty((len(files), channels, int(image_size[0]), int(image_size[1])), np.uint8)
     skipped: list[int] = []
-    for i, f in enumerate(files):
-        try:
-            out[i - len(skipped)] = decode(f, image_size, channels)
-        except LeafpyError:
+    for i, image in enumerate(_each(files, image_size, channels, workers)):
+        if isinstance(image, LeafpyError):
             if not skip_unreadable:
-                raise
+                raise image
             skipped.append(i)
+        else:
+            out[i - len(skipped)] = image
     return out[:len(files) - len(skipped)], skipped
+
+
+WINDOW = 256
+"""How many files :func:`_each` gives its threads at a time (what it holds decoded ahead of its reader)."""
+
+
+def _each(files: Sequence[str], image_size: Sequence[int], channels: int, workers: int
+          ) -> Iterator[np.ndarray | LeafpyError]:
+    """Each file decoded, or the LeafpyError that names it, in file order."""
+    def one(path: str) -> np.ndarray | LeafpyError:
+        try:
+            return decode(path, image_size, channels)
+        except LeafpyError as e:
+            return e
+
+    if workers <= 1:
+        yield from map(one, files)
+        return
+    with ThreadPoolExecutor(workers, thread_name_prefix="leafpy-decode") as pool:
+        for start in range(0, len(files), WINDOW):
+            yield from pool.map(one, files[start:start + WINDOW])
 
 
 def default_cache_dir() -> str:
@@ -153,32 +178,90 @@ def cache_key(files: Sequence[str], image_size: Sequence[int], channels: int) ->
 
 
 def cached_decode(files: Sequence[str], image_size: Sequence[int], channels: int, skip_unreadable: bool,
-                  cache_dir: str | None, mapped: bool = False) -> tuple[np.ndarray, list[int]]:
-    """:func:`decode_all` through the cache in ``cache_dir`` (None: decode without one): ``KEY.npy`` (uint8,
-    memory-mapped when read) and ``KEY.json`` (the files skipped)."""
-    if cache_dir is None:
-        return decode_all(files, image_size, channels, skip_unreadable, mapped)
+                  cache_dir: str | None, mapped: bool = False, workers: int = 0) -> tuple[Any, list[int]]:
+    """The images through the cache in ``cache_dir`` (None: without one): ``KEY.npy`` (uint8, memory-mapped
+    when ``mapped``, else read into memory) and ``KEY.json`` (the files skipped), and the indices of the files
+    skipped. Without a cache: a :class:`decoding.Decoder` (``workers`` threads), which writes the cache once it
+    has decoded every file; with ``skip_unreadable`` (which files are left out decides the rows) every file is
+    decoded first."""
     key = cache_key(files, image_size, channels)
-    array_path, meta_path = os.path.join(cache_dir, key + ".npy"), os.path.join(cache_dir, key + ".json")
+    if cache_dir is not None:
+        found = _cached(files, image_size, channels, skip_unreadable, cache_dir, key)
+        if found is not None:
+            return (found[0] if mapped else np.array(found[0])), found[1]
+    if not skip_unreadable:
+        return _decoder(files, image_size, channels, cache_dir, key, mapped, workers), []
+    images, skipped = decode_all(files, image_size, channels, skip_unreadable, mapped, workers)
+    if cache_dir is not None and _keep(cache_dir, key, images, skipped) and mapped:
+        images = np.load(os.path.join(cache_dir, key + ".npy"), mmap_mode="r", allow_pickle=False)
+    return images, skipped
+
+
+def _cached(files: Sequence[str], image_size: Sequence[int], channels: int, skip_unreadable: bool, cache_dir: str,
+            key: str) -> tuple[np.ndarray, list[int]] | None:
+    """The cached images (memory-mapped) and files skipped, or None (no cache yet, or a damaged one)."""
     shape = (channels, int(image_size[0]), int(image_size[1]))
     try:
-        with open(meta_path) as f:
+        with open(os.path.join(cache_dir, key + ".json")) as f:
             skipped = [int(i) for i in json.load(f)["skipped"]]
-        images = np.load(array_path, mmap_mode="r", allow_pickle=False)
+        images = np.load(os.path.join(cache_dir, key + ".npy"), mmap_mode="r", allow_pickle=False)
         if images.dtype == np.uint8 and images.shape == (len(files) - len(skipped), *shape) \
                 and (skip_unreadable or not skipped):
             return images, skipped
     except (OSError, ValueError, KeyError, TypeError):
-        pass  # no cache yet, or a damaged one: decode again
-    images, skipped = decode_all(files, image_size, channels, skip_unreadable, mapped)
+        pass
+    return None
+
+
+def _keep(cache_dir: str, key: str, images: np.ndarray, skipped: list[int], decoded_in: str | None = None) -> bool:
+    """Write the cache (``decoded_in``: a temporary file in ``cache_dir`` already holding ``images``, renamed);
+    a cache that cannot be written is a warning (it costs a decode next time, nothing else)."""
+    array_path = os.path.join(cache_dir, key + ".npy")
     try:
         os.makedirs(cache_dir, exist_ok=True)
-        _replace(cache_dir, array_path, lambda f: np.save(f, images))
-        _replace(cache_dir, meta_path, lambda f: f.write(json.dumps({"skipped": skipped}).encode()))
-    except OSError as e:  # a cache that cannot be written costs a decode next time, nothing else
+        if decoded_in is not None:
+            if isinstance(images, np.memmap):
+                images.flush()
+            os.replace(decoded_in, array_path)
+        else:
+            _replace(cache_dir, array_path, lambda f: np.save(f, images))
+        _replace(cache_dir, os.path.join(cache_dir, key + ".json"),
+                 lambda f: f.write(json.dumps({"skipped": skipped}).encode()))
+    except OSError as e:
         warnings.warn(f"leafpy: cannot write the image cache in {cache_dir} ({e.strerror or e})", stacklevel=2)
-        return images, skipped
-    return (np.load(array_path, mmap_mode="r", allow_pickle=False) if mapped else images), skipped
+        return False
+    return True
+
+
+def _decoder(files: Sequence[str], image_size: Sequence[int], channels: int, cache_dir: str | None, key: str,
+             mapped: bool, workers: int) -> decoding.Decoder:
+    """A Decoder of ``files`` whose last decoded row writes the cache; ``mapped``: its rows go to a temporary
+    file in ``cache_dir`` (removed if the decode never completes), which becomes the cache, else to memory."""
+    shape = (len(files), channels, int(image_size[0]), int(image_size[1]))
+    buffer: np.ndarray | None = None
+    temporary: str | None = None
+    if mapped and cache_dir is not None:
+        try:
+            os.makedirs(cache_dir, exist_ok=True)
+            buffer, temporary = decoding.temporary_map(cache_dir, shape)
+        except OSError as e:
+            warnings.warn(f"leafpy: cannot write the image cache in {cache_dir} ({e.strerror or e}); decoding "
+                          "into memory", stacklevel=3)
+            cache_dir = None
+    if buffer is None:
+        check_memory(files, image_size, channels, mapped)
+        buffer = np.empty(shape, np.uint8)
+    decoder = decoding.Decoder(files, lambda path: decode(path, image_size, channels), buffer, workers)
+    cleanup = weakref.finalize(decoder, decoding.remove, temporary) if temporary is not None else None
+
+    def finish(images: np.ndarray) -> None:
+        if cache_dir is not None:
+            _keep(cache_dir, key, images, [], temporary)
+        if cleanup is not None:
+            cleanup.detach()
+
+    decoder.finish = finish
+    return decoder
 
 
 def _replace(directory: str, target: str, write: Any) -> None:
@@ -195,17 +278,18 @@ def _replace(directory: str, target: str, write: Any) -> None:
 
 
 def read_folder(root: str, image_size: Sequence[int], channels: int, skip_unreadable: bool,
-                cache_dir: str | None, mapped: bool = False) -> tuple[list[str], Any, np.ndarray, list[str]]:
-    """(class names, float32 images [N, C, H, W] in [0, 1], labels, the files skipped) of one class folder;
-    ``mapped``: the images as :class:`Mapped` samples over the uint8 cache, converted a batch at a time."""
+                cache_dir: str | None, mapped: bool = False, workers: int = 0
+                ) -> tuple[list[str], Any, np.ndarray, list[str]]:
+    """(class names, images [N, C, H, W] as :class:`Mapped` samples (float32 in [0, 1], converted a batch at a
+    time from uint8: in memory, the cache file when ``mapped``, or decoded as first read), labels, the files
+    skipped) of one class folder."""
     names, files, labels = list_classes(root)
-    images, skipped = cached_decode(files, image_size, channels, skip_unreadable, cache_dir, mapped)
+    images, skipped = cached_decode(files, image_size, channels, skip_unreadable, cache_dir, mapped, workers)
     if skipped:
         labels = np.delete(labels, skipped)
     if not len(labels):
         raise LeafpyError(f"{root}: none of the {len(files)} images could be decoded")
-    samples = Mapped(images) if mapped else images.astype(np.float32) / np.float32(255.0)
-    return names, samples, labels, [files[i] for i in skipped]
+    return names, Mapped(images), labels, [files[i] for i in skipped]
 
 
 def check_size(image_size: Any, channels: Any) -> tuple[tuple[int, int], int]:
@@ -218,7 +302,8 @@ def check_size(image_size: Any, channels: Any) -> tuple[tuple[int, int], int]:
 
 
 def read(path: str | dict[str, str], *, image_size: Sequence[int] | None = None, channels: int = 3,
-         skip_unreadable: bool = False, cache_dir: str | None = "default", memory_map: bool = False) -> Parts:
+         skip_unreadable: bool = False, cache_dir: str | None = "default", memory_map: bool = False,
+         workers: int = 0) -> Parts:
     """A folder with one subfolder of images per class, or ``{"train": DIR, "test": DIR}`` (see
     ``lp.data.image_folder``), as :class:`Parts`."""
     if cache_dir == "default":
@@ -231,7 +316,7 @@ def read(path: str | dict[str, str], *, image_size: Sequence[int] | None = None,
         with _pil()[0].open(files[0]) as first:
             image_size = (first.height, first.width)
     size, channels = check_size(list(image_size), channels)
-    parts = {k: read_folder(os.fspath(v), size, channels, skip_unreadable, cache_dir, memory_map)
+    parts = {k: read_folder(os.fspath(v), size, channels, skip_unreadable, cache_dir, memory_map, workers)
              for k, v in roots.items()}
     names, x, y, skipped = parts["train"]
     name = os.path.basename(os.path.normpath(os.fspath(roots["train"])))
