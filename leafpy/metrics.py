@@ -122,7 +122,9 @@ class ConfusionMatrix:
     def report(self, class_names: Sequence[str] = ()) -> str:
         """Per class precision, recall, F1 and support, then macro and weighted F1, as a table."""
         precision, recall, f1, support = self._rates()
-        names = [str(n) for n in class_names] or [str(k) for k in range(self.num_classes)]
+        # classes past the names given (a network scoring more classes than the data names) by their numbers
+        names = [str(n) for n in class_names][:self.num_classes]
+        names += [str(k) for k in range(len(names), self.num_classes)]
         w = max(11, *(len(n) for n in names))
         lines = [f"{'class':>{w}} {'precision':>10} {'recall':>8} {'f1':>8} {'support':>8}"]
         for k in range(self.num_classes):

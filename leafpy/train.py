@@ -638,10 +638,13 @@ class Trainer:
         solver = Solver.load_checkpoint(self.backend, self.backend, resume)
         solver.reconfigure(run.solver, "the run file")
         trained_on = solver.trainer_state.get("data")
+        digest = solver.trainer_state.get("data_digest")
         if trained_on is not None:
             for key in sorted(set(trained_on) | set(run.data)):
                 if key in ("batch_size", "workers"):  # (neither changes what is trained)
                     continue
+                if key == "path" and digest is not None:  # the data moved: its fingerprint, below, says if it is
+                    continue                                # the same
                 if trained_on.get(key) != run.data.get(key):
                     run_dir = os.path.dirname(resume) or "."
                     own = (f" (leafpy train {run_dir} --resume {resume} reads the run.yaml beside it)"
@@ -649,8 +652,7 @@ class Trainer:
                     raise ConfigError(f"data.{key}: the checkpoint {resume} was trained with {trained_on.get(key)!r}, "
                                       f"this run has {run.data.get(key)!r}: resuming would train on another split or "
                                       f"data; resume with the run's own data section{own}, or start a new run")
-        digest = solver.trainer_state.get("data_digest")
-        if digest is not None and digest != self.data_digest:
+        if digest is not None and digest != self.data_digest and digest not in self.dataset.earlier_digests():
             raise ConfigError(f"data: the {self.dataset.name} samples or targets are not those the checkpoint "
                               f"{resume} was trained on (the files changed since): resuming would not continue that "
                               f"run; restore the data, or start a new run from its weights with --weights {resume}")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_user_paths import failed_cleanly, leafpy
+from test_user_paths import ROOT, failed_cleanly, leafpy
 
 pytest.importorskip("PIL", reason="image folders need Pillow (the data extra)")
 pytest.importorskip("sklearn", reason="the user's data here is scikit-learn's bundled sets")
@@ -447,3 +447,38 @@ def test_a_decompression_bomb_is_refused_before_it_is_decoded(tmp_path):
                "data.path=digits", "--set", "data.cache_dir=null", "--out", "run")
     failed_cleanly(p, "bomb.png", "cannot decode")
     assert "decompression bomb" in p.stderr.lower() or "exceeds limit" in p.stderr, p.stderr
+
+
+def test_a_checkpoint_from_before_images_were_kept_as_bytes_resumes_on_the_same_folder(tmp_path):
+    """tests/data/image_folder_checkpoint_v2.leaf was written by a leafpy that held image-folder samples as float32
+    (and fingerprinted them so): it resumes on the same images, and is refused on changed ones."""
+    import shutil
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests" / "data"))
+    from make_image_folder_checkpoint import RUN, write_images
+
+    write_images(tmp_path / "images")
+    shutil.copy(ROOT / "tests" / "data" / "image_folder_checkpoint_v2.leaf", tmp_path / "old.leaf")
+    p = leafpy(tmp_path, "train", *RUN, "--epochs", "2", "--out", "run", "--resume", "old.leaf")
+    assert p.returncode == 0, p.stderr
+    assert "epoch 2/2" in p.stdout and "epoch 1/2" not in p.stdout, p.stdout
+    from PIL import Image
+
+    Image.fromarray(np.zeros((8, 8), np.uint8), "L").save(tmp_path / "images" / "class1" / "3.png")
+    p = leafpy(tmp_path, "train", *RUN, "--epochs", "2", "--out", "changed", "--resume", "old.leaf")
+    assert p.returncode == 1 and "are not those the checkpoint" in p.stderr, p.stderr
+
+
+def test_an_image_folder_of_fewer_classes_than_the_network_scores_trains_and_reports_them_all(tmp_path):
+    """Three class folders under a ten-way network: the report names the three and numbers the rest."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests" / "data"))
+    from make_image_folder_checkpoint import write_images
+
+    write_images(tmp_path / "images")
+    p = leafpy(tmp_path, "train", "digits_mlp", "--set", "data.dataset=image_folder", "--set", "data.path=images",
+               "--set", "data.batch_size=4", "--epochs", "1", "--out", "run")
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    assert re.search(r"class2 +\d", p.stdout) and re.search(r"\n +9 +0\.000", p.stdout), p.stdout
