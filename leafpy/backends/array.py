@@ -700,6 +700,18 @@ class ArrayBackend(Backend):
         else:
             p[...] = block
 
+    def permute(self, x, out, perm):
+        permute(self.xp, x, out, perm)
+
+    def broadcast(self, x, out):
+        broadcast(self.xp, x, out)
+
+    def reduce_to(self, x, out):
+        reduce_to(self.xp, x, out)
+
+    def matmul(self, a, trans_a, b, trans_b, out):
+        matmul(self.xp, a, b, out, trans_a, trans_b)
+
     @staticmethod
     def _block_of(part, whole, part_inner, whole_inner, offset) -> tuple | None:
         """The index of whole that copy_block's flattened block (``part_inner`` of every ``whole_inner`` elements,
@@ -1086,3 +1098,24 @@ def nll_backward(xp: Any, labels: Any, dloss: Any, dx: Any, weight: Any = (),
             g = -w * (dloss.reshape(()).astype(acc) / _nll_scale(xp, w, reduction))
     d3[rows] = g.astype(dx.dtype)
 
+
+
+def permute(xp: Any, x: Any, out: Any, perm: tuple[int, ...]) -> None:
+    out[...] = xp.transpose(x, perm)
+
+
+def broadcast(xp: Any, x: Any, out: Any) -> None:
+    out[...] = xp.broadcast_to(x, out.shape)
+
+
+def reduce_to(xp: Any, x: Any, out: Any) -> None:
+    """The sum of ``x`` over the axes ``out`` (aligned at the last axis) is broadcast along."""
+    lead = x.ndim - out.ndim
+    axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(out.shape) if d == 1 and x.shape[lead + i] != 1)
+    out[...] = x.sum(axis=axes).reshape(out.shape) if axes else x
+
+
+def matmul(xp: Any, a: Any, b: Any, out: Any, trans_a: bool = False, trans_b: bool = False) -> None:
+    a2 = xp.swapaxes(a, -1, -2) if trans_a else a
+    b2 = xp.swapaxes(b, -1, -2) if trans_b else b
+    out[...] = xp.matmul(a2, b2)

@@ -307,6 +307,25 @@ class Backend:
         ``whole[:, offset:offset + part_inner]`` (``into_whole``) or that block of ``whole`` into ``part``."""
         raise NotImplementedError
 
+    # --- axes: transposes, broadcasting, batched products (Transpose, Eltwise, MatMul) -------------------------
+    def permute(self, x: Buffer, out: Buffer, perm: tuple[int, ...]) -> None:
+        """``out = x`` with its axes taken in the order ``perm`` (NumPy's ``transpose``)."""
+        raise NotImplementedError
+
+    def broadcast(self, x: Buffer, out: Buffer) -> None:
+        """``out`` filled with ``x`` repeated along the axes where it has size 1 or none (NumPy's broadcasting:
+        shapes aligned at their last axes)."""
+        raise NotImplementedError
+
+    def reduce_to(self, x: Buffer, out: Buffer) -> None:
+        """``out`` = the sum of ``x`` over the axes :meth:`broadcast` repeats ``out`` along (its gradient)."""
+        raise NotImplementedError
+
+    def matmul(self, a: Buffer, trans_a: bool, b: Buffer, trans_b: bool, out: Buffer) -> None:
+        """``out = a @ b`` over stacks of matrices (NumPy's ``matmul`` of 2-D or more operands, the leading axes
+        broadcast), ``a`` and ``b`` first transposed in their last two axes where asked."""
+        raise NotImplementedError
+
     # --- local response normalisation (across channels) ------------------------------------------------------
     def lrn(self, x: Buffer, scale: Buffer, out: Buffer, size: int, alpha: float, beta: float, k: float) -> None:
         """Over [N, C, ...]: ``scale = k + alpha / size * sum of x**2 over the size channels centred on each
@@ -507,6 +526,7 @@ WRITES: dict[str, Writes] = {
     "conv2d": ("out",), "conv2d_grad_data": ("dx",), "conv2d_grad_filter": ("dw",),
     "pool2d": ("out", "mask"), "pool2d_grad": ("dx",),
     "copy_block": lambda args: ("whole",) if args["into_whole"] else ("part",),
+    "permute": ("out",), "broadcast": ("out",), "reduce_to": ("out",), "matmul": ("out",),
     "lrn": ("scale", "out"), "lrn_grad": ("dx",),
     "dropout_mask": ("mask",),
     "clip_to_norm": ("x",),

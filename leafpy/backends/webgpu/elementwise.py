@@ -12,7 +12,16 @@ import numpy as np
 
 from ...errors import BackendError
 from .. import pointwise
-from ..array import DROPOUT_KEY_MULTIPLIER, dropout_threshold, nll_backward, nll_forward
+from ..array import (
+    DROPOUT_KEY_MULTIPLIER,
+    broadcast,
+    dropout_threshold,
+    matmul,
+    nll_backward,
+    nll_forward,
+    permute,
+    reduce_to,
+)
 from .buffers import WView
 from .encoder import _workgroup_each
 from .gemm import Gemm
@@ -226,6 +235,19 @@ class Elementwise(Gemm):
     def copy_block(self, part, whole, part_inner, whole_inner, offset, into_whole):
         self._elementwise("block_into" if into_whole else "block_from", part.size, [part, whole],
                           ElementwiseParams, whole=(1,), part_inner=part_inner, whole_inner=whole_inner, column=offset)
+
+    # axes moved, broadcast and batched products: on the host (no kernels yet), as the loss options
+    def permute(self, x, out, perm):
+        self._on_host(permute, [x], out, perm)
+
+    def broadcast(self, x, out):
+        self._on_host(broadcast, [x], out)
+
+    def reduce_to(self, x, out):
+        self._on_host(reduce_to, [x], out)
+
+    def matmul(self, a, trans_a, b, trans_b, out):
+        self._on_host(matmul, [a, b], out, trans_a, trans_b)
 
     def lrn(self, x, scale, out, size, alpha, beta, k):
         c = x.shape[1]

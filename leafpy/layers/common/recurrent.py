@@ -8,7 +8,8 @@ The state starts at zero. Weights: ``weight_ih`` [G·H, input_size], ``weight_hh
 for the GRU, 1 for the RNN); the LSTM and the RNN have one ``bias`` [G·H], PyTorch's ``b_ih + b_hh`` (which
 always appear summed there), the GRU PyTorch's two, ``bias_ih`` and ``bias_hh`` [3H]. ``return_sequences``:
 output every step's h [N, T, H] (true, the default) or the last one [N, H]. One layer is one recurrent layer;
-stack them in the network for more (with Dropout between if wanted).
+stack them in the network for more (with Dropout between if wanted). ``return_cell_state`` (LSTM only): a second
+output, the last step's cell state c [N, H] (ONNX's Y_c).
 
 How it runs: one GEMM projects the whole sequence's inputs ([N·T, input_size] by weight_ihᵀ); then each step is
 one GEMM for h_{t-1} W_hhᵀ and one fused cell primitive. Backward runs through time with one GEMM and one cell
@@ -29,9 +30,13 @@ from ..layer import Worker, register_layer
 class LSTMConfig:
     hidden_size: int
     return_sequences: bool = True
+    return_cell_state: bool = False
 
     def __post_init__(self) -> None:
         name = type(self).__name__
+        if not isinstance(self.return_cell_state, bool) or (self.return_cell_state and name != "LSTMConfig"):
+            raise _checks.ConfigError(f"{name}.return_cell_state: expected true (a second output: the last cell "
+                                      f"state, LSTM only) or false, got {self.return_cell_state!r}")
         object.__setattr__(self, "hidden_size", _checks.positive_int(f"{name}.hidden_size", self.hidden_size))
         if not isinstance(self.return_sequences, bool):
             raise _checks.ConfigError(f"{name}.return_sequences: expected true (every step's output) or false "
@@ -58,6 +63,7 @@ class _Recurrent(Worker):
 
     def __init__(self, config: LSTMConfig, layer_name: str) -> None:
         super().__init__(config, layer_name)
+        self.num_outputs = 2 if config.return_cell_state else 1
         self._bufs: dict = {}
         self._w_hh = None
         self._grads_fresh = False
@@ -72,7 +78,7 @@ class _Recurrent(Worker):
     def output_shapes(self, input_shapes):
         n, t, _ = input_shapes[0]
         h = self.config.hidden_size
-        return [(n, t, h) if self.config.return_sequences else (n, h)]
+        return [(n, t, h) if self.config.return_sequences else (n, h)] + [(n, h)] * (self.num_outputs - 1)
 
     def weight_shapes(self, input_shapes):
         h, g = self.config.hidden_size, self.gates
@@ -102,10 +108,12 @@ class _Recurrent(Worker):
             else:
                 backend.gemm(ht, False, w[1], True, hw)
             self._cell(backend, pre, hw, w[2:], ht, hprev, y[0], step)
+        if len(y) > 1:  # the last cell state: c[:, T - 1]
+            backend.copy_block(y[1], self._bufs["c"], h, t * h, (t - 1) * h, False)
         self._w_hh = w[1]  # the backward pass through time multiplies by the weights this pass used
         self._grads_fresh = False
 
-    def _through_time(self, backend, dy) -> None:
+    def _through_time(self, backend, dy: list) -> None:
         """dL/d(pre-activations) of every step into the workspace "dpre" [N, T, G·H]."""
         pre = self._bufs["pre"]
         n, t, gh = pre.shape
@@ -113,17 +121,17 @@ class _Recurrent(Worker):
         dpre = self._buf(backend, "dpre", (n, t, gh))
         dpre_t = self._buf(backend, "dpre_t", (n, gh))
         dh = self._buf(backend, "dh", (n, h))
-        self._start_backward(backend, n, h)
+        self._start_backward(backend, n, h, dy)
         for step in reversed(range(t)):
             if step == t - 1:
                 backend.fill(0.0, dh)
             else:
                 backend.gemm(dpre_t, False, self._w_hh, False, dh, 1.0, self.direct_share)
-            self._cell_grad(backend, dh, dy, dpre, dpre_t, step)
+            self._cell_grad(backend, dh, dy[0], dpre, dpre_t, step)
         self._grads_fresh = True
 
     def backward_parameters(self, backend, x, y, dy, dw, beta):
-        self._through_time(backend, dy[0])
+        self._through_time(backend, dy)
         n, t, d, h, gh = self._shapes(x[0])
         dpre = self._bufs["dpre"].reshape(n * t, gh)
         dhid = self._bufs[self.hidden_grads].reshape(n * t, gh)
@@ -138,12 +146,12 @@ class _Recurrent(Worker):
             return
         if not self._grads_fresh:  # not computed by backward_parameters for this backward pass
             self._w_hh = w[1]
-            self._through_time(backend, dy[0])
+            self._through_time(backend, dy)
         self._grads_fresh = False
         n, t, d, h, gh = self._shapes(x[0])
         backend.gemm(self._bufs["dpre"].reshape(n * t, gh), False, w[0], False, dx[0].reshape(n * t, d))
 
-    def _start_backward(self, backend, n: int, h: int) -> None:
+    def _start_backward(self, backend, n: int, h: int, dy: list) -> None:
         pass
 
     def _cell(self, backend, pre, hw, biases, ht, hprev, y, step) -> None:
@@ -162,8 +170,12 @@ class LSTM(_Recurrent):
         c = self._buf(backend, "c", (n, t, self.config.hidden_size))
         backend.lstm_cell(pre, hw, biases[0], c, ht, hprev, y, step, self.config.return_sequences)
 
-    def _start_backward(self, backend, n, h):
-        backend.fill(0.0, self._buf(backend, "dc", (n, h)))
+    def _start_backward(self, backend, n, h, dy):
+        dc = self._buf(backend, "dc", (n, h))
+        if len(dy) > 1 and dy[1] is not None:  # the last cell state's own gradient
+            backend.copy(dy[1], dc)
+        else:
+            backend.fill(0.0, dc)
 
     def _cell_grad(self, backend, dh, dy, dpre, dpre_t, step):
         backend.lstm_cell_grad(self._bufs["pre"], self._bufs["c"], dh, dy, self._bufs["dc"], dpre, dpre_t, step,
@@ -193,7 +205,7 @@ class GRU(_Recurrent):
         hn = self._buf(backend, "hn", (n, t, self.config.hidden_size))
         backend.gru_cell(pre, hw, biases[0], biases[1], hn, ht, hprev, y, step, self.config.return_sequences)
 
-    def _start_backward(self, backend, n, h):
+    def _start_backward(self, backend, n, h, dy):
         pre = self._bufs["pre"]
         self._buf(backend, "dpre_h", pre.shape)
 
