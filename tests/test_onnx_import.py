@@ -265,7 +265,7 @@ def test_window_and_axis_attributes_leafpy_cannot_compute_are_refused_naming_the
 DATA = ROOT / "tests" / "data" / "onnx"
 
 
-@pytest.mark.parametrize("name", ["torch_resnet", "torch_lstm_text"])
+@pytest.mark.parametrize("name", ["torch_resnet", "torch_lstm_text", "torch_birnn_tagger"])
 def test_models_pytorch_exported_import_and_match_pytorch_within_1e_4(name):
     """Written by tests/data/onnx/make_torch_models.py (torch.onnx.export, opset 17); PyTorch's outputs beside."""
     saved = np.load(DATA / f"{name}.npz")
@@ -273,6 +273,8 @@ def test_models_pytorch_exported_import_and_match_pytorch_within_1e_4(name):
     net.set_training(False)
     x = saved["x"].astype(np.float32)
     np.testing.assert_allclose(net.forward([x])[0].to_numpy(), saved["y"], atol=1e-4)
+    if name == "torch_birnn_tagger":  # time-major: its first axis is the sequence, fixed in the file
+        return
     double = np.concatenate([x, x])  # the batch the file was written with is not the only one
     np.testing.assert_allclose(net.forward([double])[0].to_numpy()[len(x):], saved["y"], atol=1e-4)
 
@@ -285,6 +287,28 @@ def test_a_pytorch_model_through_summary_and_predict(tmp_path):
     p = leafpy(tmp_path, "predict", str(DATA / "torch_resnet.onnx"), "--input", "x.npz", "--out", "p.npz")
     assert p.returncode == 0, p.stderr
     np.testing.assert_allclose(np.load(tmp_path / "p.npz")["outputs"], saved["y"], atol=1e-4)
+
+
+def test_a_pytorch_bidirectional_time_major_rnn_converts_and_predicts_as_onnxruntime_computes(tmp_path):
+    """PyTorch's bidirectional LSTM and GRU (batch_first=False: ONNX's layout 0, both directions in one node, zero
+    initial states built from the input's Shape) through ``leafpy convert`` to a .leaf model and back to ONNX, and
+    ``leafpy predict`` on PyTorch's file and on leafpy's export: onnxruntime's outputs (PyTorch's), within 1e-4."""
+    ort = pytest.importorskip("onnxruntime", reason="the converted model is checked against onnxruntime")
+    model = DATA / "torch_birnn_tagger.onnx"
+    saved = np.load(DATA / "torch_birnn_tagger.npz")
+    want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": saved["x"]})[0]
+    np.testing.assert_allclose(want, saved["y"], atol=1e-5)
+    np.savez(tmp_path / "x.npz", x=saved["x"])
+    for args in (("convert", str(model), "tagger.leaf"), ("convert", "tagger.leaf", "back.onnx")):
+        p = leafpy(tmp_path, *args)
+        assert p.returncode == 0, p.stderr
+    p = leafpy(tmp_path, "summary", "tagger.leaf")
+    assert p.returncode == 0 and "LSTM" in p.stdout and "GRU" in p.stdout, p.stderr
+    for source in (str(model), "back.onnx"):  # PyTorch's file, and leafpy's export of the converted model
+        p = leafpy(tmp_path, "predict", source, "--input", "x.npz", "--out", "p.npz")
+        assert p.returncode == 0, p.stderr
+        got = np.load(tmp_path / "p.npz")["outputs"]
+        np.testing.assert_allclose(got.reshape(want.shape), want, atol=1e-4)
 
 
 def test_a_trained_run_exports_and_its_onnx_model_evaluates_and_fine_tunes_as_its_model_leaf(tmp_path):

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..layers import Layer
+from ..layers import Layer, LayerConfig
 from ._proto import require_onnx
 from .importer import GATES_TO_ONNX, reorder_gates
 
@@ -388,6 +388,17 @@ def _emit_container(e: Emitter, seq: Any, ins: list[str], outs: list[str]) -> No
         emit_layer(e, child, [names[b] for b in step.inputs], [names[b] for b in step.outputs])
 
 
+def _fixes_first_axis(config: LayerConfig) -> bool:
+    """Whether a layer of ``config`` (a container: any of its layers) moves the first axis or fixes its size (a
+    Transpose of axis 0, a Reshape of the whole shape not inferring its first entry): then the first axis is no
+    batch, and the exported inputs keep its size."""
+    c = config.config
+    if config.type == "Sequential":
+        return any(_fixes_first_axis(lc) for lc in c.layers)
+    return (config.type == "Transpose" and c.perm[0] != 0) or (config.type == "Reshape" and c.whole_shape
+                                                                and c.shape[0] != -1)
+
+
 def to_model(layer: Layer, opset: int = 17) -> Any:
     """``layer`` as an onnx.ModelProto at ``opset``, checked by onnx's checker."""
     onnx = require_onnx()
@@ -408,8 +419,9 @@ def to_model(layer: Layer, opset: int = 17) -> Any:
     emit_layer(e, layer, in_names, out_names)
     h = onnx.helper
     float_t = onnx.TensorProto.FLOAT
-    inputs = [h.make_tensor_value_info(n, float_t, ["N", *s[1:]]) for n, s in zip(in_names, in_shapes)]
-    batch = in_shapes[0][0] if in_shapes and in_shapes[0] else None
+    open_batch = "N" if not _fixes_first_axis(layer.config) else None
+    inputs = [h.make_tensor_value_info(n, float_t, [open_batch or s[0], *s[1:]]) for n, s in zip(in_names, in_shapes)]
+    batch = in_shapes[0][0] if in_shapes and in_shapes[0] and open_batch else None
     outputs = [h.make_tensor_value_info(n, float_t, ["N" if i == 0 and d == batch else d
                                                      for i, d in enumerate(t.shape)])
                for n, t in zip(out_names, layer.outputs)]

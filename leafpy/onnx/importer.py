@@ -1147,8 +1147,9 @@ def _fold(g: Graph, n: Node) -> bool:
     of a blob (whose shape is known: the batch as declared). True where it did."""
     names = [g.resolve(i) for i in n.inputs if i]
     held = g.time_major.get(names[0]) if names else None
-    if n.op == "Shape" and names and (names[0] in g.shapes or (held is not None and held[1] == "x")):
-        shape = np.array(g.shapes[names[0]] if held is None else np.array(g.shapes[held[0]])[[1, 0, 2]], np.int64)
+    known = {**g.input_shapes, **g.shapes}  # graph inputs not read yet included
+    if n.op == "Shape" and names and (names[0] in known or (held is not None and held[1] == "x")):
+        shape = np.array(known[names[0]] if held is None else np.array(known[held[0]])[[1, 0, 2]], np.int64)
         g.constants[n.outputs[0]] = shape[n.attr("start", 0):n.attr("end", len(shape))]
         return True
     if n.op not in FOLDED or not names or any(i not in g.constants or i in g.feeds for i in names):
