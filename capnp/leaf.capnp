@@ -282,6 +282,7 @@ struct RecurrentConfig {     # LSTM, RNN and GRU
   hiddenSize @0 :UInt64;
   returnSequences @1 :Bool = true;
   returnCellState @2 :Bool;     # LSTM: a second output, the last step's cell state
+  linearBeforeReset @3 :Bool = true;  # GRU: false applies the reset gate before the product (ONNX's default)
 }
 
 struct LeakyReLUConfig {

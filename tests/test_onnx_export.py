@@ -90,6 +90,7 @@ CASES: dict[str, tuple[list[lp.LayerConfig], list, tuple[str, ...]]] = {
     "Flatten": ([L("flat_rows", lp.FlattenConfig(axis=2)), L("flat", "Flatten")], IMAGE, ("x",)),
     "GELU": ([L("gelu", lp.GELUConfig()), L("gelu_tanh", lp.GELUConfig(approximate="tanh"))], VECTOR, ("x",)),
     "GRU": ([L("gru", lp.GRUConfig(hidden_size=5))], SEQUENCE, ("x",)),
+    "GRU_reset_first": ([L("gru", lp.GRUConfig(hidden_size=4, linear_before_reset=False))], SEQUENCE, ("x",)),
     "LRN": ([L("lrn", lp.LRNConfig(local_size=3, alpha=0.5, beta=0.6, k=1.5))], IMAGE, ("x",)),
     "LSTM": ([L("lstm", lp.LSTMConfig(hidden_size=5, return_sequences=False))], SEQUENCE, ("x",)),
     "LSTM_cell_state": ([L("lstm", lp.LSTMConfig(hidden_size=5, return_cell_state=True), outputs=["h", "c"])],

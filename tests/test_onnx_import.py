@@ -358,7 +358,7 @@ def _recurrent_case(op, direction, layout, outputs, hidden=3, steps=4, batch=2, 
              (("W", (dirs, gates * hidden, features)), ("R", (dirs, gates * hidden, hidden)),
               ("B", (dirs, 2 * gates * hidden)))]
     names = ["Y", "Y_h", "Y_c"][:2 + (op == "LSTM")]
-    extra = {"linear_before_reset": 1} if op == "GRU" else {}
+    extra = {"linear_before_reset": int(direction != "reverse")} if op == "GRU" else {}  # ONNX's default 0 too
     node = helper.make_node(op, ["x", "W", "R", "B"], [o if o in outputs else "" for o in names], name="rnn",
                             hidden_size=hidden, direction=direction, layout=layout, **extra)
     shape = [steps, batch, features] if layout == 0 else [batch, steps, features]

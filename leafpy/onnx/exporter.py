@@ -313,7 +313,7 @@ def _recurrent(e: Emitter, layer: Layer, ins: list[str], outs: list[str]) -> Non
             e.const(f"{n}/W", w_ih[None]), e.const(f"{n}/R", w_hh[None]), e.const(f"{n}/B", b[None])]
     attrs: dict[str, Any] = dict(hidden_size=c.hidden_size)
     if kind == "GRU":
-        attrs["linear_before_reset"] = 1
+        attrs["linear_before_reset"] = int(c.linear_before_reset)
     y, y_h, y_c = e.fresh(f"{n}:Y"), e.fresh(f"{n}:Y_h"), e.fresh(f"{n}:Y_c")
     e.node(kind, args, [y, y_h, y_c][:3 if len(outs) > 1 else 2], name=n, **attrs)
     if len(outs) > 1:  # the last cell state Y_c [1, N, H] -> [N, H]

@@ -835,8 +835,8 @@ def _check_recurrent(g: Graph, n: Node) -> None:
     n.require("activations", lambda v: v is None or [a.decode() if isinstance(a, bytes) else a for a in v]
               == defaults * (1 + (n.attr("direction") == "bidirectional")), f"the default activations {defaults}")
     if n.op == "GRU":
-        n.require("linear_before_reset", lambda v: v == 1, "linear_before_reset=1 (PyTorch's GRU; ONNX's default "
-                  "form is not supported yet)", 0)
+        n.require("linear_before_reset", lambda v: v in (0, 1), "linear_before_reset 0 (ONNX's default) or 1 "
+                  "(PyTorch's GRU)", 0)
     for k, what in ((4, "sequence_lens"), (5, "initial_h"), (6, "initial_c"), (7, "P (peepholes)")):
         if n.has_input(k) and not (k in (5, 6) and n.inputs[k] in g.constants and not g.constants[n.inputs[k]].any()):
             raise ConfigError(f"{n.where}: input {what} is not supported; leafpy's recurrent layers run whole "
@@ -916,7 +916,9 @@ def recurrent(g: Graph, n: Node) -> None:
     for d, reverse in enumerate({"forward": [False], "reverse": [True], "bidirectional": [False, True]}[direction]):
         tag = f"{n.outputs[used[0]]}:{n.op}{d}"
         src = _reverse_time(g, n, x, f"{tag}:input") if reverse else x
-        more = {"return_cell_state": True} if cell else {}
+        more: dict[str, bool] = {"return_cell_state": True} if cell else {}
+        if n.op == "GRU":
+            more["linear_before_reset"] = bool(n.attr("linear_before_reset", 0))
         g.add(n, config_class(hidden_size=hidden, return_sequences=sequences, **more), [src],
               [tag, f"{tag}:c"][:1 + cell], weights=_direction_weights(g, n, d),
               suffix=f"_{'reverse' if reverse else 'forward'}" * (d > 0))

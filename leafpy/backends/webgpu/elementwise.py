@@ -392,13 +392,15 @@ class Elementwise(Gemm):
                            [steps * 4 * hs, steps * hs, hs, dy.size // n, hs, steps * 4 * hs, 4 * hs], product=2,
                            **_cell(steps, hs, t, sequence))
 
-    def gru_cell(self, pre, hw, bias_ih, bias_hh, hn, h, hprev, y, t, sequence):
+    def gru_cell(self, pre, hw, bias_ih, bias_hh, hn, h, hprev, y, t, sequence, w_hh=None):
+        _reset_first(w_hh)
         n, steps, hs = hn.shape
         self._seq_dispatch(SequenceParams, "gru_cell", n, hs, [pre, hw, bias_ih, bias_hh, hn, h, hprev, y],
                            [steps * 3 * hs, 3 * hs, None, None, steps * hs, hs, steps * hs, y.size // n],
                            **_cell(steps, hs, t, sequence))
 
-    def gru_cell_grad(self, pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t, t, sequence):
+    def gru_cell_grad(self, pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t, t, sequence, w_hh=None):
+        _reset_first(w_hh)
         n, steps, hs = hn.shape
         self._seq_dispatch(SequenceParams, "gru_cell_grad", n, hs, [pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t],
                            [steps * 3 * hs, steps * hs, steps * hs, hs, dy.size // n, steps * 3 * hs,
@@ -415,3 +417,10 @@ class Elementwise(Gemm):
         self._seq_dispatch(SequenceParams, "rnn_cell_grad", n, hs, [pre, dh, dy, dpre, dpre_t],
                            [steps * hs, hs, dy.size // n, steps * hs, hs], product=1,
                            **_cell(steps, hs, t, sequence))
+
+
+def _reset_first(w_hh) -> None:
+    if w_hh is not None:
+        raise BackendError("webgpu gru_cell: a GRU with linear_before_reset false (ONNX's default GRU) has no "
+                           "kernel on webgpu yet; run it on the native or cuda backend, or use linear_before_reset "
+                           "true (PyTorch's GRU)")

@@ -7,9 +7,11 @@ their quarter of ``a``; ``c_t = f c_{t-1} + i g``; ``h_t = o tanh(c_t)``. GRU (g
 The state starts at zero. Weights: ``weight_ih`` [G·H, input_size], ``weight_hh`` [G·H, H] (G = 4 for the LSTM, 3
 for the GRU, 1 for the RNN); the LSTM and the RNN have one ``bias`` [G·H], PyTorch's ``b_ih + b_hh`` (which
 always appear summed there), the GRU PyTorch's two, ``bias_ih`` and ``bias_hh`` [3H]. ``return_sequences``:
-output every step's h [N, T, H] (true, the default) or the last one [N, H]. One layer is one recurrent layer;
-stack them in the network for more (with Dropout between if wanted). ``return_cell_state`` (LSTM only): a second
-output, the last step's cell state c [N, H] (ONNX's Y_c).
+output every step's h [N, T, H] (true, the default) or the last one [N, H]. GRU ``linear_before_reset: false``
+(ONNX's default GRU; true, PyTorch's, is the default here): ``n = tanh(a_n + (r h_{t-1}) W_hnᵀ + b_hn)``, the reset
+gate applied before the product, which then is one more GEMM per step (its gradient too).
+``return_cell_state`` (LSTM only): a second output, the last step's cell state c [N, H] (ONNX's Y_c). One layer is
+one recurrent layer; stack them in the network for more (with Dropout between if wanted).
 
 How it runs: one GEMM projects the whole sequence's inputs ([N·T, input_size] by weight_ihᵀ); then each step is
 one GEMM for h_{t-1} W_hhᵀ and one fused cell primitive. Backward runs through time with one GEMM and one cell
@@ -50,7 +52,14 @@ class RNNConfig(LSTMConfig):
 
 @dataclass(frozen=True, kw_only=True)
 class GRUConfig(LSTMConfig):
-    pass
+    linear_before_reset: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.linear_before_reset, bool):
+            raise _checks.ConfigError(f"GRUConfig.linear_before_reset: expected true (PyTorch's GRU: n = tanh(a_n + "
+                                      f"r (h W_hnᵀ + b_hn))) or false (ONNX's default: n = tanh(a_n + (r h) W_hnᵀ + "
+                                      f"b_hn)), got {self.linear_before_reset!r}")
 
 
 class _Recurrent(Worker):
@@ -101,6 +110,7 @@ class _Recurrent(Worker):
         hprev = self._buf(backend, "hprev", (n, t, h))
         hw = self._buf(backend, "hw", (n, gh))
         ht = self._buf(backend, "h", (n, h))
+        self._w_hh = w[1]  # the backward pass through time multiplies by the weights this pass used
         backend.gemm(x[0].reshape(n * t, d), False, w[0], True, pre.reshape(n * t, gh))
         for step in range(t):
             if step == 0:
@@ -110,7 +120,6 @@ class _Recurrent(Worker):
             self._cell(backend, pre, hw, w[2:], ht, hprev, y[0], step)
         if len(y) > 1:  # the last cell state: c[:, T - 1]
             backend.copy_block(y[1], self._bufs["c"], h, t * h, (t - 1) * h, False)
-        self._w_hh = w[1]  # the backward pass through time multiplies by the weights this pass used
         self._grads_fresh = False
 
     def _through_time(self, backend, dy: list) -> None:
@@ -200,10 +209,39 @@ class GRU(_Recurrent):
     hidden_grads = "dpre_h"
     direct_share = 1.0
 
+    @property
+    def _reset_first(self):
+        """W_hh where the reset gate applies before the product (linear_before_reset false), else None."""
+        return None if self.config.linear_before_reset else self._w_hh
+
     def _cell(self, backend, pre, hw, biases, ht, hprev, y, step):
         n, t, _ = pre.shape
         hn = self._buf(backend, "hn", (n, t, self.config.hidden_size))
-        backend.gru_cell(pre, hw, biases[0], biases[1], hn, ht, hprev, y, step, self.config.return_sequences)
+        backend.gru_cell(pre, hw, biases[0], biases[1], hn, ht, hprev, y, step, self.config.return_sequences,
+                         self._reset_first)
+
+    def backward_parameters(self, backend, x, y, dy, dw, beta):
+        super().backward_parameters(backend, x, y, dy, dw, beta)
+        if not self.config.linear_before_reset:
+            self._reset_first_grads(backend, dw)
+
+    def _reset_first_grads(self, backend, dw) -> None:
+        """W_hn's and b_hn's gradients where the reset gate applies before the product: dn (dpre's n third) by
+        ``hn`` (r h_{t-1}) and summed, added to the n rows of dw[1] and dw[3] (zero so far: dpre_h's n third is)."""
+        n, t, gh = self._bufs["pre"].shape
+        h = gh // 3
+        dn = self._buf(backend, "dn", (n * t, h))
+        backend.copy_block(dn, self._bufs["dpre"].reshape(n * t, gh), h, gh, 2 * h, False)
+        for k, size, grad in ((1, h * h, "dw_hn"), (3, h, "db_hn")):
+            new = self._buf(backend, grad, (1, size))
+            if k == 1:
+                backend.gemm(dn, True, self._bufs["hn"].reshape(n * t, h), False, new.reshape(h, h))
+            else:
+                backend.bias_grad(dn, new.reshape(h))
+            rows = self._buf(backend, grad + "_rows", (1, size))
+            backend.copy_block(rows, dw[k], size, 3 * size, 2 * size, False)
+            backend.axpby(1.0, new, 1.0, rows)
+            backend.copy_block(rows, dw[k], size, 3 * size, 2 * size, True)
 
     def _start_backward(self, backend, n, h, dy):
         pre = self._bufs["pre"]
@@ -212,4 +250,4 @@ class GRU(_Recurrent):
     def _cell_grad(self, backend, dh, dy, dpre, dpre_t, step):
         b = self._bufs
         backend.gru_cell_grad(b["pre"], b["hn"], b["hprev"], dh, dy, dpre, b["dpre_h"], dpre_t, step,
-                              self.config.return_sequences)
+                              self.config.return_sequences, self._reset_first)
