@@ -214,6 +214,10 @@ WINDOW_AND_AXIS_CASES = {
     "averagepool_1d_ceil": ("AveragePool", [2, 3, 9], [], dict(kernel_shape=[3], strides=[2], pads=[1, 0],
                                                                ceil_mode=1)),
     "channel_shuffle": ("Transpose", [2, 3, 4, 2, 2], [], dict(perm=[0, 2, 1, 3, 4])),
+    "maxpool_dilated": ("MaxPool", [2, 3, 7, 6], [], dict(kernel_shape=[3, 2], dilations=[2, 3])),
+    "averagepool_dilated_ceil": ("AveragePool", [2, 3, 6, 6], [], dict(kernel_shape=[2, 2], dilations=[2, 2],
+                                                                        ceil_mode=1, opset=19)),
+    "maxpool_1d_dilated": ("MaxPool", [2, 3, 9], [], dict(kernel_shape=[3], dilations=[3])),
     "transpose_any_axes": ("Transpose", [2, 3, 4, 5], [], dict(perm=[0, 3, 2, 1])),
     "transpose_batch_and_time": ("Transpose", [2, 3, 4], [], dict(perm=[1, 0, 2])),
     "transpose_reversed": ("Transpose", [2, 3, 4], [], {}),
@@ -251,7 +255,8 @@ def test_window_and_axis_attributes_import_as_onnx_computes_them(case):
     ("ConvTranspose", [1, 2, 4, 4], [(2, 2, 3, 3)], dict(strides=[2, 2], output_shape=[12, 9]),
      r"DeconvolutionConfig.*output_padding"),
     ("Softmax", [2, 3, 4], [], dict(axis=0, opset=11), r"axis=0 is not supported; leafpy supports before opset 13"),
-    ("MaxPool", [1, 2, 6, 6], [], dict(kernel_shape=[2, 2], dilations=[2, 2]), r"dilations=\[2, 2\] is not supported"),
+    ("MaxPool", [1, 2, 6, 6], [], dict(kernel_shape=[2, 2], dilations=[2, 2], strides=[2, 2]),
+     r"dilations=\[2, 2\] is not supported; leafpy supports dilations of 1, or dilated pooling with strides of 1"),
     ("Conv", [1, 3, 6, 6], [(4, 2, 3, 3)], dict(group=2), r"group 2 read 4 channels; the input has 3"),
 ])
 def test_window_and_axis_attributes_leafpy_cannot_compute_are_refused_naming_them(op, shape, weights, attrs, words):

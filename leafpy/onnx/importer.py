@@ -393,14 +393,47 @@ def _pool(g: Graph, n: Node, mode: str) -> None:
         raise ConfigError(f"{n.where}: the Indices output is not supported; leafpy's Pooling gives the pooled values")
     kernel = tuple(n.attr("kernel_shape"))
     strides = tuple(n.attr("strides", [1] * len(kernel)))
-    n.require("dilations", _ones, "dilations of 1 (dilated pooling is not supported yet)")
     n.require("storage_order", lambda v: v == 0, "storage_order=0 (row-major)", 0)
     begin, end = _pads(n, shape, kernel, strides)
+    if not _ones(n.attr("dilations")):
+        _dilated_pool(g, n, mode, x, shape, kernel, strides, begin + end)
+        return
     if any(p >= k for p, k in zip(begin + end, kernel + kernel)):
         raise n.refuse("pads", list(begin + end), "padding smaller than the kernel")
     cfg = _config(n, PoolingConfig, mode=mode, filter_shape=kernel, stride=strides, padding=begin, pad_end=end,
                   ceil_mode=bool(n.attr("ceil_mode", 0)), count_include_pad=bool(n.attr("count_include_pad", 0)))
     _add_window(g, n, cfg, x)
+
+
+def _dilated_pool(g: Graph, n: Node, mode: str, x: str, shape: tuple[int, ...], kernel: tuple[int, ...],
+                  strides: tuple[int, ...], pads: tuple[int, ...]) -> None:
+    """Dilated pooling with stride 1 and no padding, as its window's positions: one Slice per position (the input
+    shifted by it), combined by an Eltwise max, or a sum weighted 1 / (positions) for average pooling."""
+    dilations = tuple(n.attr("dilations"))
+    if not _ones(strides) or any(pads):
+        raise n.refuse("dilations", list(dilations), "dilations of 1, or dilated pooling with strides of 1 and no "
+                       "padding")
+    size = [d - (k - 1) * r for d, k, r in zip(shape[2:], kernel, dilations)]
+    if min(size) < 1:
+        raise n.refuse("dilations", list(dilations), f"a dilated window inside the input (shape {shape})")
+    pieces = []
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            rows, piece = f"{n.outputs[0]}:rows{i}_{j}", f"{n.outputs[0]}:window{i}_{j}"
+            _cut(g, n, x, 2, i * dilations[0], i * dilations[0] + size[0], rows)
+            _cut(g, n, g.resolve(rows), 3, j * dilations[1], j * dilations[1] + size[1], piece)
+            pieces.append(g.resolve(piece))
+    out = f"{n.outputs[0]}:image_out" if n.lifted else n.outputs[0]
+    if len(pieces) == 1:
+        g.alias[out] = pieces[0]
+    else:
+        average = (1.0 / len(pieces),) * len(pieces)
+        cfg = EltwiseConfig(operation="max") if mode == "max" else EltwiseConfig(coeff=average)
+        g.add(n, cfg, pieces, [out], suffix="_window")
+    if n.lifted:
+        image = g.shape(g.resolve(out))
+        g.add(n, ReshapeConfig(shape=(image[0], image[1], image[3])), [g.resolve(out)], [n.outputs[0]],
+              suffix="_as_1d")
 
 
 @op("MaxPool", attributes=("kernel_shape", "strides", "pads", "auto_pad", "ceil_mode", "dilations", "storage_order"))
