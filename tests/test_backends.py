@@ -91,10 +91,6 @@ def test_layer_matches_native(device_or_layout, case):
     native = lp.backend("native")
     rng = np.random.default_rng(11)
     inputs = [x.astype(np.float32) for x in make_inputs(rng)]
-    if device.name == "webgpu" and getattr(config, "linear_before_reset", True) is False:  # no kernel there yet
-        with pytest.raises(lp.BackendError, match="linear_before_reset false .* has no kernel on webgpu yet"):
-            lp.Layer.from_config(device, lp.LayerConfig("l", config), seed=5).forward(inputs)
-        return
     results = []
     for be in (native, device):
         layer = lp.Layer.from_config(be, lp.LayerConfig("l", config), seed=5)

@@ -164,6 +164,25 @@ class Elementwise(Gemm):
         fn(np, *host, result, *args)
         self.upload(result, out)
 
+    def _native_on_host(self, name: str, arguments: dict[str, Any]) -> None:
+        """Primitive ``name`` as the native backend computes it, on float32 host copies of its buffers, the operands
+        it writes (base.WRITES) uploaded back: a read-back per call, for what has no kernel here yet."""
+        from ..base import written
+        from ..native import NativeBackend
+
+        arguments = {k: v for k, v in arguments.items() if k not in ("self", "__class__")}
+        native = self.__dict__.setdefault("_host_native", NativeBackend())
+        host = {}
+        for k, v in arguments.items():
+            if isinstance(v, WView):
+                host[k] = np.empty(v.shape, np.float32)
+                self.download(v, host[k])
+            else:
+                host[k] = v
+        getattr(native, name)(**host)
+        for k in written(name, arguments):
+            self.upload(host[k], arguments[k])
+
     def mse(self, x, t, diff, out):
         self._elementwise("sub", x.size, [x, t, diff], ElementwiseParams)
         self._sum_parts("square_parts", [diff], diff.size, [1], out, alpha=1.0 / diff.size)
@@ -393,14 +412,18 @@ class Elementwise(Gemm):
                            **_cell(steps, hs, t, sequence))
 
     def gru_cell(self, pre, hw, bias_ih, bias_hh, hn, h, hprev, y, t, sequence, w_hh=None):
-        _reset_first(w_hh)
+        if w_hh is not None:  # the reset gate before the product (linear_before_reset false): no kernel yet
+            self._native_on_host("gru_cell", locals())
+            return
         n, steps, hs = hn.shape
         self._seq_dispatch(SequenceParams, "gru_cell", n, hs, [pre, hw, bias_ih, bias_hh, hn, h, hprev, y],
                            [steps * 3 * hs, 3 * hs, None, None, steps * hs, hs, steps * hs, y.size // n],
                            **_cell(steps, hs, t, sequence))
 
     def gru_cell_grad(self, pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t, t, sequence, w_hh=None):
-        _reset_first(w_hh)
+        if w_hh is not None:
+            self._native_on_host("gru_cell_grad", locals())
+            return
         n, steps, hs = hn.shape
         self._seq_dispatch(SequenceParams, "gru_cell_grad", n, hs, [pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t],
                            [steps * 3 * hs, steps * hs, steps * hs, hs, dy.size // n, steps * 3 * hs,
@@ -418,9 +441,3 @@ class Elementwise(Gemm):
                            [steps * hs, hs, dy.size // n, steps * hs, hs], product=1,
                            **_cell(steps, hs, t, sequence))
 
-
-def _reset_first(w_hh) -> None:
-    if w_hh is not None:
-        raise BackendError("webgpu gru_cell: a GRU with linear_before_reset false (ONNX's default GRU) has no "
-                           "kernel on webgpu yet; run it on the native or cuda backend, or use linear_before_reset "
-                           "true (PyTorch's GRU)")
