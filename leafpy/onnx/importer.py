@@ -462,9 +462,9 @@ def gemm(g: Graph, n: Node) -> None:
     if len(g.shape(a)) != 2:
         raise ConfigError(f"{n.where}: input A of shape {g.shape(a)}: Gemm takes a matrix [N, K]")
     if n.require("transA", lambda v: v in (0, 1), "transA 0 or 1", 0):
-        _transposed_a = f"{n.outputs[0]}:a"
-        g.add(n, TransposeConfig(perm=(1, 0)), [a], [_transposed_a], suffix="_transA")
-        a = _transposed_a
+        rows = f"{n.outputs[0]}:a"
+        g.add(n, TransposeConfig(perm=(1, 0)), [a], [rows], suffix="_transA")
+        a = rows
     b = g.const(n, 1, "weight matrix")
     assert b is not None
     w = (b if n.attr("transB", 0) else b.T) * float(n.attr("alpha", 1.0))
