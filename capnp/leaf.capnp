@@ -70,6 +70,8 @@ struct LayerConfig {
     deconvolution @37 :DeconvolutionConfig;
     softmaxCrossEntropy @38 :NegativeLogLikelihoodConfig;
     clip @39 :ClipConfig;
+    transpose @40 :TransposeConfig;
+    matMul @41 :MatMulConfig;
   }
 
   outputs @11 :List(Text);
@@ -170,6 +172,15 @@ struct NegativeLogLikelihoodConfig {  # and SoftmaxCrossEntropy's
 
 struct ReshapeConfig {
   shape @0 :List(UInt64);   # 0 after the batch dimension: inferred (leafpy's -1)
+  wholeShape @1 :Bool;      # shape is the whole output shape, its first entry too (0 there: inferred)
+}
+
+struct MatMulConfig {
+  weightShape @0 :List(UInt64);  # empty: b is the second input; else b is the layer's weight of this shape
+}
+
+struct TransposeConfig {
+  perm @0 :List(UInt64);    # every axis, the batch (0) included, in the output's order
 }
 
 struct AxisConfig {           # Softmax, LogSoftmax, Flatten
@@ -178,6 +189,7 @@ struct AxisConfig {           # Softmax, LogSoftmax, Flatten
 
 struct DropoutConfig {
   ratio @0 :Float64;
+  maskOutput @1 :Bool;          # a second output: 1 where the value is kept (all 1 in inference)
 }
 
 enum EltwiseOperation {
@@ -189,6 +201,7 @@ enum EltwiseOperation {
 struct EltwiseConfig {
   operation @0 :EltwiseOperation = sum;
   coeff @1 :List(Float64);  # sum: one per input; empty: all 1
+  weightShape @2 :List(UInt64);  # empty: no weight operand; else one more operand, the layer's weight
 }
 
 struct ConcatConfig {
@@ -269,6 +282,8 @@ struct EmbeddingConfig {
 struct RecurrentConfig {     # LSTM, RNN and GRU
   hiddenSize @0 :UInt64;
   returnSequences @1 :Bool = true;
+  returnCellState @2 :Bool;     # LSTM: a second output, the last step's cell state
+  linearBeforeReset @3 :Bool = true;  # GRU: false applies the reset gate before the product (ONNX's default)
 }
 
 struct LeakyReLUConfig {

@@ -22,8 +22,10 @@ import numpy as np
 
 import leafpy as lp
 from leafpy.layers import wire
+from leafpy.layers.common.matmul import MatMulConfig
 from leafpy.layers.layer_config import lookup
 from leafpy.layers.loss.negative_log_likelihood import SoftmaxCrossEntropyConfig
+from leafpy.layers.utility.transpose import TransposeConfig
 
 DEFAULT_SEEDS = range(80)
 """The seeds the quick tests run; every layer type and every structural feature occurs among them
@@ -153,6 +155,8 @@ class _Builder:
                 cur = self.in_place(cur)
             if self.rng.random() < 0.5:
                 self.earlier.append(cur)
+            if self.g.side.random() < 0.1:
+                cur = self.side_block(cur)
         return cur
 
     def block(self, cur: Blob) -> Blob:
@@ -313,6 +317,26 @@ class _Builder:
             spec[int(self.rng.integers(1, len(spec)))] = -1  # inferred
         self.g.features.add("reshape")
         return self.one(lp.ReshapeConfig(shape=spec), cur, shape)
+
+    def side_block(self, cur: Blob) -> Blob:
+        """A MatMul by a square weight over the last axis, or a Transpose of the axes after the batch and the one
+        undoing it: the blob's shape is kept, and the main random stream untouched (the side stream decides), so
+        the networks the seeds made before these layers existed keep their structure."""
+        side, prev_single = self.g.side, self.prev_single
+        if len(cur.shape) < 2:
+            return cur
+        if len(cur.shape) == 2 or side.random() < 0.5:
+            k = cur.shape[-1]
+            cur = Blob(self.add(MatMulConfig(weight_shape=(k, k)), [cur], name_out=True)[0], cur.shape)
+        else:
+            rest = list(range(1, len(cur.shape)))
+            perm = [0, *rest[1:], rest[0]]
+            moved = Blob(self.add(TransposeConfig(perm=perm), [cur], name_out=True)[0],
+                         tuple(cur.shape[p] for p in perm))
+            back = [0, len(perm) - 1, *range(1, len(perm) - 1)]
+            cur = Blob(self.add(TransposeConfig(perm=back), [moved], name_out=True)[0], cur.shape)
+        self.prev_single = prev_single
+        return cur
 
     def b_recurrent(self, cur: Blob) -> Blob:
         if len(cur.shape) != 3 or cur.shape[1] > 6:
@@ -505,8 +529,9 @@ class _Builder:
 class _Generator:
     def __init__(self, seed: int) -> None:
         self.rng = np.random.default_rng(seed)
+        self.side = np.random.default_rng(seed + 1_000_003)  # the layers added after the rest (see side_block)
         self.extra = np.random.default_rng([seed, 1])
-        """Draws for layer types added later, kept out of ``rng`` so that earlier seeds keep their networks."""
+        """Draws for Clip among the activations, kept out of ``rng`` so that earlier seeds keep their networks."""
         self.count = 0
         self.features: set[str] = set()
         self.training = False

@@ -7,8 +7,10 @@ import pytest
 from gradcheck import check_layer_gradients
 
 import leafpy as lp
+from leafpy.layers.common.matmul import MatMulConfig
 from leafpy.layers.container.wiring import wire
 from leafpy.layers.loss.negative_log_likelihood import SoftmaxCrossEntropyConfig
+from leafpy.layers.utility.transpose import TransposeConfig
 
 
 def away_from_zero(rng, shape, gap=0.05):
@@ -139,12 +141,20 @@ CASES = {
          loss_inputs((3, 4, 2), (3, 2), 4, 2)),
     ],
     "MeanSquaredError": [("MeanSquaredError", lambda r: [r.standard_normal((3, 4)), r.standard_normal((3, 4))])],
-    "Reshape": [(lp.ReshapeConfig(shape=[1, 3, -1]), lambda r: [r.standard_normal((2, 6))])],
+    "Reshape": [(lp.ReshapeConfig(shape=[1, 3, -1]), lambda r: [r.standard_normal((2, 6))]),
+                (lp.ReshapeConfig(shape=[-1, 4], whole_shape=True), lambda r: [r.standard_normal((2, 3, 4))])],
+    "Transpose": [(TransposeConfig(perm=[1, 0, 2]), lambda r: [r.standard_normal((3, 2, 4))]),
+                  (TransposeConfig(perm=[2, 0, 3, 1]), lambda r: [r.standard_normal((2, 3, 4, 5))])],
+    "MatMul": [("MatMul", lambda r: [r.standard_normal((2, 3, 4)), r.standard_normal((2, 4, 5))]),
+               ("MatMul", lambda r: [r.standard_normal((3, 1, 2, 4)), r.standard_normal((2, 4, 3))]),  # broadcast
+               (MatMulConfig(weight_shape=(1, 2, 4, 3)), lambda r: [r.standard_normal((3, 1, 5, 4))]),
+               (MatMulConfig(weight_shape=(4, 2)), lambda r: [r.standard_normal((3, 4))])],
     "Flatten": [("Flatten", lambda r: [r.standard_normal((2, 3, 2, 2))]),
                 (lp.FlattenConfig(axis=2), lambda r: [r.standard_normal((2, 3, 2, 2))]),
                 (lp.FlattenConfig(axis=0), lambda r: [r.standard_normal((2, 3, 2))]),
                 (lp.FlattenConfig(axis=-1), lambda r: [r.standard_normal((2, 3, 4))])],
-    "Dropout": [(lp.DropoutConfig(ratio=0.3), lambda r: [r.standard_normal((4, 6))])],
+    "Dropout": [(lp.DropoutConfig(ratio=0.3), lambda r: [r.standard_normal((4, 6))]),
+                (lp.DropoutConfig(ratio=0.4, mask_output=True), lambda r: [r.standard_normal((3, 5))])],
     "BatchNorm": [(lp.BatchNormConfig(), lambda r: [r.standard_normal((4, 3, 2, 2)) * 2 + 1]),
                   (lp.BatchNormConfig(affine=False, eps=1e-3, momentum=0.5), lambda r: [r.standard_normal((5, 3))])],
     "Eltwise": [(lp.EltwiseConfig(), lambda r: [r.standard_normal((3, 4)), r.standard_normal((3, 4))]),
@@ -153,7 +163,14 @@ CASES = {
                 (lp.EltwiseConfig(operation="prod"), lambda r: [r.standard_normal((2, 5)) for _ in range(3)]),
                 (lp.EltwiseConfig(operation="max"),  # distinct values: no near ties between the inputs
                  lambda r: list(distinct(r, (3, 2, 3, 2)))),
-                (lp.EltwiseConfig(operation="max"), lambda r: list(distinct(r, (2, 4, 5))))],
+                (lp.EltwiseConfig(operation="max"), lambda r: list(distinct(r, (2, 4, 5)))),
+                # broadcasting (NumPy's rules), and a weight operand
+                (lp.EltwiseConfig(), lambda r: [r.standard_normal((3, 4, 5)), r.standard_normal((5,))]),
+                (lp.EltwiseConfig(operation="prod"), lambda r: [r.standard_normal((3, 1, 5)),
+                                                                r.standard_normal((2, 1))]),
+                (lp.EltwiseConfig(operation="max"), lambda r: [distinct(r, (3, 4)), distinct(r, (3, 1)) + 0.005]),
+                (lp.EltwiseConfig(coeff=[1.0, 0.5], weight_shape=[3, 4]), lambda r: [r.standard_normal((2, 3, 4))]),
+                (lp.EltwiseConfig(operation="prod", weight_shape=[1, 4]), lambda r: [r.standard_normal((2, 3, 4))])],
     "Concat": [(lp.ConcatConfig(), lambda r: [r.standard_normal((2, 3, 2, 2)), r.standard_normal((2, 1, 2, 2)),
                                               r.standard_normal((2, 2, 2, 2))]),
                (lp.ConcatConfig(axis=-1), lambda r: [r.standard_normal((3, 2)), r.standard_normal((3, 4))]),
@@ -165,9 +182,15 @@ CASES = {
                    lambda r: [r.integers(0, 7, (3, 5)).astype(np.float64)]),
                   (lp.EmbeddingConfig(input_dim=5, output_dim=2), lambda r: [np.array([4.0, 0.0, 4.0, 2.0])])],
     "LSTM": [(lp.LSTMConfig(hidden_size=3), lambda r: [r.standard_normal((2, 4, 3))]),
-             (lp.LSTMConfig(hidden_size=2, return_sequences=False), lambda r: [r.standard_normal((3, 3, 2))])],
+             (lp.LSTMConfig(hidden_size=2, return_sequences=False), lambda r: [r.standard_normal((3, 3, 2))]),
+             (lp.LSTMConfig(hidden_size=3, return_cell_state=True), lambda r: [r.standard_normal((2, 3, 2))]),
+             (lp.LSTMConfig(hidden_size=2, return_sequences=False, return_cell_state=True),
+              lambda r: [r.standard_normal((2, 4, 3))])],
     "GRU": [(lp.GRUConfig(hidden_size=3), lambda r: [r.standard_normal((2, 4, 3))]),
-            (lp.GRUConfig(hidden_size=2, return_sequences=False), lambda r: [r.standard_normal((3, 3, 2))])],
+            (lp.GRUConfig(hidden_size=2, return_sequences=False), lambda r: [r.standard_normal((3, 3, 2))]),
+            (lp.GRUConfig(hidden_size=3, linear_before_reset=False), lambda r: [r.standard_normal((2, 4, 3))]),
+            (lp.GRUConfig(hidden_size=2, return_sequences=False, linear_before_reset=False),
+             lambda r: [r.standard_normal((3, 3, 2))])],
     "RNN": [(lp.RNNConfig(hidden_size=3), lambda r: [r.standard_normal((2, 4, 2))]),
             (lp.RNNConfig(hidden_size=4, return_sequences=False), lambda r: [r.standard_normal((2, 3, 3))])],
     "Slice": [(lp.SliceConfig(slice_points=[1, 3]), lambda r: [r.standard_normal((2, 5, 2, 2))]),
@@ -270,7 +293,7 @@ def _in_place_cases():
     for type_name, cases in sorted(CASES.items()):
         for i, (config, make_inputs) in enumerate(cases):
             worker = lp.Layer.from_config(lp.backend("native", dtype="float64"), lp.LayerConfig("l", config)).worker
-            if worker.in_place and worker.num_inputs == 1:
+            if worker.in_place and worker.num_inputs == 1 and worker.num_outputs == 1:
                 yield pytest.param(config, make_inputs, id=f"{type_name}-{i}")
 
 

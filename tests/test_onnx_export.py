@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 import leafpy as lp
+from leafpy.layers.common.matmul import MatMulConfig
 from leafpy.layers.loss.negative_log_likelihood import SoftmaxCrossEntropyConfig as SCE
+from leafpy.layers.utility.transpose import TransposeConfig
 
 onnx = pytest.importorskip("onnx", reason="ONNX export tests need the onnx package (pip install 'leafpy-dl[onnx]')")
 ort = pytest.importorskip("onnxruntime", reason="the ONNX export is checked in onnxruntime (pip install onnxruntime)")
@@ -75,17 +77,28 @@ CASES: dict[str, tuple[list[lp.LayerConfig], list, tuple[str, ...]]] = {
                                                                output_padding=[1, 2], group=2, bias=False))],
                       IMAGE, ("x",)),
     "Dropout": ([L("drop", lp.DropoutConfig(ratio=0.3))], VECTOR, ("x",)),
+    "Dropout_mask": ([L("drop", lp.DropoutConfig(ratio=0.3, mask_output=True), outputs=["y", "mask"])], VECTOR,
+                     ("x",)),
     "ELU": ([L("elu", lp.ELUConfig(alpha=0.7))], VECTOR, ("x",)),
     "Eltwise": ([L("a", "TanH", inputs=["data"], outputs=["a"]), L("b", "Sigmoid", inputs=["data"], outputs=["b"]),
                  L("sum", lp.EltwiseConfig(operation="sum", coeff=[0.5, -2.0]), inputs=["a", "b"], outputs=["s"]),
                  L("prod", lp.EltwiseConfig(operation="prod"), inputs=["s", "a"], outputs=["p"]),
                  L("max", lp.EltwiseConfig(operation="max"), inputs=["p", "b", "s"])], VECTOR, ("x",)),
+    "Eltwise_weight": ([L("shift", lp.EltwiseConfig(coeff=[1.0, -0.5], weight_shape=[3, 1, 1])),
+                        L("scale", lp.EltwiseConfig(operation="prod", weight_shape=[6]))], IMAGE, ("x",)),
     "Embedding": ([L("emb", lp.EmbeddingConfig(input_dim=7, output_dim=3))], [("ids", [2, 4])], ("ids",)),
     "Flatten": ([L("flat_rows", lp.FlattenConfig(axis=2)), L("flat", "Flatten")], IMAGE, ("x",)),
     "GELU": ([L("gelu", lp.GELUConfig()), L("gelu_tanh", lp.GELUConfig(approximate="tanh"))], VECTOR, ("x",)),
     "GRU": ([L("gru", lp.GRUConfig(hidden_size=5))], SEQUENCE, ("x",)),
+    "GRU_reset_first": ([L("gru", lp.GRUConfig(hidden_size=4, linear_before_reset=False))], SEQUENCE, ("x",)),
     "LRN": ([L("lrn", lp.LRNConfig(local_size=3, alpha=0.5, beta=0.6, k=1.5))], IMAGE, ("x",)),
     "LSTM": ([L("lstm", lp.LSTMConfig(hidden_size=5, return_sequences=False))], SEQUENCE, ("x",)),
+    "LSTM_cell_state": ([L("lstm", lp.LSTMConfig(hidden_size=5, return_cell_state=True), outputs=["h", "c"])],
+                        SEQUENCE, ("x",)),
+    "MatMul": ([L("by_weight", MatMulConfig(weight_shape=(3, 4)), outputs=["w"]),
+                L("t", TransposeConfig(perm=[0, 2, 1]), inputs=["data"], outputs=["t"]),
+                L("by_input", "MatMul", inputs=["t", "w"])], SEQUENCE, ("x",)),
+    "Transpose": ([L("t", TransposeConfig(perm=[0, 3, 1, 2]))], IMAGE, ("x",)),
     "LeakyReLU": ([L("leaky", lp.LeakyReLUConfig(negative_slope=0.2))], VECTOR, ("x",)),
     "Linear": ([L("fc_steps", lp.LinearConfig(output_size=3, axis=-1)), L("fc_flat", lp.LinearConfig(output_size=4))],
                SEQUENCE, ("x",)),
@@ -117,6 +130,7 @@ CASES: dict[str, tuple[list[lp.LayerConfig], list, tuple[str, ...]]] = {
     "RNN": ([L("rnn", lp.RNNConfig(hidden_size=5))], SEQUENCE, ("x",)),
     "ReLU": ([L("relu", "ReLU")], VECTOR, ("x",)),
     "Reshape": ([L("reshape", lp.ReshapeConfig(shape=[2, 6, -1]))], IMAGE, ("x",)),
+    "Reshape_whole_shape": ([L("reshape", lp.ReshapeConfig(shape=[-1, 9], whole_shape=True))], IMAGE, ("x",)),
     "SiLU": ([L("silu", "SiLU")], VECTOR, ("x",)),
     "Sigmoid": ([L("sigmoid", "Sigmoid")], VECTOR, ("x",)),
     "Slice": ([L("slice", lp.SliceConfig(axis=2, slice_points=[1, 4]), outputs=["p0", "p1", "p2"]),

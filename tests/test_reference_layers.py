@@ -181,3 +181,115 @@ def test_deconvolution_gradients_follow_new_inputs_in_the_same_buffers(native, f
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     layer.forward([xs[0]])
     np.testing.assert_allclose(layer.forward([xs[1]])[0].to_numpy(), y, rtol=1e-6, atol=1e-6)
+
+
+def _sigmoid(v):
+    return 1 / (1 + np.exp(-v))
+
+
+def test_gru_with_the_reset_gate_before_the_product_matches_its_formula(native64):
+    """GRU ``linear_before_reset: false`` (ONNX's default): n = tanh(x W_inᵀ + b_in + (r h) W_hnᵀ + b_hn), step by
+    step in float64 (its gradients: test_gradients.py), and not what PyTorch's form computes."""
+    from leafpy.layers.common.recurrent import GRUConfig
+
+    rng = np.random.default_rng(8)
+    hs = 3
+    layer = lp.Layer.from_config(native64, lp.LayerConfig("gru", GRUConfig(hidden_size=hs, linear_before_reset=False)),
+                                 seed=0)
+    x = rng.standard_normal((2, 4, 2))
+    layer.forward([x])  # the weights take their shapes from the first input
+    for t in layer.learnable_weights_data():
+        t.set(rng.normal(0, 0.5, t.shape))
+    w_ih, w_hh, b_ih, b_hh = (t.to_numpy() for t in layer.learnable_weights_data())
+
+    def reference(x):
+        h = np.zeros((x.shape[0], hs))
+        out = []
+        for step in range(x.shape[1]):
+            a = x[:, step] @ w_ih.T + b_ih
+            b = h @ w_hh.T + b_hh
+            r, z = _sigmoid(a[:, :hs] + b[:, :hs]), _sigmoid(a[:, hs:2 * hs] + b[:, hs:2 * hs])
+            n = np.tanh(a[:, 2 * hs:] + (r * h) @ w_hh[2 * hs:].T + b_hh[2 * hs:])
+            h = (1 - z) * n + z * h
+            out.append(h)
+        return np.stack(out, 1)
+
+    y = layer.forward([x])[0].to_numpy()
+    np.testing.assert_allclose(y, reference(x), rtol=1e-12, atol=1e-12)
+    pytorch_form = lp.Layer.from_config(native64, lp.LayerConfig("gru", GRUConfig(hidden_size=hs)), seed=0)
+    pytorch_form.forward([x])
+    pytorch_form.load_weights(dict(zip(pytorch_form.learnable_weights_names(), [w_ih, w_hh, b_ih, b_hh])))
+    pytorch_form.set_training(False)
+    assert np.abs(pytorch_form.forward([x])[0].to_numpy() - y).max() > 1e-3  # the two forms differ
+
+
+def test_lstm_last_cell_state_matches_its_formula(native64):
+    rng = np.random.default_rng(9)
+    hs = 2
+    cfg = lp.LSTMConfig(hidden_size=hs, return_cell_state=True)
+    layer = lp.Layer.from_config(native64, lp.LayerConfig("lstm", cfg), seed=0)
+    x = rng.standard_normal((3, 5, 2))
+    layer.forward([x])  # the weights take their shapes from the first input
+    w_ih, w_hh, b = (t.to_numpy() for t in layer.learnable_weights_data())
+    h = c = np.zeros((3, hs))
+    for step in range(5):
+        a = x[:, step] @ w_ih.T + h @ w_hh.T + b
+        i, f, g, o = (a[:, k * hs:(k + 1) * hs] for k in range(4))
+        c = _sigmoid(f) * c + _sigmoid(i) * np.tanh(g)
+        h = _sigmoid(o) * np.tanh(c)
+    y, cell = (o.to_numpy() for o in layer.forward([x]))
+    np.testing.assert_allclose(y[:, -1], h, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(cell, c, rtol=1e-12, atol=1e-12)
+
+
+def test_broadcast_eltwise_matmul_and_transpose_match_numpy(native64):
+    """Eltwise broadcasting (NumPy's rules) with a weight operand, MatMul over broadcast stacks, Transpose: outputs
+    as NumPy computes them; gradients summed over the axes an operand was repeated along."""
+    from leafpy.layers.common.matmul import MatMulConfig
+    from leafpy.layers.utility.transpose import TransposeConfig
+
+    rng = np.random.default_rng(10)
+    x, v, c = rng.standard_normal((2, 3, 4)), rng.standard_normal((3, 1)), rng.standard_normal((4,))
+    prod = lp.Layer.from_config(native64, lp.LayerConfig("p", lp.EltwiseConfig(operation="prod", weight_shape=[4])))
+    prod.forward([x, v])  # the weights take their shapes from the first input
+    prod.load_weights({"p/weight": c})
+    y = prod.forward([x, v])[0].to_numpy()
+    np.testing.assert_allclose(y, x * v * c, rtol=1e-12, atol=1e-12)
+    dy = rng.standard_normal(y.shape)
+    dx, dv = (g.to_numpy() for g in prod.backward([dy]))
+    np.testing.assert_allclose(dx, dy * v * c, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dv, (dy * x * c).sum(axis=(0, 2))[:, None], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(prod.learnable_weights_gradients()[0].to_numpy(), (dy * x * v).sum(axis=(0, 1)),
+                               rtol=1e-12, atol=1e-12)
+
+    a, b = rng.standard_normal((3, 1, 2, 4)), rng.standard_normal((2, 4, 5))
+    mm = lp.Layer.from_config(native64, lp.LayerConfig("mm", "MatMul"))
+    y = mm.forward([a, b])[0].to_numpy()
+    np.testing.assert_allclose(y, a @ b, rtol=1e-12, atol=1e-12)
+    dy = rng.standard_normal(y.shape)
+    da, db = (g.to_numpy() for g in mm.backward([dy]))
+    np.testing.assert_allclose(da, (dy @ np.swapaxes(b, -1, -2)).sum(axis=1, keepdims=True), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(db, (np.swapaxes(a, -1, -2) @ dy).sum(axis=0), rtol=1e-12, atol=1e-12)
+    held = lp.Layer.from_config(native64, lp.LayerConfig("mm", MatMulConfig(weight_shape=(2, 4, 5))))
+    held.forward([a])
+    held.load_weights({"mm/weight": b})
+    np.testing.assert_allclose(held.forward([a])[0].to_numpy(), a @ b, rtol=1e-12, atol=1e-12)
+
+    t = lp.Layer.from_config(native64, lp.LayerConfig("t", TransposeConfig(perm=[2, 0, 3, 1])))
+    y = t.forward([a])[0].to_numpy()
+    np.testing.assert_array_equal(y, a.transpose(2, 0, 3, 1))
+    dy = rng.standard_normal(y.shape)
+    np.testing.assert_array_equal(t.backward([dy])[0].to_numpy(), dy.transpose(1, 3, 0, 2))
+
+
+def test_dropout_mask_output_marks_the_kept_values(native64):
+    layer = lp.Layer.from_config(native64, lp.LayerConfig("d", lp.DropoutConfig(ratio=0.25, mask_output=True)),
+                                 seed=2)
+    x = np.random.default_rng(1).uniform(1, 2, (40, 30))
+    y, mask = (o.to_numpy() for o in layer.forward([x]))
+    assert set(np.unique(mask)) == {0.0, 1.0} and 0.2 < 1 - mask.mean() < 0.3
+    np.testing.assert_allclose(y, x * mask / 0.75, rtol=1e-12, atol=1e-12)
+    layer.set_training(False)
+    y, mask = (o.to_numpy() for o in layer.forward([x]))
+    np.testing.assert_array_equal(y, x)
+    assert (mask == 1).all()

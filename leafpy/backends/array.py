@@ -700,6 +700,18 @@ class ArrayBackend(Backend):
         else:
             p[...] = block
 
+    def permute(self, x, out, perm):
+        permute(self.xp, x, out, perm)
+
+    def broadcast(self, x, out):
+        broadcast(self.xp, x, out)
+
+    def reduce_to(self, x, out):
+        reduce_to(self.xp, x, out)
+
+    def matmul(self, a, trans_a, b, trans_b, out):
+        matmul(self.xp, a, b, out, trans_a, trans_b)
+
     @staticmethod
     def _block_of(part, whole, part_inner, whole_inner, offset) -> tuple | None:
         """The index of whole that copy_block's flattened block (``part_inner`` of every ``whole_inner`` elements,
@@ -994,19 +1006,25 @@ class ArrayBackend(Backend):
         self.xp.multiply(dh, 1.0 - ht * ht, out=dpre_t)
         dpre[:, t] = dpre_t
 
-    def gru_cell(self, pre, hw, bias_ih, bias_hh, hn, h, hprev, y, t, sequence):
+    def gru_cell(self, pre, hw, bias_ih, bias_hh, hn, h, hprev, y, t, sequence, w_hh=None):
         xp = self.xp
         hs = hn.shape[2]
         a = pre[:, t]
         a += bias_ih
         b = hn[:, t]
-        xp.add(hw[:, 2 * hs:], bias_hh[2 * hs:], out=b)
+        if w_hh is None:
+            xp.add(hw[:, 2 * hs:], bias_hh[2 * hs:], out=b)
         rz = a[:, :2 * hs]
         rz += hw[:, :2 * hs]
         rz += bias_hh[:2 * hs]
         self._sigmoid_in_place(rz)
         n = a[:, 2 * hs:]
-        n += a[:, :hs] * b
+        if w_hh is None:
+            n += a[:, :hs] * b
+        else:  # the reset gate before the product: b = r h_{t-1}
+            b[...] = a[:, :hs] * hprev[:, t] if t > 0 else 0
+            n += xp.matmul(b, w_hh[2 * hs:].T)
+            n += bias_hh[2 * hs:]
         xp.tanh(n, out=n)
         z = a[:, hs:2 * hs]
         xp.subtract(1.0, z, out=h)
@@ -1015,7 +1033,7 @@ class ArrayBackend(Backend):
             h += z * hprev[:, t]
         self._emit_hidden(h, hprev, y, t, sequence)
 
-    def gru_cell_grad(self, pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t, t, sequence):
+    def gru_cell_grad(self, pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t, t, sequence, w_hh=None):
         xp = self.xp
         hs = hn.shape[2]
         self._add_output_grad(dh, dy, t, pre.shape[1], sequence)
@@ -1027,12 +1045,21 @@ class ArrayBackend(Backend):
         da[:, 2 * hs:] *= 1.0 - n * n
         xp.multiply(dh, h_prev - n, out=da[:, hs:2 * hs])  # dz, then through the sigmoid
         da[:, hs:2 * hs] *= z * (1.0 - z)
-        xp.multiply(da[:, 2 * hs:], hn[:, t], out=da[:, :hs])  # dr, then through the sigmoid
+        if w_hh is None:
+            xp.multiply(da[:, 2 * hs:], hn[:, t], out=da[:, :hs])  # dr, then through the sigmoid
+        else:
+            q = xp.matmul(da[:, 2 * hs:], w_hh[2 * hs:])  # dL/d(r h_{t-1})
+            xp.multiply(q, h_prev, out=da[:, :hs])
         da[:, :hs] *= r * (1.0 - r)
         db[:, :2 * hs] = da[:, :2 * hs]
-        xp.multiply(da[:, 2 * hs:], r, out=db[:, 2 * hs:])
+        if w_hh is None:
+            xp.multiply(da[:, 2 * hs:], r, out=db[:, 2 * hs:])
+        else:
+            db[:, 2 * hs:] = 0
         dpre_h[:, t] = db
         dh *= z
+        if w_hh is not None:
+            dh += q * r
 
 
 # --- the negative log-likelihood, on NumPy or CuPy arrays (the webgpu backend runs it on host copies) ---------------
@@ -1086,3 +1113,24 @@ def nll_backward(xp: Any, labels: Any, dloss: Any, dx: Any, weight: Any = (),
             g = -w * (dloss.reshape(()).astype(acc) / _nll_scale(xp, w, reduction))
     d3[rows] = g.astype(dx.dtype)
 
+
+
+def permute(xp: Any, x: Any, out: Any, perm: tuple[int, ...]) -> None:
+    out[...] = xp.transpose(x, perm)
+
+
+def broadcast(xp: Any, x: Any, out: Any) -> None:
+    out[...] = xp.broadcast_to(x, out.shape)
+
+
+def reduce_to(xp: Any, x: Any, out: Any) -> None:
+    """The sum of ``x`` over the axes ``out`` (aligned at the last axis) is broadcast along."""
+    lead = x.ndim - out.ndim
+    axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(out.shape) if d == 1 and x.shape[lead + i] != 1)
+    out[...] = x.sum(axis=axes).reshape(out.shape) if axes else x
+
+
+def matmul(xp: Any, a: Any, b: Any, out: Any, trans_a: bool = False, trans_b: bool = False) -> None:
+    a2 = xp.swapaxes(a, -1, -2) if trans_a else a
+    b2 = xp.swapaxes(b, -1, -2) if trans_b else b
+    out[...] = xp.matmul(a2, b2)

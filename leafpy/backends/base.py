@@ -307,6 +307,25 @@ class Backend:
         ``whole[:, offset:offset + part_inner]`` (``into_whole``) or that block of ``whole`` into ``part``."""
         raise NotImplementedError
 
+    # --- axes: transposes, broadcasting, batched products (Transpose, Eltwise, MatMul) -------------------------
+    def permute(self, x: Buffer, out: Buffer, perm: tuple[int, ...]) -> None:
+        """``out = x`` with its axes taken in the order ``perm`` (NumPy's ``transpose``)."""
+        raise NotImplementedError
+
+    def broadcast(self, x: Buffer, out: Buffer) -> None:
+        """``out`` filled with ``x`` repeated along the axes where it has size 1 or none (NumPy's broadcasting:
+        shapes aligned at their last axes)."""
+        raise NotImplementedError
+
+    def reduce_to(self, x: Buffer, out: Buffer) -> None:
+        """``out`` = the sum of ``x`` over the axes :meth:`broadcast` repeats ``out`` along (its gradient)."""
+        raise NotImplementedError
+
+    def matmul(self, a: Buffer, trans_a: bool, b: Buffer, trans_b: bool, out: Buffer) -> None:
+        """``out = a @ b`` over stacks of matrices (NumPy's ``matmul`` of 2-D or more operands, the leading axes
+        broadcast), ``a`` and ``b`` first transposed in their last two axes where asked."""
+        raise NotImplementedError
+
     # --- local response normalisation (across channels) ------------------------------------------------------
     def lrn(self, x: Buffer, scale: Buffer, out: Buffer, size: int, alpha: float, beta: float, k: float) -> None:
         """Over [N, C, ...]: ``scale = k + alpha / size * sum of x**2 over the size channels centred on each
@@ -430,21 +449,24 @@ class Backend:
         raise NotImplementedError
 
     def gru_cell(self, pre: Buffer, hw: Buffer, bias_ih: Buffer, bias_hh: Buffer, hn: Buffer, h: Buffer,
-                 hprev: Buffer, y: Buffer, t: int, sequence: bool) -> None:
+                 hprev: Buffer, y: Buffer, t: int, sequence: bool, w_hh: Buffer | None = None) -> None:
         """Step t of a GRU (PyTorch's gates r, z, n). ``pre`` [N, T, 3H]: x_t W_ihᵀ in, the activated r, z, n out;
         ``hw`` [N, 3H]: h_{t-1} W_hhᵀ; with ``a = pre[:, t] + bias_ih`` and ``b = hw + bias_hh``: r, z =
         sigmoid(a + b) of their thirds, ``n = tanh(a_n + r b_n)``, ``h_t = (1 - z) n + z h_{t-1}`` (h_{t-1} read
         from ``hprev``, zero at step 0); ``hn`` [N, T, H]: b_n at step t (for the gradient); ``h``, ``hprev`` and
-        ``y`` as in :meth:`lstm_cell`."""
+        ``y`` as in :meth:`lstm_cell`. With ``w_hh`` [3H, H] given, the reset gate applies before the product
+        (ONNX's default linear_before_reset=0): ``n = tanh(a_n + (r h_{t-1}) W_hnᵀ + bias_hh_n)``, W_hn the last
+        H rows of ``w_hh`` (``hw``'s n third is not read), and ``hn`` holds ``r h_{t-1}``."""
         raise NotImplementedError
 
     def gru_cell_grad(self, pre: Buffer, hn: Buffer, hprev: Buffer, dh: Buffer, dy: Buffer, dpre: Buffer,
-                      dpre_h: Buffer, dpre_h_t: Buffer, t: int, sequence: bool) -> None:
+                      dpre_h: Buffer, dpre_h_t: Buffer, t: int, sequence: bool, w_hh: Buffer | None = None) -> None:
         """Gradient of step t of :meth:`gru_cell`, run from the last step down to 0: ``dh`` [N, H] holds dL/dh_t
         (from step t + 1; ``dy``'s share is added as in :meth:`lstm_cell_grad`) and gets its direct share of
         dL/dh_{t-1}, ``dh z`` (the caller adds the recurrent product's); the gradients of ``a`` (the input side)
         into ``dpre`` [N, T, 3H] at t, of ``b`` (the hidden side) into ``dpre_h`` [N, T, 3H] at t and
-        ``dpre_h_t`` [N, 3H]."""
+        ``dpre_h_t`` [N, 3H]. With ``w_hh`` (see :meth:`gru_cell`): the n third of ``dpre_h`` and ``dpre_h_t`` is
+        zero (W_hn's gradient is dpre's n third by ``hn``, the caller's), and ``dh`` gets ``dh z + r (dn W_hn)``."""
         raise NotImplementedError
 
     # --- optional hooks (defaults suit every backend) -------------------------------------------------------
@@ -507,6 +529,7 @@ WRITES: dict[str, Writes] = {
     "conv2d": ("out",), "conv2d_grad_data": ("dx",), "conv2d_grad_filter": ("dw",),
     "pool2d": ("out", "mask"), "pool2d_grad": ("dx",),
     "copy_block": lambda args: ("whole",) if args["into_whole"] else ("part",),
+    "permute": ("out",), "broadcast": ("out",), "reduce_to": ("out",), "matmul": ("out",),
     "lrn": ("scale", "out"), "lrn_grad": ("dx",),
     "dropout_mask": ("mask",),
     "clip_to_norm": ("x",),

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..layers import Layer
+from ..layers import Layer, LayerConfig
 from ._proto import require_onnx
 from .importer import GATES_TO_ONNX, reorder_gates
 
@@ -233,19 +233,37 @@ def _silu(e: Emitter, layer: Layer, ins: list[str], outs: list[str]) -> None:
 
 @emits("Reshape")
 def _reshape(e: Emitter, layer: Layer, ins: list[str], outs: list[str]) -> None:
-    shape = [0, *layer.config.config.shape[1:]]  # 0: the batch entry is the input's, whatever the batch
+    c = layer.config.config
+    shape = list(c.shape) if c.whole_shape else [0, *c.shape[1:]]  # 0: the batch entry is the input's
     e.node("Reshape", [ins[0], e.const(f"{layer.name}/shape", shape, np.int64)], outs, name=layer.name)
 
 
 @emits("Dropout")
 def _dropout(e: Emitter, layer: Layer, ins: list[str], outs: list[str]) -> None:
     ratio = e.const(f"{layer.name}/ratio", np.float32(layer.config.config.ratio))
-    e.node("Dropout", [ins[0], ratio], outs, name=layer.name)
+    if len(outs) == 1:
+        e.node("Dropout", [ins[0], ratio], outs, name=layer.name)
+        return
+    mask = e.fresh(f"{layer.name}:mask")  # ONNX's mask is boolean, leafpy's 1 and 0
+    e.node("Dropout", [ins[0], ratio], [outs[0], mask], name=layer.name)
+    e.node("Cast", [mask], outs[1:], name=f"{layer.name}/mask", to=e.onnx.TensorProto.FLOAT)
+
+
+@emits("Transpose")
+def _transpose(e: Emitter, layer: Layer, ins: list[str], outs: list[str]) -> None:
+    e.node("Transpose", ins, outs, name=layer.name, perm=list(layer.config.config.perm))
+
+
+@emits("MatMul")
+def _matmul(e: Emitter, layer: Layer, ins: list[str], outs: list[str]) -> None:
+    e.node("MatMul", _with_weights(e, layer, ins[0]) if len(ins) == 1 else ins, outs, name=layer.name)
 
 
 @emits("Eltwise")
 def _eltwise(e: Emitter, layer: Layer, ins: list[str], outs: list[str]) -> None:
     c, n = layer.config.config, layer.name
+    if c.weight_shape:  # the weight operand, after the inputs
+        ins = [*ins, e.const(f"{n}/weight", weights_of(layer)["weight"])]
     if c.operation == "prod":
         acc = ins[0]
         for i, x in enumerate(ins[1:], 1):
@@ -301,9 +319,12 @@ def _recurrent(e: Emitter, layer: Layer, ins: list[str], outs: list[str]) -> Non
             e.const(f"{n}/W", w_ih[None]), e.const(f"{n}/R", w_hh[None]), e.const(f"{n}/B", b[None])]
     attrs: dict[str, Any] = dict(hidden_size=c.hidden_size)
     if kind == "GRU":
-        attrs["linear_before_reset"] = 1
-    y, y_h = e.fresh(f"{n}:Y"), e.fresh(f"{n}:Y_h")
-    e.node(kind, args, [y, y_h], name=n, **attrs)
+        attrs["linear_before_reset"] = int(c.linear_before_reset)
+    y, y_h, y_c = e.fresh(f"{n}:Y"), e.fresh(f"{n}:Y_h"), e.fresh(f"{n}:Y_c")
+    e.node(kind, args, [y, y_h, y_c][:3 if len(outs) > 1 else 2], name=n, **attrs)
+    if len(outs) > 1:  # the last cell state Y_c [1, N, H] -> [N, H]
+        e.node("Squeeze", [y_c, e.const(f"{n}/cell_axes", [0], np.int64)], outs[1:], name=f"{n}/cell")
+        outs = outs[:1]
     axes = e.const(f"{n}/axes", [0 if not c.return_sequences else 1], np.int64)
     if not c.return_sequences:  # Y_h [1, N, H] -> [N, H]
         e.node("Squeeze", [y_h, axes], outs, name=f"{n}/last")
@@ -373,6 +394,17 @@ def _emit_container(e: Emitter, seq: Any, ins: list[str], outs: list[str]) -> No
         emit_layer(e, child, [names[b] for b in step.inputs], [names[b] for b in step.outputs])
 
 
+def _fixes_first_axis(config: LayerConfig) -> bool:
+    """Whether a layer of ``config`` (a container: any of its layers) moves the first axis or fixes its size (a
+    Transpose of axis 0, a Reshape of the whole shape not inferring its first entry): then the first axis is no
+    batch, and the exported inputs keep its size."""
+    c = config.config
+    if config.type == "Sequential":
+        return any(_fixes_first_axis(lc) for lc in c.layers)
+    return (config.type == "Transpose" and c.perm[0] != 0) or (config.type == "Reshape" and c.whole_shape
+                                                                and c.shape[0] != -1)
+
+
 def to_model(layer: Layer, opset: int = 17) -> Any:
     """``layer`` as an onnx.ModelProto at ``opset``, checked by onnx's checker."""
     onnx = require_onnx()
@@ -393,8 +425,9 @@ def to_model(layer: Layer, opset: int = 17) -> Any:
     emit_layer(e, layer, in_names, out_names)
     h = onnx.helper
     float_t = onnx.TensorProto.FLOAT
-    inputs = [h.make_tensor_value_info(n, float_t, ["N", *s[1:]]) for n, s in zip(in_names, in_shapes)]
-    batch = in_shapes[0][0] if in_shapes and in_shapes[0] else None
+    open_batch = "N" if not _fixes_first_axis(layer.config) else None
+    inputs = [h.make_tensor_value_info(n, float_t, [open_batch or s[0], *s[1:]]) for n, s in zip(in_names, in_shapes)]
+    batch = in_shapes[0][0] if in_shapes and in_shapes[0] and open_batch else None
     outputs = [h.make_tensor_value_info(n, float_t, ["N" if i == 0 and d == batch else d
                                                      for i, d in enumerate(t.shape)])
                for n, t in zip(out_names, layer.outputs)]

@@ -50,8 +50,10 @@ from ..layers import (
     SoftplusConfig,
 )
 from ..layers.activation.clip import F32_MAX
+from ..layers.common.matmul import MatMulConfig
 from ..layers.layer_config import lookup
 from ..layers.loss.negative_log_likelihood import REDUCTIONS, SoftmaxCrossEntropyConfig
+from ..layers.utility.transpose import TransposeConfig
 from ._proto import opset_of, require_onnx, to_array
 
 Converter = Callable[["Graph", "Node"], None]
@@ -166,13 +168,27 @@ class Graph:
             self.shapes[name] = self.input_shapes[name]
             return name
         if name in self.time_major:
-            raise ConfigError(f"{node.where}: input {k} ({name!r}) is a recurrent layer's value in ONNX's time-major "
-                              "layout 0; leafpy reads it only through the Squeeze and Transpose that bring it back to "
-                              "batch-first [N, T, H] (or [N, H])")
+            return self._time_major_blob(node, name)
         if name in self.constants:
             raise ConfigError(f"{node.where}: input {k} ({name!r}) is a constant; leafpy computes this operator on "
                               "computed tensors (a constant operand here needs broadcasting, not supported yet)")
         raise ConfigError(f"{node.where}: input {k} ({name!r}) is not produced by any earlier node or graph input")
+
+    def _time_major_blob(self, node: Node, name: str) -> str:
+        """A value held time-major (see ``time_major``) as a blob of its ONNX shape, through a Transpose layer:
+        "x" and "steps" [T, N, ...], "Y" [T, 1, N, H], "Y_h" [1, N, H]."""
+        blob, kind = self.time_major[name]
+        shape = self.shapes[blob]
+        if kind == "Y_h":
+            self.add(node, ReshapeConfig(shape=(shape[0], 1, shape[1])), [blob], [name + ":directions"],
+                     suffix="_directions")
+            blob = name + ":directions"
+        steps = name + ":steps" if kind == "Y" else name
+        self.add(node, TransposeConfig(perm=(1, 0, 2)), [blob], [steps], suffix="_time_major")
+        if kind == "Y":
+            t, n, h = self.shapes[steps]
+            self.add(node, ReshapeConfig(shape=(t, 1, n, h)), [steps], [name], suffix="_directions")
+        return name
 
     def const(self, node: Node, k: int, what: str) -> np.ndarray | None:
         """Input ``k`` of ``node`` as a constant (None where the optional input is absent)."""
@@ -379,14 +395,47 @@ def _pool(g: Graph, n: Node, mode: str) -> None:
         raise ConfigError(f"{n.where}: the Indices output is not supported; leafpy's Pooling gives the pooled values")
     kernel = tuple(n.attr("kernel_shape"))
     strides = tuple(n.attr("strides", [1] * len(kernel)))
-    n.require("dilations", _ones, "dilations of 1 (dilated pooling is not supported yet)")
     n.require("storage_order", lambda v: v == 0, "storage_order=0 (row-major)", 0)
     begin, end = _pads(n, shape, kernel, strides)
+    if not _ones(n.attr("dilations")):
+        _dilated_pool(g, n, mode, x, shape, kernel, strides, begin + end)
+        return
     if any(p >= k for p, k in zip(begin + end, kernel + kernel)):
         raise n.refuse("pads", list(begin + end), "padding smaller than the kernel")
     cfg = _config(n, PoolingConfig, mode=mode, filter_shape=kernel, stride=strides, padding=begin, pad_end=end,
                   ceil_mode=bool(n.attr("ceil_mode", 0)), count_include_pad=bool(n.attr("count_include_pad", 0)))
     _add_window(g, n, cfg, x)
+
+
+def _dilated_pool(g: Graph, n: Node, mode: str, x: str, shape: tuple[int, ...], kernel: tuple[int, ...],
+                  strides: tuple[int, ...], pads: tuple[int, ...]) -> None:
+    """Dilated pooling with stride 1 and no padding, as its window's positions: one Slice per position (the input
+    shifted by it), combined by an Eltwise max, or a sum weighted 1 / (positions) for average pooling."""
+    dilations = tuple(n.attr("dilations"))
+    if not _ones(strides) or any(pads):
+        raise n.refuse("dilations", list(dilations), "dilations of 1, or dilated pooling with strides of 1 and no "
+                       "padding")
+    size = [d - (k - 1) * r for d, k, r in zip(shape[2:], kernel, dilations)]
+    if min(size) < 1:
+        raise n.refuse("dilations", list(dilations), f"a dilated window inside the input (shape {shape})")
+    pieces = []
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            rows, piece = f"{n.outputs[0]}:rows{i}_{j}", f"{n.outputs[0]}:window{i}_{j}"
+            _cut(g, n, x, 2, i * dilations[0], i * dilations[0] + size[0], rows)
+            _cut(g, n, g.resolve(rows), 3, j * dilations[1], j * dilations[1] + size[1], piece)
+            pieces.append(g.resolve(piece))
+    out = f"{n.outputs[0]}:image_out" if n.lifted else n.outputs[0]
+    if len(pieces) == 1:
+        g.alias[out] = pieces[0]
+    else:
+        average = (1.0 / len(pieces),) * len(pieces)
+        cfg = EltwiseConfig(operation="max") if mode == "max" else EltwiseConfig(coeff=average)
+        g.add(n, cfg, pieces, [out], suffix="_window")
+    if n.lifted:
+        image = g.shape(g.resolve(out))
+        g.add(n, ReshapeConfig(shape=(image[0], image[1], image[3])), [g.resolve(out)], [n.outputs[0]],
+              suffix="_as_1d")
 
 
 @op("MaxPool", attributes=("kernel_shape", "strides", "pads", "auto_pad", "ceil_mode", "dilations", "storage_order"))
@@ -409,36 +458,85 @@ def global_pool(g: Graph, n: Node) -> None:
 
 @op("Gemm", attributes=("alpha", "beta", "transA", "transB"))
 def gemm(g: Graph, n: Node) -> None:
+    """A Linear layer (after a Transpose where transA=1); a bias C of other shapes than one per output added by an
+    Eltwise layer holding it (broadcast)."""
     a = g.blob(n, 0)
-    n.require("transA", lambda v: v == 0, "transA=0 (the data as rows [N, K])", 0)
+    if len(g.shape(a)) != 2:
+        raise ConfigError(f"{n.where}: input A of shape {g.shape(a)}: Gemm takes a matrix [N, K]")
+    if n.require("transA", lambda v: v in (0, 1), "transA 0 or 1", 0):
+        rows = f"{n.outputs[0]}:a"
+        g.add(n, TransposeConfig(perm=(1, 0)), [a], [rows], suffix="_transA")
+        a = rows
     b = g.const(n, 1, "weight matrix")
     assert b is not None
     w = (b if n.attr("transB", 0) else b.T) * float(n.attr("alpha", 1.0))
     c = g.const(n, 2, "bias")
+    beta = float(n.attr("beta", 1.0))
     weights = {"weight": w}
-    if c is not None:
-        if c.size not in (1, w.shape[0]) or (c.ndim == 2 and c.shape[0] != 1):
-            raise ConfigError(f"{n.where}: bias C of shape {c.shape}: leafpy's Linear adds one bias per output "
-                              f"(shape [{w.shape[0]}] or [1, {w.shape[0]}])")
-        weights["bias"] = np.broadcast_to(c.reshape(-1), (w.shape[0],)) * float(n.attr("beta", 1.0))
-    if len(g.shape(a)) != 2:
-        raise ConfigError(f"{n.where}: input A of shape {g.shape(a)}: Gemm takes a matrix [N, K]")
-    g.add(n, LinearConfig(output_size=w.shape[0], bias=c is not None), [a], [n.outputs[0]], weights=weights)
+    if c is None:
+        g.add(n, LinearConfig(output_size=w.shape[0], bias=False), [a], [n.outputs[0]], weights=weights)
+        return
+    if c.size in (1, w.shape[0]) and (c.ndim < 2 or c.shape[0] == 1):  # one bias per output
+        weights["bias"] = np.broadcast_to(c.reshape(-1), (w.shape[0],)) * beta
+        g.add(n, LinearConfig(output_size=w.shape[0]), [a], [n.outputs[0]], weights=weights)
+        return
+    product = f"{n.outputs[0]}:product"
+    g.add(n, LinearConfig(output_size=w.shape[0], bias=False), [a], [product], weights=weights)
+    _with_constant(g, n, "sum", [product], np.asarray(c * beta), n.outputs[0])
+
+
+def _with_constant(g: Graph, n: Node, operation: str, blobs: list[str], value: np.ndarray, out: str,
+                   coeff: tuple[float, ...] = ()) -> None:
+    """An Eltwise layer combining ``blobs`` and the constant ``value`` (its weight, broadcast)."""
+    value = np.asarray(value, np.float32)
+    shape = value.shape or (1,)
+    cfg = _config(n, EltwiseConfig, operation=operation, coeff=coeff, weight_shape=shape)
+    g.add(n, cfg, blobs, [out], weights={"weight": value.reshape(shape)}, suffix="_constant" * (out != n.outputs[0]))
+
+
+def _matrix(g: Graph, n: Node, x: str, shape: tuple[int, ...], out: str) -> str:
+    """A 1-D operand as a matrix [1, K] (``whole_shape``: its one axis is no batch)."""
+    g.add(n, ReshapeConfig(shape=shape, whole_shape=True), [x], [out], suffix="_matrix")
+    return out
 
 
 @op("MatMul")
 def matmul(g: Graph, n: Node) -> None:
+    """A constant matrix B [K, M] on A [N, ..., K]: a Linear layer; otherwise a MatMul layer (B the second input,
+    or its weight where constant; 1-D operands made matrices and the added axis taken away again)."""
     a = g.blob(n, 0)
-    b = g.const(n, 1, "weight matrix")
-    assert b is not None
-    if b.ndim != 2:
-        raise ConfigError(f"{n.where}: B of shape {b.shape}: leafpy multiplies by one constant matrix [K, M] "
-                          "(a Linear layer); batched or computed right-hand sides are not supported")
+    name_b = g.resolve(n.inputs[1])
+    b = g.constants.get(name_b)
     rank = len(g.shape(a))
-    if rank < 2:
-        raise ConfigError(f"{n.where}: A of shape {g.shape(a)}: expected [N, ..., K]")
-    cfg = LinearConfig(output_size=b.shape[1], bias=False, axis=1 if rank == 2 else -1)
-    g.add(n, cfg, [a], [n.outputs[0]], weights={"weight": b.T})
+    if b is not None and b.ndim == 2 and rank >= 2:
+        linear = LinearConfig(output_size=b.shape[1], bias=False, axis=1 if rank == 2 else -1)
+        g.add(n, linear, [a], [n.outputs[0]], weights={"weight": b.T})
+        return
+    a_shape = g.shape(a)
+    if rank == 1:
+        a = _matrix(g, n, a, (1, a_shape[0]), f"{n.outputs[0]}:a")
+    inputs, weights = [a], {}
+    if b is not None:
+        b_shape = b.shape
+        b = b.reshape(b.shape[0], 1) if b.ndim == 1 else b
+        weights = {"weight": b}
+        cfg = MatMulConfig(weight_shape=b.shape)
+    else:
+        bb = g.blob(n, 1)
+        b_shape = g.shape(bb)
+        inputs.append(bb if len(b_shape) > 1 else _matrix(g, n, bb, (b_shape[0], 1), f"{n.outputs[0]}:b"))
+        cfg = MatMulConfig()
+    drop = [k for k, r in ((-2, rank), (-1, len(b_shape))) if r == 1]
+    product = n.outputs[0] if not drop else f"{n.outputs[0]}:product"
+    try:
+        g.add(n, cfg, inputs, [product], weights=weights)
+    except ConfigError as e:
+        raise ConfigError(f"{e} (A of shape {a_shape}, B of shape {b_shape})") from None
+    if drop:
+        shape = g.shape(product)
+        out = [d for k, d in enumerate(shape) if k - len(shape) not in drop] or [1]
+        keep = len(out) == len(shape) - len(drop) and out[0] == shape[0] and len(out) > 1
+        g.add(n, ReshapeConfig(shape=tuple(out), whole_shape=not keep), [product], [n.outputs[0]], suffix="_vector")
 
 
 @op("BatchNormalization", attributes=("epsilon", "momentum", "training_mode", "spatial"))
@@ -533,10 +631,15 @@ def reshape(g: Graph, n: Node) -> None:
     out = _onnx_reshape(shape, target.astype(np.int64).tolist(), n.attr("allowzero", 0))
     if math.prod(out) != math.prod(shape) or not out:
         raise ConfigError(f"{n.where}: cannot reshape {shape} ({math.prod(shape)} values) to {target.tolist()}")
-    if out[0] != shape[0]:
-        raise ConfigError(f"{n.where}: reshaping {shape} to {target.tolist()} gives {out}, which changes the batch "
-                          "axis (the first); leafpy's Reshape keeps the batch (reshaping across it is not supported)")
-    g.add(n, ReshapeConfig(shape=tuple(out)), [x], [n.outputs[0]])
+    if 0 in out:
+        raise ConfigError(f"{n.where}: reshaping {shape} to {target.tolist()} gives {out}: leafpy's tensors have no "
+                          "empty axes")
+    # the batch kept where it stays first; else the whole shape (the first axis of this graph is no batch, or the
+    # network then runs at this batch size only)
+    whole = out[0] != shape[0]
+    if whole:  # an inferred entry stays inferred, so the network takes other sizes of the first axis
+        out = [-1 if t == -1 else d for t, d in zip(target.tolist(), out)]
+    g.add(n, ReshapeConfig(shape=tuple(out), whole_shape=whole), [x], [n.outputs[0]])
 
 
 @op("Flatten", attributes=("axis",))
@@ -547,15 +650,14 @@ def flatten(g: Graph, n: Node) -> None:
 @op("Dropout", attributes=("ratio", "seed", "is_test"))
 def dropout(g: Graph, n: Node) -> None:
     x = g.blob(n, 0)
-    if len(n.used_outputs(g)) > 1:
-        raise ConfigError(f"{n.where}: the mask output is not supported; leafpy's Dropout keeps its mask inside")
     training = g.const(n, 2, "training_mode")
-    if training is not None and bool(training):
-        raise ConfigError(f"{n.where}: training_mode=True is not supported at import: leafpy's Dropout draws its "
-                          "own masks when the network trains (set_training(True))")
     given = g.const(n, 1, "ratio")
     ratio = float(given) if given is not None else float(n.attr("ratio", 0.5))
-    g.add(n, DropoutConfig(ratio=ratio), [x], [n.outputs[0]])
+    if training is not None and bool(training) and ratio != 0.0:
+        raise ConfigError(f"{n.where}: training_mode=True is not supported at import: leafpy's Dropout draws its "
+                          "own masks when the network trains (set_training(True)); ratio 0 is the identity")
+    mask = 1 in n.used_outputs(g)
+    g.add(n, DropoutConfig(ratio=ratio, mask_output=mask), [x], n.outputs[:1 + mask])
 
 
 @op("Identity", "Cast", attributes=("to", "saturate", "round_mode"))
@@ -568,13 +670,6 @@ def identity(g: Graph, n: Node) -> None:
     else:
         g.blob(n, 0)
     g.alias[n.outputs[0]] = name
-
-
-def _same_shapes(g: Graph, n: Node, blobs: list[str]) -> None:
-    shapes = [g.shape(b) for b in blobs]
-    if any(s != shapes[0] for s in shapes):
-        raise ConfigError(f"{n.where}: inputs of shapes {shapes}: leafpy's Eltwise combines inputs of one shape "
-                          "(broadcasting is not supported yet)")
 
 
 def _bias_of_linear(g: Graph, n: Node) -> bool:
@@ -602,17 +697,42 @@ def _bias_of_linear(g: Graph, n: Node) -> bool:
     return True
 
 
+def _is_operand_constant(g: Graph, n: Node, k: int, first: str | None) -> bool:
+    """Whether input ``k`` of an elementwise node is held as the Eltwise layer's weight: a constant of the model,
+    or a value given at run time (a node test's input) that cannot be a network input beside ``first`` (another
+    rank or first axis)."""
+    name = g.resolve(n.inputs[k])
+    if name not in g.constants:
+        return False
+    if name not in g.feeds:
+        return True
+    shape = g.input_shapes[name]
+    return first is None or len(shape) != len(g.shape(first)) or shape[0] != g.shape(first)[0]
+
+
 @op("Add", "Sum", "Mul", "Max", "Sub")
 def eltwise(g: Graph, n: Node) -> None:
+    """An Eltwise layer (inputs broadcast as NumPy does); one constant operand becomes the layer's weight."""
     if _bias_of_linear(g, n):
         return
-    blobs = [g.blob(n, k) for k in range(len(n.inputs))]
-    if len(blobs) == 1:
+    order = sorted(range(len(n.inputs)), key=lambda k: g.resolve(n.inputs[k]) in g.constants
+                   and g.resolve(n.inputs[k]) not in g.feeds)
+    first = g.blob(n, order[0])
+    held = [k for k in order[1:] if _is_operand_constant(g, n, k, first)]
+    computed = [order[0]] + [k for k in order[1:] if k not in held]
+    if len(held) > 1:
+        raise ConfigError(f"{n.where}: {len(held)} constant operands ({[n.inputs[k] for k in held]}): leafpy's "
+                          "Eltwise holds one constant (its weight); fold the constants into one")
+    blobs = [first] + [g.blob(n, k) for k in computed[1:]]
+    if len(blobs) == 1 and not held:
         g.alias[n.outputs[0]] = blobs[0]
         return
-    _same_shapes(g, n, blobs)
     operation = {"Add": "sum", "Sum": "sum", "Sub": "sum", "Mul": "prod", "Max": "max"}[n.op]
-    coeff = (1.0, -1.0) if n.op == "Sub" else ()
+    signs = (1.0, -1.0) if n.op == "Sub" else ()
+    coeff = tuple(signs[k] for k in computed + held) if signs else ()
+    if held:
+        _with_constant(g, n, operation, blobs, g.constants[g.resolve(n.inputs[held[0]])], n.outputs[0], coeff)
+        return
     g.add(n, EltwiseConfig(operation=operation, coeff=coeff), blobs, [n.outputs[0]])
 
 
@@ -715,18 +835,34 @@ def _pick(g: Graph, n: Node) -> bool:
 
 @op("Gather", attributes=("axis",))
 def gather(g: Graph, n: Node) -> None:
+    """Indices (computed) into a constant table: an Embedding over the table seen as rows of its ``axis``, and a
+    Reshape (and a Transpose, for an axis after the first) giving ONNX's output shape."""
     if _pick(g, n):
         return
-    n.require("axis", lambda v: v == 0, "axis=0 (rows of a constant table: an Embedding), or one constant index of "
-              "an axis after the batch", 0)
     table = g.const(n, 0, "table")
     assert table is not None
-    if table.ndim != 2:
-        raise ConfigError(f"{n.where}: a table of shape {table.shape}: leafpy's Embedding looks rows up in a 2-D "
-                          "table")
+    axis = n.require("axis", lambda v: -table.ndim <= v < table.ndim, f"an axis of the table (shape {table.shape})",
+                     0) % table.ndim
+    rows = np.moveaxis(table, axis, 0)
     ids = g.blob(n, 1)
-    cfg = EmbeddingConfig(input_dim=table.shape[0], output_dim=table.shape[1])
-    g.add(n, cfg, [ids], [n.outputs[0]], weights={"weight": table})
+    index_shape = g.shape(ids)
+    if g.resolve(n.inputs[1]) in g.feeds and (g.constants[g.resolve(n.inputs[1])] < 0).any():
+        raise ConfigError(f"{n.where}: negative indices: leafpy's Embedding takes indices from 0 to "
+                          f"{rows.shape[0] - 1}")
+    cfg = EmbeddingConfig(input_dim=rows.shape[0], output_dim=math.prod(rows.shape[1:]))
+    looked = n.outputs[0] if rows.ndim == 2 and axis == 0 else f"{n.outputs[0]}:rows"
+    g.add(n, cfg, [ids], [looked], weights={"weight": rows.reshape(rows.shape[0], -1)})
+    if looked == n.outputs[0]:
+        return
+    shape = (*index_shape, *rows.shape[1:])  # the indices' axes, then the table's other axes in their order
+    if axis == 0:
+        g.add(n, ReshapeConfig(shape=shape, whole_shape=len(shape) == 1 or shape[0] != index_shape[0]),
+              [looked], [n.outputs[0]], suffix="_shape")
+        return
+    g.add(n, ReshapeConfig(shape=shape, whole_shape=True), [looked], [f"{looked}:shaped"], suffix="_shape")
+    k = len(index_shape)
+    perm = (*range(k, k + axis), *range(k), *range(k + axis, len(shape)))
+    g.add(n, TransposeConfig(perm=perm), [f"{looked}:shaped"], [n.outputs[0]], suffix="_axis")
 
 
 # gate blocks: ONNX's order -> leafpy's (LSTM iofc -> ifgo, GRU zrh -> rzn)
@@ -740,53 +876,121 @@ def reorder_gates(a: np.ndarray, order: list[int]) -> np.ndarray:
     return np.concatenate([blocks[i] for i in order])
 
 
-@op("LSTM", "GRU", "RNN", attributes=("hidden_size", "direction", "layout", "linear_before_reset", "activations",
-                                      "clip", "input_forget", "activation_alpha", "activation_beta"))
-def recurrent(g: Graph, n: Node) -> None:
-    layout = n.require("layout", lambda v: v == 1 or _time_major_input(g, n), "layout=1 (batch first), or layout 0 "
-                       "on a Transpose(perm=[1, 0, 2]) of a batch-first sequence, its Y or Y_h brought back by "
-                       "Squeeze (and Transpose)", 0)
-    n.require("direction", lambda v: v == "forward", "direction=forward (reverse and bidirectional are not "
-              "supported yet)", "forward")
+def _check_recurrent(g: Graph, n: Node) -> None:
+    """Refuse the settings leafpy's recurrent layers do not compute."""
+    n.require("direction", lambda v: v in ("forward", "reverse", "bidirectional"), "forward, reverse, bidirectional",
+              "forward")
     n.require("clip", lambda v: v is None, "no clip")
     n.require("input_forget", lambda v: v == 0, "input_forget=0", 0)
     defaults = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}[n.op]
     n.require("activations", lambda v: v is None or [a.decode() if isinstance(a, bytes) else a for a in v]
-              == defaults, f"the default activations {defaults}")
+              == defaults * (1 + (n.attr("direction") == "bidirectional")), f"the default activations {defaults}")
     if n.op == "GRU":
-        n.require("linear_before_reset", lambda v: v == 1, "linear_before_reset=1 (PyTorch's GRU; ONNX's default "
-                  "form is not supported yet)", 0)
+        n.require("linear_before_reset", lambda v: v in (0, 1), "linear_before_reset 0 (ONNX's default) or 1 "
+                  "(PyTorch's GRU)", 0)
     for k, what in ((4, "sequence_lens"), (5, "initial_h"), (6, "initial_c"), (7, "P (peepholes)")):
         if n.has_input(k) and not (k in (5, 6) and n.inputs[k] in g.constants and not g.constants[n.inputs[k]].any()):
             raise ConfigError(f"{n.where}: input {what} is not supported; leafpy's recurrent layers run whole "
                               "sequences from a zero state")
-    used = n.used_outputs(g)
-    if len(used) != 1 or used[0] > 1:
-        raise ConfigError(f"{n.where}: outputs {[n.outputs[k] for k in used]}: leafpy's {n.op} gives either every "
-                          "step's output (Y) or the last (Y_h), one of them")
-    x = g.time_major[g.resolve(n.inputs[0])][0] if layout == 0 else g.blob(n, 0)
+    if not n.used_outputs(g):
+        raise ConfigError(f"{n.where}: none of its outputs is read")
+
+
+def _direction_weights(g: Graph, n: Node, d: int) -> dict[str, np.ndarray]:
+    """Direction ``d``'s ONNX weights in leafpy's gate order and layout."""
     w, r, b = g.const(n, 1, "W"), g.const(n, 2, "R"), g.const(n, 3, "B")
-    assert w is not None and r is not None
-    hidden = int(n.attr("hidden_size", r.shape[-1]))
+    assert w is not None and r is not None  # inputs 1 and 2 are required: g.const raised otherwise
     order = GATES_FROM_ONNX[n.op]
-    w_ih, w_hh = reorder_gates(w[0], order), reorder_gates(r[0], order)
+    w_ih, w_hh = reorder_gates(w[d], order), reorder_gates(r[d], order)
     gh = w_ih.shape[0]
-    bias = np.zeros(2 * gh, np.float32) if b is None else b[0]
+    bias = np.zeros(2 * gh, np.float32) if b is None else b[d]
     b_ih, b_hh = reorder_gates(bias[:gh], order), reorder_gates(bias[gh:], order)
     weights = {"weight_ih": w_ih, "weight_hh": w_hh}
     if n.op == "GRU":
         weights.update(bias_ih=b_ih, bias_hh=b_hh)
     else:
         weights["bias"] = b_ih + b_hh
-    config_class = {"LSTM": LSTMConfig, "GRU": GRUConfig, "RNN": RNNConfig}[n.op]
-    cfg = config_class(hidden_size=hidden, return_sequences=used[0] == 0)
-    seq = f"{n.outputs[used[0]]}:{n.op}"
-    g.add(n, cfg, [x], [seq], weights=weights)
-    if layout == 0:  # read back through Squeeze (and Transpose): see squeeze() and transpose()
-        g.time_major[n.outputs[used[0]]] = (seq, "Y" if used[0] == 0 else "Y_h")
+    return weights
+
+
+def _reverse_time(g: Graph, n: Node, x: str, out: str) -> str:
+    """``x`` [N, T, ...] with its steps in reverse order (a Slice into steps, joined back to front)."""
+    steps = g.shape(x)[1]
+    if steps == 1:
+        return x
+    pieces = [f"{out}:step{t}" for t in range(steps)]
+    _slice_layer(g, n, x, 1, list(range(1, steps)), pieces)
+    g.add(n, ConcatConfig(axis=1), pieces[::-1], [out], suffix="_reversed")
+    return out
+
+
+def _join(g: Graph, n: Node, parts: list[str], axis: int, out: str) -> None:
+    """``parts`` each given a directions axis of size 1 at ``axis`` and joined along it as blob ``out``."""
+    shaped = []
+    for i, p in enumerate(parts):
+        shape = g.shape(p)
+        shaped.append(f"{out}:direction{i}")
+        g.add(n, ReshapeConfig(shape=(*shape[:axis], 1, *shape[axis:])), [p], [shaped[-1]], suffix=f"_direction{i}")
+    if len(shaped) == 1:
+        g.alias[out] = shaped[0]
         return
-    shape = g.shape(seq)  # [N, T, H] or [N, H]: ONNX's layout 1 has a directions axis before H
-    g.add(n, ReshapeConfig(shape=(*shape[:-1], 1, shape[-1])), [seq], [n.outputs[used[0]]], suffix="_directions")
+    g.add(n, ConcatConfig(axis=axis), shaped, [out], suffix="_directions")
+
+
+def _transposed(g: Graph, n: Node, x: str, perm: tuple[int, ...], out: str) -> None:
+    g.add(n, TransposeConfig(perm=perm), [x], [out], suffix="_layout0")
+
+
+@op("LSTM", "GRU", "RNN", attributes=("hidden_size", "direction", "layout", "linear_before_reset", "activations",
+                                      "clip", "input_forget", "activation_alpha", "activation_beta"))
+def recurrent(g: Graph, n: Node) -> None:
+    """One leafpy layer per direction over the batch-first sequence (a reverse direction reads and writes the steps
+    back to front); ONNX's layout 0 through Transpose layers, made only where needed: a Transpose of a batch-first
+    sequence in, outputs of one direction brought back by Squeeze (and Transpose), as exporters write them, need
+    none (see ``Graph.time_major``)."""
+    _check_recurrent(g, n)
+    layout = n.require("layout", lambda v: v in (0, 1), "layout 0 (time-major) or 1 (batch first)", 0)
+    direction = n.attr("direction", "forward")
+    used = n.used_outputs(g)
+    if layout == 0 and _time_major_input(g, n):
+        x = g.time_major[g.resolve(n.inputs[0])][0]
+    elif layout == 0:
+        x = f"{n.inputs[0]}:batch_first"
+        _transposed(g, n, g.blob(n, 0), (1, 0, 2), x)
+    else:
+        x = g.blob(n, 0)
+    hidden = int(n.attr("hidden_size", g.const(n, 2, "R").shape[-1]))  # type: ignore[union-attr]
+    config_class = {"LSTM": LSTMConfig, "GRU": GRUConfig, "RNN": RNNConfig}[n.op]
+    sequences = 0 in used
+    cell = 2 in used
+    outs: list[tuple[str, ...]] = []  # per direction: every step's h [N, T, H], the last h [N, H], the last c
+    for d, reverse in enumerate({"forward": [False], "reverse": [True], "bidirectional": [False, True]}[direction]):
+        tag = f"{n.outputs[used[0]]}:{n.op}{d}"
+        src = _reverse_time(g, n, x, f"{tag}:input") if reverse else x
+        more: dict[str, bool] = {"return_cell_state": True} if cell else {}
+        if n.op == "GRU":
+            more["linear_before_reset"] = bool(n.attr("linear_before_reset", 0))
+        g.add(n, config_class(hidden_size=hidden, return_sequences=sequences, **more), [src],
+              [tag, f"{tag}:c"][:1 + cell], weights=_direction_weights(g, n, d),
+              suffix=f"_{'reverse' if reverse else 'forward'}" * (d > 0))
+        if not sequences or 1 not in used:
+            seq = _reverse_time(g, n, tag, f"{tag}:forward_order") if reverse and sequences else tag
+            outs.append((seq, tag, f"{tag}:c"))
+            continue
+        steps = g.shape(tag)[1]
+        last = f"{tag}:last"
+        _cut(g, n, tag, 1, steps - 1, steps, f"{last}:step")
+        g.add(n, ReshapeConfig(shape=(g.shape(tag)[0], hidden)), [g.resolve(f"{last}:step")], [last], suffix="_last")
+        outs.append((_reverse_time(g, n, tag, f"{tag}:forward_order") if reverse else tag, last, f"{tag}:c"))
+    for k in used:
+        if layout == 0 and len(outs) == 1:  # read back through Squeeze (and Transpose): see squeeze(), transpose()
+            g.time_major[n.outputs[k]] = (outs[0][k], "Y" if k == 0 else "Y_h")
+            continue
+        axis = (2, 1, 1)[k]  # Y [N, T, D, H], Y_h and Y_c [N, D, H] in layout 1
+        target = n.outputs[k] if layout == 1 else f"{n.outputs[k]}:batch_first"
+        _join(g, n, [o[k] for o in outs], axis, target)
+        if layout == 0:  # Y [T, D, N, H], Y_h and Y_c [D, N, H]
+            _transposed(g, n, g.resolve(target), ((1, 2, 0, 3), (1, 0, 2), (1, 0, 2))[k], n.outputs[k])
 
 
 def _time_major_input(g: Graph, n: Node) -> bool:
@@ -802,26 +1006,29 @@ def _axes(g: Graph, n: Node) -> list[int] | None:
 
 @op("Transpose", attributes=("perm",))
 def transpose(g: Graph, n: Node) -> None:
-    """Only the swaps of batch and time around a layout-0 recurrent layer (leafpy keeps sequences batch-first)."""
+    """A Transpose layer; around a layout-0 recurrent layer none (leafpy keeps sequences batch-first), and a swap
+    of two neighbouring axes after the batch (a channel shuffle) as Slice, Reshape and Concat layers, which move
+    the values without the batch axis leaving its place."""
     name = g.resolve(n.inputs[0])
-    perm = list(n.attr("perm") or [])
     held = g.time_major.get(name)
+    x = name if held is not None else g.blob(n, 0)
+    shape = g.shapes.get(x) or g.shapes[held[0]]  # type: ignore[index]
+    perm = list(n.attr("perm") or reversed(range(len(shape))))
     if perm == [1, 0, 2] and held is not None and held[1] == "steps":
         g.alias[n.outputs[0]] = held[0]
         return
-    if perm == [1, 0, 2] and held is None and len(g.shape(g.blob(n, 0))) == 3:
+    if perm == [1, 0, 2] and held is None and len(shape) == 3:
         g.time_major[n.outputs[0]] = (name, "x")
         return
     x = g.blob(n, 0)
     shape = g.shape(x)
+    if sorted(perm) != list(range(len(shape))):
+        raise n.refuse("perm", perm, f"a permutation of the {len(shape)} axes of the input (shape {shape})")
     swapped = [k for k, p in enumerate(perm) if p != k]
-    if len(perm) == len(shape) and len(swapped) == 2 and swapped[0] >= 1 and swapped[1] == swapped[0] + 1 \
-            and perm[swapped[0]] == swapped[1]:
+    if len(swapped) == 2 and swapped[0] >= 1 and swapped[1] == swapped[0] + 1:
         _swap_axes(g, n, x, swapped[0])
         return
-    raise n.refuse("perm", perm, "[1, 0, 2] between a batch-first sequence and a layout-0 LSTM, GRU or RNN, or a "
-                   "swap of two neighbouring axes after the batch (a channel shuffle); other transposes are not "
-                   "supported yet")
+    g.add(n, TransposeConfig(perm=tuple(perm)), [x], [n.outputs[0]])
 
 
 def _swap_axes(g: Graph, n: Node, x: str, k: int) -> None:
@@ -843,7 +1050,7 @@ def _swap_axes(g: Graph, n: Node, x: str, k: int) -> None:
 
 @op("Squeeze", "Unsqueeze", attributes=("axes",))
 def squeeze(g: Graph, n: Node) -> None:
-    """A recurrent layer's time-major output brought back, or a Reshape that leaves the batch axis alone."""
+    """A recurrent layer's time-major output brought back, or a Reshape."""
     name = g.resolve(n.inputs[0])
     axes = _axes(g, n)
     held = g.time_major.get(name)
@@ -856,8 +1063,10 @@ def squeeze(g: Graph, n: Node) -> None:
             return
     x = g.blob(n, 0)
     shape = list(g.shape(x))
-    if axes is None or any(a % (len(shape) + (n.op == "Unsqueeze") * len(axes)) == 0 for a in axes):
-        raise n.refuse("axes", axes, "axes after the batch axis (0)")
+    if axes is None and n.op == "Squeeze":
+        axes = [i for i, d in enumerate(shape) if d == 1]
+    if axes is None:
+        raise n.refuse("axes", axes, "the axes to insert")
     if n.op == "Squeeze":
         rank = len(shape)
         out = [d for i, d in enumerate(shape) if i not in {a % rank for a in axes}]
@@ -866,9 +1075,12 @@ def squeeze(g: Graph, n: Node) -> None:
         out = shape[:]
         for a in sorted(a % rank for a in axes):
             out.insert(a, 1)
-    if math.prod(out) != math.prod(shape):
-        raise n.refuse("axes", axes, "axes of size 1")
-    g.add(n, ReshapeConfig(shape=tuple(out)), [x], [n.outputs[0]])
+    if math.prod(out) != math.prod(shape) or not out:
+        raise n.refuse("axes", axes, "axes of size 1, leaving one axis or more")
+    # the first axis as a batch where it stays first; else the whole shape (the network then runs at this batch
+    # size only, or the graph's first axis is no batch)
+    g.add(n, ReshapeConfig(shape=tuple(out), whole_shape=out[0] != shape[0] or 0 in [a % rank for a in axes]),
+          [x], [n.outputs[0]])
 
 
 def _loss_config(g: Graph, n: Node, config_class: type, scores: str, **more: Any) -> Any:
@@ -988,8 +1200,9 @@ def _fold(g: Graph, n: Node) -> bool:
     of a blob (whose shape is known: the batch as declared). True where it did."""
     names = [g.resolve(i) for i in n.inputs if i]
     held = g.time_major.get(names[0]) if names else None
-    if n.op == "Shape" and names and (names[0] in g.shapes or (held is not None and held[1] == "x")):
-        shape = np.array(g.shapes[names[0]] if held is None else np.array(g.shapes[held[0]])[[1, 0, 2]], np.int64)
+    known = {**g.input_shapes, **g.shapes}  # graph inputs not read yet included
+    if n.op == "Shape" and names and (names[0] in known or (held is not None and held[1] == "x")):
+        shape = np.array(known[names[0]] if held is None else np.array(known[held[0]])[[1, 0, 2]], np.int64)
         g.constants[n.outputs[0]] = shape[n.attr("start", 0):n.attr("end", len(shape))]
         return True
     if n.op not in FOLDED or not names or any(i not in g.constants or i in g.feeds for i in names):
@@ -1018,15 +1231,27 @@ def _fold(g: Graph, n: Node) -> bool:
 
 def _finish_outputs(g: Graph) -> None:
     """The Sequential's outputs are its last layer's: make them the graph's outputs, adding an identity layer
-    (Dropout with ratio 0) where the graph's one output is another blob."""
+    (Dropout with ratio 0) where the graph's one output is another blob, and where it has several that the last
+    layer does not give, a layer giving them all: their values side by side (each flattened; the batch kept where
+    they share it), cut apart again by a Slice (the ONNX backend reshapes each to its declared shape)."""
     wanted = [g.resolve(o.name) for o in g.model.graph.output]
     last = list(g.layers[-1].outputs) if g.layers else []
     if wanted == last:
         return
-    if len(wanted) != 1:
-        raise ConfigError(f"ONNX graph outputs {[o.name for o in g.model.graph.output]}: a leafpy network gives its "
-                          f"last layer's outputs ({last}); several outputs must come from the last node")
-    fake = Node(require_onnx().helper.make_node("Identity", [wanted[0]], [wanted[0] + ":out"],
-                                                name=f"{g.model.graph.output[0].name}_output"), 0)
-    src = g.blob(fake, 0)
-    g.add(fake, DropoutConfig(ratio=0.0), [src], [fake.outputs[0]])
+    onnx = require_onnx()
+    fake = Node(onnx.helper.make_node("Identity", wanted, [w + ":out" for w in wanted],
+                                      name=f"{g.model.graph.output[0].name}_output"), 0)
+    blobs = [g.blob(fake, k) for k in range(len(wanted))]
+    if len(wanted) == 1:
+        g.add(fake, DropoutConfig(ratio=0.0), blobs, fake.outputs)
+        return
+    batch = {g.shape(b)[0] for b in blobs}
+    rows = []
+    for k, b in enumerate(blobs):
+        rows.append(f"{b}:row")
+        flat = ReshapeConfig(shape=(g.shape(b)[0], -1)) if len(batch) == 1 else \
+            ReshapeConfig(shape=(1, -1), whole_shape=True)
+        g.add(fake, flat, [b], [rows[-1]], suffix=f"_flat{k}")
+    g.add(fake, ConcatConfig(axis=1), rows, [f"{fake.name}:all"], suffix="_all")
+    points = np.cumsum([g.shape(r)[1] for r in rows]).tolist()[:-1]
+    g.add(fake, SliceConfig(axis=1, slice_points=tuple(points)), [f"{fake.name}:all"], fake.outputs)

@@ -1074,13 +1074,24 @@ class CudaBackend(ArrayBackend):
         args, size = self._step_args(c, t, sequence)
         self._seq_kernels["lstm_cell_grad"](gates, c, dh, dy, *args, dc, dgates, dgates_t, size=size)
 
-    def gru_cell(self, pre, hw, bias_ih, bias_hh, hn, h, hprev, y, t, sequence):
+    def gru_cell(self, pre, hw, bias_ih, bias_hh, hn, h, hprev, y, t, sequence, w_hh=None):
+        if w_hh is not None:  # the reset gate before the product: CuPy array operations, float32 and float64
+            self._reset_first("gru_cell", pre)
+            return super().gru_cell(pre, hw, bias_ih, bias_hh, hn, h, hprev, y, t, sequence, w_hh)
         args, size = self._step_args(hn, t, sequence)
         self._seq_kernels["gru_cell"](hw, bias_ih, bias_hh, *args, pre, hn, h, hprev, y, size=size)
 
-    def gru_cell_grad(self, pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t, t, sequence):
+    def gru_cell_grad(self, pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t, t, sequence, w_hh=None):
+        if w_hh is not None:
+            self._reset_first("gru_cell_grad", pre)
+            return super().gru_cell_grad(pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t, t, sequence, w_hh)
         args, size = self._step_args(hn, t, sequence)
         self._seq_kernels["gru_cell_grad"](pre, hn, hprev, dy, *args, dh, dpre, dpre_h, dpre_h_t, size=size)
+
+    def _reset_first(self, name: str, a: Any) -> None:
+        if a.dtype not in (np.float32, np.float64):
+            raise BackendError(f"cuda {name}: a GRU with linear_before_reset false runs in float32 or float64, got "
+                               f"{a.dtype}; use precision fp32 (or linear_before_reset true, PyTorch's GRU)")
 
     def rnn_cell(self, pre, hw, bias, h, hprev, y, t, sequence):
         args, size = self._step_args(pre, t, sequence)

@@ -11,7 +11,16 @@ import numpy as np
 
 from ...errors import BackendError
 from .. import pointwise
-from ..array import DROPOUT_KEY_MULTIPLIER, dropout_threshold, nll_backward, nll_forward
+from ..array import (
+    DROPOUT_KEY_MULTIPLIER,
+    broadcast,
+    dropout_threshold,
+    matmul,
+    nll_backward,
+    nll_forward,
+    permute,
+    reduce_to,
+)
 from .buffers import WView
 from .encoder import _workgroup_each
 from .gemm import Gemm
@@ -152,6 +161,25 @@ class Elementwise(Gemm):
         fn(np, *host, result, *args)
         self.upload(result, out)
 
+    def _native_on_host(self, name: str, arguments: dict[str, Any]) -> None:
+        """Primitive ``name`` as the native backend computes it, on float32 host copies of its buffers, the operands
+        it writes (base.WRITES) uploaded back: a read-back per call, for what has no kernel here yet."""
+        from ..base import written
+        from ..native import NativeBackend
+
+        arguments = {k: v for k, v in arguments.items() if k not in ("self", "__class__")}
+        native = self.__dict__.setdefault("_host_native", NativeBackend())
+        host = {}
+        for k, v in arguments.items():
+            if isinstance(v, WView):
+                host[k] = np.empty(v.shape, np.float32)
+                self.download(v, host[k])
+            else:
+                host[k] = v
+        getattr(native, name)(**host)
+        for k in written(name, arguments):
+            self.upload(host[k], arguments[k])
+
     def mse(self, x, t, diff, out):
         self._elementwise("sub", x.size, [x, t, diff], ElementwiseParams)
         self._sum_parts("square_parts", [diff], diff.size, [1], out, alpha=1.0 / diff.size)
@@ -223,6 +251,19 @@ class Elementwise(Gemm):
     def copy_block(self, part, whole, part_inner, whole_inner, offset, into_whole):
         self._elementwise("block_into" if into_whole else "block_from", part.size, [part, whole],
                           ElementwiseParams, whole=(1,), part_inner=part_inner, whole_inner=whole_inner, column=offset)
+
+    # axes moved, broadcast and batched products: on the host (no kernels yet), as the loss options
+    def permute(self, x, out, perm):
+        self._on_host(permute, [x], out, perm)
+
+    def broadcast(self, x, out):
+        self._on_host(broadcast, [x], out)
+
+    def reduce_to(self, x, out):
+        self._on_host(reduce_to, [x], out)
+
+    def matmul(self, a, trans_a, b, trans_b, out):
+        self._on_host(matmul, [a, b], out, trans_a, trans_b)
 
     def lrn(self, x, scale, out, size, alpha, beta, k):
         c = x.shape[1]
@@ -366,13 +407,19 @@ class Elementwise(Gemm):
                            [steps * 4 * hs, steps * hs, hs, dy.size // n, hs, steps * 4 * hs, 4 * hs], product=2,
                            **_cell(steps, hs, t, sequence))
 
-    def gru_cell(self, pre, hw, bias_ih, bias_hh, hn, h, hprev, y, t, sequence):
+    def gru_cell(self, pre, hw, bias_ih, bias_hh, hn, h, hprev, y, t, sequence, w_hh=None):
+        if w_hh is not None:  # the reset gate before the product (linear_before_reset false): no kernel yet
+            self._native_on_host("gru_cell", locals())
+            return
         n, steps, hs = hn.shape
         self._seq_dispatch(SequenceParams, "gru_cell", n, hs, [pre, hw, bias_ih, bias_hh, hn, h, hprev, y],
                            [steps * 3 * hs, 3 * hs, None, None, steps * hs, hs, steps * hs, y.size // n],
                            **_cell(steps, hs, t, sequence))
 
-    def gru_cell_grad(self, pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t, t, sequence):
+    def gru_cell_grad(self, pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t, t, sequence, w_hh=None):
+        if w_hh is not None:
+            self._native_on_host("gru_cell_grad", locals())
+            return
         n, steps, hs = hn.shape
         self._seq_dispatch(SequenceParams, "gru_cell_grad", n, hs, [pre, hn, hprev, dh, dy, dpre, dpre_h, dpre_h_t],
                            [steps * 3 * hs, steps * hs, steps * hs, hs, dy.size // n, steps * 3 * hs,
@@ -389,3 +436,4 @@ class Elementwise(Gemm):
         self._seq_dispatch(SequenceParams, "rnn_cell_grad", n, hs, [pre, dh, dy, dpre, dpre_t],
                            [steps * hs, hs, dy.size // n, steps * hs, hs], product=1,
                            **_cell(steps, hs, t, sequence))
+

@@ -1,5 +1,6 @@
 """Dropout: in training mode each element is zeroed with probability ``ratio`` and the rest scaled by
-1 / (1 - ratio) (inverted dropout), so inference mode is the identity."""
+1 / (1 - ratio) (inverted dropout), so inference mode is the identity. ``mask_output``: a second output, 1 where
+the value was kept and 0 where it was dropped (ONNX's mask; all 1 in inference); it takes no gradient."""
 
 from __future__ import annotations
 
@@ -15,8 +16,12 @@ from ..layer import Worker, register_layer
 @dataclass(frozen=True, kw_only=True)
 class DropoutConfig:
     ratio: float = 0.5
+    mask_output: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.mask_output, bool):
+            raise _checks.ConfigError(f"DropoutConfig.mask_output: expected true (a second output, the mask) or "
+                                      f"false, got {self.mask_output!r}")
         object.__setattr__(self, "ratio", _checks.number("DropoutConfig.ratio", self.ratio, minimum=0.0,
                                                          maximum=1.0, max_open=True))
 
@@ -30,6 +35,7 @@ class Dropout(Worker):
 
     def __init__(self, config: DropoutConfig, layer_name: str) -> None:
         super().__init__(config, layer_name)
+        self.num_outputs = 2 if config.mask_output else 1
         self.mask = None
         self.draw = None  # one uint32: the seed of this step's mask
         self.calls = 0
@@ -66,8 +72,16 @@ class Dropout(Worker):
             self._drawn = False
             backend.dropout_mask(self.mask, self.config.ratio, self.draw)
             backend.mul(x[0], self.mask, y[0])
+            if len(y) > 1:
+                backend.copy(self.mask, y[1])
+                backend.scal(1.0 - self.config.ratio, y[1])
         else:
             backend.copy(x[0], y[0])
+            if len(y) > 1:
+                backend.fill(1.0, y[1])
+
+    def output_shapes(self, input_shapes):
+        return [tuple(input_shapes[0])] * self.num_outputs
 
     def backward_input(self, backend, x, y, dy, w, dx):
         if self._active():

@@ -5,7 +5,9 @@ hand; the test suite reads the files and never imports torch):
 
 - torch_resnet.onnx: a small ResNet-style network (convolution, BatchNorm, ReLU, a residual sum, max pooling,
   global average pooling, a linear classifier), in inference mode;
-- torch_lstm_text.onnx: an Embedding + batch-first LSTM text classifier reading the last step.
+- torch_lstm_text.onnx: an Embedding + batch-first LSTM text classifier reading the last step;
+- torch_birnn_tagger.onnx: a time-major (batch_first=False) bidirectional LSTM, then a bidirectional GRU, and a
+  linear layer scoring every step: x [T, N, 6] -> y [T, N, 5].
 Each NAME.onnx has NAME.npz beside it with x (the input) and y (PyTorch's output).
 """
 
@@ -56,6 +58,19 @@ class TextLSTM(nn.Module):
         return torch.log_softmax(self.fc(y[:, -1]), dim=1)
 
 
+class BiRNNTagger(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(6, 7, bidirectional=True)
+        self.gru = nn.GRU(14, 4, bidirectional=True)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, _ = self.lstm(x)
+        y, _ = self.gru(y)
+        return self.fc(y)
+
+
 def _randomize_statistics(model: nn.Module, gen: torch.Generator) -> None:
     for m in model.modules():
         if isinstance(m, nn.BatchNorm2d):
@@ -80,6 +95,13 @@ def main() -> None:
         _randomize_statistics(resnet, gen)
     write("torch_resnet", resnet, torch.randn(2, 3, 16, 16, generator=gen))
     write("torch_lstm_text", TextLSTM(), torch.randint(0, 50, (3, 7), generator=gen))
+    write_tagger()
+
+
+def write_tagger() -> None:
+    """Its own seeds, so it can be written alone: python -c "import make_torch_models as m; m.write_tagger()"."""
+    torch.manual_seed(1)
+    write("torch_birnn_tagger", BiRNNTagger(), torch.randn(5, 3, 6, generator=torch.Generator().manual_seed(2)))
 
 
 if __name__ == "__main__":
