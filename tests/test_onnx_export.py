@@ -132,6 +132,7 @@ CASES: dict[str, tuple[list[lp.LayerConfig], list, tuple[str, ...]]] = {
     "Reshape": ([L("reshape", lp.ReshapeConfig(shape=[2, 6, -1]))], IMAGE, ("x",)),
     "Reshape_whole_shape": ([L("reshape", lp.ReshapeConfig(shape=[-1, 9], whole_shape=True))], IMAGE, ("x",)),
     "SiLU": ([L("silu", "SiLU")], VECTOR, ("x",)),
+    "Clip": ([L("relu6", lp.ClipConfig()), L("hardtanh", lp.ClipConfig(lower=-1.0, upper=1.0))], VECTOR, ("x",)),
     "Sigmoid": ([L("sigmoid", "Sigmoid")], VECTOR, ("x",)),
     "Slice": ([L("slice", lp.SliceConfig(axis=2, slice_points=[1, 4]), outputs=["p0", "p1", "p2"]),
                L("cat", lp.ConcatConfig(axis=2), inputs=["p2", "p0"])], IMAGE, ("x",)),

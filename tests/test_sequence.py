@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import backend_or_skip
 from gradcheck import check_layer_gradients
 from test_backends import close, device  # noqa: F401  (device: the cuda and webgpu fixture)
 
@@ -416,9 +417,8 @@ def test_a_nested_network_starting_with_an_embedding_takes_no_input_gradient(nat
 
 def _small_binding_webgpu(monkeypatch, limit: int):
     """The webgpu backend believing its storage-binding limit is ``limit`` bytes (restored after the test)."""
-    from test_backends import _webgpu
 
-    be = _webgpu(power_preference="low-power")  # a separate instance whose limit we can lower
+    be = backend_or_skip("webgpu", power_preference="low-power")  # a separate instance whose limit we can lower
     monkeypatch.setattr(be, "max_binding", limit)
     return be
 
@@ -495,9 +495,8 @@ def test_webgpu_cells_sum_split_recurrent_products(monkeypatch, config_class, re
     add up the partial products themselves: one dispatch fewer per step after the first, forward and backward,
     than with the products summed on their own (the GRU's cells, with no binding to spare, leave them to the
     sum); every result against the float64 reference."""
-    from test_backends import _webgpu
 
-    be = _webgpu(power_preference="low-power")
+    be = backend_or_skip("webgpu", power_preference="low-power")
     for name, value in (("SPLIT_K_FROM", 16), ("SPLIT_K_MIN", 8), ("SPLIT_K_FINE_MIN", 8)):
         monkeypatch.setattr(be, name, value)
     n, steps, d, hs = 3, 5, 4, 40
@@ -535,9 +534,8 @@ def test_webgpu_cells_sum_split_recurrent_products(monkeypatch, config_class, re
 def test_webgpu_replayed_steps_with_cells_summing_split_products_match_native(monkeypatch):
     """Training steps of an LSTM with split-K forced on its per-step products, recorded and replayed on webgpu (the
     cells summing the partials), end where float64 native does."""
-    from test_backends import _webgpu
 
-    be = _webgpu(power_preference="low-power")
+    be = backend_or_skip("webgpu", power_preference="low-power")
     for name, value in (("SPLIT_K_FROM", 16), ("SPLIT_K_MIN", 8), ("SPLIT_K_FINE_MIN", 8)):
         monkeypatch.setattr(be, name, value)
     net = lp.SequentialConfig(inputs=[("data", [8, 5, 6])])
@@ -571,9 +569,8 @@ def test_webgpu_replayed_steps_with_cells_summing_split_products_match_native(mo
 def test_dispatch_counts_script_counts_a_replayed_lstm_step():
     """benchmarks/dispatch_counts.py on lstm.py's small LSTM: a replayed step of 2 layers x 16 time steps holds at
     least a recurrent product and a cell per time step, layer and direction."""
-    from test_backends import _webgpu
 
-    _webgpu()  # skips where webgpu is unavailable
+    backend_or_skip("webgpu")  # skips where webgpu is unavailable
     root = os.path.join(os.path.dirname(__file__), "..")
     p = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "dispatch_counts.py"), "--nets",
                         "lstm-small"], capture_output=True, text=True, timeout=300, cwd=root)
