@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import backend_or_skip
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -68,7 +69,8 @@ PRELUDES = {
                        lambda ns, tmp: ns["group"].size == 1),
     "onnx.md": (lambda ns, tmp: ns["lp"].onnx.export(ns["net"], "model.onnx"),
                 lambda ns, tmp: (tmp / "out.onnx").exists() and "conv1/weight" in ns["weights"]),
-    "web.md": (lambda ns, tmp: (_trained_run(ns, tmp), shutil.copytree(tmp / "runs/mine", tmp / "run")),
+    "web.md": (lambda ns, tmp: (backend_or_skip("webgpu"), _trained_run(ns, tmp),  # plans record on webgpu
+                                shutil.copytree(tmp / "runs/mine", tmp / "run")),
                lambda ns, tmp: all((tmp / "site" / f).exists() for f in ("leafpy.js", "model/plan.json"))),
     "data.md": (_trained_run,
                 lambda ns, tmp: ns["y"].shape == (5, 10) and ns["prep"] is not None),
