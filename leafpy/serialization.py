@@ -28,11 +28,12 @@ import re
 import stat
 import struct
 import tempfile
+import threading
 import warnings
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, BinaryIO, NamedTuple, Protocol
 
 import numpy as np
 
@@ -250,9 +251,10 @@ def remove_temporaries(directory: str, targets: Callable[[str], bool]) -> list[s
     return removed
 
 
-def atomic_write(path: str | os.PathLike, data: bytes | Sequence[bytes | memoryview],
+def atomic_write(path: str | os.PathLike, data: bytes | Sequence[bytes | memoryview] | Callable[[BinaryIO], None],
                  example: str = "model.leaf") -> None:
-    """Write ``data`` (bytes, or a sequence of buffers written one after the other) to ``path`` so that a failure at
+    """Write ``data`` (bytes, a sequence of buffers written one after the other, or a function that writes into the
+    open file) to ``path`` so that a failure at
     any point leaves the previous file intact: a temporary file beside the target, synced, then renamed over it.
     A symbolic link is written through (its target is replaced, the link stays); a target that exists but is not a
     regular file (a device, a FIFO) is refused; the file keeps the existing file's permissions, or gets those the
@@ -289,8 +291,11 @@ def atomic_write(path: str | os.PathLike, data: bytes | Sequence[bytes | memoryv
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), mode)
-            for chunk in [data] if isinstance(data, (bytes, bytearray, memoryview)) else data:
-                f.write(chunk)
+            if callable(data):
+                data(f)
+            else:
+                for chunk in [data] if isinstance(data, (bytes, bytearray, memoryview)) else data:
+                    f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -359,13 +364,37 @@ class _RawSection:
 def _encode_parts(msg: Any, struct_name: str, section: _RawSection | None = None) -> list[bytes | memoryview]:
     """A leafpy file as buffers to write one after the other: the header (marker, version, kind, sizes, checksum),
     the packed message and, when ``section`` holds arrays, padding and the raw section."""
+    fields, rest = _unsealed(msg, struct_name, section)
+    return [fields + struct.pack("<I", _checksum(fields, rest)), *rest]
+
+
+def _unsealed(msg: Any, struct_name: str, section: _RawSection | None) -> tuple[bytes, list[bytes | memoryview]]:
+    """(the header's fields but its checksum, the buffers after the header) of a leafpy file."""
     payload = msg.to_bytes_packed()
     words = int(msg.total_size.word_count) + 1
     fields = _HEADER.pack(MAGIC, FORMAT_VERSION, _KINDS[struct_name], words, len(payload), 0)[:-4]
     rest: list[bytes | memoryview] = [payload]
     if section is not None and section.size:
         rest += [_PAD[:_raw_start(len(payload)) - _HEADER.size - len(payload)], *section.chunks]
-    return [fields + struct.pack("<I", _checksum(fields, rest)), *rest]
+    return fields, rest
+
+
+def _file_writer(msg: Any, struct_name: str, section: _RawSection) -> Callable[[BinaryIO], None]:
+    """What writes a leafpy file into an open file (for :func:`atomic_write`): the buffers after the header while
+    the checksum is computed beside them, then the header."""
+    fields, rest = _unsealed(msg, struct_name, section)
+
+    def write(f: BinaryIO) -> None:
+        check = _Checksum(fields, rest)
+        try:
+            f.write(bytes(_HEADER.size))
+            for chunk in rest:
+                f.write(chunk)
+        finally:
+            crc = check.value()  # (the buffers are the caller's: nothing reads them once this returns)
+        f.seek(0)
+        f.write(fields + struct.pack("<I", crc))
+    return write
 
 
 def encode(msg: Any, struct_name: str) -> bytes:
@@ -375,11 +404,11 @@ def encode(msg: Any, struct_name: str) -> bytes:
 
 
 def _read_file(path: str) -> memoryview:
-    # a missing file, no permission, a FIFO, a device, a directory: refused without waiting; one buffer, which the
-    # weights are views of
-    return _checks.read_whole(path, "a .leaf file", MAX_FILE_BYTES,
-                              f"the limit of {MAX_FILE_BYTES} (leafpy.serialization.MAX_FILE_BYTES)",
-                              SerializationError)
+    # a missing file, no permission, a FIFO, a device, a directory: refused without waiting; the file mapped, not
+    # read: the weights are views of its pages
+    return _checks.map_whole(path, "a .leaf file", MAX_FILE_BYTES,
+                             f"the limit of {MAX_FILE_BYTES} (leafpy.serialization.MAX_FILE_BYTES)",
+                             SerializationError)
 
 
 def _read_message(path: str | os.PathLike, struct_name: str) -> Any:
@@ -398,8 +427,59 @@ def read_message(path: str, struct_name: str) -> tuple[Any, str]:
 
 def _read_parts(path: str, struct_name: str) -> tuple[Any, str, memoryview | None]:
     """(message, origin, raw section): what :func:`read_message` gives, and the raw section of a format-2 file
-    (a view of the buffer the file was read into; None for other files)."""
-    data = _read_file(path)
+    (a view of the file's mapping; None for other files), its checksum verified."""
+    with _opened_parts(path, struct_name) as parts:
+        return parts
+
+
+THREADED_CHECKSUM = 1 << 22
+"""A file of at least this many bytes has its checksum computed in a thread, while it is being read."""
+
+
+class _Checksum:
+    """The CRC-32 of a leafpy file's header fields and the buffers after the header, computed while the caller
+    reads or writes the file (in a thread for a large file: zlib releases the GIL)."""
+
+    def __init__(self, header: bytes | memoryview, rest: Sequence[bytes | memoryview]) -> None:
+        self.found = -1
+        self.thread = threading.Thread(target=self._compute, args=(header, rest), daemon=True)
+        if sum(len(chunk) for chunk in rest) < THREADED_CHECKSUM:
+            self._compute(header, rest)
+        else:
+            self.thread.start()
+
+    def _compute(self, header: bytes | memoryview, rest: Sequence[bytes | memoryview]) -> None:
+        self.found = _checksum(header, rest)
+
+    def value(self) -> int:
+        """The checksum, once computed."""
+        if self.thread.ident is not None:
+            self.thread.join()
+        return self.found
+
+
+def _verify(pending: list[tuple[str, _Checksum, int]]) -> None:
+    for path, check, expected in pending:
+        if check.value() != expected:
+            raise SerializationError(f"{path}: checksum mismatch: the file is corrupted; use another copy")
+
+
+@contextlib.contextmanager
+def _opened_parts(path: str, struct_name: str) -> Iterator[tuple[Any, str, memoryview | None]]:
+    """(message, origin, raw section) of a file, read while its checksum is computed: the checksum is verified on
+    leaving, and on any error inside (a damaged file is reported as one, whatever else it made go wrong)."""
+    pending: list[tuple[str, _Checksum, int]] = []
+    try:
+        yield _parse_parts(path, struct_name, _read_file(path), pending)
+    except Exception:
+        _verify(pending)
+        raise
+    _verify(pending)
+
+
+def _parse_parts(path: str, struct_name: str, data: memoryview,
+                 pending: list[tuple[str, _Checksum, int]]) -> tuple[Any, str, memoryview | None]:
+    """The parts of the file ``data``; a leafpy file's checksum is started and appended to ``pending``."""
     raw = None
     if data[:len(MAGIC)] == MAGIC:
         if len(data) < _HEADER.size:
@@ -413,8 +493,7 @@ def _read_parts(path: str, struct_name: str) -> tuple[Any, str, memoryview | Non
         if len(rest) != length and (version < 2 or len(rest) < start):
             raise SerializationError(f"{path}: the file holds {len(rest)} bytes of data where its header "
                                      f"declares {length} (truncated or appended to)")
-        if _checksum(data[:_HEADER.size - 4], [rest]) != crc:
-            raise SerializationError(f"{path}: checksum mismatch: the file is corrupted; use another copy")
+        pending.append((path, _Checksum(data[:_HEADER.size - 4], [rest]), crc))
         wanted = _KINDS[struct_name]
         if kind != wanted:
             other = {v: k for k, v in _KINDS.items()}.get(kind, f"kind {kind}")
@@ -568,8 +647,10 @@ def _non_finite(arr: np.ndarray) -> str:
     a = np.asarray(arr)
     if a.dtype.kind not in "fc":
         return ""
-    if a.dtype == np.float32 and (not a.size or np.isfinite(a.min()) and np.isfinite(a.max())):
-        return ""  # (NaN and infinities show in the extremes: no temporary array)
+    if a.dtype == np.float32:
+        with np.errstate(over="ignore", invalid="ignore"):
+            if np.isfinite(np.add.reduce(a, axis=None)):
+                return ""  # (a NaN or an infinity makes the sum one: one pass, no temporary array)
     with np.errstate(over="ignore", invalid="ignore"):
         stored = a.astype(np.float32)
     bad = ~np.isfinite(stored)
@@ -756,19 +837,28 @@ def save_model(path: str | os.PathLike, config: LayerConfig, weights: Mapping[st
     msg, section = schema().Layer.new_message(), _RawSection()
     _fill_layer(msg, config, weights, section=section)
     msg.preparation = preparation
-    atomic_write(path, _encode_parts(msg, "Layer", section))
+    atomic_write(path, _file_writer(msg, "Layer", section))
 
 
 def read_model(path: str | os.PathLike, *, allow_non_finite: bool = False) -> SavedModel:
     """Read a model file written by :func:`save_model` or by Leaf 0.2.1 (non-finite weights: see
-    :func:`check_finite`)."""
+    :func:`check_finite`). The weights are views of the file's private mapping (see ``_checks.map_whole``)."""
+    with opened_model(path, allow_non_finite=allow_non_finite) as saved:
+        return saved
+
+
+@contextlib.contextmanager
+def opened_model(path: str | os.PathLike, *, allow_non_finite: bool = False) -> Iterator[SavedModel]:
+    """:func:`read_model` whose checksum is verified when the block ends, not before it begins: the block (that
+    copies the weights into a network) runs while the checksum is computed. What the block made of the weights must
+    be thrown away when it raises: SerializationError for a damaged file, whatever the block raised otherwise."""
     path = os.fspath(path)
-    msg, origin, raw = _read_parts(path, "Layer")
-    with reading(path, "Layer"):
-        config = read_layer_config(msg.config)
-        saved = _read_weights(msg.weightsData, path, raw)
-    check_finite(saved, path, LOAD_FIX, allow_non_finite)
-    return SavedModel(config, saved, is_leaf_file(origin, saved), str(msg.preparation))
+    with _opened_parts(path, "Layer") as (msg, origin, raw):
+        with reading(path, "Layer"):
+            config = read_layer_config(msg.config)
+            saved = _read_weights(msg.weightsData, path, raw)
+        check_finite(saved, path, LOAD_FIX, allow_non_finite)
+        yield SavedModel(config, saved, is_leaf_file(origin, saved), str(msg.preparation))
 
 
 def read_weights(path: str | os.PathLike, *, allow_non_finite: bool = False) -> tuple[dict[str, np.ndarray], bool]:
@@ -900,7 +990,7 @@ def save_checkpoint(path: str | os.PathLike, config: Any, weights: Mapping[str, 
         msg.lossScale = float(scaling["scale"])
         msg.lossScaleGoodSteps = int(scaling["good_steps"])
         msg.skippedSteps = int(scaling["skipped_steps"])
-    atomic_write(path, _encode_parts(msg, "SolverCheckpoint", section))
+    atomic_write(path, _file_writer(msg, "SolverCheckpoint", section))
 
 
 def read_checkpoint(path: str | os.PathLike, config_class: type) -> SavedCheckpoint:

@@ -244,9 +244,9 @@ class Layer:
         if not isinstance(backend, Backend):  # (before the file is read: the file is not what is wrong)
             raise ConfigError(f"Layer.load: expected a backend (leafpy.backend(name)), got {backend!r}")
         path = os.fspath(path)
-        saved = serialization.read_model(path, allow_non_finite=_checks.flag("Layer.load: allow_non_finite",
-                                                                             allow_non_finite))
-        with serialization.reading(path, "Layer"):
+        allow = _checks.flag("Layer.load: allow_non_finite", allow_non_finite)
+        # the weights are copied from the file while its checksum is computed; a damaged file raises on leaving
+        with serialization.opened_model(path, allow_non_finite=allow) as saved, serialization.reading(path, "Layer"):
             unfilled = _UNFILLED.set(True)  # strict: the file sets every weight, so the fillers' draws are skipped
             try:
                 layer = Layer.from_config(backend, saved.config)
