@@ -381,7 +381,7 @@ class Layer:
             self._pending_weights: tuple[dict[str, Any], bool, bool, str | None] = (dict(weights), strict, False, None)
             return LoadedWeights([], [])
         names = self.learnable_weights_names()
-        from ..serialization import leaf_aliases
+        from ..serialization.leaf import leaf_aliases
 
         unique, ambiguous = leaf_aliases(self.weight_specs())
         aliases = {alias: spec.name for alias, spec in unique.items()}
@@ -442,7 +442,7 @@ class Layer:
             if weights:
                 self._pending_weights = (weights, strict, leaf, source)
             return
-        from ..serialization import from_leaf
+        from ..serialization.leaf import from_leaf
 
         try:
             self.load_weights(from_leaf(weights, self.weight_specs()) if leaf else weights, strict=strict)
