@@ -3,8 +3,10 @@ NumPy writing and reading the same arrays (``np.save`` into one file, then ``np.
 
 Each phase runs in a fresh child process, which reports its seconds and its peak resident memory above what it
 held before the phase began (the built network or the arrays, for a save; nothing but Python and leafpy, for a
-load). Every phase runs ``--repeat`` times, alternating; the table gives the median. leafpy's save ends with an
-fsync (a saved model is on the disk when ``save`` returns); ``np.save`` does not, so NumPy is timed both ways.
+load). The Cap'n Proto schema is parsed before the clock starts (a cost of each process's first save or load,
+printed on its own line). Every phase runs ``--repeat`` times, alternating; the table gives the median. leafpy's
+save ends with an fsync (a saved model is on the disk when ``save`` returns); ``np.save`` does not, so NumPy is
+timed both ways.
 
     python benchmarks/save_load.py [--model fc|alexnet] [--repeat 3] [--json FILE]
 
@@ -59,6 +61,9 @@ def child(phase: str, model: str, path: str) -> dict[str, Any]:
     import leafpy as lp
 
     weights = 0
+    t = time.perf_counter()
+    lp.serialization.schema()  # importing pycapnp and parsing leaf.capnp: once per process, reported on its own
+    schema_s = time.perf_counter() - t
     if phase == "leafpy load" or phase == "numpy load":
         base = _peak_mb()
         t = time.perf_counter()
@@ -86,7 +91,7 @@ def child(phase: str, model: str, path: str) -> dict[str, Any]:
         weights = net.num_parameters()
     seconds = time.perf_counter() - t
     return {"phase": phase, "seconds": seconds, "peak_mb_above": _peak_mb() - base, "weights": weights,
-            "file_mb": os.path.getsize(path) / 2**20}
+            "file_mb": os.path.getsize(path) / 2**20, "schema_s": schema_s}
 
 
 def main() -> int:
@@ -115,6 +120,8 @@ def main() -> int:
         peak = statistics.median(r["peak_mb_above"] for r in rows[phase])
         print(f"{phase:<17} {statistics.median(secs):7.3f} s  (min {min(secs):.3f}, max {max(secs):.3f})   "
               f"peak memory +{peak:6.0f} MB")
+    schema_s = statistics.median(r["schema_s"] for ph in PHASES for r in rows[ph])
+    print(f"(not timed above: importing pycapnp and parsing leaf.capnp, {schema_s:.3f} s once per process)")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0
