@@ -227,7 +227,12 @@ def map_whole(path: str, what: str, limit: int, over: str, error: type[Exception
     try:
         with open_regular(path, what, error) as f:
             size = _sized(f, path, limit, over, error)
-            mapped = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+            try:
+                mapped = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+            except OSError:  # a file system that cannot map files (some network and FUSE ones): read it whole
+                return read_whole(path, what, limit, over, error)
+            if os.fstat(f.fileno()).st_size != size:
+                raise error(f"{path}: the file changed size while it was read; read it again")
     except OSError as e:
         raise error(f"{path}: cannot read: {e.strerror or e}") from e
     try:

@@ -228,3 +228,20 @@ def test_a_large_file_with_one_byte_changed_is_refused_by_its_checksum(tmp_path,
         lp.Layer.load(lp.backend("native"), str(path))
     with pytest.raises(lp.SerializationError, match="checksum mismatch"):
         ser.read_model(str(path))
+
+
+def test_a_file_that_cannot_be_mapped_is_read_instead(tmp_path, monkeypatch):
+    """Some file systems (network, FUSE) refuse to map files: the model is then read whole, and loads the same."""
+    import mmap
+
+    net = lp.Layer.from_config(lp.backend("native"), _mlp(40, 2), seed=1)
+    path = tmp_path / "m.leaf"
+    net.save(str(path))
+
+    def refuse(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise OSError(19, "No such device")
+
+    monkeypatch.setattr(mmap, "mmap", refuse)
+    loaded = lp.Layer.load(lp.backend("native"), str(path))
+    for a, b in zip(net.named_weights().values(), loaded.named_weights().values()):
+        np.testing.assert_array_equal(a, b)  # stored float32 values come back bit for bit
