@@ -248,11 +248,11 @@ def test_a_file_that_cannot_be_mapped_is_read_instead(tmp_path, monkeypatch):
 
 
 def test_isal_computes_the_checksum_zlib_does():
-    """With ISA-L installed (leafpy[fast]) files are checked with its CRC-32: the same values as zlib's, so files
+    """With ISA-L installed (the "fast" extra) files are checked with its CRC-32: the same values as zlib's, so files
     written with one load with the other."""
     import zlib
 
-    isal_zlib = pytest.importorskip("isal.isal_zlib", reason="ISA-L (pip install leafpy[fast]) is not installed")
+    isal_zlib = pytest.importorskip("isal.isal_zlib", reason="ISA-L (pip install \".[fast]\") is not installed")
     data = np.random.default_rng(0).integers(0, 256, 3 << 20, dtype=np.uint8).tobytes()
     assert isal_zlib.crc32(data, 7) == zlib.crc32(data, 7)
     assert ser.fileformat._checksum(data[:36], [data[36:]]) == zlib.crc32(data) & 0xFFFFFFFF
