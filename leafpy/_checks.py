@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import mmap
 import numbers
 import os
 import stat
@@ -202,11 +203,7 @@ def read_whole(path: str, what: str, limit: int, over: str, error: type[Exceptio
     be views of it); a file that changes size while it is read is refused."""
     try:
         with open_regular(path, what, error) as f:
-            size = os.fstat(f.fileno()).st_size
-            if size == 0:
-                raise error(f"{path}: the file is empty")
-            if size > limit:
-                raise error(f"{path}: the file is {size} bytes, over {over}")
+            size = _sized(f, path, limit, over, error)
             data = np.empty(size, np.uint8)
             got = f.readinto(data)
             extra = f.read(1)
@@ -215,6 +212,44 @@ def read_whole(path: str, what: str, limit: int, over: str, error: type[Exceptio
     if got != size or extra:
         raise error(f"{path}: the file changed size while it was read; read it again")
     return data.data
+
+
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
+"""Linux 5.14's madvise that maps a file's cached pages in one call (without copying a private mapping's pages)."""
+
+
+def map_whole(path: str, what: str, limit: int, over: str, error: type[Exception] = ConfigError) -> memoryview:
+    """The bytes of a regular file, as :func:`read_whole` checks them, mapped into memory rather than read: a
+    private, copy-on-write mapping (arrays may be views of it, and writing to them never reaches the file) whose
+    pages are the page cache's own until written, so the file costs no memory of the process's own. The mapping
+    lives as long as a view of it does. (Another process cutting the file short while it is mapped makes reading
+    the lost pages fail with SIGBUS: leafpy's own writers replace files whole, by renaming.)"""
+    try:
+        with open_regular(path, what, error) as f:
+            size = _sized(f, path, limit, over, error)
+            try:
+                mapped = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+            except OSError:  # a file system that cannot map files (some network and FUSE ones): read it whole
+                return read_whole(path, what, limit, over, error)
+            if os.fstat(f.fileno()).st_size != size:
+                raise error(f"{path}: the file changed size while it was read; read it again")
+    except OSError as e:
+        raise error(f"{path}: cannot read: {e.strerror or e}") from e
+    try:
+        mapped.madvise(MADV_POPULATE_READ)  # (one call instead of a page fault per page)
+    except (OSError, AttributeError, ValueError):  # an older kernel: the pages come in as they are read
+        pass
+    return memoryview(mapped)
+
+
+def _sized(f: Any, path: str, limit: int, over: str, error: type[Exception]) -> int:
+    """The size of the open file ``f``, refused when it is empty or over ``limit`` bytes."""
+    size = os.fstat(f.fileno()).st_size
+    if size == 0:
+        raise error(f"{path}: the file is empty")
+    if size > limit:
+        raise error(f"{path}: the file is {size} bytes, over {over}")
+    return int(size)
 
 
 def regular_file(path: str, what: str, error: type[Exception] = ConfigError) -> None:

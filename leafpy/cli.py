@@ -35,7 +35,8 @@ from .errors import LeafpyError, SerializationError
 from .layers.container.sequential import Sequential, batch_free
 from .layers.layer import Layer
 from .metrics import predictions
-from .serialization import atomic_write, remove_temporaries, saved_network_config
+from .serialization import saved_network_config
+from .serialization.atomic import atomic_write, remove_temporaries
 from .train import load_weights, resolve_data, same_path
 
 

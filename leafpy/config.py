@@ -669,7 +669,7 @@ def dumps(run: RunConfig) -> str:
 
 
 def save(run: RunConfig, path: str | os.PathLike) -> None:
-    from .serialization import atomic_write
+    from .serialization.atomic import atomic_write
 
     _checks.path("config.save: path", path)
     try:

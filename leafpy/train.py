@@ -45,7 +45,7 @@ from .errors import ConfigError, LeafpyError
 from .layers.container.sequential import Sequential
 from .layers.layer import Layer
 from .metrics import ConfusionMatrix, predictions, roc_auc, top_k_hits
-from .serialization import atomic_write
+from .serialization.atomic import atomic_write
 from .solvers.solver import Solver
 from .sources import augment, mapped, prepare
 

@@ -135,3 +135,124 @@ def test_saving_and_loading_an_8m_weight_model_take_at_most_the_file_and_one_cop
     assert save["above"] <= slack, save
     load = _peak_above("load", path)
     assert load["above"] <= size + load["weights"] + slack, (load, size)
+
+
+ROUND_TRIP_CHILD = """
+import gc, hashlib, json, resource, sys, time, tracemalloc
+import leafpy as lp
+from leafpy import serialization
+serialization.schema()
+be = lp.backend("native")
+path = sys.argv[2]
+def peak():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def digest(net):
+    h = hashlib.sha256()
+    for name, w in net.named_weights().items():
+        h.update(name.encode() + str(w.shape).encode() + w.dtype.str.encode())
+        h.update(memoryview(w))
+    return h.hexdigest()
+if sys.argv[1] == "save":
+    cfg = lp.SequentialConfig(inputs=[("data", [1, 5000])])
+    for i in range(2):
+        cfg.add_layer(lp.LayerConfig(f"fc{i}", lp.LinearConfig(output_size=5000)))
+    net = lp.Layer.from_config(be, lp.LayerConfig("mlp", cfg), seed=3)
+    before = peak()
+    tracemalloc.start()
+    net.save(path)
+else:
+    before = peak()
+    tracemalloc.start()
+    net = lp.Layer.load(be, path)
+heap = tracemalloc.get_traced_memory()[1]
+tracemalloc.stop()
+above = peak() - before
+gc.collect()
+with open("/proc/self/maps") as f:
+    still_mapped = path in f.read()
+print(json.dumps({"above": above, "heap": heap, "weights": 4 * net.num_parameters(), "digest": digest(net),
+                  "still_mapped": still_mapped}))
+"""
+
+
+def _child(phase: str, path: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", ROUND_TRIP_CHILD, phase, str(path)], capture_output=True, text=True,
+                         env=env, timeout=300, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads the process's mappings in /proc (Linux)")
+def test_a_200_mb_model_loads_from_its_mapped_file_into_one_copy_and_round_trips_exactly(tmp_path):
+    """Loading maps the file and copies each weight once, into the network: the process's own memory (what
+    tracemalloc sees: NumPy's and Python's allocations) grows by the weights alone, never by a copy of the file
+    (before: the file read whole into a buffer, then copied into the network: the file's size more); the resident
+    peak stays within the file (its mapped pages) and one copy of the weights; nothing of the file stays mapped
+    once the network is built. Saving writes from the weights' buffers (no copy), and the loaded weights are the
+    saved ones bit for bit (a digest of names, shapes and bytes: stored float32 values come back exactly)."""
+    path = tmp_path / "big.leaf"
+    save = _child("save", path)
+    size = path.stat().st_size
+    assert size >= save["weights"] > 190e6
+    slack = 8 * 2**20  # the allocator, the message, small arrays
+    assert save["heap"] <= slack and save["above"] <= slack, save
+    load = _child("load", path)
+    assert load["digest"] == save["digest"]
+    assert load["heap"] <= load["weights"] + slack, (load, size)
+    assert load["above"] <= size + load["weights"] + slack, (load, size)
+    assert not load["still_mapped"]
+
+
+def _flipped(tmp_path: Path, where: str) -> Path:
+    """A saved model of about 8 MB (its checksum computed beside the reading) with one byte changed ``where``:
+    in the message or deep in the raw section."""
+    net = lp.Layer.from_config(lp.backend("native"), _mlp(1024, 2), seed=0)
+    path = tmp_path / f"{where}.leaf"
+    net.save(str(path))
+    data = bytearray(path.read_bytes())
+    assert len(data) > ser.THREADED_CHECKSUM
+    length = ser._HEADER.unpack_from(data)[4]
+    at = ser._HEADER.size + length // 2 if where == "message" else (ser._raw_start(length) + len(data)) // 2
+    data[at] ^= 0x10
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("where", ["message", "raw"])
+def test_a_large_file_with_one_byte_changed_is_refused_by_its_checksum(tmp_path, where):
+    """The checksum of a large file is computed while its weights are copied into the network; a changed byte
+    still makes the load fail with the checksum's verdict (not with what the changed message made go wrong), and
+    no network comes back."""
+    path = _flipped(tmp_path, where)
+    with pytest.raises(lp.SerializationError, match=f"{where}.leaf: checksum mismatch: the file is corrupted"):
+        lp.Layer.load(lp.backend("native"), str(path))
+    with pytest.raises(lp.SerializationError, match="checksum mismatch"):
+        ser.read_model(str(path))
+
+
+def test_a_file_that_cannot_be_mapped_is_read_instead(tmp_path, monkeypatch):
+    """Some file systems (network, FUSE) refuse to map files: the model is then read whole, and loads the same."""
+    import mmap
+
+    net = lp.Layer.from_config(lp.backend("native"), _mlp(40, 2), seed=1)
+    path = tmp_path / "m.leaf"
+    net.save(str(path))
+
+    def refuse(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise OSError(19, "No such device")
+
+    monkeypatch.setattr(mmap, "mmap", refuse)
+    loaded = lp.Layer.load(lp.backend("native"), str(path))
+    for a, b in zip(net.named_weights().values(), loaded.named_weights().values()):
+        np.testing.assert_array_equal(a, b)  # stored float32 values come back bit for bit
+
+
+def test_isal_computes_the_checksum_zlib_does():
+    """With ISA-L installed (the "fast" extra) files are checked with its CRC-32: the same values as zlib's, so files
+    written with one load with the other."""
+    import zlib
+
+    isal_zlib = pytest.importorskip("isal.isal_zlib", reason="ISA-L (pip install \".[fast]\") is not installed")
+    data = np.random.default_rng(0).integers(0, 256, 3 << 20, dtype=np.uint8).tobytes()
+    assert isal_zlib.crc32(data, 7) == zlib.crc32(data, 7)
+    assert ser.fileformat._checksum(data[:36], [data[36:]]) == zlib.crc32(data) & 0xFFFFFFFF

@@ -244,9 +244,9 @@ class Layer:
         if not isinstance(backend, Backend):  # (before the file is read: the file is not what is wrong)
             raise ConfigError(f"Layer.load: expected a backend (leafpy.backend(name)), got {backend!r}")
         path = os.fspath(path)
-        saved = serialization.read_model(path, allow_non_finite=_checks.flag("Layer.load: allow_non_finite",
-                                                                             allow_non_finite))
-        with serialization.reading(path, "Layer"):
+        allow = _checks.flag("Layer.load: allow_non_finite", allow_non_finite)
+        # the weights are copied from the file while its checksum is computed; a damaged file raises on leaving
+        with serialization.opened_model(path, allow_non_finite=allow) as saved, serialization.reading(path, "Layer"):
             unfilled = _UNFILLED.set(True)  # strict: the file sets every weight, so the fillers' draws are skipped
             try:
                 layer = Layer.from_config(backend, saved.config)
@@ -381,7 +381,7 @@ class Layer:
             self._pending_weights: tuple[dict[str, Any], bool, bool, str | None] = (dict(weights), strict, False, None)
             return LoadedWeights([], [])
         names = self.learnable_weights_names()
-        from ..serialization import leaf_aliases
+        from ..serialization.leaf import leaf_aliases
 
         unique, ambiguous = leaf_aliases(self.weight_specs())
         aliases = {alias: spec.name for alias, spec in unique.items()}
@@ -442,7 +442,7 @@ class Layer:
             if weights:
                 self._pending_weights = (weights, strict, leaf, source)
             return
-        from ..serialization import from_leaf
+        from ..serialization.leaf import from_leaf
 
         try:
             self.load_weights(from_leaf(weights, self.weight_specs()) if leaf else weights, strict=strict)

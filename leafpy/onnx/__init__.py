@@ -60,7 +60,7 @@ def to_model(layer: Layer, opset: int = 17) -> Any:
 
 def export(layer: Layer, path: str | os.PathLike, opset: int = 17) -> None:
     """Write ``layer`` (a network or one layer) as an ONNX model to ``path`` (atomically)."""
-    from ..serialization import atomic_write
+    from ..serialization.atomic import atomic_write
 
     if not isinstance(layer, Layer):
         raise ConfigError(f"lp.onnx.export: expected a leafpy Layer, got {type(layer).__name__}")
