@@ -379,6 +379,17 @@ class CudaBackend(ArrayBackend):
             self._capture_blas = _CaptureBlas(self.xp, self.tf32)
         return self._capture_blas
 
+    def matmul(self, a, trans_a, b, trans_b, out):
+        # one gemm per matrix of the stack: gemm is what a recorded step may call (CuPy's matmul calls cuBLAS on
+        # its own handle, which a stream being recorded refuses)
+        if min(a.ndim, b.ndim, out.ndim) < 2:
+            return super().matmul(a, trans_a, b, trans_b, out)
+        xp, lead = self.xp, out.shape[:-2]
+        a = xp.broadcast_to(a, lead + a.shape[-2:])
+        b = xp.broadcast_to(b, lead + b.shape[-2:])
+        for idx in np.ndindex(*lead):
+            self.gemm(xp.ascontiguousarray(a[idx]), trans_a, xp.ascontiguousarray(b[idx]), trans_b, out[idx])
+
     def gemm(self, a, trans_a, b, trans_b, out, alpha=1.0, beta=0.0):
         if is_low(a) or is_low(b) or is_low(out):
             f = formats_of("gemm", a=a, b=b, out=out)
