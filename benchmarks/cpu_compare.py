@@ -11,6 +11,7 @@ and the paired ratio: the median over kept pairs of torch ms / leafpy ms (above 
 
     python benchmarks/cpu_compare.py [--nets mlp128,lenet64] [--rules momentum,inv,adam] [--pairs 15]
         [--threads 2] [--json FILE]
+    python benchmarks/cpu_compare.py --show FILE    # the table of an earlier run
 """
 
 from __future__ import annotations
@@ -211,9 +212,25 @@ def compare(net: str, rule: str, args: Any) -> dict:
 def print_row(r: dict) -> None:
     spread = {e: f"{r[e + '_q1']:.2f}-{r[e + '_q3']:.2f}" for e in ENGINES}
     flag = "  (no quiet pair: all rounds)" if r["all_noisy"] else ""
-    print(f"{r['network']:<10}{r['rule']:>9}{r['leafpy_ms']:>10.2f}{spread['leafpy']:>14}{r['torch_ms']:>10.2f}"
-          f"{spread['torch']:>14}{r['ratio']:>8.2f}{r['kept']:>5}/{r['pairs']:<3}{r['others_median']:>7.2f}"
+    print(f"{r['network']:<10}{r['rule']:>9}{r['leafpy_ms']:>10.2f} {spread['leafpy']:>15}{r['torch_ms']:>10.2f} "
+          f"{spread['torch']:>15}{r['ratio']:>7.2f}{r['kept']:>5}/{r['pairs']:<3}{r['others_median']:>7.2f}"
           f"{r['leafpy_loss10']:>10.5f}{r['torch_loss10']:>10.5f}{flag}", flush=True)
+
+
+def print_head(info: dict, facts: dict, threads: int, quiet: float) -> None:
+    print(f"# {info['cpu']}, {info['cpus']} CPUs, {threads} threads per engine; leafpy: numpy "
+          f"{facts['leafpy']['numpy']}, {', '.join(facts['leafpy']['blas'])}; torch {facts['torch']['torch']} "
+          f"({facts['torch']['torch_blas']}); pairs kept where others used <= {quiet} cores")
+    print(f"{'network':<10}{'rule':>9}{'leafpy ms':>10} {'(q1-q3)':>15}{'torch ms':>10} {'(q1-q3)':>15}"
+          f"{'ratio':>7}{'kept':>9}{'others':>7}{'loss@10 l':>10}{'loss@10 t':>10}")
+
+
+def show(saved: dict) -> int:
+    m = saved["machine"]
+    print_head(m, {"leafpy": m, "torch": m}, m["threads"], saved["quiet_cores"])
+    for r in saved["rows"]:
+        print_row(r)
+    return 0
 
 
 def main() -> int:
@@ -225,10 +242,13 @@ def main() -> int:
     p.add_argument("--round-s", type=float, default=0.6, help="seconds per timed round (about)")
     p.add_argument("--threads", type=int, default=2, help="threads for both engines")
     p.add_argument("--quiet", type=float, default=0.15, help="most cores other processes may use in a kept round")
-    p.add_argument("--wait-quiet", type=float, default=5.0,
+    p.add_argument("--wait-quiet", type=float, default=10.0,
                    help="seconds to wait at most, before each pair, for other processes to fall quiet")
     p.add_argument("--json", help="write the rows and the machine here")
+    p.add_argument("--show", metavar="JSON", help="print the table of an earlier run's --json file, and stop")
     args = p.parse_args()
+    if args.show:
+        return show(json.loads(Path(args.show).read_text()))
     nets, rules = args.nets.split(","), args.rules.split(",")
     bad = [n for n in nets if n not in ts.NETWORKS or n in ts.GPU_ONLY] + [r for r in rules if r not in ts.RULES]
     if bad:
@@ -240,12 +260,7 @@ def main() -> int:
         for rule in rules:
             rows.append(compare(net, rule, args))
             if len(rows) == 1:
-                f = rows[0]["facts"]
-                print(f"# {info['cpu']}, {info['cpus']} CPUs, {args.threads} threads per engine; leafpy: numpy "
-                      f"{f['leafpy']['numpy']}, {', '.join(f['leafpy']['blas'])}; torch {f['torch']['torch']} "
-                      f"({f['torch']['torch_blas']}); pairs kept where others used <= {args.quiet} cores")
-                print(f"{'network':<10}{'rule':>9}{'leafpy ms':>10}{'(q1-q3)':>14}{'torch ms':>10}{'(q1-q3)':>14}"
-                      f"{'ratio':>8}{'kept':>9}{'others':>7}{'loss@10 l':>10}{'loss@10 t':>10}")
+                print_head(info, rows[0]["facts"], args.threads, args.quiet)
             print_row(rows[-1])
     if any(r["all_noisy"] for r in rows):
         print("# WARNING: no quiet pair in some rows: their numbers are from all rounds, with other load")

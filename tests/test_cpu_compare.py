@@ -61,3 +61,26 @@ def test_proc_counters_advance_with_work():
         pass
     assert cpu_compare.cpu_ticks(os.getpid()) > before
     assert cpu_compare.busy_ticks() > machine
+
+
+def test_a_short_run_writes_rows_with_matching_losses(tmp_path):
+    """The whole script once, on the smallest network: both workers start, rounds alternate, the row and the
+    machine come back (a smoke test: the timings themselves are not checked)."""
+    pytest.importorskip("torch", reason="the comparison needs PyTorch (pip install torch)")
+    pytest.importorskip("threadpoolctl", reason="the workers set their threads with threadpoolctl")
+    import json
+    import subprocess
+
+    out = tmp_path / "rows.json"
+    script = Path(cpu_compare.__file__)
+    p = subprocess.run([sys.executable, str(script), "--nets", "mlp128", "--rules", "inv", "--pairs", "2",
+                        "--round-s", "0.02", "--wait-quiet", "0", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300, cwd=script.parent.parent)
+    assert p.returncode == 0, p.stderr
+    saved = json.loads(out.read_text())
+    assert saved["machine"]["threads"] == 2 and saved["machine"]["cpu"]
+    (row,) = saved["rows"]
+    assert (row["network"], row["rule"], row["pairs"], len(row["rounds"])) == ("mlp128", "inv", 2, 2)
+    assert row["leafpy_loss10"] == pytest.approx(row["torch_loss10"], rel=1e-4)
+    assert row["leafpy_ms"] > 0 and row["torch_ms"] > 0 and row["ratio"] > 0
+    assert "mlp128" in p.stdout
