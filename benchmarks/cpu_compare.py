@@ -100,9 +100,15 @@ def wait_quiet(pids: list[int], quiet: float, timeout: float, window: float = 0.
 
 
 def machine() -> dict:
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), "unknown CPU")
-    return {"cpu": model, "cpus": os.cpu_count()}
+    """The CPU as /proc/cpuinfo names it (with its family and model where the name is short, as a VM's "AMD EPYC"),
+    whether it has AVX-512, and the CPU count."""
+    fields: dict[str, str] = {}
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    cpu = f"{fields.get('model name', 'unknown CPU')} (family {fields.get('cpu family', '?')} model " \
+          f"{fields.get('model', '?')}{', AVX-512' if 'avx512f' in fields.get('flags', '').split() else ''})"
+    return {"cpu": cpu, "cpus": os.cpu_count()}
 
 
 # --- workers -------------------------------------------------------------------------------------------------------
