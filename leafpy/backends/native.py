@@ -61,6 +61,8 @@ class NativeBackend(ArrayBackend):
         np.copyto(out, host)
 
     def download(self, buf: Any, host: np.ndarray) -> None:
+        if getattr(self._threads, "calls", None) is not None:  # a value read back can steer the step (a custom
+            self._threads.read_back = True                       # rule's rate): that step is never replayed
         np.copyto(host, buf)
 
     def synchronize(self) -> None:
@@ -104,7 +106,7 @@ class NativeBackend(ArrayBackend):
         # the calls are taken where the class's primitives run: a function put on this object in front of one (a
         # profiler's, a test's spy) runs when the step is recorded, not when it is replayed, as the layers' Python
         calls: list = []
-        self._threads.calls = calls
+        self._threads.calls, self._threads.read_back = calls, False
         try:
             step()
         except BaseException as e:  # the step ran partly: raised from run_step, never run a second time
@@ -112,7 +114,7 @@ class NativeBackend(ArrayBackend):
             return None, True
         finally:
             self._threads.calls = None
-        return calls, True
+        return (None if self._threads.read_back else calls), True
 
     def launch(self, recording: Any) -> None:
         for fn, args, kwargs in recording:
