@@ -69,6 +69,12 @@ class NativeBackend(ArrayBackend):
         pass
 
     # --- recorded steps: the primitive calls of a step, replayed without the layers' Python ----------------------
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in RECORDED:  # a subclass's own primitives are recorded too
+            if name in vars(cls):
+                setattr(cls, name, _recorded(vars(cls)[name]))
+
     replay = True
     """Replay replayable training steps as the list of their primitive calls (see :meth:`run_step`)."""
     MAX_RECORDED_STEPS = 8
