@@ -30,7 +30,8 @@ CASES = ([(rule, "inv", 1) for rule in RULES]
          + [(rule, schedule, k) for rule in ("adam", "momentum") for schedule in SCHEDULES for k in (1, 2)
             if (schedule, k) != ("inv", 1)])
 
-DEVICES = [pytest.param("webgpu", marks=pytest.mark.webgpu), pytest.param("cuda", marks=pytest.mark.cuda)]
+DEVICES = [pytest.param("native"), pytest.param("webgpu", marks=pytest.mark.webgpu),
+           pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
 def _config(rule, schedule, k, dropout=False, clip=None):
@@ -161,3 +162,50 @@ def test_a_capture_that_fails_midway_runs_none_of_its_work():
     assert calls[0] == 4  # first run, the failed capture, its rerun, then run as it is
     np.testing.assert_allclose(t.to_numpy(), np.full(1000, 8.0), rtol=1e-6)  # three doublings ran, not four
     assert be.recorder.steps[("failing capture", id(t))].eager
+
+
+def test_a_native_step_that_fails_while_recorded_raises_once_and_runs_as_it_is_after():
+    """On native a step's calls run while they are recorded: a step that raises then has run its work once, as an
+    eager step would have, and the error reaches the caller; the step is never recorded and runs as it is after."""
+    be = lp.backend("native")
+    t = lp.SharedTensor.from_numpy(np.ones(1000, np.float32))
+    calls = [0]
+
+    def step():
+        calls[0] += 1
+        be.scal(2.0, t.read_write(be))
+        if calls[0] == 2:  # the second run is the one the backend records
+            raise lp.BackendError("this step fails")
+
+    key = ("failing native step", id(t))
+    be.run_step(key, step)
+    with pytest.raises(lp.BackendError, match="this step fails"):
+        be.run_step(key, step)
+    be.run_step(key, step)
+    assert calls[0] == 3
+    np.testing.assert_allclose(t.to_numpy(), np.full(1000, 8.0), rtol=1e-6)  # three doublings, none twice
+    assert be.recorder.steps[key].eager
+
+
+def test_native_replays_the_primitive_calls_with_the_same_results():
+    """A replayed native step is the recorded list of primitive calls on the same arrays: LeNet's losses and weights
+    after 6 steps are the ones of steps run as they are (the same float32 operations in the same order)."""
+    from leafpy.backends.native import NativeBackend
+
+    results = []
+    for replay in (False, True):
+        be = NativeBackend()
+        be.replay = replay
+        cfg = lp.config.load(os.path.join(ROOT, "configs", "digits_lenet.yaml")).solver
+        solver = lp.Solver.from_config(be, be, cfg)
+        ds = lp.data.digits()
+        losses = []
+        for i in range(6):
+            solver.train_minibatch(ds.x_train[i * 32:(i + 1) * 32], ds.y_train[i * 32:(i + 1) * 32])
+            losses.append(solver.loss())
+        results.append((losses, [w.to_numpy() for w in solver.network.learnable_weights_data()], be.replays))
+    (eager, w_eager, none), (replayed, w_replayed, replays) = results
+    assert (none, replays) == (0, 4)
+    np.testing.assert_allclose(replayed, eager, rtol=1e-6)
+    for a, b in zip(w_eager, w_replayed):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)

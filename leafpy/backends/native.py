@@ -7,6 +7,7 @@ by all layers. Each tuning attribute below says what it was measured to do."""
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from typing import Any
@@ -15,6 +16,11 @@ import numpy as np
 
 from ..tensor import HOST
 from .array import ArrayBackend
+from .base import MEMORY, PRIMITIVES
+from .recorder import StepRecorder
+
+RECORDED = tuple(n for n in PRIMITIVES if n not in MEMORY) + ("cast", "relayout")
+"""The calls a recorded step keeps: every compute primitive (memory management happens in the tensors)."""
 
 
 class NativeBackend(ArrayBackend):
@@ -55,10 +61,74 @@ class NativeBackend(ArrayBackend):
         np.copyto(out, host)
 
     def download(self, buf: Any, host: np.ndarray) -> None:
+        if getattr(self._threads, "calls", None) is not None:  # a value read back can steer the step (a custom
+            self._threads.read_back = True                       # rule's rate): that step is never replayed
         np.copyto(host, buf)
 
     def synchronize(self) -> None:
         pass
+
+    # --- recorded steps: the primitive calls of a step, replayed without the layers' Python ----------------------
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in RECORDED:  # a subclass's own primitives are recorded too
+            if name in vars(cls):
+                setattr(cls, name, _recorded(vars(cls)[name]))
+
+    replay = True
+    """Replay replayable training steps as the list of their primitive calls (see :meth:`run_step`)."""
+    MAX_RECORDED_STEPS = 8
+
+    def run_step(self, key: Any, step: Any) -> None:
+        """A replayable step (``key`` not None) is recorded on its second sight as the list of its primitive calls
+        (method and operands) and from then on run straight from that list, without the layers' Python, while the
+        tensors it touches keep their buffers (recorder.StepRecorder): the same calls on the same arrays, so the
+        same results. Each thread keeps its own recordings. Mixed precision and channels-last run every step as
+        it is."""
+        if not self.replay or self.mixed or self.channels_last:
+            key = None
+        self.recorder.run(key, step)
+        error, self._threads.capture_error = getattr(self._threads, "capture_error", None), None
+        if error is not None:
+            raise error
+
+    @property
+    def recorder(self) -> StepRecorder:
+        """This thread's recorded steps."""
+        rec = getattr(self._threads, "recorder", None)
+        if rec is None:
+            rec = self._threads.recorder = StepRecorder(self, self.MAX_RECORDED_STEPS)
+        return rec
+
+    @property
+    def replays(self) -> int:
+        """Steps this thread ran from a recording so far."""
+        return self.recorder.replays
+
+    def first_run(self, entry: Any, step: Any) -> None:
+        step()
+
+    def capture(self, entry: Any, step: Any) -> tuple[Any, bool]:
+        # the calls are taken where the class's primitives run: a function put on this object in front of one (a
+        # profiler's, a test's spy) runs when the step is recorded, not when it is replayed, as the layers' Python
+        calls: list = []
+        self._threads.calls, self._threads.read_back = calls, False
+        try:
+            step()
+        except BaseException as e:  # the step ran partly: raised from run_step, never run a second time
+            self._threads.capture_error = e
+            return None, True
+        finally:
+            self._threads.calls = None
+        return (None if self._threads.read_back else calls), True
+
+    def launch(self, recording: Any) -> None:
+        for fn, args, kwargs in recording:
+            fn(*args, **kwargs)
+
+    @staticmethod
+    def handle(buffer: Any) -> Any:
+        return buffer.__array_interface__["data"][0], buffer.size
 
     TRANSPOSE_BLOCK = 64
     """Rows of the source per block when moving a batch-innermost layout back to NCHW: a plain transposed copy
@@ -204,3 +274,24 @@ class NativeBackend(ArrayBackend):
         else:
             np.matmul(cols, dy_t.T, out=grad_t)
         self.axpby(1.0, grad_t.T, beta, dw)
+
+
+def _recorded(fn: Any) -> Any:
+    """``fn``, a primitive, appending itself and its operands to the thread's step being recorded, if any (the
+    primitives it calls in turn run inside it, unrecorded)."""
+    @functools.wraps(fn)
+    def call(self: NativeBackend, *args: Any, **kwargs: Any) -> Any:
+        calls = getattr(self._threads, "calls", None)
+        if calls is None:
+            return fn(self, *args, **kwargs)
+        calls.append((fn.__get__(self), args, kwargs))
+        self._threads.calls = None
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            self._threads.calls = calls
+    return call
+
+
+for _name in RECORDED:
+    setattr(NativeBackend, _name, _recorded(getattr(NativeBackend, _name)))
