@@ -226,7 +226,7 @@ def test_channels_last_prefix_views_of_other_sizes_keep_their_values():
     np.testing.assert_array_equal(whole.to_numpy().reshape(-1), want)
 
 
-def test_a_write_through_a_smaller_view_of_scratch_storage_rearranges_nothing():
+def test_a_write_through_a_smaller_view_of_scratch_storage_rearranges_nothing(monkeypatch):
     """A container's shared gradient buffer is scratch: a smaller layer's gradient written through it on a
     channels-last backend moves no values of the earlier, larger one (they are dead), and its own values are
     what was written."""
@@ -237,7 +237,7 @@ def test_a_write_through_a_smaller_view_of_scratch_storage_rearranges_nothing():
     big.read(cl)
     calls = []
     relayout = cl.relayout
-    cl.relayout = lambda *a: (calls.append(a), relayout(*a))
+    monkeypatch.setattr(cl, "relayout", lambda *a: (calls.append(a), relayout(*a)))  # undone after the test
     small = storage.prefix_view((2, 3, 2, 5), grow=True, scratch=True)
     z = np.arange(small.size, dtype=np.float32).reshape(small.shape)
     cl.copy(cl.view(np.ascontiguousarray(z.transpose(0, 2, 3, 1)).reshape(-1), small.shape), small.write(cl))
@@ -245,7 +245,7 @@ def test_a_write_through_a_smaller_view_of_scratch_storage_rearranges_nothing():
     np.testing.assert_array_equal(small.to_numpy(), z)
 
 
-def test_a_channels_last_training_step_rearranges_only_at_the_flatten():
+def test_a_channels_last_training_step_rearranges_only_at_the_flatten(monkeypatch):
     """LeNet on a channels-last backend: the shared gradient buffers are not rearranged between layers of
     other sizes (only the Flatten's two views are), and the weights after three steps are the row-major
     backend's."""
@@ -270,7 +270,7 @@ def test_a_channels_last_training_step_rearranges_only_at_the_flatten():
         y = rng.integers(0, 3, (8, 1)).astype(np.float32)
         calls = []
         relayout = be.relayout
-        be.relayout = lambda buf, old, new: (calls.append((old, new)), relayout(buf, old, new))
+        monkeypatch.setattr(be, "relayout", lambda buf, old, new: (calls.append((old, new)), relayout(buf, old, new)))
         for _ in range(3):
             del calls[:]
             solver.train_minibatch(x, y)
