@@ -229,8 +229,6 @@ def test_an_opset_outside_the_range_is_a_config_error():
 
 
 ROUND_TRIP_GAPS = {
-    "Eltwise": "coeff is written as a Mul by a constant, which the importer refuses (no broadcasting yet)",
-    "Softplus": "beta is written as a Mul by a constant, which the importer refuses (no broadcasting yet)",
     "MeanSquaredError": "written with ReduceMean, which the importer has no entry for",
 }
 
