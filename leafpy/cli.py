@@ -499,7 +499,6 @@ def predict_cmd(args: argparse.Namespace) -> int:
         # a model alone (an ONNX model, or a model file with no run beside it): its graph is the network, its
         # file says how it reads data (a leafpy model file records that; an ONNX graph reads its input as given)
         from . import onnx
-        from .serialization import read_model
         from .sources import prepare
 
         x = datasets.npz_samples(args.input)
@@ -510,7 +509,7 @@ def predict_cmd(args: argparse.Namespace) -> int:
             prep = prepare.from_dict({})
         else:
             net = Layer.load(be, args.config)
-            prep = prepare.from_text(read_model(args.config).preparation, args.config) or prepare.from_dict({})
+            prep = _recorded_preparation(args.config) or prepare.from_dict({})
         weights = args.config
         want = tuple(net.input_shapes[0][1:])
         if tuple(x.shape[1:]) != want:
@@ -558,13 +557,20 @@ def predict_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
-def _preparation(run: run_config.RunConfig, weights: str) -> Any:
-    """How the model reads data: as its model file records it, else as the run's data section does."""
+def _recorded_preparation(model: str) -> Any:
+    """How a model file records that it reads data (None: it records nothing)."""
     from .serialization import read_model
     from .sources import prepare
 
+    return prepare.from_text(read_model(model).preparation, model)
+
+
+def _preparation(run: run_config.RunConfig, weights: str) -> Any:
+    """How the model reads data: as its model file records it, else as the run's data section does."""
+    from .sources import prepare
+
     try:
-        saved = prepare.from_text(read_model(weights).preparation, weights)
+        saved = _recorded_preparation(weights)
     except SerializationError:  # a checkpoint: its run.yaml records it
         saved = None
     if saved is not None:

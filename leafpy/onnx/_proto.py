@@ -19,6 +19,16 @@ MAX_ONNX_BYTES = 2**31 - 1
 """protobuf's own limit on one message; larger models keep their weights as external data, which is refused."""
 
 
+def unique_name(base: str, taken: set[str]) -> str:
+    """``base``, or ``base_2``, ``base_3``, ... : the first not in ``taken``, which then holds it."""
+    name, i = base, 1
+    while name in taken:
+        i += 1
+        name = f"{base}_{i}"
+    taken.add(name)
+    return name
+
+
 def require_onnx() -> Any:
     """The onnx module, or a LeafpyError saying how to install it."""
     try:

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..layers import Layer, LayerConfig
-from ._proto import require_onnx
+from ._proto import require_onnx, unique_name
 from .importer import GATES_TO_ONNX, reorder_gates
 
 MIN_OPSET = 13
@@ -37,12 +37,7 @@ class Emitter:
         self.names: set[str] = set()
 
     def fresh(self, hint: str) -> str:
-        name, i = hint, 1
-        while name in self.names:
-            i += 1
-            name = f"{hint}_{i}"
-        self.names.add(name)
-        return name
+        return unique_name(hint, self.names)
 
     def node(self, op: str, inputs: Sequence[str], outputs: Sequence[str] | None = None, *, name: str = "",
              **attrs: Any) -> list[str]:

@@ -54,7 +54,7 @@ from ..layers.common.matmul import MatMulConfig
 from ..layers.layer_config import lookup
 from ..layers.loss.negative_log_likelihood import REDUCTIONS, SoftmaxCrossEntropyConfig
 from ..layers.utility.transpose import TransposeConfig
-from ._proto import opset_of, require_onnx, to_array
+from ._proto import opset_of, require_onnx, to_array, unique_name
 
 Converter = Callable[["Graph", "Node"], None]
 
@@ -205,12 +205,7 @@ class Graph:
 
     def layer_name(self, node: Node, suffix: str = "") -> str:
         base = re.sub(r"[^A-Za-z0-9_.\-]+", "_", node.name + suffix).strip("_.") or f"{node.op}"
-        name, i = base, 1
-        while name in self.layer_names:
-            i += 1
-            name = f"{base}_{i}"
-        self.layer_names.add(name)
-        return name
+        return unique_name(base, self.layer_names)
 
     def add(self, node: Node, layer_type: Any, inputs: Sequence[str], outputs: Sequence[str], *,
             weights: dict[str, np.ndarray] | None = None, suffix: str = "") -> str:

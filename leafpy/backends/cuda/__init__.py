@@ -385,6 +385,9 @@ class CudaBackend(ArrayBackend):
         if min(a.ndim, b.ndim, out.ndim) < 2:
             return super().matmul(a, trans_a, b, trans_b, out)
         xp, lead = self.xp, out.shape[:-2]
+        if b.ndim == 2 and not trans_a and a.shape[:-2] == lead and a.flags.c_contiguous and out.flags.c_contiguous:
+            # a stack times one matrix: one gemm over the stack's rows
+            return self.gemm(a.reshape(-1, a.shape[-1]), False, b, trans_b, out.reshape(-1, out.shape[-1]))
         a = xp.broadcast_to(a, lead + a.shape[-2:])
         b = xp.broadcast_to(b, lead + b.shape[-2:])
         for idx in np.ndindex(*lead):
