@@ -1,7 +1,20 @@
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import leafpy as lp
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a child process the tests start (``leafpy`` commands, MPI ranks): this checkout first on
+    PYTHONPATH, ahead of what is already there (a machine may keep its packages on it), unbuffered output,
+    matplotlib without a display, then ``extra``."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg", **extra}
 
 
 @pytest.fixture

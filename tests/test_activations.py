@@ -5,7 +5,6 @@ a run of the leafpy command. (Central-difference gradient checks of every layer:
 from __future__ import annotations
 
 import math
-import os
 import re
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import backend_or_skip
+from conftest import backend_or_skip, child_env
 
 import leafpy as lp
 
@@ -337,7 +336,7 @@ def test_leafpy_train_with_gelu_and_silu_learns_the_digits(tmp_path):
     pytest.importorskip("sklearn", reason="the digits data set comes with scikit-learn")
     run_file = tmp_path / "gelu.yaml"
     run_file.write_text(GELU_RUN)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+    env = child_env()
     p = subprocess.run([sys.executable, "-m", "leafpy.cli", "train", str(run_file), "--out", str(tmp_path / "run")],
                        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert p.returncode == 0, p.stderr

@@ -4,14 +4,14 @@ uninterrupted run's weights bit for bit."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from test_user_paths import ROOT, _weights, failed_cleanly, leafpy
+from conftest import child_env
+from test_user_paths import _weights, failed_cleanly, leafpy
 
 import leafpy as lp
 from leafpy.sources import augment
@@ -93,7 +93,7 @@ def test_ctrl_c_mid_epoch_with_augmentation_then_resume_equals_the_uninterrupted
     assert whole.returncode == 0, whole.stderr
     assert "augment: {random_crop: 1, horizontal_flip: true, vertical_flip: false, shift: 1}" in \
         (tmp_path / "whole" / "run.yaml").read_text()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+    env = child_env()
     proc = subprocess.Popen([sys.executable, "-m", "leafpy", "train", "digits_mlp", "--epochs", "2", "--out", "cut",
                              "--set", "train.log_every=1", "--set", f"data.workers={workers}", *AUGMENTED],
                             cwd=tmp_path, env=env,

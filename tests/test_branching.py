@@ -4,12 +4,12 @@ backends against native."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from conftest import child_env
 from gradcheck import check_layer_gradients
 from test_backends import close, device  # noqa: F401  (device: the cuda and webgpu fixture)
 
@@ -118,7 +118,7 @@ def test_resnet_run_file_trains_to_99_percent(tmp_path):
     from test_cli import ROOT, accuracy
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+        env = child_env()
         return subprocess.run([sys.executable, "-m", "leafpy.cli", *args], capture_output=True, text=True,
                               timeout=300, cwd=ROOT, env=env)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import child_env
 
 import leafpy as lp
 from tests.hostile.corpus import CRAFTED_TRAINER_STATES, edited_checkpoint, make_checkpoint
@@ -143,7 +144,7 @@ def _catches(pid: int, sig: int) -> bool:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux's /proc to see the handler in place")
 def test_sigterm_during_start_up_ends_with_a_message_and_code_130(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+    env = child_env()
     proc = subprocess.Popen([sys.executable, "-m", "leafpy", "train", "digits_mlp", "--epochs", "1", "--out", "run"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60

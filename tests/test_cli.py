@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import backend_or_skip
+from conftest import backend_or_skip, child_env
 
 import leafpy as lp
 
@@ -27,7 +27,7 @@ def leafpy_cmd() -> list[str]:
 
 
 def run(*args, timeout=300, **kw):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+    env = child_env()
     return subprocess.run(leafpy_cmd() + list(args), capture_output=True, text=True, timeout=timeout, cwd=ROOT,
                           env=env, **kw)
 

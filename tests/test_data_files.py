@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import child_env
 
 import leafpy as lp
 
@@ -64,7 +65,7 @@ def test_four_times_as_many_small_images_are_not_read_as_mnist(tmp_path):
 def test_leafpy_train_names_the_image_file_whose_size_differs(tmp_path):
     write_mnist(tmp_path, train=(12, 14, 56), test=(5, 14, 56))
     run = (ROOT / "configs" / "mnist_lenet.yaml").read_text()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
+    env = child_env()
     p = subprocess.run([sys.executable, "-m", "leafpy.cli", "train", str(ROOT / "configs" / "mnist_lenet.yaml"),
                         "--set", f"data.path={tmp_path}", "--out", str(tmp_path / "out"), "--epochs", "1"],
                        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
@@ -202,7 +203,7 @@ def test_training_on_more_data_than_memory_holds_says_what_it_needs_before_alloc
     from tests.hostile import corpus
 
     bomb = corpus.data_bombs(tmp_path)["npz data bomb"][0]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
+    env = child_env()
     p = subprocess.run([sys.executable, "-m", "leafpy", "train", "digits_mlp", "--set", "data.dataset=npz", "--set",
                         f"data.path={bomb}", "--out", str(tmp_path / "out")], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=60, preexec_fn=_limited_address_space)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import child_env
 from test_user_paths import ROOT, failed_cleanly, leafpy
 
 pytest.importorskip("PIL", reason="image folders need Pillow (the data extra)")
@@ -208,14 +209,14 @@ def test_ctrl_c_in_the_first_epoch_ends_the_decoding_threads_and_the_resumed_run
     import signal
     import subprocess
 
-    from test_user_paths import ROOT, _weights
+    from test_user_paths import _weights
 
     write_digits(tmp_path / "digits")
     args = [*FOLDER, "--epochs", "1", "--set", "data.batch_size=4", "--set", "data.augment={shift: 1}"]
     whole = leafpy(tmp_path, "train", *args, "--set", "data.workers=1", "--set",
                    f"data.cache_dir={tmp_path / 'cache_whole'}", "--out", "whole")
     assert whole.returncode == 0, whole.stderr
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+    env = child_env()
     cache = tmp_path / "cache"
     proc = subprocess.Popen([sys.executable, "-m", "leafpy", "train", *args, "--set", "data.workers=2", "--set",
                              f"data.cache_dir={cache}", "--set", "train.log_every=1", "--out", "cut"],

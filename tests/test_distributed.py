@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import distributed_worker as worker  # noqa: E402
-from conftest import backend_or_skip  # noqa: E402
+from conftest import backend_or_skip, child_env  # noqa: E402
 
 MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
 needs_mpi = pytest.mark.skipif(MPIEXEC is None or importlib.util.find_spec("mpi4py") is None,
@@ -35,8 +35,7 @@ ROOT_OK = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 
 def mpirun(n: int, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
-               OPENBLAS_NUM_THREADS="1", **ROOT_OK)
+    env = child_env(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", **ROOT_OK)
     return subprocess.run([MPIEXEC, "-n", str(n), sys.executable, os.path.join(HERE, "distributed_worker.py"),
                            *args], env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -191,7 +190,7 @@ objective:
 solver: {{base_lr: 0.1}}
 train: {{epochs: 1}}
 """)
-    env = dict(os.environ, PYTHONPATH=ROOT, MPLBACKEND="Agg", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env = child_env(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "leafpy", "train", str(run_file), "--out", str(tmp_path / "out"),
                         "--nproc", "2"], env=env, capture_output=True, text=True, timeout=120)
@@ -239,7 +238,7 @@ def test_world_of_one_trains_as_a_plain_solver():
 @needs_mpi
 def test_leafpy_train_on_two_ranks_equals_one_process_at_twice_the_batch(tmp_path):
     mlp = os.path.join(ROOT, "configs", "digits_mlp.yaml")
-    env = dict(os.environ, PYTHONPATH=ROOT, MPLBACKEND="Agg", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env = child_env(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     one = subprocess.run([sys.executable, "-m", "leafpy", "train", mlp, "--epochs", "2", "--out",
                           str(tmp_path / "one"), "--set", "data.batch_size=32"], env=env, capture_output=True,
                          text=True, timeout=300)
@@ -293,7 +292,7 @@ def test_leafpy_train_with_synchronised_batch_norm_on_two_ranks(tmp_path):
     statistics, which the ranks combine in float64; in float64 the digits_bn model agrees to 1e-15 as well.)"""
     run = tmp_path / "bn.yaml"
     run.write_text(BN_RUN)
-    env = dict(os.environ, PYTHONPATH=ROOT, MPLBACKEND="Agg", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env = child_env(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     one = subprocess.run([sys.executable, "-m", "leafpy", "train", str(run), "--epochs", "2", "--out",
                           str(tmp_path / "one")], env=env, capture_output=True, text=True, timeout=300)
     assert one.returncode == 0, one.stderr
@@ -437,7 +436,7 @@ def test_a_data_parallel_cuda_step_replays_like_a_plain_one():
 @needs_mpi
 def test_a_two_rank_run_resumed_equals_the_uninterrupted_run(tmp_path):
     mlp = os.path.join(ROOT, "configs", "digits_mlp.yaml")
-    env = dict(os.environ, PYTHONPATH=ROOT, MPLBACKEND="Agg", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env = child_env(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 
     def train(out, epochs, *extra):
         p = subprocess.run([sys.executable, "-m", "leafpy", "train", mlp, "--epochs", str(epochs), "--out",
@@ -484,8 +483,7 @@ def test_ctrl_c_on_the_launcher_checkpoints_once_and_the_run_resumes_exactly(tmp
     import time
 
     mlp = os.path.join(ROOT, "configs", "digits_mlp.yaml")
-    env = dict(os.environ, PYTHONPATH=ROOT, MPLBACKEND="Agg", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-               PYTHONUNBUFFERED="1")
+    env = child_env(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     two = ["--set", "data.batch_size=8", "--nproc", "2"]
     cmd = [sys.executable, "-m", "leafpy", "train", mlp, "--epochs", "4"]
     whole = subprocess.run([*cmd, "--out", str(tmp_path / "whole"), *two], env=env, capture_output=True, text=True,

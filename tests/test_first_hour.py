@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 import yaml
-from conftest import backend_or_skip
+from conftest import backend_or_skip, child_env
 from test_user_paths import ROOT, failed_cleanly, leafpy
 
 import leafpy as lp
@@ -86,8 +86,7 @@ def test_progress_lines_go_to_stderr_without_a_log(capsys):
 
 def test_webgpu_names_its_adapter_and_says_when_it_is_a_cpu_emulator(tmp_path):
     be = backend_or_skip("webgpu")
-    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}  # as in a container or over ssh
-    env.update(PYTHONPATH=str(ROOT), MPLBACKEND="Agg")
+    env = {k: v for k, v in child_env().items() if k != "XDG_RUNTIME_DIR"}  # as in a container or over ssh
     p = subprocess.run([sys.executable, "-m", "leafpy", "train", "digits_mlp", "--backend", "webgpu", "--epochs",
                         "1", "--out", "run"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr

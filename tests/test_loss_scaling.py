@@ -5,14 +5,13 @@ growth_interval good steps, and a checkpoint taken midway resumes bit-exactly.""
 from __future__ import annotations
 
 import dataclasses
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import backend_or_skip
+from conftest import backend_or_skip, child_env
 
 import leafpy as lp
 from leafpy.errors import ConfigError
@@ -362,7 +361,7 @@ def test_cli_fp16_run_resumed_mid_way_equals_the_uninterrupted_run(tmp_path):
     """`leafpy train --precision fp16` stopped after an epoch (with a backed-off scale and skipped steps in its
     checkpoint) and resumed ends bit for bit where the uninterrupted run ends: weights, scale, counts."""
     root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONUNBUFFERED": "1"}
+    env = child_env()
 
     def train(out, epochs, *extra):
         args = [sys.executable, "-m", "leafpy.cli", "train", str(root / "configs" / "digits_mlp.yaml"),

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import child_env
 from runs import layer, run_file
-from test_user_paths import ROOT, _weights, failed_cleanly, leafpy
+from test_user_paths import _weights, failed_cleanly, leafpy
 
 RUN = run_file([layer("pool", "Pooling", mode="average", filter_shape=[8, 8], stride=8), layer("flat", "Flatten"),
                 layer("head", "Linear", output_size=5), layer("logsm", "LogSoftmax")], [3, 64, 64], name="mapped",
@@ -90,8 +91,7 @@ def test_a_dataset_larger_than_the_address_space_limit_trains_through_a_memory_m
     size = os.path.getsize(tmp_path / "data.npz")
     limit = size + (450 << 20)  # the file mapped, the interpreter, NumPy and leafpy, batches
     assert n * 3 * 64 * 64 * 4 > limit
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg",
-           "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
+    env = child_env(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MALLOC_ARENA_MAX="2")
 
     def train(*extra: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-c", CHILD, str(limit), "train", "run.yaml", "--epochs", "1", *extra],

@@ -5,13 +5,13 @@ message) still load and mean the same; the memory a save and a load take, measur
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import child_env
 
 import leafpy as lp
 from leafpy import serialization as ser
@@ -117,7 +117,7 @@ print(json.dumps({"above": peak() - before, "weights": 4 * net.num_parameters()}
 
 
 def _peak_above(phase: str, path: Path) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     out = subprocess.run([sys.executable, "-c", CHILD, phase, str(path)], capture_output=True, text=True, env=env,
                          timeout=300, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -176,7 +176,7 @@ print(json.dumps({"above": above, "heap": heap, "weights": 4 * net.num_parameter
 
 
 def _child(phase: str, path: Path) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     out = subprocess.run([sys.executable, "-c", ROUND_TRIP_CHILD, phase, str(path)], capture_output=True, text=True,
                          env=env, timeout=300, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])

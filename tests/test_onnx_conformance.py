@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("onnx", reason="the ONNX conformance tests need the onnx package (pip install 'leafpy-dl[onnx]')")
 
 import onnx.backend.test  # noqa: E402
+from conftest import backend_or_skip  # noqa: E402
 
 import leafpy  # noqa: E402
 import leafpy.onnx.backend  # noqa: E402
@@ -120,6 +121,36 @@ def test_light_models_with_random_weights_match_onnxruntime(name):
     got = net.forward([x])[0].to_numpy().reshape(want.shape)
     assert float(want.std()) > 0.1
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+# densenet121 and inception_v2 (34 s and 12 s on a CPU Vulkan driver, where the webgpu tests run in CI) on cuda only
+GPU_LIGHT = [pytest.param(name, backend, marks=getattr(pytest.mark, backend), id=f"{name}-{backend}")
+             for backend in ("webgpu", "cuda")
+             for name in ("shufflenet", "inception_v1", "resnet50", "squeezenet")
+             + (("densenet121", "inception_v2") if backend == "cuda" else ())]
+
+
+@pytest.mark.parametrize("name,backend", GPU_LIGHT)
+def test_light_models_with_random_weights_match_onnxruntime_on_a_gpu_backend(name, backend):
+    """The same imported graphs (grouped convolution, channel shuffle, asymmetric pooling pads, broadcast constants,
+    concatenations) on cuda and webgpu, checked against onnxruntime's scores on the CPU."""
+    ort = pytest.importorskip("onnxruntime", reason="the class scores are checked against onnxruntime")
+    be = backend_or_skip(backend)
+    rng = np.random.default_rng(1)
+    model = _with_random_weights(_light(name)[0], rng)
+    x = rng.normal(0, 1, (1, 3, 224, 224)).astype(np.float32)
+    inits = {t.name for t in model.graph.initializer}
+    data = next(i.name for i in model.graph.input if i.name not in inits)
+    quiet = ort.SessionOptions()
+    quiet.log_severity_level = 3
+    want = ort.InferenceSession(model.SerializeToString(), quiet, providers=["CPUExecutionProvider"]).run(
+        None, {data: x})[0]
+    net = leafpy.onnx.load(model, be)
+    net.set_training(False)
+    got = net.forward([x])[0].to_numpy().reshape(want.shape)
+    assert float(want.std()) > 0.1
+    # cuDNN and the WGSL kernels sum in other orders and may use TF32-free but reassociated reductions
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * float(np.abs(want).max()))
 
 
 def test_every_excluded_test_still_fails_so_the_list_stays_true():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import backend_or_skip
+from conftest import backend_or_skip, child_env
 
 import leafpy as lp
 
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def leafpy(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    env = child_env()
     return subprocess.run([sys.executable, "-m", "leafpy", *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=120)
 
@@ -166,7 +166,7 @@ def test_a_tensor_larger_than_its_data_is_refused():
 def test_import_leafpy_does_not_import_onnx():
     code = "import sys, leafpy; leafpy.onnx; print('onnx' in sys.modules)"
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+                       env=child_env())
     assert p.stdout.strip() == "False", p.stderr
 
 

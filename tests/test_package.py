@@ -13,6 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import child_env
 
 import leafpy as lp
 
@@ -126,7 +127,7 @@ def test_installed_wheel_trains_a_shipped_run_file_by_name_from_another_director
 
 
 def test_python_m_leafpy_runs_the_command(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     p = subprocess.run([sys.executable, "-m", "leafpy", "summary", "digits_mlp"], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr

@@ -6,7 +6,6 @@ scale and the skipped steps."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from conftest import child_env
 
 import leafpy as lp
 
@@ -24,7 +24,7 @@ TOLERANCE = 0.005
 
 
 def leafpy(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+    env = child_env()
     done = subprocess.run([sys.executable, "-m", "leafpy.cli", *args], capture_output=True, text=True, cwd=cwd,
                           env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

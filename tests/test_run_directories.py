@@ -5,12 +5,12 @@ epochs a resumed run keeps. Each test checks what the user sees against what the
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import child_env
 
 import leafpy as lp
 
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def leafpy(cwd: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """``python -m leafpy ARGS`` in ``cwd`` with this checkout's leafpy."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+    env = child_env()
     return subprocess.run([sys.executable, "-m", "leafpy", *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -134,7 +134,7 @@ print(f"trainer accuracy: {trainer.evaluate().accuracy:.2%}")
 def test_a_run_the_trainer_wrote_from_python_is_read_by_evaluate_summary_and_resume(tmp_path):
     """The Trainer example of docs/training.md leaves a run directory the commands take, as `leafpy train` does: its
     run.yaml is the resolved run (the data split, the backend and precision it ran on, the epochs it trained)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
+    env = child_env()
     p = subprocess.run([sys.executable, "-c", DOCS_TRAINER], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, p.stderr

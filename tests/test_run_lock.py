@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import child_env
 from test_user_paths import ROOT, failed_cleanly, leafpy
 
 from leafpy._run_lock import EMPTY_STALE_S, RunLock
@@ -81,7 +82,7 @@ def _no_file_writes() -> None:
 
 def test_a_start_that_cannot_write_the_lock_leaves_none(tmp_path):
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg", "PYTHONDONTWRITEBYTECODE": "1"}
+    env = child_env(PYTHONDONTWRITEBYTECODE="1")
     p = subprocess.run([sys.executable, "-m", "leafpy", "train", MLP, "--epochs", "1", "--out", str(out)],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
                        preexec_fn=_no_file_writes)
@@ -91,7 +92,7 @@ def test_a_start_that_cannot_write_the_lock_leaves_none(tmp_path):
 
 def test_two_runs_started_at_once_into_one_directory(tmp_path):
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+    env = child_env()
     cmd = [sys.executable, "-m", "leafpy", "train", MLP, "--epochs", "3", "--out", str(out)]
     procs = [subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import backend_or_skip
+from conftest import backend_or_skip, child_env
 from gradcheck import check_layer_gradients
 from test_backends import close, device  # noqa: F401  (device: the cuda and webgpu fixture)
 
@@ -370,7 +370,7 @@ def test_lstm_run_file_trains_to_95_percent(tmp_path):
     from test_cli import ROOT, accuracy
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+        env = child_env()
         return subprocess.run([sys.executable, "-m", "leafpy.cli", *args], capture_output=True, text=True,
                               timeout=300, cwd=ROOT, env=env)
 

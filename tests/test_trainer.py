@@ -10,6 +10,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from conftest import child_env
 from runs import mlp, run_file
 from test_cli import ROOT, accuracy, leafpy_cmd, run
 
@@ -148,7 +149,7 @@ def test_interrupted_anywhere_and_resumed_equals_uninterrupted(tmp_path, batch, 
 def test_ctrl_c_in_the_command_then_resume_equals_an_uninterrupted_run(tmp_path):
     args = ["--set", "solver.solver=adam", "--set", "solver.base_lr=0.002", "--set", "data.batch_size=4"]
     assert run("train", MLP, "--epochs", "6", "--out", str(tmp_path / "whole"), *args).returncode == 0
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+    env = child_env()
     proc = subprocess.Popen(leafpy_cmd() + ["train", MLP, "--epochs", "6", "--out", str(tmp_path / "cut"), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     for line in proc.stdout:
@@ -228,7 +229,7 @@ def test_a_diverged_run_never_replaces_a_good_checkpoint(tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_and_sighup_save_a_checkpoint_like_ctrl_c(tmp_path, sig):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+    env = child_env()
     proc = subprocess.Popen(leafpy_cmd() + ["train", MLP, "--epochs", "50", "--out", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     for line in proc.stdout:
@@ -243,7 +244,7 @@ def test_sigterm_and_sighup_save_a_checkpoint_like_ctrl_c(tmp_path, sig):
 
 def test_under_nohup_ctrl_c_is_left_ignored(tmp_path):
     """A run started with SIGINT ignored (nohup ... &) keeps it ignored; SIGTERM still checkpoints."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+    env = child_env()
     proc = subprocess.Popen(leafpy_cmd() + ["train", MLP, "--epochs", "50", "--out", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import child_env
 from runs import mlp, run_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def leafpy(cwd: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """``python -m leafpy ARGS`` in ``cwd`` with this checkout's leafpy, as a user at a prompt would run it."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+    env = child_env()
     return subprocess.run([sys.executable, "-m", "leafpy", *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -191,7 +192,7 @@ def test_resuming_a_finished_run_with_no_more_epochs_says_so(tmp_path):
 # --- output into a pipe ---------------------------------------------------------------------------------------------
 def test_output_into_a_pipe_whose_reader_has_gone_stops_quietly(tmp_path):
     """`leafpy summary RUN | head -1`: head exits after its line; leafpy stops without a traceback."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     proc = subprocess.Popen([sys.executable, "-m", "leafpy", "summary", "digits_mlp"], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
@@ -335,7 +336,7 @@ def test_a_terminal_that_reports_no_size_still_shows_the_progress_bar(tmp_path):
     """A pseudo-terminal nobody sized (0 columns, 0 rows), as some terminals in editors and CI runners give."""
     pty = pytest.importorskip("pty")
     master, slave = pty.openpty()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
+    env = child_env()
     proc = subprocess.Popen([sys.executable, "-m", "leafpy", "train", "digits_mlp", "--epochs", "1", "--out", "run"],
                             cwd=tmp_path, env=env, stdin=slave, stdout=slave, stderr=slave)
     os.close(slave)
