@@ -77,7 +77,7 @@ class Dataset:
                 if not isinstance(a, mapped.Mapped):
                     hash_array(h, a)
                     continue
-                plain = mapped.Mapped(a.source, a.rows, a.prep if normalised else None)
+                plain = mapped.Mapped(a.source, a.rows, a.prep if normalised else None, a.pages)
                 h.update(f"{np.dtype(np.float32).str}{a.shape};".encode())  # as one float32 array, chunk by chunk
                 for chunk in plain.chunks():
                     h.update(np.ascontiguousarray(chunk, np.float32).data.cast("B"))

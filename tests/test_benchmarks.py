@@ -68,3 +68,13 @@ def test_webgpu_plan_lists_a_step_without_running_it():
     rows = {line.split()[1]: line.split() for line in p.stdout.splitlines()[2:]}
     assert int(rows["momentum_update"][2]) == 6
     assert int(rows["gemm"][2]) >= 8  # 3 forward + 3 filter gradients + 2 data gradients, some split over K
+
+
+def test_mapped_memory_trains_an_epoch_and_reports_its_peak(tmp_path):
+    out = tmp_path / "row.json"
+    p = script("mapped_memory.py", "--gb", "0.02", "--dir", str(tmp_path / "data"), "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    row = json.loads(out.read_text())
+    assert row["samples"] == 20_000_000 // (3 * 64 * 64) and row["file_bytes"] > row["samples"] * 3 * 64 * 64
+    assert 50 << 20 < row["peak_resident_bytes"] < 2 << 30 and 0 <= row["accuracy_percent"] <= 100
+    assert "peak resident" in p.stdout

@@ -107,3 +107,30 @@ def test_a_dataset_larger_than_the_address_space_limit_trains_through_a_memory_m
     peak_kb = int(p.stderr.split("peak resident")[1].split()[0])
     print(f"file {size >> 20} MiB, limit {limit >> 20} MiB, peak resident {peak_kb >> 10} MiB")
     assert peak_kb * 1024 < limit
+
+
+def test_an_epoch_over_a_mapped_file_keeps_the_resident_memory_below_the_file_size(tmp_path):
+    """A mapped file's pages are let go as reads pass (mapped.RESIDENT_BYTES): an epoch over a 590 MB .npy peaks
+    far below the file's size in resident memory (it stayed at the whole file plus the interpreter before)."""
+    n, chunk = 48000, 4000
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 5, n)
+    x = np.lib.format.open_memmap(tmp_path / "x.npy", mode="w+", dtype=np.uint8, shape=(n, 3, 64, 64))
+    for start in range(0, n, chunk):  # written a chunk at a time: the test itself stays small too
+        part = rng.integers(0, 255, (min(chunk, n - start), 3, 64, 64), dtype=np.uint8)
+        part[:, 0, :8, :8] = y[start:start + len(part), None, None] * 50
+        x[start:start + len(part)] = part
+    x.flush()
+    del x
+    np.save(tmp_path / "y.npy", y)
+    (tmp_path / "run.yaml").write_text(RUN)
+    size = os.path.getsize(tmp_path / "x.npy")
+    p = subprocess.run([sys.executable, "-c", CHILD, str(1 << 40), "train", "run.yaml", "--out", "r", "--epochs", "1",
+                        "--set", "data.dataset=npy", "--set", "data.path={x: x.npy, y: y.npy}"],
+                       cwd=tmp_path, env=child_env(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MALLOC_ARENA_MAX="2"),
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert float(p.stdout.split("held-out accuracy: ")[1].split("%")[0]) > 50.0, p.stdout
+    peak_kb = int(p.stderr.split("peak resident")[1].split()[0])
+    print(f"file {size >> 20} MiB, peak resident {peak_kb >> 10} MiB")
+    assert size > 560 << 20 and peak_kb * 1024 < 400 << 20, (size, peak_kb)

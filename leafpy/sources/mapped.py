@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import mmap
 import os
+import threading
 import struct
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
@@ -21,6 +23,52 @@ from ..errors import LeafpyError, SerializationError
 CHUNK_BYTES = 1 << 25
 """About how many bytes of the file a pass over the samples (checks, fingerprint, statistics) reads at a time."""
 
+RESIDENT_BYTES = 1 << 27
+"""About how many bytes of a mapped file a process keeps mapped into its memory: once reads have touched this
+many, the mapping's pages are let go (``madvise(MADV_DONTNEED)``: the file's data stays in the system's page cache,
+only the process's resident set shrinks), so an epoch over a file larger than memory runs in bounded memory."""
+
+FAULT_AROUND_BYTES = 1 << 16
+"""What one read of a row may map besides the row itself (Linux maps up to 64 KiB of cached file pages around a
+fault), counted against :data:`RESIDENT_BYTES`."""
+
+
+def _mapping_of(a: Any) -> mmap.mmap | None:
+    """The mmap object under a memory-mapped array (np.memmap or a view of one), or None."""
+    while a is not None:
+        if isinstance(a, mmap.mmap):
+            return a
+        m = getattr(a, "_mmap", None)
+        if isinstance(m, mmap.mmap):
+            return m
+        a = getattr(a, "base", None)
+    return None
+
+
+class Pages:
+    """How much of one memory-mapped array reads have touched since its pages were last let go (shared by every
+    :class:`Mapped` view of that array, and safe to count from several loader threads)."""
+
+    def __init__(self, source: np.ndarray, budget: int | None = None) -> None:
+        self.mapping = _mapping_of(source)
+        self.budget = RESIDENT_BYTES if budget is None else budget
+        self.touched = 0
+        self._lock = threading.Lock()
+        self.releases = 0
+
+    def read(self, nbytes: int) -> None:
+        """Count ``nbytes`` read; past the budget, unmap the pages (they map again from the page cache when read)."""
+        if self.mapping is None or not hasattr(self.mapping, "madvise"):
+            return
+        with self._lock:
+            self.touched += nbytes
+            if self.touched < self.budget:
+                return
+            self.touched = 0
+            self.releases += 1
+        with contextlib.suppress(OSError, ValueError):  # a closed mapping (or a platform without the advice)
+            self.mapping.madvise(getattr(mmap, "MADV_DONTNEED", 4))
+
 
 class Mapped:
     """Samples [N, ...] kept in a memory-mapped array ``source`` (its rows ``rows``, in that order, where given):
@@ -28,8 +76,10 @@ class Mapped:
 
     dtype = np.dtype(np.float32)
 
-    def __init__(self, source: np.ndarray, rows: np.ndarray | None = None, prep: Any = None) -> None:
+    def __init__(self, source: np.ndarray, rows: np.ndarray | None = None, prep: Any = None,
+                 pages: Pages | None = None) -> None:
         self.source, self.rows, self.prep = source, rows, prep
+        self.pages = pages if pages is not None else Pages(source)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -46,7 +96,17 @@ class Mapped:
         if isinstance(idx, (int, np.integer)):
             return self[np.array([idx])][0]
         idx = np.arange(len(self))[idx] if isinstance(idx, slice) else np.asarray(idx)
-        return self.convert(self.source[idx if self.rows is None else self.rows[idx]])
+        return self.convert(self._read(idx if self.rows is None else self.rows[idx]))
+
+    def _read(self, rows: Any) -> np.ndarray:
+        """The file's rows ``rows`` (indices or a slice), copied out of the mapping and counted against its
+        resident budget."""
+        raw = self.source[rows]
+        raw = np.array(raw) if isinstance(rows, slice) else np.asarray(raw)  # indices copy already; a slice is a view
+        row_bytes = math.prod(self.source.shape[1:]) * self.source.dtype.itemsize
+        spread = 1 if isinstance(rows, slice) else len(raw)  # a slice is one run of the file, indices many
+        self.pages.read(len(raw) * row_bytes + spread * FAULT_AROUND_BYTES)
+        return raw
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         """Every sample in memory (what a memory map is there to avoid: for small sets and checks)."""
@@ -62,17 +122,17 @@ class Mapped:
 
     def take(self, rows: np.ndarray) -> Mapped:
         """These samples (indices into this one), still mapped."""
-        return Mapped(self.source, rows if self.rows is None else self.rows[rows], self.prep)
+        return Mapped(self.source, rows if self.rows is None else self.rows[rows], self.prep, self.pages)
 
     def normalized(self, prep: Any) -> Mapped:
-        return Mapped(self.source, self.rows, prep)
+        return Mapped(self.source, self.rows, prep, self.pages)
 
     def raw_chunks(self) -> Iterator[np.ndarray]:
         """The samples' rows as the file holds them, in order, about :data:`CHUNK_BYTES` at a time."""
         step = max(1, CHUNK_BYTES // max(1, math.prod(self.source.shape[1:]) * self.source.dtype.itemsize))
         for start in range(0, len(self), step):
             part = slice(start, start + step)
-            yield np.asarray(self.source[part] if self.rows is None else self.source[self.rows[part]])
+            yield self._read(part if self.rows is None else self.rows[part])
 
     def chunks(self) -> Iterator[np.ndarray]:
         """The samples as float32, in order, a chunk at a time."""

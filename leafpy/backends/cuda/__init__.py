@@ -34,6 +34,7 @@ from .blas import _CaptureBlas
 from .cudnn import _CudnnConv, _strides, geometry
 from .kernels import _BN_SOURCE, _POOL_SOURCE, module_source, vectorized_source
 from .lowp import as_stored, formats_of, is_low, low_dtypes, one_memory_order, storage_format, typed_kernel
+from .staging import PinnedStaging
 
 _INSTALL = ("pip install cupy-cuda12x nvidia-cudnn-frontend nvidia-cudnn-cu12 (the cuda extra; with CUDA 13 "
             "drivers install cupy-cuda13x instead)")
@@ -153,6 +154,7 @@ class CudaBackend(ArrayBackend):
         self._pools: list = []  # each recorded step's private pool: addresses baked into a graph stay its own
         self._peak_used = 0
         self._step_stream = cupy.cuda.Stream()  # blocking: ordered with work on the default stream
+        self._staging: PinnedStaging | None = None
         if use_cudnn is not False:
             try:
                 self._cudnn = _CudnnConv(cupy, tf32, conv_tolerance)
@@ -278,8 +280,19 @@ class CudaBackend(ArrayBackend):
     def allocate(self, size: int, dtype: Any) -> Any:
         return self.xp.empty(size, dtype)
 
+    PINNED_UPLOAD_BYTES = 1 << 20
+    """Uploads of at least this many bytes go through pinned memory on a copy stream (:mod:`.staging`: they
+    overlap the step still running); smaller ones are copied directly."""
+
     def upload(self, host: np.ndarray, out: Any) -> None:
-        out.set(np.ascontiguousarray(host))
+        host = np.ascontiguousarray(host)
+        if (host.nbytes < self.PINNED_UPLOAD_BYTES or self._capturing or host.dtype != out.dtype
+                or host.size != out.size or not out.flags.c_contiguous):
+            out.set(host)
+            return
+        if self._staging is None:
+            self._staging = PinnedStaging(self.xp)
+        self._staging.upload(host, out)
 
     def download(self, buf: Any, host: np.ndarray) -> None:
         buf.get(out=host)
