@@ -11,10 +11,11 @@ read back to the CPU (so the GPU has finished). The table gives the median, the 
 leafpy.js is faster), the largest absolute difference from the native backend's output and from leafpy.js's.
 
 Networks are named as in the other benchmarks, with the batch size last: ``lenet64`` (configs/mnist_lenet.yaml,
-batch 64) and ``resnet18-8`` (configs/resnet18_cifar.yaml, ResNet-18 on 3x32x32, batch 8); any batch size works
-(``lenet1``, ``resnet18-1``). Needs Chromium (``make browser``) and the npm packages (``make web-bench``).
+batch 64) and ``resnet18-1`` (configs/resnet18_cifar.yaml, ResNet-18 on 3x32x32, batch 1: one prediction takes
+seconds on SwiftShader); any batch size works (``lenet1``, ``resnet18-128`` as train_step.py times it). Needs
+Chromium (``make browser``) and the npm packages (``make web-peers``; ``make web-bench`` runs this).
 
-    python benchmarks/web_inference.py [--nets lenet64,resnet18-8] [--repeats 10] [--warmup 2] [--json FILE]
+    python benchmarks/web_inference.py [--nets lenet64,resnet18-1] [--repeats 10] [--warmup 2] [--json FILE]
 """
 
 from __future__ import annotations
@@ -45,14 +46,14 @@ from leafpy.layers.container.wiring import output_shapes, wire  # noqa: E402
 
 FRAMEWORKS = ("leafpy.js", "tfjs-webgpu", "ort-web-webgpu")
 RUN_FILES = {"lenet": "mnist_lenet.yaml", "resnet18-": "resnet18_cifar.yaml"}
-INSTALL = "make web-bench (or: cd benchmarks/web && npm ci)"
+INSTALL = "make web-peers (or: cd benchmarks/web && npm ci); make web-bench installs them and runs this"
 
 
 def network_config(name: str) -> lp.LayerConfig:
-    """``lenet64``, ``resnet18-8``: a shipped network (Dropout removed) at the batch size its name ends with."""
+    """``lenet64``, ``resnet18-1``: a shipped network (Dropout removed) at the batch size its name ends with."""
     match = re.fullmatch(r"(lenet|resnet18-)(\d+)", name)
     if not match or int(match[2]) < 1:
-        raise ValueError(f"unknown network {name!r}: lenet<batch> (e.g. lenet64) or resnet18-<batch> (resnet18-8)")
+        raise ValueError(f"unknown network {name!r}: lenet<batch> (e.g. lenet64) or resnet18-<batch> (resnet18-1)")
     return from_run_file(RUN_FILES[match[1]], int(match[2]))
 
 
@@ -61,9 +62,10 @@ def build(cfg: lp.LayerConfig, seed: int = 0) -> lp.Layer:
     away from 0 and 1 (so BatchNorm's arithmetic shows in the outputs)."""
     net = lp.Layer.from_config(lp.backend("native"), cfg, seed=seed)
     rng = np.random.default_rng(seed)
+    norms = {lc.name for lc in cfg.config.layers if lc.type == "BatchNorm"}
     weights = {}
     for k, v in net.named_weights().items():
-        if k.endswith("running_var") or k.endswith("bn/weight") or "_bn" in k and k.endswith("/weight"):
+        if k.endswith("running_var") or k.split("/")[0] in norms and k.endswith("/weight"):
             weights[k] = rng.uniform(0.5, 1.5, v.shape)
         elif k.endswith("running_mean") or k.endswith("/bias"):
             weights[k] = rng.normal(0, 0.1, v.shape)
@@ -207,7 +209,7 @@ def missing() -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--nets", default="lenet64,resnet18-8", help="lenet<batch>, resnet18-<batch>, comma-separated")
+    p.add_argument("--nets", default="lenet64,resnet18-1", help="lenet<batch>, resnet18-<batch>, comma-separated")
     p.add_argument("--repeats", type=int, default=10, help="timed predictions per framework (the median is shown)")
     p.add_argument("--warmup", type=int, default=2, help="untimed predictions first (shader compiles, caches)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one framework may take on one network")

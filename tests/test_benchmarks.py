@@ -68,3 +68,30 @@ def test_webgpu_plan_lists_a_step_without_running_it():
     rows = {line.split()[1]: line.split() for line in p.stdout.splitlines()[2:]}
     assert int(rows["momentum_update"][2]) == 6
     assert int(rows["gemm"][2]) >= 8  # 3 forward + 3 filter gradients + 2 data gradients, some split over K
+
+
+def test_web_inference_times_leafpy_js_tfjs_and_onnxruntime_web_in_one_browser(tmp_path):
+    """LeNet at batch 1 in headless Chromium: a row per framework, each output within float32 rounding of native's
+    (the three rebuild one network from one set of weights: a wrong layout or weight order shows here)."""
+    import pytest
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import web_inference
+
+    why = web_inference.missing()
+    if why:
+        pytest.skip(f"{why} (the browser benchmark's peers are not installed where CI runs)")
+    from tests.conftest import webgpu_offering
+
+    webgpu_offering()  # the leafpy.js plans are recorded on the webgpu backend
+    out = tmp_path / "rows.json"
+    p = script("web_inference.py", "--nets", "lenet1", "--repeats", "1", "--warmup", "0", "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(out.read_text())
+    assert [r["framework"] for r in doc["rows"]] == ["leafpy.js", "tfjs-webgpu", "ort-web-webgpu"]
+    for r in doc["rows"]:
+        assert r["ms"] > 0 and r["adapter"]
+        assert r["diff_native"] < 1e-4 and r["diff_leafpy_js"] < 1e-4
+        assert f"lenet1        {r['framework']:<16}" in p.stdout
+    assert doc["rows"][0]["ratio"] == 1.0
+    assert "adapter: " + doc["adapter"]["name"] in p.stdout

@@ -155,7 +155,8 @@ async function onnxruntime(dir, spec, warmup, repeats) {
   };
   try {
     const r = await timed(predict, warmup, repeats);
-    const info = (ort.env.webgpu.adapter && ort.env.webgpu.adapter.info) || {};
+    const device = await ort.env.webgpu.device;  // set once a session runs on the WebGPU provider
+    const info = (device && device.adapterInfo) || (ort.env.webgpu.adapter && ort.env.webgpu.adapter.info) || {};
     return {...r, adapter: [info.vendor, info.architecture].filter(Boolean).join(" ")};
   } finally {
     await session.release();
