@@ -80,7 +80,7 @@ def test_web_inference_times_leafpy_js_tfjs_and_onnxruntime_web_in_one_browser(t
 
     why = web_inference.missing()
     if why:
-        pytest.skip(f"{why} (the browser benchmark's peers are not installed where CI runs)")
+        pytest.skip(f"{why} (CI installs no npm packages)")
     from tests.conftest import webgpu_offering
 
     webgpu_offering()  # the leafpy.js plans are recorded on the webgpu backend
