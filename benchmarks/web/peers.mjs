@@ -142,7 +142,9 @@ async function tensorflowjs(dir, spec, warmup, repeats) {
 async function onnxruntime(dir, spec, warmup, repeats) {
   const ort = await import("/node_modules/onnxruntime-web/dist/ort.webgpu.min.mjs");
   ort.env.wasm.numThreads = 1;  // the page is not cross-origin isolated: no wasm threads
-  const session = await ort.InferenceSession.create(`${dir}model.onnx`, {executionProviders: ["webgpu"]});
+  // leafpy's ONNX export leaves the batch dimension open as "N": fixed here, as a page that knows its batch would
+  const session = await ort.InferenceSession.create(`${dir}model.onnx`, {
+    executionProviders: ["webgpu"], freeDimensionOverrides: {N: spec.input_shape[0]}});
   const x = new Float32Array(await bytes(`${dir}input.bin`));
   const predict = async () => {
     const feeds = {[session.inputNames[0]]: new ort.Tensor("float32", x, spec.input_shape)};
