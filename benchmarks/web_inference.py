@@ -82,17 +82,21 @@ def tfjs_spec(cfg: lp.LayerConfig, net: lp.Layer) -> tuple[dict, bytes]:
     LogSoftmax is applied as tf.logSoftmax after the model)."""
     seq = cfg.config
     steps = wire(seq).steps
-    shapes = {seq.inputs[0][0]: tuple(seq.inputs[0][1])}
+    producer = {s.outputs[0]: j for j, s in enumerate(steps)}
     named = net.named_weights()
     layers, parts, table, offset = [], [], {}, 0
+    flattened: dict[str, tuple] = {}  # a Flatten's output blob: the (C, H, W) it flattened
     for i, (lc, step) in enumerate(zip(seq.layers, steps)):
-        shapes[step.outputs[0]] = output_shape(seq, i)
         if lc.type == "LogSoftmax" and i == len(steps) - 1:
             break
         layers.append({"name": lc.name, "type": lc.type, "inputs": step.inputs, "output": step.outputs[0],
                        **tf_options(lc)})
-        chw = shapes[steps[i - 1].inputs[0]][1:] if lc.type == "Linear" and seq.layers[i - 1].type == "Flatten" \
-            else None
+        source = step.inputs[0]
+        if lc.type == "Flatten":
+            shape = output_shape(seq, producer[source]) if source in producer else tuple(seq.inputs[0][1])
+            if len(shape) == 4:
+                flattened[step.outputs[0]] = shape[1:]
+        chw = flattened.get(source) if lc.type == "Linear" else None
         for key, value in tf_weights(lc, named, chw).items():
             data = np.ascontiguousarray(value, "<f4")
             table[key] = {"offset": offset, "size": int(data.size), "shape": list(data.shape)}
@@ -136,14 +140,15 @@ def tf_options(lc: lp.LayerConfig) -> dict:
 
 def tf_weights(lc: lp.LayerConfig, named: dict, chw: tuple | None) -> dict:
     """A layer's weights as tf.layers holds them: convolution kernels HWIO, dense kernels (in, out), and where the
-    dense layer reads a Flatten of a ``chw`` map, its inputs in (H, W, C) order as an NHWC Flatten gives them."""
+    dense layer reads a Flatten of a (C, H, W) map ``chw``, its inputs in (H, W, C) order as an NHWC Flatten gives
+    them."""
     mine = {k: v for k, v in named.items() if k.startswith(lc.name + "/")}
     key = lc.name + "/weight"
     if lc.type == "Convolution":
         mine[key] = mine[key].transpose(2, 3, 1, 0)
     if lc.type == "Linear":
         w = mine[key]
-        if chw is not None and len(chw) == 3:
+        if chw is not None:
             w = w.reshape(w.shape[0], *chw).transpose(0, 2, 3, 1).reshape(w.shape[0], -1)
         mine[key] = w.T
     return mine
