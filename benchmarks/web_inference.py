@@ -237,7 +237,11 @@ def main(argv: list[str] | None = None) -> int:
         os.symlink(WEB / "node_modules", root / "node_modules")
         (root / "peers.mjs").write_bytes((WEB / "peers.mjs").read_bytes())
         (root / "blank.html").write_text("<!doctype html><title>leafpy web benchmark</title>")
-        natives = {n: write_network(n, root / n) for n in nets}
+        try:
+            natives = {n: write_network(n, root / n) for n in nets}
+        except lp.LeafpyError as e:  # e.g. no webgpu backend to record leafpy.js's plans on
+            print(f"web_inference.py: {e}", file=sys.stderr)
+            return 2
         rows: list[dict] = []
         with Browser(root, timeout=args.timeout) as b:
             b.goto("blank.html")
