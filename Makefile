@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo vulkan browser bench dist docs clean
+.PHONY: test demo vulkan browser bench web-peers web-bench dist docs clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -46,6 +46,19 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pip install -q "torch==2.13.0" "threadpoolctl>=3"
 	$(PY) benchmarks/train_step.py --backend native --vs torch
+
+# make web-peers: the npm packages of the browser benchmark (TensorFlow.js, onnxruntime-web, pinned in
+# benchmarks/web/package-lock.json) into benchmarks/web/node_modules, and nowhere else; make test never runs npm.
+# make web-bench: then leafpy.js against them in headless Chromium (benchmarks/web_inference.py)
+WEB_PEERS := benchmarks/web/node_modules/.package-lock.json
+
+$(WEB_PEERS): benchmarks/web/package-lock.json
+	cd benchmarks/web && npm ci --no-audit --no-fund
+
+web-peers: $(WEB_PEERS)
+
+web-bench: $(STAMP) browser $(WEB_PEERS)
+	$(PY) benchmarks/web_inference.py
 
 # make dist: the sdist and wheel in dist/, their metadata checked (what a release uploads)
 dist: $(STAMP)

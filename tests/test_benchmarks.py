@@ -78,3 +78,30 @@ def test_mapped_memory_trains_an_epoch_and_reports_its_peak(tmp_path):
     assert row["samples"] == 20_000_000 // (3 * 64 * 64) and row["file_bytes"] > row["samples"] * 3 * 64 * 64
     assert 50 << 20 < row["peak_resident_bytes"] < 2 << 30 and 0 <= row["accuracy_percent"] <= 100
     assert "peak resident" in p.stdout
+
+
+def test_web_inference_times_leafpy_js_tfjs_and_onnxruntime_web_in_one_browser(tmp_path):
+    """LeNet at batch 1 in headless Chromium: a row per framework, each output within float32 rounding of native's
+    (the three rebuild one network from one set of weights: a wrong layout or weight order shows here)."""
+    import pytest
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import web_inference
+
+    why = web_inference.missing()
+    if why:
+        pytest.skip(f"{why} (CI installs no npm packages)")
+    from tests.conftest import webgpu_offering
+
+    webgpu_offering()  # the leafpy.js plans are recorded on the webgpu backend
+    out = tmp_path / "rows.json"
+    p = script("web_inference.py", "--nets", "lenet1", "--repeats", "1", "--warmup", "0", "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(out.read_text())
+    assert [r["framework"] for r in doc["rows"]] == ["leafpy.js", "tfjs-webgpu", "ort-web-webgpu"]
+    for r in doc["rows"]:
+        assert r["ms"] > 0 and r["adapter"]
+        assert r["diff_native"] < 1e-4 and r["diff_leafpy_js"] < 1e-4
+        assert f"lenet1        {r['framework']:<16}" in p.stdout
+    assert doc["rows"][0]["ratio"] == 1.0
+    assert "adapter: " + doc["adapter"]["name"] in p.stdout
