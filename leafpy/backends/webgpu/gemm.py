@@ -37,7 +37,11 @@ class Gemm(Reductions):
     (MLP-128's) gained less than the partial sums cost (the benchmarks' other networks split as before)."""
 
     SPLIT_SUM_ROWS = 16384
-    """Split-K products with at most this many outputs sum their partials with a workgroup per output."""
+    """Split-K products with at most this many outputs sum their partials with a workgroup per output (where each
+    has at least :data:`SPLIT_SUM_ROWS_PARTIALS`)."""
+    SPLIT_SUM_ROWS_PARTIALS = 16
+    """Fewer partials per output are summed by a thread per output: a workgroup adding up three numbers leaves
+    almost all its threads idle (a batch-8 LeNet forward on SwiftShader spent 90% of its time so, in fc1's sum)."""
 
     SMALL_TILES = True
     """Products with a side of at most 32 use 32x32 tiles."""
@@ -114,7 +118,7 @@ class Gemm(Reductions):
             self._dispatch(self._gemm_module(a, b, partial), entry, GemmParams(**shape, k_slice=chunk, col0=c0 * tn,
                                                                                alpha=1.0),
                            [a, b, partial, *operands[3:]], (cx, gy, splits * batch), constants=consts)
-        if outputs <= self.SPLIT_SUM_ROWS:  # few outputs, many partials each: one workgroup per output
+        if outputs <= self.SPLIT_SUM_ROWS and splits >= self.SPLIT_SUM_ROWS_PARTIALS:  # one workgroup per output
             def emit() -> None:
                 self._sum_rows(partial, out, splits, outputs, alpha, beta, columns=True)
         else:
