@@ -220,10 +220,14 @@ def train(args: argparse.Namespace) -> int:
             if not continues and not args.overwrite:
                 held = [f for f in ("model.leaf", "checkpoint.leaf", RUN_FILE) if os.path.exists(
                     os.path.join(out_dir, f))]
-                if held:
+                if "checkpoint.leaf" in held:
                     raise LeafpyError(f"--out {out_dir}: holds another run's files ({', '.join(held)}); continue it "
                                       f"with --resume {os.path.join(out_dir, 'checkpoint.leaf')}, train into another "
                                       "--out, or pass --overwrite to replace them")
+                if held:  # a run that ended before its first checkpoint (a file it could not read, say)
+                    raise LeafpyError(f"--out {out_dir}: holds another run's files ({', '.join(held)}) but no "
+                                      "checkpoint to continue from; pass --overwrite to replace them (to train this "
+                                      "run again there), or train into another --out")
         group.barrier()
         lock = RunLock(out_dir) if group.is_root else contextlib.nullcontext()
         with lock:

@@ -200,6 +200,14 @@ def test_a_corrupt_image_met_in_the_first_epoch_by_a_worker_ends_the_run_naming_
         errors[w] = p.stderr
         assert cache_files(tmp_path / "cache") == [], cache_files(tmp_path / "cache")
     assert errors[0] == errors[2]
+    # the file replaced, the same command again: no checkpoint to continue, so --overwrite is offered, not --resume
+    (tmp_path / "digits" / "seven" / "broken.png").unlink()
+    again = ["train", *FOLDER, "--epochs", "1", "--out", "run0", "--set", f"data.memory_map={memory_map}"]
+    p = leafpy(tmp_path, *again, timeout=60)
+    failed_cleanly(p, "run0", "no checkpoint to continue from", "--overwrite")
+    assert "--resume" not in p.stderr
+    p = leafpy(tmp_path, *again, "--overwrite", timeout=120)
+    assert p.returncode == 0 and "held-out accuracy" in p.stdout, p.stderr
 
 
 def test_ctrl_c_in_the_first_epoch_ends_the_decoding_threads_and_the_resumed_run_equals_the_whole(tmp_path):
