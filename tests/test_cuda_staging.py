@@ -14,11 +14,13 @@ import leafpy as lp
 pytestmark = pytest.mark.cuda
 
 
-def test_staged_uploads_arrive_in_the_order_the_device_reads_them():
+def test_staged_uploads_arrive_in_the_order_the_device_reads_them(monkeypatch):
     be = backend_or_skip("cuda")
+    monkeypatch.setattr(be, "PINNED_UPLOAD_BYTES", 1 << 20)
+    monkeypatch.setattr(be, "_staging", None)
     cp = be.xp
     rng = np.random.default_rng(0)
-    n = 3 << 20  # 12 MB of float32: above PINNED_UPLOAD_BYTES
+    n = 3 << 20  # 12 MB of float32: staged
     buf = cp.empty(n, np.float32)
     sent, doubled = [], []
     host = np.empty(n, np.float32)

@@ -9,8 +9,8 @@ import contextlib
 import math
 import mmap
 import os
-import threading
 import struct
+import threading
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any

@@ -280,13 +280,15 @@ class CudaBackend(ArrayBackend):
     def allocate(self, size: int, dtype: Any) -> Any:
         return self.xp.empty(size, dtype)
 
-    PINNED_UPLOAD_BYTES = 1 << 20
+    PINNED_UPLOAD_BYTES: int | None = None
     """Uploads of at least this many bytes go through pinned memory on a copy stream (:mod:`.staging`: they
-    overlap the step still running); smaller ones are copied directly."""
+    overlap the step still running); smaller ones are copied directly. None (the default until the staging has been
+    measured on a GPU): every upload is copied directly."""
 
     def upload(self, host: np.ndarray, out: Any) -> None:
         host = np.ascontiguousarray(host)
-        if (host.nbytes < self.PINNED_UPLOAD_BYTES or self._capturing or host.dtype != out.dtype
+        least = self.PINNED_UPLOAD_BYTES
+        if (least is None or host.nbytes < least or self._capturing or host.dtype != out.dtype
                 or host.size != out.size or not out.flags.c_contiguous):
             out.set(host)
             return
