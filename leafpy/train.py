@@ -44,6 +44,7 @@ from .distributed.data_parallel import shard
 from .errors import ConfigError, LeafpyError
 from .layers.container.sequential import Sequential
 from .layers.layer import Layer
+from .layers.network import Network
 from .metrics import ConfusionMatrix, predictions, roc_auc, top_k_hits
 from .serialization.atomic import atomic_write
 from .solvers.solver import Solver
@@ -127,7 +128,7 @@ def num_classes(run: run_config.RunConfig) -> int:
     return max((getattr(layer.config, "num_classes", None) or 0 for layer in run.objective.config.layers), default=0)
 
 
-def evaluate(net: Layer, objective: Layer, x: np.ndarray, y: np.ndarray, classes: int, batch_size: int,
+def evaluate(net: Layer | Network[Layer], objective: Layer, x: np.ndarray, y: np.ndarray, classes: int, batch_size: int,
              group: Any = None, preparation: Any = None) -> Scores:
     """The objective's mean and (with classes) the confusion matrix and top-5 accuracy (more than 5 classes) of
     ``net`` on (x, y), in inference mode; for a regression its MSE, MAE and R² in the targets' units
@@ -238,7 +239,7 @@ def first_non_finite(net: Layer, xb: np.ndarray) -> str:
     return "the objective (every network output is finite)"
 
 
-def weights_finite(net: Layer) -> bool:
+def weights_finite(net: Layer | Network[Layer]) -> bool:
     """Whether every weight of ``net`` is a finite number."""
     return all(np.all(np.isfinite(w.to_numpy())) for w in net.learnable_weights_data())
 
@@ -663,7 +664,7 @@ class Trainer:
         as Caffe's ``train --weights``): a weight of the file the network lacks is ignored, a weight of the
         network the file lacks keeps its initial value, a weight of another shape is an error, and so is a file
         none of whose weights the network has."""
-        self.loaded = load_weights(solver.network, path, strict=False)
+        self.loaded = load_weights(solver.network.layer, path, strict=False)
         names = solver.network.learnable_weights_names()
         if len(self.loaded.missing) == len(names):
             raise ConfigError(f"--weights {path}: none of its weights has the name of one of this network's "
@@ -886,7 +887,7 @@ class Trainer:
         if not len(xb):  # a rank without a share of a last batch: the other ranks' samples made it
             where = "not found on this rank (it had no samples of this batch)"
         else:
-            where = first_non_finite(self.solver.network, xb)
+            where = first_non_finite(self.solver.network.layer, xb)
             if self.world > 1:
                 where += f" (for rank {self.group.rank}'s share of the batch; the other ranks' may differ)"
         ckpt = os.path.join(self.out_dir, "checkpoint.leaf") if self.out_dir else None
