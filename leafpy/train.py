@@ -128,8 +128,8 @@ def num_classes(run: run_config.RunConfig) -> int:
     return max((getattr(layer.config, "num_classes", None) or 0 for layer in run.objective.config.layers), default=0)
 
 
-def evaluate(net: Layer | Network[Layer], objective: Layer, x: np.ndarray, y: np.ndarray, classes: int, batch_size: int,
-             group: Any = None, preparation: Any = None) -> Scores:
+def evaluate(net: Layer | Network[Layer], objective: Layer | Network[Layer], x: np.ndarray, y: np.ndarray,
+             classes: int, batch_size: int, group: Any = None, preparation: Any = None) -> Scores:
     """The objective's mean and (with classes) the confusion matrix and top-5 accuracy (more than 5 classes) of
     ``net`` on (x, y), in inference mode; for a regression its MSE, MAE and R² in the targets' units
     (``preparation``: how they were normalised); for two classes the ROC AUC (scikit-learn). With a process group
@@ -207,7 +207,7 @@ def _regression_scores(sums: np.ndarray, n: int) -> dict[str, float]:
     return {"mse": float(squared.sum() / size), "mae": float(absolute.sum() / size), "r2": float(r2.mean())}
 
 
-def first_non_finite(net: Layer, xb: np.ndarray) -> str:
+def first_non_finite(net: Layer | Network[Layer], xb: np.ndarray) -> str:
     """The first layer (in network order) whose output is NaN or infinite for this batch (run in inference mode,
     so BatchNorm's running statistics are not moved by the diagnosis)."""
     training = net.training
@@ -231,7 +231,7 @@ def first_non_finite(net: Layer, xb: np.ndarray) -> str:
 
     bad_weights = [n for n, w in zip(net.learnable_weights_names(), net.learnable_weights_data())
                    if not np.all(np.isfinite(w.to_numpy()))]
-    found = walk(net)
+    found = walk(net.layer if isinstance(net, Network) else net)
     if found:
         return found + (f"; non-finite weights: {', '.join(bad_weights)}" if bad_weights else "")
     if bad_weights:
@@ -564,7 +564,8 @@ class Trainer:
                                               sync_batch_norm=bool(run.train.get("sync_batch_norm", False)))
         else:
             self.parallel = None
-        self.objective = Layer.from_config(self.backend.full_precision(), run.objective)  # scores held-out data
+        # scores held-out data
+        self.objective = Layer.from_config(self.backend.full_precision(), run.objective).network
         self.history: list[dict[str, Any]] = []
         self.epochs = run.epochs
         self.stop_training = False
@@ -887,7 +888,7 @@ class Trainer:
         if not len(xb):  # a rank without a share of a last batch: the other ranks' samples made it
             where = "not found on this rank (it had no samples of this batch)"
         else:
-            where = first_non_finite(self.solver.network.layer, xb)
+            where = first_non_finite(self.solver.network, xb)
             if self.world > 1:
                 where += f" (for rank {self.group.rank}'s share of the batch; the other ranks' may differ)"
         ckpt = os.path.join(self.out_dir, "checkpoint.leaf") if self.out_dir else None
