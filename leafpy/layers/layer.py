@@ -306,7 +306,8 @@ class Layer:
             check([t.peek_host() for t in self.inputs])
 
     def set_training(self, training: bool = True) -> None:
-        """Training mode (dropout active) or inference mode."""
+        """Training mode (dropout active, BatchNorm on the batch's statistics) or inference mode; a container passes
+        it on to every layer inside."""
         if not isinstance(training, (bool, np.bool_)):
             raise ConfigError(f"layer '{self.name}': set_training expects True or False, got {training!r}"[:300])
         with self.exclusive("set_training"):

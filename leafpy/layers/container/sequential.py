@@ -165,10 +165,6 @@ class Sequential(Layer):
         for layer in self.layers:
             layer.validate()
 
-    def set_training(self, training: bool = True) -> None:
-        """Training mode (dropout active, BatchNorm on the batch's statistics) or inference mode, for every layer."""
-        super().set_training(training)
-
     def _set_mode(self, training: bool) -> None:
         super()._set_mode(training)
         for layer in self.layers:
