@@ -135,7 +135,7 @@ def _engine(kind: str, net: str, rule: str) -> tuple[Any, Any, dict]:
         return (lambda i: solver.train_minibatch(*data[i % 4])), solver.loss, {"numpy": np.__version__}
     import torch
     initial = [w.to_numpy() for w in solver.network.learnable_weights_data()]
-    trainer = ts.TorchTrainer.of_network(torch, solver.network, initial, "cpu", False, rule)
+    trainer = ts.TorchTrainer.of_network(torch, solver.network.layer, initial, "cpu", False, rule)
     data = [trainer.to_device(x, y) for x, y in zip(xs, ys)]
     blas = "MKL" if torch.backends.mkl.is_available() else "?"
     return (lambda i: trainer.step(*data[i % 4])), trainer.loss, {"torch": torch.__version__, "torch_blas": blas}

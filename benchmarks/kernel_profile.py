@@ -122,7 +122,7 @@ def main() -> int:
             print(f"  {nbytes / 2**20:8.1f} MiB  {call[:200]}")
     if args.vs == "torch":
         initial = [w.to_numpy() for w in solver.network.learnable_weights_data()]
-        trainer = TorchTrainer.of_network(torch, solver.network, initial, "cuda", tf32=False,
+        trainer = TorchTrainer.of_network(torch, solver.network.layer, initial, "cuda", tf32=False,
                                           precision=args.precision)
         xt, yt = trainer.to_device(x.to_numpy(), y.to_numpy().reshape(-1).astype(np.int64))
         for _ in range(5):

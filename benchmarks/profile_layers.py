@@ -58,7 +58,7 @@ def main() -> int:
         return 0
     times: collections.Counter = collections.Counter()
     for net in (solver.network, solver.objective):
-        for layer in net.layers:
+        for layer in net.layer.layers:
             for method in ("forward", "backward_input", "backward_parameters"):
                 original = getattr(layer.worker, method)
 
@@ -122,7 +122,7 @@ def profile_torch(solver, x, y, args) -> None:
 
     initial = [w.to_numpy() for w in solver.network.learnable_weights_data()]
     device = "cuda" if args.backend == "cuda" else "cpu"
-    trainer = TorchTrainer.of_network(torch, solver.network, initial, device, tf32=args.tf32)
+    trainer = TorchTrainer.of_network(torch, solver.network.layer, initial, device, tf32=args.tf32)
     xt, yt = trainer.to_device(x.to_numpy(), y.to_numpy().reshape(-1).astype(np.int64))
     for _ in range(5):
         trainer.step(xt, yt)

@@ -394,7 +394,7 @@ def bench_network(name: str, backend, torch, device: str, args, rule: str = "mom
         tracemalloc.stop()
     trainer = None
     if torch is not None:
-        trainer = TorchTrainer.of_network(torch, solver.network, initial, device, args.tf32, rule, args.precision)
+        trainer = TorchTrainer.of_network(torch, solver.network.layer, initial, device, args.tf32, rule, args.precision)
         data_t = [trainer.to_device(x, y) for x, y in zip(xs, ys)]
         for i in range(10):
             trainer.step(*data_t[i % 4])
@@ -405,7 +405,7 @@ def bench_network(name: str, backend, torch, device: str, args, rule: str = "mom
     if backend.name == "cuda":
         row["leafpy_peak_mb"] = backend.peak_memory() / 2**20
     row["leafpy_ms"] = statistics.median(lt)
-    row["tflops"] = training_flops(solver.network) / row["leafpy_ms"] / 1e9
+    row["tflops"] = training_flops(solver.network.layer) / row["leafpy_ms"] / 1e9
     if device == "cuda":
         row["leafpy_issue_ms"] = statistics.median(issue)
     if trainer:

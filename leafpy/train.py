@@ -44,6 +44,7 @@ from .distributed.data_parallel import shard
 from .errors import ConfigError, LeafpyError
 from .layers.container.sequential import Sequential
 from .layers.layer import Layer
+from .layers.network import Network
 from .metrics import ConfusionMatrix, predictions, roc_auc, top_k_hits
 from .serialization.atomic import atomic_write
 from .solvers.solver import Solver
@@ -127,8 +128,8 @@ def num_classes(run: run_config.RunConfig) -> int:
     return max((getattr(layer.config, "num_classes", None) or 0 for layer in run.objective.config.layers), default=0)
 
 
-def evaluate(net: Layer, objective: Layer, x: np.ndarray, y: np.ndarray, classes: int, batch_size: int,
-             group: Any = None, preparation: Any = None) -> Scores:
+def evaluate(net: Layer | Network[Layer], objective: Layer | Network[Layer], x: np.ndarray, y: np.ndarray,
+             classes: int, batch_size: int, group: Any = None, preparation: Any = None) -> Scores:
     """The objective's mean and (with classes) the confusion matrix and top-5 accuracy (more than 5 classes) of
     ``net`` on (x, y), in inference mode; for a regression its MSE, MAE and R² in the targets' units
     (``preparation``: how they were normalised); for two classes the ROC AUC (scikit-learn). With a process group
@@ -206,7 +207,7 @@ def _regression_scores(sums: np.ndarray, n: int) -> dict[str, float]:
     return {"mse": float(squared.sum() / size), "mae": float(absolute.sum() / size), "r2": float(r2.mean())}
 
 
-def first_non_finite(net: Layer, xb: np.ndarray) -> str:
+def first_non_finite(net: Layer | Network[Layer], xb: np.ndarray) -> str:
     """The first layer (in network order) whose output is NaN or infinite for this batch (run in inference mode,
     so BatchNorm's running statistics are not moved by the diagnosis)."""
     training = net.training
@@ -230,7 +231,7 @@ def first_non_finite(net: Layer, xb: np.ndarray) -> str:
 
     bad_weights = [n for n, w in zip(net.learnable_weights_names(), net.learnable_weights_data())
                    if not np.all(np.isfinite(w.to_numpy()))]
-    found = walk(net)
+    found = walk(net.layer if isinstance(net, Network) else net)
     if found:
         return found + (f"; non-finite weights: {', '.join(bad_weights)}" if bad_weights else "")
     if bad_weights:
@@ -238,7 +239,7 @@ def first_non_finite(net: Layer, xb: np.ndarray) -> str:
     return "the objective (every network output is finite)"
 
 
-def weights_finite(net: Layer) -> bool:
+def weights_finite(net: Layer | Network[Layer]) -> bool:
     """Whether every weight of ``net`` is a finite number."""
     return all(np.all(np.isfinite(w.to_numpy())) for w in net.learnable_weights_data())
 
@@ -563,7 +564,8 @@ class Trainer:
                                               sync_batch_norm=bool(run.train.get("sync_batch_norm", False)))
         else:
             self.parallel = None
-        self.objective = Layer.from_config(self.backend.full_precision(), run.objective)  # scores held-out data
+        # scores held-out data
+        self.objective = Layer.from_config(self.backend.full_precision(), run.objective).network
         self.history: list[dict[str, Any]] = []
         self.epochs = run.epochs
         self.stop_training = False
@@ -663,7 +665,7 @@ class Trainer:
         as Caffe's ``train --weights``): a weight of the file the network lacks is ignored, a weight of the
         network the file lacks keeps its initial value, a weight of another shape is an error, and so is a file
         none of whose weights the network has."""
-        self.loaded = load_weights(solver.network, path, strict=False)
+        self.loaded = load_weights(solver.network.layer, path, strict=False)
         names = solver.network.learnable_weights_names()
         if len(self.loaded.missing) == len(names):
             raise ConfigError(f"--weights {path}: none of its weights has the name of one of this network's "

@@ -43,7 +43,7 @@ def test_training_flops_count_three_products_per_layer():
 
     solver, _, _ = train_step.solver_and_batch(lp.backend("native"), "lenet64")
     macs = 20 * 24 * 24 * 25 + 50 * 8 * 8 * 20 * 25 + 800 * 500 + 500 * 10
-    assert train_step.training_flops(solver.network) == 6 * 64 * macs
+    assert train_step.training_flops(solver.network.layer) == 6 * 64 * macs
 
 
 def test_profile_layers_lists_every_layer():

@@ -51,7 +51,8 @@ def test_design_document_example(tmp_path):
     labels = np.random.default_rng(1).integers(0, 10, (64, 1))
     out = solver.train_minibatch(x, labels)
     assert isinstance(out, lp.SharedTensor) and out.shape == (64, 10)
-    assert isinstance(solver.network, lp.Layer) and solver.iteration == 1
+    assert isinstance(solver.network, lp.Network) and isinstance(solver.network.layer, lp.Layer)
+    assert solver.iteration == 1
     solver.save_checkpoint(tmp_path / "ckpt.leaf")
     solver = lp.Solver.load_checkpoint(be, be, tmp_path / "ckpt.leaf")
     assert solver.iteration == 1

@@ -244,7 +244,7 @@ def test_lenet_trains_in_fp16_as_native_emulates_it(fp16, loss_scale, hidden):
             out = solver.train_minibatch(x, y)
             assert out.dtype == np.float32  # LogSoftmax's output stays float32
             outs.append(out.to_numpy().astype(np.float64))
-            losses.append(float(solver.objective.runner.outputs[0].to_numpy().reshape(-1)[0]))
+            losses.append(float(solver.objective.outputs[0].to_numpy().reshape(-1)[0]))
         weights = {n: w.to_numpy() for n, w in zip(solver.network.learnable_weights_names(),
                                                    solver.network.learnable_weights_data())}
         runs.append((outs, losses, weights, getattr(be, "replays", 0) - replays))

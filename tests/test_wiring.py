@@ -94,8 +94,8 @@ def _model_and_objective(be, n_in=4, classes=3):
 def test_a_network_feeds_a_model_and_its_objective_by_hand(batch_sizes):
     be = lp.backend("native")
     model, objective = _model_and_objective(be)
-    net, obj = model.runner, objective.runner
-    assert isinstance(net, lp.Network) and net is model.runner
+    net, obj = model.network, objective.network
+    assert isinstance(net, lp.Network) and net is model.network
     obj.require_input_gradients([True, False])
     rng = np.random.default_rng(0)
     generations = []
@@ -130,7 +130,7 @@ def test_a_network_feeds_a_model_and_its_objective_by_hand(batch_sizes):
 def test_connect_names_a_missing_input():
     model, objective = _model_and_objective(lp.backend("native"))
     with pytest.raises(lp.ShapeError, match=r"layer 'loss': connect: input 2 does not exist .*2 inputs"):
-        objective.runner.connect(2, model.outputs[0])
+        objective.network.connect(2, model.outputs[0])
 
 
 def test_the_parameter_set_is_gathered_once_per_binding(monkeypatch):

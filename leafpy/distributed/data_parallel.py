@@ -8,6 +8,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
+from ..layers.container.sequential import Sequential
+from ..layers.layer import Layer
+from ..layers.network import Network
 from ..solvers.solver import Solver
 from ..tensor import SharedTensor
 from .group import ProcessGroup
@@ -89,7 +92,8 @@ class DataParallel:
         self._plan_overlap()
 
     @property
-    def network(self) -> Any:
+    def network(self) -> Network[Layer]:
+        """The solver's network."""
         return self.solver.network
 
     def broadcast_weights(self, root: int = 0) -> None:
@@ -174,9 +178,9 @@ class DataParallel:
     def _plan_overlap(self) -> None:
         """Which top-level layer's backward pass completes each gradient (the first layer in network order that
         holds it: backward runs last to first), so a bucket can start as soon as all of its gradients are done."""
-        net = self.solver.network
+        net = self.solver.network.layer
         self._ready_at: list[int] = []
-        if self.group.size == 1 or not self.transport.overlaps or not hasattr(net, "layers"):
+        if self.group.size == 1 or not self.transport.overlaps or not isinstance(net, Sequential):
             return
         grads = net.learnable_weights_gradients()
         owner: dict[int, int] = {}
@@ -184,14 +188,14 @@ class DataParallel:
             for g in child.learnable_weights_gradients():
                 owner.setdefault(id(g), j)
         self._ready_at = [owner.get(id(g), -1) for g in grads]
-        net.backward_hook = self._layer_done  # type: ignore[attr-defined]  # a Sequential (it has layers)
+        net.backward_hook = self._layer_done
 
     def _layer_done(self, j: int) -> None:
         solver = self.solver
         k = solver.config.minibatch_size
         if not self._ready_at or k != 1:  # accumulated gradients are summed once, at the update
             return
-        grads = solver.network.runner.parameters().gradients  # gathered once per binding, not per layer and step
+        grads = solver.network.parameters().gradients  # gathered once per binding, not per layer and step
         for b, bucket in enumerate(self._bucket_plan(grads)):
             if b in self._in_flight or any(self._ready_at[i] < j for i in bucket):
                 continue  # started already, or a gradient of it is still to come

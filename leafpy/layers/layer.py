@@ -15,6 +15,7 @@ import contextvars
 import dataclasses
 import importlib
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
@@ -210,7 +211,8 @@ class Layer:
         self.runs_backward = True
         self.ran_forward = False
         self._declared_bytes = 0  # what bind() declared for this layer's weights and outputs
-        self._one = OneCaller(f"layer '{self.name}'")  # one thread at a time: see forward
+        self.exclusive = OneCaller(f"layer '{self.name}'")
+        """``with layer.exclusive("save"):`` one thread at a time in this layer (see :meth:`forward`)."""
 
     # --- construction ------------------------------------------------------------------------------------
     @staticmethod
@@ -268,11 +270,11 @@ class Layer:
         _checks.path("Layer.save: path", path)
         if format in WRITTEN_ELSEWHERE:
             module, function = WRITTEN_ELSEWHERE[format]
-            with self._one("save"):
+            with self.exclusive("save"):
                 getattr(importlib.import_module(module), function)(self, path)
             return
         allow = _checks.flag("Layer.save: allow_non_finite", allow_non_finite)
-        with self._one("save"):  # the file is written from the weights' host buffers: no copy, no change meanwhile
+        with self.exclusive("save"):  # the file is written from the weights' host buffers: no copy, no change meanwhile
             serialization.save_model(path, self.config, self._host_weights(), format=format,
                                      specs=self.weight_specs(), allow_non_finite=allow,
                                      preparation=self.preparation.to_text() if self.preparation is not None else "")
@@ -304,10 +306,11 @@ class Layer:
             check([t.peek_host() for t in self.inputs])
 
     def set_training(self, training: bool = True) -> None:
-        """Training mode (dropout active) or inference mode."""
+        """Training mode (dropout active, BatchNorm on the batch's statistics) or inference mode; a container passes
+        it on to every layer inside."""
         if not isinstance(training, (bool, np.bool_)):
             raise ConfigError(f"layer '{self.name}': set_training expects True or False, got {training!r}"[:300])
-        with self._one("set_training"):
+        with self.exclusive("set_training"):
             self._set_mode(bool(training))
 
     def _set_mode(self, training: bool) -> None:
@@ -367,7 +370,7 @@ class Layer:
         without, those weights keep their values and are listed in the result. Nothing is set unless every given
         weight fits. A standalone layer that has not run yet creates its weights on its first forward pass: the
         values are kept and set then."""
-        with self._one("load_weights"):
+        with self.exclusive("load_weights"):
             return self._load_weights(weights, strict)
 
     def _load_weights(self, weights: Mapping[str, Any], strict: bool) -> LoadedWeights:
@@ -423,17 +426,10 @@ class Layer:
         return [spec for spec, _ in self._weight_slots()]
 
     def _weight_slots(self) -> list[tuple[WeightSpec, WeightConfig]]:
-        if self.worker is not None:
-            return [(WeightSpec(name, self.name, self.config.type, local, i, t.shape), cfg)
-                    for i, (name, local, cfg, t) in enumerate(zip(self._weight_names, self.worker.weight_names,
-                                                                 self._weight_configs, self.weights))]
-        slots = []
-        for child in getattr(self, "layers", ()):  # a container: its layers' weights, named as in _weight_entries
-            for spec, cfg in child._weight_slots():
-                if child.worker is None and cfg.name is None:
-                    spec = spec._replace(name=f"{weight_name_part(child.name)}/{spec.name}")
-                slots.append((spec, cfg))
-        return slots
+        names = self.worker.weight_names if self.worker is not None else ()
+        return [(WeightSpec(name, self.name, self.config.type, local, i, t.shape), cfg)
+                for i, (name, local, cfg, t) in enumerate(zip(self._weight_names, names, self._weight_configs,
+                                                             self.weights))]
 
     def _load_saved(self, weights: dict[str, np.ndarray], strict: bool, leaf: bool, source: str | None) -> None:
         """load_weights for weights read from a file (``source``; errors name it); ``leaf``: a file Leaf wrote,
@@ -537,7 +533,8 @@ class Layer:
         return self.in_place and self.worker is not None and not self.worker.modifies_data
 
     def run_forward(self) -> None:
-        """Compute the outputs from the bound inputs (a Network calls it; users call ``forward``)."""
+        """Compute the outputs from the bound inputs (its container or its Network calls it; users call
+        ``forward``)."""
         be = self.backend
         worker = self.worker
         self.validate()
@@ -582,13 +579,21 @@ class Layer:
 
     # --- as the outermost layer of a network -------------------------------------------------------------
     @property
-    def runner(self) -> Network:
+    def network(self) -> Network[Layer]:
         """The :class:`~leafpy.layers.network.Network` that runs this layer as the outermost one: it owns the
-        tensors this layer reads and feeds them (created when first asked for)."""
-        net = self.__dict__.get("_runner")
+        tensors this layer reads and stages them (created when first asked for; a Sequential built as the
+        outermost layer creates it at once, for its declared inputs)."""
+        net = self.__dict__.get("_network")
         if net is None:
-            net = self._runner = Network(self)
+            net = self._network = Network(self)
         return net
+
+    @property
+    def runner(self) -> Network[Layer]:
+        """Deprecated name of :attr:`network`."""
+        warnings.warn("Layer.runner is deprecated: use Layer.network (the same Network)", DeprecationWarning,
+                      stacklevel=2)
+        return self.network
 
     def declared_input_shapes(self) -> list[Shape]:
         """The input shapes this layer declares (a Sequential's ``inputs``; none for a single layer, which takes
@@ -624,15 +629,13 @@ class Layer:
         second thread while another is inside (forward, backward, a solver's ``train_minibatch``, ``save``,
         ``load_weights``, ``set_training``) raises a LeafpyError; give each thread its own network
         (``Layer.load``, ``Layer.from_config``) or serialise the calls."""
-        with self._one("forward"):
-            return self.runner.forward(inputs)
+        return self.network.forward(inputs)
 
     def backward(self, output_grads: Sequence[Any]) -> list[SharedTensor | None]:
         """Backpropagate gradients of the outputs; returns gradients of the inputs (None where not computed).
         Weight gradients land in :meth:`learnable_weights_gradients`. As with :meth:`forward`, the returned
         tensors are the layer's buffers, valid until its next call, and a second thread is refused."""
-        with self._one("backward"):
-            return self.runner.backward(output_grads)
+        return self.network.backward(output_grads)
 
     def __repr__(self) -> str:
         return f"<Layer {self.name!r} ({self.config.type}) on {self.backend.name}>"

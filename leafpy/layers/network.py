@@ -1,32 +1,43 @@
-"""Network: a layer (usually a whole Sequential) made runnable.
+"""Network: the one object that runs a network, and the only one a Solver or Trainer talks to.
 
-A :class:`~leafpy.layers.layer.Layer` is what a network holds: a config, a worker, the tensors it writes; its
-container connects it to the tensors it reads. The outermost layer has no container, so a :class:`Network` does that
-part: it owns the tensors the layer reads from outside (and their gradients), feeds arrays into them, connects an
-input to a tensor another network writes (the objective reading the model's output, with no copy), rebinds the
-layer when a shape changes, and gathers the parameter set once per binding. ``layer.runner`` is the layer's network;
-``Layer.forward`` and ``Layer.backward`` go through it.
+Three roles, one owner each:
 
-    net = lp.Layer.from_config(be, cfg).runner
+- a :class:`~leafpy.layers.layer.Layer` computes: a config, a worker, the tensors it writes; its container connects it
+  to the tensors it reads;
+- a container (:class:`~leafpy.layers.container.sequential.Sequential`) holds layers and wires them, and is itself
+  a layer, so containers nest;
+- a :class:`Network` runs the outermost layer (usually a Sequential), which has no container: it owns the tensors
+  that layer reads from outside (and their gradients), stages arrays into them, connects an input to a tensor
+  another network writes (the objective reading the model's output, with no copy), rebinds the layer when a shape
+  changes, runs forward and backward, and gathers the parameter set once per binding. It is what ``network``
+  means everywhere in leafpy: ``layer.network``, ``solver.network`` and ``solver.objective`` are Networks.
+
+    net = lp.Layer.from_config(be, cfg).network
     net.feed([x])            # arrays or SharedTensors, one per input: copied in (rebinding on a new batch size)
     net.run_forward(); net.outputs[0]
+    net.parameters()         # weights, gradients, names, configs (what an update reads)
+
+This module knows the layer it runs only through :class:`Outermost`, the part of a layer's interface a Network
+calls; ``layer.py`` builds a layer's Network, so the arrow between the two modules runs one way.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
 from .._checks import layout_hint, same_layout
+from .._exclusive import OneCaller
+from ..backends.base import Backend
 from ..errors import ShapeError
 from ..tensor import SharedTensor, as_numbers
+from .layer_config import WeightConfig
 
-if TYPE_CHECKING:
-    from .layer import Layer
-    from .layer_config import WeightConfig
+Shape = tuple[int, ...]
 
 
 class Parameters(NamedTuple):
@@ -38,16 +49,63 @@ class Parameters(NamedTuple):
     configs: list[WeightConfig]
 
 
+class Outermost(Protocol):
+    """What a :class:`Network` asks of the layer it runs (a Layer or a container has all of it)."""
+
+    name: str
+    backend: Backend
+    config: Any
+    training: bool
+    preparation: Any
+    ran_forward: bool
+
+    @property
+    def num_inputs(self) -> int: ...
+    @property
+    def outputs(self) -> list[SharedTensor]: ...
+    @property
+    def output_grads(self) -> list[SharedTensor]: ...
+    def declared_input_shapes(self) -> list[Shape]: ...
+    def input_dtype(self, k: int) -> np.dtype: ...
+    def accept_input(self, i: int, x: Any) -> Any: ...
+    def input_names_for_errors(self) -> str: ...
+    def default_input_gradients(self, n: int) -> list[bool]: ...
+    def input_takes_gradient(self, k: int) -> bool: ...
+    def bind(self, inputs: list[SharedTensor], input_grads: list[SharedTensor | None]) -> None: ...
+    def run_forward(self) -> None: ...
+    def run_backward(self) -> None: ...
+    def validate(self) -> None: ...
+    def unique_weight_entries(self) -> tuple[list[SharedTensor], list[SharedTensor], list[str],
+                                             list[WeightConfig]]: ...
+    def workers(self) -> list[Any]: ...
+    def set_training(self, training: bool = True) -> None: ...
+    @property
+    def exclusive(self) -> OneCaller: ...
+    def named_weights(self) -> dict[str, np.ndarray]: ...
+    def load_weights(self, weights: Mapping[str, Any], *, strict: bool = True) -> Any: ...
+    def save(self, path: str, format: str = "leafpy", *, allow_non_finite: bool = False) -> None: ...
+
+
+L = TypeVar("L", bound=Outermost)
+
+
 def _is_tensor(x: Any) -> bool:
     return isinstance(x, SharedTensor)
 
 
-class Network:
+class Network(Generic[L]):
     """The outermost layer of a network and the tensors it reads: see the module docstring."""
 
-    def __init__(self, layer: Layer) -> None:
-        self.layer = layer
+    __slots__ = ("layer", "backend", "exclusive", "inputs", "input_grads", "generation", "_own", "_own_grads",
+                 "_connected", "_wants_grad", "_bound", "_params", "_declared")
+
+    def __init__(self, layer: L) -> None:
+        self.layer: L = layer
+        """The outermost layer this network runs (usually a Sequential)."""
         self.backend = layer.backend
+        self.exclusive = layer.exclusive
+        """``with network.exclusive("train_minibatch"):`` one thread at a time in this network (a second thread gets
+        a LeafpyError naming both calls; the thread inside may enter again): its layer's guard."""
         self.inputs: list[SharedTensor] = []
         """The tensors the layer reads: this network's own, or those given to :meth:`connect`."""
         self.input_grads: list[SharedTensor | None] = []
@@ -73,6 +131,11 @@ class Network:
         return self.layer.name
 
     @property
+    def config(self) -> Any:
+        """The outermost layer's LayerConfig (what ``SolverConfig.network`` and a run file's ``network`` give)."""
+        return self.layer.config
+
+    @property
     def outputs(self) -> list[SharedTensor]:
         """The layer's output tensors (written by ``run_forward``)."""
         return self.layer.outputs
@@ -86,6 +149,20 @@ class Network:
     def num_inputs(self) -> int:
         """How many inputs the layer reads."""
         return self.layer.num_inputs
+
+    @property
+    def training(self) -> bool:
+        """Training mode (dropout active, BatchNorm on the batch's statistics) or inference mode."""
+        return self.layer.training
+
+    @property
+    def preparation(self) -> Any:
+        """How the model reads data, as training recorded it in the model file (see ``Layer.preparation``)."""
+        return self.layer.preparation
+
+    @preparation.setter
+    def preparation(self, value: Any) -> None:
+        self.layer.preparation = value
 
     # --- inputs ---------------------------------------------------------------------------------------------
     def connect(self, index: int, tensor: SharedTensor, grad: SharedTensor | None = None) -> None:
@@ -105,6 +182,14 @@ class Network:
         if self._bound is not None:
             self._bind(self.inputs)
 
+    def input_dtype(self, k: int) -> np.dtype:
+        """The dtype input ``k`` is staged in (the compute dtype for data, the master dtype for ids and labels)."""
+        return self.layer.input_dtype(k)
+
+    def validate(self) -> None:
+        """Check the staged input values that the layers can check cheaply on the host (labels in range)."""
+        self.layer.validate()
+
     def feed(self, inputs: Sequence[Any]) -> bool:
         """Copy the inputs (arrays or SharedTensors, one per input; None for a connected one) into this network's
         input tensors and upload them, rebinding the layer when a shape or a connection changed (then True)."""
@@ -118,9 +203,9 @@ class Network:
             names = self.layer.input_names_for_errors()
             raise ShapeError(f"layer '{self.name}' ({self.layer.config.type}): expected {n} input{'s' * (n != 1)}"
                              f"{names}, got {len(inputs)} (shapes {shapes or 'none'})")
-        layer, be = self.layer, self.backend
         if len(self._own) != n:
             self._own = [None] * n
+        layer, be = self.layer, self.backend
         tensors: list[SharedTensor] = []
         for i, x in enumerate(inputs):
             if i in self._connected:
@@ -189,22 +274,30 @@ class Network:
         self.layer.run_backward()
 
     def forward(self, inputs: Sequence[Any]) -> list[SharedTensor]:
-        """Feed the inputs and run forward; returns the output tensors."""
-        self.feed(inputs)
-        self.run_forward()
-        return list(self.outputs)
+        """Feed the inputs and run forward; returns the output tensors (the network's own buffers, valid until its
+        next call; one thread at a time, as ``Layer.forward``)."""
+        with self.exclusive("forward"):
+            self.feed(inputs)
+            self.run_forward()
+            return list(self.outputs)
 
     def backward(self, output_grads: Sequence[Any]) -> list[SharedTensor | None]:
         """Backpropagate gradients of the outputs (arrays or SharedTensors); returns the inputs' gradients (None
         where not computed). Weight gradients land in :meth:`parameters`' gradients."""
-        layer, be = self.layer, self.backend
+        with self.exclusive("backward"):
+            self._set_output_grads(output_grads)
+            self.run_backward()
+            return list(self.input_grads)
+
+    def _set_output_grads(self, output_grads: Sequence[Any]) -> None:
+        be = self.backend
         if not isinstance(output_grads, (list, tuple)):
             raise ShapeError(f"{self._where}: backward takes a list of output gradients (one per output, e.g. [dy]), "
                              f"got {type(output_grads).__name__}")
-        if not layer.ran_forward:
+        if not self.layer.ran_forward:
             raise ShapeError(f"{self._where}: call forward before backward (backward differentiates the last "
                              "forward's inputs)")
-        targets = layer.output_grads
+        targets = self.output_grads
         if len(output_grads) != len(targets):
             raise ShapeError(f"{self._where}: backward expected {len(targets)} output gradients, got "
                              f"{len(output_grads)}")
@@ -217,14 +310,53 @@ class Network:
                 be.cast(g.read(be), t.write(be))
             else:
                 t.set(np.reshape(g, t.shape))
-        self.run_backward()
-        return list(self.input_grads)
 
+    def set_training(self, training: bool = True) -> None:
+        """Training mode (dropout active, BatchNorm on the batch's statistics) or inference mode, for every layer."""
+        self.layer.set_training(training)
+
+    def workers(self) -> list[Any]:
+        """The workers of every layer, in network order."""
+        return self.layer.workers()
+
+    # --- parameters -----------------------------------------------------------------------------------------
     def parameters(self) -> Parameters:
         """The learnable weights, their gradients, names and configs, gathered once per binding."""
         if self._params is None:
             self._params = Parameters(*self.layer.unique_weight_entries())
         return self._params
+
+    def learnable_weights_data(self) -> list[SharedTensor]:
+        """The weights, in network order, a weight shared by name once (as ``Layer.learnable_weights_data``)."""
+        return list(self.parameters().data)
+
+    def learnable_weights_gradients(self) -> list[SharedTensor]:
+        """The weights' gradients, in the order of :meth:`learnable_weights_data`."""
+        return list(self.parameters().gradients)
+
+    def learnable_weights_names(self) -> list[str]:
+        """The weights' names, e.g. ``["conv1/weight", "conv1/bias", ...]``."""
+        return list(self.parameters().names)
+
+    def learnable_weights_configs(self) -> list[WeightConfig]:
+        """Each weight's WeightConfig (lr_mult, decay_mult, filler), in the order of :meth:`learnable_weights_data`."""
+        return list(self.parameters().configs)
+
+    def num_parameters(self) -> int:
+        """The number of weight values (a shared weight counted once)."""
+        return sum(w.size for w in self.parameters().data)
+
+    def named_weights(self) -> dict[str, np.ndarray]:
+        """Every weight as a host copy, by name, in network order (``Layer.named_weights``)."""
+        return self.layer.named_weights()
+
+    def load_weights(self, weights: Mapping[str, Any], *, strict: bool = True) -> Any:
+        """Set weights by name (``Layer.load_weights``; returns what was left alone)."""
+        return self.layer.load_weights(weights, strict=strict)
+
+    def save(self, path: str, format: str = "leafpy", *, allow_non_finite: bool = False) -> None:
+        """Write the outermost layer's config and weights to ``path`` (``Layer.save``; ``Layer.load`` reads it)."""
+        self.layer.save(path, format, allow_non_finite=allow_non_finite)
 
     @property
     def _where(self) -> str:
@@ -234,6 +366,17 @@ class Network:
     def _where_inputs(self) -> str:
         """A network's declared inputs are named with its type (the container's), a single layer's by name."""
         return f"layer '{self.layer.name}' ({self.layer.config.type})" if self._declared else self._where
+
+    if not TYPE_CHECKING:  # (type checkers see only the Network's own names)
+        def __getattr__(self, name: str) -> Any:
+            """The outermost layer's other attributes, for code written when ``solver.network`` was the layer:
+            deprecated (a DeprecationWarning naming ``network.layer``)."""
+            if name.startswith("__") or name in Network.__slots__:
+                raise AttributeError(name)
+            value = getattr(self.layer, name)
+            warnings.warn(f"Network.{name}: a network ({self.name!r}, e.g. solver.network) is a Network now, which "
+                          f"runs its outermost layer; use network.layer.{name}", DeprecationWarning, stacklevel=2)
+            return value
 
     def __repr__(self) -> str:
         return f"<Network {self.layer.name!r} on {self.backend.name}>"

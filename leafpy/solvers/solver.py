@@ -23,6 +23,7 @@ from ..backends.base import Backend
 from ..errors import ConfigError, LeafpyError, SerializationError, ShapeError
 from ..layers.container.sequential import batch_free
 from ..layers.layer import Layer, LayerConfig, WeightConfig
+from ..layers.network import Network
 from ..tensor import SharedTensor, as_numbers
 
 LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid", "cosine")
@@ -260,6 +261,15 @@ class UpdateRule:
     adding ``decay·w`` to the gradient first (L2 regularisation, Caffe's)."""
 
 
+def _network_of(where: str, given: Network[Layer] | Layer) -> Network[Layer]:
+    """The Network of ``given`` (a Network, or a Layer: the Network that runs it as the outermost layer)."""
+    if isinstance(given, Network):
+        return given
+    if isinstance(given, Layer):
+        return given.network
+    raise ConfigError(f"{where}: expected a Network or a Layer (lp.Layer.from_config), got {type(given).__name__}")
+
+
 def _last_layer(config: LayerConfig) -> LayerConfig:
     """The layer whose output a container's last layer gives, looking inside nested containers."""
     while config.type == "Sequential" and config.config.layers:
@@ -284,9 +294,13 @@ def _check_loss_input(network: LayerConfig, objective: LayerConfig) -> None:
 
 
 class Solver:
-    """Trains ``network`` against ``objective``; see the module docstring for the step."""
+    """Trains ``network`` against ``objective``; see the module docstring for the step. Both are held as
+    :class:`~leafpy.layers.network.Network` objects (given as Networks or as their outermost Layers): the solver
+    stages batches into them, runs them and updates the network's parameters through them, and through nothing
+    else."""
 
-    def __init__(self, network: Layer, objective: Layer, config: SolverConfig) -> None:
+    def __init__(self, network: Network[Layer] | Layer, objective: Network[Layer] | Layer,
+                 config: SolverConfig) -> None:
         from .registry import update_rules
 
         self.network = network
@@ -294,11 +308,11 @@ class Solver:
         self.config = config
         self.iteration = 0
         self._token = next(_SOLVER_TOKENS)  # unique for the process's life (id() is reused after deletion)
-        self._one = OneCaller(f"the solver of network '{network.name}'")  # one thread at a time: train_minibatch
+        self._one = OneCaller(f"the solver of network '{self._network.name}'")  # one thread at a time: train_minibatch
         self.rule: UpdateRule = update_rules()[config.solver](config)
         self._calls = 0  # train_minibatch calls since the last update
-        be = network.backend
-        weights = network.learnable_weights_data()
+        be = self._network.backend
+        weights = self._network.parameters().data
         dtype = be.dtype
         self.state: list[list[SharedTensor]] = [[SharedTensor(w.shape, dtype) for _ in self.rule.state_names]
                                                 for w in weights]
@@ -309,7 +323,7 @@ class Solver:
         # rate]
         self._rate = SharedTensor((3 if self.rule.decoupled_weight_decay else 2,), dtype)
         self._rate_value: tuple[float, float] | None = None
-        self._workers_of: Layer | None = None
+        self._workers_of: Network[Layer] | None = None
         self._worker_list: list[Any] = []
         self._norm = SharedTensor((1,), dtype)
         self._generation = 0
@@ -389,32 +403,42 @@ class Solver:
         """"dynamic", "static" or "none": the config's loss_scale, where None means dynamic under fp16."""
         mode = self.config.loss_scale
         if mode is None:
-            return "dynamic" if self.network.backend.precision == "fp16" else "none"
+            return "dynamic" if self._network.backend.precision == "fp16" else "none"
         return "static" if isinstance(mode, float) else mode
 
     @property
-    def objective(self) -> Layer:
-        """The objective layer (the loss over the network's output and the target)."""
+    def network(self) -> Network[Layer]:
+        """The network being trained (its outermost layer, usually a Sequential: ``solver.network.layer``)."""
+        return self._network
+
+    @network.setter
+    def network(self, network: Network[Layer] | Layer) -> None:
+        self._network = _network_of("solver.network", network)
+
+    @property
+    def objective(self) -> Network[Layer]:
+        """The objective's network (the loss over the network's output and the target)."""
         return self._objective
 
     @objective.setter
-    def objective(self, layer: Layer) -> None:
-        if not isinstance(layer, Layer) or layer.num_inputs != 2:
+    def objective(self, objective: Network[Layer] | Layer) -> None:
+        net = _network_of("solver.objective", objective)
+        if net.num_inputs != 2:
             raise ConfigError(f"solver.objective: expected a layer with two inputs (the network output, then "
-                              f"the target), got {layer!r}")
-        layer.runner.require_input_gradients([True, False])
-        self._objective = layer
+                              f"the target), got {objective!r}")
+        net.require_input_gradients([True, False])
+        self._objective = net
 
     # --- training -----------------------------------------------------------------------------------------
     def _stage(self, data: Any, target: Any) -> None:
         """Feed the batch to the network and the target to the objective, whose first input reads the network's
         output (and writes its gradient) with no copy."""
-        net, obj = self.network.runner, self.objective.runner
+        net, obj = self._network, self._objective
         rebound = net.feed([data])
         if not isinstance(target, SharedTensor):
             target = as_numbers(target, "Solver.train_minibatch: target")
         out, dout = net.outputs[0], net.output_grads[0]
-        wanted = obj.layer.input_dtype(0)
+        wanted = obj.input_dtype(0)
         if out.dtype != wanted:  # a bf16/fp16 output: cast at the boundary into the fp32 objective, and back
             b = self._boundary
             if b is None or b[0].shape != out.shape:
@@ -429,19 +453,19 @@ class Solver:
         if not self._seeded and self.loss_scaling() == "none":  # the loss's gradient: 1 (scaled: see _seed)
             obj.output_grads[0].set(np.ones(obj.output_grads[0].shape))
             self._seeded = True
-        obj.layer.validate()
+        obj.validate()
 
     def _seed(self) -> None:
         """Under loss scaling, the loss's gradient (the objective's output gradient) = the scale, copied on the
         device inside the step: a recorded step replays while the scale changes."""
-        obe = self.objective.backend
-        seed = self.objective.runner.output_grads[0]
+        obe = self._objective.backend
+        seed = self._objective.output_grads[0]
         out = seed.write(obe)
         obe.fill(0.0, out)
         obe.bias_add(obe.view(out, (seed.size, 1)), self._scale.read(obe))
 
     def _compute(self) -> None:
-        net, obj = self.network, self.objective
+        net, obj = self._network, self._objective
         net.run_forward()
         if self._boundary is not None:
             obe, nbe = obj.backend, net.backend
@@ -455,20 +479,20 @@ class Solver:
     def _workers(self) -> list[Any]:
         """The network's workers (a network keeps them for its life; walking it each step costs a replayed step's
         time)."""
-        if self._workers_of is not self.network:
-            self._worker_list = self.network.workers()
-            self._workers_of = self.network
+        if self._workers_of is not self._network:
+            self._worker_list = self._network.workers()
+            self._workers_of = self._network
         return self._worker_list
 
     def _parameters(self) -> tuple[list[SharedTensor], list[SharedTensor], list[WeightConfig]]:
         """The network's weights, their gradients and their configs (the network gathers them once per binding)."""
-        data, grads, _, configs = self.network.runner.parameters()
+        data, grads, _, configs = self._network.parameters()
         return data, grads, configs
 
     def _set_rate(self, rate: float, lr: float) -> None:
         """Put the step's rate (and the policy's) into their device buffer before the step (uploaded when they
         changed)."""
-        be = self.network.backend
+        be = self._network.backend
         if (rate, lr) != self._rate_value:  # apply: 1 (loss scaling sets it on the device within the step)
             be.upload(np.array([rate, 1.0, lr][:self._rate.size], dtype=be.dtype), self._rate.write(be))
             self._rate_value = (rate, lr)
@@ -499,13 +523,13 @@ class Solver:
         returned output is the network's own buffer, valid until its next call. A solver (and its network) serves
         one thread at a time: a second thread calling while a step runs gets a LeafpyError; give each thread its
         own solver (``Solver.from_config``) or serialise the calls."""
-        with self._one("train_minibatch"), self.network._one("train_minibatch"), \
-                self.objective._one("train_minibatch"):
+        with self._one("train_minibatch"), self._network.exclusive("train_minibatch"), \
+                self._objective.exclusive("train_minibatch"):
             return self._train_minibatch(data, target)
 
     def _train_minibatch(self, data: Any, target: Any) -> SharedTensor:
-        self.network.set_training(True)
-        be = self.network.backend
+        self._network.set_training(True)
+        be = self._network.backend
         k = self.config.minibatch_size
         first = self._calls == 0
         update_now = k == 1 or self._calls + 1 == k
@@ -562,7 +586,7 @@ class Solver:
         if update_now:
             self.iteration += 1  # a skipped step counts too, as PyTorch's schedulers count it
         self._has_loss = True
-        return self.network.outputs[0]
+        return self._network.outputs[0]
 
     def loss(self) -> float:
         """The objective's value for the last minibatch (reads it back to the host). Before this solver has trained
@@ -570,11 +594,11 @@ class Solver:
         if not self._has_loss:
             raise LeafpyError("Solver.loss: no minibatch has been trained by this solver yet, so there is no loss; "
                               "call train_minibatch first")
-        return float(self.objective.outputs[0].to_numpy().reshape(-1)[0])
+        return float(self._objective.outputs[0].to_numpy().reshape(-1)[0])
 
     def _update(self, grads: Sequence[SharedTensor]) -> None:
         cfg = self.config
-        be = self.network.backend
+        be = self._network.backend
         weights, _, configs = self._parameters()
         g_bufs = [g.read_write(be) for g in grads]
         if cfg.clip_gradients is not None:
@@ -601,7 +625,7 @@ class Solver:
         inf or nan makes the sum of their squares inf or nan: the update rule then writes nothing); the scale and
         its counts follow (Backend.loss_scale_update). Nothing comes back to the host."""
         cfg = self.config
-        be = self.network.backend
+        be = self._network.backend
         g_bufs = [g.read_write(be) for g in grads]
         scale = self._scale.read_write(be)
         for g in g_bufs:
@@ -684,7 +708,7 @@ class Solver:
         the ``calls`` drawn so far), ``trainer_state`` (the training loop's JSON values) and ``loss_scale`` (its
         ``scale``, the ``good_steps`` since it last changed and the ``skipped_steps``; None without loss scaling).
         :meth:`restore` takes it back."""
-        names = self.network.learnable_weights_names()
+        names = self._network.learnable_weights_names()
         return {
             "iteration": int(self.iteration),
             "pending_calls": int(self._calls),
@@ -722,7 +746,7 @@ class Solver:
         if isinstance(calls, bool) or not isinstance(calls, (int, np.integer)) or not 0 <= calls < k:
             raise ConfigError(f"{where}: the state has {calls!r} gradient-accumulation calls pending, expected fewer "
                               f"than its minibatch_size ({k})")
-        names = self.network.learnable_weights_names()
+        names = self._network.learnable_weights_names()
         assignments: list[tuple[SharedTensor, np.ndarray]] = []
 
         def take(what: str, given: Any, tensors: Sequence[SharedTensor], labels: Sequence[str],
@@ -783,15 +807,15 @@ class Solver:
         self.skipped_steps = int(scaling["skipped_steps"])
 
     def _random_workers(self) -> list[Any]:
-        return [w for w in self.network.workers() if hasattr(w, "draws_random")]
+        return [w for w in self._network.workers() if hasattr(w, "draws_random")]
 
     def save_checkpoint(self, path: str) -> None:
         """Write config, weights, iteration and update-rule state to ``path`` (atomically)."""
         from .. import serialization
 
         _checks.path("Solver.save_checkpoint: path", path)
-        with self._one("save_checkpoint"), self.network._one("save_checkpoint"):
-            weights, state = self.network.named_weights(), self.snapshot()
+        with self._one("save_checkpoint"), self._network.exclusive("save_checkpoint"):
+            weights, state = self._network.named_weights(), self.snapshot()
         serialization.save_checkpoint(path, self.config, weights, state)
 
     @staticmethod

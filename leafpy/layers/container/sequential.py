@@ -108,7 +108,8 @@ def batch_free(config: LayerConfig) -> LayerConfig:
 
 @register_layer("Sequential", SequentialConfig)
 class Sequential(Layer):
-    """A network: layers run in order, wired by blob name."""
+    """A container: layers run in order, wired by blob name; its outputs are its last layer's (set when it binds).
+    The outermost one is run by its :class:`~leafpy.layers.network.Network`."""
 
     def __init__(self, backend: Backend, config: LayerConfig, *, seed: int | None = None,
                  weight_registry: dict | None = None) -> None:
@@ -131,7 +132,7 @@ class Sequential(Layer):
         self._fan_scratch: dict[tuple[int, int], SharedTensor] = {}  # (layer, input) -> its own gradient
         self._fan_in: dict[int, list[tuple[SharedTensor, list[SharedTensor]]]] = {}
         if weight_registry is None:  # the outermost container: build everything for the declared shapes now
-            self.runner  # noqa: B018
+            self.network  # noqa: B018
 
     backward_hook: Callable[[int], None] | None = None
     """Called with a layer's index as soon as its backward pass has run (data-parallel training starts summing
@@ -157,24 +158,6 @@ class Sequential(Layer):
     def backward_reads_output(self) -> bool:
         return True
 
-    @property
-    def outputs(self) -> list[SharedTensor]:
-        """The container's output tensors: its last layer's."""
-        return self.layers[-1].outputs if hasattr(self, "layers") else []
-
-    @outputs.setter
-    def outputs(self, value: list[SharedTensor]) -> None:
-        pass  # a container's outputs are its last layer's; Layer.__init__'s assignment has nothing to set
-
-    @property
-    def output_grads(self) -> list[SharedTensor]:
-        """The gradients of the container's outputs: its last layer's."""
-        return self.layers[-1].output_grads if hasattr(self, "layers") else []
-
-    @output_grads.setter
-    def output_grads(self, value: list[SharedTensor]) -> None:
-        pass  # as for outputs
-
     def workers(self):
         return [w for layer in self.layers for w in layer.workers()]
 
@@ -182,14 +165,19 @@ class Sequential(Layer):
         for layer in self.layers:
             layer.validate()
 
-    def set_training(self, training: bool = True) -> None:
-        """Training mode (dropout active, BatchNorm on the batch's statistics) or inference mode, for every layer."""
-        super().set_training(training)
-
     def _set_mode(self, training: bool) -> None:
         super()._set_mode(training)
         for layer in self.layers:
             layer._set_mode(training)
+
+    def _weight_slots(self):
+        slots = []
+        for child in self.layers:  # its layers' weights, named as in _weight_entries
+            for spec, cfg in child._weight_slots():
+                if isinstance(child, Sequential) and cfg.name is None:
+                    spec = spec._replace(name=f"{weight_name_part(child.name)}/{spec.name}")
+                slots.append((spec, cfg))
+        return slots
 
     def _weight_entries(self):
         entries = []
@@ -202,7 +190,7 @@ class Sequential(Layer):
     def require_input_gradients(self, flags: Sequence[bool]) -> None:
         """Which declared inputs get a gradient when this container is the outermost (default: all if
         force_backward, none otherwise); see :meth:`Network.require_input_gradients`."""
-        self.runner.require_input_gradients(flags)
+        self.network.require_input_gradients(flags)
 
     def declared_input_shapes(self) -> list[tuple[int, ...]]:
         return list(self.input_shapes)
@@ -251,6 +239,8 @@ class Sequential(Layer):
             layer.runs_backward = reached and (layer.has_weights or any(g is not None for g in layer.input_grads))
         self._plan_fan_in(blobs)
         self._share_gradients()
+        last = self.layers[-1]  # the container's outputs and their gradients are its last layer's
+        self.outputs, self.output_grads = last.outputs, last.output_grads
         # shared weights: the first layer to run backward writes the gradient, the others add to it; layers in
         # nested containers count too (this binding comes after theirs, so the outermost one decides for all)
         seen: set[int] = set()
