@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import leafpy as lp
+from leafpy.layer_config import lookup
 from leafpy.layers import wire
 from leafpy.layers.common.matmul import MatMulConfig
-from leafpy.layers.layer_config import lookup
 from leafpy.layers.loss.negative_log_likelihood import SoftmaxCrossEntropyConfig
 from leafpy.layers.utility.transpose import TransposeConfig
 

@@ -137,6 +137,20 @@ def test_no_import_cycle() -> None:
     assert cycle is None, "import cycle: " + " -> ".join(cycle + cycle[:1])
 
 
+BELOW_THE_LAYERS = ("leafpy.layer_config", "leafpy.serialization", "leafpy.backends", "leafpy.sources",
+                    "leafpy.tensor", "leafpy.errors", "leafpy._checks")
+"""What layers are built on: the configs and their codec, the backends, the data sources, tensors, errors."""
+
+
+def test_nothing_below_the_layers_imports_them() -> None:
+    graph = import_graph()
+    below = [m for m in graph if any(m == b or m.startswith(b + ".") for b in BELOW_THE_LAYERS)]
+    assert "leafpy.serialization.codec" in below and "leafpy.layer_config" in below
+    upward = {m: sorted(t for t in graph[m] if t == "leafpy.layers" or t.startswith("leafpy.layers."))
+              for m in below}
+    assert not {m: t for m, t in upward.items() if t}, upward
+
+
 if __name__ == "__main__":  # print the graph as an adjacency list
     for module, targets in sorted(import_graph().items()):
         print(module, "->", ", ".join(sorted(t.removeprefix("leafpy.") for t in targets)) or "(none)")

@@ -26,9 +26,7 @@ from .._checks import layout_hint, same_layout  # noqa: F401  (re-exported for t
 from .._exclusive import OneCaller
 from ..backends.base import Backend, Buffer
 from ..errors import ConfigError, SerializationError, ShapeError
-from ..sources.prepare import Preparation
-from ..tensor import SharedTensor, as_numbers, recording
-from .layer_config import (  # noqa: F401  (re-exported: layer modules import them from here)
+from ..layer_config import (  # noqa: F401  (re-exported: layer modules import them from here)
     FILLER_TYPES,
     FillerConfig,
     LayerConfig,
@@ -41,6 +39,8 @@ from .layer_config import (  # noqa: F401  (re-exported: layer modules import th
     lookup,
     type_of_config,
 )
+from ..sources.prepare import Preparation
+from ..tensor import SharedTensor, as_numbers, recording
 from .network import Network
 
 WRITTEN_ELSEWHERE = {"onnx": ("leafpy.onnx", "export")}

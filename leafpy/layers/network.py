@@ -34,8 +34,8 @@ from .._checks import layout_hint, same_layout
 from .._exclusive import OneCaller
 from ..backends.base import Backend
 from ..errors import ShapeError
+from ..layer_config import WeightConfig
 from ..tensor import SharedTensor, as_numbers
-from .layer_config import WeightConfig
 
 Shape = tuple[int, ...]
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, ShapeError
+from ..layer_config import lookup
 from ..layers import (
     BatchNormConfig,
     ClipConfig,
@@ -51,7 +52,6 @@ from ..layers import (
 )
 from ..layers.activation.clip import F32_MAX
 from ..layers.common.matmul import MatMulConfig
-from ..layers.layer_config import lookup
 from ..layers.loss.negative_log_likelihood import REDUCTIONS, SoftmaxCrossEntropyConfig
 from ..layers.utility.transpose import TransposeConfig
 from ._proto import opset_of, require_onnx, to_array, unique_name

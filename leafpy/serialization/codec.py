@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SerializationError
-from ..layers.layer_config import FillerConfig, LayerConfig, WeightConfig, layer_types, lookup
+from ..layer_config import FillerConfig, LayerConfig, WeightConfig, layer_types, lookup
 
 _SCHEMA: Any = None
 

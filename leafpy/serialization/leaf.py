@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import ConfigError, SerializationError
 
 if TYPE_CHECKING:
-    from ..layers.layer_config import LayerConfig, WeightSpec
+    from ..layer_config import LayerConfig, WeightSpec
 
 
 LEAF_TYPES = {"Convolution", "Linear", "Pooling", "LogSoftmax", "Softmax", "ReLU", "Sigmoid",

@@ -35,7 +35,7 @@ from .fileformat import (
 from .leaf import check_leaf_representable, from_leaf, is_leaf_file, to_leaf
 
 if TYPE_CHECKING:
-    from ..layers.layer_config import LayerConfig, WeightSpec
+    from ..layer_config import LayerConfig, WeightSpec
 
 
 FORMATS = ("leafpy", "leaf")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ConfigError
-from ..layer_config import LayerConfig, Shape, lookup
+from ...layer_config import LayerConfig, Shape, lookup
 
 if TYPE_CHECKING:
     from .sequential import SequentialConfig
