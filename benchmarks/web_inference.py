@@ -163,7 +163,7 @@ def write_network(name: str, folder: Path, seed: int = 0) -> np.ndarray:
     shape = tuple(cfg.config.inputs[0][1])
     x = np.random.default_rng(seed + 1).normal(0, 1, shape).astype(np.float32)
     folder.mkdir(parents=True)
-    lp.web.export(net, folder / "leafpy", batch_sizes=[shape[0]])
+    lp.web.export(net, folder / "leafpy", batch_sizes=[shape[0]], precision="fp32")  # as the peers run
     lp.onnx.export(net, folder / "model.onnx")
     spec, blob = tfjs_spec(cfg, net)
     (folder / "tfjs.json").write_text(json.dumps(spec))

@@ -718,10 +718,11 @@ def export_cmd(args: argparse.Namespace) -> int:
         raise LeafpyError(f"--batch-sizes {args.batch_sizes}: expected comma-separated positive integers, e.g. "
                           "1,8,32") from None
     net = _model_from(args.model, get_backend("native"))
-    web.export(net, args.web, batch_sizes=sizes)
+    written = web.export(net, args.web, batch_sizes=sizes, precision=args.precision)
+    note = "" if "fp16" in written else " (no fp16 plans: this machine's WebGPU adapter lacks shader-f16)"
     _out(f"leafpy: {args.model} -> {args.web} (network '{net.name}', batch sizes "
-         f"{', '.join(map(str, sorted({1, *sizes})))}): serve the folder (python -m http.server -d {args.web}) and "
-         "open index.html in a browser with WebGPU")
+         f"{', '.join(map(str, sorted({1, *sizes})))}, precisions {', '.join(written)}{note}): serve the folder "
+         f"(python -m http.server -d {args.web}) and open index.html in a browser with WebGPU")
     return 0
 
 
@@ -784,6 +785,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("model", help="a model (.leaf or .onnx), a checkpoint.leaf, or a run directory")
     e.add_argument("--batch-sizes", default="1,8,32", help="the batch sizes to record plans for, comma-separated "
                    "(1 is always added; leafpy.js splits and pads other batch sizes over them; default 1,8,32)")
+    e.add_argument("--precision", choices=("auto", "fp32", "fp16", "both"), default="auto",  # web.PRECISIONS
+                   help="the plans to record: fp32, fp16 (float16, for browsers whose adapter offers shader-f16), "
+                   "both, or auto (the default: both where this machine's WebGPU adapter offers shader-f16, else "
+                   "fp32); leafpy.js picks fp16 where the browser can run it")
     e.set_defaults(func=export_cmd)
     _command(sub, "summary", summary_cmd, "table of layers, output shapes and parameter counts",
              "Print the network's layers, output shapes and parameter counts.", backend=False)

@@ -145,6 +145,38 @@ def test_predict_refuses_a_shape_that_is_not_the_networks(served, small_export):
     assert "shape must be [N, 7]" in message and "[1,6]" in message
 
 
+def test_an_export_with_fp16_plans_picks_what_the_adapter_runs_and_names_shader_f16(served):
+    """SwiftShader offers no shader-f16: "auto" takes the float32 plans, and asking for fp16 is a clear error."""
+    webgpu_offering("shader-f16")  # the fp16 plans are recorded on this machine's adapter
+    root, b = served
+    net = network("both", *CASES["sigmoid_tanh"])
+    assert lp.web.export(net, root / "both", batch_sizes=[2], precision="both") == ["fp32", "fp16"]
+    x = np.random.default_rng(0).normal(0, 1, (3, 7)).astype(np.float32)
+    b.goto("blank.html")
+    r = b.evaluate(f"""(async () => {{
+        const has = (await navigator.gpu.requestAdapter({{powerPreference: "high-performance"}})).features
+            .has("shader-f16");
+        const {{load}} = await import("/both/leafpy.js");
+        const m = await load("/both/model/");
+        try {{
+            const y = await m.predict(new Float32Array({json.dumps(x.reshape(-1).tolist())}), [3, 7]);
+            return {{has, precision: m.precision, float32: y.data instanceof Float32Array, data: Array.from(y.data)}};
+        }} finally {{ m.destroy(); }}
+    }})()""")
+    want = net.forward([x])[0].to_numpy()
+    assert r["float32"] and r["precision"] == ("fp16" if r["has"] else "fp32"), r
+    tol = 1e-2 if r["has"] else 1e-5
+    np.testing.assert_allclose(np.asarray(r["data"], np.float32).reshape(want.shape), want, rtol=tol, atol=tol)
+    if r["has"]:
+        pytest.skip("this browser's adapter offers shader-f16: the error where it lacks it is not reachable here")
+    message = page_error(b, """const {load} = await import("/both/leafpy.js");
+        await load("/both/model/", {precision: "fp16"});""")
+    assert '"shader-f16" feature' in message and 'precision: "auto"' in message, message
+    message = page_error(b, """const {load} = await import("/both/leafpy.js");
+        await load("/both/model/", {precision: "half"});""")
+    assert 'precision must be one of "auto", "fp32", "fp16"' in message, message
+
+
 @pytest.mark.parametrize("name", ["digits_resnet", "digits_lstm"])
 def test_shipped_digits_networks_predict_in_the_browser_as_native(served, name):
     root, b = served

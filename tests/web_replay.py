@@ -56,16 +56,19 @@ def network(name: str, sample: list[int], layers: list[dict], seed: int = 0) -> 
     return net
 
 
-def replay(folder: Path, x: np.ndarray) -> np.ndarray:
-    """The output of the exported model in ``folder`` for samples ``x``, by the plan of exactly len(x) samples."""
+def replay(folder: Path, x: np.ndarray, precision: str = "fp32") -> np.ndarray:
+    """The output of the exported model in ``folder`` for samples ``x``, by the plan of exactly len(x) samples (at
+    ``precision``: the fp32 plans at plan.json's top, the others under their precision's name)."""
     import wgpu
 
     model = folder / "model"
-    doc = json.loads((model / "plan.json").read_text())
+    top = json.loads((model / "plan.json").read_text())
+    doc = top if precision == "fp32" else top[precision]
     plan = next(p for p in doc["plans"] if p["batch"] == len(x))
-    device = wgpu.gpu.request_adapter_sync(power_preference="high-performance").request_device_sync()
+    adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+    device = adapter.request_device_sync(required_features=["shader-f16"] if precision == "fp16" else [])
     usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
-    blob = (model / "weights.bin").read_bytes()
+    blob = (model / doc["weights"]["file"]).read_bytes()
     buffers = {}
     for name, t in doc["weights"]["tensors"].items():
         buffers["w:" + name] = device.create_buffer(size=max(4, t["buffer_bytes"]), usage=usage)

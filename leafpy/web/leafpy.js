@@ -5,6 +5,7 @@
 //   const m = await load("./model/");
 //   const y = await m.predict(x /* Float32Array */, [n, ...m.inputShape]);   // {data: Float32Array, shape}
 //   m.classes   // class names ([] if the run had none)
+//   m.precision // "fp16" where the export has float16 plans and the adapter offers shader-f16, else "fp32"
 //
 // model/plan.json lists, per batch size, the forward pass as steps (a dispatch: shader module, entry point,
 // pipeline constants, uniform bytes, workgroup grid, bound buffers; or a write of a constant). predict() runs a
@@ -62,14 +63,15 @@ async function readPlan(base) {
   } catch (e) {
     throw fail(`the model file ${url} is damaged: not JSON (${e.message}); export the model again`);
   }
-  if (!doc || doc.format !== FORMAT || doc.version !== 1 || !Array.isArray(doc.plans) || !doc.plans.length) {
+  const plans = doc && (doc.plans || (doc.fp16 && doc.fp16.plans));
+  if (!doc || doc.format !== FORMAT || doc.version !== 1 || !Array.isArray(plans) || !plans.length) {
     throw fail(`the model file ${url} is not a leafpy web plan (format ${FORMAT}, version 1); export the model ` +
                "again with leafpy export --web");
   }
   return doc;
 }
 
-async function openDevice(options) {
+async function openAdapter(options) {
   if (!globalThis.navigator || !navigator.gpu) {
     throw fail("this browser has no WebGPU (navigator.gpu is missing): use a browser with WebGPU on (Chrome or " +
                "Edge 113+, Safari 26+, Firefox 141+), on a page served over https or from localhost");
@@ -79,14 +81,43 @@ async function openDevice(options) {
     throw fail("navigator.gpu.requestAdapter() found no GPU adapter (WebGPU is present but no GPU is usable: " +
                "a blocklisted driver, or hardware acceleration turned off in the browser's settings)");
   }
+  const info = adapter.info || {};
+  const name = [info.vendor, info.architecture, info.device, info.description].filter(Boolean).join(" ");
+  return {adapter, adapterName: name || "unknown adapter"};
+}
+
+const PRECISIONS = ["auto", "fp32", "fp16"];
+
+// The precision to run at: "auto" takes the float16 plans where the model has them and the adapter offers
+// "shader-f16" (WGSL's f16), else the float32 plans.
+function choosePrecision(asked, doc, adapter, adapterName) {
+  if (!PRECISIONS.includes(asked)) {
+    throw fail(`load: precision must be one of ${PRECISIONS.map((p) => `"${p}"`).join(", ")}, got ` +
+               `${JSON.stringify(asked)}`);
+  }
+  const have = Array.isArray(doc.precisions) ? doc.precisions : ["fp32"];
+  const f16 = adapter.features.has("shader-f16");
+  let want = asked;
+  if (asked === "auto") want = (f16 && have.includes("fp16")) || !have.includes("fp32") ? "fp16" : "fp32";
+  if (want === "fp16" && !f16) {
+    throw fail(`load: precision "fp16" needs the GPU adapter's "shader-f16" feature (float16 in WGSL), which this ` +
+               `adapter (${adapterName}) does not offer; load with {precision: "auto"} or "fp32"` +
+               (have.includes("fp32") ? "" : ", after exporting the model again with --precision both"));
+  }
+  if (!have.includes(want)) {
+    throw fail(`load: this model has no ${want} plans (plan.json lists ${have.join(", ")}); load with ` +
+               `{precision: "auto"}, or export it again with leafpy export --web --precision both`);
+  }
+  return want;
+}
+
+async function openDevice(adapter, precision) {
   const limits = {};
   for (const name of ["maxStorageBufferBindingSize", "maxBufferSize", "maxComputeWorkgroupStorageSize"]) {
     if (adapter.limits[name] !== undefined) limits[name] = adapter.limits[name];
   }
-  const device = await adapter.requestDevice({requiredLimits: limits});
-  const info = adapter.info || {};
-  const name = [info.vendor, info.architecture, info.device, info.description].filter(Boolean).join(" ");
-  return {device, adapterName: name || "unknown adapter"};
+  const requiredFeatures = precision === "fp16" ? ["shader-f16"] : [];
+  return adapter.requestDevice({requiredLimits: limits, requiredFeatures});
 }
 
 async function compile(device, base, doc) {
@@ -115,10 +146,11 @@ function decode64(text) {
 const STORAGE = () => GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST | GPUBufferUsage.COPY_SRC;
 
 class Model {
-  constructor(doc, device, adapterName, modules, weights) {
+  constructor(doc, device, adapterName, precision, modules, weights) {
     this.doc = doc;
     this.device = device;
     this.adapterName = adapterName;
+    this.precision = precision;
     this.classes = doc.classes || [];
     this.normalization = doc.normalize || null;
     this.inputShape = doc.input_shape;
@@ -320,14 +352,19 @@ class Model {
 }
 
 /** Load an exported model from the folder at url (e.g. "./model/"): fetch and check its files, compile its shader
- * modules and make every plan's pipelines, buffers and bind groups. */
+ * modules and make every plan's pipelines, buffers and bind groups. options.precision: "auto" (the default: the
+ * model's float16 plans where the adapter offers "shader-f16" and the export has them, else float32), "fp32" or
+ * "fp16"; the model's precision says which it runs. Inputs and outputs are float32 either way. */
 export async function load(url, options = {}) {
-  const {device, adapterName} = await openDevice(options);
+  const {adapter, adapterName} = await openAdapter(options);
   const base = new URL(url.endsWith("/") ? url : url + "/", globalThis.location ? location.href : undefined);
   const doc = await readPlan(base);
-  const weights = await checkedBytes(base, doc.weights, "the weights");
-  const modules = await compile(device, base, doc);
-  const model = new Model(doc, device, adapterName, modules, weights);
+  const precision = choosePrecision(options.precision ?? "auto", doc, adapter, adapterName);
+  const variant = precision === "fp32" ? doc : {...doc, ...doc[precision]};  // its plans, modules and weights
+  const device = await openDevice(adapter, precision);
+  const weights = await checkedBytes(base, variant.weights, "the weights");
+  const modules = await compile(device, base, variant);
+  const model = new Model(variant, device, adapterName, precision, modules, weights);
   for (const batch of model.batchSizes) await model._plan(batch);  // pipelines compiled now, not in predict()
   return model;
 }

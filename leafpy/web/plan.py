@@ -13,6 +13,7 @@ import numpy as np
 
 from ..errors import LeafpyError
 from ..layers.layer import Layer
+from ..tensor import SharedTensor
 
 
 class PlanRecorder:
@@ -39,6 +40,10 @@ class PlanRecorder:
         self.steps.append({"module": module, "entry": entry, "constants": {k: v for k, v in constants},
                            "params": base64.b64encode(params).decode(), "grid": [int(g) for g in groups],
                            "bindings": bindings})
+
+    def seen(self) -> dict[int, int]:
+        """id(raw) -> position, for every buffer the recorded steps touched."""
+        return self._index
 
     def upload(self, data: bytes, out: Any) -> None:
         self.steps.append({"write": self._ref(out.raw), "data": bytes(data)})
@@ -79,28 +84,69 @@ class PlanRecorder:
         return {"batch": batch, "output_shape": list(output_shape), "buffers": buffers, "steps": steps}
 
 
-def record(net: Layer, batch: int, constants: list[bytes]) -> tuple[dict, dict[str, Any]]:
+def record(net: Layer, batch: int, constants: list[bytes]) -> tuple[dict, dict[str, SharedTensor]]:
     """Run ``net`` (on the webgpu backend, in inference mode) forward on ``batch`` samples twice — the first settles
-    its buffers, the second is recorded — and give the plan and the raw weight buffers by weight name."""
+    its buffers, the second is recorded — and give the plan and, by weight name, the weight tensor its dispatches
+    read (the float32 master, or at precision fp16 the float16 copy the backend cast from it)."""
     be: Any = net.backend  # the webgpu backend (its tracer, flush)
-    shape = sample_shape(net)
-    x = np.zeros((batch,) + shape, np.float32)
-    net.forward([x])
+    x = np.zeros((batch,) + sample_shape(net), np.float32)
+    _forward(net, x)
     be.flush()
     rec = PlanRecorder()
     be.tracer = rec
     try:
-        out = net.forward([x])[0]
+        inp, out = _forward(net, x)
         be.flush()
     finally:
         be.tracer = None
-    names = {id(net.inputs[0].buffer_on(be.key).raw): "input", id(out.buffer_on(be.key).raw): "output"}
-    weights = {}
-    for name, t in zip(net.learnable_weights_names(), net.learnable_weights_data()):
-        raw = t.buffer_on(be.key).raw
-        names.setdefault(id(raw), "w:" + name)
-        weights[name] = raw
+    names = {id(inp.buffer_on(be.key).raw): "input", id(out.buffer_on(be.key).raw): "output"}
+    weights = _bound_weights(net, rec, names)
     return rec.plan(batch, names, out.shape, constants), weights
+
+
+def _forward(net: Layer, x: np.ndarray) -> tuple[SharedTensor, SharedTensor]:
+    """``net``'s forward pass on float32 samples ``x``, to a float32 output: the tensors the plan calls its input
+    and output. A network that computes in float16 (precision fp16) takes ``x`` as a float32 tensor and casts it in,
+    and its float16 output is cast out: the backend's own casts, dispatched (and recorded) with the rest."""
+    be = net.backend
+    if np.dtype(be.compute_dtype) == np.float32:
+        out = net.forward([x])[0]
+        return net.inputs[0], out
+    x32 = SharedTensor.from_numpy(x)
+    out = net.forward([x32])[0]
+    if out.dtype == np.float32:
+        return x32, out
+    out32 = SharedTensor(out.shape, np.float32)
+    be.cast(out.read(be), out32.write(be))
+    return x32, out32
+
+
+def _bound_weights(net: Layer, rec: PlanRecorder, names: dict[int, str]) -> dict[str, SharedTensor]:
+    """Each weight's tensor as the recorded dispatches bind it (its low-precision copies where they read those),
+    named "w:NAME" in ``names``."""
+    key = net.backend.key
+    copies: dict[int, list[SharedTensor]] = {}
+    for master, copy in _weights_and_copies(net):
+        if copy is not None and copy.buffer_on(key) is not None:
+            copies.setdefault(id(master), []).append(copy)
+    out = {}
+    for name, t in zip(net.learnable_weights_names(), net.learnable_weights_data()):
+        read = [c for c in copies.get(id(t), []) if id(c.buffer_on(key).raw) in rec.seen()]
+        if read and id(t.buffer_on(key).raw) in rec.seen():
+            raise LeafpyError(f"leafpy.web: the forward pass reads weight {name} both as float32 and as a float16 "
+                              "copy; export it with precision='fp32'")
+        for c in read or [t]:
+            names.setdefault(id(c.buffer_on(key).raw), "w:" + name)
+        out[name] = read[0] if read else t
+    return out
+
+
+def _weights_and_copies(layer: Layer) -> list[tuple[SharedTensor, SharedTensor | None]]:
+    """Every layer's (weight, low-precision copy or None) pairs, containers' layers included."""
+    pairs = list(zip(layer.weights, layer.weight_copies))
+    for child in getattr(layer, "layers", []):
+        pairs += _weights_and_copies(child)
+    return pairs
 
 
 def sample_shape(net: Layer) -> tuple[int, ...]:
