@@ -788,12 +788,11 @@ class ArrayBackend(Backend):
         work = [self._work({}, f"update_piece{k or ''}", (min(size, step),), flat[0].dtype) for k in range(scratch)]
         for a in range(0, size, step):
             b = min(size, a + step)
-            yield (tuple(t[:b - a] for t in work), *(f[a:b] for f in flat))
+            yield ([t[:b - a] for t in work], *(f[a:b] for f in flat))
 
     def solver_update(self, kind, w, g, rate, lr_mult, params=(), s1=None, s2=None, s3=None):
-        run, scratch = updates.numpy_function(kind)
-        state = (s1, s2, s3)[:len(updates.rule(kind).state)]
-        run(self.xp, rate, lr_mult, params, self._update_pieces(scratch, w, g, *state))
+        run, scratch, states = updates.numpy_function(kind)
+        run(self.xp, rate, lr_mult, params, self._update_pieces(scratch, w, g, *(s1, s2, s3)[:states]))
 
     def clip_to_norm(self, x, sumsq, threshold):
         xp = self.xp

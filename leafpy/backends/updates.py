@@ -44,7 +44,7 @@ _OPS = {"add", "sub", "mul", "div", "neg", "gt", "max", "min", "exp", "expm1", "
 _NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # one line is one rule: compared and hashed by identity (each update looks it up)
 class Rule:
     """One update rule: ``state`` its history buffers and ``params`` its hyper-parameters (both in the order the
     backends receive them), ``steps`` its formula as (target, expression) assignments run in order."""
@@ -161,6 +161,7 @@ def rule(kind: str) -> Rule:
 _PY = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "div": "({} / {})", "neg": "(-{})",
        "gt": "({} > {})", "where": "({1} if {0} else {2})", "max": "max({}, {})", "min": "min({}, {})",
        "sign": "((0.0 < {0}) - ({0} < 0.0))"}
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _UFUNC = {"add": "add", "sub": "subtract", "mul": "multiply", "div": "divide", "neg": "negative", "max": "maximum",
           "min": "minimum", "exp": "exp", "expm1": "expm1", "log1p": "log1p", "tanh": "tanh", "sqrt": "sqrt",
           "sign": "sign"}
@@ -281,6 +282,11 @@ class _NumpyPlan:
         self.uses.setdefault(new, 0)
 
     def _emit(self, op: str, args: list[str], dst: str) -> None:
+        infix = _INFIX.get(op)
+        if infix and dst in args and (dst == args[0] or op in ("add", "mul")):  # in place: a ufunc call without
+            other = args[1] if dst == args[0] else args[0]                       # keywords (the faster one)
+            self.body.append(f"{dst} {infix}= {other}")
+            return
         if op != "where":
             self.body.append(f"xp.{_UFUNC[op]}({', '.join(args)}, out={dst})")
             return
@@ -309,16 +315,17 @@ def numpy_source(r: Rule) -> tuple[str, int]:
 
 
 @functools.cache
-def _compiled(r: Rule) -> tuple[Callable[..., None], int]:
+def _compiled(r: Rule) -> tuple[Callable[..., None], int, int]:
     source, scratch = numpy_source(r)
     namespace: dict[str, Any] = {"math": math}
     exec(compile(source, f"<update rule {r.name}>", "exec"), namespace)
-    return namespace["run"], scratch
+    return namespace["run"], scratch, len(r.state)
 
 
-def numpy_function(kind: str) -> tuple[Callable[..., None], int]:
-    """:func:`numpy_source` of rule ``kind`` compiled (once per line of the table), and its scratch count."""
-    return _compiled(rule(kind))
+def numpy_function(kind: str) -> tuple[Callable[..., None], int, int]:
+    """:func:`numpy_source` of rule ``kind`` compiled (once per line of the table), its scratch count and its
+    number of state buffers."""
+    return _compiled(TABLE.get(kind) or rule(kind))
 
 
 # --- C (CuPy ElementwiseKernel) and WGSL text -------------------------------------------------------------------------
