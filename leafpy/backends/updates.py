@@ -300,32 +300,30 @@ class _NumpyPlan:
 
     def source(self) -> str:
         slots = ", ".join(self._slot(n) for n in ("w", "g", *self.rule.state))
-        scratch = "".join(f"t{i}, " for i in range(self.scratch)) or "_"
-        lines = ["def run(xp, rate, lr_mult, params, pieces):", "    if rate[1] == 0:", "        return",
-                 *(f"    {ln}" for ln in self.head), f"    for ({scratch}), {slots} in pieces:",
-                 *(f"        {ln}" for ln in self.body or ["pass"])]
+        scratch = [f"t{i}" for i in range(self.scratch)]
+        head = [*self.head, *[f"{''.join(f'w{t}, ' for t in scratch)}= scratch"] * bool(scratch)]
+        lines = ["def run(xp, rate, lr_mult, params, scratch, pieces):", "    if rate[1] == 0:", "        return",
+                 *(f"    {ln}" for ln in head), f"    for n, {slots} in pieces:",
+                 *(f"        {t} = w{t}[:n]" for t in scratch), *(f"        {ln}" for ln in self.body or ["pass"])]
         return "\n".join(lines) + "\n"
 
 
 def numpy_source(r: Rule) -> tuple[str, int]:
-    """Python source of ``run(xp, rate, lr_mult, params, pieces)``, where ``pieces`` yields ((scratch, ...), w, g,
-    *state) pieces of equal size, and the number of scratch arrays a piece needs."""
+    """Python source of ``run(xp, rate, lr_mult, params, scratch, pieces)``, where ``pieces`` yields (n, w, g,
+    *state): pieces of n elements each, and ``scratch`` holds arrays of at least as many; and how many of those it
+    needs."""
     plan = _NumpyPlan(r)
     return plan.source(), plan.scratch
 
 
 @functools.cache
-def _compiled(r: Rule) -> tuple[Callable[..., None], int, int]:
+def numpy_function(r: Rule) -> tuple[Callable[..., None], int, int]:
+    """:func:`numpy_source` of the line ``r`` compiled (once per line), its scratch count and its number of state
+    buffers. A backend looks its line up itself (``TABLE.get(kind) or rule(kind)``): one call less per update."""
     source, scratch = numpy_source(r)
     namespace: dict[str, Any] = {"math": math}
     exec(compile(source, f"<update rule {r.name}>", "exec"), namespace)
     return namespace["run"], scratch, len(r.state)
-
-
-def numpy_function(kind: str) -> tuple[Callable[..., None], int, int]:
-    """:func:`numpy_source` of rule ``kind`` compiled (once per line of the table), its scratch count and its
-    number of state buffers."""
-    return _compiled(TABLE.get(kind) or rule(kind))
 
 
 # --- C (CuPy ElementwiseKernel) and WGSL text -------------------------------------------------------------------------

@@ -245,6 +245,8 @@ class UpdateRule:
 
     def __init__(self, config: SolverConfig) -> None:
         self.config = config
+        self.params = tuple(getattr(config, f) for f in self.hyper)
+        """The values of ``hyper`` (the config is frozen)."""
 
     def step_rate(self, lr: float, iteration: int) -> float:
         """The rate the update kernels read at ``iteration`` for the policy's rate ``lr`` (Adam folds its bias
@@ -260,9 +262,7 @@ class UpdateRule:
         writes nothing. A rule with ``decoupled_weight_decay`` gets ``[step rate, apply, lr]`` (lr: the policy's
         rate) and ``decay`` (weight_decay times the weight's decay_mult) to apply itself; the others get gradients
         with the decay in."""
-        params = tuple(getattr(self.config, f) for f in self.hyper)
-        if self.decoupled_weight_decay:
-            params += (decay,)
+        params = self.params + (decay,) if self.decoupled_weight_decay else self.params
         backend.solver_update(self.formula or self.name, w, g, rate, lr_mult, params, *state)
 
     decoupled_weight_decay: ClassVar[bool] = False
