@@ -37,6 +37,8 @@ MAX_STATE = 3
 """State buffers a rule may keep (webgpu binds rate, w, g and these, under the 8 storage buffers a stage may use)."""
 MAX_PARAMS = 6
 """Hyper-parameters a rule may take (update.wgsl's hp0 ... hp5)."""
+WGSL_PARAMS = tuple(f"hp{i}" for i in range(MAX_PARAMS))
+"""The UpdateParams fields of a rule's hyper-parameters, in order."""
 RATES = {"lr": 0, "policy_lr": 2}
 """The rates a formula may read: the element of the rate buffer each multiplies by the weight's lr_mult."""
 _OPS = {"add", "sub", "mul", "div", "neg", "gt", "max", "min", "exp", "expm1", "log1p", "tanh", "sqrt", "sign",
@@ -70,16 +72,10 @@ class Rule:
                                f"{len(self.state)} and {len(self.params)}")
         known, rates, local = {"w", "g", *self.state, *RATES}, set(), []
         for target, expr in self.steps:
-            read = _leaves(expr, "var")
-            ops = _ops(expr) - {"var", "param", "const"}
-            problems = [f"reads {sorted(read - known)} before they are assigned"] * bool(read - known) + \
-                [f"undeclared parameters {sorted(_leaves(expr, 'param') - set(self.params))}"] * \
-                bool(_leaves(expr, "param") - set(self.params)) + [f"operations {sorted(ops - _OPS)}"] * \
-                bool(ops - _OPS) + [f"assigns {target!r}"] * (target in ("g", *RATES, *self.params) or
-                                                               not _NAME.match(target))
+            problems = self._problems(target, expr, known)
             if problems:
                 raise BackendError(f"{where}: the step assigning {target!r} {'; '.join(problems)}")
-            rates |= read & set(RATES)
+            rates |= _leaves(expr, "var") & set(RATES)
             if target not in known:
                 local.append(target)
                 known.add(target)
@@ -87,6 +83,16 @@ class Rule:
             raise BackendError(f"{where}: no step assigns w")
         object.__setattr__(self, "locals", tuple(local))
         object.__setattr__(self, "rates", tuple(r for r in RATES if r in rates))
+
+    def _problems(self, target: str, expr: Expr, known: set) -> list[str]:
+        """What is wrong with the step ``target = expr``, given the names assigned before it."""
+        unread = sorted(_leaves(expr, "var") - known)
+        undeclared = sorted(_leaves(expr, "param") - set(self.params))
+        unknown_ops = sorted(_ops(expr) - _OPS - {"var", "param", "const"})
+        return [text for text, bad in (
+            (f"reads {unread} before they are assigned", unread), (f"undeclared parameters {undeclared}", undeclared),
+            (f"operations {unknown_ops} no backend generates", unknown_ops),
+            (f"assigns {target!r}", target in ("g", *RATES, *self.params) or not _NAME.match(target))) if bad]
 
 
 def _leaves(e: Expr, kind: str) -> set:
@@ -125,7 +131,7 @@ def _table() -> dict[str, Rule]:
     momentum, decay, eps = param("momentum"), param("decay"), param("eps")
     rules = (
         Rule("momentum", ("h",), ("momentum",), (("h", h * momentum + G * LR), ("w", W - h))),
-        # w -= (1 + m) h - m prev, as w -= h - m (prev - h)
+        # w -= (1 + m) h - m prev, as w = w - h + m (prev - h)
         Rule("nesterov", ("h", "prev"), ("momentum",), (
             ("prev", h), ("h", h * momentum + G * LR), ("w", W - h + (prev - h) * momentum))),
         _adam("adam", decay=False),
@@ -371,7 +377,7 @@ def wgsl_entry_point(kind: str) -> str:
     """Rule ``kind`` as the entry point ``NAME_update`` of update.wgsl's bindings: loads, the steps, stores."""
     r = rule(kind)
     buffers = {"w": "w", "g": "g"} | {n: f"s{i + 1}" for i, n in enumerate(r.state)}
-    names = {n: f"v_{n}" for n in buffers} | {n: f"p.hp{i}" for i, n in enumerate(r.params)} | \
+    names = {n: f"v_{n}" for n in buffers} | {n: f"p.{f}" for n, f in zip(r.params, WGSL_PARAMS)} | \
         {n: f"l_{n}" for n in r.locals} | {n: f"rate_{n}" for n in RATES}
     lines = [f"let rate_{n} = rate[{RATES[n]}] * p.lr_mult;" for n in r.rates]
     lines += [f"var v_{n} = {b}[i];" for n, b in buffers.items()]
@@ -384,8 +390,3 @@ def wgsl_entry_point(kind: str) -> str:
 def wgsl_entry_points() -> str:
     """:func:`wgsl_entry_point` of every rule."""
     return "\n".join(wgsl_entry_point(name) for name in TABLE)
-
-
-def wgsl_params(params: tuple[float, ...]) -> dict[str, float]:
-    """A rule's hyper-parameters as UpdateParams fields."""
-    return {f"hp{i}": v for i, v in enumerate(params)}

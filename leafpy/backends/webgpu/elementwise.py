@@ -299,14 +299,14 @@ class Elementwise(Gemm):
                           dynamic=int(bool(dynamic)))
 
     def solver_update(self, kind, w, g, rate, lr_mult, params=(), s1=None, s2=None, s3=None):
-        rule = updates.rule(kind)
+        rule = updates.TABLE.get(kind) or updates.rule(kind)
         if rule not in self._update_rules:  # a line added to (or replaced in) the table since the module was built
             self._modules["update"] = self._shader("update")
             self._pipelines = {k: p for k, p in self._pipelines.items() if k[0] != "update"}
             self._update_rules = frozenset(updates.TABLE.values())
         state = [s1, s2, s3][:len(rule.state)]
         self._elementwise(kind + "_update", w.size, [rate, w, g, *state], UpdateParams, whole=(0,), lr_mult=lr_mult,
-                          **updates.wgsl_params(params))
+                          **dict(zip(updates.WGSL_PARAMS, params)))
 
     # --- sequences: embeddings and recurrent cells (sequence.wgsl, scatter.wgsl) -----------------------------
     def _seq_dispatch(self, params: ParamStruct, entry: str, items: int, threads: int, buffers: list,
