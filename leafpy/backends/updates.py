@@ -236,13 +236,14 @@ class _NumpyPlan:
             return f"p_{v[1]}"
         return self.where[v]
 
-    def _free(self, candidates: list[str], target: str) -> str:
-        """A slot whose value nothing reads any more: the operands' first, then any; else new scratch."""
-        clobber = ("v_g", self._slot(target))
-        for slot in [*candidates, *self.held]:
-            if slot in self.held and (slot in clobber or slot.startswith("t")) and \
-                    self.uses.get(self.held[slot], 0) == 0:
-                return slot
+    def _free(self, target: str) -> str:
+        """A slot whose value nothing reads any more: the step's target (written anyway), else scratch (it stays in
+        cache), else the gradient (writing it costs its memory traffic); else new scratch."""
+        rank = {self._slot(target): 0, "v_g": 2}
+        dead = [slot for slot, value in self.held.items() if self.uses.get(value, 0) == 0 and
+                (slot in rank or slot.startswith("t"))]
+        if dead:
+            return min(dead, key=lambda slot: rank.get(slot, 1))
         self.scratch += 1
         return f"t{self.scratch - 1}"
 
@@ -265,8 +266,7 @@ class _NumpyPlan:
                 name = self.where[v] = f"b{len(self.body)}"
                 self.body.append(f"{name} = xp.greater({args[0]}, {args[1]})")
                 continue
-            dst = self._slot(target) if n is expr and buffer else \
-                self._free([a for a, c in zip(args, kids) if c not in self.scalar], target)
+            dst = self._slot(target) if n is expr and buffer else self._free(target)
             self._emit(n.op, args, dst)
             self.held[dst] = v
             self.where[v] = dst
@@ -279,7 +279,7 @@ class _NumpyPlan:
         if expr.op in ("var", "const", "param") or root in self.scalar:  # a copy
             if root in self.uses:
                 self.uses[root] -= 1
-            dst = self._slot(target) if buffer else self._free([], target)
+            dst = self._slot(target) if buffer else self._free(target)
             self.body.append(f"xp.copyto({dst}, {self._ref(root)})")
         else:
             dst = self.where[root]
@@ -305,19 +305,21 @@ class _NumpyPlan:
         self.body.append(f"xp.copyto({dst}, {a}, where={cond})")
 
     def source(self) -> str:
-        slots = ", ".join(self._slot(n) for n in ("w", "g", *self.rule.state))
+        buffers = ("w", "g", *self.rule.state)
         scratch = [f"t{i}" for i in range(self.scratch)]
-        head = [*self.head, *[f"{''.join(f'w{t}, ' for t in scratch)}= scratch"] * bool(scratch)]
-        lines = ["def run(xp, rate, lr_mult, params, scratch, pieces):", "    if rate[1] == 0:", "        return",
-                 *(f"    {ln}" for ln in head), f"    for n, {slots} in pieces:",
-                 *(f"        {t} = w{t}[:n]" for t in scratch), *(f"        {ln}" for ln in self.body or ["pass"])]
+        head = [*self.head, *[f"{''.join(f'w{t}, ' for t in scratch)}= scratch"] * bool(scratch), "size = f_w.size"]
+        loop = [", ".join(self._slot(n) for n in buffers) + " = " + ", ".join(f"f_{n}[a:a + step]" for n in buffers),
+                *(f"{t} = w{t}[:size - a]" for t in scratch), *self.body]
+        lines = [f"def run(xp, rate, lr_mult, params, scratch, step, {', '.join(f'f_{n}' for n in buffers)}):",
+                 "    if rate[1] == 0:", "        return", *(f"    {ln}" for ln in head),
+                 "    for a in range(0, size, step):", *(f"        {ln}" for ln in loop)]
         return "\n".join(lines) + "\n"
 
 
 def numpy_source(r: Rule) -> tuple[str, int]:
-    """Python source of ``run(xp, rate, lr_mult, params, scratch, pieces)``, where ``pieces`` yields (n, w, g,
-    *state): pieces of n elements each, and ``scratch`` holds arrays of at least as many; and how many of those it
-    needs."""
+    """Python source of ``run(xp, rate, lr_mult, params, scratch, step, w, g, *state)`` over flat arrays, in pieces of
+    ``step`` elements (``scratch`` holds arrays of that many, or of the arrays' size where smaller); and how many of
+    those it needs."""
     plan = _NumpyPlan(r)
     return plan.source(), plan.scratch
 
