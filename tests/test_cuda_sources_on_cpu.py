@@ -1,9 +1,11 @@
-"""The cuda backend's pooling kernels and its channels-last batch-normalisation reductions, run on the CPU: their
-CUDA source (leafpy/backends/cuda/kernels.py, the text CuPy compiles on the GPU) is compiled by the host's C++
-compiler behind a few definitions that stand in for CUDA's (one thread at a time, atomicAdd as an addition), and run
-over every thread of their grids, row-major and channels-last, float32 and bfloat16 storage, against float64
-NumPy. Their index arithmetic is then tested where CI runs, without a GPU; the GPU machine runs the same kernels
-through the cuda backend (test_backends.py). Kernels that cooperate within a block (shared memory, warp shuffles)
+"""The cuda backend's pooling kernels, its channels-last batch-normalisation reductions and its solver updates
+(generated from leafpy/backends/updates.py's table), run on the CPU: their CUDA source (leafpy/backends/cuda/kernels.py
+and the updates' ElementwiseKernel operations, the text CuPy compiles on the GPU) is compiled by the host's C++
+compiler behind a few definitions that stand in for CUDA's (one thread at a time, atomicAdd as an addition, an
+ElementwiseKernel as a loop over its elements), and run over every thread of their grids, row-major and
+channels-last, float32 and bfloat16 storage, against float64 NumPy (the updates: against the native backend). Their
+index arithmetic is then tested where CI runs, without a GPU; the GPU machine runs the same kernels through the cuda
+backend (test_backends.py). Kernels that cooperate within a block (shared memory, warp shuffles)
 are only compiled here, not run."""
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ import subprocess
 import ml_dtypes
 import numpy as np
 import pytest
+from test_update_rules import LION
 
+from leafpy.backends import updates
 from leafpy.backends.cuda.kernels import _BN_SOURCE, _POOL_SOURCE
 from leafpy.backends.cuda.lowp import CONVERT
+from leafpy.backends.native import NativeBackend
 
 SHIMS = r"""
 #include <algorithm>
@@ -319,3 +324,73 @@ def test_channels_last_reduction_grids_cover_every_row_within_the_limits(m, c):
     assert part.size == 2 * c * runs
     (gx, gy), (block,) = CudaBackend._row_grid(c, runs)
     assert gy == runs and block % 32 == 0 and block <= 128 and gx * block >= c > (gx - 1) * block
+
+
+def _elementwise_kernel(in_params: str, out_params: str, operation: str, name: str) -> str:
+    """A CuPy ElementwiseKernel's source as a C function over n elements: ``raw`` parameters as pointers, the
+    gradient ``g`` read per element, the other inputs scalars (passed by pointer), outputs as references."""
+    args, head = ["long n"], []
+    for decl in in_params.split(","):
+        *raw, _, param = decl.split()
+        args.append(f"const T* {param}_")
+        if raw:
+            head.append(f"const T* {param} = {param}_;")
+        else:
+            head.append(f"const T {param} = {param}_[{'i' if param == 'g' else '0'}];")
+    for decl in out_params.split(","):
+        param = decl.split()[-1]
+        args.append(f"T* {param}_")
+        head.append(f"T& {param} = {param}_[i];")
+    return (f"extern \"C\" void {name}({', '.join(args)}) {{\n    for (long i = 0; i < n; ++i) {{\n        "
+            + "\n        ".join(head) + f"\n        {operation};\n    }}\n}}\n")
+
+
+UPDATE_PARAMS = {"momentum": 0.9, "beta1": 0.9, "beta2": 0.999, "eps": 1e-6, "decay": 0.9}
+
+
+@pytest.fixture(scope="module")
+def compiled_updates(tmp_path_factory):
+    """Every rule of the table, and one added at run time (Lion: a local, sign, the policy's rate), for float and
+    double."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(updates.TABLE, "lion", LION)
+        sources = updates.cuda_kernel_sources()
+        libs = {ctype: _build(tmp_path_factory, f"updates_{ctype}", SHIMS + f"using std::sqrt;\ntypedef {ctype} T;\n"
+                              + "".join(_elementwise_kernel(*source) for source in sources.values()))
+                for ctype in ("float", "double")}
+        yield libs, sources
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kind", [*updates.TABLE, "lion"])
+def test_cuda_update_kernels_on_the_cpu(compiled_updates, monkeypatch, kind, dtype):
+    """Each generated update kernel equals the native backend's generated NumPy code, reads its rate from the
+    device-side buffer (rate[0], and rate[2] for decoupled weight decay) and writes nothing where rate[1] is 0."""
+    libs, sources = compiled_updates
+    monkeypatch.setitem(updates.TABLE, "lion", LION)
+    rule = updates.rule(kind)
+    lib = libs["float" if dtype == np.float32 else "double"]
+    rng = np.random.default_rng(5)
+    n = 1000
+    w, g = rng.standard_normal(n).astype(dtype), rng.standard_normal(n).astype(dtype)
+    state = [np.abs(rng.standard_normal(n)).astype(dtype) for _ in rule.state]
+    params = tuple(UPDATE_PARAMS[p] for p in rule.params)
+    lr_mult = 2.0
+
+    def kernel(rate):
+        out = [w.copy(), *(s.copy() for s in state)]
+        scalars = [np.array([v], dtype) for v in (lr_mult, *params)]
+        getattr(lib, sources[kind][3])(ctypes.c_long(n), _ptr(g.copy()), _ptr(rate), *map(_ptr, scalars),
+                                       *map(_ptr, out))
+        return out
+
+    skipped = np.array([0.01, 0.0, 0.02], dtype)
+    assert all(np.array_equal(a, b) for a, b in zip(kernel(skipped), [w, *state])), "a skipped step wrote"
+    rate = np.array([0.01, 1.0, 0.02], dtype)
+    got = kernel(rate)
+    want = [w.copy(), *(s.copy() for s in state)]
+    NativeBackend(dtype).solver_update(kind, want[0], g.copy(), rate, lr_mult, params, *want[1:])
+    assert not np.array_equal(want[0], w)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for name, a, b in zip(("w", *rule.state), got, want):
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=f"{kind}: {name}")

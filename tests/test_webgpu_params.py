@@ -65,12 +65,15 @@ def test_every_shader_binds_a_struct_that_has_a_mirror():
 
 
 def test_each_mirror_is_the_struct_its_shader_binds():
+    from leafpy.backends.webgpu.sources import module_source
+
     mirrors = [v for v in vars(params).values() if isinstance(v, params.ParamStruct)]
+    spare = {"elementwise": "act", "update": "hp"}  # a rule's parameters: as many fields as the most any rule takes
     for m in mirrors:
-        source = (WGSL / f"{m.module}.wgsl").read_text()
+        source = module_source(m.module)  # with the code generated for it (the update rules' entry points)
         assert re.search(rf"var<uniform>\s+p\s*:\s*{m.name}\s*;", source), m
         for field in m.fields:  # every field is read somewhere (a stale one would hint at drift)
-            assert re.search(rf"\bp\.{field}\b", source) or m.module == "elementwise" and field.startswith("act"), \
+            assert re.search(rf"\bp\.{field}\b", source) or field.startswith(spare.get(m.module, "-")), \
                 (m.name, field)
 
 
@@ -81,3 +84,11 @@ def test_every_activation_parameter_has_a_field():
     assert slots == [f"act{i}" for i in range(len(slots))]
     most = max(len(line.params) for line in pointwise.TABLE.values())
     assert most <= len(slots), f"add act{len(slots)}.. to ElementwiseParams in elementwise.wgsl"
+
+
+def test_every_update_rule_parameter_has_a_field():
+    from leafpy.backends import updates
+
+    slots = [f for f in params.UpdateParams.fields if re.fullmatch(r"hp\d+", f)]
+    assert tuple(slots) == updates.WGSL_PARAMS, "UpdateParams in update.wgsl and updates.WGSL_PARAMS disagree"
+    assert max(len(rule.params) for rule in updates.TABLE.values()) <= updates.MAX_PARAMS

@@ -374,35 +374,48 @@ class Backend:
         the scale and the good steps stay. The counts are floats, exact up to 2**24."""
         raise NotImplementedError
 
+    def solver_update(self, kind: str, w: Buffer, g: Buffer, rate: Buffer, lr_mult: float,
+                      params: tuple[float, ...] = (), s1: Buffer | None = None, s2: Buffer | None = None,
+                      s3: Buffer | None = None) -> None:
+        """The update rule ``kind`` (a line of :data:`leafpy.backends.updates.TABLE`) over the weight ``w``, its
+        gradient ``g`` and the rule's state buffers ``s1``, ``s2``, ``s3`` (as many as the line has, in its order),
+        with its hyper-parameters ``params`` (in the line's order): fused where the backend can, generated from
+        the line's formula on every backend."""
+        raise NotImplementedError
+
+    # the named rules: the lines of updates.TABLE that Caffe's solvers run, written once here over solver_update
     def momentum_update(self, w: Buffer, g: Buffer, h: Buffer, rate: Buffer, lr_mult: float, momentum: float) -> None:
         """``h = momentum * h + lr * g; w -= h``."""
-        raise NotImplementedError
+        self.solver_update("momentum", w, g, rate, lr_mult, (momentum,), h)
 
     def nesterov_update(self, w: Buffer, g: Buffer, h: Buffer, prev: Buffer, rate: Buffer, lr_mult: float,
                         momentum: float) -> None:
         """``prev = h; h = momentum * h + lr * g; w -= (1 + momentum) * h - momentum * prev``."""
-        raise NotImplementedError
+        self.solver_update("nesterov", w, g, rate, lr_mult, (momentum,), h, prev)
 
     def adam_update(self, w: Buffer, g: Buffer, m: Buffer, v: Buffer, rate: Buffer, lr_mult: float, beta1: float,
                     beta2: float, eps: float, decay: float = 0.0) -> None:
         """``m = b1 m + (1-b1) g; v = b2 v + (1-b2) g²; w -= lr * m / (sqrt(v) + eps)`` (``lr`` bias-corrected);
         with ``decay`` (AdamW) first ``w *= 1 - rate[2] * lr_mult * decay`` (the policy's rate, uncorrected)."""
-        raise NotImplementedError
+        if decay:
+            self.solver_update("adamw", w, g, rate, lr_mult, (beta1, beta2, eps, decay), m, v)
+        else:
+            self.solver_update("adam", w, g, rate, lr_mult, (beta1, beta2, eps), m, v)
 
     def rmsprop_update(self, w: Buffer, g: Buffer, h: Buffer, rate: Buffer, lr_mult: float, decay: float,
                        eps: float) -> None:
         """``h = decay h + (1-decay) g²; w -= lr * g / (sqrt(h) + eps)``."""
-        raise NotImplementedError
+        self.solver_update("rmsprop", w, g, rate, lr_mult, (decay, eps), h)
 
     def adagrad_update(self, w: Buffer, g: Buffer, h: Buffer, rate: Buffer, lr_mult: float, eps: float) -> None:
         """``h += g²; w -= lr * g / (sqrt(h) + eps)``."""
-        raise NotImplementedError
+        self.solver_update("adagrad", w, g, rate, lr_mult, (eps,), h)
 
     def adadelta_update(self, w: Buffer, g: Buffer, h: Buffer, u: Buffer, rate: Buffer, lr_mult: float,
                         decay: float, eps: float) -> None:
         """``h = decay h + (1-decay) g²; d = g sqrt((u + eps) / (h + eps)); u = decay u + (1-decay) d²;
         w -= lr * d``."""
-        raise NotImplementedError
+        self.solver_update("adadelta", w, g, rate, lr_mult, (decay, eps), h, u)
 
     # --- sequences: embeddings and recurrent cells --------------------------------------------------------------
     # Ids are integers stored as floats. A recurrent layer over N sequences of T steps (hidden size H) keeps its
@@ -502,7 +515,9 @@ class Backend:
 
 
 OPTIONAL_HOOKS = ("run_step", "peak_memory", "cast", "full_precision", "memory_order", "relayout")
-SHORTHANDS = ("relu", "relu_grad", "sigmoid", "sigmoid_grad", "tanh", "tanh_grad")
+UPDATE_SHORTHANDS = ("momentum_update", "nesterov_update", "adam_update", "rmsprop_update", "adagrad_update",
+                     "adadelta_update")
+SHORTHANDS = ("relu", "relu_grad", "sigmoid", "sigmoid_grad", "tanh", "tanh_grad", *UPDATE_SHORTHANDS)
 """Methods written once here over a primitive (a backend may still override them)."""
 PRIMITIVES = tuple(
     name for name, value in vars(Backend).items()
@@ -534,7 +549,8 @@ WRITES: dict[str, Writes] = {
     "dropout_mask": ("mask",),
     "clip_to_norm": ("x",),
     "unscale": ("x",), "loss_scale_update": ("scale", "counts", "rate"),
-    # the gradient may serve the updates as scratch
+    # the gradient may serve the updates as scratch; a rule writes w and every state buffer it has
+    "solver_update": lambda args: ("w", "g", *(s for s in ("s1", "s2", "s3") if args[s] is not None)),
     "momentum_update": ("w", "g", "h"), "nesterov_update": ("w", "g", "h", "prev"),
     "adam_update": ("w", "g", "m", "v"), "rmsprop_update": ("w", "g", "h"), "adagrad_update": ("w", "g", "h"),
     "adadelta_update": ("w", "g", "h", "u"),

@@ -109,6 +109,15 @@ def erf(a: Any) -> Expr:
     return Expr("erf", _node(a))
 
 
+def sqrt(a: Any) -> Expr:
+    return Expr("sqrt", _node(a))
+
+
+def sign(a: Any) -> Expr:
+    """-1, 0 or 1 as ``a`` is negative, zero or positive."""
+    return Expr("sign", _node(a))
+
+
 def maximum(a: Any, b: Any) -> Expr:
     return Expr("max", _node(a), _node(b))
 
@@ -243,7 +252,8 @@ def _uses(root: Expr) -> tuple[dict[int, int], list[Expr]]:
 
 # --- NumPy / CuPy arrays ------------------------------------------------------------------------------------------
 _UFUNCS = {"add": "add", "sub": "subtract", "mul": "multiply", "div": "divide", "neg": "negative", "gt": "greater",
-           "exp": "exp", "expm1": "expm1", "log1p": "log1p", "tanh": "tanh", "max": "maximum", "min": "minimum"}
+           "exp": "exp", "expm1": "expm1", "log1p": "log1p", "tanh": "tanh", "max": "maximum", "min": "minimum",
+           "sqrt": "sqrt", "sign": "sign"}
 
 def _erf_ufunc(xp: Any) -> Callable:
     if xp.__name__ == "numpy":
@@ -358,8 +368,9 @@ def evaluate(xp: Any, expr: Expr, var_names: tuple[str, ...], values: tuple, par
 
 
 # --- C (CuPy ElementwiseKernel) and WGSL text -------------------------------------------------------------------------
-def _text(root: Expr, names: dict[str, str], dialect: str) -> tuple[list[str], str]:
-    """(statements binding the nodes used more than once, the expression of the root) in C or WGSL."""
+def _text(root: Expr, names: dict[str, str], dialect: str, prefix: str = "t") -> tuple[list[str], str]:
+    """(statements binding the nodes used more than once, named ``prefix`` and a number, the expression of the
+    root) in C or WGSL."""
     counts, order = _uses(root)
     bound: dict[int, str] = {}
     lines: list[str] = []
@@ -383,6 +394,8 @@ def _text(root: Expr, names: dict[str, str], dialect: str) -> tuple[list[str], s
             return f"(-{a[0]})"
         if n.op == "where":
             return f"({a[0]} ? {a[1]} : {a[2]})" if dialect == "c" else f"select({a[2]}, {a[1]}, {a[0]})"
+        if n.op == "sign" and dialect == "c":
+            return f"(T)(((T)0 < {a[0]}) - ({a[0]} < (T)0))"
         fn = {"max": "max", "min": "min"}.get(n.op, n.op)
         if dialect == "wgsl" and n.op in ("erf", "expm1", "log1p"):
             fn = "lp_" + n.op
@@ -390,7 +403,7 @@ def _text(root: Expr, names: dict[str, str], dialect: str) -> tuple[list[str], s
 
     for n in order:
         if counts[id(n)] > 1 and n is not root:
-            name = f"t{len(bound)}"
+            name = f"{prefix}{len(bound)}"
             lines.append(f"T {name} = {text(n)};" if dialect == "c" else f"let {name} = {text(n)};")
             bound[id(n)] = name
     return lines, text(root)

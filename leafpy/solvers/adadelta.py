@@ -12,8 +12,5 @@ from .solver import UpdateRule
 class AdaDelta(UpdateRule):
     name = "adadelta"
     state_names = ("history", "update_history")
+    hyper = ("rms_decay", "epsilon")
     skips_on_device = True
-
-    def update(self, backend, w, g, state, rate, lr_mult):
-        h, u = state
-        backend.adadelta_update(w, g, h, u, rate, lr_mult, self.config.rms_decay, self.config.epsilon)

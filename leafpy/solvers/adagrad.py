@@ -10,8 +10,5 @@ from .solver import UpdateRule
 class AdaGrad(UpdateRule):
     name = "adagrad"
     state_names = ("history",)
+    hyper = ("epsilon",)
     skips_on_device = True
-
-    def update(self, backend, w, g, state, rate, lr_mult):
-        (h,) = state
-        backend.adagrad_update(w, g, h, rate, lr_mult, self.config.epsilon)

@@ -13,13 +13,10 @@ from .solver import UpdateRule
 class Adam(UpdateRule):
     name = "adam"
     state_names = ("m", "v")
+    hyper = ("beta1", "beta2", "epsilon")
     skips_on_device = True
+
     def step_rate(self, lr, iteration):
         c = self.config
         t = iteration + 1
         return lr * math.sqrt(1.0 - c.beta2 ** t) / (1.0 - c.beta1 ** t)
-
-    def update(self, backend, w, g, state, rate, lr_mult, decay=0.0):
-        m, v = state
-        c = self.config
-        backend.adam_update(w, g, m, v, rate, lr_mult, c.beta1, c.beta2, c.epsilon, decay)

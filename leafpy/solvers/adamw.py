@@ -12,4 +12,4 @@ from .adam import Adam
 @register_rule
 class AdamW(Adam):
     name = "adamw"
-    decoupled_weight_decay = True  # the solver then hands Adam's update the decay (adam_update's ``decay``)
+    decoupled_weight_decay = True  # the solver hands the update the decay: the line's last hyper-parameter

@@ -10,8 +10,5 @@ from .solver import UpdateRule
 class Momentum(UpdateRule):
     name = "momentum"
     state_names = ("history",)
+    hyper = ("momentum",)
     skips_on_device = True
-
-    def update(self, backend, w, g, state, rate, lr_mult):
-        (h,) = state
-        backend.momentum_update(w, g, h, rate, lr_mult, self.config.momentum)

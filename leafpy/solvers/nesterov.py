@@ -10,8 +10,5 @@ from .solver import UpdateRule
 class Nesterov(UpdateRule):
     name = "nesterov"
     state_names = ("history", "previous")
+    hyper = ("momentum",)
     skips_on_device = True
-
-    def update(self, backend, w, g, state, rate, lr_mult):
-        h, prev = state
-        backend.nesterov_update(w, g, h, prev, rate, lr_mult, self.config.momentum)

@@ -10,8 +10,5 @@ from .solver import UpdateRule
 class RMSprop(UpdateRule):
     name = "rmsprop"
     state_names = ("history",)
+    hyper = ("rms_decay", "epsilon")
     skips_on_device = True
-
-    def update(self, backend, w, g, state, rate, lr_mult):
-        (h,) = state
-        backend.rmsprop_update(w, g, h, rate, lr_mult, self.config.rms_decay, self.config.epsilon)

@@ -228,10 +228,17 @@ def _times_power(base: float, x: float, p: float) -> float:
 
 
 class UpdateRule:
-    """An update rule: per weight, a list of history tensors (named for checkpoints) and the update itself."""
+    """An update rule: per weight, a list of history tensors (named for checkpoints) and the update itself, by
+    default the line ``formula`` of :data:`leafpy.backends.updates.TABLE` with the config fields ``hyper`` as its
+    hyper-parameters."""
 
     name: ClassVar[str] = ""
     state_names: ClassVar[tuple[str, ...]] = ()
+    formula: ClassVar[str] = ""
+    """The line of updates.TABLE that :meth:`update` runs (the rule's name where empty)."""
+    hyper: ClassVar[tuple[str, ...]] = ()
+    """The config fields that give the line's hyper-parameters, in its order (a rule with decoupled weight decay
+    gets the decay after them)."""
     skips_on_device: ClassVar[bool] = False
     """Whether :meth:`update` writes nothing when ``rate[1]`` is 0, as the backends' update primitives do (they read
     that flag on the device). Under loss scaling, a rule without it has its skipped steps decided on the host (the
@@ -239,6 +246,8 @@ class UpdateRule:
 
     def __init__(self, config: SolverConfig) -> None:
         self.config = config
+        self.params = tuple(getattr(config, f) for f in self.hyper)
+        """The values of ``hyper`` (the config is frozen)."""
 
     def step_rate(self, lr: float, iteration: int) -> float:
         """The rate the update kernels read at ``iteration`` for the policy's rate ``lr`` (Adam folds its bias
@@ -254,7 +263,8 @@ class UpdateRule:
         writes nothing. A rule with ``decoupled_weight_decay`` gets ``[step rate, apply, lr]`` (lr: the policy's
         rate) and ``decay`` (weight_decay times the weight's decay_mult) to apply itself; the others get gradients
         with the decay in."""
-        raise NotImplementedError
+        params = self.params + (decay,) if self.decoupled_weight_decay else self.params
+        backend.solver_update(self.formula or self.name, w, g, rate, lr_mult, params, *state)
 
     decoupled_weight_decay: ClassVar[bool] = False
     """The rule applies weight decay to the weights itself (AdamW's ``w -= lr·decay·w``), instead of the solver

@@ -26,7 +26,7 @@ import numpy as np
 
 from ... import _checks
 from ...errors import BackendError, BackendUnavailable
-from .. import pointwise
+from .. import pointwise, updates
 from ..array import ArrayBackend
 from ..base import MEMORY, PRIMITIVES, SHORTHANDS, emulated
 from ..recorder import StepRecorder
@@ -71,11 +71,6 @@ _LOSS_SCALE_UPDATE = (
     " else { good = good + (T)1; if (good >= interval) { T grown = s * growth; if (isfinite(grown)) s = grown;"
     " good = (T)0; } }"
     " scale[0] = s; counts[0] = good; }", "leafpy_loss_scale_update")
-
-
-def _applied(operation: str) -> str:
-    """A solver update's operation, run only where the step applies (``rate[1] != 0``); else nothing is written."""
-    return f"if (rate[1] != (T)0) {{ {operation}; }}"
 
 
 LOW_PRECISION_KERNELS = frozenset(SHORTHANDS) | {
@@ -140,6 +135,7 @@ class CudaBackend(ArrayBackend):
         self.tf32 = tf32
         self.fuse_bias = fuse_bias
         self._kernels = self._build_kernels(cupy)
+        self._update_kernels: dict[updates.Rule, Any] = {}
         self._pool_module = cupy.RawModule(code=module_source(_POOL_SOURCE, "f32"))
         self._bn_module = cupy.RawModule(code=module_source(_BN_SOURCE, "f32"))
         self._low_modules: dict[tuple[str, str, bool], Any] = {}
@@ -246,29 +242,6 @@ class CudaBackend(ArrayBackend):
             "axpby": ek(*_AXPBY),
             "clip_to_norm": ek("raw T sumsq, T threshold", "T x",
                                "T n = sqrt(sumsq[0]); if (n > threshold) x *= threshold / n", "leafpy_clip_to_norm"),
-            # solver updates: the step's rate is read on the device (rate[0]), so a recorded step replays under
-            # any learning-rate schedule; rate[1] == 0 (a loss-scaled step with inf or nan gradients) writes nothing
-            "momentum": ek("T g, raw T rate, T mult, T m", "T w, T h",
-                           _applied("h = m * h + rate[0] * mult * g; w -= h"), "leafpy_momentum"),
-            "nesterov": ek("T g, raw T rate, T mult, T m", "T w, T h, T prev",
-                           _applied("prev = h; h = m * h + rate[0] * mult * g; w -= ((T)1 + m) * h - m * prev"),
-                           "leafpy_nesterov"),
-            "adam": ek("T g, raw T rate, T mult, T b1, T b2, T eps", "T w, T m, T v",
-                       _applied("m = b1 * m + ((T)1 - b1) * g; v = b2 * v + ((T)1 - b2) * g * g;"
-                                " w -= rate[0] * mult * m / (sqrt(v) + eps)"), "leafpy_adam"),
-            "adamw": ek("T g, raw T rate, T mult, T b1, T b2, T eps, T decay", "T w, T m, T v",
-                        _applied("m = b1 * m + ((T)1 - b1) * g; v = b2 * v + ((T)1 - b2) * g * g;"
-                                 " w = w * ((T)1 - rate[2] * mult * decay) - rate[0] * mult * m / (sqrt(v) + eps)"),
-                        "leafpy_adamw"),
-            "rmsprop": ek("T g, raw T rate, T mult, T d, T eps", "T w, T h",
-                          _applied("h = d * h + ((T)1 - d) * g * g; w -= rate[0] * mult * g / (sqrt(h) + eps)"),
-                          "leafpy_rmsprop"),
-            "adagrad": ek("T g, raw T rate, T mult, T eps", "T w, T h",
-                          _applied("h += g * g; w -= rate[0] * mult * g / (sqrt(h) + eps)"), "leafpy_adagrad"),
-            "adadelta": ek("T g, raw T rate, T mult, T d, T eps", "T w, T h, T u",
-                           _applied("h = d * h + ((T)1 - d) * g * g; T step = g * sqrt((u + eps) / (h + eps));"
-                                    " u = d * u + ((T)1 - d) * step * step; w -= rate[0] * mult * step"),
-                           "leafpy_adadelta"),
             "unscale": ek(*_UNSCALE),
             "loss_scale_update": ek(*_LOSS_SCALE_UPDATE),
             "bn_forward": ek(*_BN_FORWARD),
@@ -629,24 +602,15 @@ class CudaBackend(ArrayBackend):
         self._kernels["loss_scale_update"](sumsq, s(growth_factor), s(backoff_factor), s(growth_interval),
                                            np.int32(bool(dynamic)), scale, counts, rate, size=1)
 
-    def momentum_update(self, w, g, h, rate, lr_mult, momentum):
-        s = self._scalar
-        self._kernels["momentum"](g, rate, s(lr_mult), s(momentum), w, h)
-
-    def nesterov_update(self, w, g, h, prev, rate, lr_mult, momentum):
-        s = self._scalar
-        self._kernels["nesterov"](g, rate, s(lr_mult), s(momentum), w, h, prev)
-
-    def adam_update(self, w, g, m, v, rate, lr_mult, beta1, beta2, eps, decay=0.0):
-        s = self._scalar
-        if decay:
-            self._kernels["adamw"](g, rate, s(lr_mult), s(beta1), s(beta2), s(eps), s(decay), w, m, v)
-        else:
-            self._kernels["adam"](g, rate, s(lr_mult), s(beta1), s(beta2), s(eps), w, m, v)
-
-    def rmsprop_update(self, w, g, h, rate, lr_mult, decay, eps):
-        s = self._scalar
-        self._kernels["rmsprop"](g, rate, s(lr_mult), s(decay), s(eps), w, h)
+    def solver_update(self, kind, w, g, rate, lr_mult, params=(), s1=None, s2=None, s3=None):
+        # one fused kernel per line of updates.TABLE, made on first use: the step's rate is read on the device
+        # (rate[0]), so a recorded step replays under any learning-rate schedule; rate[1] == 0 (a loss-scaled step
+        # with inf or nan gradients) writes nothing
+        rule = updates.rule(kind)
+        kernel = self._update_kernels.get(rule)
+        if kernel is None:
+            kernel = self._update_kernels[rule] = self.xp.ElementwiseKernel(*updates.cuda_kernel_source(kind))
+        kernel(g, rate, self._scalar(lr_mult), *map(self._scalar, params), w, *(s1, s2, s3)[:len(rule.state)])
 
     # --- batch normalisation: each per-channel reduction two kernels (runs of samples, then their combination),
     # each per-element pass one kernel -------------------------------------------------------------------------
@@ -796,14 +760,6 @@ class CudaBackend(ArrayBackend):
             return
         self._kernels["bn_grad"](x, dy, mean, var, g, sum_dy, sum_dy_xhat, c, inner, self._scalar(eps),
                                  self._scalar(int(c) / x.size), flags, dx)
-
-    def adagrad_update(self, w, g, h, rate, lr_mult, eps):
-        s = self._scalar
-        self._kernels["adagrad"](g, rate, s(lr_mult), s(eps), w, h)
-
-    def adadelta_update(self, w, g, h, u, rate, lr_mult, decay, eps):
-        s = self._scalar
-        self._kernels["adadelta"](g, rate, s(lr_mult), s(decay), s(eps), w, h, u)
 
     def dropout_mask(self, mask, ratio, seed):
         from ..array import DROPOUT_KEY_MULTIPLIER, dropout_threshold

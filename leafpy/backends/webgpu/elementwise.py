@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import BackendError
-from .. import pointwise
+from .. import pointwise, updates
 from ..array import (
     DROPOUT_KEY_MULTIPLIER,
     broadcast,
@@ -48,6 +48,9 @@ def _cell(steps: int, hidden: int, t: int, sequence: bool) -> dict[str, int]:
 
 class Elementwise(Gemm):
     """Elementwise, per-row and per-channel kernels."""
+
+    _update_rules: frozenset = frozenset(updates.TABLE.values())
+    """The lines of updates.TABLE the update module was built with (at least the table's own)."""
 
     def axpby(self, alpha, x, beta, y):
         if beta == 0.0 and alpha == 1.0:
@@ -284,10 +287,6 @@ class Elementwise(Gemm):
                           key_multiplier=DROPOUT_KEY_MULTIPLIER, threshold=dropout_threshold(ratio),
                           scale=1.0 / (1.0 - ratio))
 
-    def _update(self, entry: str, buffers: list, rate: Any, **values: float) -> None:
-        """A solver update over the per-element ``buffers`` (w, g, history...), reading the rate from ``rate``."""
-        self._elementwise(entry, buffers[0].size, [rate, *buffers], UpdateParams, whole=(0,), **values)
-
     def clip_to_norm(self, x, sumsq, threshold):
         self._elementwise("clip_to_norm", x.size, [sumsq, x], UpdateParams, whole=(0,), threshold=threshold)
 
@@ -299,24 +298,15 @@ class Elementwise(Gemm):
                           growth=growth_factor, backoff=backoff_factor, interval=growth_interval,
                           dynamic=int(bool(dynamic)))
 
-    def momentum_update(self, w, g, h, rate, lr_mult, momentum):
-        self._update("momentum_update", [w, g, h], rate, lr_mult=lr_mult, momentum=momentum)
-
-    def nesterov_update(self, w, g, h, prev, rate, lr_mult, momentum):
-        self._update("nesterov_update", [w, g, h, prev], rate, lr_mult=lr_mult, momentum=momentum)
-
-    def adam_update(self, w, g, m, v, rate, lr_mult, beta1, beta2, eps, decay=0.0):
-        self._update("adam_update", [w, g, m, v], rate, lr_mult=lr_mult, beta1=beta1, beta2=beta2,
-                     eps=eps, decay=decay)
-
-    def rmsprop_update(self, w, g, h, rate, lr_mult, decay, eps):
-        self._update("rmsprop_update", [w, g, h], rate, lr_mult=lr_mult, decay=decay, eps=eps)
-
-    def adagrad_update(self, w, g, h, rate, lr_mult, eps):
-        self._update("adagrad_update", [w, g, h], rate, lr_mult=lr_mult, eps=eps)
-
-    def adadelta_update(self, w, g, h, u, rate, lr_mult, decay, eps):
-        self._update("adadelta_update", [w, g, h, u], rate, lr_mult=lr_mult, decay=decay, eps=eps)
+    def solver_update(self, kind, w, g, rate, lr_mult, params=(), s1=None, s2=None, s3=None):
+        rule = updates.TABLE.get(kind) or updates.rule(kind)
+        if rule not in self._update_rules:  # a line added to (or replaced in) the table since the module was built
+            self._modules["update"] = self._shader("update")
+            self._pipelines = {k: p for k, p in self._pipelines.items() if k[0] != "update"}
+            self._update_rules = frozenset(updates.TABLE.values())
+        state = [s1, s2, s3][:len(rule.state)]
+        self._elementwise(kind + "_update", w.size, [rate, w, g, *state], UpdateParams, whole=(0,), lr_mult=lr_mult,
+                          **dict(zip(updates.WGSL_PARAMS, params)))
 
     # --- sequences: embeddings and recurrent cells (sequence.wgsl, scatter.wgsl) -----------------------------
     def _seq_dispatch(self, params: ParamStruct, entry: str, items: int, threads: int, buffers: list,

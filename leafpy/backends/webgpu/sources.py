@@ -2,11 +2,12 @@
 
 A module's text is put together here and nowhere else: params.wgsl first, window.wgsl (a window's geometry) and
 lanes.wgsl or lanes_subgroup.wgsl (a workgroup's reduction) where the module uses them, then its own .wgsl file and
-the code generated from pointwise.TABLE; float16 modules (precision "fp16", named ``<base>16<arrays>``: gemm16AB is
-gemm.wgsl with A and B float16) start with :data:`PRELUDE` and have their float16 arrays rewritten by
-:func:`_halve`. The backend builds its modules from :func:`module_source`; :func:`module_names` lists every module it
-may build, so that tests can compile each one elsewhere: in a browser, whose WGSL compiler (Chrome's Tint) follows
-the specification more strictly than wgpu's (naga). The one difference between the two: subgroup operations need
+the code generated from pointwise.TABLE (for update.wgsl, the solver rules' entry points generated from
+updates.TABLE); float16 modules (precision "fp16", named ``<base>16<arrays>``: gemm16AB is gemm.wgsl with A and B
+float16) start with :data:`PRELUDE` and have their float16 arrays rewritten by :func:`_halve`. The backend builds
+its modules from :func:`module_source`; :func:`module_names` lists every module it may build, so that tests can
+compile each one elsewhere: in a browser, whose WGSL compiler (Chrome's Tint) follows the specification more
+strictly than wgpu's (naga). The one difference between the two: subgroup operations need
 the directive ``enable subgroups;`` under the specification, which naga (wgpu-py 0.32) refuses (``browser=True``
 adds it).
 """
@@ -19,7 +20,7 @@ import re
 from pathlib import Path
 
 from ...errors import BackendError
-from .. import pointwise
+from .. import pointwise, updates
 
 _HERE = Path(__file__).parent
 
@@ -70,6 +71,8 @@ def module_source(name: str, subgroups: bool = False, browser: bool = False) -> 
         return head + body + pointwise.wgsl_functions() + pointwise.wgsl_entry_points()
     if base in _EPILOGUE:
         return head + body + pointwise.wgsl_functions() + pointwise.wgsl_epilogue()
+    if base == "update":
+        return head + body + "\n" + updates.wgsl_entry_points()
     return head + body
 
 
