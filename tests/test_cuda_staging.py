@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import backend_or_skip
-from test_replay import _config
+from test_replay import _config, assert_same_weights, twins
 
 import leafpy as lp
 
@@ -41,18 +41,12 @@ def test_a_network_trained_on_staged_batches_follows_the_float64_reference(monke
     be = backend_or_skip("cuda")
     monkeypatch.setattr(be, "PINNED_UPLOAD_BYTES", 0)  # digits batches are small: stage every one
     monkeypatch.setattr(be, "_staging", None)
-    f64 = lp.backend("native", dtype="float64")
-    cfg = _config("momentum", "step", 1)
-    solver, reference = lp.Solver.from_config(be, be, cfg), lp.Solver.from_config(f64, f64, cfg)
-    for w, r in zip(solver.network.learnable_weights_data(), reference.network.learnable_weights_data()):
-        r.set(w.to_numpy().astype(np.float64))
+    solver, reference = twins(be, _config("momentum", "step", 1))
     ds = lp.data.digits()
     for i in range(8):
         x, y = ds.x_train[i * 32:(i + 1) * 32].copy(), ds.y_train[i * 32:(i + 1) * 32]
         solver.train_minibatch(x, y)
         reference.train_minibatch(x, y)
         x[:] = np.nan  # the batch's array is the caller's again after the step
-    for w, r in zip(solver.network.learnable_weights_data(), reference.network.learnable_weights_data()):
-        a, b = w.to_numpy(), r.to_numpy()
-        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4 * max(1.0, float(np.abs(b).max())))
+    assert_same_weights(solver, reference)
     assert be._staging is not None

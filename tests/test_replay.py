@@ -64,12 +64,24 @@ def test_replayed_steps_clip_gradients_on_the_device(device_name):
     assert abs(clipped[-1] - unclipped[-1]) > 1e-3, "the threshold should clip these gradients"
 
 
-def _train_against_float64(device, cfg, k, replays=True):
+def twins(device, cfg) -> tuple[lp.Solver, lp.Solver]:
+    """A solver on ``device`` and its float64 native reference, from the same weights."""
     solver = lp.Solver.from_config(device, device, cfg)
     f64 = lp.backend("native", dtype="float64")
     reference = lp.Solver.from_config(f64, f64, cfg)
     for w, r in zip(solver.network.learnable_weights_data(), reference.network.learnable_weights_data()):
         r.set(w.to_numpy().astype(np.float64))
+    return solver, reference
+
+
+def assert_same_weights(solver, reference) -> None:
+    for w, r in zip(solver.network.learnable_weights_data(), reference.network.learnable_weights_data()):
+        a, b = w.to_numpy(), r.to_numpy()
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4 * max(1.0, float(np.abs(b).max())), err_msg="weights")
+
+
+def _train_against_float64(device, cfg, k, replays=True):
+    solver, reference = twins(device, cfg)
     ds = lp.data.digits()
     calls = 12
     batches = [(ds.x_train[i * 32:(i + 1) * 32], ds.y_train[i * 32:(i + 1) * 32]) for i in range(calls)]
@@ -83,9 +95,7 @@ def _train_against_float64(device, cfg, k, replays=True):
         expected.append(reference.loss())
     assert len(set(rates)) >= 3, f"the {cfg.lr_policy} schedule should change the rate: {rates}"
     np.testing.assert_allclose(losses, expected, rtol=2e-4, atol=1e-5, err_msg="per-step losses")
-    for w, r in zip(solver.network.learnable_weights_data(), reference.network.learnable_weights_data()):
-        a, b = w.to_numpy(), r.to_numpy()
-        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4 * max(1.0, float(np.abs(b).max())), err_msg="weights")
+    assert_same_weights(solver, reference)
     if replays:
         done = device.recorder.replays - before
         # each accumulation phase (k of them) runs once as it is, once to be recorded, then from its recording
@@ -98,11 +108,8 @@ def test_a_reconfigured_solver_records_its_steps_anew(device_name):
     """A recording holds the rule's constants (momentum, weight decay, the clipping threshold): after reconfigure
     the solver's steps are recorded again, so the new settings take effect as they do on native."""
     device = backend_or_skip(device_name)
-    f64 = lp.backend("native", dtype="float64")
     cfg = _config("momentum", "step", 1)
-    solver, reference = lp.Solver.from_config(device, device, cfg), lp.Solver.from_config(f64, f64, cfg)
-    for w, r in zip(solver.network.learnable_weights_data(), reference.network.learnable_weights_data()):
-        r.set(w.to_numpy().astype(np.float64))
+    solver, reference = twins(device, cfg)
     ds = lp.data.digits()
     changed = dataclasses.replace(cfg, momentum=0.0, weight_decay=0.5, clip_gradients=0.01)
     for i in range(8):
@@ -112,9 +119,7 @@ def test_a_reconfigured_solver_records_its_steps_anew(device_name):
         x, y = ds.x_train[i * 32:(i + 1) * 32], ds.y_train[i * 32:(i + 1) * 32]
         solver.train_minibatch(x, y)
         reference.train_minibatch(x, y)
-    for w, r in zip(solver.network.learnable_weights_data(), reference.network.learnable_weights_data()):
-        a, b = w.to_numpy(), r.to_numpy()
-        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4 * max(1.0, float(np.abs(b).max())))
+    assert_same_weights(solver, reference)
 
 
 @pytest.mark.parametrize("device_name", DEVICES)

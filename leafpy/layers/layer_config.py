@@ -2,15 +2,4 @@
 the codec and the importers need not import them); this name stays for code that imports it from here."""
 
 from ..layer_config import *  # noqa: F403
-from ..layer_config import (  # noqa: F401
-    FillerConfig,
-    LayerConfig,
-    LayerType,
-    Shape,
-    WeightConfig,
-    WeightSpec,
-    add_layer_type,
-    layer_types,
-    lookup,
-    type_of_config,
-)
+from ..layer_config import LayerType, Shape, WeightSpec, add_layer_type, type_of_config  # noqa: F401
