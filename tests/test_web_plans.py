@@ -161,6 +161,10 @@ def test_export_command_writes_the_precisions_asked_for(tmp_path, fp16):
                 data = (out / "model" / entry["file"]).read_bytes()
                 assert len(data) == entry["bytes"] and hashlib.sha256(data).hexdigest() == entry["sha256"]
         assert ("fp16" in doc) == ("fp16" in want) and ("plans" in doc) == ("fp32" in want)
+    # an fp32 export over one that had fp16 plans leaves no float16 weights behind
+    p = leafpy(tmp_path, "export", "--web", str(tmp_path / "site0fp16"), "model.leaf", "--precision", "fp32")
+    assert p.returncode == 0 and sorted(f.name for f in (tmp_path / "site0fp16" / "model").glob("*.bin")) == [
+        "weights.bin"], p.stderr
     p = leafpy(tmp_path, "export", "--web", "bad", "model.leaf", "--precision", "fp64")
     assert p.returncode == 2 and "--precision" in p.stderr and "fp16" in p.stderr, p.stderr
     with pytest.raises(lp.LeafpyError, match="precision: expected one of auto, fp32, fp16, both"):

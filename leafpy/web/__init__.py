@@ -64,6 +64,9 @@ def export(layer: Layer, directory: str | os.PathLike, batch_sizes: Sequence[int
         else:
             doc[p] = variant
     atomic_write(out / "model" / "plan.json", json.dumps(doc, indent=1).encode())
+    for p, name in _WEIGHT_FILES.items():  # an earlier export's weights at a precision this one leaves out
+        if p not in precisions:
+            (out / "model" / name).unlink(missing_ok=True)
     for name in ("leafpy.js", "index.html"):
         atomic_write(out / name, (_HERE / name).read_bytes())
     return precisions
