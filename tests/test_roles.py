@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import leafpy as lp
+from tests.conftest import webgpu_offering
 
 LAYERS = Path(lp.__file__).parent / "layers"
 
@@ -116,3 +117,22 @@ def test_layer_and_network_modules_import_one_way():
     network_imports = _imports(LAYERS / "network.py")
     assert not {".layer", "leafpy.layers.layer", ".container", ".container.sequential"} & network_imports, \
         network_imports
+
+
+def test_a_trained_solver_network_exports_to_onnx_and_the_web_as_its_layer_does(native, tmp_path):
+    pytest.importorskip("onnx", reason="the onnx extra is not installed")
+    solver = lp.Solver.from_config(native, native, lp.SolverConfig(network=_mlp(), objective=_nll(), base_lr=0.1))
+    x, y = _batch()
+    solver.train_minibatch(x, y)
+    with warnings.catch_warnings():  # solver.network is accepted where its layer was, with no deprecation
+        warnings.simplefilter("error")
+        lp.onnx.export(solver.network, tmp_path / "net.onnx")
+        assert lp.onnx.to_model(solver.network).graph.name == lp.onnx.to_model(solver.network.layer).graph.name
+    loaded = lp.onnx.load(tmp_path / "net.onnx", native)
+    for name, w in solver.network.named_weights().items():
+        np.testing.assert_allclose(loaded.named_weights()[name], w, rtol=1e-6, atol=1e-7)
+    webgpu_offering()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert lp.web.export(solver.network, tmp_path / "web", batch_sizes=[2], precision="fp32") == ["fp32"]
+    assert (tmp_path / "web" / "model" / "plan.json").is_file()

@@ -89,6 +89,12 @@ class Outermost(Protocol):
 L = TypeVar("L", bound=Outermost)
 
 
+def outermost(given: L | Network[L]) -> L:
+    """The layer ``given`` runs where it is a Network (``solver.network``), else ``given`` itself: what a function
+    written for a Layer (``lp.onnx.export``, ``lp.web.export``) reads."""
+    return given.layer if isinstance(given, Network) else given
+
+
 def _is_tensor(x: Any) -> bool:
     return isinstance(x, SharedTensor)
 

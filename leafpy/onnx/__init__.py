@@ -17,6 +17,7 @@ from ..backends import backend as get_backend
 from ..backends.base import Backend
 from ..errors import ConfigError
 from ..layers import Layer
+from ..layers.network import Network, outermost
 
 DEFAULT_BATCH = 1
 """The batch size declared for a graph whose inputs leave the batch open (any batch size runs)."""
@@ -51,17 +52,19 @@ def read_weights(path_or_model: Any) -> dict[str, np.ndarray]:
     return convert(read_model(path_or_model), batch_size=DEFAULT_BATCH)[1]
 
 
-def to_model(layer: Layer, opset: int = 17) -> Any:
-    """``layer`` as an onnx.ModelProto at ``opset`` (13 or later)."""
+def to_model(layer: Layer | Network[Layer], opset: int = 17) -> Any:
+    """``layer`` (or a Network's layer) as an onnx.ModelProto at ``opset`` (13 or later)."""
     from .exporter import to_model as build
 
-    return build(layer, opset)
+    return build(outermost(layer), opset)
 
 
-def export(layer: Layer, path: str | os.PathLike, opset: int = 17) -> None:
-    """Write ``layer`` (a network or one layer) as an ONNX model to ``path`` (atomically)."""
+def export(layer: Layer | Network[Layer], path: str | os.PathLike, opset: int = 17) -> None:
+    """Write ``layer`` (a network or one layer; a Network such as ``solver.network`` writes its layer) as an ONNX
+    model to ``path`` (atomically)."""
     from ..serialization.atomic import atomic_write
 
+    layer = outermost(layer)
     if not isinstance(layer, Layer):
         raise ConfigError(f"lp.onnx.export: expected a leafpy Layer, got {type(layer).__name__}")
     atomic_write(path, to_model(layer, opset).SerializeToString(), example="model.onnx")

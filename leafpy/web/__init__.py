@@ -25,6 +25,7 @@ import numpy as np
 from ..backends.webgpu.sources import module_source
 from ..errors import LeafpyError
 from ..layers.layer import Layer
+from ..layers.network import Network, outermost
 from ..serialization import atomic_write
 from .plan import record, sample_shape
 
@@ -39,14 +40,15 @@ _HERE = Path(__file__).parent
 _OUTPUT_KINDS = {"LogSoftmax": "log_probabilities", "Softmax": "probabilities"}
 
 
-def export(layer: Layer, directory: str | os.PathLike, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
-           precision: str = "auto") -> list[str]:
+def export(layer: Layer | Network[Layer], directory: str | os.PathLike,
+           batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, precision: str = "auto") -> list[str]:
     """Write ``directory``/leafpy.js, index.html and model/ for ``layer`` (a network with one declared input, on
     any backend): its forward pass is recorded on the webgpu backend (without subgroup operations, so any WebGPU
     browser compiles it) once per batch size in ``batch_sizes`` (1 is always added) and per precision:
     ``"fp32"``, ``"fp16"`` (float16, for browsers whose adapter offers shader-f16; needs this machine's adapter to
     offer it too), ``"both"``, or ``"auto"`` (both where this machine's adapter offers shader-f16, else fp32).
-    Gives the precisions written."""
+    Gives the precisions written. A Network (``solver.network``) exports its layer."""
+    layer = outermost(layer)
     if not isinstance(layer, Layer):
         raise LeafpyError(f"lp.web.export: expected a Layer (a network), got {type(layer).__name__}")
     sizes = _batch_sizes(batch_sizes)
