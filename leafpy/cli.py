@@ -719,7 +719,8 @@ def export_cmd(args: argparse.Namespace) -> int:
                           "1,8,32") from None
     net = _model_from(args.model, get_backend("native"))
     written = web.export(net, args.web, batch_sizes=sizes, precision=args.precision)
-    note = "" if "fp16" in written else " (no fp16 plans: this machine's WebGPU adapter lacks shader-f16)"
+    lacking = args.precision == "auto" and "fp16" not in written  # auto leaves fp16 out only for the adapter
+    note = " (no fp16 plans: this machine's WebGPU adapter lacks shader-f16)" if lacking else ""
     _out(f"leafpy: {args.model} -> {args.web} (network '{net.name}', batch sizes "
          f"{', '.join(map(str, sorted({1, *sizes})))}, precisions {', '.join(written)}{note}): serve the folder "
          f"(python -m http.server -d {args.web}) and open index.html in a browser with WebGPU")

@@ -152,6 +152,7 @@ def test_export_command_writes_the_precisions_asked_for(tmp_path, fp16):
         p = leafpy(tmp_path, "export", "--web", str(out), "model.leaf", "--batch-sizes", "2", *option)
         assert p.returncode == 0, p.stderr
         assert f"precisions {', '.join(want)}" in p.stdout, p.stdout
+        assert "lacks shader-f16" not in p.stdout, p.stdout  # this adapter offers it: fp32 alone was asked for
         doc = json.loads((out / "model" / "plan.json").read_text())
         assert doc["precisions"] == want
         for precision in want:
