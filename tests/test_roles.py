@@ -136,3 +136,18 @@ def test_a_trained_solver_network_exports_to_onnx_and_the_web_as_its_layer_does(
         warnings.simplefilter("error")
         assert lp.web.export(solver.network, tmp_path / "web", batch_sizes=[2], precision="fp32") == ["fp32"]
     assert (tmp_path / "web" / "model" / "plan.json").is_file()
+
+
+def test_a_solver_of_networks_built_by_hand_saves_a_checkpoint_that_resumes(native, tmp_path):
+    model, objective = lp.Layer.from_config(native, _mlp(), seed=0), lp.Layer.from_config(native, _nll())
+    solver = lp.Solver(model.network, objective.network, lp.SolverConfig(solver="adam", base_lr=0.01))
+    x, y = _batch()
+    for _ in range(3):
+        solver.train_minibatch(x, y)
+    solver.save_checkpoint(str(tmp_path / "checkpoint.leaf"))  # its config names no network: the networks' own
+    resumed = lp.Solver.load_checkpoint(native, native, str(tmp_path / "checkpoint.leaf"))
+    assert resumed.iteration == 3 and resumed.network.config.name == "mlp"
+    solver.train_minibatch(x, y)
+    resumed.train_minibatch(x, y)
+    for name, w in solver.network.named_weights().items():
+        np.testing.assert_allclose(resumed.network.named_weights()[name], w, rtol=1e-5, atol=1e-6)

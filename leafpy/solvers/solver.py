@@ -826,7 +826,16 @@ class Solver:
         _checks.path("Solver.save_checkpoint: path", path)
         with self._one("save_checkpoint"), self._network.exclusive("save_checkpoint"):
             weights, state = self._network.named_weights(), self.snapshot()
-        serialization.save_checkpoint(path, self.config, weights, state)
+        serialization.save_checkpoint(path, self._saved_config(), weights, state)
+
+    def _saved_config(self) -> SolverConfig:
+        """The config a checkpoint holds: this one, naming the networks trained where it names none (a solver
+        of networks built by hand), so that :meth:`load_checkpoint` builds them again."""
+        config = self.config
+        if config.network is not None and config.objective is not None:
+            return config
+        return dataclasses.replace(config, network=config.network or self._network.config,
+                                   objective=config.objective or self._objective.config)
 
     @staticmethod
     def load_checkpoint(network_backend: Backend, objective_backend: Backend, path: str) -> Solver:
