@@ -97,7 +97,7 @@ def test_the_layers_other_attributes_through_solver_network_warn_and_work(native
         assert solver.network.training is False
         solver.network.load_weights(solver.network.named_weights())
         assert solver.network.config.name == "mlp"
-    with pytest.raises(AttributeError):
+    with pytest.raises(AttributeError, match=r"Network.backward_hook: .* set network.layer.backward_hook"):
         solver.network.backward_hook = print  # a container's attribute is set on the layer, not on its network
 
 

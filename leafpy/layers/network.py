@@ -384,5 +384,13 @@ class Network(Generic[L]):
                           f"runs its outermost layer; use network.layer.{name}", DeprecationWarning, stacklevel=2)
             return value
 
+        def __setattr__(self, name: str, value: Any) -> None:
+            """A Network's own attributes only; the layer's (``backward_hook``, ...) are set on ``network.layer``."""
+            if name in Network.__slots__ or isinstance(getattr(Network, name, None), property):
+                object.__setattr__(self, name, value)
+                return
+            raise AttributeError(f"Network.{name}: a network ({self.name!r}, e.g. solver.network) is a Network now, "
+                                 f"which runs its outermost layer; set network.layer.{name}")
+
     def __repr__(self) -> str:
         return f"<Network {self.layer.name!r} on {self.backend.name}>"
