@@ -134,3 +134,21 @@ def test_an_epoch_over_a_mapped_file_keeps_the_resident_memory_below_the_file_si
     peak_kb = int(p.stderr.split("peak resident")[1].split()[0])
     print(f"file {size >> 20} MiB, peak resident {peak_kb >> 10} MiB")
     assert size > 560 << 20 and peak_kb * 1024 < 400 << 20, (size, peak_kb)
+
+
+def test_reads_through_a_mapping_let_its_pages_go_past_the_budget_and_keep_their_values(tmp_path, monkeypatch):
+    """The mechanism under the epoch above, in process: reads past the budget release the mapping's pages
+    (``Pages.releases``), and rows read after a release are the file's rows still."""
+    from leafpy.sources import mapped
+
+    x = np.random.default_rng(0).integers(0, 255, (512, 3, 16, 16), dtype=np.uint8)
+    np.save(tmp_path / "x.npy", x)
+    monkeypatch.setattr(mapped, "RESIDENT_BYTES", 1 << 16)
+    m = mapped.Mapped(mapped.npy(str(tmp_path / "x.npy"), "x"))
+    assert m.pages.mapping is not None
+    rows = np.random.default_rng(1).permutation(512)
+    for start in range(0, 512, 32):
+        idx = rows[start:start + 32]
+        np.testing.assert_array_equal(m[idx], x[idx].astype(np.float32) / np.float32(255.0))
+    assert m.pages.releases >= 8, m.pages.releases
+    assert sum(len(c) for c in m.chunks()) == 512
