@@ -252,7 +252,7 @@ def test_isal_computes_the_checksum_zlib_does():
     written with one load with the other."""
     import zlib
 
-    isal_zlib = pytest.importorskip("isal.isal_zlib", reason="ISA-L (pip install \".[fast]\") is not installed")
+    isal_zlib = pytest.importorskip("isal.isal_zlib", reason="python-isal (a dependency) is not installed")
     data = np.random.default_rng(0).integers(0, 256, 3 << 20, dtype=np.uint8).tobytes()
     assert isal_zlib.crc32(data, 7) == zlib.crc32(data, 7)
     assert ser.fileformat._checksum(data[:36], [data[36:]]) == zlib.crc32(data) & 0xFFFFFFFF

@@ -45,7 +45,8 @@ payload's length in bytes, and a CRC-32 of the header's other fields and everyth
 the packed message, zeros up to the next multiple of RAW_ALIGN, and the raw section, which runs to the end)."""
 
 
-try:  # ISA-L's CRC-32 (the "fast" extra: pip install ".[fast]"): zlib's values, several times its speed
+try:  # ISA-L's CRC-32 (python-isal, a dependency): zlib's values at several times its speed; zlib where isal is
+    # missing (a platform without its wheel)
     from isal.isal_zlib import crc32
 except ImportError:
     from zlib import crc32
