@@ -248,7 +248,7 @@ def test_a_file_that_cannot_be_mapped_is_read_instead(tmp_path, monkeypatch):
 
 
 def test_isal_computes_the_checksum_zlib_does():
-    """With ISA-L installed (the "fast" extra) files are checked with its CRC-32: the same values as zlib's, so files
+    """With ISA-L installed (python-isal, a dependency) files are checked with its CRC-32: the same values as zlib's, so files
     written with one load with the other."""
     import zlib
 
