@@ -32,9 +32,9 @@ from ...errors import BackendError, BackendUnavailable, ConfigError
 from .. import pointwise
 from ..base import PRECISIONS
 from ..recorder import StepRecorder
-from .buffers import WView
 from .half import Half
 from .sources import BASE, lanes
+from .view import WView
 
 __all__ = ["WView", "WebGPUBackend", "adapters"]
 

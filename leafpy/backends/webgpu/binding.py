@@ -4,8 +4,9 @@ that fit, and elementwise kernels bound piece by piece (with in-place variants o
 from __future__ import annotations
 
 from ...errors import BackendError
-from .buffers import Buffers, _pad4
+from .buffers import Buffers
 from .params import ElementwiseParams, ParamStruct
+from .view import pad4
 
 
 class Binding(Buffers):
@@ -17,7 +18,7 @@ class Binding(Buffers):
     def _span(self, start: int, end: int) -> tuple[int, int, int]:
         """A binding of bytes [start, end) of a buffer: (offset aligned down, size, elements from there to start)."""
         base = start // self.offset_align * self.offset_align
-        return base, _pad4(end - base), (start - base) // 4
+        return base, pad4(end - base), (start - base) // 4
 
     def _item_chunks(self, count: int, per_item: list[int]):
         """Split ``count`` items (samples, planes), each of ``per_item[i]`` elements in bound tensor i, into runs
@@ -63,7 +64,7 @@ class Binding(Buffers):
         based = "base" in params.fields
         for start in range(0, n, piece):
             count = min(piece, n - start)
-            ranges = [None if i in whole else (start * b.dtype.itemsize, _pad4(count * b.dtype.itemsize))
+            ranges = [None if i in whole else (start * b.dtype.itemsize, pad4(count * b.dtype.itemsize))
                       for i, b in enumerate(buffers)]
             packed = params(count=count, base=start, **values) if based else params(count=count, **values)
             self._dispatch(params.module, entry, packed, buffers, self._grid(count), ranges)

@@ -7,7 +7,6 @@ length is padded by one element and its transfers move the padded byte count."""
 
 from __future__ import annotations
 
-import math
 import weakref
 from typing import Any
 
@@ -15,48 +14,7 @@ import numpy as np
 
 from ...errors import BackendError
 from .encoder import Encoder
-
-
-class WView:
-    """A WebGPU buffer seen with a shape (the webgpu backend's array type)."""
-
-    __slots__ = ("raw", "shape", "dtype", "owner", "__weakref__")
-
-    def __init__(self, raw: Any, shape: tuple[int, ...], dtype: np.dtype, owner: WView | None = None) -> None:
-        self.raw = raw
-        self.shape = tuple(int(d) for d in shape)
-        self.dtype = dtype
-        self.owner = owner  # the allocation this view was made from: alive while any view of it is
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    def __getitem__(self, index: slice) -> WView:
-        """A prefix of a flat buffer (``buf[:n]``), the only slicing SharedTensor needs."""
-        if not isinstance(index, slice) or index.start not in (None, 0) or index.step not in (None, 1):
-            raise BackendError("webgpu: a buffer view can only be cut to a prefix")
-        return WView(self.raw, (min(index.stop, self.size),), self.dtype, self.owner or self)
-
-    def reshape(self, *shape: Any) -> WView:
-        dims = list(shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
-        if -1 in dims:
-            known = math.prod(d for d in dims if d != -1)
-            dims[dims.index(-1)] = self.size // known if known else 0
-        if math.prod(dims) != self.size:
-            raise BackendError(f"webgpu: cannot view {self.shape} as {tuple(dims)}")
-        return WView(self.raw, tuple(dims), self.dtype, self.owner or self)
-
-    def __repr__(self) -> str:
-        return f"WView(shape={self.shape}, dtype={self.dtype})"
-
-
-def _pad4(n: int) -> int:
-    return max(4, (n + 3) // 4 * 4)
+from .view import WView, pad4
 
 
 class Buffers(Encoder):
@@ -78,7 +36,7 @@ class Buffers(Encoder):
                                    f"that offers it (this one: {self.adapter_name})")
         elif dtype.itemsize != 4:
             raise BackendError(f"webgpu: buffers hold 4-byte elements or float16, got {dtype}")
-        nbytes = _pad4(size * dtype.itemsize)  # WebGPU buffers: non-empty, 4-byte multiples
+        nbytes = pad4(size * dtype.itemsize)  # WebGPU buffers: non-empty, 4-byte multiples
         self.allocations += 1
         free = self._free.get(nbytes)
         if free:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..base import plain_conv
-from .buffers import WView
 from .elementwise import Elementwise
 from .params import ConvParams, DirectParams, PoolParams, WinogradParams
+from .view import WView
 
 
 class Convolution(Elementwise):

@@ -21,7 +21,6 @@ from ..array import (
     permute,
     reduce_to,
 )
-from .buffers import WView
 from .encoder import _workgroup_each
 from .gemm import Gemm
 from .params import (
@@ -34,6 +33,7 @@ from .params import (
     SequenceParams,
     UpdateParams,
 )
+from .view import WView
 
 
 def _act(params: tuple) -> dict[str, float]:

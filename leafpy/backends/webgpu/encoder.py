@@ -5,7 +5,7 @@ steps' hooks (first_run / capture / launch / handle) and per-dispatch GPU timing
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -14,9 +14,7 @@ from .. import pointwise
 from ..base import Backend
 from ..recorder import StepRecorder
 from .sources import module_source
-
-if TYPE_CHECKING:
-    from .buffers import WView
+from .view import WView
 
 WG = 256
 

@@ -4,9 +4,9 @@ products whose operands exceed the storage-binding limit computed in blocks."""
 from __future__ import annotations
 
 from ...errors import BackendError
-from .buffers import WView
 from .params import ElementwiseParams, GemmParams
 from .reduce import Reductions
+from .view import WView
 
 
 class Gemm(Reductions):

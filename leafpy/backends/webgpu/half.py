@@ -24,11 +24,11 @@ import numpy as np
 from ...errors import BackendError
 from .. import pointwise
 from ..base import MEMORY, WRITES, Backend, emulated, plain_conv
-from .buffers import WView, _pad4
 from .conv import Convolution
 from .elementwise import _act
 from .params import ElementwiseParams, HalfParams, ParamStruct
 from .sources import F16_OPEN
+from .view import WView, pad4
 
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
@@ -406,7 +406,7 @@ class Half(Convolution):
         whole = max(x.raw.size, out.raw.size) <= self.max_binding
         for start in range(0, n, piece if not whole else max(n, 1)):
             count = min(piece if not whole else n, n - start)
-            ranges = None if whole else [(start * v.dtype.itemsize, _pad4(count * v.dtype.itemsize)) for v in (x, out)]
+            ranges = None if whole else [(start * v.dtype.itemsize, pad4(count * v.dtype.itemsize)) for v in (x, out)]
             self._dispatch("half", entry, HalfParams(count=count), [x, out], self._grid(count), ranges)
 
     def full_precision(self) -> Backend:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from ...errors import BackendError
 from .binding import Binding
-from .buffers import WView
 from .encoder import _workgroup_each
 from .params import ReduceParams
+from .view import WView
 
 
 def _module(entry: str, buffers: list) -> str:
