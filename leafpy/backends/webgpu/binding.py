@@ -4,6 +4,8 @@ The lowest kernel family: uses the device part, the encoder and the allocator.""
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 from ...errors import BackendError
 from .. import pointwise
 from .allocator import Allocator
@@ -11,6 +13,9 @@ from .device import Device
 from .encoder import Encoder
 from .params import ElementwiseParams, ParamStruct
 from .view import pad4
+
+_raw = attrgetter("raw")
+_NONE: frozenset[int] = frozenset()
 
 
 def inplace_entries(f16: bool) -> dict[str, tuple[int, int]]:
@@ -68,12 +73,14 @@ class Binding:
         aliased writable bindings."""
         if n == 0:
             return
-        alias = _aliased(buffers)
+        raws = list(map(_raw, buffers))
+        alias = {i for i in range(1, len(raws)) if raws[i] in raws[:i]} if len(set(map(id, raws))) < len(raws) \
+            else _NONE
         if alias:
             inplace = self.inplace.get(entry)
-            if inplace and alias == {inplace[0]} and buffers[inplace[0]].raw is buffers[inplace[1]].raw:
+            if inplace and alias == {inplace[0]} and raws[inplace[0]] is raws[inplace[1]]:
                 # a kernel that overwrites its input: bind the buffer once
-                entry, alias = entry + "_inplace", set()
+                entry, alias = entry + "_inplace", _NONE
                 buffers = buffers[:inplace[0]] + buffers[inplace[0] + 1:]
         real = buffers
         if alias:
@@ -85,22 +92,14 @@ class Binding:
         based = "base" in params.fields
         for start in range(0, n, piece):
             count = min(piece, n - start)
-            ranges = [None if i in whole else (start * b.dtype.itemsize, pad4(count * b.dtype.itemsize))
-                      for i, b in enumerate(buffers)]
+            ranges: list = []
+            for i, b in enumerate(buffers):
+                size = b.dtype.itemsize
+                ranges.append(None if i in whole else (start * size, max(4, (count * size + 3) // 4 * 4)))  # pad4
             packed = params(count=count, base=start, **values) if based else params(count=count, **values)
             self.enc.dispatch(params.module, entry, packed, buffers, self.enc.grid(count), ranges)
         for i in alias:
             self.elementwise("copy", n, [buffers[i], real[i]], ElementwiseParams)
-
-
-def _aliased(buffers: list) -> set[int]:
-    """Positions of the buffers that share their buffer with an earlier one."""
-    if len(buffers) < 2:
-        return set()
-    raws = [b.raw for b in buffers]
-    if len(set(map(id, raws))) == len(raws):
-        return set()
-    return {i for i in range(len(buffers)) if raws[i] in raws[:i]}
 
 
 class Family:

@@ -200,7 +200,7 @@ class Encoder:
         gemm = g.module.startswith("gemm")  # gemm.wgsl's modules (float16 builds too): the store takes a bias
         if "ACT" in consts or (kind == "bias" and ("HAS_BIAS" in consts or not gemm)):
             return False
-        if any(v is not None and v.dtype != held.dtype for v in (bias, into)):
+        if (bias is not None and bias.dtype != held.dtype) or (into is not None and into.dtype != held.dtype):
             return False
         if kind == "bias":
             # the store adds Bias[column], or Bias[row] where it writes a convolution's channels (C_MODE 1)

@@ -106,7 +106,7 @@ class Gemms(Family):
             consts += (("BATCHED", 1),)
         tiles = gx * gy * batch
         outputs = batch * m * n
-        splits, chunk = (1, k) if any(name == "C_MODE" for name, _ in conv) else self._k_splits(
+        splits, chunk = (1, k) if "C_MODE" in dict(conv) else self._k_splits(
             tiles, tm, m, n, k, batch, bool(conv))
         # columns past the device's grid width run as several dispatches, each from its first column (col0)
         spans = [(c0, min(gx - c0, self.gpu.max_groups)) for c0 in range(0, gx, self.gpu.max_groups)]

@@ -37,7 +37,7 @@ class WView:
     def reshape(self, *shape: Any) -> WView:
         dims = list(shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
         if -1 in dims:
-            known = math.prod(d for d in dims if d != -1)
+            known = -math.prod(dims)  # the product of the others (one -1 among them)
             dims[dims.index(-1)] = self.size // known if known else 0
         if math.prod(dims) != self.size:
             raise BackendError(f"webgpu: cannot view {self.shape} as {tuple(dims)}")
