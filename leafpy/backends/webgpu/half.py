@@ -27,7 +27,7 @@ import numpy as np
 
 from ...errors import BackendError
 from .. import pointwise
-from ..base import MEMORY, WRITES, Backend, emulated, plain_conv
+from ..base import MEMORY, PRIMITIVES, WRITES, Backend, emulated, plain_conv
 from .binding import Family
 from .conv import Convolution
 from .elementwise import _act
@@ -71,8 +71,6 @@ class HalfPrecision(Family):
     def wrap(self, backend: Backend) -> None:
         """Replace every primitive of ``backend`` (but the memory contract) by the emulation, which first offers
         float16 operands to the primitive's float16 kernels where it has them."""
-        from .. import PRIMITIVES
-
         for name in PRIMITIVES:
             if name in MEMORY:
                 continue
