@@ -321,7 +321,7 @@ class Elementwise(Family):
         bias). Past the binding limit the items run in runs whose bindings fit, each buffer bound from its run's
         first item. ``table``: (position, window) for an embedding table, bound as the window (see
         :meth:`_table_windows`) says. ``product``: the position of a recurrent cell's recurrent product, whose
-        split-K sum, where it is still held (see encoder._take_sum), the cell does itself from the partials bound
+        split-K sum, where it is still held (see Encoder.take_sum), the cell does itself from the partials bound
         after its last buffer (a dummy there otherwise)."""
         self.gpu.module(params.module)  # built on first use
         if not items or not threads:
