@@ -97,7 +97,7 @@ class WebGPUBackend(Backend):
         # the recorder's hooks, as recorder.Replayer names them: the encoder's
         self.__dict__.update(first_run=enc.first_run, capture=enc.capture, launch=enc.launch, handle=enc.handle)
         self.mem = Allocator(gpu, enc, self.recorder)
-        self.binding = Binding(gpu, self.enc, self.mem)
+        self.binding = Binding(gpu, enc, self.mem)
         self.sums = Reductions(self.binding)
         self.gemms = Gemms(self.sums)
         self.elementwise = Elementwise(self.sums)
@@ -110,11 +110,10 @@ class WebGPUBackend(Backend):
     # --- the parts' attributes as the backend's own ---------------------------------------------------------
     def __getattr__(self, name: str) -> Any:
         """An attribute of one of the parts (called only where the backend has none of its own)."""
-        for part in PARTS:
-            owner = self.__dict__.get(part)
-            if owner is not None and hasattr(owner, name):
-                return getattr(owner, name)
-        raise AttributeError(f"'WebGPUBackend' object has no attribute {name!r}")
+        owner = self._part_with(name)
+        if owner is None:
+            raise AttributeError(f"'WebGPUBackend' object has no attribute {name!r}")
+        return getattr(owner, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
         owner = self._owner(name)
@@ -134,6 +133,10 @@ class WebGPUBackend(Backend):
         """The part that holds attribute ``name``, where the backend itself does not."""
         if name in self.__dict__ or name in PARTS or hasattr(type(self), name):
             return None
+        return self._part_with(name)
+
+    def _part_with(self, name: str) -> Any:
+        """The lowest part that has attribute ``name``, or None."""
         for part in PARTS:
             owner = self.__dict__.get(part)
             if owner is not None and hasattr(owner, name):

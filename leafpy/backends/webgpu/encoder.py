@@ -83,10 +83,6 @@ class Encoder:
         self._encode(Dispatch(module, entry, params, buffers, grid, ranges, constants))
         self.dispatches += 1
 
-    def run(self, d: Dispatch) -> None:
-        """Encode a :class:`Dispatch` record, after any held one."""
-        self.dispatch(*d)
-
     def _encode(self, d: Dispatch) -> None:
         gpu = self.gpu
         if self.tracer is not None:
