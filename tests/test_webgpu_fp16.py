@@ -99,6 +99,23 @@ def test_casts_round_to_nearest_even_and_overflow_to_infinity(fp16):
         fp16.cast(f.read(fp16), lp.SharedTensor(x.shape, np.uint32).write(fp16))
 
 
+
+def test_a_cast_between_float16_buffers_runs_the_float16_copy(fp16, monkeypatch):
+    """cast's float16 -> float16 copy runs inside the elementwise family, past the float16 wrapper: the copy it
+    calls picks the float16 kernel itself (a float32 copy would move 4-byte words past the buffer's end)."""
+    x = np.arange(7, dtype=np.float16) - 3.5
+    h = lp.SharedTensor(x.shape, np.float16)
+    src = lp.SharedTensor.from_numpy(x, np.float16).read(fp16)
+    fp16.flush()
+    entries = []
+    encode = fp16._encode
+    monkeypatch.setattr(fp16, "_encode", lambda d: (entries.append(d.entry), encode(d)))
+    fp16.cast(src, h.write(fp16))
+    fp16.flush()
+    assert entries == ["copy_h"], entries
+    np.testing.assert_array_equal(h.to_numpy(), x)
+
+
 # --- primitives -----------------------------------------------------------------------------------------------------
 def _upload(be, x, dtype=np.float16):
     t = lp.SharedTensor.from_numpy(np.asarray(x, dtype), dtype)

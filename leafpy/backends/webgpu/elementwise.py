@@ -26,6 +26,7 @@ from .encoder import workgroup_each
 from .params import (
     BatchNormParams,
     ClassesParams,
+    ElementwiseHalfParams,
     ElementwiseParams,
     HalfParams,
     LrnParams,
@@ -72,6 +73,8 @@ class Elementwise(Family):
     def copy(self, x, out):
         if x.raw is out.raw:
             return
+        if x.dtype == F16 and out.dtype == F16:  # the elementwise16 module's (a cast between float16 buffers)
+            return self._elementwise("copy_h", out.size, [x, out], ElementwiseHalfParams)
         self._elementwise("copy", out.size, [x, out], ElementwiseParams)
 
     def fill(self, value, out):
