@@ -18,6 +18,12 @@ _raw = attrgetter("raw")
 _NONE: frozenset[int] = frozenset()
 
 
+ElementwiseHalfParams = ParamStruct("ElementwiseParams", "elementwise16",
+                                    list(zip(ElementwiseParams.fields, ElementwiseParams.kinds)))
+"""ElementwiseParams, feeding the float16 elementwise module (elementwise16: copies, blocks, split-K sums and the
+activations' float16 twins)."""
+
+
 def inplace_entries(f16: bool) -> dict[str, tuple[int, int]]:
     """Elementwise entry points with an in-place twin: entry -> (output position, the input position it may
     overwrite), as pointwise.wgsl_inplace() says, with the float16 module's (``f16``)."""

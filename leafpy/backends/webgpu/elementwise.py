@@ -21,12 +21,11 @@ from ..array import (
     permute,
     reduce_to,
 )
-from .binding import Family
+from .binding import ElementwiseHalfParams, Family
 from .encoder import workgroup_each
 from .params import (
     BatchNormParams,
     ClassesParams,
-    ElementwiseHalfParams,
     ElementwiseParams,
     HalfParams,
     LrnParams,

@@ -5,9 +5,9 @@ blocks. Uses the reductions family (split-K's sums) and the binding family below
 from __future__ import annotations
 
 from ...errors import BackendError
-from .binding import Family
+from .binding import ElementwiseHalfParams, Family
 from .encoder import Dispatch
-from .params import ElementwiseHalfParams, ElementwiseParams, GemmParams
+from .params import ElementwiseParams, GemmParams
 from .reduce import Reductions
 from .view import WView
 

@@ -28,10 +28,9 @@ import numpy as np
 from ...errors import BackendError
 from .. import pointwise
 from ..base import MEMORY, PRIMITIVES, WRITES, Backend, emulated, plain_conv
-from .binding import Family
+from .binding import ElementwiseHalfParams, Family
 from .conv import Convolution
 from .elementwise import _act
-from .params import ElementwiseHalfParams
 from .view import WView
 
 F16 = np.dtype(np.float16)

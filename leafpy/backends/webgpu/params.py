@@ -97,6 +97,3 @@ DirectParams = param_struct("direct", "DirectParams")
 SequenceParams = param_struct("sequence", "SequenceParams")
 ScatterParams = param_struct("scatter", "ScatterParams")
 HalfParams = param_struct("half", "HalfParams")
-ElementwiseHalfParams = ParamStruct("ElementwiseParams", "elementwise16",
-                                    list(zip(ElementwiseParams.fields, ElementwiseParams.kinds)))
-"""ElementwiseParams, feeding the float16 elementwise module (elementwise16)."""
