@@ -39,7 +39,7 @@ def main() -> int:
     if args.tile:
         fixed = {"64": ("gemm", 64, 64, ()), "64x128": ("gemm_big", 64, 128, (("BIG_ROWS", 64),)),
                  "128": ("gemm_big", 128, 128, ())}[args.tile]
-        be._gemm_tile = lambda m, n, k=0, batch=1: fixed
+        be.gemms.tile = lambda m, n, k=0, batch=1: fixed
     rng = np.random.default_rng(0)
     print(f"{'m':>6} {'n':>6} {'k':>6} ta tb   TFLOP/s")
     for m, n, k, ta, tb in SHAPES:

@@ -35,9 +35,10 @@ def main() -> int:
     be.replay = False  # every step encodes its dispatches (and none runs)
     listed: list[tuple[str, str, tuple, int]] = []
 
-    def encode(module, entry, params, buffers, groups, ranges=None, constants=()):
-        bound = sum((r[1] if r is not None else b.raw.size) for b, r in zip(buffers, ranges or [None] * len(buffers)))
-        listed.append((module, entry, tuple(groups), bound))
+    def encode(d):
+        ranges = d.ranges or [None] * len(d.buffers)
+        bound = sum((r[1] if r is not None else b.raw.size) for b, r in zip(d.buffers, ranges))
+        listed.append((d.module, d.entry, tuple(d.grid), bound))
 
     be._encode = encode
     make, batch, shape, classes = train_step.NETWORKS[args.net]

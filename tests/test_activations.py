@@ -201,7 +201,7 @@ def test_webgpu_activation_joins_the_gemm_store(name, first):
         if be is wg:
             wg.flush()
             real = wg._encode
-            wg._encode = lambda module, entry, *a, **k: (encoded.append(entry), real(module, entry, *a, **k))
+            wg._encode = lambda d: (encoded.append(d.entry), real(d))
         try:
             out = net.forward([x])[0]
             if be is wg:

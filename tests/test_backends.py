@@ -280,12 +280,12 @@ def test_webgpu_step_is_one_submission():
     s.train_minibatch(x, y)
     s.train_minibatch(x, y)
     before, dispatched = be.submissions, be.dispatches
-    pipelines, groups = len(be._pipelines), len(be._bind_groups)
+    pipelines, groups = len(be.gpu.pipelines), len(be.gpu.bind_groups)
     for _ in range(3):
         s.train_minibatch(x, y)
     assert be.submissions - before == 3  # no readback or upload inside a step
     assert be.dispatches - dispatched > 3 * 10
-    assert (len(be._pipelines), len(be._bind_groups)) == (pipelines, groups)  # everything cached
+    assert (len(be.gpu.pipelines), len(be.gpu.bind_groups)) == (pipelines, groups)  # everything cached
 
 
 @pytest.mark.webgpu
@@ -508,8 +508,7 @@ def test_webgpu_splits_gemm_over_the_binding_limit(monkeypatch, m, n, k, ta, tb,
     assert 4 * max(m * n, n * k) > be.max_binding
     entries = []
     encode = be._encode
-    monkeypatch.setattr(be, "_encode", lambda module, entry, *args, **kw: (entries.append(entry),
-                                                                           encode(module, entry, *args, **kw)))
+    monkeypatch.setattr(be, "_encode", lambda d: (entries.append(d.entry), encode(d)))
     _gemm_matches_numpy(be, m, n, k, ta, tb, 1.5, beta, "blocked gemm")
     assert ("split_sum" in entries) == (k >= be.SPLIT_K_FROM), entries  # each block split K, its partials summed
 
@@ -663,7 +662,7 @@ def test_webgpu_convolution_past_the_binding_limit_binds_chunks_of_samples(monke
 def test_webgpu_implicit_convolution_on_large_tiles_and_split_k_matches_native():
     """Big enough for 128x128 tiles in the forward pass and split-K in the filter gradient."""
     be = backend_or_skip("webgpu")
-    assert be._gemm_tile(128, 32 * 32 * 32)[1:3] == (128, 128)
+    assert be.gemms.tile(128, 32 * 32 * 32)[1:3] == (128, 128)
     _convolution_passes_match_native(be, 32, 8, 128, 32, seed=1, rtol=1e-3, atol=1e-4)
 
 
@@ -769,7 +768,7 @@ def test_webgpu_reductions_in_blocks_and_pieces_match_numpy(monkeypatch, limit):
 def test_webgpu_every_gemm_tile_matches_numpy(monkeypatch, tile, ta, tb):
     """Each tile kernel, forced, on ragged shapes: partial tiles in m, n and the last K slice."""
     be = backend_or_skip("webgpu", power_preference="low-power")  # a separate instance whose tile choice we can force
-    monkeypatch.setattr(be, "_gemm_tile", lambda *shape: tile)
+    monkeypatch.setattr(be.gemms, "tile", lambda *shape: tile)
     _gemm_matches_numpy(be, 133, 70, 45, ta, tb, 1.5, 0.5, f"{tile[0]} {tile[1]}x{tile[2]}", seed=1)
     if ta or tb:
         return
@@ -778,7 +777,7 @@ def test_webgpu_every_gemm_tile_matches_numpy(monkeypatch, tile, ta, tb):
     a, b = rng.standard_normal((3, 133, 45), dtype=np.float32), rng.standard_normal((3, 45, 70), dtype=np.float32)
     c = lp.SharedTensor((3, 133, 70))
     before = be.dispatches
-    be._gemm(lp.SharedTensor.from_numpy(a).read(be), False, lp.SharedTensor.from_numpy(b).read(be), False,
+    be.gemms.product(lp.SharedTensor.from_numpy(a).read(be), False, lp.SharedTensor.from_numpy(b).read(be), False,
              c.write(be), 133, 70, 45, 1.0, 0.0, batch=3)
     assert be.dispatches - before == 1
     close(c.to_numpy(), a @ b, f"batched {tile[0]} {tile[1]}x{tile[2]}", rtol=1e-4, atol=1e-5)
@@ -797,8 +796,7 @@ def test_webgpu_bias_and_relu_join_the_gemm_that_wrote_them(monkeypatch):
     be.flush()
     encoded = []
     real = be._encode
-    monkeypatch.setattr(be, "_encode",
-                        lambda module, entry, *a, **k: (encoded.append(entry), real(module, entry, *a, **k)))
+    monkeypatch.setattr(be, "_encode", lambda d: (encoded.append(d.entry), real(d)))
     be.gemm(xb, False, wb, True, yb)
     be.bias_add(yb, bb)
     be.relu(yb, yb)
@@ -928,12 +926,12 @@ def test_webgpu_scratch_grows_in_place_and_recorded_steps_forget_the_old_buffer(
         for s in solvers:
             s.train_minibatch(x, y)
     assert be.replays >= 1 and be.recorder.steps
-    tag = max(be._scratch, key=lambda t: be._scratch[t].size)
-    old = be._scratch[tag].size
-    assert be._scratch_buffer(old // 2, tag).size == old // 2  # smaller asks are prefixes of the same buffer
-    assert be._scratch_buffer(old // 2, tag).raw is be._scratch[tag].raw
-    be._scratch_buffer(old + 1, tag)
-    assert be._scratch[tag].size == old + 1
+    tag = max(be.mem.scratches, key=lambda t: be.mem.scratches[t].size)
+    old = be.mem.scratches[tag].size
+    assert be.mem.scratch(old // 2, tag).size == old // 2  # smaller asks are prefixes of the same buffer
+    assert be.mem.scratch(old // 2, tag).raw is be.mem.scratches[tag].raw
+    be.mem.scratch(old + 1, tag)
+    assert be.mem.scratches[tag].size == old + 1
     gc.collect()
     bystander = lp.SharedTensor.from_numpy(np.full(old, 7.0, np.float32))
     be.scal(1.0, bystander.read_write(be))  # on the device only; its buffer is most likely the old scratch buffer
@@ -944,7 +942,7 @@ def test_webgpu_scratch_grows_in_place_and_recorded_steps_forget_the_old_buffer(
     assert be.replays - replays == 2  # recorded again, then replayed
     np.testing.assert_array_equal(bystander.to_numpy(), np.full(old, 7.0, np.float32))
     # a step seen for the first time keeps its place when it grows a buffer (it has recorded nothing yet)
-    be.run_step(("growing", 1), lambda: be._scratch_buffer(be._scratch[tag].size + 1, tag))
+    be.run_step(("growing", 1), lambda: be.mem.scratch(be.mem.scratches[tag].size + 1, tag))
     assert ("growing", 1) in be.recorder.steps
     a, b = solvers
     assert a.loss() == pytest.approx(b.loss(), rel=1e-5)

@@ -3,7 +3,8 @@
 Every module of leafpy is read with ``ast`` (not imported): each ``import`` and ``from ... import`` statement, at
 module level or inside a function or class, relative ones resolved, becomes an edge to the leafpy module it loads.
 ``from pkg import name`` is an edge to the submodule ``pkg.name`` when there is one, else to the package ``pkg``
-(whose ``__init__`` runs). Imports under ``if TYPE_CHECKING:`` never run and are left out, and so are the parent
+(whose ``__init__`` runs). Imports under ``if TYPE_CHECKING:`` never run and are left out (but for the webgpu
+backend's layering, which counts them), and so are the parent
 packages Python imports before a submodule (leafpy/__init__ re-exports everything, so with them every module
 would sit on a cycle). Modules that ``importlib`` loads by name (the layer and update-rule registries) are not
 seen. A cycle is reported as the chain of modules that closes it; ``python tests/test_imports.py`` prints the
@@ -35,12 +36,12 @@ def _is_type_checking(node: ast.If) -> bool:
         (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    """Every import statement in the tree, except those under ``if TYPE_CHECKING:``."""
+def _imports(tree: ast.AST, type_checking: bool = False) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement in the tree, except (unless ``type_checking``) those under ``if TYPE_CHECKING:``."""
     found: list[ast.Import | ast.ImportFrom] = []
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if not type_checking and isinstance(node, ast.If) and _is_type_checking(node):
             for child in node.orelse:
                 visit(child)
             return
@@ -53,15 +54,16 @@ def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
     return found
 
 
-def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
-    """Module -> the package's modules it imports (anywhere in its code)."""
+def import_graph(root: Path = PACKAGE, type_checking: bool = False) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (anywhere in its code; with ``type_checking``, under
+    ``if TYPE_CHECKING:`` too)."""
     mods = modules(root)
     top = root.name
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for name, path in mods.items():
         is_package = path.name == "__init__.py"
         here = name.split(".") if is_package else name.split(".")[:-1]  # the package relative imports start in
-        for node in _imports(ast.parse(path.read_text(), str(path))):
+        for node in _imports(ast.parse(path.read_text(), str(path)), type_checking):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -149,6 +151,45 @@ def test_nothing_below_the_layers_imports_them() -> None:
     upward = {m: sorted(t for t in graph[m] if t == "leafpy.layers" or t.startswith("leafpy.layers."))
               for m in below}
     assert not {m: t for m, t in upward.items() if t}, upward
+
+
+
+WEBGPU = "leafpy.backends.webgpu"
+WEBGPU_LAYERS = ("view", "params", "sources", "device", "encoder", "allocator", "binding", "reduce", "gemm",
+                 "elementwise", "conv", "half", "")
+"""The webgpu backend's modules, lowest first ("" the package, WebGPUBackend): each imports only modules before it —
+the array type and the WGSL side (parameter structs, sources), the device part, the encoder, the allocator, then
+the kernel families, each using those below it (conv uses gemm and elementwise), float16 as a layer over them all,
+and the backend that composes the parts."""
+
+
+def test_the_webgpu_backend_is_layered_without_cycles() -> None:
+    graph = import_graph(type_checking=True)
+    package = {m for m in graph if m == WEBGPU or m.startswith(WEBGPU + ".")}
+    assert package == {f"{WEBGPU}.{m}" if m else WEBGPU for m in WEBGPU_LAYERS}, "a module missing from the list"
+    inside = {m: {t for t in graph[m] if t in package} for m in package}
+    cycle = find_cycle(inside)
+    assert cycle is None, "webgpu import cycle: " + " -> ".join(cycle + cycle[:1])
+    rank = {f"{WEBGPU}.{m}" if m else WEBGPU: i for i, m in enumerate(WEBGPU_LAYERS)}
+    upward = {m: sorted(t for t in inside[m] if rank[t] > rank[m]) for m in package}
+    assert not {m: t for m, t in upward.items() if t}, upward
+    assert f"{WEBGPU}.view" in inside[f"{WEBGPU}.encoder"] and f"{WEBGPU}.gemm" in inside[f"{WEBGPU}.conv"]
+
+
+def test_no_webgpu_class_sits_on_a_chain_of_leafpy_classes() -> None:
+    """The backend is composed, not inherited: a class of the package has at most 2 leafpy classes above it."""
+    import importlib
+    import inspect
+
+    deep = {}
+    for name in WEBGPU_LAYERS:
+        module = importlib.import_module(f"{WEBGPU}.{name}" if name else WEBGPU)
+        for cls in vars(module).values():
+            if inspect.isclass(cls) and cls.__module__ == module.__name__:
+                above = [c.__qualname__ for c in cls.__mro__[1:] if c.__module__.startswith("leafpy.")]
+                if len(above) > 2:
+                    deep[cls.__qualname__] = above
+    assert not deep, deep
 
 
 if __name__ == "__main__":  # print the graph as an adjacency list

@@ -507,7 +507,7 @@ def test_webgpu_cells_sum_split_recurrent_products(monkeypatch, config_class, re
     for fuse in (False, True):
         with monkeypatch.context() as m:
             if not fuse:
-                m.setattr(be, "_take_sum", lambda out: None)
+                m.setattr(be.enc, "take_sum", lambda out: None)
             layer = lp.Layer.from_config(be, lp.LayerConfig("rec", config_class(
                 hidden_size=hs, return_sequences=return_sequences)), seed=3)
             layer.forward([x])

@@ -99,6 +99,23 @@ def test_casts_round_to_nearest_even_and_overflow_to_infinity(fp16):
         fp16.cast(f.read(fp16), lp.SharedTensor(x.shape, np.uint32).write(fp16))
 
 
+
+def test_a_cast_between_float16_buffers_runs_the_float16_copy(fp16, monkeypatch):
+    """cast's float16 -> float16 copy runs inside the elementwise family, past the float16 wrapper: the copy it
+    calls picks the float16 kernel itself (a float32 copy would move 4-byte words past the buffer's end)."""
+    x = np.arange(7, dtype=np.float16) - 3.5
+    h = lp.SharedTensor(x.shape, np.float16)
+    src = lp.SharedTensor.from_numpy(x, np.float16).read(fp16)
+    fp16.flush()
+    entries = []
+    encode = fp16._encode
+    monkeypatch.setattr(fp16, "_encode", lambda d: (entries.append(d.entry), encode(d)))
+    fp16.cast(src, h.write(fp16))
+    fp16.flush()
+    assert entries == ["copy_h"], entries
+    np.testing.assert_array_equal(h.to_numpy(), x)
+
+
 # --- primitives -----------------------------------------------------------------------------------------------------
 def _upload(be, x, dtype=np.float16):
     t = lp.SharedTensor.from_numpy(np.asarray(x, dtype), dtype)
@@ -481,7 +498,7 @@ def test_winograd_convolutions_in_float16_against_float64(fp16, monkeypatch, n, 
     for name in ("_winograd", "_winograd_filter_grad"):
         method = getattr(fp16, name)
         monkeypatch.setattr(fp16, name, lambda *a, _m=method, _n=name, **k: calls.append(_n) or _m(*a, **k))
-    monkeypatch.setattr(fp16, "_convert", lambda x, out: pytest.fail("a float16 operand was converted"))
+    monkeypatch.setattr(fp16, "convert", lambda x, out: pytest.fail("a float16 operand was converted"))
     _, bx = _upload(fp16, x)
     _, bw = _upload(fp16, w)
     _, bb = _upload(fp16, b)
@@ -534,8 +551,7 @@ def test_winograd_float16_tiles_for_3x3_windows(fp16, monkeypatch, kernel, pad):
     dx_ref, dw_ref, _ = reference.conv2d_backward(x, w, dy, stride, padding)
     modules = []
     encode = fp16._encode
-    monkeypatch.setattr(fp16, "_encode", lambda module, entry, *a, **k: (modules.append((module, entry)),
-                                                                         encode(module, entry, *a, **k)))
+    monkeypatch.setattr(fp16, "_encode", lambda d: (modules.append((d.module, d.entry)), encode(d)))
     _, bx = _upload(fp16, x)
     _, bw = _upload(fp16, w)
     _, bdy = _upload(fp16, dy)
@@ -567,12 +583,12 @@ def test_float16_convolutions_choose_winograd_as_float32_does(fp16, monkeypatch,
     shapes = ((2, 64, 5, 5), (64, 64, 3, 3), (2, 64, 5, 5))
     for be in (fp16, plain):
         monkeypatch.setattr(be, "WINOGRAD_MIN_CHANNELS", min_channels)
-        assert bool(be._winograd_chunk(*shapes, (1, 1), (1, 1))) == winograd
+        assert bool(be.convs.winograd_chunk(*shapes, (1, 1), (1, 1))) == winograd
     calls = []
     for name in ("_winograd", "_winograd_filter_grad"):
         method = getattr(fp16, name)
         monkeypatch.setattr(fp16, name, lambda *a, _m=method, _n=name, **k: calls.append(_n) or _m(*a, **k))
-    monkeypatch.setattr(fp16, "_convert", lambda x, out: pytest.fail("a float16 operand was converted"))
+    monkeypatch.setattr(fp16, "convert", lambda x, out: pytest.fail("a float16 operand was converted"))
     rng = np.random.default_rng(21)
     x = _low(rng.standard_normal(shapes[0]), F16)
     w = _low(rng.standard_normal(shapes[1]) * 0.5, F16)
@@ -770,8 +786,8 @@ def test_batch_norm_runs_in_float16_kernels(fp16, monkeypatch):
     """Statistics, normalisation and both backward passes on a float16 x, y, dy and dx (float32 statistics,
     weights and sums) with no float32 copies made, against float64."""
     conversions = []
-    convert = fp16._convert
-    monkeypatch.setattr(fp16, "_convert", lambda x, out: conversions.append(x.shape) or convert(x, out))
+    convert = fp16.convert
+    monkeypatch.setattr(fp16, "convert", lambda x, out: conversions.append(x.shape) or convert(x, out))
     rng = np.random.default_rng(12)
     x = _low(rng.standard_normal((4, 3, 5, 2)) * 2 + 1, F16)
     dy = _low(rng.standard_normal(x.shape), F16)
@@ -799,8 +815,8 @@ def test_lrn_runs_in_float16_kernels(fp16, monkeypatch):
     """Caffe's across-channel LRN and its gradient on float16 x, y, dy and dx (a float32 scale), no float32
     copies made, against float64."""
     conversions = []
-    convert = fp16._convert
-    monkeypatch.setattr(fp16, "_convert", lambda x, out: conversions.append(x.shape) or convert(x, out))
+    convert = fp16.convert
+    monkeypatch.setattr(fp16, "convert", lambda x, out: conversions.append(x.shape) or convert(x, out))
     rng = np.random.default_rng(13)
     x = _low(rng.standard_normal((2, 6, 3, 3)), F16)
     dy = _low(rng.standard_normal(x.shape), F16)
@@ -828,7 +844,7 @@ def test_recurrent_layers_and_embeddings_make_no_float32_copies(fp16, monkeypatc
     the weight copies), none is a float32 copy made for a kernel; the float16 results match float64 (the layer table
     above covers their values)."""
     casting, conversions = [], []
-    convert, cast = fp16._convert, fp16.cast
+    convert, cast = fp16.convert, fp16.cast
 
     def converting(x, out):
         if not casting:
@@ -840,7 +856,7 @@ def test_recurrent_layers_and_embeddings_make_no_float32_copies(fp16, monkeypatc
         cast(x, out)
         casting.clear()
 
-    monkeypatch.setattr(fp16, "_convert", converting)
+    monkeypatch.setattr(fp16, "convert", converting)
     monkeypatch.setattr(fp16, "cast", casting_to)
     config = {"LSTM": lp.LSTMConfig, "GRU": lp.GRUConfig, "RNN": lp.RNNConfig}[cell](hidden_size=5,
                                                                                      return_sequences=True)

@@ -1,19 +1,23 @@
 """A forward pass's dispatches written down as data: the webgpu backend tells a :class:`PlanRecorder` (its
-``tracer``) of every dispatch it encodes (shader module, entry point, pipeline constants, uniform bytes, workgroup
-grid, bound buffers and their ranges) and of every upload, and the recorder names each buffer by what it holds — the
-network's input, its output, a weight by name, or an intermediate by number. leafpy.js replays that list on the
-same WGSL, so the kernel-selection rules stay in one place: the backend that picked them."""
+``tracer``) of every dispatch it encodes, as the record its kernel families hand the encoder (a
+``leafpy.backends.webgpu.encoder.Dispatch``: shader module, entry point, pipeline constants, uniform bytes,
+workgroup grid, bound buffers and their ranges), and of every upload, and the recorder names each buffer by what
+it holds — the network's input, its output, a weight by name, or an intermediate by number. leafpy.js replays
+that list on the same WGSL, so the kernel-selection rules stay in one place: the backend that picked them."""
 
 from __future__ import annotations
 
 import base64
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import LeafpyError
 from ..layers.layer import Layer
 from ..tensor import SharedTensor
+
+if TYPE_CHECKING:
+    from ..backends.webgpu.encoder import Dispatch
 
 
 class PlanRecorder:
@@ -31,14 +35,13 @@ class PlanRecorder:
             self._raws.append(raw)
         return i
 
-    def dispatch(self, module: str, entry: str, params: bytes, buffers: list, groups: tuple, ranges: list | None,
-                 constants: tuple) -> None:
+    def dispatch(self, d: Dispatch) -> None:
         bindings = []
-        for k, b in enumerate(buffers):
-            span = ranges[k] if ranges and ranges[k] is not None else None
+        for k, b in enumerate(d.buffers):
+            span = d.ranges[k] if d.ranges and d.ranges[k] is not None else None
             bindings.append([self._ref(b.raw)] + (list(span) if span else []))
-        self.steps.append({"module": module, "entry": entry, "constants": {k: v for k, v in constants},
-                           "params": base64.b64encode(params).decode(), "grid": [int(g) for g in groups],
+        self.steps.append({"module": d.module, "entry": d.entry, "constants": dict(d.constants),
+                           "params": base64.b64encode(d.params).decode(), "grid": [int(g) for g in d.grid],
                            "bindings": bindings})
 
     def seen(self) -> dict[int, int]:

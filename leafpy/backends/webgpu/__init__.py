@@ -7,39 +7,66 @@ bind groups are cached; buffers are pooled by size and padded to 4 bytes; reads 
 staging buffer; elementwise work larger than the device's storage-binding limit is split into bindable pieces, and
 large launches use a 2-D grid to stay under the per-dimension workgroup limit.
 
-The backend is built in layers, one module each, every layer using the ones below it: encoder.py (the command
-stream, pipelines, bind groups, pending GEMM fusion, recorded steps, profiling), buffers.py (WView, the buffer
-pool, transfers, scratch), binding.py (splitting under the binding limit), reduce.py (sums), gemm.py (tiles,
-split-K), elementwise.py (activations, updates, losses, batch norm, sequences, the rest), conv.py (implicit
-GEMM, Winograd, pooling) and half.py (float16: conversions, emulated primitives); WebGPUBackend adds the device
-set-up. Each kernel family's parameters are a named struct in its .wgsl file, packed by keyword through params.py;
-sources.py puts each shader module's WGSL together (the same text compiles in browsers).
+The backend is composed of parts, one module each, every part given the parts below it and never reaching up
+(tests/test_imports.py checks the order): view.py (WView, the array type), device.py (:class:`Device`: adapter,
+device, limits, shader modules, pipeline, uniform and bind-group caches), encoder.py (:class:`Encoder`: the
+command stream run as :class:`Dispatch` records, the held GEMM and split-K sum that later kernels may join,
+recorded steps, profiling), allocator.py (:class:`Allocator`: the buffer pool, transfers, scratch), then the kernel
+families — binding.py (splitting under the binding limit), reduce.py (sums), gemm.py (tiles, split-K),
+elementwise.py (activations, updates, losses, batch norm, sequences, casts, the rest), conv.py (implicit GEMM,
+Winograd, pooling) — and half.py (:class:`HalfPrecision`: at precision "fp16", a layer that wraps the backend's
+primitives with float16 kernels and emulation). WebGPUBackend builds the parts and binds each family's methods as
+its primitives. Each kernel family's parameters are a named struct in its .wgsl file, packed by keyword through
+params.py; sources.py puts each shader module's WGSL together (the same text compiles in browsers).
 
 Importing this module does not import wgpu; constructing the backend does.
 """
 
 from __future__ import annotations
 
-import atexit
-import os
-import shutil
-import tempfile
 from typing import Any
 
 import numpy as np
 
-from ...errors import BackendError, BackendUnavailable, ConfigError
-from .. import pointwise
-from ..base import PRECISIONS
+from ...errors import BackendError, ConfigError
+from ..base import OPTIONAL_HOOKS, PRECISIONS, PRIMITIVES, Backend
 from ..recorder import StepRecorder
-from .buffers import WView
-from .half import Half
-from .sources import BASE, lanes
+from .allocator import Allocator
+from .binding import Binding
+from .conv import Convolution
+from .device import Device, adapters
+from .elementwise import Elementwise
+from .encoder import Encoder
+from .gemm import Gemms
+from .half import FullPrecision, HalfPrecision
+from .reduce import Reductions
+from .view import WView
 
 __all__ = ["WView", "WebGPUBackend", "adapters"]
 
+PARTS = ("gpu", "enc", "mem", "binding", "sums", "gemms", "elementwise", "convs")
+"""The backend's parts, lowest first, by attribute name."""
 
-class WebGPUBackend(Half):
+_OWNERS = {"mem": Allocator, "sums": Reductions, "gemms": Gemms, "elementwise": Elementwise, "convs": Convolution}
+"""The parts whose methods are the backend's primitives (and the optional hooks they define)."""
+
+
+class _Primitive:
+    """A primitive as the backend class shows it: the owning family's function (for signatures and the interface
+    test). Each backend binds the family's method in its own ``__dict__``, which a call finds first, so a primitive
+    call is the family's method with no call in between."""
+
+    def __init__(self, part: str, function: Any) -> None:
+        self.part = part
+        self.function = function
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            return self.function
+        return getattr(getattr(obj, self.part), self.function.__name__)
+
+
+class WebGPUBackend(Backend):
     """WGSL compute shaders on one WebGPU adapter.
 
     ``power_preference``: "high-performance" or "low-power"; ``adapter``: a substring of the adapter's name to
@@ -47,107 +74,123 @@ class WebGPUBackend(Half):
     copies, float32 master weights) on an adapter that offers the shader-f16 feature; ``subgroups``: combine a
     workgroup's values in the reductions (sums, softmax rows) with subgroup operations — None (default) where the
     adapter offers the "subgroup" feature, True to require it, False for workgroup-memory trees everywhere.
+
+    Attributes of the parts (tuning constants such as ``SPLIT_K_FINE_WORK``, ``replay``, counters such as
+    ``dispatches``, limits such as ``max_binding``) read and set through the backend as if they were its own.
     """
 
     name = "webgpu"
 
     def __init__(self, dtype: Any = np.float32, power_preference: str = "high-performance",
                  adapter: str | None = None, precision: str = "fp32", subgroups: bool | None = None) -> None:
-        if np.dtype(dtype) != np.float32:
-            raise ConfigError(f"backend 'webgpu': WGSL computes in float32 only, got dtype {np.dtype(dtype)}")
-        if precision not in PRECISIONS:
-            raise ConfigError(f"backend 'webgpu': unknown precision {precision!r}; valid precisions: "
-                              f"{', '.join(PRECISIONS)}")
-        if precision in _REFUSED:
-            raise BackendError(f"backend 'webgpu': precision {precision!r} is not available: {_REFUSED[precision]}")
+        _check(dtype, precision, power_preference)
         self.precision = precision
-        if power_preference not in ("high-performance", "low-power"):
-            raise ConfigError(f"backend 'webgpu': power_preference must be 'high-performance' or 'low-power', "
-                              f"got {power_preference!r}")
         self.dtype = np.dtype(np.float32)
-        try:
-            import wgpu
-        except ImportError as e:
-            raise BackendUnavailable("backend 'webgpu' needs wgpu-py, which is not installed: "
-                                     "pip install wgpu (the webgpu extra)") from e
-        self.wgpu = wgpu
-        _runtime_dir()
-        try:
-            if adapter is not None:
-                found = [a for a in wgpu.gpu.enumerate_adapters_sync() if adapter.lower() in _describe(a).lower()]
-                if not found:
-                    names = ", ".join(_describe(a) for a in wgpu.gpu.enumerate_adapters_sync()) or "none"
-                    raise BackendUnavailable(f"backend 'webgpu': no adapter matches {adapter!r}; adapters: {names}")
-                chosen = found[0]
-            else:
-                chosen = wgpu.gpu.request_adapter_sync(power_preference=power_preference)
-        except BackendUnavailable:
-            raise
-        except Exception as e:
-            raise BackendUnavailable(f"backend 'webgpu': no WebGPU adapter ({e}); on Linux install a Vulkan "
-                                     "driver (e.g. Debian's mesa-vulkan-drivers and libvulkan1)") from e
-        if chosen is None:
-            raise BackendUnavailable("backend 'webgpu': no WebGPU adapter found; on Linux install a Vulkan driver "
-                                     "(e.g. Debian's mesa-vulkan-drivers and libvulkan1)")
-        self.adapter = chosen
-        self.adapter_name = _describe(chosen)
-        self.emulated = chosen.info.get("adapter_type") == "CPU"
+        self.gpu = gpu = Device(precision, power_preference, adapter, subgroups)
+        self.adapter_name = gpu.adapter_name
+        self.emulated = gpu.emulated
         """Whether the adapter is a CPU emulation of a GPU (Mesa's lavapipe or llvmpipe): correct, but far slower
         than the native backend."""
-        limits = chosen.limits
-        want = {k: limits[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size",
-                                       "max-compute-workgroup-storage-size") if k in limits}
-        offered = set(chosen.features)
-        if precision == "fp16" and "shader-f16" not in offered:
-            raise BackendError(f"backend 'webgpu': precision 'fp16' needs the adapter's shader-f16 feature, which "
-                               f"{self.adapter_name} does not offer; use precision='fp32' here, or another adapter "
-                               f"(lp.backend('webgpu', adapter=...); see leafpy.backends.webgpu.adapters())")
-        if subgroups and "subgroup" not in offered:
-            raise BackendError(f"backend 'webgpu': subgroups=True needs the adapter's subgroup feature, which "
-                               f"{self.adapter_name} does not offer; leave subgroups=None (used where offered)")
-        self.subgroups = subgroups is not False and "subgroup" in offered
-        """Whether the reductions use subgroup operations (lanes_subgroup.wgsl) on this device."""
-        features = [f for f in ("timestamp-query",) if f in offered]
-        if precision == "fp16":
-            features.append("shader-f16")
-        if self.subgroups:
-            features.append("subgroup")
-        try:
-            self.device = chosen.request_device_sync(required_limits=want, required_features=features)
-        except Exception as e:
-            raise BackendUnavailable(f"backend 'webgpu': could not open {self.adapter_name}: {e}") from e
-        self.key = f"webgpu:{id(self.device):x}"
-        lim = self.device.limits
-        self.max_binding = int(lim["max-storage-buffer-binding-size"])
-        self.max_groups = int(lim["max-compute-workgroups-per-dimension"])
-        self.offset_align = int(lim["min-storage-buffer-offset-alignment"])
-        self.queue = self.device.queue
-        self._inplace = pointwise.wgsl_inplace()  # entry -> (output position, the input position it may overwrite)
-        self.lanes = lanes(self.subgroups)
-        self._modules = {m: self._shader(m) for m in BASE}
-        self._pipelines: dict = {}
-        self._uniforms: dict = {}
-        self._bind_groups: dict = {}
-        self._scratch: dict = {}
-        self._free: dict[int, list] = {}  # buffer pool: byte size -> buffers no tensor holds
-        self._encoder: Any = None
-        self._pending: dict | None = None  # the last GEMM, not yet encoded: a bias or activation may join its store
-        self._pending_sum: dict | None = None  # a split-K product's sum, not yet encoded: a recurrent cell may do it
+        self.key = gpu.key
+        self.enc = enc = Encoder(gpu)
         self.recorder = StepRecorder(self, self.MAX_RECORDED_STEPS)
-        self._recording: list | None = None  # (pipeline, bind group, grid) of each dispatch while recording
-        self.allocations = 0
-        self._pass: Any = None
-        self._pass_pipeline: Any = None
-        self._staging: Any = None
-        self.dispatches = 0
-        self.submissions = 0
-        self.kernel_times: dict | None = None  # entry point -> [GPU seconds, dispatches] while profiling
-        self._stamps: list = []  # entry points of this command buffer's timed passes
-        self._query_set: Any = None
-        self.can_profile = "timestamp-query" in features
-        self.has_f16 = precision == "fp16"
-        if self.has_f16:
-            self._enable_f16()
+        # the recorder's hooks, as recorder.Replayer names them: the encoder's
+        self.__dict__.update(first_run=enc.first_run, capture=enc.capture, launch=enc.launch, handle=enc.handle)
+        self.mem = Allocator(gpu, enc, self.recorder)
+        self.binding = Binding(gpu, enc, self.mem)
+        self.sums = Reductions(self.binding)
+        self.gemms = Gemms(self.sums)
+        self.elementwise = Elementwise(self.sums)
+        self.convs = Convolution(self.gemms, self.elementwise)
+        for name, primitive in _PRIMITIVES.items():
+            self.__dict__[name] = getattr(getattr(self, primitive.part), name)
+        if precision == "fp16":
+            HalfPrecision(self.convs).wrap(self)
+
+    # --- the parts' attributes as the backend's own ---------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        """An attribute of one of the parts (called only where the backend has none of its own)."""
+        owner = self._part_with(name)
+        if owner is None:
+            raise AttributeError(f"'WebGPUBackend' object has no attribute {name!r}")
+        return getattr(owner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        owner = self._owner(name)
+        if owner is None:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(owner, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        owner = self._owner(name)
+        if owner is None:
+            object.__delattr__(self, name)
+        else:
+            delattr(owner, name)
+
+    def _owner(self, name: str) -> Any:
+        """The part that holds attribute ``name``, where the backend itself does not."""
+        if name in self.__dict__ or name in PARTS or hasattr(type(self), name):
+            return None
+        return self._part_with(name)
+
+    def _part_with(self, name: str) -> Any:
+        """The lowest part that has attribute ``name``, or None."""
+        for part in PARTS:
+            owner = self.__dict__.get(part)
+            if owner is not None and hasattr(owner, name):
+                return owner
+        return None
+
+    # --- hooks ------------------------------------------------------------------------------------------------
+    replay = True
+    """Replay replayable training steps from their recorded dispatches (see :meth:`run_step`)."""
+    MAX_RECORDED_STEPS = 8
+
+    def run_step(self, key: Any, step: Any) -> None:
+        """A training step is encoded into one command buffer and submitted once. A replayable step (``key`` not
+        None) is recorded on its second sight as the list of its dispatches (pipeline, bind group, grid) and from
+        then on encoded straight from that list, without running the layers' Python, while the tensors it touches
+        keep their buffers (see recorder.StepRecorder)."""
+        if not self.replay or self.enc.kernel_times is not None:
+            key = None
+        self.recorder.run(key, step)
+        self.enc.flush()
+
+    @property
+    def replays(self) -> int:
+        """Steps encoded from a recording so far."""
+        return self.recorder.replays
+
+    def full_precision(self) -> Backend:
+        if self.precision == "fp32":
+            return self
+        twin = self.__dict__.get("_twin")
+        if twin is None:
+            twin = self.__dict__["_twin"] = FullPrecision(self)
+        return twin
+
+
+_PRIMITIVES = {name: _Primitive(part, vars(cls)[name]) for part, cls in _OWNERS.items()
+               for name in (*PRIMITIVES, *OPTIONAL_HOOKS) if name in vars(cls)}
+"""Each primitive (and optional hook) a family defines, as the backend class shows it."""
+for _name, _primitive in _PRIMITIVES.items():
+    setattr(WebGPUBackend, _name, _primitive)
+
+
+def _check(dtype: Any, precision: str, power_preference: str) -> None:
+    """The constructor's arguments that need no device, checked."""
+    if np.dtype(dtype) != np.float32:
+        raise ConfigError(f"backend 'webgpu': WGSL computes in float32 only, got dtype {np.dtype(dtype)}")
+    if precision not in PRECISIONS:
+        raise ConfigError(f"backend 'webgpu': unknown precision {precision!r}; valid precisions: "
+                          f"{', '.join(PRECISIONS)}")
+    if precision in _REFUSED:
+        raise BackendError(f"backend 'webgpu': precision {precision!r} is not available: {_REFUSED[precision]}")
+    if power_preference not in ("high-performance", "low-power"):
+        raise ConfigError(f"backend 'webgpu': power_preference must be 'high-performance' or 'low-power', "
+                          f"got {power_preference!r}")
 
 
 _REFUSED = {
@@ -156,29 +199,3 @@ _REFUSED = {
             "shader-f16)",
 }
 """Why the webgpu backend refuses a precision."""
-
-
-def _runtime_dir() -> None:
-    """Give Mesa's drivers a valid XDG_RUNTIME_DIR (a private temporary directory) where the environment has none,
-    so that opening an adapter does not print "XDG_RUNTIME_DIR is invalid or not set" lines; nothing is written
-    there by a compute device."""
-    current = os.environ.get("XDG_RUNTIME_DIR", "")
-    if current and os.path.isdir(current) and os.access(current, os.W_OK):
-        return
-    path = tempfile.mkdtemp(prefix="leafpy-xdg-")  # made with mode 0700, as Mesa wants
-    atexit.register(shutil.rmtree, path, ignore_errors=True)
-    os.environ["XDG_RUNTIME_DIR"] = path
-
-
-def _describe(adapter: Any) -> str:
-    info = adapter.info
-    return f"{info.get('device', '?')} ({info.get('backend_type', '?')})"
-
-
-def adapters() -> list[str]:
-    """Names of the WebGPU adapters on this machine (for ``lp.backend('webgpu', adapter=...)``)."""
-    try:
-        import wgpu
-    except ImportError:
-        return []
-    return [_describe(a) for a in wgpu.gpu.enumerate_adapters_sync()]

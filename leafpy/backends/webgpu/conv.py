@@ -1,40 +1,50 @@
 """The webgpu backend's convolutions and pooling: implicit GEMM (gemm.wgsl reads x and dy and writes y in NCHW),
 im2col columns in batch chunks past the binding limit (conv.wgsl), Winograd F(2x2, 3x3) and F(2x2, 5x5)
-(winograd.wgsl), max and average pooling (pool.wgsl)."""
+(winograd.wgsl), max and average pooling (pool.wgsl); float16 builds of those modules where operands are float16.
+Uses the gemm family (implicit GEMMs, Winograd's tile products), the elementwise family (bias adds) and the binding
+family."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ..base import plain_conv
-from .buffers import WView
+from .binding import Family
 from .elementwise import Elementwise
+from .encoder import Dispatch
+from .gemm import Gemms
 from .params import ConvParams, DirectParams, PoolParams, WinogradParams
+from .view import WView
 
 
-class Convolution(Elementwise):
+class Convolution(Family):
     """Convolution and pooling."""
+
+    def __init__(self, gemms: Gemms, ew: Elementwise) -> None:
+        super().__init__(gemms.binding)
+        self.gemms = gemms
+        self.ew = ew
 
     # --- convolution: implicit GEMM (the GEMM kernel reads x and dy and writes y in NCHW itself); the data gradient
     # and tensors past the binding limit go through im2col columns in batch chunks ----------------------------------
     CONV_SCRATCH = 256 << 20
     """Bytes of im2col columns per batch chunk: larger chunks give each GEMM enough tiles to fill a large GPU."""
 
-    def _conv_geometry(self, x_shape, w_shape, y_shape, stride, padding):
+    def conv_geometry(self, x_shape, w_shape, y_shape, stride, padding):
         n, c, h, w = x_shape
         o, _, kh, kw = w_shape
         oh, ow = y_shape[2], y_shape[3]
         k = c * kh * kw
         per_sample = k * oh * ow * 4
-        limit = min(self.max_binding, self.CONV_SCRATCH)
+        limit = min(self.gpu.max_binding, self.CONV_SCRATCH)
         chunk = max(1, min(n, limit // max(per_sample, 1)))
         # a chunk's samples of x and y are bound as one range each
-        chunk = max(1, min(chunk, (self.max_binding - self.offset_align) // (4 * max(c * h * w, o * oh * ow))))
-        geometry = self._conv_constants(x_shape, w_shape, y_shape, stride, padding)
+        chunk = max(1, min(chunk, (self.gpu.max_binding - self.gpu.offset_align) // (4 * max(c * h * w, o * oh * ow))))
+        geometry = self.conv_constants(x_shape, w_shape, y_shape, stride, padding)
         return n, c, o, k, oh * ow, chunk, tuple(g for g in geometry if g[0] != "CONV_O")
 
     @staticmethod
-    def _conv_constants(x_shape, w_shape, y_shape, stride, padding, **modes) -> tuple:
+    def conv_constants(x_shape, w_shape, y_shape, stride, padding, **modes) -> tuple:
         _, c, h, w = x_shape
         o, _, kh, kw = w_shape
         geometry = dict(CONV_C=c, IN_H=h, IN_W=w, CONV_O=o, KH=kh, KW=kw, SH=stride[0], SW=stride[1],
@@ -48,7 +58,7 @@ class Convolution(Elementwise):
     AlexNet-128 600 MB less scratch) but its gathers made it 1.3x slower than GEMM + col2im on an H200."""
 
     def _fits(self, *buffers: WView) -> bool:
-        return self.implicit_conv and max(b.raw.size for b in buffers) <= self.max_binding
+        return self.implicit_conv and max(b.raw.size for b in buffers) <= self.gpu.max_binding
 
     def _conv_scratch(self, k: int, p: int, chunk: int, o: int) -> tuple[WView, WView]:
         return self._scratch_buffer(k * p * chunk, "cols"), self._scratch_buffer(o * p * chunk, "ymat")
@@ -62,7 +72,7 @@ class Convolution(Elementwise):
         per_sample = tensor.size // tensor.shape[0]
         ranges: list = [None, None]
         offset = n0 * per_sample
-        if tensor.raw.size > self.max_binding:
+        if tensor.raw.size > self.gpu.max_binding:
             base, size, offset = self._span(offset * 4, (n0 + nc) * per_sample * 4)
             ranges[nchw] = (base, size)
         params = ConvParams(count=count, offset=offset, samples=nc, out_channels=o, to_gemm=int(to_gemm))
@@ -88,7 +98,7 @@ class Convolution(Elementwise):
     traffic saved is worth a second rounding (and a loss-scaled gradient's transform, up to 4x its largest value,
     overflows float16 sooner: the loss scale backs off further)."""
 
-    def _winograd_chunk(self, x_shape, w_shape, y_shape, stride, padding) -> int:
+    def winograd_chunk(self, x_shape, w_shape, y_shape, stride, padding) -> int:
         """Samples per batch chunk where ``y = conv(x, w)`` (and the data and filter gradients of that geometry) can
         run as Winograd on this device; 0 where it cannot."""
         n, c, h, wd = x_shape
@@ -97,12 +107,12 @@ class Convolution(Elementwise):
         if not (self.winograd and r in (3, 5) and w_shape[3] == r and tuple(stride) == (1, 1)
                 and all(0 <= q < r for q in padding) and min(c, o) >= self.WINOGRAD_MIN_CHANNELS):
             return 0
-        if 4 * max(n * c * h * wd, n * o * oh * ow) > self.max_binding:
+        if 4 * max(n * c * h * wd, n * o * oh * ow) > self.gpu.max_binding:
             return 0
         per_sample = -(-max(h, oh) // 2) * -(-max(wd, ow) // 2)  # blocks: the data gradient's tile x
         tile_bytes = 4 * (r + 1) ** 2 * max(c, o) * per_sample
-        chunk = min(n, min(self.max_binding, self.WINOGRAD_SCRATCH) // tile_bytes)
-        if chunk < 1 or -(-chunk * per_sample // 32) > self.max_groups:
+        chunk = min(n, min(self.gpu.max_binding, self.WINOGRAD_SCRATCH) // tile_bytes)
+        if chunk < 1 or -(-chunk * per_sample // 32) > self.gpu.max_groups:
             return 0
         return chunk
 
@@ -128,9 +138,12 @@ class Convolution(Elementwise):
         return np.dtype(np.float16 if half else np.float32)
 
     def _winograd_module(self, src: WView, dst: WView) -> str:
-        """The Winograd module for a transform reading ``src`` and writing ``dst`` (and a bias of dst's dtype):
-        "winograd" for float32 ones (half.py names and builds those with float16 arrays)."""
-        return "winograd"
+        """winograd.wgsl with src, or dst and its bias, declared float16 where the buffers bound there are (built on
+        first use): winograd16src reads a float16 x, w or dy into float32 tiles, winograd16dst stores float32 tiles'
+        results into a float16 y, dx or dw; "winograd" for float32 ones. The transforms' arithmetic and the tiles U,
+        V and M stay float32 (unless ``winograd_f16_tiles``), so a float16 result is rounded once, when stored."""
+        halves = [name for name, v in (("src", src), ("dst", dst)) if v.dtype.itemsize == 2]
+        return self.gpu.epilogue_module("winograd", halves)
 
     def _winograd_blocks(self, entry: str, src: WView, dst: WView, channels: int, blocks: int, n0: int,
                          geometry: tuple) -> None:
@@ -156,12 +169,13 @@ class Convolution(Elementwise):
         for n0 in range(0, n, chunk):
             blocks = min(chunk, n - n0) * per_sample
             self._winograd_blocks("winograd_input", x, v, cin, blocks, n0, geometry)
-            self._gemm(u, False, v, False, m, cout, blocks, cin, 1.0, 0.0, batch=points)
+            self.gemms.product(u, False, v, False, m, cout, blocks, cin, 1.0, 0.0, batch=points)
             params = WinogradParams(count=cout * blocks, blocks=blocks, first_sample=n0)
-            self._defer(self._winograd_module(m, y), "winograd_output", params, [m, y, bias_or_none],
-                        self._grid(cout * blocks), out_consts, tuple(y.shape), y)  # an in-place ReLU may join
+            out = Dispatch(self._winograd_module(m, y), "winograd_output", params, [m, y, bias_or_none],
+                           self._grid(cout * blocks), None, out_consts)
+            self.enc.defer(out, tuple(y.shape), y)  # an in-place ReLU may join its store
         if chunk < n:
-            self._emit_pending()  # a ReLU over all of y cannot join the last chunk's store
+            self.enc.emit_pending()  # a ReLU over all of y cannot join the last chunk's store
 
     def _winograd_filter_grad(self, x: WView, dy: WView, dw: WView, padding, beta: float, chunk: int) -> None:
         """dw = the filter gradient of an RxR stride-1 convolution (+ beta dw) through Winograd F(2x2, RxR): the
@@ -175,29 +189,29 @@ class Convolution(Elementwise):
             blocks = min(chunk, n - n0) * per_sample
             self._winograd_blocks("winograd_input", x, v, c, blocks, n0, geometry)
             self._winograd_blocks("winograd_dy", dy, z, o, blocks, n0, geometry)
-            self._gemm(z, False, v, True, du, o, c, blocks, 1.0, 0.0 if n0 == 0 else 1.0, batch=points)
+            self.gemms.product(z, False, v, True, du, o, c, blocks, 1.0, 0.0 if n0 == 0 else 1.0, batch=points)
         self._dispatch(self._winograd_module(du, dw), "winograd_filter_grad", WinogradParams(count=o * c, beta=beta),
                        [du, dw], self._grid(o * c), constants=(("R", r),))
 
-    def _winograd_conv(self, x: WView, w: WView, y: WView, stride, padding, bias: WView | None = None) -> bool:
+    def winograd_conv(self, x: WView, w: WView, y: WView, stride, padding, bias: WView | None = None) -> bool:
         """The forward pass as Winograd where ``_winograd_chunk`` says it applies; False where it does not."""
-        chunk = self._winograd_chunk(x.shape, w.shape, y.shape, stride, padding)
+        chunk = self.winograd_chunk(x.shape, w.shape, y.shape, stride, padding)
         if chunk:
             self._winograd(x, w, y, padding, False, chunk, bias)
         return bool(chunk)
 
-    def _winograd_conv_grad_data(self, dy: WView, w: WView, dx: WView, stride, padding) -> bool:
+    def winograd_conv_grad_data(self, dy: WView, w: WView, dx: WView, stride, padding) -> bool:
         """The data gradient as Winograd where it applies: dx = dy correlated with w rotated 180 degrees (channels
         swapped), padded by R - 1 - padding; False where it does not apply."""
-        chunk = self._winograd_chunk(dx.shape, w.shape, dy.shape, stride, padding)
+        chunk = self.winograd_chunk(dx.shape, w.shape, dy.shape, stride, padding)
         if chunk:
             r = w.shape[2]
             self._winograd(dy, w, dx, (r - 1 - padding[0], r - 1 - padding[1]), True, chunk)
         return bool(chunk)
 
-    def _winograd_conv_grad_filter(self, x: WView, dy: WView, dw: WView, stride, padding, beta: float) -> bool:
+    def winograd_conv_grad_filter(self, x: WView, dy: WView, dw: WView, stride, padding, beta: float) -> bool:
         """The filter gradient as Winograd where it applies (and ``winograd_filter_grad``); False elsewhere."""
-        chunk = self.winograd_filter_grad and self._winograd_chunk(x.shape, dw.shape, dy.shape, stride, padding)
+        chunk = self.winograd_filter_grad and self.winograd_chunk(x.shape, dw.shape, dy.shape, stride, padding)
         if chunk:
             self._winograd_filter_grad(x, dy, dw, padding, beta, chunk)
         return bool(chunk)
@@ -219,31 +233,31 @@ class Convolution(Elementwise):
             consts = self._direct_constants(x.shape, w.shape, out.shape, stride, padding, dilation, groups)
             self._direct("direct_fwd", x, w, out, consts)
             if bias is not None:
-                self.bias_add(out, bias)
+                self.ew.bias_add(out, bias)
             return
-        if self._winograd_conv(x, w, out, stride, padding, bias):
+        if self.winograd_conv(x, w, out, stride, padding, bias):
             return
-        n, c, o, k, p, chunk, u = self._conv_geometry(x.shape, w.shape, out.shape, stride, padding)
+        n, c, o, k, p, chunk, u = self.conv_geometry(x.shape, w.shape, out.shape, stride, padding)
         if self._fits(x, w, out):
-            conv = self._conv_constants(x.shape, w.shape, out.shape, stride, padding, B_MODE=1, C_MODE=1)
-            self._gemm(w, False, x, False, out, o, n * p, k, 1.0, 0.0, conv, bias=bias)  # bias in the store
+            conv = self.conv_constants(x.shape, w.shape, out.shape, stride, padding, B_MODE=1, C_MODE=1)
+            self.gemms.product(w, False, x, False, out, o, n * p, k, 1.0, 0.0, conv, bias=bias)  # bias in the store
             return
         cols, ymat = self._conv_scratch(k, p, chunk, o)
         for n0 in range(0, n, chunk):
             nc = min(chunk, n - n0)
             self._conv_launch("im2col", u, k * nc * p, n0, nc, o, x, cols)
-            self._gemm(w, False, cols, False, ymat, o, nc * p, k, 1.0, 0.0)
+            self.gemms.product(w, False, cols, False, ymat, o, nc * p, k, 1.0, 0.0)
             self._conv_launch("relayout", u, nc * o * p, n0, nc, o, ymat, out)
         if bias is not None:
-            self.bias_add(out, bias)
+            self.ew.bias_add(out, bias)
 
     def conv2d_grad_data(self, dy, w, dx, stride, padding, ws, dilation=(1, 1), groups=1):
         if not plain_conv(dx.shape, w.shape, dy.shape, stride, padding, dilation, groups):
             consts = self._direct_constants(dx.shape, w.shape, dy.shape, stride, padding, dilation, groups)
             return self._direct("direct_data", dy, w, dx, consts)
-        if self._winograd_conv_grad_data(dy, w, dx, stride, padding):
+        if self.winograd_conv_grad_data(dy, w, dx, stride, padding):
             return
-        n, c, o, k, p, chunk, u = self._conv_geometry(dx.shape, w.shape, dy.shape, stride, padding)
+        n, c, o, k, p, chunk, u = self.conv_geometry(dx.shape, w.shape, dy.shape, stride, padding)
         h, wd = dx.shape[2], dx.shape[3]
         # implicit: dx [C x N*H*W] = w as [C x O*KH*KW] times dy gathered per (o, i, j) and x position, with no
         # columns or col2im; it multiplies every x position by every window offset, so it does more work than the
@@ -251,39 +265,39 @@ class Convolution(Elementwise):
         implicit = -(-c // 64) * 64 * n * h * wd * o * w.shape[2] * w.shape[3]
         columns = -(-k // 64) * 64 * n * p * o
         if self.implicit_data_grad and tuple(stride) == (1, 1) and implicit <= 1.1 * columns and self._fits(dy, w, dx):
-            conv = self._conv_constants(dx.shape, w.shape, dy.shape, stride, padding, A_MODE=2, B_MODE=4, C_MODE=2)
-            self._gemm(w, False, dy, False, dx, c, n * h * wd, o * w.shape[2] * w.shape[3], 1.0, 0.0, conv)
+            conv = self.conv_constants(dx.shape, w.shape, dy.shape, stride, padding, A_MODE=2, B_MODE=4, C_MODE=2)
+            self.gemms.product(w, False, dy, False, dx, c, n * h * wd, o * w.shape[2] * w.shape[3], 1.0, 0.0, conv)
             return
         cols, ymat = self._conv_scratch(k, p, chunk, o)
         direct = self._fits(dy)
-        conv = self._conv_constants(dx.shape, w.shape, dy.shape, stride, padding, B_MODE=3)
+        conv = self.conv_constants(dx.shape, w.shape, dy.shape, stride, padding, B_MODE=3)
         for n0 in range(0, n, chunk):
             nc = min(chunk, n - n0)
             if direct:  # dy read in NCHW by the GEMM
-                self._gemm(w, True, dy, False, cols, k, nc * p, o, 1.0, 0.0, conv, n0)
+                self.gemms.product(w, True, dy, False, cols, k, nc * p, o, 1.0, 0.0, conv, n0)
             else:
                 self._conv_launch("relayout", u, nc * o * p, n0, nc, o, dy, ymat, to_gemm=True)
-                self._gemm(w, True, ymat, False, cols, k, nc * p, o, 1.0, 0.0)
+                self.gemms.product(w, True, ymat, False, cols, k, nc * p, o, 1.0, 0.0)
             self._conv_launch("col2im", u, nc * c * h * wd, n0, nc, o, cols, dx)
 
     def conv2d_grad_filter(self, x, dy, dw, stride, padding, ws, beta=0.0, dilation=(1, 1), groups=1):
         if not plain_conv(x.shape, dw.shape, dy.shape, stride, padding, dilation, groups):
             consts = self._direct_constants(x.shape, dw.shape, dy.shape, stride, padding, dilation, groups)
             return self._direct("direct_filter", x, dy, dw, consts, beta)
-        if self._winograd_conv_grad_filter(x, dy, dw, stride, padding, beta):
+        if self.winograd_conv_grad_filter(x, dy, dw, stride, padding, beta):
             return
-        n, c, o, k, p, chunk, u = self._conv_geometry(x.shape, dw.shape, dy.shape, stride, padding)
+        n, c, o, k, p, chunk, u = self.conv_geometry(x.shape, dw.shape, dy.shape, stride, padding)
         if self._fits(x, dy):
             # dw [O x CKK] = dy [O x N*P] times the im2col columns transposed [N*P x CKK], both read in place
-            conv = self._conv_constants(x.shape, dw.shape, dy.shape, stride, padding, A_MODE=1, B_MODE=2)
-            self._gemm(dy, False, x, True, dw, o, k, n * p, 1.0, beta, conv)
+            conv = self.conv_constants(x.shape, dw.shape, dy.shape, stride, padding, A_MODE=1, B_MODE=2)
+            self.gemms.product(dy, False, x, True, dw, o, k, n * p, 1.0, beta, conv)
             return
         cols, ymat = self._conv_scratch(k, p, chunk, o)
         for n0 in range(0, n, chunk):
             nc = min(chunk, n - n0)
             self._conv_launch("im2col", u, k * nc * p, n0, nc, o, x, cols)
             self._conv_launch("relayout", u, nc * o * p, n0, nc, o, dy, ymat, to_gemm=True)
-            self._gemm(ymat, False, cols, True, dw, o, k, nc * p, 1.0, beta if n0 == 0 else 1.0)
+            self.gemms.product(ymat, False, cols, True, dw, o, k, nc * p, 1.0, beta if n0 == 0 else 1.0)
 
     # --- pooling ------------------------------------------------------------------------------------------------
     @staticmethod
@@ -314,7 +328,7 @@ class Convolution(Elementwise):
               per_thread: int = 1) -> None:
         """One thread per dst element (per src element with ``per_thread=0``), over runs of (n, c) planes whose
         bindings fit the device's limit."""
-        module = "pool16" if buffers[0].dtype.itemsize == 2 else "pool"  # float16 src and dst: half.py's module
+        module = "pool16" if buffers[0].dtype.itemsize == 2 else "pool"  # float16 src and dst: pool16
         planes = dst_shape[0] * dst_shape[1]
         sizes = [s[2] * s[3] for s in (src_shape, dst_shape, mask_shape)]
         for p0, p1, binds, offsets in self._item_chunks(planes, sizes):

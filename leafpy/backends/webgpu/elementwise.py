@@ -1,10 +1,10 @@
 """The webgpu backend's other kernels: BLAS level 1, activations (generated from pointwise.TABLE), softmax,
 losses, bias, batch normalisation, Concat/Slice blocks, LRN, dropout, solver updates, embeddings and recurrent
-cells."""
+cells, and casts between float32 and float16 (half.wgsl). Uses the reductions family (sums, losses, batch
+statistics) and the binding family below it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -21,19 +21,24 @@ from ..array import (
     permute,
     reduce_to,
 )
-from .buffers import WView
-from .encoder import _workgroup_each
-from .gemm import Gemm
+from .binding import ElementwiseHalfParams, Family
+from .encoder import workgroup_each
 from .params import (
     BatchNormParams,
     ClassesParams,
     ElementwiseParams,
+    HalfParams,
     LrnParams,
     ParamStruct,
     ScatterParams,
     SequenceParams,
     UpdateParams,
 )
+from .reduce import Reductions
+from .view import WView, pad4
+
+F16 = np.dtype(np.float16)
+F32 = np.dtype(np.float32)
 
 
 def _act(params: tuple) -> dict[str, float]:
@@ -46,8 +51,12 @@ def _cell(steps: int, hidden: int, t: int, sequence: bool) -> dict[str, int]:
     return {"steps": steps, "hidden": hidden, "step": t, "every_step": int(sequence)}
 
 
-class Elementwise(Gemm):
+class Elementwise(Family):
     """Elementwise, per-row and per-channel kernels."""
+
+    def __init__(self, sums: Reductions) -> None:
+        super().__init__(sums.binding)
+        self.sums = sums
 
     _update_rules: frozenset = frozenset(updates.TABLE.values())
     """The lines of updates.TABLE the update module was built with (at least the table's own)."""
@@ -63,6 +72,8 @@ class Elementwise(Gemm):
     def copy(self, x, out):
         if x.raw is out.raw:
             return
+        if x.dtype == F16 and out.dtype == F16:  # the elementwise16 module's (a cast between float16 buffers)
+            return self._elementwise("copy_h", out.size, [x, out], ElementwiseHalfParams)
         self._elementwise("copy", out.size, [x, out], ElementwiseParams)
 
     def fill(self, value, out):
@@ -75,9 +86,9 @@ class Elementwise(Gemm):
     def activation(self, kind, x, out, params=()):
         line = pointwise.line(kind)
         if x.raw is out.raw:
-            if self._fuse(out, kind, params=params):
+            if self.enc.fuse(out, kind, params=params):
                 return
-        elif line.reads == "x" and self._fuse(x, kind, params=params, into=out):
+        elif line.reads == "x" and self.enc.fuse(x, kind, params=params, into=out):
             # an activation whose gradient reads x never runs in place: it joins the GEMM's store beside the product
             return
         self._elementwise(line.entry, out.size, [x, out], ElementwiseParams, **_act(params))
@@ -86,7 +97,7 @@ class Elementwise(Gemm):
         self._elementwise(pointwise.line(kind).name + "_grad", dx.size, [src, dy, dx], ElementwiseParams,
                           **_act(params))
 
-    def _rows(self, a: WView) -> tuple[int, int, int]:
+    def rows(self, a: WView) -> tuple[int, int, int]:
         n, c = a.shape[0], a.shape[1]
         inner = a.size // (n * c) if n * c else 1
         return n * inner, c, inner
@@ -94,24 +105,25 @@ class Elementwise(Gemm):
     LONG_ROWS = 64
     """Rows of at least this many classes are reduced by a workgroup each, shorter ones by a thread each."""
 
-    def _class_dispatch(self, entry: str, rows: int, c: int, inner: int, log: bool, buffers: list,
-                        module: str = "classes") -> None:
-        """Over runs of samples whose bindings fit the device's limit (``module``: half.py's float16 variants)."""
+    def class_dispatch(self, entry: str, rows: int, c: int, inner: int, log: bool, buffers: list,
+                       module: str = "classes") -> None:
+        """Over runs of samples whose bindings fit the device's limit (``module``: a float16 build, classes16a or
+        classes16c)."""
         n = rows // inner
         for n0, n1, binds, offsets in self._item_chunks(n, [c * inner] * len(buffers)):
             count = (n1 - n0) * inner
             params = ClassesParams(count=count, classes=c, inner=inner, is_log=int(log),
                                    **dict(zip(("a_offset", "b_offset", "c_offset"), offsets)))
             if c >= self.LONG_ROWS:
-                self._dispatch(module, entry + "_rows", params, buffers, _workgroup_each(count), binds)
+                self._dispatch(module, entry + "_rows", params, buffers, workgroup_each(count), binds)
             else:
                 self._dispatch(module, entry, params, buffers, self._grid(count), binds)
 
     def softmax(self, x, out):
-        self._class_dispatch("softmax", *self._rows(x), False, [x, out])
+        self.class_dispatch("softmax", *self.rows(x), False, [x, out])
 
     def log_softmax(self, x, out):
-        self._class_dispatch("softmax", *self._rows(x), True, [x, out])
+        self.class_dispatch("softmax", *self.rows(x), True, [x, out])
 
     def softmax_grad(self, y, dy, dx):
         self._class_grad(y, dy, dx, log=False)
@@ -120,7 +132,7 @@ class Elementwise(Gemm):
         self._class_grad(y, dy, dx, log=True)
 
     def _class_grad(self, y, dy, dx, log: bool) -> None:
-        self._class_dispatch("softmax_grad", *self._rows(y), log, self._no_alias([y, dy, dx]))
+        self.class_dispatch("softmax_grad", *self.rows(y), log, self._no_alias([y, dy, dx]))
         self._copy_back([y, dy, dx])
 
     def _no_alias(self, buffers: list) -> list:
@@ -141,7 +153,7 @@ class Elementwise(Gemm):
             return
         n = logp.shape[0]
         c = logp.size // n
-        self._sum_parts("nll_parts", [logp, labels], n, [c, 1], out, alpha=-1.0 / n, classes=c)
+        self.sums.sum_parts("nll_parts", [logp, labels], n, [c, 1], out, alpha=-1.0 / n, classes=c)
 
     def nll_grad(self, labels, dloss, dx, weight=(), ignore_index=None, reduction="mean"):
         if weight or ignore_index is not None or reduction != "mean" or len(dx.shape) > 2:
@@ -159,10 +171,10 @@ class Elementwise(Gemm):
         its result: the loss options (class weights, ignore_index, reductions, positions) that have no kernel."""
         host = [np.empty(b.shape, np.float32) for b in inputs]
         for b, h in zip(inputs, host):
-            self.download(b, h)
+            self.mem.download(b, h)
         result = np.empty(out.shape, np.float32)
         fn(np, *host, result, *args)
-        self.upload(result, out)
+        self.mem.upload(result, out)
 
     def _native_on_host(self, name: str, arguments: dict[str, Any]) -> None:
         """Primitive ``name`` as the native backend computes it, on float32 host copies of its buffers, the operands
@@ -176,16 +188,16 @@ class Elementwise(Gemm):
         for k, v in arguments.items():
             if isinstance(v, WView):
                 host[k] = np.empty(v.shape, np.float32)
-                self.download(v, host[k])
+                self.mem.download(v, host[k])
             else:
                 host[k] = v
         getattr(native, name)(**host)
         for k in written(name, arguments):
-            self.upload(host[k], arguments[k])
+            self.mem.upload(host[k], arguments[k])
 
     def mse(self, x, t, diff, out):
         self._elementwise("sub", x.size, [x, t, diff], ElementwiseParams)
-        self._sum_parts("square_parts", [diff], diff.size, [1], out, alpha=1.0 / diff.size)
+        self.sums.sum_parts("square_parts", [diff], diff.size, [1], out, alpha=1.0 / diff.size)
 
     def mse_grad(self, diff, dloss, dx):
         self._elementwise("scale_by_scalar", dx.size, [diff, dloss, dx], ElementwiseParams, whole=(1,),
@@ -195,12 +207,12 @@ class Elementwise(Gemm):
     def bias_add(self, y, b):
         n, c = y.shape[0], y.shape[1]
         inner = y.size // (n * c)
-        if inner == 1 and self._fuse(y, "bias", b):  # [N, C]: a linear layer's product
+        if inner == 1 and self.enc.fuse(y, "bias", b):  # [N, C]: a linear layer's product
             return
         self._elementwise("bias_add", y.size, [y, b], ElementwiseParams, whole=(1,), channels=c, inner=inner)
 
     def bias_grad(self, dy, db, beta=0.0):
-        self._channel_sums(dy, db, 1.0, beta)
+        self.sums.channel_sums(dy, db, 1.0, beta)
 
     # --- batch normalisation: per-channel sums through bias_grad's reduction, the rest elementwise -------------
     def _bn(self, entry: str, x, buffers: list, whole: tuple[int, ...]) -> None:
@@ -208,11 +220,6 @@ class Elementwise(Gemm):
         n, c = x.shape[0], x.shape[1]
         self._elementwise(entry, x.size, buffers, self._typed(BatchNormParams, buffers, "abcdef"), whole=whole,
                           channels=c, inner=x.size // (n * c))
-
-    def _typed(self, params: ParamStruct, buffers: list, arrays: Sequence[str]) -> ParamStruct:
-        """The parameter struct, and so the module, of a kernel whose arrays (named ``arrays`` in its .wgsl, in
-        binding order) are bound to ``buffers``: ``params`` for float32 buffers (half.py gives float16 variants)."""
-        return params
 
     def _bn_channels(self, entry: str, c: int, buffers: list, **values: float) -> None:
         self._elementwise(entry, c, buffers, BatchNormParams, whole=tuple(range(len(buffers))), **values)
@@ -222,10 +229,10 @@ class Elementwise(Gemm):
 
     def batch_norm_stats(self, x, mean, var):
         count = x.size // x.shape[1]
-        self._channel_sums(x, mean, 1.0 / count, 0.0)
-        t = self.view(self._scratch_buffer(x.size, "bn_values"), x.shape)
+        self.sums.channel_sums(x, mean, 1.0 / count, 0.0)
+        t = self.mem.view(self._scratch_buffer(x.size, "bn_values"), x.shape)
         self._bn("bn_centered_square", x, [x, mean, t], whole=(1,))
-        self._channel_sums(t, var, 1.0 / count, 0.0)
+        self.sums.channel_sums(t, var, 1.0 / count, 0.0)
 
     def batch_norm(self, x, mean, var, gamma, beta, y, eps):
         c = x.shape[1]
@@ -237,7 +244,7 @@ class Elementwise(Gemm):
 
     def batch_norm_grad_sums(self, x, dy, mean, var, sum_dy, sum_dy_xhat, eps):
         self.bias_grad(dy, sum_dy)
-        t = self.view(self._scratch_buffer(x.size, "bn_values"), x.shape)
+        t = self.mem.view(self._scratch_buffer(x.size, "bn_values"), x.shape)
         self._bn("bn_dy_centered", x, [dy, x, mean, t], whole=(2,))
         self.bias_grad(t, sum_dy_xhat)
         self._bn_channels("bn_times_invstd", x.shape[1], [sum_dy_xhat, var], eps=eps)
@@ -301,8 +308,7 @@ class Elementwise(Gemm):
     def solver_update(self, kind, w, g, rate, lr_mult, params=(), s1=None, s2=None, s3=None):
         rule = updates.TABLE.get(kind) or updates.rule(kind)
         if rule not in self._update_rules:  # a line added to (or replaced in) the table since the module was built
-            self._modules["update"] = self._shader("update")
-            self._pipelines = {k: p for k, p in self._pipelines.items() if k[0] != "update"}
+            self.gpu.rebuild("update")
             self._update_rules = frozenset(updates.TABLE.values())
         state = [s1, s2, s3][:len(rule.state)]
         self._elementwise(kind + "_update", w.size, [rate, w, g, *state], UpdateParams, whole=(0,), lr_mult=lr_mult,
@@ -317,18 +323,16 @@ class Elementwise(Gemm):
         bias). Past the binding limit the items run in runs whose bindings fit, each buffer bound from its run's
         first item. ``table``: (position, window) for an embedding table, bound as the window (see
         :meth:`_table_windows`) says. ``product``: the position of a recurrent cell's recurrent product, whose
-        split-K sum, where it is still held (see encoder._take_sum), the cell does itself from the partials bound
+        split-K sum, where it is still held (see Encoder.take_sum), the cell does itself from the partials bound
         after its last buffer (a dummy there otherwise)."""
-        module = params.module
-        if module not in self._modules:  # built on first use
-            self._modules[module] = self._shader(module)
+        self.gpu.module(params.module)  # built on first use
         if not items or not threads:
             return
         split = {i: e for i, e in enumerate(per_item) if e is not None}
         runs = list(self._item_chunks(items, list(split.values())))
         if product is not None:
             whole = len(runs) == 1 and all(r is None for r in runs[0][2])
-            held = self._take_sum(buffers[product]) if whole else None
+            held = self.enc.take_sum(buffers[product]) if whole else None
             if held is None:
                 buffers = [*buffers, self._scratch_buffer(1, "noparts")]
             else:
@@ -356,12 +360,12 @@ class Elementwise(Gemm):
         """Windows of an embedding table's rows that each fit one binding, as (first row, rows, binding range,
         element offset of the first row in it); one window of the whole table (range None) where it fits."""
         v, d = table.shape
-        if table.raw.size <= self.max_binding:
+        if table.raw.size <= self.gpu.max_binding:
             return [(0, v, None, 0)]
-        step = (self.max_binding - self.offset_align) // (4 * d)
+        step = (self.gpu.max_binding - self.gpu.offset_align) // (4 * d)
         if step < 1:
             raise BackendError(f"webgpu: one embedding row of {4 * d} bytes exceeds the storage binding limit of "
-                               f"{self.max_binding} bytes")
+                               f"{self.gpu.max_binding} bytes")
         windows: list[tuple[int, int, tuple[int, int] | None, int]] = []
         for r0 in range(0, v, step):
             r1 = min(v, r0 + step)
@@ -427,3 +431,30 @@ class Elementwise(Gemm):
                            [steps * hs, hs, dy.size // n, steps * hs, hs], product=1,
                            **_cell(steps, hs, t, sequence))
 
+
+    # --- casts between float32 and float16 (half.wgsl) ------------------------------------------------------------
+    def cast(self, x, out):
+        if x.size != out.size:
+            raise BackendError(f"webgpu: cast from {x.shape} to {out.shape}: the element counts differ")
+        dtypes = {np.dtype(x.dtype), np.dtype(out.dtype)}
+        if dtypes == {F32}:
+            return self.copy(x, out)
+        has_f16 = self.gpu.has_f16
+        if not dtypes <= {F16, F32} or not has_f16:
+            raise BackendError(f"webgpu: cannot convert {x.dtype} to {out.dtype}: this device holds float32"
+                               f"{' and float16' if has_f16 else ''} buffers (float16 needs precision='fp16')")
+        if dtypes == {F16}:
+            return self.copy(x, out)
+        self.convert(x, out)
+
+    def convert(self, x: WView, out: WView) -> None:
+        """``out = x`` between a float16 and a float32 buffer (either way), in pieces under the binding limit."""
+        n = x.size
+        entry = "to_f32" if x.dtype == F16 else "to_f16"
+        limit, align = self.gpu.max_binding, self.gpu.offset_align
+        piece = (limit // 4 // align) * align
+        whole = max(x.raw.size, out.raw.size) <= limit
+        for start in range(0, n, piece if not whole else max(n, 1)):
+            count = min(piece if not whole else n, n - start)
+            ranges = None if whole else [(start * v.dtype.itemsize, pad4(count * v.dtype.itemsize)) for v in (x, out)]
+            self._dispatch("half", entry, HalfParams(count=count), [x, out], self._grid(count), ranges)

@@ -1,22 +1,29 @@
-"""The webgpu backend's matrix products (gemm.wgsl): the tile choice, split-K with its sum of partials, and
-products whose operands exceed the storage-binding limit computed in blocks."""
+"""The webgpu backend's matrix products (gemm.wgsl, and its float16 builds where operands are float16): the tile
+choice, split-K with its sum of partials, and products whose operands exceed the storage-binding limit computed in
+blocks. Uses the reductions family (split-K's sums) and the binding family below it."""
 
 from __future__ import annotations
 
 from ...errors import BackendError
-from .buffers import WView
+from .binding import ElementwiseHalfParams, Family
+from .encoder import Dispatch
 from .params import ElementwiseParams, GemmParams
 from .reduce import Reductions
+from .view import WView
 
 
-class Gemm(Reductions):
+class Gemms(Family):
     """GEMM tiles and split-K."""
+
+    def __init__(self, sums: Reductions) -> None:
+        super().__init__(sums.binding)
+        self.sums = sums
 
     # --- BLAS ---------------------------------------------------------------------------------------------------
     def gemm(self, a, trans_a, b, trans_b, out, alpha=1.0, beta=0.0):
         m, n = out.shape
         k = a.shape[0] if trans_a else a.shape[1]
-        self._gemm(a, trans_a, b, trans_b, out, m, n, k, alpha, beta)
+        self.product(a, trans_a, b, trans_b, out, m, n, k, alpha, beta)
 
     SPLIT_K_TILES = 1024
     """Split K across the grid when C has fewer tiles than this and K is long (weight gradients): a large GPU
@@ -54,7 +61,7 @@ class Gemm(Reductions):
     """Speeds of 64x128 and 128x128 tiles relative to 64x64 on products large enough for them: the choice weighs a
     tile's rate against the padding it adds to m and n."""
 
-    def _gemm_tile(self, m: int, n: int, k: int = 0, batch: int = 1) -> tuple[str, int, int, tuple]:
+    def tile(self, m: int, n: int, k: int = 0, batch: int = 1) -> tuple[str, int, int, tuple]:
         """The kernel for an m x n product as (entry point, tile rows, tile columns, its pipeline constants): 32x32
         tiles where a side is that short; otherwise, of 64x64, 64x128 and 128x128 tiles, the one with the least
         padded area per unit of speed among those with enough tiles to fill the GPU (256, or fewer where split-K
@@ -74,39 +81,39 @@ class Gemm(Reductions):
                     ("gemm_big", tm, tn, (("BIG_ROWS", tm),) if tm != 128 else ())
         return choice
 
-    def _gemm(self, a, trans_a, b, trans_b, out, m, n, k, alpha, beta, conv: tuple = (), n0: int = 0,
+    def product(self, a, trans_a, b, trans_b, out, m, n, k, alpha, beta, conv: tuple = (), n0: int = 0,
               bias: WView | None = None, batch: int = 1) -> None:
         """``conv``: convolution geometry and operand modes as pipeline constants (see gemm.wgsl), with ``n0`` the
         first sample; the caller makes sure every operand fits one binding. ``bias``: added per row of C (a
         convolution's output channel; C_MODE 1 only). ``batch``: that many products of this shape, stored one
         after another in a, b and out (plain operands), in one dispatch."""
-        module = self._gemm_module(a, b, out)
+        module = self.module(a, b, out)
         lds = {"lda": m if trans_a else k, "ldb": k if trans_b else n, "ldc": n}  # row strides as stored
         consts = (("TRANS_A", int(trans_a)), ("TRANS_B", int(trans_b))) + conv
         if bias is not None:
             consts += (("HAS_BIAS", 1),)
         operands = [a, b, out, bias if bias is not None else self._scratch_buffer(1, "nobias"),
                     self._scratch_buffer(1, "noact")]
-        if not conv and max(a.raw.size, b.raw.size, out.raw.size) > self.max_binding:
-            return self._gemm_blocks(operands, trans_a, trans_b, m, n, k, alpha, beta, consts, lds)
-        entry, tm, tn, tile_consts = self._gemm_tile(m, n, k, batch)
+        if not conv and max(a.raw.size, b.raw.size, out.raw.size) > self.gpu.max_binding:
+            return self._blocks(operands, trans_a, trans_b, m, n, k, alpha, beta, consts, lds)
+        entry, tm, tn, tile_consts = self.tile(m, n, k, batch)
         consts += tile_consts
         gx, gy = -(-n // tn), -(-m // tm)
-        if gy > self.max_groups:
+        if gy > self.gpu.max_groups:
             raise BackendError(f"webgpu: a GEMM of {m} rows needs {gy} workgroups in a grid dimension; this device "
-                               f"allows {self.max_groups}: use a smaller batch")
+                               f"allows {self.gpu.max_groups}: use a smaller batch")
         if batch > 1:  # z = split * batch + product
             consts += (("BATCHED", 1),)
         tiles = gx * gy * batch
         outputs = batch * m * n
-        splits, chunk = (1, k) if any(name == "C_MODE" for name, _ in conv) else self._k_splits(
+        splits, chunk = (1, k) if "C_MODE" in dict(conv) else self._k_splits(
             tiles, tm, m, n, k, batch, bool(conv))
         # columns past the device's grid width run as several dispatches, each from its first column (col0)
-        spans = [(c0, min(gx - c0, self.max_groups)) for c0 in range(0, gx, self.max_groups)]
+        spans = [(c0, min(gx - c0, self.gpu.max_groups)) for c0 in range(0, gx, self.gpu.max_groups)]
         shape = dict(m=m, n=n, k=k, first_sample=n0, batch=batch, **lds)
         if splits == 1 and len(spans) == 1 and batch == 1:  # encoded at the next dispatch: a bias or ReLU may join
-            self._defer(module, entry, GemmParams(**shape, k_slice=k, alpha=alpha, beta=beta), operands,
-                        (gx, gy, 1), consts, (m, n), out)
+            self.enc.defer(Dispatch(module, entry, GemmParams(**shape, k_slice=k, alpha=alpha, beta=beta), operands,
+                                    (gx, gy, 1), None, consts), (m, n), out)
             return
         if splits == 1:
             for c0, cx in spans:
@@ -115,17 +122,17 @@ class Gemm(Reductions):
             return
         partial = self._scratch_buffer(splits * outputs, "splitk")  # float32 partials, whatever C's format
         for c0, cx in spans:
-            self._dispatch(self._gemm_module(a, b, partial), entry, GemmParams(**shape, k_slice=chunk, col0=c0 * tn,
+            self._dispatch(self.module(a, b, partial), entry, GemmParams(**shape, k_slice=chunk, col0=c0 * tn,
                                                                                alpha=1.0),
                            [a, b, partial, *operands[3:]], (cx, gy, splits * batch), constants=consts)
         if outputs <= self.SPLIT_SUM_ROWS and splits >= self.SPLIT_SUM_ROWS_PARTIALS:  # one workgroup per output
             def emit() -> None:
-                self._sum_rows(partial, out, splits, outputs, alpha, beta, columns=True)
+                self.sums.sum_rows(partial, out, splits, outputs, alpha, beta, columns=True)
         else:
             def emit() -> None:
-                self._split_sum(partial, out, splits, outputs, alpha, beta)
+                self.split_sum(partial, out, splits, outputs, alpha, beta)
         if batch == 1 and out.size == outputs and out.dtype.itemsize == 4:
-            self._defer_sum(out, partial, splits, alpha, beta, emit)  # a recurrent cell next may add them itself
+            self.enc.defer_sum(out, partial, splits, alpha, beta, emit)  # a recurrent cell next may add them itself
         else:
             emit()
 
@@ -142,8 +149,8 @@ class Gemm(Reductions):
         if (not conv and m * n * k * batch >= self.SPLIT_K_FINE_WORK
                 and tiles * min(-(-fill // tiles), k // shortest) < self.SPLIT_K_FINE_GROUPS):
             shortest = self.SPLIT_K_FINE_MIN
-        splits = max(1, min(-(-fill // tiles), k // shortest, self.max_groups // batch))
-        while splits > 1 and splits * batch * m * n * 4 > self.max_binding:
+        splits = max(1, min(-(-fill // tiles), k // shortest, self.gpu.max_groups // batch))
+        while splits > 1 and splits * batch * m * n * 4 > self.gpu.max_binding:
             splits //= 2
         if splits == 1:
             return 1, k
@@ -151,22 +158,30 @@ class Gemm(Reductions):
         chunk = -(-chunk // 16) * 16  # whole K slices of either kernel
         return -(-k // chunk), chunk
 
-    def _split_sum(self, partial: WView, out: WView, splits: int, outputs: int, alpha: float, beta: float) -> None:
-        """out = alpha * (the sum of the ``splits`` slices of ``partial``) + beta * out, a thread per output."""
+    def split_sum(self, partial: WView, out: WView, splits: int, outputs: int, alpha: float, beta: float) -> None:
+        """out = alpha * (the sum of the ``splits`` slices of ``partial``) + beta * out, a thread per output (a
+        float16 out rounded once)."""
+        if out.dtype.itemsize == 2:
+            self._elementwise("split_sum_h", outputs, [partial, out], ElementwiseHalfParams, whole=(0,),
+                                     slices=splits, alpha=alpha, beta=beta)
+            return
         self._elementwise("split_sum", outputs, [partial, out], ElementwiseParams, whole=(0,), slices=splits,
                           part_inner=outputs, whole_inner=outputs, alpha=alpha, beta=beta)
 
-    def _gemm_module(self, a: WView, b: WView, out: WView) -> str:
-        """The GEMM module for the operands' dtypes: "gemm" for float32 ones (half.py names and builds those for
-        float16 operands)."""
-        return "gemm"
+    def module(self, a: WView, b: WView, out: WView) -> str:
+        """gemm.wgsl with the operands that are float16 declared so (C's Bias and ActOut with C), built on first
+        use: gemm16AB is float16 A and B into a float32 C; the tiles in workgroup memory, the products and the sums
+        stay float32, and a float16 C is rounded once, when stored. "gemm" for float32 operands."""
+        if a.dtype.itemsize == b.dtype.itemsize == out.dtype.itemsize == 4:
+            return "gemm"
+        return self.gpu.epilogue_module("gemm", [name for name, v in zip("ABC", (a, b, out)) if v.dtype.itemsize == 2])
 
-    def _gemm_blocks(self, operands, trans_a, trans_b, m, n, k, alpha, beta, consts, lds) -> None:
+    def _blocks(self, operands, trans_a, trans_b, m, n, k, alpha, beta, consts, lds) -> None:
         """A product whose operands exceed the storage-binding limit, in blocks of C whose rows of A, rows of B^T
         and rows of C can each be bound, and, where a transposed A or an untransposed B (stored K-major) is too
         large, in ranges of K whose products add up in C (weight gradients over a long sequence)."""
         a, b, out = operands[:3]
-        limit = self.max_binding - self.offset_align  # room for aligning each binding's start down
+        limit = self.gpu.max_binding - self.gpu.offset_align  # room for aligning each binding's start down
 
         def a_bytes(mb: int, kb: int) -> int:
             return kb * m * 4 if trans_a else mb * k * 4
@@ -174,7 +189,7 @@ class Gemm(Reductions):
         def b_bytes(nb: int, kb: int) -> int:
             return nb * k * 4 if trans_b else kb * n * 4
 
-        mb, nb = min(m, 32 * self.max_groups), min(n, 32 * self.max_groups)  # any tile's grid fits the device's
+        mb, nb = min(m, 32 * self.gpu.max_groups), min(n, 32 * self.gpu.max_groups)  # any tile's grid fits the device's
         kb = k
         while kb > 1 and ((trans_a and kb * m * 4 > limit) or (not trans_b and kb * n * 4 > limit)):
             kb = -(-kb // 2)
@@ -184,8 +199,8 @@ class Gemm(Reductions):
             nb = -(-nb // 2)
         if a_bytes(mb, kb) > limit or b_bytes(nb, kb) > limit or mb * n * 4 > limit:
             raise BackendError(f"webgpu: a {m}x{k} by {k}x{n} GEMM cannot be split under the device's storage "
-                               f"binding limit ({self.max_binding} bytes): one row of A, B or C as stored is larger "
-                               "than that; use a smaller layer or batch, or the cuda or native backend")
+                               f"binding limit ({self.gpu.max_binding} bytes): one row of A, B or C as stored is "
+                               "larger than that; use a smaller layer or batch, or the cuda or native backend")
 
         for k0 in range(0, k, kb):
             kk = min(kb, k - k0)
@@ -200,7 +215,7 @@ class Gemm(Reductions):
                     rc = self._span((m0 * n + n0) * 4, ((m0 + mm - 1) * n + n0 + nn) * 4)
                     a_off = ra[2] + (m0 if trans_a else k0)
                     b_off = rb[2] + (k0 if trans_b else n0)
-                    entry, tm, tn, tile_consts = self._gemm_tile(mm, nn, kk)
+                    entry, tm, tn, tile_consts = self.tile(mm, nn, kk)
                     gx, gy = -(-nn // tn), -(-mm // tm)
                     splits, chunk = self._k_splits(gx * gy, tm, mm, nn, kk)
                     if splits == 1:

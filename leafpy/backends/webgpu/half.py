@@ -1,14 +1,18 @@
-"""float16 on the webgpu backend (precision "fp16", on adapters with the shader-f16 feature).
+"""float16 on the webgpu backend (precision "fp16", on adapters with the shader-f16 feature): a layer over the
+composed backend, never a part the others call. :class:`HalfPrecision` replaces each primitive of the backend by
+one that offers float16 operands to its float16 kernels first and emulates the call otherwise.
 
 float16 kernels (float16 loads and stores, float32 arithmetic and sums, one rounding per store): the float32
 kernels' WGSL rebuilt with their float16 arrays declared so (sources._halve) for GEMMs, convolutions (implicit
 GEMMs, and Winograd transforms around float32 tiles), pooling, softmax, sums, batch normalisation, LRN, embeddings
 and recurrent cells, and generated elementwise kernels (activations from pointwise.TABLE, bias, products, copies,
-axpby, Concat/Slice blocks); see :attr:`Half.NATIVE_F16` and :attr:`Half.SEQUENCE_F16`. Every other call with
+axpby, Concat/Slice blocks); see :attr:`HalfPrecision.NATIVE_F16` and :attr:`HalfPrecision.SEQUENCE_F16`. Which
+float16 build of a module a call needs is decided where the call is made (device.Device.typed and epilogue_module,
+gemm.py, conv.py, reduce.py), so the float32 code paths take float16 operands as they come. Every other call with
 float16 operands (those primitives on operands they do not take, such as tensors past the binding limit, and the
 rest: losses, dot, clipping, dropout masks, solver updates) runs by emulation on the device: its float16 operands
-converted into float32 scratch buffers (half.wgsl), its float32 kernels run, and the operands it writes (declared in
-base.WRITES) converted back.
+converted into float32 scratch buffers (half.wgsl, elementwise.Elementwise.convert), its float32 kernels run, and the
+operands it writes (declared in base.WRITES) converted back.
 Operands that share a buffer (an in-place activation's input and output) share one scratch buffer, so the float32
 kernel sees the same aliasing the caller asked for.
 """
@@ -16,19 +20,18 @@ kernel sees the same aliasing the caller asked for.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ...errors import BackendError
 from .. import pointwise
-from ..base import MEMORY, WRITES, Backend, emulated, plain_conv
-from .buffers import WView, _pad4
+from ..base import MEMORY, PRIMITIVES, WRITES, Backend, emulated, plain_conv
+from .binding import ElementwiseHalfParams, Family
 from .conv import Convolution
 from .elementwise import _act
-from .params import ElementwiseParams, HalfParams, ParamStruct
-from .sources import F16_OPEN
+from .view import WView
 
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
@@ -39,19 +42,13 @@ def _is_half(v: Any) -> bool:
     return isinstance(v, WView) and v.dtype == F16
 
 
-def elementwise_inplace() -> dict[str, tuple[int, int]]:
-    """The float16 activations' entry points with an in-place twin, as pointwise.wgsl_inplace() says."""
-    return {ln.entry + "_h": (1, 0) for ln in pointwise.TABLE.values()} | \
-        {ln.name + "_grad_h": (2, 1) for ln in pointwise.TABLE.values()} | {"mul_h": (2, 0), "mul_hf": (2, 0)}
+class HalfPrecision(Family):
+    """float16 operands on the composed backend's primitives: float16 kernels where a primitive has them for the
+    call's operands, emulation on float32 copies otherwise (see :meth:`wrap`)."""
 
-
-ElementwiseHalfParams = ParamStruct("ElementwiseParams", "elementwise16",
-                                    list(zip(ElementwiseParams.fields, ElementwiseParams.kinds)))
-"""ElementwiseParams, feeding the float16 elementwise module."""
-
-
-class Half(Convolution):
-    """float16 buffers: conversions and emulated primitives."""
+    def __init__(self, convs: Convolution) -> None:
+        super().__init__(convs.binding)
+        self.convs, self.gemms, self.ew = convs, convs.gemms, convs.ew
 
     NATIVE_F16 = {"activation": "_activation_h", "activation_grad": "_activation_grad_h", "bias_add": "_bias_add_h",
                   "gemm": "_gemm_h", "conv2d": "_conv2d_h", "conv2d_grad_data": "_conv2d_grad_data_h",
@@ -70,27 +67,21 @@ class Half(Convolution):
     """Primitives of sequence.wgsl and scatter.wgsl, which take float16 operands in those modules rebuilt (see
     :meth:`_sequence_h`)."""
 
-    def _enable_f16(self) -> None:
-        """Build the float16 modules and wrap every primitive in the emulation, which first offers float16 operands
-        to the primitive's float16 kernels where it has them (called once the device has shader-f16)."""
-        from .. import PRIMITIVES
-
-        self._typed_params: dict[str, ParamStruct] = {}
-        for module in F16_OPEN:
-            self._modules[module] = self._shader(module)
-        self._inplace.update(elementwise_inplace())
+    def wrap(self, backend: Backend) -> None:
+        """Replace every primitive of ``backend`` (but the memory contract) by the emulation, which first offers
+        float16 operands to the primitive's float16 kernels where it has them."""
         for name in PRIMITIVES:
             if name in MEMORY:
                 continue
             if name not in WRITES:
                 raise BackendError(f"webgpu: primitive {name!r} declares no written operands (base.WRITES)")
-            setattr(self, name, self._emulated(name, getattr(self, name)))
+            setattr(backend, name, self._emulated(name, getattr(backend, name)))
 
     def _emulated(self, name: str, method: Callable) -> Callable:
         """``method`` offered first to primitive ``name``'s float16 kernels, where it has them, then emulated: its
         float16 operands converted into float32 scratch buffers, its float32 kernel run, the operands it writes
         converted back."""
-        run = emulated(name, method, _is_half, self._widen, self._convert)
+        run = emulated(name, method, _is_half, self._widen, self._narrow)
         native = getattr(self, self.NATIVE_F16[name]) if name in self.NATIVE_F16 else \
             functools.partial(self._sequence_h, name) if name in self.SEQUENCE_F16 else None
         if native is None:
@@ -113,13 +104,17 @@ class Half(Convolution):
         scratch: dict[int, WView] = {}
         for j, (key, v) in enumerate(largest.items()):
             scratch[key] = self._scratch_buffer(v.size, f"half{j}")
-            self._convert(v, scratch[key])
-        return {k: self.view(scratch[id(v.raw)][:v.size], v.shape) for k, v in operands.items()}
+            self.ew.convert(v, scratch[key])
+        return {k: self.mem.view(scratch[id(v.raw)][:v.size], v.shape) for k, v in operands.items()}
+
+    def _narrow(self, copy: WView, operand: WView) -> None:
+        """A float32 copy written back into its float16 operand."""
+        self.ew.convert(copy, operand)
 
     # --- float16 kernels: False where the operands are not theirs --------------------------------------------------
     def _halves(self, *buffers: WView) -> bool:
         """Whether every buffer is float16 and each fits one binding (the kernels bind them whole)."""
-        return all(b.dtype == F16 and b.raw.size <= self.max_binding for b in buffers)
+        return all(b.dtype == F16 and b.raw.size <= self.gpu.max_binding for b in buffers)
 
     def _elementwise_h(self, entry: str, buffers: list, **values: float) -> bool:
         """An entry point of the float16 elementwise module over the last buffer's elements, every buffer bound
@@ -127,7 +122,7 @@ class Half(Convolution):
         float32 path's scratch for that is float32)."""
         raws = [b.raw for b in buffers]
         alias = {i for i in range(len(buffers)) if raws[i] in raws[:i]}
-        inplace = self._inplace.get(entry)
+        inplace = self.binding.inplace.get(entry)
         if alias and not (inplace and alias == {inplace[0]} and raws[inplace[0]] is raws[inplace[1]]):
             return False
         self._elementwise(entry, buffers[-1].size, buffers, ElementwiseHalfParams, whole=tuple(range(len(buffers))),
@@ -139,9 +134,9 @@ class Half(Convolution):
             return False
         line = pointwise.line(kind)
         if x.raw is out.raw:
-            if self._fuse(out, kind, params=params):  # in the store of the float16 GEMM that wrote x
+            if self.enc.fuse(out, kind, params=params):  # in the store of the float16 GEMM that wrote x
                 return True
-        elif line.reads == "x" and self._fuse(x, kind, params=params, into=out):
+        elif line.reads == "x" and self.enc.fuse(x, kind, params=params, into=out):
             return True
         return self._elementwise_h(line.entry + "_h", [x, out], **_act(params))
 
@@ -174,62 +169,29 @@ class Half(Convolution):
 
     def _mul_h(self, x, y, out) -> bool:
         """float16 x and out, y float16 or float32 (a dropout mask)."""
-        if not self._halves(x, out) or y.dtype not in (F16, F32) or y.raw.size > self.max_binding:
+        if not self._halves(x, out) or y.dtype not in (F16, F32) or y.raw.size > self.gpu.max_binding:
             return False
         return self._elementwise_h("mul_h" if y.dtype == F16 else "mul_hf", [x, y, out])
 
     def _bias_add_h(self, y, b) -> bool:
-        if not self._halves(y) or b.dtype not in (F16, F32) or b.raw.size > self.max_binding:
+        if not self._halves(y) or b.dtype not in (F16, F32) or b.raw.size > self.gpu.max_binding:
             return False
         n, c = y.shape[0], y.shape[1]
-        if y.size == n * c and self._fuse(y, "bias", b):  # [N, C]: in the store of the GEMM that wrote y
+        if y.size == n * c and self.enc.fuse(y, "bias", b):  # [N, C]: in the store of the GEMM that wrote y
             return True
         self._elementwise("bias_add_h" if b.dtype == F16 else "bias_add_hf", y.size, [y, b], ElementwiseHalfParams,
                           whole=(0, 1), channels=c, inner=y.size // (n * c))
         return True
 
-    def _epilogue_module(self, base: str, halves: list[str], arrays: list[str]) -> str:
-        """``base``.wgsl (a module with window.wgsl and the pointwise epilogue: gemm, winograd) with the storage
-        arrays ``arrays`` declared float16, built on first use and named by the float16 operands ``halves``
-        (``base`` itself where there are none)."""
-        if not halves:
-            return base
-        module = f"{base}16{''.join(halves)}"
-        if module not in self._modules:
-            self._modules[module] = self._shader(module)
-        return module
-
-    def _gemm_module(self, a: WView, b: WView, out: WView) -> str:
-        """gemm.wgsl with the operands that are float16 declared so (C's Bias and ActOut with C), built on first
-        use: gemm16AB is float16 A and B into a float32 C; the tiles in workgroup memory, the products and the sums
-        stay float32, and a float16 C is rounded once, when stored."""
-        halves = [name for name, v in zip("ABC", (a, b, out)) if v.dtype == F16]
-        return self._epilogue_module("gemm", halves, halves + (["Bias", "ActOut"] if "C" in halves else []))
-
-    def _split_sum(self, partial, out, splits, outputs, alpha, beta):
-        if out.dtype != F16:
-            return super()._split_sum(partial, out, splits, outputs, alpha, beta)
-        # split-K's float32 partials summed into a float16 product, rounded once
-        self._elementwise("split_sum_h", outputs, [partial, out], ElementwiseHalfParams, whole=(0,), slices=splits,
-                          alpha=alpha, beta=beta)
-
     def _gemm_h(self, a, trans_a, b, trans_b, out, alpha=1.0, beta=0.0) -> bool:
         """Any of A, B and C float16, the others float32, each within one binding: the tiled kernels with float16
         loads (and a float16 store)."""
         views = (a, b, out)
-        if not any(v.dtype == F16 for v in views) or any(v.dtype not in (F16, F32) or v.raw.size > self.max_binding
+        if not any(v.dtype == F16 for v in views) or any(v.dtype not in (F16, F32) or v.raw.size > self.gpu.max_binding
                                                          for v in views):
             return False
-        Convolution.gemm(self, a, trans_a, b, trans_b, out, alpha, beta)
+        self.gemms.gemm(a, trans_a, b, trans_b, out, alpha, beta)
         return True
-
-    def _winograd_module(self, src: WView, dst: WView) -> str:
-        """winograd.wgsl with src, or dst and its bias, declared float16 where the buffers bound there are (built on
-        first use): winograd16src reads a float16 x, w or dy into float32 tiles, winograd16dst stores float32 tiles'
-        results into a float16 y, dx or dw. The transforms' arithmetic and the tiles U, V and M stay float32, so a
-        float16 result is rounded once, when stored."""
-        halves = [name for name, v in (("src", src), ("dst", dst)) if v.dtype == F16]
-        return self._epilogue_module("winograd", halves, halves + (["bias"] if "dst" in halves else []))
 
     # convolutions, where every tensor fits one binding: as Winograd where the float32 path takes it (the same rule,
     # _winograd_chunk), float16 loads and stores around float32 transforms and tiles; elsewhere as implicit GEMMs
@@ -239,13 +201,13 @@ class Half(Convolution):
             return False  # direct.wgsl, on float32 copies
         if not self._halves(x, w, out, *([bias] if bias is not None else [])):
             return False
-        if self._winograd_conv(x, w, out, stride, padding, bias):
+        if self.convs.winograd_conv(x, w, out, stride, padding, bias):
             return True
-        if not self.implicit_conv:
+        if not self.convs.implicit_conv:
             return False
-        n, _, o, k, p, _, _ = self._conv_geometry(x.shape, w.shape, out.shape, stride, padding)
-        conv = self._conv_constants(x.shape, w.shape, out.shape, stride, padding, B_MODE=1, C_MODE=1)
-        self._gemm(w, False, x, False, out, o, n * p, k, 1.0, 0.0, conv, bias=bias)
+        n, _, o, k, p, _, _ = self.convs.conv_geometry(x.shape, w.shape, out.shape, stride, padding)
+        conv = self.convs.conv_constants(x.shape, w.shape, out.shape, stride, padding, B_MODE=1, C_MODE=1)
+        self.gemms.product(w, False, x, False, out, o, n * p, k, 1.0, 0.0, conv, bias=bias)
         return True
 
     def _conv2d_grad_data_h(self, dy, w, dx, stride, padding, ws, dilation=(1, 1), groups=1) -> bool:
@@ -253,55 +215,55 @@ class Half(Convolution):
             return False
         if not self._halves(dy, w, dx):
             return False
-        if self._winograd_conv_grad_data(dy, w, dx, stride, padding):
+        if self.convs.winograd_conv_grad_data(dy, w, dx, stride, padding):
             return True
-        if not self.implicit_conv:
+        if not self.convs.implicit_conv:
             return False
         n, c, h, wd = dx.shape
         o, _, kh, kw = w.shape
-        conv = self._conv_constants(dx.shape, w.shape, dy.shape, stride, padding, A_MODE=2, B_MODE=4, C_MODE=2)
-        self._gemm(w, False, dy, False, dx, c, n * h * wd, o * kh * kw, 1.0, 0.0, conv)
+        conv = self.convs.conv_constants(dx.shape, w.shape, dy.shape, stride, padding, A_MODE=2, B_MODE=4, C_MODE=2)
+        self.gemms.product(w, False, dy, False, dx, c, n * h * wd, o * kh * kw, 1.0, 0.0, conv)
         return True
 
     def _conv2d_grad_filter_h(self, x, dy, dw, stride, padding, ws, beta=0.0, dilation=(1, 1), groups=1) -> bool:
         if not plain_conv(x.shape, dw.shape, dy.shape, stride, padding, dilation, groups):
             return False
-        if not self._halves(x, dy) or dw.dtype not in (F16, F32) or dw.raw.size > self.max_binding:
+        if not self._halves(x, dy) or dw.dtype not in (F16, F32) or dw.raw.size > self.gpu.max_binding:
             return False
-        if self._winograd_conv_grad_filter(x, dy, dw, stride, padding, beta):
+        if self.convs.winograd_conv_grad_filter(x, dy, dw, stride, padding, beta):
             return True
-        if not self.implicit_conv:
+        if not self.convs.implicit_conv:
             return False
-        n, _, o, k, p, _, _ = self._conv_geometry(x.shape, dw.shape, dy.shape, stride, padding)
-        conv = self._conv_constants(x.shape, dw.shape, dy.shape, stride, padding, A_MODE=1, B_MODE=2)
-        self._gemm(dy, False, x, True, dw, o, k, n * p, 1.0, beta, conv)
+        n, _, o, k, p, _, _ = self.convs.conv_geometry(x.shape, dw.shape, dy.shape, stride, padding)
+        conv = self.convs.conv_constants(x.shape, dw.shape, dy.shape, stride, padding, A_MODE=1, B_MODE=2)
+        self.gemms.product(dy, False, x, True, dw, o, k, n * p, 1.0, beta, conv)
         return True
 
     def _pool2d_h(self, x, out, mask, mode, kernel, stride, padding, pad_end=None, count_pad=True) -> bool:
         if not self._halves(x, out):
             return False
-        Convolution.pool2d(self, x, out, mask, mode, kernel, stride, padding, pad_end, count_pad)
+        self.convs.pool2d(x, out, mask, mode, kernel, stride, padding, pad_end, count_pad)
         return True
 
     def _pool2d_grad_h(self, dy, dx, mask, mode, kernel, stride, padding, pad_end=None, count_pad=True) -> bool:
         if not self._halves(dy, dx):
             return False
-        Convolution.pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding, pad_end, count_pad)
+        self.convs.pool2d_grad(dy, dx, mask, mode, kernel, stride, padding, pad_end, count_pad)
         return True
 
     def _bias_grad_h(self, dy, db, beta=0.0) -> bool:
         """Per-channel sums of a float16 dy (read as float16, summed in float32) into a float32 db."""
         if not self._halves(dy) or db.dtype != F32:
             return False
-        Convolution.bias_grad(self, dy, db, beta)
+        self.ew.bias_grad(dy, db, beta)
         return True
 
     # softmax and log-softmax: a float16 input, the float32 output the objective reads; their gradients from float32
     # into a float16 dx
     def _softmax_h(self, x, out, log: bool = False) -> bool:
-        if not self._halves(x) or out.dtype != F32 or out.raw.size > self.max_binding:
+        if not self._halves(x) or out.dtype != F32 or out.raw.size > self.gpu.max_binding:
             return False
-        self._class_dispatch("softmax", *self._rows(x), log, [x, out], module="classes16a")
+        self.ew.class_dispatch("softmax", *self.ew.rows(x), log, [x, out], module="classes16a")
         return True
 
     def _log_softmax_h(self, x, out) -> bool:
@@ -309,113 +271,67 @@ class Half(Convolution):
 
     def _softmax_grad_h(self, y, dy, dx, log: bool = False) -> bool:
         if not self._halves(dx) or y.dtype != F32 or dy.dtype != F32 \
-                or max(y.raw.size, dy.raw.size) > self.max_binding:
+                or max(y.raw.size, dy.raw.size) > self.gpu.max_binding:
             return False
-        self._class_dispatch("softmax_grad", *self._rows(y), log, [y, dy, dx], module="classes16c")
+        self.ew.class_dispatch("softmax_grad", *self.ew.rows(y), log, [y, dy, dx], module="classes16c")
         return True
 
     def _log_softmax_grad_h(self, y, dy, dx) -> bool:
         return self._softmax_grad_h(y, dy, dx, log=True)
-
-    def _typed(self, params: ParamStruct, buffers: list, arrays: Sequence[str]) -> ParamStruct:
-        """``params``' module rebuilt with the arrays bound to float16 buffers declared float16 (built on first use,
-        named by those arrays: batchnorm16ac is batchnorm.wgsl with a and c float16)."""
-        halves = tuple(name for name, b in zip(arrays, buffers) if b.dtype == F16)
-        if not halves:
-            return params
-        module = f"{params.module}16{''.join(halves)}"
-        typed = self._typed_params.get(module)
-        if typed is None:
-            self._modules[module] = self._shader(module)
-            typed = self._typed_params[module] = ParamStruct(params.name, module,
-                                                             list(zip(params.fields, params.kinds)))
-        return typed
 
     # batch normalisation and LRN: x, y, dy and dx float16 (distinct buffers), the statistics, sums, weights and
     # LRN's scale float32
     def _bn_fits(self, halves: list, singles: list) -> bool:
         raws = [b.raw for b in halves]
         return (self._halves(*halves) and len(set(map(id, raws))) == len(raws)
-                and all(b is None or (b.dtype == F32 and b.raw.size <= self.max_binding) for b in singles))
+                and all(b is None or (b.dtype == F32 and b.raw.size <= self.gpu.max_binding) for b in singles))
 
     def _batch_norm_stats_h(self, x, mean, var) -> bool:
         if not self._bn_fits([x], [mean, var]):
             return False
-        Convolution.batch_norm_stats(self, x, mean, var)
+        self.ew.batch_norm_stats(x, mean, var)
         return True
 
     def _batch_norm_h(self, x, mean, var, gamma, beta, y, eps) -> bool:
         if not self._bn_fits([x, y], [mean, var, gamma, beta]):
             return False
-        Convolution.batch_norm(self, x, mean, var, gamma, beta, y, eps)
+        self.ew.batch_norm(x, mean, var, gamma, beta, y, eps)
         return True
 
     def _batch_norm_grad_sums_h(self, x, dy, mean, var, sum_dy, sum_dy_xhat, eps) -> bool:
         if not self._bn_fits([x, dy], [mean, var, sum_dy, sum_dy_xhat]):
             return False
-        Convolution.batch_norm_grad_sums(self, x, dy, mean, var, sum_dy, sum_dy_xhat, eps)
+        self.ew.batch_norm_grad_sums(x, dy, mean, var, sum_dy, sum_dy_xhat, eps)
         return True
 
     def _batch_norm_grad_h(self, x, dy, mean, var, gamma, sum_dy, sum_dy_xhat, dx, eps, batch_stats) -> bool:
         if not self._bn_fits([x, dy, dx], [mean, var, gamma, sum_dy, sum_dy_xhat]):
             return False
-        Convolution.batch_norm_grad(self, x, dy, mean, var, gamma, sum_dy, sum_dy_xhat, dx, eps, batch_stats)
+        self.ew.batch_norm_grad(x, dy, mean, var, gamma, sum_dy, sum_dy_xhat, dx, eps, batch_stats)
         return True
 
     def _lrn_h(self, x, scale, out, size, alpha, beta, k) -> bool:
         if not self._bn_fits([x, out], [scale]):
             return False
-        Convolution.lrn(self, x, scale, out, size, alpha, beta, k)
+        self.ew.lrn(x, scale, out, size, alpha, beta, k)
         return True
 
     def _lrn_grad_h(self, x, y, scale, dy, dx, size, alpha, beta) -> bool:
         if not self._bn_fits([x, y, dy, dx], [scale]):
             return False
-        Convolution.lrn_grad(self, x, y, scale, dy, dx, size, alpha, beta)
+        self.ew.lrn_grad(x, y, scale, dy, dx, size, alpha, beta)
         return True
 
     def _sequence_h(self, name: str, *args: Any, **kwargs: Any) -> bool:
         """Embeddings and recurrent cells with float16 operands, where every tensor fits one binding (counted as if
         float32: the modules' runs past the limit bind 4-byte elements); the arrays bound to float16 buffers are
-        declared float16 in their module (see :meth:`_typed`)."""
+        declared float16 in their module (see device.Device.typed)."""
         views = [v for v in (*args, *kwargs.values()) if isinstance(v, WView)]
-        if not any(v.dtype == F16 for v in views) or any(4 * v.raw.size // v.dtype.itemsize > self.max_binding
+        if not any(v.dtype == F16 for v in views) or any(4 * v.raw.size // v.dtype.itemsize > self.gpu.max_binding
                                                          for v in views):
             return False
-        getattr(Convolution, name)(self, *args, **kwargs)
+        getattr(self.ew, name)(*args, **kwargs)
         return True
-
-    def cast(self, x, out):
-        if x.size != out.size:
-            raise BackendError(f"webgpu: cast from {x.shape} to {out.shape}: the element counts differ")
-        dtypes = {np.dtype(x.dtype), np.dtype(out.dtype)}
-        if dtypes == {F32}:
-            return self.copy(x, out)
-        if not dtypes <= {F16, F32} or not self.has_f16:
-            raise BackendError(f"webgpu: cannot convert {x.dtype} to {out.dtype}: this device holds float32"
-                               f"{' and float16' if self.has_f16 else ''} buffers (float16 needs precision='fp16')")
-        if dtypes == {F16}:
-            return self.copy(x, out)
-        self._convert(x, out)
-
-    def _convert(self, x: WView, out: WView) -> None:
-        """``out = x`` between a float16 and a float32 buffer (either way), in pieces under the binding limit."""
-        n = x.size
-        entry = "to_f32" if x.dtype == F16 else "to_f16"
-        piece = (self.max_binding // 4 // self.offset_align) * self.offset_align
-        whole = max(x.raw.size, out.raw.size) <= self.max_binding
-        for start in range(0, n, piece if not whole else max(n, 1)):
-            count = min(piece if not whole else n, n - start)
-            ranges = None if whole else [(start * v.dtype.itemsize, _pad4(count * v.dtype.itemsize)) for v in (x, out)]
-            self._dispatch("half", entry, HalfParams(count=count), [x, out], self._grid(count), ranges)
-
-    def full_precision(self) -> Backend:
-        if self.precision == "fp32":
-            return self
-        twin = self.__dict__.get("_twin")
-        if twin is None:
-            twin = self.__dict__["_twin"] = FullPrecision(self)
-        return twin
 
 
 class FullPrecision(Backend):

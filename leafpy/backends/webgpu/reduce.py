@@ -1,48 +1,48 @@
 """The webgpu backend's reductions (reduce.wgsl): dot products and norms as partial sums of blocks, sums of rows or
-columns with a workgroup per output, and per-channel sums."""
+columns with a workgroup per output, and per-channel sums. Uses the binding family below it."""
 
 from __future__ import annotations
 
 from ...errors import BackendError
-from .binding import Binding
-from .buffers import WView
-from .encoder import _workgroup_each
+from .binding import Family
+from .encoder import workgroup_each
 from .params import ReduceParams
+from .view import WView
 
 
 def _module(entry: str, buffers: list) -> str:
-    """The sums' module: "reduce16" (half.py's, its first array float16) where the summed tensor is float16,
-    "reduce16b" (its second array float16) where sum_rows writes a float16 result (split-K's partials summed into
-    a float16 product)."""
+    """The sums' module: "reduce16" (its first array float16) where the summed tensor is float16, "reduce16b" (its
+    second array float16) where sum_rows writes a float16 result (split-K's partials summed into a float16
+    product)."""
     if buffers[0].dtype.itemsize == 2:
         return "reduce16"
     return "reduce16b" if entry == "sum_rows" and buffers[1].dtype.itemsize == 2 else "reduce"
 
 
-class Reductions(Binding):
+class Reductions(Family):
     """Sums."""
+
+    PARTS_BLOCK = 16384
+    """Elements per workgroup in the first pass of a long reduction."""
 
     def _reduce(self, entry: str, buffers: list, groups: tuple[int, int, int], **values: float) -> None:
         for v in buffers:
-            if v.raw.size > self.max_binding:
+            if v.raw.size > self.gpu.max_binding:
                 raise BackendError(f"webgpu: a {v.raw.size}-byte operand of {entry} exceeds the storage binding limit")
         self._dispatch(_module(entry, buffers), entry, ReduceParams(**values), buffers, groups)
 
     def dot(self, x, y, out):
         if x.raw is y.raw:
-            return self._sum_parts("square_parts", [x], x.size, [1], out)
-        self._sum_parts("dot_parts", [x, y], x.size, [1, 1], out)
+            return self.sum_parts("square_parts", [x], x.size, [1], out)
+        self.sum_parts("dot_parts", [x, y], x.size, [1, 1], out)
 
-    PARTS_BLOCK = 16384
-    """Elements per workgroup in the first pass of a long reduction."""
-
-    def _sum_parts(self, entry: str, inputs: list, count: int, per_item: list, out: WView, alpha: float = 1.0,
-                   classes: int = 0) -> None:
+    def sum_parts(self, entry: str, inputs: list, count: int, per_item: list, out: WView, alpha: float = 1.0,
+                  classes: int = 0) -> None:
         """out[0] = alpha * (sum of the entry's terms over ``count`` items): partial
         sums of blocks, a workgroup each, over runs of items whose bindings fit, then one sum of the partials."""
-        runs = list(self._item_chunks(count, per_item))
+        runs = self._item_chunks(count, per_item)
         longest = max(run[1] - run[0] for run in runs)
-        blocks = max(1, min(self.max_groups, -(-longest // self.PARTS_BLOCK)))
+        blocks = max(1, min(self.gpu.max_groups, -(-longest // self.PARTS_BLOCK)))
         length = -(-longest // blocks)
         parts = self._scratch_buffer(blocks * len(runs), "parts")
         for i, (i0, i1, binds, offsets) in enumerate(runs):
@@ -51,16 +51,16 @@ class Reductions(Binding):
             self._dispatch("reduce", entry, params, [*inputs, parts], (blocks, 1, 1), [*binds, None])
         self._reduce("sum_rows", [parts, out], (1, 1, 1), length=blocks * len(runs), rows=1, alpha=alpha)
 
-    def _channel_sums(self, dy, db, alpha: float, beta: float) -> None:
+    def channel_sums(self, dy, db, alpha: float, beta: float) -> None:
         """db = alpha * (sums of dy over all axes but 1) + beta * db: per channel, partial sums over blocks of the
         batch in parallel, then one sum of the partials each."""
         n, c = dy.shape[0], dy.shape[1]
         inner = dy.size // (n * c)
-        if inner == 1 and dy.raw.size <= self.max_binding:  # [N, C] (linear layers): column sums, one pass
-            return self._sum_rows(dy, db, n, c, alpha, beta, columns=True)
-        runs = list(self._item_chunks(n, [c * inner]))  # runs of samples whose binding fits
+        if inner == 1 and dy.raw.size <= self.gpu.max_binding:  # [N, C] (linear layers): column sums, one pass
+            return self.sum_rows(dy, db, n, c, alpha, beta, columns=True)
+        runs = self._item_chunks(n, [c * inner])  # runs of samples whose binding fits
         per = max(run[1] - run[0] for run in runs) * inner
-        blocks = max(1, min(256, -(-per // 4096), self.max_groups))  # per run
+        blocks = max(1, min(256, -(-per // 4096), self.gpu.max_groups))  # per run
         length = -(-per // blocks)
         total = blocks * len(runs)
         part = self._scratch_buffer(c * total, "bias_part")
@@ -68,11 +68,11 @@ class Reductions(Binding):
             params = ReduceParams(count=n1 - n0, channels=c, inner=inner, blocks=total, block=length,
                                   first_block=i * blocks, a_offset=offset)
             self._dispatch(_module("bias_grad_part", [dy]), "bias_grad_part", params, [dy, part], (c, blocks, 1),
-                           [bind, None])
-        self._sum_rows(part, db, total, c, alpha, beta)
+                              [bind, None])
+        self.sum_rows(part, db, total, c, alpha, beta)
 
-    def _sum_rows(self, a, out, length: int, rows: int, alpha: float, beta: float, columns: bool = False) -> None:
+    def sum_rows(self, a, out, length: int, rows: int, alpha: float, beta: float, columns: bool = False) -> None:
         """out[r] = alpha * (sum of row r of a [rows x length], or of column r of a [length x rows]) + beta * out[r],
         one workgroup per output."""
-        self._reduce("sum_rows", [a, out], _workgroup_each(rows), length=length, rows=rows, columns=int(columns),
+        self._reduce("sum_rows", [a, out], workgroup_each(rows), length=length, rows=rows, columns=int(columns),
                      alpha=alpha, beta=beta)

@@ -32,7 +32,7 @@ ON_USE = ("sequence", "scatter")
 _WINDOWED = ("gemm", "conv", "pool", "winograd", "direct")  # modules that include window.wgsl
 _LANED = ("reduce", "classes")  # modules whose reductions combine a workgroup's lanes (lanes*.wgsl)
 _EPILOGUE = ("elementwise", "gemm", "winograd")  # modules followed by code generated from pointwise.TABLE
-_TYPED = ("batchnorm", "lrn", "sequence", "scatter")  # modules whose float16 arrays are named per call (half._typed)
+_TYPED = ("batchnorm", "lrn", "sequence", "scatter")  # modules whose float16 arrays are named per call (Device.typed)
 _HALF_FIXED = {"pool16": ("pool", ("src", "dst")), "reduce16": ("reduce", ("a",)), "reduce16b": ("reduce", ("b",)),
                "classes16a": ("classes", ("a",)), "classes16c": ("classes", ("c",))}
 """float16 modules built when precision "fp16" opens (with "half" and "elementwise16"): base module, float16 arrays."""
