@@ -248,8 +248,8 @@ def test_a_file_that_cannot_be_mapped_is_read_instead(tmp_path, monkeypatch):
 
 
 def test_isal_computes_the_checksum_zlib_does():
-    """With ISA-L installed (python-isal, a dependency) files are checked with its CRC-32: the same values as zlib's, so files
-    written with one load with the other."""
+    """With ISA-L installed (python-isal, a dependency) files are checked with its CRC-32: the same values as
+    zlib's, so files written with one load with the other."""
     import zlib
 
     isal_zlib = pytest.importorskip("isal.isal_zlib", reason="python-isal (a dependency) is not installed")
