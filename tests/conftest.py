@@ -1,4 +1,5 @@
 import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,15 @@ def child_env(**extra: str) -> dict[str, str]:
     matplotlib without a display, then ``extra``."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg", **extra}
+
+
+def terminal_signals() -> None:
+    """``preexec_fn`` of a child process a test stops with SIGINT or SIGHUP: both at their defaults, as a command
+    typed at a terminal has them, whatever the test process inherited. A test run started in the background
+    (``make test &``) or under ``nohup`` ignores them, and leafpy rightly keeps an ignored stop signal ignored, so
+    the signal would not stop the run the test waits for."""
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 @pytest.fixture

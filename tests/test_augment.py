@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import child_env
+from conftest import child_env, terminal_signals
 from test_user_paths import _weights, failed_cleanly, leafpy
 
 import leafpy as lp
@@ -96,7 +96,7 @@ def test_ctrl_c_mid_epoch_with_augmentation_then_resume_equals_the_uninterrupted
     env = child_env()
     proc = subprocess.Popen([sys.executable, "-m", "leafpy", "train", "digits_mlp", "--epochs", "2", "--out", "cut",
                              "--set", "train.log_every=1", "--set", f"data.workers={workers}", *AUGMENTED],
-                            cwd=tmp_path, env=env,
+                            cwd=tmp_path, env=env, preexec_fn=terminal_signals,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     for line in proc.stdout:  # (the command prints its progress lines on stdout)

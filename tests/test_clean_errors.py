@@ -97,14 +97,13 @@ def test_a_history_with_a_text_epoch_is_set_aside_when_resuming(trained, tmp_pat
 
 
 def test_a_full_disk_while_the_plot_is_written_keeps_the_run(tmp_path, monkeypatch, capsys):
-    import matplotlib.figure
-
+    figure = pytest.importorskip("matplotlib.figure", reason="the plot needs matplotlib (the cli extra)")
     from leafpy import cli
 
     def no_space(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", no_space)
+    monkeypatch.setattr(figure.Figure, "savefig", no_space)
     monkeypatch.chdir(tmp_path)
     assert cli.main(["train", "digits_mlp", "--epochs", "1", "--out", "run"]) == 0
     err = capsys.readouterr().err

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import backend_or_skip, child_env
+from conftest import backend_or_skip, child_env, terminal_signals
 
 import leafpy as lp
 
@@ -85,15 +85,20 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(leafpy_cmd() + ["train", DIGITS, "--out", str(out), "--epochs", "500"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=terminal_signals)
     assert proc.stdout is not None
-    deadline = time.time() + 120
-    for line in proc.stdout:
-        if line.startswith("epoch 1/500"):
-            break
-        assert time.time() < deadline
-    proc.send_signal(signal.SIGINT)
-    rest, err = proc.communicate(timeout=120)
+    try:
+        deadline = time.time() + 120
+        for line in proc.stdout:
+            if line.startswith("epoch 1/500"):
+                break
+            assert time.time() < deadline
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()  # not left training for 500 epochs after a failure
     assert proc.returncode == 130, err
     assert "checkpoint saved to" in rest and "Traceback" not in err
     solver = lp.Solver.load_checkpoint(lp.backend("native"), lp.backend("native"), out / "checkpoint.leaf")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import child_env
+from conftest import child_env, terminal_signals
 from test_user_paths import ROOT, failed_cleanly, leafpy
 
 pytest.importorskip("PIL", reason="image folders need Pillow (the data extra)")
@@ -228,7 +228,8 @@ def test_ctrl_c_in_the_first_epoch_ends_the_decoding_threads_and_the_resumed_run
     cache = tmp_path / "cache"
     proc = subprocess.Popen([sys.executable, "-m", "leafpy", "train", *args, "--set", "data.workers=2", "--set",
                              f"data.cache_dir={cache}", "--set", "train.log_every=1", "--out", "cut"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=terminal_signals)
     assert proc.stdout is not None
     try:
         for line in proc.stdout:

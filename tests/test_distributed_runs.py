@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import child_env
+from conftest import child_env, terminal_signals
 
 import leafpy as lp
 
@@ -103,7 +103,8 @@ def test_a_stop_signal_to_the_nproc_launcher_alone_stops_every_rank_with_one_che
     epochs = 400  # far more than the run reaches before the signal
     proc = subprocess.Popen([sys.executable, "-m", "leafpy", "train", run, "--out", str(tmp_path / "cut"),
                              "--epochs", str(epochs), "--nproc", "2", "--set", "data.batch_size=6"], env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=terminal_signals)
     try:
         lines = []
         for line in proc.stdout:

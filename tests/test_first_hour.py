@@ -27,14 +27,16 @@ def _run_file(path, **changes) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("name", ["../../escape", "/tmp/leafpy-escape-test", "..", "a\\b"])
+@pytest.mark.parametrize("name", ["../../escape", "ABSOLUTE", "..", "a\\b"])
 def test_a_run_name_that_is_a_path_is_refused_and_writes_nothing(tmp_path, name):
+    absolute = tmp_path / "absolute-escape"  # this test's own: a path in /tmp may be another run's, or a user's
+    name = str(absolute) if name == "ABSOLUTE" else name
     cwd = tmp_path / "a" / "b"
     cwd.mkdir(parents=True)
     run = _run_file(cwd / "run.yaml", name=name)
     p = leafpy(cwd, "train", run, "--epochs", "1")
     failed_cleanly(p, "name:", "is a path", "--out")
-    assert not (tmp_path / "escape").exists() and not os.path.exists("/tmp/leafpy-escape-test")
+    assert not (tmp_path / "escape").exists() and not absolute.exists()
     assert sorted(os.listdir(cwd)) == ["run.yaml"]
 
 

@@ -10,7 +10,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import child_env
+from conftest import child_env, terminal_signals
 from runs import mlp, run_file
 from test_cli import ROOT, accuracy, leafpy_cmd, run
 
@@ -151,7 +151,8 @@ def test_ctrl_c_in_the_command_then_resume_equals_an_uninterrupted_run(tmp_path)
     assert run("train", MLP, "--epochs", "6", "--out", str(tmp_path / "whole"), *args).returncode == 0
     env = child_env()
     proc = subprocess.Popen(leafpy_cmd() + ["train", MLP, "--epochs", "6", "--out", str(tmp_path / "cut"), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
+                            preexec_fn=terminal_signals)
     for line in proc.stdout:
         if line.startswith("epoch 1/6"):
             proc.send_signal(signal.SIGINT)  # lands in epoch 2 (most likely mid-epoch: anywhere must resume exactly)
@@ -231,7 +232,8 @@ def test_a_diverged_run_never_replaces_a_good_checkpoint(tmp_path):
 def test_sigterm_and_sighup_save_a_checkpoint_like_ctrl_c(tmp_path, sig):
     env = child_env()
     proc = subprocess.Popen(leafpy_cmd() + ["train", MLP, "--epochs", "50", "--out", str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
+                            preexec_fn=terminal_signals)
     for line in proc.stdout:
         if line.startswith("epoch 1/50"):
             proc.send_signal(sig)

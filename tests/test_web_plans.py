@@ -60,11 +60,12 @@ def test_export_refuses_bad_arguments_with_leafpy_errors(tmp_path):
         with pytest.raises(lp.LeafpyError, match="batch_sizes"):
             lp.web.export(net, tmp_path / "out", batch_sizes=bad)
     (tmp_path / "file").write_text("x")
+    # precision fp32, not "auto" (which asks the webgpu adapter first): refused without wgpu too
     with pytest.raises(lp.LeafpyError, match="not a folder"):
-        lp.web.export(net, tmp_path / "file")
+        lp.web.export(net, tmp_path / "file", precision="fp32")
     bare = lp.Layer.from_config(lp.backend("native"), lp.LayerConfig("fc", lp.LinearConfig(output_size=2)))
     with pytest.raises(lp.LeafpyError, match="declares 0 inputs"):
-        lp.web.export(bare, tmp_path / "out")
+        lp.web.export(bare, tmp_path / "out", precision="fp32")
     with pytest.raises(lp.LeafpyError, match="expected a Layer"):
         lp.web.export("model.leaf", tmp_path / "out")  # type: ignore[arg-type]
 
@@ -74,7 +75,8 @@ def test_export_command_refuses_what_it_cannot_export(tmp_path):
     failed_cleanly(leafpy(tmp_path, "export", "--web", "out", "missing.leaf"), "missing.leaf")
     failed_cleanly(leafpy(tmp_path, "export", "--web", "out", "model.leaf", "--batch-sizes", "8,x"),
                    "--batch-sizes")
-    failed_cleanly(leafpy(tmp_path, "export", "--web", "model.leaf", "model.leaf"), "not a folder")
+    failed_cleanly(leafpy(tmp_path, "export", "--web", "model.leaf", "model.leaf", "--precision", "fp32"),
+                   "not a folder")
     (tmp_path / "run").mkdir()
     failed_cleanly(leafpy(tmp_path, "export", "--web", "out", "run"), "no model.leaf")
     failed_cleanly(leafpy(tmp_path, "export", "--web", "out", "notes.txt"), "give a model")
