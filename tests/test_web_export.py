@@ -243,7 +243,9 @@ def test_demo_page_classifies_a_dropped_digit_and_shows_the_time(served, lenet_r
     seen = (digit * 255).astype(np.uint8).astype(np.float64) / 255
     scores = net.forward([seen.astype(np.float32)[None]])[0].to_numpy()[0].astype(np.float64)
     want = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
-    assert state["top"][0][0] == str(int(np.argmax(want))), (state["top"], want)
+    first, second = np.sort(want)[-2:][::-1]
+    if first - second > 1e-3:  # the class named first is the reference's, unless two are level within rounding
+        assert state["top"][0][0] == str(int(np.argmax(want))), (state["top"], want)
     for name, p in state["top"]:
         assert abs(p - want[int(name)]) < 1e-4, (state["top"], want)
     text = b.evaluate("document.body.innerText")
