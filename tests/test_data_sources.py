@@ -492,3 +492,43 @@ def test_an_image_folder_of_fewer_classes_than_the_network_scores_trains_and_rep
                "--set", "data.batch_size=4", "--epochs", "1", "--out", "run")
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
     assert re.search(r"class2 +\d", p.stdout) and re.search(r"\n +9 +0\.000", p.stdout), p.stdout
+
+
+def test_decoding_threads_are_used_where_they_measure_faster_and_results_keep_file_order(monkeypatch):
+    """Threads are chosen where the pool decodes faster than one thread by THREADS_PAY (a clock that the decoding
+    advances stands for time: 2 threads at 1.9x and at 1.1x one thread's rate); the results come in file order."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from leafpy.sources import decoding
+
+    clock = [0.0]
+    lock = threading.Lock()
+    monkeypatch.setattr(decoding.time, "perf_counter", lambda: clock[0])
+    for speedup, chosen in ((1.9, True), (1.1, False)):
+        def decode(i, speedup=speedup):
+            with lock:  # a file decoded in the pool advances the clock by 1/speedup of one decoded alone
+                clock[0] += 1.0 if threading.current_thread() is threading.main_thread() else 1.0 / speedup
+            return i
+
+        with ThreadPoolExecutor(2) as pool:
+            got: list = []
+            assert decoding.threads_pay(decode, list(range(32)), pool, got) is chosen and got == list(range(32))
+
+
+@pytest.mark.parametrize("threads", [False, True])
+def test_a_decoder_shares_a_whole_split_request_and_gives_each_row_its_file(threads):
+    """A request of a whole split (past SHARED_ROWS rows) decoded by the pool or in the caller's thread, as measured:
+    each row is its own file's image, and the cache is finished once."""
+    from leafpy.sources import decoding
+
+    n = decoding.SHARED_ROWS + 77
+    files = [str(i) for i in range(n)]
+    finished = []
+    d = decoding.Decoder(files, lambda f: np.full((1, 2, 2), int(f) % 251, np.uint8), np.zeros((n, 1, 2, 2), np.uint8),
+                         workers=2, finish=finished.append)
+    d.threads = threads
+    first = d[np.arange(3)]  # a batch: decoded in this thread
+    assert first[:, 0, 0, 0].tolist() == [0, 1, 2] and not finished
+    rows = d[np.arange(n)]
+    assert rows[:, 0, 0, 0].tolist() == [i % 251 for i in range(n)] and d.complete and len(finished) == 1

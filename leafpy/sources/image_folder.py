@@ -157,7 +157,14 @@ def _each(files: Sequence[str], image_size: Sequence[int], channels: int, worker
         yield from map(one, files)
         return
     with ThreadPoolExecutor(workers, thread_name_prefix="leafpy-decode") as pool:
-        for start in range(0, len(files), WINDOW):
+        trial = decoding.TRIAL_FILES * workers
+        tried: list[np.ndarray | LeafpyError] = []
+        if not decoding.threads_pay(one, files[:2 * trial], pool, tried):  # small files: Python's work, under the GIL
+            yield from tried
+            yield from map(one, files[len(tried):])
+            return
+        yield from tried
+        for start in range(len(tried), len(files), WINDOW):
             yield from pool.map(one, files[start:start + WINDOW])
 
 
