@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -83,7 +82,7 @@ def test_resume_continues_where_it_stopped(tmp_path):
 
 def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = child_env()
     proc = subprocess.Popen(leafpy_cmd() + ["train", DIGITS, "--out", str(out), "--epochs", "500"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             preexec_fn=terminal_signals)
