@@ -116,6 +116,22 @@ def test_a_cast_between_float16_buffers_runs_the_float16_copy(fp16, monkeypatch)
     np.testing.assert_array_equal(h.to_numpy(), x)
 
 
+@pytest.mark.parametrize("beta", [0.0, 1.0, 0.5])
+def test_embedding_grad_into_a_float16_table_adds_every_row(fp16, beta):
+    """Repeated ids add up (np.add.at in float64 is the reference); the scatter's atomics work on float32 bits, so a
+    float16 table is accumulated through a float32 copy (it failed building a float16 scatter module)."""
+    rng = np.random.default_rng(3)
+    ids = np.array([1, 2, 3, 1, 0, 9, 1, 3], np.float32)
+    dy = rng.normal(0, 1, (8, 4)).astype(np.float16)
+    table = rng.normal(0, 1, (10, 4)).astype(np.float16)
+    want = beta * table.astype(np.float64)
+    np.add.at(want, ids.astype(int), dy.astype(np.float64))
+    dt = lp.SharedTensor.from_numpy(table, np.float16)
+    fp16.embedding_grad(lp.SharedTensor.from_numpy(ids).read(fp16), lp.SharedTensor.from_numpy(dy, np.float16).read(
+        fp16), dt.read_write(fp16), beta)
+    assert _rel(dt.to_numpy(), want) < 4e-3  # float16 rounding of a sum of up to 3 rows and the table
+
+
 # --- primitives -----------------------------------------------------------------------------------------------------
 def _upload(be, x, dtype=np.float16):
     t = lp.SharedTensor.from_numpy(np.asarray(x, dtype), dtype)

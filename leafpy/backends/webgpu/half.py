@@ -65,7 +65,7 @@ class HalfPrecision(Family):
     SEQUENCE_F16 = ("embedding", "embedding_grad", "lstm_cell", "lstm_cell_grad", "rnn_cell", "rnn_cell_grad",
                     "gru_cell", "gru_cell_grad")
     """Primitives of sequence.wgsl and scatter.wgsl, which take float16 operands in those modules rebuilt (see
-    :meth:`_sequence_h`)."""
+    :meth:`_sequence_h`); but a float16 table of embedding_grad, whose atomic adds need float32 bits (emulated)."""
 
     def wrap(self, backend: Backend) -> None:
         """Replace every primitive of ``backend`` (but the memory contract) by the emulation, which first offers
@@ -330,6 +330,8 @@ class HalfPrecision(Family):
         if not any(v.dtype == F16 for v in views) or any(4 * v.raw.size // v.dtype.itemsize > self.gpu.max_binding
                                                          for v in views):
             return False
+        if name == "embedding_grad" and _is_half(args[2] if len(args) > 2 else kwargs.get("dtable")):
+            return False  # the scatter adds with atomics on the float32 bits of its table: a float16 one is emulated
         getattr(self.ew, name)(*args, **kwargs)
         return True
 
