@@ -8,7 +8,6 @@ length is padded by one element and its transfers move the padded byte count."""
 
 from __future__ import annotations
 
-import math
 import weakref
 from typing import Any
 
@@ -21,7 +20,6 @@ from .encoder import Encoder
 from .view import WView, pad4
 
 F16 = np.dtype(np.float16)
-_new = object.__new__
 
 
 class Allocator:
@@ -91,13 +89,7 @@ class Allocator:
         host.reshape(-1)[...] = np.frombuffer(data, dtype=buf.dtype, count=buf.size)
 
     def view(self, buf: Any, shape: tuple[int, ...]) -> WView:
-        # WView(buf.raw, shape, buf.dtype, buf.owner or buf) without a call to its __init__: every tensor access
-        # makes a view, and a training step makes about a hundred
-        v = _new(WView)
-        v.raw, v.dtype, v.owner = buf.raw, buf.dtype, buf.owner or buf
-        v.shape = shape = tuple(map(int, shape))
-        v.size = math.prod(shape)
-        return v
+        return WView(buf.raw, shape, buf.dtype, buf.owner or buf)
 
     def synchronize(self) -> None:
         self.enc.flush()

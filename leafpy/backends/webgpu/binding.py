@@ -101,7 +101,7 @@ class Binding:
             ranges: list = []
             for i, b in enumerate(buffers):
                 size = b.dtype.itemsize
-                ranges.append(None if i in whole else (start * size, max(4, (count * size + 3) // 4 * 4)))  # pad4
+                ranges.append(None if i in whole else (start * size, pad4(count * size)))
             packed = params(count=count, base=start, **values) if based else params(count=count, **values)
             self.enc.dispatch(params.module, entry, packed, buffers, self.enc.grid(count), ranges)
         for i in alias:
