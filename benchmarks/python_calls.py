@@ -21,6 +21,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import train_step  # noqa: E402
 
 import leafpy as lp  # noqa: E402
 
@@ -34,11 +37,7 @@ def mlp_solver(backend: lp.backends.Backend, batch: int = 32) -> lp.Solver:
         net.add_layer(lp.LayerConfig(f"relu{i}", "ReLU"))
     net.add_layer(lp.LayerConfig("out", lp.LinearConfig(output_size=10)))
     net.add_layer(lp.LayerConfig("logsm", "LogSoftmax"))
-    obj = lp.SequentialConfig(inputs=[("network_out", [batch, 10]), ("label", [batch, 1])])
-    obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=10)))
-    cfg = lp.SolverConfig(network=lp.LayerConfig("mlp", net), objective=lp.LayerConfig("loss", obj), seed=0,
-                          solver="momentum", base_lr=0.01, momentum=0.9)
-    return lp.Solver.from_config(backend, backend, cfg)
+    return train_step.leafpy_solver(backend, lp.LayerConfig("mlp", net), batch, 10)  # NLL, momentum
 
 
 def traced_step(backend_name: str, replay: bool) -> collections.Counter:
