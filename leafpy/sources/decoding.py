@@ -76,7 +76,8 @@ class Decoder:
         else:  # (map's results are taken in order: the first failure raised is that of the lowest rows)
             if self.threads is None:
                 trial = rows[:2 * TRIAL_FILES * self.workers]
-                self.threads = threads_pay(lambda i: self._decode_rows(np.array([i])), trial, self.pool, [])
+                chunks = np.array_split(trial, 2 * self.workers)  # shared out as the rest would be
+                self.threads = threads_pay(self._decode_rows, chunks, self.pool, [])
                 rows = rows[len(trial):]
             if not self.threads:
                 self._decode_rows(rows)
