@@ -28,7 +28,7 @@ from .solvers.solver import SolverConfig
 LAYER_KEYS = ("name", "type", "inputs", "outputs", "params", "propagate_down")
 DATA_KEYS = ("dataset", "batch_size", "test_fraction", "seed", "path", "num_classes", "image_size", "channels",
              "skip_unreadable", "cache_dir", "target", "features", "delimiter", "normalize", "class_names",
-             "augment", "memory_map", "workers")
+             "augment", "memory_map", "workers", "decoding")
 TRAIN_KEYS = ("epochs", "backend", "precision", "channels_last", "log_every", "keep_best", "monitor",
               "sync_batch_norm")
 RUN_KEYS = ("name", "data", "network", "objective", "solver", "train")
@@ -390,6 +390,10 @@ def _check_data(data: dict) -> None:
         raise ConfigError(f"data.path: expected a file or directory path, got {path!r}")
     if "workers" in data:
         _checks.non_negative_int("data.workers", data["workers"])
+    if "decoding" in data:
+        from .sources import decoding
+
+        decoding.check_mode(data["decoding"])
     if "augment" in data:
         from .sources import augment
 

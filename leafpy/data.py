@@ -541,7 +541,8 @@ def from_parts(parts: Parts, test_fraction: float | None, seed: int) -> Dataset:
 
 def image_folder(path: str | dict[str, str], *, image_size: Sequence[int] | None = None, channels: int = 3,
                  test_fraction: float | None = None, seed: int = 0, skip_unreadable: bool = False,
-                 cache_dir: str | None = "default", memory_map: bool = False, workers: int = 0) -> Dataset:
+                 cache_dir: str | None = "default", memory_map: bool = False, workers: int = 0,
+                 decoding: str = "auto") -> Dataset:
     """A folder with one subfolder of images per class (their names, sorted, are the class names: class k is the
     k-th), split at random by ``test_fraction`` (0.2 unless given), or ``{"train": DIR, "test": DIR}``, two such
     folders (a given split, kept). Images become float32 [N, channels, H, W] in [0, 1], resized to ``image_size``
@@ -551,10 +552,13 @@ def image_folder(path: str | dict[str, str], *, image_size: Sequence[int] | None
     at a time as they are taken. Decoded images are kept in ``cache_dir`` ("default": ``$LEAFPY_CACHE``, else
     ~/.cache/leafpy/images; None: no cache); without a cache yet they are decoded as they are first read (by
     ``workers`` threads where a read asks for several; all at once with ``skip_unreadable``), and the cache is
-    written once all are; ``memory_map``: the images are read from the cache file through a memory map (a
-    folder larger than memory), instead of held in memory."""
+    written once all are; ``decoding``: how the ``workers`` decode, "threads", "processes" (as many decoding
+    processes: no GIL between them) or "auto" (processes where many files are left and they measure faster);
+    ``memory_map``: the images are read from the cache file through a memory map (a folder larger than memory),
+    instead of held in memory."""
     return from_parts(_images.read(path, image_size=image_size, channels=channels, skip_unreadable=skip_unreadable,
-                                   cache_dir=cache_dir, memory_map=memory_map, workers=workers), test_fraction, seed)
+                                   cache_dir=cache_dir, memory_map=memory_map, workers=workers,
+                                   decoding_in=decoding), test_fraction, seed)
 
 
 def csv(path: str, target: str, *, features: Sequence[str] | None = None, delimiter: str = ",",

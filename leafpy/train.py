@@ -643,7 +643,7 @@ class Trainer:
         digest = solver.trainer_state.get("data_digest")
         if trained_on is not None:
             for key in sorted(set(trained_on) | set(run.data)):
-                if key in ("batch_size", "workers"):  # (neither changes what is trained)
+                if key in ("batch_size", "workers", "decoding"):  # (none changes what is trained)
                     continue
                 if key == "path" and digest is not None:  # the data moved: its fingerprint, below, says if it is
                     continue                                # the same

@@ -160,15 +160,19 @@ def test_the_first_epoch_trains_while_the_folder_decodes_and_the_same_with_any_n
 
     write_digits(tmp_path / "digits", per_class=30)
     runs = {}
-    for w in (0, 1, 2):
+    before = decode_workers()
+    for w in (0, 1, 2, "2p"):  # 2p: two workers handing their batches to two decoding processes
+        mode = ["--set", "data.decoding=processes"] if w == "2p" else []
         p = leafpy(tmp_path, "train", *FOLDER, "--epochs", "2", "--set", "data.augment={shift: 1, horizontal_flip: "
-                   "true}", "--set", f"data.workers={w}", "--set", f"data.cache_dir={tmp_path / f'cache{w}'}",
-                   "--out", f"run{w}")
-        assert p.returncode == 0, p.stderr
+                   "true}", "--set", f"data.workers={str(w)[0]}", *mode, "--set",
+                   f"data.cache_dir={tmp_path / f'cache{w}'}", "--out", f"run{w}")
+        assert p.returncode == 0 and "Warning" not in p.stderr, p.stderr
         runs[w] = json.loads((tmp_path / f"run{w}" / "history.json").read_text())
         names = cache_files(tmp_path / f"cache{w}")
         assert len(names) == 2 and {Path(n).suffix for n in names} == {".npy", ".json"}, names  # no temporary left
-    for w in (1, 2):
+    assert (tmp_path / "cache2p" / names[1]).read_bytes() == (tmp_path / "cache0" / names[1]).read_bytes()
+    assert decode_workers() <= before  # the decoding processes ended with their run
+    for w in (1, 2, "2p"):
         for a, b in zip(runs[0], runs[w]):
             assert abs(a["loss"] - b["loss"]) <= 1e-6 * abs(a["loss"]), (w, a, b)
             assert abs(a["test_loss"] - b["test_loss"]) <= 1e-6 * abs(a["test_loss"]), (w, a, b)
@@ -191,15 +195,16 @@ def test_a_corrupt_image_met_in_the_first_epoch_by_a_worker_ends_the_run_naming_
     write_digits(tmp_path / "digits", per_class=20, odd=False)
     (tmp_path / "digits" / "seven" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
     errors = {}
-    for w in (0, 2):
-        p = leafpy(tmp_path, "train", *FOLDER, "--epochs", "2", "--set", f"data.workers={w}", "--set",
+    for w in (0, 2, "2p"):
+        mode = ["--set", "data.decoding=processes"] if w == "2p" else []
+        p = leafpy(tmp_path, "train", *FOLDER, "--epochs", "2", "--set", f"data.workers={str(w)[0]}", *mode, "--set",
                    f"data.memory_map={memory_map}", "--set", f"data.cache_dir={tmp_path / 'cache'}", "--out",
                    f"run{w}", timeout=60)
         failed_cleanly(p, "broken.png", "cannot decode the image", "skip_unreadable")
         assert len(p.stderr.strip().splitlines()) == 1, p.stderr
         errors[w] = p.stderr
         assert cache_files(tmp_path / "cache") == [], cache_files(tmp_path / "cache")
-    assert errors[0] == errors[2]
+    assert errors[0] == errors[2] == errors["2p"]
     # the file replaced, the same command again: no checkpoint to continue, so --overwrite is offered, not --resume
     (tmp_path / "digits" / "seven" / "broken.png").unlink()
     again = ["train", *FOLDER, "--epochs", "1", "--out", "run0", "--set", f"data.memory_map={memory_map}"]
@@ -210,10 +215,25 @@ def test_a_corrupt_image_met_in_the_first_epoch_by_a_worker_ends_the_run_naming_
     assert p.returncode == 0 and "held-out accuracy" in p.stdout, p.stderr
 
 
-def test_ctrl_c_in_the_first_epoch_ends_the_decoding_threads_and_the_resumed_run_equals_the_whole(tmp_path):
-    """SIGINT while two workers are decoding the first epoch: the run stops within seconds with its checkpoint
-    (and the cache: the checkpoint's fingerprint of the data reads every image), and resumed with no workers it
-    ends with the weights of a run never stopped."""
+def decode_workers() -> set[int]:
+    """The process ids of the decoding processes running on this machine."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and b"leafpy.sources.decode_worker" in (entry / "cmdline").read_bytes():
+                found.add(int(entry.name))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.parametrize("decoding", ["threads", "processes"])
+def test_ctrl_c_in_the_first_epoch_ends_the_decoding_threads_and_the_resumed_run_equals_the_whole(tmp_path,
+                                                                                                   decoding):
+    """SIGINT while two workers are decoding the first epoch (themselves, or through two decoding processes, which
+    leave the Ctrl-C to the run and end with it): the run stops within seconds with its checkpoint (and the cache:
+    the checkpoint's fingerprint of the data reads every image), and resumed with no workers it ends with the
+    weights of a run never stopped."""
     import signal
     import subprocess
 
@@ -226,8 +246,10 @@ def test_ctrl_c_in_the_first_epoch_ends_the_decoding_threads_and_the_resumed_run
     assert whole.returncode == 0, whole.stderr
     env = child_env()
     cache = tmp_path / "cache"
+    before = decode_workers()
     proc = subprocess.Popen([sys.executable, "-m", "leafpy", "train", *args, "--set", "data.workers=2", "--set",
-                             f"data.cache_dir={cache}", "--set", "train.log_every=1", "--out", "cut"],
+                             f"data.decoding={decoding}", "--set", f"data.cache_dir={cache}", "--set",
+                             "train.log_every=1", "--out", "cut"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=terminal_signals)
     assert proc.stdout is not None
@@ -242,6 +264,7 @@ def test_ctrl_c_in_the_first_epoch_ends_the_decoding_threads_and_the_resumed_run
             proc.kill()
     assert proc.returncode == 130, err
     assert "checkpoint saved to" in out + err and len(cache_files(cache)) == 2, (out[-500:], err[-500:])
+    assert "Traceback" not in err and decode_workers() <= before, err
     r = leafpy(tmp_path, "train", *args, "--set", f"data.cache_dir={cache}", "--out", "cut", "--resume",
                "cut/checkpoint.leaf")
     assert r.returncode == 0, r.stderr
@@ -532,3 +555,39 @@ def test_a_decoder_shares_a_whole_split_request_and_gives_each_row_its_file(thre
     assert first[:, 0, 0, 0].tolist() == [0, 1, 2] and not finished
     rows = d[np.arange(n)]
     assert rows[:, 0, 0, 0].tolist() == [i % 251 for i in range(n)] and d.complete and len(finished) == 1
+
+
+def test_a_decoding_process_that_dies_is_replaced_by_this_one_with_a_warning(tmp_path):
+    """Processes decode a list of files as this process would (a corrupt file's error in its place); when they
+    are killed, the files go on being decoded here, the same images, with one warning; closing ends them."""
+    from leafpy.errors import LeafpyError
+    from leafpy.sources import image_folder
+
+    write_digits(tmp_path / "digits", per_class=6)
+    files = image_folder.list_classes(str(tmp_path / "digits"))[1]
+    files.insert(7, str(tmp_path / "not-an-image.png"))
+    (tmp_path / "not-an-image.png").write_bytes(b"GIF89a and no more")
+    here = [image_folder.decode_or_error(f, (8, 8), 1) for f in files]
+    processes = image_folder.processes(2, (8, 8), 1)
+    try:
+        for round_ in range(2):
+            got = processes.map(files)
+            assert len(got) == len(files) and isinstance(got[7], LeafpyError) and str(got[7]) == str(here[7])
+            assert all(np.array_equal(a, b) for i, (a, b) in enumerate(zip(got, here)) if i != 7)
+            if round_ == 0:
+                for p in processes.processes:
+                    p.kill()
+                    p.wait()
+                with pytest.warns(UserWarning, match="a decoding process ended"):
+                    assert all(np.array_equal(a, b) for i, (a, b) in enumerate(zip(processes.map(files), here))
+                               if i != 7)
+    finally:
+        processes.close()
+    assert all(p.returncode is not None for p in processes.processes)
+
+
+def test_decoding_must_be_a_known_way(tmp_path):
+    write_digits(tmp_path / "digits", per_class=3)
+    p = leafpy(tmp_path, "train", *FOLDER, "--epochs", "1", "--set", "data.decoding=fork", "--set",
+               f"data.cache_dir={tmp_path / 'cache'}")
+    failed_cleanly(p, "data.decoding", "auto, threads, processes", "'fork'")

@@ -39,7 +39,8 @@ def load(kind: str, spec: dict, targets: str, input_shape: Sequence[int] | None)
     return image_folder.read(path, image_size=spec.get("image_size") or (shape[1:] if shape else None),
                              channels=spec.get("channels") or (shape[0] if shape else 3), skip_unreadable=skip,
                              cache_dir=spec.get("cache_dir", "default"), memory_map=memory_map,
-                             workers=_checks.non_negative_int("data.workers", spec.get("workers", 0)))
+                             workers=_checks.non_negative_int("data.workers", spec.get("workers", 0)),
+                             decoding_in=spec.get("decoding", "auto"))
 
 
 def samples_for_prediction(data: dict, path: str, input_shape: Sequence[int]) -> tuple[Any, list[str]] | None:
@@ -50,7 +51,7 @@ def samples_for_prediction(data: dict, path: str, input_shape: Sequence[int]) ->
 
     import numpy as np
 
-    from . import csv_table, image_folder
+    from . import csv_table, decoding, image_folder
 
     lower = path.lower()
     if os.path.isdir(path) or image_folder.is_image(os.path.basename(lower)):
@@ -62,7 +63,8 @@ def samples_for_prediction(data: dict, path: str, input_shape: Sequence[int]) ->
         channels = data.get("channels") or shape[0]
         (size, channels) = image_folder.check_size(list(size), channels)
         images, _ = image_folder.decode_all(files, size, channels, False,
-                                            workers=_checks.non_negative_int("data.workers", data.get("workers", 0)))
+                                            workers=_checks.non_negative_int("data.workers", data.get("workers", 0)),
+                                            mode=decoding.check_mode(data.get("decoding", "auto")))
         base = path if os.path.isdir(path) else os.path.dirname(path)
         return images.astype(np.float32) / np.float32(255.0), [os.path.relpath(f, base or ".") for f in files]
     if lower.endswith(".csv"):

@@ -8,15 +8,22 @@ the buffer becomes the image cache, as a folder decoded whole would have written
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from queue import SimpleQueue
 from typing import Any
 
 import numpy as np
+
+from ..errors import ConfigError, LeafpyError
 
 SHARED_ROWS = 512
 """A request of at least this many rows (a whole split, not a training batch, which the trainer's ``data.workers``
@@ -34,7 +41,8 @@ class Decoder:
     dtype = np.dtype(np.uint8)
 
     def __init__(self, files: Sequence[str], decode: Callable[[str], np.ndarray], buffer: np.ndarray,
-                 workers: int = 0, finish: Callable[[np.ndarray], None] | None = None) -> None:
+                 workers: int = 0, finish: Callable[[np.ndarray], None] | None = None,
+                 processes: Callable[[], Processes] | None = None, mode: str = "auto") -> None:
         self.files, self.decode, self.buffer, self.finish = list(files), decode, buffer, finish
         self.decoded = np.zeros(len(files), bool)
         self.left = len(files)
@@ -44,6 +52,10 @@ class Decoder:
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="leafpy-decode") if workers > 1 else None
         if self.pool is not None:  # (its idle threads end when the decoder is dropped)
             weakref.finalize(self, self.pool.shutdown, wait=False, cancel_futures=True)
+        self.mode = check_mode(mode)
+        self.start_processes = processes if workers > 1 and mode != "threads" else None
+        self.processes: Processes | None = None  # started (and kept where they measure faster) on first use
+        self.trying = threading.Lock()
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -71,7 +83,10 @@ class Decoder:
     def _decode(self, rows: np.ndarray) -> None:
         if not len(rows):
             return
-        if self.pool is None or len(rows) < SHARED_ROWS:  # a batch: the trainer's own threads take the next ones
+        processes, rows = self._processes(rows)
+        if processes is not None:
+            self._store(rows, processes.map([self.files[i] for i in rows]))
+        elif self.pool is None or len(rows) < SHARED_ROWS:  # a batch: the trainer's own threads take the next ones
             self._decode_rows(rows)
         else:  # (map's results are taken in order: the first failure raised is that of the lowest rows)
             if self.threads is None:
@@ -87,16 +102,63 @@ class Decoder:
         if self.left == 0:
             self._finish()
 
+    def _processes(self, rows: np.ndarray) -> tuple[Processes | None, np.ndarray]:
+        """The decoding processes for a request (None: this thread, or the decoder's threads) and the rows left
+        to decode: ``processes`` starts them on the first request; ``auto``, on the first with at least
+        :data:`PROCESS_MIN_FILES` files left, measures them against this thread on its first rows (requests that
+        come meanwhile decode here) and keeps them only where they are faster."""
+        if self.start_processes is None or (self.mode == "auto" and self.left < PROCESS_MIN_FILES):
+            return self.processes, rows
+        if self.processes is None and self.trying.acquire(blocking=False):
+            try:
+                if self.processes is None and self.start_processes is not None:
+                    processes = self.start_processes()
+                    if self.mode == "processes":
+                        self.processes = processes
+                        return processes, rows
+                    trial = rows[:2 * PROCESS_TRIAL_FILES * self.workers]
+                    tried: list[np.ndarray | LeafpyError] = []
+                    self.start_processes = None
+                    try:
+                        pay = processes_pay(self._decode_files, [self.files[i] for i in trial], processes, tried)
+                    except BaseException:
+                        processes.close()
+                        raise
+                    if pay:
+                        self.processes = processes
+                    else:
+                        processes.close()
+                    self._store(trial, tried)
+                    rows = rows[len(trial):]
+            finally:
+                self.trying.release()
+        return self.processes, rows
+
+    def _decode_files(self, files: Sequence[str]) -> list[np.ndarray]:
+        """The images of files in this thread (the measure :func:`processes_pay` takes of one thread's rate)."""
+        return [self.decode(f) for f in files]
+
+    def _store(self, rows: np.ndarray, images: Sequence[np.ndarray | LeafpyError]) -> None:
+        """Rows decoded elsewhere, in order up to the first that could not be (its error raised)."""
+        for i, image in zip(rows, images):
+            if isinstance(image, LeafpyError):
+                raise image
+            self._keep(i, image)
+
     def _decode_rows(self, rows: np.ndarray) -> None:
         for i in rows:
-            image = self.decode(self.files[i])
-            with self.lock:
-                if not self.decoded[i]:
-                    self.buffer[i] = image
-                    self.decoded[i] = True
-                    self.left -= 1
+            self._keep(i, self.decode(self.files[i]))
+
+    def _keep(self, i: int, image: np.ndarray) -> None:
+        with self.lock:
+            if not self.decoded[i]:
+                self.buffer[i] = image
+                self.decoded[i] = True
+                self.left -= 1
 
     def _finish(self) -> None:
+        if self.processes is not None:
+            self.processes.close()
         with self.lock:
             finish, self.finish = self.finish, None
         if finish is not None:  # (the pool stays: a request that found rows missing may still be sharing them out)
@@ -126,6 +188,152 @@ def threads_pay(decode: Callable[[Any], Any], files: Any, pool: ThreadPoolExecut
     results.extend(pool.map(decode, files[half:]))
     shared = (time.perf_counter() - start) * half / (len(files) - half)
     return shared * THREADS_PAY < alone
+
+
+MODES = ("auto", "threads", "processes")
+"""How ``data.workers`` decode an image folder (``data.decoding``): ``threads`` (the workers themselves, and
+threads sharing a whole split where they measure faster than one), ``processes`` (as many decoding processes, for
+every request), ``auto`` (processes where at least :data:`PROCESS_MIN_FILES` files are left to decode and they
+measure faster than the threads, else threads)."""
+
+PROCESS_MIN_FILES = 2048
+"""Files left to decode for which ``auto`` tries decoding processes: their start (about 0.3 s, importing NumPy,
+Pillow and leafpy) is repaid many times over."""
+
+PROCESS_TRIAL_FILES = 64
+"""Files per worker that :func:`processes_pay` decodes each way (more than :data:`TRIAL_FILES`: a request to a
+process costs a round trip through its pipes, and the measure must see past it)."""
+
+PROCESS_CHUNK = 32
+"""Files per request to one decoding process: a batch is shared out among the processes in such pieces."""
+
+
+def check_mode(mode: Any) -> str:
+    if mode not in MODES:
+        raise ConfigError(f"data.decoding: expected one of {', '.join(MODES)}, got {mode!r}"[:300])
+    return mode
+
+
+class Processes:
+    """``count`` decoding processes (:mod:`leafpy.sources.decode_worker`) for images decoded to ``image_size`` and
+    ``channels``: :meth:`map` decodes a list of files as ``decode`` would in this process, its pieces in parallel,
+    in processes that hold no GIL in common (small images are mostly Python's work: two threads taking turns on
+    the GIL decode 32x32 PNGs at 0.55x one thread's rate, two processes at 1.6x). The processes end at
+    :meth:`close`, or when this process ends (their input closes). Should one fail, ``decode`` takes over here,
+    with a warning."""
+
+    def __init__(self, count: int, image_size: Sequence[int], channels: int,
+                 decode: Callable[[str], np.ndarray | LeafpyError]) -> None:
+        self.shape = (channels, int(image_size[0]), int(image_size[1]))
+        self.decode = decode
+        self.idle: SimpleQueue = SimpleQueue()
+        self.failed = False
+        package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (package, os.environ.get("PYTHONPATH")))),
+                   OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        command = [sys.executable, "-m", "leafpy.sources.decode_worker", *map(str, self.shape[1:]), str(channels)]
+        self.processes = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+                          for _ in range(count)]
+        self.ready = False
+        self.starting = threading.Lock()
+        self.pool = ThreadPoolExecutor(count, thread_name_prefix="leafpy-decode-processes")
+        self._closer = weakref.finalize(self, _close, self.processes, self.pool)
+
+    def __enter__(self) -> Processes:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._closer()
+
+    def wait_ready(self) -> None:
+        """Wait until every process can decode (each has imported what it needs)."""
+        with self.starting:
+            if not self.ready:
+                for p in self.processes:
+                    if self._line(p) != b"ready\n":
+                        self._fail(p)
+                    else:
+                        self.idle.put(p)
+                self.ready = True
+
+    def map(self, files: Sequence[str]) -> list[np.ndarray | LeafpyError]:
+        """Each file's image, or the LeafpyError naming it, in order."""
+        if not len(files):
+            return []
+        self.wait_ready()
+        step = min(PROCESS_CHUNK, -(-len(files) // len(self.processes)))
+        pieces = [files[i:i + step] for i in range(0, len(files), step)]
+        try:
+            return [image for piece in self.pool.map(self._piece, pieces) for image in piece]
+        except RuntimeError:  # closed (the last rows were decoded meanwhile): decoded here
+            return [self.decode(f) for f in files]
+
+    def _piece(self, files: Sequence[str]) -> list[np.ndarray | LeafpyError]:
+        p = None if self.failed else self.idle.get()
+        if p is None:
+            return [self.decode(f) for f in files]
+        try:
+            p.stdin.write(json.dumps(list(files)).encode() + b"\n")
+            p.stdin.flush()
+            errors = {int(k): LeafpyError(v) for k, v in json.loads(self._line(p) or b"null").items()}
+            size = int(np.prod(self.shape))
+            data = p.stdout.read(size * (len(files) - len(errors)))
+            if len(data) != size * (len(files) - len(errors)):
+                raise EOFError
+        except (OSError, ValueError, AttributeError, EOFError):
+            self._fail(p)
+            return [self.decode(f) for f in files]
+        self.idle.put(p)
+        images = iter(np.frombuffer(data, np.uint8).reshape(-1, *self.shape))
+        return [errors[i] if i in errors else np.array(next(images)) for i in range(len(files))]
+
+    @staticmethod
+    def _line(p: subprocess.Popen) -> bytes:
+        try:
+            return p.stdout.readline()  # type: ignore[union-attr]
+        except OSError:
+            return b""
+
+    def _fail(self, p: subprocess.Popen) -> None:
+        if not self.failed:
+            self.failed = True
+            warnings.warn(f"leafpy: a decoding process ended (exit code {p.poll()}); decoding goes on in this "
+                          "process", stacklevel=2)
+        while not self.idle.empty():
+            self.idle.get()
+        for _ in self.processes:
+            self.idle.put(None)  # (a thread waiting for a process decodes its piece itself)
+
+
+def _close(processes: list[subprocess.Popen], pool: ThreadPoolExecutor) -> None:
+    pool.shutdown(wait=True)  # (the pieces under way first)
+    for p in processes:
+        with contextlib.suppress(OSError):
+            p.stdin.close()  # type: ignore[union-attr]
+    for p in processes:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def processes_pay(decode: Callable[[Sequence[str]], list], files: Sequence[str], processes: Processes,
+                  results: list) -> bool:
+    """Whether ``processes`` decode faster than ``decode`` (one thread, or threads), measured on ``files`` as
+    :func:`threads_pay` measures (once the processes are ready), the results appended to ``results``."""
+    half = len(files) // 2
+    processes.wait_ready()
+    start = time.perf_counter()
+    results.extend(decode(files[:half]))
+    here = time.perf_counter() - start
+    start = time.perf_counter()
+    results.extend(processes.map(files[half:]))
+    there = (time.perf_counter() - start) * half / max(len(files) - half, 1)
+    return half >= 2 and not processes.failed and there * THREADS_PAY < here
 
 
 def temporary_map(directory: str, shape: tuple[int, ...]) -> tuple[np.ndarray, str]:

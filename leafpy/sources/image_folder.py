@@ -8,13 +8,14 @@ and a file that cannot be decoded is an error naming it (or, with ``skip_unreada
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
 import tempfile
 import warnings
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -124,13 +125,14 @@ def decode(path: str, image_size: Sequence[int], channels: int) -> np.ndarray:
 
 
 def decode_all(files: Sequence[str], image_size: Sequence[int], channels: int, skip_unreadable: bool,
-               mapped: bool = False, workers: int = 0) -> tuple[np.ndarray, list[int]]:
+               mapped: bool = False, workers: int = 0, mode: str = "auto") -> tuple[np.ndarray, list[int]]:
     """uint8 [N, C, H, W] of the files that decode, and the indices of those skipped (``skip_unreadable``);
-    ``workers`` > 1 threads decode, the files taken in order all the same."""
+    ``workers`` > 1 threads or processes decode (``mode``, :data:`decoding.MODES`), the files taken in order all
+    the same."""
     check_memory(files, image_size, channels, mapped)
     out = np.empty((len(files), channels, int(image_size[0]), int(image_size[1])), np.uint8)
     skipped: list[int] = []
-    for i, image in enumerate(_each(files, image_size, channels, workers)):
+    for i, image in enumerate(_each(files, image_size, channels, workers, mode)):
         if isinstance(image, LeafpyError):
             if not skip_unreadable:
                 raise image
@@ -144,28 +146,42 @@ WINDOW = 256
 """How many files :func:`_each` gives its threads at a time (what it holds decoded ahead of its reader)."""
 
 
-def _each(files: Sequence[str], image_size: Sequence[int], channels: int, workers: int
+def decode_or_error(path: str, image_size: Sequence[int], channels: int) -> np.ndarray | LeafpyError:
+    """:func:`decode`, or the LeafpyError that names the file."""
+    try:
+        return decode(path, image_size, channels)
+    except LeafpyError as e:
+        return e
+
+
+def processes(workers: int, image_size: Sequence[int], channels: int) -> decoding.Processes:
+    return decoding.Processes(workers, image_size, channels,
+                              functools.partial(decode_or_error, image_size=image_size, channels=channels))
+
+
+def _each(files: Sequence[str], image_size: Sequence[int], channels: int, workers: int, mode: str = "auto"
           ) -> Iterator[np.ndarray | LeafpyError]:
     """Each file decoded, or the LeafpyError that names it, in file order."""
-    def one(path: str) -> np.ndarray | LeafpyError:
-        try:
-            return decode(path, image_size, channels)
-        except LeafpyError as e:
-            return e
-
+    one = functools.partial(decode_or_error, image_size=image_size, channels=channels)
     if workers <= 1:
         yield from map(one, files)
         return
-    with ThreadPoolExecutor(workers, thread_name_prefix="leafpy-decode") as pool:
+    with contextlib.ExitStack() as stack:
         trial = decoding.TRIAL_FILES * workers
-        tried: list[np.ndarray | LeafpyError] = []
-        if not decoding.threads_pay(one, files[:2 * trial], pool, tried):  # small files: Python's work, under the GIL
-            yield from tried
-            yield from map(one, files[len(tried):])
-            return
-        yield from tried
-        for start in range(len(tried), len(files), WINDOW):
-            yield from pool.map(one, files[start:start + WINDOW])
+        done: list[np.ndarray | LeafpyError] = []
+        many: Callable[[Sequence[str]], Iterable[np.ndarray | LeafpyError]] = functools.partial(map, one)
+        if mode != "processes":
+            pool = stack.enter_context(ThreadPoolExecutor(workers, thread_name_prefix="leafpy-decode"))
+            if decoding.threads_pay(one, files[:2 * trial], pool, done):  # not for small files (the GIL)
+                many = functools.partial(pool.map, one)
+        if mode == "processes" or (mode == "auto" and len(files) - len(done) >= decoding.PROCESS_MIN_FILES):
+            started = stack.enter_context(processes(workers, image_size, channels))
+            tries = files[len(done):len(done) + 2 * decoding.PROCESS_TRIAL_FILES * workers]
+            if mode == "processes" or decoding.processes_pay(lambda fs: list(many(fs)), tries, started, done):
+                many = started.map
+        yield from done
+        for start in range(len(done), len(files), WINDOW):
+            yield from many(files[start:start + WINDOW])
 
 
 def default_cache_dir() -> str:
@@ -185,7 +201,8 @@ def cache_key(files: Sequence[str], image_size: Sequence[int], channels: int) ->
 
 
 def cached_decode(files: Sequence[str], image_size: Sequence[int], channels: int, skip_unreadable: bool,
-                  cache_dir: str | None, mapped: bool = False, workers: int = 0) -> tuple[Any, list[int]]:
+                  cache_dir: str | None, mapped: bool = False, workers: int = 0, mode: str = "auto"
+                  ) -> tuple[Any, list[int]]:
     """The images through the cache in ``cache_dir`` (None: without one): ``KEY.npy`` (uint8, memory-mapped
     when ``mapped``, else read into memory) and ``KEY.json`` (the files skipped), and the indices of the files
     skipped. Without a cache: a :class:`decoding.Decoder` (``workers`` threads), which writes the cache once it
@@ -197,8 +214,8 @@ def cached_decode(files: Sequence[str], image_size: Sequence[int], channels: int
         if found is not None:
             return (found[0] if mapped else np.array(found[0])), found[1]
     if not skip_unreadable:
-        return _decoder(files, image_size, channels, cache_dir, key, mapped, workers), []
-    images, skipped = decode_all(files, image_size, channels, skip_unreadable, mapped, workers)
+        return _decoder(files, image_size, channels, cache_dir, key, mapped, workers, mode), []
+    images, skipped = decode_all(files, image_size, channels, skip_unreadable, mapped, workers, mode)
     if cache_dir is not None and _keep(cache_dir, key, images, skipped) and mapped:
         images = np.load(os.path.join(cache_dir, key + ".npy"), mmap_mode="r", allow_pickle=False)
     return images, skipped
@@ -241,7 +258,7 @@ def _keep(cache_dir: str, key: str, images: np.ndarray, skipped: list[int], deco
 
 
 def _decoder(files: Sequence[str], image_size: Sequence[int], channels: int, cache_dir: str | None, key: str,
-             mapped: bool, workers: int) -> decoding.Decoder:
+             mapped: bool, workers: int, mode: str = "auto") -> decoding.Decoder:
     """A Decoder of ``files`` whose last decoded row writes the cache; ``mapped``: its rows go to a temporary
     file in ``cache_dir`` (removed if the decode never completes), which becomes the cache, else to memory."""
     shape = (len(files), channels, int(image_size[0]), int(image_size[1]))
@@ -258,7 +275,8 @@ def _decoder(files: Sequence[str], image_size: Sequence[int], channels: int, cac
     if buffer is None:
         check_memory(files, image_size, channels, mapped)
         buffer = np.empty(shape, np.uint8)
-    decoder = decoding.Decoder(files, lambda path: decode(path, image_size, channels), buffer, workers)
+    decoder = decoding.Decoder(files, lambda path: decode(path, image_size, channels), buffer, workers,
+                               processes=lambda: processes(workers, image_size, channels), mode=mode)
     cleanup = weakref.finalize(decoder, decoding.remove, temporary) if temporary is not None else None
 
     def finish(images: np.ndarray) -> None:
@@ -285,13 +303,13 @@ def _replace(directory: str, target: str, write: Any) -> None:
 
 
 def read_folder(root: str, image_size: Sequence[int], channels: int, skip_unreadable: bool,
-                cache_dir: str | None, mapped: bool = False, workers: int = 0
+                cache_dir: str | None, mapped: bool = False, workers: int = 0, mode: str = "auto"
                 ) -> tuple[list[str], Any, np.ndarray, list[str]]:
     """(class names, images [N, C, H, W] as :class:`Mapped` samples (float32 in [0, 1], converted a batch at a
     time from uint8: in memory, the cache file when ``mapped``, or decoded as first read), labels, the files
     skipped) of one class folder."""
     names, files, labels = list_classes(root)
-    images, skipped = cached_decode(files, image_size, channels, skip_unreadable, cache_dir, mapped, workers)
+    images, skipped = cached_decode(files, image_size, channels, skip_unreadable, cache_dir, mapped, workers, mode)
     if skipped:
         labels = np.delete(labels, skipped)
     if not len(labels):
@@ -310,7 +328,7 @@ def check_size(image_size: Any, channels: Any) -> tuple[tuple[int, int], int]:
 
 def read(path: str | dict[str, str], *, image_size: Sequence[int] | None = None, channels: int = 3,
          skip_unreadable: bool = False, cache_dir: str | None = "default", memory_map: bool = False,
-         workers: int = 0) -> Parts:
+         workers: int = 0, decoding_in: str = "auto") -> Parts:
     """A folder with one subfolder of images per class, or ``{"train": DIR, "test": DIR}`` (see
     ``lp.data.image_folder``), as :class:`Parts`."""
     if cache_dir == "default":
@@ -323,7 +341,8 @@ def read(path: str | dict[str, str], *, image_size: Sequence[int] | None = None,
         with _pil()[0].open(files[0]) as first:
             image_size = (first.height, first.width)
     size, channels = check_size(list(image_size), channels)
-    parts = {k: read_folder(os.fspath(v), size, channels, skip_unreadable, cache_dir, memory_map, workers)
+    mode = decoding.check_mode(decoding_in)
+    parts = {k: read_folder(os.fspath(v), size, channels, skip_unreadable, cache_dir, memory_map, workers, mode)
              for k, v in roots.items()}
     names, x, y, skipped = parts["train"]
     name = os.path.basename(os.path.normpath(os.fspath(roots["train"])))

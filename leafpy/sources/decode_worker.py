@@ -1,0 +1,38 @@
+"""A decoding process of :class:`leafpy.sources.decoding.Processes`: ``python -m leafpy.sources.decode_worker H W C``
+writes ``ready`` once it can decode, then answers each request on its input, one JSON line (a list of image
+paths), with one JSON line (the requests' files that could not be decoded: position -> message) followed by the
+bytes of the others' images, uint8 [C, H, W] each, in order. It ends at the end of its input (when the process
+that started it closes the pipe, or ends); a Ctrl-C, which reaches every process of the terminal, is left to that
+process."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from leafpy.errors import LeafpyError
+    from leafpy.sources.image_folder import _pil, decode
+
+    _pil()[0].preinit()  # Pillow's common formats, before the first request rather than during it
+
+    size, channels = (int(sys.argv[1]), int(sys.argv[2])), int(sys.argv[3])
+    requests, answers = sys.stdin.buffer, sys.stdout.buffer
+    answers.write(b"ready\n")
+    answers.flush()
+    for line in requests:
+        errors, images = {}, []
+        for i, path in enumerate(json.loads(line)):
+            try:
+                images.append(decode(path, size, channels).tobytes())
+            except LeafpyError as e:
+                errors[i] = str(e)
+        answers.write(json.dumps(errors).encode() + b"\n" + b"".join(images))
+        answers.flush()
+
+
+if __name__ == "__main__":
+    main()
