@@ -152,3 +152,26 @@ def test_reads_through_a_mapping_let_its_pages_go_past_the_budget_and_keep_their
         np.testing.assert_array_equal(m[idx], x[idx].astype(np.float32) / np.float32(255.0))
     assert m.pages.releases >= 8, m.pages.releases
     assert sum(len(c) for c in m.chunks()) == 512
+
+
+@pytest.mark.parametrize("rows", [None, "taken"])
+def test_normalize_auto_statistics_of_byte_images_equal_float64_numpy(rows):
+    """`normalize: auto` over an image folder's uint8 images (counted by byte value per channel) gives the float64
+    mean and standard deviation of the [0, 1] samples per channel, a constant channel's deviation 1, also over a
+    subset of the rows (a split), and the same as the same samples given as float32 arrays."""
+    from leafpy.sources.mapped import Mapped
+    from leafpy.sources.prepare import channel_statistics
+
+    rng = np.random.default_rng(7)
+    images = rng.integers(0, 256, (301, 3, 5, 4), dtype=np.uint8)
+    images[:, 2] = 77  # a constant channel
+    picked = np.sort(rng.choice(301, 200, replace=False)) if rows else None
+    samples = Mapped(images, picked)
+    reference = (images if picked is None else images[picked]).astype(np.float64) / 255.0
+    mean, std = channel_statistics(samples)
+    np.testing.assert_allclose(mean, reference.mean(axis=(0, 2, 3)), rtol=1e-12)
+    np.testing.assert_allclose(std[:2], reference.std(axis=(0, 2, 3))[:2], rtol=1e-10)
+    assert std[2] == 1.0 and abs(mean[2] - 77 / 255) < 1e-12
+    as_floats = channel_statistics(reference.astype(np.float32))
+    np.testing.assert_allclose(as_floats[0], mean, rtol=1e-6)
+    np.testing.assert_allclose(as_floats[1][:2], std[:2], rtol=1e-5)

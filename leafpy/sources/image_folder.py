@@ -178,10 +178,25 @@ def _each(files: Sequence[str], image_size: Sequence[int], channels: int, worker
             started = stack.enter_context(processes(workers, image_size, channels))
             tries = files[len(done):len(done) + 2 * decoding.PROCESS_TRIAL_FILES * workers]
             if mode == "processes" or decoding.processes_pay(lambda fs: list(many(fs)), tries, started, done):
-                many = started.map
+                yield from done
+                yield from _ahead(started.map, [files[s:s + WINDOW] for s in range(len(done), len(files), WINDOW)])
+                return
         yield from done
         for start in range(len(done), len(files), WINDOW):
             yield from many(files[start:start + WINDOW])
+
+
+def _ahead(decode: Callable[[Sequence[str]], list], windows: list[Sequence[str]]) -> Iterator:
+    """decode(window) of each window in turn, the next one asked for while the one before is read (the decoding
+    processes never wait for their reader)."""
+    with ThreadPoolExecutor(1, thread_name_prefix="leafpy-decode-ahead") as ahead:
+        pending = [ahead.submit(decode, w) for w in windows[:1]]
+        for w in windows[1:]:
+            got = pending.pop().result()
+            pending.append(ahead.submit(decode, w))
+            yield from got
+        for p in pending:
+            yield from p.result()
 
 
 def default_cache_dir() -> str:
