@@ -1,9 +1,9 @@
-"""A decoding process of :class:`leafpy.sources.decoding.Processes`: ``python -m leafpy.sources.decode_worker H W C``
-writes ``ready`` once it can decode, then answers each request on its input, one JSON line (a list of image
-paths), with one JSON line (the requests' files that could not be decoded: position -> message) followed by the
-bytes of the others' images, uint8 [C, H, W] each, in order. It ends at the end of its input (when the process
-that started it closes the pipe, or ends); a Ctrl-C, which reaches every process of the terminal, is left to that
-process."""
+"""A decoding process of :class:`leafpy.sources.decoding.Processes`: ``main([H, W, C])`` (as
+:data:`leafpy.sources.decoding.WORKER` runs it, or ``python -m leafpy.sources.decode_worker H W C``) writes
+``ready`` once it can decode, then answers each request on its input, one JSON line (a list of image paths), with
+one JSON line (the request's files that could not be decoded: position -> message) followed by the bytes of the
+others' images, uint8 [C, H, W] each, in order. It ends at the end of its input (when the process that started it
+closes the pipe, or ends); a Ctrl-C, which reaches every process of the terminal, is left to that process."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import signal
 import sys
 
 
-def main() -> None:
+def main(args: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from leafpy.errors import LeafpyError
     from leafpy.sources.image_folder import _pil, decode
 
     _pil()[0].preinit()  # Pillow's common formats, before the first request rather than during it
 
-    size, channels = (int(sys.argv[1]), int(sys.argv[2])), int(sys.argv[3])
+    size, channels = (int(args[0]), int(args[1])), int(args[2])
     requests, answers = sys.stdin.buffer, sys.stdout.buffer
     answers.write(b"ready\n")
     answers.flush()
@@ -35,4 +35,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -208,6 +208,12 @@ PROCESS_CHUNK = 32
 """Files per request to one decoding process: a batch is shared out among the processes in such pieces."""
 
 
+WORKER = ("import sys; home = sys.argv[1]; home in sys.path or sys.path.insert(0, home); "
+          "from leafpy.sources.decode_worker import main; main(sys.argv[2:])")
+"""A decoding process's program: :func:`leafpy.sources.decode_worker.main` of the leafpy that started it (its
+folder first on the path unless that is there already: an installed leafpy's site-packages keeps its place)."""
+
+
 def check_mode(mode: Any) -> str:
     if mode not in MODES:
         raise ConfigError(f"data.decoding: expected one of {', '.join(MODES)}, got {mode!r}"[:300])
@@ -228,12 +234,17 @@ class Processes:
         self.decode = decode
         self.idle: SimpleQueue = SimpleQueue()
         self.failed = False
-        package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (package, os.environ.get("PYTHONPATH")))),
-                   OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        command = [sys.executable, "-m", "leafpy.sources.decode_worker", *map(str, self.shape[1:]), str(channels)]
-        self.processes = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-                          for _ in range(count)]
+        home = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this leafpy's
+        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        command = [sys.executable, "-c", WORKER, home, *map(str, self.shape[1:]), str(channels)]
+        self.processes = []
+        try:
+            for _ in range(count):
+                self.processes.append(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                       env=env))
+        except (OSError, ValueError) as e:
+            warnings.warn(f"leafpy: cannot start a decoding process ({e}); decoding in this process", stacklevel=3)
+            self.failed = True
         self.ready = False
         self.starting = threading.Lock()
         self.pool = ThreadPoolExecutor(count, thread_name_prefix="leafpy-decode-processes")
@@ -263,6 +274,8 @@ class Processes:
         """Each file's image, or the LeafpyError naming it, in order."""
         if not len(files):
             return []
+        if not self.processes:
+            return [self.decode(f) for f in files]
         self.wait_ready()
         step = min(PROCESS_CHUNK, -(-len(files) // len(self.processes)))
         pieces = [files[i:i + step] for i in range(0, len(files), step)]
