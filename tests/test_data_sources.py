@@ -161,8 +161,8 @@ def test_the_first_epoch_trains_while_the_folder_decodes_and_the_same_with_any_n
     write_digits(tmp_path / "digits", per_class=30)
     runs = {}
     before = decode_workers()
-    for w in (0, 1, 2, "2p"):  # 2p: two workers handing their batches to two decoding processes
-        mode = ["--set", "data.decoding=processes"] if w == "2p" else []
+    for w in (0, 1, 2, "1p", "2p"):  # 2p: two workers handing their batches to two decoding processes
+        mode = ["--set", "data.decoding=processes"] if str(w).endswith("p") else []
         p = leafpy(tmp_path, "train", *FOLDER, "--epochs", "2", "--set", "data.augment={shift: 1, horizontal_flip: "
                    "true}", "--set", f"data.workers={str(w)[0]}", *mode, "--set",
                    f"data.cache_dir={tmp_path / f'cache{w}'}", "--out", f"run{w}")
@@ -172,7 +172,7 @@ def test_the_first_epoch_trains_while_the_folder_decodes_and_the_same_with_any_n
         assert len(names) == 2 and {Path(n).suffix for n in names} == {".npy", ".json"}, names  # no temporary left
     assert (tmp_path / "cache2p" / names[1]).read_bytes() == (tmp_path / "cache0" / names[1]).read_bytes()
     assert decode_workers() <= before  # the decoding processes ended with their run
-    for w in (1, 2, "2p"):
+    for w in (1, 2, "1p", "2p"):
         for a, b in zip(runs[0], runs[w]):
             assert abs(a["loss"] - b["loss"]) <= 1e-6 * abs(a["loss"]), (w, a, b)
             assert abs(a["test_loss"] - b["test_loss"]) <= 1e-6 * abs(a["test_loss"]), (w, a, b)

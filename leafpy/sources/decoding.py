@@ -53,7 +53,8 @@ class Decoder:
         if self.pool is not None:  # (its idle threads end when the decoder is dropped)
             weakref.finalize(self, self.pool.shutdown, wait=False, cancel_futures=True)
         self.mode = check_mode(mode)
-        self.start_processes = processes if workers > 1 and mode != "threads" else None
+        wanted = workers > 1 and mode != "threads" or workers == 1 and mode == "processes"  # (one: off the GIL)
+        self.start_processes = processes if wanted else None
         self.processes: Processes | None = None  # started (and kept where they measure faster) on first use
         self.trying = threading.Lock()
 
