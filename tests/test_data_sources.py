@@ -591,3 +591,102 @@ def test_decoding_must_be_a_known_way(tmp_path):
     p = leafpy(tmp_path, "train", *FOLDER, "--epochs", "1", "--set", "data.decoding=fork", "--set",
                f"data.cache_dir={tmp_path / 'cache'}")
     failed_cleanly(p, "data.decoding", "auto, threads, processes", "'fork'")
+
+
+def _dds_of_unknown_pixel_format() -> bytes:
+    """A DDS header (which Pillow reads whatever the file's name) declaring a pixel format it does not know: its
+    reader raises NotImplementedError, not OSError."""
+    import struct
+
+    return b"DDS " + struct.pack("<7I", 124, 0x1007, 8, 8, 0, 0, 0) + bytes(44) + \
+        struct.pack("<8I", 32, 0x1D, 0, 24, 0xFF0000, 0xFF00, 0xFF, 0) + bytes(20 + 192)
+
+
+def test_a_damaged_file_pillow_reads_as_another_format_is_named_by_threads_and_processes_alike(tmp_path):
+    write_digits(tmp_path / "digits", per_class=3, odd=False)
+    (tmp_path / "digits" / "two" / "odd.png").write_bytes(_dds_of_unknown_pixel_format())
+    errors = []
+    for mode in ("threads", "processes"):
+        p = leafpy(tmp_path, "train", *FOLDER, "--epochs", "1", "--set", "data.workers=2", "--set",
+                   f"data.decoding={mode}", "--set", "data.cache_dir=null", "--out", f"run-{mode}", timeout=60)
+        failed_cleanly(p, "odd.png", "cannot decode the image", "NotImplementedError", "skip_unreadable")
+        errors.append(p.stderr)
+    assert errors[0] == errors[1] and len(errors[0].strip().splitlines()) == 1, errors
+
+
+def test_decoding_processes_keep_their_answers_from_prints_and_leave_other_failures_to_this_process(
+        tmp_path, monkeypatch, capfd):
+    """A ``sitecustomize`` that prints as the decoding processes start, and a Pillow whose reader fails on one
+    file with ZeroDivisionError (a reader's own bug): the processes decode on (no warning, none given up), that file's
+    ZeroDivisionError is raised here as a thread would raise it, with no traceback from the processes; paths with a
+    newline or bytes that are not UTF-8 reach them intact."""
+    import warnings
+
+    from PIL import Image
+
+    from leafpy.sources import image_folder
+
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(
+        "print('hello from sitecustomize')\n"
+        "import PIL.Image\n_open = PIL.Image.open\n"
+        "def _failing(fp, *args, **kwargs):\n"
+        "    if 'boom' in str(fp):\n        raise ZeroDivisionError('a reader bug')\n"
+        "    return _open(fp, *args, **kwargs)\n"
+        "PIL.Image.open = _failing\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "site"), str(ROOT),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("PYTHONUNBUFFERED", "1")
+    opened = Image.open
+
+    def failing(fp, *args, **kwargs):  # (this process's Pillow as the sitecustomize makes theirs)
+        if "boom" in str(fp):
+            raise ZeroDivisionError("a reader bug")
+        return opened(fp, *args, **kwargs)
+
+    monkeypatch.setattr(Image, "open", failing)
+    folder = os.fsencode(tmp_path / "odd")
+    os.mkdir(folder)
+    files = []
+    for i, name in enumerate([b"new\nline.png", b"lat\xe9n1.png", b"boom.png"]):
+        Image.fromarray(np.full((8, 8), 40 * i + 3, np.uint8), "L").save(os.path.join(folder, name), format="PNG")
+        files.append(os.fsdecode(os.path.join(folder, name)))
+    processes = image_folder.processes(2, (8, 8), 1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (a process given up warns)
+            got = processes.map(files[:2] * 3)
+            assert [int(g[0, 0, 0]) for g in got] == [3, 43] * 3
+            with pytest.raises(ZeroDivisionError, match="a reader bug"):
+                processes.map(files)
+            assert not processes.failed and len(processes.map(files[:2])) == 2
+    finally:
+        processes.close()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "ZeroDivisionError" not in err, err
+
+
+def test_decoding_processes_let_go_by_their_last_piece_still_end(tmp_path):
+    """The last reference to the decoding processes dropped by a piece of work in one of their own threads (a
+    dataset dropped while a request it had made was under way, say after Ctrl-C): the processes end all the same
+    (their pipes closed) rather than being left running by a thread that cannot wait for itself."""
+    import threading
+    import time
+
+    from leafpy.sources import image_folder
+
+    write_digits(tmp_path / "digits", per_class=2, odd=False)
+    files = image_folder.list_classes(str(tmp_path / "digits"))[1]
+    processes = image_folder.processes(2, (8, 8), 1)
+    children = list(processes.processes)
+    processes.wait_ready()
+    go = threading.Event()
+    done = processes.pool.submit(lambda piece=processes._piece: go.wait() and len(piece(files)))
+    del processes
+    go.set()
+    assert done.result(timeout=30) == len(files)
+    deadline = time.monotonic() + 20
+    while any(p.poll() is None for p in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(p.returncode is not None for p in children)
+    assert all(p.stdout.closed for p in children)

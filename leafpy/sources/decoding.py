@@ -247,8 +247,10 @@ class Processes:
             self.failed = True
         self.ready = False
         self.starting = threading.Lock()
-        self.pool = ThreadPoolExecutor(count, thread_name_prefix="leafpy-decode-processes")
-        self._closer = weakref.finalize(self, _close, self.processes, self.pool)
+        threads: set[int] = set()  # (the pool's, which must not wait for themselves when the last piece drops self)
+        self.pool = ThreadPoolExecutor(count, thread_name_prefix="leafpy-decode-processes",
+                                       initializer=lambda: threads.add(threading.get_ident()))
+        self._closer = weakref.finalize(self, _close, self.processes, self.pool, threads)
 
     def __enter__(self) -> Processes:
         return self
@@ -260,14 +262,18 @@ class Processes:
         self._closer()
 
     def wait_ready(self) -> None:
-        """Wait until every process can decode (each has imported what it needs)."""
+        """Wait until every process can decode (each has imported what it needs; what was printed before it
+        could keep its output to itself, by a ``sitecustomize`` say, is passed over)."""
         with self.starting:
             if not self.ready:
                 for p in self.processes:
-                    if self._line(p) != b"ready\n":
-                        self._fail(p)
-                    else:
+                    line = self._line(p)
+                    while line and not line.endswith(b"ready\n"):
+                        line = self._line(p)
+                    if line:
                         self.idle.put(p)
+                    else:
+                        self._fail(p)
                 self.ready = True
 
     def map(self, files: Sequence[str]) -> list[np.ndarray | LeafpyError]:
@@ -282,26 +288,41 @@ class Processes:
         try:
             return [image for piece in self.pool.map(self._piece, pieces) for image in piece]
         except RuntimeError:  # closed (the last rows were decoded meanwhile): decoded here
+            if self._closer.alive:
+                raise
             return [self.decode(f) for f in files]
 
     def _piece(self, files: Sequence[str]) -> list[np.ndarray | LeafpyError]:
         p = None if self.failed else self.idle.get()
         if p is None:
             return [self.decode(f) for f in files]
+        answer = None
         try:
-            p.stdin.write(json.dumps(list(files)).encode() + b"\n")
-            p.stdin.flush()
-            errors = {int(k): LeafpyError(v) for k, v in json.loads(self._line(p) or b"null").items()}
-            size = int(np.prod(self.shape))
-            data = p.stdout.read(size * (len(files) - len(errors)))
-            if len(data) != size * (len(files) - len(errors)):
-                raise EOFError
-        except (OSError, ValueError, AttributeError, EOFError):
-            self._fail(p)
+            with contextlib.suppress(OSError, ValueError, AttributeError, EOFError):
+                answer = self._ask(p, files)
+        finally:  # (a process is given back, or given up: never lost to the threads waiting for one)
+            if answer is None:
+                self._fail(p)
+            else:
+                self.idle.put(p)
+        if answer is None:
             return [self.decode(f) for f in files]
-        self.idle.put(p)
+        errors, data = answer
         images = iter(np.frombuffer(data, np.uint8).reshape(-1, *self.shape))
-        return [errors[i] if i in errors else np.array(next(images)) for i in range(len(files))]
+        return [(self.decode(f) if errors[i] is None else LeafpyError(errors[i])) if i in errors
+                else np.array(next(images)) for i, f in enumerate(files)]
+
+    def _ask(self, p: subprocess.Popen, files: Sequence[str]) -> tuple[dict[int, str | None], bytes]:
+        """Process ``p``'s answer to ``files``: the messages of those it could not decode (None: decoded here,
+        see :mod:`.decode_worker`), by position, and the others' images' bytes."""
+        p.stdin.write(json.dumps(list(files)).encode() + b"\n")  # type: ignore[union-attr]
+        p.stdin.flush()  # type: ignore[union-attr]
+        errors = {int(k): v if v is None else str(v) for k, v in json.loads(self._line(p) or b"null").items()}
+        size = int(np.prod(self.shape)) * (len(files) - len(errors))
+        data = p.stdout.read(size)  # type: ignore[union-attr]
+        if len(data) != size:
+            raise EOFError
+        return errors, data
 
     @staticmethod
     def _line(p: subprocess.Popen) -> bytes:
@@ -321,8 +342,13 @@ class Processes:
             self.idle.put(None)  # (a thread waiting for a process decodes its piece itself)
 
 
-def _close(processes: list[subprocess.Popen], pool: ThreadPoolExecutor) -> None:
-    pool.shutdown(wait=True)  # (the pieces under way first)
+def _close(processes: list[subprocess.Popen], pool: ThreadPoolExecutor, threads: set[int]) -> None:
+    """End the processes once the pieces under way are done; from one of ``pool``'s ``threads`` (where the last
+    piece let the Processes go), a new thread does it, as that one cannot wait for itself."""
+    if threading.get_ident() in threads:
+        threading.Thread(target=_close, args=(processes, pool, set()), name="leafpy-decode-close").start()
+        return
+    pool.shutdown(wait=True)
     for p in processes:
         with contextlib.suppress(OSError):
             p.stdin.close()  # type: ignore[union-attr]
@@ -332,6 +358,7 @@ def _close(processes: list[subprocess.Popen], pool: ThreadPoolExecutor) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+        p.stdout.close()  # type: ignore[union-attr]
 
 
 def processes_pay(decode: Callable[[Sequence[str]], list], files: Sequence[str], processes: Processes,
