@@ -690,3 +690,30 @@ def test_decoding_processes_let_go_by_their_last_piece_still_end(tmp_path):
         time.sleep(0.05)
     assert all(p.returncode is not None for p in children)
     assert all(p.stdout.closed for p in children)
+
+
+def _peak_memory(pid: int) -> int:
+    """The most memory process ``pid`` has held so far (bytes: Linux's VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM for process {pid}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads processes' peak memory from Linux's /proc")
+def test_decoding_processes_hold_about_one_piece_of_large_images_at_a_time(tmp_path):
+    """Images of 3 MiB each (1024x1024 RGB), 48 files to two processes: each answers in pieces of at most
+    PROCESS_PIECE_BYTES, without copies of the whole answer, so its memory grows by well under 3 pieces; the
+    images are those decoded here."""
+    from leafpy.sources import decoding, image_folder
+
+    write_digits(tmp_path / "digits", per_class=5, odd=False)
+    files = image_folder.list_classes(str(tmp_path / "digits"))[1][:48]
+    size = (1024, 1024)
+    with image_folder.processes(2, size, 3) as processes:
+        processes.wait_ready()
+        started = {p.pid: _peak_memory(p.pid) for p in processes.processes}
+        got = processes.map(files)
+        grown = {pid: _peak_memory(pid) - before for pid, before in started.items()}
+    assert all(g < 3 * decoding.PROCESS_PIECE_BYTES for g in grown.values()), grown
+    assert all(np.array_equal(got[i], image_folder.decode(files[i], size, 3)) for i in (0, 23, 47))

@@ -39,7 +39,9 @@ def main(args: list[str]) -> None:
                 errors[i] = str(e)
             except Exception:  # (a decoder's own failure: the process that asked decodes the file, and meets it)
                 errors[i] = None
-        answers.write(json.dumps(errors).encode() + b"\n" + b"".join(images))
+        answers.write(json.dumps(errors).encode() + b"\n")
+        for image in images:  # (one at a time: no copy of the whole answer)
+            answers.write(image)
         answers.flush()
 
 

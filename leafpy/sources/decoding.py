@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -207,6 +208,10 @@ process costs a round trip through its pipes, and the measure must see past it).
 PROCESS_CHUNK = 32
 """Files per request to one decoding process: a batch is shared out among the processes in such pieces."""
 
+PROCESS_PIECE_BYTES = 1 << 25
+"""The most bytes of images one request to a decoding process asks for (fewer files than :data:`PROCESS_CHUNK`
+where images are large: a process holds a request's images until it answers, and this process reads them whole)."""
+
 
 WORKER = ("import sys; home = sys.argv[1]; home in sys.path or sys.path.insert(0, home); "
           "from leafpy.sources.decode_worker import main; main(sys.argv[2:])")
@@ -283,7 +288,8 @@ class Processes:
         if not self.processes:
             return [self.decode(f) for f in files]
         self.wait_ready()
-        step = min(PROCESS_CHUNK, -(-len(files) // len(self.processes)))
+        step = max(1, min(PROCESS_CHUNK, PROCESS_PIECE_BYTES // math.prod(self.shape),
+                          -(-len(files) // len(self.processes))))
         pieces = [files[i:i + step] for i in range(0, len(files), step)]
         try:
             return [image for piece in self.pool.map(self._piece, pieces) for image in piece]
@@ -310,17 +316,16 @@ class Processes:
         errors, data = answer
         images = iter(np.frombuffer(data, np.uint8).reshape(-1, *self.shape))
         return [(self.decode(f) if errors[i] is None else LeafpyError(errors[i])) if i in errors
-                else np.array(next(images)) for i, f in enumerate(files)]
+                else next(images) for i, f in enumerate(files)]
 
-    def _ask(self, p: subprocess.Popen, files: Sequence[str]) -> tuple[dict[int, str | None], bytes]:
+    def _ask(self, p: subprocess.Popen, files: Sequence[str]) -> tuple[dict[int, str | None], bytearray]:
         """Process ``p``'s answer to ``files``: the messages of those it could not decode (None: decoded here,
         see :mod:`.decode_worker`), by position, and the others' images' bytes."""
         p.stdin.write(json.dumps(list(files)).encode() + b"\n")  # type: ignore[union-attr]
         p.stdin.flush()  # type: ignore[union-attr]
         errors = {int(k): v if v is None else str(v) for k, v in json.loads(self._line(p) or b"null").items()}
-        size = int(np.prod(self.shape)) * (len(files) - len(errors))
-        data = p.stdout.read(size)  # type: ignore[union-attr]
-        if len(data) != size:
+        data = bytearray(math.prod(self.shape) * (len(files) - len(errors)))  # (the images are views of it)
+        if p.stdout.readinto(data) != len(data):  # type: ignore[union-attr]
             raise EOFError
         return errors, data
 
