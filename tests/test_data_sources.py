@@ -717,3 +717,26 @@ def test_decoding_processes_hold_about_one_piece_of_large_images_at_a_time(tmp_p
         grown = {pid: _peak_memory(pid) - before for pid, before in started.items()}
     assert all(g < 3 * decoding.PROCESS_PIECE_BYTES for g in grown.values()), grown
     assert all(np.array_equal(got[i], image_folder.decode(files[i], size, 3)) for i in (0, 23, 47))
+
+
+def test_a_decoding_process_whose_run_is_gone_ends_without_a_traceback(tmp_path):
+    """A decoding process answering a run that was killed meanwhile (OOM, kill -9: nobody reads its answer) ends
+    quietly, as a command in a pipe does, instead of printing a BrokenPipeError traceback on the terminal."""
+    import subprocess
+
+    from leafpy.sources import decoding
+
+    write_digits(tmp_path / "digits", per_class=1, odd=False)
+    files = sorted(str(f) for f in (tmp_path / "digits").rglob("*.png"))
+    worker = subprocess.Popen([sys.executable, "-c", decoding.WORKER, str(ROOT), "256", "256", "3"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env())
+    assert worker.stdout is not None and worker.stdin is not None
+    assert worker.stdout.readline() == b"ready\n"
+    worker.stdout.close()  # (the run is gone: its end of the pipe closed)
+    worker.stdin.write(json.dumps(files * 20).encode() + b"\n")  # (more than a pipe holds: 200 images of 196 KiB)
+    worker.stdin.close()
+    assert worker.stderr is not None
+    err = worker.stderr.read()  # (to its end: the process's)
+    worker.wait(timeout=60)
+    worker.stderr.close()
+    assert b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()

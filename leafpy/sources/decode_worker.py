@@ -18,6 +18,8 @@ import sys
 
 def main(args: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "SIGPIPE"):  # (an answer nobody reads, its run killed: ended quietly, as a command in a pipe)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # (a print, here or in a library, goes to standard error)
     from leafpy.errors import LeafpyError
