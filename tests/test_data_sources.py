@@ -740,3 +740,36 @@ def test_a_decoding_process_whose_run_is_gone_ends_without_a_traceback(tmp_path)
     worker.wait(timeout=60)
     worker.stderr.close()
     assert b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()
+
+
+def test_a_ctrl_c_while_the_decoding_processes_start_leaves_them_usable(tmp_path, monkeypatch):
+    """Ctrl-C (in a Python session) after one decoding process said it was ready and while the other was still
+    starting: the next request waits for the second alone and is decoded, rather than waiting forever for the
+    first to say again that it is ready."""
+    import signal
+    import threading
+
+    from leafpy.sources import image_folder
+
+    write_digits(tmp_path / "digits", per_class=1, odd=False)
+    files = image_folder.list_classes(str(tmp_path / "digits"))[1]
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(  # (the second process to start takes 2 s longer)
+        f"import os, time\ntry:\n    os.close(os.open({str(tmp_path / 'first')!r}, os.O_CREAT | os.O_EXCL))\n"
+        "except FileExistsError:\n    time.sleep(2)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")]))
+    processes = image_folder.processes(2, (8, 8), 1)
+    kept = signal.signal(signal.SIGINT, signal.default_int_handler)  # (as an interactive session has it)
+    try:
+        main = threading.get_ident()
+        threading.Timer(1.0, signal.pthread_kill, (main, signal.SIGINT)).start()
+        with pytest.raises(KeyboardInterrupt):
+            processes.wait_ready()
+        got: list = []
+        later = threading.Thread(target=lambda: got.extend(processes.map(files)), daemon=True)
+        later.start()
+        later.join(timeout=30)
+        assert not later.is_alive() and len(got) == len(files) and not processes.failed
+    finally:
+        signal.signal(signal.SIGINT, kept)
+        processes.close()

@@ -250,7 +250,7 @@ class Processes:
         except (OSError, ValueError) as e:
             warnings.warn(f"leafpy: cannot start a decoding process ({e}); decoding in this process", stacklevel=3)
             self.failed = True
-        self.ready = False
+        self.unready = list(self.processes)  # (those yet to say they are ready, in turn)
         self.starting = threading.Lock()
         threads: set[int] = set()  # (the pool's, which must not wait for themselves when the last piece drops self)
         self.pool = ThreadPoolExecutor(count, thread_name_prefix="leafpy-decode-processes",
@@ -270,16 +270,16 @@ class Processes:
         """Wait until every process can decode (each has imported what it needs; what was printed before it
         could keep its output to itself, by a ``sitecustomize`` say, is passed over)."""
         with self.starting:
-            if not self.ready:
-                for p in self.processes:
+            while self.unready:  # (a wait interrupted, by Ctrl-C say, goes on from the process it was waiting for)
+                p = self.unready[0]
+                line = self._line(p)
+                while line and not line.endswith(b"ready\n"):
                     line = self._line(p)
-                    while line and not line.endswith(b"ready\n"):
-                        line = self._line(p)
-                    if line:
-                        self.idle.put(p)
-                    else:
-                        self._fail(p)
-                self.ready = True
+                del self.unready[0]
+                if line:
+                    self.idle.put(p)
+                else:
+                    self._fail(p)
 
     def map(self, files: Sequence[str]) -> list[np.ndarray | LeafpyError]:
         """Each file's image, or the LeafpyError naming it, in order."""
