@@ -686,10 +686,9 @@ def test_decoding_processes_let_go_by_their_last_piece_still_end(tmp_path):
     go.set()
     assert done.result(timeout=30) == len(files)
     deadline = time.monotonic() + 20
-    while any(p.poll() is None for p in children) and time.monotonic() < deadline:
+    while not all(p.stdout.closed for p in children) and time.monotonic() < deadline:  # (closed once ended)
         time.sleep(0.05)
-    assert all(p.returncode is not None for p in children)
-    assert all(p.stdout.closed for p in children)
+    assert all(p.stdout.closed and p.poll() is not None for p in children)
 
 
 def _peak_memory(pid: int) -> int:
