@@ -624,6 +624,7 @@ def test_decoding_processes_keep_their_answers_from_prints_and_leave_other_failu
 
     from PIL import Image
 
+    from leafpy.errors import LeafpyError
     from leafpy.sources import image_folder
 
     (tmp_path / "site").mkdir()
@@ -651,17 +652,25 @@ def test_decoding_processes_keep_their_answers_from_prints_and_leave_other_failu
     for i, name in enumerate([b"new\nline.png", b"lat\xe9n1.png", b"boom.png"]):
         Image.fromarray(np.full((8, 8), 40 * i + 3, np.uint8), "L").save(os.path.join(folder, name), format="PNG")
         files.append(os.fsdecode(os.path.join(folder, name)))
+    (tmp_path / "broken.png").write_bytes(b"GIF89a and no more")
     processes = image_folder.processes(2, (8, 8), 1)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # (a process given up warns)
             got = processes.map(files[:2] * 3)
             assert [int(g[0, 0, 0]) for g in got] == [3, 43] * 3
-            with pytest.raises(ZeroDivisionError, match="a reader bug"):
-                processes.map(files)
+            got = processes.map(files)
+            assert isinstance(got[2], ZeroDivisionError) and [int(g[0, 0, 0]) for g in got[:2]] == [3, 43]
             assert not processes.failed and len(processes.map(files[:2])) == 2
     finally:
         processes.close()
+    # a request's first failure in file order, whichever its kind, as a thread decoding it would meet it
+    for order, raised in (([0, 3, 1, 1, 2], LeafpyError), ([0, 2, 1, 1, 3], ZeroDivisionError)):
+        listed = [[*files, str(tmp_path / "broken.png")][i] for i in order]
+        decoder = image_folder._decoder(listed, (8, 8), 1, None, "key", False, 2, "processes")
+        with pytest.raises(raised):
+            decoder[np.arange(len(listed))]
+        del decoder
     err = capfd.readouterr().err
     assert "Traceback" not in err and "ZeroDivisionError" not in err, err
 

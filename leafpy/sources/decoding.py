@@ -118,7 +118,7 @@ class Decoder:
                         self.processes = processes
                         return processes, rows
                     trial = rows[:2 * PROCESS_TRIAL_FILES * self.workers]
-                    tried: list[np.ndarray | LeafpyError] = []
+                    tried: list[np.ndarray | Exception] = []
                     self.start_processes = None
                     try:
                         pay = processes_pay(self._decode_files, [self.files[i] for i in trial], processes, tried)
@@ -139,10 +139,10 @@ class Decoder:
         """The images of files in this thread (the measure :func:`processes_pay` takes of one thread's rate)."""
         return [self.decode(f) for f in files]
 
-    def _store(self, rows: np.ndarray, images: Sequence[np.ndarray | LeafpyError]) -> None:
+    def _store(self, rows: np.ndarray, images: Sequence[np.ndarray | Exception]) -> None:
         """Rows decoded elsewhere, in order up to the first that could not be (its error raised)."""
         for i, image in zip(rows, images):
-            if isinstance(image, LeafpyError):
+            if isinstance(image, Exception):
                 raise image
             self._keep(i, image)
 
@@ -234,7 +234,7 @@ class Processes:
     with a warning."""
 
     def __init__(self, count: int, image_size: Sequence[int], channels: int,
-                 decode: Callable[[str], np.ndarray | LeafpyError]) -> None:
+                 decode: Callable[[str], np.ndarray | Exception]) -> None:
         self.shape = (channels, int(image_size[0]), int(image_size[1]))
         self.decode = decode
         self.idle: SimpleQueue = SimpleQueue()
@@ -281,27 +281,32 @@ class Processes:
                 else:
                     self._fail(p)
 
-    def map(self, files: Sequence[str]) -> list[np.ndarray | LeafpyError]:
-        """Each file's image, or the LeafpyError naming it, in order."""
+    def map(self, files: Sequence[str]) -> list[np.ndarray | Exception]:
+        """Each file's image, or the LeafpyError naming it, in order (or, where decoding raised something else,
+        what it raised: whoever takes the images raises the first failure in file order, as a thread would)."""
         if not len(files):
             return []
         if not self.processes:
-            return [self.decode(f) for f in files]
+            return [self._here(f) for f in files]
         self.wait_ready()
         step = max(1, min(PROCESS_CHUNK, PROCESS_PIECE_BYTES // math.prod(self.shape),
                           -(-len(files) // len(self.processes))))
-        pieces = [files[i:i + step] for i in range(0, len(files), step)]
         try:
-            return [image for piece in self.pool.map(self._piece, pieces) for image in piece]
-        except RuntimeError:  # closed (the last rows were decoded meanwhile): decoded here
-            if self._closer.alive:
-                raise
-            return [self.decode(f) for f in files]
+            pieces = [self.pool.submit(self._piece, files[i:i + step]) for i in range(0, len(files), step)]
+        except RuntimeError:  # closed (the last rows were decoded meanwhile), or Python ending: decoded here
+            return [self._here(f) for f in files]
+        return [image for piece in pieces for image in piece.result()]
 
-    def _piece(self, files: Sequence[str]) -> list[np.ndarray | LeafpyError]:
+    def _here(self, file: str) -> np.ndarray | Exception:
+        try:
+            return self.decode(file)
+        except Exception as e:  # (a reader's own failure, given back in its file's place)
+            return e
+
+    def _piece(self, files: Sequence[str]) -> list[np.ndarray | Exception]:
         p = None if self.failed else self.idle.get()
         if p is None:
-            return [self.decode(f) for f in files]
+            return [self._here(f) for f in files]
         answer = None
         try:
             with contextlib.suppress(OSError, ValueError, AttributeError, EOFError):
@@ -312,10 +317,10 @@ class Processes:
             else:
                 self.idle.put(p)
         if answer is None:
-            return [self.decode(f) for f in files]
+            return [self._here(f) for f in files]
         errors, data = answer
         images = iter(np.frombuffer(data, np.uint8).reshape(-1, *self.shape))
-        return [(self.decode(f) if errors[i] is None else LeafpyError(errors[i])) if i in errors
+        return [(self._here(f) if errors[i] is None else LeafpyError(errors[i])) if i in errors
                 else next(images) for i, f in enumerate(files)]
 
     def _ask(self, p: subprocess.Popen, files: Sequence[str]) -> tuple[dict[int, str | None], bytearray]:

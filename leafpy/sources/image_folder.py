@@ -139,6 +139,8 @@ def decode_all(files: Sequence[str], image_size: Sequence[int], channels: int, s
             if not skip_unreadable:
                 raise image
             skipped.append(i)
+        elif isinstance(image, Exception):  # (a reader's own failure, met by a decoding process)
+            raise image
         else:
             out[i - len(skipped)] = image
     return out[:len(files) - len(skipped)], skipped
@@ -162,8 +164,9 @@ def processes(workers: int, image_size: Sequence[int], channels: int) -> decodin
 
 
 def _each(files: Sequence[str], image_size: Sequence[int], channels: int, workers: int, mode: str = "auto"
-          ) -> Iterator[np.ndarray | LeafpyError]:
-    """Each file decoded, or the LeafpyError that names it, in file order."""
+          ) -> Iterator[np.ndarray | Exception]:
+    """Each file decoded, or the LeafpyError that names it, in file order (or what else decoding raised, where
+    decoding processes met it: threads raise it)."""
     one = functools.partial(decode_or_error, image_size=image_size, channels=channels)
     if workers <= 1:
         yield from map(one, files)
