@@ -216,11 +216,13 @@ def test_a_corrupt_image_met_in_the_first_epoch_by_a_worker_ends_the_run_naming_
 
 
 def decode_workers() -> set[int]:
-    """The process ids of the decoding processes running on this machine."""
+    """The process ids of this checkout's decoding processes running on this machine (its folder is on their
+    command line: another checkout's tests, running beside these, start their own)."""
     found = set()
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and b"leafpy.sources.decode_worker" in (entry / "cmdline").read_bytes():
+            command = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
+            if b"leafpy.sources.decode_worker" in command and os.fsencode(ROOT) in command:
                 found.add(int(entry.name))
         except OSError:
             pass
