@@ -783,3 +783,20 @@ def test_a_ctrl_c_while_the_decoding_processes_start_leaves_them_usable(tmp_path
     finally:
         signal.signal(signal.SIGINT, kept)
         processes.close()
+
+
+def test_decoding_processes_closed_before_their_first_request_leave_it_to_this_process(tmp_path):
+    """The folder decoded whole (its decoder closing the processes) while the thread that started them had yet to
+    ask them anything: its request is decoded here, with no error and no warning of a process ended."""
+    import warnings
+
+    from leafpy.sources import image_folder
+
+    write_digits(tmp_path / "digits", per_class=1, odd=False)
+    files = image_folder.list_classes(str(tmp_path / "digits"))[1]
+    processes = image_folder.processes(2, (8, 8), 1)
+    processes.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = processes.map(files)
+    assert all(np.array_equal(a, image_folder.decode(f, (8, 8), 1)) for a, f in zip(got, files))

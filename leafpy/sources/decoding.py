@@ -338,14 +338,14 @@ class Processes:
     def _line(p: subprocess.Popen) -> bytes:
         try:
             return p.stdout.readline()  # type: ignore[union-attr]
-        except OSError:
+        except (OSError, ValueError):  # (ValueError: closed, the folder decoded meanwhile)
             return b""
 
     def _fail(self, p: subprocess.Popen) -> None:
-        if not self.failed:
-            self.failed = True
+        if not self.failed and self._closer.alive:  # (not once closed: the processes end as they were told to)
             warnings.warn(f"leafpy: a decoding process ended (exit code {p.poll()}); decoding goes on in this "
                           "process", stacklevel=2)
+        self.failed = True
         while not self.idle.empty():
             self.idle.get()
         for _ in self.processes:
@@ -355,10 +355,14 @@ class Processes:
 def _close(processes: list[subprocess.Popen], pool: ThreadPoolExecutor, threads: set[int]) -> None:
     """End the processes once the pieces under way are done; from one of ``pool``'s ``threads`` (where the last
     piece let the Processes go), a new thread does it, as that one cannot wait for itself."""
-    if threading.get_ident() in threads:
-        threading.Thread(target=_close, args=(processes, pool, set()), name="leafpy-decode-close").start()
-        return
-    pool.shutdown(wait=True)
+    if threading.get_ident() not in threads:
+        pool.shutdown(wait=True)
+    else:
+        try:
+            threading.Thread(target=_close, args=(processes, pool, set()), name="leafpy-decode-close").start()
+            return
+        except RuntimeError:  # (Python ending starts no threads: the pieces under way are not waited for)
+            pool.shutdown(wait=False)
     for p in processes:
         with contextlib.suppress(OSError):
             p.stdin.close()  # type: ignore[union-attr]
