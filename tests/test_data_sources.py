@@ -216,11 +216,13 @@ def test_a_corrupt_image_met_in_the_first_epoch_by_a_worker_ends_the_run_naming_
 
 
 def decode_workers() -> set[int]:
-    """The process ids of the decoding processes running on this machine."""
+    """The process ids of this checkout's decoding processes running on this machine (its folder is on their
+    command line: another checkout's tests, running beside these, start their own)."""
     found = set()
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and b"leafpy.sources.decode_worker" in (entry / "cmdline").read_bytes():
+            command = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
+            if b"leafpy.sources.decode_worker" in command and os.fsencode(ROOT) in command:
                 found.add(int(entry.name))
         except OSError:
             pass
@@ -591,3 +593,210 @@ def test_decoding_must_be_a_known_way(tmp_path):
     p = leafpy(tmp_path, "train", *FOLDER, "--epochs", "1", "--set", "data.decoding=fork", "--set",
                f"data.cache_dir={tmp_path / 'cache'}")
     failed_cleanly(p, "data.decoding", "auto, threads, processes", "'fork'")
+
+
+def _dds_of_unknown_pixel_format() -> bytes:
+    """A DDS header (which Pillow reads whatever the file's name) declaring a pixel format it does not know: its
+    reader raises NotImplementedError, not OSError."""
+    import struct
+
+    return b"DDS " + struct.pack("<7I", 124, 0x1007, 8, 8, 0, 0, 0) + bytes(44) + \
+        struct.pack("<8I", 32, 0x1D, 0, 24, 0xFF0000, 0xFF00, 0xFF, 0) + bytes(20 + 192)
+
+
+def test_a_damaged_file_pillow_reads_as_another_format_is_named_by_threads_and_processes_alike(tmp_path):
+    write_digits(tmp_path / "digits", per_class=3, odd=False)
+    (tmp_path / "digits" / "two" / "odd.png").write_bytes(_dds_of_unknown_pixel_format())
+    errors = []
+    for mode in ("threads", "processes"):
+        p = leafpy(tmp_path, "train", *FOLDER, "--epochs", "1", "--set", "data.workers=2", "--set",
+                   f"data.decoding={mode}", "--set", "data.cache_dir=null", "--out", f"run-{mode}", timeout=60)
+        failed_cleanly(p, "odd.png", "cannot decode the image", "NotImplementedError", "skip_unreadable")
+        errors.append(p.stderr)
+    assert errors[0] == errors[1] and len(errors[0].strip().splitlines()) == 1, errors
+
+
+def test_decoding_processes_keep_their_answers_from_prints_and_leave_other_failures_to_this_process(
+        tmp_path, monkeypatch, capfd):
+    """A ``sitecustomize`` that prints as the decoding processes start, and a Pillow whose reader fails on one
+    file with ZeroDivisionError (a reader's own bug): the processes decode on (no warning, none given up), that file's
+    ZeroDivisionError is raised here as a thread would raise it, with no traceback from the processes; paths with a
+    newline or bytes that are not UTF-8 reach them intact."""
+    import warnings
+
+    from PIL import Image
+
+    from leafpy.errors import LeafpyError
+    from leafpy.sources import image_folder
+
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(
+        "print('hello from sitecustomize')\n"
+        "import PIL.Image\n_open = PIL.Image.open\n"
+        "def _failing(fp, *args, **kwargs):\n"
+        "    if 'boom' in str(fp):\n        raise ZeroDivisionError('a reader bug')\n"
+        "    return _open(fp, *args, **kwargs)\n"
+        "PIL.Image.open = _failing\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "site"), str(ROOT),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("PYTHONUNBUFFERED", "1")
+    opened = Image.open
+
+    def failing(fp, *args, **kwargs):  # (this process's Pillow as the sitecustomize makes theirs)
+        if "boom" in str(fp):
+            raise ZeroDivisionError("a reader bug")
+        return opened(fp, *args, **kwargs)
+
+    monkeypatch.setattr(Image, "open", failing)
+    folder = os.fsencode(tmp_path / "odd")
+    os.mkdir(folder)
+    files = []
+    for i, name in enumerate([b"new\nline.png", b"lat\xe9n1.png", b"boom.png"]):
+        Image.fromarray(np.full((8, 8), 40 * i + 3, np.uint8), "L").save(os.path.join(folder, name), format="PNG")
+        files.append(os.fsdecode(os.path.join(folder, name)))
+    (tmp_path / "broken.png").write_bytes(b"GIF89a and no more")
+    processes = image_folder.processes(2, (8, 8), 1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (a process given up warns)
+            got = processes.map(files[:2] * 3)
+            assert [int(g[0, 0, 0]) for g in got] == [3, 43] * 3
+            got = processes.map(files)
+            assert isinstance(got[2], ZeroDivisionError) and [int(g[0, 0, 0]) for g in got[:2]] == [3, 43]
+            assert not processes.failed and len(processes.map(files[:2])) == 2
+    finally:
+        processes.close()
+    # a request's first failure in file order, whichever its kind, as a thread decoding it would meet it
+    for order, raised in (([0, 3, 1, 1, 2], LeafpyError), ([0, 2, 1, 1, 3], ZeroDivisionError)):
+        listed = [[*files, str(tmp_path / "broken.png")][i] for i in order]
+        decoder = image_folder._decoder(listed, (8, 8), 1, None, "key", False, 2, "processes")
+        with pytest.raises(raised):
+            decoder[np.arange(len(listed))]
+        del decoder
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "ZeroDivisionError" not in err, err
+
+
+def test_decoding_processes_let_go_by_their_last_piece_still_end(tmp_path):
+    """The last reference to the decoding processes dropped by a piece of work in one of their own threads (a
+    dataset dropped while a request it had made was under way, say after Ctrl-C): the processes end all the same
+    (their pipes closed) rather than being left running by a thread that cannot wait for itself."""
+    import threading
+    import time
+
+    from leafpy.sources import image_folder
+
+    write_digits(tmp_path / "digits", per_class=2, odd=False)
+    files = image_folder.list_classes(str(tmp_path / "digits"))[1]
+    processes = image_folder.processes(2, (8, 8), 1)
+    children = list(processes.processes)
+    processes.wait_ready()
+    go = threading.Event()
+    done = processes.pool.submit(lambda piece=processes._piece: go.wait() and len(piece(files)))
+    del processes
+    go.set()
+    assert done.result(timeout=30) == len(files)
+    deadline = time.monotonic() + 20
+    while not all(p.stdout.closed for p in children) and time.monotonic() < deadline:  # (closed once ended)
+        time.sleep(0.05)
+    assert all(p.stdout.closed and p.poll() is not None for p in children)
+
+
+def _peak_memory(pid: int) -> int:
+    """The most memory process ``pid`` has held so far (bytes: Linux's VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM for process {pid}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads processes' peak memory from Linux's /proc")
+def test_decoding_processes_hold_about_one_piece_of_large_images_at_a_time(tmp_path):
+    """Images of 3 MiB each (1024x1024 RGB), 48 files to two processes: each answers in pieces of at most
+    PROCESS_PIECE_BYTES, without copies of the whole answer, so its memory grows by well under 3 pieces; the
+    images are those decoded here."""
+    from leafpy.sources import decoding, image_folder
+
+    write_digits(tmp_path / "digits", per_class=5, odd=False)
+    files = image_folder.list_classes(str(tmp_path / "digits"))[1][:48]
+    size = (1024, 1024)
+    with image_folder.processes(2, size, 3) as processes:
+        processes.wait_ready()
+        started = {p.pid: _peak_memory(p.pid) for p in processes.processes}
+        got = processes.map(files)
+        grown = {pid: _peak_memory(pid) - before for pid, before in started.items()}
+    assert all(g < 3 * decoding.PROCESS_PIECE_BYTES for g in grown.values()), grown
+    assert all(np.array_equal(got[i], image_folder.decode(files[i], size, 3)) for i in (0, 23, 47))
+
+
+def test_a_decoding_process_whose_run_is_gone_ends_without_a_traceback(tmp_path):
+    """A decoding process answering a run that was killed meanwhile (OOM, kill -9: nobody reads its answer) ends
+    quietly, as a command in a pipe does, instead of printing a BrokenPipeError traceback on the terminal."""
+    import subprocess
+
+    from leafpy.sources import decoding
+
+    write_digits(tmp_path / "digits", per_class=1, odd=False)
+    files = sorted(str(f) for f in (tmp_path / "digits").rglob("*.png"))
+    worker = subprocess.Popen([sys.executable, "-c", decoding.WORKER, str(ROOT), "256", "256", "3"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env())
+    assert worker.stdout is not None and worker.stdin is not None
+    assert worker.stdout.readline() == b"ready\n"
+    worker.stdout.close()  # (the run is gone: its end of the pipe closed)
+    worker.stdin.write(json.dumps(files * 20).encode() + b"\n")  # (more than a pipe holds: 200 images of 196 KiB)
+    worker.stdin.close()
+    assert worker.stderr is not None
+    err = worker.stderr.read()  # (to its end: the process's)
+    worker.wait(timeout=60)
+    worker.stderr.close()
+    assert b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()
+
+
+def test_a_ctrl_c_while_the_decoding_processes_start_leaves_them_usable(tmp_path, monkeypatch):
+    """Ctrl-C (in a Python session) after one decoding process said it was ready and while the other was still
+    starting: the next request waits for the second alone and is decoded, rather than waiting forever for the
+    first to say again that it is ready."""
+    import signal
+    import threading
+
+    from leafpy.sources import image_folder
+
+    write_digits(tmp_path / "digits", per_class=1, odd=False)
+    files = image_folder.list_classes(str(tmp_path / "digits"))[1]
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(  # (the second process to start takes 2 s longer)
+        f"import os, time\ntry:\n    os.close(os.open({str(tmp_path / 'first')!r}, os.O_CREAT | os.O_EXCL))\n"
+        "except FileExistsError:\n    time.sleep(2)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")]))
+    processes = image_folder.processes(2, (8, 8), 1)
+    kept = signal.signal(signal.SIGINT, signal.default_int_handler)  # (as an interactive session has it)
+    try:
+        main = threading.get_ident()
+        threading.Timer(1.0, signal.pthread_kill, (main, signal.SIGINT)).start()
+        with pytest.raises(KeyboardInterrupt):
+            processes.wait_ready()
+        got: list = []
+        later = threading.Thread(target=lambda: got.extend(processes.map(files)), daemon=True)
+        later.start()
+        later.join(timeout=30)
+        assert not later.is_alive() and len(got) == len(files) and not processes.failed
+    finally:
+        signal.signal(signal.SIGINT, kept)
+        processes.close()
+
+
+def test_decoding_processes_closed_before_their_first_request_leave_it_to_this_process(tmp_path):
+    """The folder decoded whole (its decoder closing the processes) while the thread that started them had yet to
+    ask them anything: its request is decoded here, with no error and no warning of a process ended."""
+    import warnings
+
+    from leafpy.sources import image_folder
+
+    write_digits(tmp_path / "digits", per_class=1, odd=False)
+    files = image_folder.list_classes(str(tmp_path / "digits"))[1]
+    processes = image_folder.processes(2, (8, 8), 1)
+    processes.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = processes.map(files)
+    assert all(np.array_equal(a, image_folder.decode(f, (8, 8), 1)) for a, f in zip(got, files))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -118,7 +119,7 @@ class Decoder:
                         self.processes = processes
                         return processes, rows
                     trial = rows[:2 * PROCESS_TRIAL_FILES * self.workers]
-                    tried: list[np.ndarray | LeafpyError] = []
+                    tried: list[np.ndarray | Exception] = []
                     self.start_processes = None
                     try:
                         pay = processes_pay(self._decode_files, [self.files[i] for i in trial], processes, tried)
@@ -139,10 +140,10 @@ class Decoder:
         """The images of files in this thread (the measure :func:`processes_pay` takes of one thread's rate)."""
         return [self.decode(f) for f in files]
 
-    def _store(self, rows: np.ndarray, images: Sequence[np.ndarray | LeafpyError]) -> None:
+    def _store(self, rows: np.ndarray, images: Sequence[np.ndarray | Exception]) -> None:
         """Rows decoded elsewhere, in order up to the first that could not be (its error raised)."""
         for i, image in zip(rows, images):
-            if isinstance(image, LeafpyError):
+            if isinstance(image, Exception):
                 raise image
             self._keep(i, image)
 
@@ -208,6 +209,10 @@ process costs a round trip through its pipes, and the measure must see past it).
 PROCESS_CHUNK = 32
 """Files per request to one decoding process: a batch is shared out among the processes in such pieces."""
 
+PROCESS_PIECE_BYTES = 1 << 25
+"""The most bytes of images one request to a decoding process asks for (fewer files than :data:`PROCESS_CHUNK`
+where images are large: a process holds a request's images until it answers, and this process reads them whole)."""
+
 
 WORKER = ("import sys; home = sys.argv[1]; home in sys.path or sys.path.insert(0, home); "
           "from leafpy.sources.decode_worker import main; main(sys.argv[2:])")
@@ -230,7 +235,7 @@ class Processes:
     with a warning."""
 
     def __init__(self, count: int, image_size: Sequence[int], channels: int,
-                 decode: Callable[[str], np.ndarray | LeafpyError]) -> None:
+                 decode: Callable[[str], np.ndarray | Exception]) -> None:
         self.shape = (channels, int(image_size[0]), int(image_size[1]))
         self.decode = decode
         self.idle: SimpleQueue = SimpleQueue()
@@ -246,10 +251,12 @@ class Processes:
         except (OSError, ValueError) as e:
             warnings.warn(f"leafpy: cannot start a decoding process ({e}); decoding in this process", stacklevel=3)
             self.failed = True
-        self.ready = False
+        self.unready = list(self.processes)  # (those yet to say they are ready, in turn)
         self.starting = threading.Lock()
-        self.pool = ThreadPoolExecutor(count, thread_name_prefix="leafpy-decode-processes")
-        self._closer = weakref.finalize(self, _close, self.processes, self.pool)
+        threads: set[int] = set()  # (the pool's, which must not wait for themselves when the last piece drops self)
+        self.pool = ThreadPoolExecutor(count, thread_name_prefix="leafpy-decode-processes",
+                                       initializer=lambda: threads.add(threading.get_ident()))
+        self._closer = weakref.finalize(self, _close, self.processes, self.pool, threads)
 
     def __enter__(self) -> Processes:
         return self
@@ -261,69 +268,102 @@ class Processes:
         self._closer()
 
     def wait_ready(self) -> None:
-        """Wait until every process can decode (each has imported what it needs)."""
+        """Wait until every process can decode (each has imported what it needs; what was printed before it
+        could keep its output to itself, by a ``sitecustomize`` say, is passed over)."""
         with self.starting:
-            if not self.ready:
-                for p in self.processes:
-                    if self._line(p) != b"ready\n":
-                        self._fail(p)
-                    else:
-                        self.idle.put(p)
-                self.ready = True
+            while self.unready:  # (a wait interrupted, by Ctrl-C say, goes on from the process it was waiting for)
+                p = self.unready[0]
+                line = self._line(p)
+                while line and not line.endswith(b"ready\n"):
+                    line = self._line(p)
+                del self.unready[0]
+                if line:
+                    self.idle.put(p)
+                else:
+                    self._fail(p)
 
-    def map(self, files: Sequence[str]) -> list[np.ndarray | LeafpyError]:
-        """Each file's image, or the LeafpyError naming it, in order."""
+    def map(self, files: Sequence[str]) -> list[np.ndarray | Exception]:
+        """Each file's image, or the LeafpyError naming it, in order (or, where decoding raised something else,
+        what it raised: whoever takes the images raises the first failure in file order, as a thread would)."""
         if not len(files):
             return []
         if not self.processes:
-            return [self.decode(f) for f in files]
+            return [self._here(f) for f in files]
         self.wait_ready()
-        step = min(PROCESS_CHUNK, -(-len(files) // len(self.processes)))
-        pieces = [files[i:i + step] for i in range(0, len(files), step)]
+        step = max(1, min(PROCESS_CHUNK, PROCESS_PIECE_BYTES // math.prod(self.shape),
+                          -(-len(files) // len(self.processes))))
         try:
-            return [image for piece in self.pool.map(self._piece, pieces) for image in piece]
-        except RuntimeError:  # closed (the last rows were decoded meanwhile): decoded here
-            return [self.decode(f) for f in files]
+            pieces = [self.pool.submit(self._piece, files[i:i + step]) for i in range(0, len(files), step)]
+        except RuntimeError:  # closed (the last rows were decoded meanwhile), or Python ending: decoded here
+            return [self._here(f) for f in files]
+        return [image for piece in pieces for image in piece.result()]
 
-    def _piece(self, files: Sequence[str]) -> list[np.ndarray | LeafpyError]:
+    def _here(self, file: str) -> np.ndarray | Exception:
+        try:
+            return self.decode(file)
+        except Exception as e:  # (a reader's own failure, given back in its file's place)
+            return e
+
+    def _piece(self, files: Sequence[str]) -> list[np.ndarray | Exception]:
         p = None if self.failed else self.idle.get()
         if p is None:
-            return [self.decode(f) for f in files]
+            return [self._here(f) for f in files]
+        answer = None
         try:
-            p.stdin.write(json.dumps(list(files)).encode() + b"\n")
-            p.stdin.flush()
-            errors = {int(k): LeafpyError(v) for k, v in json.loads(self._line(p) or b"null").items()}
-            size = int(np.prod(self.shape))
-            data = p.stdout.read(size * (len(files) - len(errors)))
-            if len(data) != size * (len(files) - len(errors)):
-                raise EOFError
-        except (OSError, ValueError, AttributeError, EOFError):
-            self._fail(p)
-            return [self.decode(f) for f in files]
-        self.idle.put(p)
+            with contextlib.suppress(OSError, ValueError, AttributeError, EOFError):
+                answer = self._ask(p, files)
+        finally:  # (a process is given back, or given up: never lost to the threads waiting for one)
+            if answer is None:
+                self._fail(p)
+            else:
+                self.idle.put(p)
+        if answer is None:
+            return [self._here(f) for f in files]
+        errors, data = answer
         images = iter(np.frombuffer(data, np.uint8).reshape(-1, *self.shape))
-        return [errors[i] if i in errors else np.array(next(images)) for i in range(len(files))]
+        return [(self._here(f) if errors[i] is None else LeafpyError(errors[i])) if i in errors
+                else next(images) for i, f in enumerate(files)]
+
+    def _ask(self, p: subprocess.Popen, files: Sequence[str]) -> tuple[dict[int, str | None], bytearray]:
+        """Process ``p``'s answer to ``files``: the messages of those it could not decode (None: decoded here,
+        see :mod:`.decode_worker`), by position, and the others' images' bytes."""
+        p.stdin.write(json.dumps(list(files)).encode() + b"\n")  # type: ignore[union-attr]
+        p.stdin.flush()  # type: ignore[union-attr]
+        errors = {int(k): v if v is None else str(v) for k, v in json.loads(self._line(p) or b"null").items()}
+        data = bytearray(math.prod(self.shape) * (len(files) - len(errors)))  # (the images are views of it)
+        if p.stdout.readinto(data) != len(data):  # type: ignore[union-attr]
+            raise EOFError
+        return errors, data
 
     @staticmethod
     def _line(p: subprocess.Popen) -> bytes:
         try:
             return p.stdout.readline()  # type: ignore[union-attr]
-        except OSError:
+        except (OSError, ValueError):  # (ValueError: closed, the folder decoded meanwhile)
             return b""
 
     def _fail(self, p: subprocess.Popen) -> None:
-        if not self.failed:
-            self.failed = True
+        if not self.failed and self._closer.alive:  # (not once closed: the processes end as they were told to)
             warnings.warn(f"leafpy: a decoding process ended (exit code {p.poll()}); decoding goes on in this "
                           "process", stacklevel=2)
+        self.failed = True
         while not self.idle.empty():
             self.idle.get()
         for _ in self.processes:
             self.idle.put(None)  # (a thread waiting for a process decodes its piece itself)
 
 
-def _close(processes: list[subprocess.Popen], pool: ThreadPoolExecutor) -> None:
-    pool.shutdown(wait=True)  # (the pieces under way first)
+def _close(processes: list[subprocess.Popen], pool: ThreadPoolExecutor, threads: set[int]) -> None:
+    """End the processes once the pieces under way are done; from one of ``pool``'s ``threads`` (where the last
+    piece let the Processes go), a new thread does it, as that one cannot wait for itself."""
+    if threading.get_ident() not in threads:
+        pool.shutdown(wait=True)
+    else:
+        try:
+            threading.Thread(target=_close, args=(processes, pool, set()), name="leafpy-decode-close").start()
+            return
+        except RuntimeError:  # (Python ending starts no threads: the pieces under way are not waited for)
+            pool.shutdown(wait=False)
     for p in processes:
         with contextlib.suppress(OSError):
             p.stdin.close()  # type: ignore[union-attr]
@@ -333,6 +373,7 @@ def _close(processes: list[subprocess.Popen], pool: ThreadPoolExecutor) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+        p.stdout.close()  # type: ignore[union-attr]
 
 
 def processes_pay(decode: Callable[[Sequence[str]], list], files: Sequence[str], processes: Processes,

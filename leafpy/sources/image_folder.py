@@ -12,6 +12,7 @@ import functools
 import hashlib
 import json
 import os
+import struct
 import tempfile
 import warnings
 import weakref
@@ -99,8 +100,9 @@ def check_memory(files: Sequence[str], image_size: Sequence[int], channels: int,
 
 def decode(path: str, image_size: Sequence[int], channels: int) -> np.ndarray:
     """One image as uint8 [channels, H, W]: EXIF orientation applied, a GIF's first frame, 16-bit samples scaled
-    to 8, converted to grayscale or RGB and resized (bilinear) to ``image_size``. A file Pillow cannot decode, or
-    one past its decompression-bomb limit, is a LeafpyError naming it."""
+    to 8, converted to grayscale or RGB and resized (bilinear) to ``image_size``. A file Pillow cannot decode (its
+    readers of damaged files raise NotImplementedError, IndexError... as well as OSError), or one past its
+    decompression-bomb limit, is a LeafpyError naming it."""
     Image, ImageOps = _pil()
     h, w = int(image_size[0]), int(image_size[1])
     try:
@@ -118,7 +120,7 @@ def decode(path: str, image_size: Sequence[int], channels: int) -> np.ndarray:
                     img = img.resize((w, h), Image.Resampling.BILINEAR)
                 a = np.asarray(img, dtype=np.uint8)
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, Image.DecompressionBombWarning,
-            EOFError) as e:
+            EOFError, NotImplementedError, IndexError, KeyError, struct.error) as e:  # (what Pillow's readers raise)
         raise LeafpyError(f"{path}: cannot decode the image ({type(e).__name__}: {e}); remove or replace the file, "
                           "or set data.skip_unreadable: true to skip such files") from e
     return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
@@ -137,6 +139,8 @@ def decode_all(files: Sequence[str], image_size: Sequence[int], channels: int, s
             if not skip_unreadable:
                 raise image
             skipped.append(i)
+        elif isinstance(image, Exception):  # (a reader's own failure, met by a decoding process)
+            raise image
         else:
             out[i - len(skipped)] = image
     return out[:len(files) - len(skipped)], skipped
@@ -160,8 +164,9 @@ def processes(workers: int, image_size: Sequence[int], channels: int) -> decodin
 
 
 def _each(files: Sequence[str], image_size: Sequence[int], channels: int, workers: int, mode: str = "auto"
-          ) -> Iterator[np.ndarray | LeafpyError]:
-    """Each file decoded, or the LeafpyError that names it, in file order."""
+          ) -> Iterator[np.ndarray | Exception]:
+    """Each file decoded, or the LeafpyError that names it, in file order (or what else decoding raised, where
+    decoding processes met it: threads raise it)."""
     one = functools.partial(decode_or_error, image_size=image_size, channels=channels)
     if workers <= 1:
         yield from map(one, files)
