@@ -131,7 +131,8 @@ GPU_ONLY = {"alexnet128", "alexnet-lrn128", "resnet18-128"}
 # --- leafpy -----------------------------------------------------------------------------------------------------
 def set_attributes(backend, items: list[str], error) -> None:
     """The benchmark scripts' ``--set NAME=VALUE``: each a backend tuning attribute, converted to the type it has
-    (``error``: the parser's, for a name the backend lacks or a value that is no number)."""
+    (as written where it is None, off; ``error``: the parser's, for a name the backend lacks or a value that is no
+    number)."""
     for item in items:
         name, _, value = item.partition("=")
         if not hasattr(backend, name):
@@ -140,7 +141,8 @@ def set_attributes(backend, items: list[str], error) -> None:
             number = float(value) if any(c in value for c in ".eE") else int(value)
         except ValueError:
             error(f"--set {item}: {value!r} is not a number")
-        setattr(backend, name, type(getattr(backend, name))(number))
+        current = getattr(backend, name)
+        setattr(backend, name, number if current is None else type(current)(number))  # (None: a setting left off)
 
 
 def solver_and_batch(backend, name: str) -> tuple[lp.Solver, lp.SharedTensor, lp.SharedTensor]:
