@@ -172,6 +172,8 @@ def _byte_statistics(x: Mapped) -> tuple[tuple[float, ...], tuple[float, ...]]:
         sums += r.sum(axis=(0, 2), dtype=np.uint64)
         squares += np.square(r, dtype=np.uint16).sum(axis=(0, 2), dtype=np.uint64)
         n += len(r) * r.shape[2]
+    if not n:  # no samples: no statistics (as float sums give them)
+        return _mean_and_std(np.full(len(sums), np.nan), np.full(len(sums), np.nan))
     s1, s2 = [int(v) for v in sums], [int(v) for v in squares]  # Python's integers: n * s2 - s1^2 exactly
     return _mean_and_std(np.array([a / (255 * n) for a in s1]),
                          np.array([(n * b - a * a) / (255.0 * n) ** 2 for a, b in zip(s1, s2)]))
