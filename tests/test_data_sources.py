@@ -800,3 +800,28 @@ def test_decoding_processes_closed_before_their_first_request_leave_it_to_this_p
         warnings.simplefilter("error")
         got = processes.map(files)
     assert all(np.array_equal(a, image_folder.decode(f, (8, 8), 1)) for a, f in zip(got, files))
+
+
+def test_decoding_processes_that_measure_slower_end_before_the_folder_is_decoded(tmp_path, monkeypatch):
+    """`auto` tries processes on a folder past PROCESS_MIN_FILES; where they measure slower than this process the
+    files are decoded here and the processes have ended by the time the first image comes back."""
+    from leafpy.sources import decoding, image_folder
+
+    write_digits(tmp_path / "digits", per_class=4, odd=False)
+    files = image_folder.list_classes(str(tmp_path / "digits"))[1]
+    tried = []
+
+    def slower(decode, some, processes, results):
+        tried.append(processes)
+        real(decode, some, processes, results)
+        return False
+
+    real = decoding.processes_pay
+    monkeypatch.setattr(decoding, "PROCESS_MIN_FILES", 8)
+    monkeypatch.setattr(decoding, "processes_pay", slower)
+    images = image_folder._each(files, (8, 8), 1, 2, "auto")
+    first = next(images)
+    assert len(tried) == 1 and all(p.poll() is not None for p in tried[0].processes)
+    rest = [first, *images]
+    here = [image_folder.decode(f, (8, 8), 1) for f in files]
+    assert len(rest) == len(here) and all(np.array_equal(a, b) for a, b in zip(rest, here))

@@ -186,6 +186,7 @@ def _each(files: Sequence[str], image_size: Sequence[int], channels: int, worker
                 yield from done
                 yield from _ahead(started.map, [files[s:s + WINDOW] for s in range(len(done), len(files), WINDOW)])
                 return
+            started.close()  # slower here: ended now, not when the last file is decoded
         yield from done
         for start in range(len(done), len(files), WINDOW):
             yield from many(files[start:start + WINDOW])
