@@ -242,7 +242,8 @@ class Processes:
         self.failed = False
         home = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this leafpy's
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        command = [sys.executable, "-c", WORKER, home, *map(str, self.shape[1:]), str(channels)]
+        utf8 = ["-X", "utf8"] if sys.flags.utf8_mode else []  # (file names read as this process reads them)
+        command = [sys.executable, *utf8, "-c", WORKER, home, *map(str, self.shape[1:]), str(channels)]
         self.processes = []
         try:
             for _ in range(count):
