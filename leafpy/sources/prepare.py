@@ -140,10 +140,7 @@ def channel_statistics(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, .
     if isinstance(x, Mapped):
         return _streamed_statistics(x)
     axes = (0,) + tuple(range(2, x.ndim))
-    mean = x.mean(axis=axes, dtype=np.float64)
-    std = x.std(axis=axes, dtype=np.float64)
-    std = np.where(std > 1e-12, std, 1.0)
-    return tuple(map(float, np.atleast_1d(mean))), tuple(map(float, np.atleast_1d(std)))
+    return _mean_and_std(x.mean(axis=axes, dtype=np.float64), x.var(axis=axes, dtype=np.float64))
 
 
 def _streamed_statistics(x: Mapped) -> tuple[tuple[float, ...], tuple[float, ...]]:
