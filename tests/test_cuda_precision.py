@@ -383,6 +383,34 @@ def test_fill_copy_and_copy_block(fmt):
     np.testing.assert_array_equal(_host(part).view(np.uint16), src[:, 3:7].view(np.uint16))
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", [*FORMATS, "fp32"])
+def test_copy_between_channels_last_views(fmt):
+    """A copy between views of NHWC memory (a channels-last backend's 4-D tensors) keeps every value at its
+    [n, c, h, w], whether the other operand is channels-last too (copied as bytes) or row-major."""
+    be = backend_or_skip("cuda")
+    import cupy as cp
+
+    dtype = FORMATS[fmt][0] if fmt in FORMATS else np.dtype(np.float32)
+    shape = (3, 5, 4, 6)
+    src = _rounded(np.arange(np.prod(shape)).reshape(shape) / 16, dtype)
+
+    def nhwc(host):  # an [N, C, H, W] view of NHWC memory holding host's values
+        n, c, h, w = host.shape
+        return _dev(np.ascontiguousarray(host.transpose(0, 2, 3, 1))).transpose(0, 3, 1, 2)
+
+    for out in (nhwc(np.zeros(shape, dtype)), _dev(np.zeros(shape, dtype))):
+        be.copy(nhwc(src), out)
+        be.synchronize()
+        got = cp.ascontiguousarray(out.view(np.uint16) if dtype.itemsize == 2 else out).get()
+        np.testing.assert_array_equal(got, src.view(np.uint16) if dtype.itemsize == 2 else src)
+    row_major_into_nhwc = nhwc(np.zeros(shape, dtype))
+    be.copy(_dev(src), row_major_into_nhwc)
+    be.synchronize()
+    got = cp.ascontiguousarray(row_major_into_nhwc.view(np.uint16) if dtype.itemsize == 2 else row_major_into_nhwc)
+    np.testing.assert_array_equal(got.get(), src.view(np.uint16) if dtype.itemsize == 2 else src)
+
+
 # --- batch normalisation, pooling, dropout -------------------------------------------------------------------------
 @pytest.mark.cuda
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -486,6 +486,12 @@ class CudaBackend(ArrayBackend):
             return
         if x.dtype != out.dtype:
             return self.cast(x, out)
+        if x.size and x.shape == out.shape and x.strides == out.strides and self._dense(x):
+            # one layout, one span of memory each: a device-to-device copy of the bytes. CuPy's copy kernel indexes a
+            # channels-last view element by element: 93 us against about 12 for ResNet-18's 16 MB activations on an
+            # H100, 34 copies a step (residual adds and their gradients)
+            out.data.copy_from_device_async(x.data, x.nbytes)
+            return
         super().copy(as_stored(x), as_stored(out))
 
     def copy_block(self, part, whole, part_inner, whole_inner, offset, into_whole):
@@ -651,6 +657,14 @@ class CudaBackend(ArrayBackend):
         block = min(128, 32 * -(-c // 32))
         return (-(-c // block), runs), (block,)
 
+    COMBINE_THREADS = 256
+    """The most threads of a block that combines one channel's partials (kernels.py's COMBINE_THREADS)."""
+
+    def _bn_combine(self, name: str, c: int, runs: int, args: tuple) -> None:
+        """Launch a combine kernel: a block per channel, a power of two of threads (at least a warp) over its runs."""
+        threads = min(self.COMBINE_THREADS, 1 << max(5, (runs - 1).bit_length()))
+        self._bn_module.get_function(name)((c,), (threads,), args)
+
     def _bn_kernels(self, fmt: str) -> Any:
         return self._bn_module if fmt == "f32" else self._low_module("bn", fmt)
 
@@ -667,8 +681,8 @@ class CudaBackend(ArrayBackend):
             i32 = np.int32
             self._bn_kernels(storage_format(x.dtype) if low else "f32").get_function("bn_rows_stats_part")(
                 *self._row_grid(c, runs), (as_stored(rows), part, i32(m), i32(c), i32(run)))
-            self._bn_module.get_function("bn_stats_combine")(
-                ((c + 127) // 128,), (128,), (part, mean, var, i32(m), i32(c), i32(1), i32(run), i32(runs)))
+            self._bn_combine("bn_stats_combine", c, runs, (part, mean, var, i32(m), i32(c), i32(1), i32(run),
+                                                           i32(runs)))
             return
         _, inner = self._bn_geometry(x)
         c, rows, runs, part = self._bn_runs(x)
@@ -682,8 +696,8 @@ class CudaBackend(ArrayBackend):
             f("bn_stats_part4" if wide else "bn_stats_part")(
                 (c, runs), (256,), (x, part, i32(x.shape[0]), i32(c), i32(inner // 4 if wide else inner),
                                     i32(rows)))
-        f("bn_stats_combine")(((c + 127) // 128,), (128,), (part, mean, var, i32(x.shape[0]), i32(c), inner,
-                                                            i32(rows), i32(runs)))
+        self._bn_combine("bn_stats_combine", c, runs, (part, mean, var, i32(x.shape[0]), i32(c), inner, i32(rows),
+                                                       i32(runs)))
 
     def batch_norm_grad_sums(self, x, dy, mean, var, sum_dy, sum_dy_xhat, eps):
         low = is_low(x) or is_low(dy)
@@ -700,8 +714,8 @@ class CudaBackend(ArrayBackend):
             i32 = np.int32
             self._bn_kernels(fmt["x"]).get_function("bn_rows_grad_part")(
                 *self._row_grid(c, runs), (as_stored(rows), as_stored(drows), mean, part, i32(m), i32(c), i32(run)))
-            self._bn_module.get_function("bn_grad_combine")(
-                ((c + 127) // 128,), (128,), (part, var, sum_dy, sum_dy_xhat, i32(c), i32(runs), np.float32(eps)))
+            self._bn_combine("bn_grad_combine", c, runs, (part, var, sum_dy, sum_dy_xhat, i32(c), i32(runs),
+                                                          np.float32(eps)))
             return
         _, inner = self._bn_geometry(x)
         c, rows, runs, part = self._bn_runs(x)
@@ -719,8 +733,8 @@ class CudaBackend(ArrayBackend):
             f("bn_grad_part4" if wide else "bn_grad_part")(
                 (c, runs), (256,), (x, dy, mean, part, i32(x.shape[0]), i32(c), i32(inner // 4 if wide else inner),
                                     i32(rows)))
-        f("bn_grad_combine")(((c + 127) // 128,), (128,), (part, var, sum_dy, sum_dy_xhat, i32(c), i32(runs),
-                                                           np.float32(eps)))
+        self._bn_combine("bn_grad_combine", c, runs, (part, var, sum_dy, sum_dy_xhat, i32(c), i32(runs),
+                                                      np.float32(eps)))
 
     def batch_norm(self, x, mean, var, gamma, beta, y, eps):
         if self._layout_of(x, y):  # per element, channel = index % C over rows [N * H * W, C]
