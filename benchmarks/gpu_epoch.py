@@ -96,8 +96,8 @@ def main() -> int:
     train, test = data_pipeline.generate(directory, args.images)
     npz = arrays_of(train, test, directory / f"arrays{args.images}-split.npz")
     options: dict = {"precision": args.precision} if args.precision != "fp32" else {}
-    if not args.no_channels_last and args.backend != "webgpu":
-        options["channels_last"] = True
+    if args.backend != "webgpu":
+        options["channels_last"] = not args.no_channels_last
     backend = lp.backend(args.backend, **options)
     train_step.set_attributes(backend, args.set, p.error)
     cache = tempfile.mkdtemp(prefix="leafpy-gpu-epoch-cache-")

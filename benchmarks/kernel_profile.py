@@ -94,9 +94,7 @@ def main() -> int:
     import torch
 
     options: dict = {} if args.conv_tolerance == "default" else {"conv_tolerance": args.conv_tolerance}
-    if args.channels_last:
-        options["channels_last"] = True
-    be = lp.backend("cuda", graphs=False, precision=args.precision, **options)
+    be = lp.backend("cuda", graphs=False, precision=args.precision, channels_last=args.channels_last, **options)
     solver, x, y = solver_and_batch(be, args.net)
     for _ in range(3):
         solver.train_minibatch(x, y)

@@ -44,8 +44,8 @@ def main() -> int:
     options: dict = {"graphs": False, "tf32": args.tf32} if args.backend == "cuda" else {}
     if args.precision != "fp32":
         options["precision"] = args.precision
-    if args.channels_last:
-        options["channels_last"] = True
+    if args.backend != "webgpu":  # stated either way: the cuda backend's default depends on the precision
+        options["channels_last"] = args.channels_last
     be = lp.backend(args.backend, **options)
     set_attributes(be, args.set, p.error)
     if args.backend == "native":

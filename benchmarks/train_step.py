@@ -485,8 +485,8 @@ def main() -> int:
         options["tf32"] = True
     if args.backend == "cuda" and args.conv_tolerance != "default":
         options["conv_tolerance"] = args.conv_tolerance
-    if args.channels_last:
-        options["channels_last"] = True
+    if args.backend != "webgpu":  # stated either way: the cuda backend's default depends on the precision
+        options["channels_last"] = args.channels_last
     backend = lp.backend(args.backend, **options)
     set_attributes(backend, args.set, p.error)
     device = "cpu" if args.backend == "native" else "cuda"

@@ -836,6 +836,8 @@ class Trainer:
         train = {**self.run.train, "backend": be.name, "precision": be.precision, "epochs": self.epochs}
         if be.channels_last:
             train["channels_last"] = True
+        elif not train.get("channels_last", True):
+            train["channels_last"] = False  # stated: the cuda backend's default for bf16 and fp16 is channels-last
         else:
             train.pop("channels_last", None)
         return dataclasses.replace(self.run, train=train)

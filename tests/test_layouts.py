@@ -165,6 +165,53 @@ def test_channels_last_option_is_checked():
         lp.config.loads(CHANNELS_LAST_RUN.replace("train: {epochs: 1}", "train: {epochs: 1, channels_last: 1}"))
 
 
+def test_the_default_layout_follows_the_precision_and_row_major_is_every_backends():
+    """channels_last None is the backend's default for the precision (native: row-major in every precision);
+    channels_last=False is accepted by every backend, the ones that only store row-major included."""
+    from leafpy.backends import precision_option
+
+    for precision in ("fp32", "bf16", "fp16"):
+        assert lp.backend("native", precision=precision, channels_last=None).channels_last is False
+    assert lp.backend("native", channels_last=False) is lp.backend("native")  # the shared default instance
+    assert precision_option("fp32") == {}
+    assert precision_option("bf16", None) == {"precision": "bf16"}
+    assert precision_option("fp32", False) == {"channels_last": False}
+    try:
+        webgpu = lp.backend("webgpu", channels_last=False)
+    except lp.BackendUnavailable as e:
+        pytest.skip(f"no webgpu adapter here: {e}")
+    assert webgpu is lp.backend("webgpu") and not webgpu.channels_last
+
+
+def test_leafpy_train_records_a_stated_row_major_layout(tmp_path):
+    """A run file that states ``train.channels_last: false`` keeps saying so in run.yaml (a resume then stores
+    tensors as the interrupted run did, whatever the backend's default for its precision)."""
+    import yaml
+
+    run_file = tmp_path / "rows.yaml"
+    run_file.write_text(CHANNELS_LAST_RUN.replace("train: {epochs: 1}", "train: {epochs: 1, channels_last: false}"))
+    out = tmp_path / "out"
+    p = run("train", str(run_file), "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    assert yaml.safe_load((out / "run.yaml").read_text())["train"]["channels_last"] is False
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(CHANNELS_LAST_RUN)
+    p = run("train", str(plain), "--out", str(tmp_path / "plain"))
+    assert p.returncode == 0, p.stderr
+    assert "channels_last" not in yaml.safe_load((tmp_path / "plain" / "run.yaml").read_text())["train"]
+
+
+@pytest.mark.cuda
+def test_cuda_stores_16_bit_tensors_channels_last_by_default():
+    from conftest import backend_or_skip
+
+    backend_or_skip("cuda")
+    assert lp.backend("cuda", precision="bf16").channels_last
+    assert lp.backend("cuda", precision="fp16").channels_last
+    assert not lp.backend("cuda").channels_last and not lp.backend("cuda", precision="tf32").channels_last
+    assert not lp.backend("cuda", precision="bf16", channels_last=False).channels_last
+
+
 def test_channels_last_storage_keeps_its_values_through_aliases_and_reshapes():
     """A tensor's values, whatever shape it is seen with on a channels-last backend: written as [N, C, H, W], read
     through an alias [N, C*H*W], written through it, read back 4-D, reshaped to another 4-D shape, and downloaded:

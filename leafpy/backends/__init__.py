@@ -51,6 +51,13 @@ def backend(name: str = "native", **options: Any) -> Backend:
         options = {k: v for k, v in options.items() if k != "precision"}
         if not options and name in _default:
             return _default[name]
+    layout = inspect.signature(cls).parameters.get("channels_last")
+    if options.get("channels_last", True) in (False, None) and (layout is None or options["channels_last"] is
+                                                                 layout.default):
+        # row-major is every backend's layout, and a backend's default is its default: neither is an option
+        options = {k: v for k, v in options.items() if k != "channels_last"}
+        if not options and name in _default:
+            return _default[name]
     unknown = [k for k in options if k not in valid]
     if unknown:
         hint = (" (this backend stores tensors row-major only: leave out channels_last, train.channels_last in a "
@@ -69,21 +76,22 @@ def backend(name: str = "native", **options: Any) -> Backend:
     return instance
 
 
-def precision_option(precision: str, channels_last: bool = False) -> dict[str, Any]:
-    """``backend()``'s options for ``precision`` and the ``channels_last`` layout: none for fp32 stored row-major,
-    so the shared default instance serves it."""
+def precision_option(precision: str, channels_last: bool | None = None) -> dict[str, Any]:
+    """``backend()``'s options for ``precision`` and the ``channels_last`` layout (None: the backend's default for
+    the precision): none for fp32 in the default layout, so the shared default instance serves it."""
     options: dict[str, Any] = {} if precision == "fp32" else {"precision": precision}
-    if channels_last:
-        options["channels_last"] = True
+    if channels_last is not None:
+        options["channels_last"] = channels_last
     return options
 
 
 def run_backend(train: dict, name: str | None = None, precision: str | None = None, **options: Any) -> Backend:
     """The backend a run file's ``train`` section asks for (``backend``, ``precision``, ``channels_last``), with
     ``name`` and ``precision`` given on the command line taking their place."""
+    layout = train.get("channels_last")
     return backend(name or str(train.get("backend", "native")), **options,
                    **precision_option(precision or str(train.get("precision", "fp32")),
-                                      bool(train.get("channels_last", False))))
+                                      None if layout is None else bool(layout)))
 
 
 def available_backends() -> list[str]:

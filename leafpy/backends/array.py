@@ -44,8 +44,11 @@ class ArrayBackend(Backend):
     memory takes it through :meth:`_row_major`."""
 
     xp: Any = np
+    CHANNELS_LAST_PRECISIONS: tuple[str, ...] = ()
+    """The precisions whose 4-D tensors are stored channels-last when ``channels_last`` is None (the default where
+    a backend's measurements say it is faster)."""
 
-    def __init__(self, dtype: Any = np.float32, precision: str = "fp32", channels_last: bool = False) -> None:
+    def __init__(self, dtype: Any = np.float32, precision: str = "fp32", channels_last: bool | None = False) -> None:
         from ..errors import ConfigError
 
         dtype = np.dtype(dtype)
@@ -54,6 +57,8 @@ class ArrayBackend(Backend):
         if precision not in PRECISIONS:
             raise ConfigError(f"backend '{self.name}': unknown precision {precision!r}; valid precisions: "
                               f"{', '.join(PRECISIONS)}")
+        if channels_last is None:
+            channels_last = precision in self.CHANNELS_LAST_PRECISIONS
         if not isinstance(channels_last, (bool, np.bool_)):
             raise ConfigError(f"backend '{self.name}': channels_last must be true or false, got {channels_last!r}")
         self.dtype = dtype

@@ -34,7 +34,7 @@ class NativeBackend(ArrayBackend):
     key = HOST
     xp = np
 
-    def __init__(self, dtype: Any = np.float32, precision: str = "fp32", channels_last: bool = False) -> None:
+    def __init__(self, dtype: Any = np.float32, precision: str = "fp32", channels_last: bool | None = False) -> None:
         self._threads = threading.local()
         super().__init__(dtype, precision, channels_last)
         if self.channels_last:
