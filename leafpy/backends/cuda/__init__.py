@@ -491,6 +491,8 @@ class CudaBackend(ArrayBackend):
         if x.dtype != out.dtype:
             return self.cast(x, out)
         if x.size and x.shape == out.shape and x.strides == out.strides and self._dense(x):
+            if x.data.ptr == out.data.ptr:  # two views of the same memory: nothing to move
+                return
             # one layout, one span of memory each: a device-to-device copy of the bytes. CuPy's copy kernel indexes a
             # channels-last view element by element: 93 us against about 12 for ResNet-18's 16 MB activations on an
             # H100, 34 copies a step (residual adds and their gradients)
