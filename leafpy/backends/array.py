@@ -567,6 +567,16 @@ class ArrayBackend(Backend):
             cols = self._cols_of_rows(xt, kh, kw, a, b, ow, stride, ws, rows)
             self._filter_product(dy_t[:, a * row:b * row], cols[:k], dw2, beta if a == 0 else 1.0, ws)
 
+    def _spent_cols(self, ws: dict, size: int, dtype: Any) -> Array:
+        """Scratch of ``size`` values for the data gradient's columns: the forward pass's columns when they are
+        large enough (the filter gradient, run first, has read them: one buffer, warm in cache, instead of two;
+        a later filter gradient gathers its own), else the "dcols" scratch."""
+        cols = ws.get("cols")
+        if cols is None or cols.size < size or cols.dtype != dtype:
+            return self._work(ws, "dcols", (size,), dtype)
+        ws.pop("cols_of", None)
+        return cols[:size]
+
     def _filter_product(self, dy_t: Array, cols: Array, dw: Array, beta: float, ws: dict) -> None:
         """dw [O, K] = dy_t [O, L] @ cols [K, L]^T + beta * dw (the filter gradient's GEMM)."""
         self.gemm(dy_t, False, cols, True, dw, 1.0, beta)
@@ -585,7 +595,7 @@ class ArrayBackend(Backend):
         dxt.fill(0)
         k, row = c * kh * kw, ow * n
         spans = self._row_spans(oh, k * row * dy.itemsize)
-        piece = self._work(ws, "dcols", (k * max(b - a for a, b in spans) * row,), dy.dtype)
+        piece = self._spent_cols(ws, k * max(b - a for a, b in spans) * row, dy.dtype)
         for a, b in spans:  # each piece's scatter while it is in cache
             dcols = piece[:k * (b - a) * row].reshape(k, -1)
             self.xp.matmul(w.reshape(o, -1).T, dy_t[:, a * row:b * row], out=dcols)
