@@ -147,7 +147,7 @@ def test_layers_sharing_scratch_pass_gradient_checks(native64, monkeypatch, path
     x = np.random.default_rng(3).standard_normal((2, 2, 7, 7))
     checked = check_layer_gradients(net, [x])
     assert checked == x.size + sum(w.size for w in net.learnable_weights_data())
-    assert ("dx_chwn", np.dtype(np.float64)) in native64._threads.work
+    assert ("y_t", np.dtype(np.float64)) in native64._threads.work
 
 
 def test_networks_in_two_threads_keep_their_own_scratch():
