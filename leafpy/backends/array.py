@@ -570,7 +570,10 @@ class ArrayBackend(Backend):
     def _spent(self, ws: dict, name: str, size: int, dtype: Any, otherwise: str) -> Array:
         """``size`` values of scratch for the data gradient: the forward pass's buffer ``name`` (its columns, its
         input as [C, H, W, N]) when it is large enough, else the scratch ``otherwise``. The filter gradient, run
-        first, has read it: one buffer, warm in cache, instead of two. A later call computes it again."""
+        first, has read it: one buffer, warm in cache, instead of two. A later call computes it again. LeNet-64's
+        second convolution on a 2-core machine (native, forward + both gradients, interleaved calls, minimum of
+        300): 7.14 -> 6.36 ms and 7.58 -> 6.44 in two runs (medians 8.47 -> 7.86 and 8.66 -> 7.92); the same with
+        one BLAS thread, in CPU time, the columns alone: 11.9 -> 11.2 ms."""
         buf = ws.get(name)
         if buf is None or buf.size < size or buf.dtype != dtype:
             return self._work(ws, otherwise, (size,), dtype)

@@ -248,14 +248,18 @@ class NativeBackend(ArrayBackend):
     filter gradient gathers them again piece by piece, and the data gradient computes and scatters its columns the
     same way. LeNet's second convolution on a 2-core machine, batch 1024: forward 50.0 -> 42.2 ms, data gradient
     45.8 -> 34.0, filter gradient 28.6 -> 37.7 (the gathering again), 131 MB less memory; at batch 64 the columns
-    are one piece and kept for the filter gradient."""
+    are one piece and kept for the filter gradient. (Measured before pieces of the batch, below: at batch 1024
+    LeNet's columns are now cut that way; pieces of rows remain for large images, AlexNet's.)"""
     CONV_BATCH_PIECE_MIN = 16
     """Columns too large to hold whole are cut into pieces of the batch, each a convolution of its own (columns,
     product, scatter and transposes while in cache: the batch-innermost layout is the piece's), when a piece of
     CONV_PIECE_BYTES holds at least this many images; else (large images) into pieces of output rows, as above.
     LeNet's second convolution on a 2-core machine, batch 1024 (32 images a piece, against pieces of one output
-    row): forward 54.3 -> 36.5 ms, filter gradient 45.5 -> 34.4, data gradient 45.2 -> 45.6; pieces of 64 images
-    measured the same."""
+    row; minimum of 16 calls, interleaved): forward 54.3 -> 36.5 ms, filter gradient 45.5 -> 34.4, data gradient
+    45.2 -> 45.6; pieces of 64 images measured the same, of 16 slower (data gradient 52). The whole LeNet-1024
+    training step (steps alternating in one process, median): 274.0 -> 256.5 ms. Padded (16 -> 32 channels, 3 x 3,
+    14 x 14) and strided (stride 2) convolutions at batch 1024: forward + both gradients 123 -> 91 and 77 -> 53
+    ms."""
     POOL_PIECE_BYTES = 512 << 10
     """Input bytes per piece of a pooling pass: its per-window passes and temporaries then stay in cache. LeNet's
     first pooling on a 2-core machine, batch 1024: forward 44.3 -> 24.1 ms, gradient 31.1 -> 18.6; batch 64:
