@@ -24,6 +24,7 @@ PATHS = {
     "batch-innermost": {"PER_IMAGE_MAX_K": 0},
     "batch-innermost, split filter gradient": {"PER_IMAGE_MAX_K": 0, "FILTER_SPLIT": 4},
     "batch-innermost, in pieces": {"PER_IMAGE_MAX_K": 0, "CONV_PIECE_BYTES": 1},
+    "batch-innermost, in pieces of the batch": {"PER_IMAGE_MAX_K": 0, "CONV_PIECE_BYTES": 1, "CONV_BATCH_PIECE_MIN": 0},
 }
 
 
@@ -78,10 +79,17 @@ def test_convolution_layouts_pass_gradient_checks(native64, monkeypatch, path):
 
 def test_the_shapes_pick_their_layouts(native):
     """LeNet's first convolution (1 channel, 24 x 24 outputs) takes per-image columns, its second (20 channels of
-    5 x 5, 8 x 8 outputs) the batch-innermost ones."""
-    assert native._per_image(np.empty((20, 1, 5, 5)), (64, 20, 24, 24))
-    assert not native._per_image(np.empty((50, 20, 5, 5)), (64, 50, 8, 8))
-    assert not native._per_image(np.empty((20, 1, 5, 5)), (64, 20, 8, 8))
+    5 x 5, 8 x 8 outputs) the batch-innermost ones, whole at batch 64 and in pieces of the batch at 1024; AlexNet's
+    second (96 channels of 5 x 5, 27 x 27 outputs) at batch 128 in pieces of output rows."""
+    plain = ((1, 1), (0, 0), (1, 1), 1)
+    assert native._conv_path((64, 1, 28, 28), (20, 1, 5, 5), (64, 20, 24, 24), *plain) == "per_image"
+    assert native._conv_path((64, 20, 12, 12), (50, 20, 5, 5), (64, 50, 8, 8), *plain) == "shared"
+    assert native._conv_path((1024, 20, 12, 12), (50, 20, 5, 5), (1024, 50, 8, 8), *plain) == "images"
+    assert native._conv_path((128, 96, 27, 27), (256, 96, 5, 5), (128, 256, 27, 27), (1, 1), (2, 2), (1, 1),
+                             1) == "shared"
+    assert native._conv_path((64, 20, 12, 12), (50, 10, 5, 5), (64, 50, 8, 8), (1, 1), (0, 0), (1, 1),
+                             2) == "general"
+    assert not native._per_image((20, 1, 5, 5), (64, 20, 8, 8))
 
 
 def test_float32_layouts_agree(native, monkeypatch, rng):
@@ -139,7 +147,7 @@ def test_layers_sharing_scratch_pass_gradient_checks(native64, monkeypatch, path
     x = np.random.default_rng(3).standard_normal((2, 2, 7, 7))
     checked = check_layer_gradients(net, [x])
     assert checked == x.size + sum(w.size for w in net.learnable_weights_data())
-    assert ("dcols", np.dtype(np.float64)) in native64._threads.work
+    assert ("y_t", np.dtype(np.float64)) in native64._threads.work
 
 
 def test_networks_in_two_threads_keep_their_own_scratch():
