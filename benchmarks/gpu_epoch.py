@@ -53,9 +53,12 @@ def images_of(folder: Path) -> tuple[np.ndarray, np.ndarray]:
 
 def arrays_of(train: Path, test: Path, out: Path) -> Path:
     """Both folders' images and classes as out.npz's x_train, y_train, x_test, y_test."""
-    if not out.exists():
+    if not out.exists():  # written whole, then renamed: an interrupted run leaves no partial file for the next
         (x, y), (xt, yt) = images_of(train), images_of(test)
-        np.savez(out, x_train=x, y_train=y, x_test=xt, y_test=yt)
+        partial = out.with_name(out.name + ".partial")
+        with open(partial, "wb") as f:
+            np.savez(f, x_train=x, y_train=y, x_test=xt, y_test=yt)
+        partial.replace(out)
     return out
 
 
@@ -112,7 +115,7 @@ def main() -> int:
         shutil.rmtree(cache, ignore_errors=True)
     print(f"# ResNet-18, {args.images} 32x32 images, batch {args.batch}, {args.workers} workers (decoding "
           f"{args.decoding}), {backend.name} "
-          f"{args.precision}{'' if args.no_channels_last else ' channels-last'}")
+          f"{args.precision}{' channels-last' if backend.channels_last else ' row-major'}")
     print(f"{'epoch':>5}  {'folder s':>9} {'img/s':>8}  {'arrays s':>9} {'img/s':>8}  {'folder/arrays':>13}")
     print(f"{'data':>5}  {folder_prepared:>9.2f} {args.images / folder_prepared:>8.0f}  {arrays_prepared:>9.2f} "
           f"{'':>8}  (preparing: listing, decoding and summing the folder; loading the arrays)")
@@ -126,7 +129,8 @@ def main() -> int:
         with open(args.json, "w") as f:
             json.dump({"folder": folder, "arrays": arrays, "folder_prepare_s": folder_prepared,
                        "arrays_prepare_s": arrays_prepared, "images": args.images, "workers": args.workers,
-                       "backend": backend.name, "precision": args.precision}, f, indent=1)
+                       "backend": backend.name, "precision": args.precision,
+                       "channels_last": backend.channels_last}, f, indent=1)
     if not args.dir:
         shutil.rmtree(directory, ignore_errors=True)
     return 0

@@ -834,12 +834,11 @@ class Trainer:
         the backend, precision and layout it runs on, and the epochs it trains to."""
         be = self.backend
         train = {**self.run.train, "backend": be.name, "precision": be.precision, "epochs": self.epochs}
-        if be.channels_last:
-            train["channels_last"] = True
-        elif not train.get("channels_last", True):
-            train["channels_last"] = False  # stated: the cuda backend's default for bf16 and fp16 is channels-last
-        else:
-            train.pop("channels_last", None)
+        # the layout when stated or other than the backend's default for the precision (cuda: channels-last for
+        # bf16 and fp16); a default one is left to the backend that reads run.yaml (webgpu stores row-major only)
+        default = be.precision in getattr(be, "CHANNELS_LAST_PRECISIONS", ())
+        if "channels_last" in train or be.channels_last != default:
+            train["channels_last"] = be.channels_last
         return dataclasses.replace(self.run, train=train)
 
     def _mark_position(self, epoch: int, sample: int, loss_sum: float, loss_count: int, correct: int = 0,

@@ -4,6 +4,8 @@ that say which transpose fits, in the API and in the leafpy command; layouts tha
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from test_cli import accuracy, run
@@ -341,3 +343,28 @@ def test_backends_of_two_memory_orders_keep_separate_copies():
     np.testing.assert_array_equal(np.asarray(t.read(rm)), x)
     t.read_write(cl)[...] *= 2  # written on the channels-last copy: the host copy is synced from it
     np.testing.assert_array_equal(np.asarray(t.read(rm)), 2 * x)
+
+
+def test_run_yaml_leaves_a_default_layout_to_the_backend_that_runs_it(monkeypatch):
+    """A run in its backend's default layout for the precision (cuda: channels-last for bf16, imitated here on
+    native) records no layout in run.yaml: ``leafpy evaluate --backend webgpu`` (row-major only) or a resume in
+    another precision then runs in that backend's default, instead of meeting a channels_last nobody stated. A
+    layout other than the default, or one the run file states, is recorded."""
+    from leafpy.backends.native import NativeBackend
+
+    monkeypatch.setattr(NativeBackend, "CHANNELS_LAST_PRECISIONS", ("bf16",))
+    run = lp.config.loads(CHANNELS_LAST_RUN.replace("train: {epochs: 1}", "train: {epochs: 1, precision: bf16}"))
+
+    def recorded(train: dict, backend: lp.Backend) -> object:
+        stated = dataclasses.replace(run, train={**run.train, **train})
+        trainer = lp.Trainer(stated, backend=backend, log=lambda line: None)
+        return trainer.resolved_run().train.get("channels_last", "absent")
+
+    default = lp.backend("native", precision="bf16", channels_last=None)
+    assert default.channels_last  # the imitated 16-bit default
+    assert recorded({}, default) == "absent"
+    assert recorded({"channels_last": True}, default) is True
+    rows = lp.backend("native", precision="bf16", channels_last=False)
+    assert recorded({}, rows) is False and recorded({"channels_last": False}, rows) is False
+    assert recorded({}, lp.backend("native", channels_last=True)) is True  # fp32's default is row-major
+    assert recorded({"channels_last": False}, lp.backend("native")) is False
