@@ -183,6 +183,8 @@ def test_the_default_layout_follows_the_precision_and_row_major_is_every_backend
     except lp.BackendUnavailable as e:
         pytest.skip(f"no webgpu adapter here: {e}")
     assert webgpu is lp.backend("webgpu") and not webgpu.channels_last
+    with pytest.raises(lp.ConfigError, match="unknown option 'channels_last'"):
+        lp.backend("webgpu", channels_last=0)  # only true or false state a layout
 
 
 def test_leafpy_train_records_a_stated_row_major_layout(tmp_path):

@@ -6,6 +6,8 @@ import importlib
 import inspect
 from typing import Any
 
+import numpy as np
+
 from ..errors import BackendError, BackendUnavailable, ConfigError, LeafpyError
 from .base import PRECISIONS, PRIMITIVES, Backend
 
@@ -52,8 +54,9 @@ def backend(name: str = "native", **options: Any) -> Backend:
         if not options and name in _default:
             return _default[name]
     layout = inspect.signature(cls).parameters.get("channels_last")
-    if options.get("channels_last", True) in (False, None) and (layout is None or options["channels_last"] is
-                                                                 layout.default):
+    stated = options.get("channels_last", True)
+    row_major = stated is None or (isinstance(stated, (bool, np.bool_)) and not stated)  # (not 0, not "")
+    if row_major and (layout is None or stated == layout.default):
         # row-major is every backend's layout, and a backend's default is its default: neither is an option
         options = {k: v for k, v in options.items() if k != "channels_last"}
         if not options and name in _default:
