@@ -836,7 +836,7 @@ class Trainer:
         train = {**self.run.train, "backend": be.name, "precision": be.precision, "epochs": self.epochs}
         # the layout when stated or other than the backend's default for the precision (cuda: channels-last for
         # bf16 and fp16); a default one is left to the backend that reads run.yaml (webgpu stores row-major only)
-        default = be.precision in getattr(be, "CHANNELS_LAST_PRECISIONS", ())
+        default = be.precision in be.CHANNELS_LAST_PRECISIONS
         if "channels_last" in train or be.channels_last != default:
             train["channels_last"] = be.channels_last
         return dataclasses.replace(self.run, train=train)

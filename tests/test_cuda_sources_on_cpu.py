@@ -22,7 +22,7 @@ import pytest
 from test_update_rules import LION
 
 from leafpy.backends import updates
-from leafpy.backends.cuda.kernels import _BN_SOURCE, _POOL_SOURCE
+from leafpy.backends.cuda.kernels import _BN_SOURCE, _POOL_SOURCE, COMBINE_THREADS
 from leafpy.backends.cuda.lowp import CONVERT
 from leafpy.backends.native import NativeBackend
 
@@ -121,7 +121,8 @@ def _build(tmp_path_factory, tag: str, source: str) -> ctypes.CDLL:
 def _prelude(fmt: str, channels_last: bool = False) -> str:
     stored = "float" if fmt == "f32" else "unsigned short"
     return (SHIMS + _converters() + f"typedef {stored} S;\n#define LD(v) ld_{fmt}(v)\n#define ST(v) st_{fmt}(v)\n"
-            + ("#define LOWP 1\n" if fmt != "f32" else "") + ("#define CHANNELS_LAST 1\n" if channels_last else ""))
+            + ("#define LOWP 1\n" if fmt != "f32" else "") + ("#define CHANNELS_LAST 1\n" if channels_last else "")
+            + f"#define COMBINE_THREADS {COMBINE_THREADS}\n")
 
 
 @pytest.fixture(scope="module")

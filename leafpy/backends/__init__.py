@@ -54,9 +54,9 @@ def backend(name: str = "native", **options: Any) -> Backend:
         if not options and name in _default:
             return _default[name]
     layout = inspect.signature(cls).parameters.get("channels_last")
-    stated = options.get("channels_last", True)
-    row_major = stated is None or (isinstance(stated, (bool, np.bool_)) and not stated)  # (not 0, not "")
-    if row_major and (layout is None or stated == layout.default):
+    stated = options.get("channels_last", True)  # (True where not given: nothing to drop)
+    none_or_false = stated is None or (isinstance(stated, (bool, np.bool_)) and not stated)  # (not 0, not "")
+    if none_or_false and (layout is None or stated == layout.default):
         # row-major is every backend's layout, and a backend's default is its default: neither is an option
         options = {k: v for k, v in options.items() if k != "channels_last"}
         if not options and name in _default:

@@ -44,9 +44,6 @@ class ArrayBackend(Backend):
     memory takes it through :meth:`_row_major`."""
 
     xp: Any = np
-    CHANNELS_LAST_PRECISIONS: tuple[str, ...] = ()
-    """The precisions whose 4-D tensors are stored channels-last when ``channels_last`` is None (the default where
-    a backend's measurements say it is faster)."""
 
     def __init__(self, dtype: Any = np.float32, precision: str = "fp32", channels_last: bool | None = False) -> None:
         from ..errors import ConfigError

@@ -81,6 +81,9 @@ class Backend:
     """One of :data:`PRECISIONS`."""
     channels_last: bool = False
     """Whether 4-D tensors are laid out channels-last (NHWC) in this backend's buffers (see :meth:`memory_order`)."""
+    CHANNELS_LAST_PRECISIONS: tuple[str, ...] = ()
+    """The precisions whose 4-D tensors a backend stores channels-last unless told otherwise (``channels_last``
+    None: the default where its measurements say it is faster)."""
     adapter_name: str = ""
     """The device a GPU backend runs on, as its driver names it ("" on the CPU)."""
     emulated: bool = False

@@ -32,7 +32,7 @@ from ..base import MEMORY, PRIMITIVES, SHORTHANDS, emulated
 from ..recorder import StepRecorder
 from .blas import _CaptureBlas
 from .cudnn import _CudnnConv, _strides, geometry
-from .kernels import _BN_SOURCE, _POOL_SOURCE, module_source, vectorized_source
+from .kernels import _BN_SOURCE, _POOL_SOURCE, COMBINE_THREADS, module_source, vectorized_source
 from .lowp import as_stored, formats_of, is_low, low_dtypes, one_memory_order, storage_format, typed_kernel
 from .staging import PinnedStaging
 
@@ -664,12 +664,9 @@ class CudaBackend(ArrayBackend):
         block = min(128, 32 * -(-c // 32))
         return (-(-c // block), runs), (block,)
 
-    COMBINE_THREADS = 256
-    """The most threads of a block that combines one channel's partials (kernels.py's COMBINE_THREADS)."""
-
     def _bn_combine(self, name: str, c: int, runs: int, args: tuple) -> None:
         """Launch a combine kernel: a block per channel, a power of two of threads (at least a warp) over its runs."""
-        threads = min(self.COMBINE_THREADS, 1 << max(5, (runs - 1).bit_length()))
+        threads = min(COMBINE_THREADS, 1 << max(5, (runs - 1).bit_length()))
         self._bn_module.get_function(name)((c,), (threads,), args)
 
     def _bn_kernels(self, fmt: str) -> Any:

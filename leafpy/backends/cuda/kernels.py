@@ -7,6 +7,9 @@ arithmetic is in float for every format."""
 
 from .lowp import CONVERT
 
+COMBINE_THREADS = 256
+"""The most threads of a block that combines one channel's batch-norm partials (the kernels' shared memory)."""
+
 
 def module_source(source: str, fmt: str, channels_last: bool = False) -> str:
     """``source`` for activations stored in ``fmt`` ("f32", "bf16" or "f16"), NHWC where ``channels_last`` (for
@@ -15,7 +18,7 @@ def module_source(source: str, fmt: str, channels_last: bool = False) -> str:
     low = "" if fmt == "f32" else "#define LOWP 1\n"
     layout = "#define CHANNELS_LAST 1\n" if channels_last else ""
     return (f"{CONVERT}\ntypedef {stored} S;\n#define LD(v) ld_{fmt}(v)\n#define ST(v) st_{fmt}(v)\n{low}{layout}"
-            + source)
+            f"#define COMBINE_THREADS {COMBINE_THREADS}\n" + source)
 
 _POOL_SOURCE = r"""
 // Element i of y (and of mask, dy) in memory order: NCHW, or with CHANNELS_LAST defined NHWC, where a window's
@@ -85,7 +88,7 @@ extern "C" __global__ void pool_bwd(const S* dy, float* dx, const int* mask, int
 _BN_SOURCE = r"""
 // Batch normalisation over [N, C, S] (S: every axis after C).
 // The per-channel reductions run in two kernels: blocks (channel, split) each reduce a run of `rows` samples of
-// one channel into a partial, then one thread per channel combines its channel's partials (in double). Splitting
+// one channel into a partial, then a block per channel combines its channel's partials (in double). Splitting
 // a channel over several blocks keeps the GPU busy when there are few channels (64 blocks of one channel each
 // left most of an H200 idle).
 #define BLOCK 256
@@ -167,7 +170,7 @@ extern "C" __global__ void bn_stats_part_low(const S* x, float* part, int n, int
 // The combinations of a channel's partials: one block per channel (blockIdx.x), its threads (a power of two, at
 // most COMBINE_THREADS) sharing the runs, in double. One thread per channel reading its runs in turn took 95 us a
 // call for 1,024 runs of 64 channels (ResNet-18's channels-last reductions) on an H100.
-#define COMBINE_THREADS 256
+// (COMBINE_THREADS: defined in front of this source, from the Python constant)
 // the sum of v over the block, returned to every thread (red: COMBINE_THREADS doubles of shared memory)
 __device__ double block_total(double v, double* red) {
     red[threadIdx.x] = v;
