@@ -6,8 +6,8 @@ ElementwiseKernel as a loop over its elements), and run over every thread of the
 channels-last, float32 and bfloat16 storage, against float64 NumPy (the updates: against the native backend). Their
 index arithmetic is then tested where CI runs, without a GPU; the GPU machine runs the same kernels through the cuda
 backend (test_backends.py). Kernels that cooperate within a block (shared memory, warp shuffles)
-are only compiled here, not run, except the batch-normalisation combinations, run with one thread per block (their
-block-wide sum then adds nothing)."""
+are only compiled here, not run, except the batch-normalisation combinations and the gradients' sum of squares, run
+with one thread per block (their block-wide sum then adds nothing)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,14 @@ import pytest
 from test_update_rules import LION
 
 from leafpy.backends import updates
-from leafpy.backends.cuda.kernels import _BN_SOURCE, _POOL_SOURCE, COMBINE_THREADS
+from leafpy.backends.cuda.kernels import (
+    _BN_SOURCE,
+    _POOL_SOURCE,
+    COMBINE_THREADS,
+    SUM_SQUARES_CHUNK,
+    sum_squares_chunks,
+    sum_squares_source,
+)
 from leafpy.backends.cuda.lowp import CONVERT
 from leafpy.backends.native import NativeBackend
 
@@ -396,3 +403,58 @@ def test_cuda_update_kernels_on_the_cpu(compiled_updates, monkeypatch, kind, dty
     tol = 1e-5 if dtype == np.float32 else 1e-12
     for name, a, b in zip(("w", *rule.state), got, want):
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=f"{kind}: {name}")
+
+
+SUMSQ_RUNNER = r"""
+extern "C" void run_sumsq(const unsigned long long* ptrs, const long long* sizes, const int* tensor,
+        const long long* start, long long chunk, const float* scale, int has_scale, double* part, int blocks,
+        float* out) {
+    gridDim.x = blocks; blockDim.x = 1; threadIdx.x = 0;
+    for (int b = 0; b < blocks; ++b) { blockIdx.x = b; sumsq_part(ptrs, sizes, tensor, start, chunk, scale, has_scale,
+                                                                   part); }
+    gridDim.x = 1; blockIdx.x = 0;
+    sumsq_total(part, blocks, out);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def compiled_sumsq(tmp_path_factory):
+    return _build(tmp_path_factory, "sumsq", SHIMS + sum_squares_source() + SUMSQ_RUNNER)
+
+
+def _sum_squares(lib, xs, scale):
+    sizes = np.array([x.size for x in xs], np.int64)
+    tensor, start = sum_squares_chunks(sizes)
+    ptrs = np.array([x.ctypes.data for x in xs], np.uint64)
+    part = np.full(tensor.size, np.nan)
+    out = np.zeros(1, np.float32)
+    s = np.array([scale or 1.0], np.float32)
+    lib.run_sumsq(_ptr(ptrs), _ptr(sizes), _ptr(tensor), _ptr(start), ctypes.c_longlong(SUM_SQUARES_CHUNK), _ptr(s),
+                  ctypes.c_int(scale is not None), _ptr(part), ctypes.c_int(tensor.size), _ptr(out))
+    return float(out[0])
+
+
+@pytest.mark.parametrize("scale", [None, 1024.0, 3.0])
+def test_cuda_sum_of_squares_kernels_on_the_cpu(compiled_sumsq, scale):
+    """The gradients' sum of squares in one pass over many tensors (Backend.sum_squares on cuda): tensors of sizes
+    around the chunk (one element, a chunk less one, two chunks and one, none at all) each split into chunks that
+    cover it once; with a loss scale each tensor is unscaled in place exactly as the unscale kernel does (a product
+    by the float32 reciprocal); the sum against float64 NumPy; an inf or a nan anywhere makes it so."""
+    rng = np.random.default_rng(7)
+    sizes = [1, SUM_SQUARES_CHUNK - 1, 0, 2 * SUM_SQUARES_CHUNK + 1, 37, SUM_SQUARES_CHUNK]
+    xs = [(rng.standard_normal(n) * 50).astype(np.float32) for n in sizes]
+    want = [x * (np.float32(1) / np.float32(scale)) if scale else x.copy() for x in xs]
+    total = _sum_squares(compiled_sumsq, xs, scale)
+    for x, w in zip(xs, want):
+        assert np.array_equal(x, w)  # unscaled once, every element, bit for bit as the unscale kernel
+    ref = sum(float(np.sum(w.astype(np.float64) ** 2)) for w in want)
+    assert total == pytest.approx(ref, rel=1e-6)
+    tensor, start = sum_squares_chunks(np.array(sizes, np.int64))
+    assert tensor.tolist() == [0, 1, 3, 3, 3, 4, 5] and start.tolist() == [0, 0, 0, SUM_SQUARES_CHUNK,
+                                                                            2 * SUM_SQUARES_CHUNK, 0, 0]
+    for bad in (np.inf, np.nan):
+        ys = [x.copy() for x in xs]
+        ys[3][SUM_SQUARES_CHUNK + 5] = bad
+        got = _sum_squares(compiled_sumsq, ys, scale)
+        assert np.isinf(got) if bad == np.inf else np.isnan(got)

@@ -446,3 +446,30 @@ def test_loss_scale_update_and_unscale_primitives(device):
     tx, tscale = lp.SharedTensor.from_numpy(x), lp.SharedTensor.from_numpy(np.array([1024.0], np.float32))
     be.unscale(tx.read_write(be), tscale.read(be))
     np.testing.assert_allclose(tx.to_numpy(), x / 1024.0, rtol=1e-7)
+
+
+@pytest.mark.parametrize("device", PLAIN)
+def test_sum_squares_primitive(device):
+    """Backend.sum_squares over gradients of many sizes (around cuda's 4096-element chunks): the float64 sum of
+    squares; with a scale each buffer is first unscaled in place; called again with the same workspace (cuda keeps
+    its tables there) it reads the buffers' new values; an inf in one buffer makes the sum inf."""
+    be = backend_or_skip(device)
+    rng = np.random.default_rng(11)
+    shapes = [(1,), (64, 3, 11, 11), (4095,), (3, 4097), (10,)]
+    xs = [(rng.standard_normal(s) * 30).astype(np.float32) for s in shapes]
+    ts = [lp.SharedTensor.from_numpy(x) for x in xs]
+    out, scale = lp.SharedTensor((1,), np.float32), lp.SharedTensor.from_numpy(np.array([512.0], np.float32))
+    ws: dict = {}
+    be.sum_squares([t.read_write(be) for t in ts], out.write(be), ws)
+    assert float(out.to_numpy()[0]) == pytest.approx(sum(float(np.sum(x.astype(np.float64) ** 2)) for x in xs),
+                                                     rel=1e-5)
+    be.sum_squares([t.read_write(be) for t in ts], out.write(be), ws, scale.read(be))
+    unscaled = [x.astype(np.float64) / 512.0 for x in xs]
+    for t, u in zip(ts, unscaled):
+        np.testing.assert_allclose(t.to_numpy(), u, rtol=1e-6)
+    assert float(out.to_numpy()[0]) == pytest.approx(sum(float(np.sum(u ** 2)) for u in unscaled), rel=1e-5)
+    bad = xs[3].copy()
+    bad[1, 4000] = np.inf
+    ts[3].set(bad)
+    be.sum_squares([t.read_write(be) for t in ts], out.write(be), ws)
+    assert np.isinf(out.to_numpy()[0])

@@ -365,6 +365,21 @@ class Backend:
         multiplied by it), so a loss-scaled step replays while the scale changes."""
         raise NotImplementedError
 
+    def sum_squares(self, xs: list[Buffer], out: Buffer, ws: dict, scale: Buffer | None = None) -> None:
+        """``out[0]`` = the sum of the squares of every element of every buffer in ``xs`` (the gradients' squared
+        norm: inf or nan where one of them is), added up on the device. With ``scale`` (loss scaling) each buffer is
+        first unscaled in place, as :meth:`unscale` does. ``ws``: the caller's workspace, kept between calls. Written
+        once here over unscale, dot and axpby (a launch or three per buffer); a backend may do it in one pass."""
+        part = ws.get("sum_squares_part")
+        if part is None or part.dtype != out.dtype:
+            part = ws["sum_squares_part"] = self.allocate(1, out.dtype)
+        self.fill(0.0, out)
+        for x in xs:
+            if scale is not None:
+                self.unscale(x, scale)
+            self.dot(x, x, part)
+            self.axpby(1.0, part, 1.0, out)
+
     def loss_scale_update(self, sumsq: Buffer, scale: Buffer, counts: Buffer, rate: Buffer, growth_factor: float,
                           backoff_factor: float, growth_interval: int, dynamic: bool) -> None:
         """Loss scaling's decision after a step, on the device (one thread; nothing comes back to the host).
@@ -520,7 +535,8 @@ class Backend:
 OPTIONAL_HOOKS = ("run_step", "peak_memory", "cast", "full_precision", "memory_order", "relayout")
 UPDATE_SHORTHANDS = ("momentum_update", "nesterov_update", "adam_update", "rmsprop_update", "adagrad_update",
                      "adadelta_update")
-SHORTHANDS = ("relu", "relu_grad", "sigmoid", "sigmoid_grad", "tanh", "tanh_grad", *UPDATE_SHORTHANDS)
+SHORTHANDS = ("relu", "relu_grad", "sigmoid", "sigmoid_grad", "tanh", "tanh_grad", "sum_squares",
+              *UPDATE_SHORTHANDS)
 """Methods written once here over a primitive (a backend may still override them)."""
 PRIMITIVES = tuple(
     name for name, value in vars(Backend).items()
@@ -552,6 +568,7 @@ WRITES: dict[str, Writes] = {
     "dropout_mask": ("mask",),
     "clip_to_norm": ("x",),
     "unscale": ("x",), "loss_scale_update": ("scale", "counts", "rate"),
+    "sum_squares": lambda args: ("out", "xs") if args.get("scale") is not None else ("out",),
     # the gradient may serve the updates as scratch; a rule writes w and every state buffer it has
     "solver_update": lambda args: ("w", "g", *(s for s in ("s1", "s2", "s3") if args[s] is not None)),
     "momentum_update": ("w", "g", "h"), "nesterov_update": ("w", "g", "h", "prev"),

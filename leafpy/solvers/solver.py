@@ -327,7 +327,7 @@ class Solver:
         self.state: list[list[SharedTensor]] = [[SharedTensor(w.shape, dtype) for _ in self.rule.state_names]
                                                 for w in weights]
         self._accum = [SharedTensor(w.shape, dtype) for w in weights] if config.minibatch_size > 1 else []
-        self._scratch = SharedTensor((1,), dtype)
+        self._ws: dict = {}  # the backend's workspace for the gradients' sum of squares (Backend.sum_squares)
         # [the step's rate (rule.step_rate), uploaded before each step when it changed; 1 to apply the update or 0
         # to skip it, written on the device under loss scaling; for a rule with decoupled weight decay, the policy's
         # rate]
@@ -638,20 +638,16 @@ class Solver:
         be = self._network.backend
         g_bufs = [g.read_write(be) for g in grads]
         scale = self._scale.read_write(be)
-        for g in g_bufs:
-            be.unscale(g, scale)
-        be.loss_scale_update(self._sum_squares(be, g_bufs), scale, self._scale_counts.read_write(be),
+        be.loss_scale_update(self._sum_squares(be, g_bufs, scale), scale, self._scale_counts.read_write(be),
                              self._rate.read_write(be), cfg.loss_scale_growth_factor, cfg.loss_scale_backoff_factor,
                              cfg.loss_scale_growth_interval, dynamic)
 
-    def _sum_squares(self, be: Backend, g_bufs: list[Any]) -> Any:
-        """The sum of the squares of every gradient, added up on the device (inf or nan where any gradient has one):
-        the one-element buffer it is in. Nothing comes back to the host."""
-        scratch, total = self._scratch.write(be), self._norm.write(be)
-        be.fill(0.0, total)
-        for g in g_bufs:
-            be.dot(g, g, scratch)
-            be.axpby(1.0, scratch, 1.0, total)
+    def _sum_squares(self, be: Backend, g_bufs: list[Any], scale: Any = None) -> Any:
+        """The sum of the squares of every gradient, added up on the device (inf or nan where any gradient has one),
+        each gradient first unscaled where ``scale`` is given: the one-element buffer it is in. Nothing comes back
+        to the host."""
+        total = self._norm.write(be)
+        be.sum_squares(g_bufs, total, self._ws, scale)
         return total
 
     def _clip(self, be: Backend, g_bufs: list[Any], threshold: float) -> None:

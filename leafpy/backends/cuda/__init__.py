@@ -32,7 +32,17 @@ from ..base import MEMORY, PRIMITIVES, SHORTHANDS, emulated
 from ..recorder import StepRecorder
 from .blas import _CaptureBlas
 from .cudnn import _CudnnConv, _strides, geometry
-from .kernels import _BN_SOURCE, _POOL_SOURCE, COMBINE_THREADS, module_source, vectorized_source
+from .kernels import (
+    _BN_SOURCE,
+    _POOL_SOURCE,
+    COMBINE_THREADS,
+    SUM_SQUARES_CHUNK,
+    SUMSQ_THREADS,
+    module_source,
+    sum_squares_chunks,
+    sum_squares_source,
+    vectorized_source,
+)
 from .lowp import as_stored, formats_of, is_low, low_dtypes, one_memory_order, storage_format, typed_kernel
 from .staging import PinnedStaging
 
@@ -609,6 +619,40 @@ class CudaBackend(ArrayBackend):
 
     def unscale(self, x, scale):
         self._kernels["unscale"](scale, x)
+
+    def sum_squares(self, xs, out, ws, scale=None):
+        # one pass over every gradient, two launches in all, where the per-buffer default takes four or five launches
+        # a buffer (ResNet-18's 62 weights: 0.87 of 5.8 ms of a loss-scaled fp16 step on an H100). The tensors'
+        # addresses and chunks are device tables kept in ws by those addresses, for as long as the caller keeps ws:
+        # a recorded step reads them where they were
+        f32 = np.dtype(np.float32)
+        if (not any(x.size for x in xs) or out.dtype != f32 or (scale is not None and scale.dtype != f32)
+                or any(x.dtype != f32 or not self._dense(x) for x in xs)):
+            return super().sum_squares(xs, out, ws, scale)
+        key = ("sum_squares", tuple((x.data.ptr, x.size) for x in xs))
+        tables = ws.get(key)
+        if tables is None:
+            tables = ws[key] = self._sum_squares_tables(xs)
+        ptrs, sizes, chunk_tensor, chunk_start, part = tables
+        blocks = part.size
+        fn = self._sum_squares_module.get_function
+        fn("sumsq_part")((blocks,), (SUMSQ_THREADS,), (
+            ptrs, sizes, chunk_tensor, chunk_start, np.int64(SUM_SQUARES_CHUNK), scale if scale is not None else out,
+            np.int32(scale is not None), part))
+        fn("sumsq_total")((1,), (SUMSQ_THREADS,), (part, np.int32(blocks), out))
+
+    def _sum_squares_tables(self, xs: list) -> tuple:
+        """The device tables of :meth:`sum_squares`: addresses, sizes, each chunk's tensor and start, the parts."""
+        cp = self.xp
+        sizes = np.array([x.size for x in xs], np.int64)
+        tensor, start = sum_squares_chunks(sizes)
+        ptrs = np.array([x.data.ptr for x in xs], np.uint64)
+        return (cp.asarray(ptrs), cp.asarray(sizes), cp.asarray(tensor), cp.asarray(start),
+                cp.empty(tensor.size, np.float64))
+
+    @functools.cached_property
+    def _sum_squares_module(self) -> Any:
+        return self.xp.RawModule(code=sum_squares_source())
 
     def loss_scale_update(self, sumsq, scale, counts, rate, growth_factor, backoff_factor, growth_interval, dynamic):
         s = self._scalar

@@ -1,9 +1,11 @@
-"""CUDA sources of the cuda backend's pooling and batch-normalisation kernels (compiled with CuPy's RawModule),
-and the generator of its vectorised elementwise kernels.
+"""CUDA sources of the cuda backend's pooling, batch-normalisation and sum-of-squares kernels (compiled with CuPy's
+RawModule), and the generator of its vectorised elementwise kernels.
 
 The pooling and batch-normalisation sources are compiled once per storage format of their activations
 (:func:`module_source`): ``S`` is the stored type, ``LD``/``ST`` convert it to and from float (lowp.CONVERT);
 arithmetic is in float for every format."""
+
+import numpy as np
 
 from .lowp import CONVERT
 
@@ -84,6 +86,68 @@ extern "C" __global__ void pool_bwd(const S* dy, float* dx, const int* mask, int
 }
 """
 
+
+SUM_SQUARES_CHUNK = 4096
+"""Elements of one tensor that one block of :data:`_SUM_SQUARES_SOURCE`'s first kernel reduces."""
+SUMSQ_THREADS = 256
+"""Threads of a block of :data:`_SUM_SQUARES_SOURCE`'s kernels (its shared memory: one double each)."""
+
+_SUM_SQUARES_SOURCE = r"""
+// The sum of the squares of many float32 tensors in one pass over them, each first multiplied in place by
+// 1 / scale[0] where has_scale (loss scaling's unscale, the same product as the unscale kernel). Two kernels, in a
+// fixed order of additions (the same sum on every run): block b reduces the chunk b of the tensors' chunks (up to
+// `chunk` elements of tensor chunk_tensor[b] from chunk_start[b]; `ptrs` holds the tensors' addresses, `sizes`
+// their element counts) into part[b], then one block adds the parts. Threads per block: a power of two, at most
+// SUMSQ_THREADS.
+__device__ double block_total_d(double v, double* red) {
+    red[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
+        __syncthreads();
+    }
+    return red[0];
+}
+extern "C" __global__ void sumsq_part(const unsigned long long* ptrs, const long long* sizes,
+        const int* chunk_tensor, const long long* chunk_start, long long chunk, const float* scale, int has_scale,
+        double* part) {
+    __shared__ double red[SUMSQ_THREADS];
+    const int b = blockIdx.x, t = chunk_tensor[b];
+    float* x = (float*)ptrs[t];
+    const long long lo = chunk_start[b], hi = min(lo + chunk, sizes[t]);
+    const float inv = has_scale ? 1.f / scale[0] : 1.f;
+    double acc = 0.0;
+    for (long long i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        float v = x[i];
+        if (has_scale) { v = v * inv; x[i] = v; }
+        acc += (double)v * (double)v;
+    }
+    const double total = block_total_d(acc, red);
+    if (threadIdx.x == 0) part[b] = total;
+}
+extern "C" __global__ void sumsq_total(const double* part, int n, float* out) {
+    __shared__ double red[SUMSQ_THREADS];
+    double acc = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) acc += part[i];
+    const double total = block_total_d(acc, red);
+    if (threadIdx.x == 0) out[0] = (float)total;
+}
+"""
+
+
+def sum_squares_chunks(sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The chunks of tensors of ``sizes`` elements (int64) that :data:`_SUM_SQUARES_SOURCE`'s blocks reduce: each
+    chunk's tensor (int32) and first element (int64), tensor by tensor (a tensor of no elements has none)."""
+    counts = -(-sizes // SUM_SQUARES_CHUNK)
+    tensor = np.repeat(np.arange(len(sizes), dtype=np.int32), counts)
+    first = np.repeat(np.cumsum(counts) - counts, counts)
+    start = (np.arange(int(counts.sum()), dtype=np.int64) - first) * SUM_SQUARES_CHUNK
+    return tensor, start
+
+
+def sum_squares_source() -> str:
+    """:data:`_SUM_SQUARES_SOURCE` with its block size defined."""
+    return f"#define SUMSQ_THREADS {SUMSQ_THREADS}\n" + _SUM_SQUARES_SOURCE
 
 _BN_SOURCE = r"""
 // Batch normalisation over [N, C, S] (S: every axis after C).
