@@ -131,12 +131,15 @@ GPU_ONLY = {"alexnet128", "alexnet-lrn128", "resnet18-128"}
 # --- leafpy -----------------------------------------------------------------------------------------------------
 def set_attributes(backend, items: list[str], error) -> None:
     """The benchmark scripts' ``--set NAME=VALUE``: each a backend tuning attribute, converted to the type it has
-    (as written where it is None, off; ``error``: the parser's, for a name the backend lacks or a value that is no
-    number)."""
+    (as written where it is None, off; ``NAME=None`` turns a setting off; ``error``: the parser's, for a name the
+    backend lacks or a value that is no number)."""
     for item in items:
         name, _, value = item.partition("=")
         if not hasattr(backend, name):
             error(f"--set {item}: the {backend.name} backend has no attribute {name!r}")
+        if value == "None":
+            setattr(backend, name, None)
+            continue
         try:
             number = float(value) if any(c in value for c in ".eE") else int(value)
         except ValueError:

@@ -87,7 +87,7 @@ def _as_shape(shape: Sequence[int] | int) -> tuple[int, ...]:
 class _Storage:
     """Flat buffers, one per backend key, and which of them hold the current data."""
 
-    __slots__ = ("size", "dtype", "copies", "fresh", "version", "layouts", "scratch")
+    __slots__ = ("size", "dtype", "copies", "fresh", "version", "layouts", "scratch", "streamed")
 
     def __init__(self, size: int, dtype: np.dtype) -> None:
         self.size = size
@@ -101,6 +101,8 @@ class _Storage:
         # whether a write through a smaller view may drop the values past it (a gradient buffer shared by layers
         # whose backward passes do not overlap: no one reads what an earlier layer left there)
         self.scratch = False
+        # whether the data is replaced every step (a network's input batch): uploaded with Backend.upload_batch
+        self.streamed = False
 
     def changed(self) -> None:
         """The data may have changed: a new version."""
@@ -190,6 +192,16 @@ class SharedTensor:
             st.changed()
         self._shape = new
 
+    @property
+    def streamed(self) -> bool:
+        """Whether this tensor's data is replaced every step (a network's own input tensors are): its uploads then
+        go through ``Backend.upload_batch``, which a backend may overlap with the step still running."""
+        return self._st.streamed
+
+    @streamed.setter
+    def streamed(self, value: bool) -> None:
+        self._st.streamed = bool(value)
+
     def prefix_view(self, shape: Sequence[int], *, grow: bool = False, scratch: bool = False) -> SharedTensor:
         """Another tensor over the first ``prod(shape)`` elements of this tensor's storage. A shape larger than the
         storage is a ShapeError unless ``grow``: then the storage is enlarged and its values are dropped (how a
@@ -265,7 +277,10 @@ class SharedTensor:
                 host = host.copy()
                 n = self.size
                 host[:n] = np.ascontiguousarray(host[:n].reshape(self._shape).transpose(order)).reshape(-1)
-            backend.upload(host, buf)  # type: ignore[union-attr]
+            if st.streamed:
+                backend.upload_batch(host, buf)  # type: ignore[union-attr]
+            else:
+                backend.upload(host, buf)  # type: ignore[union-attr]
             SharedTensor.transfers_total += 1
             st.layouts[key] = self._shape
         st.fresh.add(key)

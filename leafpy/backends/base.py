@@ -109,6 +109,12 @@ class Backend:
         """Copy a flat host array into a flat buffer of this backend."""
         raise NotImplementedError
 
+    def upload_batch(self, host: np.ndarray, out: Buffer) -> None:
+        """:meth:`upload` of data that is replaced every step (a network's input batch, a tensor marked
+        ``SharedTensor.streamed``): a backend may overlap the copy with the step still running on the device (cuda:
+        pinned memory on a copy stream). ``host`` may be reused by the caller as soon as this returns."""
+        self.upload(host, out)
+
     def download(self, buf: Buffer, host: np.ndarray) -> None:
         """Copy a flat buffer of this backend into a flat host array."""
         raise NotImplementedError
@@ -532,7 +538,7 @@ class Backend:
         return f"<{type(self).__name__} {self.key} {self.dtype}{mode}>"
 
 
-OPTIONAL_HOOKS = ("run_step", "peak_memory", "cast", "full_precision", "memory_order", "relayout")
+OPTIONAL_HOOKS = ("run_step", "peak_memory", "cast", "full_precision", "memory_order", "relayout", "upload_batch")
 UPDATE_SHORTHANDS = ("momentum_update", "nesterov_update", "adam_update", "rmsprop_update", "adagrad_update",
                      "adadelta_update")
 SHORTHANDS = ("relu", "relu_grad", "sigmoid", "sigmoid_grad", "tanh", "tanh_grad", "sum_squares",

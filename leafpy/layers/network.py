@@ -128,7 +128,7 @@ class Network(Generic[L]):
         self._declared = bool(shapes)
         """Whether the layer declares its inputs (a Sequential): their count and batch sizes are checked here."""
         if shapes:  # a network with declared inputs is built (weights created) for them now
-            self._own = [SharedTensor(s, layer.input_dtype(k)) for k, s in enumerate(shapes)]
+            self._own = [self._input_tensor(s, layer.input_dtype(k)) for k, s in enumerate(shapes)]
             self._bind([t for t in self._own if t is not None])
 
     @property
@@ -223,7 +223,7 @@ class Network(Generic[L]):
             shape = tuple(x.shape) if _is_tensor(x) else tuple(np.shape(x))
             own = self._own[i]
             if own is None:  # data in the compute dtype; ids and labels in the master dtype
-                own = self._own[i] = SharedTensor(shape, layer.input_dtype(i))
+                own = self._own[i] = self._input_tensor(shape, layer.input_dtype(i))
             elif own.shape != shape:
                 own.resize(shape)
             if _is_tensor(x):
@@ -243,6 +243,13 @@ class Network(Generic[L]):
         for t in tensors:  # uploads happen here, before any step (a recorded step cannot upload)
             t.read(be)
         return rebound
+
+    @staticmethod
+    def _input_tensor(shape: Sequence[int], dtype: Any) -> SharedTensor:
+        """One of this network's own input tensors: a new batch every step (SharedTensor.streamed)."""
+        t = SharedTensor(shape, dtype)
+        t.streamed = True
+        return t
 
     def _bind(self, tensors: list[SharedTensor]) -> None:
         layer = self.layer

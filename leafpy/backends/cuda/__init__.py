@@ -267,12 +267,15 @@ class CudaBackend(ArrayBackend):
     def allocate(self, size: int, dtype: Any) -> Any:
         return self.xp.empty(size, dtype)
 
-    PINNED_UPLOAD_BYTES: int | None = None
-    """Uploads of at least this many bytes go through pinned memory on a copy stream (:mod:`.staging`: they
-    overlap the step still running); smaller ones are copied directly. None (the default until the staging has been
-    measured on a GPU): every upload is copied directly."""
+    PINNED_UPLOAD_BYTES: int | None = 1 << 20
+    """A batch (:meth:`upload_batch`) of at least this many bytes goes through pinned memory on a copy stream
+    (:mod:`.staging`: it overlaps the step still running); smaller ones, and every other upload, are copied
+    directly. None: every batch is copied directly."""
 
     def upload(self, host: np.ndarray, out: Any) -> None:
+        out.set(np.ascontiguousarray(host))
+
+    def upload_batch(self, host: np.ndarray, out: Any) -> None:
         host = np.ascontiguousarray(host)
         least = self.PINNED_UPLOAD_BYTES
         if (least is None or host.nbytes < least or self._capturing or host.dtype != out.dtype
