@@ -13,7 +13,8 @@ generates:
 - the NumPy code the array backends run (:func:`numpy_function`): one ufunc call per node, in place over pieces of
   the weight that stay in cache, results written into their target or into the memory of an operand no later node
   reads (a dead gradient, a state buffer being replaced, or a piece of shared scratch);
-- the cuda backend's fused CuPy ``ElementwiseKernel`` (:func:`cuda_kernel_source`);
+- the cuda backend's fused CuPy ``ElementwiseKernel`` (:func:`cuda_kernel_source`) and, for float32 arrays, its
+  kernel of four elements a thread (:func:`cuda_vector_source`);
 - the webgpu backend's fused WGSL entry point ``NAME_update`` (:func:`wgsl_entry_points`), bound as update.wgsl
   declares: rate, w, g, s1, s2, s3, the hyper-parameters in ``UpdateParams.hp0``, ``hp1``, ...
 
@@ -348,17 +349,41 @@ def _statements(r: Rule, names: dict[str, str], dialect: str, declare: str) -> l
     return out
 
 
+_CUDA_SKIP = "rate[1] == (T)0"
+"""Where the cuda kernels of an update write nothing: a loss-scaled step with inf or nan gradients."""
+
+
+def _cuda_parts(r: Rule) -> tuple[tuple[str, ...], tuple[str, ...], str]:
+    """Rule ``r`` in C over a type T, for the cuda kernels: the arrays it assigns (``w``, ``s_NAME``), its scalars
+    (``lr_mult``, ``p_NAME``) and its statements per element, reading those, ``g`` and the array ``rate``."""
+    names = {"w": "w", "g": "g"} | {n: f"s_{n}" for n in r.state} | {n: f"p_{n}" for n in r.params} | \
+        {n: f"l_{n}" for n in r.locals} | {n: n for n in RATES}
+    rates = [f"const T {n} = rate[{RATES[n]}] * lr_mult;" for n in r.rates]
+    return (("w", *(names[n] for n in r.state)), ("lr_mult", *(names[p] for p in r.params)),
+            " ".join([*rates, *_statements(r, names, "c", "T")]))
+
+
 def cuda_kernel_source(kind: str) -> tuple[str, str, str, str]:
     """Rule ``kind`` as ElementwiseKernel's (in_params, out_params, operation, name), over a type T (float or
     double): ``kernel(g, rate, lr_mult, *params, w, *state)``, writing nothing where ``rate[1] == 0``."""
     r = rule(kind)
-    names = {"w": "w", "g": "g"} | {n: f"s_{n}" for n in r.state} | {n: f"p_{n}" for n in r.params} | \
-        {n: f"l_{n}" for n in r.locals} | {n: n for n in RATES}
-    rates = [f"const T {n} = rate[{RATES[n]}] * lr_mult;" for n in r.rates]
-    body = " ".join([*rates, *_statements(r, names, "c", "T")])
-    return ("T g, raw T rate, T lr_mult" + "".join(f", T p_{p}" for p in r.params),
-            "T w" + "".join(f", T s_{n}" for n in r.state),
-            f"if (rate[1] != (T)0) {{ {body} }}", f"leafpy_{r.name}_update")
+    outputs, scalars, body = _cuda_parts(r)
+    return (", ".join(["T g", "raw T rate", *(f"T {s}" for s in scalars)]), ", ".join(f"T {o}" for o in outputs),
+            f"if (!({_CUDA_SKIP})) {{ {body} }}", f"leafpy_{r.name}_update")
+
+
+def cuda_vector_source(kind: str) -> tuple[str, str]:
+    """Rule ``kind`` over float32 arrays as a CUDA kernel that updates four elements a thread (float4 loads and
+    stores: ``leafpy.backends.cuda.kernels.vectorized_source``), and its name: ``kernel(g, w, *state, rate,
+    lr_mult, *params, n4)`` over ``n4`` float4s, each element as :func:`cuda_kernel_source`'s; where
+    ``rate[1] == 0`` every thread returns before it loads or stores anything."""
+    from .cuda.kernels import vectorized_source  # here, not above: the cuda package loads with its backend only
+
+    r = rule(kind)
+    outputs, scalars, body = _cuda_parts(r)
+    name = f"leafpy_{r.name}_update4"
+    return vectorized_source(name, ("g",), outputs, scalars, body, read_outputs=True, pointers=("rate",),
+                             skip=_CUDA_SKIP), name
 
 
 def cuda_kernel_sources() -> dict[str, tuple[str, str, str, str]]:

@@ -149,7 +149,7 @@ class CudaBackend(ArrayBackend):
         self.tf32 = tf32
         self.fuse_bias = fuse_bias
         self._kernels = self._build_kernels(cupy)
-        self._update_kernels: dict[updates.Rule, Any] = {}
+        self._update_kernels: dict[tuple[updates.Rule, bool], Any] = {}  # by (rule, float4)
         self._pool_module = cupy.RawModule(code=module_source(_POOL_SOURCE, "f32"))
         self._bn_module = cupy.RawModule(code=module_source(_BN_SOURCE, "f32"))
         self._low_modules: dict[tuple[str, str, bool], Any] = {}
@@ -665,12 +665,24 @@ class CudaBackend(ArrayBackend):
     def solver_update(self, kind, w, g, rate, lr_mult, params=(), s1=None, s2=None, s3=None):
         # one fused kernel per line of updates.TABLE, made on first use: the step's rate is read on the device
         # (rate[0]), so a recorded step replays under any learning-rate schedule; rate[1] == 0 (a loss-scaled step
-        # with inf or nan gradients) writes nothing
+        # with inf or nan gradients) writes nothing. float32 arrays that fit float4 (nearly all) take the kernel of
+        # four elements a thread, the rest the ElementwiseKernel
         rule = updates.rule(kind)
-        kernel = self._update_kernels.get(rule)
+        state = (s1, s2, s3)[:len(rule.state)]
+        vector = rate.dtype == np.float32 and self._fits_float4(g, w, *state, any_order=True)
+        kernel = self._update_kernels.get((rule, vector))
         if kernel is None:
-            kernel = self._update_kernels[rule] = self.xp.ElementwiseKernel(*updates.cuda_kernel_source(kind))
-        kernel(g, rate, self._scalar(lr_mult), *map(self._scalar, params), w, *(s1, s2, s3)[:len(rule.state)])
+            kernel = self._update_kernels[rule, vector] = self._update_kernel(kind, vector)
+        if vector:
+            self._launch4(kernel, (g, w, *state, rate), tuple(np.float32(p) for p in (lr_mult, *params)))
+            return
+        kernel(g, rate, self._scalar(lr_mult), *map(self._scalar, params), w, *state)
+
+    def _update_kernel(self, kind: str, vector: bool) -> Any:
+        if not vector:
+            return self.xp.ElementwiseKernel(*updates.cuda_kernel_source(kind))
+        source, name = updates.cuda_vector_source(kind)
+        return self.xp.RawModule(code=source).get_function(name)
 
     # --- batch normalisation: each per-channel reduction two kernels (runs of samples, then their combination),
     # each per-element pass one kernel -------------------------------------------------------------------------

@@ -410,25 +410,32 @@ extern "C" __global__ void bn_backward4(const float4* x, const float4* dy, float
 
 
 def vectorized_source(name: str, inputs: tuple[str, ...], outputs: tuple[str, ...], scalars: tuple[str, ...],
-                      operation: str, read_outputs: bool = False) -> str:
+                      operation: str, read_outputs: bool = False, pointers: tuple[str, ...] = (),
+                      skip: str = "") -> str:
     """A float32 kernel ``name`` that applies ``operation`` (an ElementwiseKernel operation over type ``T``,
-    reading ``inputs`` and ``scalars`` and assigning ``outputs``) to four values per thread, through float4 loads
-    and stores. Its arguments: the input arrays, the output arrays, the scalars, then the number of float4s.
-    ``read_outputs``: the operation also reads its outputs (``y = a * x + b * y``)."""
-    params = [f"T {a}" for a in inputs] + [f"T {p}" for p in scalars] + [f"T& {o}" for o in outputs]
+    reading ``inputs``, ``scalars`` and the ``raw`` arrays ``pointers``, and assigning ``outputs``) to four values
+    per thread, through float4 loads and stores. Its arguments: the input arrays, the output arrays, the pointers,
+    the scalars, then the number of float4s. ``read_outputs``: the operation also reads its outputs
+    (``y = a * x + b * y``). ``skip``: a condition over the scalars and pointers (``rate[1] == (T)0``) under which
+    every thread returns before it loads or stores anything."""
+    params = ([f"T {a}" for a in inputs] + [f"T {p}" for p in scalars] + [f"const T* {p}" for p in pointers]
+              + [f"T& {o}" for o in outputs])
     args = ([f"const float4* {a}_4" for a in inputs] + [f"float4* {o}_4" for o in outputs]
-            + [f"float {p}" for p in scalars] + ["int n4"])
+            + [f"const float* {p}" for p in pointers] + [f"float {p}" for p in scalars] + ["int n4"])
     loads = [f"const float4 {a} = {a}_4[i];" for a in inputs]
     loads += [f"float4 {o}" + (f" = {o}_4[i];" if read_outputs else ";") for o in outputs]
-    lanes = [f"op({', '.join([f'{a}.{q}' for a in inputs] + list(scalars) + [f'{o}.{q}' for o in outputs])});"
-             for q in "xyzw"]
+
+    def lane(q: str) -> str:
+        return ", ".join([f"{a}.{q}" for a in inputs] + [*scalars, *pointers] + [f"{o}.{q}" for o in outputs])
+
+    lanes = [f"op({lane(q)});" for q in "xyzw"]
     stores = [f"{o}_4[i] = {o};" for o in outputs]
     return "\n".join([
         "#define T float",
         f"__device__ __forceinline__ void op({', '.join(params)}) {{ {operation} }}",
         f'extern "C" __global__ void {name}({", ".join(args)}) {{',
         "    const int i = blockIdx.x * blockDim.x + threadIdx.x;",
-        "    if (i >= n4) return;",
+        f"    if ({' || '.join(['i >= n4', *([f'({skip})'] if skip else [])])}) return;",
         *("    " + line for line in loads + lanes + stores),
         "}",
     ])
