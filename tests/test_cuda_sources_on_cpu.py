@@ -15,11 +15,12 @@ import ctypes
 import re
 import shutil
 import subprocess
+from types import SimpleNamespace
 
 import ml_dtypes
 import numpy as np
 import pytest
-from test_update_rules import LION
+from test_update_rules import LION, UPDATE_PARAMS
 
 from leafpy.backends import updates
 from leafpy.backends.cuda.kernels import (
@@ -354,9 +355,6 @@ def _elementwise_kernel(in_params: str, out_params: str, operation: str, name: s
             + "\n        ".join(head) + f"\n        {operation};\n    }}\n}}\n")
 
 
-UPDATE_PARAMS = {"momentum": 0.9, "beta1": 0.9, "beta2": 0.999, "eps": 1e-6, "decay": 0.9}
-
-
 @pytest.fixture(scope="module")
 def compiled_updates(tmp_path_factory):
     """Every rule of the table, and one added at run time (Lion: a local, sign, the policy's rate), for float and
@@ -403,6 +401,130 @@ def test_cuda_update_kernels_on_the_cpu(compiled_updates, monkeypatch, kind, dty
     tol = 1e-5 if dtype == np.float32 else 1e-12
     for name, a, b in zip(("w", *rule.state), got, want):
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=f"{kind}: {name}")
+
+
+def _grid_runner(source: str) -> str:
+    """For each kernel ``NAME(...)`` of ``source``, ``run_NAME(blocks, threads, ...)``: the kernel run for every
+    thread of a grid of ``blocks`` blocks of ``threads``, one thread after another."""
+    out = []
+    for name, params in re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', source):
+        names = ", ".join(p.split()[-1] for p in params.split(","))
+        out.append(f'extern "C" void run_{name}(int blocks, int threads, {params}) {{\n'
+                   "    gridDim.x = blocks; blockDim.x = threads;\n"
+                   "    for (int b = 0; b < blocks; ++b) for (int t = 0; t < threads; ++t) {\n"
+                   f"        blockIdx.x = b; threadIdx.x = t; {name}({names});\n    }}\n}}\n")
+    return "".join(out)
+
+
+@pytest.fixture(scope="module")
+def compiled_vector_updates(tmp_path_factory):
+    """Every rule's float4 kernel (updates.cuda_vector_source; Lion's too), each in a namespace of its own (their
+    ``op`` functions may share a signature), with its grid runner; and the sources, by kernel name."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(updates.TABLE, "lion", LION)
+        sources = {kind: updates.cuda_vector_source(kind) for kind in updates.TABLE}
+    code = "".join(f"namespace rule_{kind} {{\n{source}\n{_grid_runner(source)}}}\n"
+                   for kind, (source, _) in sources.items())
+    return (_build(tmp_path_factory, "updates_float4", SHIMS + "using std::sqrt;\n" + code),
+            {name: source for source, name in sources.values()})
+
+
+class _HostArray(np.ndarray):
+    """A NumPy array that tells its address as a CuPy array does (``a.data.ptr``, which the float4 checks read)."""
+
+    @property
+    def data(self):
+        return SimpleNamespace(ptr=self.ctypes.data)
+
+
+def _c_value(a):
+    if isinstance(a, np.ndarray):
+        return _ptr(a)
+    return ctypes.c_int(a) if isinstance(a, np.int32) else ctypes.c_float(a)
+
+
+class _HostCupy:
+    """What the cuda backend's solver_update asks of CuPy, answered by the kernels compiled for the CPU: RawModule
+    (the float4 kernels, checked to be the source the backend gives) and ElementwiseKernel; launches are logged."""
+
+    def __init__(self, vector, elementwise) -> None:
+        (self.vector_lib, self.vector_sources), self.elementwise_lib = vector, elementwise
+        self.launches: list[str] = []
+
+    def RawModule(self, code):  # noqa: N802 (CuPy's name)
+        def get_function(name):
+            assert code == self.vector_sources[name], "the backend compiles another source than the test"
+            run = getattr(self.vector_lib, f"run_{name}")
+
+            def launch(grid, block, args):
+                self.launches.append(name)
+                run(ctypes.c_int(grid[0]), ctypes.c_int(block[0]), *map(_c_value, args))
+            return launch
+        return SimpleNamespace(get_function=get_function)
+
+    def ElementwiseKernel(self, in_params, out_params, operation, name):  # noqa: N802
+        run = getattr(self.elementwise_lib, name)
+
+        def launch(g, *args):
+            self.launches.append(name)
+            run(ctypes.c_long(g.size), _ptr(g), *(_ptr(np.atleast_1d(a)) for a in args))
+        return launch
+
+
+GUARD = 3.0
+"""The values after each array (an update would change them)."""
+
+
+def _aligned(values, guard=4):
+    """``values`` in a 16-byte-aligned host array followed by ``guard`` :data:`GUARD` values of the same buffer:
+    (array, guard)."""
+    buf = np.empty(values.size + guard + 4, np.float32)
+    at = (-buf.ctypes.data % 16) // 4
+    buf[at + values.size:] = GUARD
+    view = buf[at:at + values.size]
+    view[...] = values
+    return view.view(_HostArray), buf[at + values.size:at + values.size + guard]
+
+
+@pytest.mark.parametrize("n", [1200, 1202], ids=["float4", "one-per-thread"])
+@pytest.mark.parametrize("kind", [*updates.TABLE, "lion"])
+def test_cuda_float4_update_kernels_on_the_cpu(compiled_updates, compiled_vector_updates, monkeypatch, kind, n):
+    """The cuda backend's solver_update over host arrays, its kernels compiled for the CPU: float32 arrays of a size
+    that is a multiple of 4 go through the rule's float4 kernel (every thread of its grid run: blocks of
+    VECTOR_BLOCK threads, the last partly past the end), the rest through its ElementwiseKernel. Either equals the
+    native backend, writes nothing after the arrays, and nothing at all where rate[1] is 0."""
+    from leafpy.backends.cuda import CudaBackend
+
+    monkeypatch.setitem(updates.TABLE, "lion", LION)
+    rule = updates.rule(kind)
+    xp = _HostCupy(compiled_vector_updates, compiled_updates[0]["float"])
+    be = object.__new__(CudaBackend)  # no GPU: the attributes solver_update reads
+    be.xp, be.dtype, be._update_kernels = xp, np.dtype(np.float32), {}
+    rng = np.random.default_rng(6)
+    w, g = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    state = [np.abs(rng.standard_normal(n)).astype(np.float32) for _ in rule.state]
+    params = tuple(UPDATE_PARAMS[p] for p in rule.params)
+    name = updates.cuda_vector_source(kind)[1] if n % 4 == 0 else updates.cuda_kernel_source(kind)[3]
+
+    def update(rate):
+        (dw, tail), *held = [_aligned(a) for a in (w, *state)]
+        be.solver_update(kind, dw, _aligned(g)[0], rate, 2.0, params, *(a for a, _ in held))
+        assert xp.launches.pop() == name and not xp.launches
+        assert all((t == GUARD).all() for t in (tail, *(t for _, t in held))), "written after the arrays"
+        return [dw, *(a for a, _ in held)]
+
+    body = updates.cuda_vector_source(kind)[0].split("\n")
+    skip = next(i for i, line in enumerate(body) if "rate[1]" in line and "return" in line)
+    assert skip < min(i for i, line in enumerate(body) if "_4[i]" in line), "a skipped step loads before it returns"
+    skipped = update(np.array([0.01, 0.0, 0.02], np.float32))
+    assert all(np.array_equal(a, b) for a, b in zip(skipped, [w, *state])), "a skipped step wrote"
+    rate = np.array([0.01, 1.0, 0.02], np.float32)
+    got = update(rate)
+    want = [w.copy(), *(s.copy() for s in state)]
+    NativeBackend(np.float32).solver_update(kind, want[0], g.copy(), rate, 2.0, params, *want[1:])
+    assert not np.allclose(want[0], w)
+    for label, a, b in zip(("w", *rule.state), got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=f"{kind}: {label}")
 
 
 SUMSQ_RUNNER = r"""

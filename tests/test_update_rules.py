@@ -159,3 +159,62 @@ def test_an_unknown_rule_names_the_known_ones():
     with pytest.raises(BackendError, match="unknown update rule 'nope'; known: momentum, nesterov"):
         NativeBackend().solver_update("nope", np.zeros(2, np.float32), np.zeros(2, np.float32),
                                       np.array([0.1, 1.0], np.float32), 1.0)
+
+
+
+UPDATE_PARAMS = {"momentum": 0.9, "beta1": 0.9, "beta2": 0.999, "eps": 1e-6, "decay": 0.9}
+"""A value for each hyper-parameter of the table's rules (and Lion's), for tests that run a rule's kernels."""
+FLOAT4_CASES = [  # layout of every operand, shape, whether the cuda backend takes the float4 kernel
+    ("aligned", (65540,), True),  # 16,385 float4s: the last block partly past the end
+    ("unaligned", (65540,), False),  # the same values 4 bytes into their buffers
+    ("aligned", (4099,), False),  # not a multiple of 4
+    ("channels-last", (64, 3, 5, 5), True),  # NCHW views of NHWC memory (a filter of a channels-last network)
+]
+
+
+def _operands(rule, shape):
+    """w, g and the rule's state (non-negative) of ``shape``: the same values for the same shape."""
+    rng = np.random.default_rng(int(np.prod(shape)))
+    return [rng.standard_normal(shape).astype(np.float32) for _ in "wg"] + [
+        np.abs(rng.standard_normal(shape)).astype(np.float32) for _ in rule.state]
+
+
+def _on_gpu(cp, a, layout):
+    if layout == "unaligned":
+        view = cp.empty(a.size + 1, a.dtype)[1:].reshape(a.shape)
+        view[...] = cp.asarray(a)
+        return view
+    if layout == "channels-last":
+        return cp.ascontiguousarray(cp.asarray(a).transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    return cp.asarray(a)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", [*updates.TABLE, "lion"])
+def test_the_cuda_float4_and_elementwise_updates_agree(lion, kind):
+    """Every rule on the cuda backend, through its float4 kernel (float32 operands of one size, a multiple of 4,
+    aligned) and through its ElementwiseKernel (the same values unaligned; a size not a multiple of 4): the two
+    agree with each other and with the native backend, and a skipped step (rate[1] == 0) changes no bit."""
+    be = backend_or_skip("cuda")
+    import cupy as cp
+
+    rule = updates.rule(kind)
+    params = tuple(UPDATE_PARAMS[p] for p in rule.params)
+    got = {}
+    for layout, shape, float4 in FLOAT4_CASES:
+        w, g, *state = _operands(rule, shape)
+        case = f"{kind}, {layout} {shape}"
+        for applies in (0.0, 1.0):
+            rate = np.array([0.01, applies, 0.02], np.float32)
+            dw, dg, *ds = (_on_gpu(cp, a, layout) for a in (w, g, *state))
+            assert be._fits_float4(dg, dw, *ds, any_order=True) == float4, case
+            be.solver_update(kind, dw, dg, cp.asarray(rate), 2.0, params, *ds)
+            out = got[layout, shape] = [cp.asnumpy(a) for a in (dw, *ds)]
+            if not applies:
+                assert all(np.array_equal(a, b) for a, b in zip(out, [w, *state])), f"{case}: a skipped step wrote"
+        want = [w.copy(), *(s.copy() for s in state)]
+        NativeBackend(np.float32).solver_update(kind, want[0], g, rate, 2.0, params, *want[1:])
+        for name, a, b in zip(("w", *rule.state), out, want):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=f"{case}: {name}")
+    for name, a, b in zip(("w", *rule.state), got["aligned", (65540,)], got["unaligned", (65540,)]):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6, err_msg=f"{kind}: {name}, float4 vs one per thread")
