@@ -43,6 +43,8 @@ using std::max;
 struct Index { int x, y; };
 static Index blockDim = {1, 1}, blockIdx = {0, 0}, threadIdx = {0, 0}, gridDim = {1, 1};
 struct float4 { float x, y, z, w; };
+struct uint4 { unsigned int x, y, z, w; };
+static inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 #define __global__
 #define __device__
 #define __forceinline__ inline
@@ -106,6 +108,21 @@ extern "C" void run_rows_grad(const S* x, const S* dy, const float* mean, const 
     static float EPS; EPS = eps;
     grid((c + 127) / 128, RUNS, 128, [] { bn_rows_grad_part(X, DY, MEAN, PART, M, C, ROWS); });
     grid(c, 1, 1, [] { bn_grad_combine(PART, VAR, SUM_DY, SUM_DY_XHAT, C, RUNS, EPS); });
+}
+static S *Y; static const float *GAMMA, *BETA; static long long N8; static float EPS8, INV_M; static int FLAGS;
+extern "C" void run_rows_apply8(const S* x, S* y, const float* mean, const float* var, const float* gamma,
+        const float* beta, int c, long long n8, float eps, int flags) {
+    X = x; Y = y; MEAN = (float*)mean; VAR = (float*)var; GAMMA = gamma; BETA = beta; C = c; N8 = n8; EPS8 = eps;
+    FLAGS = flags;
+    grid((int)n8, 1, 1, [] { bn_rows_apply8(X, Y, MEAN, VAR, GAMMA, BETA, C, N8, EPS8, FLAGS); });
+}
+extern "C" void run_rows_backward8(const S* x, const S* dy, S* dx, const float* mean, const float* var,
+        const float* gamma, const float* sum_dy, const float* sum_dy_xhat, int c, long long n8, float eps,
+        float inv_m, int flags) {
+    X = x; DY = dy; Y = dx; MEAN = (float*)mean; VAR = (float*)var; GAMMA = gamma; SUM_DY = (float*)sum_dy;
+    SUM_DY_XHAT = (float*)sum_dy_xhat; C = c; N8 = n8; EPS8 = eps; INV_M = inv_m; FLAGS = flags;
+    grid((int)n8, 1, 1, [] { bn_rows_backward8(X, DY, Y, MEAN, VAR, GAMMA, SUM_DY, SUM_DY_XHAT, C, N8, EPS8, INV_M,
+                                               FLAGS); });
 }
 extern "C" void run_rows_sum(const S* x, float* part, int m, int c, int rows) {
     X = x; PART = part; M = m; C = c; ROWS = rows; RUNS = (m + rows - 1) / rows;
@@ -284,6 +301,40 @@ def test_channels_last_batch_norm_reductions_on_the_cpu(compiled_bn, fmt, shape,
     sums = np.zeros(c * runs, np.float32)
     lib.run_rows_sum(_ptr(dym), _ptr(sums), *ints)
     np.testing.assert_allclose(sums.reshape(c, runs).sum(axis=1), dy64.sum(axis=(0, 2, 3)), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", ["f32", "bf16"])
+@pytest.mark.parametrize("flags", [0, 1, 2, 3, 4, 5])
+def test_batch_norm_passes_of_eight_values_a_thread_on_the_cpu(compiled_bn, fmt, flags):
+    """The per-element batch-norm passes over rows [M, C] (channels-last), eight values of one row a thread (C = 24:
+    three groups of eight channels a row), against the formulas in float64: y = (x - mean) / sqrt(var + eps) *
+    gamma + beta (flags 1: gamma, 2: beta) and dx = a dy - a (sum_dy + xhat sum_dy_xhat) / M with a = gamma /
+    sqrt(var + eps) (flags 4: the batch's statistics, else dx = a dy)."""
+    lib = compiled_bn[fmt]
+    dtype = np.float32 if fmt == "f32" else ml_dtypes.bfloat16
+    rng = np.random.default_rng(4)
+    m, c, eps = 10, 24, 1e-5
+    x, dy = (rng.standard_normal((m, c)) * 2 + 1).astype(dtype), rng.standard_normal((m, c)).astype(dtype)
+    mean, var, gamma, beta, sum_dy, sum_dy_xhat = (rng.standard_normal(c).astype(np.float32) for _ in range(6))
+    var = np.abs(var) + 0.5
+    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
+    invstd = 1 / np.sqrt(var.astype(np.float64) + eps)
+    scale = invstd * (gamma if flags & 1 else 1)
+    want = (x64 - mean) * scale + (beta if flags & 2 else 0)
+    y = np.full((m, c), np.nan, dtype)
+    lib.run_rows_apply8(_ptr(x), _ptr(y), _ptr(mean), _ptr(var), _ptr(gamma), _ptr(beta), ctypes.c_int(c),
+                        ctypes.c_longlong(m * c // 8), ctypes.c_float(eps), ctypes.c_int(flags & 3))
+    u = 2.0 ** -7 if fmt == "bf16" else 1e-6
+    np.testing.assert_allclose(y.astype(np.float64), want, rtol=u, atol=u)
+    dx = np.full((m, c), np.nan, dtype)
+    inv_m = 1.0 / m
+    grad = scale * dy64
+    if flags & 4:
+        grad = grad - scale * (sum_dy + (x64 - mean) * invstd * sum_dy_xhat) * inv_m
+    lib.run_rows_backward8(_ptr(x), _ptr(dy), _ptr(dx), _ptr(mean), _ptr(var), _ptr(gamma), _ptr(sum_dy),
+                           _ptr(sum_dy_xhat), ctypes.c_int(c), ctypes.c_longlong(m * c // 8), ctypes.c_float(eps),
+                           ctypes.c_float(inv_m), ctypes.c_int(flags & 5))
+    np.testing.assert_allclose(dx.astype(np.float64), grad, rtol=u, atol=u)
 
 
 def _nhwc_view(shape, dtype=np.float32):

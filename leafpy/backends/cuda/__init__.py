@@ -799,6 +799,20 @@ class CudaBackend(ArrayBackend):
         self._bn_combine("bn_grad_combine", c, runs, (part, var, sum_dy, sum_dy_xhat, i32(c), i32(runs),
                                                       np.float32(eps)))
 
+    @staticmethod
+    def _rows8(c: int, arrays: tuple, channels: tuple) -> bool:
+        """Whether a per-element batch-norm pass over rows [M, C] may take the kernels of eight values a thread
+        (kernels.py's bn_rows_*8): C a multiple of 8; the arrays of one dtype (float32, bfloat16 or float16),
+        row-major and 16-byte aligned; the per-channel arrays (None: absent) float32, contiguous and aligned."""
+        first = arrays[0]
+        return bool(c % 8 == 0 and (first.dtype == np.float32 or is_low(first)) and all(
+            a.dtype == first.dtype and a.flags.c_contiguous and a.data.ptr % 16 == 0 for a in arrays) and all(
+            s is None or (s.dtype == np.float32 and s.flags.c_contiguous and s.data.ptr % 16 == 0) for s in channels))
+
+    def _rows8_kernel(self, x: Any, name: str) -> Any:
+        fmt = storage_format(x.dtype) if is_low(x) else None
+        return (self._bn_module if fmt is None else self._low_module("bn", fmt)).get_function(name)
+
     def batch_norm(self, x, mean, var, gamma, beta, y, eps):
         if self._layout_of(x, y):  # per element, channel = index % C over rows [N * H * W, C]
             return self.batch_norm(self._rows(x), mean, var, gamma, beta, self._rows(y), eps)
@@ -807,6 +821,11 @@ class CudaBackend(ArrayBackend):
         g, b = mean if gamma is None else gamma, mean if beta is None else beta
         if is_low(x) or is_low(y):
             self._float32_arrays("batch_norm", mean=mean, var=var, gamma=gamma, beta=beta)
+        if inner == 1 and self._rows8(c, (x, y), (mean, var, gamma, beta)):
+            self._rows8_kernel(x, "bn_rows_apply8")(((x.size // 8 + 255) // 256,), (256,), (
+                as_stored(x), as_stored(y), mean, var, g, b, c, np.int64(x.size // 8), np.float32(eps), flags))
+            return
+        if is_low(x) or is_low(y):
             self._typed(_BN_FORWARD, formats_of("batch_norm", x=x, y=y))(
                 as_stored(x), mean, var, g, b, c, inner, np.float32(eps), flags, as_stored(y))
             return
@@ -826,6 +845,12 @@ class CudaBackend(ArrayBackend):
         if is_low(x) or is_low(dy) or is_low(dx):
             self._float32_arrays("batch_norm_grad", mean=mean, var=var, gamma=gamma, sum_dy=sum_dy,
                                  sum_dy_xhat=sum_dy_xhat)
+        if inner == 1 and self._rows8(c, (x, dy, dx), (mean, var, gamma, sum_dy, sum_dy_xhat)):
+            self._rows8_kernel(x, "bn_rows_backward8")(((x.size // 8 + 255) // 256,), (256,), (
+                as_stored(x), as_stored(dy), as_stored(dx), mean, var, g, sum_dy, sum_dy_xhat, c,
+                np.int64(x.size // 8), np.float32(eps), np.float32(int(c) / x.size), flags))
+            return
+        if is_low(x) or is_low(dy) or is_low(dx):
             self._typed(_BN_GRAD, formats_of("batch_norm_grad", x=x, dy=dy, dx=dx))(
                 as_stored(x), as_stored(dy), mean, var, g, sum_dy, sum_dy_xhat, c, inner, np.float32(eps),
                 np.float32(int(c) / x.size), flags, as_stored(dx))

@@ -363,6 +363,89 @@ extern "C" __global__ void bn_grad_combine(const float* part, const float* var, 
         sum_dy_xhat[ch] = (float)b2 / sqrtf(var[ch] + eps);
     }
 }
+// The per-element passes over rows [M, C] (channels-last memory, or [N, C]) with C a multiple of 8: eight values of
+// one row a thread, their channels consecutive from c0 (no division per element), the per-channel arrays (16-byte
+// aligned) read eight at a time; the same arithmetic as bn_apply4 and bn_backward4, per value.
+__device__ __forceinline__ void load8(const S* p, long long v, float* out) {
+#ifdef LOWP
+    const uint4 u = reinterpret_cast<const uint4*>(p)[v];
+    const S* h = reinterpret_cast<const S*>(&u);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = LD(h[k]);
+#else
+    const float4* q = reinterpret_cast<const float4*>(p) + 2 * v;
+    const float4 a = q[0], b = q[1];
+    out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w; out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+#endif
+}
+__device__ __forceinline__ void store8(S* p, long long v, const float* in) {
+#ifdef LOWP
+    uint4 u;
+    S* h = reinterpret_cast<S*>(&u);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) h[k] = ST(in[k]);
+    reinterpret_cast<uint4*>(p)[v] = u;
+#else
+    float4* q = reinterpret_cast<float4*>(p) + 2 * v;
+    q[0] = make_float4(in[0], in[1], in[2], in[3]);
+    q[1] = make_float4(in[4], in[5], in[6], in[7]);
+#endif
+}
+__device__ __forceinline__ void channels8(const float* a, int c0, float* out) {
+    const float4* q = reinterpret_cast<const float4*>(a + c0);
+    const float4 p = q[0], r = q[1];
+    out[0] = p.x; out[1] = p.y; out[2] = p.z; out[3] = p.w; out[4] = r.x; out[5] = r.y; out[6] = r.z; out[7] = r.w;
+}
+extern "C" __global__ void bn_rows_apply8(const S* x, S* y, const float* mean, const float* var, const float* gamma,
+        const float* beta, int c, long long n8, float eps, int flags) {
+    const long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (v >= n8) return;
+    const int c0 = (int)((v * 8) % c);
+    float xs[8], m[8], vr[8], g[8], b[8];
+    load8(x, v, xs);
+    channels8(mean, c0, m);
+    channels8(var, c0, vr);
+    if (flags & 1) channels8(gamma, c0, g);
+    if (flags & 2) channels8(beta, c0, b);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        float sc = 1.f / sqrtf(vr[k] + eps);
+        if (flags & 1) sc *= g[k];
+        xs[k] = (xs[k] - m[k]) * sc + ((flags & 2) ? b[k] : 0.f);
+    }
+    store8(y, v, xs);
+}
+extern "C" __global__ void bn_rows_backward8(const S* x, const S* dy, S* dx, const float* mean, const float* var,
+        const float* gamma, const float* sum_dy, const float* sum_dy_xhat, int c, long long n8, float eps,
+        float inv_m, int flags) {
+    const long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (v >= n8) return;
+    const int c0 = (int)((v * 8) % c);
+    float g[8], vr[8], gm[8];
+    load8(dy, v, g);
+    channels8(var, c0, vr);
+    if (flags & 1) channels8(gamma, c0, gm);
+    if (flags & 4) {
+        float xs[8], m[8], sd[8], sdx[8];
+        load8(x, v, xs);
+        channels8(mean, c0, m);
+        channels8(sum_dy, c0, sd);
+        channels8(sum_dy_xhat, c0, sdx);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const float invstd = 1.f / sqrtf(vr[k] + eps);
+            const float a = (flags & 1) ? gm[k] * invstd : invstd;
+            g[k] = a * g[k] - a * (sd[k] + (xs[k] - m[k]) * invstd * sdx[k]) * inv_m;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const float invstd = 1.f / sqrtf(vr[k] + eps);
+            g[k] *= (flags & 1) ? gm[k] * invstd : invstd;
+        }
+    }
+    store8(dx, v, g);
+}
 // The per-element passes, four values per thread (float4): S is a multiple of 4, so the four share a channel.
 // y = (x - mean) / sqrt(var + eps) * gamma + beta (flags: 1 gamma, 2 beta)
 extern "C" __global__ void bn_apply4(const float4* x, float4* y, const float* mean, const float* var,
