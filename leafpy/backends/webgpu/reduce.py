@@ -40,16 +40,36 @@ class Reductions(Family):
                   classes: int = 0) -> None:
         """out[0] = alpha * (sum of the entry's terms over ``count`` items): partial
         sums of blocks, a workgroup each, over runs of items whose bindings fit, then one sum of the partials."""
-        runs = self._item_chunks(count, per_item)
-        longest = max(run[1] - run[0] for run in runs)
-        blocks = max(1, min(self.gpu.max_groups, -(-longest // self.PARTS_BLOCK)))
-        length = -(-longest // blocks)
+        runs, blocks, length = self._blocks(count, per_item)
         parts = self._scratch_buffer(blocks * len(runs), "parts")
         for i, (i0, i1, binds, offsets) in enumerate(runs):
             params = ReduceParams(count=i1 - i0, classes=classes, block=length, first_block=i * blocks,
                                   **dict(zip(("a_offset", "b_offset"), offsets)))
             self._dispatch("reduce", entry, params, [*inputs, parts], (blocks, 1, 1), [*binds, None])
         self._reduce("sum_rows", [parts, out], (1, 1, 1), length=blocks * len(runs), rows=1, alpha=alpha)
+
+    def _blocks(self, count: int, per_item: list) -> tuple[list, int, int]:
+        """A long reduction's runs (item_chunks), workgroups per run and items per workgroup."""
+        runs = self._item_chunks(count, per_item)
+        longest = max(run[1] - run[0] for run in runs)
+        blocks = max(1, min(self.gpu.max_groups, -(-longest // self.PARTS_BLOCK)))
+        return runs, blocks, -(-longest // blocks)
+
+    def square_sums(self, xs: list, out: WView, scale: WView | None) -> None:
+        """out[0] = the sum of the squares of every element of the float32 tensors ``xs``, each first unscaled in
+        place where ``scale`` is given (Backend.sum_squares): a dispatch per tensor (per run of it that fits a
+        binding) writing its partial sums beside the others', then one sum of them all."""
+        plans = [(x, *self._blocks(x.size, [1])) for x in xs]
+        parts = self._scratch_buffer(sum(blocks * len(runs) for _, runs, blocks, _ in plans), "parts")
+        entry = "square_parts" if scale is None else "unscale_square_parts"
+        first = 0
+        for x, runs, blocks, length in plans:
+            for i0, i1, binds, offsets in runs:
+                params = ReduceParams(count=i1 - i0, block=length, first_block=first, a_offset=offsets[0])
+                self._dispatch("reduce", entry, params, [x, parts] + ([scale] if scale is not None else []),
+                               (blocks, 1, 1), [*binds, None] + ([None] if scale is not None else []))
+                first += blocks
+        self._reduce("sum_rows", [parts, out], (1, 1, 1), length=first, rows=1, alpha=1.0)
 
     def channel_sums(self, dy, db, alpha: float, beta: float) -> None:
         """db = alpha * (sums of dy over all axes but 1) + beta * db: per channel, partial sums over blocks of the

@@ -49,6 +49,23 @@ fn square_parts(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     if (lid.x == 0u) { b[p.first_block + wid.x] = total; }
 }
 
+// unscale_square_parts: a = a * (1 / c[0]) (loss scaling's unscale, as update.wgsl's unscale), then
+// b[first_block + blk] = sum a * a over the block
+@compute @workgroup_size(256)
+fn unscale_square_parts(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
+    let lid = lane.lid;
+    let r = block_range(wid.x);
+    let inv = 1.0 / c[0];
+    var s = 0.0;
+    for (var i = r.x + lid.x; i < r.y; i = i + 256u) {
+        let v = a[p.a_offset + i] * inv;
+        a[p.a_offset + i] = v;
+        s = s + v * v;
+    }
+    let total = reduce_workgroup(lane, s, false);
+    if (lid.x == 0u) { b[p.first_block + wid.x] = total; }
+}
+
 // nll_parts: c[first_block + blk] = sum over the block's samples i of a[i * classes + label_i], labels in b
 @compute @workgroup_size(256)
 fn nll_parts(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
