@@ -635,6 +635,8 @@ class CudaBackend(ArrayBackend):
         key = ("sum_squares", tuple((x.data.ptr, x.size) for x in xs))
         tables = ws.get(key)
         if tables is None:
+            if self._capturing:  # a recording cannot upload the tables: the per-buffer default records
+                return super().sum_squares(xs, out, ws, scale)
             tables = ws[key] = self._sum_squares_tables(xs)
         ptrs, sizes, chunk_tensor, chunk_start, part = tables
         blocks = part.size
