@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import json
 import os
 import platform
@@ -380,6 +381,7 @@ def bench_network(name: str, backend, torch, device: str, args, rule: str = "mom
     rng = np.random.default_rng(0)
     xs = [rng.random((batch, *shape), dtype=np.float32) for _ in range(4)]
     ys = [rng.integers(0, classes, batch) for _ in range(4)]
+    gc.collect()  # the previous network's solver (layers refer to each other) is freed before this one's peak
     if backend.name == "native":
         tracemalloc.start()  # numpy reports its buffers to tracemalloc: the peak of everything leafpy holds
     elif backend.name == "cuda":
