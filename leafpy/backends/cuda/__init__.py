@@ -821,13 +821,14 @@ class CudaBackend(ArrayBackend):
         c, inner = self._bn_geometry(x)
         flags = np.int32((gamma is not None) | ((beta is not None) << 1))
         g, b = mean if gamma is None else gamma, mean if beta is None else beta
-        if is_low(x) or is_low(y):
+        low = is_low(x) or is_low(y)
+        if low:
             self._float32_arrays("batch_norm", mean=mean, var=var, gamma=gamma, beta=beta)
         if inner == 1 and self._rows8(c, (x, y), (mean, var, gamma, beta)):
             self._rows8_kernel(x, "bn_rows_apply8")(((x.size // 8 + 255) // 256,), (256,), (
                 as_stored(x), as_stored(y), mean, var, g, b, c, np.int64(x.size // 8), np.float32(eps), flags))
             return
-        if is_low(x) or is_low(y):
+        if low:
             self._typed(_BN_FORWARD, formats_of("batch_norm", x=x, y=y))(
                 as_stored(x), mean, var, g, b, c, inner, np.float32(eps), flags, as_stored(y))
             return
@@ -844,7 +845,8 @@ class CudaBackend(ArrayBackend):
         c, inner = self._bn_geometry(x)
         flags = np.int32((gamma is not None) | (bool(batch_stats) << 2))
         g = mean if gamma is None else gamma
-        if is_low(x) or is_low(dy) or is_low(dx):
+        low = is_low(x) or is_low(dy) or is_low(dx)
+        if low:
             self._float32_arrays("batch_norm_grad", mean=mean, var=var, gamma=gamma, sum_dy=sum_dy,
                                  sum_dy_xhat=sum_dy_xhat)
         if inner == 1 and self._rows8(c, (x, dy, dx), (mean, var, gamma, sum_dy, sum_dy_xhat)):
@@ -852,7 +854,7 @@ class CudaBackend(ArrayBackend):
                 as_stored(x), as_stored(dy), as_stored(dx), mean, var, g, sum_dy, sum_dy_xhat, c,
                 np.int64(x.size // 8), np.float32(eps), np.float32(int(c) / x.size), flags))
             return
-        if is_low(x) or is_low(dy) or is_low(dx):
+        if low:
             self._typed(_BN_GRAD, formats_of("batch_norm_grad", x=x, dy=dy, dx=dx))(
                 as_stored(x), as_stored(dy), mean, var, g, sum_dy, sum_dy_xhat, c, inner, np.float32(eps),
                 np.float32(int(c) / x.size), flags, as_stored(dx))

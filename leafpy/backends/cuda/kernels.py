@@ -87,6 +87,23 @@ extern "C" __global__ void pool_bwd(const S* dy, float* dx, const int* mask, int
 """
 
 
+_BLOCK_TOTAL = r"""
+// the sum of v over the block (its threads a power of two), returned to every thread (red: a double of shared
+// memory per thread)
+__device__ double block_total(double v, double* red) {
+    red[threadIdx.x] = v;
+    __syncthreads();
+    for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+        if (threadIdx.x < o) red[threadIdx.x] += red[threadIdx.x + o];
+        __syncthreads();
+    }
+    const double total = red[0];
+    __syncthreads();
+    return total;
+}
+"""
+"""Shared by the batch-norm combinations and the sum of squares."""
+
 SUM_SQUARES_CHUNK = 4096
 """Elements of one tensor that one block of :data:`_SUM_SQUARES_SOURCE`'s first kernel reduces."""
 SUMSQ_THREADS = 256
@@ -99,15 +116,6 @@ _SUM_SQUARES_SOURCE = r"""
 // `chunk` elements of tensor chunk_tensor[b] from chunk_start[b]; `ptrs` holds the tensors' addresses, `sizes`
 // their element counts) into part[b], then one block adds the parts. Threads per block: a power of two, at most
 // SUMSQ_THREADS.
-__device__ double block_total_d(double v, double* red) {
-    red[threadIdx.x] = v;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if ((int)threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
-        __syncthreads();
-    }
-    return red[0];
-}
 extern "C" __global__ void sumsq_part(const unsigned long long* ptrs, const long long* sizes,
         const int* chunk_tensor, const long long* chunk_start, long long chunk, const float* scale, int has_scale,
         double* part) {
@@ -122,14 +130,14 @@ extern "C" __global__ void sumsq_part(const unsigned long long* ptrs, const long
         if (has_scale) { v = v * inv; x[i] = v; }
         acc += (double)v * (double)v;
     }
-    const double total = block_total_d(acc, red);
+    const double total = block_total(acc, red);
     if (threadIdx.x == 0) part[b] = total;
 }
 extern "C" __global__ void sumsq_total(const double* part, int n, float* out) {
     __shared__ double red[SUMSQ_THREADS];
     double acc = 0.0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) acc += part[i];
-    const double total = block_total_d(acc, red);
+    const double total = block_total(acc, red);
     if (threadIdx.x == 0) out[0] = (float)total;
 }
 """
@@ -147,7 +155,7 @@ def sum_squares_chunks(sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def sum_squares_source() -> str:
     """:data:`_SUM_SQUARES_SOURCE` with its block size defined."""
-    return f"#define SUMSQ_THREADS {SUMSQ_THREADS}\n" + _SUM_SQUARES_SOURCE
+    return f"#define SUMSQ_THREADS {SUMSQ_THREADS}\n" + _BLOCK_TOTAL + _SUM_SQUARES_SOURCE
 
 _BN_SOURCE = r"""
 // Batch normalisation over [N, C, S] (S: every axis after C).
@@ -235,19 +243,7 @@ extern "C" __global__ void bn_stats_part_low(const S* x, float* part, int n, int
 // most COMBINE_THREADS) sharing the runs, in double. One thread per channel reading its runs in turn took 95 us a
 // call for 1,024 runs of 64 channels (ResNet-18's channels-last reductions) on an H100.
 // (COMBINE_THREADS: defined in front of this source, from the Python constant)
-// the sum of v over the block, returned to every thread (red: COMBINE_THREADS doubles of shared memory)
-__device__ double block_total(double v, double* red) {
-    red[threadIdx.x] = v;
-    __syncthreads();
-    for (int o = blockDim.x / 2; o > 0; o >>= 1) {
-        if (threadIdx.x < o) red[threadIdx.x] += red[threadIdx.x + o];
-        __syncthreads();
-    }
-    const double total = red[0];
-    __syncthreads();
-    return total;
-}
-// mean and biased variance from the partials (Chan et al.'s pairwise combination)
+""" + _BLOCK_TOTAL + r"""// mean and biased variance from the partials (Chan et al.'s pairwise combination)
 extern "C" __global__ void bn_stats_combine(const float* part, float* mean, float* var, int n, int c, int s,
         int rows, int splits) {
     __shared__ double red[COMBINE_THREADS];

@@ -61,13 +61,13 @@ class Reductions(Family):
         binding) writing its partial sums beside the others', then one sum of them all."""
         plans = [(x, *self._blocks(x.size, [1])) for x in xs]
         parts = self._scratch_buffer(sum(blocks * len(runs) for _, runs, blocks, _ in plans), "parts")
-        entry = "square_parts" if scale is None else "unscale_square_parts"
+        entry, extra = ("square_parts", []) if scale is None else ("unscale_square_parts", [scale])
         first = 0
         for x, runs, blocks, length in plans:
             for i0, i1, binds, offsets in runs:
                 params = ReduceParams(count=i1 - i0, block=length, first_block=first, a_offset=offsets[0])
-                self._dispatch("reduce", entry, params, [x, parts] + ([scale] if scale is not None else []),
-                               (blocks, 1, 1), [*binds, None] + ([None] if scale is not None else []))
+                self._dispatch("reduce", entry, params, [x, parts, *extra], (blocks, 1, 1),
+                               [*binds, None, *(None for _ in extra)])
                 first += blocks
         self._reduce("sum_rows", [parts, out], (1, 1, 1), length=first, rows=1, alpha=1.0)
 
