@@ -44,6 +44,10 @@ struct Index { int x, y; };
 static Index blockDim = {1, 1}, blockIdx = {0, 0}, threadIdx = {0, 0}, gridDim = {1, 1};
 struct float4 { float x, y, z, w; };
 struct uint4 { unsigned int x, y, z, w; };
+struct ushort4 { unsigned short x, y, z, w; };
+static inline ushort4 make_ushort4(unsigned short x, unsigned short y, unsigned short z, unsigned short w) {
+    return {x, y, z, w};
+}
 static inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 #define __global__
 #define __device__
@@ -473,9 +477,12 @@ def compiled_vector_updates(tmp_path_factory):
     ``op`` functions may share a signature), with its grid runner; and the sources, by kernel name."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(updates.TABLE, "lion", LION)
-        sources = {kind: updates.cuda_vector_source(kind) for kind in updates.TABLE}
-    code = "".join(f"namespace rule_{kind} {{\n{source}\n{_grid_runner(source)}}}\n"
-                   for kind, (source, _) in sources.items())
+        sources = {(kind, copy): updates.cuda_vector_source(kind, copy) for kind in updates.TABLE
+                   for copy in ("", "bf16")}
+    # the variants that write a bfloat16 copy take lowp.CONVERT's bfloat16 conversions (T is the macro here)
+    converters = _converters().replace("typedef float T;\n", "")
+    code = "".join(f"namespace rule_{kind}{copy} {{\n{source.replace(CONVERT, converters)}\n"
+                   f"{_grid_runner(source)}}}\n" for (kind, copy), (source, _) in sources.items())
     return (_build(tmp_path_factory, "updates_float4", SHIMS + "using std::sqrt;\n" + code),
             {name: source for source, name in sources.values()})
 
@@ -576,6 +583,45 @@ def test_cuda_float4_update_kernels_on_the_cpu(compiled_updates, compiled_vector
     assert not np.allclose(want[0], w)
     for label, a, b in zip(("w", *rule.state), got, want):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=f"{kind}: {label}")
+
+
+@pytest.mark.parametrize("kind", [*updates.TABLE, "lion"])
+def test_cuda_float4_update_writes_the_bfloat16_copy_on_the_cpu(compiled_vector_updates, monkeypatch, kind):
+    """solver_update with ``copy`` (a weight's bfloat16 compute copy), its float4 kernel compiled for the CPU: the
+    copy is the updated weight rounded to nearest even (ml_dtypes' rounding of the float32 result, bit for bit), in
+    the same launch; a skipped step (rate[1] == 0) writes neither the weight nor the copy; nothing is written after
+    the copy's end."""
+    from leafpy.backends.cuda import CudaBackend
+
+    monkeypatch.setitem(updates.TABLE, "lion", LION)
+    rule = updates.rule(kind)
+    xp = _HostCupy(compiled_vector_updates, None)
+    be = object.__new__(CudaBackend)
+    be.xp, be.dtype, be._update_kernels = xp, np.dtype(np.float32), {}
+    rng = np.random.default_rng(16)
+    n = 1200
+    w, g = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    state = [np.abs(rng.standard_normal(n)).astype(np.float32) for _ in rule.state]
+    params = tuple(UPDATE_PARAMS[p] for p in rule.params)
+    before = w.astype(ml_dtypes.bfloat16)
+
+    def update(rate):
+        (dw, _), *held = [_aligned(a) for a in (w, *state)]
+        buf = np.full(n + 8, 7.0, ml_dtypes.bfloat16)  # 8-byte aligned, 4 guard values after the copy
+        at = (-buf.ctypes.data % 8) // 2
+        low = buf[at:at + n].view(_HostArray)
+        low[...] = before
+        be.solver_update(kind, dw, _aligned(g)[0], rate, 2.0, params, *(a for a, _ in held), copy=low)
+        assert xp.launches.pop() == updates.cuda_vector_source(kind, "bf16")[1] and not xp.launches
+        assert (buf[at + n:at + n + 4].astype(np.float32) == 7.0).all(), "written after the copy"
+        return dw, low
+
+    dw, low = update(np.array([0.01, 0.0, 0.02], np.float32))
+    assert np.array_equal(dw, w) and np.array_equal(low.view(np.uint16), before.view(np.uint16)), "a skipped step wrote"
+    dw, low = update(np.array([0.01, 1.0, 0.02], np.float32))
+    assert not np.array_equal(dw, w)
+    np.testing.assert_array_equal(np.asarray(low).view(np.uint16),
+                                  np.asarray(dw).astype(ml_dtypes.bfloat16).view(np.uint16))
 
 
 SUMSQ_RUNNER = r"""

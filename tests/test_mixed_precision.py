@@ -154,8 +154,10 @@ def _assert_forward_reads_the_masters(net: lp.Layer, x: np.ndarray, dtype: np.dt
 
 @pytest.mark.parametrize("precision", list(PRECISIONS))
 def test_weight_copies_are_cast_again_only_after_their_masters_change(precision, monkeypatch):
-    """Inference passes cast each master weight into its low-precision copy once; a copy is cast again after its
-    master changes (a training step's update, set()), and every pass computes from the masters as they are."""
+    """Inference passes cast each master weight into its low-precision copy once; a training step's update writes
+    the copies with the masters (Backend.solver_update's ``copy``: on native, a cast after the update), so the next
+    pass casts nothing; a copy is cast again after its master is set(), and every pass computes from the masters as
+    they are."""
     be = lp.backend("native", precision=precision)
     dtype, u = PRECISIONS[precision]
     casts: list[tuple[int, ...]] = []
@@ -173,8 +175,8 @@ def test_weight_copies_are_cast_again_only_after_their_masters_change(precision,
     for _ in range(2):
         _assert_forward_reads_the_masters(net, x, dtype, u)
     assert weight_casts() == shapes, "one cast per weight, at the first pass"
-    solver.train_minibatch(x, t)  # its forward pass finds the copies current; its update changes both masters
-    assert weight_casts() == shapes
+    solver.train_minibatch(x, t)  # its forward pass finds the copies current; its update writes masters and copies
+    assert weight_casts() == shapes * 2
     _assert_forward_reads_the_masters(net, x, dtype, u)
     assert weight_casts() == shapes * 2
     bias = net.learnable_weights_data()[1]
@@ -182,6 +184,10 @@ def test_weight_copies_are_cast_again_only_after_their_masters_change(precision,
     _assert_forward_reads_the_masters(net, x, dtype, u)
     _assert_forward_reads_the_masters(net, x, dtype, u)
     assert weight_casts() == shapes * 2 + [bias.shape]
+    bias.set(np.array([1.0, 2.0, 3.0]))  # set between steps: the step casts it before its forward pass reads it
+    solver.train_minibatch(x, t)
+    assert weight_casts() == shapes * 2 + [bias.shape] * 2 + shapes
+    _assert_forward_reads_the_masters(net, x, dtype, u)
 
 
 def test_ids_and_labels_stay_in_the_master_dtype():

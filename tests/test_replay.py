@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import backend_or_skip
+from conftest import backend_or_skip, webgpu_offering
 
 import leafpy as lp
 
@@ -145,6 +145,37 @@ def test_dropout_draws_follow_native_around_replayed_steps_and_refused_batches(d
     for a, b in zip(outs, ref_outs):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     assert not np.allclose(outs[0], outs[1]), "each training-mode forward pass draws a new mask"
+
+
+@pytest.mark.parametrize("device_name,precision", [pytest.param("webgpu", "fp16", marks=pytest.mark.webgpu),
+                                                    pytest.param("cuda", "bf16", marks=pytest.mark.cuda),
+                                                    pytest.param("cuda", "fp16", marks=pytest.mark.cuda)])
+def test_a_weight_set_between_replayed_16_bit_steps_reaches_its_copy(device_name, precision):
+    """Under bf16/fp16 the update writes each weight's 16-bit copy with the weight, and a replayed step casts
+    nothing; a weight set between steps must still reach the copy the next replayed step reads. With the last
+    layer's weight and bias loaded as zeros every class scores 0, so that step's loss is log(10) (a formula; a
+    stale copy would give the trained network's loss), and training goes on from there as on a fresh solver."""
+    if device_name == "webgpu":
+        webgpu_offering("shader-f16")
+    device = backend_or_skip(device_name, precision=precision)
+    solver = lp.Solver.from_config(device, device, _config("momentum", "step", 1))
+    ds = lp.data.digits()
+    batches = [(ds.x_train[i * 32:(i + 1) * 32], ds.y_train[i * 32:(i + 1) * 32]) for i in range(8)]
+    for x, y in batches[:5]:
+        solver.train_minibatch(x, y)
+    trained = solver.loss()
+    assert abs(trained - np.log(10.0)) > 0.05
+    names = solver.network.learnable_weights_names()
+    shapes = [w.shape for w in solver.network.learnable_weights_data()]
+    solver.network.load_weights({n: np.zeros(s) for n, s in zip(names[-2:], shapes[-2:])}, strict=False)
+    before = device.recorder.replays
+    losses = []
+    for x, y in batches[5:]:
+        solver.train_minibatch(x, y)
+        losses.append(solver.loss())
+    assert device.recorder.replays == before + 3, device.recorder.error
+    np.testing.assert_allclose(losses[0], np.log(10.0), rtol=2e-3)
+    assert losses[2] < losses[0], "training goes on from the loaded weights"
 
 
 @pytest.mark.webgpu

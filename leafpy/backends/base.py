@@ -400,11 +400,13 @@ class Backend:
 
     def solver_update(self, kind: str, w: Buffer, g: Buffer, rate: Buffer, lr_mult: float,
                       params: tuple[float, ...] = (), s1: Buffer | None = None, s2: Buffer | None = None,
-                      s3: Buffer | None = None) -> None:
+                      s3: Buffer | None = None, copy: Buffer | None = None) -> None:
         """The update rule ``kind`` (a line of :data:`leafpy.backends.updates.TABLE`) over the weight ``w``, its
         gradient ``g`` and the rule's state buffers ``s1``, ``s2``, ``s3`` (as many as the line has, in its order),
         with its hyper-parameters ``params`` (in the line's order): fused where the backend can, generated from
-        the line's formula on every backend."""
+        the line's formula on every backend. ``copy``: a bfloat16/float16 buffer of w's shape that takes the
+        updated weight rounded (its compute copy under mixed precision), as ``cast(w, copy)`` after the update
+        would, and like w left as it is where the step is skipped."""
         raise NotImplementedError
 
     # the named rules: the lines of updates.TABLE that Caffe's solvers run, written once here over solver_update
@@ -576,7 +578,7 @@ WRITES: dict[str, Writes] = {
     "unscale": ("x",), "loss_scale_update": ("scale", "counts", "rate"),
     "sum_squares": lambda args: ("out", "xs") if args.get("scale") is not None else ("out",),
     # the gradient may serve the updates as scratch; a rule writes w and every state buffer it has
-    "solver_update": lambda args: ("w", "g", *(s for s in ("s1", "s2", "s3") if args[s] is not None)),
+    "solver_update": lambda args: ("w", "g", *(s for s in ("s1", "s2", "s3", "copy") if args.get(s) is not None)),
     "momentum_update": ("w", "g", "h"), "nesterov_update": ("w", "g", "h", "prev"),
     "adam_update": ("w", "g", "m", "v"), "rmsprop_update": ("w", "g", "h"), "adagrad_update": ("w", "g", "h"),
     "adadelta_update": ("w", "g", "h", "u"),

@@ -372,18 +372,19 @@ def cuda_kernel_source(kind: str) -> tuple[str, str, str, str]:
             f"if (!({_CUDA_SKIP})) {{ {body} }}", f"leafpy_{r.name}_update")
 
 
-def cuda_vector_source(kind: str) -> tuple[str, str]:
+def cuda_vector_source(kind: str, copy: str = "") -> tuple[str, str]:
     """Rule ``kind`` over float32 arrays as a CUDA kernel that updates four elements a thread (float4 loads and
     stores: ``leafpy.backends.cuda.kernels.vectorized_source``), and its name: ``kernel(g, w, *state, rate,
     lr_mult, *params, n4)`` over ``n4`` float4s, each element as :func:`cuda_kernel_source`'s; where
-    ``rate[1] == 0`` every thread returns before it loads or stores anything."""
+    ``rate[1] == 0`` every thread returns before it loads or stores anything. ``copy`` ("bf16" or "f16"): the
+    kernel also stores the updated weight rounded to that format (``kernel(g, w, *state, copy, rate, ...)``)."""
     from .cuda.kernels import vectorized_source  # here, not above: the cuda package loads with its backend only
 
     r = rule(kind)
     outputs, scalars, body = _cuda_parts(r)
-    name = f"leafpy_{r.name}_update4"
+    name = f"leafpy_{r.name}_update4" + (f"_{copy}" if copy else "")
     return vectorized_source(name, ("g",), outputs, scalars, body, read_outputs=True, pointers=("rate",),
-                             skip=_CUDA_SKIP), name
+                             skip=_CUDA_SKIP, copy=copy), name
 
 
 def cuda_kernel_sources() -> dict[str, tuple[str, str, str, str]]:

@@ -203,6 +203,9 @@ class Layer:
         backward_input read (cast from the master weight by a forward pass that finds the master changed), or
         None."""
         self._copied_versions: list[int | None] = []  # per copy, the master weight's version it was cast from
+        self.updated_copies: set[int] = set()
+        """The weights whose copy a solver's update writes with the weight itself (``Backend.solver_update``'s
+        ``copy``): a recorded step's forward pass does not cast them (see :meth:`refresh_copy`)."""
         self.inputs: list[SharedTensor] = []
         self.input_grads: list[SharedTensor | None] = []
         self.outputs: list[SharedTensor] = []
@@ -546,14 +549,32 @@ class Layer:
         w = [t.read_write(be) if i in written else t.read(be) for i, t in enumerate(self.weights)]
         for i, c in enumerate(self.weight_copies):
             if c is not None and i not in written:  # the low-precision copy, fresh from the master weight
-                version = self.weights[i].version
-                if version != self._copied_versions[i] or recording():  # a recorded step's replays cast too
-                    be.cast(w[i], c.write(be))
-                    self._copied_versions[i] = version
+                # a recorded step's replays cast too, unless the step's update writes the copy
+                self.refresh_copy(i, always=recording() and i not in self.updated_copies)
                 w[i] = c.read(be)
         y = [t.write(be) for t in self.outputs]
         worker.forward(be, x, w, y)  # type: ignore[union-attr]
         self.ran_forward = True
+
+    def refresh_copy(self, i: int, always: bool = False) -> None:
+        """Cast weight ``i`` into its low-precision copy where the weight changed since the copy was made (or
+        ``always``). A solver whose update writes the copy (:attr:`updated_copies`) calls this before each step, so
+        that a weight set between steps (loaded, restored) reaches the copy before a replayed step reads it."""
+        weight, copy = self.weights[i], self.weight_copies[i]
+        assert copy is not None
+        version = weight.version
+        if always or version != self._copied_versions[i]:
+            self.backend.cast(weight.read(self.backend), copy.write(self.backend))
+            self._copied_versions[i] = version
+
+    def copy_updated(self, i: int) -> None:
+        """Record that weight ``i``'s copy was written with the weight by an update (it is current)."""
+        self._copied_versions[i] = self.weights[i].version
+
+    def weight_copy_slots(self) -> list[tuple[Layer, int]]:
+        """(layer, index) of every weight copy (bf16/fp16 compute copies of the master weights), in network order,
+        this layer's and, for containers, every layer's inside (a weight shared by name has one per layer)."""
+        return [(self, i) for i, c in enumerate(self.weight_copies) if c is not None]
 
     def run_backward(self) -> None:
         """Compute the weight gradients and the input gradients that are needed from the output gradients."""

@@ -256,15 +256,17 @@ class UpdateRule:
         return lr
 
     def update(self, backend: Backend, w: Any, g: Any, state: list[Any], rate: Any, lr_mult: float,
-               decay: float = 0.0) -> None:
+               decay: float = 0.0, copy: Any = None) -> None:
         """Update the weight ``w`` from its gradient ``g`` (device buffers; ``state`` the rule's history buffers);
         ``rate`` is the buffer ``[step rate, apply]``: :meth:`step_rate`, scaled by the weight's ``lr_mult``, and
         0 where the step is skipped (loss scaling saw inf or nan gradients), when the backend's update primitive
         writes nothing. A rule with ``decoupled_weight_decay`` gets ``[step rate, apply, lr]`` (lr: the policy's
         rate) and ``decay`` (weight_decay times the weight's decay_mult) to apply itself; the others get gradients
-        with the decay in."""
+        with the decay in. ``copy``: the weight's bf16/fp16 copy, to be written with it (``Backend.solver_update``);
+        a rule that overrides this method without taking ``copy`` has the solver cast the copy after it."""
         params = self.params + (decay,) if self.decoupled_weight_decay else self.params
-        backend.solver_update(self.formula or self.name, w, g, rate, lr_mult, params, *state)
+        held = dict(zip(("s1", "s2", "s3"), state))
+        backend.solver_update(self.formula or self.name, w, g, rate, lr_mult, params, copy=copy, **held)
 
     decoupled_weight_decay: ClassVar[bool] = False
     """The rule applies weight decay to the weights itself (AdamW's ``w -= lr·decay·w``), instead of the solver
@@ -328,6 +330,8 @@ class Solver:
                                                 for w in weights]
         self._accum = [SharedTensor(w.shape, dtype) for w in weights] if config.minibatch_size > 1 else []
         self._ws: dict = {}  # the backend's workspace for the gradients' sum of squares (Backend.sum_squares)
+        self._slots: list[tuple[Layer, int] | None] = []  # see _copy_slots
+        self._slots_of: Any = None
         # [the step's rate (rule.step_rate), uploaded before each step when it changed; 1 to apply the update or 0
         # to skip it, written on the device under loss scaling; for a rule with decoupled weight decay, the policy's
         # rate]
@@ -587,8 +591,14 @@ class Solver:
         # a step whose launches depend only on the bindings and the accumulation phase may be recorded and replayed
         # by the backend (the rate is data, in self._rate)
         phase = (first, update_now, self.accumulation_scale) if k > 1 else ()
+        copies = [slot for slot in self._copy_slots() if slot is not None]
+        for layer, i in copies:  # a weight set since the last update (loaded, restored) reaches its copy
+            layer.refresh_copy(i)
         be.run_step((self._token, self._generation, *phase, *(self._reducer_key() or ()))
                     if self._replayable() else None, step)
+        if update_now:
+            for layer, i in copies:
+                layer.copy_updated(i)
         for worker in workers:
             worker.after_step(ran=True)
         if k > 1:
@@ -617,18 +627,40 @@ class Solver:
             for g in g_bufs:
                 be.scal(1.0 / cfg.minibatch_size, g)
         rate = self._rate.read(be)
-        for w, g, wc, state in zip(weights, g_bufs, configs, self.state):
+        own_copy = type(self.rule).update is UpdateRule.update  # a rule of its own may not take ``copy``
+        for w, g, wc, state, slot in zip(weights, g_bufs, configs, self.state, self._copy_slots()):
             if wc.lr_mult == 0.0:  # a weight that never moves (BatchNorm's running statistics): nothing to launch
                 continue
             wb = w.read_write(be)
             decay = (cfg.weight_decay or 0.0) * wc.decay_mult
             st = [s.read_write(be) for s in state]
-            if self.rule.decoupled_weight_decay:
-                self.rule.update(be, wb, g, st, rate, wc.lr_mult, decay=decay)
-                continue
-            if decay:
+            low = slot[0].weight_copies[slot[1]].write(be) if slot is not None else None  # type: ignore[union-attr]
+            if decay and not self.rule.decoupled_weight_decay:
                 be.axpby(decay, wb, 1.0, g)
-            self.rule.update(be, wb, g, st, rate, wc.lr_mult)
+            extra = {"decay": decay} if self.rule.decoupled_weight_decay else {}
+            if own_copy:
+                self.rule.update(be, wb, g, st, rate, wc.lr_mult, copy=low, **extra)
+            else:
+                self.rule.update(be, wb, g, st, rate, wc.lr_mult, **extra)
+                if low is not None:
+                    be.cast(wb, low)
+
+    def _copy_slots(self) -> list[tuple[Layer, int] | None]:
+        """Per learnable weight (in the order of the network's parameters), the (layer, index) of its bf16/fp16
+        copy where it has exactly one: the update writes that copy with the weight (one pass, and no cast in the
+        next forward pass); None where it has none (float32) or several (a weight shared by name)."""
+        params = self._network.parameters()
+        if self._slots_of is not params:
+            held: dict[int, list[tuple[Layer, int]]] = {}
+            for layer, i in self._network.layer.weight_copy_slots():
+                held.setdefault(id(layer.weights[i]), []).append((layer, i))
+            found = [held.get(id(w), []) for w in params.data]
+            self._slots = [f[0] if len(f) == 1 else None for f in found]
+            for slot in self._slots:
+                if slot is not None:
+                    slot[0].updated_copies.add(slot[1])
+            self._slots_of = params
+        return self._slots
 
     def _unscale(self, grads: Sequence[SharedTensor], dynamic: bool) -> None:
         """Divide the gradients by the loss scale and decide on the device whether this step's update applies (any

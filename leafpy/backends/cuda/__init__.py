@@ -664,26 +664,36 @@ class CudaBackend(ArrayBackend):
         self._kernels["loss_scale_update"](sumsq, s(growth_factor), s(backoff_factor), s(growth_interval),
                                            np.int32(bool(dynamic)), scale, counts, rate, size=1)
 
-    def solver_update(self, kind, w, g, rate, lr_mult, params=(), s1=None, s2=None, s3=None):
+    def solver_update(self, kind, w, g, rate, lr_mult, params=(), s1=None, s2=None, s3=None, copy=None):
         # one fused kernel per line of updates.TABLE, made on first use: the step's rate is read on the device
         # (rate[0]), so a recorded step replays under any learning-rate schedule; rate[1] == 0 (a loss-scaled step
         # with inf or nan gradients) writes nothing. float32 arrays that fit float4 (nearly all) take the kernel of
-        # four elements a thread, the rest the ElementwiseKernel
+        # four elements a thread, which also writes the 16-bit copy where there is one; the rest the
+        # ElementwiseKernel, then a cast into the copy
         rule = updates.rule(kind)
         state = (s1, s2, s3)[:len(rule.state)]
         vector = rate.dtype == np.float32 and self._fits_float4(g, w, *state, any_order=True)
-        kernel = self._update_kernels.get((rule, vector))
+        low = ""
+        if copy is not None:
+            low = (storage_format(copy.dtype) or "") if is_low(copy) else ""
+            vector = vector and bool(low) and copy.size == w.size and copy.data.ptr % 8 == 0 and \
+                one_memory_order((w, copy))
+        key = (rule, vector, low if vector else "")
+        kernel = self._update_kernels.get(key)
         if kernel is None:
-            kernel = self._update_kernels[rule, vector] = self._update_kernel(kind, vector)
+            kernel = self._update_kernels[key] = self._update_kernel(kind, vector, key[2])
         if vector:
-            self._launch4(kernel, (g, w, *state, rate), tuple(np.float32(p) for p in (lr_mult, *params)))
+            arrays = (g, w, *state) + ((as_stored(copy),) if key[2] else ()) + (rate,)
+            self._launch4(kernel, arrays, tuple(np.float32(p) for p in (lr_mult, *params)))
             return
         kernel(g, rate, self._scalar(lr_mult), *map(self._scalar, params), w, *state)
+        if copy is not None:
+            self.cast(w, copy)
 
-    def _update_kernel(self, kind: str, vector: bool) -> Any:
+    def _update_kernel(self, kind: str, vector: bool, copy: str = "") -> Any:
         if not vector:
             return self.xp.ElementwiseKernel(*updates.cuda_kernel_source(kind))
-        source, name = updates.cuda_vector_source(kind)
+        source, name = updates.cuda_vector_source(kind, copy)
         return self.xp.RawModule(code=source).get_function(name)
 
     # --- batch normalisation: each per-channel reduction two kernels (runs of samples, then their combination),

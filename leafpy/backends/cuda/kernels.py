@@ -490,16 +490,19 @@ extern "C" __global__ void bn_backward4(const float4* x, const float4* dy, float
 
 def vectorized_source(name: str, inputs: tuple[str, ...], outputs: tuple[str, ...], scalars: tuple[str, ...],
                       operation: str, read_outputs: bool = False, pointers: tuple[str, ...] = (),
-                      skip: str = "") -> str:
+                      skip: str = "", copy: str = "") -> str:
     """A float32 kernel ``name`` that applies ``operation`` (an ElementwiseKernel operation over type ``T``,
     reading ``inputs``, ``scalars`` and the ``raw`` arrays ``pointers``, and assigning ``outputs``) to four values
     per thread, through float4 loads and stores. Its arguments: the input arrays, the output arrays, the pointers,
     the scalars, then the number of float4s. ``read_outputs``: the operation also reads its outputs
     (``y = a * x + b * y``). ``skip``: a condition over the scalars and pointers (``rate[1] == (T)0``) under which
-    every thread returns before it loads or stores anything."""
+    every thread returns before it loads or stores anything. ``copy`` ("bf16" or "f16"): the first output is also
+    stored rounded to that format into a 16-bit array (an argument after the outputs; lowp.CONVERT is prepended)."""
     params = ([f"T {a}" for a in inputs] + [f"T {p}" for p in scalars] + [f"const T* {p}" for p in pointers]
               + [f"T& {o}" for o in outputs])
+    low = f"{outputs[0]}_low"
     args = ([f"const float4* {a}_4" for a in inputs] + [f"float4* {o}_4" for o in outputs]
+            + ([f"ushort4* {low}"] if copy else [])
             + [f"const float* {p}" for p in pointers] + [f"float {p}" for p in scalars] + ["int n4"])
     loads = [f"const float4 {a} = {a}_4[i];" for a in inputs]
     loads += [f"float4 {o}" + (f" = {o}_4[i];" if read_outputs else ";") for o in outputs]
@@ -509,7 +512,11 @@ def vectorized_source(name: str, inputs: tuple[str, ...], outputs: tuple[str, ..
 
     lanes = [f"op({lane(q)});" for q in "xyzw"]
     stores = [f"{o}_4[i] = {o};" for o in outputs]
+    if copy:
+        o = outputs[0]
+        stores.append(f"{low}[i] = make_ushort4({', '.join(f'st_{copy}({o}.{q})' for q in 'xyzw')});")
     return "\n".join([
+        *([CONVERT] if copy else []),
         "#define T float",
         f"__device__ __forceinline__ void op({', '.join(params)}) {{ {operation} }}",
         f'extern "C" __global__ void {name}({", ".join(args)}) {{',

@@ -305,7 +305,7 @@ class Elementwise(Family):
                           growth=growth_factor, backoff=backoff_factor, interval=growth_interval,
                           dynamic=int(bool(dynamic)))
 
-    def solver_update(self, kind, w, g, rate, lr_mult, params=(), s1=None, s2=None, s3=None):
+    def solver_update(self, kind, w, g, rate, lr_mult, params=(), s1=None, s2=None, s3=None, copy=None):
         rule = updates.TABLE.get(kind) or updates.rule(kind)
         if rule not in self._update_rules:  # a line added to (or replaced in) the table since the module was built
             self.gpu.rebuild("update")
@@ -313,6 +313,8 @@ class Elementwise(Family):
         state = [s1, s2, s3][:len(rule.state)]
         self._elementwise(kind + "_update", w.size, [rate, w, g, *state], UpdateParams, whole=(0,), lr_mult=lr_mult,
                           **dict(zip(updates.WGSL_PARAMS, params)))
+        if copy is not None:
+            self.cast(w, copy)
 
     # --- sequences: embeddings and recurrent cells (sequence.wgsl, scatter.wgsl) -----------------------------
     def _seq_dispatch(self, params: ParamStruct, entry: str, items: int, threads: int, buffers: list,

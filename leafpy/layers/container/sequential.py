@@ -161,6 +161,9 @@ class Sequential(Layer):
     def workers(self):
         return [w for layer in self.layers for w in layer.workers()]
 
+    def weight_copy_slots(self):
+        return [slot for layer in self.layers for slot in layer.weight_copy_slots()]
+
     def validate(self) -> None:
         for layer in self.layers:
             layer.validate()
