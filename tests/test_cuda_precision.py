@@ -185,6 +185,55 @@ def test_convolution_passes(fmt, case):
     _check(_host(dw), dw_ref, tol, f"{fmt} conv filter gradient ({fmt})")
 
 
+def _nhwc(host):
+    """A device copy of an [N, C, H, W] host array in NHWC memory, seen as NCHW (the channels-last layout)."""
+    return _dev(np.ascontiguousarray(host.transpose(0, 2, 3, 1))).transpose(0, 3, 1, 2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("channels", [1, 3, 12])
+def test_channels_last_convolutions_of_few_channels(fmt, channels):
+    """16-bit channels-last convolutions whose input channels are not a multiple of 8 (an RGB batch's 3) run on
+    zero-padded copies of input and filter (CudaBackend.PAD_CHANNELS): the forward pass, then the filter gradient
+    from the padded input the forward pass left in the workspace (overwritten, then accumulated), then for another
+    input of the same shape (padded anew, not the held copy), each against float64."""
+    be = backend_or_skip("cuda")
+    if not be.uses_cudnn:
+        pytest.skip("cuDNN graphs unavailable")
+    assert be.PAD_CHANNELS
+    dtype, u = FORMATS[fmt]
+    x_shape, w_shape, stride, pad = (4, channels, 23, 23), (16, channels, 5, 5), (2, 2), (2, 2)
+    rng = np.random.default_rng(channels)
+    x, other = (_rounded(rng.standard_normal(x_shape), dtype) for _ in range(2))
+    w = _rounded(rng.standard_normal(w_shape) * 0.2, dtype)
+    ws: dict = {}
+    y_ref = _conv_ref(_f64(x), _f64(w), stride, pad)
+    y = _nhwc(np.zeros(y_ref.shape, dtype))
+    dx, dw_dev = _nhwc(x), _nhwc(w)
+    be.conv2d(dx, dw_dev, y, stride, pad, ws)
+    assert "padded_input" in ws and ws["padded_input"].shape[1] == 8 * -(-channels // 8)
+    depth = channels * 25
+    be.synchronize()
+    _check(_host(y), y_ref, 2 * u * np.abs(y_ref) + 8 * depth * F32_EPS * _conv_ref(np.abs(_f64(x)), np.abs(_f64(w)),
+                                                                                     stride, pad), f"{fmt} forward")
+    dy = _rounded(rng.standard_normal(y_ref.shape), dtype)
+    for given, label in ((dx, "the forward's input"), (_nhwc(other), "another input")):
+        host = x if given is dx else other
+        dw_ref = _conv_filter_ref(_f64(host), _f64(dy), w_shape, stride, pad)
+        scale = _conv_filter_ref(np.abs(_f64(host)), np.abs(_f64(dy)), w_shape, stride, pad)
+        tol = 2 * u * np.abs(dw_ref) + 8 * y_ref[0, 0].size * x_shape[0] * F32_EPS * scale
+        dw = _nhwc(np.zeros(w_shape, np.float32))
+        be.conv2d_grad_filter(given, _nhwc(dy), dw, stride, pad, ws)
+        be.synchronize()
+        _check(_host(dw), dw_ref, tol, f"{fmt} filter gradient of {label}")
+        start = rng.standard_normal(w_shape).astype(np.float32)
+        dw = _nhwc(start)
+        be.conv2d_grad_filter(given, _nhwc(dy), dw, stride, pad, ws, beta=1.0)
+        be.synchronize()
+        _check(_host(dw), dw_ref + start, tol + 2 * u * np.abs(start), f"{fmt} accumulated filter gradient of {label}")
+
+
 # --- elementwise ---------------------------------------------------------------------------------------------------
 def _erf(v):
     return np.vectorize(math.erf)(v)

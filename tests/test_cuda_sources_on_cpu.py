@@ -27,6 +27,7 @@ from leafpy.backends.cuda.kernels import (
     _BN_SOURCE,
     _POOL_SOURCE,
     COMBINE_THREADS,
+    PAD_CHANNELS_SOURCE,
     SUM_SQUARES_CHUNK,
     sum_squares_chunks,
     sum_squares_source,
@@ -131,6 +132,11 @@ extern "C" void run_rows_backward8(const S* x, const S* dy, S* dx, const float* 
 extern "C" void run_rows_sum(const S* x, float* part, int m, int c, int rows) {
     X = x; PART = part; M = m; C = c; ROWS = rows; RUNS = (m + rows - 1) / rows;
     grid((c + 127) / 128, RUNS, 128, [] { rows_sum_part(X, PART, M, C, ROWS); });
+}
+static float BETA_TOTAL;
+extern "C" void run_bias_total(const float* part, float* db, int c, int runs, int threads, float beta) {
+    PART = (float*)part; MEAN = db; RUNS = runs; BETA_TOTAL = beta;
+    grid(c, 1, threads, [] { bias_total(PART, MEAN, RUNS, BETA_TOTAL); });
 }
 """
 
@@ -305,6 +311,14 @@ def test_channels_last_batch_norm_reductions_on_the_cpu(compiled_bn, fmt, shape,
     sums = np.zeros(c * runs, np.float32)
     lib.run_rows_sum(_ptr(dym), _ptr(sums), *ints)
     np.testing.assert_allclose(sums.reshape(c, runs).sum(axis=1), dy64.sum(axis=(0, 2, 3)), rtol=1e-5, atol=1e-4)
+    # the bias gradient from those partials (CudaBackend.bias_grad), written and accumulated (beta); one thread a
+    # block, as the combinations above (the serial threads here cannot meet at a barrier)
+    start = rng.standard_normal(c).astype(np.float32)
+    for beta in (0.0, 0.5):
+        db = start.copy()
+        lib.run_bias_total(_ptr(sums), _ptr(db), ctypes.c_int(c), ctypes.c_int(runs), ctypes.c_int(1),
+                           ctypes.c_float(beta))
+        np.testing.assert_allclose(db, dy64.sum(axis=(0, 2, 3)) + beta * start, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("fmt", ["f32", "bf16"])
@@ -677,3 +691,21 @@ def test_cuda_sum_of_squares_kernels_on_the_cpu(compiled_sumsq, scale):
         ys[3][SUM_SQUARES_CHUNK + 5] = bad
         got = _sum_squares(compiled_sumsq, ys, scale)
         assert np.isinf(got) if bad == np.inf else np.isnan(got)
+
+
+@pytest.mark.parametrize("channels", [1, 3, 8, 12])
+def test_channel_padding_kernel_on_the_cpu(tmp_path_factory, channels):
+    """The cuda backend's pad_channels (16-bit channels-last rows padded with zero channels to a multiple of 8, one
+    16-byte store a thread; CudaBackend.PAD_CHANNELS) compiled for the CPU, every thread of its grid run (the last
+    block partly past the end): each row's values then zeros, bit for bit, nothing written past the output."""
+    lib = _build(tmp_path_factory, "pad_channels", SHIMS + PAD_CHANNELS_SOURCE + _grid_runner(PAD_CHANNELS_SOURCE))
+    rows, c8 = 37, -(-channels // 8) * 8
+    x = np.random.default_rng(channels).integers(1, 65535, size=(rows, channels), dtype=np.uint16)
+    y = np.full(rows * c8 + 8, 0xABCD, np.uint16)
+    groups = rows * (c8 // 8)
+    lib.run_pad_channels(ctypes.c_int(-(-groups // 256)), ctypes.c_int(256), _ptr(x), _ptr(y),
+                         ctypes.c_longlong(groups), ctypes.c_int(channels), ctypes.c_int(c8 // 8))
+    want = np.zeros((rows, c8), np.uint16)
+    want[:, :channels] = x
+    np.testing.assert_array_equal(y[:rows * c8].reshape(rows, c8), want)
+    assert (y[rows * c8:] == 0xABCD).all(), "written past the output"

@@ -87,6 +87,26 @@ extern "C" __global__ void pool_bwd(const S* dy, float* dx, const int* mask, int
 """
 
 
+PAD_CHANNELS_SOURCE = r"""
+// x: rows of c 16-bit values (the pixels of an NHWC image batch, or the (k, h, w) rows of a channels-last filter);
+// y: the same rows of g * 8 values, c's channels then zeros. One thread per 8 values of y: one 16-byte store.
+extern "C" __global__ void pad_channels(const unsigned short* x, uint4* y, long long groups, int c, int g) {
+    const long long q = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (q >= groups) return;
+    const long long row = q / g;
+    const int c0 = (int)(q % g) * 8;
+    unsigned int v[4] = {0u, 0u, 0u, 0u};
+    for (int k = 0; k < 8; ++k) {
+        if (c0 + k < c) v[k >> 1] |= (unsigned int)x[row * c + c0 + k] << ((k & 1) * 16);
+    }
+    uint4 o;
+    o.x = v[0]; o.y = v[1]; o.z = v[2]; o.w = v[3];
+    y[q] = o;
+}
+"""
+"""The zero padding of 16-bit channels-last tensors to a multiple of 8 channels (see CudaBackend.PAD_CHANNELS)."""
+
+
 _BLOCK_TOTAL = r"""
 // the sum of v over the block (its threads a power of two), returned to every thread (red: a double of shared
 // memory per thread)
@@ -343,6 +363,17 @@ extern "C" __global__ void rows_sum_part(const S* x, float* part, int m, int c, 
     float acc = 0.f;
     for (int k = 0; k < b1 - b0; ++k) acc += ROWS_AT(x, k);
     part[(long long)ch * gridDim.y + blockIdx.y] = acc;
+}
+// a bias gradient from its runs' partial sums (rows_sum_part's, channel_sum_part_low's): db = total + beta * db,
+// the runs added in a fixed order in double (one block per channel, as the batch-norm combinations)
+extern "C" __global__ void bias_total(const float* part, float* db, int splits, float beta) {
+    __shared__ double red[COMBINE_THREADS];
+    const int ch = blockIdx.x;
+    const float* p = part + (long long)ch * splits;
+    double t = 0.0;
+    for (int j = threadIdx.x; j < splits; j += blockDim.x) t += p[j];
+    t = block_total(t, red);
+    if (threadIdx.x == 0) db[ch] = beta == 0.f ? (float)t : (float)t + beta * db[ch];
 }
 // sum dy and sum dy * (x - mean) / sqrt(var + eps) from the partials (one block per channel, as above)
 extern "C" __global__ void bn_grad_combine(const float* part, const float* var, float* sum_dy, float* sum_dy_xhat,
