@@ -190,6 +190,27 @@ def test_weight_copies_are_cast_again_only_after_their_masters_change(precision,
     _assert_forward_reads_the_masters(net, x, dtype, u)
 
 
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+def test_an_update_writes_the_weights_copy_itself(precision, monkeypatch):
+    """solver_update's ``copy`` (a weight's 16-bit compute copy) is written from the updated float32 weight, rounded
+    to nearest even, into the copy itself: the backend's 16-bit emulation does not widen it into a float32 scratch
+    (base.NARROW_OPERANDS), which would cost two more passes over every weight a step."""
+    be = lp.backend("native", precision=precision)
+    dtype, _ = PRECISIONS[precision]
+    rng = np.random.default_rng(5)
+    w, g = rng.standard_normal(300).astype(np.float32), rng.standard_normal(300).astype(np.float32)
+    h = np.zeros(300, np.float32)
+    copy = np.zeros(300, dtype)
+    targets = []
+    cast = be.cast
+    monkeypatch.setattr(be, "cast", lambda x, out: targets.append(out) or cast(x, out))
+    want = w.astype(np.float64) - 0.1 * g.astype(np.float64)  # (the update may use g as scratch)
+    be.solver_update("momentum", w, g, np.array([0.1, 1.0], np.float32), 1.0, (0.9,), h, copy=copy)
+    assert len(targets) == 1 and targets[0] is copy
+    np.testing.assert_allclose(w, want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(copy.view(np.uint16), w.astype(dtype).view(np.uint16))
+
+
 def test_ids_and_labels_stay_in_the_master_dtype():
     """Embedding ids above 256 are not exact in bfloat16: they are staged in float32."""
     be = lp.backend("native", precision="bf16")

@@ -599,21 +599,29 @@ def written(name: str, arguments: dict[str, Any]) -> tuple[str, ...]:
     return entry(arguments) if callable(entry) else entry
 
 
+NARROW_OPERANDS: dict[str, tuple[str, ...]] = {"solver_update": ("copy",)}
+"""Operands that a primitive takes in bfloat16/float16 on every backend (its 16-bit copy of a result, written by
+the backend's cast or by the primitive's own kernel): an emulation never widens them."""
+
+
 def emulated(name: str, method: Callable, is_low: Callable[[Any], bool],
              widen: Callable[[dict[str, Any]], dict[str, Any]], narrow: Callable[[Any, Any], None],
              context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> Callable:
     """Primitive ``name`` (``method``) run on wider copies of its low-precision operands: a call with no operand
     that ``is_low`` runs as it is, without binding its arguments; otherwise ``widen`` makes copies of those operands
     (by parameter name), the method runs on them and ``narrow(copy, operand)`` writes back the ones it writes
-    (:data:`WRITES`), both inside ``context()``."""
+    (:data:`WRITES`), both inside ``context()``. Operands of :data:`NARROW_OPERANDS` stay as they are."""
     signature = inspect.signature(method)
+    narrow_ones = NARROW_OPERANDS.get(name, ())
 
     @functools.wraps(method)
     def run(*args: Any, **kwargs: Any) -> Any:
         if not any(is_low(a) for a in (*args, *kwargs.values())):
             return method(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)
-        low = {k: a for k, a in bound.arguments.items() if is_low(a)}
+        low = {k: a for k, a in bound.arguments.items() if is_low(a) and k not in narrow_ones}
+        if not low:
+            return method(*bound.args, **bound.kwargs)
         copies = widen(low)
         bound.arguments.update(copies)
         with context():

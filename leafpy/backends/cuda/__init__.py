@@ -28,7 +28,7 @@ from ... import _checks
 from ...errors import BackendError, BackendUnavailable
 from .. import pointwise, updates
 from ..array import ArrayBackend
-from ..base import MEMORY, PRIMITIVES, SHORTHANDS, emulated
+from ..base import MEMORY, NARROW_OPERANDS, PRIMITIVES, SHORTHANDS, emulated
 from ..recorder import StepRecorder
 from .blas import _CaptureBlas
 from .cudnn import _CudnnConv, _strides, geometry
@@ -238,7 +238,8 @@ class CudaBackend(ArrayBackend):
             method = getattr(self, name)
 
             def guarded(*args: Any, _method: Any = method, _name: str = name, **kwargs: Any) -> Any:
-                for a in (*args, *kwargs.values()):
+                narrow_ones = NARROW_OPERANDS.get(_name, ())
+                for a in (*args, *(v for k, v in kwargs.items() if k not in narrow_ones)):
                     if getattr(a, "dtype", None) in low:
                         raise BackendError(
                             f"cuda {_name}: got a {a.dtype} operand, but this primitive has no bfloat16/float16 "
