@@ -1,4 +1,4 @@
-"""The cuda backend's batch-normalisation, activation and axpby primitives against float64 NumPy formulas, on
+"""The cuda backend's batch-normalisation, activation, axpby and copy primitives against float64 NumPy formulas, on
 shapes that take each of its paths: per-channel reductions split over runs of samples or not, four values per
 thread (float4) or one (sizes not a multiple of 4, unaligned views). Runs on the GPU machine."""
 
@@ -112,3 +112,22 @@ def test_activations_and_axpby_match_float64(kind, size, offset):
     np.testing.assert_allclose(out.get(), 0.5 * x64 - 2.0 * dy64, rtol=1e-6, atol=1e-6, err_msg="axpby")
     be.activation(kind, xd, xd, params)  # in place
     np.testing.assert_allclose(xd.get(), y_ref, rtol=1e-6, atol=1e-6, err_msg=f"{kind} in place")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shift", [-3, 5, 1 << 12])
+def test_copy_between_overlapping_views_reads_the_source_as_it_was(shift):
+    """A copy between two dense views of one buffer whose spans overlap (the same shape and strides, other starts)
+    writes what the source held before the copy, as NumPy's assignment does (a device-to-device memcpy of
+    overlapping spans is undefined)."""
+    import cupy as cp
+
+    be = backend_or_skip("cuda")
+    n = 1 << 14
+    host = np.arange(n + (1 << 13), dtype=np.float32)
+    buf = cp.asarray(host)
+    a, b = 4096, 4096 + shift
+    be.copy(buf[a:a + n], buf[b:b + n])
+    want = host.copy()
+    want[b:b + n] = host[a:a + n]
+    np.testing.assert_array_equal(buf.get(), want)
