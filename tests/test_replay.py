@@ -353,3 +353,59 @@ def test_16_bit_weight_copies_follow_every_change_of_their_masters(device_name, 
     if case.endswith("frozen"):  # never moved from the values loaded last (bit for bit: nothing is added to them)
         for name in ["tied"] if case == "shared-frozen" else ["fc2/weight", "fc2/bias"]:
             np.testing.assert_array_equal(weights[name], loaded[name], err_msg=name)
+
+
+@pytest.mark.parametrize("device_name,precision", [p for p in MIXED if p.values[1] == "fp16"])
+def test_skipped_16_bit_steps_leave_the_weights_and_their_copies_as_they_were(device_name, precision):
+    """fp16 with a loss scale too large for the format: the first steps' gradients overflow and their updates are
+    skipped (on the device: neither a weight nor its copy written). The training that follows is that of a solver
+    without loss scaling started at the same weights and iteration (float64), as if the skipped steps never ran."""
+    device = _mixed_device(device_name, precision)
+    cfg = dataclasses.replace(_config("momentum", "step", 1), loss_scale="dynamic", loss_scale_init=2.0 ** 28,
+                              loss_scale_growth_interval=1000)
+    solver, reference = twins(device, cfg)
+    reference.reconfigure(dataclasses.replace(cfg, loss_scale="none"))
+    ds = lp.data.digits()
+    batches = [(ds.x_train[i * 32:(i + 1) * 32], ds.y_train[i * 32:(i + 1) * 32]) for i in range(12)]
+    losses = []
+    for x, y in batches:
+        solver.train_minibatch(x, y)
+        losses.append(solver.loss())
+    skipped = solver.skipped_steps
+    assert 2 <= skipped <= 8, f"{skipped} steps skipped: the scale should overflow the first steps, then fit"
+    reference.iteration = skipped
+    expected = []
+    for x, y in batches[skipped:]:
+        reference.train_minibatch(x, y)
+        expected.append(reference.loss())
+    np.testing.assert_allclose(losses[skipped:], expected, rtol=4e-3, err_msg="losses after the skipped steps")
+    for w, r in zip(solver.network.learnable_weights_data(), reference.network.learnable_weights_data()):
+        b = r.to_numpy()
+        np.testing.assert_allclose(w.to_numpy(), b, rtol=0, atol=4e-3 * max(1.0, float(np.abs(b).max())))
+
+
+@pytest.mark.parametrize("device_name,precision", MIXED)
+def test_a_rewound_16_bit_solver_trains_again_as_it_trained(device_name, precision):
+    """A solver set back to an earlier state (Solver.restore of its snapshot, load_weights of its weights, as a
+    resumed checkpoint) between replayed steps trains on the same batches again with the same losses and ends at
+    the same weights: the weights set back reach their 16-bit copies before the next step reads them."""
+    device = _mixed_device(device_name, precision)
+    solver = lp.Solver.from_config(device, device, _config("momentum", "step", 1))
+    ds = lp.data.digits()
+    batches = [(ds.x_train[i * 32:(i + 1) * 32], ds.y_train[i * 32:(i + 1) * 32]) for i in range(8)]
+    losses, saved = [], None
+    for i, (x, y) in enumerate(batches):
+        if i == 4:
+            saved = solver.snapshot(), solver.network.named_weights()
+        solver.train_minibatch(x, y)
+        losses.append(solver.loss())
+    trained = solver.network.named_weights()
+    solver.restore(saved[0])
+    solver.network.load_weights(saved[1])
+    again = []
+    for x, y in batches[4:]:
+        solver.train_minibatch(x, y)
+        again.append(solver.loss())
+    np.testing.assert_allclose(again, losses[4:], rtol=1e-5, err_msg="losses after the rewind")
+    for name, w in solver.network.named_weights().items():
+        np.testing.assert_allclose(w, trained[name], rtol=1e-5, atol=1e-7, err_msg=name)
