@@ -253,7 +253,8 @@ def test_native_replays_the_primitive_calls_with_the_same_results():
 MIXED = [pytest.param("native", "bf16"), pytest.param("native", "fp16"),
          pytest.param("webgpu", "fp16", marks=pytest.mark.webgpu),
          pytest.param("cuda", "bf16", marks=pytest.mark.cuda), pytest.param("cuda", "fp16", marks=pytest.mark.cuda)]
-COPY_CASES = ("loaded", "shared", "shared-frozen", "frozen", "accumulated", "rule-of-its-own", "adamw", "two-solvers", "inference")
+COPY_CASES = ("loaded", "shared", "shared-frozen", "frozen", "accumulated", "rule-of-its-own", "adamw", "two-solvers",
+              "inference")
 CHANGES = (3, 6)  # the calls before which a case changes something
 
 
