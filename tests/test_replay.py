@@ -307,7 +307,7 @@ def _train_copies_case(be: lp.Backend, case: str, calls: int = 9
         second = lp.Solver.from_config(be, be, dataclasses.replace(cfg, base_lr=cfg.base_lr / 2))
         second.network = solver.network
         solvers.append(second)
-    if case == "rule-of-its-own" and be.precision != "fp32":
+    if case == "rule-of-its-own":
         solver.rule = _MomentumOfItsOwn(cfg)
     ds = lp.data.digits()
     losses, seen, loaded = [], [], {}
@@ -330,7 +330,8 @@ def _train_copies_case(be: lp.Backend, case: str, calls: int = 9
 def test_16_bit_weight_copies_follow_every_change_of_their_masters(device_name, precision, case):
     """Under bf16/fp16 the update writes each weight's 16-bit copy with the weight, and a replayed step casts only
     the copies of weights shared by name: weights loaded between steps (and mid-accumulation), a weight shared by
-    two layers, frozen weights (lr_mult 0) loaded anew, a rule that overrides ``update`` without ``copy``, AdamW's
+    two layers (trained, or frozen and loaded anew: its copies cast in every replayed step), frozen weights
+    (lr_mult 0) loaded anew, a rule that overrides ``update`` without ``copy``, AdamW's
     decoupled decay, a second solver of the same network and inference passes between steps must all give the
     losses, weights and inference outputs of the same training in float64 (within the 16-bit formats' roundoff:
     a stale copy is off by a whole step or a whole load)."""
@@ -350,7 +351,7 @@ def test_16_bit_weight_copies_follow_every_change_of_their_masters(device_name, 
         atol = 5 * RULES["adamw"]["base_lr"] if case == "adamw" else tol * max(1.0, float(np.abs(b).max()))
         np.testing.assert_allclose(weights[name], b, rtol=0, atol=atol, err_msg=name)
     for a, b in zip(seen, ref_seen):
-        np.testing.assert_allclose(a, b, rtol=0, atol=tol * 10, err_msg="inference outputs")
+        np.testing.assert_allclose(a, b, rtol=0, atol=tol * max(1.0, float(np.abs(b).max())), err_msg="inference")
     if case.endswith("frozen"):  # never moved from the values loaded last (bit for bit: nothing is added to them)
         for name in ["tied"] if case == "shared-frozen" else ["fc2/weight", "fc2/bias"]:
             np.testing.assert_array_equal(weights[name], loaded[name], err_msg=name)
