@@ -344,7 +344,7 @@ def test_16_bit_weight_copies_follow_every_change_of_their_masters(device_name, 
         assert replayed >= 3, f"{replayed} steps replayed ({recorder.error})"
     f64 = lp.backend("native", dtype="float64")
     ref_losses, ref_weights, ref_seen, _ = _train_copies_case(f64, case)
-    tol = 2e-2 if precision == "bf16" else 4e-3
+    tol = 8e-3 if precision == "bf16" else 1.5e-3  # (a few times the roundoff seen on native and lavapipe)
     np.testing.assert_allclose(losses, ref_losses, rtol=tol, err_msg="per-step losses")
     for name, b in ref_weights.items():
         # Adam's steps are about ±lr wherever a gradient is near 0, whatever its size: roundoff flips a few
