@@ -254,7 +254,7 @@ MIXED = [pytest.param("native", "bf16"), pytest.param("native", "fp16"),
          pytest.param("webgpu", "fp16", marks=pytest.mark.webgpu),
          pytest.param("cuda", "bf16", marks=pytest.mark.cuda), pytest.param("cuda", "fp16", marks=pytest.mark.cuda)]
 COPY_CASES = ("loaded", "shared", "shared-frozen", "frozen", "accumulated", "rule-of-its-own", "adamw", "two-solvers",
-              "inference")
+              "inference", "reconfigured")
 CHANGES = (3, 6)  # the calls before which a case changes something
 
 
@@ -316,6 +316,8 @@ def _train_copies_case(be: lp.Backend, case: str, calls: int = 9
             solver.network.set_training(False)
             seen.append(solver.network.forward([ds.x_test[:5]])[0].to_numpy())
             solver.network.set_training(True)
+        elif i in CHANGES and case == "reconfigured":  # its steps recorded anew
+            solver.reconfigure(dataclasses.replace(cfg, base_lr=cfg.base_lr / (2 + i), momentum=0.5))
         elif i in CHANGES and case != "two-solvers":
             loaded = _new_weights(solver, i)
             solver.network.load_weights(loaded, strict=False)
@@ -329,11 +331,11 @@ def _train_copies_case(be: lp.Backend, case: str, calls: int = 9
 @pytest.mark.parametrize("case", COPY_CASES)
 def test_16_bit_weight_copies_follow_every_change_of_their_masters(device_name, precision, case):
     """Under bf16/fp16 the update writes each weight's 16-bit copy with the weight, and a replayed step casts only
-    the copies of weights shared by name: weights loaded between steps (and mid-accumulation), a weight shared by
+    the copies of weights shared by name. Weights loaded between steps (and mid-accumulation), a weight shared by
     two layers (trained, or frozen and loaded anew: its copies cast in every replayed step), frozen weights
-    (lr_mult 0) loaded anew, a rule that overrides ``update`` without ``copy``, AdamW's
-    decoupled decay, a second solver of the same network and inference passes between steps must all give the
-    losses, weights and inference outputs of the same training in float64 (within the 16-bit formats' roundoff:
+    (lr_mult 0) loaded anew, a rule that overrides ``update`` without ``copy``, AdamW's decoupled decay, a second
+    solver of the same network, inference passes and reconfigure between steps must all give the losses, weights
+    and inference outputs of the same training in float64 (within the 16-bit formats' roundoff:
     a stale copy is off by a whole step or a whole load)."""
     device = _mixed_device(device_name, precision)
     recorder = getattr(device, "recorder", None)
