@@ -389,10 +389,11 @@ def test_skipped_16_bit_steps_leave_the_weights_and_their_copies_as_they_were(de
 
 
 @pytest.mark.parametrize("device_name,precision", MIXED)
-def test_a_rewound_16_bit_solver_trains_again_as_it_trained(device_name, precision):
+def test_a_rewound_16_bit_solver_trains_again_as_it_trained(device_name, precision, tmp_path):
     """A solver set back to an earlier state (Solver.restore of its snapshot, load_weights of its weights, as a
     resumed checkpoint) between replayed steps trains on the same batches again with the same losses and ends at
-    the same weights: the weights set back reach their 16-bit copies before the next step reads them."""
+    the same weights: the weights set back reach their 16-bit copies before the next step reads them. So does a
+    solver loaded from a checkpoint of that state."""
     device = _mixed_device(device_name, precision)
     solver = lp.Solver.from_config(device, device, _config("momentum", "step", 1))
     ds = lp.data.digits()
@@ -401,15 +402,17 @@ def test_a_rewound_16_bit_solver_trains_again_as_it_trained(device_name, precisi
     for i, (x, y) in enumerate(batches):
         if i == 4:
             saved = solver.snapshot(), solver.network.named_weights()
+            solver.save_checkpoint(str(tmp_path / "at4.leaf"))
         solver.train_minibatch(x, y)
         losses.append(solver.loss())
     trained = solver.network.named_weights()
     solver.restore(saved[0])
     solver.network.load_weights(saved[1])
-    again = []
-    for x, y in batches[4:]:
-        solver.train_minibatch(x, y)
-        again.append(solver.loss())
-    np.testing.assert_allclose(again, losses[4:], rtol=1e-5, err_msg="losses after the rewind")
-    for name, w in solver.network.named_weights().items():
-        np.testing.assert_allclose(w, trained[name], rtol=1e-5, atol=1e-7, err_msg=name)
+    for s in (solver, lp.Solver.load_checkpoint(device, device, str(tmp_path / "at4.leaf"))):
+        again = []
+        for x, y in batches[4:]:
+            s.train_minibatch(x, y)
+            again.append(s.loss())
+        np.testing.assert_allclose(again, losses[4:], rtol=1e-5, err_msg="losses after the rewind")
+        for name, w in s.network.named_weights().items():
+            np.testing.assert_allclose(w, trained[name], rtol=1e-5, atol=1e-7, err_msg=name)
