@@ -15,6 +15,7 @@ import pytest
 from conftest import backend_or_skip, webgpu_offering
 
 import leafpy as lp
+from leafpy.solvers.momentum import Momentum
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
@@ -245,3 +246,173 @@ def test_native_replays_the_primitive_calls_with_the_same_results():
     np.testing.assert_allclose(replayed, eager, rtol=1e-6)
     for a, b in zip(w_eager, w_replayed):
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+
+
+# --- 16-bit weight copies: the update writes each weight's copy; every way a weight changes must reach its copy ---
+
+MIXED = [pytest.param("native", "bf16"), pytest.param("native", "fp16"),
+         pytest.param("webgpu", "fp16", marks=pytest.mark.webgpu),
+         pytest.param("cuda", "bf16", marks=pytest.mark.cuda), pytest.param("cuda", "fp16", marks=pytest.mark.cuda)]
+COPY_CASES = ("loaded", "shared", "shared-frozen", "frozen", "accumulated", "rule-of-its-own", "adamw", "two-solvers",
+              "inference", "reconfigured")
+CHANGES = (3, 6)  # the calls before which a case changes something
+
+
+def _mixed_device(device_name: str, precision: str) -> lp.Backend:
+    if device_name == "webgpu":
+        webgpu_offering("shader-f16")
+    return backend_or_skip(device_name, precision=precision)
+
+
+def _copies_config(case: str) -> lp.SolverConfig:
+    """The digits MLP of :func:`_config` as each case needs it: two layers sharing one weight by name (trained, or
+    frozen: lr_mult 0), or the last layer frozen."""
+    cfg = _config("adamw" if case == "adamw" else "momentum", "step", 2 if case == "accumulated" else 1)
+    layers = cfg.network.config.layers
+    if case.startswith("shared"):
+        tied = [lp.WeightConfig(name="tied", lr_mult=0.0 if case == "shared-frozen" else 1.0)]
+        layers[3:3] = [lp.LayerConfig(f"fc_tied{i}", lp.LinearConfig(output_size=128), params=tied) for i in (1, 2)]
+    if case == "frozen":
+        layers[-2] = lp.LayerConfig("fc2", lp.LinearConfig(output_size=10), params=[lp.WeightConfig(lr_mult=0.0)] * 2)
+    return cfg
+
+
+class _MomentumOfItsOwn(Momentum):
+    """A rule written before ``UpdateRule.update`` took ``copy``: the solver casts the copies after it."""
+
+    def update(self, backend, w, g, state, rate, lr_mult, decay=0.0):
+        super().update(backend, w, g, state, rate, lr_mult, decay)
+
+
+def _new_weights(solver: lp.Solver, seed: int) -> dict[str, np.ndarray]:
+    """New values for the last Linear layer's weights, and for the weight shared by name where there is one."""
+    net = solver.network
+    rng = np.random.default_rng(seed)
+    chosen = [(n, w) for n, w in zip(net.learnable_weights_names(), net.learnable_weights_data())
+              if n.startswith("fc2/") or n == "tied"]
+    return {n: rng.standard_normal(w.shape).astype(np.float32) * 0.1 for n, w in chosen}
+
+
+def _train_copies_case(be: lp.Backend, case: str, calls: int = 9
+                       ) -> tuple[list[float], dict[str, np.ndarray], list[np.ndarray], dict[str, np.ndarray]]:
+    """Train ``case`` on ``be`` from fixed weights: each call's loss, the final weights and what the inference
+    passes gave, and the weights loaded last."""
+    cfg = _copies_config(case)
+    solver = lp.Solver.from_config(be, be, cfg)
+    rng = np.random.default_rng(0)
+    for w in solver.network.learnable_weights_data():
+        w.set(rng.standard_normal(w.shape) * 0.1)
+    solvers = [solver]
+    if case == "two-solvers":  # a second solver of the same network, taking every other step at its own rate
+        second = lp.Solver.from_config(be, be, dataclasses.replace(cfg, base_lr=cfg.base_lr / 2))
+        second.network = solver.network
+        solvers.append(second)
+    if case == "rule-of-its-own":
+        solver.rule = _MomentumOfItsOwn(cfg)
+    ds = lp.data.digits()
+    losses, seen, loaded = [], [], {}
+    for i in range(calls):
+        if i in CHANGES and case == "inference":
+            solver.network.set_training(False)
+            seen.append(solver.network.forward([ds.x_test[:5]])[0].to_numpy())
+            solver.network.set_training(True)
+        elif i in CHANGES and case == "reconfigured":  # its steps recorded anew
+            solver.reconfigure(dataclasses.replace(cfg, base_lr=cfg.base_lr / (2 + i), momentum=0.5))
+        elif i in CHANGES and case != "two-solvers":
+            loaded = _new_weights(solver, i)
+            solver.network.load_weights(loaded, strict=False)
+        s = solvers[i % len(solvers)]
+        s.train_minibatch(ds.x_train[i * 32:(i + 1) * 32], ds.y_train[i * 32:(i + 1) * 32])
+        losses.append(s.loss())
+    return losses, solver.network.named_weights(), seen, loaded
+
+
+@pytest.mark.parametrize("device_name,precision", MIXED)
+@pytest.mark.parametrize("case", COPY_CASES)
+def test_16_bit_weight_copies_follow_every_change_of_their_masters(device_name, precision, case):
+    """Under bf16/fp16 the update writes each weight's 16-bit copy with the weight, and a replayed step casts only
+    the copies of weights shared by name. Weights loaded between steps (and mid-accumulation), a weight shared by
+    two layers (trained, or frozen and loaded anew: its copies cast in every replayed step), frozen weights
+    (lr_mult 0) loaded anew, a rule that overrides ``update`` without ``copy``, AdamW's decoupled decay, a second
+    solver of the same network, inference passes and reconfigure between steps must all give the losses, weights
+    and inference outputs of the same training in float64 (within the 16-bit formats' roundoff:
+    a stale copy is off by a whole step or a whole load)."""
+    device = _mixed_device(device_name, precision)
+    recorder = getattr(device, "recorder", None)
+    before = recorder.replays if recorder is not None else 0
+    losses, weights, seen, loaded = _train_copies_case(device, case)
+    replayed = recorder.replays - before if recorder is not None else 0
+    if device_name != "native":
+        assert replayed >= 3, f"{replayed} steps replayed ({recorder.error})"
+    f64 = lp.backend("native", dtype="float64")
+    ref_losses, ref_weights, ref_seen, _ = _train_copies_case(f64, case)
+    tol = 8e-3 if precision == "bf16" else 1.5e-3  # (a few times the roundoff seen on native and lavapipe)
+    np.testing.assert_allclose(losses, ref_losses, rtol=tol, err_msg="per-step losses")
+    for name, b in ref_weights.items():
+        # Adam's steps are about ±lr wherever a gradient is near 0, whatever its size: roundoff flips a few
+        atol = 5 * RULES["adamw"]["base_lr"] if case == "adamw" else tol * max(1.0, float(np.abs(b).max()))
+        np.testing.assert_allclose(weights[name], b, rtol=0, atol=atol, err_msg=name)
+    for a, b in zip(seen, ref_seen):
+        np.testing.assert_allclose(a, b, rtol=0, atol=tol * max(1.0, float(np.abs(b).max())), err_msg="inference")
+    if case.endswith("frozen"):  # never moved from the values loaded last (bit for bit: nothing is added to them)
+        for name in ["tied"] if case == "shared-frozen" else ["fc2/weight", "fc2/bias"]:
+            np.testing.assert_array_equal(weights[name], loaded[name], err_msg=name)
+
+
+@pytest.mark.parametrize("device_name,precision", [p for p in MIXED if p.values[1] == "fp16"])
+def test_skipped_16_bit_steps_leave_the_weights_and_their_copies_as_they_were(device_name, precision):
+    """fp16 with a loss scale too large for the format: the first steps' gradients overflow and their updates are
+    skipped (on the device: neither a weight nor its copy written). The training that follows is that of a solver
+    without loss scaling started at the same weights and iteration (float64), as if the skipped steps never ran."""
+    device = _mixed_device(device_name, precision)
+    cfg = dataclasses.replace(_config("momentum", "step", 1), loss_scale="dynamic", loss_scale_init=2.0 ** 28,
+                              loss_scale_growth_interval=1000)
+    solver, reference = twins(device, cfg)
+    reference.reconfigure(dataclasses.replace(cfg, loss_scale="none"))
+    ds = lp.data.digits()
+    batches = [(ds.x_train[i * 32:(i + 1) * 32], ds.y_train[i * 32:(i + 1) * 32]) for i in range(12)]
+    losses = []
+    for x, y in batches:
+        solver.train_minibatch(x, y)
+        losses.append(solver.loss())
+    skipped = solver.skipped_steps
+    assert 2 <= skipped <= 8, f"{skipped} steps skipped: the scale should overflow the first steps, then fit"
+    reference.iteration = skipped
+    expected = []
+    for x, y in batches[skipped:]:
+        reference.train_minibatch(x, y)
+        expected.append(reference.loss())
+    np.testing.assert_allclose(losses[skipped:], expected, rtol=4e-3, err_msg="losses after the skipped steps")
+    for w, r in zip(solver.network.learnable_weights_data(), reference.network.learnable_weights_data()):
+        b = r.to_numpy()
+        np.testing.assert_allclose(w.to_numpy(), b, rtol=0, atol=4e-3 * max(1.0, float(np.abs(b).max())))
+
+
+@pytest.mark.parametrize("device_name,precision", MIXED)
+def test_a_rewound_16_bit_solver_trains_again_as_it_trained(device_name, precision, tmp_path):
+    """A solver set back to an earlier state (Solver.restore of its snapshot, load_weights of its weights, as a
+    resumed checkpoint) between replayed steps trains on the same batches again with the same losses and ends at
+    the same weights: the weights set back reach their 16-bit copies before the next step reads them. So does a
+    solver loaded from a checkpoint of that state."""
+    device = _mixed_device(device_name, precision)
+    solver = lp.Solver.from_config(device, device, _config("momentum", "step", 1))
+    ds = lp.data.digits()
+    batches = [(ds.x_train[i * 32:(i + 1) * 32], ds.y_train[i * 32:(i + 1) * 32]) for i in range(8)]
+    losses, saved = [], None
+    for i, (x, y) in enumerate(batches):
+        if i == 4:
+            saved = solver.snapshot(), solver.network.named_weights()
+            solver.save_checkpoint(str(tmp_path / "at4.leaf"))
+        solver.train_minibatch(x, y)
+        losses.append(solver.loss())
+    trained = solver.network.named_weights()
+    solver.restore(saved[0])
+    solver.network.load_weights(saved[1])
+    for s in (solver, lp.Solver.load_checkpoint(device, device, str(tmp_path / "at4.leaf"))):
+        again = []
+        for x, y in batches[4:]:
+            s.train_minibatch(x, y)
+            again.append(s.loss())
+        np.testing.assert_allclose(again, losses[4:], rtol=1e-5, err_msg="losses after the rewind")
+        for name, w in s.network.named_weights().items():
+            np.testing.assert_allclose(w, trained[name], rtol=1e-5, atol=1e-7, err_msg=name)
