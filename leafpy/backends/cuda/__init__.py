@@ -1079,8 +1079,8 @@ class CudaBackend(ArrayBackend):
         """The filter gradient of a convolution whose input is padded to 8-channel rows (PAD_CHANNELS): from the
         padded copy the forward pass made of this same input where the workspace holds it, into a gradient of
         the padded filter, whose first channels are dw's."""
-        if ws is not None and ws.get("padded_input_of") == _identity(x) and "padded_input" in ws:
-            xp8 = ws["padded_input"]
+        if ws is not None and ws.pop("padded_input_of", None) == _identity(x) and "padded_input" in ws:
+            xp8 = ws["padded_input"]  # (used once: a second call, or one after x changed in place, pads anew)
         else:
             xp8 = self._channel_padded(x, None, "")
         k, c, kh, kw = dw.shape
