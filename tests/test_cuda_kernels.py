@@ -120,9 +120,9 @@ def test_copy_between_overlapping_views_reads_the_source_as_it_was(shift):
     """A copy between two dense views of one buffer whose spans overlap (the same shape and strides, other starts)
     writes what the source held before the copy, as NumPy's assignment does (a device-to-device memcpy of
     overlapping spans is undefined)."""
+    be = backend_or_skip("cuda")
     import cupy as cp
 
-    be = backend_or_skip("cuda")
     n = 1 << 14
     host = np.arange(n + (1 << 13), dtype=np.float32)
     buf = cp.asarray(host)
