@@ -257,3 +257,23 @@ def test_pooling_gradient_writes_every_input(native64, rng, shape, kernel, strid
             else:
                 want[:, :, rows, cols] += dy[:, :, i:i + 1, j:j + 1] / (kernel[0] * kernel[1])
     np.testing.assert_allclose(dx, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("in_place", [False, True], ids=["out-of-place", "in-place"])
+def test_relu_in_pieces_is_max_of_x_and_zero(monkeypatch, dtype, in_place):
+    """ReLU on native runs in pieces against an array of zeros (NumPy's fast loop): every piece, the last one short,
+    equals max(x, 0) elementwise as float64 NumPy's formula gives it (NaN stays NaN, -inf is 0, inf stays), in place
+    and not, and a channels-last (non-contiguous) view takes the general path with the same values."""
+    be = lp.backend("native", dtype=dtype)
+    monkeypatch.setattr(be, "RELU_PIECE", 1000)
+    x = np.random.default_rng(8).standard_normal(3 * 1000 + 17).astype(dtype)
+    x[[0, 999, 1000, 2500]] = [np.nan, -np.inf, np.inf, -0.0]
+    want = np.where(np.isnan(x), np.nan, np.where(x.astype(np.float64) > 0, x, 0.0))
+    out = x.copy() if in_place else np.full_like(x, 7.0)
+    be.activation("relu", out if in_place else x, out)
+    np.testing.assert_array_equal(out, want)
+    nhwc = np.random.default_rng(9).standard_normal((2, 5, 6, 3)).astype(dtype).transpose(0, 3, 1, 2)
+    got = np.empty_like(nhwc)
+    be.activation("relu", nhwc, got)
+    np.testing.assert_array_equal(got, np.maximum(nhwc, 0))

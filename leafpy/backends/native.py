@@ -277,6 +277,24 @@ class NativeBackend(ArrayBackend):
             return [(0, oh)]
         return self._pieces(oh, row_bytes, self.CONV_PIECE_BYTES)
 
+    RELU_PIECE = 1 << 18
+    """Elements per piece of a ReLU (see :meth:`activation`); 0: NumPy's maximum against a scalar zero."""
+
+    def activation(self, kind, x, out, params=()):
+        # NumPy's maximum against a scalar zero runs its slow broadcast loop; against an array of zeros its SIMD
+        # loop: ReLU over 2M float32 in pieces of RELU_PIECE against one piece of zeros, 0.79 -> 0.21 ms here
+        # (AMD EPYC Zen 4, NumPy 2.4; MLP-4096's two ReLUs a step). The same ufunc, the same values.
+        plain = x.shape == out.shape and x.dtype == out.dtype and x.dtype.kind == "f"
+        if kind != "relu" or not self.RELU_PIECE or not (plain and x.flags.c_contiguous and out.flags.c_contiguous):
+            return super().activation(kind, x, out, params)
+        xs, outs = x.reshape(-1), out.reshape(-1)
+        step = self.RELU_PIECE
+        zeros = self._work({}, "relu_zeros", (min(xs.size, step),), x.dtype)
+        zeros.fill(0)
+        for i in range(0, xs.size, step):
+            piece = min(step, xs.size - i)
+            np.maximum(xs[i:i + piece], zeros[:piece], out=outs[i:i + piece])
+
     def pool2d(self, x, out, mask, mode, kernel, stride, padding, pad_end=None, count_pad=True):
         for a, b in self._pieces(x.shape[0], x[0].nbytes, self.POOL_PIECE_BYTES):
             super().pool2d(x[a:b], out[a:b], None if mask is None else mask[a:b], mode, kernel, stride, padding,
