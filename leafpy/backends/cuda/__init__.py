@@ -90,6 +90,8 @@ LOW_PRECISION_KERNELS = frozenset(SHORTHANDS) | {
     "conv2d_grad_filter", "pool2d", "pool2d_grad", "copy_block", "dropout_mask"}
 """The primitives with bfloat16 and float16 kernels of their own (loads and stores in the buffer's format, float
 arithmetic)."""
+
+
 def _identity(a: Any) -> tuple:
     """What tells one device array from another for as long as neither is freed: address, shape, strides, dtype."""
     return a.data.ptr, a.shape, a.strides, a.dtype
@@ -155,7 +157,7 @@ class CudaBackend(ArrayBackend):
         self.tf32 = tf32
         self.fuse_bias = fuse_bias
         self._kernels = self._build_kernels(cupy)
-        self._update_kernels: dict[tuple[updates.Rule, bool], Any] = {}  # by (rule, float4)
+        self._update_kernels: dict[tuple[updates.Rule, bool, str], Any] = {}  # by (rule, float4, copy format)
         self._pool_module = cupy.RawModule(code=module_source(_POOL_SOURCE, "f32"))
         self._bn_module = cupy.RawModule(code=module_source(_BN_SOURCE, "f32"))
         self._low_modules: dict[tuple[str, str, bool], Any] = {}
@@ -1019,16 +1021,23 @@ class CudaBackend(ArrayBackend):
         ``ws`` under ``key`` (written anew by each call)."""
         n, c, h, w = a.shape
         c8 = -(-c // 8) * 8
-        held = ws.get(key) if ws is not None else None
-        if held is None or held.shape != (n, c8, h, w) or held.dtype != a.dtype:
-            held = self.xp.empty((n, h, w, c8), dtype=np.uint16).transpose(0, 3, 1, 2).view(a.dtype)
-            if ws is not None:
-                ws[key] = held
+        held = self._nhwc_scratch(ws, key, (n, c8, h, w), a.dtype)
         groups = n * h * w * (c8 // 8)
         if groups:
             self._pad_module.get_function("pad_channels")(
                 ((groups + 255) // 256,), (256,), (as_stored(a), as_stored(held), np.int64(groups), np.int32(c),
                                                    np.int32(c8 // 8)))
+        return held
+
+    def _nhwc_scratch(self, ws: dict | None, key: str, shape: tuple, dtype: Any) -> Any:
+        """An array of NCHW ``shape`` over NHWC memory, kept in ``ws`` under ``key`` while shape and dtype stay."""
+        held = ws.get(key) if ws is not None else None
+        if held is None or held.shape != shape or held.dtype != dtype:
+            n, c, h, w = shape
+            stored = np.uint16 if np.dtype(dtype).itemsize == 2 else dtype  # 16-bit floats allocated as their bits
+            held = self.xp.empty((n, h, w, c), dtype=stored).transpose(0, 3, 1, 2).view(dtype)
+            if ws is not None:
+                ws[key] = held
         return held
 
     @functools.cached_property
@@ -1084,11 +1093,7 @@ class CudaBackend(ArrayBackend):
         else:
             xp8 = self._channel_padded(x, None, "")
         k, c, kh, kw = dw.shape
-        held = ws.get("padded_filter_grad") if ws is not None else None
-        if held is None or held.shape != (k, xp8.shape[1], kh, kw) or held.dtype != dw.dtype:
-            held = self.xp.empty((k, kh, kw, xp8.shape[1]), dtype=dw.dtype).transpose(0, 3, 1, 2)
-            if ws is not None:
-                ws["padded_filter_grad"] = held
+        held = self._nhwc_scratch(ws, "padded_filter_grad", (k, xp8.shape[1], kh, kw), dw.dtype)
         pads = geometry(xp8.shape, held.shape, dy.shape, padding, stride, dilation)
         self._grad_filter(xp8, dy, held, stride, pads, 0.0, fm)
         if beta:
