@@ -120,7 +120,7 @@ def _batches(batch: int, shape: tuple, classes: int) -> tuple[list, list]:
     return xs, ys
 
 
-def _engine(kind: str, net: str, rule: str) -> tuple[Any, Any, dict]:
+def _engine(kind: str, net: str, rule: str, blas: str = "auto") -> tuple[Any, Any, dict]:
     """(step(i), loss(), facts) of one engine, built from train_step.py's networks and trainers."""
     import numpy as np
     import train_step as ts
@@ -128,11 +128,13 @@ def _engine(kind: str, net: str, rule: str) -> tuple[Any, Any, dict]:
     import leafpy as lp
     make, batch, shape, classes = ts.NETWORKS[net]
     xs, ys = _batches(batch, shape, classes)
-    solver = ts.leafpy_solver(lp.backend("native"), make(), batch, classes, rule)
+    be = lp.backend("native", **({} if blas == "auto" else {"blas": blas}))
+    solver = ts.leafpy_solver(be, make(), batch, classes, rule)
     if kind == "leafpy":
         data = [(lp.SharedTensor.from_numpy(x), lp.SharedTensor.from_numpy(y.astype(np.float32)))
                 for x, y in zip(xs, ys)]
-        return (lambda i: solver.train_minibatch(*data[i % 4])), solver.loss, {"numpy": np.__version__}
+        return (lambda i: solver.train_minibatch(*data[i % 4])), solver.loss, {"numpy": np.__version__,
+                                                                              "native_blas": be.blas}
     import torch
     initial = [w.to_numpy() for w in solver.network.learnable_weights_data()]
     trainer = ts.TorchTrainer.of_network(torch, solver.network.layer, initial, "cpu", False, rule)
@@ -141,14 +143,15 @@ def _engine(kind: str, net: str, rule: str) -> tuple[Any, Any, dict]:
     return (lambda i: trainer.step(*data[i % 4])), trainer.loss, {"torch": torch.__version__, "torch_blas": blas}
 
 
-def worker(conn: Any, kind: str, net: str, rule: str, threads: int) -> None:
+def worker(conn: Any, kind: str, net: str, rule: str, threads: int, blas: str = "auto") -> None:
     """One engine's process: answers ("round", steps) with ms per step, and "stop"."""
     from threadpoolctl import threadpool_info, threadpool_limits
     threadpool_limits(threads)
     if kind == "torch":
         import torch
         torch.set_num_threads(threads)
-    step, loss, facts = _engine(kind, net, rule)
+    step, loss, facts = _engine(kind, net, rule, blas)
+    threadpool_limits(threads)  # again: a BLAS loaded by the engine (leafpy's MKL) is limited too
     for i in range(10):
         step(i)
     facts["loss10"] = loss()
@@ -189,7 +192,8 @@ def compare(net: str, rule: str, args: Any) -> dict:
     conns, procs, facts = {}, {}, {}
     for engine in ENGINES:
         parent, child = ctx.Pipe()
-        procs[engine] = ctx.Process(target=worker, args=(child, engine, net, rule, args.threads), daemon=True)
+        procs[engine] = ctx.Process(target=worker, args=(child, engine, net, rule, args.threads, args.blas),
+                                     daemon=True)
         procs[engine].start()
         conns[engine] = parent
     try:
@@ -225,7 +229,8 @@ def print_row(r: dict) -> None:
 
 def print_head(info: dict, facts: dict, threads: int, quiet: float) -> None:
     print(f"# {info['cpu']}, {info['cpus']} CPUs, {threads} threads per engine; leafpy: numpy "
-          f"{facts['leafpy']['numpy']}, {', '.join(facts['leafpy']['blas'])}; torch {facts['torch']['torch']} "
+          f"{facts['leafpy']['numpy']}, {', '.join(facts['leafpy']['blas'])}, products in "
+          f"{facts['leafpy'].get('native_blas', 'numpy')}; torch {facts['torch']['torch']} "
           f"({facts['torch']['torch_blas']}); pairs kept where others used <= {quiet} cores")
     print(f"{'network':<10}{'rule':>9}{'leafpy ms':>10} {'(q1-q3)':>15}{'torch ms':>10} {'(q1-q3)':>15}"
           f"{'ratio':>7}{'kept':>9}{'others':>7}{'loss@10 l':>10}{'loss@10 t':>10}")
@@ -247,6 +252,8 @@ def main() -> int:
     p.add_argument("--pairs", type=int, default=15, help="pairs of timed rounds per network and rule")
     p.add_argument("--round-s", type=float, default=0.6, help="seconds per timed round (about)")
     p.add_argument("--threads", type=int, default=2, help="threads for both engines")
+    p.add_argument("--blas", choices=("auto", "numpy", "mkl"), default="auto",
+                   help="the native backend's blas option (leafpy's products in NumPy's BLAS or Intel MKL)")
     p.add_argument("--quiet", type=float, default=0.15, help="most cores other processes may use in a kept round")
     p.add_argument("--wait-quiet", type=float, default=10.0,
                    help="seconds to wait at most, before each pair, for other processes to fall quiet")

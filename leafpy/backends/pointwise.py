@@ -256,7 +256,7 @@ _UFUNCS = {"add": "add", "sub": "subtract", "mul": "multiply", "div": "divide", 
            "sqrt": "sqrt", "sign": "sign"}
 
 def _erf_ufunc(xp: Any) -> Callable:
-    if xp.__name__ == "numpy":
+    if xp.__name__.startswith("numpy"):  # NumPy, or the native backend's NumPy with MKL products (numpy_mkl)
         try:
             from scipy.special import erf as scipy_erf
             return scipy_erf

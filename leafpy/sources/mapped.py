@@ -30,7 +30,27 @@ only the process's resident set shrinks), so an epoch over a file larger than me
 
 FAULT_AROUND_BYTES = 1 << 16
 """What one read of a row may map besides the row itself (Linux maps up to 64 KiB of cached file pages around a
-fault), counted against :data:`RESIDENT_BYTES`."""
+fault), counted against :data:`RESIDENT_BYTES` where the process's own count cannot be read (see
+:func:`file_resident`)."""
+
+
+LARGEST_FOLIO_BYTES = 1 << 21
+"""The most one read of a row may map: a whole large folio of the page cache (2 MiB, the largest on x86-64 and on
+arm64 with 4 KiB pages, is what Linux 6.16+ keeps ext4 files' cached pages in)."""
+SCATTERED_READ_BYTES = 1 << 25
+"""Scattered rows are read in groups that may map at most about this much (see :meth:`Mapped._read`)."""
+
+
+def file_resident() -> int | None:
+    """Bytes of files mapped into this process that are resident now (Linux: the third field of /proc/self/statm),
+    or None where the system does not say. Read rather than estimated from the bytes read: kernels that keep a
+    file's cached pages in large folios (Linux 6.16+ on ext4) map a whole folio, up to 2 MiB, when a 12 KiB row of
+    it is read."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[2]) * mmap.PAGESIZE
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _mapping_of(a: Any) -> mmap.mmap | None:
@@ -55,19 +75,25 @@ class Pages:
         self.touched = 0
         self._lock = threading.Lock()
         self.releases = 0
+        self._resident = file_resident()  # the process's mapped file pages when they were last let go
 
     def read(self, nbytes: int) -> None:
-        """Count ``nbytes`` read; past the budget, unmap the pages (they map again from the page cache when read)."""
+        """Count ``nbytes`` read; once that many, or the process's resident file pages (where it can tell), have
+        grown by the budget since the pages were last let go, unmap them (they map again from the page cache when
+        read)."""
         if self.mapping is None or not hasattr(self.mapping, "madvise"):
             return
         with self._lock:
             self.touched += nbytes
-            if self.touched < self.budget:
+            resident = file_resident()
+            grown = 0 if resident is None or self._resident is None else resident - self._resident
+            if self.touched < self.budget and grown < self.budget:
                 return
             self.touched = 0
             self.releases += 1
-        with contextlib.suppress(OSError, ValueError):  # a closed mapping (or a platform without the advice)
-            self.mapping.madvise(getattr(mmap, "MADV_DONTNEED", 4))
+            with contextlib.suppress(OSError, ValueError):  # a closed mapping (or a platform without the advice)
+                self.mapping.madvise(getattr(mmap, "MADV_DONTNEED", 4))
+            self._resident = file_resident()
 
 
 class Mapped:
@@ -100,12 +126,24 @@ class Mapped:
 
     def _read(self, rows: Any) -> np.ndarray:
         """The file's rows ``rows`` (indices or a slice), copied out of the mapping and counted against its
-        resident budget."""
-        raw = self.source[rows]
-        raw = np.array(raw) if isinstance(rows, slice) else np.asarray(raw)  # indices copy already; a slice is a view
+        resident budget. Scattered rows are read a group at a time (:data:`SCATTERED_READ_BYTES` of mapping per
+        group at most), each group counted before the next is read, so a long list of rows never maps the whole
+        file first."""
         row_bytes = math.prod(self.source.shape[1:]) * self.source.dtype.itemsize
-        spread = 1 if isinstance(rows, slice) else len(raw)  # a slice is one run of the file, indices many
-        self.pages.read(len(raw) * row_bytes + spread * FAULT_AROUND_BYTES)
+        if isinstance(rows, slice):  # one run of the file: a view, copied
+            raw = np.array(self.source[rows])
+            self.pages.read(len(raw) * row_bytes + FAULT_AROUND_BYTES)
+            return raw
+        rows = np.asarray(rows)
+        group = max(1, SCATTERED_READ_BYTES // max(row_bytes, LARGEST_FOLIO_BYTES))
+        if len(rows) <= group:
+            raw = np.asarray(self.source[rows])
+            self.pages.read(len(raw) * (row_bytes + FAULT_AROUND_BYTES))
+            return raw
+        raw = np.empty((len(rows), *self.source.shape[1:]), self.source.dtype)
+        for a in range(0, len(rows), group):
+            raw[a:a + group] = self.source[rows[a:a + group]]
+            self.pages.read(len(rows[a:a + group]) * (row_bytes + FAULT_AROUND_BYTES))
         return raw
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:

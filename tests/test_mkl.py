@@ -1,0 +1,223 @@
+"""The native backend's MKL products (leafpy.backends.mkl): every operand layout checked against float64 NumPy,
+through a stand-in for MKL's CBLAS entry points that reads and writes memory by the pointers, leading dimensions
+and strides it is given (so the layout logic runs everywhere), and through MKL itself where the ``mkl`` package
+is installed; the backend's ``blas`` option and its errors."""
+
+import ctypes
+import itertools
+
+import numpy as np
+import pytest
+
+import leafpy as lp
+from leafpy.backends import mkl
+from leafpy.backends.native import NativeBackend
+
+CTYPE = {"s": ctypes.c_float, "d": ctypes.c_double}
+DTYPE = {"s": np.float32, "d": np.float64}
+
+
+def _matrix(letter, ptr, rows, cols, ld, trans):
+    """The row-major matrix op(X) of rows x cols that CBLAS reads at ``ptr``: X stored with leading dimension ld,
+    transposed where ``trans``."""
+    stored_rows, stored_cols = (cols, rows) if trans else (rows, cols)
+    count = (stored_rows - 1) * ld + stored_cols
+    raw = np.frombuffer((CTYPE[letter] * count).from_address(ptr), DTYPE[letter])
+    size = raw.itemsize
+    x = np.lib.stride_tricks.as_strided(raw, (stored_rows, stored_cols), (ld * size, size))
+    return x.T if trans else x
+
+
+class FakeGemm:
+    """cblas_?gemm / cblas_?gemm_batch_strided in float64 NumPy, row-major only; counts its calls."""
+
+    def __init__(self, letter, batched):
+        self.letter, self.batched, self.calls = letter, batched, 0
+        self.argtypes = self.restype = None
+
+    def __call__(self, *args):
+        self.calls += 1
+        if self.batched:
+            (order, ta, tb, m, n, k, alpha, pa, lda, sa, pb, ldb, sb, beta, pc, ldc, sc, count) = args
+        else:
+            (order, ta, tb, m, n, k, alpha, pa, lda, pb, ldb, beta, pc, ldc), (sa, sb, sc, count) = args, (0, 0, 0, 1)
+        assert order == mkl.ROW_MAJOR
+        size = np.dtype(DTYPE[self.letter]).itemsize
+        for i in range(count):
+            a = _matrix(self.letter, pa + i * sa * size, m, k, lda, ta == mkl.TRANS).astype(np.float64)
+            b = _matrix(self.letter, pb + i * sb * size, k, n, ldb, tb == mkl.TRANS).astype(np.float64)
+            c = _matrix(self.letter, pc + i * sc * size, m, n, ldc, False)
+            old = c.astype(np.float64) if beta != 0 else 0.0
+            c[...] = alpha * (a @ b) + beta * old
+
+
+class FakeLib:
+    def __init__(self):
+        self.cblas_sgemm, self.cblas_dgemm = FakeGemm("s", False), FakeGemm("d", False)
+        self.cblas_sgemm_batch_strided, self.cblas_dgemm_batch_strided = FakeGemm("s", True), FakeGemm("d", True)
+        self.threads = None
+
+    def MKL_Set_Num_Threads(self, n):
+        self.threads = n.value
+
+    def calls(self):
+        return sum(g.calls for g in (self.cblas_sgemm, self.cblas_dgemm, self.cblas_sgemm_batch_strided,
+                                     self.cblas_dgemm_batch_strided))
+
+
+def _libraries():
+    yield "stand-in", mkl.Mkl(FakeLib())
+    real = mkl.load()
+    if real is not None:
+        yield "mkl", real
+
+
+@pytest.fixture(params=["stand-in", "mkl"])
+def blas(request):
+    found = dict(_libraries())
+    if request.param not in found:
+        pytest.skip("Intel MKL is not installed here (pip install mkl): the stand-in's run checks the layouts")
+    return found[request.param]
+
+
+def _stored(x, layout, rng):
+    """``x`` stored as asked: "c" rows contiguous, "f" columns contiguous, "rows" every other row of a larger
+    array (a leading dimension past the width), "cols" every other column of a column-major one."""
+    if layout == "c":
+        return np.ascontiguousarray(x)
+    if layout == "f":
+        return np.asfortranarray(x)
+    if layout == "rows":
+        big = rng.standard_normal((x.shape[0] * 2, x.shape[1] + 3)).astype(x.dtype)
+        view = big[::2, 1:x.shape[1] + 1]
+        view[...] = x
+        return view
+    big = np.asfortranarray(rng.standard_normal((x.shape[0] + 5, x.shape[1] * 2)).astype(x.dtype))
+    view = big[2:x.shape[0] + 2, ::2]
+    view[...] = x
+    return view
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_products_of_every_layout_match_float64(blas, dtype):
+    rng = np.random.default_rng(7)
+    layouts = ("c", "f", "rows", "cols")
+    for (m, n, k), la, lb, lc in itertools.product([(5, 7, 3), (1, 6, 4), (6, 1, 4), (3, 4, 1), (33, 17, 65)],
+                                                     layouts, layouts, ("c", "f", "rows")):
+        a64, b64, c64 = (rng.standard_normal(s) for s in ((m, k), (k, n), (m, n)))
+        a, b, c = (_stored(x.astype(dtype), lay, rng) for x, lay in ((a64, la), (b64, lb), (c64, lc)))
+        before = c.astype(np.float64)
+        assert blas.gemm(a, b, c, 0.5, -2.0), (m, n, k, la, lb, lc)
+        tol = 1e-5 if dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(c, 0.5 * (a.astype(np.float64) @ b.astype(np.float64)) - 2.0 * before,
+                                   rtol=tol, atol=tol * 10, err_msg=f"{(m, n, k, la, lb, lc)}")
+        c[...] = np.nan
+        assert blas.gemm(a, b, c)  # beta 0: out's old values (NaN) are not read
+        np.testing.assert_allclose(c, a.astype(np.float64) @ b.astype(np.float64), rtol=tol, atol=tol * 10)
+
+
+def test_batched_products_and_a_matrix_broadcast_over_the_batch(blas):
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((4, 6, 5)).astype(np.float32)
+    b2 = rng.standard_normal((5, 7)).astype(np.float32)
+    b3 = rng.standard_normal((4, 7, 5)).astype(np.float32).transpose(0, 2, 1)  # each matrix column-major
+    for b in (b2, b3):
+        out = np.full((4, 6, 7), np.nan, np.float32)
+        assert blas.gemm(a, b, out)
+        np.testing.assert_allclose(out, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-5)
+        got = blas.matmul(a, b)  # np.matmul's form, out allocated
+        np.testing.assert_allclose(got, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-5)
+    filt = rng.standard_normal((3, 6)).astype(np.float32)  # a 2-D filter times a batch of columns (convolutions)
+    out = np.empty((4, 3, 5), np.float32)
+    blas.matmul(filt, a, out=out)
+    np.testing.assert_allclose(out, filt.astype(np.float64) @ a.astype(np.float64), rtol=1e-5, atol=1e-5)
+
+
+def test_what_blas_cannot_take_is_left_to_numpy():
+    lib = FakeLib()
+    blas = mkl.Mkl(lib)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((6, 6)).astype(np.float32)
+    cases = [
+        (a, a.astype(np.float64), np.empty((6, 6), np.float32), False),                 # mixed dtypes
+        (a.astype(np.float16), a.astype(np.float16), np.empty((6, 6), np.float16), False),  # no float16 GEMM
+        (a[::-1], a, np.empty((6, 6), np.float32), False),                              # a negative stride
+        (a, a, a, False),                                                                # out is an operand
+        (a[:0], a, np.empty((0, 6), np.float32), False),                                 # empty
+        (a, a.T, np.empty((6, 6), np.float32), True),                                    # a transpose: taken
+    ]
+    assert [blas.gemm(x, y, out) for x, y, out, _ in cases] == [taken for *_, taken in cases]
+    assert lib.calls() == 1
+    z = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), (6, 6), (0, 0))  # zero strides: numpy computes
+    out = np.empty((6, 6), np.float32)
+    assert not blas.gemm(z, a, out)
+    np.testing.assert_array_equal(blas.matmul(a, a[::-1]), a @ a[::-1])  # matmul falls back to NumPy itself
+
+
+def _lenet_losses(be, steps=6):
+    cfg = lp.SequentialConfig(inputs=[("data", [16, 1, 28, 28])])
+    cfg.add_layer(lp.LayerConfig("conv1", lp.ConvolutionConfig(num_output=6, filter_shape=[5])))
+    cfg.add_layer(lp.LayerConfig("pool1", lp.PoolingConfig(mode="max", filter_shape=[2], stride=[2])))
+    cfg.add_layer(lp.LayerConfig("conv2", lp.ConvolutionConfig(num_output=8, filter_shape=[5])))
+    cfg.add_layer(lp.LayerConfig("flat", "Flatten"))
+    cfg.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=32)))
+    cfg.add_layer(lp.LayerConfig("relu1", "ReLU"))
+    cfg.add_layer(lp.LayerConfig("fc2", lp.LinearConfig(output_size=10)))
+    cfg.add_layer(lp.LayerConfig("logsm", "LogSoftmax"))
+    obj = lp.SequentialConfig(inputs=[("network_out", [16, 10]), ("label", [16, 1])])
+    obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=10)))
+    sol = lp.SolverConfig(network=lp.LayerConfig("lenet", cfg), objective=lp.LayerConfig("loss", obj),
+                          solver="momentum", base_lr=0.05, momentum=0.9, weight_decay=5e-4, seed=5)
+    solver = lp.Solver.from_config(be, be, sol)
+    rng = np.random.default_rng(11)
+    x = rng.random((16, 1, 28, 28), dtype=np.float32)
+    y = rng.integers(0, 10, 16)
+    losses = []
+    for _ in range(steps):
+        solver.train_minibatch(x, y)
+        losses.append(solver.loss())
+    return np.array(losses)
+
+
+def test_a_network_trains_alike_on_either_blas(blas):
+    plain = NativeBackend(blas="numpy")
+    with_blas = NativeBackend(blas="numpy")
+    with_blas._mkl, with_blas.xp = blas, blas.numpy  # as blas="mkl" builds it, on this library
+    lib = blas.lib
+    before = lib.calls() if isinstance(lib, FakeLib) else None
+    expect, got = _lenet_losses(plain), _lenet_losses(with_blas)
+    np.testing.assert_allclose(got, expect, rtol=2e-4)
+    assert got[-1] < got[0]
+    if before is not None:  # every product of the step went through the library
+        assert lib.calls() - before >= 6 * 6
+
+
+def test_the_blas_option(monkeypatch):
+    assert lp.backend("native", blas="numpy").blas == "numpy"
+    with pytest.raises(lp.ConfigError, match="unknown blas 'openblas'; valid: auto, numpy, mkl"):
+        lp.backend("native", blas="openblas")
+    monkeypatch.setattr(mkl, "load", lambda path=None: None)
+    with pytest.raises(lp.BackendUnavailable, match="pip install mkl"):
+        lp.backend("native", blas="mkl")
+    assert NativeBackend(blas="auto").blas == "numpy"  # auto: NumPy's where MKL is missing
+    monkeypatch.setattr(mkl, "load", lambda path=None: mkl.Mkl(FakeLib()))
+    monkeypatch.setattr(mkl, "intel_cpu", lambda: False)
+    assert NativeBackend(blas="auto").blas == "numpy"  # and on other vendors' CPUs
+    monkeypatch.setattr(mkl, "intel_cpu", lambda: True)
+    be = NativeBackend(blas="auto")
+    assert be.blas == "mkl" and be.xp.matmul == be._mkl.matmul
+    assert be.full_precision() is be and NativeBackend(blas="auto", precision="bf16").full_precision().blas == "mkl"
+
+
+def test_thread_count(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("MKL_NUM_THREADS", "3")
+    assert mkl.threads() == 3
+    monkeypatch.setenv("MKL_NUM_THREADS", "many")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2,1")
+    assert mkl.threads() == 2
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert mkl.threads() >= 1
+    lib = FakeLib()
+    mkl.Mkl(lib)
+    assert lib.threads == mkl.threads()
