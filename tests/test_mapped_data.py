@@ -154,6 +154,39 @@ def test_reads_through_a_mapping_let_its_pages_go_past_the_budget_and_keep_their
     assert sum(len(c) for c in m.chunks()) == 512
 
 
+def test_scattered_rows_are_read_in_groups_in_their_order_and_measured_pages_let_go(tmp_path, monkeypatch):
+    """A long list of scattered rows (a split's chunk, a batch) is read a group at a time, each group counted
+    before the next is read, and comes back in the order asked; the mapping is let go when the process's resident
+    file pages (as the system reports them) grew by the budget, though the bytes read stayed under it (Linux 6.16+
+    maps a whole 2 MiB folio for a row of a few KiB)."""
+    from leafpy.sources import mapped
+
+    x = np.random.default_rng(2).integers(0, 255, (300, 2, 8, 8), dtype=np.uint8)
+    np.save(tmp_path / "x.npy", x)
+    row = x[0].nbytes
+    monkeypatch.setattr(mapped, "LARGEST_FOLIO_BYTES", row)
+    monkeypatch.setattr(mapped, "SCATTERED_READ_BYTES", 5 * row)  # groups of 5 rows
+    resident = [0]
+    monkeypatch.setattr(mapped, "file_resident", lambda: resident[0])
+    reads = []
+    m = mapped.Mapped(mapped.npy(str(tmp_path / "x.npy"), "x"), np.random.default_rng(3).permutation(300))
+    m.pages.budget = 1 << 40  # only the measured pages can let the mapping go
+
+    def counted(nbytes, real=m.pages.read):
+        reads.append(nbytes)
+        resident[0] += 1 << 20  # each group maps a megabyte, as the system would report
+        real(nbytes)
+    monkeypatch.setattr(m.pages, "read", counted)
+    idx = np.random.default_rng(4).permutation(300)[:37]
+    np.testing.assert_array_equal(m[idx], x[m.rows[idx]].astype(np.float32) / np.float32(255.0))
+    assert len(reads) == 8 and sum(reads) == 37 * (row + mapped.FAULT_AROUND_BYTES)  # 7 groups of 5, one of 2
+    assert m.pages.releases == 0
+    m.pages.budget = 3 << 20
+    m[idx]
+    assert m.pages.releases == 3  # grown 9 MiB at the first group, then 3 MiB by the 4th and by the 7th
+    np.testing.assert_array_equal(np.concatenate(list(m.raw_chunks())), x[m.rows])
+
+
 @pytest.mark.parametrize("rows", [None, "taken"])
 def test_normalize_auto_statistics_of_byte_images_equal_float64_numpy(rows):
     """`normalize: auto` over an image folder's uint8 images (counted by byte value per channel) gives the float64
