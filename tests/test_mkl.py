@@ -154,6 +154,19 @@ def test_what_blas_cannot_take_is_left_to_numpy():
     np.testing.assert_array_equal(blas.matmul(a, a[::-1]), a @ a[::-1])  # matmul falls back to NumPy itself
 
 
+def test_an_empty_batch_writes_nothing(blas):
+    """A batch of no matrices (views of larger arrays, so their strides are a matrix's) is no product: nothing
+    past the empty output is written, as np.matmul writes nothing."""
+    buf = np.full(64, np.nan, np.float32)
+    a = np.ones(64, np.float32)[:0].reshape(0, 3, 4)
+    b = np.ones(64, np.float32)[:0].reshape(0, 4, 5)
+    out = buf[:0].reshape(0, 3, 5)
+    blas.gemm(a, b, out)
+    assert np.isnan(buf).all()
+    assert blas.matmul(a, b, out=out).shape == (0, 3, 5) and np.isnan(buf).all()
+    assert blas.matmul(a, np.ones((4, 5), np.float32)).shape == (0, 3, 5)
+
+
 def _lenet_losses(be, steps=6):
     cfg = lp.SequentialConfig(inputs=[("data", [16, 1, 28, 28])])
     cfg.add_layer(lp.LayerConfig("conv1", lp.ConvolutionConfig(num_output=6, filter_shape=[5])))

@@ -140,7 +140,7 @@ class Mkl:
             batch = 0
         elif out.ndim == 3 and 2 <= a.ndim <= 3 and 2 <= b.ndim <= 3 and dtype in self._batched:
             batch = out.shape[0]
-            if any(x.ndim == 3 and x.shape[0] != batch for x in (a, b)):
+            if batch == 0 or any(x.ndim == 3 and x.shape[0] != batch for x in (a, b)):  # (0: no product to run)
                 return False
         else:
             return False
