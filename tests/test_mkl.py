@@ -5,9 +5,13 @@ is installed; the backend's ``blas`` option and its errors."""
 
 import ctypes
 import itertools
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
+from conftest import child_env
 
 import leafpy as lp
 from leafpy.backends import mkl
@@ -165,6 +169,26 @@ def test_an_empty_batch_writes_nothing(blas):
     assert np.isnan(buf).all()
     assert blas.matmul(a, b, out=out).shape == (0, 3, 5) and np.isnan(buf).all()
     assert blas.matmul(a, np.ones((4, 5), np.float32)).shape == (0, 3, 5)
+
+
+def test_mkl_runs_its_32_bit_interface_whatever_the_environment_asks():
+    """MKL_INTERFACE_LAYER=ILP64 would have libmkl_rt read 64-bit sizes where the products pass 32-bit ints:
+    MKL is opened with its LP64 layer chosen before any other call."""
+    if mkl.load() is None:
+        pytest.skip("Intel MKL is not installed here (pip install mkl)")
+    code = textwrap.dedent("""
+        import numpy as np
+        from leafpy.backends import mkl
+        rng = np.random.default_rng(0)
+        a, b = rng.standard_normal((5, 4)), rng.standard_normal((4, 3))
+        out = np.zeros((5, 3))
+        assert mkl.load().gemm(a, b, out)
+        np.testing.assert_allclose(out, a @ b, rtol=1e-12)
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", code], env=child_env(MKL_INTERFACE_LAYER="ILP64"),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", (done.returncode, done.stderr[-2000:])
 
 
 def _lenet_losses(be, steps=6):

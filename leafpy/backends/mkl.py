@@ -22,7 +22,10 @@ import numpy as np
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 """CBLAS's enumerators."""
 INT_LIMIT = 1 << 31
-"""MKL's LP64 interface (libmkl_rt's default) takes sizes, leading dimensions and strides as 32-bit ints."""
+"""MKL's LP64 interface (libmkl_rt's default, chosen by :func:`load`) takes sizes, leading dimensions and strides as
+32-bit ints."""
+INTERFACE_LP64, INTERFACE_ILP64 = 0, 1
+"""mkl_set_interface_layer's values (MKL_INTERFACE_LP64, MKL_INTERFACE_ILP64)."""
 
 _NAMES = ("libmkl_rt.so.3", "libmkl_rt.so.2", "libmkl_rt.so", "libmkl_rt.2.dylib", "mkl_rt.2.dll")
 
@@ -79,6 +82,10 @@ def load(path: str | None = None) -> Mkl | None:
             lib = ctypes.CDLL(path)
         except OSError:
             return None
+        # the 32-bit interface the products' argument types are: chosen before any other call, which fixes it for
+        # the process (else MKL_INTERFACE_LAYER=ILP64 in the environment would have MKL read 64-bit sizes)
+        if lib.MKL_Set_Interface_Layer(ctypes.c_int(INTERFACE_LP64)) & INTERFACE_ILP64:
+            return None  # (MKL was already running its 64-bit interface in this process)
         _loaded[path] = Mkl(lib)
     return _loaded[path]
 
