@@ -187,6 +187,23 @@ def test_scattered_rows_are_read_in_groups_in_their_order_and_measured_pages_let
     np.testing.assert_array_equal(np.concatenate(list(m.raw_chunks())), x[m.rows])
 
 
+def test_a_mask_or_an_index_array_of_rows_reads_as_numpy_indexes(tmp_path):
+    """Mapped samples indexed by a boolean mask, or by a 2-D array of indices, longer than a group of scattered
+    rows: the rows NumPy's indexing picks, in its shape."""
+    from leafpy.sources import mapped
+
+    x = np.random.default_rng(5).integers(0, 255, (300, 2, 8, 8), dtype=np.uint8)
+    np.save(tmp_path / "x.npy", x)
+    m = mapped.Mapped(mapped.npy(str(tmp_path / "x.npy"), "x"))
+    expect = x.astype(np.float64) / 255.0
+    mask = np.arange(300) % 3 == 0
+    np.testing.assert_allclose(m[mask], expect[mask], rtol=1e-6)
+    grid = np.random.default_rng(6).permutation(300)[:80].reshape(40, 2)
+    np.testing.assert_allclose(m[grid], expect[grid], rtol=1e-6)
+    with pytest.raises(IndexError):
+        m[mask[:-1]]
+
+
 @pytest.mark.parametrize("rows", [None, "taken"])
 def test_normalize_auto_statistics_of_byte_images_equal_float64_numpy(rows):
     """`normalize: auto` over an image folder's uint8 images (counted by byte value per channel) gives the float64

@@ -135,10 +135,12 @@ class Mapped:
             self.pages.read(len(raw) * row_bytes + FAULT_AROUND_BYTES)
             return raw
         rows = np.asarray(rows)
+        if rows.dtype == bool and rows.ndim == 1:  # a mask: the indices of the rows it picks
+            rows = np.arange(len(self.source))[rows]
         group = max(1, SCATTERED_READ_BYTES // max(row_bytes, LARGEST_FOLIO_BYTES))
-        if len(rows) <= group:
+        if rows.ndim != 1 or len(rows) <= group:  # (an index array of another shape reads at once, in its shape)
             raw = np.asarray(self.source[rows])
-            self.pages.read(len(raw) * (row_bytes + FAULT_AROUND_BYTES))
+            self.pages.read(rows.size * (row_bytes + FAULT_AROUND_BYTES))
             return raw
         raw = np.empty((len(rows), *self.source.shape[1:]), self.source.dtype)
         for a in range(0, len(rows), group):
