@@ -171,6 +171,50 @@ def test_an_empty_batch_writes_nothing(blas):
     assert blas.matmul(a, np.ones((4, 5), np.float32)).shape == (0, 3, 5)
 
 
+def test_random_batched_layouts_match_float64_or_are_left_untouched(blas):
+    """Random batches (of 1 too), each operand 2-D, a batch of one broadcast, or a batch, its matrices row- or
+    column-major or every other row, some a batch's every other matrix; out row- or column-major: where gemm takes
+    the product, out is alpha a @ b + beta out in float64; where it does not, out is as it was."""
+    rng = np.random.default_rng(21)
+
+    def operand(shape, batch):
+        form = rng.integers(3)  # 2-D, a batch of one, a batch
+        full = shape if form == 0 else (1 if form == 1 else batch, *shape)
+        x = rng.standard_normal(full).astype(np.float32)
+        if rng.random() < 0.3 and x.ndim == 3:  # every other matrix of a larger batch
+            big = rng.standard_normal((2 * x.shape[0], *shape)).astype(np.float32)
+            big[::2] = x
+            x = big[::2]
+        if rng.random() < 0.4:
+            x = np.asfortranarray(x.swapaxes(-1, -2)).swapaxes(-1, -2) if x.ndim == 2 else \
+                np.ascontiguousarray(x.swapaxes(-1, -2)).swapaxes(-1, -2)
+        elif rng.random() < 0.3:
+            big = np.zeros((*x.shape[:-2], 2 * x.shape[-2], x.shape[-1] + 2), np.float32)
+            big[..., ::2, 1:-1] = x
+            x = big[..., ::2, 1:-1]
+        return x
+
+    taken = 0
+    for _ in range(300):
+        batch = int(rng.integers(1, 4))
+        m, n, k = (int(v) for v in rng.integers(1, 7, 3))
+        a, b = operand((m, k), batch), operand((k, n), batch)
+        lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        if not lead and rng.random() < 0.5:
+            lead = (batch,)
+        out = rng.standard_normal((*lead, m, n)).astype(np.float32)
+        if rng.random() < 0.5:
+            out = np.ascontiguousarray(out.swapaxes(-1, -2)).swapaxes(-1, -2)
+        before = out.astype(np.float64)
+        if blas.gemm(a, b, out, 0.5, -1.5):
+            taken += 1
+            expect = 0.5 * np.matmul(a.astype(np.float64), b.astype(np.float64)) - 1.5 * before
+            np.testing.assert_allclose(out, expect, rtol=1e-5, atol=1e-5, err_msg=f"{a.strides} {b.strides}")
+        else:
+            np.testing.assert_array_equal(out, before)
+    assert taken > 60  # (a batch of one, or of other sizes, is left to NumPy)
+
+
 def test_mkl_runs_its_32_bit_interface_whatever_the_environment_asks():
     """MKL_INTERFACE_LAYER=ILP64 would have libmkl_rt read 64-bit sizes where the products pass 32-bit ints:
     MKL is opened with its LP64 layer chosen before any other call."""
