@@ -145,7 +145,8 @@ class Mkl:
             return False
         if out.ndim == 2 and a.ndim == 2 and b.ndim == 2:
             batch = 0
-        elif out.ndim == 3 and 2 <= a.ndim <= 3 and 2 <= b.ndim <= 3 and dtype in self._batched:
+        elif out.ndim == 3 and 2 <= a.ndim <= 3 and 2 <= b.ndim <= 3 and max(a.ndim, b.ndim) == 3 \
+                and dtype in self._batched:  # (two matrices into a batch: NumPy refuses it)
             batch = out.shape[0]
             if batch == 0 or any(x.ndim == 3 and x.shape[0] != batch for x in (a, b)):  # (0: no product to run)
                 return False
