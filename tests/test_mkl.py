@@ -77,10 +77,11 @@ def _libraries():
 
 
 @pytest.fixture(params=["stand-in", "mkl"])
-def blas(request):
+def blas(request, monkeypatch):
     found = dict(_libraries())
     if request.param not in found:
         pytest.skip("Intel MKL is not installed here (pip install mkl): the stand-in's run checks the layouts")
+    monkeypatch.setattr(found[request.param], "min_work", 0)  # these products are small: MKL takes them all
     return found[request.param]
 
 
@@ -140,6 +141,7 @@ def test_batched_products_and_a_matrix_broadcast_over_the_batch(blas):
 def test_what_blas_cannot_take_is_left_to_numpy():
     lib = FakeLib()
     blas = mkl.Mkl(lib)
+    blas.min_work = 0
     rng = np.random.default_rng(0)
     a = rng.standard_normal((6, 6)).astype(np.float32)
     cases = [
@@ -226,7 +228,9 @@ def test_mkl_runs_its_32_bit_interface_whatever_the_environment_asks():
         rng = np.random.default_rng(0)
         a, b = rng.standard_normal((5, 4)), rng.standard_normal((4, 3))
         out = np.zeros((5, 3))
-        assert mkl.load().gemm(a, b, out)
+        blas = mkl.load()
+        blas.min_work = 0
+        assert blas.gemm(a, b, out)
         np.testing.assert_allclose(out, a @ b, rtol=1e-12)
         print("ok")
     """)
@@ -302,3 +306,15 @@ def test_thread_count(monkeypatch):
     lib = FakeLib()
     mkl.Mkl(lib)
     assert lib.threads == mkl.threads()
+
+
+def test_small_products_stay_in_numpy():
+    """Products under MIN_WORK multiply-adds go to NumPy (the entry point's Python costs more than they take)."""
+    lib = FakeLib()
+    blas = mkl.Mkl(lib)
+    a = np.ones((32, 32), np.float32)
+    out = np.empty((32, 32), np.float32)
+    assert 32 ** 3 < mkl.MIN_WORK and not blas.gemm(a, a, out) and lib.calls() == 0
+    np.testing.assert_array_equal(blas.matmul(a, a), np.full((32, 32), 32.0, np.float32))
+    big = np.ones((64, 128), np.float32)
+    assert blas.gemm(big, big.T, np.empty((64, 64), np.float32)) and lib.calls() == 1  # 64 * 64 * 128 >= MIN_WORK

@@ -27,6 +27,11 @@ INT_LIMIT = 1 << 31
 INTERFACE_LP64, INTERFACE_ILP64 = 0, 1
 """mkl_set_interface_layer's values (MKL_INTERFACE_LP64, MKL_INTERFACE_ILP64)."""
 
+MIN_WORK = 1 << 18
+"""Products of fewer multiply-adds (m * n * k over a batch) than this go to NumPy: choosing MKL's entry point and
+reading the layouts costs about 5-10 us of Python, more than a product of 64 x 64 x 64 takes in NumPy (gradient
+checks and batch-1 inference run thousands of such products)."""
+
 _NAMES = ("libmkl_rt.so.3", "libmkl_rt.so.2", "libmkl_rt.so", "libmkl_rt.2.dylib", "mkl_rt.2.dll")
 
 
@@ -110,6 +115,8 @@ class Mkl:
                 batched.restype = None
                 self._batched[dtype] = batched
         lib.MKL_Set_Num_Threads(ctypes.c_int(threads()))
+        self.min_work = MIN_WORK
+        """Products of fewer multiply-adds go to NumPy (see :data:`MIN_WORK`)."""
         self.numpy = types.ModuleType("numpy_mkl", "NumPy, with matmul running MKL's GEMMs where it can")
         """NumPy's namespace with ``matmul`` replaced (the native backend's ``xp`` when it runs MKL)."""
         namespace = vars(self.numpy)
@@ -156,6 +163,8 @@ class Mkl:
         k = a.shape[-1]
         if a.shape[-2] != m or b.shape[-2] != k or b.shape[-1] != n or min(m, n, k) == 0:
             return False
+        if m * n * k * max(batch, 1) < self.min_work:
+            return False
         if np.may_share_memory(out, a) or np.may_share_memory(out, b):
             return False
         size = dtype.itemsize
@@ -197,7 +206,7 @@ def _layout(x: np.ndarray, size: int) -> tuple[bool, int] | None:
     (negative, zero or misaligned strides)."""
     rows, cols = x.shape[-2:]
     s0, s1 = x.strides[-2:]
-    if s0 % size or s1 % size or x.ctypes.data % size:
+    if s0 % size or s1 % size or not x.flags.aligned:
         return None
     s0, s1 = s0 // size, s1 // size
     if (cols == 1 or s1 == 1) and (rows == 1 or s0 >= cols):
