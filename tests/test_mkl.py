@@ -5,6 +5,7 @@ is installed; the backend's ``blas`` option and its errors."""
 
 import ctypes
 import itertools
+import json
 import subprocess
 import sys
 import textwrap
@@ -318,3 +319,33 @@ def test_small_products_stay_in_numpy():
     np.testing.assert_array_equal(blas.matmul(a, a), np.full((32, 32), 32.0, np.float32))
     big = np.ones((64, 128), np.float32)
     assert blas.gemm(big, big.T, np.empty((64, 64), np.float32)) and lib.calls() == 1  # 64 * 64 * 128 >= MIN_WORK
+
+
+def test_the_environment_chooses_when_the_code_does_not(monkeypatch):
+    monkeypatch.setenv("LEAFPY_BLAS", "numpy")
+    monkeypatch.setattr(mkl, "load", lambda path=None: mkl.Mkl(FakeLib()))
+    monkeypatch.setattr(mkl, "intel_cpu", lambda: True)
+    assert NativeBackend().blas == "numpy"
+    assert NativeBackend(blas="mkl").blas == "mkl"  # an option given wins
+    monkeypatch.setenv("LEAFPY_BLAS", "")
+    assert NativeBackend().blas == "mkl"  # empty: auto
+    monkeypatch.setenv("LEAFPY_BLAS", "openblas")
+    with pytest.raises(lp.ConfigError, match="LEAFPY_BLAS='openblas' in the environment: valid values are auto"):
+        NativeBackend()
+
+
+def test_a_leafpy_command_runs_the_blas_the_environment_names(tmp_path):
+    """Through the command, as a user on an Intel machine runs it: LEAFPY_BLAS=numpy and =mkl train the shipped
+    MLP to the same losses to float32 rounding (MKL's products and OpenBLAS's round differently)."""
+    if mkl.load() is None:
+        pytest.skip("Intel MKL is not installed here (pip install mkl)")
+    losses = {}
+    for blas in ("numpy", "mkl"):
+        out = tmp_path / blas
+        done = subprocess.run([sys.executable, "-m", "leafpy", "train", "digits_mlp", "--epochs", "1", "--out",
+                               str(out)], capture_output=True, text=True, cwd=tmp_path,
+                              env=child_env(LEAFPY_BLAS=blas), timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        history = json.loads((out / "history.json").read_text())
+        losses[blas] = (history[-1]["loss"], history[-1]["test_loss"])
+    np.testing.assert_allclose(losses["mkl"], losses["numpy"], rtol=2e-3, err_msg=str(losses))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import threading
 from typing import Any
 
@@ -35,8 +36,9 @@ class NativeBackend(ArrayBackend):
 
     ``blas``: whose GEMMs run the products: "numpy" (the BLAS NumPy was built with: OpenBLAS in its wheels),
     "mkl" (Intel's MKL through its ``mkl`` package: ``pip install mkl``; 1.2-1.3x faster products on Intel CPUs)
-    or "auto" (the default: MKL where it is installed and the CPU is Intel's, else NumPy's). The backend's
-    :attr:`blas` says which one runs."""
+    or "auto" (MKL where it is installed and the CPU is Intel's, else NumPy's). Not given: the environment's
+    LEAFPY_BLAS, else "auto" (so a ``leafpy`` command can be told). The backend's :attr:`blas` says which one
+    runs."""
 
     name = "native"
     key = HOST
@@ -44,8 +46,13 @@ class NativeBackend(ArrayBackend):
     BLAS_CHOICES = ("auto", "numpy", "mkl")
 
     def __init__(self, dtype: Any = np.float32, precision: str = "fp32", channels_last: bool | None = False,
-                 blas: str = "auto") -> None:
+                 blas: str | None = None) -> None:
         self._threads = threading.local()
+        if blas is None:
+            blas = os.environ.get("LEAFPY_BLAS", "") or "auto"
+            if blas not in self.BLAS_CHOICES:
+                raise ConfigError(f"LEAFPY_BLAS={blas!r} in the environment: valid values are "
+                                  f"{', '.join(self.BLAS_CHOICES)}; unset it for auto")
         if not isinstance(blas, str) or blas not in self.BLAS_CHOICES:
             raise ConfigError(f"backend 'native': unknown blas {blas!r}; valid: {', '.join(self.BLAS_CHOICES)}")
         self._mkl = None if blas == "numpy" or (blas == "auto" and not mkl.intel_cpu()) else mkl.load()
