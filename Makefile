@@ -38,7 +38,7 @@ browser:
 
 test: $(STAMP) vulkan browser
 	$(PY) -m mypy
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 
 demo: $(STAMP)
 	$(VENV)/bin/leafpy train configs/digits_lenet.yaml --backend native --out runs/demo --overwrite

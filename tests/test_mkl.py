@@ -349,3 +349,16 @@ def test_a_leafpy_command_runs_the_blas_the_environment_names(tmp_path):
         history = json.loads((out / "history.json").read_text())
         losses[blas] = (history[-1]["loss"], history[-1]["test_loss"])
     np.testing.assert_allclose(losses["mkl"], losses["numpy"], rtol=2e-3, err_msg=str(losses))
+
+
+def test_a_batch_of_one_runs_as_its_product(blas):
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((1, 6, 4)).astype(np.float32)
+    b = rng.standard_normal((4, 5)).astype(np.float32)
+    out = np.full((1, 6, 5), np.nan, np.float32)
+    assert blas.gemm(a, b, out)
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-5)
+    b3 = np.asfortranarray(rng.standard_normal((4, 5))).astype(np.float32)[None]  # column-major, a batch of one
+    assert blas.gemm(a, b3, out, 2.0, 1.0)
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b.astype(np.float64) + 2.0 * (a.astype(np.float64) @
+                               b3.astype(np.float64)), rtol=1e-5, atol=1e-5)

@@ -157,6 +157,9 @@ class Mkl:
             batch = out.shape[0]
             if batch == 0 or any(x.ndim == 3 and x.shape[0] != batch for x in (a, b)):  # (0: no product to run)
                 return False
+            if batch == 1:  # one product (a batch-1 convolution): its matrices
+                a, b, out = (x[0] if x.ndim == 3 else x for x in (a, b, out))
+                batch = 0
         else:
             return False
         m, n = out.shape[-2:]
