@@ -124,9 +124,6 @@ class Mkl:
         namespace["__getattr__"] = lambda name: getattr(np, name)  # NumPy's lazily loaded submodules
         namespace["matmul"] = self.matmul
 
-    def set_threads(self, n: int) -> None:
-        self.lib.MKL_Set_Num_Threads(ctypes.c_int(int(n)))
-
     def matmul(self, a: Any, b: Any, out: Any = None) -> Any:
         """``np.matmul(a, b, out=out)`` for arrays of up to 3 dimensions: MKL where it can, else NumPy."""
         if out is None and isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype \
