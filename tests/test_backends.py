@@ -4,6 +4,7 @@ Each device backend is tried; where its package or device is missing the tests s
 
 from __future__ import annotations
 
+import gc
 import os
 import weakref
 
@@ -400,6 +401,33 @@ def test_webgpu_adapter_choice_and_errors():
         lp.backend("webgpu", adapter="no-such-gpu")
     with pytest.raises(lp.ConfigError, match="float32"):
         lp.backend("webgpu", dtype="float64")
+
+
+@pytest.mark.webgpu
+def test_webgpu_backends_share_one_device_per_adapter_and_features_and_keep_their_tensors_apart():
+    """A process that makes many webgpu backends (a notebook re-running its cells, a test suite, a sweep) opens one
+    wgpu device per adapter and feature set; each backend still has its own tensors, and a tensor one backend wrote
+    and has not yet submitted reads back right on another."""
+    from leafpy.backends.webgpu import device as webgpu_device
+
+    first = backend_or_skip("webgpu", subgroups=False)
+    opened = len(webgpu_device._DEVICES)
+    made = [lp.backend("webgpu", subgroups=False) for _ in range(12)]
+    assert len(webgpu_device._DEVICES) == opened
+    assert all(b.gpu.device is first.gpu.device for b in made)
+    assert len({b.key for b in (first, *made)}) == 13  # a tensor's copies tell the backends apart
+    x = np.arange(12, dtype=np.float32).reshape(3, 4) - 5
+    t, y, z = lp.SharedTensor.from_numpy(x), lp.SharedTensor((3, 4)), lp.SharedTensor((3, 4))
+    made[0].relu(t.read(made[0]), y.write(made[0]))  # encoded on made[0], not yet submitted
+    made[1].relu(y.read(made[1]), z.write(made[1]))  # made[1] takes y from made[0]
+    np.testing.assert_array_equal(z.to_numpy(), np.maximum(x, 0))
+    del made
+    gc.collect()
+    again = lp.backend("webgpu", subgroups=False)
+    assert again.gpu.device is first.gpu.device and len(webgpu_device._DEVICES) == opened
+    if "subgroup" in first.adapter.features:  # another feature set: another device
+        other = lp.backend("webgpu", subgroups=True)
+        assert other.gpu.device is not first.gpu.device
 
 
 @pytest.mark.parametrize("m,n,k,ta,tb,beta", [

@@ -16,9 +16,19 @@ from ...errors import BackendError, BackendUnavailable
 from .params import ParamStruct
 from .sources import BASE, F16_OPEN, lanes, module_source
 
+_ADAPTERS: dict[tuple, Any] = {}
+"""The adapter chosen for each (power_preference, adapter) request in this process."""
+_DEVICES: dict[tuple, Any] = {}
+"""The wgpu devices opened in this process, by request and features. Every backend asking for the same adapter
+with the same features shares one: opening a device costs tens of milliseconds and driver resources (a process
+that opened a device for each of hundreds of backends crashed at exit on NVIDIA's Vulkan driver), and a device
+holds nothing of a backend's: each backend keeps its own tensors' key, buffers, encoder and caches, and its
+buffers go when it goes."""
+
 
 class Device:
-    """One WebGPU device and its caches (see :class:`WebGPUBackend` for the arguments)."""
+    """A backend's part on one WebGPU device: the device (shared, see ``_DEVICES``) and this backend's caches (see
+    :class:`WebGPUBackend` for the arguments)."""
 
     def __init__(self, precision: str, power_preference: str, adapter: str | None, subgroups: bool | None) -> None:
         try:
@@ -28,20 +38,28 @@ class Device:
                                      "pip install wgpu (the webgpu extra)") from e
         self.wgpu = wgpu
         _runtime_dir()
-        chosen = _choose(wgpu, power_preference, adapter)
+        request = (power_preference, adapter)
+        chosen = _ADAPTERS.get(request)
+        if chosen is None:
+            chosen = _ADAPTERS[request] = _choose(wgpu, power_preference, adapter)
         self.adapter = chosen
         self.adapter_name = _describe(chosen)
         self.emulated = chosen.info.get("adapter_type") == "CPU"
-        limits = chosen.limits
-        want = {k: limits[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size",
-                                       "max-compute-workgroup-storage-size") if k in limits}
         features = self._features(set(chosen.features), precision, subgroups)
-        try:
-            self.device = chosen.request_device_sync(required_limits=want, required_features=features)
-        except Exception as e:
-            raise BackendUnavailable(f"backend 'webgpu': could not open {self.adapter_name}: {e}") from e
-        self.key = f"webgpu:{id(self.device):x}"
-        """The device's name in SharedTensor's copies (the backend's ``key``)."""
+        opened = (request, tuple(features))
+        self.device = _DEVICES.get(opened)
+        if self.device is None:
+            limits = chosen.limits
+            want = {k: limits[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size",
+                                           "max-compute-workgroup-storage-size") if k in limits}
+            try:
+                self.device = chosen.request_device_sync(required_limits=want, required_features=features)
+            except Exception as e:
+                raise BackendUnavailable(f"backend 'webgpu': could not open {self.adapter_name}: {e}") from e
+            _DEVICES[opened] = self.device
+        self.key = f"webgpu:{id(self):x}"
+        """The backend's name in SharedTensor's copies (its ``key``): its own, though the wgpu device may be shared
+        (a copy holds its backend, so the name is not reused while a copy lives)."""
         lim = self.device.limits
         self.max_binding = int(lim["max-storage-buffer-binding-size"])
         self.max_groups = int(lim["max-compute-workgroups-per-dimension"])
