@@ -56,10 +56,28 @@ class FakeGemm:
             c[...] = alpha * (a @ b) + beta * old
 
 
+class FakeAxpby:
+    """cblas_?axpby (y = alpha x + beta y; ?axpy: beta 1) in float64 NumPy, unit strides; counts its calls."""
+
+    def __init__(self, letter, with_beta):
+        self.letter, self.with_beta, self.calls = letter, with_beta, 0
+        self.argtypes = self.restype = None
+
+    def __call__(self, *args):
+        self.calls += 1
+        n, alpha, px, incx, *rest = args
+        beta, py, incy = rest if self.with_beta else (1.0, *rest)
+        assert incx == incy == 1
+        x, y = (_matrix(self.letter, ptr, 1, n, n, False)[0] for ptr in (px, py))
+        y[...] = alpha * x.astype(np.float64) + beta * y.astype(np.float64)
+
+
 class FakeLib:
     def __init__(self):
         self.cblas_sgemm, self.cblas_dgemm = FakeGemm("s", False), FakeGemm("d", False)
         self.cblas_sgemm_batch_strided, self.cblas_dgemm_batch_strided = FakeGemm("s", True), FakeGemm("d", True)
+        self.cblas_saxpby, self.cblas_daxpby = FakeAxpby("s", True), FakeAxpby("d", True)
+        self.cblas_saxpy, self.cblas_daxpy = FakeAxpby("s", False), FakeAxpby("d", False)
         self.threads = None
 
     def MKL_Set_Num_Threads(self, n):
@@ -362,3 +380,88 @@ def test_a_batch_of_one_runs_as_its_product(blas):
     assert blas.gemm(a, b3, out, 2.0, 1.0)
     np.testing.assert_allclose(out, a.astype(np.float64) @ b.astype(np.float64) + 2.0 * (a.astype(np.float64) @
                                b3.astype(np.float64)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_momentum_update_matches_float64_and_leaves_the_gradient(blas, dtype):
+    rng = np.random.default_rng(3)
+    n = mkl.MIN_UPDATE + 1001
+    for offset in (0, 1):  # arrays starting off a vector boundary too
+        w, g, h = (rng.standard_normal(n + offset).astype(dtype)[offset:] for _ in range(3))
+        w0, g0, h0 = (x.astype(np.float64) for x in (w, g, h))
+        assert blas.momentum(w, g, h, 0.05, 0.9)
+        h_ref = 0.9 * h0 + 0.05 * g0
+        tol = 1e-6 if dtype == np.float32 else 1e-13
+        np.testing.assert_allclose(h, h_ref, rtol=tol, atol=tol)
+        np.testing.assert_allclose(w, w0 - h_ref, rtol=tol, atol=tol)
+        np.testing.assert_array_equal(g, g0.astype(dtype))
+    small = np.zeros(mkl.MIN_UPDATE - 1, dtype)
+    assert not blas.momentum(small, small.copy(), small.copy(), 0.1, 0.9)
+    w = np.zeros(n, dtype)
+    assert not blas.momentum(w, w, np.zeros(n, dtype), 0.1, 0.9)  # overlapping: NumPy's
+    assert not blas.momentum(w, np.zeros(n, np.float16), np.zeros(n, dtype), 0.1, 0.9)
+    assert not blas.momentum(np.zeros((n, 2), dtype)[:, 0], np.zeros(n, dtype), np.zeros(n, dtype), 0.1, 0.9)
+
+
+def test_the_momentum_update_is_the_same_to_the_bit_wherever_the_arrays_lie():
+    real = mkl.load()
+    if real is None:
+        pytest.skip("Intel MKL is not installed here (pip install mkl)")
+    rng = np.random.default_rng(4)
+    n = 3 * mkl.MIN_UPDATE + 7
+    w, g, h = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
+    results = []
+    for offset in range(4):  # a resumed run's buffers lie elsewhere: its updates must not change
+        moved = [np.empty(n + offset, np.float32)[offset:] for _ in range(3)]
+        for dst, src in zip(moved, (w, g, h)):
+            dst[...] = src
+        for _ in range(3):
+            assert real.momentum(*moved, 0.01, 0.9)
+        results.append(moved[0].copy())
+    for r in results[1:]:
+        np.testing.assert_array_equal(r, results[0])
+
+
+def _mlp_losses(be, rule="momentum", steps=5):
+    cfg = lp.SequentialConfig(inputs=[("data", [32, 64])])
+    cfg.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=300)))
+    cfg.add_layer(lp.LayerConfig("relu1", "ReLU"))
+    cfg.add_layer(lp.LayerConfig("fc2", lp.LinearConfig(output_size=10)))
+    cfg.add_layer(lp.LayerConfig("logsm", "LogSoftmax"))
+    obj = lp.SequentialConfig(inputs=[("network_out", [32, 10]), ("label", [32, 1])])
+    obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=10)))
+    sol = lp.SolverConfig(network=lp.LayerConfig("mlp", cfg), objective=lp.LayerConfig("loss", obj),
+                          solver=rule, base_lr=0.1, momentum=0.9, weight_decay=1e-3, seed=2)
+    solver = lp.Solver.from_config(be, be, sol)
+    rng = np.random.default_rng(12)
+    x, y = rng.standard_normal((32, 64), dtype=np.float32), rng.integers(0, 10, 32)
+    losses = []
+    for _ in range(steps):
+        solver.train_minibatch(x, y)
+        losses.append(solver.loss())
+    return np.array(losses), solver.network.learnable_weights_data()[0].to_numpy()
+
+
+def test_a_solver_runs_the_momentum_update_on_mkl_and_a_registered_rule_in_its_place(blas):
+    from leafpy.backends import updates
+
+    plain = NativeBackend(blas="numpy")
+    with_blas = NativeBackend(blas="numpy")
+    with_blas._mkl, with_blas.xp = blas, blas.numpy
+    lib = blas.lib
+    fake = isinstance(lib, FakeLib)
+    before = lib.cblas_saxpby.calls if fake else None
+    (expect, w_expect), (got, w_got) = _mlp_losses(plain), _mlp_losses(with_blas)
+    np.testing.assert_allclose(got, expect, rtol=1e-5)
+    np.testing.assert_allclose(w_got, w_expect, rtol=1e-4, atol=1e-6)
+    assert got[-1] < got[0]
+    if fake:  # fc1's 19,200 weights went through it, once a step
+        assert lib.cblas_saxpby.calls - before == 5
+    builtin = updates.TABLE["momentum"]
+    try:  # a line registered under the name replaces leafpy's momentum everywhere, MKL's update included
+        w, g, h = updates.var("w"), updates.var("g"), updates.var("h")
+        updates.register(updates.Rule("momentum", ("h",), ("momentum",), (("h", h * 0.0 + g * 0.0), ("w", w))))
+        frozen, w_frozen = _mlp_losses(with_blas)
+        assert np.all(frozen == frozen[0])
+    finally:
+        updates.register(builtin)

@@ -18,13 +18,15 @@ import numpy as np
 
 from ..errors import BackendUnavailable, ConfigError
 from ..tensor import HOST
-from . import mkl
+from . import mkl, updates
 from .array import ArrayBackend
 from .base import MEMORY, PRIMITIVES
 from .recorder import StepRecorder
 
 RECORDED = tuple(n for n in PRIMITIVES if n not in MEMORY) + ("cast", "relayout")
 """The calls a recorded step keeps: every compute primitive (memory management happens in the tensors)."""
+_MOMENTUM = updates.TABLE["momentum"]
+"""The momentum rule as leafpy defines it: MKL runs it where a process has not registered another line."""
 
 
 class NativeBackend(ArrayBackend):
@@ -71,6 +73,15 @@ class NativeBackend(ArrayBackend):
     def gemm(self, a, trans_a, b, trans_b, out, alpha=1.0, beta=0.0):
         if self._mkl is None or not self._mkl.gemm(a.T if trans_a else a, b.T if trans_b else b, out, alpha, beta):
             super().gemm(a, trans_a, b, trans_b, out, alpha, beta)
+
+    def solver_update(self, kind, w, g, rate, lr_mult, params=(), s1=None, s2=None, s3=None, copy=None):
+        # the momentum rule on MKL's threads (see Mkl.momentum), where it is TABLE's own line
+        if self._mkl is not None and kind == "momentum" and updates.TABLE.get(kind) is _MOMENTUM and s1 is not None:
+            if rate[1] == 0 or self._mkl.momentum(w, g, s1, float(rate[0]) * lr_mult, float(params[0])):
+                if copy is not None:
+                    self.cast(w, copy)
+                return
+        super().solver_update(kind, w, g, rate, lr_mult, params, s1, s2, s3, copy)
 
     def _work(self, ws, name, shape, dtype=None):
         # one buffer per name and dtype for every layer, grown to the largest size asked for: a network's layers
