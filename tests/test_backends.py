@@ -448,9 +448,10 @@ def test_cuda_tracks_peak_memory_in_use():
     del t
 
 
-def _cuda_graphs_and_eager():
-    """A cuda backend that records steps, one that runs them eagerly, and a batch of the default model's data."""
-    graphs, eager = backend_or_skip("cuda"), backend_or_skip("cuda", graphs=False)
+def _cuda_graphs_and_eager(**options):
+    """A cuda backend that records steps, one that runs them eagerly (both with ``options``), and a batch of the
+    default model's data."""
+    graphs, eager = backend_or_skip("cuda", **options), backend_or_skip("cuda", graphs=False, **options)
     ds = lp.data.digits()
     return graphs, eager, ds.x_train[:32], ds.y_train[:32]
 
@@ -476,8 +477,11 @@ def test_cuda_graphs_of_a_deleted_solver_are_not_replayed_for_a_new_one():
 
 @pytest.mark.cuda
 def test_cuda_graphs_of_two_live_solvers_alternating_equal_eager():
-    """Each recorded step owns its scratch memory: one solver's replay never writes another's tensors."""
-    graphs, eager, x, y = _cuda_graphs_and_eager()
+    """Each recorded step owns its scratch memory: one solver's replay never writes another's tensors. Both backends
+    keep only convolution plans that agree to 1e-5 (implicit GEMMs): plans chosen by timing on a busy GPU differ
+    between the two, and a max pooling's choice flipped by their rounding changes conv1's gradient far more than the
+    rounding itself."""
+    graphs, eager, x, y = _cuda_graphs_and_eager(conv_tolerance=1e-5)
     rules = ("momentum", "nesterov")  # adaptive rules would amplify plan-dependent rounding of tiny gradients
     pairs = {str(be.graphs): [_solver(be, dropout=False, solver=r) for r in rules] for be in (graphs, eager)}
     for _ in range(6):
