@@ -455,8 +455,8 @@ def test_a_solver_runs_the_momentum_update_on_mkl_and_a_registered_rule_in_its_p
     np.testing.assert_allclose(got, expect, rtol=1e-5)
     np.testing.assert_allclose(w_got, w_expect, rtol=1e-4, atol=1e-6)
     assert got[-1] < got[0]
-    if fake:  # fc1's 19,200 weights went through it, once a step
-        assert lib.cblas_saxpby.calls - before == 5
+    if fake:  # fc1's 19,200 weights went through it twice a step: its weight decay, its update
+        assert lib.cblas_saxpby.calls - before == 10
     builtin = updates.TABLE["momentum"]
     try:  # a line registered under the name replaces leafpy's momentum everywhere, MKL's update included
         w, g, h = updates.var("w"), updates.var("g"), updates.var("h")
@@ -465,3 +465,21 @@ def test_a_solver_runs_the_momentum_update_on_mkl_and_a_registered_rule_in_its_p
         assert np.all(frozen == frozen[0])
     finally:
         updates.register(builtin)
+
+
+def test_axpby_matches_float64_where_it_runs_and_leaves_the_rest_to_numpy(blas):
+    rng = np.random.default_rng(5)
+    n = mkl.MIN_UPDATE + 3
+    x, y = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    expect = 5e-4 * x.astype(np.float64) + 1.0 * y
+    assert blas.axpby(5e-4, x, 1.0, y)
+    np.testing.assert_allclose(y, expect, rtol=1e-6, atol=1e-7)
+    y[:] = np.nan
+    assert not blas.axpby(2.0, x, 0.0, y)  # beta 0: NumPy's, which ignores y
+    assert not blas.axpby(1.0, y, 0.5, y)  # overlapping
+    be = NativeBackend(blas="numpy")
+    be._mkl, be.xp = blas, blas.numpy
+    be.axpby(2.0, x, 0.0, y)
+    np.testing.assert_array_equal(y, 2.0 * x)
+    small = np.ones(10, np.float32)
+    be.axpby(0.5, small, 2.0, small.copy())  # small: NumPy's, no error

@@ -213,18 +213,30 @@ class Mkl:
         return True
 
 
+    def _vectors(self, out: Any, *ins: Any) -> bool:
+        """Whether level-1 products may take ``out`` (written) and ``ins``: float32 or float64 C-contiguous arrays
+        of one dtype and size, at least :data:`MIN_UPDATE` and under 2**31 elements, none overlapping another."""
+        arrays = (out, *ins)
+        if not all(isinstance(x, np.ndarray) and x.dtype == out.dtype and x.size == out.size and x.flags.c_contiguous
+                   for x in arrays) or out.dtype not in self._axpby or not MIN_UPDATE <= out.size < INT_LIMIT:
+            return False
+        return out.flags.writeable and not any(np.may_share_memory(a, b)
+                                               for i, a in enumerate(arrays) for b in arrays[i + 1:])
+
+    def axpby(self, alpha: float, x: Any, beta: float, y: Any) -> bool:
+        """``y = alpha * x + beta * y`` in one pass on MKL's threads (``?axpby``), where :meth:`_vectors` allows
+        (``beta`` 0 stays with NumPy: BLAS may read y there, NaN included); False, with nothing written, otherwise."""
+        if beta == 0.0 or not self._vectors(y, x):
+            return False
+        self._axpby[y.dtype](y.size, alpha, x.ctypes.data, 1, beta, y.ctypes.data, 1)
+        return True
+
     def momentum(self, w: Any, g: Any, h: Any, lr: float, momentum: float) -> bool:
         """The momentum rule's update, ``h = momentum * h + lr * g; w -= h``, as two level-1 products (``?axpby``,
         ``?axpy``) on MKL's threads: one pass less than NumPy's four, g left as it is, and both cores (the update is
-        bound by memory bandwidth, which one core does not exhaust). For three float32 or float64 C-contiguous
-        arrays of one size of at least :data:`MIN_UPDATE` and under 2**31 elements, none overlapping another; False,
-        with nothing written, otherwise."""
-        arrays = (w, g, h)
-        if not all(isinstance(x, np.ndarray) and x.dtype == w.dtype and x.size == w.size and x.flags.c_contiguous
-                   for x in arrays) or w.dtype not in self._axpby or not MIN_UPDATE <= w.size < INT_LIMIT:
-            return False
-        if not (w.flags.writeable and h.flags.writeable) or \
-                np.may_share_memory(w, g) or np.may_share_memory(w, h) or np.may_share_memory(g, h):
+        bound by memory bandwidth, which one core does not exhaust). Where :meth:`_vectors` allows (w, h written);
+        False, with nothing written, otherwise."""
+        if not (self._vectors(w, g, h) and h.flags.writeable):
             return False
         self._axpby[w.dtype](w.size, lr, g.ctypes.data, 1, momentum, h.ctypes.data, 1)
         self._axpy[w.dtype](w.size, -1.0, h.ctypes.data, 1, w.ctypes.data, 1)

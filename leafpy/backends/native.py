@@ -74,6 +74,10 @@ class NativeBackend(ArrayBackend):
         if self._mkl is None or not self._mkl.gemm(a.T if trans_a else a, b.T if trans_b else b, out, alpha, beta):
             super().gemm(a, trans_a, b, trans_b, out, alpha, beta)
 
+    def axpby(self, alpha, x, beta, y):
+        if self._mkl is None or not self._mkl.axpby(alpha, x, beta, y):  # (weight decay: one pass on MKL's threads)
+            super().axpby(alpha, x, beta, y)
+
     def solver_update(self, kind, w, g, rate, lr_mult, params=(), s1=None, s2=None, s3=None, copy=None):
         # the momentum rule on MKL's threads (see Mkl.momentum), where it is TABLE's own line
         if self._mkl is not None and kind == "momentum" and updates.TABLE.get(kind) is _MOMENTUM and s1 is not None:

@@ -47,16 +47,17 @@ class Device:
         self.emulated = chosen.info.get("adapter_type") == "CPU"
         features = self._features(set(chosen.features), precision, subgroups)
         opened = (request, tuple(features))
-        self.device = _DEVICES.get(opened)
-        if self.device is None:
+        device = _DEVICES.get(opened)
+        if device is None:
             limits = chosen.limits
             want = {k: limits[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size",
                                            "max-compute-workgroup-storage-size") if k in limits}
             try:
-                self.device = chosen.request_device_sync(required_limits=want, required_features=features)
+                device = chosen.request_device_sync(required_limits=want, required_features=features)
             except Exception as e:
                 raise BackendUnavailable(f"backend 'webgpu': could not open {self.adapter_name}: {e}") from e
-            _DEVICES[opened] = self.device
+            _DEVICES[opened] = device
+        self.device: Any = device
         self.key = f"webgpu:{id(self):x}"
         """The backend's name in SharedTensor's copies (its ``key``): its own, though the wgpu device may be shared
         (a copy holds its backend, so the name is not reused while a copy lives)."""
