@@ -33,16 +33,24 @@ def _matrix(letter, ptr, rows, cols, ld, trans):
     return x.T if trans else x
 
 
-class FakeGemm:
-    """cblas_?gemm / cblas_?gemm_batch_strided in float64 NumPy, row-major only; counts its calls."""
+class FakeEntry:
+    """A CBLAS entry point of the stand-in, in float64 NumPy: ``letter`` "s" or "d", ``variant`` its form; counts
+    its calls (ctypes' argtypes and restype are set on it as on a real one)."""
 
-    def __init__(self, letter, batched):
-        self.letter, self.batched, self.calls = letter, batched, 0
+    def __init__(self, letter, variant):
+        self.letter, self.variant, self.calls = letter, variant, 0
         self.argtypes = self.restype = None
 
     def __call__(self, *args):
         self.calls += 1
-        if self.batched:
+        self.run(*args)
+
+
+class FakeGemm(FakeEntry):
+    """cblas_?gemm (variant False) / cblas_?gemm_batch_strided (True), row-major only."""
+
+    def run(self, *args):
+        if self.variant:
             (order, ta, tb, m, n, k, alpha, pa, lda, sa, pb, ldb, sb, beta, pc, ldc, sc, count) = args
         else:
             (order, ta, tb, m, n, k, alpha, pa, lda, pb, ldb, beta, pc, ldc), (sa, sb, sc, count) = args, (0, 0, 0, 1)
@@ -56,17 +64,12 @@ class FakeGemm:
             c[...] = alpha * (a @ b) + beta * old
 
 
-class FakeAxpby:
-    """cblas_?axpby (y = alpha x + beta y; ?axpy: beta 1) in float64 NumPy, unit strides; counts its calls."""
+class FakeAxpby(FakeEntry):
+    """cblas_?axpby (variant True: y = alpha x + beta y) / cblas_?axpy (False: beta 1), unit strides."""
 
-    def __init__(self, letter, with_beta):
-        self.letter, self.with_beta, self.calls = letter, with_beta, 0
-        self.argtypes = self.restype = None
-
-    def __call__(self, *args):
-        self.calls += 1
+    def run(self, *args):
         n, alpha, px, incx, *rest = args
-        beta, py, incy = rest if self.with_beta else (1.0, *rest)
+        beta, py, incy = rest if self.variant else (1.0, *rest)
         assert incx == incy == 1
         x, y = (_matrix(self.letter, ptr, 1, n, n, False)[0] for ptr in (px, py))
         y[...] = alpha * x.astype(np.float64) + beta * y.astype(np.float64)
@@ -258,6 +261,22 @@ def test_mkl_runs_its_32_bit_interface_whatever_the_environment_asks():
     assert done.returncode == 0 and done.stdout.strip() == "ok", (done.returncode, done.stderr[-2000:])
 
 
+def _trained(be, cfg, x, y, steps, **fields):
+    """Losses of ``steps`` momentum steps of network ``cfg`` (log-probabilities of 10 classes) on one batch, and
+    the trained solver; ``fields``: the rest of the SolverConfig."""
+    batch = x.shape[0]
+    obj = lp.SequentialConfig(inputs=[("network_out", [batch, 10]), ("label", [batch, 1])])
+    obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=10)))
+    sol = lp.SolverConfig(network=lp.LayerConfig("net", cfg), objective=lp.LayerConfig("loss", obj),
+                          solver="momentum", momentum=0.9, **fields)
+    solver = lp.Solver.from_config(be, be, sol)
+    losses = []
+    for _ in range(steps):
+        solver.train_minibatch(x, y)
+        losses.append(solver.loss())
+    return np.array(losses), solver
+
+
 def _lenet_losses(be, steps=6):
     cfg = lp.SequentialConfig(inputs=[("data", [16, 1, 28, 28])])
     cfg.add_layer(lp.LayerConfig("conv1", lp.ConvolutionConfig(num_output=6, filter_shape=[5])))
@@ -268,19 +287,9 @@ def _lenet_losses(be, steps=6):
     cfg.add_layer(lp.LayerConfig("relu1", "ReLU"))
     cfg.add_layer(lp.LayerConfig("fc2", lp.LinearConfig(output_size=10)))
     cfg.add_layer(lp.LayerConfig("logsm", "LogSoftmax"))
-    obj = lp.SequentialConfig(inputs=[("network_out", [16, 10]), ("label", [16, 1])])
-    obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=10)))
-    sol = lp.SolverConfig(network=lp.LayerConfig("lenet", cfg), objective=lp.LayerConfig("loss", obj),
-                          solver="momentum", base_lr=0.05, momentum=0.9, weight_decay=5e-4, seed=5)
-    solver = lp.Solver.from_config(be, be, sol)
     rng = np.random.default_rng(11)
-    x = rng.random((16, 1, 28, 28), dtype=np.float32)
-    y = rng.integers(0, 10, 16)
-    losses = []
-    for _ in range(steps):
-        solver.train_minibatch(x, y)
-        losses.append(solver.loss())
-    return np.array(losses)
+    x, y = rng.random((16, 1, 28, 28), dtype=np.float32), rng.integers(0, 10, 16)
+    return _trained(be, cfg, x, y, steps, base_lr=0.05, weight_decay=5e-4, seed=5)[0]
 
 
 def test_a_network_trains_alike_on_either_blas(blas):
@@ -422,24 +431,16 @@ def test_the_momentum_update_is_the_same_to_the_bit_wherever_the_arrays_lie():
         np.testing.assert_array_equal(r, results[0])
 
 
-def _mlp_losses(be, rule="momentum", steps=5):
+def _mlp_losses(be, steps=5):
     cfg = lp.SequentialConfig(inputs=[("data", [32, 64])])
     cfg.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=300)))
     cfg.add_layer(lp.LayerConfig("relu1", "ReLU"))
     cfg.add_layer(lp.LayerConfig("fc2", lp.LinearConfig(output_size=10)))
     cfg.add_layer(lp.LayerConfig("logsm", "LogSoftmax"))
-    obj = lp.SequentialConfig(inputs=[("network_out", [32, 10]), ("label", [32, 1])])
-    obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=10)))
-    sol = lp.SolverConfig(network=lp.LayerConfig("mlp", cfg), objective=lp.LayerConfig("loss", obj),
-                          solver=rule, base_lr=0.1, momentum=0.9, weight_decay=1e-3, seed=2)
-    solver = lp.Solver.from_config(be, be, sol)
     rng = np.random.default_rng(12)
     x, y = rng.standard_normal((32, 64), dtype=np.float32), rng.integers(0, 10, 32)
-    losses = []
-    for _ in range(steps):
-        solver.train_minibatch(x, y)
-        losses.append(solver.loss())
-    return np.array(losses), solver.network.learnable_weights_data()[0].to_numpy()
+    losses, solver = _trained(be, cfg, x, y, steps, base_lr=0.1, weight_decay=1e-3, seed=2)
+    return losses, solver.network.learnable_weights_data()[0].to_numpy()
 
 
 def test_a_solver_runs_the_momentum_update_on_mkl_and_a_registered_rule_in_its_place(blas):
