@@ -212,7 +212,6 @@ class Mkl:
                              out.ctypes.data, ldc, stride_c, batch)
         return True
 
-
     def _vectors(self, out: Any, *ins: Any) -> bool:
         """Whether level-1 products may take ``out`` (written) and ``ins``: float32 or float64 C-contiguous arrays
         of one dtype and size, at least :data:`MIN_UPDATE` and under 2**31 elements, none overlapping another."""

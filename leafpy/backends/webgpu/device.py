@@ -21,9 +21,9 @@ _ADAPTERS: dict[tuple, Any] = {}
 _DEVICES: dict[tuple, Any] = {}
 """The wgpu devices opened in this process, by request and features. Every backend asking for the same adapter
 with the same features shares one: opening a device costs tens of milliseconds and driver resources (a process
-that opened a device for each of hundreds of backends crashed at exit on NVIDIA's Vulkan driver), and a device
-holds nothing of a backend's: each backend keeps its own tensors' key, buffers, encoder and caches, and its
-buffers go when it goes."""
+that opened one for each of its ~145 backends, the webgpu test suite, died at exit on NVIDIA's Vulkan driver;
+sharing them ended that), and a device holds nothing of a backend's: each backend keeps its own tensors' key,
+buffers, encoder and caches, and its buffers go when it goes. A lost device stays lost for all of them."""
 
 
 class Device:
