@@ -371,7 +371,7 @@ class NativeBackend(ArrayBackend):
             head = b * split
             parts = self._work(ws, "dw_parts", (b, k, o), dw.dtype)
             self.xp.matmul(cols[:, :head].reshape(k, b, split).transpose(1, 0, 2),
-                      dy_t[:, :head].reshape(o, b, split).transpose(1, 2, 0), out=parts)
+                           dy_t[:, :head].reshape(o, b, split).transpose(1, 2, 0), out=parts)
             np.sum(parts, axis=0, out=grad_t)
             if head < length:
                 grad_t += self.xp.matmul(cols[:, head:], dy_t[:, head:].T)
