@@ -43,6 +43,15 @@ def _host(dev):
     return dev.get()
 
 
+def _host_any(dev):
+    """A host copy of a device array of any layout (a channels-last view copied out in its logical order)."""
+    import cupy as cp
+
+    if dev.dtype.itemsize == 2:
+        return cp.ascontiguousarray(dev.view(np.uint16)).get().view(dev.dtype)
+    return cp.ascontiguousarray(dev).get()
+
+
 def _f64(a):
     return np.asarray(a).astype(np.float64)
 
@@ -504,43 +513,53 @@ def test_batch_norm(fmt, shape):
 @pytest.mark.cuda
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("mode", ["max", "avg"])
-def test_pooling(fmt, mode):
+@pytest.mark.parametrize("layout,channels,kernels", [("nchw", 2, {"pool_fwd", "pool_bwd"}),
+                                                     ("channels-last", 2, {"pool_fwd", "pool_bwd"}),
+                                                     ("channels-last", 16, {"pool_fwd8", "pool_bwd8"})],
+                         ids=["nchw", "channels-last", "channels-last-8"])
+def test_pooling(fmt, mode, layout, channels, kernels, monkeypatch):
+    """3x3 windows, stride 2, padding 1 (overlapping: an input's gradient adds up over windows), against float64;
+    16-bit channels-last tensors whose channels are a multiple of 8 take the 8-channel kernels."""
     be = backend_or_skip("cuda")
-    import cupy as cp
 
+    ran = set()
+    pool_kernel = be._pool_kernel
+    monkeypatch.setattr(be, "_pool_kernel", lambda name, *a: ran.add(name) or pool_kernel(name, *a))
     dtype, u = FORMATS[fmt]
     rng = np.random.default_rng(7)
-    shape, k, s, p = (2, 2, 7, 7), (3, 3), (2, 2), (1, 1)
-    # distinct values, exact in both formats: no ties for the maximum
-    x = _rounded((rng.permutation(98 * 2) - 98).reshape(shape) / 16.0, dtype)
+    shape, k, s, p = (2, channels, 7, 7), (3, 3), (2, 2), (1, 1)
+    place = _nhwc if layout == "channels-last" else _dev
+    # ties (values rounded to 16 bits) go to the window's first maximum in the kernels and in argmax alike
+    x = _rounded(rng.standard_normal(shape), dtype)
     win = _windows(_f64(x), 3, 3, s, p)
     pad_mask = _windows(np.ones(shape), 3, 3, s, p)
     oh = win.shape[2]
     flat = np.where(pad_mask > 0, win, -np.inf).reshape(*win.shape[:4], 9)
     y_ref = flat.max(axis=-1) if mode == "max" else win.reshape(*win.shape[:4], 9).sum(axis=-1) / 9
-    y = _empty(y_ref.shape, dtype)
-    mask = cp.empty(y_ref.shape, cp.int32) if mode == "max" else None
-    xd = _dev(x)
+    y = place(np.zeros(y_ref.shape, dtype))
+    mask = place(np.zeros(y_ref.shape, np.int32)) if mode == "max" else None
+    xd = place(x)
     be.pool2d(xd, y, mask, mode, k, s, p)
     be.synchronize()
-    _check(_host(y), y_ref, 2 * u * np.abs(y_ref) + 1e-7, f"{fmt} {mode} pool")
+    _check(_host_any(y), y_ref, 2 * u * np.abs(y_ref) + 1e-7, f"{fmt} {mode} pool")
     dy = _rounded(rng.standard_normal(y_ref.shape), dtype)
     dy64 = _f64(dy)
-    dxp = np.zeros((2, 2, 9, 9))
+    dxp = np.zeros((2, channels, 9, 9))
     arg = flat.argmax(axis=-1)
     for i in range(oh):
         for j in range(oh):
             for a in range(3):
                 for b in range(3):
-                    take = (arg[:, :, i, j] == a * 3 + b) if mode == "max" else np.full((2, 2), True)
+                    take = (arg[:, :, i, j] == a * 3 + b) if mode == "max" else np.full((2, channels), True)
                     share = 1.0 if mode == "max" else 1 / 9
                     dxp[:, :, i * 2 + a, j * 2 + b] += np.where(take, dy64[:, :, i, j] * share, 0.0)
     dx_ref = dxp[:, :, 1:8, 1:8]
-    dx = _empty(shape, dtype)
-    be.pool2d_grad(_dev(dy), dx, mask, mode, k, s, p)
+    dx = place(np.full(shape, np.nan, dtype))  # every element written, none left as it was
+    be.pool2d_grad(place(dy), dx, mask, mode, k, s, p)
     be.synchronize()
-    _check(_host(dx), dx_ref, 2 * u * np.abs(dx_ref) + 8 * 9 * F32_EPS * np.abs(dx_ref) + 1e-7,
+    _check(_host_any(dx), dx_ref, 2 * u * np.abs(dx_ref) + 8 * 9 * F32_EPS * np.abs(dx_ref) + 1e-7,
            f"{fmt} {mode} pool gradient")
+    assert ran == kernels
 
 
 @pytest.mark.cuda

@@ -45,6 +45,9 @@ struct Index { int x, y; };
 static Index blockDim = {1, 1}, blockIdx = {0, 0}, threadIdx = {0, 0}, gridDim = {1, 1};
 struct float4 { float x, y, z, w; };
 struct uint4 { unsigned int x, y, z, w; };
+struct int4 { int x, y, z, w; };
+static inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) { return {x, y, z, w}; }
+static inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
 struct ushort4 { unsigned short x, y, z, w; };
 static inline ushort4 make_ushort4(unsigned short x, unsigned short y, unsigned short z, unsigned short w) {
     return {x, y, z, w};
@@ -72,6 +75,14 @@ extern "C" void run_fwd(const S* x, S* y, int* mask, POOL_ARGS) {
 extern "C" void run_bwd(const S* dy, float* dx, const int* mask, POOL_ARGS) {
     for (int t = 0; t < total; ++t) { blockIdx.x = t; pool_bwd(dy, dx, mask, POOL_VALUES); }
 }
+#if defined(CHANNELS_LAST) && defined(LOWP)
+extern "C" void run_fwd8(const uint4* x, uint4* y, int4* mask, POOL_ARGS) {
+    for (int t = 0; t < total; ++t) { blockIdx.x = t; pool_fwd8(x, y, mask, POOL_VALUES); }
+}
+extern "C" void run_bwd8(const uint4* dy, uint4* dx, const int4* mask, POOL_ARGS) {
+    for (int t = 0; t < total; ++t) { blockIdx.x = t; pool_bwd8(dy, dx, mask, POOL_VALUES); }
+}
+#endif
 """
 
 CASES = [  # (N, C, H, W), kernel, stride, padding
@@ -272,10 +283,52 @@ def test_cuda_pooling_kernels_on_the_cpu(compiled, case, fmt, channels_last, mod
     np.testing.assert_allclose(_logical(dx, shape, channels_last), dx_ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("mode", ["max", "average"])
+@pytest.mark.parametrize("channels", [8, 24])
+@pytest.mark.parametrize("case", CASES + EXTRA_CASES,
+                         ids=["3x3s2p1", "2x2s2", "2x3s1x2p0x1", "ceil", "ceil-exclude-pad", "pad-end"])
+def test_cuda_8_channel_pooling_kernels_on_the_cpu(compiled, case, channels, mode):
+    """pool_fwd8 and pool_bwd8 (bfloat16, channels-last, a thread per 8 channels; the gradient gathered over the
+    windows and rounded once) against float64: the native backend's layer, or the loops above."""
+    (n, _, h, w), kernel, stride, padding, *extra = case
+    pad_end, ceil_mode, count_pad = extra or (padding, False, True)
+    shape = (n, channels, h, w)
+    is_max = mode == "max"
+    lib = compiled[("bf16", True)]
+    rng = np.random.default_rng(channels)
+    x = rng.standard_normal(shape).astype(ml_dtypes.bfloat16)
+    dy_of = None
+    if extra or not is_max:
+        y_ref, dy_of = _native_pooling(x.astype(np.float64), mode, kernel, stride, padding, pad_end, ceil_mode,
+                                       count_pad)
+    else:
+        y_ref = _reference(x.astype(np.float64), kernel, stride, padding, is_max)
+    oh, ow = y_ref.shape[2:]
+    total = n * channels * oh * ow
+    bounds = (-padding[0], -padding[1], h + pad_end[0], w + pad_end[1]) if count_pad else (0, 0, h, w)
+    geometry = (h, w, oh, ow, *kernel, *stride, *padding, int(is_max), *bounds)
+    ym = np.zeros(total, ml_dtypes.bfloat16)
+    mask = np.full(total, -1, np.int32)
+    lib.run_fwd8(_ptr(_memory(x, True)), _ptr(ym), _ptr(mask),
+                 *(ctypes.c_int(v) for v in (total // 8, channels // 8, *geometry)))
+    u = 2.0 ** -8
+    np.testing.assert_allclose(_logical(ym, y_ref.shape, True).astype(np.float64), y_ref, rtol=2 * u, atol=2 * u)
+    dy = rng.standard_normal(y_ref.shape).astype(ml_dtypes.bfloat16)
+    dx = np.zeros(x.size, ml_dtypes.bfloat16)
+    lib.run_bwd8(_ptr(_memory(dy, True)), _ptr(dx), _ptr(mask),
+                 *(ctypes.c_int(v) for v in (x.size // 8, channels // 8, *geometry)))
+    if dy_of is not None:
+        dx_ref = dy_of(dy.astype(np.float64))
+    else:
+        dx_ref = _reference_grad(x.astype(np.float64), dy.astype(np.float64), kernel, stride, padding, is_max)
+    np.testing.assert_allclose(_logical(dx, shape, True).astype(np.float64), dx_ref, rtol=2 * u, atol=2 * u)
+
+
 def test_the_shims_cover_what_the_pooling_source_calls():
     # every CUDA built-in the pooling kernels call has a CPU stand-in above (a new one would fail to compile here)
     called = set(re.findall(r"\b(__\w+|atomic\w+)\s*\(", _POOL_SOURCE))
     assert called <= {"__int_as_float", "atomicAdd"}, called
+    assert set(re.findall(r"\bmake_(\w+)\s*\(", _POOL_SOURCE)) <= {"uint4", "int4"}
 
 
 @pytest.mark.parametrize("fmt", ["f32", "bf16"])

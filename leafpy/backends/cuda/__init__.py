@@ -928,6 +928,15 @@ class CudaBackend(ArrayBackend):
             return self._pool_module.get_function(name)
         return self._low_module("pool", fmt or "f32", channels_last).get_function(name)
 
+    POOL_VECTORS = True
+    """16-bit channels-last pooling with channels a multiple of 8 runs :data:`_POOL_SOURCE`'s 8-channel kernels
+    (``pool_fwd8``, and ``pool_bwd8``, which gathers each input's gradient and writes it once)."""
+
+    def _pool8(self, fmt: str | None, layout: bool, *arrays: Any) -> bool:
+        """Whether a pooling pass over ``arrays`` (x or dx first) takes the 8-channel kernels."""
+        return (self.POOL_VECTORS and fmt is not None and layout and arrays[0].shape[1] % 8 == 0
+                and all(a.data.ptr % 16 == 0 for a in arrays if a is not None))
+
     def pool2d(self, x, out, mask, mode, kernel, stride, padding, pad_end=None, count_pad=True):
         fmt = self._pool_format("pool2d", x, out)
         if fmt is None and x.dtype != np.float32:
@@ -935,8 +944,11 @@ class CudaBackend(ArrayBackend):
         layout = bool(self._layout_of(x, out, mask))  # a mix was converted (ONE_LAYOUT)
         total, args = self._pool_args(x.shape, out.shape, kernel, stride, padding, mode == "max", pad_end, count_pad)
         m = mask if mask is not None else out  # unused for average pooling
-        self._pool_kernel("pool_fwd", fmt, layout)(((total + 255) // 256,), (256,), (as_stored(x), as_stored(out),
-                                                                                     m) + args)
+        name = "pool_fwd"
+        if self._pool8(fmt, layout, x, out, mask):
+            name, total, args = "pool_fwd8", total // 8, (np.int32(total // 8), np.int32(x.shape[1] // 8)) + args[2:]
+        self._pool_kernel(name, fmt, layout)(((total + 255) // 256,), (256,), (as_stored(x), as_stored(out), m)
+                                             + args)
 
     def pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding, pad_end=None, count_pad=True):
         fmt = self._pool_format("pool2d_grad", dy, dx)
@@ -945,6 +957,11 @@ class CudaBackend(ArrayBackend):
         layout = bool(self._layout_of(dy, dx, mask))
         total, args = self._pool_args(dx.shape, dy.shape, kernel, stride, padding, mode == "max", pad_end, count_pad)
         m = mask if mask is not None else dy
+        if self._pool8(fmt, layout, dx, dy, mask):  # a thread per 8 channels of dx, gathering
+            groups = dx.size // 8
+            self._pool_kernel("pool_bwd8", fmt, layout)(((groups + 255) // 256,), (256,), (
+                as_stored(dy), as_stored(dx), m, np.int32(groups), np.int32(dx.shape[1] // 8)) + args[2:])
+            return
         # 16-bit gradients are added up in float32 scratch (in dx's memory order), then rounded once
         acc = dx if fmt is None else self.xp.empty_like(dx, dtype=np.float32)
         self._clear(acc)

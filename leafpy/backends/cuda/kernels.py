@@ -84,6 +84,89 @@ extern "C" __global__ void pool_bwd(const S* dy, float* dx, const int* mask, int
         }
     }
 }
+#if defined(CHANNELS_LAST) && defined(LOWP)
+// 16-bit channels-last tensors whose channels are a multiple of 8, 16-byte aligned: a thread takes 8 consecutive
+// channels of one position (one 16-byte load or store of activations, two of the mask), so the index arithmetic
+// runs once per 8 elements. C is the number of 8-channel groups; `total` counts groups of y (forward) or of x
+// (gradient).
+__device__ __forceinline__ void unpack8(uint4 v, float* f) {
+    const unsigned int u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) { f[2 * k] = LD((S)(u[k] & 0xffffu)); f[2 * k + 1] = LD((S)(u[k] >> 16)); }
+}
+__device__ __forceinline__ uint4 pack8(const float* f) {
+    unsigned int u[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) u[k] = (unsigned int)ST(f[2 * k]) | ((unsigned int)ST(f[2 * k + 1]) << 16);
+    return make_uint4(u[0], u[1], u[2], u[3]);
+}
+extern "C" __global__ void pool_fwd8(const uint4* x, uint4* y, int4* mask, int total, int C, int H, int W,
+        int OH, int OW, int kh, int kw, int sh, int sw, int ph, int pw, int is_max, int lh, int lw, int hh, int hw) {
+    int i = blockDim.x * blockIdx.x + threadIdx.x;
+    if (i >= total) return;
+    POOL_GEOMETRY
+    const uint4* src = x + plane;
+    int h0 = oh * sh - ph, w0 = ow * sw - pw;
+    float best[8], v[8];
+    int arg[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) { best[k] = is_max ? __int_as_float(0xff800000) : 0.f; arg[k] = 0; }
+    for (int a = max(-h0, 0); a < min(kh, H - h0); ++a) {  // the window's positions inside the input; the padding
+        for (int b = max(-w0, 0); b < min(kw, W - w0); ++b) {  // neither wins a maximum nor adds to a sum
+            unpack8(src[ELEMENT(h0 + a, w0 + b)], v);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                if (is_max) { if (v[k] > best[k]) { best[k] = v[k]; arg[k] = a * kw + b; } } else { best[k] += v[k]; }
+            }
+        }
+    }
+    if (is_max) {
+        mask[2 * i] = make_int4(arg[0], arg[1], arg[2], arg[3]);
+        mask[2 * i + 1] = make_int4(arg[4], arg[5], arg[6], arg[7]);
+    } else {
+        const float d = POOL_DIVISOR(h0, w0);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) best[k] /= d;
+    }
+    y[i] = pack8(best);
+}
+// the gradient gathered: a thread per 8 channels of one input position adds the gradients of the windows that hold
+// the position (those whose maximum it was, for max pooling) in float32 and writes them once, rounded (no scratch
+// to clear, add into atomically and round, as pool_bwd needs)
+extern "C" __global__ void pool_bwd8(const uint4* dy, uint4* dx, const int4* mask, int total, int C, int H, int W,
+        int OH, int OW, int kh, int kw, int sh, int sw, int ph, int pw, int is_max, int lh, int lw, int hh, int hw) {
+    int i = blockDim.x * blockIdx.x + threadIdx.x;
+    if (i >= total) return;
+    const int c = i % C, w = (i / C) % W, h = (i / (C * W)) % H;
+    const long long n = i / (C * W * H);
+    const int ah = h + ph - kh + 1, aw = w + pw - kw + 1;  // the windows over (h, w): oh0..oh1 by ow0..ow1
+    const int oh0 = ah <= 0 ? 0 : (ah + sh - 1) / sh, oh1 = min((h + ph) / sh, OH - 1);
+    const int ow0 = aw <= 0 ? 0 : (aw + sw - 1) / sw, ow1 = min((w + pw) / sw, OW - 1);
+    float g[8], d[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) g[k] = 0.f;
+    for (int oh = oh0; oh <= oh1; ++oh) {
+        const int h0 = oh * sh - ph;
+        for (int ow = ow0; ow <= ow1; ++ow) {
+            const int w0 = ow * sw - pw;
+            const long long j = ((n * OH + oh) * OW + ow) * C + c;
+            unpack8(dy[j], d);
+            if (is_max) {
+                const int at = (h - h0) * kw + (w - w0);
+                const int4 m0 = mask[2 * j], m1 = mask[2 * j + 1];
+                const int m[8] = {m0.x, m0.y, m0.z, m0.w, m1.x, m1.y, m1.z, m1.w};
+#pragma unroll
+                for (int k = 0; k < 8; ++k) if (m[k] == at) g[k] += d[k];
+            } else {
+                const float q = POOL_DIVISOR(h0, w0);
+#pragma unroll
+                for (int k = 0; k < 8; ++k) g[k] += d[k] / q;
+            }
+        }
+    }
+    dx[i] = pack8(g);
+}
+#endif
 """
 
 
