@@ -1,4 +1,4 @@
-# make test: set up a virtual environment from nothing and run the test suite.
+# make test: set up a virtual environment from nothing and run the test suite (on two pytest-xdist workers).
 # make demo: train the default model (configs/digits_lenet.yaml) on the native backend with the bundled data.
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -38,7 +38,7 @@ browser:
 
 test: $(STAMP) vulkan browser
 	$(PY) -m mypy
-	$(PY) -m pytest -q --durations=25 tests
+	$(PY) -m pytest -q -n 2 --durations=25 tests
 
 demo: $(STAMP)
 	$(VENV)/bin/leafpy train configs/digits_lenet.yaml --backend native --out runs/demo --overwrite
