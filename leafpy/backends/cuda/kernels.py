@@ -41,8 +41,10 @@ _POOL_SOURCE = r"""
 // count_include_pad), or the input only
 #define POOL_DIVISOR(h0, w0) \
     (float)max((min(h0 + kh, hh) - max(h0, lh)) * (min(w0 + kw, hw) - max(w0, lw)), 1)
-extern "C" __global__ void pool_fwd(const S* x, S* y, int* mask, int total, int C, int H, int W,
-        int OH, int OW, int kh, int kw, int sh, int sw, int ph, int pw, int is_max, int lh, int lw, int hh, int hw) {
+// every pooling kernel's geometry parameters, after its arrays
+#define POOL_PARAMS int total, int C, int H, int W, int OH, int OW, int kh, int kw, int sh, int sw, int ph, int pw, \
+    int is_max, int lh, int lw, int hh, int hw
+extern "C" __global__ void pool_fwd(const S* x, S* y, int* mask, POOL_PARAMS) {
     int i = blockDim.x * blockIdx.x + threadIdx.x;
     if (i >= total) return;
     POOL_GEOMETRY
@@ -65,8 +67,7 @@ extern "C" __global__ void pool_fwd(const S* x, S* y, int* mask, int total, int 
 // H200 than one thread per input element gathering over its windows, and on an H100 for 16-bit AlexNet with the
 // clearing and rounding counted); dx is float32 for every format (16-bit activations' gradients are added up
 // there and rounded once)
-extern "C" __global__ void pool_bwd(const S* dy, float* dx, const int* mask, int total, int C, int H, int W,
-        int OH, int OW, int kh, int kw, int sh, int sw, int ph, int pw, int is_max, int lh, int lw, int hh, int hw) {
+extern "C" __global__ void pool_bwd(const S* dy, float* dx, const int* mask, POOL_PARAMS) {
     int i = blockDim.x * blockIdx.x + threadIdx.x;
     if (i >= total) return;
     POOL_GEOMETRY
@@ -100,8 +101,7 @@ __device__ __forceinline__ uint4 pack8(const float* f) {
     for (int k = 0; k < 4; ++k) u[k] = (unsigned int)ST(f[2 * k]) | ((unsigned int)ST(f[2 * k + 1]) << 16);
     return make_uint4(u[0], u[1], u[2], u[3]);
 }
-extern "C" __global__ void pool_fwd8(const uint4* x, uint4* y, int4* mask, int total, int C, int H, int W,
-        int OH, int OW, int kh, int kw, int sh, int sw, int ph, int pw, int is_max, int lh, int lw, int hh, int hw) {
+extern "C" __global__ void pool_fwd8(const uint4* x, uint4* y, int4* mask, POOL_PARAMS) {
     int i = blockDim.x * blockIdx.x + threadIdx.x;
     if (i >= total) return;
     POOL_GEOMETRY
@@ -133,8 +133,7 @@ extern "C" __global__ void pool_fwd8(const uint4* x, uint4* y, int4* mask, int t
 // the gradient gathered: a thread per 8 channels of one input position adds the gradients of the windows that hold
 // the position (those whose maximum it was, for max pooling) in float32 and writes them once, rounded (no scratch
 // to clear, add into atomically and round, as pool_bwd needs)
-extern "C" __global__ void pool_bwd8(const uint4* dy, uint4* dx, const int4* mask, int total, int C, int H, int W,
-        int OH, int OW, int kh, int kw, int sh, int sw, int ph, int pw, int is_max, int lh, int lw, int hh, int hw) {
+extern "C" __global__ void pool_bwd8(const uint4* dy, uint4* dx, const int4* mask, POOL_PARAMS) {
     int i = blockDim.x * blockIdx.x + threadIdx.x;
     if (i >= total) return;
     const int c = i % C, w = (i / C) % W, h = (i / (C * W)) % H;
