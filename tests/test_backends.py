@@ -585,13 +585,14 @@ def test_webgpu_convolution_in_batch_chunks_matches_native(monkeypatch, implicit
 
 @pytest.mark.webgpu
 @pytest.mark.parametrize("kernel,n,padding,size,dispatches", [
-    (3, 3, 1, 7, 4), (3, 3, 1, 6, 4), (3, 3, 0, 9, 4), (3, 3, 2, 5, 4), (3, 2, 1, 45, 5),
+    (3, 3, 1, 7, 4), (3, 3, 1, 6, 4), (3, 3, 1, 8, 4), (3, 3, 0, 9, 4), (3, 3, 2, 5, 4), (3, 2, 1, 67, 5),
+    (3, 2, 1, 45, 4),
     (5, 3, 2, 7, 4), (5, 3, 1, 8, 4), (5, 2, 0, 9, 4), (5, 2, 4, 3, 4)])
 def test_webgpu_winograd_convolution_matches_native(monkeypatch, kernel, n, padding, size, dispatches):
-    """3x3 and 5x5 stride-1 convolutions with enough channels run all three passes as Winograd F(2x2, 3x3) and
-    F(2x2, 5x5): odd and even outputs (a last block half outside), each padding the data gradient can mirror, a
-    bias in the output transform; with 1058 blocks the filter gradient's batched GEMM splits K (and sums the
-    splits)."""
+    """3x3 and 5x5 stride-1 convolutions with enough channels run all three passes as Winograd F(4x4, 3x3) and
+    F(2x2, 5x5): outputs of each size modulo the block (a last block partly outside), each padding the data gradient
+    can mirror, a bias in the output transform; with 578 blocks (3x3 at 67x67) the filter gradient's batched GEMM
+    splits K (and sums the splits), with 288 (45x45) it does not."""
     be = backend_or_skip("webgpu", power_preference="low-power")  # a separate instance whose threshold we can lower
     monkeypatch.setattr(be, "WINOGRAD_MIN_CHANNELS", 5)
     counts = _convolution_passes_match_native(be, n, 6, 5, size, seed=padding, padding=padding, bias=True,
@@ -599,6 +600,19 @@ def test_webgpu_winograd_convolution_matches_native(monkeypatch, kernel, n, padd
     assert counts == (4, 4, dispatches), "two transforms, one batched GEMM (and a sum of splits), a transform"
     monkeypatch.setattr(be, "winograd", False)
     assert _convolution_passes_match_native(be, n, 6, 5, size, padding=padding, bias=True, kernel=kernel)[:2] == (1, 2)
+
+
+@pytest.mark.webgpu
+@pytest.mark.parametrize("n,padding,size,dispatches", [(3, 1, 7, 4), (3, 0, 6, 4), (2, 1, 45, 5)])
+def test_webgpu_winograd_2x2_blocks_for_3x3_windows(monkeypatch, n, padding, size, dispatches):
+    """With ``winograd_f4x4`` off, 3x3 windows run F(2x2, 3x3) (the float16-tile path's algorithm): 1058 blocks at
+    45x45 split the filter gradient's K."""
+    be = backend_or_skip("webgpu", power_preference="low-power")
+    monkeypatch.setattr(be, "WINOGRAD_MIN_CHANNELS", 5)
+    monkeypatch.setattr(be, "winograd_f4x4", False)
+    counts = _convolution_passes_match_native(be, n, 6, 5, size, seed=padding, padding=padding, bias=True,
+                                              kernel=3, rtol=5e-4, atol=5e-5)
+    assert counts == (4, 4, dispatches)
 
 
 @pytest.mark.webgpu

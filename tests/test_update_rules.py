@@ -218,3 +218,42 @@ def test_the_cuda_float4_and_elementwise_updates_agree(lion, kind):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=f"{case}: {name}")
     for name, a, b in zip(("w", *rule.state), got["aligned", (65540,)], got["unaligned", (65540,)]):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6, err_msg=f"{kind}: {name}, float4 vs one per thread")
+
+
+@pytest.mark.webgpu
+@pytest.mark.parametrize("kind", [*updates.TABLE, "lion"])
+def test_a_webgpu_float16_update_writes_the_weights_copy_in_its_own_pass(lion, kind):
+    """Under precision "fp16" every rule (Lion added at run time: the float16 module is built again) runs as its
+    update16 twin, which stores the float16 copy of the updated weight as it stores the weight: the weight and the
+    state as the native backend's float32 update, the copy the weight rounded to nearest even (NumPy's cast), no
+    second pass (no to_f16 dispatch); a skipped step (rate[1] == 0) changes no bit of the weight, state or copy."""
+    be = backend_or_skip("webgpu", precision="fp16")
+    rule = updates.rule(kind)
+    params = tuple(UPDATE_PARAMS[p] for p in rule.params)
+    w, g, *state = _operands(rule, (70001,))  # more than one workgroup row of the dispatch grid
+    stale = np.full(w.shape, 0.5, np.float16)
+    for applies in (0.0, 1.0):
+        rate = lp.SharedTensor.from_numpy(np.array([0.01, applies, 0.02], np.float32))
+        tw, tg, *ts = (lp.SharedTensor.from_numpy(a) for a in (w, g, *state))
+        copy = lp.SharedTensor.from_numpy(stale, np.float16)
+        bufs = [t.read_write(be) for t in (tw, tg, *ts)]
+        entries = []
+        dispatch = be.enc.dispatch
+        be.enc.dispatch = lambda module, entry, *a, **k: entries.append(entry) or dispatch(module, entry, *a, **k)
+        try:
+            be.solver_update(kind, bufs[0], bufs[1], rate.read(be), 2.0, params, *bufs[2:],
+                             copy=copy.read_write(be))
+        finally:
+            be.enc.dispatch = dispatch
+        assert entries == [f"{rule.name}_update_h"], entries
+        got = [t.to_numpy() for t in (tw, *ts)]
+        if not applies:
+            assert all(np.array_equal(a, b) for a, b in zip(got, [w, *state])), f"{kind}: a skipped step wrote"
+            np.testing.assert_array_equal(copy.to_numpy().view(np.uint16), stale.view(np.uint16))
+            continue
+        want = [w.copy(), *(s.copy() for s in state)]
+        NativeBackend(np.float32).solver_update(kind, want[0], g.copy(), np.array([0.01, 1.0, 0.02], np.float32),
+                                                2.0, params, *want[1:])
+        for name, a, b in zip(("w", *rule.state), got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=f"{kind}: {name}")
+        np.testing.assert_array_equal(copy.to_numpy().view(np.uint16), got[0].astype(np.float16).view(np.uint16))

@@ -314,12 +314,13 @@ def test_replayed_steps_and_inference_between_them_read_the_current_master_weigh
     assert fp16.replays - replays == 3, "steps after the second replay their recording"
 
 
-def test_activations_and_bias_add_run_in_float16_kernels(fp16):
+@pytest.mark.parametrize("shape", [(4, 3, 5), (3, 7, 1001)])  # one partial workgroup; 20 of 1024 and a part
+def test_activations_and_bias_add_run_in_float16_kernels(fp16, shape):
     """One dispatch each (no conversions around a float32 kernel), in place and out of place, against float64."""
     rng = np.random.default_rng(5)
-    x = _low(rng.standard_normal((4, 3, 5)), F16)
-    dy = _low(rng.standard_normal((4, 3, 5)), F16)
-    bias = _low(rng.standard_normal(3), F16)
+    x = _low(rng.standard_normal(shape), F16)
+    dy = _low(rng.standard_normal(shape), F16)
+    bias = _low(rng.standard_normal(shape[1]), F16)
     tx, bx = _upload(fp16, x)
     tdy, bdy = _upload(fp16, dy)
     ty = lp.SharedTensor(x.shape, np.float16)
@@ -408,16 +409,24 @@ def test_convolution_runs_as_float16_implicit_gemms(fp16, n, c, o, size, kernel,
 
 
 # --- Winograd convolutions ------------------------------------------------------------------------------------------
-# F(2x2, RxR)'s matrices (Lavin and Gray; winograd.wgsl's comments): B^T, G and A^T for R = 3 and R = 5
+# F(MxM, RxR)'s matrices (Lavin and Gray; winograd.wgsl's comments): B^T, G and A^T, by (M, R). F(4x4, 3x3) and
+# F(2x2, 5x5) share their points (0, +-1, +-2, infinity) and so B^T.
+_BT6 = np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0], [0, -2, -1, 2, 1, 0],
+                 [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]], np.float64)
 _WINOGRAD = {
-    3: (np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64),
-        np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]]),
-        np.array([[1, 1, 1, 0], [0, 1, -1, -1]], np.float64)),
-    5: (np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0], [0, -2, -1, 2, 1, 0],
-                  [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]], np.float64),
-        np.array([[1 / 4, 0, 0, 0, 0], [-1 / 6] * 5, [-1 / 6, 1 / 6, -1 / 6, 1 / 6, -1 / 6],
-                  [1 / 24, 1 / 12, 1 / 6, 1 / 3, 2 / 3], [1 / 24, -1 / 12, 1 / 6, -1 / 3, 2 / 3], [0, 0, 0, 0, 1]]),
-        np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 1]], np.float64)),
+    (2, 3): (np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64),
+             np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]]),
+             np.array([[1, 1, 1, 0], [0, 1, -1, -1]], np.float64)),
+    (4, 3): (_BT6,
+             np.array([[1 / 4, 0, 0], [-1 / 6] * 3, [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
+                       [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]]),
+             np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]],
+                      np.float64)),
+    (2, 5): (_BT6,
+             np.array([[1 / 4, 0, 0, 0, 0], [-1 / 6] * 5, [-1 / 6, 1 / 6, -1 / 6, 1 / 6, -1 / 6],
+                       [1 / 24, 1 / 12, 1 / 6, 1 / 3, 2 / 3], [1 / 24, -1 / 12, 1 / 6, -1 / 3, 2 / 3],
+                       [0, 0, 0, 0, 1]]),
+             np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 1]], np.float64)),
 }
 EPS32 = 2.0**-24
 TRANSFORM_STEPS = 26
@@ -428,30 +437,30 @@ WINOGRAD_Z = 4.0
 below 1.8 sigma (their rms is 0.27 sigma: the estimate is conservative)."""
 
 
-def _tiles(x, pad: int, r: int, oh: int, ow: int):
-    """x's (R+1)x(R+1) patches under each 2x2 block of an OH x OW output: [N][C][TH][TW][R+1][R+1]."""
+def _tiles(x, pad: int, r: int, oh: int, ow: int, m: int):
+    """x's (M+R-1)x(M+R-1) patches under each MxM block of an OH x OW output: [N][C][TH][TW][M+R-1][M+R-1]."""
     n, c, h, wd = x.shape
-    th, tw = -(-oh // 2), -(-ow // 2)
-    xp = np.zeros((n, c, 2 * th + r - 1, 2 * tw + r - 1))
+    th, tw, t = -(-oh // m), -(-ow // m), m + r - 1
+    xp = np.zeros((n, c, m * th + r - 1, m * tw + r - 1))
     xp[:, :, pad:pad + h, pad:pad + wd] = x
-    return np.stack([np.stack([xp[:, :, 2 * i:2 * i + r + 1, 2 * j:2 * j + r + 1] for j in range(tw)], 2)
+    return np.stack([np.stack([xp[:, :, m * i:m * i + t, m * j:m * j + t] for j in range(tw)], 2)
                      for i in range(th)], 2)
 
 
-def _winograd_forward(x, w, pad: int, power: int = 1):
-    """The correlation of x with w [O][C][R][R] padded by ``pad``, as Winograd F(2x2, RxR) in float64 with every
+def _winograd_forward(x, w, pad: int, m: int, power: int = 1):
+    """The correlation of x with w [O][C][R][R] padded by ``pad``, as Winograd F(MxM, RxR) in float64 with every
     matrix and value raised to ``power``: power 1 is the algorithm itself, power 2 the sum of the squares of every
     term of its expansion (what independent roundings add up to in quadrature)."""
-    bt, g, at = (m**power for m in _WINOGRAD[w.shape[2]])
     r = w.shape[2]
+    bt, g, at = (a**power for a in _WINOGRAD[m, r])
     oh, ow = x.shape[2] + 2 * pad - r + 1, x.shape[3] + 2 * pad - r + 1
     u = np.einsum("ai,ocij,bj->ocab", g, w**power, g)
-    v = np.einsum("ai,ncyxij,bj->ncyxab", bt, _tiles(x, pad, r, oh, ow)**power, bt)
+    v = np.einsum("ai,ncyxij,bj->ncyxab", bt, _tiles(x, pad, r, oh, ow, m)**power, bt)
     y = np.einsum("pa,ocab,ncyxab,qb->noypxq", at, u, v, at)
-    return y.reshape(x.shape[0], w.shape[0], 2 * y.shape[2], 2 * y.shape[4])[:, :, :oh, :ow]
+    return y.reshape(x.shape[0], w.shape[0], m * y.shape[2], m * y.shape[4])[:, :, :oh, :ow]
 
 
-def _winograd_sigmas(x, w, dy, pad: int) -> tuple:
+def _winograd_sigmas(x, w, dy, pad: int, m: int) -> tuple:
     """Estimated standard deviations of the float32 Winograd path's errors in y, dx and dw (each element): the
     roundings of 2**-24 relative at the K + TRANSFORM_STEPS steps of a path, independent, add in quadrature
     (Higham, Accuracy and Stability of Numerical Algorithms, 2.8): 2**-24 sqrt(K + TRANSFORM_STEPS) times the root
@@ -460,16 +469,17 @@ def _winograd_sigmas(x, w, dy, pad: int) -> tuple:
     n, c = x.shape[:2]
     o, r = w.shape[0], w.shape[2]
     oh, ow = dy.shape[2:]
-    sigma_y = EPS32 * np.sqrt(c + TRANSFORM_STEPS) * np.sqrt(_winograd_forward(x, w, pad, power=2))
+    sigma_y = EPS32 * np.sqrt(c + TRANSFORM_STEPS) * np.sqrt(_winograd_forward(x, w, pad, m, power=2))
     flipped = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)  # the data gradient: dy through w rotated, channels swapped
-    sigma_dx = EPS32 * np.sqrt(o + TRANSFORM_STEPS) * np.sqrt(_winograd_forward(dy, flipped, r - 1 - pad, power=2))
-    bt, g, at = (m**2 for m in _WINOGRAD[r])
-    th, tw = -(-oh // 2), -(-ow // 2)
-    blocks = np.zeros((n, o, 2 * th, 2 * tw))
+    sigma_dx = EPS32 * np.sqrt(o + TRANSFORM_STEPS) * np.sqrt(_winograd_forward(dy, flipped, r - 1 - pad, m,
+                                                                                  power=2))
+    bt, g, at = (a**2 for a in _WINOGRAD[m, r])
+    th, tw = -(-oh // m), -(-ow // m)
+    blocks = np.zeros((n, o, m * th, m * tw))
     blocks[:, :, :oh, :ow] = dy**2
-    blocks = blocks.reshape(n, o, th, 2, tw, 2).transpose(0, 1, 2, 4, 3, 5)
+    blocks = blocks.reshape(n, o, th, m, tw, m).transpose(0, 1, 2, 4, 3, 5)
     z = np.einsum("ia,noyxij,jb->noyxab", at, blocks, at)  # A dy A^T, squared
-    v = np.einsum("ai,ncyxij,bj->ncyxab", bt, _tiles(x, pad, r, oh, ow)**2, bt)
+    v = np.einsum("ai,ncyxij,bj->ncyxab", bt, _tiles(x, pad, r, oh, ow, m)**2, bt)
     du = np.einsum("noyxab,ncyxab->ocab", z, v)
     sigma_dw = EPS32 * np.sqrt(n * th * tw + TRANSFORM_STEPS) * np.sqrt(np.einsum("ai,ocab,bj->ocij", g, du, g))
     return sigma_y, sigma_dx, sigma_dw
@@ -505,11 +515,12 @@ def test_winograd_convolutions_in_float16_against_float64(fp16, monkeypatch, n, 
     dy = _low(rng.standard_normal(y_ref.shape), F16)
     dw0 = _low(rng.standard_normal(w.shape), F16)
     dx_ref, dw_ref, _ = reference.conv2d_backward(x, w, dy, stride, padding)
-    np.testing.assert_allclose(_winograd_forward(x, w, pad), y_ref - b.reshape(1, -1, 1, 1), atol=1e-9)
-    sigmas = _winograd_sigmas(x, w, dy, pad)
+    m = fp16.winograd_block(kernel)  # F(4x4, 3x3) and F(2x2, 5x5)
+    np.testing.assert_allclose(_winograd_forward(x, w, pad, m), y_ref - b.reshape(1, -1, 1, 1), atol=1e-9)
+    sigmas = _winograd_sigmas(x, w, dy, pad, m)
     if chunked:
-        blocks = (-(-(size + 2 * pad - kernel + 1) // 2)) ** 2  # per sample
-        monkeypatch.setattr(fp16, "WINOGRAD_SCRATCH", 4 * (kernel + 1) ** 2 * max(c, o) * blocks)
+        blocks = (-(-(size + 2 * pad - kernel + 1) // m)) ** 2  # per sample
+        monkeypatch.setattr(fp16, "WINOGRAD_SCRATCH", 4 * (m + kernel - 1) ** 2 * max(c, o) * blocks)
     calls = []
     for name in ("_winograd", "_winograd_filter_grad"):
         method = getattr(fp16, name)
@@ -550,13 +561,15 @@ def test_winograd_convolutions_in_float16_against_float64(fp16, monkeypatch, n, 
 
 @pytest.mark.parametrize("kernel,pad", [(3, 1), (5, 2)])
 def test_winograd_float16_tiles_for_3x3_windows(fp16, monkeypatch, kernel, pad):
-    """With ``winograd_f16_tiles`` a 3x3 convolution's transformed tiles and their products are float16 (the
-    batched tile product reads and writes float16; the filter gradient's sums stay float32), within the primitive
-    budget of REDUCTION_DEPTH u against float64 (each tile is one more float16 rounding); 5x5 windows keep float32
-    tiles (their transform coefficients made float16 tiles ~20 u off)."""
+    """With ``winograd_f16_tiles`` a 3x3 convolution's transformed tiles and their products under F(2x2, 3x3) are
+    float16 (the batched tile product reads and writes float16; the filter gradient's sums stay float32), within
+    the primitive budget of REDUCTION_DEPTH u against float64 (each tile is one more float16 rounding); 5x5 windows,
+    and 3x3 ones under F(4x4, 3x3) (the default), keep float32 tiles (the coefficients of their points made float16
+    tiles ~20 u off)."""
     import reference
 
     monkeypatch.setattr(fp16, "winograd_f16_tiles", True)
+    monkeypatch.setattr(fp16, "winograd_f4x4", False)
     rng = np.random.default_rng(kernel)
     n, c, o, size = 2, 64, 64, 6
     x = _low(rng.standard_normal((n, c, size, size)), F16)
@@ -753,12 +766,13 @@ def test_bias_and_relu_join_the_float16_gemm_store(fp16, bias_dtype, dispatches)
     assert _rel(y.to_numpy(), want) <= 2 * U
 
 
-def test_level1_blas_and_blocks_run_in_float16_kernels(fp16):
+@pytest.mark.parametrize("rows", [4, 701])  # 24 elements; 4,206 (four threads' worth each, the last block partial)
+def test_level1_blas_and_blocks_run_in_float16_kernels(fp16, rows):
     """copy, fill, scal, axpby and a Concat block: one dispatch each, no conversions."""
-    x = _low(np.linspace(-3, 3, 24).reshape(4, 6), F16)
+    x = _low(np.linspace(-3, 3, rows * 6).reshape(rows, 6), F16)
     tx, bx = _upload(fp16, x)
     ty, by = _upload(fp16, np.zeros_like(x))
-    whole = lp.SharedTensor((4, 9), np.float16)
+    whole = lp.SharedTensor((rows, 9), np.float16)
     bw = whole.write(fp16)
     fp16.flush()
     before = fp16.dispatches
@@ -769,7 +783,7 @@ def test_level1_blas_and_blocks_run_in_float16_kernels(fp16):
     fp16.copy_block(by, bw, 6, 9, 2, True)
     fp16.flush()
     assert fp16.dispatches - before == 5
-    want = np.full((4, 9), 0.5)
+    want = np.full((rows, 9), 0.5)
     want[:, 2:8] = x - 0.5 * x
     assert _rel(whole.to_numpy(), want) <= 2 * U
 

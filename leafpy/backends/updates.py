@@ -392,17 +392,28 @@ def cuda_kernel_sources() -> dict[str, tuple[str, str, str, str]]:
     return {name: cuda_kernel_source(name) for name in TABLE}
 
 
+WGSL_PER_THREAD = 4
+"""Elements a thread of a rule's WGSL entry point updates: a workgroup takes 1024 in four coalesced rows of 256, so
+that each thread has four elements' loads in flight (the webgpu backend dispatches a quarter as many threads)."""
+
 _WGSL_ENTRY = """@compute @workgroup_size(256)
-fn {name}_update(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {{
-    let i = flat_index(gid, nw);
-    if (!applies(i)) {{ return; }}
+fn {name}(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {{
+    if (rate[1] == 0.0) {{ return; }}
+    let t = flat_index(gid, nw);
+    let i0 = (t / 256u) * 1024u + t % 256u;
+    for (var j = 0u; j < 4u; j = j + 1u) {{
+        let i = i0 + j * 256u;
+        if (i >= p.count) {{ return; }}
 {body}
+    }}
 }}
 """
 
 
-def wgsl_entry_point(kind: str) -> str:
-    """Rule ``kind`` as the entry point ``NAME_update`` of update.wgsl's bindings: loads, the steps, stores."""
+def wgsl_entry_point(kind: str, copy: bool = False) -> str:
+    """Rule ``kind`` as the entry point ``NAME_update`` of update.wgsl's bindings: loads, the steps, stores. With
+    ``copy`` (a float16 module): ``NAME_update_h``, which also stores the updated weight rounded to float16 into the
+    array bound after the rule's state (``h4`` .. ``h7``: see :func:`wgsl_entry_points`)."""
     r = rule(kind)
     buffers = {"w": "w", "g": "g"} | {n: f"s{i + 1}" for i, n in enumerate(r.state)}
     names = {n: f"v_{n}" for n in buffers} | {n: f"p.{f}" for n, f in zip(r.params, WGSL_PARAMS)} | \
@@ -412,9 +423,16 @@ def wgsl_entry_point(kind: str) -> str:
     lines += _statements(r, names, "wgsl", "var")
     written = {t for t, _ in r.steps}
     lines += [f"{b}[i] = v_{n};" for n, b in buffers.items() if n in written]
-    return _WGSL_ENTRY.format(name=r.name, body="\n".join(f"    {ln}" for ln in lines))
+    if copy:
+        lines.append(f"h{4 + len(r.state)}[i] = to_h(v_w);")
+    return _WGSL_ENTRY.format(name=r.name + ("_update_h" if copy else "_update"),
+                              body="\n".join(f"        {ln}" for ln in lines))
 
 
-def wgsl_entry_points() -> str:
-    """:func:`wgsl_entry_point` of every rule."""
-    return "\n".join(wgsl_entry_point(name) for name in TABLE)
+def wgsl_entry_points(copy: bool = False) -> str:
+    """:func:`wgsl_entry_point` of every rule; with ``copy`` their float16-copy twins, after the declarations of the
+    arrays they store the copy in: ``h4`` .. ``h7`` at bindings 4 to 7, the one after a rule's last state array
+    (each entry point uses one of them, so those sharing a binding with s1 .. s3 never meet in one pipeline)."""
+    head = "".join(f"@group(0) @binding({k}) var<storage, read_write> h{k}: array<f16>;\n" for k in range(4, 8)) \
+        if copy else ""
+    return head + "\n".join(wgsl_entry_point(name, copy) for name in TABLE)

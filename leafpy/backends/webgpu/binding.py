@@ -12,6 +12,7 @@ from .allocator import Allocator
 from .device import Device
 from .encoder import Encoder
 from .params import ElementwiseParams, ParamStruct
+from .sources import HALF_PER_THREAD
 from .view import pad4
 
 _raw = attrgetter("raw")
@@ -21,7 +22,11 @@ _NONE: frozenset[int] = frozenset()
 ElementwiseHalfParams = ParamStruct("ElementwiseParams", "elementwise16",
                                     list(zip(ElementwiseParams.fields, ElementwiseParams.kinds)))
 """ElementwiseParams, feeding the float16 elementwise module (elementwise16: copies, blocks, split-K sums and the
-activations' float16 twins)."""
+activations' float16 twins), whose threads handle HALF_PER_THREAD elements each."""
+ElementwiseHalfParams.per_thread = HALF_PER_THREAD
+SplitSumHalfParams = ParamStruct("ElementwiseParams", "elementwise16",
+                                 list(zip(ElementwiseParams.fields, ElementwiseParams.kinds)))
+"""ElementwiseParams feeding elementwise16's split_sum_h, one output a thread."""
 
 
 def inplace_entries(f16: bool) -> dict[str, tuple[int, int]]:
@@ -103,7 +108,8 @@ class Binding:
                 size = b.dtype.itemsize
                 ranges.append(None if i in whole else (start * size, pad4(count * size)))
             packed = params(count=count, base=start, **values) if based else params(count=count, **values)
-            self.enc.dispatch(params.module, entry, packed, buffers, self.enc.grid(count), ranges)
+            self.enc.dispatch(params.module, entry, packed, buffers, self.enc.grid(-(-count // params.per_thread)),
+                              ranges)
         for i in alias:
             self.elementwise("copy", n, [buffers[i], real[i]], ElementwiseParams)
 

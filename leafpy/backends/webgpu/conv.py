@@ -80,9 +80,13 @@ class Convolution(Family):
 
     winograd = True
     """Stride-1 convolutions with 3x3 or 5x5 windows and at least WINOGRAD_MIN_CHANNELS channels in and out run
-    forward, data gradient and filter gradient as Winograd F(2x2, 3x3) or F(2x2, 5x5) (winograd.wgsl): 16 or 36
-    batched GEMMs over 2x2 output blocks, so 4 or 9 multiplications per output instead of 9 or 25 (2.25x and 2.78x
-    fewer; 1.94x and 2.58x on AlexNet's 13x13 and 27x27 maps, whose last blocks overhang), between transforms."""
+    forward, data gradient and filter gradient as Winograd F(4x4, 3x3) (or F(2x2, 3x3): ``winograd_f4x4``) or
+    F(2x2, 5x5) (winograd.wgsl): 36 batched GEMMs (16 for F(2x2, 3x3)) over 4x4 or 2x2 output blocks, so 2.25, 4 or
+    9 multiplications per output instead of 9 or 25 (F(2x2, 3x3) and F(2x2, 5x5): 1.94x and 2.58x fewer on AlexNet's
+    13x13 and 27x27 maps, whose last blocks overhang; F(4x4, 3x3): 2.64x on 13x13), between transforms."""
+    winograd_f4x4 = True
+    """3x3 windows run F(4x4, 3x3) (36-point tiles over 4x4 output blocks: 2.25 multiplications per output, 0.73x
+    F(2x2, 3x3)'s GEMM work on a 13x13 map) instead of F(2x2, 3x3)."""
     WINOGRAD_MIN_CHANNELS = 64
     WINOGRAD_SCRATCH = 1 << 30
     """Bytes of transformed tiles per batch chunk (and at most the device's storage-binding limit)."""
@@ -109,22 +113,33 @@ class Convolution(Family):
             return 0
         if 4 * max(n * c * h * wd, n * o * oh * ow) > self.gpu.max_binding:
             return 0
-        per_sample = -(-max(h, oh) // 2) * -(-max(wd, ow) // 2)  # blocks: the data gradient's tile x
-        tile_bytes = 4 * (r + 1) ** 2 * max(c, o) * per_sample
+        m = self.winograd_block(r)
+        per_sample = -(-max(h, oh) // m) * -(-max(wd, ow) // m)  # blocks: the data gradient's tile x
+        tile_bytes = 4 * (m + r - 1) ** 2 * max(c, o) * per_sample
         chunk = min(n, min(self.gpu.max_binding, self.WINOGRAD_SCRATCH) // tile_bytes)
         if chunk < 1 or -(-chunk * per_sample // 32) > self.gpu.max_groups:
             return 0
         return chunk
+
+    def winograd_block(self, r: int) -> int:
+        """The side of the output blocks of RxR windows' Winograd passes: F(4x4, 3x3) or F(2x2, RxR)."""
+        return 4 if r == 3 and self.winograd_f4x4 else 2
+
+    def _block_constant(self, r: int) -> tuple:
+        """winograd.wgsl's BLOCK where it is not its default 2."""
+        m = self.winograd_block(r)
+        return (("BLOCK", m),) if m != 2 else ()
 
     def _winograd_setup(self, x_shape, y_shape, r: int, padding, chunk: int, dtypes: tuple = (np.float32,) * 3):
         """(geometry constants, blocks per sample, points per tile, scratch for U, V and M in ``dtypes``) of one
         Winograd pass, x the transform's input and y its output."""
         _, cin, h, wd = x_shape
         cout, oh, ow = y_shape[1], y_shape[2], y_shape[3]
-        per_sample = -(-oh // 2) * -(-ow // 2)
-        points = (r + 1) ** 2
+        m = self.winograd_block(r)
+        per_sample = -(-oh // m) * -(-ow // m)
+        points = (m + r - 1) ** 2
         geometry = (("CONV_C", cin), ("CONV_O", cout), ("IN_H", h), ("IN_W", wd), ("PH", padding[0]),
-                    ("PW", padding[1]), ("OH", oh), ("OW", ow), ("R", r))
+                    ("PW", padding[1]), ("OH", oh), ("OW", ow), ("R", r)) + self._block_constant(r)
         blocks = chunk * per_sample
         scratch = (self._scratch_buffer(points * cout * cin, "winograd_u", dtypes[0]),
                    self._scratch_buffer(points * cin * blocks, "winograd_v", dtypes[1]),
@@ -134,7 +149,8 @@ class Convolution(Family):
     def _tile_dtype(self, r: int, *operands: WView) -> np.dtype:
         """The transformed tiles' dtype for RxR windows: float16 where ``winograd_f16_tiles``, R is 3 and every
         operand is float16."""
-        half = self.winograd_f16_tiles and r == 3 and all(v.dtype == np.float16 for v in operands)
+        half = self.winograd_f16_tiles and self.winograd_block(r) == 2 and r == 3 and \
+            all(v.dtype == np.float16 for v in operands)
         return np.dtype(np.float16 if half else np.float32)
 
     def _winograd_module(self, src: WView, dst: WView) -> str:
@@ -154,16 +170,16 @@ class Convolution(Family):
 
     def _winograd(self, x: WView, w: WView, y: WView, padding, flip: bool, chunk: int,
                   bias: WView | None = None) -> None:
-        """y = the RxR stride-1 correlation of x with w [O][C][R][R] padded by ``padding``, as Winograd F(2x2, RxR)
-        in batch chunks; with ``flip`` the data gradient's: x has w's O channels, y its C, through w rotated 180
-        degrees."""
+        """y = the RxR stride-1 correlation of x with w [O][C][R][R] padded by ``padding``, as Winograd F(MxM, RxR)
+        (M: :meth:`winograd_block`) in batch chunks; with ``flip`` the data gradient's: x has w's O channels, y its
+        C, through w rotated 180 degrees."""
         n, cin = x.shape[:2]
         cout, r = y.shape[1], w.shape[2]
         geometry, per_sample, points, (u, v, m) = self._winograd_setup(x.shape, y.shape, r, padding, chunk,
                                                                        (self._tile_dtype(r, x, w, y),) * 3)
         params = WinogradParams(count=cout * cin, w_out=w.shape[0], w_in=w.shape[1])
         self._dispatch(self._winograd_module(w, u), "winograd_filter", params, [w, u], self._grid(cout * cin),
-                       constants=(("FLIP", int(flip)), ("R", r)))
+                       constants=(("FLIP", int(flip)), ("R", r)) + self._block_constant(r))
         out_consts = geometry + ((("HAS_BIAS", 1),) if bias is not None else ())
         bias_or_none = bias if bias is not None else self._scratch_buffer(1, "nobias")
         for n0 in range(0, n, chunk):
@@ -178,7 +194,7 @@ class Convolution(Family):
             self.enc.emit_pending()  # a ReLU over all of y cannot join the last chunk's store
 
     def _winograd_filter_grad(self, x: WView, dy: WView, dw: WView, padding, beta: float, chunk: int) -> None:
-        """dw = the filter gradient of an RxR stride-1 convolution (+ beta dw) through Winograd F(2x2, RxR): the
+        """dw = the filter gradient of an RxR stride-1 convolution (+ beta dw) through Winograd F(MxM, RxR): the
         transformed x and dy blocks multiplied per point of the tile (K = the blocks: split-K), chunk by chunk."""
         n, c = x.shape[:2]
         o, r = dy.shape[1], dw.shape[2]
@@ -191,7 +207,7 @@ class Convolution(Family):
             self._winograd_blocks("winograd_dy", dy, z, o, blocks, n0, geometry)
             self.gemms.product(z, False, v, True, du, o, c, blocks, 1.0, 0.0 if n0 == 0 else 1.0, batch=points)
         self._dispatch(self._winograd_module(du, dw), "winograd_filter_grad", WinogradParams(count=o * c, beta=beta),
-                       [du, dw], self._grid(o * c), constants=(("R", r),))
+                       [du, dw], self._grid(o * c), constants=(("R", r),) + self._block_constant(r))
 
     def winograd_conv(self, x: WView, w: WView, y: WView, stride, padding, bias: WView | None = None) -> bool:
         """The forward pass as Winograd where ``_winograd_chunk`` says it applies; False where it does not."""

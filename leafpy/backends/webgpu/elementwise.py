@@ -39,6 +39,12 @@ from .view import WView, pad4
 
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
+UpdateRuleParams = ParamStruct("UpdateParams", "update", list(zip(UpdateParams.fields, UpdateParams.kinds)))
+"""UpdateParams, feeding the rules' entry points (``NAME_update``: updates.WGSL_PER_THREAD elements a thread)."""
+UpdateRuleParams.per_thread = updates.WGSL_PER_THREAD
+UpdateHalfParams = ParamStruct("UpdateParams", "update16", list(zip(UpdateParams.fields, UpdateParams.kinds)))
+"""UpdateParams, feeding update16 (the update rules' twins that also write a weight's float16 copy)."""
+UpdateHalfParams.per_thread = updates.WGSL_PER_THREAD
 
 
 def _act(params: tuple) -> dict[str, float]:
@@ -309,10 +315,17 @@ class Elementwise(Family):
         rule = updates.TABLE.get(kind) or updates.rule(kind)
         if rule not in self._update_rules:  # a line added to (or replaced in) the table since the module was built
             self.gpu.rebuild("update")
+            if "update16" in self.gpu.modules:
+                self.gpu.rebuild("update16")
             self._update_rules = frozenset(updates.TABLE.values())
         state = [s1, s2, s3][:len(rule.state)]
-        self._elementwise(kind + "_update", w.size, [rate, w, g, *state], UpdateParams, whole=(0,), lr_mult=lr_mult,
-                          **dict(zip(updates.WGSL_PARAMS, params)))
+        values = dict(lr_mult=lr_mult, **dict(zip(updates.WGSL_PARAMS, params)))
+        if copy is not None and copy.dtype == F16 and w.dtype == F32 and self.gpu.has_f16 and copy.size == w.size:
+            # the rule's twin in update16 stores the float16 copy as it stores the weight: no second pass
+            self._elementwise(kind + "_update_h", w.size, [rate, w, g, *state, copy], UpdateHalfParams, whole=(0,),
+                              **values)
+            return
+        self._elementwise(kind + "_update", w.size, [rate, w, g, *state], UpdateRuleParams, whole=(0,), **values)
         if copy is not None:
             self.cast(w, copy)
 

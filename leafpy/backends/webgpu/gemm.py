@@ -5,7 +5,7 @@ blocks. Uses the reductions family (split-K's sums) and the binding family below
 from __future__ import annotations
 
 from ...errors import BackendError
-from .binding import ElementwiseHalfParams, Family
+from .binding import Family, SplitSumHalfParams
 from .encoder import Dispatch
 from .params import ElementwiseParams, GemmParams
 from .reduce import Reductions
@@ -162,7 +162,7 @@ class Gemms(Family):
         """out = alpha * (the sum of the ``splits`` slices of ``partial``) + beta * out, a thread per output (a
         float16 out rounded once)."""
         if out.dtype.itemsize == 2:
-            self._elementwise("split_sum_h", outputs, [partial, out], ElementwiseHalfParams, whole=(0,),
+            self._elementwise("split_sum_h", outputs, [partial, out], SplitSumHalfParams, whole=(0,),
                                      slices=splits, alpha=alpha, beta=beta)
             return
         self._elementwise("split_sum", outputs, [partial, out], ElementwiseParams, whole=(0,), slices=splits,

@@ -32,6 +32,7 @@ class ParamStruct(functools.partial):
     fields: tuple[str, ...]
     kinds: tuple[str, ...]
     size: int
+    per_thread: int  # elements a thread of the struct's module handles (the dispatch grid is count / per_thread)
 
     def __new__(cls, name: str, module: str, fields: list[tuple[str, str]]) -> ParamStruct:
         names = tuple(f for f, _ in fields)
@@ -54,6 +55,7 @@ class ParamStruct(functools.partial):
 
         self = super().__new__(cls, functools.lru_cache(maxsize=4096)(pack))
         self.name, self.module, self.fields, self.kinds, self.size = name, module, names, kinds, size
+        self.per_thread = 1
         return self
 
     def __repr__(self) -> str:

@@ -27,14 +27,22 @@ fn block_range(blk: u32) -> vec2<u32> {
     return vec2<u32>(blk * p.block, min(p.count, (blk + 1u) * p.block));
 }
 
+// The *_parts kernels read four elements a thread per pass (a workgroup's 1024 in four coalesced rows of 256), so
+// that each thread has four loads in flight: with one, a pass over a large gradient ran at a third of the memory
+// bandwidth.
+fn quad(o: u32) -> vec4<f32> { return vec4<f32>(a[o], a[o + 256u], a[o + 512u], a[o + 768u]); }
+fn quad_b(o: u32) -> vec4<f32> { return vec4<f32>(b[o], b[o + 256u], b[o + 512u], b[o + 768u]); }
+
 // dot_parts: c[first_block + blk] = sum a * b over the block
 @compute @workgroup_size(256)
 fn dot_parts(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lane.lid;
     let r = block_range(wid.x);
-    var s = 0.0;
-    for (var i = r.x + lid.x; i < r.y; i = i + 256u) { s = s + a[p.a_offset + i] * b[p.b_offset + i]; }
-    let total = reduce_workgroup(lane, s, false);
+    var s = vec4<f32>(0.0);
+    var i = r.x + lid.x;
+    for (; i + 768u < r.y; i = i + 1024u) { s = s + quad(p.a_offset + i) * quad_b(p.b_offset + i); }
+    for (; i < r.y; i = i + 256u) { s.x = s.x + a[p.a_offset + i] * b[p.b_offset + i]; }
+    let total = reduce_workgroup(lane, s.x + s.y + s.z + s.w, false);
     if (lid.x == 0u) { c[p.first_block + wid.x] = total; }
 }
 
@@ -43,9 +51,11 @@ fn dot_parts(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
 fn square_parts(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lane.lid;
     let r = block_range(wid.x);
-    var s = 0.0;
-    for (var i = r.x + lid.x; i < r.y; i = i + 256u) { let v = a[p.a_offset + i]; s = s + v * v; }
-    let total = reduce_workgroup(lane, s, false);
+    var s = vec4<f32>(0.0);
+    var i = r.x + lid.x;
+    for (; i + 768u < r.y; i = i + 1024u) { let v = quad(p.a_offset + i); s = s + v * v; }
+    for (; i < r.y; i = i + 256u) { let v = a[p.a_offset + i]; s.x = s.x + v * v; }
+    let total = reduce_workgroup(lane, s.x + s.y + s.z + s.w, false);
     if (lid.x == 0u) { b[p.first_block + wid.x] = total; }
 }
 
@@ -56,13 +66,23 @@ fn unscale_square_parts(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lane.lid;
     let r = block_range(wid.x);
     let inv = 1.0 / c[0];
-    var s = 0.0;
-    for (var i = r.x + lid.x; i < r.y; i = i + 256u) {
-        let v = a[p.a_offset + i] * inv;
-        a[p.a_offset + i] = v;
+    var s = vec4<f32>(0.0);
+    var i = r.x + lid.x;
+    for (; i + 768u < r.y; i = i + 1024u) {
+        let o = p.a_offset + i;
+        let v = quad(o) * inv;
+        a[o] = v.x;
+        a[o + 256u] = v.y;
+        a[o + 512u] = v.z;
+        a[o + 768u] = v.w;
         s = s + v * v;
     }
-    let total = reduce_workgroup(lane, s, false);
+    for (; i < r.y; i = i + 256u) {
+        let v = a[p.a_offset + i] * inv;
+        a[p.a_offset + i] = v;
+        s.x = s.x + v * v;
+    }
+    let total = reduce_workgroup(lane, s.x + s.y + s.z + s.w, false);
     if (lid.x == 0u) { b[p.first_block + wid.x] = total; }
 }
 

@@ -37,7 +37,7 @@ _HALF_FIXED = {"pool16": ("pool", ("src", "dst")), "reduce16": ("reduce", ("a",)
                "classes16a": ("classes", ("a",)), "classes16c": ("classes", ("c",))}
 """float16 modules built when precision "fp16" opens (with "half" and "elementwise16"): base module, float16 arrays."""
 _ARRAY_NAMES = {"gemm": r"[ABC]", "winograd": r"src|dst"}  # how a float16 module's name lists its arrays
-F16_OPEN = ("half", "elementwise16", *_HALF_FIXED)
+F16_OPEN = ("half", "elementwise16", "update16", *_HALF_FIXED)
 """The float16 modules built when precision "fp16" opens (the others on first use)."""
 SUBGROUPS_DIRECTIVE = "enable subgroups;\n"
 
@@ -66,6 +66,8 @@ def module_source(name: str, subgroups: bool = False, browser: bool = False) -> 
         return head + _read("half")
     if name == "elementwise16":
         return head + elementwise_source()
+    if name == "update16":  # the rules' twins that also store the float16 copy of the weight
+        return head + _read("update") + "\n" + updates.wgsl_entry_points(copy=True)
     body = _read(base) if halves is None else _halve(_read(base), halves)
     if base == "elementwise":
         return head + body + pointwise.wgsl_functions() + pointwise.wgsl_entry_points()
@@ -80,7 +82,7 @@ def _split_name(name: str) -> tuple[str, tuple[str, ...] | None]:
     """A module name's base module and float16 arrays (None for a float32 module)."""
     if name in BASE or name in ON_USE:
         return name, None
-    if name in ("half", "elementwise16"):
+    if name in ("half", "elementwise16", "update16"):
         return name, ()
     if name in _HALF_FIXED:
         return _HALF_FIXED[name]
@@ -103,7 +105,7 @@ def module_names(f16: bool = False) -> list[str]:
     names = [*BASE, *ON_USE]
     if not f16:
         return names
-    names += ["half", "elementwise16", *_HALF_FIXED]
+    names += ["half", "elementwise16", "update16", *_HALF_FIXED]
     names += ["gemm16" + "".join(c) for k in (1, 2, 3) for c in itertools.combinations("ABC", k)]
     names += ["winograd16src", "winograd16dst", "winograd16srcdst"]
     for base in _TYPED:
@@ -130,10 +132,19 @@ fn to_h(x: f32) -> f16 {
 """
 """What every float16 shader module starts with (then params.wgsl and the module's own source)."""
 
+HALF_PER_THREAD = 4
+"""Elements a thread of the float16 elementwise module handles: a workgroup takes 1024 in four coalesced rows of
+256, so each thread has four loads in flight (one two-byte load a thread left a large pass at a third of the
+memory bandwidth). binding.ElementwiseHalfParams dispatches a quarter as many threads."""
+
 _ENTRY = """@compute @workgroup_size(256)
 fn {entry}(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {{
-    let i = flat_index(gid, nw);
-    if (i < p.count) {{ {store}; }}
+    let t = flat_index(gid, nw);
+    let i0 = (t / 256u) * 1024u + t % 256u;
+    for (var j = 0u; j < 4u; j = j + 1u) {{
+        let i = i0 + j * 256u;
+        if (i < p.count) {{ {store}; }}
+    }}
 }}
 """
 
@@ -146,7 +157,7 @@ def elementwise_source() -> str:
     NAME_h_inplace, NAME_grad_h_inplace; copy_h, fill_h, scal_h, axpby_h, block_into_h and block_from_h as
     elementwise.wgsl's; mul_h (c = a * b) and mul_hf (b float32) with in-place twins (a = a * b);
     bias_add_h (bias float16) and bias_add_hf (bias float32); split_sum_h (split-K's float32 partials a summed
-    into a float16 product b)."""
+    into a float16 product b, one output a thread; the others take HALF_PER_THREAD elements a thread)."""
     declared = re.search(r"struct ElementwiseParams \{[^}]*\}", _read("elementwise"))
     if declared is None:
         raise BackendError("webgpu: elementwise.wgsl declares no struct ElementwiseParams")
@@ -170,15 +181,18 @@ def elementwise_source() -> str:
     parts.append("fn block_index(i: u32) -> u32 {\n    let g = i + p.base;\n"
                  "    return (g / p.part_inner) * p.whole_inner + p.column + g % p.part_inner;\n}")
     parts += [_ENTRY.format(entry=entry, store=store) for entry, store in blas]
-    parts.append("""@compute @workgroup_size(256)
-fn split_sum_h(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
-    let i = flat_index(gid, nw);
-    if (i >= p.count) { return; }
+    parts.append("""fn split_sum_one(i: u32) {
     var s = 0.0;
     for (var z = 0u; z < p.slices; z = z + 1u) { s = s + a32[z * p.count + i]; }
     var v = p.alpha * s;
     if (p.beta != 0.0) { v = v + p.beta * f32(b16[i]); }
     b16[i] = to_h(v);
+}
+""")
+    parts.append("""@compute @workgroup_size(256)
+fn split_sum_h(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);  // one output a thread (binding.SplitSumHalfParams): its loop over the slices
+    if (i < p.count) { split_sum_one(i); }  // has loads enough in flight
 }
 """)
     for entry, other in (("mul_h", "b16"), ("mul_hf", "b32")):

@@ -25,8 +25,6 @@ struct UpdateParams {
 @group(0) @binding(5) var<storage, read_write> s2: array<f32>;
 @group(0) @binding(6) var<storage, read_write> s3: array<f32>;
 
-fn applies(i: u32) -> bool { return i < p.count && rate[1] != 0.0; }
-
 // whether x is finite, from its bits (WGSL has no isinf or isnan): an exponent of all ones is inf or nan
 fn finite(x: f32) -> bool { return (bitcast<u32>(x) & 0x7f800000u) != 0x7f800000u; }
 

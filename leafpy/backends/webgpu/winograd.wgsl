@@ -1,4 +1,5 @@
-// Winograd F(2x2, RxR) for RxR stride-1 convolutions, R = 3 or 5: each 2x2 block of y is A^T [sum over c of
+// Winograd F(2x2, RxR) for RxR stride-1 convolutions, R = 3 or 5, and F(4x4, 3x3) (BLOCK = 4: the section at the
+// end; for it, read 4x4 blocks and 6x6 tiles below): each 2x2 block of y is A^T [sum over c of
 // (G g G^T) .* (B^T d B)] A, with g = w[o][c] and d the (R+1)x(R+1) patch of x under the block, so the sum over c
 // becomes (R+1)^2 GEMMs (one per point xi of the transformed tile) between transforms:
 //   winograd_filter: U[xi][o][c] = (G w[o][c] G^T)[xi]
@@ -33,15 +34,19 @@ override CONV_O: u32 = 1u;
 override FLIP: bool = false;
 override HAS_BIAS: bool = false;
 override R: u32 = 3u;
+override BLOCK: u32 = 2u;  // the side of an output block: 2, or 4 for F(4x4, 3x3) (see its section)
+
+// F(4x4, 3x3): 6x6 tiles, like F(2x2, 5x5)
+fn f43() -> bool { return R == 3u && BLOCK == 4u; }
 
 // Where a thread's block t (counted from first_sample) lies: its sample, and its top-left output row and column.
 struct Block { sample: u32, y: u32, x: u32 }
 
 fn block_at(t: u32) -> Block {
-    let tw = (OW + 1u) / 2u;
-    let blocks = ((OH + 1u) / 2u) * tw;
+    let tw = (OW + BLOCK - 1u) / BLOCK;
+    let blocks = ((OH + BLOCK - 1u) / BLOCK) * tw;
     let b = t % blocks;
-    return Block(p.first_sample + t / blocks, (b / tw) * 2u, (b % tw) * 2u);
+    return Block(p.first_sample + t / blocks, (b / tw) * BLOCK, (b % tw) * BLOCK);
 }
 
 // dst[(4 r + j) * stride + at] = v[j]: row r of a transformed tile
@@ -74,6 +79,10 @@ fn winograd_filter(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
     if (FLIP) { at = (i % p.w_in) * p.w_out + i / p.w_in; }
     if (R == 5u) {
         filter5(i, at);
+        return;
+    }
+    if (f43()) {
+        filter43(i, at);
         return;
     }
     let g0 = filter_row(i * 9u, 0u);
@@ -112,7 +121,7 @@ fn winograd_input(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
     let y0 = i32(b.y) - i32(PH);
     let x0 = i32(b.x) - i32(PW);
     let plane = (b.sample * CONV_C + c) * IN_H * IN_W;
-    if (R == 5u) {
+    if (R == 5u || f43()) {  // the same 6x6 B^T
         input5(i, plane, y0, x0);
         return;
     }
@@ -156,6 +165,10 @@ fn winograd_output(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
         output5(i, at, b.y, b.x, bias_o);
         return;
     }
+    if (f43()) {
+        output43(i, at, b.y, b.x, bias_o);
+        return;
+    }
     let m0 = get_row(i, p.count, 0u);
     let m1 = get_row(i, p.count, 1u);
     let m2 = get_row(i, p.count, 2u);
@@ -187,6 +200,10 @@ fn winograd_dy(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
     let o = i / p.blocks;
     let b = block_at(i % p.blocks);
     let plane = (b.sample * CONV_O + o) * OH * OW;
+    if (f43()) {
+        dy43(i, plane, b.y, b.x);
+        return;
+    }
     let top = vec2<f32>(dy_at(plane, b.y, b.x), dy_at(plane, b.y, b.x + 1u));
     let bottom = vec2<f32>(dy_at(plane, b.y + 1u, b.x), dy_at(plane, b.y + 1u, b.x + 1u));
     if (R == 5u) {
@@ -219,6 +236,10 @@ fn winograd_filter_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(
     if (i >= p.count) { return; }
     if (R == 5u) {
         filter_grad5(i);
+        return;
+    }
+    if (f43()) {
+        filter_grad43(i);
         return;
     }
     let u0 = get_row(i, p.count, 0u);
@@ -388,4 +409,108 @@ fn filter_grad5(i: u32) {
     put_dw_row(i * 25u + 10u, times_gt6(Six(c0[2], c1[2], c2[2], c3[2], c4[2], c5[2])));
     put_dw_row(i * 25u + 15u, times_gt6(Six(c0[3], c1[3], c2[3], c3[3], c4[3], c5[3])));
     put_dw_row(i * 25u + 20u, times_gt6(Six(c0[4], c1[4], c2[4], c3[4], c4[4], c5[4])));
+}
+
+// --- F(4x4, 3x3): 6x6 tiles over 4x4 output blocks (BLOCK = 4), the points of F(2x2, 5x5): B^T as there,
+// G = [1/4 0 0; -1/6 -1/6 -1/6; -1/6 1/6 -1/6; 1/24 1/12 1/6; 1/24 -1/12 1/6; 0 0 1],
+// A^T = [1 1 1 1 1 0; 0 1 -1 2 -2 0; 0 1 1 4 4 0; 0 1 -1 8 -8 1]. A quarter fewer tile points than F(2x2, 3x3) per
+// output where the output's side is a multiple of 4 (9 instead of 16 per 2x2 of output; 13x13: 576 against 784).
+fn times_g3(v: vec3<f32>) -> Six {
+    let e = v.x + v.z;
+    let e4 = v.x + 4.0 * v.z;
+    return Six(0.25 * v.x, -(e + v.y) / 6.0, (v.y - e) / 6.0, (e4 + 2.0 * v.y) / 24.0, (e4 - 2.0 * v.y) / 24.0, v.z);
+}
+
+fn times_at4(a: Six) -> vec4<f32> {
+    let s = a[1] + a[2];
+    let d = a[1] - a[2];
+    let s2 = a[3] + a[4];
+    let d2 = a[3] - a[4];
+    return vec4<f32>(a[0] + s + s2, d + 2.0 * d2, s + 4.0 * s2, d + 8.0 * d2 + a[5]);
+}
+
+// A times a column of four.
+fn times_a4(v: vec4<f32>) -> Six {
+    let e = v.x + v.z;
+    let o = v.y + v.w;
+    let e4 = v.x + 4.0 * v.z;
+    let o4 = 2.0 * v.y + 8.0 * v.w;
+    return Six(v.x, e + o, e - o, e4 + o4, e4 - o4, v.w);
+}
+
+fn times_gt3(u: Six) -> vec3<f32> {
+    let s = u[1] + u[2];
+    let d = u[2] - u[1];
+    let s2 = u[3] + u[4];
+    return vec3<f32>(0.25 * u[0] - s / 6.0 + s2 / 24.0, d / 6.0 + (u[3] - u[4]) / 12.0, (s2 - s) / 6.0 + u[5]);
+}
+
+fn filter43(i: u32, at: u32) {
+    let g0 = filter_row(i * 9u, 0u);
+    let g1 = filter_row(i * 9u, 1u);
+    let g2 = filter_row(i * 9u, 2u);
+    let c0 = times_g3(vec3<f32>(g0.x, g1.x, g2.x));  // G applied to each column of the filter
+    let c1 = times_g3(vec3<f32>(g0.y, g1.y, g2.y));
+    let c2 = times_g3(vec3<f32>(g0.z, g1.z, g2.z));
+    put_six(at, 0u, times_g3(vec3<f32>(c0[0], c1[0], c2[0])));
+    put_six(at, 1u, times_g3(vec3<f32>(c0[1], c1[1], c2[1])));
+    put_six(at, 2u, times_g3(vec3<f32>(c0[2], c1[2], c2[2])));
+    put_six(at, 3u, times_g3(vec3<f32>(c0[3], c1[3], c2[3])));
+    put_six(at, 4u, times_g3(vec3<f32>(c0[4], c1[4], c2[4])));
+    put_six(at, 5u, times_g3(vec3<f32>(c0[5], c1[5], c2[5])));
+}
+
+fn put_y4(at: u32, y: u32, x: u32, v: vec4<f32>) {
+    put_y(at, y, x, v.x);
+    put_y(at, y, x + 1u, v.y);
+    put_y(at, y, x + 2u, v.z);
+    put_y(at, y, x + 3u, v.w);
+}
+
+fn output43(i: u32, at: u32, y: u32, x: u32, bias_o: f32) {
+    let c0 = times_at4(tile_col(i, 0u));  // A^T applied to each column of m: its four rows
+    let c1 = times_at4(tile_col(i, 1u));
+    let c2 = times_at4(tile_col(i, 2u));
+    let c3 = times_at4(tile_col(i, 3u));
+    let c4 = times_at4(tile_col(i, 4u));
+    let c5 = times_at4(tile_col(i, 5u));
+    put_y4(at, y, x, times_at4(Six(c0.x, c1.x, c2.x, c3.x, c4.x, c5.x)) + bias_o);
+    put_y4(at, y + 1u, x, times_at4(Six(c0.y, c1.y, c2.y, c3.y, c4.y, c5.y)) + bias_o);
+    put_y4(at, y + 2u, x, times_at4(Six(c0.z, c1.z, c2.z, c3.z, c4.z, c5.z)) + bias_o);
+    put_y4(at, y + 3u, x, times_at4(Six(c0.w, c1.w, c2.w, c3.w, c4.w, c5.w)) + bias_o);
+}
+
+// Column x of dy's 4x4 block at rows y .. y + 3 (zero past dy's edge).
+fn dy_col4(plane: u32, y: u32, x: u32) -> vec4<f32> {
+    return vec4<f32>(dy_at(plane, y, x), dy_at(plane, y + 1u, x), dy_at(plane, y + 2u, x), dy_at(plane, y + 3u, x));
+}
+
+fn dy43(i: u32, plane: u32, y: u32, x: u32) {
+    let c0 = times_a4(dy_col4(plane, y, x));  // A applied to the block's four columns
+    let c1 = times_a4(dy_col4(plane, y, x + 1u));
+    let c2 = times_a4(dy_col4(plane, y, x + 2u));
+    let c3 = times_a4(dy_col4(plane, y, x + 3u));
+    put_six(i, 0u, times_a4(vec4<f32>(c0[0], c1[0], c2[0], c3[0])));
+    put_six(i, 1u, times_a4(vec4<f32>(c0[1], c1[1], c2[1], c3[1])));
+    put_six(i, 2u, times_a4(vec4<f32>(c0[2], c1[2], c2[2], c3[2])));
+    put_six(i, 3u, times_a4(vec4<f32>(c0[3], c1[3], c2[3], c3[3])));
+    put_six(i, 4u, times_a4(vec4<f32>(c0[4], c1[4], c2[4], c3[4])));
+    put_six(i, 5u, times_a4(vec4<f32>(c0[5], c1[5], c2[5], c3[5])));
+}
+
+fn filter_grad43(i: u32) {
+    let c0 = times_gt3(tile_col(i, 0u));  // G^T applied to each column of dU
+    let c1 = times_gt3(tile_col(i, 1u));
+    let c2 = times_gt3(tile_col(i, 2u));
+    let c3 = times_gt3(tile_col(i, 3u));
+    let c4 = times_gt3(tile_col(i, 4u));
+    let c5 = times_gt3(tile_col(i, 5u));
+    let rows = array<vec3<f32>, 3>(times_gt3(Six(c0.x, c1.x, c2.x, c3.x, c4.x, c5.x)),
+                                   times_gt3(Six(c0.y, c1.y, c2.y, c3.y, c4.y, c5.y)),
+                                   times_gt3(Six(c0.z, c1.z, c2.z, c3.z, c4.z, c5.z)));
+    for (var r = 0u; r < 3u; r = r + 1u) {
+        for (var j = 0u; j < 3u; j = j + 1u) {
+            put_dw(i * 9u + r * 3u + j, rows[r][j]);
+        }
+    }
 }
