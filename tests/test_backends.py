@@ -590,7 +590,7 @@ def test_webgpu_convolution_in_batch_chunks_matches_native(monkeypatch, implicit
     (5, 3, 2, 7, 4), (5, 3, 1, 8, 4), (5, 2, 0, 9, 4), (5, 2, 4, 3, 4)])
 def test_webgpu_winograd_convolution_matches_native(monkeypatch, kernel, n, padding, size, dispatches):
     """3x3 and 5x5 stride-1 convolutions with enough channels run all three passes as Winograd F(4x4, 3x3) and
-    F(2x2, 5x5): outputs of each size modulo the block (a last block partly outside), each padding the data gradient
+    F(3x3, 5x5): outputs of each size modulo the block (a last block partly outside), each padding the data gradient
     can mirror, a bias in the output transform; with 578 blocks (3x3 at 67x67) the filter gradient's batched GEMM
     splits K (and sums the splits), with 288 (45x45) it does not."""
     be = backend_or_skip("webgpu", power_preference="low-power")  # a separate instance whose threshold we can lower
@@ -603,15 +603,18 @@ def test_webgpu_winograd_convolution_matches_native(monkeypatch, kernel, n, padd
 
 
 @pytest.mark.webgpu
-@pytest.mark.parametrize("n,padding,size,dispatches", [(3, 1, 7, 4), (3, 0, 6, 4), (2, 1, 45, 5)])
-def test_webgpu_winograd_2x2_blocks_for_3x3_windows(monkeypatch, n, padding, size, dispatches):
-    """With ``winograd_f4x4`` off, 3x3 windows run F(2x2, 3x3) (the float16-tile path's algorithm): 1058 blocks at
-    45x45 split the filter gradient's K."""
+@pytest.mark.parametrize("kernel,n,padding,size,dispatches", [
+    (3, 3, 1, 7, 4), (3, 3, 0, 6, 4), (3, 2, 1, 45, 5), (5, 3, 2, 7, 4), (5, 2, 1, 8, 4)])
+def test_webgpu_winograd_2x2_blocks(monkeypatch, kernel, n, padding, size, dispatches):
+    """With ``winograd_f4x4`` and ``winograd_f3x3`` off, 3x3 and 5x5 windows run F(2x2, 3x3) (the float16-tile
+    path's algorithm) and F(2x2, 5x5): 1058 blocks at 45x45 split the filter gradient's K."""
     be = backend_or_skip("webgpu", power_preference="low-power")
     monkeypatch.setattr(be, "WINOGRAD_MIN_CHANNELS", 5)
     monkeypatch.setattr(be, "winograd_f4x4", False)
+    monkeypatch.setattr(be, "winograd_f3x3", False)
+    assert be.winograd_block(kernel) == 2
     counts = _convolution_passes_match_native(be, n, 6, 5, size, seed=padding, padding=padding, bias=True,
-                                              kernel=3, rtol=5e-4, atol=5e-5)
+                                              kernel=kernel, rtol=5e-4, atol=5e-5)
     assert counts == (4, 4, dispatches)
 
 

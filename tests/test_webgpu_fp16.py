@@ -22,6 +22,7 @@ from test_mixed_precision import GROWTH, _assert_forward_reads_the_masters, _lin
 
 import leafpy as lp
 from leafpy.backends.base import Backend
+from leafpy.backends.webgpu.sources import F35_POINTS, toom_cook
 from leafpy.errors import BackendError
 
 pytestmark = pytest.mark.webgpu
@@ -427,6 +428,8 @@ _WINOGRAD = {
                        [1 / 24, 1 / 12, 1 / 6, 1 / 3, 2 / 3], [1 / 24, -1 / 12, 1 / 6, -1 / 3, 2 / 3],
                        [0, 0, 0, 0, 1]]),
              np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 1]], np.float64)),
+    # F(3x3, 5x5)'s, as the backend builds them (the test checks them against the direct correlation first)
+    (3, 5): tuple(np.array(a, np.float64) for a in toom_cook(3, 5, F35_POINTS)),
 }
 EPS32 = 2.0**-24
 TRANSFORM_STEPS = 26

@@ -87,6 +87,9 @@ class Convolution(Family):
     winograd_f4x4 = True
     """3x3 windows run F(4x4, 3x3) (36-point tiles over 4x4 output blocks: 2.25 multiplications per output, 0.73x
     F(2x2, 3x3)'s GEMM work on a 13x13 map) instead of F(2x2, 3x3)."""
+    winograd_f3x3 = True
+    """5x5 windows run F(3x3, 5x5) (49-point tiles over 3x3 output blocks: 5.4 multiplications per output, 0.56x
+    F(2x2, 5x5)'s GEMM work on a 27x27 map) instead of F(2x2, 5x5)."""
     WINOGRAD_MIN_CHANNELS = 64
     WINOGRAD_SCRATCH = 1 << 30
     """Bytes of transformed tiles per batch chunk (and at most the device's storage-binding limit)."""
@@ -122,8 +125,10 @@ class Convolution(Family):
         return chunk
 
     def winograd_block(self, r: int) -> int:
-        """The side of the output blocks of RxR windows' Winograd passes: F(4x4, 3x3) or F(2x2, RxR)."""
-        return 4 if r == 3 and self.winograd_f4x4 else 2
+        """The side of the output blocks of RxR windows' Winograd passes: F(4x4, 3x3), F(3x3, 5x5) or F(2x2, RxR)."""
+        if r == 3 and self.winograd_f4x4:
+            return 4
+        return 3 if r == 5 and self.winograd_f3x3 else 2
 
     def _block_constant(self, r: int) -> tuple:
         """winograd.wgsl's BLOCK where it is not its default 2."""

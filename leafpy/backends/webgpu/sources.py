@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import re
+from fractions import Fraction
 from pathlib import Path
 
 from ...errors import BackendError
@@ -68,7 +70,8 @@ def module_source(name: str, subgroups: bool = False, browser: bool = False) -> 
         return head + elementwise_source()
     if name == "update16":  # the rules' twins that also store the float16 copy of the weight
         return head + _read("update") + "\n" + updates.wgsl_entry_points(copy=True)
-    body = _read(base) if halves is None else _halve(_read(base), halves)
+    text = _read(base) + (winograd_f3x3_5x5() if base == "winograd" else "")
+    body = text if halves is None else _halve(text, halves)
     if base == "elementwise":
         return head + body + pointwise.wgsl_functions() + pointwise.wgsl_entry_points()
     if base in _EPILOGUE:
@@ -256,3 +259,106 @@ def _halve_reads(text: str, pattern: re.Pattern, inner: bool = False) -> str:
     return head + "".join(parts) + text[at:]
 
 
+# --- Winograd F(3x3, 5x5): matrices from the Toom-Cook construction, its transforms written out ----------------------
+F35_POINTS = (0, 1, 2, Fraction(1, 2), Fraction(-3, 2), Fraction(-2, 3))
+"""The finite points of F(3x3, 5x5) (with infinity: 7, a 7x7 tile): among sets of small fractions, the one whose
+float32 roundings add up least (the largest sum of squared terms an output collects, 84 in one dimension, against
+99 for F(2x2, 5x5)'s 0, +-1, +-2)."""
+
+
+def toom_cook(m: int, r: int, points) -> tuple[list, list, list]:
+    """Winograd's minimal filtering F(m, r) over ``points`` (m + r - 2 finite points, and infinity) as exact
+    fractions: (B^T [n][n], G [n][r], A^T [m][n]), n = m + r - 1, with y = A^T [(G g) .* (B^T d)] the correlation of
+    d (n values) with g (r values). It is the transpose of Toom-Cook's linear convolution (evaluate both factors at
+    the points, multiply, interpolate): A^T and G evaluate, B^T is the interpolation's transpose, each of its rows
+    scaled to coprime integers with the factor moved into G's row."""
+    n = m + r - 1
+
+    def evaluation(k: int) -> list:  # n x k: powers of each point; infinity: the leading coefficient
+        return [[Fraction(p) ** i for i in range(k)] for p in points] + [[Fraction(0)] * (k - 1) + [Fraction(1)]]
+
+    v = evaluation(n)
+    inv = [[Fraction(int(i == j)) for j in range(n)] for i in range(n)]
+    for col in range(n):  # Gauss-Jordan on exact fractions
+        piv = next(i for i in range(col, n) if v[i][col] != 0)
+        v[col], v[piv], inv[col], inv[piv] = v[piv], v[col], inv[piv], inv[col]
+        f = v[col][col]
+        v[col], inv[col] = [x / f for x in v[col]], [x / f for x in inv[col]]
+        for i in range(n):
+            if i != col and v[i][col] != 0:
+                f = v[i][col]
+                v[i] = [a - f * b for a, b in zip(v[i], v[col])]
+                inv[i] = [a - f * b for a, b in zip(inv[i], inv[col])]
+    bt = [[inv[j][i] for j in range(n)] for i in range(n)]
+    g = evaluation(r)
+    at = [list(col) for col in zip(*evaluation(m))]
+    for j in range(n):
+        den = math.lcm(*(x.denominator for x in bt[j]))
+        scale = Fraction(den, math.gcd(*((x * den).numerator for x in bt[j])))
+        bt[j] = [x * scale for x in bt[j]]
+        g[j] = [x / scale for x in g[j]]
+    return bt, g, at
+
+
+def _wgsl_sum(coefficients, names) -> str:
+    """sum of coefficient * name as WGSL, zero terms left out."""
+    terms = []
+    for c, name in zip(coefficients, names):
+        if c == 0:
+            continue
+        literal = f"{float(c):.9g}"
+        literal += "" if any(ch in literal for ch in ".e") else ".0"
+        terms.append(name if c == 1 else f"-{name}" if c == -1 else f"{literal} * {name}")
+    return " + ".join(terms).replace("+ -", "- ") or "0.0"
+
+
+def winograd_f3x3_5x5() -> str:
+    """winograd.wgsl's F(3x3, 5x5) (BLOCK = 3, R = 5: 7x7 tiles over 3x3 output blocks, 49 points per 9 outputs
+    against F(2x2, 5x5)'s 36 per 4; no block overhangs a 27x27 map): its five matrix products and its transforms,
+    written out (arrays indexed by a loop counter may be placed in slow local memory), from :func:`toom_cook`."""
+    bt, g, at = toom_cook(3, 5, F35_POINTS)
+    seven, five = range(7), range(5)
+
+    def fn(name: str, arg: str, out: str, rows: list, size: int) -> str:
+        names = [f"a[{i}]" if arg.startswith("Seven") or arg.startswith("Five") else f"a.{'xyz'[i]}"
+                 for i in range(size)]
+        body = ", ".join(_wgsl_sum(row, names) for row in rows)
+        return f"fn {name}(a: {arg}) -> {out} {{\n    return {out}({body});\n}}\n"
+
+    out = ["alias Seven = array<f32, 7>;",
+           f"// F(3x3, 5x5) at the points {', '.join(str(p) for p in F35_POINTS)} and infinity",
+           fn("times_bt7", "Seven", "Seven", bt, 7),
+           fn("times_g7", "Five", "Seven", g, 5),
+           fn("times_at7", "Seven", "vec3<f32>", at, 7),
+           fn("times_a7", "vec3<f32>", "Seven", [list(c) for c in zip(*at)], 3),
+           fn("times_gt7", "Seven", "Five", [list(c) for c in zip(*g)], 7)]
+    out.append("fn put_seven(at: u32, r: u32, v: Seven) {\n    let base = 7u * r * p.count + at;\n" + "".join(
+        f"    dst[base + {j}u * p.count] = v[{j}];\n" for j in seven) + "}\n")
+    out.append("fn tile_col7(at: u32, b: u32) -> Seven {\n    let base = b * p.count + at;\n    return Seven("
+               + ", ".join(f"src[base + {7 * a}u * p.count]" for a in seven) + ");\n}\n")
+    out.append("fn patch_col7(plane: u32, y0: i32, x: i32) -> Seven {\n"
+               "    if (x < 0 || x >= i32(IN_W)) { return Seven(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0); }\n"
+               "    let at = i32(plane) + y0 * i32(IN_W) + x;\n    let w = i32(IN_W);\n    return Seven(" + ", ".join(
+                   f"x_row(at + {a} * w, y0 + {a})" for a in seven) + ");\n}\n")
+
+    def rows_of(cols: str, k: int, n: int) -> str:
+        return ", ".join(f"c{j}[{k}]" if cols == "a" else f"c{j}.{'xyz'[k]}" for j in range(n))
+
+    out.append("fn filter35(i: u32, at: u32) {\n" + "".join(
+        f"    let c{j} = times_g7(filter_col(i * 25u, {j}u));\n" for j in five) + "".join(
+        f"    put_seven(at, {k}u, times_g7(Five({rows_of('a', k, 5)})));\n" for k in seven) + "}\n")
+    out.append("fn input35(i: u32, plane: u32, y0: i32, x0: i32) {\n" + "".join(
+        f"    let c{j} = times_bt7(patch_col7(plane, y0, x0 + {j}));\n" for j in seven) + "".join(
+        f"    put_seven(i, {k}u, times_bt7(Seven({rows_of('a', k, 7)})));\n" for k in seven) + "}\n")
+    out.append("fn output35(i: u32, at: u32, y: u32, x: u32, bias_o: f32) {\n" + "".join(
+        f"    let c{j} = times_at7(tile_col7(i, {j}u));\n" for j in seven) + "".join(
+        f"    let y{k} = times_at7(Seven({rows_of('v', k, 7)})) + bias_o;\n" for k in range(3)) + "".join(
+        f"    put_y(at, y + {k}u, x + {q}u, y{k}.{'xyz'[q]});\n" for k in range(3) for q in range(3)) + "}\n")
+    out.append("fn dy35(i: u32, plane: u32, y: u32, x: u32) {\n" + "".join(
+        f"    let c{j} = times_a7(vec3<f32>(dy_at(plane, y, x + {j}u), dy_at(plane, y + 1u, x + {j}u), "
+        f"dy_at(plane, y + 2u, x + {j}u)));\n" for j in range(3)) + "".join(
+        f"    put_seven(i, {k}u, times_a7(vec3<f32>({rows_of('a', k, 3)})));\n" for k in seven) + "}\n")
+    out.append("fn filter_grad35(i: u32) {\n" + "".join(
+        f"    let c{j} = times_gt7(tile_col7(i, {j}u));\n" for j in seven) + "".join(
+        f"    put_dw_row(i * 25u + {5 * k}u, times_gt7(Seven({rows_of('a', k, 7)})));\n" for k in five) + "}\n")
+    return "\n" + "\n".join(out)

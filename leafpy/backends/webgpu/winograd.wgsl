@@ -34,7 +34,8 @@ override CONV_O: u32 = 1u;
 override FLIP: bool = false;
 override HAS_BIAS: bool = false;
 override R: u32 = 3u;
-override BLOCK: u32 = 2u;  // the side of an output block: 2, or 4 for F(4x4, 3x3) (see its section)
+override BLOCK: u32 = 2u;  // the side of an output block: 2; 4 for F(4x4, 3x3), 3 for F(3x3, 5x5) (see their sections:
+                           // the second is generated, sources.winograd_f3x3_5x5)
 
 // F(4x4, 3x3): 6x6 tiles, like F(2x2, 5x5)
 fn f43() -> bool { return R == 3u && BLOCK == 4u; }
@@ -77,6 +78,10 @@ fn winograd_filter(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
     if (i >= p.count) { return; }
     var at = i;
     if (FLIP) { at = (i % p.w_in) * p.w_out + i / p.w_in; }
+    if (R == 5u && BLOCK == 3u) {
+        filter35(i, at);
+        return;
+    }
     if (R == 5u) {
         filter5(i, at);
         return;
@@ -121,6 +126,10 @@ fn winograd_input(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
     let y0 = i32(b.y) - i32(PH);
     let x0 = i32(b.x) - i32(PW);
     let plane = (b.sample * CONV_C + c) * IN_H * IN_W;
+    if (R == 5u && BLOCK == 3u) {
+        input35(i, plane, y0, x0);
+        return;
+    }
     if (R == 5u || f43()) {  // the same 6x6 B^T
         input5(i, plane, y0, x0);
         return;
@@ -161,6 +170,10 @@ fn winograd_output(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
     let at = (b.sample * CONV_O + o) * OH * OW;
     var bias_o = 0.0;
     if (HAS_BIAS) { bias_o = bias[o]; }
+    if (R == 5u && BLOCK == 3u) {
+        output35(i, at, b.y, b.x, bias_o);
+        return;
+    }
     if (R == 5u) {
         output5(i, at, b.y, b.x, bias_o);
         return;
@@ -204,6 +217,10 @@ fn winograd_dy(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
         dy43(i, plane, b.y, b.x);
         return;
     }
+    if (R == 5u && BLOCK == 3u) {
+        dy35(i, plane, b.y, b.x);
+        return;
+    }
     let top = vec2<f32>(dy_at(plane, b.y, b.x), dy_at(plane, b.y, b.x + 1u));
     let bottom = vec2<f32>(dy_at(plane, b.y + 1u, b.x), dy_at(plane, b.y + 1u, b.x + 1u));
     if (R == 5u) {
@@ -234,6 +251,10 @@ fn put_dw(at: u32, v: f32) {
 fn winograd_filter_grad(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
     if (i >= p.count) { return; }
+    if (R == 5u && BLOCK == 3u) {
+        filter_grad35(i);
+        return;
+    }
     if (R == 5u) {
         filter_grad5(i);
         return;
