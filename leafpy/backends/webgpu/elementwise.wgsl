@@ -99,14 +99,25 @@ fn scale_by_scalar(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
 // split-K: b = alpha * sum_s a[s * count + i] + beta * b, over the slices, into rows of part_inner values in rows
 // of whole_inner from element `column` of b as bound (a block of C: a product blocked under the binding limit;
 // part_inner = whole_inner and column 0 for all of C)
+// the sum of element i over the p.slices slices of a (p.count apart), four slices a pass so that a thread has four
+// loads in flight
+fn slice_sum(i: u32) -> f32 {
+    var s = vec4<f32>(0.0);
+    var z = 0u;
+    for (; z + 3u < p.slices; z = z + 4u) {
+        let at = z * p.count + i;
+        s = s + vec4<f32>(a[at], a[at + p.count], a[at + 2u * p.count], a[at + 3u * p.count]);
+    }
+    for (; z < p.slices; z = z + 1u) { s.x = s.x + a[z * p.count + i]; }
+    return (s.x + s.y) + (s.z + s.w);
+}
+
 @compute @workgroup_size(256)
 fn split_sum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = flat_index(gid, nw);
     if (i >= p.count) { return; }
-    var s = 0.0;
-    for (var z = 0u; z < p.slices; z = z + 1u) { s = s + a[z * p.count + i]; }
     let o = (i / p.part_inner) * p.whole_inner + p.column + i % p.part_inner;
-    var v = p.alpha * s;
+    var v = p.alpha * slice_sum(i);
     if (p.beta != 0.0) { v = v + p.beta * b[o]; }
     b[o] = v;
 }

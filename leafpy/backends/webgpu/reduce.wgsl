@@ -99,19 +99,25 @@ fn nll_parts(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
 
 // bias_grad_part: workgroup (c, blk) sums channel c over its block of the N * inner values of a run of samples:
 // b[c * blocks + first_block + blk] = sum a[a_offset + (n * channels + c) * inner + r]
+// element j of channel ch's N * inner values in a [N, channels, inner]
+fn channel_at(ch: u32, j: u32) -> f32 {
+    return a[p.a_offset + ((j / p.inner) * p.channels + ch) * p.inner + j % p.inner];
+}
+
 @compute @workgroup_size(256)
 fn bias_grad_part(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let lid = lane.lid;
     let ch = wid.x;
     let per = p.count * p.inner;
     let end = min(per, (wid.y + 1u) * p.block);
-    var s = 0.0;
-    for (var j = wid.y * p.block + lid.x; j < end; j = j + 256u) {
-        let n = j / p.inner;
-        let r = j % p.inner;
-        s = s + a[p.a_offset + (n * p.channels + ch) * p.inner + r];
+    var s = vec4<f32>(0.0);
+    var j = wid.y * p.block + lid.x;
+    for (; j + 768u < end; j = j + 1024u) {
+        s = s + vec4<f32>(channel_at(ch, j), channel_at(ch, j + 256u), channel_at(ch, j + 512u),
+                          channel_at(ch, j + 768u));
     }
-    let total = reduce_workgroup(lane, s, false);
+    for (; j < end; j = j + 256u) { s.x = s.x + channel_at(ch, j); }
+    let total = reduce_workgroup(lane, s.x + s.y + s.z + s.w, false);
     if (lid.x == 0u) { b[ch * p.blocks + p.first_block + wid.y] = total; }
 }
 

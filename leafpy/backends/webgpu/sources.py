@@ -185,9 +185,14 @@ def elementwise_source() -> str:
                  "    return (g / p.part_inner) * p.whole_inner + p.column + g % p.part_inner;\n}")
     parts += [_ENTRY.format(entry=entry, store=store) for entry, store in blas]
     parts.append("""fn split_sum_one(i: u32) {
-    var s = 0.0;
-    for (var z = 0u; z < p.slices; z = z + 1u) { s = s + a32[z * p.count + i]; }
-    var v = p.alpha * s;
+    var s = vec4<f32>(0.0);  // four slices a pass, as elementwise.wgsl's slice_sum
+    var z = 0u;
+    for (; z + 3u < p.slices; z = z + 4u) {
+        let at = z * p.count + i;
+        s = s + vec4<f32>(a32[at], a32[at + p.count], a32[at + 2u * p.count], a32[at + 3u * p.count]);
+    }
+    for (; z < p.slices; z = z + 1u) { s.x = s.x + a32[z * p.count + i]; }
+    var v = p.alpha * ((s.x + s.y) + (s.z + s.w));
     if (p.beta != 0.0) { v = v + p.beta * f32(b16[i]); }
     b16[i] = to_h(v);
 }
