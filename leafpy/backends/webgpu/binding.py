@@ -19,13 +19,10 @@ _raw = attrgetter("raw")
 _NONE: frozenset[int] = frozenset()
 
 
-ElementwiseHalfParams = ParamStruct("ElementwiseParams", "elementwise16",
-                                    list(zip(ElementwiseParams.fields, ElementwiseParams.kinds)))
-"""ElementwiseParams, feeding the float16 elementwise module (elementwise16: copies, blocks, split-K sums and the
-activations' float16 twins), whose threads handle HALF_PER_THREAD elements each."""
-ElementwiseHalfParams.per_thread = HALF_PER_THREAD
-SplitSumHalfParams = ParamStruct("ElementwiseParams", "elementwise16",
-                                 list(zip(ElementwiseParams.fields, ElementwiseParams.kinds)))
+ElementwiseHalfParams = ElementwiseParams.feeding("elementwise16", HALF_PER_THREAD)
+"""ElementwiseParams, feeding the float16 elementwise module (elementwise16: copies, blocks and the activations'
+float16 twins), whose threads handle HALF_PER_THREAD elements each."""
+SplitSumHalfParams = ElementwiseParams.feeding("elementwise16")
 """ElementwiseParams feeding elementwise16's split_sum_h, one output a thread."""
 
 

@@ -39,12 +39,10 @@ from .view import WView, pad4
 
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
-UpdateRuleParams = ParamStruct("UpdateParams", "update", list(zip(UpdateParams.fields, UpdateParams.kinds)))
+UpdateRuleParams = UpdateParams.feeding("update", updates.WGSL_PER_THREAD)
 """UpdateParams, feeding the rules' entry points (``NAME_update``: updates.WGSL_PER_THREAD elements a thread)."""
-UpdateRuleParams.per_thread = updates.WGSL_PER_THREAD
-UpdateHalfParams = ParamStruct("UpdateParams", "update16", list(zip(UpdateParams.fields, UpdateParams.kinds)))
+UpdateHalfParams = UpdateParams.feeding("update16", updates.WGSL_PER_THREAD)
 """UpdateParams, feeding update16 (the update rules' twins that also write a weight's float16 copy)."""
-UpdateHalfParams.per_thread = updates.WGSL_PER_THREAD
 
 
 def _act(params: tuple) -> dict[str, float]:

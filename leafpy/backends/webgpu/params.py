@@ -58,6 +58,13 @@ class ParamStruct(functools.partial):
         self.per_thread = 1
         return self
 
+    def feeding(self, module: str, per_thread: int = 1) -> ParamStruct:
+        """The same struct feeding another build of the kernels (a float16 module, or entry points whose threads
+        handle ``per_thread`` elements each: a dispatch's grid is its count over that)."""
+        twin = ParamStruct(self.name, module, list(zip(self.fields, self.kinds)))
+        twin.per_thread = per_thread
+        return twin
+
     def __repr__(self) -> str:
         return f"ParamStruct({self.name}: {', '.join(self.fields)})"
 
