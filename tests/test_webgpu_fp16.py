@@ -294,6 +294,54 @@ def test_lenet_trains_in_fp16_as_native_emulates_it(fp16, loss_scale, hidden):
         assert _rel(w_weights[name], w) <= TRAINING_ULPS * U * steps, name
 
 
+def test_a_network_of_winograd_convolutions_trains_in_fp16_as_native_emulates_it(fp16, monkeypatch):
+    """A 3x3 and a 5x5 convolution of 64 channels (webgpu: F(4x4, 3x3) and F(3x3, 5x5), every pass) in a network
+    trained by momentum with dynamic loss scaling: four steps, outputs, losses and weights against native's float16
+    emulation (direct convolutions), as the LeNet above."""
+    steps, batch = 4, 2
+    net = lp.SequentialConfig(inputs=[("data", [batch, 64, 6, 6])])
+    for name, k in (("conv3", 3), ("conv5", 5)):
+        net.add_layer(lp.LayerConfig(name, lp.ConvolutionConfig(num_output=64, filter_shape=[k], stride=[1],
+                                                                padding=[k // 2])))
+        net.add_layer(lp.LayerConfig("relu" + name[-1], "ReLU"))
+    net.add_layer(lp.LayerConfig("flat", "Flatten"))
+    net.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=10)))
+    net.add_layer(lp.LayerConfig("logsm", "LogSoftmax"))
+    obj = lp.SequentialConfig(inputs=[("network_out", [batch, 10]), ("label", [batch, 1])])
+    obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=10)))
+    config = lp.SolverConfig(network=lp.LayerConfig("net", net), objective=lp.LayerConfig("loss", obj),
+                             solver="momentum", base_lr=0.02, momentum=0.9, seed=3)
+    rng = np.random.default_rng(7)
+    xs = [rng.standard_normal((batch, 64, 6, 6)).astype(np.float32) for _ in range(steps)]
+    ys = [rng.integers(0, 10, (batch, 1)).astype(np.float32) for _ in range(steps)]
+    blocks = []
+    setup = fp16.convs._winograd_setup
+
+    def counted(x, y, r, *a, **k):
+        blocks.append((r, fp16.winograd_block(r)))
+        return setup(x, y, r, *a, **k)
+
+    monkeypatch.setattr(fp16.convs, "_winograd_setup", counted)
+    runs = []
+    for be in (lp.backend("native", precision="fp16"), fp16):
+        solver = lp.Solver.from_config(be, be, config)
+        outs, losses = [], []
+        for x, y in zip(xs, ys):
+            outs.append(solver.train_minibatch(x, y).to_numpy().astype(np.float64))
+            losses.append(float(solver.objective.outputs[0].to_numpy().reshape(-1)[0]))
+        runs.append((outs, losses, {n: w.to_numpy() for n, w in zip(solver.network.learnable_weights_names(),
+                                                                    solver.network.learnable_weights_data())}))
+    assert {(3, 4), (5, 3)} <= set(blocks), blocks
+    (n_outs, n_losses, n_weights), (w_outs, w_losses, w_weights) = runs
+    assert np.all(np.diff(n_losses) != 0)
+    for step in range(steps):
+        tol = TRAINING_ULPS * U * (step + 1)
+        assert _rel(w_outs[step], n_outs[step]) <= tol, f"output of step {step}"
+        assert abs(w_losses[step] - n_losses[step]) / max(1.0, abs(n_losses[step])) <= tol, f"loss of step {step}"
+    for name, w in n_weights.items():
+        assert _rel(w_weights[name], w) <= TRAINING_ULPS * U * steps, name
+
+
 def test_replayed_steps_and_inference_between_them_read_the_current_master_weights(fp16):
     """Training steps recorded and replayed, an inference pass before the recorded one and after each replay: every
     step's output and every pass computes from the master weights as they are then (a step recorded while the
