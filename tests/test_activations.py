@@ -220,7 +220,10 @@ def test_webgpu_activation_joins_the_gemm_store(name, first):
     close(y2, y1, f"{name}: output", rtol=1e-4, atol=1e-5)
     close(dx2, dx1, f"{name}: input gradient", rtol=1e-4, atol=1e-5)
     for a, b in zip(g2, g1):
-        close(a, b, f"{name}: weight gradient", rtol=1e-4, atol=1e-5)
+        # Winograd's filter gradient rounds relative to the gradient's largest terms, not to each element: on an
+        # H100, F(4x4, 3x3)'s was 3e-6 of the largest value off in a small element (the cuda backend admits 2^-12)
+        atol = 2.0**-16 * float(np.abs(b).max()) if first == "winograd" else 0.0
+        close(a, b, f"{name}: weight gradient", rtol=1e-4, atol=max(1e-5, atol))
 
 
 def _in_place(config) -> bool:
