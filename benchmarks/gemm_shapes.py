@@ -56,6 +56,7 @@ def main() -> int:
                    help="a backend tuning attribute, e.g. BIG_64=0")
     p.add_argument("--only", default="", help="run the shapes whose name contains this text")
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--warmup", type=float, default=2.0, help="seconds of products before the first timed shape")
     args = p.parse_args()
     be = lp.backend(args.backend)
     set_attributes(be, args.set, p.error)
@@ -68,6 +69,15 @@ def main() -> int:
     rng = np.random.default_rng(0)
     print(f"{'product':<32} {'m':>5} {'n':>6} {'k':>6} ta tb batch   ms    TFLOP/s  kernels"
           + ("" if timed else " (wall clock)"))
+    if args.warmup:  # a GPU's clocks rise under load: the first shapes read slow without this
+        a = lp.SharedTensor.from_numpy(rng.random((2048, 2048), dtype=np.float32))
+        c = lp.SharedTensor((2048, 2048))
+        ab, cb = a.read(be), c.write(be)
+        until = time.perf_counter() + args.warmup
+        while time.perf_counter() < until:
+            for _ in range(10):
+                be.gemm(ab, False, ab, False, cb)
+            be.synchronize()
     total = 0.0
     for name, m, n, k, ta, tb, batch in SHAPES:
         if args.only not in name:
