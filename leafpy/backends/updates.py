@@ -392,15 +392,10 @@ def cuda_kernel_sources() -> dict[str, tuple[str, str, str, str]]:
     return {name: cuda_kernel_source(name) for name in TABLE}
 
 
-WGSL_PER_THREAD = 4
-"""Elements a thread of a rule's WGSL entry point updates: a workgroup takes 1024 in four coalesced rows of 256, so
-that each thread has four elements' loads in flight (the webgpu backend dispatches a quarter as many threads)."""
-
 _WGSL_ENTRY = """@compute @workgroup_size(256)
 fn {name}(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {{
     if (rate[1] == 0.0) {{ return; }}
-    let t = flat_index(gid, nw);
-    let i0 = (t / 256u) * 1024u + t % 256u;
+    let i0 = quad_first(gid, nw);  // four elements a thread (webgpu.params.PER_THREAD)
     for (var j = 0u; j < 4u; j = j + 1u) {{
         let i = i0 + j * 256u;
         if (i >= p.count) {{ return; }}

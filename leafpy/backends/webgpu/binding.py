@@ -11,17 +11,16 @@ from .. import pointwise
 from .allocator import Allocator
 from .device import Device
 from .encoder import Encoder
-from .params import ElementwiseParams, ParamStruct
-from .sources import HALF_PER_THREAD
+from .params import PER_THREAD, ElementwiseParams, ParamStruct
 from .view import pad4
 
 _raw = attrgetter("raw")
 _NONE: frozenset[int] = frozenset()
 
 
-ElementwiseHalfParams = ElementwiseParams.feeding("elementwise16", HALF_PER_THREAD)
+ElementwiseHalfParams = ElementwiseParams.feeding("elementwise16", PER_THREAD)
 """ElementwiseParams, feeding the float16 elementwise module (elementwise16: copies, blocks and the activations'
-float16 twins), whose threads handle HALF_PER_THREAD elements each."""
+float16 twins), whose threads handle PER_THREAD elements each."""
 SplitSumHalfParams = ElementwiseParams.feeding("elementwise16")
 """ElementwiseParams feeding elementwise16's split_sum_h, one output a thread."""
 

@@ -80,10 +80,11 @@ class Convolution(Family):
 
     winograd = True
     """Stride-1 convolutions with 3x3 or 5x5 windows and at least WINOGRAD_MIN_CHANNELS channels in and out run
-    forward, data gradient and filter gradient as Winograd F(4x4, 3x3) (or F(2x2, 3x3): ``winograd_f4x4``) or
-    F(2x2, 5x5) (winograd.wgsl): 36 batched GEMMs (16 for F(2x2, 3x3)) over 4x4 or 2x2 output blocks, so 2.25, 4 or
-    9 multiplications per output instead of 9 or 25 (F(2x2, 3x3) and F(2x2, 5x5): 1.94x and 2.58x fewer on AlexNet's
-    13x13 and 27x27 maps, whose last blocks overhang; F(4x4, 3x3): 2.64x on 13x13), between transforms."""
+    forward, data gradient and filter gradient as Winograd F(4x4, 3x3) and F(3x3, 5x5), or F(2x2, 3x3) and
+    F(2x2, 5x5) with ``winograd_f4x4`` and ``winograd_f3x3`` off (winograd.wgsl): a batched GEMM over the tile's
+    36, 49, 16 or 36 points between transforms, so 2.25, 5.4, 4 or 9 multiplications per output instead of 9 or 25
+    (F(2x2, 3x3) and F(2x2, 5x5): 1.94x and 2.58x fewer on AlexNet's 13x13 and 27x27 maps, whose last blocks
+    overhang; F(4x4, 3x3): 2.64x on 13x13; F(3x3, 5x5): 4.6x on 27x27)."""
     winograd_f4x4 = True
     """3x3 windows run F(4x4, 3x3) (36-point tiles over 4x4 output blocks: 2.25 multiplications per output, 0.73x
     F(2x2, 3x3)'s GEMM work on a 13x13 map) instead of F(2x2, 3x3)."""

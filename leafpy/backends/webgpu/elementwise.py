@@ -24,6 +24,7 @@ from ..array import (
 from .binding import ElementwiseHalfParams, Family
 from .encoder import workgroup_each
 from .params import (
+    PER_THREAD,
     BatchNormParams,
     ClassesParams,
     ElementwiseParams,
@@ -39,9 +40,9 @@ from .view import WView, pad4
 
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
-UpdateRuleParams = UpdateParams.feeding("update", updates.WGSL_PER_THREAD)
-"""UpdateParams, feeding the rules' entry points (``NAME_update``: updates.WGSL_PER_THREAD elements a thread)."""
-UpdateHalfParams = UpdateParams.feeding("update16", updates.WGSL_PER_THREAD)
+UpdateRuleParams = UpdateParams.feeding("update", PER_THREAD)
+"""UpdateParams, feeding the rules' entry points (``NAME_update``: PER_THREAD elements a thread)."""
+UpdateHalfParams = UpdateParams.feeding("update16", PER_THREAD)
 """UpdateParams, feeding update16 (the update rules' twins that also write a weight's float16 copy)."""
 
 

@@ -69,6 +69,12 @@ class ParamStruct(functools.partial):
         return f"ParamStruct({self.name}: {', '.join(self.fields)})"
 
 
+PER_THREAD = 4
+"""Elements a thread of a four-a-thread kernel handles (params.wgsl's quad_first): the float16 elementwise module,
+the update rules' entry points. One load a thread (two bytes, in float16) left a large pass at a third of the
+memory bandwidth."""
+
+
 def parse_structs(source: str, module: str) -> dict[str, ParamStruct]:
     """Every struct of u32, i32 and f32 fields declared in WGSL ``source`` (comments ignored)."""
     text = re.sub(r"//[^\n]*", "", source)

@@ -135,15 +135,9 @@ fn to_h(x: f32) -> f16 {
 """
 """What every float16 shader module starts with (then params.wgsl and the module's own source)."""
 
-HALF_PER_THREAD = 4
-"""Elements a thread of the float16 elementwise module handles: a workgroup takes 1024 in four coalesced rows of
-256, so each thread has four loads in flight (one two-byte load a thread left a large pass at a third of the
-memory bandwidth). binding.ElementwiseHalfParams dispatches a quarter as many threads."""
-
 _ENTRY = """@compute @workgroup_size(256)
 fn {entry}(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {{
-    let t = flat_index(gid, nw);
-    let i0 = (t / 256u) * 1024u + t % 256u;
+    let i0 = quad_first(gid, nw);  // four elements a thread (params.PER_THREAD)
     for (var j = 0u; j < 4u; j = j + 1u) {{
         let i = i0 + j * 256u;
         if (i < p.count) {{ {store}; }}
@@ -160,7 +154,7 @@ def elementwise_source() -> str:
     NAME_h_inplace, NAME_grad_h_inplace; copy_h, fill_h, scal_h, axpby_h, block_into_h and block_from_h as
     elementwise.wgsl's; mul_h (c = a * b) and mul_hf (b float32) with in-place twins (a = a * b);
     bias_add_h (bias float16) and bias_add_hf (bias float32); split_sum_h (split-K's float32 partials a summed
-    into a float16 product b, one output a thread; the others take HALF_PER_THREAD elements a thread)."""
+    into a float16 product b, one output a thread; the others take params.PER_THREAD elements a thread)."""
     declared = re.search(r"struct ElementwiseParams \{[^}]*\}", _read("elementwise"))
     if declared is None:
         raise BackendError("webgpu: elementwise.wgsl declares no struct ElementwiseParams")
