@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import BackendUnavailable, ConfigError
 from ..tensor import HOST
-from . import mkl, updates
+from . import compiled, mkl, updates
 from .array import ArrayBackend
 from .base import MEMORY, PRIMITIVES
 from .recorder import StepRecorder
@@ -343,11 +343,17 @@ class NativeBackend(ArrayBackend):
             np.maximum(xs[i:i + piece], zeros[:piece], out=outs[i:i + piece])
 
     def pool2d(self, x, out, mask, mode, kernel, stride, padding, pad_end=None, count_pad=True):
+        case = compiled.max_pool_case(x, out, mask, kernel, stride, padding) if mode == "max" else None
+        if case and compiled.kernels():
+            return compiled.max_pool(case, x, out, mask, kernel, stride)
         for a, b in self._pieces(x.shape[0], x[0].nbytes, self.POOL_PIECE_BYTES):
             super().pool2d(x[a:b], out[a:b], None if mask is None else mask[a:b], mode, kernel, stride, padding,
                            pad_end, count_pad)
 
     def pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding, pad_end=None, count_pad=True):
+        case = compiled.max_pool_case(dx, dy, mask, kernel, stride, padding) if mode == "max" else None
+        if case and compiled.kernels():
+            return compiled.max_pool_grad(case, dy, dx, mask, kernel, stride)
         for a, b in self._pieces(dx.shape[0], dx[0].nbytes, self.POOL_PIECE_BYTES):
             super().pool2d_grad(dy[a:b], dx[a:b], None if mask is None else mask[a:b], mode, kernel, stride,
                                 padding, pad_end, count_pad)
