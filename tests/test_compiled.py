@@ -150,15 +150,16 @@ def test_a_lenet_trains_alike_with_and_without_the_kernels(monkeypatch):
 
 
 def test_the_leafpy_command_trains_alike_with_leafpy_compiled_0(tmp_path):
-    """A user's run on 24x24 images (the poolings large enough for the kernels) and the same run with
-    LEAFPY_COMPILED=0: the same loss, read from the command's own metrics file."""
+    """A user's run on 24x24 images (the poolings and a 128 x 512 Linear + ReLU large enough for the kernels and
+    the fused calls of replayed steps) and the same run with LEAFPY_COMPILED=0: the same losses, read from the
+    command's own history file."""
     rng = np.random.default_rng(0)
-    x = rng.random((256, 1, 24, 24), dtype=np.float32)
+    x = rng.random((512, 1, 24, 24), dtype=np.float32)
     y = (x[:, 0, :12].mean(axis=(1, 2)) > x[:, 0, 12:].mean(axis=(1, 2))).astype(np.int64)
     np.savez(tmp_path / "data.npz", x=x, y=y)
     (tmp_path / "net.yaml").write_text(f"""
 name: pools
-data: {{dataset: npz, path: {tmp_path / 'data.npz'}, batch_size: 64, test_fraction: 0.25, seed: 0}}
+data: {{dataset: npz, path: {tmp_path / 'data.npz'}, batch_size: 128, test_fraction: 0.25, seed: 0}}
 train: {{epochs: 2}}
 network:
   type: Sequential
@@ -168,6 +169,8 @@ network:
     - {{name: pool1, type: Pooling, mode: max, filter_shape: [2], stride: [2]}}
     - {{name: pool2, type: Pooling, mode: max, filter_shape: [3], stride: [2]}}
     - {{name: flat, type: Flatten}}
+    - {{name: fc0, type: Linear, output_size: 512}}
+    - {{name: relu0, type: ReLU}}
     - {{name: fc, type: Linear, output_size: 2}}
     - {{name: logsm, type: LogSoftmax}}
 objective: nll
@@ -183,3 +186,106 @@ solver: {{solver: momentum, base_lr: 0.05, momentum: 0.9, seed: 0}}
         finals.append([(e["loss"], e["test_loss"]) for e in history])
     assert len(finals[0]) == 2 and np.isfinite(finals[0]).all()
     np.testing.assert_allclose(finals[0], finals[1], rtol=1e-6)
+
+
+# --- fused calls of a recorded step -----------------------------------------------------------------------------------
+def _kernel_names(be) -> list[str]:
+    names = []
+    for entry in be.recorder.steps.values():
+        for fn, _, _ in entry.recording or []:
+            names.append(getattr(fn, "py_func", fn).__name__)
+    return names
+
+
+def test_an_mlp_trains_alike_with_its_linear_and_relu_calls_fused(monkeypatch):
+    """MLP-128's replayed steps join each Linear's bias with its ReLU, and each ReLU's gradient with the bias
+    gradient of the Linear before it: the same losses and weights as the separate calls, over every update rule."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    import train_step as ts
+    make, batch, shape, classes = ts.NETWORKS["mlp128"]
+    rng = np.random.default_rng(0)
+    data = [(lp.SharedTensor.from_numpy(rng.random((batch, *shape), dtype=np.float32)),
+             lp.SharedTensor.from_numpy(rng.integers(0, classes, (batch, 1)).astype(np.float32))) for _ in range(3)]
+    be = lp.backend("native")
+    for rule in ("momentum", "adam"):
+        results = []
+        for kernels in (None, compiled.kernels()):
+            monkeypatch.setattr(compiled, "_KERNELS", [kernels])
+            be.recorder.forget()
+            solver = ts.leafpy_solver(be, make(), batch, classes, rule)
+            losses = []
+            for i in range(8):
+                solver.train_minibatch(*data[i % 3])
+                losses.append(solver.loss())
+            names = _kernel_names(be)
+            results.append((losses, [w.to_numpy() for w in solver.network.learnable_weights_data()], names))
+        (losses0, weights0, names0), (losses1, weights1, names1) = results
+        assert "bias_relu" not in names0 and names1.count("bias_relu") >= 2 and names1.count("relu_grad_bias") >= 2
+        assert names1.count("bias_grad") == names0.count("bias_grad") - names1.count("relu_grad_bias")
+        np.testing.assert_allclose(losses1, losses0, rtol=1e-6)
+        for a, b in zip(weights1, weights0):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def _calls(be, a, *, kind="relu", relu_in="y", between="product", beta=0.0, grad_of="dx"):
+    """A forward pattern (bias_add, activation) and a backward one (activation_grad, a product, bias_grad) over the
+    arrays ``a``, with one thing changed by the keywords."""
+    gemm_out = {"product": "dw", "writes db": "db2", "writes dx": "dx", "reads db": "dw"}[between]
+    gemm_in = a["db2"] if between == "reads db" else a["x"]
+    return [
+        (be.bias_add, (a["y"], a["b"]), {}),
+        (be.activation, (kind, a[relu_in], a["z"], ()), {}),
+        (be.activation_grad, (kind, a["z"], a["dz"], a["dx"], ()), {}),
+        (be.gemm, (a["dx"], True, gemm_in, False, a[gemm_out], 1.0, 0.0), {}),
+        (be.bias_grad, (a[grad_of], a["db"], beta), {}),
+    ]
+
+
+def _arrays(rng, n=256, c=512, dtype=np.float32):
+    a = {k: rng.standard_normal((n, c)).astype(dtype) for k in ("y", "z", "dz", "dx", "other")}
+    a["x"] = rng.standard_normal((n, 8)).astype(dtype)
+    a["dw"] = np.zeros((c, 8), dtype)
+    a["b"], a["db"] = rng.standard_normal(c).astype(dtype), rng.standard_normal(c).astype(dtype)
+    a["db2"] = a["db"][:8].reshape(1, 8)
+    return a
+
+
+def _run(calls):
+    for fn, args, kwargs in calls:
+        fn(*args, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+def test_fused_calls_compute_what_the_calls_they_replace_computed(rng, dtype, beta):
+    be = lp.backend("native")
+    a = _arrays(rng, dtype=dtype)
+    a["y"][::3] = -np.abs(a["y"][::3])  # negative, zero and positive sums with the bias
+    a["y"][5, :7] = -a["b"][:7]
+    a["z"][::2] = 0
+    a["dz"][0, 0] = np.nan
+    b = {k: v.copy() for k, v in a.items()}
+    b["db2"] = b["db"][:8].reshape(1, 8)
+    fused = compiled.fuse(_calls(be, b, beta=beta, relu_in="y"))
+    assert [getattr(f, "py_func", f).__name__ for f, _, _ in fused] == ["bias_relu", "relu_grad_bias", "gemm"]
+    _run(_calls(be, a, beta=beta))
+    _run(fused)
+    for k in ("y", "z", "dx", "dw", "db"):
+        np.testing.assert_allclose(b[k], a[k], rtol=1e-6 if dtype == np.float32 else 1e-13, atol=0, err_msg=k)
+        np.testing.assert_array_equal(np.isnan(b[k]), np.isnan(a[k]), err_msg=k)
+
+
+@pytest.mark.parametrize("change", [{"kind": "leaky_relu"}, {"relu_in": "other"}, {"between": "writes db"},
+                                    {"between": "writes dx"}, {"between": "reads db"}, {"grad_of": "other"}, "small"])
+def test_calls_that_cannot_be_joined_stay_apart(rng, change):
+    be = lp.backend("native")
+    a = _arrays(rng, n=64 if change == "small" else 256)
+    calls = _calls(be, a, **({} if change == "small" else change))
+    fused = compiled.fuse(calls)
+    names = [getattr(f, "py_func", f).__name__ for f, _, _ in fused]
+    if change == "small" or "kind" in change:
+        assert names == [f.__name__ for f, _, _ in calls]
+    elif "relu_in" in change:
+        assert names[:2] == ["bias_add", "activation"] and "relu_grad_bias" in names
+    else:
+        assert names[0] == "bias_relu" and names[1:] == ["activation_grad", "gemm", "bias_grad"]

@@ -7,6 +7,7 @@ compared false, still becomes the output as ``maximum`` makes it."""
 from __future__ import annotations
 
 import numba
+import numpy as np
 
 _jit = numba.njit(cache=True, nogil=True, boundscheck=False)
 
@@ -107,3 +108,38 @@ def max_pool_grad(dy, dx, mask, kh, kw, sh, sw):  # pragma: no cover - compiled
                     for j in range(ow):
                         k, value = m[j], g[j]
                         row[j * sw + v] += value if k == position else value * zero
+
+
+@_jit
+def bias_relu(y, b, z):  # pragma: no cover - compiled
+    """y += b (per column), z = max(y, 0): a Linear layer's bias and the ReLU after it in one pass (z may be y)."""
+    n, c = y.shape
+    zero = z.dtype.type(0)
+    for i in range(n):
+        row, out = y[i], z[i]
+        for j in range(c):
+            v = row[j] + b[j]
+            row[j] = v
+            out[j] = v if (v >= zero or v != v) else zero
+
+
+@_jit
+def relu_grad_bias(y, dy, dx, db, beta, accumulate):  # pragma: no cover - compiled
+    """dx = dy * (y > 0) and the bias gradient of the layer before, db = sum over rows of dx (beta * db + that
+    where ``accumulate``), in one pass; the rows added in order, as NumPy's sum over the first axis adds them."""
+    n, c = y.shape
+    zero = dx.dtype.type(0)
+    total = np.zeros(c, dx.dtype)
+    for i in range(n):
+        src, grad, out = y[i], dy[i], dx[i]
+        for j in range(c):
+            g = grad[j]
+            v = g if src[j] > zero else g * zero
+            out[j] = v
+            total[j] += v
+    if accumulate:
+        for j in range(c):
+            db[j] = db[j] * beta + total[j]
+    else:
+        for j in range(c):
+            db[j] = total[j]

@@ -1,22 +1,30 @@
 """Compiled kernels for the native backend, where numba is installed (``pip install numba``, the ``numba`` extra).
 
-NumPy runs max pooling as one pass per window position (compare, maximum, mask), each over the whole input, so a
-2x2 pooling reads its input and mask four times: LeNet-64's two poolings took 7 of its 27 ms a training step on a
-2-core Intel Xeon. The kernels here make one pass over each input: forward 2x2 pooling 6x faster there, its
-gradient 2x. They are serial (no thread pool of their own beside the BLAS's) and compiled once per dtype into
-numba's cache; numba is imported only when a pooling at least :data:`MIN_ELEMENTS` large runs, so small models
-(``make demo``) start as fast as without it.
+The native backend's work outside its products is bound by memory traffic, and NumPy makes a pass over memory per
+operation. The kernels here make one where NumPy makes several:
 
-What they take: max pooling without padding whose windows lie inside the input, on C-contiguous float32/float64
-NCHW arrays and an int32 mask. They give the values of NumPy's passes: the first of equal maxima, NaN propagated
-to the output (the mask then keeps the last position that was larger before it), and a gradient that is
-``dy * (mask == position)``, so a NaN in ``dy`` reaches every position of its window as it does through NumPy."""
+- max pooling (:func:`max_pool_case`): NumPy runs one pass per window position (compare, maximum, mask), so a 2x2
+  pooling reads its input and mask four times; LeNet-64's two poolings took 7 of its 27 ms a training step on a
+  2-core Intel Xeon. The kernels: forward 2x2 pooling 6x faster there, its gradient 2-5x. They take max pooling
+  without padding whose windows lie inside the input, on C-contiguous float32/float64 NCHW arrays and an int32
+  mask, and give the values of NumPy's passes: the first of equal maxima, NaN propagated to the output (the mask
+  then keeps the last position that was larger before it), and a gradient that is ``dy * (mask == position)``,
+  so a NaN in ``dy`` reaches every position of its window as it does through NumPy.
+- a recorded training step's calls (:func:`fuse`): a Linear layer's bias and the ReLU after it, and the ReLU's
+  gradient with the bias gradient of the Linear before it, each one pass.
+
+They are serial (no thread pool of their own beside the BLAS's) and compiled once per dtype into numba's cache;
+numba is imported only when work at least :data:`MIN_ELEMENTS` (pooling) or :data:`FUSE_MIN_ELEMENTS` (fused
+calls) large runs, so small models (``make demo``) start as fast as without it. ``LEAFPY_COMPILED=0`` in the
+environment turns them off."""
 
 from __future__ import annotations
 
 import importlib
 import os
 from typing import Any
+
+import numpy as np
 
 MIN_ELEMENTS = 1 << 16
 """Smaller pooling inputs stay with NumPy (there a call costs microseconds either way, and numba's import, about
@@ -74,3 +82,85 @@ def max_pool_grad(case: str, dy: Any, dx: Any, mask: Any, kernel: tuple, stride:
         k.max_pool_2x2_grad(dy, dx, mask)
     else:
         k.max_pool_grad(dy, dx, mask, kernel[0], kernel[1], stride[0], stride[1])
+
+
+# --- fusing a recorded step's calls ---------------------------------------------------------------------------------
+FUSE_MIN_ELEMENTS = 1 << 16
+"""Smaller layer outputs keep their separate calls (a fused call saves a pass over memory: nothing at this size)."""
+
+
+def _matrix(a: Any, dtype: Any = None) -> bool:
+    return (getattr(a, "ndim", 0) == 2 and a.flags.c_contiguous and a.dtype.kind == "f" and a.dtype.itemsize in (4, 8)
+            and (dtype is None or a.dtype == dtype))
+
+
+def _same(a: Any, b: Any) -> bool:
+    """The same elements in the same layout (views made separately of one buffer count)."""
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0] and a.shape == b.shape
+            and a.strides == b.strides and a.dtype == b.dtype)
+
+
+def _vector_of(v: Any, m: Any) -> bool:
+    return getattr(v, "ndim", 0) == 1 and v.flags.c_contiguous and v.dtype == m.dtype and v.shape[0] == m.shape[1]
+
+
+def _named(call: tuple, name: str) -> bool:
+    return getattr(call[0], "__name__", None) == name and not call[2]
+
+
+def fuse(calls: list) -> list:
+    """A recorded step's calls (function, args, kwargs) with two patterns of a Linear layer and a ReLU joined
+    where the kernels are available: ``bias_add(y, b)`` then ``activation("relu", y, z)`` becomes the kernel
+    ``bias_relu``; ``activation_grad("relu", y, dy, dx)`` and the ``bias_grad(dx, db, beta)`` of the layer before
+    (after at most its weight-gradient ``gemm``s, which neither write dx or db nor read db) become
+    ``relu_grad_bias``. Each fused call computes what the calls it replaces computed, in the same order of
+    operations. numba is imported only when a pattern of at least :data:`FUSE_MIN_ELEMENTS` values is found."""
+    out: list = []
+    dropped: set[int] = set()
+    i = 0
+    while i < len(calls):
+        if i in dropped:
+            i += 1
+            continue
+        call = calls[i]
+        nxt = calls[i + 1] if i + 1 < len(calls) else None
+        if _named(call, "bias_add") and nxt is not None and _named(nxt, "activation"):
+            (y, b), (kind, x, z, *params) = call[1], nxt[1]
+            if (kind == "relu" and not any(params) and _matrix(y) and y.size >= FUSE_MIN_ELEMENTS and _vector_of(b, y)
+                    and _same(x, y) and _matrix(z, y.dtype) and z.shape == y.shape and kernels() is not None):
+                out.append((_KERNELS[0].bias_relu, (y, b, z), {}))
+                i += 2
+                continue
+        if _named(call, "activation_grad"):
+            kind, y, dy, dx, *params = call[1]
+            j = _bias_grad_of(calls, i, dx) if (kind == "relu" and not any(params) and _matrix(dx)) else None
+            if (j is not None and _matrix(y, dx.dtype) and _matrix(dy, dx.dtype) and y.shape == dy.shape == dx.shape
+                    and kernels() is not None):
+                _, db, beta = calls[j][1]
+                out.append((_KERNELS[0].relu_grad_bias, (y, dy, dx, db, db.dtype.type(beta), beta != 0.0), {}))
+                dropped.add(j)
+                i += 1
+                continue
+        out.append(call)
+        i += 1
+    return out
+
+
+def _bias_grad_of(calls: list, i: int, dx: Any) -> int | None:
+    """Where the bias gradient of ``dx`` follows call ``i`` with only products that leave it alone in between."""
+    if dx.size < FUSE_MIN_ELEMENTS:
+        return None
+    for j in range(i + 1, min(i + 4, len(calls))):
+        call = calls[j]
+        if _named(call, "bias_grad") and len(call[1]) == 3:
+            g, db, beta = call[1]
+            if _matrix(g) and _same(g, dx) and _vector_of(db, dx) and isinstance(beta, (int, float)):
+                for c in calls[i + 1:j]:
+                    a, b, out = c[1][0], c[1][2], c[1][4]
+                    if any(np.may_share_memory(p, q) for p, q in ((out, dx), (out, db), (a, db), (b, db))):
+                        return None
+                return j
+            return None
+        if not (_named(call, "gemm") and len(call[1]) >= 5):
+            return None
+    return None

@@ -167,7 +167,7 @@ class NativeBackend(ArrayBackend):
             return None, True
         finally:
             self._threads.calls = None
-        return (None if self._threads.read_back else calls), True
+        return (None if self._threads.read_back else compiled.fuse(calls)), True
 
     def launch(self, recording: Any) -> None:
         for fn, args, kwargs in recording:
