@@ -1,8 +1,9 @@
 """numba kernels of the native backend (imported through leafpy.backends.compiled, which says what they take).
 
-Each runs serially over NCHW planes; every window visits its positions in row-major order and keeps NumPy's
-rule: a later value replaces the maximum only when it is larger (the first of equal maxima wins), and a NaN,
-compared false, still becomes the output as ``maximum`` makes it."""
+Each runs serially. The pooling kernels work over NCHW planes; every window visits its positions in row-major order
+and keeps NumPy's rule: a later value replaces the maximum only when it is larger (the first of equal maxima wins),
+and a NaN, compared false, still becomes the output as ``maximum`` makes it. The Linear + ReLU kernels work over
+[N, C] rows."""
 
 from __future__ import annotations
 
@@ -68,7 +69,8 @@ def max_pool_2x2_grad(dy, dx, mask):  # pragma: no cover - compiled
 
 
 @_jit
-def max_pool(x, out, mask, kh, kw, sh, sw):  # pragma: no cover - compiled
+def max_pool_3x3(x, out, mask, sh, sw):  # pragma: no cover - compiled
+    # the window written out: loops over the window's rows and columns cost more than its comparisons
     n, c, h, w = x.shape
     oh, ow = out.shape[2], out.shape[3]
     xs = x.reshape(n * c, h, w)
@@ -77,37 +79,50 @@ def max_pool(x, out, mask, kh, kw, sh, sw):  # pragma: no cover - compiled
     for p in range(n * c):
         plane = xs[p]
         for i in range(oh):
+            r0, r1, r2 = plane[i * sh], plane[i * sh + 1], plane[i * sh + 2]
+            row, row_mask = outs[p, i], masks[p, i]
             for j in range(ow):
-                best, arg = plane[i * sh, j * sw], 0
-                for u in range(kh):
-                    row = plane[i * sh + u]
-                    for v in range(kw):
-                        if u or v:
-                            best, arg = _better(best, arg, row[j * sw + v], u * kw + v)
-                outs[p, i, j] = best
-                masks[p, i, j] = arg
+                q = j * sw
+                best, arg = r0[q], 0
+                best, arg = _better(best, arg, r0[q + 1], 1)
+                best, arg = _better(best, arg, r0[q + 2], 2)
+                best, arg = _better(best, arg, r1[q], 3)
+                best, arg = _better(best, arg, r1[q + 1], 4)
+                best, arg = _better(best, arg, r1[q + 2], 5)
+                best, arg = _better(best, arg, r2[q], 6)
+                best, arg = _better(best, arg, r2[q + 1], 7)
+                best, arg = _better(best, arg, r2[q + 2], 8)
+                row[j] = best
+                row_mask[j] = arg
 
 
 @_jit
 def max_pool_grad(dy, dx, mask, kh, kw, sh, sw):  # pragma: no cover - compiled
+    # window position by window position, as NumPy's passes: overlapping windows add an input's gradients in the
+    # same order (the same sums); windows that do not overlap write them
     n, c, h, w = dx.shape
     oh, ow = dy.shape[2], dy.shape[3]
     dys = dy.reshape(n * c, oh, ow)
     dxs = dx.reshape(n * c, h, w)
     masks = mask.reshape(n * c, oh, ow)
     zero = dx.dtype.type(0)
+    overlap = sh < kh or sw < kw
     dx[...] = 0
     for p in range(n * c):
-        plane = dxs[p]
-        for i in range(oh):
-            g, m = dys[p, i], masks[p, i]
-            for u in range(kh):
-                row = plane[i * sh + u]
-                for v in range(kw):
-                    position = u * kw + v
-                    for j in range(ow):
-                        k, value = m[j], g[j]
-                        row[j * sw + v] += value if k == position else value * zero
+        plane, g, m = dxs[p], dys[p], masks[p]
+        for u in range(kh):
+            for v in range(kw):
+                position = u * kw + v
+                for i in range(oh):
+                    row, grad, hit = plane[i * sh + u], g[i], m[i]
+                    if overlap:
+                        for j in range(ow):
+                            value = grad[j]
+                            row[j * sw + v] += value if hit[j] == position else value * zero
+                    else:
+                        for j in range(ow):
+                            value = grad[j]
+                            row[j * sw + v] = value if hit[j] == position else value * zero
 
 
 @_jit

@@ -7,21 +7,23 @@ operation. The kernels here make one where NumPy makes several:
   pooling reads its input and mask four times; LeNet-64's two poolings took 7 of its 27 ms a training step on a
   2-core Intel Xeon. The kernels: forward 2x2 pooling 6x faster there, its gradient 2-5x. They take max pooling
   without padding whose windows lie inside the input, on C-contiguous float32/float64 NCHW arrays and an int32
-  mask, and give the values of NumPy's passes: the first of equal maxima, NaN propagated to the output (the mask
-  then keeps the last position that was larger before it), and a gradient that is ``dy * (mask == position)``,
-  so a NaN in ``dy`` reaches every position of its window as it does through NumPy.
+  mask, and give the values of NumPy's passes (a zero's sign aside): the first of equal maxima, NaN propagated to
+  the output (the mask then keeps the last position that was larger before it), and a gradient that is
+  ``dy * (mask == position)``, summed where windows overlap in NumPy's order, so a NaN in ``dy`` reaches every
+  position of its window as it does through NumPy.
 - a recorded training step's calls (:func:`fuse`): a Linear layer's bias and the ReLU after it, and the ReLU's
   gradient with the bias gradient of the Linear before it, each one pass.
 
 They are serial (no thread pool of their own beside the BLAS's) and compiled once per dtype into numba's cache;
 numba is imported only when work at least :data:`MIN_ELEMENTS` (pooling) or :data:`FUSE_MIN_ELEMENTS` (fused
 calls) large runs, so small models (``make demo``) start as fast as without it. ``LEAFPY_COMPILED=0`` in the
-environment turns them off."""
+environment, set before the first such call, turns them off."""
 
 from __future__ import annotations
 
 import importlib
 import os
+import threading
 from typing import Any
 
 import numpy as np
@@ -31,25 +33,29 @@ MIN_ELEMENTS = 1 << 16
 0.4 s, would not pay)."""
 
 _KERNELS: list[Any] = []
+_LOADING = threading.Lock()
 
 
 def kernels() -> Any | None:
     """The kernel module (leafpy.backends._kernels, compiled on first call), or None where numba is missing or
-    LEAFPY_COMPILED=0."""
+    cannot load, or LEAFPY_COMPILED=0 (read once, at the first call)."""
     if not _KERNELS:
-        module: Any = None
-        if os.environ.get("LEAFPY_COMPILED", "1") != "0":
-            try:
-                module = importlib.import_module("leafpy.backends._kernels")
-            except ImportError:
-                module = None
-        _KERNELS.append(module)
+        with _LOADING:
+            if not _KERNELS:
+                module: Any = None
+                if os.environ.get("LEAFPY_COMPILED", "1") != "0":
+                    try:
+                        module = importlib.import_module("leafpy.backends._kernels")
+                    except Exception:  # noqa: BLE001 - numba missing, or its llvmlite unable to load: NumPy's paths
+                        module = None
+                _KERNELS.append(module)
     return _KERNELS[0]
 
 
 def max_pool_case(x: Any, out: Any, mask: Any, kernel: tuple, stride: tuple, padding: tuple) -> str | None:
-    """Which kernel takes this max pooling ("2x2": windows 2x2 at stride 2; "windows": any other windows), or None
-    (NumPy's passes take it). Either takes unpadded windows inside the input only."""
+    """Which kernel takes this max pooling ("2x2": windows 2x2 at stride 2; "3x3": 3x3 windows at any stride, the
+    gradient through the general kernel), or None (NumPy's passes take it). Each takes unpadded windows inside the
+    input only."""
     if x.size < MIN_ELEMENTS or x.ndim != 4 or tuple(padding) != (0, 0) or mask is None:
         return None
     if x.dtype != out.dtype or x.dtype.kind != "f" or x.dtype.itemsize not in (4, 8) or mask.dtype.name != "int32":
@@ -65,7 +71,7 @@ def max_pool_case(x: Any, out: Any, mask: Any, kernel: tuple, stride: tuple, pad
         return None
     if (kh, kw, sh, sw) == (2, 2, 2, 2):
         return "2x2"
-    return "windows"
+    return "3x3" if (kh, kw) == (3, 3) else None  # other windows: the general kernel measured no faster
 
 
 def max_pool(case: str, x: Any, out: Any, mask: Any, kernel: tuple, stride: tuple) -> None:
@@ -73,7 +79,7 @@ def max_pool(case: str, x: Any, out: Any, mask: Any, kernel: tuple, stride: tupl
     if case == "2x2":
         k.max_pool_2x2(x, out, mask)
     else:
-        k.max_pool(x, out, mask, kernel[0], kernel[1], stride[0], stride[1])
+        k.max_pool_3x3(x, out, mask, stride[0], stride[1])
 
 
 def max_pool_grad(case: str, dy: Any, dx: Any, mask: Any, kernel: tuple, stride: tuple) -> None:
@@ -104,17 +110,19 @@ def _vector_of(v: Any, m: Any) -> bool:
     return getattr(v, "ndim", 0) == 1 and v.flags.c_contiguous and v.dtype == m.dtype and v.shape[0] == m.shape[1]
 
 
-def _named(call: tuple, name: str) -> bool:
-    return getattr(call[0], "__name__", None) == name and not call[2]
+def _is(call: tuple, name: str, primitives: dict) -> bool:
+    """Whether a recorded call is the native backend's own primitive ``name`` (a subclass's override is not)."""
+    return getattr(call[0], "__func__", None) is primitives[name] and not call[2]
 
 
-def fuse(calls: list) -> list:
+def fuse(calls: list, primitives: dict) -> list:
     """A recorded step's calls (function, args, kwargs) with two patterns of a Linear layer and a ReLU joined
     where the kernels are available: ``bias_add(y, b)`` then ``activation("relu", y, z)`` becomes the kernel
     ``bias_relu``; ``activation_grad("relu", y, dy, dx)`` and the ``bias_grad(dx, db, beta)`` of the layer before
     (after at most its weight-gradient ``gemm``s, which neither write dx or db nor read db) become
     ``relu_grad_bias``. Each fused call computes what the calls it replaces computed, in the same order of
-    operations. numba is imported only when a pattern of at least :data:`FUSE_MIN_ELEMENTS` values is found."""
+    operations (a zero's sign aside). ``primitives``: the native backend's functions by name, which the calls must
+    be. numba is imported only when a pattern of at least :data:`FUSE_MIN_ELEMENTS` values is found."""
     out: list = []
     dropped: set[int] = set()
     i = 0
@@ -124,16 +132,17 @@ def fuse(calls: list) -> list:
             continue
         call = calls[i]
         nxt = calls[i + 1] if i + 1 < len(calls) else None
-        if _named(call, "bias_add") and nxt is not None and _named(nxt, "activation"):
+        if _is(call, "bias_add", primitives) and nxt is not None and _is(nxt, "activation", primitives):
             (y, b), (kind, x, z, *params) = call[1], nxt[1]
             if (kind == "relu" and not any(params) and _matrix(y) and y.size >= FUSE_MIN_ELEMENTS and _vector_of(b, y)
                     and _same(x, y) and _matrix(z, y.dtype) and z.shape == y.shape and kernels() is not None):
                 out.append((_KERNELS[0].bias_relu, (y, b, z), {}))
                 i += 2
                 continue
-        if _named(call, "activation_grad"):
+        if _is(call, "activation_grad", primitives):
             kind, y, dy, dx, *params = call[1]
-            j = _bias_grad_of(calls, i, dx) if (kind == "relu" and not any(params) and _matrix(dx)) else None
+            plain = kind == "relu" and not any(params) and _matrix(dx)
+            j = _bias_grad_of(calls, i, dx, primitives) if plain else None
             if (j is not None and _matrix(y, dx.dtype) and _matrix(dy, dx.dtype) and y.shape == dy.shape == dx.shape
                     and kernels() is not None):
                 _, db, beta = calls[j][1]
@@ -146,21 +155,23 @@ def fuse(calls: list) -> list:
     return out
 
 
-def _bias_grad_of(calls: list, i: int, dx: Any) -> int | None:
-    """Where the bias gradient of ``dx`` follows call ``i`` with only products that leave it alone in between."""
-    if dx.size < FUSE_MIN_ELEMENTS:
+def _bias_grad_of(calls: list, i: int, dx: Any, primitives: dict) -> int | None:
+    """Where the bias gradient of ``dx`` follows call ``i`` with only products that leave it alone in between. One
+    column is left alone: NumPy sums a contiguous column pairwise, the kernel row by row. So is a beta that is not a
+    Python number (NumPy multiplies by a NumPy float64 in float64)."""
+    if dx.size < FUSE_MIN_ELEMENTS or dx.shape[1] < 2:
         return None
     for j in range(i + 1, min(i + 4, len(calls))):
         call = calls[j]
-        if _named(call, "bias_grad") and len(call[1]) == 3:
+        if _is(call, "bias_grad", primitives) and len(call[1]) == 3:
             g, db, beta = call[1]
-            if _matrix(g) and _same(g, dx) and _vector_of(db, dx) and isinstance(beta, (int, float)):
+            if _matrix(g) and _same(g, dx) and _vector_of(db, dx) and type(beta) in (int, float):
                 for c in calls[i + 1:j]:
                     a, b, out = c[1][0], c[1][2], c[1][4]
                     if any(np.may_share_memory(p, q) for p, q in ((out, dx), (out, db), (a, db), (b, db))):
                         return None
                 return j
             return None
-        if not (_named(call, "gemm") and len(call[1]) >= 5):
+        if not (_is(call, "gemm", primitives) and len(call[1]) >= 5):
             return None
     return None

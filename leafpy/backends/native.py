@@ -167,7 +167,7 @@ class NativeBackend(ArrayBackend):
             return None, True
         finally:
             self._threads.calls = None
-        return (None if self._threads.read_back else compiled.fuse(calls)), True
+        return (None if self._threads.read_back else compiled.fuse(calls, FUSABLE)), True
 
     def launch(self, recording: Any) -> None:
         for fn, args, kwargs in recording:
@@ -405,3 +405,6 @@ def _recorded(fn: Any) -> Any:
 
 for _name in RECORDED:
     setattr(NativeBackend, _name, _recorded(getattr(NativeBackend, _name)))
+FUSABLE = {name: getattr(NativeBackend, name).__wrapped__
+           for name in ("bias_add", "activation", "activation_grad", "bias_grad", "gemm")}
+"""The native backend's own primitives that :func:`compiled.fuse` may join, as a recorded call holds them."""
