@@ -6,11 +6,11 @@ operation. The kernels here make one where NumPy makes several:
 - max pooling (:func:`max_pool_case`): NumPy runs one pass per window position (compare, maximum, mask), so a 2x2
   pooling reads its input and mask four times; LeNet-64's two poolings took 7 of its 27 ms a training step on a
   2-core Intel Xeon. The kernels: forward 2x2 pooling 6x faster there, its gradient 2-5x. They take max pooling
-  without padding whose windows lie inside the input, on C-contiguous float32/float64 NCHW arrays and an int32
-  mask, and give the values of NumPy's passes (a zero's sign aside): the first of equal maxima, NaN propagated to
-  the output (the mask then keeps the last position that was larger before it), and a gradient that is
-  ``dy * (mask == position)``, summed where windows overlap in NumPy's order, so a NaN in ``dy`` reaches every
-  position of its window as it does through NumPy.
+  over 2x2 windows at stride 2 and 3x3 windows at any stride, without padding, the windows inside the input, on
+  C-contiguous float32/float64 NCHW arrays and an int32 mask, and give the values of NumPy's passes (a zero's
+  sign aside): the first of equal maxima, NaN propagated to the output (the mask then keeps the last position that
+  was larger before it), and a gradient that is ``dy * (mask == position)``, summed where windows overlap in
+  NumPy's order, so a NaN in ``dy`` reaches every position of its window as it does through NumPy.
 - a recorded training step's calls (:func:`fuse`): a Linear layer's bias and the ReLU after it, and the ReLU's
   gradient with the bias gradient of the Linear before it, each one pass.
 
