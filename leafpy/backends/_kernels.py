@@ -24,13 +24,18 @@ def _better(best, arg, value, position):  # pragma: no cover - compiled
 
 
 @_jit
-def max_pool_2x2(x, out, mask):  # pragma: no cover - compiled
+def _planes(x, out, mask):  # pragma: no cover - compiled
+    """x [N, C, H, W], out and mask [N, C, oh, ow] as N·C planes."""
     n, c, h, w = x.shape
     oh, ow = out.shape[2], out.shape[3]
-    xs = x.reshape(n * c, h, w)
-    outs = out.reshape(n * c, oh, ow)
-    masks = mask.reshape(n * c, oh, ow)
-    for p in range(n * c):
+    return x.reshape(n * c, h, w), out.reshape(n * c, oh, ow), mask.reshape(n * c, oh, ow)
+
+
+@_jit
+def max_pool_2x2(x, out, mask):  # pragma: no cover - compiled
+    xs, outs, masks = _planes(x, out, mask)
+    oh, ow = outs.shape[1], outs.shape[2]
+    for p in range(xs.shape[0]):
         for i in range(oh):
             top, bottom = xs[p, 2 * i], xs[p, 2 * i + 1]
             row, row_mask = outs[p, i], masks[p, i]
@@ -71,12 +76,9 @@ def max_pool_2x2_grad(dy, dx, mask):  # pragma: no cover - compiled
 @_jit
 def max_pool_3x3(x, out, mask, sh, sw):  # pragma: no cover - compiled
     # the window written out: loops over the window's rows and columns cost more than its comparisons
-    n, c, h, w = x.shape
-    oh, ow = out.shape[2], out.shape[3]
-    xs = x.reshape(n * c, h, w)
-    outs = out.reshape(n * c, oh, ow)
-    masks = mask.reshape(n * c, oh, ow)
-    for p in range(n * c):
+    xs, outs, masks = _planes(x, out, mask)
+    oh, ow = outs.shape[1], outs.shape[2]
+    for p in range(xs.shape[0]):
         plane = xs[p]
         for i in range(oh):
             r0, r1, r2 = plane[i * sh], plane[i * sh + 1], plane[i * sh + 2]
@@ -100,15 +102,12 @@ def max_pool_3x3(x, out, mask, sh, sw):  # pragma: no cover - compiled
 def max_pool_grad(dy, dx, mask, kh, kw, sh, sw):  # pragma: no cover - compiled
     # window position by window position, as NumPy's passes: overlapping windows add an input's gradients in the
     # same order (the same sums); windows that do not overlap write them
-    n, c, h, w = dx.shape
-    oh, ow = dy.shape[2], dy.shape[3]
-    dys = dy.reshape(n * c, oh, ow)
-    dxs = dx.reshape(n * c, h, w)
-    masks = mask.reshape(n * c, oh, ow)
+    dxs, dys, masks = _planes(dx, dy, mask)
+    oh, ow = dys.shape[1], dys.shape[2]
     zero = dx.dtype.type(0)
     overlap = sh < kh or sw < kw
     dx[...] = 0
-    for p in range(n * c):
+    for p in range(dxs.shape[0]):
         plane, g, m = dxs[p], dys[p], masks[p]
         for u in range(kh):
             for v in range(kw):
