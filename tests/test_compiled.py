@@ -297,11 +297,15 @@ class _Subclass(native.NativeBackend):
 
 @pytest.mark.parametrize("change", [{"kind": "leaky_relu"}, {"relu_in": "other"}, {"between": "writes db"},
                                     {"between": "writes dx"}, {"between": "reads db"}, {"grad_of": "other"}, "small",
-                                    "one column", "numpy beta", "subclass"])
+                                    "one column", "numpy beta", "subclass", "overlapping z", "overlapping dx"])
 def test_calls_that_cannot_be_joined_stay_apart(rng, change):
     be = lp.backend("native")
     a = _arrays(rng, n=64 if change == "small" else 1 << 17 if change == "one column" else 256,
                 c=1 if change == "one column" else 512)
+    if isinstance(change, str) and change.startswith("overlapping"):  # a row apart in one buffer
+        whole = rng.standard_normal((257, 512)).astype(np.float32)
+        first, second = ("y", "z") if change == "overlapping z" else ("dz", "dx")
+        a[first], a[second] = whole[:256], whole[1:]
     calls = _calls(be, a, **(change if isinstance(change, dict) else {}))
     if change == "numpy beta":  # NumPy would multiply db by it in float64
         calls[-1] = (calls[-1][0], (*calls[-1][1][:2], np.float64(0.9)), {})
@@ -309,8 +313,10 @@ def test_calls_that_cannot_be_joined_stay_apart(rng, change):
         calls[0] = (_Subclass.bias_add.__wrapped__.__get__(be), calls[0][1], {})
     fused = compiled.fuse(calls, native.FUSABLE)
     names = [getattr(f, "py_func", f).__name__ for f, _, _ in fused]
-    if change in ("numpy beta", "one column"):
+    if change in ("numpy beta", "one column", "overlapping dx"):
         assert names[0] == "bias_relu" and names[1:] == ["activation_grad", "gemm", "bias_grad"]
+    elif change == "overlapping z":
+        assert names[:2] == ["bias_add", "activation"] and names[2] == "relu_grad_bias"
     elif change == "subclass":
         assert names[:2] == ["bias_add", "activation"] and names[2] == "relu_grad_bias"
     elif change == "small" or "kind" in change:

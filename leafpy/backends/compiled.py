@@ -106,6 +106,12 @@ def _same(a: Any, b: Any) -> bool:
             and a.strides == b.strides and a.dtype == b.dtype)
 
 
+def _apart(*arrays: Any) -> bool:
+    """Each pair the same elements or no shared memory (an elementwise pass may then read and write them)."""
+    return all(_same(a, b) or not np.may_share_memory(a, b)
+               for k, a in enumerate(arrays) for b in arrays[k + 1:])
+
+
 def _vector_of(v: Any, m: Any) -> bool:
     return getattr(v, "ndim", 0) == 1 and v.flags.c_contiguous and v.dtype == m.dtype and v.shape[0] == m.shape[1]
 
@@ -135,7 +141,8 @@ def fuse(calls: list, primitives: dict) -> list:
         if _is(call, "bias_add", primitives) and nxt is not None and _is(nxt, "activation", primitives):
             (y, b), (kind, x, z, *params) = call[1], nxt[1]
             if (kind == "relu" and not any(params) and _matrix(y) and y.size >= FUSE_MIN_ELEMENTS and _vector_of(b, y)
-                    and _same(x, y) and _matrix(z, y.dtype) and z.shape == y.shape and kernels() is not None):
+                    and _same(x, y) and _matrix(z, y.dtype) and z.shape == y.shape and _apart(y, z)
+                    and not np.may_share_memory(b, y) and not np.may_share_memory(b, z) and kernels() is not None):
                 out.append((_KERNELS[0].bias_relu, (y, b, z), {}))
                 i += 2
                 continue
@@ -143,9 +150,11 @@ def fuse(calls: list, primitives: dict) -> list:
             kind, y, dy, dx, *params = call[1]
             plain = kind == "relu" and not any(params) and _matrix(dx)
             j = _bias_grad_of(calls, i, dx, primitives) if plain else None
+            db: Any = calls[j][1][1] if j is not None else None
             if (j is not None and _matrix(y, dx.dtype) and _matrix(dy, dx.dtype) and y.shape == dy.shape == dx.shape
+                    and _apart(y, dy, dx) and not any(np.may_share_memory(db, a) for a in (y, dy, dx))
                     and kernels() is not None):
-                _, db, beta = calls[j][1]
+                beta = calls[j][1][2]
                 out.append((_KERNELS[0].relu_grad_bias, (y, dy, dx, db, db.dtype.type(beta), beta != 0.0), {}))
                 dropped.add(j)
                 i += 1
