@@ -1,10 +1,14 @@
 """Data-parallel scaling: training throughput from 1 to N ranks (per-rank batch fixed), scaling efficiency, and
-the bandwidth leafpy's gradient all-reduce reaches against the transport's own all-reduce of the same bytes.
+the bandwidth leafpy's gradient all-reduce reaches against the transport's own all-reduce of the same bytes;
+with ``--vs ddp``, PyTorch's DistributedDataParallel on the same networks, weights, batches and rule beside it.
 
-    python benchmarks/scaling.py --backend native --ranks 1,2 [--nets mlp128,lenet64] [--steps 20]
+    python benchmarks/scaling.py --backend native --ranks 1,2 [--nets mlp128,lenet64] [--steps 20] [--vs ddp]
+    python benchmarks/scaling.py --backend cuda --ranks 1,2,4,8 --nets alexnet128,lenet1024 --vs ddp
 
-Each rank count runs as ``mpiexec -n N`` (the mpich wheel's, or the one on PATH); the table is printed by the
-parent. On GPUs use --backend cuda (one GPU per local rank; NCCL between them).
+Each rank count runs as ``mpiexec -n N`` (the mpich wheel's, or the one on PATH); DDP's ranks are N processes with
+torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT): NCCL on GPUs, gloo on the CPU.
+The table is printed by the parent. On GPUs use --backend cuda (one GPU per local rank; NCCL between them;
+NCCL_NVLS_ENABLE=0 in every rank's environment).
 """
 
 from __future__ import annotations
@@ -66,23 +70,106 @@ def worker(args: argparse.Namespace) -> None:
         print("RESULT " + json.dumps(results), flush=True)
 
 
+def ddp_worker(args: argparse.Namespace) -> None:
+    """One rank of PyTorch's DistributedDataParallel: the networks of train_step.py with leafpy's initial weights
+    (the native backend builds them), momentum SGD, the per-rank batch of the leafpy run."""
+    import torch
+    import torch.distributed as tdist
+    from train_step import TorchTrainer, solver_and_batch
+
+    import leafpy as lp
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = args.backend == "cuda"
+    if cuda:
+        torch.cuda.set_device(local)
+    tdist.init_process_group("nccl" if cuda else "gloo")
+    rank = tdist.get_rank()
+    device = "cuda" if cuda else "cpu"
+    results = {}
+    for name in args.nets.split(","):
+        solver, x, y = solver_and_batch(lp.backend("native"), name)
+        initial = [w.to_numpy() for w in solver.network.learnable_weights_data()]
+        trainer = TorchTrainer.of_network(torch, solver.network.layer, initial, device, False, "momentum")
+        local_model = trainer.model
+        trainer.model = torch.nn.parallel.DistributedDataParallel(
+            local_model, device_ids=[local] if cuda else None)
+        xb, yb = trainer.to_device(x.to_numpy(), y.to_numpy())
+        for _ in range(3):
+            trainer.step(xb, yb)
+        trainer.sync()
+        tdist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            trainer.step(xb, yb)
+        trainer.sync()
+        tdist.barrier()
+        step = (time.perf_counter() - t0) / args.steps
+        nbytes = sum(p.numel() for p in local_model.parameters()) * 4
+        raw = torch.ones(nbytes // 4, device=device)
+        tdist.all_reduce(raw)
+        trainer.sync()
+        t0 = time.perf_counter()
+        for _ in range(5):
+            tdist.all_reduce(raw)
+        trainer.sync()
+        results[name] = {"batch": int(xb.shape[0]), "step_s": step, "bytes": nbytes,
+                         "raw_reduce_s": (time.perf_counter() - t0) / 5, "loss": trainer.loss()}
+    if rank == 0:
+        print("RESULT " + json.dumps(results), flush=True)
+    tdist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ddp(n: int, args: argparse.Namespace, env: dict) -> dict:
+    """DDP at ``n`` ranks: rank 0's results."""
+    port = str(_free_port())
+    procs = []
+    for rank in range(n):
+        rank_env = dict(env, RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(n),
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        cmd = [sys.executable, __file__, "--ddp-worker", "--backend", args.backend, "--nets", args.nets,
+               "--steps", str(args.steps)]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=rank_env))
+    outs = [p.communicate(timeout=1800) for p in procs]
+    line = next((ln for ln in outs[0][0].splitlines() if ln.startswith("RESULT ")), None)
+    if line is None or any(p.returncode for p in procs):
+        sys.exit(f"DDP at {n} ranks failed:\n{''.join(err[-2000:] for _, err in outs)}")
+    return json.loads(line[7:])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backend", default="native")
     p.add_argument("--ranks", default="1,2")
     p.add_argument("--nets", default="mlp128,lenet64")
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--vs", choices=["none", "ddp"], default="none",
+                   help="ddp: PyTorch's DistributedDataParallel beside leafpy (the bench extra)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--ddp-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         worker(args)
         return
+    if args.ddp_worker:
+        ddp_worker(args)
+        return
     mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
     if mpiexec is None:
         sys.exit("mpiexec not found: pip install 'leafpy-dl[dist]'")
-    table = {}
+    table, ddp = {}, {}
     for n in map(int, args.ranks.split(",")):
-        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NCCL_NVLS_ENABLE="0")
+        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                   NCCL_NVLS_ENABLE="0")
+        if args.vs == "ddp":
+            ddp[n] = run_ddp(n, args, env)
         cmd = [mpiexec, "-n", str(n), sys.executable, __file__, "--worker", "--backend", args.backend, "--nets",
                args.nets, "--steps", str(args.steps)]
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
@@ -101,6 +188,20 @@ def main() -> None:
             eff = rate / (n * base_rate) * min(table)
             print(f"{name:9s} {n:5d} {r['step_s'] * 1e3:8.2f} {rate:10.0f} {eff:11.0%} {r['bytes'] / 2**20:8.2f} "
                   f"{r['reduce_s'] * 1e3:13.2f} / {r['raw_reduce_s'] * 1e3:.2f}      {r['transport']}")
+    if ddp:
+        print("# PyTorch DistributedDataParallel, same networks, weights, per-rank batch and rule; ratio = leafpy's "
+              "samples/s / DDP's")
+        print("network   ranks  step ms  samples/s  efficiency  all-reduce ms (raw)  ratio  loss")
+        for name in args.nets.split(","):
+            base = ddp[min(ddp)][name]
+            base_rate = base["batch"] / base["step_s"]
+            for n, res in ddp.items():
+                r = res[name]
+                rate = n * r["batch"] / r["step_s"]
+                eff = rate / (n * base_rate) * min(ddp)
+                ours = n * table[n][name]["batch"] / table[n][name]["step_s"]
+                print(f"{name:9s} {n:5d} {r['step_s'] * 1e3:8.2f} {rate:10.0f} {eff:11.0%} "
+                      f"{r['raw_reduce_s'] * 1e3:20.2f} {ours / rate:6.2f}  {r['loss']:.5f}")
 
 
 if __name__ == "__main__":
