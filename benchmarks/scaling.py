@@ -29,6 +29,17 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
+def seconds_per_call(call, n: int, settle=lambda: None) -> float:
+    """Seconds per call of ``call`` over ``n`` calls, ``settle`` (a synchronisation, a barrier) run before and after
+    the timed calls."""
+    settle()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        call()
+    settle()
+    return (time.perf_counter() - t0) / n
+
+
 def worker(args: argparse.Namespace) -> None:
     from train_step import solver_and_batch
 
@@ -45,25 +56,13 @@ def worker(args: argparse.Namespace) -> None:
         xb, yb = x.to_numpy(), y.to_numpy()
         for _ in range(3):
             dp.train_minibatch(xb, yb)
-        be.synchronize()
-        group.barrier()
-        t0 = time.perf_counter()
-        for _ in range(args.steps):
-            dp.train_minibatch(xb, yb)
-        be.synchronize()
-        group.barrier()
-        step = (time.perf_counter() - t0) / args.steps
+        step = seconds_per_call(lambda: dp.train_minibatch(xb, yb), args.steps,
+                                lambda: (be.synchronize(), group.barrier()))
         grads = solver.network.learnable_weights_gradients()
         nbytes = sum(g.size for g in grads) * 4
-        t0 = time.perf_counter()
-        for _ in range(5):
-            dp.transport.allreduce_weighted(list(grads), 1.0)
-        reduce_leafpy = (time.perf_counter() - t0) / 5
+        reduce_leafpy = seconds_per_call(lambda: dp.transport.allreduce_weighted(list(grads), 1.0), 5)
         raw = np.ones(nbytes // 4 + 1, np.float64 if dp.transport.name == "mpi" else np.float32)
-        t0 = time.perf_counter()
-        for _ in range(5):
-            group.allreduce_(raw)
-        reduce_raw = (time.perf_counter() - t0) / 5
+        reduce_raw = seconds_per_call(lambda: group.allreduce_(raw), 5)
         results[name] = {"batch": len(xb), "step_s": step, "bytes": nbytes, "reduce_s": reduce_leafpy,
                          "raw_reduce_s": reduce_raw, "transport": dp.transport.name}
     if group.is_root:
@@ -97,24 +96,13 @@ def ddp_worker(args: argparse.Namespace) -> None:
         xb, yb = trainer.to_device(x.to_numpy(), y.to_numpy())
         for _ in range(3):
             trainer.step(xb, yb)
-        trainer.sync()
-        tdist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(args.steps):
-            trainer.step(xb, yb)
-        trainer.sync()
-        tdist.barrier()
-        step = (time.perf_counter() - t0) / args.steps
+        step = seconds_per_call(lambda: trainer.step(xb, yb), args.steps, lambda: (trainer.sync(), tdist.barrier()))
         nbytes = sum(p.numel() for p in local_model.parameters()) * 4
         raw = torch.ones(nbytes // 4, device=device)
         tdist.all_reduce(raw)
-        trainer.sync()
-        t0 = time.perf_counter()
-        for _ in range(5):
-            tdist.all_reduce(raw)
-        trainer.sync()
         results[name] = {"batch": int(xb.shape[0]), "step_s": step, "bytes": nbytes,
-                         "raw_reduce_s": (time.perf_counter() - t0) / 5, "loss": trainer.loss()}
+                         "raw_reduce_s": seconds_per_call(lambda: tdist.all_reduce(raw), 5, trainer.sync),
+                         "loss": trainer.loss()}
     if rank == 0:
         print("RESULT " + json.dumps(results), flush=True)
     tdist.destroy_process_group()
@@ -138,10 +126,24 @@ def run_ddp(n: int, args: argparse.Namespace, env: dict) -> dict:
                "--steps", str(args.steps)]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=rank_env))
     outs = [p.communicate(timeout=1800) for p in procs]
-    line = next((ln for ln in outs[0][0].splitlines() if ln.startswith("RESULT ")), None)
-    if line is None or any(p.returncode for p in procs):
+    result = result_of(outs[0][0])
+    if result is None or any(p.returncode for p in procs):
         sys.exit(f"DDP at {n} ranks failed:\n{''.join(err[-2000:] for _, err in outs)}")
-    return json.loads(line[7:])
+    return result
+
+
+def throughput(table: dict, name: str) -> dict[int, tuple[float, float]]:
+    """Per rank count: (samples/s of all ranks, efficiency against the smallest rank count's samples/s per rank)."""
+    first = min(table)
+    base = table[first][name]["batch"] / table[first][name]["step_s"] / first
+    rates = {n: n * res[name]["batch"] / res[name]["step_s"] for n, res in table.items()}
+    return {n: (rate, rate / (n * base)) for n, rate in rates.items()}
+
+
+def result_of(stdout: str) -> dict | None:
+    """The root rank's results: its RESULT line's JSON."""
+    line = next((ln for ln in stdout.splitlines() if ln.startswith("RESULT ")), None)
+    return None if line is None else json.loads(line[7:])
 
 
 def main() -> None:
@@ -173,19 +175,14 @@ def main() -> None:
         cmd = [mpiexec, "-n", str(n), sys.executable, __file__, "--worker", "--backend", args.backend, "--nets",
                args.nets, "--steps", str(args.steps)]
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-        line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
-        if line is None:
+        table[n] = result_of(out.stdout)
+        if table[n] is None:
             sys.exit(f"{n} ranks failed:\n{out.stderr[-2000:]}")
-        table[n] = json.loads(line[7:])
     print(f"# leafpy data-parallel scaling on {args.backend}, per-rank batch fixed, 1 BLAS thread per rank")
     print("network   ranks  step ms  samples/s  efficiency  grad MB  all-reduce ms (leafpy / raw)  transport")
     for name in args.nets.split(","):
-        base = table[min(table)][name]
-        base_rate = base["batch"] / base["step_s"]
-        for n, res in table.items():
-            r = res[name]
-            rate = n * r["batch"] / r["step_s"]
-            eff = rate / (n * base_rate) * min(table)
+        for n, (rate, eff) in throughput(table, name).items():
+            r = table[n][name]
             print(f"{name:9s} {n:5d} {r['step_s'] * 1e3:8.2f} {rate:10.0f} {eff:11.0%} {r['bytes'] / 2**20:8.2f} "
                   f"{r['reduce_s'] * 1e3:13.2f} / {r['raw_reduce_s'] * 1e3:.2f}      {r['transport']}")
     if ddp:
@@ -193,15 +190,11 @@ def main() -> None:
               "samples/s / DDP's")
         print("network   ranks  step ms  samples/s  efficiency  all-reduce ms (raw)  ratio  loss")
         for name in args.nets.split(","):
-            base = ddp[min(ddp)][name]
-            base_rate = base["batch"] / base["step_s"]
-            for n, res in ddp.items():
-                r = res[name]
-                rate = n * r["batch"] / r["step_s"]
-                eff = rate / (n * base_rate) * min(ddp)
-                ours = n * table[n][name]["batch"] / table[n][name]["step_s"]
+            ours = throughput(table, name)
+            for n, (rate, eff) in throughput(ddp, name).items():
+                r = ddp[n][name]
                 print(f"{name:9s} {n:5d} {r['step_s'] * 1e3:8.2f} {rate:10.0f} {eff:11.0%} "
-                      f"{r['raw_reduce_s'] * 1e3:20.2f} {ours / rate:6.2f}  {r['loss']:.5f}")
+                      f"{r['raw_reduce_s'] * 1e3:20.2f} {ours[n][0] / rate:6.2f}  {r['loss']:.5f}")
 
 
 if __name__ == "__main__":
