@@ -1,7 +1,8 @@
 """The native backend's numba kernels: max pooling with the same outputs, argmax positions and gradients as NumPy's
 passes and as a float64 loop reference, on every case it takes, with ties, NaN and dx's old contents; what it
-leaves to NumPy; a replayed step's Linear + ReLU calls joined, with the same values as the separate calls, and the
-patterns left apart; a LeNet and an MLP trained with and without them; the switch through the ``leafpy`` command."""
+leaves to NumPy; a convolution's columns gathered and added back by the kernels with NumPy's values; a replayed
+step's Linear + ReLU calls joined, with the same values as the separate calls, and the patterns left apart; a
+LeNet and an MLP trained with and without them; the switch through the ``leafpy`` command."""
 
 from __future__ import annotations
 
@@ -127,9 +128,10 @@ def test_what_the_kernels_leave_to_numpy(calls, rng, what):
         assert calls == ["max_pool:2x2"]
 
 
-def test_a_lenet_trains_alike_with_and_without_the_kernels(monkeypatch, calls):
-    """Ten steps of LeNet-64 on 28x28 inputs (its poolings over 737,280 and 204,800 values, so the kernels run):
-    the same losses and weights as through NumPy's passes."""
+def test_a_lenet_trains_alike_with_and_without_the_kernels(monkeypatch, calls, column_calls):
+    """Ten steps of LeNet-64 on 28x28 inputs (its poolings over 737,280 and 204,800 values, its convolutions'
+    columns over 921,600 and 2,048,000, so the kernels run): the same losses and weights as through NumPy's
+    passes."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
     import train_step as ts
     make, batch, shape, classes = ts.NETWORKS["lenet64"]
@@ -147,6 +149,9 @@ def test_a_lenet_trains_alike_with_and_without_the_kernels(monkeypatch, calls):
         results.append((losses, [w.to_numpy() for w in solver.network.learnable_weights_data()]))
     (losses0, weights0), (losses1, weights1) = results
     assert calls.count("max_pool:2x2") == 20 and calls.count("max_pool_grad:2x2") == 20  # two poolings, 10 steps
+    # the first convolution's columns per image, the second's batch innermost (its data gradient's too)
+    assert {name: column_calls.count(name) for name in COLUMN_KERNELS} == {
+        "gather_windows": 10, "scatter_windows": 10, "gather_image_windows": 10, "scatter_image_windows": 0}
     np.testing.assert_allclose(losses1, losses0, rtol=1e-6)
     assert losses1[-1] < losses1[0]
     for a, b in zip(weights1, weights0):
@@ -154,9 +159,9 @@ def test_a_lenet_trains_alike_with_and_without_the_kernels(monkeypatch, calls):
 
 
 def test_the_leafpy_command_trains_alike_with_leafpy_compiled_0(tmp_path):
-    """A user's run on 24x24 images (the poolings and a 128 x 512 Linear + ReLU large enough for the kernels and
-    the fused calls of replayed steps) and the same run with LEAFPY_COMPILED=0: the same losses, read from the
-    command's own history file."""
+    """A user's run on 24x24 images (the poolings, the convolutions' columns and a 128 x 512 Linear + ReLU large
+    enough for the kernels and the fused calls of replayed steps) and the same run with LEAFPY_COMPILED=0: the
+    same losses, read from the command's own history file."""
     rng = np.random.default_rng(0)
     x = rng.random((512, 1, 24, 24), dtype=np.float32)
     y = (x[:, 0, :12].mean(axis=(1, 2)) > x[:, 0, 12:].mean(axis=(1, 2))).astype(np.int64)
@@ -171,6 +176,7 @@ network:
   layers:
     - {{name: conv1, type: Convolution, num_output: 16, filter_shape: [3], padding: [1]}}
     - {{name: pool1, type: Pooling, mode: max, filter_shape: [2], stride: [2]}}
+    - {{name: conv2, type: Convolution, num_output: 16, filter_shape: [3], padding: [1]}}
     - {{name: pool2, type: Pooling, mode: max, filter_shape: [3], stride: [2]}}
     - {{name: flat, type: Flatten}}
     - {{name: fc0, type: Linear, output_size: 512}}
@@ -195,6 +201,136 @@ solver: {{solver: momentum, base_lr: 0.05, momentum: 0.9, seed: 0}}
         finals.append([(e["loss"], e["test_loss"]) for e in history])
     assert len(finals[0]) == 2 and np.isfinite(finals[0]).all()
     np.testing.assert_allclose(finals[0], finals[1], rtol=1e-6)
+
+
+# --- a convolution's columns ---------------------------------------------------------------------------------------
+COLUMN_KERNELS = ("gather_windows", "scatter_windows", "gather_image_windows", "scatter_image_windows")
+
+
+@pytest.fixture
+def column_calls(monkeypatch):
+    """The column kernels that ran, by name."""
+    seen: list[str] = []
+    module = compiled.kernels()
+    for name in COLUMN_KERNELS:
+        original = getattr(module, name)
+
+        def spy(*args, _original=original, _name=name):
+            seen.append(_name)
+            return _original(*args)
+        monkeypatch.setattr(module, name, spy)
+    return seen
+
+
+def _conv_all(be, x, w, b, dy, stride, padding):
+    """Forward, filter gradient and data gradient, each output pre-filled with NaN (every element is written)."""
+    ws: dict = {}
+    y = np.full(dy.shape, np.nan, x.dtype)
+    dw, dx = np.full(w.shape, np.nan, x.dtype), np.full(x.shape, np.nan, x.dtype)
+    be.conv2d(x, w, y, stride, padding, ws, b)
+    be.conv2d_grad_filter(x, dy, dw, stride, padding, ws)
+    be.conv2d_grad_data(dy, w, dx, stride, padding, ws)
+    return y, dw, dx
+
+
+CONV_CASES = [  # x shape, filters, kernel, stride, padding, the kernels that take it
+    ((16, 20, 12, 12), 50, 5, 1, 0, {"gather_windows", "scatter_windows"}),  # LeNet's second convolution
+    ((24, 6, 11, 9), 8, 3, 2, 1, {"gather_windows", "scatter_windows"}),  # strided, padded, ragged
+    ((16, 5, 10, 13), 4, (3, 2), (1, 3), 0, {"gather_windows", "scatter_windows"}),  # unequal windows and strides
+    ((8, 1, 28, 28), 20, 5, 1, 0, {"gather_image_windows", "scatter_image_windows"}),  # per image (LeNet's first)
+    ((4, 3, 33, 35), 6, 3, 2, 1, {"gather_image_windows", "scatter_image_windows"}),  # per image, strided, padded
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape,filters,kernel,stride,padding,kernels", CONV_CASES)
+def test_column_kernels_give_numpy_passes_values(small_inputs, column_calls, monkeypatch, rng, shape, filters,
+                                                 kernel, stride, padding, kernels, dtype):
+    """A convolution's columns gathered, and its data gradient's columns added back, by the kernels: exactly the
+    values of NumPy's passes (the same copies, the same sums in the same order), NaN in dy included, and the
+    float64 loop reference's."""
+    be = lp.backend("native")
+    kh, kw = (kernel, kernel) if isinstance(kernel, int) else kernel
+    sh, sw = (stride, stride) if isinstance(stride, int) else stride
+    n, c, h, wd = shape
+    oh, ow = (h + 2 * padding - kh) // sh + 1, (wd + 2 * padding - kw) // sw + 1
+    x = rng.standard_normal(shape).astype(dtype)
+    w = rng.standard_normal((filters, c, kh, kw)).astype(dtype)
+    b = rng.standard_normal(filters).astype(dtype)
+    dy = rng.standard_normal((n, filters, oh, ow)).astype(dtype)
+    args = ((sh, sw), (padding, padding))
+    got = _conv_all(be, x, w, b, dy, *args)
+    assert set(column_calls) == kernels
+    with monkeypatch.context() as m:
+        m.setattr(compiled, "_KERNELS", [None])
+        want = _conv_all(be, x, w, b, dy, *args)
+    for a, e in zip(got, want):
+        np.testing.assert_array_equal(a, e)
+    if (sh, sw) == (sh, sh):  # the loop reference takes one stride
+        y64 = ref.conv2d(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), (sh, sw), (padding,) * 2)
+        dx64, dw64, _ = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64),
+                                            (sh, sw), (padding,) * 2)
+        tol = 50 * np.finfo(dtype).eps
+        for a, e in zip(got, (y64, dw64, dx64)):
+            np.testing.assert_allclose(a, e, rtol=0, atol=tol * max(1.0, np.abs(e).max()))
+    dy[0, 0, 0, 0] = np.nan  # a NaN reaches the data gradient alike
+    got, want = _conv_all(be, x, w, b, dy, *args), None
+    with monkeypatch.context() as m:
+        m.setattr(compiled, "_KERNELS", [None])
+        want = _conv_all(be, x, w, b, dy, *args)
+    np.testing.assert_array_equal(got[2], want[2])
+    assert np.isnan(got[2][0]).any() and not np.isnan(got[2][1:]).any()
+
+
+def test_column_kernels_in_pieces_of_rows_and_of_the_batch(small_inputs, column_calls, monkeypatch, rng):
+    """Columns cut into pieces of output rows (large images) and of the batch: each piece through the kernels
+    (their first output row and the data gradient's running sums), exactly as NumPy's passes."""
+    be = lp.backend("native")
+    x = rng.standard_normal((16, 8, 14, 14)).astype(np.float32)
+    w = rng.standard_normal((12, 8, 3, 3)).astype(np.float32)
+    dy = rng.standard_normal((16, 12, 7, 7)).astype(np.float32)
+    results = []
+    for piece, minimum in ((6 << 10, 1 << 20), (16 << 10, 2)):  # rows of a few outputs; then 4 images a piece
+        monkeypatch.setattr(native.NativeBackend, "CONV_PIECE_BYTES", piece)
+        monkeypatch.setattr(native.NativeBackend, "CONV_BATCH_PIECE_MIN", minimum)
+        monkeypatch.setattr(compiled, "MIN_BATCH_RUN", 1)
+        column_calls.clear()
+        got = _conv_all(be, x, w, None, dy, (2, 2), (1, 1))
+        assert column_calls.count("gather_windows") > 2 and column_calls.count("scatter_windows") > 1
+        with monkeypatch.context() as m:
+            m.setattr(compiled, "_KERNELS", [None])
+            want = _conv_all(be, x, w, None, dy, (2, 2), (1, 1))
+        for a, e in zip(got, want):
+            np.testing.assert_array_equal(a, e)
+        results.append(got)
+    for a, e in zip(*results):
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("what", ["short batch", "small", "float16", "strided input"])
+def test_what_the_column_kernels_leave_to_numpy(column_calls, rng, what):
+    be = lp.backend("native")
+    n = 8 if what == "short batch" else 32
+    x = rng.standard_normal((n, 20, 12, 12)).astype(np.float16 if what == "float16" else np.float32)
+    if what == "small":  # 1 x 5 x 5 taps over 8 x 8 outputs of 32 images: 51,200 values of columns
+        x = np.ascontiguousarray(x[:, :1])
+    w = rng.standard_normal((50, x.shape[1], 5, 5)).astype(x.dtype)
+    dy = rng.standard_normal((n, 50, 8, 8)).astype(x.dtype)
+    if what == "strided input":  # the data gradient lands in a view: its own scratch, contiguous, takes the kernel
+        x = np.concatenate([x, x], axis=3)[..., ::2]
+    _conv_all(be, x, w, None, dy, (1, 1), (0, 0))
+    if what == "strided input":
+        assert column_calls == ["gather_windows", "scatter_windows"]  # NumPy copied the view in first
+    else:
+        assert column_calls == []
+    x32 = np.ascontiguousarray(x, np.float32)  # and the same at 32 images of float32 values, contiguous: taken
+    x32 = np.concatenate([x32] * (32 // n), axis=0) if n < 32 else x32
+    w32, dy32 = w.astype(np.float32), np.concatenate([dy.astype(np.float32)] * (32 // n), axis=0)
+    if what == "small":
+        return
+    column_calls.clear()
+    _conv_all(be, x32, w32, None, dy32, (1, 1), (0, 0))
+    assert column_calls == ["gather_windows", "scatter_windows"]
 
 
 # --- fused calls of a recorded step -----------------------------------------------------------------------------------

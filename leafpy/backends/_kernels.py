@@ -157,3 +157,72 @@ def relu_grad_bias(y, dy, dx, db, beta, accumulate):  # pragma: no cover - compi
     else:
         for j in range(c):
             db[j] = total[j]
+
+
+@_jit
+def gather_windows(x, cols, sh, sw, row0):  # pragma: no cover - compiled
+    """cols [C, kh, kw, R, ow, N] = x [C, H, W, N] at (c, i + sh * (row0 + r), j + sw * q): a convolution's
+    batch-innermost columns of output rows row0..row0 + R, each run of N values one contiguous copy."""
+    c, kh, kw, rows, ow, n = cols.shape
+    for ch in range(c):
+        for i in range(kh):
+            for j in range(kw):
+                for r in range(rows):
+                    for q in range(ow):
+                        src, dst = x[ch, i + sh * (row0 + r), j + sw * q], cols[ch, i, j, r, q]
+                        for k in range(n):
+                            dst[k] = src[k]
+
+
+@_jit
+def scatter_windows(cols, x, sh, sw, row0):  # pragma: no cover - compiled
+    """x [C, H, W, N] at (c, i + sh * (row0 + r), j + sw * q) += cols [C, kh, kw, R, ow, N]: the data gradient's
+    columns added back, window position by window position, as NumPy's passes add them (the same sums)."""
+    c, kh, kw, rows, ow, n = cols.shape
+    for ch in range(c):
+        for i in range(kh):
+            for j in range(kw):
+                for r in range(rows):
+                    for q in range(ow):
+                        src, dst = cols[ch, i, j, r, q], x[ch, i + sh * (row0 + r), j + sw * q]
+                        for k in range(n):
+                            dst[k] += src[k]
+
+
+@_jit
+def gather_image_windows(x, cols, kh, kw, oh, ow, sh, sw):  # pragma: no cover - compiled
+    """cols [N, >= C·kh·kw, oh·ow]: row (c·kh + i)·kw + j of image m at r·ow + q = x [N, C, H, W] at
+    (m, c, i + sh·r, j + sw·q): a convolution's columns per image (the rows past C·kh·kw are left alone)."""
+    n, c = x.shape[0], x.shape[1]
+    for m in range(n):
+        for ch in range(c):
+            for i in range(kh):
+                for j in range(kw):
+                    row = cols[m, (ch * kh + i) * kw + j]
+                    for r in range(oh):
+                        src, base = x[m, ch, i + sh * r], r * ow
+                        if sw == 1:  # a contiguous run: vector copies
+                            for q in range(ow):
+                                row[base + q] = src[j + q]
+                        else:
+                            for q in range(ow):
+                                row[base + q] = src[j + sw * q]
+
+
+@_jit
+def scatter_image_windows(cols, x, sh, sw):  # pragma: no cover - compiled
+    """x [N, C, H, W] at (m, c, i + sh·r, j + sw·q) += cols [N, C, kh, kw, oh, ow], window position by window
+    position, as NumPy's passes add them."""
+    n, c, kh, kw, oh, ow = cols.shape
+    for m in range(n):
+        for ch in range(c):
+            for i in range(kh):
+                for j in range(kw):
+                    for r in range(oh):
+                        src, dst = cols[m, ch, i, j, r], x[m, ch, i + sh * r]
+                        if sw == 1:
+                            for q in range(ow):
+                                dst[j + q] += src[q]
+                        else:
+                            for q in range(ow):
+                                dst[j + sw * q] += src[q]

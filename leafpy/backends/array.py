@@ -401,16 +401,28 @@ class ArrayBackend(Backend):
         last row of ones (the bias's column), into scratch sized for ``rows`` output rows: the layer's own ("cols",
         kept for the filter gradient) or a piece that lives for this call."""
         c, n = xt.shape[0], xt.shape[3]
-        sh = stride[0]
         k = c * kh * kw
         size = ((k + 1) * rows * ow * n,)
         buf = self._scratch(ws, "cols", size, xt.dtype) if keep else self._work(ws, "cols_piece", size, xt.dtype)
         cols = buf[:(k + 1) * (b - a) * ow * n].reshape(k + 1, -1)
-        windows = cols[:k].reshape(c, kh, kw, b - a, ow, n)
-        for i, j, _, columns in self._windows(kh, kw, b - a, ow, stride):
-            windows[:, i, j] = xt[:, i + sh * a:i + sh * (b - 1) + 1:sh, columns, :]
+        self._gather_windows(xt, cols[:k].reshape(c, kh, kw, b - a, ow, n), a, stride)
         cols[k] = 1
         return cols
+
+    def _gather_windows(self, xt: Array, windows: Array, a: int, stride: Pair) -> None:
+        """windows [C, kh, kw, R, ow, N] = the taps of xt [C, H, W, N] for output rows a..a + R."""
+        sh = stride[0]
+        _, kh, kw, rows, ow, _ = windows.shape
+        for i, j, _, columns in self._windows(kh, kw, rows, ow, stride):
+            windows[:, i, j] = xt[:, i + sh * a:i + sh * (a + rows - 1) + 1:sh, columns, :]
+
+    def _scatter_windows(self, windows: Array, dxt: Array, a: int, stride: Pair) -> None:
+        """dxt [C, H, W, N] += windows [C, kh, kw, R, ow, N] at their taps for output rows a..a + R, window position
+        by window position."""
+        sh = stride[0]
+        _, kh, kw, rows, ow, _ = windows.shape
+        for i, j, _, columns in self._windows(kh, kw, rows, ow, stride):
+            dxt[:, i + sh * a:i + sh * (a + rows - 1) + 1:sh, columns, :] += windows[:, i, j]
 
     def _row_spans(self, oh: int, row_bytes: int) -> list[tuple[int, int]]:
         """Output rows per piece of a convolution's columns (row_bytes: the columns of one output row): all at once
@@ -594,7 +606,6 @@ class ArrayBackend(Backend):
         n, _, h, wd = dx.shape
         oh, ow = dy.shape[2], dy.shape[3]
         ph, pw = padding
-        sh = stride[0]
         dy_t = self._dy_t(dy, ws)
         ws["dy_t_fresh"] = False  # the data gradient is the last to read it: a later call may bring new dy values
         shape = (c, h + 2 * ph, wd + 2 * pw, n)
@@ -606,9 +617,7 @@ class ArrayBackend(Backend):
         for a, b in spans:  # each piece's scatter while it is in cache
             dcols = piece[:k * (b - a) * row].reshape(k, -1)
             self.xp.matmul(w.reshape(o, -1).T, dy_t[:, a * row:b * row], out=dcols)
-            d6 = dcols.reshape(c, kh, kw, b - a, ow, n)
-            for i, j, _, columns in self._windows(kh, kw, b - a, ow, stride):
-                dxt[:, i + sh * a:i + sh * (b - 1) + 1:sh, columns, :] += d6[:, i, j]
+            self._scatter_windows(dcols.reshape(c, kh, kw, b - a, ow, n), dxt, a, stride)
         if ph or pw or not dx.flags.c_contiguous:
             dx[...] = dxt[:, ph:ph + h, pw:pw + wd, :].transpose(3, 0, 1, 2)
         else:

@@ -11,11 +11,13 @@ operation. The kernels here make one where NumPy makes several:
   sign aside): the first of equal maxima, NaN propagated to the output (the mask then keeps the last position that
   was larger before it), and a gradient that is ``dy * (mask == position)``, summed where windows overlap in
   NumPy's order, so a NaN in ``dy`` reaches every position of its window as it does through NumPy.
+- a convolution's batch-innermost columns (:func:`windows_case`): gathered from its input and added back into
+  its input's gradient, one loop over every window position where NumPy makes a strided pass per position.
 - a recorded training step's calls (:func:`fuse`): a Linear layer's bias and the ReLU after it, and the ReLU's
   gradient with the bias gradient of the Linear before it, each one pass.
 
 They are serial (no thread pool of their own beside the BLAS's) and compiled once per dtype into numba's cache;
-numba is imported only when work at least :data:`MIN_ELEMENTS` (pooling) or :data:`FUSE_MIN_ELEMENTS` (fused
+numba is imported only when work at least :data:`MIN_ELEMENTS` (pooling, columns) or :data:`FUSE_MIN_ELEMENTS` (fused
 calls) large runs, so small models (``make demo``) start as fast as without it. ``LEAFPY_COMPILED=0`` in the
 environment, set before the first such call, turns them off."""
 
@@ -31,6 +33,9 @@ import numpy as np
 MIN_ELEMENTS = 1 << 16
 """Smaller pooling inputs stay with NumPy (there a call costs microseconds either way, and numba's import, about
 0.4 s, would not pay)."""
+
+MIN_BATCH_RUN = 16
+"""The shortest batch (the innermost run of a convolution's batch-innermost columns) the column kernels take."""
 
 _KERNELS: list[Any] = []
 _LOADING = threading.Lock()
@@ -88,6 +93,22 @@ def max_pool_grad(case: str, dy: Any, dx: Any, mask: Any, kernel: tuple, stride:
         k.max_pool_2x2_grad(dy, dx, mask)
     else:
         k.max_pool_grad(dy, dx, mask, kernel[0], kernel[1], stride[0], stride[1])
+
+
+def windows_case(x: Any, windows: Any, ndim: int = 6) -> bool:
+    """Whether the kernels take a convolution's columns gathered from, or added back into, ``x`` (4-D: [C, H, W, N]
+    batch innermost, :meth:`ArrayBackend._gather_windows`, or [N, C, H, W] per image): C-contiguous float32/float64
+    arrays of one dtype, ``windows`` of ``ndim`` dimensions and at least :data:`MIN_ELEMENTS` values. NumPy's path
+    makes a strided pass per window position; the data gradient's adds (LeNet-64's second convolution: 25 passes of
+    20 x 8 x 8 x 64 values) take 1.5 ms there and 0.4 in the kernel, the first convolution's columns per image
+    (64 x 25 x 24 x 24) 0.5 and 0.3. A batch-innermost run shorter than :data:`MIN_BATCH_RUN` stays with NumPy
+    (its passes copy rows of the image there; the kernel's loop over the batch is too short: a batch of 1 or 4
+    took 1.2-1.6x as long)."""
+    if ndim == 6 and windows.ndim == 6 and windows.shape[5] < MIN_BATCH_RUN:
+        return False
+    return (windows.size >= MIN_ELEMENTS and x.ndim == 4 and windows.ndim == ndim and x.dtype == windows.dtype
+            and x.dtype.kind == "f" and x.dtype.itemsize in (4, 8) and x.flags.c_contiguous
+            and windows.flags.c_contiguous and kernels() is not None)
 
 
 # --- fusing a recorded step's calls ---------------------------------------------------------------------------------

@@ -222,9 +222,12 @@ class NativeBackend(ArrayBackend):
         k = c * kh * kw
         cols = self._scratch(ws, "image_cols", (n, k + 1, oh * ow), x.dtype)
         cols[:, k] = 1
-        windows = cols[:, :k].reshape(n, c, kh, kw, oh, ow)  # a view: the first k rows split by channel and tap
-        for i, j, rows, columns in self._windows(kh, kw, oh, ow, stride):
-            windows[:, :, i, j] = src[:, :, rows, columns]
+        if compiled.windows_case(src, cols, 3):
+            compiled.kernels().gather_image_windows(src, cols, kh, kw, oh, ow, *stride)
+        else:
+            windows = cols[:, :k].reshape(n, c, kh, kw, oh, ow)  # a view: the first k rows split by channel and tap
+            for i, j, rows, columns in self._windows(kh, kw, oh, ow, stride):
+                windows[:, :, i, j] = src[:, :, rows, columns]
         ws["image_cols_of"] = self._identity(x)
         return cols
 
@@ -283,8 +286,11 @@ class NativeBackend(ArrayBackend):
         if ph or pw:
             target = self._work(ws, "dx_padded", (n, c, h + 2 * ph, wd + 2 * pw), dx.dtype)
         target.fill(0)
-        for i, j, rows, columns in self._windows(kh, kw, oh, ow, stride):
-            target[:, :, rows, columns] += dcols[:, :, i, j]
+        if compiled.windows_case(target, dcols):
+            compiled.kernels().scatter_image_windows(dcols, target, *stride)
+        else:
+            for i, j, rows, columns in self._windows(kh, kw, oh, ow, stride):
+                target[:, :, rows, columns] += dcols[:, :, i, j]
         if target is not dx:
             dx[...] = target[:, :, ph:ph + h, pw:pw + wd]
 
@@ -357,6 +363,16 @@ class NativeBackend(ArrayBackend):
         for a, b in self._pieces(dx.shape[0], dx[0].nbytes, self.POOL_PIECE_BYTES):
             super().pool2d_grad(dy[a:b], dx[a:b], None if mask is None else mask[a:b], mode, kernel, stride,
                                 padding, pad_end, count_pad)
+
+    def _gather_windows(self, xt, windows, a, stride):
+        if compiled.windows_case(xt, windows):
+            return compiled.kernels().gather_windows(xt, windows, stride[0], stride[1], a)
+        return super()._gather_windows(xt, windows, a, stride)
+
+    def _scatter_windows(self, windows, dxt, a, stride):
+        if compiled.windows_case(dxt, windows):
+            return compiled.kernels().scatter_windows(windows, dxt, stride[0], stride[1], a)
+        return super()._scatter_windows(windows, dxt, a, stride)
 
     FILTER_SPLIT = 1024
     FILTER_SPLIT_MAX_OUTPUTS = 4096
