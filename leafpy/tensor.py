@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -51,6 +52,49 @@ def recording() -> bool:
     """Whether a backend is recording a step on this thread (inside :func:`recording_accesses`): work skipped while
     recording would be missing from every replay of the step."""
     return _ACCESSES.get() is not None
+
+
+_ARENAS: dict[int, weakref.ref] = {}
+"""The host buffers :func:`host_arena` made, by id: storages in them may be laid out again."""
+
+
+def _in_arena(buf: np.ndarray) -> bool:
+    ref = _ARENAS.get(id(buf.base))
+    return ref is not None and ref() is buf.base
+
+
+def host_arena(tensors: Sequence[SharedTensor]) -> bool:
+    """Lay the host copies of ``tensors`` (distinct storages of one dtype) out one after another in one new buffer,
+    in the given order, their values kept: an elementwise pass over all of them is then one pass over one buffer.
+    False (nothing moved) where a storage appears twice or its host copy is memory leafpy did not allocate (an
+    array given to :meth:`SharedTensor.from_dlpack`, which must stay shared with its owner)."""
+    storages = [t._st for t in tensors]
+    if not storages or len({id(st) for st in storages}) != len(storages):
+        return False
+    dtype = storages[0].dtype
+    if any(st.dtype != dtype for st in storages):
+        return False
+    for st in storages:
+        entry = st.copies.get(HOST)
+        if entry is not None and entry[1].base is not None and not _in_arena(entry[1]):
+            return False
+    arena = np.empty(sum(st.size for st in storages), dtype)
+    offset = 0
+    for st in storages:
+        piece = arena[offset:offset + st.size]
+        entry = st.copies.get(HOST)
+        if entry is None:  # no host copy yet: zeros, as a new one would be (its freshness says where the values are)
+            piece.fill(0)
+        else:
+            piece[...] = entry[1]
+        st.copies[HOST] = (None, piece)
+        offset += st.size
+    key = id(arena)
+
+    def forget(_: weakref.ref, key: int = key) -> None:
+        _ARENAS.pop(key, None)
+    _ARENAS[key] = weakref.ref(arena, forget)
+    return True
 
 
 def as_numbers(array: Any, where: str) -> np.ndarray:

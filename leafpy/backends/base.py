@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -525,6 +525,12 @@ class Backend:
         softmax run there under bf16 and fp16)."""
         return self
 
+    def arrange(self, groups: Sequence[Sequence[Any]]) -> None:
+        """A solver's hint, given before its updates run eagerly: each group's SharedTensors (its weights, the
+        gradients its updates read, each history buffer of theirs) are updated together, elementwise, in this
+        order. A backend may lay each group's copies out one after another, their values kept (the native backend
+        does: its recorded step then updates a run of weights in one call). By default nothing changes."""
+
     def run_step(self, key: Any, step: Any) -> None:
         """Run ``step()``, a whole training step. A backend may record it the first times a ``key`` is seen and
         replay the recording afterwards (the key covers everything the step's launches depend on; None: the step
@@ -540,7 +546,8 @@ class Backend:
         return f"<{type(self).__name__} {self.key} {self.dtype}{mode}>"
 
 
-OPTIONAL_HOOKS = ("run_step", "peak_memory", "cast", "full_precision", "memory_order", "relayout", "upload_batch")
+OPTIONAL_HOOKS = ("run_step", "peak_memory", "cast", "full_precision", "memory_order", "relayout", "upload_batch",
+                  "arrange")
 UPDATE_SHORTHANDS = ("momentum_update", "nesterov_update", "adam_update", "rmsprop_update", "adagrad_update",
                      "adadelta_update")
 SHORTHANDS = ("relu", "relu_grad", "sigmoid", "sigmoid_grad", "tanh", "tanh_grad", "sum_squares",

@@ -24,11 +24,14 @@ environment, set before the first such call, turns them off."""
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import threading
 from typing import Any
 
 import numpy as np
+
+from . import updates
 
 MIN_ELEMENTS = 1 << 16
 """Smaller pooling inputs stay with NumPy (there a call costs microseconds either way, and numba's import, about
@@ -109,6 +112,37 @@ def windows_case(x: Any, windows: Any, ndim: int = 6) -> bool:
     return (windows.size >= MIN_ELEMENTS and x.ndim == 4 and windows.ndim == ndim and x.dtype == windows.dtype
             and x.dtype.kind == "f" and x.dtype.itemsize in (4, 8) and x.flags.c_contiguous
             and windows.flags.c_contiguous and kernels() is not None)
+
+
+_LOOPS: dict[Any, Any] = {}
+
+
+def update_loop(rule: Any) -> tuple[Any, Any] | None:
+    """(prepare, kernel) of an update rule's line (``updates.loop_sources``: one pass over the elements, with the
+    values of the NumPy code), compiled once per line; None where the line computes what a loop does not take or
+    the kernels are unavailable. Adam's update of MLP-128's 669,706 weights on a 2-core Xeon: 2.9 ms through
+    NumPy's ufunc calls over cached pieces, 0.5 in one pass."""
+    if rule not in _LOOPS:
+        k: Any = kernels()
+        sources = updates.loop_sources(rule) if k is not None else None
+        if sources is None:
+            _LOOPS[rule] = None
+        else:
+            space: dict[str, Any] = {"np": np, "math": math}
+            exec(compile(sources[0], f"<update rule {rule.name}: prepare>", "exec"), space)
+            exec(compile(sources[1], f"<update rule {rule.name}: kernel>", "exec"), space)
+            # NumPy's error model: a division is IEEE's (no zero check in the loop, which would keep it scalar)
+            jit = k.numba.njit(nogil=True, boundscheck=False, error_model="numpy")
+            _LOOPS[rule] = (space["prepare"], jit(space["kernel"]))
+    return _LOOPS[rule]
+
+
+def update_case(w: Any, g: Any, states: tuple) -> bool:
+    """Whether an update's arrays suit the loop kernels: at least :data:`MIN_ELEMENTS` weights, every array
+    C-contiguous, of the weight's float32/float64 dtype and its size."""
+    if w.size < MIN_ELEMENTS or w.dtype.kind != "f" or w.dtype.itemsize not in (4, 8):
+        return False
+    return all(a.flags.c_contiguous and a.dtype == w.dtype and a.size == w.size for a in (w, g, *states))
 
 
 # --- fusing a recorded step's calls ---------------------------------------------------------------------------------

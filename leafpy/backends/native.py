@@ -9,6 +9,7 @@ by all layers. Each tuning attribute below says what it was measured to do."""
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import os
 import threading
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendUnavailable, ConfigError
-from ..tensor import HOST
+from ..tensor import HOST, host_arena
 from . import compiled, mkl, updates
 from .array import ArrayBackend
 from .base import MEMORY, PRIMITIVES
@@ -85,6 +86,15 @@ class NativeBackend(ArrayBackend):
                 if copy is not None:
                     self.cast(w, copy)
                 return
+        line = updates.TABLE.get(kind) or updates.rule(kind)
+        states = tuple(s for s in (s1, s2, s3)[:len(line.state)])
+        if compiled.update_case(w, g, states) and (loop := compiled.update_loop(line)) is not None:
+            consts = loop[0](rate, lr_mult, params, w.dtype)  # the rule's scalars; None: the step is skipped
+            if consts is not None:
+                loop[1](consts, w.reshape(-1), g.reshape(-1), *(s.reshape(-1) for s in states))
+            if copy is not None:
+                self.cast(w, copy)
+            return
         super().solver_update(kind, w, g, rate, lr_mult, params, s1, s2, s3, copy)
 
     def _work(self, ws, name, shape, dtype=None):
@@ -167,7 +177,12 @@ class NativeBackend(ArrayBackend):
             return None, True
         finally:
             self._threads.calls = None
-        return (None if self._threads.read_back else compiled.fuse(calls, FUSABLE)), True
+        return (None if self._threads.read_back else compiled.fuse(join_updates(calls), FUSABLE)), True
+
+    def arrange(self, groups):
+        if self.key == HOST:  # host copies only (a channels-last native backend keeps copies of its own)
+            for group in groups:
+                host_arena(group)
 
     def launch(self, recording: Any) -> None:
         for fn, args, kwargs in recording:
@@ -422,5 +437,110 @@ def _recorded(fn: Any) -> Any:
 for _name in RECORDED:
     setattr(NativeBackend, _name, _recorded(getattr(NativeBackend, _name)))
 FUSABLE = {name: getattr(NativeBackend, name).__wrapped__
-           for name in ("bias_add", "activation", "activation_grad", "bias_grad", "gemm")}
+           for name in ("bias_add", "activation", "activation_grad", "bias_grad", "gemm", "solver_update", "axpby")}
 """The native backend's own primitives that :func:`compiled.fuse` may join, as a recorded call holds them."""
+
+
+# --- a recorded step's updates joined ---------------------------------------------------------------------------------
+_UPDATE = inspect.signature(FUSABLE["solver_update"])
+
+
+def join_updates(calls: list) -> list:
+    """A recorded step's calls with each run of alike updates (the same rule, rate buffer, lr_mult and
+    hyper-parameters, no 16-bit copy; each with or without the L2 decay's ``axpby(decay, w, 1.0, g)`` before it)
+    whose weights, gradients and history buffers lie one after another in memory (Solver._update_order and
+    :meth:`NativeBackend.arrange` lay them out so) as one update over the whole run (and one ``axpby``): the same
+    formula per element, so the same values; one pass, and one call, where there were several."""
+    out: list = []
+    i = 0
+    while i < len(calls):
+        run, kind = [], None
+        j = i
+        while j < len(calls):
+            unit = _update_unit(calls, j)
+            if unit is None or (kind is not None and unit[0] != kind):
+                break
+            kind = unit[0]
+            run.append(unit[1])
+            j += 2 if unit[1]["decay"] is not None else 1
+        joined = _joined(run) if len(run) > 1 else None
+        if joined is None:
+            out.append(calls[i])
+            i += 1
+            continue
+        out.extend(joined)
+        i = j
+    return out
+
+
+def _update_unit(calls: list, i: int) -> tuple[tuple, dict] | None:
+    """(what a joined run must share, the operands) of the update starting at call ``i``, or None."""
+    call = calls[i]
+    decay = None
+    if _own(call, "axpby") and i + 1 < len(calls) and _own(calls[i + 1], "solver_update"):
+        alpha, x, beta, y = (call[1] + (None,) * 4)[:4] if not call[2] else (None,) * 4
+        decay, call = (alpha, x, y), calls[i + 1]
+        if beta != 1.0 or type(alpha) is not float:
+            return None
+    if not _own(call, "solver_update"):
+        return None
+    try:
+        bound = _UPDATE.bind(None, *call[1], **call[2]).arguments
+    except TypeError:
+        return None
+    if bound.get("copy") is not None or type(bound["lr_mult"]) is not float:
+        return None
+    states = tuple(k for k in ("s1", "s2", "s3") if bound.get(k) is not None)
+    if decay is not None and not (decay[1] is bound["w"] and decay[2] is bound["g"]):
+        return None
+    kind = (bound["kind"], id(bound["rate"]), bound["lr_mult"], tuple(bound["params"]), states,
+            None if decay is None else decay[0])
+    return kind, {"call": call, "decay": decay, "bound": bound, "states": states}
+
+
+def _own(call: tuple, name: str) -> bool:
+    return getattr(call[0], "__func__", None) is FUSABLE[name]
+
+
+def _joined(run: list) -> list | None:
+    """The joined calls of ``run`` (units of :func:`_update_unit`), or None where the operands are not adjacent."""
+    first = run[0]["bound"]
+    spans = {}
+    for name in ("w", "g", *run[0]["states"]):
+        span = _span([unit["bound"][name] for unit in run])
+        if span is None:
+            return None
+        spans[name] = span
+    if any(np.may_share_memory(spans[a], spans[b]) for a in spans for b in spans if a < b):
+        return None
+    fn = run[0]["call"][0]
+    calls: list = []
+    if run[0]["decay"] is not None:
+        axpby = fn.__self__.axpby.__wrapped__.__get__(fn.__self__)
+        calls.append((axpby, (run[0]["decay"][0], spans["w"], 1.0, spans["g"]), {}))
+    kwargs = {name: spans[name] for name in run[0]["states"]}
+    calls.append((fn, (first["kind"], spans["w"], spans["g"], first["rate"], first["lr_mult"], first["params"]),
+                  kwargs))
+    return calls
+
+
+def _span(arrays: list) -> np.ndarray | None:
+    """One flat view over ``arrays`` where they lie one after another, in order, in one contiguous 1-D buffer of
+    their dtype (C-contiguous each), else None."""
+    root = arrays[0]
+    while root.base is not None:
+        root = root.base
+    if not (isinstance(root, np.ndarray) and root.ndim == 1 and root.flags.c_contiguous
+            and root.dtype == arrays[0].dtype):
+        return None
+    start = address = arrays[0].__array_interface__["data"][0]
+    for a in arrays:
+        base = a
+        while base.base is not None:
+            base = base.base
+        if (base is not root or a.dtype != root.dtype or not a.flags.c_contiguous
+                or a.__array_interface__["data"][0] != address):
+            return None
+        address += a.nbytes
+    begin = (start - root.__array_interface__["data"][0]) // root.itemsize
+    return root[begin:begin + (address - start) // root.itemsize]

@@ -335,6 +335,88 @@ def numpy_function(r: Rule) -> tuple[Callable[..., None], int, int]:
     return namespace["run"], scratch, len(r.state)
 
 
+# --- one loop over the elements (the native backend's numba kernels) ------------------------------------------------
+LOOP_OPS = frozenset({"add", "sub", "mul", "div", "neg", "sqrt"})
+"""What a formula may compute per element for :func:`loop_sources` (the operations IEEE rounds exactly, so a loop
+gives the values of NumPy's ufuncs)."""
+
+
+def loop_sources(r: Rule) -> tuple[str, str, int] | None:
+    """The line ``r`` as one pass over the elements, with the values of :func:`numpy_function` (None where a step
+    computes per element something outside :data:`LOOP_OPS`): Python source of ``prepare(rate, lr_mult, params,
+    dtype)``, which returns None where ``rate[1]`` is 0, else the scalars the elements read, computed as the NumPy
+    code computes them (in Python floats, rounded to the arrays' dtype where an element meets them, as NumPy rounds
+    a Python float); source of ``kernel(consts, w, g, *state)`` over flat arrays, each element's steps in the
+    arrays' dtype; and the number of state arrays."""
+    head = ["if rate[1] == 0:", "    return None"]
+    head += [f"{name} = float(rate[{i}]) * lr_mult" for name, i in RATES.items() if name in r.rates]
+    if r.params:
+        head.append(f"{''.join(f'p_{p}, ' for p in r.params)}= params")
+    consts: list[str] = []  # scalars that meet elements: consts[k]
+    body: list[str] = []
+    env: dict[str, tuple[str, str]] = {n: ("elem", f"v_{n}") for n in ("w", "g", *r.state)}
+    env |= {n: ("scalar", n) for n in r.rates} | {n: ("scalar", f"p_{n}") for n in r.params}
+    for k, (target, expr) in enumerate(r.steps):
+        memo: dict[int, tuple[str, str]] = {}
+
+        def gen(n: Expr, k: int = k, memo: dict = memo) -> tuple[str, str] | None:
+            if id(n) in memo:
+                return memo[id(n)]
+            if n.op == "const":
+                return "scalar", repr(float(n.args[0]))
+            if n.op == "var":
+                return env[n.args[0]]
+            if n.op == "param":
+                return "scalar", f"p_{n.args[0]}"
+            kids = [gen(c) for c in n.children()]
+            if any(c is None for c in kids):
+                return None
+            name = f"x{k}_{len(memo)}"
+            if all(c[0] == "scalar" for c in kids):  # type: ignore[index]
+                fn = _PY.get(n.op, f"math.{n.op}({{}})")
+                head.append(f"{name} = {fn.format(*(c[1] for c in kids))}")  # type: ignore[index]
+                memo[id(n)] = ("scalar", name)
+                return memo[id(n)]
+            if n.op not in LOOP_OPS:
+                return None
+            args = []
+            for kind, text in kids:  # type: ignore[misc]
+                if kind == "scalar":
+                    consts.append(text)
+                    text = f"k{len(consts) - 1}"
+                args.append(text)
+            form = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "div": "({} / {})", "neg": "(-{})",
+                    "sqrt": "np.sqrt({})"}[n.op]
+            body.append(f"{name} = {form.format(*args)}")
+            memo[id(n)] = ("elem", name)
+            return memo[id(n)]
+
+        value = gen(expr)
+        if value is None:
+            return None
+        if value[0] == "scalar" and target in r.locals:
+            env[target] = value
+            continue
+        if value[0] == "scalar":  # a buffer assigned a scalar: each element gets it
+            consts.append(value[1])
+            value = ("elem", f"k{len(consts) - 1}")
+        local = f"v_{target}" if target in ("w", *r.state) else f"l_{target}"
+        body.append(f"{local} = {value[1]}")
+        env[target] = ("elem", local)
+    head.append(f"return np.array([{', '.join(consts)}], dtype)")
+    buffers = ("w", "g", *r.state)
+    written = [n for n in buffers if n in {t for t, _ in r.steps}]
+    prepare = "\n".join(["def prepare(rate, lr_mult, params, dtype):", *(f"    {ln}" for ln in head)])
+    kernel = "\n".join([
+        f"def kernel(consts, {', '.join(buffers)}):",
+        *(f"    k{i} = consts[{i}]" for i in range(len(consts))),
+        "    for i in range(w.size):",
+        *(f"        v_{n} = {n}[i]" for n in buffers),
+        *(f"        {ln}" for ln in body),
+        *(f"        {n}[i] = v_{n}" for n in written)])
+    return prepare + "\n", kernel + "\n", len(r.state)
+
+
 # --- C (CuPy ElementwiseKernel) and WGSL text -------------------------------------------------------------------------
 def _statements(r: Rule, names: dict[str, str], dialect: str, declare: str) -> list[str]:
     """The steps as assignments (a local's first one declared with ``declare``), in C or WGSL."""

@@ -24,7 +24,7 @@ from ..errors import ConfigError, LeafpyError, SerializationError, ShapeError
 from ..layers.container.sequential import batch_free
 from ..layers.layer import Layer, LayerConfig, WeightConfig
 from ..layers.network import Network
-from ..tensor import SharedTensor, as_numbers
+from ..tensor import SharedTensor, as_numbers, recording
 
 LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid", "cosine")
 _SOLVER_TOKENS = itertools.count()
@@ -332,6 +332,9 @@ class Solver:
         self._ws: dict = {}  # the backend's workspace for the gradients' sum of squares (Backend.sum_squares)
         self._slots: list[tuple[Layer, int] | None] = []  # see _copy_slots
         self._slots_of: Any = None
+        self._order: list[int] = []  # see _update_order
+        self._order_of: Any = None
+        self._arranged = False
         # [the step's rate (rule.step_rate), uploaded before each step when it changed; 1 to apply the update or 0
         # to skip it, written on the device under loss scaling; for a rule with decoupled weight decay, the policy's
         # rate]
@@ -628,9 +631,10 @@ class Solver:
                 be.scal(1.0 / cfg.minibatch_size, g)
         rate = self._rate.read(be)
         own_copy = type(self.rule).update is UpdateRule.update  # a rule of its own may not take ``copy``
-        for w, g, wc, state, slot in zip(weights, g_bufs, configs, self.state, self._copy_slots()):
-            if wc.lr_mult == 0.0:  # a weight that never moves (BatchNorm's running statistics): nothing to launch
-                continue
+        order = self._update_order(grads)
+        slots = self._copy_slots()
+        for i in order:
+            w, g, wc, state, slot = weights[i], g_bufs[i], configs[i], self.state[i], slots[i]
             wb = w.read_write(be)
             decay = (cfg.weight_decay or 0.0) * wc.decay_mult
             st = [s.read_write(be) for s in state]
@@ -644,6 +648,28 @@ class Solver:
                 self.rule.update(be, wb, g, st, rate, wc.lr_mult, **extra)
                 if low is not None:
                     be.cast(wb, low)
+
+    def _update_order(self, grads: Sequence[SharedTensor]) -> list[int]:
+        """The weights updated, in the order their updates run: those that move (a weight with lr_mult 0, such as
+        BatchNorm's running statistics, has nothing to launch), weights alike in lr_mult, decay_mult and their
+        16-bit copy next to each other (the updates are independent). Once per binding, before an update runs
+        eagerly, the backend is told (Backend.arrange): the native backend then lays the weights, these gradients
+        and each history buffer out in this order, and runs a run of alike updates in its recorded step as one."""
+        params = self._network.parameters()
+        if self._order_of != (params, grads[0] if grads else None):
+            configs, slots = params[3], self._copy_slots()
+            moving = [i for i, wc in enumerate(configs) if wc.lr_mult != 0.0]
+            self._order = sorted(moving, key=lambda i: (configs[i].lr_mult, configs[i].decay_mult,
+                                                        slots[i] is not None))
+            self._order_of = (params, grads[0] if grads else None)
+            self._arranged = False
+        if not self._arranged and not recording():  # a recorded step binds the buffers it saw: arranged eagerly
+            weights, order = params[0], self._order
+            groups = [[weights[i] for i in order], [grads[i] for i in order]]
+            groups += [[self.state[i][k] for i in order] for k in range(len(self.rule.state_names))]
+            self._network.backend.arrange(groups)
+            self._arranged = True
+        return self._order
 
     def _copy_slots(self) -> list[tuple[Layer, int] | None]:
         """Per learnable weight (in the order of the network's parameters), the (layer, index) of its bf16/fp16
