@@ -16,7 +16,8 @@ import pytest
 import reference as ref
 
 import leafpy as lp
-from leafpy.backends import compiled, native
+from leafpy.backends import compiled, native, updates
+from leafpy.backends.pointwise import exp, param, sqrt, var
 
 pytest.importorskip("numba")
 
@@ -331,6 +332,129 @@ def test_what_the_column_kernels_leave_to_numpy(column_calls, rng, what):
     column_calls.clear()
     _conv_all(be, x32, w32, None, dy32, (1, 1), (0, 0))
     assert column_calls == ["gather_windows", "scatter_windows"]
+
+
+# --- update rules as one loop over the elements -------------------------------------------------------------------
+HYPER = {"momentum": (0.9,), "nesterov": (0.9,), "adam": (0.9, 0.999, 1e-8), "adamw": (0.9, 0.999, 1e-8, 0.01),
+         "rmsprop": (0.95, 1e-8), "adagrad": (1e-8,), "adadelta": (0.95, 1e-6)}
+
+
+def _loops_run(monkeypatch) -> list[str]:
+    """The rules whose loop kernel ran, by name."""
+    seen: list[str] = []
+    original = compiled.update_loop
+
+    def spy(rule):
+        found = original(rule)
+        if found is not None:
+            seen.append(rule.name)
+        return found
+    monkeypatch.setattr(compiled, "update_loop", spy)
+    return seen
+
+
+def _update_both(monkeypatch, be, kind, arrays, rate, params, lr_mult=1.5):
+    """The update through the loop kernel and through the NumPy code, on copies: (loop's arrays, NumPy's)."""
+    out = []
+    for loop in (True, False):
+        a = [x.copy() for x in arrays]
+        with monkeypatch.context() as m:
+            if not loop:
+                m.setattr(compiled, "_KERNELS", [None])
+            be.solver_update(kind, a[0], a[1], rate, lr_mult, params, **dict(zip(("s1", "s2", "s3"), a[2:])))
+        out.append(a)
+    return out
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kind", sorted(HYPER))
+def test_update_loops_give_the_numpy_codes_values(monkeypatch, rng, kind, dtype):
+    """Every rule of the table as one loop: the weights and history the NumPy code writes, exactly, with zeros,
+    infinities, NaN and huge values among the gradients and a negative history value (a square root's NaN); a
+    skipped step (rate[1] 0) writes nothing."""
+    monkeypatch.setattr(compiled, "UPDATE_MIN_ELEMENTS", 0)
+    be = lp.backend("native", blas="numpy", dtype=dtype)
+    rule = updates.TABLE[kind]
+    n = 1000
+    w, g = rng.standard_normal(n).astype(dtype), rng.standard_normal(n).astype(dtype)
+    g[:8] = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-30, -1e30, 3.0]
+    state = [np.abs(rng.standard_normal(n)).astype(dtype) for _ in rule.state]
+    if state:
+        state[0][9] = -1.0
+    arrays = [w, g, *state]
+    rate = np.array([0.01, 1.0, 0.02][:3 if kind == "adamw" else 2], dtype)
+    seen = _loops_run(monkeypatch)
+    looped, plain = _update_both(monkeypatch, be, kind, arrays, rate, HYPER[kind])
+    assert seen == [kind]  # the loop took it; NumPy's code the other
+    for name, a, b in zip(("w", "g", *rule.state), looped, plain):
+        if name != "g":  # the NumPy code may use the gradient as scratch
+            np.testing.assert_array_equal(a, b, err_msg=name)
+    assert not np.isnan(looped[0][8:]).all() and np.isfinite(looped[0][10:]).all()
+    skipped = [x.copy() for x in arrays]
+    be.solver_update(kind, skipped[0], skipped[1], np.array([0.01, 0.0, 0.02][:rate.size], dtype), 1.5,
+                     HYPER[kind], **dict(zip(("s1", "s2", "s3"), skipped[2:])))
+    for a, b in zip(skipped, arrays):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_registered_rule_runs_as_a_loop_or_as_numpy_code(monkeypatch, rng):
+    """A rule of its own: with a scalar local, a local reassigned, its state assigned twice and a buffer assigned
+    a scalar, the loop gives the NumPy code's values; with an operation a loop does not take (exp), NumPy's code
+    runs it."""
+    monkeypatch.setattr(compiled, "UPDATE_MIN_ELEMENTS", 0)
+    w_, g_, lr, h, c, d = var("w"), var("g"), var("lr"), var("h"), var("c"), var("d")
+    mine = updates.Rule("mine", ("h", "k"), ("a", "b"), (
+        ("c", param("a") * 2.0 + 1.0),
+        ("d", sqrt(h + c) * param("b") - g_ / (2.0 + g_ * g_)),
+        ("d", -d * d + c),
+        ("h", h * param("b") + d),
+        ("k", c),
+        ("w", w_ - d * lr),
+        ("h", h + 1.0),
+    ))
+    other = updates.Rule("other", ("h",), (), (("h", h + exp(g_)), ("w", w_ - h * lr)))
+    assert updates.loop_sources(other) is None
+    be = lp.backend("native", blas="numpy")
+    arrays = [rng.standard_normal(500).astype(np.float32) for _ in range(4)]
+    arrays[2] = np.abs(arrays[2])
+    for rule in (mine, other):
+        updates.register(rule)
+        try:
+            looped, plain = _update_both(monkeypatch, be, rule.name, arrays[:2 + len(rule.state)],
+                                         np.array([0.05, 1.0], np.float32), (0.3, 0.8)[:len(rule.params)])
+        finally:
+            del updates.TABLE[rule.name]
+        for a, b in zip(looped[:1] + looped[2:], plain[:1] + plain[2:]):
+            np.testing.assert_array_equal(a, b)
+        assert not np.array_equal(looped[0], arrays[0])
+    assert compiled.update_loop(mine) is not None and compiled.update_loop(other) is None
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")
+@pytest.mark.parametrize("what", ["small", "float16", "strided", "another dtype"])
+def test_what_the_update_loops_leave_to_numpy(monkeypatch, rng, what):
+    seen = _loops_run(monkeypatch)
+    be = lp.backend("native", blas="numpy")
+    n = compiled.UPDATE_MIN_ELEMENTS
+    dtype = np.float16 if what == "float16" else np.float32
+    w, g, m, v = (rng.standard_normal(2 * n if what == "strided" else n).astype(dtype) for _ in range(4))
+    if what == "small":
+        w, g, m, v = w[:n - 1], g[:n - 1], m[:n - 1], v[:n - 1]
+    elif what == "strided":
+        w, g, m, v = w[::2], g[::2], m[::2], v[::2]
+    elif what == "another dtype":
+        v = v.astype(np.float64)
+    rate = np.array([0.01, 1.0], np.float32)
+    if what in ("small", "float16"):  # (strided arrays and mixed dtypes are no update's operands: the loop refuses)
+        be.solver_update("adam", w, g, rate, 1.0, HYPER["adam"], s1=m, s2=v)
+        assert seen == []
+    assert not compiled.update_case(w, g, (m, v))
+    w32, g32, m32, v32 = (np.ascontiguousarray(a, np.float32) for a in (w, g, m, v))  # and at the floor: taken
+    if what == "small":
+        w32, g32, m32, v32 = (np.concatenate([a, a[:1]]) for a in (w32, g32, m32, v32))
+    be.solver_update("adam", w32, g32, rate, 1.0, HYPER["adam"], s1=m32, s2=v32)
+    assert seen == ["adam"]
 
 
 # --- fused calls of a recorded step -----------------------------------------------------------------------------------

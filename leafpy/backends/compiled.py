@@ -122,9 +122,11 @@ def update_loop(rule: Any) -> tuple[Any, Any] | None:
     values of the NumPy code), compiled once per line; None where the line computes what a loop does not take or
     the kernels are unavailable. Adam's update of MLP-128's 669,706 weights on a 2-core Xeon: 2.9 ms through
     NumPy's ufunc calls over cached pieces, 0.5 in one pass."""
+    k: Any = kernels()
+    if k is None:
+        return None
     if rule not in _LOOPS:
-        k: Any = kernels()
-        sources = updates.loop_sources(rule) if k is not None else None
+        sources = updates.loop_sources(rule)
         if sources is None:
             _LOOPS[rule] = None
         else:
@@ -137,10 +139,15 @@ def update_loop(rule: Any) -> tuple[Any, Any] | None:
     return _LOOPS[rule]
 
 
+UPDATE_MIN_ELEMENTS = 1 << 18
+"""Smaller updates keep the NumPy code (or MKL's, for momentum): a model this small (the default digits LeNet's
+72,500 weights, updated in one call) never imports numba."""
+
+
 def update_case(w: Any, g: Any, states: tuple) -> bool:
-    """Whether an update's arrays suit the loop kernels: at least :data:`MIN_ELEMENTS` weights, every array
+    """Whether an update's arrays suit the loop kernels: at least :data:`UPDATE_MIN_ELEMENTS` weights, every array
     C-contiguous, of the weight's float32/float64 dtype and its size."""
-    if w.size < MIN_ELEMENTS or w.dtype.kind != "f" or w.dtype.itemsize not in (4, 8):
+    if w.size < UPDATE_MIN_ELEMENTS or w.dtype.kind != "f" or w.dtype.itemsize not in (4, 8):
         return False
     return all(a.flags.c_contiguous and a.dtype == w.dtype and a.size == w.size for a in (w, g, *states))
 
