@@ -11,14 +11,18 @@ operation. The kernels here make one where NumPy makes several:
   sign aside): the first of equal maxima, NaN propagated to the output (the mask then keeps the last position that
   was larger before it), and a gradient that is ``dy * (mask == position)``, summed where windows overlap in
   NumPy's order, so a NaN in ``dy`` reaches every position of its window as it does through NumPy.
-- a convolution's batch-innermost columns (:func:`windows_case`): gathered from its input and added back into
-  its input's gradient, one loop over every window position where NumPy makes a strided pass per position.
+- a convolution's columns (:func:`windows_case`), batch innermost or per image: gathered from its input and added
+  back into its input's gradient, one loop over every window position where NumPy makes a strided pass per
+  position.
 - a recorded training step's calls (:func:`fuse`): a Linear layer's bias and the ReLU after it, and the ReLU's
   gradient with the bias gradient of the Linear before it, each one pass.
+- update rules (:func:`update_loop`): a line of ``updates.TABLE`` as one loop over the elements, generated from
+  its formula, where NumPy's code makes a pass per operation.
 
-They are serial (no thread pool of their own beside the BLAS's) and compiled once per dtype into numba's cache;
-numba is imported only when work at least :data:`MIN_ELEMENTS` (pooling, columns) or :data:`FUSE_MIN_ELEMENTS` (fused
-calls) large runs, so small models (``make demo``) start as fast as without it. ``LEAFPY_COMPILED=0`` in the
+They are serial (no thread pool of their own beside the BLAS's). The fixed kernels are compiled once per dtype into
+numba's cache, an update rule's loop once per process. numba is imported only when work at least
+:data:`MIN_ELEMENTS` (pooling, columns), :data:`FUSE_MIN_ELEMENTS` (fused calls) or :data:`UPDATE_MIN_ELEMENTS`
+(updates) large runs, so small models (``make demo``) start as fast as without it. ``LEAFPY_COMPILED=0`` in the
 environment, set before the first such call, turns them off."""
 
 from __future__ import annotations
