@@ -26,6 +26,7 @@ pytest.importorskip("numba")
 def small_inputs(monkeypatch):
     """The kernels take inputs of any size (the size floor only keeps numba's import away from small models)."""
     monkeypatch.setattr(compiled, "MIN_ELEMENTS", 0)
+    monkeypatch.setattr(compiled, "COLUMNS_MIN_ELEMENTS", 0)
 
 
 @pytest.fixture
@@ -202,6 +203,22 @@ solver: {{solver: momentum, base_lr: 0.05, momentum: 0.9, seed: 0}}
         finals.append([(e["loss"], e["test_loss"]) for e in history])
     assert len(finals[0]) == 2 and np.isfinite(finals[0]).all()
     np.testing.assert_allclose(finals[0], finals[1], rtol=1e-6)
+
+
+def test_the_default_model_trains_without_importing_numba(tmp_path):
+    """``make demo``'s run (the digits LeNet, its columns, poolings and updates below every kernel's floor) through
+    the command, in a process that would import numba at its first large piece of work: it never does, so its
+    start-up is what it was without the kernels."""
+    probe = ("import runpy, sys; sys.argv = ['leafpy', 'train', 'configs/digits_lenet.yaml', '--epochs', '1', "
+             f"'--out', {str(tmp_path / 'run')!r}]\n"
+             "try:\n    runpy.run_module('leafpy', run_name='__main__')\nexcept SystemExit as e:\n"
+             "    assert not e.code, e.code\n"
+             "print('numba imported:', 'numba' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=os.path.join(os.path.dirname(__file__), ".."),
+                          env={**os.environ, "LEAFPY_COMPILED": "1"}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "numba imported: False" in done.stdout
+    assert (tmp_path / "run" / "model.leaf").is_file()
 
 
 # --- a convolution's columns ---------------------------------------------------------------------------------------

@@ -21,9 +21,9 @@ operation. The kernels here make one where NumPy makes several:
 
 They are serial (no thread pool of their own beside the BLAS's). The fixed kernels are compiled once per dtype into
 numba's cache, an update rule's loop once per process. numba is imported only when work at least
-:data:`MIN_ELEMENTS` (pooling, columns), :data:`FUSE_MIN_ELEMENTS` (fused calls) or :data:`UPDATE_MIN_ELEMENTS`
-(updates) large runs, so small models (``make demo``) start as fast as without it. ``LEAFPY_COMPILED=0`` in the
-environment, set before the first such call, turns them off."""
+:data:`MIN_ELEMENTS` (pooling), :data:`COLUMNS_MIN_ELEMENTS` (columns), :data:`FUSE_MIN_ELEMENTS` (fused calls)
+or :data:`UPDATE_MIN_ELEMENTS` (updates) large runs, so small models (``make demo``) start as fast as without it.
+``LEAFPY_COMPILED=0`` in the environment, set before the first such call, turns them off."""
 
 from __future__ import annotations
 
@@ -40,6 +40,9 @@ from . import updates
 MIN_ELEMENTS = 1 << 16
 """Smaller pooling inputs stay with NumPy (there a call costs microseconds either way, and numba's import, about
 0.4 s, would not pay)."""
+
+COLUMNS_MIN_ELEMENTS = 1 << 18
+"""Smaller columns stay with NumPy: the default digits LeNet's (92,160 values at batch 32) never import numba."""
 
 MIN_BATCH_RUN = 16
 """The shortest batch (the innermost run of a convolution's batch-innermost columns) the column kernels take."""
@@ -105,15 +108,15 @@ def max_pool_grad(case: str, dy: Any, dx: Any, mask: Any, kernel: tuple, stride:
 def windows_case(x: Any, windows: Any, ndim: int = 6) -> bool:
     """Whether the kernels take a convolution's columns gathered from, or added back into, ``x`` (4-D: [C, H, W, N]
     batch innermost, :meth:`ArrayBackend._gather_windows`, or [N, C, H, W] per image): C-contiguous float32/float64
-    arrays of one dtype, ``windows`` of ``ndim`` dimensions and at least :data:`MIN_ELEMENTS` values. NumPy's path
-    makes a strided pass per window position; the data gradient's adds (LeNet-64's second convolution: 25 passes of
-    20 x 8 x 8 x 64 values) take 1.5 ms there and 0.4 in the kernel, the first convolution's columns per image
-    (64 x 25 x 24 x 24) 0.5 and 0.3. A batch-innermost run shorter than :data:`MIN_BATCH_RUN` stays with NumPy
+    arrays of one dtype, ``windows`` of ``ndim`` dimensions and at least :data:`COLUMNS_MIN_ELEMENTS` values.
+    NumPy's path makes a strided pass per window position; the data gradient's adds (LeNet-64's second convolution:
+    25 passes of 20 x 8 x 8 x 64 values) take 1.5 ms there and 0.4 in the kernel, the first convolution's columns
+    per image (64 x 25 x 24 x 24) 0.5 and 0.3. A batch-innermost run shorter than :data:`MIN_BATCH_RUN` stays with NumPy
     (its passes copy rows of the image there; the kernel's loop over the batch is too short: a batch of 1 or 4
     took 1.2-1.6x as long)."""
     if ndim == 6 and windows.ndim == 6 and windows.shape[5] < MIN_BATCH_RUN:
         return False
-    return (windows.size >= MIN_ELEMENTS and x.ndim == 4 and windows.ndim == ndim and x.dtype == windows.dtype
+    return (windows.size >= COLUMNS_MIN_ELEMENTS and x.ndim == 4 and windows.ndim == ndim and x.dtype == windows.dtype
             and x.dtype.kind == "f" and x.dtype.itemsize in (4, 8) and x.flags.c_contiguous
             and windows.flags.c_contiguous and kernels() is not None)
 
