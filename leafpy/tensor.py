@@ -452,7 +452,9 @@ class SharedTensor:
     # --- interop: NumPy's array protocol and DLPack ------------------------------------------------------------
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         """``np.asarray(t)``: the data on the host (synced first). Without a copy it is a read-only view of the
-        host copy, which changes when a native network next writes this tensor; ``np.array(t)`` copies."""
+        host copy, which changes when a native network next writes this tensor; ``np.array(t)`` copies. A Solver
+        made on the native backend lays its network's weights out anew (:func:`host_arena`): a view of a weight
+        taken before that keeps the values it had."""
         host = self._prefix(self._sync(None, HOST)).reshape(self._shape)
         if copy is True or (dtype is not None and np.dtype(dtype) != host.dtype):
             if copy is False:

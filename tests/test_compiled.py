@@ -257,6 +257,7 @@ CONV_CASES = [  # x shape, filters, kernel, stride, padding, the kernels that ta
     ((16, 5, 10, 13), 4, (3, 2), (1, 3), 0, {"gather_windows", "scatter_windows"}),  # unequal windows and strides
     ((8, 1, 28, 28), 20, 5, 1, 0, {"gather_image_windows", "scatter_image_windows"}),  # per image (LeNet's first)
     ((4, 3, 33, 35), 6, 3, 2, 1, {"gather_image_windows", "scatter_image_windows"}),  # per image, strided, padded
+    ((4, 1, 36, 12), 3, 5, 1, 0, {"gather_image_windows", "scatter_image_windows"}),  # per image, 8 columns wide
 ]
 
 
@@ -448,6 +449,24 @@ def test_a_registered_rule_runs_as_a_loop_or_as_numpy_code(monkeypatch, rng):
     assert compiled.update_loop(mine) is not None and compiled.update_loop(other) is None
 
 
+def test_numpy_float64_hyper_parameters_keep_the_numpy_code(monkeypatch, rng):
+    """NumPy multiplies float32 arrays by a NumPy float64 in float64 before it rounds; the loop rounds its scalars
+    first. A hyper-parameter or lr_mult given as a NumPy float64 (a custom rule's call) therefore keeps NumPy's
+    code, and its values."""
+    monkeypatch.setattr(compiled, "UPDATE_MIN_ELEMENTS", 0)
+    seen = _loops_run(monkeypatch)
+    be = lp.backend("native", blas="numpy")
+    arrays = [rng.standard_normal(4096).astype(np.float32) for _ in range(3)]
+    rate = np.array([0.01, 1.0], np.float32)
+    for lr_mult, params in ((1.5, (np.float64(0.9),)), (np.float64(1.5), (0.9,))):
+        looped, plain = _update_both(monkeypatch, be, "nesterov", arrays + [arrays[2] * 2], rate, params, lr_mult)
+        assert seen == []
+        for a, b in zip(looped[:1] + looped[2:], plain[:1] + plain[2:]):
+            np.testing.assert_array_equal(a, b)
+    _update_both(monkeypatch, be, "nesterov", arrays + [arrays[2] * 2], rate, (0.9,), 1.5)
+    assert seen == ["nesterov"]  # Python numbers: the loop
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered")
 @pytest.mark.parametrize("what", ["small", "float16", "strided", "another dtype"])
 def test_what_the_update_loops_leave_to_numpy(monkeypatch, rng, what):
@@ -466,7 +485,7 @@ def test_what_the_update_loops_leave_to_numpy(monkeypatch, rng, what):
     if what in ("small", "float16"):  # (strided arrays and mixed dtypes are no update's operands: the loop refuses)
         be.solver_update("adam", w, g, rate, 1.0, HYPER["adam"], s1=m, s2=v)
         assert seen == []
-    assert not compiled.update_case(w, g, (m, v))
+    assert not compiled.update_case(w, g, (m, v), 1.0, HYPER["adam"])
     w32, g32, m32, v32 = (np.ascontiguousarray(a, np.float32) for a in (w, g, m, v))  # and at the floor: taken
     if what == "small":
         w32, g32, m32, v32 = (np.concatenate([a, a[:1]]) for a in (w32, g32, m32, v32))

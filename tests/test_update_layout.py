@@ -1,7 +1,7 @@
 """A solver's weights, gradients and history laid out one after another (``Backend.arrange``, the native backend's
-``host_arena``), and a native recorded step's alike updates joined into one call: the values kept by the layout,
-the same training with the updates joined and apart, what stays apart, and a user's run through the ``leafpy``
-command, interrupted and resumed, against the same run in one go."""
+``host_arena``), and each run of alike weights updated in one call (``Backend.span``): the values kept by the
+layout, the same training with the updates joined and apart, what stays apart, and a user's run through the
+``leafpy`` command, interrupted and resumed, against the same run in one go."""
 
 from __future__ import annotations
 
@@ -65,11 +65,12 @@ def test_host_arena_refuses_what_it_cannot_lay_out():
 
 
 def _mlp(rule: str, batch: int = 32, lr_mults: tuple = (1.0, 2.0), decay: float = 0.0005, blas: str = "auto",
-         **extra):
+         bias_decay_mult: float = 0.0, **extra):
     """An MLP 64-256-128-10 whose biases learn at another rate (Caffe's habit) on the native backend."""
     net = lp.SequentialConfig(inputs=[("data", [batch, 64])])
     for i, width in enumerate((256, 128)):
-        params = [lp.WeightConfig(lr_mult=lr_mults[0]), lp.WeightConfig(lr_mult=lr_mults[1], decay_mult=0.0)]
+        params = [lp.WeightConfig(lr_mult=lr_mults[0]),
+                  lp.WeightConfig(lr_mult=lr_mults[1], decay_mult=bias_decay_mult)]
         net.add_layer(lp.LayerConfig(f"fc{i}", lp.LinearConfig(output_size=width), params=params))
         net.add_layer(lp.LayerConfig(f"relu{i}", "ReLU"))
     net.add_layer(lp.LayerConfig("out", lp.LinearConfig(output_size=10)))
@@ -111,7 +112,8 @@ def test_a_solver_lays_out_alike_weights_together_and_the_step_updates_each_run_
     for group in ((0, 2, 4, 5), (1, 3)):  # lr_mult 1 (the last layer's bias too) and lr_mult 2
         for tensors in (weights, grads, [s[0] for s in solver.state]):
             assert _adjacent([tensors[i].buffer_on(HOST) for i in group])
-    assert [configs[i].lr_mult for i in solver._update_order(grads)] == [1.0, 1.0, 1.0, 1.0, 2.0, 2.0]
+    assert solver._update_runs(grads) == [[0, 2, 4, 5], [1, 3]]
+    assert [configs[i].lr_mult for i in (0, 2, 4, 5, 1, 3)] == [1.0, 1.0, 1.0, 1.0, 2.0, 2.0]
     sizes = (64 * 256 + 256 * 128 + 128 * 10, 10, 256 + 128)  # weights; the last bias (decay_mult 1); the biases
     # the weights and the last bias differ in decay_mult (their L2 decay's axpby): two runs of lr_mult 1
     assert _updates(be) == [("axpby", sizes[0] + sizes[1]), ("solver_update", sizes[0] + sizes[1]),
@@ -121,10 +123,11 @@ def test_a_solver_lays_out_alike_weights_together_and_the_step_updates_each_run_
 @pytest.mark.parametrize("path", ["numpy", "loop", "mkl"])
 @pytest.mark.parametrize("rule", ["momentum", "nesterov", "adam", "adamw", "rmsprop", "adagrad", "adadelta"])
 def test_joined_updates_train_as_the_separate_updates_do(monkeypatch, rule, path):
-    """Six steps (the last four replayed) with the updates joined, and with each weight's update a call of its own:
-    the same losses and weights, exactly (one formula per element either way: NumPy's ufuncs, or the numba loop
-    that gives their values). MKL's momentum (two threads) rounds an element by where it falls in the call: there
-    the weights agree to float32 rounding."""
+    """Six steps (the first two eager, the last four replayed) with each run of alike weights updated in one call,
+    and with each weight's update a call of its own: the same losses and weights, exactly (one formula per element
+    either way: NumPy's ufuncs, or the numba loop that gives their values). MKL's momentum (two threads) rounds an
+    element by where it falls in the call: there the two agree to float32 rounding (and each run is the same from
+    its first step to its last, resumed or not: the command's test below)."""
     if path == "loop":
         pytest.importorskip("numba")
         monkeypatch.setattr(compiled, "UPDATE_MIN_ELEMENTS", 0)  # every update through the loop, joined or not
@@ -132,8 +135,9 @@ def test_joined_updates_train_as_the_separate_updates_do(monkeypatch, rule, path
         pytest.skip("MKL runs the momentum rule only, where its runtime is installed on an Intel CPU")
     extra = {"decay": 0.01} if rule == "adamw" else {}  # decoupled: AdamW applies it itself
     results, calls = [], []
+    span = native.NativeBackend.span
     for join in (True, False):
-        monkeypatch.setattr(native, "join_updates", native.join_updates if join else (lambda c: c))
+        monkeypatch.setattr(native.NativeBackend, "span", span if join else (lambda self, buffers: None))
         be, solver = _mlp(rule, blas="auto" if path == "mkl" else "numpy", **extra)
         results.append(_train(solver))
         calls.append(_updates(be))
@@ -152,74 +156,66 @@ def test_joined_updates_train_as_the_separate_updates_do(monkeypatch, rule, path
     assert len([c for c in calls[1] if c[0] == "solver_update"]) == 6
 
 
-def _update_calls(be, arrays: list[tuple], lr_mults=None, rates=None, copies=None, decay=None) -> list:
-    """Hand-built update calls over (w, g, h) triples (momentum), as a recorded step holds them."""
-    fn = native.FUSABLE["solver_update"].__get__(be)
-    axpby = native.FUSABLE["axpby"].__get__(be)
-    rate = np.array([0.1, 1.0], np.float32)
-    out = []
-    for k, (w, g, h) in enumerate(arrays):
-        if decay is not None:
-            out.append((axpby, (decay, w, 1.0, g), {}))
-        out.append((fn, ("momentum", w, g, rates[k] if rates else rate, lr_mults[k] if lr_mults else 1.0, (0.9,)),
-                     {"copy": copies[k] if copies else None, "s1": h}))
-    return out
-
-
-def _arena_triples(rng, sizes, gap=0):
-    """(w, g, h) per size, each kind of buffer one after another in an arena of its own (``gap`` values apart)."""
-    arenas = [rng.standard_normal(sum(sizes) + gap * len(sizes)).astype(np.float32) for _ in range(3)]
+def _arena_views(rng, sizes, gap=0, dtype=np.float32):
+    """Views of one arena, one per size, ``gap`` values apart, each reshaped [n // 4, 4]."""
+    arena = rng.standard_normal(sum(sizes) + gap * len(sizes)).astype(dtype)
     out, offset = [], 0
     for n in sizes:
-        out.append(tuple(a[offset:offset + n].reshape(n // 4, 4) for a in arenas))
+        out.append(arena[offset:offset + n].reshape(n // 4, 4))
         offset += n + gap
-    return out
+    return arena, out
 
 
-@pytest.mark.parametrize("decay", [None, 0.01])
-def test_join_updates_computes_what_the_separate_calls_compute(rng, decay):
+def test_span_joins_buffers_that_lie_one_after_another(rng):
     be = lp.backend("native")
-    triples = _arena_triples(rng, [40, 8, 400])
-    copies = [[a.copy() for a in t] for t in triples]
-    calls = _update_calls(be, triples, decay=decay)
-    joined = native.join_updates(calls)
-    assert [fn.__name__ for fn, _, _ in joined] == ["axpby"] * (decay is not None) + ["solver_update"]
-    assert joined[-1][1][1].size == 448
-    for fn, args, kwargs in joined:
-        fn(*args, **kwargs)
-    for fn, args, kwargs in _update_calls(be, copies, decay=decay):
-        fn(*args, **kwargs)
-    for t, c in zip(triples, copies):
-        for a, b in zip(t, c):
-            np.testing.assert_array_equal(a, b)
+    arena, views = _arena_views(rng, [40, 8, 400])
+    joined = be.span(views)
+    assert joined.shape == (448,) and np.shares_memory(joined, arena)
+    np.testing.assert_array_equal(joined, np.concatenate([v.reshape(-1) for v in views]))
+    assert be.span(views[1:]).size == 408 and be.span(views[:1]).size == 40
+    _, gapped = _arena_views(rng, [40, 8], gap=4)
+    other = rng.standard_normal(8).astype(np.float32).reshape(2, 4)
+    doubles = rng.standard_normal(56)
+    for apart in (gapped, views[::-1], [views[0], views[2]], [views[0], other], [views[0], doubles[20:24]],
+                  [arena[:40:2].reshape(5, 4), arena[20:28].reshape(2, 4)], [arena.view(np.float64)[:4]]):
+        assert be.span(apart) is None
+    np.testing.assert_array_equal(be.span([doubles[:3], doubles[3:7]]), doubles[:7])  # any dtype, one at a time
 
 
-@pytest.mark.parametrize("change", ["gap", "lr_mult", "rate", "copy", "order", "decay pairs another weight"])
-def test_updates_that_cannot_be_joined_stay_apart(rng, change):
-    be = lp.backend("native")
-    triples = _arena_triples(rng, [40, 8], gap=4 if change == "gap" else 0)
-    kw: dict = {}
-    if change == "lr_mult":
-        kw["lr_mults"] = [1.0, 2.0]
-    elif change == "rate":
-        kw["rates"] = [np.array([0.1, 1.0], np.float32), np.array([0.1, 1.0], np.float32)]
-    elif change == "copy":
-        kw["copies"] = [None, np.empty((2, 4), np.float16)]
-    elif change == "order":
-        triples = triples[::-1]
-    calls = _update_calls(be, triples, **kw)
-    if change == "decay pairs another weight":  # the decay of w0 into g1: not the L2 decay of the update after it
-        calls = _update_calls(be, triples, decay=0.01)
-        calls[0] = (calls[0][0], (0.01, triples[0][0], 1.0, triples[1][1]), {})
-    assert native.join_updates(calls) == calls
+def test_what_is_updated_apart(monkeypatch):
+    """Weights alike are one call; weights of other lr_mult or decay_mult another; a rule with an update of its own
+    (which may read a weight's shape) gets each weight alone, and so does a weight with a 16-bit copy."""
+    be, solver = _mlp("momentum", lr_mults=(1.0, 1.0), bias_decay_mult=1.0)
+    _train(solver, 3)
+    assert [name for name, _ in _updates(be)] == ["axpby", "solver_update"]  # one run: every weight alike
+    from leafpy.solvers.momentum import Momentum
+
+    class Own(Momentum):
+        def update(self, backend, w, g, state, rate, lr_mult, decay=0.0, copy=None):
+            assert w.ndim in (1, 2)  # the weight as it is, never a run of several
+            super().update(backend, w, g, state, rate, lr_mult, decay, copy)
+    be, solver = _mlp("momentum", lr_mults=(1.0, 1.0), bias_decay_mult=1.0, decay=0.0)
+    solver.rule = Own(solver.config)
+    solver._order_of = None  # the rule changed: the runs are planned again
+    _train(solver, 3)
+    assert len(_updates(be)) == 6
+    bf16 = lp.backend("native", precision="bf16")
+    net = lp.SequentialConfig(inputs=[("data", [8, 64])])
+    net.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=4)))
+    obj = lp.SequentialConfig(inputs=[("network_out", [8, 4]), ("target", [8, 4])])
+    obj.add_layer(lp.LayerConfig("mse", "MeanSquaredError"))
+    solver = lp.Solver.from_config(bf16, bf16, lp.SolverConfig(
+        network=lp.LayerConfig("n", net), objective=lp.LayerConfig("o", obj), base_lr=0.01, seed=0))
+    assert solver._update_runs(solver._update_grads()) == [[0], [1]]  # each weight has its 16-bit copy
 
 
 # --- the user's path -----------------------------------------------------------------------------------------------
-def test_the_leafpy_command_resumes_a_run_with_joined_updates_as_it_ran_in_one_go(tmp_path):
-    """An Adam run whose biases learn at twice the rate, with weight decay, on 16x16 images from an npz file: two
-    epochs in one go, and one epoch, stopped, then resumed for the second (a new process lays the restored
-    weights out again); the same per-epoch losses, and the same as a run whose updates are each a call of its own
-    (the join switched off by a sitecustomize module)."""
+@pytest.mark.parametrize("rule", ["adam", "momentum"])
+def test_the_leafpy_command_resumes_a_run_with_joined_updates_as_it_ran_in_one_go(tmp_path, rule):
+    """A run whose biases learn at twice the rate, with weight decay, on 16x16 images from an npz file: two epochs
+    in one go, and one epoch, stopped, then resumed for the second (a new process lays the restored weights out
+    again); the same per-epoch losses, exactly (with MKL, its momentum too). Adam's also equal a run whose
+    updates are each a call of its own (the joining switched off by a sitecustomize module)."""
     rng = np.random.default_rng(0)
     x = rng.random((384, 1, 16, 16), dtype=np.float32)
     y = (x[:, 0, :8].mean(axis=(1, 2)) > x[:, 0, 8:].mean(axis=(1, 2))).astype(np.int64)
@@ -238,12 +234,12 @@ network:
     - {{name: fc1, type: Linear, output_size: 2, params: [{{lr_mult: 1}}, {{lr_mult: 2, decay_mult: 0}}]}}
     - {{name: logsm, type: LogSoftmax}}
 objective: nll
-solver: {{solver: adam, base_lr: 0.002, weight_decay: 0.0005, seed: 0}}
+solver: {{solver: {rule}, base_lr: 0.002, momentum: 0.9, weight_decay: 0.0005, seed: 0}}
 """)
     apart = tmp_path / "apart"
     apart.mkdir()  # a sitecustomize that runs each update as a call of its own
     (apart / "sitecustomize.py").write_text("from leafpy.backends import native\n"
-                                            "native.join_updates = lambda calls: calls\n")
+                                            "native.NativeBackend.span = lambda self, buffers: None\n")
 
     def train(out, *args, env_extra=None):
         env = {**os.environ, **(env_extra or {})}
@@ -256,8 +252,9 @@ solver: {{solver: adam, base_lr: 0.002, weight_decay: 0.0005, seed: 0}}
     whole = train(tmp_path / "whole")
     train(tmp_path / "parts", "--epochs", "1")
     resumed = train(tmp_path / "parts", "--epochs", "2", "--resume", str(tmp_path / "parts" / "checkpoint.leaf"))
-    separate = train(tmp_path / "separate", env_extra={"PYTHONPATH": os.pathsep.join(
-        [str(apart), os.environ.get("PYTHONPATH", "")])})
     assert len(whole) == 2 and np.isfinite(whole).all() and whole[1][0] < whole[0][0]
     assert resumed == whole
-    assert separate == whole
+    if rule == "adam":
+        separate = train(tmp_path / "separate", env_extra={"PYTHONPATH": os.pathsep.join(
+            [str(apart), os.environ.get("PYTHONPATH", "")])})
+        assert separate == whole

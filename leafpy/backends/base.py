@@ -526,10 +526,16 @@ class Backend:
         return self
 
     def arrange(self, groups: Sequence[Sequence[Any]]) -> None:
-        """A solver's hint, given before its updates run eagerly: each group's SharedTensors (its weights, the
-        gradients its updates read, each history buffer of theirs) are updated together, elementwise, in this
-        order. A backend may lay each group's copies out one after another, their values kept (the native backend
-        does: its recorded step then updates a run of weights in one call). By default nothing changes."""
+        """A solver's hint, given when it is made and when its network's weights change (never while a step is
+        recorded): each group's SharedTensors (its weights, the gradients its updates read, each history buffer of
+        theirs) are updated together, elementwise, in this order. A backend may lay each group's copies out one
+        after another, their values kept (the native backend does; see :meth:`span`). By default nothing changes."""
+
+    def span(self, buffers: Sequence[Buffer]) -> Buffer | None:
+        """One flat buffer over ``buffers`` where they lie one after another, in order, in one allocation (as
+        :meth:`arrange` may lay them out), so that elementwise work over all of them can be one call; None where
+        they do not (the default)."""
+        return None
 
     def run_step(self, key: Any, step: Any) -> None:
         """Run ``step()``, a whole training step. A backend may record it the first times a ``key`` is seen and
@@ -547,7 +553,7 @@ class Backend:
 
 
 OPTIONAL_HOOKS = ("run_step", "peak_memory", "cast", "full_precision", "memory_order", "relayout", "upload_batch",
-                  "arrange")
+                  "arrange", "span")
 UPDATE_SHORTHANDS = ("momentum_update", "nesterov_update", "adam_update", "rmsprop_update", "adagrad_update",
                      "adadelta_update")
 SHORTHANDS = ("relu", "relu_grad", "sigmoid", "sigmoid_grad", "tanh", "tanh_grad", "sum_squares",

@@ -31,6 +31,7 @@ import importlib
 import math
 import os
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -105,23 +106,24 @@ def max_pool_grad(case: str, dy: Any, dx: Any, mask: Any, kernel: tuple, stride:
         k.max_pool_grad(dy, dx, mask, kernel[0], kernel[1], stride[0], stride[1])
 
 
-def windows_case(x: Any, windows: Any, ndim: int = 6) -> bool:
-    """Whether the kernels take a convolution's columns gathered from, or added back into, ``x`` (4-D: [C, H, W, N]
-    batch innermost, :meth:`ArrayBackend._gather_windows`, or [N, C, H, W] per image): C-contiguous float32/float64
-    arrays of one dtype, ``windows`` of ``ndim`` dimensions and at least :data:`COLUMNS_MIN_ELEMENTS` values.
+def windows_case(x: Any, windows: Any, batch_innermost: bool) -> bool:
+    """Whether the kernels take a convolution's columns ``windows`` gathered from, or added back into, ``x``: batch
+    innermost (x [C, H, W, N], windows [C, kh, kw, R, ow, N]: :meth:`ArrayBackend._gather_windows`), or per image
+    (x [N, C, H, W], windows [N, C·kh·kw + 1, oh·ow] gathered or [N, C, kh, kw, oh, ow] added back): C-contiguous
+    float32/float64 arrays of one dtype, at least :data:`COLUMNS_MIN_ELEMENTS` values of columns.
     NumPy's path makes a strided pass per window position; the data gradient's adds (LeNet-64's second convolution:
     25 passes of 20 x 8 x 8 x 64 values) take 1.5 ms there and 0.4 in the kernel, the first convolution's columns
     per image (64 x 25 x 24 x 24) 0.5 and 0.3. A batch-innermost run shorter than :data:`MIN_BATCH_RUN` stays with NumPy
     (its passes copy rows of the image there; the kernel's loop over the batch is too short: a batch of 1 or 4
     took 1.2-1.6x as long)."""
-    if ndim == 6 and windows.ndim == 6 and windows.shape[5] < MIN_BATCH_RUN:
+    if batch_innermost and (windows.ndim != 6 or windows.shape[5] < MIN_BATCH_RUN):
         return False
-    return (windows.size >= COLUMNS_MIN_ELEMENTS and x.ndim == 4 and windows.ndim == ndim and x.dtype == windows.dtype
+    return (windows.size >= COLUMNS_MIN_ELEMENTS and x.ndim == 4 and x.dtype == windows.dtype
             and x.dtype.kind == "f" and x.dtype.itemsize in (4, 8) and x.flags.c_contiguous
             and windows.flags.c_contiguous and kernels() is not None)
 
 
-_LOOPS: dict[Any, Any] = {}
+_LOOPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a rule's compiled loop, while the rule lives
 
 
 def update_loop(rule: Any) -> tuple[Any, Any] | None:
@@ -151,9 +153,12 @@ UPDATE_MIN_ELEMENTS = 1 << 18
 72,500 weights, updated in one call) never imports numba."""
 
 
-def update_case(w: Any, g: Any, states: tuple) -> bool:
-    """Whether an update's arrays suit the loop kernels: at least :data:`UPDATE_MIN_ELEMENTS` weights, every array
-    C-contiguous, of the weight's float32/float64 dtype and its size."""
+def update_case(w: Any, g: Any, states: tuple, lr_mult: Any, params: tuple) -> bool:
+    """Whether an update suits the loop kernels: at least :data:`UPDATE_MIN_ELEMENTS` weights, every array
+    C-contiguous, of the weight's float32/float64 dtype and its size, ``lr_mult`` and the hyper-parameters Python
+    numbers (NumPy computes with a NumPy float64 in float64 before it rounds, which the loop's scalars do not)."""
+    if any(type(v) not in (int, float) for v in (lr_mult, *params)):
+        return False
     if w.size < UPDATE_MIN_ELEMENTS or w.dtype.kind != "f" or w.dtype.itemsize not in (4, 8):
         return False
     return all(a.flags.c_contiguous and a.dtype == w.dtype and a.size == w.size for a in (w, g, *states))

@@ -9,7 +9,6 @@ by all layers. Each tuning attribute below says what it was measured to do."""
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 import os
 import threading
@@ -88,7 +87,7 @@ class NativeBackend(ArrayBackend):
                 rate[1] == 0 or self._mkl.momentum(w, g, s1, float(rate[0]) * lr_mult, float(params[0]))):
             pass
         # else a large update as one numba loop over the elements (compiled.update_loop: the NumPy code's values)
-        elif compiled.update_case(w, g, states) and (loop := compiled.update_loop(line)) is not None:
+        elif compiled.update_case(w, g, states, lr_mult, params) and (loop := compiled.update_loop(line)) is not None:
             consts = loop[0](rate, lr_mult, params, w.dtype)  # the rule's scalars; None: the step is skipped
             if consts is not None:
                 loop[1](consts, w.reshape(-1), g.reshape(-1), *(s.reshape(-1) for s in states))
@@ -177,12 +176,32 @@ class NativeBackend(ArrayBackend):
             return None, True
         finally:
             self._threads.calls = None
-        return (None if self._threads.read_back else compiled.fuse(join_updates(calls), FUSABLE)), True
+        return (None if self._threads.read_back else compiled.fuse(calls, FUSABLE)), True
 
     def arrange(self, groups):
         if self.key == HOST:  # host copies only (a channels-last native backend keeps copies of its own)
             for group in groups:
                 host_arena(group)
+
+    def span(self, buffers):
+        # a piece of one C-contiguous 1-D array of the buffers' dtype, each buffer C-contiguous right after the last
+        root = buffers[0]
+        while root.base is not None:
+            root = root.base
+        if not (isinstance(root, np.ndarray) and root.ndim == 1 and root.flags.c_contiguous
+                and root.dtype == buffers[0].dtype):
+            return None
+        start = address = buffers[0].__array_interface__["data"][0]
+        for b in buffers:
+            base = b
+            while base.base is not None:
+                base = base.base
+            if (base is not root or b.dtype != root.dtype or not b.flags.c_contiguous
+                    or b.__array_interface__["data"][0] != address):
+                return None
+            address += b.nbytes
+        first = (start - root.__array_interface__["data"][0]) // root.itemsize
+        return root[first:first + (address - start) // root.itemsize]
 
     def launch(self, recording: Any) -> None:
         for fn, args, kwargs in recording:
@@ -237,7 +256,7 @@ class NativeBackend(ArrayBackend):
         k = c * kh * kw
         cols = self._scratch(ws, "image_cols", (n, k + 1, oh * ow), x.dtype)
         cols[:, k] = 1
-        if compiled.windows_case(src, cols, 3):
+        if compiled.windows_case(src, cols, batch_innermost=False):
             compiled.kernels().gather_image_windows(src, cols, kh, kw, oh, ow, *stride)
         else:
             windows = cols[:, :k].reshape(n, c, kh, kw, oh, ow)  # a view: the first k rows split by channel and tap
@@ -301,7 +320,7 @@ class NativeBackend(ArrayBackend):
         if ph or pw:
             target = self._work(ws, "dx_padded", (n, c, h + 2 * ph, wd + 2 * pw), dx.dtype)
         target.fill(0)
-        if compiled.windows_case(target, dcols):
+        if compiled.windows_case(target, dcols, batch_innermost=False):
             compiled.kernels().scatter_image_windows(dcols, target, *stride)
         else:
             for i, j, rows, columns in self._windows(kh, kw, oh, ow, stride):
@@ -380,12 +399,12 @@ class NativeBackend(ArrayBackend):
                                 padding, pad_end, count_pad)
 
     def _gather_windows(self, xt, windows, a, stride):
-        if compiled.windows_case(xt, windows):
+        if compiled.windows_case(xt, windows, batch_innermost=True):
             return compiled.kernels().gather_windows(xt, windows, stride[0], stride[1], a)
         return super()._gather_windows(xt, windows, a, stride)
 
     def _scatter_windows(self, windows, dxt, a, stride):
-        if compiled.windows_case(dxt, windows):
+        if compiled.windows_case(dxt, windows, batch_innermost=True):
             return compiled.kernels().scatter_windows(windows, dxt, stride[0], stride[1], a)
         return super()._scatter_windows(windows, dxt, a, stride)
 
@@ -437,110 +456,5 @@ def _recorded(fn: Any) -> Any:
 for _name in RECORDED:
     setattr(NativeBackend, _name, _recorded(getattr(NativeBackend, _name)))
 FUSABLE = {name: getattr(NativeBackend, name).__wrapped__
-           for name in ("bias_add", "activation", "activation_grad", "bias_grad", "gemm", "solver_update", "axpby")}
+           for name in ("bias_add", "activation", "activation_grad", "bias_grad", "gemm")}
 """The native backend's own primitives that :func:`compiled.fuse` may join, as a recorded call holds them."""
-
-
-# --- a recorded step's updates joined ---------------------------------------------------------------------------------
-_UPDATE = inspect.signature(FUSABLE["solver_update"])
-
-
-def join_updates(calls: list) -> list:
-    """A recorded step's calls with each run of alike updates (the same rule, rate buffer, lr_mult and
-    hyper-parameters, no 16-bit copy; each with or without the L2 decay's ``axpby(decay, w, 1.0, g)`` before it)
-    whose weights, gradients and history buffers lie one after another in memory (Solver._update_order and
-    :meth:`NativeBackend.arrange` lay them out so) as one update over the whole run (and one ``axpby``): the same
-    formula per element, so the same values; one pass, and one call, where there were several."""
-    out: list = []
-    i = 0
-    while i < len(calls):
-        run, kind = [], None
-        j = i
-        while j < len(calls):
-            unit = _update_unit(calls, j)
-            if unit is None or (kind is not None and unit[0] != kind):
-                break
-            kind = unit[0]
-            run.append(unit[1])
-            j += 2 if unit[1]["decay"] is not None else 1
-        joined = _joined(run) if len(run) > 1 else None
-        if joined is None:
-            out.append(calls[i])
-            i += 1
-            continue
-        out.extend(joined)
-        i = j
-    return out
-
-
-def _update_unit(calls: list, i: int) -> tuple[tuple, dict] | None:
-    """(what a joined run must share, the operands) of the update starting at call ``i``, or None."""
-    call = calls[i]
-    decay = None
-    if _own(call, "axpby") and i + 1 < len(calls) and _own(calls[i + 1], "solver_update"):
-        alpha, x, beta, y = (call[1] + (None,) * 4)[:4] if not call[2] else (None,) * 4
-        decay, call = (alpha, x, y), calls[i + 1]
-        if beta != 1.0 or type(alpha) is not float:
-            return None
-    if not _own(call, "solver_update"):
-        return None
-    try:
-        bound = _UPDATE.bind(None, *call[1], **call[2]).arguments
-    except TypeError:
-        return None
-    if bound.get("copy") is not None or type(bound["lr_mult"]) is not float:
-        return None
-    states = tuple(k for k in ("s1", "s2", "s3") if bound.get(k) is not None)
-    if decay is not None and not (decay[1] is bound["w"] and decay[2] is bound["g"]):
-        return None
-    kind = (bound["kind"], id(bound["rate"]), bound["lr_mult"], tuple(bound["params"]), states,
-            None if decay is None else decay[0])
-    return kind, {"call": call, "decay": decay, "bound": bound, "states": states}
-
-
-def _own(call: tuple, name: str) -> bool:
-    return getattr(call[0], "__func__", None) is FUSABLE[name]
-
-
-def _joined(run: list) -> list | None:
-    """The joined calls of ``run`` (units of :func:`_update_unit`), or None where the operands are not adjacent."""
-    first = run[0]["bound"]
-    spans = {}
-    for name in ("w", "g", *run[0]["states"]):
-        span = _span([unit["bound"][name] for unit in run])
-        if span is None:
-            return None
-        spans[name] = span
-    if any(np.may_share_memory(spans[a], spans[b]) for a in spans for b in spans if a < b):
-        return None
-    fn = run[0]["call"][0]
-    calls: list = []
-    if run[0]["decay"] is not None:
-        axpby = fn.__self__.axpby.__wrapped__.__get__(fn.__self__)
-        calls.append((axpby, (run[0]["decay"][0], spans["w"], 1.0, spans["g"]), {}))
-    kwargs = {name: spans[name] for name in run[0]["states"]}
-    calls.append((fn, (first["kind"], spans["w"], spans["g"], first["rate"], first["lr_mult"], first["params"]),
-                  kwargs))
-    return calls
-
-
-def _span(arrays: list) -> np.ndarray | None:
-    """One flat view over ``arrays`` where they lie one after another, in order, in one contiguous 1-D buffer of
-    their dtype (C-contiguous each), else None."""
-    root = arrays[0]
-    while root.base is not None:
-        root = root.base
-    if not (isinstance(root, np.ndarray) and root.ndim == 1 and root.flags.c_contiguous
-            and root.dtype == arrays[0].dtype):
-        return None
-    start = address = arrays[0].__array_interface__["data"][0]
-    for a in arrays:
-        base = a
-        while base.base is not None:
-            base = base.base
-        if (base is not root or a.dtype != root.dtype or not a.flags.c_contiguous
-                or a.__array_interface__["data"][0] != address):
-            return None
-        address += a.nbytes
-    begin = (start - root.__array_interface__["data"][0]) // root.itemsize
-    return root[begin:begin + (address - start) // root.itemsize]

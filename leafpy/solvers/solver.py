@@ -332,7 +332,7 @@ class Solver:
         self._ws: dict = {}  # the backend's workspace for the gradients' sum of squares (Backend.sum_squares)
         self._slots: list[tuple[Layer, int] | None] = []  # see _copy_slots
         self._slots_of: Any = None
-        self._order: list[int] = []  # see _update_order
+        self._runs: list[list[int]] = []  # see _update_runs
         self._order_of: Any = None
         self._arranged = False
         # [the step's rate (rule.step_rate), uploaded before each step when it changed; 1 to apply the update or 0
@@ -365,6 +365,7 @@ class Solver:
         self.loss_scale = self._initial_scale()
         self.loss_scale_good_steps = 0
         self.skipped_steps = 0
+        self._update_runs(self._update_grads())  # laid out now, before views of the weights are taken
 
     @property
     def loss_scale(self) -> float:
@@ -594,6 +595,7 @@ class Solver:
         # a step whose launches depend only on the bindings and the accumulation phase may be recorded and replayed
         # by the backend (the rate is data, in self._rate)
         phase = (first, update_now, self.accumulation_scale) if k > 1 else ()
+        self._update_runs(self._update_grads())  # a new binding is laid out before a step records its buffers
         copies = [slot for slot in self._copy_slots() if slot is not None]
         for layer, i in copies:  # a weight set since the last update (loaded, restored) reaches its copy
             layer.refresh_copy(i)
@@ -622,6 +624,7 @@ class Solver:
     def _update(self, grads: Sequence[SharedTensor]) -> None:
         cfg = self.config
         be = self._network.backend
+        runs = self._update_runs(grads)
         weights, _, configs = self._parameters()
         g_bufs = [g.read_write(be) for g in grads]
         if cfg.clip_gradients is not None:
@@ -631,45 +634,74 @@ class Solver:
                 be.scal(1.0 / cfg.minibatch_size, g)
         rate = self._rate.read(be)
         own_copy = type(self.rule).update is UpdateRule.update  # a rule of its own may not take ``copy``
-        order = self._update_order(grads)
         slots = self._copy_slots()
-        for i in order:
-            w, g, wc, state, slot = weights[i], g_bufs[i], configs[i], self.state[i], slots[i]
-            wb = w.read_write(be)
+        for run in runs:
+            wc = configs[run[0]]
             decay = (cfg.weight_decay or 0.0) * wc.decay_mult
-            st = [s.read_write(be) for s in state]
-            low = slot[0].weight_copies[slot[1]].write(be) if slot is not None else None  # type: ignore[union-attr]
-            if decay and not self.rule.decoupled_weight_decay:
-                be.axpby(decay, wb, 1.0, g)
-            extra = {"decay": decay} if self.rule.decoupled_weight_decay else {}
-            if own_copy:
-                self.rule.update(be, wb, g, st, rate, wc.lr_mult, copy=low, **extra)
-            else:
-                self.rule.update(be, wb, g, st, rate, wc.lr_mult, **extra)
-                if low is not None:
-                    be.cast(wb, low)
+            w_bufs = [weights[i].read_write(be) for i in run]
+            states = [[s.read_write(be) for s in self.state[i]] for i in run]
+            lows = [self._copy_of(slots[i], be) for i in run]
+            parts = list(zip(w_bufs, [g_bufs[i] for i in run], states, lows))
+            if len(run) > 1:  # alike weights whose buffers lie one after another: one update over all of them
+                joined = [be.span(list(column)) for column in (w_bufs, [g_bufs[i] for i in run], *zip(*states))]
+                if all(j is not None for j in joined):
+                    parts = [(joined[0], joined[1], joined[2:], None)]
+            for wb, g, st, low in parts:
+                if decay and not self.rule.decoupled_weight_decay:
+                    be.axpby(decay, wb, 1.0, g)
+                extra = {"decay": decay} if self.rule.decoupled_weight_decay else {}
+                if own_copy:
+                    self.rule.update(be, wb, g, st, rate, wc.lr_mult, copy=low, **extra)
+                else:
+                    self.rule.update(be, wb, g, st, rate, wc.lr_mult, **extra)
+                    if low is not None:
+                        be.cast(wb, low)
 
-    def _update_order(self, grads: Sequence[SharedTensor]) -> list[int]:
-        """The weights updated, in the order their updates run: those that move (a weight with lr_mult 0, such as
-        BatchNorm's running statistics, has nothing to launch), weights alike in lr_mult, decay_mult and their
-        16-bit copy next to each other (the updates are independent). Once per binding, before an update runs
-        eagerly, the backend is told (Backend.arrange): the native backend then lays the weights, these gradients
-        and each history buffer out in this order, and runs a run of alike updates in its recorded step as one."""
+    @staticmethod
+    def _copy_of(slot: tuple[Layer, int] | None, be: Backend) -> Any:
+        """The buffer of a weight's 16-bit copy that its update writes, or None."""
+        if slot is None:
+            return None
+        copy = slot[0].weight_copies[slot[1]]
+        assert copy is not None
+        return copy.write(be)
+
+    def _update_runs(self, grads: Sequence[SharedTensor]) -> list[list[int]]:
+        """The weights updated, in runs of weights alike, in the order their updates run: those that move (a weight
+        with lr_mult 0, such as BatchNorm's running statistics, has nothing to launch), alike in lr_mult and
+        decay_mult next to each other (the updates are independent). A run joins weights without a 16-bit copy
+        under a rule that runs the table's formula (UpdateRule.update); others are runs of one. Once per binding,
+        and never while a step is recorded, the backend is told (Backend.arrange) so that it may lay the weights,
+        these gradients and each history buffer out in this order: where a run's buffers then lie one after another
+        (Backend.span), its update is one call (the native backend's, each step, from the first)."""
         params = self._network.parameters()
-        if self._order_of != (params, grads[0] if grads else None):
+        key = (params, grads[0] if grads else None)
+        if self._order_of != key:
             configs, slots = params[3], self._copy_slots()
             moving = [i for i, wc in enumerate(configs) if wc.lr_mult != 0.0]
-            self._order = sorted(moving, key=lambda i: (configs[i].lr_mult, configs[i].decay_mult,
-                                                        slots[i] is not None))
-            self._order_of = (params, grads[0] if grads else None)
-            self._arranged = False
-        if not self._arranged and not recording():  # a recorded step binds the buffers it saw: arranged eagerly
-            weights, order = params[0], self._order
-            groups = [[weights[i] for i in order], [grads[i] for i in order]]
+            order = sorted(moving, key=lambda i: (configs[i].lr_mult, configs[i].decay_mult, slots[i] is not None))
+            joins = type(self.rule).update is UpdateRule.update
+            runs: list[list[int]] = []
+            for i in order:
+                prev = runs[-1][-1] if runs else None
+                if (joins and prev is not None and slots[i] is None and slots[prev] is None
+                        and (configs[i].lr_mult, configs[i].decay_mult) == (configs[prev].lr_mult,
+                                                                             configs[prev].decay_mult)):
+                    runs[-1].append(i)
+                else:
+                    runs.append([i])
+            self._runs, self._order_of, self._arranged = runs, key, False
+        if not self._arranged and not recording():  # a recorded step binds the buffers it saw: arranged outside
+            order = [i for run in self._runs for i in run]
+            groups = [[params[0][i] for i in order], [grads[i] for i in order]]
             groups += [[self.state[i][k] for i in order] for k in range(len(self.rule.state_names))]
             self._network.backend.arrange(groups)
             self._arranged = True
-        return self._order
+        return self._runs
+
+    def _update_grads(self) -> list[SharedTensor]:
+        """The gradients the update reads: the network's, or the accumulated ones (minibatch_size > 1)."""
+        return list(self._accum) if self.config.minibatch_size > 1 else list(self._parameters()[1])
 
     def _copy_slots(self) -> list[tuple[Layer, int] | None]:
         """Per learnable weight (in the order of the network's parameters), the (layer, index) of its bf16/fp16
