@@ -467,6 +467,44 @@ def test_numpy_float64_hyper_parameters_keep_the_numpy_code(monkeypatch, rng):
     assert seen == ["nesterov"]  # Python numbers: the loop
 
 
+def test_update_loops_are_cached_between_processes(tmp_path):
+    """A rule's loop is compiled through a module file in LEAFPY_CACHE_DIR, with numba's cache: a second process
+    loads its machine code (a cache hit, no compilation); a module file changed on disk is written again before it
+    is imported; a cache folder that cannot be written leaves the loop compiled in the process, still right."""
+    probe = """
+import numpy as np
+from leafpy.backends import compiled, updates
+loop = compiled.update_loop(updates.TABLE["adam"])
+w = np.linspace(-1, 1, 300, dtype=np.float32)
+g, m, v = np.cos(w), np.sin(w), w * w
+loop[1](loop[0](np.array([0.01, 1.0], np.float32), 1.0, (0.9, 0.999, 1e-8), w.dtype), w, g, m, v)
+stats = getattr(loop[1], "stats", None)
+print("hits", sum(stats.cache_hits.values()), "misses", sum(stats.cache_misses.values()), "path", stats.cache_path)
+print("w", w.tobytes().hex()[:64])
+"""
+
+    def run(folder):
+        env = {**os.environ, "LEAFPY_CACHE_DIR": str(folder), "LEAFPY_COMPILED": "1"}
+        done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split("\n")
+
+    first = run(tmp_path / "cache")
+    modules = list((tmp_path / "cache" / "update_loops").glob("loop_*.py"))
+    assert len(modules) == 1 and "def kernel(consts, w, g, m, v):" in modules[0].read_text()
+    assert first[0].startswith("hits 0 misses 1 path ") and str(tmp_path / "cache") in first[0]
+    second = run(tmp_path / "cache")
+    assert second[0].startswith("hits 1 misses 0 ") and second[1] == first[1]
+    text = modules[0].read_text()
+    modules[0].write_text(text.replace("for i in range(w.size):", "for i in range(1):"))  # changed on disk
+    third = run(tmp_path / "cache")
+    assert modules[0].read_text() == text and third[1] == first[1]
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    fourth = run(blocked)  # the folder cannot be made: compiled here only, without a cache
+    assert fourth[0] == "hits 0 misses 1 path None" and fourth[1] == first[1]
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered")
 @pytest.mark.parametrize("what", ["small", "float16", "strided", "another dtype"])
 def test_what_the_update_loops_leave_to_numpy(monkeypatch, rng, what):
