@@ -628,12 +628,17 @@ class _Subclass(native.NativeBackend):
 
 @pytest.mark.parametrize("change", [{"kind": "leaky_relu"}, {"relu_in": "other"}, {"between": "writes db"},
                                     {"between": "writes dx"}, {"between": "reads db"}, {"grad_of": "other"}, "small",
+                                    "small before numba is loaded",
                                     "one column", "numpy beta", "subclass", "overlapping z", "overlapping dx"])
-def test_calls_that_cannot_be_joined_stay_apart(rng, change):
-    """Each change keeps one pattern (or both) as recorded; the lists are only inspected, never run."""
+def test_calls_that_cannot_be_joined_stay_apart(monkeypatch, rng, change):
+    """Each change keeps one pattern (or both) as recorded; the lists are only inspected, never run. Small: under
+    LOADED_FUSE_MIN_ELEMENTS (2,048 values), or under FUSE_MIN_ELEMENTS (32,768) while numba is not loaded (it
+    stays so)."""
     be = lp.backend("native")
-    a = _arrays(rng, n=64 if change == "small" else 1 << 17 if change == "one column" else 256,
-                c=1 if change == "one column" else 512)
+    if change == "small before numba is loaded":
+        monkeypatch.setattr(compiled, "_KERNELS", [])
+    rows = {"small": 4, "small before numba is loaded": 64, "one column": 1 << 17}.get(str(change), 256)
+    a = _arrays(rng, n=rows, c=1 if change == "one column" else 512)
     if isinstance(change, str) and change.startswith("overlapping"):  # a row apart in one buffer
         whole = rng.standard_normal((257, 512)).astype(np.float32)
         first, second = ("y", "z") if change == "overlapping z" else ("dz", "dx")
@@ -651,8 +656,10 @@ def test_calls_that_cannot_be_joined_stay_apart(rng, change):
         assert names[:2] == ["bias_add", "activation"] and names[2] == "relu_grad_bias"
     elif change == "subclass":
         assert names[:2] == ["bias_add", "activation"] and names[2] == "relu_grad_bias"
-    elif change == "small" or "kind" in change:
+    elif change in ("small", "small before numba is loaded") or "kind" in change:
         assert names == [f.__name__ for f, _, _ in calls]
+        if change == "small before numba is loaded":
+            assert compiled._KERNELS == []
     elif "relu_in" in change:
         assert names[:2] == ["bias_add", "activation"] and "relu_grad_bias" in names
     else:
