@@ -570,6 +570,33 @@ def test_an_mlp_trains_alike_with_its_linear_and_relu_calls_fused(monkeypatch):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
+def test_a_fusion_that_fails_leaves_the_recorded_calls_and_each_step_runs_once(monkeypatch):
+    """Where joining a recorded step's calls raises, the step (which has run while it was recorded) keeps its calls
+    as recorded and is never run a second time: the same losses as steps that are never recorded."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    import train_step as ts
+    make, batch, shape, classes = ts.NETWORKS["mlp128"]
+    rng = np.random.default_rng(1)
+    data = [(rng.random((batch, *shape), dtype=np.float32), rng.integers(0, classes, (batch, 1)).astype(np.float32))
+            for _ in range(3)]
+
+    def broken(calls, primitives):
+        raise RuntimeError("a fusion that fails")
+    runs = []
+    be = lp.backend("native")
+    monkeypatch.setattr(compiled, "fuse", broken)
+    for replay in (True, False):
+        monkeypatch.setattr(be, "replay", replay)
+        before = be.recorder.replays
+        solver = ts.leafpy_solver(be, make(), batch, classes, "momentum")
+        losses = []
+        for i in range(5):
+            solver.train_minibatch(*data[i % 3])
+            losses.append(solver.loss())
+        runs.append((losses, be.recorder.replays - before))
+    assert runs[0][0] == runs[1][0] and runs[0][1] >= 2 and runs[1][1] == 0
+
+
 def _calls(be, a, *, kind="relu", relu_in="y", between="product", beta=0.0, grad_of="dx", out="z", grad_into="dx"):
     """A forward pattern (bias_add, activation) and a backward one (activation_grad, a product, bias_grad) over the
     arrays ``a``, with one thing changed by the keywords."""

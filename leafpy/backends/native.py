@@ -176,7 +176,12 @@ class NativeBackend(ArrayBackend):
             return None, True
         finally:
             self._threads.calls = None
-        return (None if self._threads.read_back else compiled.fuse(calls, FUSABLE)), True
+        if self._threads.read_back:
+            return None, True
+        try:
+            return compiled.fuse(calls, FUSABLE), True
+        except Exception:  # noqa: BLE001 - the step ran: its calls as recorded, never a second run of it
+            return calls, True
 
     def arrange(self, groups):
         if self.key == HOST:  # host copies only (a channels-last native backend keeps copies of its own)
