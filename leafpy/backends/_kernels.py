@@ -161,33 +161,24 @@ def relu_grad_bias(y, dy, dx, db, beta, accumulate):  # pragma: no cover - compi
 
 
 @_jit
-def gather_windows(x, cols, sh, sw, row0):  # pragma: no cover - compiled
-    """cols [C, kh, kw, R, ow, N] = x [C, H, W, N] at (c, i + sh * (row0 + r), j + sw * q): a convolution's
-    batch-innermost columns of output rows row0..row0 + R, each run of N values one contiguous copy."""
+def move_windows(cols, x, sh, sw, row0, add):  # pragma: no cover - compiled
+    """Between a convolution's batch-innermost columns cols [C, kh, kw, R, ow, N] of output rows row0..row0 + R and
+    x [C, H, W, N] at (c, i + sh * (row0 + r), j + sw * q): ``add`` False gathers (cols = x, each run of N values
+    one contiguous copy); True adds the data gradient's columns back into x, window position by window position,
+    as NumPy's passes add them (the same sums)."""
     c, kh, kw, rows, ow, n = cols.shape
     for ch in range(c):
         for i in range(kh):
             for j in range(kw):
                 for r in range(rows):
                     for q in range(ow):
-                        src, dst = x[ch, i + sh * (row0 + r), j + sw * q], cols[ch, i, j, r, q]
-                        for k in range(n):
-                            dst[k] = src[k]
-
-
-@_jit
-def scatter_windows(cols, x, sh, sw, row0):  # pragma: no cover - compiled
-    """x [C, H, W, N] at (c, i + sh * (row0 + r), j + sw * q) += cols [C, kh, kw, R, ow, N]: the data gradient's
-    columns added back, window position by window position, as NumPy's passes add them (the same sums)."""
-    c, kh, kw, rows, ow, n = cols.shape
-    for ch in range(c):
-        for i in range(kh):
-            for j in range(kw):
-                for r in range(rows):
-                    for q in range(ow):
-                        src, dst = cols[ch, i, j, r, q], x[ch, i + sh * (row0 + r), j + sw * q]
-                        for k in range(n):
-                            dst[k] += src[k]
+                        part, whole = cols[ch, i, j, r, q], x[ch, i + sh * (row0 + r), j + sw * q]
+                        if add:
+                            for k in range(n):
+                                whole[k] += part[k]
+                        else:
+                            for k in range(n):
+                                part[k] = whole[k]
 
 
 @_jit

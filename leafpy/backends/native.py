@@ -405,12 +405,12 @@ class NativeBackend(ArrayBackend):
 
     def _gather_windows(self, xt, windows, a, stride):
         if compiled.windows_case(xt, windows, batch_innermost=True):
-            return compiled.kernels().gather_windows(xt, windows, stride[0], stride[1], a)
+            return compiled.kernels().move_windows(windows, xt, stride[0], stride[1], a, False)
         return super()._gather_windows(xt, windows, a, stride)
 
     def _scatter_windows(self, windows, dxt, a, stride):
         if compiled.windows_case(dxt, windows, batch_innermost=True):
-            return compiled.kernels().scatter_windows(windows, dxt, stride[0], stride[1], a)
+            return compiled.kernels().move_windows(windows, dxt, stride[0], stride[1], a, True)
         return super()._scatter_windows(windows, dxt, a, stride)
 
     FILTER_SPLIT = 1024
