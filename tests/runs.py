@@ -3,9 +3,15 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 
@@ -41,3 +47,23 @@ def run_file(layers: Sequence[dict], input_shape: Sequence[int], *, data: dict, 
     if train is not None:
         run["train"] = dict(train)
     return yaml.safe_dump(run, sort_keys=False)
+
+
+def brighter_half_npz(path: Path, count: int, size: int, seed: int = 0) -> Path:
+    """An npz file (x, y) of ``count`` one-channel ``size`` x ``size`` images, labelled 1 where the top half is the
+    brighter: a task a small network learns within an epoch."""
+    x = np.random.default_rng(seed).random((count, 1, size, size), dtype=np.float32)
+    half = size // 2
+    y = (x[:, 0, :half].mean(axis=(1, 2)) > x[:, 0, half:].mean(axis=(1, 2))).astype(np.int64)
+    np.savez(path, x=x, y=y)
+    return path
+
+
+def train_history(run_yaml: Path, out: Path, *args: str, env: dict | None = None) -> list[tuple[float, float]]:
+    """``leafpy train RUN --backend native --out OUT ARGS`` in a child process (its environment: this one's, with
+    ``env`` over it); the (loss, test_loss) of each epoch from the command's own history file."""
+    done = subprocess.run([sys.executable, "-m", "leafpy.cli", "train", str(run_yaml), "--backend", "native",
+                           "--out", str(out), *args], env={**os.environ, **(env or {})}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return [(e["loss"], e["test_loss"]) for e in json.loads((out / "history.json").read_text())]

@@ -6,7 +6,6 @@ LeNet and an MLP trained with and without them; the switch through the ``leafpy`
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 import reference as ref
+from runs import brighter_half_npz, train_history
 
 import leafpy as lp
 from leafpy.backends import compiled, native, updates
@@ -164,10 +164,7 @@ def test_the_leafpy_command_trains_alike_with_leafpy_compiled_0(tmp_path):
     """A user's run on 24x24 images (the poolings, the convolutions' columns and a 128 x 512 Linear + ReLU large
     enough for the kernels and the fused calls of replayed steps) and the same run with LEAFPY_COMPILED=0: the
     same losses, read from the command's own history file."""
-    rng = np.random.default_rng(0)
-    x = rng.random((512, 1, 24, 24), dtype=np.float32)
-    y = (x[:, 0, :12].mean(axis=(1, 2)) > x[:, 0, 12:].mean(axis=(1, 2))).astype(np.int64)
-    np.savez(tmp_path / "data.npz", x=x, y=y)
+    brighter_half_npz(tmp_path / "data.npz", 512, 24)
     (tmp_path / "net.yaml").write_text(f"""
 name: pools
 data: {{dataset: npz, path: {tmp_path / 'data.npz'}, batch_size: 128, test_fraction: 0.25, seed: 0}}
@@ -193,14 +190,8 @@ solver: {{solver: momentum, base_lr: 0.05, momentum: 0.9, seed: 0}}
         env = {**os.environ, "LEAFPY_COMPILED": flag}
         done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
         assert done.stdout.strip() == loads, done.stderr
-    finals = []
-    for flag in ("1", "0"):
-        out = tmp_path / f"run{flag}"
-        env = {**os.environ, "LEAFPY_COMPILED": flag}
-        subprocess.run([sys.executable, "-m", "leafpy.cli", "train", str(tmp_path / "net.yaml"), "--backend",
-                        "native", "--out", str(out)], env=env, check=True, capture_output=True, timeout=300)
-        history = json.loads((out / "history.json").read_text())
-        finals.append([(e["loss"], e["test_loss"]) for e in history])
+    finals = [train_history(tmp_path / "net.yaml", tmp_path / f"run{flag}", env={"LEAFPY_COMPILED": flag})
+              for flag in ("1", "0")]
     assert len(finals[0]) == 2 and np.isfinite(finals[0]).all()
     np.testing.assert_allclose(finals[0], finals[1], rtol=1e-6)
 

@@ -5,13 +5,11 @@ layout, the same training with the updates joined and apart, what stays apart, a
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from runs import brighter_half_npz, train_history
 
 import leafpy as lp
 from leafpy.backends import compiled, native
@@ -216,10 +214,7 @@ def test_the_leafpy_command_resumes_a_run_with_joined_updates_as_it_ran_in_one_g
     in one go, and one epoch, stopped, then resumed for the second (a new process lays the restored weights out
     again); the same per-epoch losses, exactly (with MKL, its momentum too). Adam's also equal a run whose
     updates are each a call of its own (the joining switched off by a sitecustomize module)."""
-    rng = np.random.default_rng(0)
-    x = rng.random((384, 1, 16, 16), dtype=np.float32)
-    y = (x[:, 0, :8].mean(axis=(1, 2)) > x[:, 0, 8:].mean(axis=(1, 2))).astype(np.int64)
-    np.savez(tmp_path / "data.npz", x=x, y=y)
+    brighter_half_npz(tmp_path / "data.npz", 384, 16)
     (tmp_path / "net.yaml").write_text(f"""
 name: joined
 data: {{dataset: npz, path: {tmp_path / 'data.npz'}, batch_size: 64, test_fraction: 0.25, seed: 0}}
@@ -242,12 +237,7 @@ solver: {{solver: {rule}, base_lr: 0.002, momentum: 0.9, weight_decay: 0.0005, s
                                             "native.NativeBackend.span = lambda self, buffers: None\n")
 
     def train(out, *args, env_extra=None):
-        env = {**os.environ, **(env_extra or {})}
-        done = subprocess.run([sys.executable, "-m", "leafpy.cli", "train", str(tmp_path / "net.yaml"), "--backend",
-                               "native", "--out", str(out), *args], env=env, capture_output=True, text=True,
-                              timeout=300)
-        assert done.returncode == 0, done.stderr
-        return [(e["loss"], e["test_loss"]) for e in json.loads((out / "history.json").read_text())]
+        return train_history(tmp_path / "net.yaml", out, *args, env=env_extra)
 
     whole = train(tmp_path / "whole")
     train(tmp_path / "parts", "--epochs", "1")
