@@ -170,6 +170,8 @@ def main() -> None:
     for n in map(int, args.ranks.split(",")):
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
                    NCCL_NVLS_ENABLE="0")
+        if hasattr(os, "geteuid") and os.geteuid() == 0:  # Open MPI's mpiexec refuses root (a container) without
+            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")  # its documented override
         if args.vs == "ddp":
             ddp[n] = run_ddp(n, args, env)
         cmd = [mpiexec, "-n", str(n), sys.executable, __file__, "--worker", "--backend", args.backend, "--nets",
