@@ -62,6 +62,22 @@ def test_host_arena_refuses_what_it_cannot_lay_out():
     assert shared.to_numpy()[0] == 42
 
 
+def test_a_weights_host_view_taken_after_the_solver_was_made_follows_training():
+    """``np.asarray(weight)`` is a live view of the host copy: taken once the solver has laid its weights out (when
+    it is made), it shows each update, through eager and replayed steps alike."""
+    be, solver = _mlp("adam")
+    weight = solver.network.learnable_weights_data()[0]
+    view = np.asarray(weight)
+    seen = []
+    rng = np.random.default_rng(2)
+    for _ in range(4):
+        solver.train_minibatch(rng.standard_normal((32, 64)).astype(np.float32),
+                               rng.integers(0, 10, (32, 1)).astype(np.float32))
+        np.testing.assert_array_equal(view, weight.to_numpy())
+        seen.append(view.copy())
+    assert be.recorder.replays >= 1 and not np.array_equal(seen[-1], seen[-2])
+
+
 def _mlp(rule: str, batch: int = 32, lr_mults: tuple = (1.0, 2.0), decay: float = 0.0005, blas: str = "auto",
          bias_decay_mult: float = 0.0, **extra):
     """An MLP 64-256-128-10 whose biases learn at another rate (Caffe's habit) on the native backend."""
