@@ -214,7 +214,10 @@ class NativeBackend(ArrayBackend):
 
     @staticmethod
     def handle(buffer: Any) -> Any:
-        return buffer.__array_interface__["data"][0], buffer.size
+        # the array itself, its id first: the recording holds it alive, so an equal id is the same array (tuples
+        # compare an identical element without reading it), and no other array can take its id meanwhile. 0.1 us
+        # against 2 us for its address through __array_interface__, for each of a step's 40 tensors
+        return id(buffer), buffer
 
     TRANSPOSE_BLOCK = 64
     """Rows of the source per block when moving a batch-innermost layout back to NCHW: a plain transposed copy
