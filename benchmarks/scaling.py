@@ -7,6 +7,7 @@ with ``--vs ddp``, PyTorch's DistributedDataParallel on the same networks, weigh
 
 Each rank count runs as ``mpiexec -n N`` (the mpich wheel's, or the one on PATH); DDP's ranks are N processes with
 torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT): NCCL on GPUs, gloo on the CPU.
+Each framework's per-rank batch is put on its device once and reused, so the steps time training, not uploads.
 The table is printed by the parent. On GPUs use --backend cuda (one GPU per local rank; NCCL between them;
 NCCL_NVLS_ENABLE=0 in every rank's environment).
 """
@@ -53,17 +54,16 @@ def worker(args: argparse.Namespace) -> None:
     for name in args.nets.split(","):
         solver, x, y = solver_and_batch(be, name)
         dp = dist.DataParallel(solver, group)
-        xb, yb = x.to_numpy(), y.to_numpy()
-        for _ in range(3):
-            dp.train_minibatch(xb, yb)
-        step = seconds_per_call(lambda: dp.train_minibatch(xb, yb), args.steps,
+        for _ in range(3):  # the batch goes to the device once and stays there, as DDP's (and train_step.py's)
+            dp.train_minibatch(x, y)
+        step = seconds_per_call(lambda: dp.train_minibatch(x, y), args.steps,
                                 lambda: (be.synchronize(), group.barrier()))
         grads = solver.network.learnable_weights_gradients()
         nbytes = sum(g.size for g in grads) * 4
         reduce_leafpy = seconds_per_call(lambda: dp.transport.allreduce_weighted(list(grads), 1.0), 5)
         raw = np.ones(nbytes // 4 + 1, np.float64 if dp.transport.name == "mpi" else np.float32)
         reduce_raw = seconds_per_call(lambda: group.allreduce_(raw), 5)
-        results[name] = {"batch": len(xb), "step_s": step, "bytes": nbytes, "reduce_s": reduce_leafpy,
+        results[name] = {"batch": x.shape[0], "step_s": step, "bytes": nbytes, "reduce_s": reduce_leafpy,
                          "raw_reduce_s": reduce_raw, "transport": dp.transport.name}
     if group.is_root:
         print("RESULT " + json.dumps(results), flush=True)
