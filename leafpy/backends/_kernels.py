@@ -11,7 +11,6 @@ import numba
 import numpy as np
 
 _jit = numba.njit(cache=True, nogil=True, boundscheck=False)
-__all__ = ["numba"]  # leafpy.backends.compiled compiles generated kernels through it
 
 
 @_jit

@@ -148,7 +148,7 @@ def update_loop(rule: Any) -> tuple[Any, Any] | None:
             kernel = _cached_kernel(sources[1])
             if kernel is None:  # no cache directory to write: compiled in this process only
                 exec(compile(sources[1], f"<update rule {rule.name}: kernel>", "exec"), space)
-                kernel = k.numba.njit(**_LOOP_OPTIONS)(space["kernel"])
+                kernel = importlib.import_module("numba").njit(**_LOOP_OPTIONS)(space["kernel"])
             _LOOPS[rule] = (space["prepare"], kernel)
     return _LOOPS[rule]
 
@@ -170,7 +170,7 @@ def cache_folder() -> Path:
 def _cached_kernel(source: str) -> Any:
     """The kernel of a generated ``source`` through a module file named by the source's hash in
     :func:`cache_folder` (written if missing or different), compiled with numba's cache: a later process loads the
-    machine code instead of compiling it (Adam's loop: 0.78 s). None where the folder cannot be written."""
+    machine code instead of compiling it (Adam's loop: 0.25 s). None where the folder cannot be written."""
     text = (f"import numba\nimport numpy as np\n\n\n@numba.njit(cache=True, **{_LOOP_OPTIONS!r})\n{source}")
     digest = hashlib.sha256(text.encode()).hexdigest()[:24]
     path = cache_folder() / "update_loops" / f"loop_{digest}.py"
@@ -211,6 +211,7 @@ def update_case(w: Any, g: Any, states: tuple, lr_mult: Any, params: tuple) -> b
 
 # --- fusing a recorded step's calls ---------------------------------------------------------------------------------
 FUSE_MIN_ELEMENTS = 1 << 16
+"""Smaller layer outputs keep their separate calls (a fused call saves a pass over memory: nothing at this size)."""
 LOADED_FUSE_MIN_ELEMENTS = 1 << 12
 """Where numba is loaded already (another kernel of the step ran), fused calls from this size: their values are
 the separate calls' either way, and a step of a model that small saves a call and a pass (LeNet-64's 64 x 500
@@ -220,7 +221,6 @@ Linear + ReLU: 0.09 -> 0.05 ms in the step)."""
 def _fusable_size(size: int) -> bool:
     loaded = bool(_KERNELS) and _KERNELS[0] is not None
     return size >= (LOADED_FUSE_MIN_ELEMENTS if loaded else FUSE_MIN_ELEMENTS)
-"""Smaller layer outputs keep their separate calls (a fused call saves a pass over memory: nothing at this size)."""
 
 
 def _matrix(a: Any, dtype: Any = None) -> bool:

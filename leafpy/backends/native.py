@@ -81,20 +81,29 @@ class NativeBackend(ArrayBackend):
     def solver_update(self, kind, w, g, rate, lr_mult, params=(), s1=None, s2=None, s3=None, copy=None):
         line = updates.TABLE.get(kind) or updates.rule(kind)
         states = tuple(s for s in (s1, s2, s3)[:len(line.state)])
-        # the momentum rule on MKL's threads (see Mkl.momentum), where it is TABLE's own line: two passes on both
-        # cores beat one pass on one (MLP-128's 669,706 weights: 0.25 against 0.37 ms on a 2-core Xeon)
-        if self._mkl is not None and line is _MOMENTUM and s1 is not None and (
-                rate[1] == 0 or self._mkl.momentum(w, g, s1, float(rate[0]) * lr_mult, float(params[0]))):
-            pass
-        # else a large update as one numba loop over the elements (compiled.update_loop: the NumPy code's values)
-        elif compiled.update_case(w, g, states, lr_mult, params) and (loop := compiled.update_loop(line)) is not None:
-            consts = loop[0](rate, lr_mult, params, w.dtype)  # the rule's scalars; None: the step is skipped
-            if consts is not None:
-                loop[1](consts, w.reshape(-1), g.reshape(-1), *(s.reshape(-1) for s in states))
-        else:
+        if not (self._mkl_momentum(line, w, g, s1, rate, lr_mult, params)
+                or self._update_loop(line, w, g, states, rate, lr_mult, params)):
             return super().solver_update(kind, w, g, rate, lr_mult, params, s1, s2, s3, copy)
         if copy is not None:
             self.cast(w, copy)
+
+    def _mkl_momentum(self, line, w, g, h, rate, lr_mult, params) -> bool:
+        """The momentum rule on MKL's threads (see Mkl.momentum), where it is TABLE's own line: two passes on both
+        cores beat one pass on one (MLP-128's 669,706 weights: 0.25 against 0.37 ms on a 2-core Xeon). Whether it
+        ran (or the step is skipped)."""
+        return self._mkl is not None and line is _MOMENTUM and h is not None and bool(
+            rate[1] == 0 or self._mkl.momentum(w, g, h, float(rate[0]) * lr_mult, float(params[0])))
+
+    @staticmethod
+    def _update_loop(line, w, g, states, rate, lr_mult, params) -> bool:
+        """A large update as one numba loop over the elements (compiled.update_loop: the NumPy code's values).
+        Whether it ran (or the step is skipped)."""
+        if not compiled.update_case(w, g, states, lr_mult, params) or (loop := compiled.update_loop(line)) is None:
+            return False
+        consts = loop[0](rate, lr_mult, params, w.dtype)  # the rule's scalars; None: the step is skipped
+        if consts is not None:
+            loop[1](consts, w.reshape(-1), g.reshape(-1), *(s.reshape(-1) for s in states))
+        return True
 
     def _work(self, ws, name, shape, dtype=None):
         # one buffer per name and dtype for every layer, grown to the largest size asked for: a network's layers

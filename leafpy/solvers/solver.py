@@ -641,9 +641,10 @@ class Solver:
             w_bufs = [weights[i].read_write(be) for i in run]
             states = [[s.read_write(be) for s in self.state[i]] for i in run]
             lows = [self._copy_of(slots[i], be) for i in run]
-            parts = list(zip(w_bufs, [g_bufs[i] for i in run], states, lows))
+            run_grads = [g_bufs[i] for i in run]
+            parts = list(zip(w_bufs, run_grads, states, lows))
             if len(run) > 1:  # alike weights whose buffers lie one after another: one update over all of them
-                joined = [be.span(list(column)) for column in (w_bufs, [g_bufs[i] for i in run], *zip(*states))]
+                joined = [be.span(list(column)) for column in (w_bufs, run_grads, *zip(*states))]
                 if all(j is not None for j in joined):
                     parts = [(joined[0], joined[1], joined[2:], None)]
             for wb, g, st, low in parts:
