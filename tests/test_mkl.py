@@ -468,6 +468,40 @@ def test_a_solver_runs_the_momentum_update_on_mkl_and_a_registered_rule_in_its_p
         updates.register(builtin)
 
 
+def test_a_replayed_step_runs_its_products_as_calls_worked_out_once_with_the_eager_values(blas):
+    """A recorded step keeps each product MKL takes as MKL's function with the addresses worked out
+    (Mkl.gemm_call): replayed, it gives the values of the same steps run as they are, to the bit."""
+    def backend(replay):
+        be = NativeBackend(blas="numpy")
+        be._mkl, be.xp, be.replay = blas, blas.numpy, replay
+        return be
+
+    eager, replayed = backend(False), backend(True)
+    (expect, w_expect), (got, w_got) = _mlp_losses(eager, steps=8), _mlp_losses(replayed, steps=8)
+    assert replayed.replays >= 5 and eager.replays == 0
+    np.testing.assert_array_equal(got, expect)
+    np.testing.assert_array_equal(w_got, w_expect)
+    recording = next(e.recording for e in replayed.recorder.steps.values() if e.recording is not None)
+    names = [getattr(fn, "__name__", "") for fn, _, _ in recording]
+    # fc1 and fc2 forward, both filter gradients, fc2's data gradient: MKL's calls, no product left to dispatch
+    assert "gemm" not in names and names.count("call") == 5, names
+
+
+def test_a_product_worked_out_once_keeps_its_operands_and_runs_again(blas):
+    rng = np.random.default_rng(9)
+    a, b = rng.standard_normal((40, 30)), rng.standard_normal((20, 30))
+    out = np.full((40, 20), np.nan)
+    call = blas.gemm_call(a, b.T, out, 2.0, 0.0)
+    expect = 2.0 * a @ b.T
+    del a, b
+    call()
+    np.testing.assert_allclose(out, expect, rtol=1e-12)
+    out[...] = 1.0
+    call()  # beta 0: what out held is not read
+    np.testing.assert_allclose(out, expect, rtol=1e-12)
+    assert blas.gemm_call(np.ones((4, 3)), np.ones((3, 5)), np.ones((4, 5), np.float32)) is None  # mixed dtypes
+
+
 def test_axpby_matches_float64_where_it_runs_and_leaves_the_rest_to_numpy(blas):
     rng = np.random.default_rng(5)
     n = mkl.MIN_UPDATE + 3

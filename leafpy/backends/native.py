@@ -9,6 +9,7 @@ by all layers. Each tuning attribute below says what it was measured to do."""
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import os
 import threading
@@ -188,9 +189,23 @@ class NativeBackend(ArrayBackend):
         if self._threads.read_back:
             return None, True
         try:
-            return compiled.fuse(calls, FUSABLE), True
+            calls = compiled.fuse(calls, FUSABLE)
         except Exception:  # noqa: BLE001 - the step ran: its calls as recorded, never a second run of it
-            return calls, True
+            pass
+        return [self._replay_call(c) for c in calls], True
+
+    def _replay_call(self, call: tuple) -> tuple:
+        """A recorded call as a replay runs it: a product MKL takes as MKL's function with the operands' addresses
+        and layouts worked out once (Mkl.gemm_call; the same function on the same arrays, so the same values),
+        any other call as it was recorded."""
+        fn, args, kwargs = call
+        if self._mkl is None or getattr(fn, "__func__", None) is not FUSABLE["gemm"]:
+            return call
+        named = _GEMM_ARGS.bind(self, *args, **kwargs)
+        named.apply_defaults()
+        a, trans_a, b, trans_b, out, alpha, beta = named.args[1:]
+        bound = self._mkl.gemm_call(a.T if trans_a else a, b.T if trans_b else b, out, alpha, beta)
+        return call if bound is None else (bound, (), {})
 
     def arrange(self, groups):
         if self.key == HOST:  # host copies only (a channels-last native backend keeps copies of its own)
@@ -475,3 +490,5 @@ for _name in RECORDED:
 FUSABLE = {name: getattr(NativeBackend, name).__wrapped__
            for name in ("bias_add", "activation", "activation_grad", "bias_grad", "gemm")}
 """The native backend's own primitives that :func:`compiled.fuse` may join, as a recorded call holds them."""
+_GEMM_ARGS = inspect.signature(FUSABLE["gemm"])
+"""How a recorded product's operands are named (NativeBackend._replay_call), defaults applied."""
