@@ -158,3 +158,28 @@ def test_inputs_that_are_not_numbers_name_the_place(native):
     with pytest.raises(lp.ShapeError, match=r"Solver\.train_minibatch: target: expected real numbers"):
         solver.train_minibatch(np.zeros((4, 5)), np.array(["0", "1", "2", "0"]))
     solver.train_minibatch(np.zeros((4, 5)), [0, 1, 2, 0])
+
+
+def test_the_label_check_finds_the_first_value_that_is_no_class_index():
+    """leafpy._checks.first_non_index, which checks every step's labels, against a plain loop over the values."""
+    from leafpy._checks import first_non_index
+
+    def expected(values, count):
+        for i, v in enumerate(values.reshape(-1).tolist()):
+            if not (v == v and 0 <= v < count and v == int(v)):  # (v == v: not NaN; inf fails the range)
+                return i
+        return None
+
+    rng = np.random.default_rng(4)
+    odd = [-1, 10, 11, 2.5, -0.5, np.nan, np.inf, -np.inf, 9.999, 1e30]
+    for trial in range(400):
+        n = int(rng.integers(1, 40))
+        values = rng.integers(0, 10, n).astype(np.float64)
+        for _ in range(int(rng.integers(0, 3))):
+            values[rng.integers(0, n)] = odd[rng.integers(0, len(odd))]
+        for dtype in (np.float32, np.float64):
+            x = values.astype(dtype).reshape(-1, 1) if trial % 2 else values.astype(dtype)
+            assert first_non_index(x, 10) == expected(x, 10), x.reshape(-1)
+    for ints in (np.array([0, 3, 9], np.int64), np.array([0, 10], np.int32), np.array([-1, 2], np.int8),
+                 np.array([True, False]), np.array([], np.float32)):
+        assert first_non_index(ints, 10) == expected(ints, 10)
