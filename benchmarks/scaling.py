@@ -56,13 +56,16 @@ def worker(args: argparse.Namespace) -> None:
         dp = dist.DataParallel(solver, group)
         for _ in range(3):  # the batch goes to the device once and stays there, as DDP's (and train_step.py's)
             dp.train_minibatch(x, y)
-        step = seconds_per_call(lambda: dp.train_minibatch(x, y), args.steps,
-                                lambda: (be.synchronize(), group.barrier()))
+        settle = lambda: (be.synchronize(), group.barrier())  # noqa: E731
+        step = seconds_per_call(lambda: dp.train_minibatch(x, y), args.steps, settle)
         grads = solver.network.learnable_weights_gradients()
         nbytes = sum(g.size for g in grads) * 4
-        reduce_leafpy = seconds_per_call(lambda: dp.transport.allreduce_weighted(list(grads), 1.0), 5)
+        reduce = lambda: dp.transport.allreduce_weighted(list(grads), 1.0)  # noqa: E731
+        reduce()  # (a first call may compile its kernels: 0.5 s on cuda, timed once it was a 112 ms "all-reduce")
+        reduce_leafpy = seconds_per_call(reduce, 5, settle)
         raw = np.ones(nbytes // 4 + 1, np.float64 if dp.transport.name == "mpi" else np.float32)
-        reduce_raw = seconds_per_call(lambda: group.allreduce_(raw), 5)
+        group.allreduce_(raw)
+        reduce_raw = seconds_per_call(lambda: group.allreduce_(raw), 5, settle)
         results[name] = {"batch": x.shape[0], "step_s": step, "bytes": nbytes, "reduce_s": reduce_leafpy,
                          "raw_reduce_s": reduce_raw, "transport": dp.transport.name}
     if group.is_root:
