@@ -38,7 +38,7 @@ browser:
 
 test: $(STAMP) vulkan browser
 	$(PY) -m mypy
-	$(PY) -m pytest -q -n 2 --dist worksteal --durations=25 tests
+	$(PY) -m pytest -q -n 2 --durations=25 tests
 
 demo: $(STAMP)
 	$(VENV)/bin/leafpy train configs/digits_lenet.yaml --backend native --out runs/demo --overwrite

@@ -10,13 +10,6 @@ import leafpy as lp
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def pytest_collection_modifyitems(items):
-    """Tests marked slow (a model trained on real data: up to a minute each) run first, the rest after them in
-    their order: on two workers the short tests then fill in around the long ones instead of one long test ending
-    the run while the other worker idles."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 def child_env(**extra: str) -> dict[str, str]:
     """The environment of a child process the tests start (``leafpy`` commands, MPI ranks): this checkout first on
     PYTHONPATH, ahead of what is already there (a machine may keep its packages on it), unbuffered output,
