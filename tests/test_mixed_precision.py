@@ -316,3 +316,23 @@ def test_every_primitive_declares_the_operands_it_writes():
         entry = base.WRITES[name]
         names = entry({p: True for p in params}) + entry({p: False for p in params}) if callable(entry) else entry
         assert names and all(n in params for n in names), (name, names)
+
+
+def test_an_objective_replaced_on_another_precision_gets_the_output_in_its_own_dtype():
+    """solver.objective = a network on another backend: the next step hands it the network's output in the dtype
+    it takes (a float32 objective behind a bf16 network through a cast, a bf16 one directly), and the loss is the
+    same to bf16's rounding either way."""
+    be16, be32 = lp.backend("native", precision="bf16"), lp.backend("native")
+    rng = np.random.default_rng(3)
+    x, t = rng.standard_normal((6, 5)), rng.standard_normal((6, 3))
+    solver = _linear_solver(be16)
+    loss_cfg = solver.config.objective
+    losses = []
+    for objective_backend in (be32, be16, be32):
+        solver.objective = lp.Layer.from_config(objective_backend, loss_cfg)
+        solver.network.set_training(False)  # (the same weights for each: no update in between)
+        out = solver.network.forward([x])[0].to_numpy().astype(np.float64)
+        solver.train_minibatch(x, t)
+        losses.append(solver.loss())
+        assert solver.objective.inputs[0].dtype == objective_backend.compute_dtype
+        np.testing.assert_allclose(losses[-1], np.mean((out - t) ** 2), rtol=2e-2)

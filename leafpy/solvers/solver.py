@@ -446,6 +446,7 @@ class Solver:
                               f"the target), got {objective!r}")
         net.require_input_gradients([True, False])
         self._objective = net
+        self._objective_dtype: np.dtype | None = None  # what its first input is staged in (found at the next step)
 
     # --- training -----------------------------------------------------------------------------------------
     def _stage(self, data: Any, target: Any) -> None:
@@ -456,7 +457,9 @@ class Solver:
         if not isinstance(target, SharedTensor):
             target = as_numbers(target, "Solver.train_minibatch: target")
         out, dout = net.outputs[0], net.output_grads[0]
-        wanted = obj.input_dtype(0)
+        wanted = self._objective_dtype
+        if wanted is None:  # (a walk over the objective's layers: once, not every step)
+            wanted = self._objective_dtype = obj.input_dtype(0)
         if out.dtype != wanted:  # a bf16/fp16 output: cast at the boundary into the fp32 objective, and back
             b = self._boundary
             if b is None or b[0].shape != out.shape:
