@@ -487,6 +487,55 @@ def test_a_replayed_step_runs_its_products_as_calls_worked_out_once_with_the_eag
     assert "gemm" not in names and names.count("call") == 5, names
 
 
+@pytest.mark.parametrize("layout", ["c", "f", "rows"])
+def test_a_recorded_product_replays_as_the_call_it_was_in_any_layout_and_argument_form(blas, layout):
+    """NativeBackend._replay_call against the product run as it is, bit for bit: positional and keyword forms,
+    transposed operands, a column-major or padded output (the transposed path), a batch and a batch of one."""
+    be = NativeBackend(blas="numpy")
+    be._mkl, be.xp = blas, blas.numpy
+    gemm = type(be).gemm.__wrapped__
+    rng = np.random.default_rng(21)
+    cases = [((7, 5), False, (6, 5), True, (7, 6)), ((5, 7), True, (5, 6), False, (7, 6)),
+             ((3, 7, 5), False, (5, 6), False, (3, 7, 6)), ((1, 7, 5), False, (1, 5, 6), False, (1, 7, 6)),
+             ((4, 7, 5), False, (4, 5, 6), False, (4, 7, 6))]  # (a, trans_a, b, trans_b, out) as gemm takes them
+    for a_shape, trans_a, b_shape, trans_b, out_shape in cases:
+        a, b = rng.standard_normal(a_shape).astype(np.float32), rng.standard_normal(b_shape).astype(np.float32)
+        start = rng.standard_normal(out_shape).astype(np.float32)
+        for form in ("positional", "keywords", "defaults"):
+            outs = []
+            for replayed in (False, True):
+                out = _stored(start.copy(), layout, rng) if len(out_shape) == 2 else start.copy()
+                out[...] = start
+                if form == "positional":
+                    args, kwargs = (a, trans_a, b, trans_b, out, 0.5, 0.25), {}
+                elif form == "keywords":
+                    args, kwargs = (a, trans_a), {"b": b, "trans_b": trans_b, "out": out, "beta": 0.25, "alpha": 0.5}
+                else:
+                    args, kwargs = (a, trans_a, b, trans_b, out), {}
+                if replayed:
+                    fn, args2, kwargs2 = be._replay_call((gemm.__get__(be), args, kwargs))
+                    fn(*args2, **kwargs2)
+                else:
+                    gemm(be, *args, **kwargs)
+                outs.append(np.array(out))
+            np.testing.assert_array_equal(outs[1], outs[0], err_msg=f"{a_shape} {b_shape} {layout} {form}")
+
+
+def test_a_recording_that_cannot_be_worked_out_keeps_its_calls_and_the_step_runs_once(blas, monkeypatch):
+    def broken(call):
+        raise RuntimeError("cannot work it out")
+
+    eager, replayed = NativeBackend(blas="numpy"), NativeBackend(blas="numpy")
+    for be in (eager, replayed):
+        be._mkl, be.xp = blas, blas.numpy
+    eager.replay = False
+    monkeypatch.setattr(replayed, "_replay_call", broken)
+    (expect, w_expect), (got, w_got) = _mlp_losses(eager, steps=6), _mlp_losses(replayed, steps=6)
+    np.testing.assert_array_equal(got, expect)  # each step ran once: the same losses as the steps run as they are
+    np.testing.assert_array_equal(w_got, w_expect)
+    assert replayed.replays >= 3
+
+
 def test_a_product_worked_out_once_keeps_its_operands_and_runs_again(blas):
     rng = np.random.default_rng(9)
     a, b = rng.standard_normal((40, 30)), rng.standard_normal((20, 30))

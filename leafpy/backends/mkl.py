@@ -99,8 +99,9 @@ def load(path: str | None = None) -> Mkl | None:
 
 
 class Mkl:
-    """The GEMMs of one opened MKL library (``gemm``), and a NumPy namespace whose ``matmul`` uses them
-    (``numpy``)."""
+    """The GEMMs of one opened MKL library (``gemm``; ``gemm_call``, one worked out for a recorded step to replay), a
+    NumPy namespace whose ``matmul`` uses them (``numpy``), and the level-1 products of an update (``axpby``,
+    ``momentum``)."""
 
     def __init__(self, lib: Any) -> None:
         self.lib = lib

@@ -189,10 +189,9 @@ class NativeBackend(ArrayBackend):
         if self._threads.read_back:
             return None, True
         try:
-            calls = compiled.fuse(calls, FUSABLE)
+            return [self._replay_call(c) for c in compiled.fuse(calls, FUSABLE)], True
         except Exception:  # noqa: BLE001 - the step ran: its calls as recorded, never a second run of it
-            pass
-        return [self._replay_call(c) for c in calls], True
+            return calls, True
 
     def _replay_call(self, call: tuple) -> tuple:
         """A recorded call as a replay runs it: a product MKL takes as MKL's function with the operands' addresses
