@@ -336,3 +336,52 @@ def test_an_objective_replaced_on_another_precision_gets_the_output_in_its_own_d
         losses.append(solver.loss())
         assert solver.objective.inputs[0].dtype == objective_backend.compute_dtype
         np.testing.assert_allclose(losses[-1], np.mean((out - t) ** 2), rtol=2e-2)
+
+
+def test_an_emulated_primitive_takes_its_operands_in_any_argument_form():
+    """leafpy.backends.base.emulated: positional, keyword and mixed calls widen the same operands and write back
+    the ones the primitive writes; a wrong call is Python's own TypeError; a method with ``*args`` is bound by
+    inspect instead."""
+    from leafpy.backends.base import emulated
+
+    seen = []
+
+    def gemm(a, trans_a, b, trans_b, out, alpha=1.0, beta=0.0):
+        seen.append((a.dtype, b.dtype, out.dtype, alpha, beta))
+        out[...] = alpha * (a.T if trans_a else a) @ (b.T if trans_b else b) + beta * out
+
+    def is_low(x):
+        return isinstance(x, np.ndarray) and x.dtype == np.float16
+
+    def widen(operands):
+        return {k: a.astype(np.float32) for k, a in operands.items()}
+
+    def narrow(copy, operand):
+        operand[...] = copy
+
+    run = emulated("gemm", gemm, is_low, widen, narrow)
+    rng = np.random.default_rng(8)
+    a, b = rng.standard_normal((3, 4)).astype(np.float16), rng.standard_normal((4, 2)).astype(np.float16)
+    want = (2.0 * a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)
+    forms = [lambda out: run(a, False, b, False, out, 2.0),
+             lambda out: run(a, False, b, False, out=out, alpha=2.0),
+             lambda out: run(a=a, trans_a=False, b=b, trans_b=False, out=out, alpha=2.0, beta=0.0),
+             lambda out: run(a, False, b=b, trans_b=False, alpha=2.0, out=out)]
+    for form in forms:
+        out = np.full((3, 2), 7.0, np.float16)  # (beta 0: replaced, written back from the float32 copy)
+        form(out)
+        np.testing.assert_array_equal(out, want)
+        assert seen[-1] == (np.float32, np.float32, np.float32, 2.0, 0.0)
+    with pytest.raises(TypeError):
+        run(a, False, b, False, np.zeros((3, 2), np.float16), a=a)  # a given twice
+    with pytest.raises(TypeError):
+        run(a, False, b, False, np.zeros((3, 2), np.float16), gamma=1.0)  # no such parameter
+
+    def scal(alpha, *xs):
+        for x in xs:
+            x *= alpha
+
+    x, y = np.ones(3, np.float16), np.ones(2, np.float16)
+    emulated("scal", scal, is_low, widen, narrow)(3.0, x, y)  # no operand by a name: the call runs as it is
+    np.testing.assert_array_equal(x, np.full(3, 3.0))
+    np.testing.assert_array_equal(y, np.full(2, 3.0))
