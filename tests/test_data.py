@@ -66,6 +66,51 @@ def test_digits_dataset():
     assert not np.array_equal(ds.y_test, other.y_test)
 
 
+def _digits_as_scikit_learn_gives_them(test_fraction=0.2, seed=0):
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = (d.images / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
+    order = np.random.default_rng(seed).permutation(len(x))
+    n_test = int(round(len(x) * test_fraction))
+    return x[order[n_test:]], d.target[order[n_test:]], x[order[:n_test]], d.target[order[:n_test]]
+
+
+def test_digits_are_scikit_learns_read_without_importing_it_and_through_it_where_its_file_is_not_as_expected(
+        tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from conftest import child_env
+    probe = ("import sys, leafpy as lp; ds = lp.data.digits(); print(len(ds.x_train), len(ds.x_test), "
+             "'sklearn' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=child_env(), timeout=120)
+    assert done.stdout.split() == ["1438", "359", "False"], done.stderr[-2000:]
+    want = _digits_as_scikit_learn_gives_them()
+    got = lp.data.digits()
+    for a, b in zip((got.x_train, got.y_train, got.x_test, got.y_test), want):
+        np.testing.assert_array_equal(a, b)
+    # a file that is missing, damaged or not digits: scikit-learn's own loader reads the data
+    good = gzip.open(lp.data.os.path.join(*__import__("sklearn").__path__, *lp.data.DIGITS_FILE)).read()
+    lines = good.decode().splitlines()
+    for name, content in [("missing", None), ("bytes", b"\x1f\x8b not gzip"),
+                          ("columns", "\n".join(",".join(line.split(",")[:64]) for line in lines).encode()),
+                          ("label", "\n".join(lines[:-1] + [lines[-1].rsplit(",", 1)[0] + ",12"]).encode()),
+                          ("pixel", "\n".join(["17" + lines[0][lines[0].index(","):]] + lines[1:]).encode())]:
+        folder = tmp_path / name / "sklearn"
+        (folder / "datasets" / "data").mkdir(parents=True)
+        if content is not None:
+            path = folder.joinpath(*lp.data.DIGITS_FILE)
+            path.write_bytes(content if name == "bytes" else gzip.compress(content))
+        spec = type("Spec", (), {"submodule_search_locations": [str(folder)]})()
+        monkeypatch.setattr("importlib.util.find_spec", lambda n, spec=spec: spec)
+        assert lp.data._digits_file() == (None, None), name
+        got = lp.data.digits()  # (scikit-learn is imported by now: its loader needs no finding)
+        monkeypatch.undo()
+        np.testing.assert_array_equal(got.x_test, want[2])
+        np.testing.assert_array_equal(got.y_train, want[1])
+
+
 def test_batches_are_deterministic_and_keep_the_last_partial_batch():
     x = np.arange(10).reshape(10, 1)
     y = np.arange(10)
