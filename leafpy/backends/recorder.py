@@ -114,21 +114,23 @@ class StepRecorder:
     def _launch(self, entry: RecordedStep) -> bool:
         """Launch a recording; False (nothing launched) where a tensor it touches has another buffer now."""
         be = self.backend
+        key, handle_of = be.key, be.handle  # (looked up once: this runs for every tensor of every replayed step)
         stale = []
-        for ref, _, handle in entry.tensors:
+        written = []
+        for ref, writes, handle in entry.tensors:
             t = ref()
             if t is None:
                 return False
-            buf = t.buffer_on(be.key)
-            if buf is None or be.handle(buf) != handle:
+            buf = t.buffer_on(key)
+            if buf is None or handle_of(buf) != handle:
                 return False
-            if not t.is_fresh_on(be.key):
+            if not t.is_fresh_on(key):
                 stale.append(t)
+            if writes:
+                written.append(t)
         for t in stale:  # host data changed (weights set, the learning rate): upload into the same buffer
             t.read(be)
         be.launch(entry.recording)
-        for ref, writes, _ in entry.tensors:
-            tensor = ref()
-            if writes and tensor is not None:
-                tensor.mark_fresh_only(be.key)
+        for t in written:
+            t.mark_fresh_only(key)
         return True
