@@ -146,11 +146,10 @@ def _digits_file() -> tuple[Any, Any]:
         table = np.loadtxt(text.decode("ascii").splitlines(), delimiter=",", ndmin=2)
     except (OSError, ValueError, ImportError, EOFError, zlib.error, UnicodeDecodeError):
         return None, None
-    if table.ndim != 2 or table.shape[1] != 65 or not len(table) or not np.isfinite(table).all():
+    if table.ndim != 2 or table.shape[1] != 65 or not len(table):
         return None, None
-    pixels, labels = table[:, :64], table[:, 64]
-    if pixels.min() < 0 or pixels.max() > 16 or labels.min() < 0 or labels.max() > 9 \
-            or (table != np.floor(table)).any():
+    pixels, labels = table[:, :64], table[:, 64]  # whole numbers in 0-16 and 0-9 (NaN and infinities refused)
+    if _checks.first_non_index(pixels, 17) is not None or _checks.first_non_index(labels, 10) is not None:
         return None, None
     return pixels.reshape(-1, 8, 8), labels.astype(np.int64)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -91,7 +92,9 @@ def test_digits_are_scikit_learns_read_without_importing_it_and_through_it_where
     for a, b in zip((got.x_train, got.y_train, got.x_test, got.y_test), want):
         np.testing.assert_array_equal(a, b)
     # a file that is missing, damaged or not digits: scikit-learn's own loader reads the data
-    good = gzip.open(lp.data.os.path.join(*__import__("sklearn").__path__, *lp.data.DIGITS_FILE)).read()
+    import sklearn
+
+    good = gzip.open(Path(sklearn.__path__[0]).joinpath(*lp.data.DIGITS_FILE)).read()
     lines = good.decode().splitlines()
     for name, content in [("missing", None), ("bytes", b"\x1f\x8b not gzip"),
                           ("columns", "\n".join(",".join(line.split(",")[:64]) for line in lines).encode()),

@@ -223,7 +223,7 @@ class Mkl:
                                               beta, out.ctypes.data, ldc, stride_c, batch)
 
         def call(fn: Any = fn, args: tuple = args, operands: tuple = (a, b, out)) -> None:
-            fn(*args)
+            fn(*args)  # (operands is never read: held, it keeps the memory at args' addresses alive)
         return call
 
     def _vectors(self, out: Any, *ins: Any) -> bool:
