@@ -532,8 +532,9 @@ def _kernel_names(be) -> list[str]:
 
 
 def test_an_mlp_trains_alike_with_its_linear_and_relu_calls_fused(monkeypatch):
-    """MLP-128's replayed steps join each Linear's bias with its ReLU, and each ReLU's gradient with the bias
-    gradient of the Linear before it: the same losses and weights as the separate calls, over every update rule."""
+    """MLP-128's replayed steps join each Linear's bias with its ReLU, each ReLU's gradient with the bias gradient
+    of the Linear before it, and the loss's four calls: the same losses and weights as the separate calls, over
+    every update rule."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
     import train_step as ts
     make, batch, shape, classes = ts.NETWORKS["mlp128"]
@@ -555,6 +556,7 @@ def test_an_mlp_trains_alike_with_its_linear_and_relu_calls_fused(monkeypatch):
             results.append((losses, [w.to_numpy() for w in solver.network.learnable_weights_data()], names))
         (losses0, weights0, names0), (losses1, weights1, names1) = results
         assert "bias_relu" not in names0 and names1.count("bias_relu") >= 2 and names1.count("relu_grad_bias") >= 2
+        assert "loss_head" not in names0 and names1.count("loss_head") >= 1
         assert names1.count("bias_grad") == names0.count("bias_grad") - names1.count("relu_grad_bias")
         np.testing.assert_allclose(losses1, losses0, rtol=1e-6)
         for a, b in zip(weights1, weights0):
@@ -682,3 +684,142 @@ def test_calls_that_cannot_be_joined_stay_apart(monkeypatch, rng, change):
         assert names[:2] == ["bias_add", "activation"] and "relu_grad_bias" in names
     else:
         assert names[0] == "bias_relu" and names[1:] == ["activation_grad", "gemm", "bias_grad"]
+
+
+# --- a classifier's loss as one call ------------------------------------------------------------------------------
+def _head_calls(be, a, *, reduction="mean", in_place=False, weight=(), ignore_index=None, labels="labels"):
+    """What a replayed step records for LogSoftmax + NegativeLogLikelihood (``in_place``: the loss's own
+    log-softmax, its gradient written over the NLL's), as the recording holds the calls."""
+    op = {name: fn.__get__(be) for name, fn in native.FUSABLE.items()}
+    options = dict(weight=weight, ignore_index=ignore_index, reduction=reduction)
+    dx2 = a["dx"] if in_place else a["dx2"]
+    return [(op["log_softmax"], (a["x"], a["o"]), {}),
+            (op["nll"], (a["o"], a[labels], a["loss"]), options),
+            (op["nll_grad"], (a[labels], a["dloss"], a["dx"]), options),
+            (op["log_softmax_grad"], (a["o"], a["dx"], dx2), {})]
+
+
+def _head_arrays(rng, n, c, dtype=np.float32):
+    a = {"x": (rng.standard_normal((n, c)) * 5).astype(dtype)}
+    for k in ("o", "dx", "dx2"):
+        a[k] = rng.standard_normal((n, c)).astype(dtype)
+    a["labels"] = rng.integers(0, c, (n, 1)).astype(np.float32)
+    a["loss"], a["dloss"] = np.zeros(1, dtype), np.array([rng.uniform(0.5, 2)], dtype)
+    return a
+
+
+def _same_bits(a, b, what):
+    """Equal, a zero's sign included (NaN where NaN: its sign bit means nothing, and NumPy's -1 * NaN keeps it where
+    compiled code may flip it)."""
+    np.testing.assert_array_equal(a, b, err_msg=what)
+    finite = ~np.isnan(a)
+    np.testing.assert_array_equal(np.signbit(a[finite]), np.signbit(b[finite]), err_msg=f"{what}: the signs")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n,c", [(1, 1), (3, 2), (128, 10), (129, 7), (300, 130), (1030, 3)])
+@pytest.mark.parametrize("reduction,in_place", [("mean", False), ("sum", False), ("mean", True)])
+def test_the_loss_as_one_call_computes_what_its_four_calls_computed(rng, dtype, n, c, reduction, in_place):
+    """log_softmax, nll, nll_grad and log_softmax_grad joined: the same bits in the log-probabilities, the loss and
+    both gradients, with the sums in NumPy's pairwise order (rows and batches under and over 128 values), logits
+    that overflow exp, a NaN and an infinity."""
+    be = lp.backend("native")
+    compiled.kernels()
+    a = _head_arrays(rng, n, c, dtype)
+    a["x"][0, 0] = 90.0  # exp overflows float32 without the shift
+    if n > 2 and c > 1:
+        a["x"][1, 1] = np.nan
+        a["x"][2, 0] = -np.inf
+    b = {k: v.copy() for k, v in a.items()}
+    fused = compiled.fuse(_head_calls(be, b, reduction=reduction, in_place=in_place), native.FUSABLE)
+    assert len(fused) == 1 and fused[0][0].__name__ == "loss_head"
+    _run(_head_calls(be, a, reduction=reduction, in_place=in_place))
+    for step in range(2):  # twice: a replay runs it again on the same arrays, with the next batch's values
+        if step:
+            a["x"][...] = b["x"][...] = (rng.standard_normal((n, c)) * 3).astype(dtype)
+            a["labels"][...] = b["labels"][...] = rng.integers(0, c, (n, 1))
+            _run(_head_calls(be, a, reduction=reduction, in_place=in_place))
+        _run(fused)
+        for k in ("o", "loss", "dx", "dx2"):
+            _same_bits(b[k], a[k], f"{k}, run {step + 1}")
+    x = a["x"].astype(np.float64)  # and what they mean, in float64
+    logp = x - x.max(axis=1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(axis=1, keepdims=True))
+    picks = -logp[np.arange(n), a["labels"].reshape(-1).astype(int)]
+    np.testing.assert_allclose(b["o"], logp, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(b["loss"][0], picks.mean() if reduction == "mean" else picks.sum(), rtol=1e-5)
+
+
+def test_a_label_that_is_no_class_index_runs_the_four_calls_and_their_error(rng):
+    """A replayed loss whose labels went bad since it was recorded (-1, C, 2.5 would index NumPy's way) runs the
+    recorded calls, so it ends as they end; the arrays are left as they would have left them."""
+    be = lp.backend("native")
+    compiled.kernels()
+    a = _head_arrays(rng, 16, 5)
+    b = {k: v.copy() for k, v in a.items()}
+    fused = compiled.fuse(_head_calls(be, b), native.FUSABLE)
+    assert fused[0][0].__name__ == "loss_head"
+    for bad in (5.0, 7.0):  # past the classes: NumPy's indexing raises
+        a["labels"][3] = b["labels"][3] = bad
+        with pytest.raises(IndexError):
+            _run(_head_calls(be, a))
+        with pytest.raises(IndexError):
+            _run(fused)
+    for bad in (-1.0, 2.5):  # NumPy takes these (the last class, class 2): the calls' values
+        a["labels"][3] = b["labels"][3] = bad
+        _run(_head_calls(be, a))
+        _run(fused)
+        for k in ("o", "loss", "dx", "dx2"):
+            _same_bits(b[k], a[k], f"{k} with a label {bad}")
+
+
+@pytest.mark.parametrize("change", ["class weights", "ignore_index", "reduction none", "other labels",
+                                    "labels before numba is loaded"])
+def test_losses_the_one_call_does_not_take_keep_their_calls(monkeypatch, rng, change):
+    be = lp.backend("native")
+    a = _head_arrays(rng, 64, 10)
+    a["other"] = a["labels"].copy()
+    options = {"class weights": dict(weight=tuple(range(1, 11))), "ignore_index": dict(ignore_index=3),
+               "reduction none": dict(reduction="none")}.get(change, {})
+    if change == "reduction none":
+        a["loss"] = np.zeros((64, 1), np.float32)
+    calls = _head_calls(be, a, **options)
+    if change == "other labels":
+        calls[2] = (calls[2][0], (a["other"], *calls[2][1][1:]), calls[2][2])
+    if change == "labels before numba is loaded":  # 640 logits: too few to import numba for
+        monkeypatch.setattr(compiled, "_KERNELS", [])
+    fused = compiled.fuse(calls, native.FUSABLE)
+    assert [getattr(f, "__name__", "") for f, _, _ in fused] == [f.__name__ for f, _, _ in calls]
+    if change == "labels before numba is loaded":
+        assert compiled._KERNELS == []
+
+
+def test_a_resumed_command_run_with_the_loss_as_one_call_equals_the_uninterrupted_run(tmp_path):
+    """The run of ``test_the_leafpy_command_trains_alike_with_leafpy_compiled_0`` (its poolings load the kernels, so
+    replayed steps take the loss as one call; its first step after a resume is recorded, so it runs the four
+    calls): two epochs straight, and one epoch then a resume to two, give the same weights, bit for bit. 12 outputs
+    (two of them classes), so each row's sums take NumPy's pairwise order."""
+    brighter_half_npz(tmp_path / "data.npz", 256, 24)
+    (tmp_path / "net.yaml").write_text(f"""
+name: pools
+data: {{dataset: npz, path: {tmp_path / 'data.npz'}, batch_size: 48, test_fraction: 0.25, seed: 0}}
+train: {{epochs: 2}}
+network:
+  type: Sequential
+  inputs: [{{name: data, shape: [null, 1, 24, 24]}}]
+  layers:
+    - {{name: conv1, type: Convolution, num_output: 16, filter_shape: [3], padding: [1]}}
+    - {{name: pool1, type: Pooling, mode: max, filter_shape: [2], stride: [2]}}
+    - {{name: flat, type: Flatten}}
+    - {{name: fc, type: Linear, output_size: 12}}
+    - {{name: logsm, type: LogSoftmax}}
+objective: nll
+solver: {{solver: momentum, base_lr: 0.05, momentum: 0.9, seed: 0}}
+""")
+    train_history(tmp_path / "net.yaml", tmp_path / "whole", "--epochs", "2")
+    train_history(tmp_path / "net.yaml", tmp_path / "cut", "--epochs", "1")
+    train_history(tmp_path / "net.yaml", tmp_path / "cut", "--epochs", "2", "--resume",
+                  str(tmp_path / "cut" / "checkpoint.leaf"))
+    whole, cut = (lp.Layer.load(lp.backend("native"), str(tmp_path / d / "model.leaf")) for d in ("whole", "cut"))
+    for a, b in zip(whole.learnable_weights_data(), cut.learnable_weights_data()):
+        np.testing.assert_array_equal(a.to_numpy(), b.to_numpy())

@@ -217,3 +217,133 @@ def scatter_image_windows(cols, x, sh, sw):  # pragma: no cover - compiled
                         else:
                             for q in range(ow):
                                 dst[j + sw * q] += src[q]
+
+
+# --- a classifier's loss: log-softmax, negative log-likelihood and their gradients over [N, C] rows -----------------
+@_jit
+def _pairwise_block(a, first, n):  # pragma: no cover - compiled
+    """NumPy's pairwise_sum of at most 128 values: one by one from 0 under 8, else 8 running sums."""
+    if n < 8:
+        total = a.dtype.type(0)
+        for i in range(n):
+            total += a[first + i]
+        return total
+    r0, r1, r2, r3 = a[first], a[first + 1], a[first + 2], a[first + 3]
+    r4, r5, r6, r7 = a[first + 4], a[first + 5], a[first + 6], a[first + 7]
+    i = 8
+    while i < n - n % 8:
+        p = first + i
+        r0 += a[p]
+        r1 += a[p + 1]
+        r2 += a[p + 2]
+        r3 += a[p + 3]
+        r4 += a[p + 4]
+        r5 += a[p + 5]
+        r6 += a[p + 6]
+        r7 += a[p + 7]
+        i += 8
+    total = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        total += a[first + i]
+        i += 1
+    return total
+
+
+@_jit
+def pairwise_sum(a, first, n):  # pragma: no cover - compiled
+    """a[first:first + n] summed as NumPy's ``add.reduce`` sums a contiguous run (0 + its pairwise_sum): blocks of at
+    most 128 values (:func:`_pairwise_block`), longer runs as the sum of two halves (the first a multiple of 8),
+    the halves walked here with a stack of their own (numba's cache does not link a recursive function)."""
+    zero = a.dtype.type(0)  # what NumPy's reduction starts from: a sum of negative zeros is +0
+    if n <= 128:
+        return zero + _pairwise_block(a, first, n)
+    starts, sizes = np.empty(64, np.int64), np.empty(64, np.int64)
+    stages, lefts = np.zeros(64, np.int64), np.empty(64, a.dtype)
+    result = a.dtype.type(0)
+    depth = 0
+    starts[0], sizes[0] = first, n
+    while depth >= 0:
+        f, m = starts[depth], sizes[depth]
+        if m <= 128:
+            result = _pairwise_block(a, f, m)
+            depth -= 1
+            continue
+        half = m // 2
+        half -= half % 8
+        if stages[depth] == 0:  # the first half next
+            stages[depth] = 1
+            depth += 1
+            starts[depth], sizes[depth], stages[depth] = f, half, 0
+        elif stages[depth] == 1:  # the first half's sum is in: the second half next
+            lefts[depth], stages[depth] = result, 2
+            depth += 1
+            starts[depth], sizes[depth], stages[depth] = f + half, m - half, 0
+        else:
+            result = lefts[depth] + result
+            depth -= 1
+    return zero + result
+
+
+@_jit
+def log_softmax_shift(x, o, labels):  # pragma: no cover - compiled
+    """o = x - (each row's maximum, NaN where the row has one), after checking that every label is a class index
+    0..C-1: the position of the first that is not (nothing written then), else -1."""
+    n, c = x.shape
+    for i in range(n):
+        v = labels[i]
+        if not (v >= 0 and v < c):
+            return i
+    for i in range(n):
+        row, out = x[i], o[i]
+        top = row[0]
+        for j in range(1, c):
+            v = row[j]
+            if v > top or v != v:
+                top = v if top == top else top
+        for j in range(c):
+            out[j] = row[j] - top
+    return -1
+
+
+@_jit
+def row_sums(e, s):  # pragma: no cover - compiled
+    """s[i] = the sum of row i of e [N, C], as NumPy sums it."""
+    flat = e.reshape(-1)
+    c = e.shape[1]
+    for i in range(e.shape[0]):
+        s[i] = pairwise_sum(flat, i * c, c)
+
+
+@_jit
+def nll_rows(o, logs, labels, loss, dloss, dx, picks, mean):  # pragma: no cover - compiled
+    """The rest of the log-softmax (o -= the log of its row's sum of exponentials), the negative log-likelihood
+    (loss [1] = the sum of -o[i, label_i], over N where ``mean``) and its gradient (dx = 0 but -dloss (/ N) at each
+    label), as NumPy's calls compute them; ``picks`` [N] scratch."""
+    n, c = o.shape
+    for i in range(n):
+        row, shift = o[i], logs[i]
+        for j in range(c):
+            row[j] -= shift
+    for i in range(n):
+        picks[i] = -o[i, int(labels[i])]
+    total = pairwise_sum(picks, 0, n)
+    count = o.dtype.type(n)
+    loss[0] = total / count if mean else total
+    g = -(dloss[0] / count if mean else dloss[0])
+    for i in range(n):
+        out = dx[i]
+        for j in range(c):
+            out[j] = 0
+        out[int(labels[i])] = g
+
+
+@_jit
+def log_softmax_grad_rows(e, dy, dx):  # pragma: no cover - compiled
+    """dx = dy - e * (each row's sum of dy), e = exp of the log-softmax's output (dx may be dy)."""
+    n, c = dy.shape
+    flat = dy.reshape(-1)
+    for i in range(n):
+        total = pairwise_sum(flat, i * c, c)
+        src, ex, out = dy[i], e[i], dx[i]
+        for j in range(c):
+            out[j] = src[j] - ex[j] * total

@@ -487,7 +487,8 @@ def _recorded(fn: Any) -> Any:
 for _name in RECORDED:
     setattr(NativeBackend, _name, _recorded(getattr(NativeBackend, _name)))
 FUSABLE = {name: getattr(NativeBackend, name).__wrapped__
-           for name in ("bias_add", "activation", "activation_grad", "bias_grad", "gemm")}
+           for name in ("bias_add", "activation", "activation_grad", "bias_grad", "gemm", "log_softmax", "nll",
+                        "nll_grad", "log_softmax_grad")}
 """The native backend's own primitives that :func:`compiled.fuse` may join, as a recorded call holds them."""
 _GEMM_ARGS = inspect.signature(FUSABLE["gemm"])
 """How a recorded product's operands are named (NativeBackend._replay_call), defaults applied."""
