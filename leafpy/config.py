@@ -398,10 +398,10 @@ def _check_data(data: dict) -> None:
         from .sources import augment
 
         augment.from_dict(data["augment"])
-    if "normalize" in data:
+    if "normalize" in data or "class_names" in data:
         from .sources import prepare
 
-        prepare.from_dict({"normalize": data["normalize"], "class_names": data.get("class_names")}, "data")
+        prepare.from_dict({"normalize": data.get("normalize"), "class_names": data.get("class_names")}, "data")
 
 
 def to_dict(run: RunConfig) -> dict:

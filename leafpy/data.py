@@ -376,8 +376,8 @@ def _from_arrays(path: str, arrays: dict[str, np.ndarray], test_fraction: float 
         if len(layout) == 4 and test_fraction is not None:
             raise ConfigError(f"data.test_fraction: {path} gives its own split (x_train, x_test), which a memory "
                               "map keeps as it is; remove test_fraction")
-        check_memory(path, f"its labels and the order of its {len(arrays[layout[0]])} samples",
-                     16 * sum(len(arrays[k]) for k in layout[::2]))
+        counts = [arrays[k].shape[0] if arrays[k].ndim else 0 for k in layout[::2]]  # (0-d: refused below)
+        check_memory(path, f"its labels and the order of its {counts[0]} samples", 16 * sum(counts))
     pairs = [(arrays[x_key], arrays[y_key], x_key, y_key) for x_key, y_key in zip(layout[::2], layout[1::2])]
     xs: list[Any] = []  # (arrays, or mapped samples)
     ys: list[np.ndarray] = []

@@ -231,13 +231,72 @@ def _parse_parts(path: str, struct_name: str, data: memoryview,
     # reading a field again counts its words again: allow 8 readings of each word, and never more words than
     # the packed bytes can expand to, whatever a (hostile) header declares
     limit = min(8 * min(words, 128 * len(payload)) + 1024, MAX_WORDS)
+    packed = bytes(payload)
+    missing = _packed_shortfall(packed)
+    if missing:
+        raise SerializationError(f"{path}: not a valid leafpy/Leaf {struct_name} file (truncated, corrupted or "
+                                 f"another format): {missing}")
     try:
-        msg = getattr(schema(), struct_name).from_bytes_packed(bytes(payload), traversal_limit_in_words=limit,
+        msg = getattr(schema(), struct_name).from_bytes_packed(packed, traversal_limit_in_words=limit,
                                                                nesting_limit=NESTING_LIMIT)
     except Exception as e:  # capnp reports malformed input as KjException
         raise SerializationError(f"{path}: not a valid leafpy/Leaf {struct_name} file (truncated, corrupted or "
                                  f"another format): {_short(e)}") from None
     return msg, origin, raw
+
+
+_BITS = bytes(bin(i).count("1") for i in range(256))
+MAX_SEGMENTS = 512
+"""Cap'n Proto's readers refuse messages of more segments."""
+
+
+def _packed_shortfall(data: bytes) -> str:
+    """What is wrong with the segment table of the packed message ``data`` ("" where nothing): a table cut short, or
+    segments that declare more words than the bytes unpack to. Cap'n Proto's packed reader takes the table on
+    trust and reads segments as they are used; one that ends early makes its reader throw as it is freed, which
+    ends the process (C++'s terminate). Walks the packing's tags: a run of literal or zero words is one step, so
+    weights (dense words, runs of 256) cost a step per 2 KB."""
+    n, pos, words = len(data), 0, 0
+    head = bytearray()  # the first words unpacked: the segment table
+    need, declared = 8, -1
+    while pos < n and (declared < 0 or words < declared):
+        tag = data[pos]
+        pos += 1
+        if len(head) < need:
+            word = bytearray(8)
+            for bit in range(8):
+                if tag >> bit & 1:
+                    word[bit] = data[pos] if pos < n else 0
+                    pos += 1
+            head += word
+        else:
+            pos += _BITS[tag]
+        words += 1
+        if tag in (0, 0xFF):
+            if pos >= n:
+                return "its packing ends inside a run of words"
+            run = data[pos]
+            pos += 1
+            if len(head) < need:
+                head += bytes(8 * run) if tag == 0 else data[pos:pos + 8 * run]
+            if tag == 0xFF:
+                pos += 8 * run
+            words += run
+        if pos > n:
+            return "its packing ends inside a word"
+        if declared < 0 and len(head) >= need:
+            count = int.from_bytes(head[:4], "little") + 1
+            if count > MAX_SEGMENTS:
+                return f"its segment table declares {count} segments (at most {MAX_SEGMENTS})"
+            need = 8 * (count // 2 + 1)
+            if len(head) >= need:
+                sizes = [int.from_bytes(head[4 + 4 * i:8 + 4 * i], "little") for i in range(count)]
+                declared = need // 8 + sum(sizes)
+    if declared < 0:
+        return "its segment table is cut short"
+    if words < declared:
+        return f"its segments declare {declared} words where its bytes hold {words}"
+    return ""
 
 
 def editable_message(path: str | os.PathLike, struct_name: str) -> Any:

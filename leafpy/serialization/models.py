@@ -104,8 +104,9 @@ def opened_model(path: str | os.PathLike, *, allow_non_finite: bool = False) -> 
         with reading(path, "Layer"):
             config = read_layer_config(msg.config)
             saved = _read_weights(msg.weightsData, path, raw)
+            preparation = str(msg.preparation)  # (text that is no UTF-8 raises here)
         check_finite(saved, path, LOAD_FIX, allow_non_finite)
-        yield SavedModel(config, saved, is_leaf_file(origin, saved), str(msg.preparation))
+        yield SavedModel(config, saved, is_leaf_file(origin, saved), preparation)
 
 
 def read_weights(path: str | os.PathLike, *, allow_non_finite: bool = False) -> tuple[dict[str, np.ndarray], bool]:

@@ -130,11 +130,13 @@ class SolverConfig:
             s(self, "seed", _checks.non_negative_int("solver.seed", self.seed))
         scale = self.loss_scale
         if scale is not None and scale not in LOSS_SCALE_MODES:
-            if isinstance(scale, str):
+            if isinstance(scale, str) or (isinstance(scale, int) and not isinstance(scale, bool)):
                 try:
                     scale = float(scale)
                 except ValueError:
                     scale = None
+                except OverflowError:  # an int beyond float's range
+                    scale = math.inf
             if scale is None or isinstance(scale, bool) or not isinstance(scale, (int, float)) \
                     or not math.isfinite(scale) or scale <= 0:
                 raise ConfigError(f"solver.loss_scale: expected 'dynamic', 'none' or a positive number (a static "

@@ -72,6 +72,6 @@ def samples_for_prediction(data: dict, path: str, input_shape: Sequence[int]) ->
         if not features:
             raise ConfigError(f"--input {path}: the run records no CSV feature columns (data.features); it was "
                               "not trained on a CSV table, give an .npz file")
-        header, rows = csv_table.read_rows(path, data.get("delimiter", ","))
-        return csv_table.numbers(path, header, rows, features), [f"line {i + 2}" for i in range(len(rows))]
+        header, rows, lines = csv_table.read_rows(path, data.get("delimiter", ","))
+        return csv_table.numbers(path, header, rows, features, lines), [f"line {line}" for line in lines]
     return None

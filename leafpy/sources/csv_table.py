@@ -20,9 +20,9 @@ MAX_BYTES = 1 << 31
 """The largest CSV file read (it is read whole)."""
 
 
-def read_rows(path: str, delimiter: str = ",") -> tuple[list[str], list[list[str]]]:
-    """The header and the rows of a CSV file (blank lines skipped); a row with another number of cells than the
-    header is an error naming its line."""
+def read_rows(path: str, delimiter: str = ",") -> tuple[list[str], list[list[str]], list[int]]:
+    """The header, the rows of a CSV file (blank lines skipped) and the line each row starts on; a header that
+    names a column twice, or a row with another number of cells than the header, is an error naming it."""
     if not isinstance(delimiter, str) or len(delimiter) != 1 or delimiter in "\r\n\"":
         raise ConfigError(f"data.delimiter: expected one character such as ',' or ';', got {delimiter!r}")
     try:
@@ -40,25 +40,35 @@ def read_rows(path: str, delimiter: str = ",") -> tuple[list[str], list[list[str
         raise LeafpyError(f"{path}: cannot read the CSV file: {e.strerror or e}") from e
     try:
         reader = _csv.reader(text.splitlines(), delimiter=delimiter, strict=True)
-        rows = [(reader.line_num, r) for r in reader if r]
+        rows, before = [], 0
+        for r in reader:  # each row with the line it starts on (a quoted cell may run over lines)
+            if r:
+                rows.append((before + 1, r))
+            before = reader.line_num
     except _csv.Error as e:
         raise LeafpyError(f"{path}: line {reader.line_num}: not valid CSV ({e})") from e
     if not rows:
         raise LeafpyError(f"{path}: empty; a CSV table needs a header row and one row per sample")
     header = [h.strip() for h in rows[0][1]]
+    seen: dict[str, int] = {}
+    for k, name in enumerate(header):
+        if name in seen:
+            raise LeafpyError(f"{path}: line {rows[0][0]}: the header names column {name!r} twice (columns "
+                              f"{seen[name] + 1} and {k + 1}); give each column a name of its own"[:500])
+        seen[name] = k
     for line, r in rows[1:]:
         if len(r) != len(header):
             raise LeafpyError(f"{path}: line {line} has {len(r)} cells, the header {len(header)}; every row needs one "
                               f"cell per column (delimiter {delimiter!r})")
     if len(rows) < 2:
         raise LeafpyError(f"{path}: a header and no rows; give one row per sample")
-    return header, [r for _, r in rows[1:]]
+    return header, [r for _, r in rows[1:]], [line for line, _ in rows[1:]]
 
 
 def numbers(path: str, header: Sequence[str], rows: Sequence[Sequence[str]], columns: Sequence[str],
-            first_line: int = 2) -> np.ndarray:
+            lines: Sequence[int] | None = None) -> np.ndarray:
     """float32 [N, len(columns)] from those columns; a missing, non-numeric or non-finite cell is an error naming
-    its line and column."""
+    its line (``lines``: each row's, as read_rows gives them; else the row's place after the header) and column."""
     where = [column_index(path, header, c) for c in columns]
     out = np.empty((len(rows), len(where)), np.float32)
     for i, r in enumerate(rows):
@@ -70,10 +80,14 @@ def numbers(path: str, header: Sequence[str], rows: Sequence[Sequence[str]], col
                 v = math.nan
             if not math.isfinite(v) or abs(v) > 3.4e38:
                 what = "is missing" if not cell else f"is {cell[:40]!r}, not a finite number"
-                raise LeafpyError(f"{path}: line {first_line + i}, column {header[k]!r}: the value {what}; fill it "
+                raise LeafpyError(f"{path}: line {_line(lines, i)}, column {header[k]!r}: the value {what}; fill it "
                                   "in or drop the row (or the column from data.features)")
             out[i, j] = v
     return out
+
+
+def _line(lines: Sequence[int] | None, i: int) -> int:
+    return lines[i] if lines is not None else i + 2
 
 
 def column_index(path: str, header: Sequence[str], name: Any) -> int:
@@ -82,15 +96,16 @@ def column_index(path: str, header: Sequence[str], name: Any) -> int:
     return list(header).index(name)
 
 
-def class_labels(path: str, header: Sequence[str], rows: Sequence[Sequence[str]], target: str
-                 ) -> tuple[list[str], np.ndarray]:
-    """The target column as class names (sorted: numerically when every name is an integer) and indices."""
+def class_labels(path: str, header: Sequence[str], rows: Sequence[Sequence[str]], target: str,
+                 lines: Sequence[int] | None = None) -> tuple[list[str], np.ndarray]:
+    """The target column as class names (sorted: numerically when every name is an integer) and indices; a missing
+    one is an error naming its line (``lines`` as in :func:`numbers`)."""
     k = column_index(path, header, target)
     cells = [r[k].strip() for r in rows]
     missing = next((i for i, c in enumerate(cells) if not c), None)
     if missing is not None:
-        raise LeafpyError(f"{path}: line {missing + 2}, column {target!r}: the target is missing; fill it in or drop "
-                          "the row")
+        raise LeafpyError(f"{path}: line {_line(lines, missing)}, column {target!r}: the target is missing; fill it "
+                          "in or drop the row")
     names = sorted(set(cells), key=lambda c: (0, int(c), "") if _integer(c) else (1, 0, c))
     index = {n: i for i, n in enumerate(names)}
     return names, np.array([index[c] for c in cells], np.int64)
@@ -108,7 +123,7 @@ def read(path: str, target: str, *, features: Sequence[str] | None = None, delim
          targets: str = "classes") -> Parts:
     """A CSV table (see ``lp.data.csv``) as :class:`Parts`."""
     path = os.fspath(path)
-    header, rows = read_rows(path, delimiter)
+    header, rows, lines = read_rows(path, delimiter)
     if not isinstance(target, str):
         raise ConfigError(f"data.target: expected the name of the label column, got {target!r}")
     column_index(path, header, target)
@@ -118,10 +133,10 @@ def read(path: str, target: str, *, features: Sequence[str] | None = None, delim
         raise ConfigError(f"data.features: expected a list of column names, got {features!r}"[:300])
     if target in features:
         raise ConfigError(f"data.features: the target column {target!r} cannot be a feature too")
-    x = numbers(path, header, rows, features)
+    x = numbers(path, header, rows, features, lines)
     names: list[str] = []
     if targets == "values":
-        y = numbers(path, header, rows, [target])
+        y = numbers(path, header, rows, [target], lines)
     else:
-        names, y = class_labels(path, header, rows, target)
+        names, y = class_labels(path, header, rows, target, lines)
     return Parts(os.path.basename(path), x, y, len(names), None, tuple(names), (), tuple(features))

@@ -90,10 +90,14 @@ def _numbers(value: Any, where: str, positive: bool = False) -> tuple[float, ...
     items = value if isinstance(value, (list, tuple)) else [value]
     out = []
     for v in items:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (positive and v <= 0):
+        try:
+            number = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+        except OverflowError:  # an int beyond float's range
+            number = math.inf
+        if not math.isfinite(number) or (positive and number <= 0):
             raise ConfigError(f"{where}: expected {'positive ' if positive else ''}finite numbers (one, or one per "
                               f"channel or feature), got {value!r}"[:300])
-        out.append(float(v))
+        out.append(number)
     if not out:
         raise ConfigError(f"{where}: expected at least one number, got {value!r}")
     return tuple(out)
@@ -128,9 +132,9 @@ def from_text(text: str, path: str) -> Preparation | None:
                                  "the file is damaged")
     try:
         return from_dict(json.loads(text), f"{path}: data preparation")
-    except (ValueError, ConfigError) as e:
-        raise SerializationError(f"{path}: the model's data preparation is unreadable ({e}); the file is "
-                                 "damaged") from e
+    except (ValueError, ConfigError, RecursionError) as e:  # (RecursionError: JSON nested past Python's limit)
+        raise SerializationError(f"{path}: the model's data preparation is unreadable "
+                                 f"({str(e)[:200] or type(e).__name__}); the file is damaged") from None
 
 
 def channel_statistics(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:

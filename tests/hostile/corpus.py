@@ -71,7 +71,7 @@ LOADER = {"model truncation": "model", "model byte flip": "model", "checkpoint t
           "checkpoint byte flip": "checkpoint", "crafted message": "model", "run file": "run file",
           "IDX file": "idx", "npz file": "npz", "crafted model weights": "model",
           "crafted checkpoint state": "checkpoint", "npz oddity": "npz", "ONNX truncation": "onnx",
-          "ONNX crafted": "onnx"}
+          "ONNX crafted": "onnx", "Leaf model damage": "model", "crafted segment table": "model"}
 """How each class's cases are opened in the child."""
 
 
@@ -146,6 +146,39 @@ def crafted_messages(work: Path) -> list[Path]:
     m.name = "deep"
     ser.write_layer_config(m.init("config"), deep)
     write("deep-nesting", m)
+    return out
+
+
+def make_leaf_model(path: Path) -> None:
+    """A small real model in Leaf 0.2.1's format: a bare packed message of two segments, with no checksum."""
+    import leafpy as lp
+    net = lp.SequentialConfig(inputs=[("data", [2, 64])])
+    net.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=64, bias=False)))
+    net.add_layer(lp.LayerConfig("fc2", lp.LinearConfig(output_size=3, bias=False)))
+    layer = lp.Layer.from_config(lp.backend("native"), lp.LayerConfig("leaf", net), seed=0)
+    layer.forward([np.ones((2, 64), np.float32)])
+    layer.save(str(path), format="leaf")
+
+
+def crafted_segment_tables(work: Path) -> list[Path]:
+    """Packed messages whose segment tables promise more than the bytes hold (Cap'n Proto's packed reader trusts
+    the table and, freed after an early end, ended the process), bare and inside a leafpy header whose checksum is
+    right."""
+    import struct
+    import zlib
+    cases = {"second-segment-missing": bytes.fromhex("11010601044004110d1200020178"),  # 2 segments, 1 present
+             "table-cut-short": bytes.fromhex("110205"),  # 3 segments, the table's second word absent
+             "600-segments": bytes.fromhex("3357020100"),
+             "first-segment-short": bytes.fromhex("10ff0107")}  # 255 words declared, 1 present
+    out = []
+    for name, packed in cases.items():
+        bare = work / f"segments-{name}.leaf"
+        bare.write_bytes(packed)
+        header = struct.pack("<8sIIQQ", b"\x89LEAFPY\n", 2, 1, 16, len(packed))
+        crc = zlib.crc32(packed, zlib.crc32(header)) & 0xFFFFFFFF
+        sealed = work / f"segments-{name}-sealed.leaf"
+        sealed.write_bytes(header + struct.pack("<I", crc) + packed)
+        out += [bare, sealed]
     return out
 
 
@@ -472,6 +505,11 @@ def generate(work: Path, seed: int = 0, n: int = 20) -> dict[str, list[Path]]:
     make_checkpoint(ckpt)
     cases["checkpoint truncation"], cases["checkpoint byte flip"] = _damaged(work, ckpt.read_bytes(), "ckpt", rng, n)
     cases["crafted message"] = crafted_messages(work)
+    leaf = work / "good-leaf.leaf"
+    make_leaf_model(leaf)
+    cuts, flips = _damaged(work, leaf.read_bytes(), "leaf", rng, n)
+    cases["Leaf model damage"] = cuts + flips
+    cases["crafted segment table"] = crafted_segment_tables(work)
     cases["run file"] = run_files(work)
     cases["IDX file"] = idx_files(work)
     cases["npz file"] = npz_files(work)
