@@ -610,7 +610,8 @@ def write_named_predictions(path: str, labels: Sequence[str], probs: np.ndarray,
                                                                                                  "probability")])
     for label, row in zip(labels, probs):
         w.writerow([label] + [v for c in _top(row, k) for v in (names[c], f"{row[c]:.6g}")])
-    atomic_write(path, text.getvalue().encode(), example="predictions.csv")
+    # (a file name that is no UTF-8, as the file system gave it, written back as its bytes)
+    atomic_write(path, text.getvalue().encode("utf-8", "surrogateescape"), example="predictions.csv")
 
 
 def _forward_batches(net: Layer, x: np.ndarray, batch: int, be: Any) -> np.ndarray:

@@ -119,12 +119,22 @@ def _key(backend: Any, method: str) -> str:
                           f"{type(backend).__name__} {backend!r:.60}") from None
 
 
+MAX_ELEMENTS = 1 << 60
+"""The most values a tensor's shape may declare (8-byte values would pass a 64-bit size)."""
+
+
 def _as_shape(shape: Sequence[int] | int) -> tuple[int, ...]:
-    if isinstance(shape, (int, np.integer)):
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, (bool, np.bool_)):
         shape = (int(shape),)
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__") or not all(
+            isinstance(d, (int, np.integer)) and not isinstance(d, (bool, np.bool_)) for d in shape):
+        raise ShapeError(f"tensor shape: expected a tuple of integer dimensions, got {shape!r}"[:300])
     out = tuple(int(d) for d in shape)
     if any(d < 0 for d in out):
         raise ShapeError(f"tensor shape: expected non-negative dimensions, got {out}")
+    if math.prod(out) > MAX_ELEMENTS:
+        raise ShapeError(f"tensor shape: {out} declares {math.prod(out)} values, more than any buffer holds "
+                         f"({MAX_ELEMENTS})"[:300])
     return out
 
 

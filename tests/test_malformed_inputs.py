@@ -20,8 +20,8 @@ HUGE = "1" + "0" * 400  # an integer past float's range (YAML and JSON read it a
 
 
 def leafpy(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "leafpy", *args], capture_output=True, text=True, timeout=300,
-                          cwd=ROOT, env=child_env())
+    return subprocess.run([sys.executable, "-m", "leafpy", *args], capture_output=True, text=True, errors="replace",
+                          timeout=300, cwd=ROOT, env=child_env())
 
 
 def _model(path) -> None:
@@ -130,3 +130,94 @@ def test_an_array_of_no_samples_is_refused_mapped_or_not(tmp_path, memory_map):
     np.savez(path, x=np.float32(1.0), y=np.int64(0))
     with pytest.raises(LeafpyError, match=r"x must hold samples as \[N, \.\.\.\]"):
         lp.data.npz(str(path), memory_map=memory_map)
+
+
+# --- image folders ------------------------------------------------------------------------------------------------
+def _folder(root, classes=("a", "b"), per_class=3, size=8):
+    from PIL import Image
+    for c in classes:
+        (root / c).mkdir(parents=True)
+        for i in range(per_class):
+            Image.fromarray(np.full((size, size, 3), 30 * i, np.uint8)).save(root / c / f"{i}.png")
+    return root
+
+
+def _odd_tiff(path) -> None:
+    """A TIFF whose StripOffsets tag says UNDEFINED (7) instead of LONG: Pillow's reader raises TypeError."""
+    import io
+
+    from PIL import Image
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((4, 4), np.float32), "F").save(buf, "TIFF")
+    b = bytearray(buf.getvalue())
+    ifd = struct.unpack_from("<I", b, 4)[0]
+    for k in range(struct.unpack_from("<H", b, ifd)[0]):
+        entry = ifd + 2 + 12 * k
+        if struct.unpack_from("<H", b, entry)[0] == 273:
+            struct.pack_into("<H", b, entry + 2, 7)
+    path.write_bytes(bytes(b))
+
+
+@pytest.mark.parametrize("odd", ["dangling link", "empty first file", "odd TIFF"])
+def test_an_image_folder_with_a_file_that_does_not_decode_names_it_or_skips_it(tmp_path, odd):
+    """No image size given (the first image's is taken): a link to nothing (a photo library moved), an empty file
+    where the first image should be, a TIFF that Pillow's reader trips over. Each is an error naming the file, or
+    with skip_unreadable left out, the rest loaded."""
+    pytest.importorskip("PIL")
+    root = _folder(tmp_path / "photos")
+    bad = {"dangling link": root / "a" / "zz.png", "empty first file": root / "a" / "0.png",
+           "odd TIFF": root / "b" / "odd.tiff"}[odd]
+    if odd == "dangling link":
+        bad.symlink_to(tmp_path / "moved" / "x.png")
+    elif odd == "empty first file":
+        bad.write_bytes(b"")
+    else:
+        _odd_tiff(bad)
+    run = _image_run(tmp_path, root)
+    r = leafpy("train", str(run), "--out", str(tmp_path / "run"))
+    assert r.returncode == 1 and f"{bad.name}: cannot decode the image" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    ds = lp.data.image_folder(str(root), cache_dir=None, skip_unreadable=True)
+    assert len(ds.x_train) + len(ds.x_test) == (5 if odd == "empty first file" else 6)
+    assert ds.input_shape == (3, 8, 8)
+
+
+def _image_run(tmp_path, root, size=""):
+    path = tmp_path / "run.yaml"
+    path.write_text(f"""
+name: imgs
+data: {{dataset: image_folder, path: {root}, channels: 3, batch_size: 4, cache_dir: null{size}}}
+train: {{epochs: 1}}
+network: {{type: Sequential, inputs: [{{name: data, shape: [null, 3, 8, 8]}}],
+  layers: [{{name: flat, type: Flatten}}, {{name: fc, type: Linear, output_size: 2}}, {{name: sm, type: LogSoftmax}}]}}
+objective: nll
+solver: {{solver: momentum, base_lr: 0.05, momentum: 0.9, seed: 0}}
+""")
+    return path
+
+
+def test_predictions_for_files_whose_names_are_no_utf8_are_written(tmp_path):
+    """``leafpy predict RUN --input FOLDER --out predictions.csv`` over a folder holding a file named in Latin-1
+    bytes (a camera's, an old archive's): the CSV is written, that row's name in the file system's bytes."""
+    pytest.importorskip("PIL")
+    from PIL import Image
+    _image_run(tmp_path, _folder(tmp_path / "photos", ("cat", "dog"), 6), ", image_size: [8, 8]")
+    assert leafpy("train", str(tmp_path / "run.yaml"), "--out", str(tmp_path / "run")).returncode == 0
+    (tmp_path / "new").mkdir()
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(bytes(tmp_path / "new") + b"/caf\xe9.png")
+    r = leafpy("predict", str(tmp_path / "run"), "--input", str(tmp_path / "new"), "--out", str(tmp_path / "p.csv"))
+    assert r.returncode == 0, r.stderr
+    rows = (tmp_path / "p.csv").read_bytes().splitlines()
+    assert rows[0].startswith(b"input,class,probability") and rows[1].startswith(b"caf\xe9.png,"), rows
+
+
+@pytest.mark.parametrize("shape", [None, ("a",), (2, 1.5), (2, True), "23", (2 ** 40, 2 ** 40), (-1, 3)])
+def test_a_tensor_of_a_shape_that_is_no_shape_is_refused(shape):
+    with pytest.raises(lp.errors.ShapeError, match="tensor shape"):
+        lp.SharedTensor(shape)
+
+
+def test_tensor_shapes_as_users_give_them():
+    for shape, expected in ((3, (3,)), (np.int64(3), (3,)), ([2, 3], (2, 3)), (np.array([2, 3]), (2, 3)),
+                            (range(1, 3), (1, 2)), ((), ())):
+        assert lp.SharedTensor(shape).shape == expected

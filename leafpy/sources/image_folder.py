@@ -12,7 +12,6 @@ import functools
 import hashlib
 import json
 import os
-import struct
 import tempfile
 import warnings
 import weakref
@@ -101,8 +100,8 @@ def check_memory(files: Sequence[str], image_size: Sequence[int], channels: int,
 def decode(path: str, image_size: Sequence[int], channels: int) -> np.ndarray:
     """One image as uint8 [channels, H, W]: EXIF orientation applied, a GIF's first frame, 16-bit samples scaled
     to 8, converted to grayscale or RGB and resized (bilinear) to ``image_size``. A file Pillow cannot decode (its
-    readers of damaged files raise NotImplementedError, IndexError... as well as OSError), or one past its
-    decompression-bomb limit, is a LeafpyError naming it."""
+    readers of damaged files raise NotImplementedError, IndexError, TypeError... as well as OSError), or one past
+    its decompression-bomb limit, is a LeafpyError naming it."""
     Image, ImageOps = _pil()
     h, w = int(image_size[0]), int(image_size[1])
     try:
@@ -119,10 +118,10 @@ def decode(path: str, image_size: Sequence[int], channels: int) -> np.ndarray:
                 if img.size != (w, h):
                     img = img.resize((w, h), Image.Resampling.BILINEAR)
                 a = np.asarray(img, dtype=np.uint8)
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, Image.DecompressionBombWarning,
-            EOFError, NotImplementedError, IndexError, KeyError, struct.error) as e:  # (what Pillow's readers raise)
-        raise LeafpyError(f"{path}: cannot decode the image ({type(e).__name__}: {e}); remove or replace the file, "
-                          "or set data.skip_unreadable: true to skip such files") from e
+    except Exception as e:  # noqa: BLE001 - Pillow's readers of damaged files raise what they meet (OSError,
+        # struct.error, TypeError from a TIFF tag of another type...): each is a file that does not decode
+        raise LeafpyError(f"{path}: cannot decode the image ({type(e).__name__}: {str(e)[:200]}); remove or replace "
+                          "the file, or set data.skip_unreadable: true to skip such files") from e
     return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
 
 
@@ -216,8 +215,12 @@ def cache_key(files: Sequence[str], image_size: Sequence[int], channels: int) ->
     h = hashlib.blake2b(digest_size=16)
     h.update(json.dumps([CACHE_VERSION, list(map(int, image_size)), channels]).encode())
     for f in files:
-        st = os.stat(f)
-        h.update(f"{os.path.abspath(f)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
+        try:
+            st = os.stat(f)
+            size, mtime = st.st_size, st.st_mtime_ns
+        except OSError:  # a link to nothing, a file gone: it fails to decode, and is named then (or skipped)
+            size, mtime = -1, -1
+        h.update(f"{os.path.abspath(f)}\0{size}\0{mtime}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
 
 
@@ -338,6 +341,23 @@ def read_folder(root: str, image_size: Sequence[int], channels: int, skip_unread
     return names, Mapped(images), labels, [files[i] for i in skipped]
 
 
+def _first_size(files: Sequence[str], skip_unreadable: bool) -> tuple[int, int]:
+    """[height, width] of the first image that decodes (``skip_unreadable``), else of the first: the size the
+    folder's images are brought to where none is given."""
+    for f in files:
+        try:
+            image = decode(f, (1, 1), 1)  # (a whole decode: whatever a reader raises, as for every other file)
+        except LeafpyError:
+            if not skip_unreadable:
+                raise
+            continue
+        del image
+        with _pil()[0].open(f) as first:
+            return first.height, first.width
+    raise LeafpyError(f"{os.path.dirname(os.path.dirname(files[0]))}: none of the {len(files)} images could be "
+                      "decoded")
+
+
 def check_size(image_size: Any, channels: Any) -> tuple[tuple[int, int], int]:
     if not isinstance(image_size, (list, tuple)) or len(image_size) != 2 or not all(
             isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 65536 for v in image_size):
@@ -358,9 +378,7 @@ def read(path: str | dict[str, str], *, image_size: Sequence[int] | None = None,
     if isinstance(path, dict) and set(path) != {"train", "test"}:
         raise ConfigError(f"data.path: expected a folder, or {{train: DIR, test: DIR}}, got {path!r}"[:300])
     if image_size is None:
-        files = list_classes(roots["train"])[1]
-        with _pil()[0].open(files[0]) as first:
-            image_size = (first.height, first.width)
+        image_size = _first_size(list_classes(roots["train"])[1], skip_unreadable)
     size, channels = check_size(list(image_size), channels)
     mode = decoding.check_mode(decoding_in)
     parts = {k: read_folder(os.fspath(v), size, channels, skip_unreadable, cache_dir, memory_map, workers, mode)
