@@ -774,7 +774,7 @@ def test_a_label_that_is_no_class_index_runs_the_four_calls_and_their_error(rng)
 
 
 @pytest.mark.parametrize("change", ["class weights", "ignore_index", "reduction none", "other labels",
-                                    "labels before numba is loaded"])
+                                    "labels before numba is loaded", "labels in the loss's buffer"])
 def test_losses_the_one_call_does_not_take_keep_their_calls(monkeypatch, rng, change):
     be = lp.backend("native")
     a = _head_arrays(rng, 64, 10)
@@ -788,6 +788,11 @@ def test_losses_the_one_call_does_not_take_keep_their_calls(monkeypatch, rng, ch
         calls[2] = (calls[2][0], (a["other"], *calls[2][1][1:]), calls[2][2])
     if change == "labels before numba is loaded":  # 640 logits: too few to import numba for
         monkeypatch.setattr(compiled, "_KERNELS", [])
+    if change == "labels in the loss's buffer":  # read as indices after the loss is written: NumPy's calls raise
+        compiled.kernels()
+        a = _head_arrays(rng, 1, 10)
+        a["labels"] = a["loss"]
+        calls = _head_calls(be, a)
     fused = compiled.fuse(calls, native.FUSABLE)
     assert [getattr(f, "__name__", "") for f, _, _ in fused] == [f.__name__ for f, _, _ in calls]
     if change == "labels before numba is loaded":

@@ -66,6 +66,7 @@ def test_a_model_whose_data_preparation_is_malformed_gives_a_clear_error(tmp_pat
     (f"data.normalize={{mean: [{HUGE}], std: [1]}}", "data.normalize.mean"),
     ("data.class_names=7", "data.class_names"),
     ("data.class_names=abcdefghij", "data.class_names"),  # a string is no list of ten names
+    ("data.class_names=0", "data.class_names"),
 ])
 def test_malformed_run_settings_give_clear_errors_from_the_command(tmp_path, setting, says):
     r = leafpy("train", "configs/digits_mlp.yaml", "--epochs", "1", "--out", str(tmp_path / "run"), "--set", setting)
@@ -84,6 +85,15 @@ def test_a_csv_header_that_names_a_column_twice_is_refused(tmp_path):
     path.write_text("f1,f1,f3,label\n" + "".join(f"{i},{100 + i},{200 + i},{'ab'[i % 2]}\n" for i in range(8)))
     with pytest.raises(LeafpyError, match=r"line 1: the header names column 'f1' twice \(columns 1 and 2\)"):
         lp.data.csv(str(path), "label")
+
+
+def test_a_csv_with_unnamed_trailing_columns_reads_its_named_features(tmp_path):
+    """A spreadsheet's export with empty columns after the last (unnamed, repeated ''), the features named."""
+    path = tmp_path / "table.csv"
+    path.write_text("f1,f2,label,,\n" + "".join(f"{i},{2 * i},{'ab'[i % 2]},,\n" for i in range(10)))
+    ds = lp.data.csv(str(path), "label", features=["f1", "f2"], test_fraction=0.2)
+    x = np.concatenate([np.asarray(ds.x_train), np.asarray(ds.x_test)])
+    assert x.shape == (10, 2) and sorted(x[:, 1] / 2) == sorted(x[:, 0])
 
 
 @pytest.mark.parametrize("text,line,column", [

@@ -349,9 +349,10 @@ def _loss_head(calls: list, primitives: dict) -> tuple | None:
             and getattr(labels, "size", 0) == x.shape[0] and labels.dtype.kind in "fiu" and labels.flags.c_contiguous
             and all(getattr(v, "size", 0) == 1 and v.dtype == x.dtype for v in (loss, dloss))):
         return None
-    if not (_apart(x, o, dx, dx2) and _apart(o, labels, loss, dloss, dx)
-            and not any(np.may_share_memory(v, w) for v in (labels, loss, dloss) for w in (x, dx2))):
-        return None
+    if not (_apart(x, o, dx, dx2) and _apart(o, loss, dloss, dx)
+            and not any(np.may_share_memory(v, w) for v in (loss, dloss) for w in (x, dx2))
+            and not any(np.may_share_memory(labels, w) for w in (x, o, loss, dloss, dx, dx2))):
+        return None  # (the labels, read as indices after o, loss and dx are written, share memory with none)
     if not (_KERNELS and _KERNELS[0] is not None) and x.size < FUSE_MIN_ELEMENTS:
         return None
     k = kernels()

@@ -245,58 +245,80 @@ def _parse_parts(path: str, struct_name: str, data: memoryview,
     return msg, origin, raw
 
 
-_BITS = bytes(bin(i).count("1") for i in range(256))
-MAX_SEGMENTS = 512
-"""Cap'n Proto's readers refuse messages of more segments."""
-
-
 def _packed_shortfall(data: bytes) -> str:
-    """What is wrong with the segment table of the packed message ``data`` ("" where nothing): a table cut short, or
-    segments that declare more words than the bytes unpack to. Cap'n Proto's packed reader takes the table on
-    trust and reads segments as they are used; one that ends early makes its reader throw as it is freed, which
-    ends the process (C++'s terminate). Walks the packing's tags: a run of literal or zero words is one step, so
-    weights (dense words, runs of 256) cost a step per 2 KB."""
-    n, pos, words = len(data), 0, 0
-    head = bytearray()  # the first words unpacked: the segment table
-    need, declared = 8, -1
-    while pos < n and (declared < 0 or words < declared):
-        tag = data[pos]
-        pos += 1
-        if len(head) < need:
-            word = bytearray(8)
-            for bit in range(8):
-                if tag >> bit & 1:
-                    word[bit] = data[pos] if pos < n else 0
-                    pos += 1
-            head += word
-        else:
-            pos += _BITS[tag]
-        words += 1
-        if tag in (0, 0xFF):
-            if pos >= n:
-                return "its packing ends inside a run of words"
-            run = data[pos]
-            pos += 1
-            if len(head) < need:
-                head += bytes(8 * run) if tag == 0 else data[pos:pos + 8 * run]
-            if tag == 0xFF:
-                pos += 8 * run
-            words += run
-        if pos > n:
-            return "its packing ends inside a word"
-        if declared < 0 and len(head) >= need:
-            count = int.from_bytes(head[:4], "little") + 1
-            if count > MAX_SEGMENTS:
-                return f"its segment table declares {count} segments (at most {MAX_SEGMENTS})"
-            need = 8 * (count // 2 + 1)
-            if len(head) >= need:
-                sizes = [int.from_bytes(head[4 + 4 * i:8 + 4 * i], "little") for i in range(count)]
-                declared = need // 8 + sum(sizes)
-    if declared < 0:
+    """What is wrong with the packed message ``data`` ("" where nothing): a segment table cut short, or a packing
+    that unpacks to other than the words its segment table declares. Cap'n Proto's packed reader takes the table on
+    trust and reads segments as they are used; one that ends early, or a run of words past the last, makes its
+    reader throw as it is freed, which ends the process (C++'s terminate). Walks the packing's tags: a run of
+    literal or zero words is one step, so dense weights cost a step per 2 KB, words with zero bytes one each."""
+    n = len(data)
+    head, pos, words = _packed_head(data)
+    if len(head) < 8:
         return "its segment table is cut short"
+    count = int.from_bytes(head[:4], "little") + 1
+    if count > MAX_SEGMENTS:
+        return f"its segment table declares {count} segments (at most {MAX_SEGMENTS})"
+    table = count // 2 + 1
+    if len(head) < 8 * table:
+        head, pos, words = _packed_head(data, table)
+        if len(head) < 8 * table:
+            return "its segment table is cut short"
+    declared = table + sum(int.from_bytes(head[4 + 4 * i:8 + 4 * i], "little") for i in range(count))
+    steps = _STEPS
+    try:
+        while words < declared and pos < n:
+            tag = data[pos]
+            if tag == 0:
+                words += 1 + data[pos + 1]
+                pos += 2
+            elif tag == 0xFF:
+                run = data[pos + 9]
+                words += 1 + run
+                pos += 10 + 8 * run
+            else:
+                words += 1
+                pos += steps[tag]
+    except IndexError:
+        return "its packing ends inside a run of words"
+    if pos > n:
+        return "its packing ends inside a word"
     if words < declared:
         return f"its segments declare {declared} words where its bytes hold {words}"
+    if words > declared:
+        return f"its packing runs {words - declared} words past its segments"
     return ""
+
+
+def _packed_head(data: bytes, table: int = 1) -> tuple[bytearray, int, int]:
+    """The first words of a packed message unpacked, at least ``table`` of them where the bytes hold them; the
+    position after the tag run they end in and the words unpacked to there."""
+    n, pos, words = len(data), 0, 0
+    head = bytearray()
+    while pos < n and len(head) < 8 * table:
+        tag = data[pos]
+        pos += 1
+        word = bytearray(8)
+        for bit in range(8):
+            if tag >> bit & 1:
+                word[bit] = data[pos] if pos < n else 0
+                pos += 1
+        head += word
+        words += 1
+        if tag in (0, 0xFF) and pos < n:
+            run = data[pos]
+            pos += 1
+            head += bytes(8 * run) if tag == 0 else data[pos:pos + 8 * run]
+            pos += 8 * run if tag == 0xFF else 0
+            words += run
+        if pos > n:
+            return bytearray(), pos, words
+    return head, pos, words
+
+
+_STEPS = bytes(1 + bin(i).count("1") for i in range(256))
+"""The bytes a packed word of each tag takes (its tag and its nonzero bytes; 0x00 and 0xFF are walked apart)."""
+MAX_SEGMENTS = 512
+"""Cap'n Proto's readers refuse messages of more segments."""
 
 
 def editable_message(path: str | os.PathLike, struct_name: str) -> Any:

@@ -52,7 +52,7 @@ def read_rows(path: str, delimiter: str = ",") -> tuple[list[str], list[list[str
     header = [h.strip() for h in rows[0][1]]
     seen: dict[str, int] = {}
     for k, name in enumerate(header):
-        if name in seen:
+        if name and name in seen:  # (unnamed columns, a spreadsheet's trailing empty ones, are no feature by name)
             raise LeafpyError(f"{path}: line {rows[0][0]}: the header names column {name!r} twice (columns "
                               f"{seen[name] + 1} and {k + 1}); give each column a name of its own"[:500])
         seen[name] = k

@@ -107,7 +107,8 @@ def from_dict(d: Any, where: str = "data") -> Preparation:
     """A Preparation from run.yaml's data section or a model file's record (``class_names``, ``normalize``)."""
     if not isinstance(d, dict):
         raise ConfigError(f"{where}: expected a mapping, got {type(d).__name__}")
-    names = d.get("class_names") or ()
+    names = d.get("class_names")
+    names = () if names is None else names
     if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
         raise ConfigError(f"{where}.class_names: expected a list of names, got {names!r}"[:300])
     norm = d.get("normalize")

@@ -169,7 +169,8 @@ def crafted_segment_tables(work: Path) -> list[Path]:
     cases = {"second-segment-missing": bytes.fromhex("11010601044004110d1200020178"),  # 2 segments, 1 present
              "table-cut-short": bytes.fromhex("110205"),  # 3 segments, the table's second word absent
              "600-segments": bytes.fromhex("3357020100"),
-             "first-segment-short": bytes.fromhex("10ff0107")}  # 255 words declared, 1 present
+             "first-segment-short": bytes.fromhex("10ff0107"),  # 255 words declared, 1 present
+             "run-past-the-end": bytes.fromhex("11010101010005")}  # 2 one-word segments, a zero run of 6 words
     out = []
     for name, packed in cases.items():
         bare = work / f"segments-{name}.leaf"
