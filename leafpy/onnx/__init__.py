@@ -2,20 +2,23 @@
 wiring, its weights set), ``export`` writes a leafpy network as an ONNX model, ``backend`` is an ONNX test backend.
 
 Needs the onnx package (``pip install 'leafpy-dl[onnx]'``), imported on first use: ``import leafpy`` does not import
-it. What leafpy cannot compute is a ConfigError naming the node, the operator, the attribute and what is supported.
+it. What leafpy cannot compute is a ConfigError naming the node, the operator, the attribute and what is supported;
+a malformed model (one that breaks ONNX's schema of an operator) a SerializationError naming the file and the node.
 See docs/onnx.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from ..backends import backend as get_backend
 from ..backends.base import Backend
-from ..errors import ConfigError
+from ..errors import ConfigError, SerializationError
 from ..layers import Layer
 from ..layers.network import Network, outermost
 
@@ -26,8 +29,9 @@ DEFAULT_BATCH = 1
 def load(path_or_model: Any, backend: str | Backend = "native", *, batch_size: int | None = None,
          name: str | None = None) -> Layer:
     """The network of an ONNX model (a path, bytes or an onnx.ModelProto) as a leafpy ``Layer`` on ``backend``,
-    with the model's weights. ``batch_size``: the batch declared where the graph leaves it open (default 1; any
-    batch runs)."""
+    with the model's weights, in inference mode (BatchNormalization by its running statistics, Dropout the identity,
+    as ONNX computes them): ``set_training(True)`` before training it by hand (a Solver switches it itself).
+    ``batch_size``: the batch declared where the graph leaves it open (default 1; any batch runs)."""
     from ._proto import read_model
     from .importer import convert
 
@@ -37,9 +41,11 @@ def load(path_or_model: Any, backend: str | Backend = "native", *, batch_size: i
         name = model.graph.name or "onnx"
         if isinstance(path_or_model, (str, os.PathLike)):
             name = os.path.splitext(os.path.basename(os.fspath(path_or_model)))[0] or name
-    config, weights = convert(model, batch_size=batch_size or DEFAULT_BATCH, name=name)
+    with _naming(path_or_model):
+        config, weights = convert(model, batch_size=batch_size or DEFAULT_BATCH, name=name)
     net = Layer.from_config(be, config)
     net.load_weights(weights)
+    net.set_training(False)  # the model's function: a first forward neither drops nor moves the running statistics
     return net
 
 
@@ -49,7 +55,20 @@ def read_weights(path_or_model: Any) -> dict[str, np.ndarray]:
     from ._proto import read_model
     from .importer import convert
 
-    return convert(read_model(path_or_model), batch_size=DEFAULT_BATCH)[1]
+    model = read_model(path_or_model)
+    with _naming(path_or_model):
+        return convert(model, batch_size=DEFAULT_BATCH)[1]
+
+
+@contextlib.contextmanager
+def _naming(path_or_model: Any) -> Iterator[None]:
+    """A SerializationError (a malformed model) raised inside names the file it was read from."""
+    try:
+        yield
+    except SerializationError as e:
+        if not isinstance(path_or_model, (str, os.PathLike)):
+            raise
+        raise SerializationError(f"{os.fspath(path_or_model)}: {e}") from None
 
 
 def to_model(layer: Layer | Network[Layer], opset: int = 17) -> Any:

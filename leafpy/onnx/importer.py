@@ -3,7 +3,9 @@
 Each ONNX operator is one entry of :data:`OPS` (the ``@op`` decorator): the attributes it understands and a
 function that turns one node into layers. An attribute value a layer cannot compute, or an operator with no entry,
 is a ConfigError naming the node, the operator, the attribute and what is supported, never a silently different
-function. A new layer feature is one entry (or one accepted attribute value) more.
+function. A new layer feature is one entry (or one accepted attribute value) more. A node that breaks ONNX's own
+schema of its operator (an attribute of another type, a required attribute or input missing; see :class:`Node`)
+is a SerializationError: a malformed model.
 
 Blob shapes are followed through the graph with the layers' own ``output_shapes`` (the batch taken from the graph's
 inputs, or ``batch_size`` where the graph leaves it open), so every layer is checked as it is added.
@@ -12,6 +14,7 @@ inputs, or ``batch_size`` where the graph leaves it open), so every layer is che
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -20,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, ShapeError
+from ..errors import ConfigError, SerializationError, ShapeError
 from ..layer_config import lookup
 from ..layers import (
     BatchNormConfig,
@@ -83,27 +86,127 @@ def supported_operators() -> list[str]:
     return sorted(OPS)
 
 
-class Node:
-    """One ONNX node with its attributes decoded, and the error messages that name it."""
+ATTRIBUTE_TYPES = {"FLOAT": "a number (FLOAT)", "INT": "an integer (INT)", "STRING": "a string (STRING)",
+                   "TENSOR": "a tensor (TENSOR)", "FLOATS": "a list of numbers (FLOATS)",
+                   "INTS": "a list of integers (INTS)", "STRINGS": "a list of strings (STRINGS)",
+                   "TENSORS": "a list of tensors (TENSORS)", "UNDEFINED": "of no type (UNDEFINED)"}
+"""ONNX's attribute types as messages name them."""
 
-    def __init__(self, proto: Any, index: int) -> None:
-        onnx = require_onnx()
+WIDENED = {("INT", "FLOAT"), ("INTS", "FLOATS")}
+"""An attribute of the first type read where ONNX's schema declares the second: the same values, so taken."""
+
+MALFORMED = "a malformed model; re-export it (onnx.checker.check_model(model) reports such errors)"
+
+
+@dataclass(frozen=True)
+class Schema:
+    """What ONNX's schema of an operator asks of a node: its attributes' types by name ("INTS"), the attributes it
+    requires, and the names of its inputs and outputs that are no optional ones, by position."""
+
+    types: dict[str, str] = field(default_factory=dict)
+    required: frozenset[str] = frozenset()
+    inputs: dict[int, str] = field(default_factory=dict)
+    outputs: dict[int, str] = field(default_factory=dict)
+
+
+@functools.cache
+def schema_of(op_type: str, opset: int) -> Schema:
+    """ONNX's schema of ``op_type`` (default domain) at ``opset``; the types include attributes that only other
+    versions of the operator declare (leafpy reads BatchNormalization's ``spatial`` at any opset). Empty for an
+    operator ONNX does not define; only the types for one it defines after ``opset`` only (Gelu in a model at 17)."""
+    from onnx.defs import OpSchema, SchemaError, get_schema
+
+    def version(v: int | None) -> Any:
+        try:
+            return get_schema(op_type) if v is None else get_schema(op_type, v)
+        except SchemaError:
+            return None
+
+    at = version(opset)
+    types: dict[str, str] = {}
+    older = at
+    while older is not None:  # this version, then the older ones
+        for k, a in older.attributes.items():
+            types.setdefault(k, a.type.name)
+        older = version(older.since_version - 1) if older.since_version > 1 else None
+    for k, a in getattr(version(None), "attributes", {}).items():  # then the newest
+        types.setdefault(k, a.type.name)
+    if at is None:
+        return Schema(types)
+    single = OpSchema.FormalParameterOption.Single
+    return Schema(types, frozenset(k for k, a in at.attributes.items() if a.required),
+                  {i: f.name for i, f in enumerate(at.inputs) if f.option == single},
+                  {i: f.name for i, f in enumerate(at.outputs) if f.option == single})
+
+
+class Node:
+    """One ONNX node with its attributes decoded, and the error messages that name it.
+
+    Each attribute is checked against the type ONNX's schema of the operator declares for it (``strides`` INTS,
+    ``group`` INT, ``auto_pad`` STRING, ...), strings decoded as UTF-8, and the attributes, inputs and outputs the
+    schema requires must be there: a node that breaks these is a SerializationError naming the node and the
+    attribute or input, so the converters read values of the declared types and find what they need."""
+
+    def __init__(self, proto: Any, index: int, opset: int) -> None:
         self.proto = proto
         self.op = proto.op_type
         self.name = proto.name or f"{proto.op_type}_{index}"
-        self.attrs = {a.name: onnx.helper.get_attribute_value(a) for a in proto.attribute}
+        schema = schema_of(self.op, opset) if proto.domain in ("", "ai.onnx") else Schema()
+        self.attrs: dict[str, Any] = {}
+        for a in proto.attribute:
+            if a.name in self.attrs:
+                raise SerializationError(f"{self.where}: attribute {a.name!r} is given twice: {MALFORMED}")
+            self.attrs[a.name] = self._decode(a, schema.types.get(a.name))
+        missing = sorted(schema.required - self.attrs.keys())
+        if missing:
+            kind = schema.types[missing[0]]
+            raise SerializationError(f"{self.where}: attribute {missing[0]!r} is missing; ONNX's {self.op} requires "
+                                     f"it ({ATTRIBUTE_TYPES.get(kind, kind)}): {MALFORMED}")
         self.inputs = list(proto.input)
         self.outputs = list(proto.output)
+        for what, names, given in (("input", schema.inputs, self.inputs), ("output", schema.outputs, self.outputs)):
+            for i, formal in names.items():
+                if i >= len(given) or not given[i]:
+                    raise SerializationError(f"{self.where}: {what} {i} ({formal}) is missing; ONNX's {self.op} "
+                                             f"requires it: {MALFORMED}")
         self.lifted = False
         """A window operator on a 1-D input, computed as on an image of height 1 (see _spatial_input)."""
+
+    def _decode(self, a: Any, wanted: str | None) -> Any:
+        """The value of attribute ``a``, of the type ``wanted`` (ONNX's schema's; None: not declared there), strings
+        as str."""
+        onnx = require_onnx()
+        kinds = onnx.AttributeProto.AttributeType
+        kind = kinds.Name(a.type) if a.type in kinds.values() else f"type {a.type}"
+        if kind == "UNDEFINED" or (wanted is not None and kind != wanted and (kind, wanted) not in WIDENED):
+            takes = f", where ONNX's {self.op} takes {ATTRIBUTE_TYPES.get(wanted, wanted)}" if wanted else ""
+            raise SerializationError(f"{self.where}: attribute {a.name!r} is {ATTRIBUTE_TYPES.get(kind, kind)}"
+                                     f"{takes}: {MALFORMED}")
+        try:
+            value = onnx.helper.get_attribute_value(a)
+        except (ValueError, TypeError) as e:
+            raise SerializationError(f"{self.where}: attribute {a.name!r} cannot be read ({e}): {MALFORMED}") from None
+        if (kind, wanted) in WIDENED:
+            return float(value) if kind == "INT" else [float(v) for v in value]
+        if kind == "STRING":
+            return self._text(a.name, value)
+        if kind == "STRINGS":
+            return [self._text(a.name, v) for v in value]
+        return value
+
+    def _text(self, attribute: str, value: bytes) -> str:
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SerializationError(f"{self.where}: attribute {attribute!r} holds bytes that are no UTF-8 text "
+                                     f"({value[:40]!r}): {MALFORMED}") from None
 
     @property
     def where(self) -> str:
         return f"ONNX node '{self.name}' ({self.op})"
 
     def attr(self, name: str, default: Any = None) -> Any:
-        v = self.attrs.get(name, default)
-        return v.decode() if isinstance(v, bytes) else v
+        return self.attrs.get(name, default)
 
     def refuse(self, attribute: str, value: Any, supported: str) -> ConfigError:
         return ConfigError(f"{self.where}: {attribute}={value!r} is not supported; leafpy supports {supported}")
@@ -196,9 +299,20 @@ class Graph:
             return None
         name = self.resolve(node.inputs[k])
         if name in self.constants:
-            return self.constants[name]
+            return self.numbers(node, name, f"input {k} ({name!r}, the {what})")
         raise ConfigError(f"{node.where}: input {k} ({name!r}, the {what}) must be a constant (an initializer or "
                           "a Constant node); leafpy holds it as a layer's weight")
+
+    def numbers(self, node: Node, name: str, what: str) -> np.ndarray:
+        """The constant ``name`` (``what`` ``node`` reads) as numbers: a tensor of strings or complex numbers is
+        refused naming it (ONNX's operators leafpy imports compute on real numbers)."""
+        value = self.constants[name]
+        if value.dtype.kind in "biuf" or value.dtype.type.__module__.startswith("ml_dtypes"):  # bfloat16, float8
+            return value
+        held = {"O": "strings", "S": "strings", "U": "strings", "c": "complex numbers"}.get(value.dtype.kind,
+                                                                                            str(value.dtype))
+        raise SerializationError(f"{node.where}: {what} holds {held}; ONNX's {node.op} takes real numbers there: "
+                                 f"{MALFORMED}")
 
     def shape(self, blob: str) -> tuple[int, ...]:
         return self.shapes[blob]
@@ -288,6 +402,10 @@ def _pads(n: Node, shape: tuple[int, ...], kernel: Sequence[int], strides: Seque
     """``pads`` (or ``auto_pad``, computed from the static input shape) as (padding, pad_end): the rows/columns
     before and after each spatial dimension."""
     auto = n.attr("auto_pad", "NOTSET")
+    for attribute, values in (("strides", strides), ("dilations", dilations)):
+        if len(values) != 2 or min(values) < 1:
+            raise n.refuse(attribute, list(values[1:] if n.lifted else values), "one positive size per spatial "
+                           "dimension")
     if auto in ("SAME_UPPER", "SAME_LOWER"):
         return _same_pads(n, auto, [max((math.ceil(size / s) - 1) * s + (k - 1) * d + 1 - size, 0)
                                     for size, k, s, d in zip(shape[2:], kernel, strides, dilations)])
@@ -297,6 +415,24 @@ def _pads(n: Node, shape: tuple[int, ...], kernel: Sequence[int], strides: Seque
     if len(pads) != 4 or min(pads) < 0:
         raise n.refuse("pads", pads, "four pads [h_begin, w_begin, h_end, w_end], none negative")
     return tuple(pads[:2]), tuple(pads[2:])
+
+
+def _kernel(n: Node, filters: Sequence[int] | None) -> tuple[int, ...]:
+    """``kernel_shape`` (by default ``filters``, the filters' spatial shape, which a given one must match), one size
+    of at least 1 per spatial dimension of the image."""
+    kernel = tuple(n.attr("kernel_shape", filters))
+    shown = list(kernel[1:] if n.lifted else kernel)
+    if len(kernel) != 2:
+        raise n.refuse("kernel_shape", shown, "one size for a 1-D input" if n.lifted else "two sizes [kh, kw] for a "
+                       "2-D image")
+    if min(kernel) < 1:
+        raise ConfigError(f"{n.where}: kernel_shape={shown} is an empty window; every size of the kernel must be at "
+                          "least 1")
+    if filters is not None and kernel != tuple(filters):
+        raise ConfigError(f"{n.where}: kernel_shape={shown} does not match the filters' spatial shape "
+                          f"{list(filters[1:] if n.lifted else filters)}; leave kernel_shape out, or give the filters' "
+                          "shape")
+    return kernel
 
 
 def _ones(value: Any) -> bool:
@@ -339,7 +475,7 @@ def conv(g: Graph, n: Node) -> None:
     if w.shape[1] * group != shape[1]:
         raise ConfigError(f"{n.where}: filters of shape {w.shape} with group {group} read {w.shape[1] * group} "
                           f"channels; the input has {shape[1]} (shape {shape})")
-    kernel = tuple(n.attr("kernel_shape", w.shape[2:]))
+    kernel = _kernel(n, w.shape[2:])
     strides = tuple(n.attr("strides", [1, 1]))
     dilations = tuple(n.attr("dilations", [1, 1]))
     begin, end = _pads(n, shape, kernel, strides, dilations)
@@ -357,7 +493,7 @@ def conv_transpose(g: Graph, n: Node) -> None:
     if w.shape[0] != shape[1]:
         raise ConfigError(f"{n.where}: filters of shape {w.shape} read {w.shape[0]} channels; the input has "
                           f"{shape[1]} (shape {shape})")
-    kernel = tuple(n.attr("kernel_shape", w.shape[2:]))
+    kernel = _kernel(n, w.shape[2:])
     strides = tuple(n.attr("strides", [1, 1]))
     dilations = tuple(n.attr("dilations", [1, 1]))
     extra = tuple(n.attr("output_padding", [0, 0]))
@@ -388,7 +524,7 @@ def _pool(g: Graph, n: Node, mode: str) -> None:
     x, shape = _spatial_input(g, n)
     if len(n.used_outputs(g)) > 1 or (len(n.outputs) > 1 and n.outputs[1]):
         raise ConfigError(f"{n.where}: the Indices output is not supported; leafpy's Pooling gives the pooled values")
-    kernel = tuple(n.attr("kernel_shape"))
+    kernel = _kernel(n, None)
     strides = tuple(n.attr("strides", [1] * len(kernel)))
     n.require("storage_order", lambda v: v == 0, "storage_order=0 (row-major)", 0)
     begin, end = _pads(n, shape, kernel, strides)
@@ -464,7 +600,8 @@ def gemm(g: Graph, n: Node) -> None:
         a = rows
     b = g.const(n, 1, "weight matrix")
     assert b is not None
-    w = (b if n.attr("transB", 0) else b.T) * float(n.attr("alpha", 1.0))
+    transposed = n.require("transB", lambda v: v in (0, 1), "transB 0 or 1", 0)
+    w = (b if transposed else b.T) * float(n.attr("alpha", 1.0))
     c = g.const(n, 2, "bias")
     beta = float(n.attr("beta", 1.0))
     weights = {"weight": w}
@@ -500,8 +637,8 @@ def matmul(g: Graph, n: Node) -> None:
     """A constant matrix B [K, M] on A [N, ..., K]: a Linear layer; otherwise a MatMul layer (B the second input,
     or its weight where constant; 1-D operands made matrices and the added axis taken away again)."""
     a = g.blob(n, 0)
-    name_b = g.resolve(n.inputs[1])
-    b = g.constants.get(name_b)
+    name_b = g.resolve(n.inputs[1]) if n.has_input(1) else ""
+    b = g.numbers(n, name_b, f"input 1 ({name_b!r}, B)") if name_b in g.constants else None
     rank = len(g.shape(a))
     if b is not None and b.ndim == 2 and rank >= 2:
         linear = LinearConfig(output_size=b.shape[1], bias=False, axis=1 if rank == 2 else -1)
@@ -647,8 +784,12 @@ def dropout(g: Graph, n: Node) -> None:
     x = g.blob(n, 0)
     training = g.const(n, 2, "training_mode")
     given = g.const(n, 1, "ratio")
-    ratio = float(given) if given is not None else float(n.attr("ratio", 0.5))
-    if training is not None and bool(training) and ratio != 0.0:
+    for k, value in ((1, given), (2, training)):
+        if value is not None and value.size != 1:
+            raise SerializationError(f"{n.where}: input {k} ({n.inputs[k]!r}) holds {value.size} values; ONNX's "
+                                     f"Dropout takes one (a scalar) there: {MALFORMED}")
+    ratio = float(given.reshape(())) if given is not None else float(n.attr("ratio", 0.5))
+    if training is not None and bool(training.reshape(())) and ratio != 0.0:
         raise ConfigError(f"{n.where}: training_mode=True is not supported at import: leafpy's Dropout draws its "
                           "own masks when the network trains (set_training(True)); ratio 0 is the identity")
     mask = 1 in n.used_outputs(g)
@@ -676,7 +817,8 @@ def _bias_of_linear(g: Graph, n: Node) -> bool:
     consts = [k for k, name in enumerate(names) if name in g.constants and name not in g.feeds]
     if len(consts) != 1:
         return False
-    bias, blob = g.constants[names[consts[0]]], names[1 - consts[0]]
+    bias = g.numbers(n, names[consts[0]], f"input {consts[0]} ({names[consts[0]]!r}, a constant operand)")
+    blob = names[1 - consts[0]]
     found = [i for i, lc in enumerate(g.layers) if lc.outputs == (blob,)]
     if not found or g.readers.get(blob, 0) != 1 or blob in {o.name for o in g.model.graph.output}:
         return False
@@ -726,7 +868,9 @@ def eltwise(g: Graph, n: Node) -> None:
     signs = (1.0, -1.0) if n.op == "Sub" else ()
     coeff = tuple(signs[k] for k in computed + held) if signs else ()
     if held:
-        _with_constant(g, n, operation, blobs, g.constants[g.resolve(n.inputs[held[0]])], n.outputs[0], coeff)
+        name = g.resolve(n.inputs[held[0]])
+        value = g.numbers(n, name, f"input {held[0]} ({name!r}, a constant operand)")
+        _with_constant(g, n, operation, blobs, value, n.outputs[0], coeff)
         return
     g.add(n, EltwiseConfig(operation=operation, coeff=coeff), blobs, [n.outputs[0]])
 
@@ -811,8 +955,11 @@ def _pick(g: Graph, n: Node) -> bool:
     """Gather of one constant index along an axis after the batch of a computed blob (``y[:, -1]``): a Slice, and
     a Reshape dropping the axis for a scalar index. True where it applied."""
     name = g.resolve(n.inputs[0])
-    index = g.constants.get(g.resolve(n.inputs[1])) if len(n.inputs) > 1 else None
-    if name in g.constants or index is None or index.size != 1 or g.resolve(n.inputs[1]) in g.feeds:
+    given = g.resolve(n.inputs[1]) if n.has_input(1) else ""
+    if name in g.constants or given not in g.constants or given in g.feeds:
+        return False
+    index = g.numbers(n, given, f"input 1 ({given!r}, the indices)")
+    if index.size != 1:
         return False
     x = g.blob(n, 0)
     shape = g.shape(x)
@@ -878,8 +1025,9 @@ def _check_recurrent(g: Graph, n: Node) -> None:
     n.require("clip", lambda v: v is None, "no clip")
     n.require("input_forget", lambda v: v == 0, "input_forget=0", 0)
     defaults = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}[n.op]
-    n.require("activations", lambda v: v is None or [a.decode() if isinstance(a, bytes) else a for a in v]
-              == defaults * (1 + (n.attr("direction") == "bidirectional")), f"the default activations {defaults}")
+    directions = 1 + (n.attr("direction") == "bidirectional")
+    n.require("activations", lambda v: v is None or list(v) == defaults * directions,
+              f"the default activations {defaults}")
     if n.op == "GRU":
         n.require("linear_before_reset", lambda v: v in (0, 1), "linear_before_reset 0 (ONNX's default) or 1 "
                   "(PyTorch's GRU)", 0)
@@ -1144,6 +1292,9 @@ def convert(model: Any, *, batch_size: int = 1, feeds: dict[str, np.ndarray] | N
     tests give weights as inputs; the inputs read as data stay the network's inputs, with the feeds' shapes)."""
     feeds = feeds or {}
     graph = model.graph
+    if not graph.output:
+        raise SerializationError(f"ONNX graph {graph.name!r}: no graph outputs; a model names the values it computes "
+                                 f"as its graph's outputs: {MALFORMED}")
     constants = {t.name: to_array(t) for t in graph.initializer}
     g = Graph(model, constants, batch_size, frozenset(feeds))
     for vi in graph.input:
@@ -1161,7 +1312,7 @@ def convert(model: Any, *, batch_size: int = 1, feeds: dict[str, np.ndarray] | N
         for i in node.input:
             g.readers[i] = g.readers.get(i, 0) + 1
     for i, proto in enumerate(graph.node):
-        node = Node(proto, i)
+        node = Node(proto, i, g.opset)
         if _fold(g, node):
             continue
         entry = OPS.get(node.op) if proto.domain in ("", "ai.onnx") else None
@@ -1228,14 +1379,27 @@ def _finish_outputs(g: Graph) -> None:
     """The Sequential's outputs are its last layer's: make them the graph's outputs, adding an identity layer
     (Dropout with ratio 0) where the graph's one output is another blob, and where it has several that the last
     layer does not give, a layer giving them all: their values side by side (each flattened; the batch kept where
-    they share it), cut apart again by a Slice (the ONNX backend reshapes each to its declared shape)."""
+    they share it), cut apart again by a Slice (the ONNX backend reshapes each to its declared shape). Outputs that
+    are one value (an Identity of another output, or one name twice) are each given."""
+    for k, o in enumerate(g.model.graph.output):
+        name = g.resolve(o.name)
+        if name in g.shapes or name in g.input_shapes or name in g.time_major:
+            continue
+        if not o.name:
+            raise SerializationError(f"ONNX graph output {k} has no name: {MALFORMED}")
+        if name in g.constants:
+            raise ConfigError(f"ONNX graph output {o.name!r} is a constant (an initializer, or computed from constants "
+                              "at import); leafpy's network outputs are computed from its inputs: leave it out of the "
+                              "graph's outputs")
+        raise SerializationError(f"ONNX graph output {o.name!r}: no node and no graph input gives it: {MALFORMED}")
     wanted = [g.resolve(o.name) for o in g.model.graph.output]
     last = list(g.layers[-1].outputs) if g.layers else []
     if wanted == last:
         return
     onnx = require_onnx()
-    fake = Node(onnx.helper.make_node("Identity", wanted, [w + ":out" for w in wanted],
-                                      name=f"{g.model.graph.output[0].name}_output"), 0)
+    taken: set[str] = set()
+    fake = Node(onnx.helper.make_node("Identity", wanted, [unique_name(w + ":out", taken) for w in wanted],
+                                      name=f"{g.model.graph.output[0].name}_output"), 0, g.opset)
     blobs = [g.blob(fake, k) for k in range(len(wanted))]
     if len(wanted) == 1:
         g.add(fake, DropoutConfig(ratio=0.0), blobs, fake.outputs)
@@ -1243,7 +1407,7 @@ def _finish_outputs(g: Graph) -> None:
     batch = {g.shape(b)[0] for b in blobs}
     rows = []
     for k, b in enumerate(blobs):
-        rows.append(f"{b}:row")
+        rows.append(unique_name(f"{b}:row", taken))
         flat = ReshapeConfig(shape=(g.shape(b)[0], -1)) if len(batch) == 1 else \
             ReshapeConfig(shape=(1, -1), whole_shape=True)
         g.add(fake, flat, [b], [rows[-1]], suffix=f"_flat{k}")
