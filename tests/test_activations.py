@@ -127,6 +127,27 @@ def test_softplus_is_linear_above_its_threshold(be):
     close(dx[0], [1 / (1 + math.exp(-0.9)), 1 / (1 + math.exp(-0.998)), 1.0, 1.0, 1.0, 0.0], "its gradient")
 
 
+@pytest.mark.parametrize("layer", ["Sigmoid", "SiLU"])
+def test_sigmoid_and_silu_keep_their_relative_precision_in_the_negative_tail(be, layer):
+    """Where sigmoid(x) is tiny (x down to -80, near float32's smallest normal numbers) each value within a few
+    units in the last place of float64's: 0.5 (1 + tanh(x / 2)) cancels to nothing by x = -17 in float32. (WGSL
+    lets exp be off by 3 + 2 |x| units in the last place: webgpu within 2e-5.)"""
+    x = np.linspace(-80, 30, 2201).reshape(-1, 1)
+    config = lp.LayerConfig("s", layer)
+    net = lp.Layer.from_config(be, config)
+    y = net.forward([x.astype(np.float32)])[0].to_numpy().astype(np.float64)
+    sig = 1.0 / (1.0 + np.exp(-x))
+    ref = sig if layer == "Sigmoid" else x * sig
+    bound = 2e-5 if be.name == "webgpu" else 5e-6
+    err = np.abs(y - ref) / np.maximum(np.abs(ref), 1e-30)  # (SiLU(0) = 0)
+    assert err.max() < bound, f"worst relative error {err.max():.3g} at x = {x.flat[int(np.argmax(err))]}"
+    dx = net.backward([np.ones_like(x, np.float32)])[0].to_numpy().astype(np.float64)
+    ref_grad = sig * (1 - sig) if layer == "Sigmoid" else sig * (1 + x * (1 - sig))
+    tail = x < -2  # (where the gradient is no difference of nearly equal values)
+    err = np.abs(dx - ref_grad)[tail] / np.abs(ref_grad)[tail]
+    assert err.max() < bound, f"worst relative error of the gradient {err.max():.3g}"
+
+
 def test_gelu_erf_is_accurate_to_a_millionth(be):
     """The erf form against math.erf on a dense grid: within 1e-6 absolute (relative beyond |GELU| = 1). WGSL has
     no erf: webgpu runs Numerical Recipes' erfc fit."""

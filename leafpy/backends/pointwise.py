@@ -174,7 +174,10 @@ X, Y, DY = var("x"), var("y"), var("dy")
 
 
 def _sigmoid(z: Expr) -> Expr:
-    return 0.5 * (1.0 + tanh(0.5 * z))  # no overflow for large |z|
+    # from e = exp(-|z|), which never overflows: 1 / (1 + e) for z > 0, e / (1 + e) below, so the small values of
+    # the negative side keep their relative precision (0.5 (1 + tanh(z / 2)) loses it all by z = -17 in float32)
+    e = exp(minimum(z, -z))
+    return where(z > 0.0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
 def _softplus() -> Pointwise:
