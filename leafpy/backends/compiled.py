@@ -404,10 +404,10 @@ def _head_agrees(head: Any, calls: list, inputs: tuple, outputs: tuple) -> bool:
             start = [a.copy() for a in inputs]
             results = []
             for run in (lambda: [fn(*args, **kwargs) for fn, args, kwargs in calls], head):
-                for a, b in zip(inputs, start):
-                    a[...] = b
                 for a in outputs:
                     a.fill(0)
+                for a, b in zip(inputs, start):  # after: an output that is an input (o is x) starts from the input
+                    a[...] = b
                 run()
                 results.append([a.copy() for a in outputs])
             if not all(_same_values(a, b) for a, b in zip(*results)):
