@@ -206,3 +206,29 @@ def test_lrn_is_caffes_across_channel_formula(native64):
         window = x[:, max(c - 2, 0):min(c + 3, 6)]
         ref[:, c] = x[:, c] / (k + alpha / n * np.sum(window ** 2, axis=1)) ** beta
     np.testing.assert_allclose(y, ref, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_eltwise_max_takes_infinities_as_numbers_on_native(dtype):
+    """A masked score (-inf), a log of 0, an overflow (+inf): max over them is NumPy's maximum, and the gradient
+    goes to the first input that holds it (Caffe's rule; two equal infinities: the first)."""
+    _eltwise_max_with_infinities(lp.backend("native", dtype=dtype))
+
+
+def test_eltwise_max_takes_infinities_as_numbers_on_the_device(device):  # noqa: F811
+    _eltwise_max_with_infinities(device)
+
+
+def _eltwise_max_with_infinities(be):
+    a = np.array([[1.0, -np.inf, 2.0, -np.inf, np.inf, 4.0, 3.0, -np.inf]], np.float32)
+    b = np.array([[-np.inf, 3.0, 1.0, -np.inf, np.inf, 5.0, 3.0, np.inf]], np.float32)
+    cfg = lp.SequentialConfig(inputs=[("a", [1, 8]), ("b", [1, 8])], force_backward=True)
+    cfg.add_layer(lp.LayerConfig("max", lp.EltwiseConfig(operation="max"), inputs=["a", "b"]))
+    net = lp.Layer.from_config(be, lp.LayerConfig("net", cfg))
+    y = net.forward([a, b])[0].to_numpy()
+    np.testing.assert_array_equal(y, np.maximum(a, b))
+    dy = np.arange(1, 9, dtype=np.float32).reshape(1, 8)
+    da, db = (g.to_numpy() for g in net.backward([dy]))
+    second = (b > a)  # strictly larger: the later input takes the gradient
+    np.testing.assert_array_equal(da, np.where(second, 0, dy))
+    np.testing.assert_array_equal(db, np.where(second, dy, 0))

@@ -186,6 +186,9 @@ class ArrayBackend(Backend):
     def mul(self, x, y, out):
         self.xp.multiply(x, y, out=out)
 
+    def maximum(self, x, y, out):
+        self.xp.maximum(x, y, out=out)
+
     def dot(self, x, y, out):
         if x.shape == y.shape and x.strides == y.strides and not x.flags.c_contiguous and x.ndim == 4:
             out[...] = self.xp.dot(self.flat(x), self.flat(y))  # channels-last: over the memory, no copies

@@ -166,6 +166,11 @@ class Backend:
         """Elementwise ``out = x * y``."""
         raise NotImplementedError
 
+    def maximum(self, x: Buffer, y: Buffer, out: Buffer) -> None:
+        """Elementwise ``out = max(x, y)``, infinities included, NaN where either is NaN; ``out`` may be ``x`` or
+        ``y``."""
+        raise NotImplementedError
+
     def dot(self, x: Buffer, y: Buffer, out: Buffer) -> None:
         """``out[0] = sum(x * y)``."""
         raise NotImplementedError
@@ -572,7 +577,7 @@ Writes = tuple[str, ...] | Callable[[dict[str, Any]], tuple[str, ...]]
 
 WRITES: dict[str, Writes] = {
     "gemm": ("out",), "axpby": ("y",), "scal": ("x",), "copy": ("out",), "fill": ("out",), "mul": ("out",),
-    "dot": ("out",),
+    "maximum": ("out",), "dot": ("out",),
     "activation": ("out",), "activation_grad": ("dx",),
     "relu": ("out",), "sigmoid": ("out",), "tanh": ("out",),
     "relu_grad": ("dx",), "sigmoid_grad": ("dx",), "tanh_grad": ("dx",),

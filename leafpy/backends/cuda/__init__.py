@@ -54,6 +54,7 @@ _INSTALL = ("pip install cupy-cuda12x nvidia-cudnn-frontend nvidia-cudnn-cu12 (t
 # double, and by lowp.typed_kernel for bfloat16 and float16 operands
 _AXPBY = ("T x, T a, T b", "T y", "y = a * x + b * y", "leafpy_axpby")
 _MUL = ("T x, T m", "T z", "z = x * m", "leafpy_mul")
+_MAXIMUM = ("T x, T m", "T z", "z = (x != x || m != m) ? x + m : (x > m ? x : m)", "leafpy_maximum")
 _CAST = ("T x", "T y", "y = x", "leafpy_cast")
 _BIAS_ADD = ("raw T b, int32 c, int32 inner", "T y", "y = y + LD_b(b[(i / inner) % c])", "leafpy_bias_add")
 _BN_FORWARD = ("T x, raw T mean, raw T var, raw T gamma, raw T beta, int32 c, int32 inner, T eps, int32 flags", "T y",
@@ -85,7 +86,7 @@ _LOSS_SCALE_UPDATE = (
 
 
 LOW_PRECISION_KERNELS = frozenset(SHORTHANDS) | {
-    "gemm", "axpby", "copy", "fill", "mul", "activation", "activation_grad", "bias_add", "bias_grad",
+    "gemm", "axpby", "copy", "fill", "mul", "maximum", "activation", "activation_grad", "bias_add", "bias_grad",
     "batch_norm_stats", "batch_norm", "batch_norm_grad_sums", "batch_norm_grad", "conv2d", "conv2d_grad_data",
     "conv2d_grad_filter", "pool2d", "pool2d_grad", "copy_block", "dropout_mask"}
 """The primitives with bfloat16 and float16 kernels of their own (loads and stores in the buffer's format, float
@@ -556,6 +557,13 @@ class CudaBackend(ArrayBackend):
             self._typed(_MUL, formats_of("mul", x=x, m=y, z=out))(as_stored(x), as_stored(y), as_stored(out))
             return
         super().mul(x, y, out)
+
+    def maximum(self, x, y, out):
+        if is_low(x) or is_low(y) or is_low(out):
+            self._typed(_MAXIMUM, formats_of("maximum", x=x, m=y, z=out))(as_stored(x), as_stored(y),
+                                                                         as_stored(out))
+            return
+        super().maximum(x, y, out)
 
     def bias_add(self, y, b):
         if is_low(y) or is_low(b):

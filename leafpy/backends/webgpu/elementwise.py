@@ -87,6 +87,9 @@ class Elementwise(Family):
     def mul(self, x, y, out):
         self._elementwise("mul", out.size, [x, y, out], ElementwiseParams)
 
+    def maximum(self, x, y, out):
+        self._elementwise("maximum", out.size, [x, y, out], ElementwiseParams)
+
     # --- activations: entry points generated from pointwise.TABLE ----------------------------------------------------
     def activation(self, kind, x, out, params=()):
         line = pointwise.line(kind)

@@ -60,6 +60,17 @@ fn mul(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) n
     if (i < p.count) { c[i] = a[i] * b[i]; }
 }
 
+// maximum: c = max(a, b), NaN where either is (x + y carries it; WGSL's max need not)
+@compute @workgroup_size(256)
+fn maximum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = flat_index(gid, nw);
+    if (i < p.count) {
+        let x = a[i];
+        let y = b[i];
+        c[i] = select(select(y, x, x > y), x + y, x != x || y != y);
+    }
+}
+
 // The activations' entry points (NAME, NAME_grad and their in-place twins) are generated from their formulas and
 // appended to this module (backends/pointwise.py).
 

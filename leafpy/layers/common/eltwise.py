@@ -1,11 +1,12 @@
 """Eltwise: an elementwise combination of two or more inputs, as Caffe's Eltwise layer, broadcast as NumPy does.
 
 ``operation: sum`` computes ``y = sum_i coeff_i * x_i`` (``coeff`` one number per input, all 1 when empty),
-``prod`` computes ``y = prod_i x_i`` and ``max`` computes ``y = max_i x_i``; in ``max`` the gradient goes to the
-first input that holds the maximum, as in Caffe. Inputs of other shapes than the output are broadcast (NumPy's
-rules: shapes aligned at their last axes, sizes equal or 1; ONNX's Add and Mul), their gradients summed over the
-axes they were repeated along. The layer is built from backend primitives (copy, axpby, scal, mul, relu and its
-gradient; broadcast and reduce_to for broadcast inputs), so it runs unchanged on every backend.
+``prod`` computes ``y = prod_i x_i`` and ``max`` computes ``y = max_i x_i`` (infinities included, NaN where an
+input is NaN); in ``max`` the gradient goes to the first input that holds the maximum, as in Caffe. Inputs of other
+shapes than the output are broadcast (NumPy's rules: shapes aligned at their last axes, sizes equal or 1; ONNX's Add
+and Mul), their gradients summed over the axes they were repeated along. The layer is built from backend primitives
+(copy, axpby, scal, mul, maximum, relu and its gradient; broadcast and reduce_to for broadcast inputs), so it runs
+unchanged on every backend.
 
 ``weight_shape`` (empty by default: none): the layer holds one more operand as its weight ``weight`` of this shape,
 combined after the inputs (broadcast like them; one more ``coeff`` entry for it): a constant of an imported graph
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from ... import _checks
 from ...errors import ConfigError, ShapeError
@@ -127,17 +130,14 @@ class Eltwise(Worker):
                 backend.mul(out, xi, out)
         else:
             s = self.scratch
-            for i, xi in enumerate(x[1:], 1):
-                win, t, u = s[f"win{i}"], s["t"], s["u"]
-                backend.copy(xi, t)
-                backend.axpby(-1.0, out, 1.0, t)  # x_i - max so far
-                backend.relu(t, t)
-                backend.relu_grad(t, s["ones"], win)  # 1 where x_i is strictly larger
-                backend.copy(s["ones"], u)
-                backend.axpby(-1.0, win, 1.0, u)
-                backend.mul(out, u, out)  # select without rounding: max * (1 - win) + x_i * win
-                backend.mul(xi, win, t)
-                backend.axpby(1.0, t, 1.0, out)
+            with np.errstate(invalid="ignore"):  # (two equal infinities give NaN on purpose: no win, no warning)
+                for i, xi in enumerate(x[1:], 1):
+                    win, t = s[f"win{i}"], s["t"]
+                    backend.copy(xi, t)
+                    backend.axpby(-1.0, out, 1.0, t)  # x_i - max so far (NaN for two equal infinities: no win)
+                    backend.relu(t, t)
+                    backend.relu_grad(t, s["ones"], win)  # 1 where x_i is strictly larger: its gradient's mask
+                    backend.maximum(out, xi, out)
 
     def backward_input(self, backend, x, y, dy, w, dx):
         self._backward(backend, [*x, *w], dy, [*dx, *[None] * len(w)])
