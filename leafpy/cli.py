@@ -153,18 +153,22 @@ def _relaunch(args: argparse.Namespace, argv: Sequence[str]) -> int:
     else:
         rest = [a for a in rest if not a.startswith("--nproc=")]
     cmd = [mpiexec, "-n", str(args.nproc), sys.executable, "-m", "leafpy", *rest]
-    proc = subprocess.Popen(cmd)
+    # mpiexec and the ranks in a session of their own: a terminal's signals (Ctrl-C; SIGHUP when it closes, which
+    # ends mpiexec at once, ranks and all) reach this process alone, which passes each on as SIGTERM
+    proc = subprocess.Popen(cmd, start_new_session=True)
     stopping: list[float] = []
 
     def forward(signum: int, frame: Any) -> None:
-        # a stop signal for this process alone (kill PID, a scheduler, timeout) must reach the ranks, or they train
-        # on without it. mpiexec passes SIGTERM on to them: each rank then stops at the same step and rank 0 writes
-        # a checkpoint. (Not SIGINT: mpiexec takes a second SIGINT, as after a Ctrl-C in a terminal that reached
-        # it too, for an abort without checkpoint.)
-        if not stopping:
-            stopping.append(time.monotonic())
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+        # a stop signal (Ctrl-C, a closed terminal, kill PID, a scheduler, timeout) must reach the ranks, or they
+        # train on without it. mpiexec passes SIGTERM on to them: each rank then stops at the same step and rank 0
+        # writes a checkpoint. A second one ends the job at once, without a checkpoint.
+        if proc.poll() is not None:
+            return
+        if stopping:
+            _kill_job(proc)
+            return
+        stopping.append(time.monotonic())
+        proc.send_signal(signal.SIGTERM)
 
     from .train import STOP_SIGNALS
 
@@ -178,12 +182,20 @@ def _relaunch(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 return proc.wait(timeout=0.5)
             except subprocess.TimeoutExpired:
                 if stopping and time.monotonic() - stopping[0] > RELAUNCH_STOP_S:  # the ranks did not stop
-                    proc.kill()
+                    _kill_job(proc)
                     proc.wait()
                     return 130
     finally:
         for s, handler in previous:
             signal.signal(s, handler)
+
+
+def _kill_job(proc: Any) -> None:
+    """End mpiexec's session (mpiexec, its proxies and the ranks) at once."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
 
 
 def train(args: argparse.Namespace) -> int:

@@ -271,6 +271,13 @@ class Callback:
         pass
 
 
+def _plain(value: Any) -> Any:
+    """A NumPy number or array in an epoch record (a callback's) as JSON takes it."""
+    if isinstance(value, (np.generic, np.ndarray)):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} {value!r:.60} is no number or text")
+
+
 class History(Callback):
     """The epoch records as ``history.json`` and ``history.csv`` in ``directory`` (written atomically)."""
 
@@ -281,7 +288,12 @@ class History(Callback):
         if not trainer.is_root:
             return
         history = trainer.history
-        atomic_write(os.path.join(self.directory, "history.json"), json.dumps(history, indent=1).encode())
+        try:
+            dumped = json.dumps(history, indent=1, default=_plain)
+        except TypeError as e:  # (a callback's value that is no number, text, list or mapping)
+            raise ConfigError(f"the epoch record of epoch {history[-1].get('epoch')} cannot be written to "
+                              f"history.json: {e}; a callback adding to it must add numbers or text") from None
+        atomic_write(os.path.join(self.directory, "history.json"), dumped.encode())
         keys = list(dict.fromkeys(k for h in history for k in h))
         text = io.StringIO()
         writer = csv.DictWriter(text, fieldnames=keys, lineterminator="\n")
@@ -385,12 +397,27 @@ class EarlyStopping(Callback):
         self.waited = 0
 
     def on_train_begin(self, trainer: Trainer) -> None:
-        """Refuse an accuracy to watch in a run without classes before any training, not after the first epoch."""
+        """Refuse an accuracy to watch in a run without classes before any training, not after the first epoch;
+        then take the epochs the run has trained already (a resumed run's, an earlier fit's) as if it had watched
+        them, so a resumed run stops where the uninterrupted one stops."""
         if (self.monitor in run_config.CLASS_MONITORS or self.monitor == "train_accuracy") and not trainer.classes:
             raise ConfigError(f"EarlyStopping monitor: {self.monitor} needs classes, and this run's objective has "
                               "none (a regression); watch test_loss or loss")
+        self.best, self.waited = None, 0
+        for record in trainer.history:
+            if self._watch(record) and not trainer.stop_training:
+                trainer.stop_training = True
+                trainer.log(f"early stopping: {self.monitor} had not improved by more than {self.min_delta} for "
+                            f"{self.patience} epochs by epoch {record.get('epoch')}; nothing more to train")
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        if self._watch(record):
+            trainer.stop_training = True
+            trainer.log(f"early stopping: {self.monitor} has not improved by more than {self.min_delta} for "
+                        f"{self.patience} epochs")
+
+    def _watch(self, record: dict[str, Any]) -> bool:
+        """Take one epoch's record; whether the run should stop after it."""
         value = record.get(self.monitor)
         if value is None:
             raise ConfigError(f"EarlyStopping: the epoch records have no {self.monitor!r}; choose one of "
@@ -398,12 +425,9 @@ class EarlyStopping(Callback):
         score = -value if run_config.higher_is_better(self.monitor) else value
         if self.best is None or score < self.best - self.min_delta:
             self.best, self.waited = score, 0
-            return
+            return False
         self.waited += 1
-        if self.waited >= self.patience:
-            trainer.stop_training = True
-            trainer.log(f"early stopping: {self.monitor} has not improved by more than {self.min_delta} for "
-                        f"{self.patience} epochs")
+        return self.waited >= self.patience
 
 
 class Progress(Callback):
@@ -761,6 +785,8 @@ class Trainer:
         a checkpoint is saved and TrainingInterrupted raised; on a NaN or infinite loss, TrainingDiverged."""
         if epochs is not None:
             self.epochs = _checks.non_negative_int("Trainer.fit: epochs", epochs)
+        self.interrupted = self.stop_training = False  # (a later fit after a stop goes on; EarlyStopping decides)
+        progress: tuple | None = None  # (epoch, sample, loss sum and count, hits) after the last step counted
         solver = self.solver
         if self.out_dir is not None and self.is_root and self._describes_data:
             run_config.save(portable(self.resolved_run(), self.out_dir), os.path.join(self.out_dir,
@@ -801,6 +827,7 @@ class Trainer:
                         correct += hits
                         scored += samples
                     seen += samples
+                    progress = (epoch, done, loss_sum, loss_count, correct, scored)
                     self.samples_per_second = seen / max(time.perf_counter() - t0, 1e-9)
                     for cb in self.callbacks:
                         cb.on_batch_end(self, epoch, batch, loss)
@@ -808,6 +835,7 @@ class Trainer:
                         self._mark_position(epoch, done, loss_sum, loss_count, correct, scored)
                         self._stop_on_signal()
                 start = 0
+                progress = None
                 self._resumed_losses = (0.0, 0)
                 self._resumed_hits = (0, 0)
                 elapsed = time.perf_counter() - t0
@@ -822,6 +850,9 @@ class Trainer:
                 if self._stop_requested():
                     self._stop_on_signal()
         finally:
+            if progress is not None:  # stopped inside an epoch (a signal, an error): a later fit goes on from there
+                self.start_epoch, self.start_sample = progress[0], progress[1]
+                self._resumed_losses, self._resumed_hits = progress[2:4], progress[4:6]
             batches.close()  # (its worker threads end)
             for sig, previous in handlers:
                 signal.signal(sig, previous)

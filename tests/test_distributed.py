@@ -475,6 +475,36 @@ def test_webgpu_ranks_over_mpi_equal_one_native_process(tmp_path):
 
 
 @needs_mpi
+def test_a_closed_terminal_stops_a_launched_job_with_a_checkpoint(tmp_path):
+    """SIGHUP to the launcher's process group (a terminal or an SSH session closed) ends a ``--nproc`` job as Ctrl-C
+    does: mpiexec and the ranks live in a session of their own, the launcher passes the stop on, rank 0 writes the
+    checkpoint of the position, the job ends with 130 and leaves no lock (mpiexec used to die of it at once, exit
+    255, the position lost)."""
+    import signal
+
+    mlp = os.path.join(ROOT, "configs", "digits_mlp.yaml")
+    env = child_env(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "leafpy", "train", mlp, "--epochs", "40", "--out",
+                             str(tmp_path / "cut"), "--set", "data.batch_size=8", "--nproc", "2"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("epoch 1/40"):
+                os.killpg(proc.pid, signal.SIGHUP)
+                break
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, (proc.returncode, out, err)
+    assert (out + err).count("checkpoint saved to") == 1, (out, err)
+    state = lp.Solver.load_checkpoint(lp.backend("native"), lp.backend("native"),
+                                      str(tmp_path / "cut" / "checkpoint.leaf")).trainer_state
+    assert 1 <= state["epoch"] < 40, state
+    assert not [f for f in os.listdir(tmp_path / "cut") if f.endswith(".lock")]
+
+
+@needs_mpi
 def test_ctrl_c_on_the_launcher_checkpoints_once_and_the_run_resumes_exactly(tmp_path):
     """Ctrl-C in a terminal reaches the launcher's whole process group (launcher, mpiexec, ranks): every rank stops
     at the same step, rank 0 writes one checkpoint, the job ends with 130 within a bounded time, and resuming it on

@@ -295,3 +295,90 @@ def io_yaml(tmp_path):
                              data={"dataset": "npz", "path": str(tmp_path / "curve.npz"), "batch_size": 10},
                              solver={"solver": "momentum", "base_lr": 0.01, "seed": 0}))
     return str(path)
+
+
+# --- a fit after a stop, and EarlyStopping across a resume --------------------------------------------------------
+class _StopOnce(lp.Callback):
+    """Once, after batch ``batch`` of the first epoch: raise ``error`` (a failing logger), or ask to stop as a
+    signal handler does."""
+
+    def __init__(self, batch, error=None):
+        self.batch, self.error, self.done = batch, error, False
+
+    def on_batch_end(self, trainer, epoch, batch, loss):
+        if not self.done and epoch == 0 and batch == self.batch:
+            self.done = True
+            if self.error is not None:
+                raise self.error
+            trainer.interrupted = True
+
+
+def _named(trainer):
+    return trainer.solver.network.named_weights()
+
+
+@pytest.mark.parametrize("stop", ["a callback raises", "a stop signal"])
+def test_a_fit_after_a_stop_inside_an_epoch_goes_on_from_there(tmp_path, stop):
+    """A notebook's run stopped in its first epoch (a logging callback's error, Ctrl-C), then fit() again: the same
+    updates and weights as the run never stopped, and the checkpoint a stop wrote is where the run stood."""
+    quiet = lambda m: None  # noqa: E731
+    whole = lp.Trainer(lp.config.load(MLP), out_dir=str(tmp_path / "whole"), log=quiet)
+    whole.fit(2)
+    error = ConnectionError("metrics server unreachable") if stop == "a callback raises" else None
+    t = lp.Trainer(lp.config.load(MLP), out_dir=str(tmp_path / "cut"), log=quiet, callbacks=[_StopOnce(9, error)])
+    with pytest.raises(ConnectionError if error else lp.train.TrainingInterrupted):
+        t.fit(2)
+    assert t.solver.iteration == 10
+    if error is None:
+        state = lp.Solver.load_checkpoint(lp.backend("native"), lp.backend("native"),
+                                          str(tmp_path / "cut" / "checkpoint.leaf")).trainer_state
+        assert (state["epoch"], state["sample"]) == (0, 10 * 32), state
+    history = t.fit(2)
+    assert [r["epoch"] for r in history] == [1, 2]
+    assert [r["iteration"] for r in history] == [r["iteration"] for r in whole.history]
+    a, b = _named(t), _named(whole)
+    for k in b:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_early_stopping_stops_a_resumed_run_where_the_whole_run_stopped(tmp_path):
+    """EarlyStopping of a resumed run takes the epochs the run trained before it as if it had watched them (a new
+    EarlyStopping object, as a resumed script makes): it stops at the same epoch, with the same weights."""
+    quiet = lambda m: None  # noqa: E731
+    run = lambda: lp.config.load(MLP, ["solver.base_lr=0.002"])  # noqa: E731
+
+    def stopper():
+        return lp.train.EarlyStopping(monitor="test_loss", patience=2, min_delta=0.2)
+
+    whole = lp.Trainer(run(), out_dir=str(tmp_path / "whole"), log=quiet, callbacks=[stopper()])
+    whole.fit(12)
+    stopped = len(whole.history)
+    assert 3 <= stopped < 12, stopped  # (min_delta large enough for the patience to run out)
+
+    class StopIn(lp.Callback):
+        def on_batch_end(self, trainer, epoch, batch, loss):
+            if epoch == stopped - 1 and batch == 3:
+                trainer.interrupted = True
+
+    cut = lp.Trainer(run(), out_dir=str(tmp_path / "cut"), log=quiet, callbacks=[stopper(), StopIn()])
+    with pytest.raises(lp.train.TrainingInterrupted):
+        cut.fit(12)
+    resumed = lp.Trainer(run(), out_dir=str(tmp_path / "cut"), log=quiet, callbacks=[stopper()],
+                         resume=str(tmp_path / "cut" / "checkpoint.leaf"))
+    resumed.fit(12)
+    assert len(resumed.history) == stopped
+    a, b = _named(resumed), _named(whole)
+    for k in b:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_numpy_numbers_a_callback_adds_to_the_record_reach_history_json(tmp_path):
+    class Extra(lp.Callback):
+        def on_epoch_end(self, trainer, record):
+            record["grad_norm"] = np.float32(0.5)
+            record["per_class"] = np.array([1, 2], np.int64)
+
+    t = lp.Trainer(lp.config.load(MLP), out_dir=str(tmp_path), log=lambda m: None, callbacks=[Extra()])
+    t.fit(2)
+    saved = json.loads((tmp_path / "history.json").read_text())  # (written before this callback's turn: the
+    assert saved[0]["grad_norm"] == 0.5 and saved[0]["per_class"] == [1, 2]  # epoch before's additions)
