@@ -538,6 +538,15 @@ class Trainer:
         self.run = run = dataclasses.replace(run, data=dict(run.data), train=dict(run.train))
         resolve_data(run)  # what run.yaml and the checkpoints record: the split, reproducible from anywhere
         self.backend = backend if backend is not None else run_backend(run.train)
+        if group is not None and not all(hasattr(group, k) for k in ("size", "rank", "is_root")):
+            raise ConfigError(f"Trainer: group: expected a process group (lp.distributed.group()), got "
+                              f"{type(group).__name__} {group!r:.60}")
+        if log is not None and not callable(log):
+            raise ConfigError(f"Trainer: log: expected a function taking a line of text (print), got "
+                              f"{type(log).__name__} {log!r:.60}")
+        if callbacks is None or isinstance(callbacks, (str, bytes)) or not hasattr(callbacks, "__iter__"):
+            raise ConfigError(f"Trainer: callbacks: expected a list of lp.Callback instances, got "
+                              f"{type(callbacks).__name__} {callbacks!r:.60}")
         self.group = group
         self.is_root = group is None or group.is_root
         self._log = log if log is not None else (lambda msg: print(msg, flush=True))

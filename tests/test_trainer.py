@@ -382,3 +382,10 @@ def test_numpy_numbers_a_callback_adds_to_the_record_reach_history_json(tmp_path
     t.fit(2)
     saved = json.loads((tmp_path / "history.json").read_text())  # (written before this callback's turn: the
     assert saved[0]["grad_norm"] == 0.5 and saved[0]["per_class"] == [1, 2]  # epoch before's additions)
+
+
+@pytest.mark.parametrize("given,says", [(dict(callbacks=None), "callbacks"), (dict(log=3), "log"),
+                                        (dict(group=3), "group")])
+def test_trainer_arguments_of_another_kind_are_refused_by_name(given, says):
+    with pytest.raises(lp.errors.ConfigError, match=f"Trainer: {says}"):
+        lp.Trainer(lp.config.load(MLP), **given)
