@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import distributed_worker as worker  # noqa: E402
-from conftest import backend_or_skip, child_env  # noqa: E402
+from conftest import backend_or_skip, child_env, terminal_signals  # noqa: E402
 
 MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
 needs_mpi = pytest.mark.skipif(MPIEXEC is None or importlib.util.find_spec("mpi4py") is None,
@@ -486,7 +486,8 @@ def test_a_closed_terminal_stops_a_launched_job_with_a_checkpoint(tmp_path):
     env = child_env(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "leafpy", "train", mlp, "--epochs", "40", "--out",
                              str(tmp_path / "cut"), "--set", "data.batch_size=8", "--nproc", "2"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=terminal_signals)
     try:
         for line in proc.stdout:
             if line.startswith("epoch 1/40"):
@@ -520,7 +521,8 @@ def test_ctrl_c_on_the_launcher_checkpoints_once_and_the_run_resumes_exactly(tmp
                            timeout=300)
     assert whole.returncode == 0, whole.stderr
     proc = subprocess.Popen([*cmd, "--out", str(tmp_path / "cut"), *two], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=terminal_signals)
     try:
         lines = []
         for line in proc.stdout:

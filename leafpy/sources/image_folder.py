@@ -12,6 +12,7 @@ import functools
 import hashlib
 import json
 import os
+import struct
 import tempfile
 import warnings
 import weakref
@@ -118,8 +119,9 @@ def decode(path: str, image_size: Sequence[int], channels: int) -> np.ndarray:
                 if img.size != (w, h):
                     img = img.resize((w, h), Image.Resampling.BILINEAR)
                 a = np.asarray(img, dtype=np.uint8)
-    except Exception as e:  # noqa: BLE001 - Pillow's readers of damaged files raise what they meet (OSError,
-        # struct.error, TypeError from a TIFF tag of another type...): each is a file that does not decode
+    except (OSError, ValueError, TypeError, SyntaxError, Image.DecompressionBombError, Image.DecompressionBombWarning,
+            EOFError, NotImplementedError, IndexError, KeyError, struct.error) as e:  # (what Pillow's readers raise
+        # for damaged files: TypeError for a TIFF tag of another type; anything else is a bug, left to surface)
         raise LeafpyError(f"{path}: cannot decode the image ({type(e).__name__}: {str(e)[:200]}); remove or replace "
                           "the file, or set data.skip_unreadable: true to skip such files") from e
     return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
