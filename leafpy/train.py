@@ -403,6 +403,9 @@ class EarlyStopping(Callback):
         if (self.monitor in run_config.CLASS_MONITORS or self.monitor == "train_accuracy") and not trainer.classes:
             raise ConfigError(f"EarlyStopping monitor: {self.monitor} needs classes, and this run's objective has "
                               "none (a regression); watch test_loss or loss")
+        if self.monitor == "test_roc_auc" and trainer.classes != 2:
+            raise ConfigError(f"EarlyStopping monitor: test_roc_auc scores two classes, and this run's objective has "
+                              f"{trainer.classes}; watch test_loss or test_accuracy")
         self.best, self.waited = None, 0
         for record in trainer.history:
             if self._watch(record) and not trainer.stop_training:

@@ -389,3 +389,11 @@ def test_numpy_numbers_a_callback_adds_to_the_record_reach_history_json(tmp_path
 def test_trainer_arguments_of_another_kind_are_refused_by_name(given, says):
     with pytest.raises(lp.errors.ConfigError, match=f"Trainer: {says}"):
         lp.Trainer(lp.config.load(MLP), **given)
+
+
+def test_early_stopping_on_roc_auc_of_a_ten_class_run_is_refused_before_training(tmp_path):
+    stop = lp.train.EarlyStopping(monitor="test_roc_auc")
+    t = lp.Trainer(lp.config.load(MLP), out_dir=str(tmp_path), log=lambda m: None, callbacks=[stop])
+    with pytest.raises(lp.errors.ConfigError, match="test_roc_auc scores two classes"):
+        t.fit(1)
+    assert t.solver.iteration == 0
