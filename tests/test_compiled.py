@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 import reference as ref
-from runs import brighter_half_npz, train_history
+from runs import brighter_half_npz, layer, run_file, train_history
 
 import leafpy as lp
 from leafpy.backends import compiled, native, updates
@@ -805,22 +805,14 @@ def test_a_resumed_command_run_with_the_loss_as_one_call_equals_the_uninterrupte
     calls): two epochs straight, and one epoch then a resume to two, give the same weights, bit for bit. 12 outputs
     (two of them classes), so each row's sums take NumPy's pairwise order."""
     brighter_half_npz(tmp_path / "data.npz", 256, 24)
-    (tmp_path / "net.yaml").write_text(f"""
-name: pools
-data: {{dataset: npz, path: {tmp_path / 'data.npz'}, batch_size: 48, test_fraction: 0.25, seed: 0}}
-train: {{epochs: 2}}
-network:
-  type: Sequential
-  inputs: [{{name: data, shape: [null, 1, 24, 24]}}]
-  layers:
-    - {{name: conv1, type: Convolution, num_output: 16, filter_shape: [3], padding: [1]}}
-    - {{name: pool1, type: Pooling, mode: max, filter_shape: [2], stride: [2]}}
-    - {{name: flat, type: Flatten}}
-    - {{name: fc, type: Linear, output_size: 12}}
-    - {{name: logsm, type: LogSoftmax}}
-objective: nll
-solver: {{solver: momentum, base_lr: 0.05, momentum: 0.9, seed: 0}}
-""")
+    (tmp_path / "net.yaml").write_text(run_file(
+        [layer("conv1", "Convolution", num_output=16, filter_shape=[3], padding=[1]),
+         layer("pool1", "Pooling", mode="max", filter_shape=[2], stride=[2]), layer("flat", "Flatten"),
+         layer("fc", "Linear", output_size=12), layer("logsm", "LogSoftmax")], [1, 24, 24],
+        data={"dataset": "npz", "path": str(tmp_path / "data.npz"), "batch_size": 48, "test_fraction": 0.25,
+              "seed": 0},
+        solver={"solver": "momentum", "base_lr": 0.05, "momentum": 0.9, "seed": 0}, train={"epochs": 2},
+        name="pools"))
     train_history(tmp_path / "net.yaml", tmp_path / "whole", "--epochs", "2")
     train_history(tmp_path / "net.yaml", tmp_path / "cut", "--epochs", "1")
     train_history(tmp_path / "net.yaml", tmp_path / "cut", "--epochs", "2", "--resume",

@@ -28,6 +28,7 @@ or :data:`UPDATE_MIN_ELEMENTS` (updates) large runs, so small models (``make dem
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -311,20 +312,16 @@ def _named(call: tuple, primitives: dict, name: str) -> dict | None:
     return bound.arguments
 
 
-_SIGNATURES: dict = {}
-
-
+@functools.cache
 def _signature(fn: Any) -> Any:
-    if fn not in _SIGNATURES:
-        import inspect
-        _SIGNATURES[fn] = inspect.signature(fn)
-    return _SIGNATURES[fn]
+    import inspect
+    return inspect.signature(fn)
 
 
 def _loss_head(calls: list, primitives: dict) -> tuple | None:
     """``log_softmax(x, o)``, ``nll(o, labels, loss)``, ``nll_grad(labels, dloss, dx)`` and
     ``log_softmax_grad(o, dx, dx2)`` (a LogSoftmax layer before a NegativeLogLikelihood, or the loss's own
-    log-softmax) as one call: three kernels of :mod:`_kernels` and NumPy's own exp, log and exp between them, for
+    log-softmax) as one call: four kernels of :mod:`_kernels` and NumPy's own exp, log and exp between them, for
     [N, C] float rows without class weights or an ignored index. It computes the four calls' values in their order
     of operations (sums in NumPy's pairwise order), which it checks on a copy of the step's values before it is
     taken; a label that is no class index runs the four calls instead. About 30 NumPy calls become 7 (MLP-128's
