@@ -126,15 +126,25 @@ def max_pool_grad(dy, dx, mask, kh, kw, sh, sw):  # pragma: no cover - compiled
 
 @_jit
 def bias_relu(y, b, z):  # pragma: no cover - compiled
-    """y += b (per column), z = max(y, 0): a Linear layer's bias and the ReLU after it in one pass (z may be y)."""
+    """y += b (per column), z = max(y, 0): a Linear layer's bias and the ReLU after it in one pass (z may be y).
+    A row's sums go to a private row first: where z is y, a loop that writes both cannot be vectorised."""
     n, c = y.shape
     zero = z.dtype.type(0)
+    same = y.ctypes.data == z.ctypes.data
+    sums = np.empty(c, y.dtype)
     for i in range(n):
         row, out = y[i], z[i]
         for j in range(c):
-            v = row[j] + b[j]
-            row[j] = v
-            out[j] = v if (v >= zero or v != v) else zero
+            sums[j] = row[j] + b[j]
+        if same:
+            for j in range(c):
+                v = sums[j]
+                row[j] = v if (v >= zero or v != v) else zero
+        else:
+            for j in range(c):
+                v = sums[j]
+                row[j] = v
+                out[j] = v if (v >= zero or v != v) else zero
 
 
 @_jit
@@ -144,13 +154,25 @@ def relu_grad_bias(y, dy, dx, db, beta, accumulate):  # pragma: no cover - compi
     n, c = y.shape
     zero = dx.dtype.type(0)
     total = np.zeros(c, dx.dtype)
-    for i in range(n):
-        src, grad, out = y[i], dy[i], dx[i]
-        for j in range(c):
-            g = grad[j]
-            v = g if src[j] > zero else g * zero
-            out[j] = v
-            total[j] += v
+    if dx.ctypes.data == dy.ctypes.data:  # in place: a row into a private row first, so both loops vectorise
+        row = np.empty(c, dx.dtype)
+        for i in range(n):
+            src, grad, out = y[i], dy[i], dx[i]
+            for j in range(c):
+                g = grad[j]
+                row[j] = g if src[j] > zero else g * zero
+            for j in range(c):
+                v = row[j]
+                out[j] = v
+                total[j] += v
+    else:
+        for i in range(n):
+            src, grad, out = y[i], dy[i], dx[i]
+            for j in range(c):
+                g = grad[j]
+                v = g if src[j] > zero else g * zero
+                out[j] = v
+                total[j] += v
     if accumulate:
         for j in range(c):
             db[j] = db[j] * beta + total[j]
