@@ -526,8 +526,9 @@ class Trainer:
     """Trains the run's network (see the module docstring). ``out_dir`` (None: write nothing) receives ``run.yaml``
     when :meth:`fit` starts (the resolved run, as ``leafpy train`` writes it, which ``leafpy evaluate``, ``predict``
     and ``summary`` read; not with ``dataset``, data the run does not describe), ``checkpoint.leaf`` each epoch,
-    ``history.json``/``history.csv`` and, from :meth:`save_model`, ``model.leaf``; ``callbacks`` add to the
-    built-in ones (progress, history, checkpoint)."""
+    ``history.json``/``history.csv`` and, from :meth:`save_model`, ``model.leaf``; ``callbacks`` run after the
+    progress bar and before the history and checkpoint writers, so what they add to an epoch's record is written
+    with that epoch."""
 
     def __init__(self, run: run_config.RunConfig, backend: Backend | None = None, *, out_dir: str | None = None,
                  callbacks: Iterable[Callback] = (), resume: str | None = None, group: Any = None,
@@ -636,15 +637,16 @@ class Trainer:
                               f"keep the best epochs by one of {', '.join(run_config.CLASS_MONITORS)} or test_loss")
         self.resumed_from = resume
         """The checkpoint the run continues from (``resume``), if any."""
+        files: list[Callback] = []  # after the user's callbacks: what they add to an epoch's record is written with it
         if out_dir is not None:
-            built_in += [History(out_dir), Checkpoint(out_dir, keep_best=keep_best, monitor=monitor)]
+            files = [History(out_dir), Checkpoint(out_dir, keep_best=keep_best, monitor=monitor)]
             if resume:
                 self.history = self._read_history()
         for cb in callbacks:
             if not isinstance(cb, Callback):
                 raise ConfigError(f"Trainer: callbacks: expected lp.Callback instances (subclass lp.Callback and "
                                   f"override its on_... methods), got {type(cb).__name__} {cb!r}"[:300])
-        self.callbacks = built_in + list(callbacks)
+        self.callbacks = built_in + list(callbacks) + files
 
     # --- set-up -----------------------------------------------------------------------------------------------
     def _check_ranks_agree(self, group: Any) -> None:

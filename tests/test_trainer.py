@@ -217,14 +217,16 @@ def test_a_diverged_run_never_replaces_a_good_checkpoint(tmp_path):
                 w.set(np.full(w.shape, np.nan, np.float32))
 
     t = lp.Trainer(lp.config.load(MLP), out_dir=str(tmp_path), callbacks=[Poison()], log=lambda m: None)
-    with pytest.raises(lp.train.TrainingDiverged, match="first non-finite"):
-        t.fit(4)
+    with pytest.raises(lp.train.TrainingDiverged, match="no longer finite"):  # epoch 2's checkpoint (the callbacks
+        t.fit(4)                                                                # run before the checkpoint's turn)
     before = (tmp_path / "checkpoint.leaf").read_bytes()
     with pytest.raises(lp.train.TrainingDiverged, match="no longer finite"):
         t.save_checkpoint(str(tmp_path / "checkpoint.leaf"))  # what a signal or the next epoch would write
+    with pytest.raises(lp.train.TrainingDiverged, match="first non-finite"):
+        t.fit(4)  # the next step
     assert (tmp_path / "checkpoint.leaf").read_bytes() == before
     good = lp.Solver.load_checkpoint(lp.backend("native"), lp.backend("native"), str(tmp_path / "checkpoint.leaf"))
-    assert good.trainer_state["epoch"] == 2
+    assert good.trainer_state["epoch"] == 1
     assert all(np.all(np.isfinite(w.to_numpy())) for w in good.network.learnable_weights_data())
 
 
@@ -380,8 +382,10 @@ def test_numpy_numbers_a_callback_adds_to_the_record_reach_history_json(tmp_path
 
     t = lp.Trainer(lp.config.load(MLP), out_dir=str(tmp_path), log=lambda m: None, callbacks=[Extra()])
     t.fit(2)
-    saved = json.loads((tmp_path / "history.json").read_text())  # (written before this callback's turn: the
-    assert saved[0]["grad_norm"] == 0.5 and saved[0]["per_class"] == [1, 2]  # epoch before's additions)
+    saved = json.loads((tmp_path / "history.json").read_text())  # each epoch's additions with that epoch
+    assert [(h["epoch"], h["grad_norm"], h["per_class"]) for h in saved] == [(1, 0.5, [1, 2]), (2, 0.5, [1, 2])]
+    lines = (tmp_path / "history.csv").read_text().splitlines()
+    assert "grad_norm" in lines[0].split(",") and len(lines) == 3
 
 
 @pytest.mark.parametrize("given,says", [(dict(callbacks=None), "callbacks"), (dict(log=3), "log"),
