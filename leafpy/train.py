@@ -800,6 +800,11 @@ class Trainer:
         if epochs is not None:
             self.epochs = _checks.non_negative_int("Trainer.fit: epochs", epochs)
         self.interrupted = self.stop_training = False  # (a later fit after a stop goes on; EarlyStopping decides)
+        if self.epochs < self.start_epoch or (self.epochs == self.start_epoch and not self.start_sample):
+            self.log(f"nothing to train: the run has trained {self.start_epoch} epoch"
+                     f"{'s' * (self.start_epoch != 1)} and fit trains up to epoch {self.epochs} (fit(epochs=N) "
+                     "counts the epochs of the whole run; give a larger N to train further)")
+            return self.history
         progress: tuple | None = None  # (epoch, sample, loss sum and count, hits) after the last step counted
         solver = self.solver
         if self.out_dir is not None and self.is_root and self._describes_data:

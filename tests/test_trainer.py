@@ -401,3 +401,17 @@ def test_early_stopping_on_roc_auc_of_a_ten_class_run_is_refused_before_training
     with pytest.raises(lp.errors.ConfigError, match="test_roc_auc scores two classes"):
         t.fit(1)
     assert t.solver.iteration == 0
+
+
+def test_fit_to_an_epoch_the_run_has_passed_says_so_and_trains_nothing(tmp_path):
+    said = []
+    t = lp.Trainer(lp.config.load(MLP), out_dir=str(tmp_path), log=said.append)
+    t.fit(2)
+    iteration, checkpoint = t.solver.iteration, (tmp_path / "checkpoint.leaf").read_bytes()
+    for epochs in (1, 2):
+        said.clear()
+        assert len(t.fit(epochs)) == 2
+        assert t.solver.iteration == iteration and (tmp_path / "checkpoint.leaf").read_bytes() == checkpoint
+        assert any("nothing to train: the run has trained 2 epochs and fit trains up to epoch "
+                   f"{epochs}" in s for s in said), said
+    assert len(t.fit(3)) == 3 and t.solver.iteration > iteration
