@@ -296,7 +296,6 @@ def _train(args: argparse.Namespace, run: run_config.RunConfig, be: Any, out_dir
     if group.is_root:
         if replace:
             _remove_run_files(out_dir)  # none of the replaced run's files may pass for this run's
-            trainer.history.clear()  # nor its history, read when resuming another directory's checkpoint
     ds = trainer.dataset
     ranks = f" on {group.size} ranks (global batch {trainer.global_batch})" if group.size > 1 else ""
     modes = [m for m in (be.precision if be.precision != "fp32" else "", "channels-last" * be.channels_last) if m]

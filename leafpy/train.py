@@ -640,8 +640,8 @@ class Trainer:
         files: list[Callback] = []  # after the user's callbacks: what they add to an epoch's record is written with it
         if out_dir is not None:
             files = [History(out_dir), Checkpoint(out_dir, keep_best=keep_best, monitor=monitor)]
-            if resume:
-                self.history = self._read_history()
+        if resume:
+            self.history = self._read_history(resume)
         for cb in callbacks:
             if not isinstance(cb, Callback):
                 raise ConfigError(f"Trainer: callbacks: expected lp.Callback instances (subclass lp.Callback and "
@@ -717,8 +717,10 @@ class Trainer:
         updates_per_epoch = max(1, self.batches_per_epoch // self.solver.config.minibatch_size)
         return self.solver.iteration // updates_per_epoch
 
-    def _read_history(self) -> list[dict[str, Any]]:
-        path = os.path.join(self.out_dir or "", "history.json")
+    def _read_history(self, resume: str) -> list[dict[str, Any]]:
+        """The epochs the resumed run trained before its checkpoint: ``history.json`` beside the checkpoint (the run's
+        directory, wherever this run writes)."""
+        path = os.path.join(os.path.dirname(resume), "history.json")
         try:
             with _checks.open_regular(path, "the run's history (JSON)") as f:
                 history = json.load(f)

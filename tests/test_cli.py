@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -78,6 +79,22 @@ def test_resume_continues_where_it_stopped(tmp_path):
     other = run("train", str(ROOT / "configs" / "digits_mlp.yaml"), "--out", str(out), "--epochs", "3",
                 "--resume", str(out / "checkpoint.leaf"))
     assert other.returncode == 1 and "network differs" in other.stderr
+
+
+def test_a_run_resumed_into_another_directory_keeps_the_epochs_it_trained_before(tmp_path):
+    first = run("train", DIGITS, "--out", str(tmp_path / "a"), "--epochs", "2")
+    assert first.returncode == 0, first.stderr
+    (tmp_path / "b").mkdir()  # another run's files there, replaced with --overwrite: their history is not this run's
+    (tmp_path / "b" / "history.json").write_text(json.dumps([{"epoch": k, "loss": 9.0} for k in (1, 2, 3)]))
+    (tmp_path / "b" / "run.yaml").write_text("network: {}\n")
+    p = run("train", DIGITS, "--out", str(tmp_path / "b"), "--epochs", "3", "--overwrite",
+            "--resume", str(tmp_path / "a" / "checkpoint.leaf"))
+    assert p.returncode == 0, p.stderr
+    a = json.loads((tmp_path / "a" / "history.json").read_text())
+    b = json.loads((tmp_path / "b" / "history.json").read_text())
+    assert [h["epoch"] for h in b] == [1, 2, 3] and b[:2] == a
+    csv_rows = (tmp_path / "b" / "history.csv").read_text().splitlines()
+    assert len(csv_rows) == 4 and csv_rows[0].startswith("epoch")
 
 
 def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
