@@ -555,6 +555,8 @@ def predict_cmd(args: argparse.Namespace) -> int:
             outputs = prep.outputs(outputs)
         names = list(prep.class_names) or [str(k) for k in range(num_classes(run))]
     probs = probabilities(outputs) if classes is not None else None
+    if probs is not None:  # classes past the names (a network scoring more classes than the data names): numbered
+        names = names[:probs.shape[1]] + [str(k) for k in range(len(names), probs.shape[1])]
     if args.out:
         if prep.class_names and probs is not None and args.out.endswith(".csv"):
             write_named_predictions(args.out, labels, probs, names)

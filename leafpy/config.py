@@ -508,11 +508,17 @@ class _BoundedLoader(_SafeLoader):
         return super().construct_document(node)
 
 
-_SafeLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."),
-)
+class _SafeDumper(yaml.SafeDumper):
+    """``yaml.safe_dump``'s dumper, knowing the loader's exponent floats: a text such as ``1e3`` (a class named so)
+    is written quoted, so that it reads back as text."""
+
+
+for _kind in (_SafeLoader, _SafeDumper):
+    _kind.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+        list("-+0123456789."),
+    )
 
 
 def _yaml(text: str) -> Any:
@@ -669,7 +675,8 @@ def data_base(run: RunConfig) -> str:
 
 
 def dumps(run: RunConfig) -> str:
-    return yaml.safe_dump(to_dict(run), sort_keys=False, default_flow_style=None, width=120, allow_unicode=True)
+    return yaml.dump(to_dict(run), Dumper=_SafeDumper, sort_keys=False, default_flow_style=None, width=120,
+                     allow_unicode=True)
 
 
 def save(run: RunConfig, path: str | os.PathLike) -> None:

@@ -517,6 +517,20 @@ def test_an_image_folder_of_fewer_classes_than_the_network_scores_trains_and_rep
                "--set", "data.batch_size=4", "--epochs", "1", "--out", "run")
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
     assert re.search(r"class2 +\d", p.stdout) and re.search(r"\n +9 +0\.000", p.stdout), p.stdout
+    # two class folders: each prediction's three best classes name the two and number the third
+    import shutil
+
+    shutil.rmtree(tmp_path / "images" / "class2")
+    p = leafpy(tmp_path, "train", "digits_mlp", "--set", "data.dataset=image_folder", "--set", "data.path=images",
+               "--set", "data.batch_size=4", "--epochs", "1", "--out", "two")
+    assert p.returncode == 0, p.stderr
+    q = leafpy(tmp_path, "predict", "two", "--input", "images/class1", "--out", "p.csv")
+    assert q.returncode == 0 and "Traceback" not in q.stderr, q.stderr
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "p.csv").read_text())))
+    assert len(rows) == 8 and all({r["class"], r["class_2"], r["class_3"]} & {"class0", "class1"} for r in rows)
+    assert all(sum(r[k] in set(map(str, range(2, 10))) for k in ("class", "class_2", "class_3")) >= 1 for r in rows)
+    assert all(0 <= float(r[k]) <= 1 for r in rows for k in ("probability", "probability_2", "probability_3"))
+    assert re.search(r"0\.png: \w+ [\d.]+%, \w+ [\d.]+%, \w+ [\d.]+%", q.stdout), q.stdout
 
 
 def test_decoding_threads_are_used_where_they_measure_faster_and_results_keep_file_order(monkeypatch):
@@ -825,3 +839,26 @@ def test_decoding_processes_that_measure_slower_end_before_the_folder_is_decoded
     rest = [first, *images]
     here = [image_folder.decode(f, (8, 8), 1) for f in files]
     assert len(rest) == len(here) and all(np.array_equal(a, b) for a, b in zip(rest, here))
+
+
+def test_class_folders_named_like_numbers_keep_their_names_through_run_yaml(tmp_path):
+    """Folders '1e3', '5e-4' and '0x10': run.yaml records the names as text, so evaluate, predict and a resume read
+    back the run that train wrote."""
+    sys.path.insert(0, str(ROOT / "tests" / "data"))
+    from make_image_folder_checkpoint import write_images
+
+    write_images(tmp_path / "images")
+    names = ["1e3", "5e-4", "0x10"]
+    for c, name in enumerate(names):
+        (tmp_path / "images" / f"class{c}").rename(tmp_path / "images" / name)
+    args = ["--set", "data.dataset=image_folder", "--set", "data.path=images", "--set", "data.batch_size=4"]
+    p = leafpy(tmp_path, "train", "digits_mlp", *args, "--epochs", "1", "--out", "run")
+    assert p.returncode == 0, p.stderr
+    for command in (["evaluate", "run"], ["predict", "run", "--input", "images/5e-4"], ["summary", "run"],
+                    ["train", "run/run.yaml", "--epochs", "2", "--out", "run", "--resume", "run/checkpoint.leaf"]):
+        q = leafpy(tmp_path, *command)
+        assert q.returncode == 0, (command, q.stderr)
+    import leafpy as lp
+
+    run = lp.config.load(str(tmp_path / "run" / "run.yaml"))
+    assert list(run.data["class_names"]) == sorted(names)

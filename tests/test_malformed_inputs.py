@@ -67,6 +67,7 @@ def test_a_model_whose_data_preparation_is_malformed_gives_a_clear_error(tmp_pat
     ("data.class_names=7", "data.class_names"),
     ("data.class_names=abcdefghij", "data.class_names"),  # a string is no list of ten names
     ("data.class_names=0", "data.class_names"),
+    ("data.class_names=[a,a,b,c,d,e,f,g,h,i]", "data.class_names: 'a' named more than one class"),
 ])
 def test_malformed_run_settings_give_clear_errors_from_the_command(tmp_path, setting, says):
     r = leafpy("train", "configs/digits_mlp.yaml", "--epochs", "1", "--out", str(tmp_path / "run"), "--set", setting)

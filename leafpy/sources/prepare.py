@@ -111,6 +111,10 @@ def from_dict(d: Any, where: str = "data") -> Preparation:
     names = () if names is None else names
     if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
         raise ConfigError(f"{where}.class_names: expected a list of names, got {names!r}"[:300])
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"{where}.class_names: {', '.join(map(repr, twice[:3]))} named more than one class; give "
+                          "each class a name of its own"[:300])
     norm = d.get("normalize")
     if norm is None or norm is False or norm == "auto":
         return Preparation(tuple(names))
