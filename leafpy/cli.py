@@ -521,7 +521,7 @@ def predict_cmd(args: argparse.Namespace) -> int:
         be = _backend_for(args, None)
         if args.config.endswith(".onnx"):
             net: Any = onnx.load(args.config, be)
-            prep = prepare.from_dict({})
+            prep = net.preparation or prepare.from_dict({})
         else:
             net = Layer.load(be, args.config)
             prep = _recorded_preparation(args.config) or prepare.from_dict({})
@@ -698,6 +698,13 @@ def _model_from(path: str, be: Any) -> Layer:
         except SerializationError:
             raise model_error from None
         load_weights(net, path)
+        beside = os.path.join(os.path.dirname(path), RUN_FILE)
+        if os.path.isfile(beside):  # the run that wrote the checkpoint records how its model reads data
+            from .sources import prepare
+
+            data = run_config.load(beside).data
+            if data.get("normalize") != "auto":
+                net.preparation = prepare.from_dict(data)
         return net
 
 
@@ -715,6 +722,15 @@ def convert_cmd(args: argparse.Namespace) -> int:
     else:
         net.save(args.output)
     _out(f"leafpy: {args.input} -> {args.output} (network '{net.name}', {net.num_parameters()} parameters)")
+    prep = net.preparation
+    if args.output.endswith(".onnx") and prep is not None and (prep.mean or prep.class_names):
+        from .onnx.exporter import PREPARATION_KEY
+
+        told = [what for what, given in (("takes inputs normalised as (x - mean) / std", prep.mean),
+                                          ("gives targets in standard units (y * std + mean)", prep.target_mean),
+                                          ("scores classes by number", prep.class_names)) if given]
+        _out(f"note: the ONNX graph {', '.join(told)}; the values and names are in its metadata "
+             f"({PREPARATION_KEY}), which leafpy predict applies; other programs apply them themselves")
     return 0
 
 

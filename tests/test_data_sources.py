@@ -862,3 +862,44 @@ def test_class_folders_named_like_numbers_keep_their_names_through_run_yaml(tmp_
 
     run = lp.config.load(str(tmp_path / "run" / "run.yaml"))
     assert list(run.data["class_names"]) == sorted(names)
+
+
+def test_a_normalised_regression_converted_to_onnx_predicts_in_the_targets_units_everywhere(tmp_path):
+    """A CSV regression (normalize: auto) converted to ONNX, and that back to .leaf, predicts what the run does; the
+    ONNX model's metadata holds the values, with which onnxruntime gives the same predictions."""
+    pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from sklearn.datasets import load_diabetes
+
+    d = load_diabetes(scaled=False)
+    names = list(d.feature_names)
+    write_table(tmp_path / "diabetes.csv", d.data, [f"{v:g}" for v in d.target], names, "progression")
+    (tmp_path / "diabetes.yaml").write_text(TABLE_RUN.format(
+        path="diabetes.csv", target="progression", features=10, outputs=1, epochs=3, last="",
+        objective="{name: mse, type: MeanSquaredError}"))
+    assert leafpy(tmp_path, "train", "diabetes.yaml", "--out", "run").returncode == 0
+    x = d.data[:50].astype(np.float32)
+    np.savez(tmp_path / "x.npz", x=x)
+    expected = None
+    for source, onnx_file in (("run", "model.onnx"), ("run/checkpoint.leaf", "from_checkpoint.onnx")):
+        c = leafpy(tmp_path, "convert", source, onnx_file)
+        assert c.returncode == 0 and "metadata (leafpy.preparation)" in c.stdout, (c.stdout, c.stderr)
+        assert leafpy(tmp_path, "convert", onnx_file, "back.leaf").returncode == 0
+        for model in ("run", onnx_file, "back.leaf"):
+            q = leafpy(tmp_path, "predict", model, "--input", "x.npz", "--out", "p.npz")
+            assert q.returncode == 0, q.stderr
+            with np.load(tmp_path / "p.npz") as f:
+                got = f["outputs"][:, 0]
+            expected = got if expected is None else expected
+            np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-3, err_msg=model)
+    assert 50 < expected.mean() < 250  # the targets' units
+    import onnx
+
+    model = onnx.load(str(tmp_path / "model.onnx"))
+    prep = json.loads({p.key: p.value for p in model.metadata_props}["leafpy.preparation"])
+    mean, std = np.asarray(prep["normalize"]["mean"]), np.asarray(prep["normalize"]["std"])
+    np.testing.assert_allclose(mean, d.data.mean(0), rtol=0.1)  # of the training split: near the whole set's
+    session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    y = session.run(None, {session.get_inputs()[0].name: ((x - mean) / std).astype(np.float32)})[0][:, 0]
+    y = y * prep["normalize"]["target_std"][0] + prep["normalize"]["target_mean"][0]
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-3)

@@ -45,6 +45,7 @@ def load(path_or_model: Any, backend: str | Backend = "native", *, batch_size: i
         config, weights = convert(model, batch_size=batch_size or DEFAULT_BATCH, name=name)
     net = Layer.from_config(be, config)
     net.load_weights(weights)
+    net.preparation = _preparation(model, path_or_model)
     net.set_training(False)  # the model's function: a first forward neither drops nor moves the running statistics
     return net
 
@@ -58,6 +59,16 @@ def read_weights(path_or_model: Any) -> dict[str, np.ndarray]:
     model = read_model(path_or_model)
     with _naming(path_or_model):
         return convert(model, batch_size=DEFAULT_BATCH)[1]
+
+
+def _preparation(model: Any, path_or_model: Any) -> Any:
+    """How the model reads data, as a leafpy export recorded it in the model's metadata (None: not recorded)."""
+    from ..sources import prepare
+    from .exporter import PREPARATION_KEY
+
+    texts = [p.value for p in model.metadata_props if p.key == PREPARATION_KEY]
+    where = os.fspath(path_or_model) if isinstance(path_or_model, (str, os.PathLike)) else "the ONNX model"
+    return prepare.from_text(texts[-1], f"{where}: metadata {PREPARATION_KEY}") if texts else None
 
 
 @contextlib.contextmanager

@@ -400,6 +400,10 @@ def _fixes_first_axis(config: LayerConfig) -> bool:
                                                                 and c.shape[0] != -1)
 
 
+PREPARATION_KEY = "leafpy.preparation"
+"""The model's metadata entry (``metadata_props``) holding its preparation's JSON (class names, normalisation)."""
+
+
 def to_model(layer: Layer, opset: int = 17) -> Any:
     """``layer`` as an onnx.ModelProto at ``opset``, checked by onnx's checker."""
     onnx = require_onnx()
@@ -428,6 +432,10 @@ def to_model(layer: Layer, opset: int = 17) -> Any:
                for n, t in zip(out_names, layer.outputs)]
     graph = h.make_graph(e.nodes, layer.name, inputs, outputs, e.initializers)
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", opset)], producer_name="leafpy")
+    if layer.preparation is not None and layer.preparation.to_text():
+        # how the model reads data (class names, the normalisation of its inputs and targets), as a model file
+        # records it: leafpy's load reads it back, and other programs find the values there
+        h.set_model_props(model, {PREPARATION_KEY: layer.preparation.to_text()})
     model.ir_version = h.find_min_ir_version_for(list(model.opset_import))  # the oldest that holds it: read widely
     onnx.checker.check_model(model)
     return model
