@@ -28,6 +28,7 @@ import itertools
 import json
 import math
 import os
+import secrets
 import signal
 import sys
 import time
@@ -592,6 +593,8 @@ class Trainer:
         self.loaded: Any = None
         """With ``weights``: what the file did not set (``missing``: the network's weights it lacks, which keep
         their initial values; ``unexpected``: its weights the network does not have)."""
+        if not resume:
+            self._draw_seed(group)
         self.solver = self._make_solver(resume, weights)
         if group is not None and group.size > 1:
             from .distributed import DataParallel
@@ -667,6 +670,21 @@ class Trainer:
         agreement.check_same_run(group, agreement.describe(
             resolved, arrays, {"backend": be.name, "precision": be.precision, "channels_last": be.channels_last,
                                **start}))
+
+    def _draw_seed(self, group: Any) -> None:
+        """A new run without ``solver.seed`` takes a drawn one, which ``run.yaml`` then records: the run's initial
+        weights (and Dropout's masks) can be made again from its run file. The ranks of a job take rank 0's (every
+        rank takes part in the exchange: one whose run differs is named by the agreement check after it)."""
+        run = self.run
+        seed = run.solver.seed
+        if seed is None:
+            seed = secrets.randbelow(2**31)
+        if group is not None and group.size > 1:
+            seeds = [json.loads(t) for t in group.allgather_text(json.dumps([run.solver.seed, seed]))]
+            if all(given is None for given, _ in seeds):
+                seed = seeds[0][1]
+        if run.solver.seed is None:
+            run.solver = dataclasses.replace(run.solver, seed=seed)
 
     def _make_solver(self, resume: str | None, weights: str | None = None) -> Solver:
         run = self.run

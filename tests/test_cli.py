@@ -97,6 +97,22 @@ def test_a_run_resumed_into_another_directory_keeps_the_epochs_it_trained_before
     assert len(csv_rows) == 4 and csv_rows[0].startswith("epoch")
 
 
+def test_a_run_without_a_solver_seed_records_the_one_it_drew_and_its_run_yaml_trains_it_again(tmp_path):
+    text = (ROOT / "configs" / "digits_mlp.yaml").read_text()
+    assert ", seed: 0}" in text
+    (tmp_path / "noseed.yaml").write_text(text.replace(", seed: 0}", "}"))
+    for out in ("a", "b"):
+        assert run("train", str(tmp_path / "noseed.yaml"), "--epochs", "1", "--out", str(tmp_path / out)).returncode == 0
+    seeds = [lp.config.load(str(tmp_path / out / "run.yaml")).solver.seed for out in ("a", "b")]
+    assert all(isinstance(s, int) for s in seeds) and seeds[0] != seeds[1]
+    assert (tmp_path / "a" / "model.leaf").read_bytes() != (tmp_path / "b" / "model.leaf").read_bytes()
+    again = run("train", str(tmp_path / "a" / "run.yaml"), "--epochs", "1", "--out", str(tmp_path / "again"))
+    assert again.returncode == 0, again.stderr
+    first, second = (lp.Layer.load(lp.backend("native"), str(tmp_path / d / "model.leaf")) for d in ("a", "again"))
+    for w1, w2 in zip(first.learnable_weights_data(), second.learnable_weights_data()):
+        np.testing.assert_array_equal(w1.to_numpy(), w2.to_numpy())
+
+
 def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     out = tmp_path / "run"
     env = child_env()

@@ -263,6 +263,30 @@ def test_leafpy_train_on_two_ranks_equals_one_process_at_twice_the_batch(tmp_pat
         assert abs(r1["train_accuracy"] - r2["train_accuracy"]) < 0.003, (r1, r2)
 
 
+@needs_mpi
+def test_two_ranks_of_a_run_without_a_solver_seed_take_rank_0s_drawn_seed(tmp_path):
+    """Each rank draws a seed; the job takes rank 0's (the agreement check would stop ranks that disagree), and
+    run.yaml records it: one process from that run.yaml at twice the batch trains the same weights."""
+    text = open(os.path.join(ROOT, "configs", "digits_mlp.yaml")).read()
+    assert ", seed: 0}" in text
+    (tmp_path / "noseed.yaml").write_text(text.replace(", seed: 0}", "}"))
+    env = child_env(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    two = subprocess.run([sys.executable, "-m", "leafpy", "train", str(tmp_path / "noseed.yaml"), "--epochs", "1",
+                          "--out", str(tmp_path / "two"), "--set", "data.batch_size=16", "--nproc", "2"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stderr
+    seed = lp.config.load(str(tmp_path / "two" / "run.yaml")).solver.seed
+    assert isinstance(seed, int)
+    one = subprocess.run([sys.executable, "-m", "leafpy", "train", str(tmp_path / "two" / "run.yaml"), "--epochs", "1",
+                          "--out", str(tmp_path / "one"), "--set", "data.batch_size=32"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr
+    be = lp.backend("native")
+    a, b = (lp.Layer.load(be, str(tmp_path / d / "model.leaf")) for d in ("one", "two"))
+    for wa, wb in zip(a.learnable_weights_data(), b.learnable_weights_data()):
+        np.testing.assert_allclose(wb.to_numpy(), wa.to_numpy(), rtol=1e-4, atol=1e-5)
+
+
 BN_RUN = """
 name: digits-bn-mlp
 data: {dataset: digits, batch_size: 32, test_fraction: 0.2, seed: 0}
