@@ -102,7 +102,8 @@ def test_a_run_without_a_solver_seed_records_the_one_it_drew_and_its_run_yaml_tr
     assert ", seed: 0}" in text
     (tmp_path / "noseed.yaml").write_text(text.replace(", seed: 0}", "}"))
     for out in ("a", "b"):
-        assert run("train", str(tmp_path / "noseed.yaml"), "--epochs", "1", "--out", str(tmp_path / out)).returncode == 0
+        done = run("train", str(tmp_path / "noseed.yaml"), "--epochs", "1", "--out", str(tmp_path / out))
+        assert done.returncode == 0, done.stderr
     seeds = [lp.config.load(str(tmp_path / out / "run.yaml")).solver.seed for out in ("a", "b")]
     assert all(isinstance(s, int) for s in seeds) and seeds[0] != seeds[1]
     assert (tmp_path / "a" / "model.leaf").read_bytes() != (tmp_path / "b" / "model.leaf").read_bytes()
