@@ -997,3 +997,69 @@ def test_webgpu_scratch_grows_in_place_and_recorded_steps_forget_the_old_buffer(
     assert a.loss() == pytest.approx(b.loss(), rel=1e-5)
     for wa, wb in zip(a.network.learnable_weights_data(), b.network.learnable_weights_data()):
         close(wa.to_numpy(), wb.to_numpy(), "weights", rtol=1e-5, atol=1e-7)
+
+
+def _max_pool_reference(x, kernel, stride, padding):
+    """Max pooling in float64 over each window's input positions only (padding never wins); the gradient of each
+    window to its first largest input position (an all -inf window's: its first input position)."""
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    oh, ow = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+    y = np.empty((n, c, oh, ow))
+    where = np.empty((n, c, oh, ow, 2), np.int64)
+    for i in range(oh):
+        for j in range(ow):
+            r0, c0 = max(i * sh - ph, 0), max(j * sw - pw, 0)
+            r1, c1 = min(i * sh - ph + kh, h), min(j * sw - pw + kw, w)
+            window = x[:, :, r0:r1, c0:c1].astype(np.float64).reshape(n, c, -1)
+            k = window.argmax(axis=2)  # the first of equal maxima (of all -inf: the first position)
+            y[:, :, i, j] = np.take_along_axis(window, k[..., None], 2)[..., 0]
+            where[:, :, i, j] = np.stack([r0 + k // (c1 - c0), c0 + k % (c1 - c0)], -1)
+    return y, where
+
+
+@pytest.mark.parametrize("name", ["native", pytest.param("cuda", marks=pytest.mark.cuda),
+                                  pytest.param("webgpu", marks=pytest.mark.webgpu)])
+@pytest.mark.parametrize("kernel,stride,padding", [((2, 2), (2, 2), (1, 1)), ((3, 3), (2, 2), (1, 1)),
+                                                   ((3, 3), (1, 1), (1, 1))])
+def test_max_pooling_windows_of_minus_infinity_at_the_padding_send_their_gradient_to_the_input(name, kernel, stride,
+                                                                                               padding):
+    """Windows over the padding whose input positions are all -inf: -inf out, and the gradient to the window's
+    first input position (never to the padding, where it would be lost), as in a window without padding."""
+    be = backend_or_skip(name)
+    rng = np.random.default_rng(5)
+    x = rng.permutation(2 * 3 * 7 * 7).reshape(2, 3, 7, 7).astype(np.float32)
+    x[:, :, :3, :3] = -np.inf  # the top-left windows: -inf at every input position
+    x[0, 1] = -np.inf          # a whole plane
+    y_ref, where = _max_pool_reference(x, kernel, stride, padding)
+    dy = rng.integers(1, 9, y_ref.shape).astype(np.float32)
+    dx_ref = np.zeros(x.shape)
+    for idx in np.ndindex(*y_ref.shape):
+        dx_ref[idx[0], idx[1], where[idx][0], where[idx][1]] += dy[idx]
+    y, m, dx = lp.SharedTensor(y_ref.shape), lp.SharedTensor(y_ref.shape, np.int32), lp.SharedTensor(x.shape)
+    be.pool2d(lp.SharedTensor.from_numpy(x).read(be), y.write(be), m.write(be), "max", kernel, stride, padding)
+    be.pool2d_grad(lp.SharedTensor.from_numpy(dy).read(be), dx.write(be), m.read(be), "max", kernel, stride, padding)
+    np.testing.assert_array_equal(y.to_numpy(), y_ref.astype(np.float32))
+    np.testing.assert_allclose(dx.to_numpy(), dx_ref, rtol=0, atol=0)
+    assert dx.to_numpy().sum() == dy.sum()  # nothing lost
+
+
+@pytest.mark.parametrize("name", ["native", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_max_pooling_passes_a_nan_on_and_keeps_its_windows_gradient_in_the_input(name):
+    """A NaN is the maximum of its window (as NumPy's maximum makes it), on native and cuda alike; the window's
+    gradient stays on an input position, with padding too. (WGSL may assume no NaN: webgpu is not asked.)"""
+    be = backend_or_skip(name)
+    x = np.array([[[[np.nan, 1, 5, 2], [2, 3, 4, np.nan], [0, 1, 2, 3], [7, 6, 5, 4]]]], np.float32)
+    for padding in ((0, 0), (1, 1)):
+        oh = (4 + 2 * padding[0] - 2) // 2 + 1
+        y, m, dx = lp.SharedTensor((1, 1, oh, oh)), lp.SharedTensor((1, 1, oh, oh), np.int32), lp.SharedTensor(x.shape)
+        dy = np.arange(1, oh * oh + 1, dtype=np.float32).reshape(1, 1, oh, oh)
+        be.pool2d(lp.SharedTensor.from_numpy(x).read(be), y.write(be), m.write(be), "max", (2, 2), (2, 2), padding)
+        be.pool2d_grad(lp.SharedTensor.from_numpy(dy).read(be), dx.write(be), m.read(be), "max", (2, 2), (2, 2),
+                       padding)
+        out, grad = y.to_numpy(), dx.to_numpy()
+        if padding == (0, 0):
+            np.testing.assert_array_equal(out[0, 0], [[np.nan, np.nan], [7, 5]])
+        else:
+            np.testing.assert_array_equal(out[0, 0], [[np.nan, 5, 2], [2, 4, np.nan], [7, 6, 4]])
+        assert grad.sum() == dy.sum(), (padding, grad)  # every window's gradient reaches the input

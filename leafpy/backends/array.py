@@ -684,6 +684,25 @@ class ArrayBackend(Backend):
                 out += s
         if mode != "max":
             out *= self._pool_scale(x.shape, out.shape, kernel, stride, padding, pad_end, count_pad, out.dtype)
+        elif src is not x:
+            self._real_mask(mask, x.shape, kernel, stride, padding)
+
+    def _real_mask(self, mask, x_shape, kernel, stride, padding) -> None:
+        """Masks left on a padding position (a window whose input positions are all -inf, or NaN from the first)
+        moved to the window's first input position, so that its gradient reaches the input as in a window without
+        padding."""
+        xp = self.xp
+        first, inside = [], []
+        for size, o, k, s, p in zip(x_shape[2:], mask.shape[2:], kernel, stride, padding):
+            starts = np.arange(o) * s - p  # each window's first position, in input coordinates
+            offsets = starts[:, None] + np.arange(k)[None, :]
+            inside.append(xp.asarray((offsets >= 0) & (offsets < size)))  # [o, k]
+            first.append(xp.asarray(np.clip(-starts, 0, k - 1).astype(mask.dtype)))
+        kw = kernel[1]
+        oh, ow = mask.shape[2], mask.shape[3]
+        row_in = inside[0][xp.arange(oh)[:, None], mask // kw]  # [N, C, oh, ow]: the mask's row is an input row
+        column_in = inside[1][xp.arange(ow)[None, :], mask % kw]
+        xp.copyto(mask, (first[0][:, None] * kw + first[1][None, :]).astype(mask.dtype), where=~(row_in & column_in))
 
     def pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding, pad_end=None, count_pad=True):
         kh, kw = kernel

@@ -51,14 +51,17 @@ extern "C" __global__ void pool_fwd(const S* x, S* y, int* mask, POOL_PARAMS) {
     const S* src = x + plane;
     int h0 = oh * sh - ph, w0 = ow * sw - pw;
     const float NEG_INF = __int_as_float(0xff800000);
-    float best = NEG_INF, sum = 0.f; int arg = 0;
+    // the mask starts at the window's first input position (an all -inf window's gradient reaches the input, not
+    // the padding); a NaN becomes the maximum and keeps the mask where it was, as the native backend does
+    float best = NEG_INF, sum = 0.f; int arg = max(-h0, 0) * kw + max(-w0, 0);
     for (int a = 0; a < kh; ++a) {
         int h = h0 + a;
         for (int b = 0; b < kw; ++b) {
             int w = w0 + b;
             bool inside = h >= 0 && h < H && w >= 0 && w < W;
             float v = inside ? LD(src[ELEMENT(h, w)]) : (is_max ? NEG_INF : 0.f);
-            if (is_max) { if (v > best) { best = v; arg = a * kw + b; } } else { sum += v; }
+            if (is_max) { if (v > best) { best = v; arg = a * kw + b; } else if (v != v) { best = v; } }
+            else { sum += v; }
         }
     }
     if (is_max) { y[i] = ST(best); mask[i] = arg; } else { y[i] = ST(sum / POOL_DIVISOR(h0, w0)); }
@@ -110,13 +113,19 @@ extern "C" __global__ void pool_fwd8(const uint4* x, uint4* y, int4* mask, POOL_
     float best[8], v[8];
     int arg[8];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) { best[k] = is_max ? __int_as_float(0xff800000) : 0.f; arg[k] = 0; }
+    for (int k = 0; k < 8; ++k) {  // (the mask from the window's first input position, as pool_fwd's)
+        best[k] = is_max ? __int_as_float(0xff800000) : 0.f;
+        arg[k] = max(-h0, 0) * kw + max(-w0, 0);
+    }
     for (int a = max(-h0, 0); a < min(kh, H - h0); ++a) {  // the window's positions inside the input; the padding
         for (int b = max(-w0, 0); b < min(kw, W - w0); ++b) {  // neither wins a maximum nor adds to a sum
             unpack8(src[ELEMENT(h0 + a, w0 + b)], v);
 #pragma unroll
             for (int k = 0; k < 8; ++k) {
-                if (is_max) { if (v[k] > best[k]) { best[k] = v[k]; arg[k] = a * kw + b; } } else { best[k] += v[k]; }
+                if (is_max) {
+                    if (v[k] > best[k]) { best[k] = v[k]; arg[k] = a * kw + b; }
+                    else if (v[k] != v[k]) { best[k] = v[k]; }
+                } else { best[k] += v[k]; }
             }
         }
     }

@@ -38,8 +38,15 @@ fn pool_fwd(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let plane = idx / (OW * OH);
     let h0 = i32(y * SH) - i32(PH);
     let w0 = i32(x * SW) - i32(PW);
+    // the maximum starts at the window's first input position: an all -inf window gives -inf, and its mask (its
+    // gradient) an input position, not the padding
+    let a0 = max(-h0, 0);
+    let b0 = max(-w0, 0);
     var best = -3.0e38;
-    var arg = 0;
+    var arg = a0 * i32(KW) + b0;
+    if (IS_MAX && a0 < i32(KH) && b0 < i32(KW) && h0 + a0 < i32(IN_H) && w0 + b0 < i32(IN_W)) {
+        best = src[p.src_offset + (plane * IN_H + u32(h0 + a0)) * IN_W + u32(w0 + b0)];
+    }
     var sum = 0.0;
     for (var i = 0u; i < KH; i = i + 1u) {
         for (var j = 0u; j < KW; j = j + 1u) {
