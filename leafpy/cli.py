@@ -482,7 +482,7 @@ def _backend_for(args: argparse.Namespace, run: run_config.RunConfig | None) -> 
 
 
 def evaluate_cmd(args: argparse.Namespace) -> int:
-    from .train import evaluate, load_data, num_classes
+    from .train import evaluate, ignored_label, load_data, num_classes
 
     run, weights = resolve_run(args.config, args.set, args.weights)
     assert run is not None and weights is not None  # resolve_run raises otherwise
@@ -493,7 +493,8 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
     load_weights(net, weights)
     objective = Layer.from_config(be.full_precision(), run.objective)  # losses in fp32 under bf16 and fp16
     prep = _preparation(run, weights)
-    scores = evaluate(net, objective, ds.x_test, ds.y_test, num_classes(run), run.batch_size, preparation=prep)
+    scores = evaluate(net, objective, ds.x_test, ds.y_test, num_classes(run), run.batch_size, preparation=prep,
+                      ignore_index=ignored_label(run))
     _out(f"leafpy: {weights} on the held-out split of {ds.name} ({len(ds.x_test)} samples, seed "
          f"{run.data.get('seed', 0)})")
     if scores.matrix is not None:

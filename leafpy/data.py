@@ -314,7 +314,7 @@ NPZ_KEYS = (("x", "y"), ("x_train", "y_train", "x_test", "y_test"))
 
 
 def npz(path: str, *, test_fraction: float | None = None, seed: int = 0, num_classes: int | None = None,
-        targets: str = "classes", memory_map: bool = False) -> Dataset:
+        targets: str = "classes", memory_map: bool = False, ignore_index: int | None = None) -> Dataset:
     """A user's arrays from a NumPy ``.npz`` file (``np.savez``): ``x`` and ``y``, split at random by
     ``test_fraction`` (0.2 unless given), or ``x_train``, ``y_train``, ``x_test`` and ``y_test``, kept as they are
     unless ``test_fraction`` asks for a random split of everything.
@@ -326,7 +326,10 @@ def npz(path: str, *, test_fraction: float | None = None, seed: int = 0, num_cla
 
     ``memory_map``: the samples are read through a memory map (the file written by np.savez, not compressed) and
     a batch is converted as it is taken (see :class:`leafpy.sources.mapped.Mapped`), so a file larger than memory
-    trains with bounded memory; the labels are read into memory."""
+    trains with bounded memory; the labels are read into memory.
+
+    ``ignore_index``: a label that marks a sample the objective does not count (its ``ignore_index``), allowed
+    among the labels whatever its value and left out of ``num_classes``."""
     path = _checks.path("npz: path", path)
     if targets not in ("classes", "values"):
         raise ConfigError(f"npz: targets must be 'classes' or 'values', got {targets!r}")
@@ -336,11 +339,11 @@ def npz(path: str, *, test_fraction: float | None = None, seed: int = 0, num_cla
     else:
         arrays = _read_npz(path, NPZ_KEYS, wanted, copies=lambda keys: 1 if test_fraction is None and len(keys) == 4
                            else 1 + len(keys) // 2)  # a random split: the arrays joined (two pairs), then split
-    return _from_arrays(path, arrays, test_fraction, seed, num_classes, targets, memory_map)
+    return _from_arrays(path, arrays, test_fraction, seed, num_classes, targets, memory_map, ignore_index)
 
 
 def npy(paths: dict[str, str], *, test_fraction: float | None = None, seed: int = 0, num_classes: int | None = None,
-        targets: str = "classes") -> Dataset:
+        targets: str = "classes", ignore_index: int | None = None) -> Dataset:
     """A user's arrays as ``.npy`` files (np.save): ``{"x": X.npy, "y": Y.npy}``, or ``x_train``, ``y_train``,
     ``x_test`` and ``y_test``, read as :func:`npz` reads them with ``memory_map``: the samples through a memory
     map, a batch at a time, so files larger than memory train with bounded memory."""
@@ -353,7 +356,7 @@ def npy(paths: dict[str, str], *, test_fraction: float | None = None, seed: int 
         raise ConfigError(f"data.path: unknown key{'s' * (len(extra) > 1)} {', '.join(extra)}; give "
                           f"{', '.join(layout)}")
     arrays = {k: mapped.npy(_checks.path(f"data.path.{k}", paths[k]), k) for k in layout}
-    return _from_arrays(paths[layout[0]], arrays, test_fraction, seed, num_classes, targets, True)
+    return _from_arrays(paths[layout[0]], arrays, test_fraction, seed, num_classes, targets, True, ignore_index)
 
 
 def _layout(path: str, names: Sequence[str], layouts: Sequence[Sequence[str]], wanted: str) -> Sequence[str]:
@@ -369,7 +372,8 @@ def _layout(path: str, names: Sequence[str], layouts: Sequence[Sequence[str]], w
 
 
 def _from_arrays(path: str, arrays: dict[str, np.ndarray], test_fraction: float | None, seed: int,
-                 num_classes: int | None, targets: str, memory_map: bool) -> Dataset:
+                 num_classes: int | None, targets: str, memory_map: bool, ignore_index: int | None = None
+                 ) -> Dataset:
     """A Dataset of the arrays :func:`npz` (or :func:`npy`) read, checked; mapped samples stay mapped."""
     layout = next(k for k in NPZ_KEYS if set(k) <= set(arrays))
     if memory_map:
@@ -390,7 +394,7 @@ def _from_arrays(path: str, arrays: dict[str, np.ndarray], test_fraction: float 
                                          f"got shape {y.shape}")
             ys.append(_samples(path, y_key, y if y.ndim > 1 else y.reshape(-1, 1), scale_bytes=False))
         else:
-            ys.append(_labels(path, y_key, y, len(x), x_key))
+            ys.append(_labels(path, y_key, y, len(x), x_key, ignore_index))
     keys = list(zip(layout[::2], layout[1::2]))
     for i in range(1, len(pairs)):  # a fixed split's halves must have one shape per sample (and per target)
         for key, first_key, a, first in ((keys[i][0], keys[0][0], xs[i], xs[0]),
@@ -403,7 +407,8 @@ def _from_arrays(path: str, arrays: dict[str, np.ndarray], test_fraction: float 
         num_classes = 0
         top = 0
     else:
-        top = max(int(y.max(initial=-1)) for y in ys) + 1
+        top = max(int(y.max(initial=-1, where=y != ignore_index) if ignore_index is not None else y.max(initial=-1))
+                  for y in ys) + 1
     if num_classes is None:
         num_classes = top
     elif top > num_classes:
@@ -526,7 +531,7 @@ def _mapped_samples(path: str, key: str, x: np.ndarray) -> mapped.Mapped:
     return m
 
 
-def _labels(path: str, key: str, y: np.ndarray, n: int, x_key: str) -> np.ndarray:
+def _labels(path: str, key: str, y: np.ndarray, n: int, x_key: str, ignore_index: int | None = None) -> np.ndarray:
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
     if y.shape != (n,):
@@ -535,10 +540,11 @@ def _labels(path: str, key: str, y: np.ndarray, n: int, x_key: str) -> np.ndarra
     _real(path, key, y.dtype)
     with np.errstate(invalid="ignore"):  # NaN or huge labels: reported below, not warned about
         labels = y.astype(np.int64)
-        wrong = np.flatnonzero((labels != y) | (labels < 0))
+        wrong = np.flatnonzero((labels != y) | ((labels < 0) & (labels != ignore_index)))
     if len(wrong):
+        ignored = "" if ignore_index is None else f" (or the objective's ignore_index {ignore_index})"
         raise SerializationError(f"{path}: {key}[{wrong[0]}] is {y[wrong[0]]}; labels must be class indices 0, 1, "
-                                 "2, ...")
+                                 f"2, ...{ignored}")
     return labels
 
 
@@ -602,11 +608,13 @@ def csv(path: str, target: str, *, features: Sequence[str] | None = None, delimi
                       test_fraction, seed)
 
 
-def load(spec: dict, targets: str = "classes", input_shape: Sequence[int] | None = None) -> Dataset:
+def load(spec: dict, targets: str = "classes", input_shape: Sequence[int] | None = None,
+         ignore_index: int | None = None) -> Dataset:
     """A dataset from a run file's ``data`` section: dataset digits | mnist | fashion_mnist | npz | image_folder |
     csv. ``targets``
     "values" reads an npz file's ``y`` as regression targets (the others hold classes only). ``input_shape``, the
-    network's per-sample input, is what MNIST's images must be (their size is in the files)."""
+    network's per-sample input, is what MNIST's images must be (their size is in the files). ``ignore_index``: the
+    objective's, a label allowed among an npz or npy file's labels (see :func:`npz`)."""
     kind = spec.get("dataset", "digits")
     seed = int(spec.get("seed", 0))
     tf = spec.get("test_fraction")
@@ -621,7 +629,7 @@ def load(spec: dict, targets: str = "classes", input_shape: Sequence[int] | None
         return digits(float(0.2 if tf is None else tf), seed)
     if kind == "npy":
         return npy(spec.get("path") or {}, test_fraction=None if tf is None else float(tf), seed=seed,
-                   num_classes=_num_classes(spec), targets=targets)
+                   num_classes=_num_classes(spec), targets=targets, ignore_index=ignore_index)
     if kind in ("mnist", "fashion_mnist", "npz"):
         path = spec.get("path")
         if not path:
@@ -632,7 +640,8 @@ def load(spec: dict, targets: str = "classes", input_shape: Sequence[int] | None
             if not isinstance(memory_map, bool):
                 raise ConfigError(f"data.memory_map: expected true or false, got {memory_map!r}")
             return npz(path, test_fraction=None if tf is None else float(tf), seed=seed,
-                       num_classes=_num_classes(spec), targets=targets, memory_map=memory_map)
+                       num_classes=_num_classes(spec), targets=targets, memory_map=memory_map,
+                       ignore_index=ignore_index)
         return mnist(path, test_fraction=None if tf is None else float(tf), seed=seed, name=kind,
                      input_shape=input_shape)
     raise ConfigError(f"data.dataset: expected one of 'digits', 'mnist', 'fashion_mnist', 'npz', 'npy', "

@@ -124,22 +124,40 @@ def portable(run: run_config.RunConfig, directory: str) -> run_config.RunConfig:
     return dataclasses.replace(run, data=dict(run.data, path=relative))
 
 
+def ignored_label(run: run_config.RunConfig) -> int | None:
+    """The label the objective does not count (its loss layer's ``ignore_index``), or None."""
+    for layer in run.objective.config.layers:
+        value = getattr(layer.config, "ignore_index", None)
+        if value is not None:
+            return int(value)
+    return None
+
+
+def counted(labels: Any, ignore_index: int | None) -> np.ndarray | None:
+    """Which of ``labels`` the objective counts (those other than ``ignore_index``); None: all of them."""
+    if ignore_index is None:
+        return None
+    return np.asarray(labels).reshape(-1) != ignore_index
+
+
 def num_classes(run: run_config.RunConfig) -> int:
     """The classes the run's objective scores (the largest num_classes of its layers); 0 for a regression."""
     return max((getattr(layer.config, "num_classes", None) or 0 for layer in run.objective.config.layers), default=0)
 
 
 def evaluate(net: Layer | Network[Layer], objective: Layer | Network[Layer], x: np.ndarray, y: np.ndarray,
-             classes: int, batch_size: int, group: Any = None, preparation: Any = None) -> Scores:
+             classes: int, batch_size: int, group: Any = None, preparation: Any = None,
+             ignore_index: int | None = None) -> Scores:
     """The objective's mean and (with classes) the confusion matrix and top-5 accuracy (more than 5 classes) of
     ``net`` on (x, y), in inference mode; for a regression its MSE, MAE and R² in the targets' units
     (``preparation``: how they were normalised); for two classes the ROC AUC (scikit-learn). With a process group
     of several ranks each scores its share and the results are summed; for the ROC AUC, which ranks every sample's
     score at once, each rank puts its share's scores in place in a vector of all of them, summed too (exactly: the
-    other ranks add zeros), so every rank scores them all as one process does."""
+    other ranks add zeros), so every rank scores them all as one process does. Samples labelled ``ignore_index``
+    (the objective's) are left out of every score, the loss a mean over the others."""
     net.set_training(False)
     cm = ConfusionMatrix(classes) if classes else None
-    total, top = 0.0, 0
+    total, top, scored = 0.0, 0, 0
     sums: np.ndarray | None = None  # a regression's per-output sums: squared and absolute errors, targets, squares
     ranked: list[np.ndarray] | None = [] if classes == 2 else None  # two classes: each sample's class-1 score
     n, targets = len(x), y
@@ -149,10 +167,17 @@ def evaluate(net: Layer | Network[Layer], objective: Layer | Network[Layer], x: 
         x, y = mapped.take(x, share), y[share]
     for xb, yb in datasets.batches(x, y, batch_size, seed=None):
         out = net.forward([xb])[0]
-        total += float(objective.forward([out, yb])[0].to_numpy().reshape(-1)[0]) * len(xb)
+        keep = counted(yb, ignore_index)
+        weight = len(xb) if keep is None else int(keep.sum())
+        if weight:  # (a batch of ignored samples alone has a NaN mean: none of them counts)
+            total += float(objective.forward([out, yb])[0].to_numpy().reshape(-1)[0]) * weight
+        scored += weight
         if cm is not None:
-            cm.add(predictions(out), yb)
-            top += top_k_hits(out, yb, 5) if classes > 5 else 0
+            scores, labels = out.to_numpy(), np.asarray(yb).reshape(-1)
+            if keep is not None:
+                scores, labels = scores[keep], labels[keep]
+            cm.add(predictions(scores), labels)
+            top += top_k_hits(scores, labels, 5) if classes > 5 else 0
             if ranked is not None:
                 ranked.append(_positive_score(out.to_numpy()))
         else:
@@ -162,15 +187,21 @@ def evaluate(net: Layer | Network[Layer], objective: Layer | Network[Layer], x: 
     if group is not None and group.size > 1:
         total = group.allreduce_sum(total)
         top = int(round(group.allreduce_sum(float(top))))
+        scored = int(round(group.allreduce_sum(float(scored))))
         if sums is not None:
             sums = group.allreduce_(sums)
         if cm is not None:
             counts = group.allreduce_(cm.matrix.astype(np.float64))
             cm.reset()
             cm.add_counts(np.rint(counts).astype(np.int64))
-    top_k = (5, top / max(n, 1)) if cm is not None and classes > 5 else None
-    auc, why = (None, "") if ranked is None or not n else roc_auc(targets, _all_scores(ranked, share, n, group))
-    return Scores(total / max(n, 1), cm, top_k, _regression_scores(sums, n) if sums is not None else None, auc, why)
+    top_k = (5, top / max(scored, 1)) if cm is not None and classes > 5 else None
+    auc, why = None, ""
+    if ranked is not None and n:
+        every = _all_scores(ranked, share, n, group)
+        keep = counted(targets, ignore_index)
+        auc, why = roc_auc(targets, every) if keep is None else roc_auc(np.asarray(targets)[keep], every[keep])
+    loss = total / scored if scored else float("nan")
+    return Scores(loss, cm, top_k, _regression_scores(sums, n) if sums is not None else None, auc, why)
 
 
 def _all_scores(ranked: list[np.ndarray], share: np.ndarray, n: int, group: Any) -> np.ndarray:
@@ -573,6 +604,8 @@ class Trainer:
             raise ConfigError(f"data: the held-out split of {self.dataset.name} is empty, and the Trainer scores it "
                               "after every epoch; give held-out samples (x_test, y_test)")
         self.classes = num_classes(run)
+        self.ignore_index = ignored_label(run)
+        """The label the objective does not count (its ignore_index): left out of the accuracies too."""
         self.batch_size = run.batch_size
         self.world = group.size if group is not None else 1
         n = len(self.dataset.x_train)
@@ -852,19 +885,22 @@ class Trainer:
                 batches = self._batches(epoch, start)
                 for batch, (done, xb, yb) in enumerate(batches, start=self.position_batches):
                     out = self._train_step(xb, yb)
-                    hits = 0
+                    hits, labelled = 0, len(xb)
                     if self.running is not None and len(yb):  # (a rank may have no share of a last batch)
-                        predicted = predictions(out)
-                        self.running.add(predicted, yb)
-                        hits = int(np.count_nonzero(predicted == np.asarray(yb).reshape(-1)))
-                    loss, samples, hits, stop = self._batch_loss(solver.loss(), len(xb), hits)
+                        predicted, labels = predictions(out), np.asarray(yb).reshape(-1)
+                        keep = counted(labels, self.ignore_index)
+                        if keep is not None:
+                            predicted, labels, labelled = predicted[keep], labels[keep], int(keep.sum())
+                        self.running.add(predicted, labels)
+                        hits = int(np.count_nonzero(predicted == labels))
+                    loss, samples, hits, labelled, stop = self._batch_loss(solver.loss(), len(xb), hits, labelled)
                     if not math.isfinite(loss):
-                        self._diverged(loss, xb)
+                        self._diverged(loss, xb, yb)
                     loss_sum += loss
                     loss_count += 1
                     if self.running is not None:
                         correct += hits
-                        scored += samples
+                        scored += labelled
                     seen += samples
                     progress = (epoch, done, loss_sum, loss_count, correct, scored)
                     self.samples_per_second = seen / max(time.perf_counter() - t0, 1e-9)
@@ -953,9 +989,14 @@ class Trainer:
         if self.parallel is not None:  # every rank scores with rank 0's running statistics, those it saves
             self.parallel.broadcast_statistics()
         return evaluate(self.solver.network, self.objective, ds.x_test, ds.y_test, self.classes, self.batch_size,
-                        self.group, self.preparation)
+                        self.group, self.preparation, self.ignore_index)
 
-    def _diverged(self, loss: float, xb: np.ndarray) -> None:
+    def _diverged(self, loss: float, xb: np.ndarray, yb: np.ndarray) -> None:
+        none_counted = self._counts_none(yb)
+        if none_counted:
+            raise TrainingDiverged(f"the loss became {loss} at iteration {self.solver.iteration}: {none_counted}, and "
+                                   "a mean over no samples is NaN (as in PyTorch); use a larger batch_size, fewer "
+                                   "ignored labels or zero class weights, or the objective's reduction: sum")
         if not len(xb):  # a rank without a share of a last batch: the other ranks' samples made it
             where = "not found on this rank (it had no samples of this batch)"
         else:
@@ -967,6 +1008,25 @@ class Trainer:
         raise TrainingDiverged(f"the loss became {loss} at iteration {self.solver.iteration}; first non-finite "
                                f"output: {where}. The last good checkpoint is {last}; try a smaller base_lr or "
                                "clip_gradients")
+
+    def _counts_none(self, yb: np.ndarray) -> str:
+        """Why the objective counts none of this batch's labels (every one ignore_index, or of a class weighing 0),
+        or "" when it counts some (or scores no classes)."""
+        if not self.classes or not len(yb):
+            return ""
+        labels = np.asarray(yb).reshape(-1)
+        keep = counted(labels, self.ignore_index)
+        if keep is not None and not keep.any():
+            share = " (this rank's share)" if self.world > 1 else ""
+            return f"every label of this batch{share} is ignore_index {self.ignore_index}"
+        weights = next((layer.config.weight for layer in self.run.objective.config.layers
+                        if getattr(layer.config, "weight", None)), ())
+        if weights:
+            live = labels[keep] if keep is not None else labels
+            live = live[(live >= 0) & (live < len(weights))].astype(np.int64)
+            if len(live) and not np.asarray(weights)[live].any():
+                return "every counted label of this batch is of a class whose weight is 0"
+        return ""
 
     # --- files --------------------------------------------------------------------------------------------------
     def save_checkpoint(self, path: str) -> None:
@@ -999,19 +1059,21 @@ class Trainer:
             installed.append((sig, previous))
         return installed
 
-    def _batch_loss(self, loss: float, samples: int, hits: int) -> tuple[float, int, int, bool | None]:
-        """The loss of the whole (global) batch, its samples, its correct predictions (``hits``: this rank's) and,
-        with several ranks, whether to stop after it. The ranks' losses are combined weighted by their samples (one
+    def _batch_loss(self, loss: float, samples: int, hits: int, labelled: int
+                    ) -> tuple[float, int, int, int, bool | None]:
+        """The loss of the whole (global) batch, its samples, its correct predictions (``hits``: this rank's), its
+        samples whose labels count (``labelled``: this rank's; not those labelled ignore_index) and, with several
+        ranks, whether to stop after it. The ranks' losses are combined weighted by their samples (one
         all-reduce, which also sums the hits and tells every rank whether any got a stop signal: they agree after
         every batch, so they stop at the same one and none waits alone in a collective); a NaN on any rank is a NaN
         on all, so every rank stops at the same step. None for the stop with one process: it checks its own flag
         after the batch's callbacks."""
         if self.world == 1:
-            return loss, samples, hits, None
+            return loss, samples, hits, labelled, None
         sums = np.array([loss * samples if samples else 0.0, float(samples), float(hits),
-                         1.0 if self.interrupted else 0.0])
+                         1.0 if self.interrupted else 0.0, float(labelled)])
         self.group.allreduce_(sums)
-        return float(sums[0] / sums[1]), int(sums[1]), int(sums[2]), self._agreed_stop(sums[3] > 0)
+        return float(sums[0] / sums[1]), int(sums[1]), int(sums[2]), int(sums[4]), self._agreed_stop(sums[3] > 0)
 
     def _stop_requested(self) -> bool:
         """Whether to stop here: this process got a stop signal or, with several ranks, any rank did (all ranks
@@ -1053,7 +1115,7 @@ def load_data(run: run_config.RunConfig) -> datasets.Dataset:
 
     classes = num_classes(run) > 0
     ds = datasets.load(run.data, targets="classes" if classes else "values",
-                       input_shape=run.network.config.inputs[0][1][1:])
+                       input_shape=run.network.config.inputs[0][1][1:], ignore_index=ignored_label(run))
     check_samples(run, ds.input_shape, f"data: the {ds.name} samples")
     if classes:
         for layer in run.objective.config.layers:

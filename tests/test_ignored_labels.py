@@ -1,0 +1,87 @@
+"""Labels the objective does not count (NegativeLogLikelihood's ignore_index, class weights of 0) in a user's npz
+file, through the leafpy command: accepted among the labels whatever their value, left out of the classes, of the
+held-out scores (checked against the predictions, counted in NumPy) and named when a batch counts none of its
+samples."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from test_user_paths import failed_cleanly, leafpy
+
+RUN = """
+name: ignored
+data: {{dataset: npz, path: blobs.npz, batch_size: {batch}}}
+network:
+  type: Sequential
+  inputs: [{{name: data, shape: [{batch}, 4]}}]
+  layers:
+    - {{name: fc, type: Linear, output_size: 3}}
+    - {{name: logsm, type: LogSoftmax}}
+objective:
+  type: Sequential
+  inputs: [{{name: network_out, shape: [{batch}, 3]}}, {{name: label, shape: [{batch}, 1]}}]
+  layers:
+    - {{name: nll, type: NegativeLogLikelihood, num_classes: 3{options}}}
+solver: {{solver: adam, base_lr: 0.05, seed: 0}}
+train: {{epochs: 3}}
+"""
+
+
+def _blobs(tmp_path, ignored: int | None, every: int = 7) -> dict:
+    """Three separable classes of four features, a fixed split; every ``every``-th label replaced by ``ignored``."""
+    rng = np.random.default_rng(3)
+    centres = np.array([[4, 0, 0, 0], [0, 4, 0, 0], [0, 0, 4, 0]], np.float32)
+    arrays = {}
+    for part, n in (("train", 300), ("test", 90)):
+        y = rng.integers(0, 3, n)
+        arrays[f"x_{part}"] = (centres[y] + rng.standard_normal((n, 4))).astype(np.float32)
+        if ignored is not None:
+            y[::every] = ignored
+        arrays[f"y_{part}"] = y
+    np.savez(tmp_path / "blobs.npz", **arrays)
+    return arrays
+
+
+@pytest.mark.parametrize("ignored", [3, -1, 255])
+def test_labels_equal_to_ignore_index_train_and_are_left_out_of_the_scores(tmp_path, ignored):
+    arrays = _blobs(tmp_path, ignored)
+    (tmp_path / "run.yaml").write_text(RUN.format(batch=16, options=f", ignore_index: {ignored}"))
+    p = leafpy(tmp_path, "train", "run.yaml", "--out", "run")
+    assert p.returncode == 0, p.stderr
+    reported = float(re.findall(r"held-out accuracy: ([\d.]+)%", p.stdout)[-1]) / 100
+    # the held-out accuracy over the counted labels only, from the model's own predictions
+    np.savez(tmp_path / "x_test.npz", x=arrays["x_test"])
+    q = leafpy(tmp_path, "predict", "run", "--input", "x_test.npz", "--out", "p.npz")
+    assert q.returncode == 0, q.stderr
+    with np.load(tmp_path / "p.npz") as f:
+        predicted = f["classes"]
+    y = arrays["y_test"]
+    keep = y != ignored
+    assert keep.sum() < len(y)
+    assert reported == pytest.approx(float((predicted[keep] == y[keep]).mean()), abs=1e-4)
+    assert reported > 0.9
+    e = leafpy(tmp_path, "evaluate", "run")
+    assert e.returncode == 0, e.stderr
+    assert f"held-out accuracy: {reported:.2%}" in e.stdout, e.stdout
+    m = re.search(r"held-out loss: ([\d.]+)", e.stdout)
+    assert m and 0 < float(m.group(1)) < 0.5, e.stdout  # a mean over the counted samples: finite
+
+
+def test_labels_past_the_classes_without_ignore_index_are_still_refused(tmp_path):
+    _blobs(tmp_path, 3)
+    (tmp_path / "run.yaml").write_text(RUN.format(batch=16, options=""))
+    failed_cleanly(leafpy(tmp_path, "train", "run.yaml", "--out", "run"), "labels go up to 3", "num_classes 3")
+    _blobs(tmp_path, -1)
+    failed_cleanly(leafpy(tmp_path, "train", "run.yaml", "--out", "run"), "is -1", "labels must be class indices")
+
+
+@pytest.mark.parametrize("options,says", [(", ignore_index: 3", "every label of this batch is ignore_index 3"),
+                                          (", weight: [1, 0, 0]", "of a class whose weight is 0")])
+def test_a_batch_that_counts_no_sample_is_named_as_the_cause_of_its_nan_loss(tmp_path, options, says):
+    _blobs(tmp_path, 3 if "ignore" in options else None, every=1)  # every label ignored
+    (tmp_path / "run.yaml").write_text(RUN.format(batch=1, options=options))
+    failed_cleanly(leafpy(tmp_path, "train", "run.yaml", "--out", "run"), "the loss became nan", says,
+                   "reduction: sum")
