@@ -515,8 +515,14 @@ def predict_cmd(args: argparse.Namespace) -> int:
         # a model alone (an ONNX model, or a model file with no run beside it): its graph is the network, its
         # file says how it reads data (a leafpy model file records that; an ONNX graph reads its input as given)
         from . import onnx
-        from .sources import prepare
+        from .sources import image_folder, prepare
 
+        if not args.input.endswith((".npz", ".npy")) and (os.path.isdir(args.input) or args.input.endswith(
+                (".csv", ".tsv", ".txt")) or os.path.splitext(args.input)[1].lower() in image_folder.EXTENSIONS):
+            raise LeafpyError(f"{args.input}: {args.config} alone reads samples from an .npz file (x: [N, ...]); "
+                              "which columns of a table, or what size of image, the model takes is what its run "
+                              "records: give the run directory that leafpy train wrote (its run.yaml says), or the "
+                              "samples as an .npz file")
         x = datasets.npz_samples(args.input)
         labels = [str(i) for i in range(len(x))]
         be = _backend_for(args, None)

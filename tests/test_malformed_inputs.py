@@ -232,3 +232,17 @@ def test_tensor_shapes_as_users_give_them():
     for shape, expected in ((3, (3,)), (np.int64(3), (3,)), ([2, 3], (2, 3)), (np.array([2, 3]), (2, 3)),
                             (range(1, 3), (1, 2)), ((), ())):
         assert lp.SharedTensor(shape).shape == expected
+
+
+@pytest.mark.parametrize("given", ["new.csv", "photo.png", "images"])
+def test_a_model_file_alone_asked_to_read_a_table_or_images_says_what_it_reads(tmp_path, given):
+    r = leafpy("train", "configs/digits_mlp.yaml", "--epochs", "1", "--out", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
+    alone = tmp_path / "alone.leaf"
+    alone.write_bytes((tmp_path / "run" / "model.leaf").read_bytes())
+    (tmp_path / "new.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    (tmp_path / "images").mkdir()
+    p = leafpy("predict", str(alone), "--input", str(tmp_path / given))
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert "alone reads samples from an .npz file" in p.stderr and "run directory" in p.stderr, p.stderr
