@@ -517,8 +517,8 @@ def predict_cmd(args: argparse.Namespace) -> int:
         from . import onnx
         from .sources import image_folder, prepare
 
-        if not args.input.endswith((".npz", ".npy")) and (os.path.isdir(args.input) or args.input.endswith(
-                (".csv", ".tsv", ".txt")) or os.path.splitext(args.input)[1].lower() in image_folder.EXTENSIONS):
+        suffix = os.path.splitext(args.input)[1].lower()
+        if os.path.isdir(args.input) or suffix in (".csv", ".tsv", ".txt", *image_folder.EXTENSIONS):
             raise LeafpyError(f"{args.input}: {args.config} alone reads samples from an .npz file (x: [N, ...]); "
                               "which columns of a table, or what size of image, the model takes is what its run "
                               "records: give the run directory that leafpy train wrote (its run.yaml says), or the "

@@ -45,6 +45,7 @@ from .distributed.data_parallel import shard
 from .errors import ConfigError, LeafpyError
 from .layers.container.sequential import Sequential
 from .layers.layer import Layer
+from .layers.loss.negative_log_likelihood import label_weight
 from .layers.network import Network
 from .metrics import ConfusionMatrix, predictions, roc_auc, top_k_hits
 from .serialization.atomic import atomic_write
@@ -154,10 +155,11 @@ def evaluate(net: Layer | Network[Layer], objective: Layer | Network[Layer], x: 
     of several ranks each scores its share and the results are summed; for the ROC AUC, which ranks every sample's
     score at once, each rank puts its share's scores in place in a vector of all of them, summed too (exactly: the
     other ranks add zeros), so every rank scores them all as one process does. Samples labelled ``ignore_index``
-    (the objective's) are left out of every score, the loss a mean over the others."""
+    (the objective's) are left out of every score, the loss a mean over the others (weighted by their class
+    weights, as the objective weighs them)."""
     net.set_training(False)
     cm = ConfusionMatrix(classes) if classes else None
-    total, top, scored = 0.0, 0, 0
+    total, top, scored, divisor = 0.0, 0, 0, 0.0
     sums: np.ndarray | None = None  # a regression's per-output sums: squared and absolute errors, targets, squares
     ranked: list[np.ndarray] | None = [] if classes == 2 else None  # two classes: each sample's class-1 score
     n, targets = len(x), y
@@ -168,10 +170,12 @@ def evaluate(net: Layer | Network[Layer], objective: Layer | Network[Layer], x: 
     for xb, yb in datasets.batches(x, y, batch_size, seed=None):
         out = net.forward([xb])[0]
         keep = counted(yb, ignore_index)
-        weight = len(xb) if keep is None else int(keep.sum())
+        weight = label_weight(objective.config, yb)  # what the batch's mean divided by (None: its samples)
+        weight = len(xb) if weight is None else weight
         if weight:  # (a batch of ignored samples alone has a NaN mean: none of them counts)
             total += float(objective.forward([out, yb])[0].to_numpy().reshape(-1)[0]) * weight
-        scored += weight
+        scored += len(xb) if keep is None else int(keep.sum())
+        divisor += weight
         if cm is not None:
             scores, labels = out.to_numpy(), np.asarray(yb).reshape(-1)
             if keep is not None:
@@ -188,6 +192,7 @@ def evaluate(net: Layer | Network[Layer], objective: Layer | Network[Layer], x: 
         total = group.allreduce_sum(total)
         top = int(round(group.allreduce_sum(float(top))))
         scored = int(round(group.allreduce_sum(float(scored))))
+        divisor = group.allreduce_sum(divisor)
         if sums is not None:
             sums = group.allreduce_(sums)
         if cm is not None:
@@ -200,7 +205,7 @@ def evaluate(net: Layer | Network[Layer], objective: Layer | Network[Layer], x: 
         every = _all_scores(ranked, share, n, group)
         keep = counted(targets, ignore_index)
         auc, why = roc_auc(targets, every) if keep is None else roc_auc(np.asarray(targets)[keep], every[keep])
-    loss = total / scored if scored else float("nan")
+    loss = total / divisor if divisor else float("nan")
     return Scores(loss, cm, top_k, _regression_scores(sums, n) if sums is not None else None, auc, why)
 
 
@@ -600,6 +605,7 @@ class Trainer:
         self._describes_data = dataset is None
         self.preparation = prepare.from_dict(run.data)
         """How the data was prepared (class names, normalisation), as the model file records it."""
+        prepare.check_distinct(self.preparation.class_names)
         if len(self.dataset.x_test) == 0:
             raise ConfigError(f"data: the held-out split of {self.dataset.name} is empty, and the Trainer scores it "
                               "after every epoch; give held-out samples (x_test, y_test)")
@@ -727,6 +733,8 @@ class Trainer:
                 self._start_from(solver, weights)
             return solver
         solver = Solver.load_checkpoint(self.backend, self.backend, resume)
+        if run.solver.seed is None and solver.config.seed is not None:  # the seed the run drew, which run.yaml keeps
+            run.solver = dataclasses.replace(run.solver, seed=solver.config.seed)
         solver.reconfigure(run.solver, "the run file")
         trained_on = solver.trainer_state.get("data")
         digest = solver.trainer_state.get("data_digest")
@@ -853,11 +861,11 @@ class Trainer:
         if epochs is not None:
             self.epochs = _checks.non_negative_int("Trainer.fit: epochs", epochs)
         self.interrupted = self.stop_training = False  # (a later fit after a stop goes on; EarlyStopping decides)
-        if self.epochs < self.start_epoch or (self.epochs == self.start_epoch and not self.start_sample):
-            self.log(f"nothing to train: the run has trained {self.start_epoch} epoch"
-                     f"{'s' * (self.start_epoch != 1)} and fit trains up to epoch {self.epochs} (fit(epochs=N) "
-                     "counts the epochs of the whole run; give a larger N to train further)")
-            return self.history
+        if epochs is not None and self.epochs <= self.start_epoch:
+            trained = f"{self.start_epoch} epoch{'s' * (self.start_epoch != 1)}"
+            trained += " and part of the next" * bool(self.start_sample)
+            self.log(f"nothing to train: the run has trained {trained}, and fit trains up to epoch {self.epochs} "
+                     "(fit(epochs=N) counts the epochs of the whole run; give a larger N to train further)")
         progress: tuple | None = None  # (epoch, sample, loss sum and count, hits) after the last step counted
         solver = self.solver
         if self.out_dir is not None and self.is_root and self._describes_data:
@@ -893,7 +901,8 @@ class Trainer:
                             predicted, labels, labelled = predicted[keep], labels[keep], int(keep.sum())
                         self.running.add(predicted, labels)
                         hits = int(np.count_nonzero(predicted == labels))
-                    loss, samples, hits, labelled, stop = self._batch_loss(solver.loss(), len(xb), hits, labelled)
+                    loss, samples, hits, labelled, stop = self._batch_loss(solver.loss(), len(xb), hits, labelled,
+                                                                           yb)
                     if not math.isfinite(loss):
                         self._diverged(loss, xb, yb)
                     loss_sum += loss
@@ -1059,21 +1068,25 @@ class Trainer:
             installed.append((sig, previous))
         return installed
 
-    def _batch_loss(self, loss: float, samples: int, hits: int, labelled: int
+    def _batch_loss(self, loss: float, samples: int, hits: int, labelled: int, labels: Any = None
                     ) -> tuple[float, int, int, int, bool | None]:
         """The loss of the whole (global) batch, its samples, its correct predictions (``hits``: this rank's), its
         samples whose labels count (``labelled``: this rank's; not those labelled ignore_index) and, with several
-        ranks, whether to stop after it. The ranks' losses are combined weighted by their samples (one
+        ranks, whether to stop after it. The ranks' losses are combined weighted by their samples (by their
+        ``labels``' weights where the objective's mean divides by those: ignore_index, class weights; one
         all-reduce, which also sums the hits and tells every rank whether any got a stop signal: they agree after
         every batch, so they stop at the same one and none waits alone in a collective); a NaN on any rank is a NaN
         on all, so every rank stops at the same step. None for the stop with one process: it checks its own flag
         after the batch's callbacks."""
         if self.world == 1:
             return loss, samples, hits, labelled, None
-        sums = np.array([loss * samples if samples else 0.0, float(samples), float(hits),
-                         1.0 if self.interrupted else 0.0, float(labelled)])
+        weight = label_weight(self.run.objective, labels) if samples else None
+        weight = float(samples) if weight is None else weight
+        sums = np.array([loss * weight if weight else 0.0, float(samples), float(hits),
+                         1.0 if self.interrupted else 0.0, float(labelled), weight])
         self.group.allreduce_(sums)
-        return float(sums[0] / sums[1]), int(sums[1]), int(sums[2]), int(sums[4]), self._agreed_stop(sums[3] > 0)
+        return (float(sums[0] / sums[5]) if sums[5] else math.nan, int(sums[1]), int(sums[2]), int(sums[4]),
+                self._agreed_stop(sums[3] > 0))
 
     def _stop_requested(self) -> bool:
         """Whether to stop here: this process got a stop signal or, with several ranks, any rank did (all ranks

@@ -95,6 +95,13 @@ def test_a_run_resumed_into_another_directory_keeps_the_epochs_it_trained_before
     assert [h["epoch"] for h in b] == [1, 2, 3] and b[:2] == a
     csv_rows = (tmp_path / "b" / "history.csv").read_text().splitlines()
     assert len(csv_rows) == 4 and csv_rows[0].startswith("epoch")
+    # with no epoch left to train, the new directory still gets the run's files, which evaluate reads
+    c = run("train", DIGITS, "--out", str(tmp_path / "c"), "--epochs", "2", "--resume", str(tmp_path / "a" /
+                                                                                             "checkpoint.leaf"))
+    assert c.returncode == 0, c.stderr
+    assert (tmp_path / "c" / "run.yaml").is_file() and (tmp_path / "c" / "model.leaf").is_file()
+    e = run("evaluate", str(tmp_path / "c"))
+    assert e.returncode == 0 and accuracy(e.stdout) == accuracy(run("evaluate", str(tmp_path / "a")).stdout)
 
 
 def test_a_run_without_a_solver_seed_records_the_one_it_drew_and_its_run_yaml_trains_it_again(tmp_path):
@@ -107,6 +114,11 @@ def test_a_run_without_a_solver_seed_records_the_one_it_drew_and_its_run_yaml_tr
     seeds = [lp.config.load(str(tmp_path / out / "run.yaml")).solver.seed for out in ("a", "b")]
     assert all(isinstance(s, int) for s in seeds) and seeds[0] != seeds[1]
     assert (tmp_path / "a" / "model.leaf").read_bytes() != (tmp_path / "b" / "model.leaf").read_bytes()
+    # resumed from the run file without a seed: run.yaml keeps the drawn one
+    resumed = run("train", str(tmp_path / "noseed.yaml"), "--epochs", "2", "--out", str(tmp_path / "b"), "--resume",
+                  str(tmp_path / "b" / "checkpoint.leaf"))
+    assert resumed.returncode == 0, resumed.stderr
+    assert lp.config.load(str(tmp_path / "b" / "run.yaml")).solver.seed == seeds[1]
     again = run("train", str(tmp_path / "a" / "run.yaml"), "--epochs", "1", "--out", str(tmp_path / "again"))
     assert again.returncode == 0, again.stderr
     first, second = (lp.Layer.load(lp.backend("native"), str(tmp_path / d / "model.leaf")) for d in ("a", "again"))

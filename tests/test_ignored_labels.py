@@ -85,3 +85,46 @@ def test_a_batch_that_counts_no_sample_is_named_as_the_cause_of_its_nan_loss(tmp
     (tmp_path / "run.yaml").write_text(RUN.format(batch=1, options=options))
     failed_cleanly(leafpy(tmp_path, "train", "run.yaml", "--out", "run"), "the loss became nan", says,
                    "reduction: sum")
+
+
+@pytest.mark.parametrize("options", [", ignore_index: -1", ", ignore_index: -1, weight: [1, 3, 0.5]"])
+def test_two_ranks_with_ignored_labels_train_as_one_process_at_twice_the_batch(tmp_path, options):
+    """Each rank's mean divides by its own counted labels' weights: the ranks weigh their gradients and losses by
+    those, so two ranks at batch 4 equal one process at 8, shares that count no label included."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import child_env
+
+    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+    if mpiexec is None:
+        pytest.skip("needs mpiexec (pip install 'leafpy-dl[dist]': mpi4py, mpich)")
+    pytest.importorskip("mpi4py")
+    arrays = _blobs(tmp_path, None)
+    rng = np.random.default_rng(11)
+    y = arrays["y_train"]
+    y[rng.random(len(y)) < 0.45] = -1
+    np.savez(tmp_path / "blobs.npz", **{**arrays, "y_train": y})
+    # (the shuffled order of epoch 0: some rank's share of 4 counts no label, no global batch of 8 is all ignored)
+    shares = y[np.random.default_rng([0, 0]).permutation(len(y))][:len(y) // 8 * 8].reshape(-1, 2, 4)
+    assert ((shares == -1).all(axis=2)).any() and not (shares == -1).all(axis=(1, 2)).any()
+    (tmp_path / "run.yaml").write_text(RUN.format(batch=8, options=options).replace("adam", "momentum")
+                                       .replace("base_lr: 0.05", "base_lr: 0.05, momentum: 0.9"))
+    env = child_env(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    one = leafpy(tmp_path, "train", "run.yaml", "--epochs", "1", "--out", "one")
+    assert one.returncode == 0, one.stderr
+    two = subprocess.run([sys.executable, "-m", "leafpy", "train", "run.yaml", "--epochs", "1", "--out", "two",
+                          "--set", "data.batch_size=4", "--nproc", "2"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert two.returncode == 0, two.stderr
+    import leafpy as lp
+
+    a, b = (lp.Layer.load(lp.backend("native"), str(tmp_path / d / "model.leaf")) for d in ("one", "two"))
+    for wa, wb in zip(a.learnable_weights_data(), b.learnable_weights_data()):
+        np.testing.assert_allclose(wb.to_numpy(), wa.to_numpy(), rtol=1e-4, atol=1e-5)
+    import json
+
+    h1, h2 = (json.loads((tmp_path / d / "history.json").read_text())[0] for d in ("one", "two"))
+    assert h2["loss"] == pytest.approx(h1["loss"], rel=1e-4) and h2["test_loss"] == pytest.approx(h1["test_loss"])

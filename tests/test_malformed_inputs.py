@@ -38,6 +38,20 @@ def _with_preparation(path, text: str) -> None:
     path.write_bytes(ser.encode(msg, "Layer"))
 
 
+def test_a_model_file_that_names_a_class_twice_still_loads_and_predicts(tmp_path):
+    """Training refuses class names given twice, but a model file written with them (before that) is no damaged
+    file: it loads, and predict names its classes as recorded."""
+    path = tmp_path / "model.leaf"
+    _model(path)
+    names = ["cat", "cat"] + [f"c{k}" for k in range(2, 10)]
+    _with_preparation(path, '{"class_names": ' + str(names).replace("'", '"') + "}")
+    net = lp.Layer.load(lp.backend("native"), str(path))
+    assert list(net.preparation.class_names) == names
+    np.savez(tmp_path / "x.npz", x=np.zeros((2, *net.input_shapes[0][1:]), np.float32))
+    p = leafpy("predict", str(path), "--input", str(tmp_path / "x.npz"))
+    assert p.returncode == 0 and "predicted classes: " in p.stdout, p.stderr
+
+
 def _resealed(data: bytes) -> bytes:
     """A leafpy file's bytes with its checksum made right again after an edit, as another writer would."""
     size = struct.calcsize("<8sIIQQI")

@@ -412,6 +412,20 @@ def test_fit_to_an_epoch_the_run_has_passed_says_so_and_trains_nothing(tmp_path)
         said.clear()
         assert len(t.fit(epochs)) == 2
         assert t.solver.iteration == iteration and (tmp_path / "checkpoint.leaf").read_bytes() == checkpoint
-        assert any("nothing to train: the run has trained 2 epochs and fit trains up to epoch "
+        assert any("nothing to train: the run has trained 2 epochs, and fit trains up to epoch "
                    f"{epochs}" in s for s in said), said
     assert len(t.fit(3)) == 3 and t.solver.iteration > iteration
+
+    class StopInside(lp.Callback):  # a stop inside epoch 5 (as Ctrl-C would make it)
+        def on_batch_end(self, trainer, epoch, batch, loss):
+            if epoch == 4 and batch == 3:
+                trainer.interrupted = True
+
+    t.callbacks.append(StopInside())
+    with pytest.raises(lp.train.TrainingInterrupted):
+        t.fit(6)
+    iteration = t.solver.iteration
+    said.clear()
+    t.fit(4)
+    assert t.solver.iteration == iteration
+    assert any("trained 4 epochs and part of the next, and fit trains up to epoch 4" in s for s in said), said

@@ -690,19 +690,26 @@ class ArrayBackend(Backend):
     def _real_mask(self, mask, x_shape, kernel, stride, padding) -> None:
         """Masks left on a padding position (a window whose input positions are all -inf, or NaN from the first)
         moved to the window's first input position, so that its gradient reaches the input as in a window without
-        padding."""
+        padding. Only the windows that reach the padding (the border rows and columns of the output) are looked at."""
         xp = self.xp
-        first, inside = [], []
+        axes = []
         for size, o, k, s, p in zip(x_shape[2:], mask.shape[2:], kernel, stride, padding):
             starts = np.arange(o) * s - p  # each window's first position, in input coordinates
             offsets = starts[:, None] + np.arange(k)[None, :]
-            inside.append(xp.asarray((offsets >= 0) & (offsets < size)))  # [o, k]
-            first.append(xp.asarray(np.clip(-starts, 0, k - 1).astype(mask.dtype)))
+            inside = (offsets >= 0) & (offsets < size)  # [o, k]: which of each window's positions are input
+            axes.append((inside, np.clip(-starts, 0, k - 1), np.flatnonzero(~inside.all(axis=1))))
+        (row_inside, row_first, edge_rows), (column_inside, column_first, edge_columns) = axes
         kw = kernel[1]
-        oh, ow = mask.shape[2], mask.shape[3]
-        row_in = inside[0][xp.arange(oh)[:, None], mask // kw]  # [N, C, oh, ow]: the mask's row is an input row
-        column_in = inside[1][xp.arange(ow)[None, :], mask % kw]
-        xp.copyto(mask, (first[0][:, None] * kw + first[1][None, :]).astype(mask.dtype), where=~(row_in & column_in))
+        inner_rows = np.setdiff1d(np.arange(mask.shape[2]), edge_rows)
+        for rows, columns in ((edge_rows, np.arange(mask.shape[3])), (inner_rows, edge_columns)):
+            if not len(rows) or not len(columns):
+                continue
+            at = (slice(None), slice(None), xp.asarray(rows)[:, None], xp.asarray(columns)[None, :])
+            part = mask[at]  # [N, C, rows, columns]
+            real = (xp.asarray(row_inside[rows])[xp.arange(len(rows))[:, None], part // kw]
+                    & xp.asarray(column_inside[columns])[xp.arange(len(columns))[None, :], part % kw])
+            first = xp.asarray((row_first[rows][:, None] * kw + column_first[columns][None, :]).astype(mask.dtype))
+            mask[at] = xp.where(real, part, first)
 
     def pool2d_grad(self, dy, dx, mask, mode, kernel, stride, padding, pad_end=None, count_pad=True):
         kh, kw = kernel

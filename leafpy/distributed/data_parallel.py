@@ -10,6 +10,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..layers.container.sequential import Sequential
 from ..layers.layer import Layer
+from ..layers.loss.negative_log_likelihood import NegativeLogLikelihoodConfig, label_weight
 from ..layers.network import Network
 from ..solvers.solver import Solver
 from ..tensor import SharedTensor
@@ -71,7 +72,8 @@ class DataParallel:
         self.group = group
         self.transport = transport or default_transport(solver.network.backend, group)
         self.bucket_bytes = int(bucket_bytes)
-        self._samples = 0  # this rank's samples since the last update
+        self._samples = 0  # this rank's samples since the last update (or its labels' weights: see label_weight)
+        self._weighed = False  # whether the last step's weight was its labels' (varying from batch to batch)
         self._sync_batch_norm = sync_batch_norm and group.size > 1
         self._buckets: list[list[int]] | None = None
         self._in_flight: dict[int, Any] = {}
@@ -150,11 +152,17 @@ class DataParallel:
         return self._step(int(n), data, target)
 
     def _step(self, n: int, data: Any, target: Any) -> SharedTensor:
+        counted = label_weight(self.solver.config.objective, target) if n else None
+        self._weighed = counted is not None
+        if counted is not None:  # the objective's mean divides by its labels' weights (ignore_index, class weights)
+            if counted == 0:  # a share that counts no label: its mean is NaN, so it trains on a counted label, which
+                target = self._counted_label(target)  # weighs nothing
+            n = counted  # type: ignore[assignment]
         if self.solver.config.minibatch_size > 1 and self.group.size > 1:
             # accumulated calls may differ in size (a last partial batch): weight each by its share of its own
             # global batch, so the ranks' sums add up to the sum of the global batches' mean gradients
             total = self.group.allreduce_sum(n)
-            self.solver.accumulation_scale = self.group.size * n / total
+            self.solver.accumulation_scale = self.group.size * n / total if total else 0.0  # (0: no rank counts)
             self._samples = 1
         else:
             self._samples += n
@@ -164,6 +172,18 @@ class DataParallel:
             self._samples = 0
         return out
 
+    def _counted_label(self, target: Any) -> np.ndarray:
+        """``target``'s shape of labels, each one the objective counts (the first class of a positive weight)."""
+        objective = self.solver.config.objective
+        assert objective is not None  # (label_weight found its loss layer)
+        cfg = next(layer.config for layer in objective.config.layers if isinstance(layer.config,
+                                                                                   NegativeLogLikelihoodConfig))
+        label = next((k for k, w in enumerate(cfg.weight) if w > 0), 0)
+        if label == cfg.ignore_index:
+            label = 1 if label == 0 else 0
+        shape = target.shape if hasattr(target, "shape") else np.shape(target)
+        return np.full(shape, label, np.float32)
+
     def replay_key(self) -> Any:
         """What a recorded training step depends on besides the solver's own key (this rank's sample weight, baked
         into the recording), or None where the step must run eagerly: sums that go through the host (the MPI
@@ -171,7 +191,7 @@ class DataParallel:
         are recorded with the step and replayed with it."""
         if self.group.size == 1:
             return ("one rank",)
-        if not self.transport.capturable or self._sync_batch_norm:
+        if not self.transport.capturable or self._sync_batch_norm or self._weighed:  # (weighed: a weight per batch)
             return None
         return (self.transport.name, self._samples)
 

@@ -4,6 +4,7 @@ its inputs (and, for a regression, of its targets). Recorded in run.yaml (``data
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 from collections.abc import Sequence
@@ -111,10 +112,6 @@ def from_dict(d: Any, where: str = "data") -> Preparation:
     names = () if names is None else names
     if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
         raise ConfigError(f"{where}.class_names: expected a list of names, got {names!r}"[:300])
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise ConfigError(f"{where}.class_names: {', '.join(map(repr, twice[:3]))} named more than one class; give "
-                          "each class a name of its own"[:300])
     norm = d.get("normalize")
     if norm is None or norm is False or norm == "auto":
         return Preparation(tuple(names))
@@ -126,6 +123,15 @@ def from_dict(d: Any, where: str = "data") -> Preparation:
         if (a in fields) != (b in fields) or (a in fields and len(fields[a]) != len(fields[b])):
             raise ConfigError(f"{where}.normalize: {a} and {b} must both be given, with as many values each")
     return Preparation(tuple(names), **fields)
+
+
+def check_distinct(names: Sequence[str], where: str = "data") -> None:
+    """Refuse class names of which one names two classes (for a run to train: a model file or run.yaml written with
+    such names still reads)."""
+    twice = sorted(name for name, count in collections.Counter(names).items() if count > 1)
+    if twice:
+        raise ConfigError(f"{where}.class_names: {', '.join(map(repr, twice[:3]))} named more than one class; give "
+                          "each class a name of its own"[:300])
 
 
 def from_text(text: str, path: str) -> Preparation | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -69,6 +70,30 @@ def check_labels(where: str, labels: np.ndarray | None, num_classes: int, ignore
         ignored = "" if ignore_index is None else f" or ignore_index {ignore_index}"
         raise ShapeError(f"{where}: label {i} is {float(labels.reshape(-1)[i])!r}; labels must be class indices in "
                          f"[0, {num_classes - 1}]{ignored}")
+
+
+def label_weight(objective: Any, labels: Any) -> float | None:
+    """What a classification objective's mean divides by over ``labels``: the summed class weights of the labels it
+    counts (those other than ``ignore_index``), as its loss layer computes it; None where that is the number of
+    samples (no ignore_index, no class weights, or no such layer). Data-parallel ranks weigh their gradients and
+    losses by it, so that their means combine into the global batch's."""
+    if objective is None:
+        return None
+    layers = objective.config.layers if objective.type == "Sequential" else [objective]
+    for layer in layers:
+        cfg = layer.config
+        if not isinstance(cfg, NegativeLogLikelihoodConfig) or cfg.reduction != "mean":
+            continue
+        if cfg.ignore_index is None and not cfg.weight:
+            return None
+        y = np.asarray(labels.to_numpy() if hasattr(labels, "to_numpy") else labels).reshape(-1)
+        if cfg.ignore_index is not None:
+            y = y[y != cfg.ignore_index]
+        if not cfg.weight:
+            return float(len(y))
+        k = y[(y >= 0) & (y < len(cfg.weight))].astype(np.int64)
+        return float(np.asarray(cfg.weight, np.float64)[k].sum())
+    return None
 
 
 def loss_shapes(where: str, config: NegativeLogLikelihoodConfig, scores: tuple[int, ...], labels: tuple[int, ...],
