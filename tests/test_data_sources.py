@@ -410,15 +410,22 @@ def test_roc_auc_is_left_out_with_a_note_without_scikit_learn(monkeypatch):
     assert value is None and "scikit-learn" in note
 
 
-def test_a_csv_regression_gives_predictions_in_the_targets_units(tmp_path):
+def _diabetes_run(tmp_path: Path, epochs: int) -> tuple:
+    """scikit-learn's diabetes set as a CSV table (in its own units), and a regression run file training on it:
+    (the data, its feature names)."""
     from sklearn.datasets import load_diabetes
 
     d = load_diabetes(scaled=False)
     names = list(d.feature_names)
     write_table(tmp_path / "diabetes.csv", d.data, [f"{v:g}" for v in d.target], names, "progression")
     (tmp_path / "diabetes.yaml").write_text(TABLE_RUN.format(
-        path="diabetes.csv", target="progression", features=10, outputs=1, epochs=30, last="",
+        path="diabetes.csv", target="progression", features=10, outputs=1, epochs=epochs, last="",
         objective="{name: mse, type: MeanSquaredError}"))
+    return d, names
+
+
+def test_a_csv_regression_gives_predictions_in_the_targets_units(tmp_path):
+    d, names = _diabetes_run(tmp_path, epochs=30)
     p = leafpy(tmp_path, "train", "diabetes.yaml", "--out", "run")
     assert p.returncode == 0, p.stderr
     assert "target_mean" in (tmp_path / "run" / "run.yaml").read_text()
@@ -869,14 +876,7 @@ def test_a_normalised_regression_converted_to_onnx_predicts_in_the_targets_units
     ONNX model's metadata holds the values, with which onnxruntime gives the same predictions."""
     pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
-    from sklearn.datasets import load_diabetes
-
-    d = load_diabetes(scaled=False)
-    names = list(d.feature_names)
-    write_table(tmp_path / "diabetes.csv", d.data, [f"{v:g}" for v in d.target], names, "progression")
-    (tmp_path / "diabetes.yaml").write_text(TABLE_RUN.format(
-        path="diabetes.csv", target="progression", features=10, outputs=1, epochs=3, last="",
-        objective="{name: mse, type: MeanSquaredError}"))
+    d, _ = _diabetes_run(tmp_path, epochs=3)
     assert leafpy(tmp_path, "train", "diabetes.yaml", "--out", "run").returncode == 0
     x = d.data[:50].astype(np.float32)
     np.savez(tmp_path / "x.npz", x=x)
