@@ -632,8 +632,7 @@ class Trainer:
         self.loaded: Any = None
         """With ``weights``: what the file did not set (``missing``: the network's weights it lacks, which keep
         their initial values; ``unexpected``: its weights the network does not have)."""
-        if not resume:
-            self._draw_seed(group)
+        self._draw_seed(group, resume is None)
         self.solver = self._make_solver(resume, weights)
         if group is not None and group.size > 1:
             from .distributed import DataParallel
@@ -710,20 +709,20 @@ class Trainer:
             resolved, arrays, {"backend": be.name, "precision": be.precision, "channels_last": be.channels_last,
                                **start}))
 
-    def _draw_seed(self, group: Any) -> None:
+    def _draw_seed(self, group: Any, new_run: bool) -> None:
         """A new run without ``solver.seed`` takes a drawn one, which ``run.yaml`` then records: the run's initial
-        weights (and Dropout's masks) can be made again from its run file. The ranks of a job take rank 0's (every
-        rank takes part in the exchange: one whose run differs is named by the agreement check after it)."""
+        weights (and Dropout's masks) can be made again from its run file (a resumed run keeps its checkpoint's).
+        The ranks of a job take rank 0's; every rank takes part in the exchange, resumed or not, so that the
+        collectives after it pair up and the agreement check names a rank whose run differs."""
         run = self.run
-        seed = run.solver.seed
-        if seed is None:
-            seed = secrets.randbelow(2**31)
+        drawn = secrets.randbelow(2**31) if new_run and run.solver.seed is None else None
         if group is not None and group.size > 1:
-            seeds = [json.loads(t) for t in group.allgather_text(json.dumps([run.solver.seed, seed]))]
-            if all(given is None for given, _ in seeds):
-                seed = seeds[0][1]
-        if run.solver.seed is None:
-            run.solver = dataclasses.replace(run.solver, seed=seed)
+            texts = group.allgather_text(json.dumps([run.solver.seed, drawn]))
+            ranks = [json.loads(t) for t in texts]
+            if all(given is None and seed is not None for given, seed in ranks):
+                drawn = ranks[0][1]
+        if drawn is not None:
+            run.solver = dataclasses.replace(run.solver, seed=drawn)
 
     def _make_solver(self, resume: str | None, weights: str | None = None) -> Solver:
         run = self.run
