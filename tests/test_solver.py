@@ -86,12 +86,22 @@ def test_updates_follow_a_cosine_schedule_after_warm_up(native64, rng, rule):
     ({"solver": "lbfgs"}, "adam.*momentum.*nesterov.*rmsprop"),
     ({"lr_policy": "poly"}, "max_iter"),
     ({"lr_policy": "multistep"}, "stepvalues"),
+    ({"lr_policy": "multistep", "stepvalues": 5}, "solver.stepvalues: expected a list"),
+    ({"stepvalues": "100,200"}, "solver.stepvalues: expected a list"),
     ({"clip_gradients": 0}, "clip_gradients"),
     ({"minibatch_size": 0}, "minibatch_size"),
 ])
 def test_invalid_solver_config(kw, field):
     with pytest.raises(lp.ConfigError, match=field):
         lp.SolverConfig(**kw)
+
+
+@pytest.mark.parametrize("iteration", [-1, 2.5, True, "3"])
+def test_the_rate_at_an_iteration_that_is_none_is_a_config_error(iteration):
+    config = lp.SolverConfig(base_lr=0.1, warmup_iter=0)
+    with pytest.raises(lp.ConfigError, match="learning_rate: iteration"):
+        config.learning_rate(iteration)
+    assert config.learning_rate(np.int64(7)) == 0.1
 
 
 def tiny_solver(backend, solver, batch=4, **kw):

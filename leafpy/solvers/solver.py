@@ -97,6 +97,9 @@ class SolverConfig:
         s(self, "base_lr", _checks.number("solver.base_lr", self.base_lr, minimum=0.0))
         s(self, "gamma", _checks.number("solver.gamma", self.gamma))  # sigmoid decays with a negative gamma
         s(self, "stepsize", _checks.positive_int("solver.stepsize", self.stepsize))
+        if isinstance(self.stepvalues, (str, bytes)) or not isinstance(self.stepvalues, (list, tuple)):
+            raise ConfigError(f"solver.stepvalues: expected a list of iterations (multistep's steps), got "
+                              f"{self.stepvalues!r:.60}")
         steps = tuple(_checks.non_negative_int(f"solver.stepvalues[{i}]", v) for i, v in enumerate(self.stepvalues))
         if any(b <= a for a, b in zip(steps, steps[1:])):
             raise ConfigError(f"solver.stepvalues: expected increasing iterations, got {list(steps)}")
@@ -178,6 +181,7 @@ class SolverConfig:
         ``min_lr + (base_lr - min_lr) * (1 + cos(pi * iteration / max_iter)) / 2``, min_lr after max_iter), after a
         linear warm-up over the first ``warmup_iter`` iterations. A rate beyond the largest float (a growing exp or
         step policy after many iterations) is a ConfigError naming the iteration."""
+        iteration = _checks.non_negative_int("learning_rate: iteration", iteration)
         if iteration < self.warmup_iter:
             f = self.warmup_factor
             return self._policy_rate(self.warmup_iter) * (f + (1.0 - f) * iteration / self.warmup_iter)
