@@ -1063,3 +1063,27 @@ def test_max_pooling_passes_a_nan_on_and_keeps_its_windows_gradient_in_the_input
         else:
             np.testing.assert_array_equal(out[0, 0], [[np.nan, 5, 2], [2, 4, np.nan], [7, 6, 4]])
         assert grad.sum() == dy.sum(), (padding, grad)  # every window's gradient reaches the input
+
+
+@pytest.mark.parametrize("name", ["native", pytest.param("cuda", marks=pytest.mark.cuda),
+                                  pytest.param("webgpu", marks=pytest.mark.webgpu)])
+@pytest.mark.parametrize("size", [6, 64])  # NumPy's passes, and (native) the compiled kernels
+def test_an_infinite_max_pooling_gradient_reaches_its_windows_maximum_alone(name, size):
+    """As in PyTorch: dy goes where the window's maximum was and 0 elsewhere, so an inf in dy is not inf * 0 = NaN
+    over the rest of its window."""
+    be = backend_or_skip(name)
+    rng = np.random.default_rng(2)
+    x = rng.permutation(4 * 16 * size * size).reshape(4, 16, size, size).astype(np.float32)
+    half = size // 2
+    dy = rng.standard_normal((4, 16, half, half)).astype(np.float32)
+    dy[0, 0, 0, 0], dy[1, 2, 1, 1] = np.inf, -np.inf
+    y, m, dx = lp.SharedTensor(dy.shape), lp.SharedTensor(dy.shape, np.int32), lp.SharedTensor(x.shape)
+    be.pool2d(lp.SharedTensor.from_numpy(x).read(be), y.write(be), m.write(be), "max", (2, 2), (2, 2), (0, 0))
+    be.pool2d_grad(lp.SharedTensor.from_numpy(dy).read(be), dx.write(be), m.read(be), "max", (2, 2), (2, 2), (0, 0))
+    got = dx.to_numpy()
+    windows = x.reshape(4, 16, half, 2, half, 2).transpose(0, 1, 2, 4, 3, 5).reshape(4, 16, half, half, 4)
+    want = np.zeros((4, 16, half, half, 4), np.float32)
+    np.put_along_axis(want, windows.argmax(-1)[..., None], dy[..., None], -1)
+    want = want.reshape(4, 16, half, half, 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(x.shape)
+    assert not np.isnan(got).any()
+    np.testing.assert_array_equal(got, want)

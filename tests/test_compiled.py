@@ -91,6 +91,8 @@ def test_compiled_max_pooling_gives_numpy_passes_values(small_inputs, calls, mon
     np.testing.assert_array_equal(out, want_out)
     np.testing.assert_array_equal(mask, want_mask)
     np.testing.assert_array_equal(dx, want_dx)  # overlapping windows too: the sums in NumPy's order
+    if values == "nan":  # the NaN in dy reaches its window's maximum alone
+        assert np.isnan(dx).sum() == 1
     if values != "nan" and kernel[0] == kernel[1] and stride[0] == stride[1]:  # the float64 loop reference
         ref_out, arg = ref.maxpool(x.astype(np.float64), kernel[0], stride[0])
         np.testing.assert_array_equal(out, ref_out)

@@ -66,9 +66,8 @@ def max_pool_2x2_grad(dy, dx, mask):  # pragma: no cover - compiled
                 left = 2 * half
                 for j in range(ow):
                     k, v = m[j], g[j]
-                    off = v * zero  # dy * False, as NumPy's multiply by the mask gives it (-0, NaN)
-                    row[2 * j] = v if k == left else off
-                    row[2 * j + 1] = v if k == left + 1 else off
+                    row[2 * j] = v if k == left else zero  # (0 where the window's maximum was not, as on
+                    row[2 * j + 1] = v if k == left + 1 else zero  # every backend: an inf or NaN dy goes nowhere else)
                 row[2 * ow:] = 0  # a last column no window covers
         rows[p * h + 2 * oh:(p + 1) * h] = 0  # and a last row
 
@@ -117,11 +116,11 @@ def max_pool_grad(dy, dx, mask, kh, kw, sh, sw):  # pragma: no cover - compiled
                     if overlap:
                         for j in range(ow):
                             value = grad[j]
-                            row[j * sw + v] += value if hit[j] == position else value * zero
+                            row[j * sw + v] += value if hit[j] == position else zero
                     else:
                         for j in range(ow):
                             value = grad[j]
-                            row[j * sw + v] = value if hit[j] == position else value * zero
+                            row[j * sw + v] = value if hit[j] == position else zero
 
 
 @_jit

@@ -725,12 +725,13 @@ class ArrayBackend(Backend):
                                                            count_pad, dy.dtype)
         for i, j, rows, columns in self._windows(kh, kw, oh, ow, stride):
             target = dxp[:, :, rows, columns]
-            if mode == "max":
+            if mode == "max":  # dy where the window's maximum was, 0 elsewhere (not dy * 0: an inf or NaN dy)
                 hit = mask == i * kw + j
                 if overlap:
-                    target += dy * hit
+                    target += self.xp.where(hit, dy, dy.dtype.type(0))
                 else:
-                    self.xp.multiply(dy, hit, out=target)
+                    self.xp.copyto(target, dy.dtype.type(0))
+                    self.xp.copyto(target, dy, where=hit)
             elif overlap:
                 target += dy * scale
             else:

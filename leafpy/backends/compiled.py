@@ -9,8 +9,9 @@ operation. The kernels here make one where NumPy makes several:
   over 2x2 windows at stride 2 and 3x3 windows at any stride, without padding, the windows inside the input, on
   C-contiguous float32/float64 NCHW arrays and an int32 mask, and give the values of NumPy's passes (a zero's
   sign aside): the first of equal maxima, NaN propagated to the output (the mask then keeps the last position that
-  was larger before it), and a gradient that is ``dy * (mask == position)``, summed where windows overlap in
-  NumPy's order, so a NaN in ``dy`` reaches every position of its window as it does through NumPy.
+  was larger before it), and a gradient that is ``dy`` where ``mask == position`` and 0 elsewhere (an inf or NaN
+  in ``dy`` reaches its window's maximum only, as on the other backends and in PyTorch), summed where windows
+  overlap in NumPy's order.
 - a convolution's columns (:func:`windows_case`), batch innermost or per image: gathered from its input and added
   back into its input's gradient, one loop over every window position where NumPy makes a strided pass per
   position.
