@@ -1002,9 +1002,10 @@ class Trainer:
     def _diverged(self, loss: float, xb: np.ndarray, yb: np.ndarray) -> None:
         none_counted = self._counts_none(yb)
         if none_counted:
+            summed = ", or the objective's reduction: sum" if self.world == 1 else ""
             raise TrainingDiverged(f"the loss became {loss} at iteration {self.solver.iteration}: {none_counted}, and "
                                    "a mean over no samples is NaN (as in PyTorch); use a larger batch_size, fewer "
-                                   "ignored labels or zero class weights, or the objective's reduction: sum")
+                                   f"ignored labels or zero class weights{summed}")
         if not len(xb):  # a rank without a share of a last batch: the other ranks' samples made it
             where = "not found on this rank (it had no samples of this batch)"
         else:

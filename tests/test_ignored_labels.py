@@ -128,3 +128,27 @@ def test_two_ranks_with_ignored_labels_train_as_one_process_at_twice_the_batch(t
 
     h1, h2 = (json.loads((tmp_path / d / "history.json").read_text())[0] for d in ("one", "two"))
     assert h2["loss"] == pytest.approx(h1["loss"], rel=1e-4) and h2["test_loss"] == pytest.approx(h1["test_loss"])
+
+
+def test_a_summed_objective_on_two_ranks_is_refused_naming_the_layer(tmp_path):
+    """The ranks average their gradients (each a mean over its share): a sum-reduced loss would train with 1/N of
+    its gradient, so the run is refused before training, on every rank, with one clear message."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import child_env
+
+    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+    if mpiexec is None:
+        pytest.skip("needs mpiexec (pip install 'leafpy-dl[dist]': mpi4py, mpich)")
+    pytest.importorskip("mpi4py")
+    _blobs(tmp_path, None)
+    (tmp_path / "run.yaml").write_text(RUN.format(batch=8, options=", reduction: sum"))
+    two = subprocess.run([sys.executable, "-m", "leafpy", "train", "run.yaml", "--epochs", "1", "--out", "two",
+                          "--nproc", "2"], cwd=tmp_path, env=child_env(OMP_NUM_THREADS="1"), capture_output=True,
+                         text=True, timeout=300)
+    assert two.returncode != 0 and "Traceback" not in two.stderr, two.stderr
+    assert "objective layer 'nll': reduction 'sum' on 2 ranks" in two.stderr, two.stderr
+    assert not (tmp_path / "two" / "model.leaf").exists()

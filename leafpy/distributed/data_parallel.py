@@ -74,6 +74,14 @@ class DataParallel:
         self.bucket_bytes = int(bucket_bytes)
         self._samples = 0  # this rank's samples since the last update (or its labels' weights: see label_weight)
         self._weighed = False  # whether the last step's weight was its labels' (varying from batch to batch)
+        objective = solver.config.objective
+        summed = [layer.name for layer in (objective.config.layers if objective is not None and objective.type ==
+                                           "Sequential" else [])
+                  if isinstance(layer.config, NegativeLogLikelihoodConfig) and layer.config.reduction == "sum"]
+        if summed and group.size > 1:  # the ranks' gradients are combined as means of their shares
+            raise ConfigError(f"objective layer '{summed[0]}': reduction 'sum' on {group.size} ranks: the ranks "
+                              "average their gradients, as a mean-reduced objective needs; use reduction: mean (and "
+                              "scale base_lr by the batch size for the same steps)")
         self._sync_batch_norm = sync_batch_norm and group.size > 1
         self._buckets: list[list[int]] | None = None
         self._in_flight: dict[int, Any] = {}
