@@ -142,6 +142,9 @@ def test_an_operator_leafpy_lacks_is_named_with_the_ones_it_has(tmp_path):
     p = leafpy(tmp_path, "summary", "t.onnx")
     assert p.returncode == 1 and "Traceback" not in p.stderr
     assert "ONNX node 't' (Cos): operator Cos is not supported" in p.stderr and "Conv" in p.stderr
+    assert "t.onnx: ONNX node 't'" in p.stderr  # the file named, as a malformed file's errors name it
+    with pytest.raises(lp.ConfigError, match=r"t\.onnx: ONNX node 't' \(Cos\)"):
+        lp.onnx.load(str(tmp_path / "t.onnx"))
 
 
 def test_truncated_and_external_data_files_are_serialization_errors(tmp_path):

@@ -73,13 +73,14 @@ def _preparation(model: Any, path_or_model: Any) -> Any:
 
 @contextlib.contextmanager
 def _naming(path_or_model: Any) -> Iterator[None]:
-    """A SerializationError (a malformed model) raised inside names the file it was read from."""
+    """A SerializationError (a malformed model) or ConfigError (what leafpy cannot compute) raised inside names the
+    file it was read from."""
     try:
         yield
-    except SerializationError as e:
-        if not isinstance(path_or_model, (str, os.PathLike)):
+    except (SerializationError, ConfigError) as e:
+        if not isinstance(path_or_model, (str, os.PathLike)) or str(e).startswith(os.fspath(path_or_model)):
             raise
-        raise SerializationError(f"{os.fspath(path_or_model)}: {e}") from None
+        raise type(e)(f"{os.fspath(path_or_model)}: {e}") from None
 
 
 def to_model(layer: Layer | Network[Layer], opset: int = 17) -> Any:
