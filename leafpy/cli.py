@@ -230,8 +230,9 @@ def train(args: argparse.Namespace) -> int:
             # a resumed run writes over its own files; any other run's are kept unless --overwrite
             continues = bool(args.resume) and same_path(os.path.dirname(args.resume) or ".", out_dir)
             if not continues and not args.overwrite:
-                held = [f for f in ("model.leaf", "checkpoint.leaf", RUN_FILE) if os.path.exists(
-                    os.path.join(out_dir, f))]
+                present = set(os.listdir(out_dir))  # (any of a run's files: its history or best epochs alone too)
+                held = [f for f in RUN_FILES if f in present] + sorted(f for f in present if _is_run_file(f) and
+                                                                       f not in RUN_FILES)
                 if "checkpoint.leaf" in held:
                     raise LeafpyError(f"--out {out_dir}: holds another run's files ({', '.join(held)}); continue it "
                                       f"with --resume {os.path.join(out_dir, 'checkpoint.leaf')}, train into another "

@@ -222,6 +222,24 @@ def test_resume_as_the_interrupt_message_says_continues_in_the_checkpoints_direc
         assert (other / name).read_bytes() == b"another run's " + name.encode()
 
 
+@pytest.mark.parametrize("left", [("history.json",), ("best-epoch5.leaf", "best-epoch9.leaf"), ("training.png",)])
+def test_an_out_directory_holding_some_of_another_runs_files_is_refused_and_kept(tmp_path, left):
+    """A history, best epochs or a plot alone (copied, or what a run left after its model was moved) are another
+    run's files too: refused unless --overwrite, which removes them."""
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in left:
+        (other / name).write_bytes(b"another run's " + name.encode())
+    (other / "notes.txt").write_text("the user's own")
+    r = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--out", str(other))
+    failed_cleanly(r, "another run's files", left[0], "--overwrite")
+    assert all((other / name).read_bytes() == b"another run's " + name.encode() for name in left)
+    w = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--out", str(other), "--overwrite")
+    assert w.returncode == 0, w.stderr
+    assert not any((other / name).exists() for name in left if name.startswith("best-epoch"))
+    assert (other / "notes.txt").read_text() == "the user's own" and (other / "model.leaf").is_file()
+
+
 # --- messages that say what to do -----------------------------------------------------------------------------------
 def test_a_network_for_other_images_than_the_bundled_digits_names_the_data_it_needs(tmp_path):
     """alexnet.yaml has no data of its own: the fix is data of its input's shape, not a network for 8x8 digits."""
