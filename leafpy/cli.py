@@ -708,11 +708,7 @@ def _model_from(path: str, be: Any) -> Layer:
         load_weights(net, path)
         beside = os.path.join(os.path.dirname(path), RUN_FILE)
         if os.path.isfile(beside):  # the run that wrote the checkpoint records how its model reads data
-            from .sources import prepare
-
-            data = run_config.load(beside).data
-            if data.get("normalize") != "auto":
-                net.preparation = prepare.from_dict(data)
+            net.preparation = _preparation(run_config.load(beside), path)
         return net
 
 

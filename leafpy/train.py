@@ -45,7 +45,7 @@ from .distributed.data_parallel import shard
 from .errors import ConfigError, LeafpyError
 from .layers.container.sequential import Sequential
 from .layers.layer import Layer
-from .layers.loss.negative_log_likelihood import label_weight
+from .layers.loss.negative_log_likelihood import label_weight, loss_configs
 from .layers.network import Network
 from .metrics import ConfusionMatrix, predictions, roc_auc, top_k_hits
 from .serialization.atomic import atomic_write
@@ -127,11 +127,7 @@ def portable(run: run_config.RunConfig, directory: str) -> run_config.RunConfig:
 
 def ignored_label(run: run_config.RunConfig) -> int | None:
     """The label the objective does not count (its loss layer's ``ignore_index``), or None."""
-    for layer in run.objective.config.layers:
-        value = getattr(layer.config, "ignore_index", None)
-        if value is not None:
-            return int(value)
-    return None
+    return next((cfg.ignore_index for cfg in loss_configs(run.objective) if cfg.ignore_index is not None), None)
 
 
 def counted(labels: Any, ignore_index: int | None) -> np.ndarray | None:
@@ -177,13 +173,14 @@ def evaluate(net: Layer | Network[Layer], objective: Layer | Network[Layer], x: 
         scored += len(xb) if keep is None else int(keep.sum())
         divisor += weight
         if cm is not None:
-            scores, labels = out.to_numpy(), np.asarray(yb).reshape(-1)
+            outputs = scores = out.to_numpy()
+            labels = np.asarray(yb).reshape(-1)
             if keep is not None:
                 scores, labels = scores[keep], labels[keep]
             cm.add(predictions(scores), labels)
             top += top_k_hits(scores, labels, 5) if classes > 5 else 0
             if ranked is not None:
-                ranked.append(_positive_score(out.to_numpy()))
+                ranked.append(_positive_score(outputs))
         else:
             part = _regression_sums(out.to_numpy(), yb, preparation)
             sums = part if sums is None else sums + part
@@ -900,8 +897,7 @@ class Trainer:
                             predicted, labels, labelled = predicted[keep], labels[keep], int(keep.sum())
                         self.running.add(predicted, labels)
                         hits = int(np.count_nonzero(predicted == labels))
-                    loss, samples, hits, labelled, stop = self._batch_loss(solver.loss(), len(xb), hits, labelled,
-                                                                           yb)
+                    loss, samples, hits, labelled, stop = self._batch_loss(solver.loss(), len(xb), hits, labelled)
                     if not math.isfinite(loss):
                         self._diverged(loss, xb, yb)
                     loss_sum += loss
@@ -1023,18 +1019,12 @@ class Trainer:
         or "" when it counts some (or scores no classes)."""
         if not self.classes or not len(yb):
             return ""
-        labels = np.asarray(yb).reshape(-1)
-        keep = counted(labels, self.ignore_index)
+        keep = counted(yb, self.ignore_index)
         if keep is not None and not keep.any():
             share = " (this rank's share)" if self.world > 1 else ""
             return f"every label of this batch{share} is ignore_index {self.ignore_index}"
-        weights = next((layer.config.weight for layer in self.run.objective.config.layers
-                        if getattr(layer.config, "weight", None)), ())
-        if weights:
-            live = labels[keep] if keep is not None else labels
-            live = live[(live >= 0) & (live < len(weights))].astype(np.int64)
-            if len(live) and not np.asarray(weights)[live].any():
-                return "every counted label of this batch is of a class whose weight is 0"
+        if label_weight(self.run.objective, yb) == 0:
+            return "every counted label of this batch is of a class whose weight is 0"
         return ""
 
     # --- files --------------------------------------------------------------------------------------------------
@@ -1068,19 +1058,19 @@ class Trainer:
             installed.append((sig, previous))
         return installed
 
-    def _batch_loss(self, loss: float, samples: int, hits: int, labelled: int, labels: Any = None
+    def _batch_loss(self, loss: float, samples: int, hits: int, labelled: int
                     ) -> tuple[float, int, int, int, bool | None]:
         """The loss of the whole (global) batch, its samples, its correct predictions (``hits``: this rank's), its
         samples whose labels count (``labelled``: this rank's; not those labelled ignore_index) and, with several
-        ranks, whether to stop after it. The ranks' losses are combined weighted by their samples (by their
-        ``labels``' weights where the objective's mean divides by those: ignore_index, class weights; one
+        ranks, whether to stop after it. The ranks' losses are combined weighted by their samples (by their labels'
+        weights where the objective's mean divides by those: ignore_index, class weights; one
         all-reduce, which also sums the hits and tells every rank whether any got a stop signal: they agree after
         every batch, so they stop at the same one and none waits alone in a collective); a NaN on any rank is a NaN
         on all, so every rank stops at the same step. None for the stop with one process: it checks its own flag
         after the batch's callbacks."""
         if self.world == 1:
             return loss, samples, hits, labelled, None
-        weight = label_weight(self.run.objective, labels) if samples else None
+        weight = self.parallel.label_weight  # (the step's own, None: its samples)
         weight = float(samples) if weight is None else weight
         sums = np.array([loss * weight if weight else 0.0, float(samples), float(hits),
                          1.0 if self.interrupted else 0.0, float(labelled), weight])

@@ -10,7 +10,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..layers.container.sequential import Sequential
 from ..layers.layer import Layer
-from ..layers.loss.negative_log_likelihood import NegativeLogLikelihoodConfig, label_weight
+from ..layers.loss.negative_log_likelihood import NegativeLogLikelihoodConfig, label_weight, loss_configs
 from ..layers.network import Network
 from ..solvers.solver import Solver
 from ..tensor import SharedTensor
@@ -74,9 +74,12 @@ class DataParallel:
         self.bucket_bytes = int(bucket_bytes)
         self._samples = 0  # this rank's samples since the last update (or its labels' weights: see label_weight)
         self._weighed = False  # whether the last step's weight was its labels' (varying from batch to batch)
+        self.label_weight: float | None = None
+        """What the last step's share of the objective's mean divided by, where that is its labels' weights
+        (:func:`label_weight`: ignore_index, class weights); None: its samples."""
         objective = solver.config.objective
-        summed = [layer.name for layer in (objective.config.layers if objective is not None and objective.type ==
-                                           "Sequential" else [])
+        layers = objective.config.layers if objective is not None and objective.type == "Sequential" else []
+        summed = [layer.name for layer in layers
                   if isinstance(layer.config, NegativeLogLikelihoodConfig) and layer.config.reduction == "sum"]
         if summed and group.size > 1:  # the ranks' gradients are combined as means of their shares
             raise ConfigError(f"objective layer '{summed[0]}': reduction 'sum' on {group.size} ranks: the ranks "
@@ -160,7 +163,7 @@ class DataParallel:
         return self._step(int(n), data, target)
 
     def _step(self, n: int, data: Any, target: Any) -> SharedTensor:
-        counted = label_weight(self.solver.config.objective, target) if n else None
+        counted = self.label_weight = label_weight(self.solver.config.objective, target) if n else None
         self._weighed = counted is not None
         if counted is not None:  # the objective's mean divides by its labels' weights (ignore_index, class weights)
             if counted == 0:  # a share that counts no label: its mean is NaN, so it trains on a counted label, which
@@ -182,10 +185,7 @@ class DataParallel:
 
     def _counted_label(self, target: Any) -> np.ndarray:
         """``target``'s shape of labels, each one the objective counts (the first class of a positive weight)."""
-        objective = self.solver.config.objective
-        assert objective is not None  # (label_weight found its loss layer)
-        cfg = next(layer.config for layer in objective.config.layers if isinstance(layer.config,
-                                                                                   NegativeLogLikelihoodConfig))
+        cfg = loss_configs(self.solver.config.objective)[0]  # (label_weight found it)
         label = next((k for k, w in enumerate(cfg.weight) if w > 0), 0)
         if label == cfg.ignore_index:
             label = 1 if label == 0 else 0

@@ -72,17 +72,22 @@ def check_labels(where: str, labels: np.ndarray | None, num_classes: int, ignore
                          f"[0, {num_classes - 1}]{ignored}")
 
 
+def loss_configs(objective: Any) -> list[NegativeLogLikelihoodConfig]:
+    """The configs of an objective's (a LayerConfig, or None) class-label losses: NegativeLogLikelihood and
+    SoftmaxCrossEntropy, in order."""
+    if objective is None:
+        return []
+    layers = objective.config.layers if objective.type == "Sequential" else [objective]
+    return [layer.config for layer in layers if isinstance(layer.config, NegativeLogLikelihoodConfig)]
+
+
 def label_weight(objective: Any, labels: Any) -> float | None:
     """What a classification objective's mean divides by over ``labels``: the summed class weights of the labels it
     counts (those other than ``ignore_index``), as its loss layer computes it; None where that is the number of
     samples (no ignore_index, no class weights, or no such layer). Data-parallel ranks weigh their gradients and
     losses by it, so that their means combine into the global batch's."""
-    if objective is None:
-        return None
-    layers = objective.config.layers if objective.type == "Sequential" else [objective]
-    for layer in layers:
-        cfg = layer.config
-        if not isinstance(cfg, NegativeLogLikelihoodConfig) or cfg.reduction != "mean":
+    for cfg in loss_configs(objective):
+        if cfg.reduction != "mean":
             continue
         if cfg.ignore_index is None and not cfg.weight:
             return None
