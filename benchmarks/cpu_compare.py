@@ -8,9 +8,12 @@ round the parent reads /proc/stat and subtracts the two workers' own CPU time: w
 use. A pair is kept only when in both of its rounds others used at most ``--quiet`` cores (0.15); if no pair is
 quiet, all are reported with a warning. The table gives medians of the kept rounds, their spread (quartiles),
 and the paired ratio: the median over kept pairs of torch ms / leafpy ms (above 1: leafpy is faster).
+``--products`` adds, for networks of Linear layers, rounds timing each engine's products alone at the step's shapes
+(leafpy's BLAS against PyTorch's): the rest of each step, and the ceiling of the ratio (torch's step over leafpy's
+products: what leafpy would reach with everything but its products free).
 
     python benchmarks/cpu_compare.py [--nets mlp128,lenet64] [--rules momentum,inv,adam] [--pairs 15]
-        [--threads 2] [--json FILE]
+        [--threads 2] [--products] [--json FILE]
     python benchmarks/cpu_compare.py --show FILE    # the table of an earlier run
 """
 
@@ -53,6 +56,13 @@ def summarize(pairs: list[dict], quiet: float) -> dict:
         q1, med, q3 = quartiles([p[engine] for p in use])
         row[f"{engine}_ms"], row[f"{engine}_q1"], row[f"{engine}_q3"] = med, q1, q3
     row["ratio"] = statistics.median(p["torch"] / p["leafpy"] for p in use)
+    if all("leafpy_products" in p and "torch_products" in p for p in use):
+        for engine in ENGINES:  # the step's products alone, and the rest of the step
+            row[f"{engine}_products_ms"] = statistics.median(p[f"{engine}_products"] for p in use)
+            row[f"{engine}_rest_ms"] = statistics.median(p[engine] - p[f"{engine}_products"] for p in use)
+        row["products_ratio"] = statistics.median(p["torch_products"] / p["leafpy_products"] for p in use)
+        # the most the step's ratio could be were the rest of leafpy's step free: torch's step over leafpy's products
+        row["ceiling"] = statistics.median(p["torch"] / p["leafpy_products"] for p in use)
     row["others_median"] = statistics.median(p["others"] for p in pairs)
     return row
 
@@ -120,8 +130,53 @@ def _batches(batch: int, shape: tuple, classes: int) -> tuple[list, list]:
     return xs, ys
 
 
-def _engine(kind: str, net: str, rule: str, blas: str = "auto") -> tuple[Any, Any, dict]:
-    """(step(i), loss(), facts) of one engine, built from train_step.py's networks and trainers."""
+def product_shapes(weight_shapes: list[tuple[int, ...]], batch: int) -> list[tuple[int, int, int, bool, bool]] | None:
+    """The products (m, n, k, a transposed, b transposed) a training step of a network of Linear layers makes, in
+    order: each layer's forward (x W^T), its weight gradient (dy^T x) and, past the first layer, its data gradient
+    (dy W). None for a network with other weights than matrices and vectors (a convolution's products are no
+    plain GEMMs in PyTorch)."""
+    if any(len(s) > 2 for s in weight_shapes):
+        return None
+    out: list[tuple[int, int, int, bool, bool]] = []
+    for i, (n, k) in enumerate(s for s in weight_shapes if len(s) == 2):
+        out.append((batch, n, k, False, True))
+        out.append((n, k, batch, True, False))
+        if i:
+            out.append((batch, k, n, False, False))
+    return out
+
+
+def _products(kind: str, shapes: list[tuple[int, int, int, bool, bool]] | None, be: Any) -> Any:
+    """A function running the step's products alone once (leafpy: through the native backend's gemm, its BLAS;
+    torch: torch.mm), on operands of the step's shapes and memory layouts; None without ``shapes``."""
+    if shapes is None:
+        return None
+    import numpy as np
+    rng = np.random.default_rng(1)
+
+    def operand(rows: int, cols: int, trans: bool) -> Any:  # as stored: the transpose of a transposed operand
+        return rng.random((cols, rows) if trans else (rows, cols), dtype=np.float32)
+
+    calls = [(operand(m, k, ta), ta, operand(k, n, tb), tb, np.empty((m, n), np.float32))
+             for m, n, k, ta, tb in shapes]
+    if kind == "leafpy":
+        def run() -> None:
+            for a, ta, b, tb, c in calls:
+                be.gemm(a, ta, b, tb, c)
+        return run
+    import torch
+    tcalls = [(torch.from_numpy(a).t() if ta else torch.from_numpy(a), torch.from_numpy(b).t() if tb
+               else torch.from_numpy(b), torch.from_numpy(c)) for a, ta, b, tb, c in calls]
+
+    def run_torch() -> None:
+        for a, b, c in tcalls:
+            torch.mm(a, b, out=c)
+    return run_torch
+
+
+def _engine(kind: str, net: str, rule: str, blas: str = "auto") -> tuple[Any, Any, dict, Any]:
+    """(step(i), loss(), facts, products() or None) of one engine, built from train_step.py's networks and
+    trainers; products (see :func:`product_shapes`) for networks of Linear layers."""
     import numpy as np
     import train_step as ts
 
@@ -130,17 +185,19 @@ def _engine(kind: str, net: str, rule: str, blas: str = "auto") -> tuple[Any, An
     xs, ys = _batches(batch, shape, classes)
     be = lp.backend("native", **({} if blas == "auto" else {"blas": blas}))
     solver = ts.leafpy_solver(be, make(), batch, classes, rule)
+    initial = [w.to_numpy() for w in solver.network.learnable_weights_data()]
+    products = _products(kind, product_shapes([w.shape for w in initial], batch), be)
     if kind == "leafpy":
         data = [(lp.SharedTensor.from_numpy(x), lp.SharedTensor.from_numpy(y.astype(np.float32)))
                 for x, y in zip(xs, ys)]
         return (lambda i: solver.train_minibatch(*data[i % 4])), solver.loss, {"numpy": np.__version__,
-                                                                              "native_blas": be.blas}
+                                                                              "native_blas": be.blas}, products
     import torch
-    initial = [w.to_numpy() for w in solver.network.learnable_weights_data()]
     trainer = ts.TorchTrainer.of_network(torch, solver.network.layer, initial, "cpu", False, rule)
     data = [trainer.to_device(x, y) for x, y in zip(xs, ys)]
     blas = "MKL" if torch.backends.mkl.is_available() else "?"
-    return (lambda i: trainer.step(*data[i % 4])), trainer.loss, {"torch": torch.__version__, "torch_blas": blas}
+    return ((lambda i: trainer.step(*data[i % 4])), trainer.loss, {"torch": torch.__version__, "torch_blas": blas},
+            products)
 
 
 def worker(conn: Any, kind: str, net: str, rule: str, threads: int, blas: str = "auto") -> None:
@@ -150,7 +207,7 @@ def worker(conn: Any, kind: str, net: str, rule: str, threads: int, blas: str = 
     if kind == "torch":
         import torch
         torch.set_num_threads(threads)
-    step, loss, facts = _engine(kind, net, rule, blas)
+    step, loss, facts, products = _engine(kind, net, rule, blas)
     threadpool_limits(threads)  # again: a BLAS loaded by the engine (leafpy's MKL) is limited too
     for i in range(10):
         step(i)
@@ -162,26 +219,31 @@ def worker(conn: Any, kind: str, net: str, rule: str, threads: int, blas: str = 
     while time.perf_counter() - t < 0.3:  # warm-up, and a first estimate of the step's time
         step(k)
         k += 1
-    conn.send({**facts, "warm_ms": (time.perf_counter() - t) / (k - 10) * 1000})
+    conn.send({**facts, "warm_ms": (time.perf_counter() - t) / (k - 10) * 1000, "products": products is not None})
     while True:
         msg = conn.recv()
         if msg[0] == "stop":
             return
         t = time.perf_counter()
-        for _ in range(msg[1]):
-            step(k)
-            k += 1
+        if msg[0] == "products":  # the step's products alone, as many times as there were steps
+            for _ in range(msg[1]):
+                products()
+        else:
+            for _ in range(msg[1]):
+                step(k)
+                k += 1
         conn.send((time.perf_counter() - t) / msg[1] * 1000)
 
 
 # --- the parent ----------------------------------------------------------------------------------------------------
-def timed_round(conns: dict, procs: dict, engine: str, steps: int) -> tuple[float, float]:
-    """(ms per step, others' cores) of one round of ``engine``, started once the other worker is idle."""
+def timed_round(conns: dict, procs: dict, engine: str, steps: int, what: str = "round") -> tuple[float, float]:
+    """(ms per step, others' cores) of one round of ``engine`` (``what``: "round" for training steps, "products"
+    for the step's products alone), started once the other worker is idle."""
     other = ENGINES[1 - ENGINES.index(engine)]
     wait_idle(procs[other].pid)
     pids = [p.pid for p in procs.values()] + [os.getpid()]
     busy0, own0, t0 = busy_ticks(), sum(cpu_ticks(p) for p in pids), time.perf_counter()
-    conns[engine].send(("round", steps))
+    conns[engine].send((what, steps))
     ms = conns[engine].recv()
     seconds = time.perf_counter() - t0
     return ms, others_cores(busy_ticks() - busy0, sum(cpu_ticks(p) for p in pids) - own0, seconds)
@@ -208,6 +270,10 @@ def compare(net: str, rule: str, args: Any) -> dict:
             for engine in (ENGINES if i % 2 == 0 else ENGINES[::-1]):
                 pair[engine], others = timed_round(conns, procs, engine, steps[engine])
                 pair["others"] = max(pair["others"], others)
+                if args.products and facts[engine]["products"]:
+                    pair[f"{engine}_products"], others = timed_round(conns, procs, engine, steps[engine],
+                                                                     "products")
+                    pair["others"] = max(pair["others"], others)
             pairs.append(pair)
     finally:
         for engine in ENGINES:
@@ -225,6 +291,10 @@ def print_row(r: dict) -> None:
     print(f"{r['network']:<10}{r['rule']:>9}{r['leafpy_ms']:>10.2f} {spread['leafpy']:>15}{r['torch_ms']:>10.2f} "
           f"{spread['torch']:>15}{r['ratio']:>7.2f}{r['kept']:>5}/{r['pairs']:<3}{r['others_median']:>7.2f}"
           f"{r['leafpy_loss10']:>10.5f}{r['torch_loss10']:>10.5f}{flag}", flush=True)
+    if "products_ratio" in r:
+        print(f"{'':<10}{'products':>9}{r['leafpy_products_ms']:>10.2f} {'':>15}{r['torch_products_ms']:>10.2f} "
+              f"{'':>15}{r['products_ratio']:>7.2f}   rest: leafpy {r['leafpy_rest_ms']:.2f} ms, torch "
+              f"{r['torch_rest_ms']:.2f} ms; ceiling (leafpy's rest free) {r['ceiling']:.2f}", flush=True)
 
 
 def print_head(info: dict, facts: dict, threads: int, quiet: float) -> None:
@@ -257,6 +327,9 @@ def main() -> int:
     p.add_argument("--quiet", type=float, default=0.15, help="most cores other processes may use in a kept round")
     p.add_argument("--wait-quiet", type=float, default=10.0,
                    help="seconds to wait at most, before each pair, for other processes to fall quiet")
+    p.add_argument("--products", action="store_true",
+                   help="also time each engine's products alone at the step's shapes, in rounds of their own "
+                        "(networks of Linear layers): the step's floor, and the rest of each step")
     p.add_argument("--json", help="write the rows and the machine here")
     p.add_argument("--show", metavar="JSON", help="print the table of an earlier run's --json file, and stop")
     args = p.parse_args()
