@@ -356,7 +356,8 @@ def npy(paths: dict[str, str], *, test_fraction: float | None = None, seed: int 
         raise ConfigError(f"data.path: unknown key{'s' * (len(extra) > 1)} {', '.join(extra)}; give "
                           f"{', '.join(layout)}")
     arrays = {k: mapped.npy(_checks.path(f"data.path.{k}", paths[k]), k) for k in layout}
-    return _from_arrays(paths[layout[0]], arrays, test_fraction, seed, num_classes, targets, True, ignore_index)
+    return _from_arrays({k: paths[k] for k in layout}, arrays, test_fraction, seed, num_classes, targets, True,
+                        ignore_index)
 
 
 def _layout(path: str, names: Sequence[str], layouts: Sequence[Sequence[str]], wanted: str) -> Sequence[str]:
@@ -371,38 +372,40 @@ def _layout(path: str, names: Sequence[str], layouts: Sequence[Sequence[str]], w
     return found[0]
 
 
-def _from_arrays(path: str, arrays: dict[str, np.ndarray], test_fraction: float | None, seed: int,
+def _from_arrays(path: str | dict[str, str], arrays: dict[str, np.ndarray], test_fraction: float | None, seed: int,
                  num_classes: int | None, targets: str, memory_map: bool, ignore_index: int | None = None
                  ) -> Dataset:
-    """A Dataset of the arrays :func:`npz` (or :func:`npy`) read, checked; mapped samples stay mapped."""
+    """A Dataset of the arrays :func:`npz` (or :func:`npy`) read, checked; mapped samples stay mapped. ``path``:
+    the file all arrays came from, or each array's file by its key (messages name the file at fault)."""
     layout = next(k for k in NPZ_KEYS if set(k) <= set(arrays))
+    at: Callable[[str], str] = path.__getitem__ if isinstance(path, dict) else (lambda key: path)
     if memory_map:
         if len(layout) == 4 and test_fraction is not None:
-            raise ConfigError(f"data.test_fraction: {path} gives its own split (x_train, x_test), which a memory "
-                              "map keeps as it is; remove test_fraction")
+            raise ConfigError(f"data.test_fraction: {at(layout[0])} gives its own split (x_train, x_test), which a "
+                              "memory map keeps as it is; remove test_fraction")
         counts = [arrays[k].shape[0] if arrays[k].ndim else 0 for k in layout[::2]]  # (0-d: refused below)
-        check_memory(path, f"its labels and the order of its {counts[0]} samples", 16 * sum(counts))
+        check_memory(at(layout[0]), f"its labels and the order of its {counts[0]} samples", 16 * sum(counts))
     pairs = [(arrays[x_key], arrays[y_key], x_key, y_key) for x_key, y_key in zip(layout[::2], layout[1::2])]
     xs: list[Any] = []  # (arrays, or mapped samples)
     ys: list[np.ndarray] = []
     for x, y, x_key, y_key in pairs:
-        xs.append(_mapped_samples(path, x_key, x) if memory_map else _samples(path, x_key, x))
+        xs.append(_mapped_samples(at(x_key), x_key, x) if memory_map else _samples(at(x_key), x_key, x))
         y = np.asarray(y)  # (labels: read into memory)
         if targets == "values":
             if y.ndim == 0 or len(y) != len(x):
-                raise SerializationError(f"{path}: {y_key} must hold one target per sample of {x_key} ({len(x)}), "
-                                         f"got shape {y.shape}")
-            ys.append(_samples(path, y_key, y if y.ndim > 1 else y.reshape(-1, 1), scale_bytes=False))
+                raise SerializationError(f"{at(y_key)}: {y_key} must hold one target per sample of {x_key} "
+                                         f"({len(x)}), got shape {y.shape}")
+            ys.append(_samples(at(y_key), y_key, y if y.ndim > 1 else y.reshape(-1, 1), scale_bytes=False))
         else:
-            ys.append(_labels(path, y_key, y, len(x), x_key, ignore_index))
+            ys.append(_labels(at(y_key), y_key, y, len(x), x_key, ignore_index))
     keys = list(zip(layout[::2], layout[1::2]))
     for i in range(1, len(pairs)):  # a fixed split's halves must have one shape per sample (and per target)
         for key, first_key, a, first in ((keys[i][0], keys[0][0], xs[i], xs[0]),
                                          (keys[i][1], keys[0][1], ys[i], ys[0])):
             if a.shape[1:] != first.shape[1:]:
-                raise SerializationError(f"{path}: {key} holds samples of shape {list(a.shape[1:])}, but {first_key} "
-                                         f"holds {list(first.shape[1:])}; the training and held-out arrays must have "
-                                         "one shape per sample")
+                raise SerializationError(f"{at(key)}: {key} holds samples of shape {list(a.shape[1:])}, but "
+                                         f"{first_key} holds {list(first.shape[1:])}; the training and held-out "
+                                         "arrays must have one shape per sample")
     if targets == "values":
         num_classes = 0
         top = 0
@@ -412,9 +415,9 @@ def _from_arrays(path: str, arrays: dict[str, np.ndarray], test_fraction: float 
     if num_classes is None:
         num_classes = top
     elif top > num_classes:
-        raise ConfigError(f"data.num_classes: {path} has label {top - 1}, so num_classes must be at least {top}, "
-                          f"got {num_classes}")
-    name = os.path.basename(path)
+        raise ConfigError(f"data.num_classes: {', '.join(dict.fromkeys(at(k) for k in layout[1::2]))} has label "
+                          f"{top - 1}, so num_classes must be at least {top}, got {num_classes}")
+    name = os.path.basename(at(layout[0]))
     if len(pairs) == 1 or test_fraction is not None:
         x, y = (a[0] if len(a) == 1 else np.concatenate(a) for a in (xs, ys))
         return split(name, x, y, 0.2 if test_fraction is None else test_fraction, seed, num_classes)

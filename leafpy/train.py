@@ -1143,7 +1143,10 @@ def prepare_data(run: run_config.RunConfig, ds: datasets.Dataset, classes: bool)
     too) and record in the run's data section what was used, the class names and an image folder's size and
     CSV table's features, as run.yaml and the model file keep them."""
     data = run.data
-    names = ds.class_names or tuple(data.get("class_names") or ())
+    recorded = tuple(str(n) for n in data.get("class_names") or ())
+    if ds.class_names and recorded and tuple(ds.class_names) != recorded:
+        relabel(ds, recorded, ignored_label(run))
+    names = ds.class_names or recorded
     if names and len(names) < ds.num_classes:
         raise ConfigError(f"data.class_names: {len(names)} names for {ds.num_classes} classes; name every class")
     prep = prepare.resolve(data, ds.x_train, None if classes else ds.y_train, names)
@@ -1155,6 +1158,29 @@ def prepare_data(run: run_config.RunConfig, ds: datasets.Dataset, classes: bool)
         data["channels"], data["image_size"] = int(ds.input_shape[0]), [int(v) for v in ds.input_shape[1:]]
     if ds.feature_names:
         data["features"] = list(ds.feature_names)
+
+
+def relabel(ds: datasets.Dataset, names: Sequence[str], ignore_index: int | None = None) -> None:
+    """Number the classes of ``ds`` (labels into its ``class_names``, which its data gave) as ``names`` does: the
+    run's ``data.class_names``, which a trained run records (run.yaml) and a run file may give. Its data's classes
+    may have changed since (a class folder added, a table's labels edited: the names sort anew, and every label
+    after a new name would be off by one); a class the data has and ``names`` does not name is refused, as a model
+    cannot score a class it was not trained on. ``ignore_index`` is left as it is."""
+    known = {name: k for k, name in enumerate(names)}
+    unknown = [name for name in ds.class_names if name not in known]
+    if unknown:
+        raise LeafpyError(
+            f"data: the {ds.name} data has class{'es' * (len(unknown) > 1)} {', '.join(map(repr, unknown[:5]))}"
+            f"{' ...' * (len(unknown) > 5)}, which data.class_names ({', '.join(map(repr, names[:8]))}"
+            f"{' ...' * (len(names) > 8)}) does not name: a trained run's classes are those it was trained on "
+            "(its run.yaml records them); evaluate or resume on data of those classes, or train a new run on this "
+            "data (leafpy train RUN_FILE --out NEW_DIR); in a run file of your own, name every class of the data")
+    table = np.array([known[name] for name in ds.class_names], np.int64)
+    for split in ("y_train", "y_test"):
+        y = np.asarray(getattr(ds, split))
+        ours = (y >= 0) & (y < len(table)) & (y != ignore_index if ignore_index is not None else True)
+        setattr(ds, split, np.where(ours, table[np.where(ours, y, 0)], y).astype(y.dtype, copy=False))
+    ds.class_names, ds.num_classes = tuple(names), max(ds.num_classes, len(names))
 
 
 def check_samples(run: run_config.RunConfig, shape: Sequence[int], what: str, *, trained: bool = False) -> None:

@@ -361,6 +361,56 @@ def test_a_csv_table_with_class_names(tmp_path):
     failed_cleanly(leafpy(tmp_path, "train", "cancer.yaml", "--out", "run2"), "line 8", "'n/a'")
 
 
+def _class_support(stdout: str) -> dict[str, int]:
+    """evaluate's per-class table: {class name: support}."""
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^\s*(\S+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+(\d+)$",
+                                                             stdout, re.M)}
+
+
+def test_classes_keep_the_names_they_were_trained_under_when_the_data_changes(tmp_path):
+    """A table's classes are numbered in sorted name order; once a class is gone from the data (or the run file
+    orders them), the labels are numbered as the run's class_names say, not shifted onto another class's name; a
+    class the model was not trained on is refused, naming it."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 1, (600, 2))
+    truth = np.array(["cat", "dog", "emu"])[(x[:, 0] > 0.4).astype(int) + (x[:, 0] > -0.4)]
+    write_table(tmp_path / "t.csv", x, list(truth), ["a", "b"], "animal")
+    (tmp_path / "run.yaml").write_text(TABLE_RUN.format(
+        path="t.csv", target="animal", features=2, outputs=3, epochs=15, last="    - {name: logsm, type: LogSoftmax}",
+        objective="{name: nll, type: NegativeLogLikelihood, num_classes: 3}"))
+    p = leafpy(tmp_path, "train", "run.yaml", "--out", "run")
+    assert p.returncode == 0, p.stderr
+    assert float(re.findall(r"held-out accuracy: ([\d.]+)%", p.stdout)[-1]) > 90.0, p.stdout
+    # the cats leave the table: dog and emu, numbered 0 and 1 in the data alone, stay classes 1 and 2
+    keep = truth != "cat"
+    write_table(tmp_path / "t.csv", x[keep], list(truth[keep]), ["a", "b"], "animal")
+    e = leafpy(tmp_path, "evaluate", "run")
+    assert e.returncode == 0, e.stderr
+    support = _class_support(e.stdout)
+    assert support["cat"] == 0 and support["dog"] > 0 and support["emu"] > 0, e.stdout
+    assert float(re.findall(r"held-out accuracy: ([\d.]+)%", e.stdout)[-1]) > 90.0, e.stdout  # shifted: about 0%
+    # an ant joins them: refused, named
+    write_table(tmp_path / "t.csv", x, list(np.where(truth == "cat", "ant", truth)), ["a", "b"], "animal")
+    failed_cleanly(leafpy(tmp_path, "evaluate", "run"), "t.csv", "'ant'", "data.class_names", "'cat', 'dog', 'emu'")
+    failed_cleanly(leafpy(tmp_path, "train", "run", "--resume", "run/checkpoint.leaf", "--epochs", "16"), "'ant'")
+    # a run file naming the classes in an order of its own: its class k is class_names[k]
+    write_table(tmp_path / "t.csv", x, list(truth), ["a", "b"], "animal")
+    text = (tmp_path / "run.yaml").read_text().replace("normalize: auto}", "normalize: auto, "
+                                                       "class_names: [emu, cat, dog]}")
+    (tmp_path / "mine.yaml").write_text(text)
+    q = leafpy(tmp_path, "train", "mine.yaml", "--out", "mine", "--epochs", "3")
+    assert q.returncode == 0, q.stderr
+    import leafpy as lp
+
+    net = lp.Layer.load(lp.backend("native"), str(tmp_path / "mine" / "model.leaf"))
+    assert net.preparation.class_names == ("emu", "cat", "dog")
+    write_table(tmp_path / "new.csv", x[:100], [""] * 100, ["a", "b"], "unused")
+    r = leafpy(tmp_path, "predict", "mine", "--input", "new.csv", "--out", "p.csv")
+    assert r.returncode == 0, r.stderr
+    got = [row["class"] for row in csv.DictReader(io.StringIO((tmp_path / "p.csv").read_text()))]
+    assert np.mean(np.array(got) == truth[:100]) > 0.85, got
+
+
 def test_a_two_class_run_reports_scikit_learns_roc_auc_and_names_its_classes(tmp_path):
     from sklearn.datasets import load_breast_cancer
     from sklearn.metrics import roc_auc_score

@@ -70,6 +70,19 @@ def test_a_mapped_dataset_that_cannot_be_mapped_is_refused_naming_the_fix(tmp_pa
     failed_cleanly(s, "data.memory_map", "true or false")
 
 
+@pytest.mark.parametrize("labels", [np.arange(40) % 5 - 1, np.arange(39) % 5, np.array(list("abcde") * 8)])
+def test_npy_labels_at_fault_are_named_by_their_own_file(tmp_path, labels):
+    """dataset: npy reads each array from a file of its own: a message about the labels names the labels' file,
+    not the samples'."""
+    x, _ = _write(tmp_path, 40)
+    np.save(tmp_path / "samples.npy", x)
+    np.save(tmp_path / "labels.npy", labels)
+    p = leafpy(tmp_path, "train", "run.yaml", "--out", "r", "--set", "data.dataset=npy", "--set",
+               "data.path={x: samples.npy, y: labels.npy}")
+    failed_cleanly(p, "labels.npy")
+    assert "samples.npy" not in p.stderr, p.stderr
+
+
 CHILD = textwrap.dedent("""
     import atexit, resource, runpy, sys
     resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]), int(sys.argv[1])))
