@@ -361,6 +361,37 @@ def test_a_csv_table_with_class_names(tmp_path):
     failed_cleanly(leafpy(tmp_path, "train", "cancer.yaml", "--out", "run2"), "line 8", "'n/a'")
 
 
+def test_floating_point_images_are_scaled_by_their_range_and_a_turned_photo_sizes_the_folder_upright(tmp_path):
+    """Pillow's mode F (a float TIFF) in [0, 1] or [0, 255] decodes to the 8-bit pixels those values mean; other
+    values are refused naming the file. Without image_size, the first image's size is taken as it is shown
+    (EXIF orientation applied), as every image is decoded."""
+    from PIL import Image
+
+    import leafpy as lp
+    from leafpy.sources import image_folder
+
+    ramp = np.linspace(0, 1, 16, dtype=np.float32).reshape(4, 4)
+    for scale in (1.0, 255.0):
+        Image.fromarray(ramp * scale, "F").save(tmp_path / f"f{scale:g}.tif")
+        got = image_folder.decode(str(tmp_path / f"f{scale:g}.tif"), (4, 4), 1)[0]
+        np.testing.assert_array_equal(got, np.floor(ramp * 255 + 0.5).astype(np.uint8))
+    Image.fromarray(ramp * 1000 - 3, "F").save(tmp_path / "wide.tif")
+    with pytest.raises(lp.LeafpyError, match=r"wide\.tif.*floating-point.*8- or 16-bit"):
+        image_folder.decode(str(tmp_path / "wide.tif"), (4, 4), 1)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # shown turned a quarter clockwise
+    stored = np.zeros((40, 20), np.uint8)
+    stored[:, :10] = 255  # 20 wide and 40 high as stored; 40 wide and 20 high as shown
+    for c in ("a", "b"):
+        (tmp_path / "photos" / c).mkdir(parents=True)
+        for i in range(3):
+            Image.fromarray(stored).save(tmp_path / "photos" / c / f"{i}.png", exif=exif)
+    ds = lp.data.image_folder(str(tmp_path / "photos"), channels=1, cache_dir=None)
+    assert ds.x_train.shape[1:] == (1, 20, 40)
+    shown = np.rot90(stored, -1)  # turned a quarter clockwise: the left half white becomes the top half
+    np.testing.assert_allclose(np.asarray(ds.x_train[0])[0], shown / 255.0, atol=1e-6)
+
+
 def _class_support(stdout: str) -> dict[str, int]:
     """evaluate's per-class table: {class name: support}."""
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^\s*(\S+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+(\d+)$",

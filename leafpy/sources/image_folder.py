@@ -34,7 +34,12 @@ EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 MAX_IMAGES = 10_000_000
 """The most images one folder may hold."""
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
+"""Part of a cache's key: raised when decoding changes what a file gives (2: floating-point images scaled, where
+they had been clipped to black)."""
+
+EXIF_ORIENTATION = 0x0112
+"""The EXIF tag of how a photo is turned (5-8: a quarter turn, so its stored width is its height)."""
 
 
 def _pil() -> Any:
@@ -111,9 +116,11 @@ def decode(path: str, image_size: Sequence[int], channels: int) -> np.ndarray:
             with Image.open(path) as img:
                 img.seek(0)
                 img = ImageOps.exif_transpose(img)
-                if img.mode in ("I;16", "I;16B", "I;16L", "I"):
+                if img.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
                     wide = np.asarray(img, dtype=np.float64)
                     top = 65535.0 if img.mode.startswith("I;16") or wide.max(initial=0) > 255 else 255.0
+                    if img.mode == "F":  # 32-bit floats: in [0, 1] (scaled to 255) or in [0, 255]
+                        top = _float_top(wide)
                     img = Image.fromarray(np.clip(wide * (255.0 / top) + 0.5, 0, 255).astype(np.uint8), "L")
                 img = img.convert("L" if channels == 1 else "RGB")
                 if img.size != (w, h):
@@ -125,6 +132,16 @@ def decode(path: str, image_size: Sequence[int], channels: int) -> np.ndarray:
         raise LeafpyError(f"{path}: cannot decode the image ({type(e).__name__}: {str(e)[:200]}); remove or replace "
                           "the file, or set data.skip_unreadable: true to skip such files") from e
     return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
+
+
+def _float_top(values: np.ndarray) -> float:
+    """The white of a floating-point image (Pillow's mode F, as a float TIFF): 1.0 where its values lie in [0, 1],
+    255.0 where in [0, 255]; others (negative, larger, not finite) have no white leafpy can tell, and are refused."""
+    if not np.isfinite(values).all() or values.min(initial=0) < 0 or values.max(initial=0) > 255:
+        raise ValueError(f"a floating-point image with values outside [0, 1] and [0, 255] (from "
+                         f"{np.nanmin(values):g} to {np.nanmax(values):g}, or not finite); save it as 8- or 16-bit "
+                         "pixels")
+    return 1.0 if values.max(initial=0) <= 1 else 255.0
 
 
 def decode_all(files: Sequence[str], image_size: Sequence[int], channels: int, skip_unreadable: bool,
@@ -354,8 +371,9 @@ def _first_size(files: Sequence[str], skip_unreadable: bool) -> tuple[int, int]:
                 raise
             continue
         del image
-        with _pil()[0].open(f) as first:
-            return first.height, first.width
+        with _pil()[0].open(f) as first:  # as decode sees it: upright, EXIF's orientation applied
+            turned = first.getexif().get(EXIF_ORIENTATION) in (5, 6, 7, 8)  # a quarter turn (or a transpose)
+            return (first.width, first.height) if turned else (first.height, first.width)
     raise LeafpyError(f"{os.path.dirname(os.path.dirname(files[0]))}: none of the {len(files)} images could be "
                       "decoded")
 
