@@ -552,8 +552,11 @@ def predict_cmd(args: argparse.Namespace) -> int:
         found = sources.samples_for_prediction(run.data, args.input, run.network.config.inputs[0][1][1:])
         if found is None:
             x = datasets.npz_samples(args.input)
-            found = x, [str(i) for i in range(len(x))]
-        x, labels = found
+            found = x, [str(i) for i in range(len(x))], []
+        x, labels, skipped = found
+        if skipped:  # (data.skip_unreadable)
+            shown = ", ".join(skipped[:10]) + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else "")
+            _out(f"leafpy: skipped {len(skipped)} unreadable file{'s' * (len(skipped) != 1)}: {shown}")
         check_samples(run, x.shape[1:], f"{args.input}: the samples", trained=True)
         net = Layer.from_config(be, run.network)
         load_weights(net, weights)

@@ -392,6 +392,39 @@ def test_floating_point_images_are_scaled_by_their_range_and_a_turned_photo_size
     np.testing.assert_allclose(np.asarray(ds.x_train[0])[0], shown / 255.0, atol=1e-6)
 
 
+def test_predict_skips_unreadable_images_as_the_run_does_and_refuses_images_for_a_table_run(tmp_path):
+    from PIL import Image
+
+    for c in ("a", "b"):
+        (tmp_path / "photos" / c).mkdir(parents=True)
+        for i in range(5):
+            pixels = np.full((8, 8), 40 * i + 30 * (c == "b"), np.uint8)
+            Image.fromarray(pixels).save(tmp_path / "photos" / c / f"{i}.png")
+    (tmp_path / "photos" / "a" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    (tmp_path / "run.yaml").write_text(
+        "name: img\ndata: {dataset: image_folder, path: photos, image_size: [8, 8], channels: 1, batch_size: 4, "
+        "skip_unreadable: true, cache_dir: null}\ntrain: {epochs: 1}\nnetwork: {type: Sequential, inputs: [{name: "
+        "data, shape: [null, 1, 8, 8]}], layers: [{name: f, type: Flatten}, {name: fc, type: Linear, output_size: 2},"
+        " {name: sm, type: LogSoftmax}]}\nobjective: nll\nsolver: {solver: momentum, base_lr: 0.01, momentum: 0.9}\n")
+    assert leafpy(tmp_path, "train", "run.yaml", "--out", "out").returncode == 0
+    p = leafpy(tmp_path, "predict", "out", "--input", "photos", "--out", "p.csv")
+    assert p.returncode == 0, p.stderr
+    assert f"skipped 1 unreadable file: {os.path.join('a', 'broken.png')}" in p.stdout, p.stdout
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "p.csv").read_text())))
+    assert len(rows) == 10 and not any("broken" in str(r) for r in rows)
+    q = leafpy(tmp_path, "predict", "out", "--input", "photos", "--set", "data.skip_unreadable=false")
+    failed_cleanly(q, "broken.png", "cannot decode")
+    # a run trained on a table reads no images
+    x = np.random.default_rng(0).normal(0, 1, (40, 2))
+    write_table(tmp_path / "t.csv", x, ["ab"[int(v > 0)] for v in x[:, 0]], ["f1", "f2"], "label")
+    (tmp_path / "table.yaml").write_text(TABLE_RUN.format(
+        path="t.csv", target="label", features=2, outputs=2, epochs=1, last="    - {name: logsm, type: LogSoftmax}",
+        objective="{name: nll, type: NegativeLogLikelihood, num_classes: 2}"))
+    assert leafpy(tmp_path, "train", "table.yaml", "--out", "table").returncode == 0
+    failed_cleanly(leafpy(tmp_path, "predict", "table", "--input", "photos/a/0.png"), "photos/a/0.png",
+                   "f1, f2", "CSV")
+
+
 def _class_support(stdout: str) -> dict[str, int]:
     """evaluate's per-class table: {class name: support}."""
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^\s*(\S+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+(\d+)$",

@@ -109,6 +109,32 @@ def test_a_csv_with_unnamed_trailing_columns_reads_its_named_features(tmp_path):
     ds = lp.data.csv(str(path), "label", features=["f1", "f2"], test_fraction=0.2)
     x = np.concatenate([np.asarray(ds.x_train), np.asarray(ds.x_test)])
     assert x.shape == (10, 2) and sorted(x[:, 1] / 2) == sorted(x[:, 0])
+    # without features: the named columns (an unnamed one read as '' would be the first '' over and over)
+    for text in ("f1,f2,label,,\n" + "".join(f"{i},{2 * i},{'ab'[i % 2]},,\n" for i in range(10)),
+                 ",f1,f2,label\n" + "".join(f"{i},{i},{2 * i},{'ab'[i % 2]}\n" for i in range(10))):  # pandas' index
+        path.write_text(text)
+        ds = lp.data.csv(str(path), "label", test_fraction=0.2)
+        assert ds.feature_names == ("f1", "f2")
+        x = np.concatenate([np.asarray(ds.x_train), np.asarray(ds.x_test)])
+        assert sorted(x[:, 1] / 2) == sorted(x[:, 0]) == list(range(10))
+    with pytest.raises(LeafpyError, match="'' names no column"):
+        lp.data.csv(str(path), "label", features=["f1", ""])
+
+
+def test_csv_class_labels_written_as_floats_are_the_integers_they_hold(tmp_path):
+    """An integer label column as a tool writes floats (1.0, 2.00) names the classes 1, 2 and 10, in numeric
+    order, however each row writes them; other text stays a name of its own."""
+    path = tmp_path / "table.csv"
+    labels = ["1", "2.0", "10.0", "1.0", "2", "10", "1.00", "2", "10", "1"]
+    path.write_text("f1,label\n" + "".join(f"{i},{t}\n" for i, t in enumerate(labels)))
+    ds = lp.data.csv(str(path), "label", test_fraction=0.0001)
+    assert ds.class_names == ("1", "2", "10")
+    x = np.concatenate([np.asarray(ds.x_train), np.asarray(ds.x_test)])[:, 0].astype(int)
+    y = np.concatenate([ds.y_train, ds.y_test])
+    truth = {"1": 0, "2": 1, "10": 2}
+    assert [int(v) for v in y] == [truth[labels[i].split(".")[0]] for i in x]
+    path.write_text("f1,label\n" + "".join(f"{i},{t}\n" for i, t in enumerate(["1.5", "1.50", "a", "1.0"] * 3)))
+    assert lp.data.csv(str(path), "label", test_fraction=0.0001).class_names == ("1", "1.5", "1.50", "a")
 
 
 @pytest.mark.parametrize("text,line,column", [

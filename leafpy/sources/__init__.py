@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import _checks
-from ..errors import ConfigError
+from ..errors import ConfigError, LeafpyError
 from .parts import Parts
 
 KINDS = ("image_folder", "csv")
@@ -43,10 +43,12 @@ def load(kind: str, spec: dict, targets: str, input_shape: Sequence[int] | None)
                              decoding_in=spec.get("decoding", "auto"))
 
 
-def samples_for_prediction(data: dict, path: str, input_shape: Sequence[int]) -> tuple[Any, list[str]] | None:
+def samples_for_prediction(data: dict, path: str, input_shape: Sequence[int]
+                           ) -> tuple[Any, list[str], list[str]] | None:
     """New samples for a trained model, read as its training data was (before normalisation): an image file or
-    a folder of images (decoded to the run's ``image_size`` and ``channels``) or a CSV table (the run's feature
-    columns, by name); with a label for each (its file, its line). None for other files."""
+    a folder of images (decoded to the run's ``image_size`` and ``channels``; with ``data.skip_unreadable``, files
+    that do not decode left out) or a CSV table (the run's feature columns, by name); with a label for each (its
+    file, its line), and the files left out. None for other files."""
     import os
 
     import numpy as np
@@ -59,19 +61,33 @@ def samples_for_prediction(data: dict, path: str, input_shape: Sequence[int]) ->
         if not files:
             raise ConfigError(f"--input {path}: no images in the folder ({', '.join(image_folder.EXTENSIONS)})")
         shape = list(input_shape)
+        if not data.get("image_size") and len(shape) != 3:
+            what = f"a table's columns ({', '.join(data['features'])})" if data.get("features") else \
+                f"samples of shape {shape}"
+            raise ConfigError(f"--input {path}: images, where this run's network reads {what}, not images; give "
+                              + ("a CSV table with those columns" if data.get("features") else
+                                 "the samples as an .npz file (x: [N, ...])"))
         size = data.get("image_size") or shape[1:]
         channels = data.get("channels") or shape[0]
         (size, channels) = image_folder.check_size(list(size), channels)
-        images, _ = image_folder.decode_all(files, size, channels, False,
-                                            workers=_checks.non_negative_int("data.workers", data.get("workers", 0)),
-                                            mode=decoding.check_mode(data.get("decoding", "auto")))
+        skip = data.get("skip_unreadable", False)
+        if not isinstance(skip, bool):
+            raise ConfigError(f"data.skip_unreadable: expected true or false, got {skip!r}")
+        images, skipped = image_folder.decode_all(
+            files, size, channels, skip, workers=_checks.non_negative_int("data.workers", data.get("workers", 0)),
+            mode=decoding.check_mode(data.get("decoding", "auto")))
         base = path if os.path.isdir(path) else os.path.dirname(path)
-        return images.astype(np.float32) / np.float32(255.0), [os.path.relpath(f, base or ".") for f in files]
+        names = [os.path.relpath(f, base or ".") for f in files]
+        if len(skipped) == len(files):
+            raise LeafpyError(f"--input {path}: none of its {len(files)} images could be decoded")
+        left_out = set(skipped)
+        return (images.astype(np.float32) / np.float32(255.0), [n for i, n in enumerate(names) if i not in left_out],
+                [names[i] for i in skipped])
     if lower.endswith(".csv"):
         features = data.get("features")
         if not features:
             raise ConfigError(f"--input {path}: the run records no CSV feature columns (data.features); it was "
                               "not trained on a CSV table, give an .npz file")
         header, rows, lines = csv_table.read_rows(path, data.get("delimiter", ","))
-        return csv_table.numbers(path, header, rows, features, lines), [f"line {line}" for line in lines]
+        return csv_table.numbers(path, header, rows, features, lines), [f"line {line}" for line in lines], []
     return None

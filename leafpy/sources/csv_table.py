@@ -91,6 +91,9 @@ def _line(lines: Sequence[int] | None, i: int) -> int:
 
 
 def column_index(path: str, header: Sequence[str], name: Any) -> int:
+    if name == "":
+        raise ConfigError(f"{path}: '' names no column (columns without a name in the header are not read); name "
+                          "the column in the header row")
     if name not in header:
         raise ConfigError(f"{path}: no column {name!r}; the header has {', '.join(map(repr, header))}"[:500])
     return list(header).index(name)
@@ -106,9 +109,19 @@ def class_labels(path: str, header: Sequence[str], rows: Sequence[Sequence[str]]
     if missing is not None:
         raise LeafpyError(f"{path}: line {_line(lines, missing)}, column {target!r}: the target is missing; fill it "
                           "in or drop the row")
+    cells = [_whole(c) for c in cells]  # "1.0" (an integer column written as floats) is class "1"
     names = sorted(set(cells), key=lambda c: (0, int(c), "") if _integer(c) else (1, 0, c))
     index = {n: i for i, n in enumerate(names)}
     return names, np.array([index[c] for c in cells], np.int64)
+
+
+def _whole(cell: str) -> str:
+    """An integer written with a decimal point and zeros ("2.0", "-3.00") as the integer ("2", "-3"); any other
+    cell as it is."""
+    head, dot, tail = cell.partition(".")
+    if dot and head.lstrip("+-").isdigit() and head[:1] != "+" and (not tail or set(tail) == {"0"}):
+        return str(int(head))
+    return cell
 
 
 def _integer(cell: str) -> bool:
@@ -127,8 +140,8 @@ def read(path: str, target: str, *, features: Sequence[str] | None = None, delim
     if not isinstance(target, str):
         raise ConfigError(f"data.target: expected the name of the label column, got {target!r}")
     column_index(path, header, target)
-    if features is None:
-        features = [h for h in header if h != target]
+    if features is None:  # (columns without a name, as a spreadsheet's trailing empty one or pandas' index, are no
+        features = [h for h in header if h and h != target]  # features)
     elif not isinstance(features, (list, tuple)) or not features or not all(isinstance(f, str) for f in features):
         raise ConfigError(f"data.features: expected a list of column names, got {features!r}"[:300])
     if target in features:
