@@ -99,6 +99,57 @@ def test_a_branch_is_not_overwritten_in_place(native64):
     np.testing.assert_allclose(net.forward([x])[0].to_numpy(), x + np.maximum(x, 0), rtol=1e-12)
 
 
+def _cut_branch_config(dead_end: bool) -> lp.SequentialConfig:
+    """data -> fc0 -> a; a -> fc1 -> h -> fc2 -> g -> fc3 (propagate_down False: g gets no gradient) -> out;
+    a -> fc4 -> p -> fc5 -> q; concat(out, q). ``dead_end``: also a -> fc6 -> d, read by no layer."""
+    L = lp.LayerConfig
+    cfg = lp.SequentialConfig(inputs=[("data", [4, 3])], force_backward=True)
+    cfg.add_layer(L("fc0", lp.LinearConfig(output_size=3), inputs=["data"], outputs=["a"]))
+    cfg.add_layer(L("fc1", lp.LinearConfig(output_size=3), inputs=["a"], outputs=["h"]))
+    cfg.add_layer(L("fc2", lp.LinearConfig(output_size=3), inputs=["h"], outputs=["g"]))
+    cfg.add_layer(L("fc3", lp.LinearConfig(output_size=3), inputs=["g"], outputs=["out"], propagate_down=[False]))
+    if dead_end:
+        cfg.add_layer(L("fc6", lp.LinearConfig(output_size=3), inputs=["a"], outputs=["d"]))
+    cfg.add_layer(L("fc4", lp.LinearConfig(output_size=3), inputs=["a"], outputs=["p"]))
+    cfg.add_layer(L("fc5", lp.LinearConfig(output_size=3), inputs=["p"], outputs=["q"]))
+    cfg.add_layer(L("cat", lp.ConcatConfig(axis=1), inputs=["out", "q"]))
+    return cfg
+
+
+@pytest.mark.parametrize("dead_end", [False, True])
+def test_a_branch_cut_off_from_the_output_runs_no_backward_pass(native64, dead_end):
+    """Layers whose outputs lead to the network's output only through a propagate_down: False (or nowhere) get
+    no gradient and pass none on: the layers before them see only the gradients of the paths that reach the
+    output (a cut-off layer that ran anyway read a gradient buffer no layer wrote that step, shared with another
+    blob's gradient). Against float64 NumPy by hand, over two steps with other gradients."""
+    net = lp.Layer.from_config(native64, lp.LayerConfig("net", _cut_branch_config(dead_end)), seed=0)
+    rng = np.random.default_rng(1)
+    for w in net.learnable_weights_data():
+        w.set(rng.standard_normal(w.shape))
+    W = net.named_weights()
+    lin = {n: (lambda v, n=n: v @ W[f"{n}/weight"].T + W[f"{n}/bias"]) for n in ("fc0", "fc1", "fc2", "fc3", "fc4",
+                                                                                "fc5", "fc6")}
+    for _ in range(2):
+        x, dy = rng.standard_normal((4, 3)), rng.standard_normal((4, 6))
+        y = net.forward([x])[0].to_numpy()
+        dx = net.backward([dy])[0].to_numpy()
+        grads = dict(zip(net.learnable_weights_names(), (g.to_numpy() for g in net.learnable_weights_gradients())))
+        a = lin["fc0"](x)
+        g = lin["fc2"](lin["fc1"](a))
+        p = lin["fc4"](a)
+        np.testing.assert_allclose(y, np.concatenate([lin["fc3"](g), lin["fc5"](p)], 1), rtol=1e-12, atol=1e-12)
+        dq = dy[:, 3:]
+        dp = dq @ W["fc5/weight"]
+        da = dp @ W["fc4/weight"]  # fc1's path is cut: nothing of it reaches a
+        expected = {"fc3": (dy[:, :3].T @ g, dy[:, :3].sum(0)), "fc5": (dq.T @ p, dq.sum(0)),
+                    "fc4": (dp.T @ a, dp.sum(0)), "fc0": (da.T @ x, da.sum(0))}
+        for name in ("fc0", "fc1", "fc2", "fc3", "fc4", "fc5") + (("fc6",) if dead_end else ()):
+            want_w, want_b = expected.get(name, (np.zeros((3, 3)), np.zeros(3)))
+            np.testing.assert_allclose(grads[f"{name}/weight"], want_w, rtol=1e-10, atol=1e-12, err_msg=name)
+            np.testing.assert_allclose(grads[f"{name}/bias"], want_b, rtol=1e-10, atol=1e-12, err_msg=name)
+        np.testing.assert_allclose(dx, da @ W["fc0/weight"], rtol=1e-10, atol=1e-12)
+
+
 def test_fan_out_matches_native(device):  # noqa: F811
     rng = np.random.default_rng(5)
     x = rng.standard_normal((3, 4)).astype(np.float32)

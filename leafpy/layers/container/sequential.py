@@ -131,6 +131,7 @@ class Sequential(Layer):
         self._grad_pool: list[SharedTensor] = []
         self._fan_scratch: dict[tuple[int, int], SharedTensor] = {}  # (layer, input) -> its own gradient
         self._fan_in: dict[int, list[tuple[SharedTensor, list[SharedTensor]]]] = {}
+        self._zero_grads: dict[int, list[int]] = {}  # layer -> its outputs whose gradient no running reader writes
         if weight_registry is None:  # the outermost container: build everything for the declared shapes now
             self.network  # noqa: B018
 
@@ -217,8 +218,10 @@ class Sequential(Layer):
         blobs: dict[str, tuple[SharedTensor, SharedTensor | None, int]] = {
             n: (t, g, -1) for n, t, g in zip(self.input_names, inputs, input_grads)}
         receives: list[list[SharedTensor | None]] = []
+        sources: list[list[tuple[int, int]]] = []  # each input's producer (-1: the container) and its output's tensor
         for i, (layer, plan) in enumerate(zip(self.layers, self._plan)):
             entries = [blobs[n] for n in plan.inputs]
+            sources.append([(p, id(t)) for t, _, p in entries])
             pd = self.seq_config.layers[i].propagate_down
             grads = [g if (not pd or pd[j]) and g is not None and _differentiable(layer, j) else None
                      for j, (_, g, _) in enumerate(entries)]
@@ -231,15 +234,23 @@ class Sequential(Layer):
             for n, t, g in zip(plan.outputs, layer.outputs, layer.output_grads):
                 blobs[n] = (t, g if needs else None, i)
             receives.append(grads)
-        # a layer runs backward if some gradient reaches its outputs
-        written: set[int] = set()
-        for plan, received in zip(self._plan, receives):
-            for n, r in zip(plan.inputs, received):
-                if r is not None:
-                    written.add(id(blobs[n][0]))
-        for i, layer in enumerate(self.layers):
-            reached = i == len(self.layers) - 1 or any(id(blobs[n][0]) in written for n in self._plan[i].outputs)
+        # a layer runs backward if a gradient reaches one of its outputs: the container's last layer, and a layer
+        # whose output a layer that runs backward was given a gradient for (from the last layer back: a reader that
+        # was given one but is cut off from the outputs, by propagate_down after it, writes nothing)
+        last = len(self.layers) - 1
+        writes: dict[int, set[int]] = {}  # producer -> its outputs (tensor ids) a running reader writes a gradient of
+        self._zero_grads = {}
+        for i in range(last, -1, -1):
+            layer = self.layers[i]
+            reached = i == last or bool(writes.get(i))
             layer.runs_backward = reached and (layer.has_weights or any(g is not None for g in layer.input_grads))
+            if layer.runs_backward:
+                for (producer, out), given in zip(sources[i], receives[i]):
+                    if given is not None:
+                        writes.setdefault(producer, set()).add(out)
+                if i != last:  # outputs no running reader writes the gradient of: zero, not what the buffer held
+                    self._zero_grads[i] = [k for k, (t, g) in enumerate(zip(layer.outputs, layer.output_grads))
+                                           if g is not None and id(t) not in writes.get(i, ())]
         self._plan_fan_in(blobs)
         self._share_gradients()
         last = self.layers[-1]  # the container's outputs and their gradients are its last layer's
@@ -382,11 +393,14 @@ class Sequential(Layer):
         self.ran_forward = True
 
     def run_backward(self) -> None:
-        fan_in = self._fan_in
+        fan_in, zero = self._fan_in, self._zero_grads
+        be = self.backend
         for i in range(len(self.layers) - 1, -1, -1):
             if i in fan_in:
                 self._sum_fan_in(i)
             layer = self.layers[i]
+            for k in zero.get(i, ()):
+                be.fill(0.0, layer.output_grads[k].write(be))
             if layer.runs_backward:
                 layer.run_backward()
                 if self.backward_hook is not None:
