@@ -142,7 +142,8 @@ CASES = {
     ],
     "MeanSquaredError": [("MeanSquaredError", lambda r: [r.standard_normal((3, 4)), r.standard_normal((3, 4))])],
     "Reshape": [(lp.ReshapeConfig(shape=[1, 3, -1]), lambda r: [r.standard_normal((2, 6))]),
-                (lp.ReshapeConfig(shape=[-1, 4], whole_shape=True), lambda r: [r.standard_normal((2, 3, 4))])],
+                (lp.ReshapeConfig(shape=[-1, 4], whole_shape=True), lambda r: [r.standard_normal((2, 3, 4))]),
+                (lp.ReshapeConfig(shape=[-1, 2, 3]), lambda r: [r.standard_normal((2, 6))])],  # -1: the batch
     "Transpose": [(TransposeConfig(perm=[1, 0, 2]), lambda r: [r.standard_normal((3, 2, 4))]),
                   (TransposeConfig(perm=[2, 0, 3, 1]), lambda r: [r.standard_normal((2, 3, 4, 5))])],
     "MatMul": [("MatMul", lambda r: [r.standard_normal((2, 3, 4)), r.standard_normal((2, 4, 5))]),
