@@ -474,8 +474,11 @@ class Progress(Callback):
     def __init__(self, log_every: int = 100) -> None:
         self.log_every = run_config.check_log_every(log_every, "Progress log_every")
         self.bar: Any = None
+        self.seen: int | None = None  # the iteration after the last call: a line only where a call updated (with
+        # minibatch_size > 1, calls that accumulate leave the iteration as it was)
 
     def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None:
+        self.seen = trainer.solver.iteration
         if not trainer.is_root or not sys.stderr.isatty():
             return
         try:
@@ -501,7 +504,9 @@ class Progress(Callback):
             self.bar.set_postfix_str(f"loss {loss:.4f}{acc_text} {trainer.samples_per_second:,.0f} samples/s",
                                      refresh=False)
             self.bar.update(1)
-        elif self.log_every and trainer.solver.iteration % self.log_every == 0:
+            return
+        updated, self.seen = trainer.solver.iteration != self.seen, trainer.solver.iteration
+        if self.log_every and updated and trainer.solver.iteration % self.log_every == 0:
             trainer.progress(f"iteration {trainer.solver.iteration}: loss {loss:.4f}, "
                              f"lr {trainer.solver.learning_rate():.3g}{_scaling_text(trainer.solver)}")
 
@@ -731,6 +736,7 @@ class Trainer:
         solver = Solver.load_checkpoint(self.backend, self.backend, resume)
         if run.solver.seed is None and solver.config.seed is not None:  # the seed the run drew, which run.yaml keeps
             run.solver = dataclasses.replace(run.solver, seed=solver.config.seed)
+        trained_seed = solver.config.seed
         solver.reconfigure(run.solver, "the run file")
         trained_on = solver.trainer_state.get("data")
         digest = solver.trainer_state.get("data_digest")
@@ -751,6 +757,11 @@ class Trainer:
             raise ConfigError(f"data: the {self.dataset.name} samples or targets are not those the checkpoint "
                               f"{resume} was trained on (the files changed since): resuming would not continue that "
                               f"run; restore the data, or start a new run from its weights with --weights {resume}")
+        if trained_seed is not None and run.solver.seed != trained_seed:
+            raise ConfigError(f"solver.seed: the checkpoint {resume} was trained from seed {trained_seed}, this run "
+                              f"has {run.solver.seed}: the seed made its initial weights and the random streams the "
+                              "checkpoint carries on, so run.yaml would name a seed the run never used; resume with "
+                              f"seed {trained_seed} (or none), or start a new run")
         return solver
 
     def _start_from(self, solver: Solver, path: str) -> None:

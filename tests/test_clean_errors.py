@@ -96,6 +96,24 @@ def test_a_history_with_a_text_epoch_is_set_aside_when_resuming(trained, tmp_pat
     assert [h["epoch"] for h in json.loads((run / "history.json").read_text())] == [2]
 
 
+def test_resuming_with_another_solver_seed_is_refused_and_the_run_keeps_its_own(trained, tmp_path):
+    """The seed made the checkpoint's initial weights and random streams: a resume naming another is refused (the
+    run.yaml it would write names a seed the run never used), and the run's files are left as they were."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("run.yaml", "checkpoint.leaf"):
+        (run / name).write_bytes((trained / name).read_bytes())
+    recorded = (run / "run.yaml").read_text()
+    p = leafpy(tmp_path, "train", "run", "--resume", "run/checkpoint.leaf", "--epochs", "2", "--set", "solver.seed=7")
+    failed_cleanly(p, "solver.seed", "checkpoint.leaf", "seed 0", "7")
+    assert (run / "run.yaml").read_text() == recorded
+    q = leafpy(tmp_path, "train", "run", "--resume", "run/checkpoint.leaf", "--epochs", "2")
+    assert q.returncode == 0, q.stderr
+    import yaml
+
+    assert yaml.safe_load((run / "run.yaml").read_text())["solver"]["seed"] == 0
+
+
 def test_a_full_disk_while_the_plot_is_written_keeps_the_run(tmp_path, monkeypatch, capsys):
     figure = pytest.importorskip("matplotlib.figure", reason="the plot needs matplotlib (the cli extra)")
     from leafpy import cli

@@ -66,15 +66,20 @@ def test_a_softmax_before_negative_log_likelihood_is_refused_naming_log_softmax(
     failed_cleanly(p, "NegativeLogLikelihood", "log-probabilities", "Softmax", "LogSoftmax")
 
 
-def test_the_trainers_log_receives_the_progress_lines(tmp_path):
+@pytest.mark.parametrize("k", [1, 3])
+def test_the_trainers_log_receives_the_progress_lines(tmp_path, k):
+    """A line each log_every updates, once each: with minibatch_size k, k calls make an update."""
+    import dataclasses
+
     run = lp.config.load("digits_mlp")
+    run.solver = dataclasses.replace(run.solver, minibatch_size=k)
     lines: list[str] = []
     trainer = lp.Trainer(run, lp.backend("native"), log=lines.append, log_every=10)
-    trainer.fit(epochs=1)
+    trainer.fit(epochs=2)
     iterations = [line for line in lines if line.startswith("iteration ")]
-    per_epoch = trainer.batches_per_epoch
-    assert [int(line.split()[1].rstrip(":")) for line in iterations] == list(range(10, per_epoch + 1, 10))
-    assert any(line.startswith("epoch 1/1") for line in lines)
+    updates = 2 * trainer.batches_per_epoch // k
+    assert [int(line.split()[1].rstrip(":")) for line in iterations] == list(range(10, updates + 1, 10))
+    assert any(line.startswith("epoch 2/2") for line in lines)
 
 
 def test_progress_lines_go_to_stderr_without_a_log(capsys):

@@ -319,6 +319,28 @@ def test_weight_sharing_by_name(native, rng):
     np.testing.assert_allclose(gw, dout.T @ h + dh.T @ x, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("field,values", [("lr_mult", (1.0, 2.0)), ("lr_mult", (1.0, 0.0)), ("decay_mult", (1.0, 0.0))])
+def test_layers_sharing_a_weight_with_other_multipliers_are_refused(tmp_path, field, values):
+    """One weight has one update: two layers sharing it by name with other lr_mult or decay_mult (where the first
+    layer's silently won) are refused naming the weight, both layers and the field, through the command too."""
+    cfg = lp.SequentialConfig(inputs=[("data", [2, 4])])
+    for name, v in zip(("fc1", "fc2"), values):
+        cfg.add_layer(lp.LayerConfig(name, lp.LinearConfig(output_size=4),
+                                     params=[lp.WeightConfig(name="tied_w", **{field: v})]))
+    with pytest.raises(lp.ConfigError, match=rf"layer 'fc2'.*'tied_w' has {field} {values[0]:g} in layer 'fc1'.*"
+                                             rf"{values[1]:g} here"):
+        lp.Layer.from_config(lp.backend("native"), lp.LayerConfig("net", cfg), seed=0)
+    from test_user_paths import failed_cleanly, leafpy
+
+    (tmp_path / "run.yaml").write_text(
+        "name: tied\ndata: {dataset: npz, path: d.npz}\nnetwork:\n  type: Sequential\n  inputs: [{name: data, "
+        "shape: [null, 4]}]\n  layers:\n    - {name: fc1, type: Linear, output_size: 4, params: [{name: tied_w, "
+        f"{field}: {values[0]}}}]}}\n    - {{name: fc2, type: Linear, output_size: 4, params: [{{name: tied_w, "
+        f"{field}: {values[1]}}}]}}\n    - {{name: sm, type: LogSoftmax}}\nobjective: nll\n")
+    np.savez(tmp_path / "d.npz", x=np.ones((8, 4), np.float32), y=np.arange(8) % 4)
+    failed_cleanly(leafpy(tmp_path, "train", "run.yaml", "--out", "r"), "tied_w", field, "fc1", "fc2")
+
+
 def test_weight_fillers(native):
     for filler, check in [
         (lp.FillerConfig(type="constant", value=0.25), lambda w: np.allclose(w, 0.25)),

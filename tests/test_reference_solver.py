@@ -109,3 +109,38 @@ def test_solver_steps_match_the_documented_step(native64, rule):
             np.testing.assert_allclose(g, e, rtol=1e-11, atol=1e-13, err_msg=f"{rule}: {name} after update {updates}")
         updates += 1
     assert solver.iteration == updates == 8
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_clipping_measures_the_weights_that_move_and_a_frozen_layers_are_left_out(native64, scaled):
+    """A frozen layer (lr_mult 0 on its weights, as in fine-tuning) before a trained one: the global norm that
+    clipping compares is the trained weights' alone, as in Caffe (a frozen weight's diff stays 0) and PyTorch
+    (clip_grad_norm_ over the trainable parameters), and the frozen weights never move."""
+    net = lp.SequentialConfig(inputs=[("data", [4, 3])])
+    net.add_layer(lp.LayerConfig("frozen", lp.LinearConfig(output_size=3),
+                                 params=[lp.WeightConfig(lr_mult=0.0), lp.WeightConfig(lr_mult=0.0)]))
+    net.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=2)))
+    obj = lp.SequentialConfig(inputs=[("network_out", [4, 2]), ("target", [4, 2])])
+    obj.add_layer(lp.LayerConfig("mse", "MeanSquaredError"))
+    cfg = lp.SolverConfig(network=lp.LayerConfig("net", net), objective=lp.LayerConfig("loss", obj),
+                          solver="momentum", base_lr=0.1, momentum=0.0, clip_gradients=0.5, seed=0,
+                          loss_scale=8.0 if scaled else None)
+    solver = lp.Solver.from_config(native64, native64, cfg)
+    f_w, f_b, w, b = (t.to_numpy() for t in solver.network.learnable_weights_data())
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        x, t = rng.standard_normal((4, 3)) * 3, rng.standard_normal((4, 2))
+        h = x @ f_w.T + f_b
+        dy = 2.0 * (h @ w.T + b - t) / t.size
+        gw, gb = dy.T @ h, dy.sum(axis=0)
+        norm = math.sqrt(float(np.sum(gw * gw) + np.sum(gb * gb)))
+        dh = dy @ w  # the frozen layer's gradients: what counting them would add to the norm
+        whole = math.sqrt(norm ** 2 + float(np.sum((dh.T @ x) ** 2) + np.sum(dh.sum(axis=0) ** 2)))
+        assert whole > 1.05 * norm > 0.5
+        w, b = w - 0.1 * gw * 0.5 / norm, b - 0.1 * gb * 0.5 / norm
+        solver.train_minibatch(x, t)
+        got = [t.to_numpy() for t in solver.network.learnable_weights_data()]
+        np.testing.assert_array_equal(got[0], f_w)
+        np.testing.assert_array_equal(got[1], f_b)
+        np.testing.assert_allclose(got[2], w, rtol=1e-11, atol=1e-13)
+        np.testing.assert_allclose(got[3], b, rtol=1e-11, atol=1e-13)

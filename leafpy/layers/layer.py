@@ -470,10 +470,15 @@ class Layer:
             full = cfg.name or f"{weight_name_part(self.name)}/{wname}"
             shared = self._registry.get(full) if cfg.name else None
             if shared is not None:
-                data, grad = shared
+                data, grad, owner, first = shared
                 if data.shape != tuple(shape):
                     raise ShapeError(f"{worker.where}: shared weight '{full}' has shape {data.shape}, "
                                      f"this layer needs {tuple(shape)}")
+                for field in ("lr_mult", "decay_mult"):  # one weight, one update: its layers must agree (Caffe's
+                    if getattr(cfg, field) != getattr(first, field):  # rule too)
+                        raise ConfigError(f"{worker.where}: shared weight '{full}' has {field} "
+                                          f"{getattr(first, field):g} in {owner}, {getattr(cfg, field):g} here; give "
+                                          f"every layer sharing it the same {field}")
             else:
                 filler = cfg.filler or worker.default_filler(i)
                 data = SharedTensor(shape, dtype)
@@ -481,7 +486,7 @@ class Layer:
                     data.set(filler.fill(tuple(shape), self._rng))
                 grad = SharedTensor(shape, dtype)
                 if cfg.name:
-                    self._registry[full] = (data, grad)
+                    self._registry[full] = (data, grad, worker.where, cfg)
             self.weights.append(data)
             self.weight_copies.append(SharedTensor(shape, self.backend.compute_dtype) if copies else None)
             self._copied_versions.append(None)

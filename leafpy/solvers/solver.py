@@ -636,8 +636,8 @@ class Solver:
         runs = self._update_runs(grads)
         weights, _, configs = self._parameters()
         g_bufs = [g.read_write(be) for g in grads]
-        if cfg.clip_gradients is not None:
-            self._clip(be, g_bufs, cfg.clip_gradients)
+        if cfg.clip_gradients is not None:  # the norm of the weights that move (a frozen one's gradient, as in
+            self._clip(be, [g_bufs[i] for run in runs for i in run], cfg.clip_gradients)  # Caffe and PyTorch: none)
         if cfg.minibatch_size > 1:
             for g in g_bufs:
                 be.scal(1.0 / cfg.minibatch_size, g)
@@ -737,6 +737,11 @@ class Solver:
         cfg = self.config
         be = self._network.backend
         g_bufs = [g.read_write(be) for g in grads]
+        moving = {i for run in self._update_runs(grads) for i in run}
+        if len(moving) < len(g_bufs):  # a frozen weight's gradient: unscaled, but an inf there skips no step
+            be.sum_squares([g for i, g in enumerate(g_bufs) if i not in moving], self._norm.write(be), self._ws,
+                           self._scale.read(be))
+            g_bufs = [g_bufs[i] for i in sorted(moving)]
         scale = self._scale.read_write(be)
         be.loss_scale_update(self._sum_squares(be, g_bufs, scale), scale, self._scale_counts.read_write(be),
                              self._rate.read_write(be), cfg.loss_scale_growth_factor, cfg.loss_scale_backoff_factor,
