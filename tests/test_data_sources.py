@@ -605,6 +605,26 @@ def test_a_decompression_bomb_is_refused_before_it_is_decoded(tmp_path):
     assert "decompression bomb" in p.stderr.lower() or "exceeds limit" in p.stderr, p.stderr
 
 
+def test_an_image_past_pillows_pixel_limit_is_refused_whatever_the_warning_filters_say(tmp_path, monkeypatch):
+    """Between Pillow's limit and twice it, Pillow only warns; decode turns that warning into an error, but the
+    warning filters are the process's, which a decoding thread may find restored under another thread's: the size
+    is checked on its own as well."""
+    import warnings
+
+    from PIL import Image
+
+    import leafpy as lp
+    from leafpy.sources import image_folder
+
+    side = int((Image.MAX_IMAGE_PIXELS * 1.2) ** 0.5)
+    (tmp_path / "big.png").write_bytes(_png_declaring(side, side))
+    monkeypatch.setattr(image_folder.warnings, "simplefilter", lambda *a, **k: None)  # another thread's filters
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(lp.LeafpyError, match=r"big\.png.*decompression bomb limit"):
+            image_folder.decode(str(tmp_path / "big.png"), (8, 8), 1)
+
+
 def test_a_checkpoint_from_before_images_were_kept_as_bytes_resumes_on_the_same_folder(tmp_path):
     """tests/data/image_folder_checkpoint_v2.leaf was written by a leafpy that held image-folder samples as float32
     (and fingerprinted them so): it resumes on the same images, and is refused on changed ones."""

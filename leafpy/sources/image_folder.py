@@ -114,6 +114,10 @@ def decode(path: str, image_size: Sequence[int], channels: int) -> np.ndarray:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as img:
+                limit = Image.MAX_IMAGE_PIXELS  # (checked here too: the warning filter above is the process's, and
+                if limit and img.width * img.height > limit:  # a decoding thread's may be restored under another's)
+                    raise ValueError(f"{img.width}x{img.height} pixels, more than Pillow's decompression bomb limit "
+                                     f"Image.MAX_IMAGE_PIXELS ({limit})")
                 img.seek(0)
                 img = ImageOps.exif_transpose(img)
                 if img.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
