@@ -1132,12 +1132,16 @@ def load_data(run: run_config.RunConfig) -> datasets.Dataset:
                        input_shape=run.network.config.inputs[0][1][1:], ignore_index=ignored_label(run))
     check_samples(run, ds.input_shape, f"data: the {ds.name} samples")
     if classes:
+        recorded = tuple(run.data.get("class_names") or ())
+        if ds.class_names and recorded and tuple(ds.class_names) != recorded:
+            relabel(ds, [str(n) for n in recorded])  # (numbered as the run names them, before the check below)
         for layer in run.objective.config.layers:
             n = getattr(layer.config, "num_classes", None)
             if n is not None and ds.num_classes > n:
-                raise LeafpyError(f"data: the {ds.name} labels go up to {ds.num_classes - 1}, but objective layer "
-                                  f"'{layer.name}' has num_classes {n}; set it (and the network's output size) to "
-                                  f"{ds.num_classes}")
+                given = f" (data.class_names names {ds.num_classes})" if recorded else ""
+                raise LeafpyError(f"data: the {ds.name} labels go up to {ds.num_classes - 1}{given}, but objective "
+                                  f"layer '{layer.name}' has num_classes {n}; set it (and the network's output size) "
+                                  f"to {ds.num_classes}")
     else:
         inputs = run.objective.config.inputs
         target_name, target = inputs[-1]
@@ -1154,10 +1158,7 @@ def prepare_data(run: run_config.RunConfig, ds: datasets.Dataset, classes: bool)
     too) and record in the run's data section what was used, the class names and an image folder's size and
     CSV table's features, as run.yaml and the model file keep them."""
     data = run.data
-    recorded = tuple(str(n) for n in data.get("class_names") or ())
-    if ds.class_names and recorded and tuple(ds.class_names) != recorded:
-        relabel(ds, recorded, ignored_label(run))
-    names = ds.class_names or recorded
+    names = ds.class_names or tuple(str(n) for n in data.get("class_names") or ())
     if names and len(names) < ds.num_classes:
         raise ConfigError(f"data.class_names: {len(names)} names for {ds.num_classes} classes; name every class")
     prep = prepare.resolve(data, ds.x_train, None if classes else ds.y_train, names)
@@ -1171,13 +1172,17 @@ def prepare_data(run: run_config.RunConfig, ds: datasets.Dataset, classes: bool)
         data["features"] = list(ds.feature_names)
 
 
-def relabel(ds: datasets.Dataset, names: Sequence[str], ignore_index: int | None = None) -> None:
+def relabel(ds: datasets.Dataset, names: Sequence[str]) -> None:
     """Number the classes of ``ds`` (labels into its ``class_names``, which its data gave) as ``names`` does: the
     run's ``data.class_names``, which a trained run records (run.yaml) and a run file may give. Its data's classes
     may have changed since (a class folder added, a table's labels edited: the names sort anew, and every label
     after a new name would be off by one); a class the data has and ``names`` does not name is refused, as a model
-    cannot score a class it was not trained on. ``ignore_index`` is left as it is."""
-    known = {name: k for k, name in enumerate(names)}
+    cannot score a class it was not trained on. Every label of ``ds`` is one of its classes (data that names its
+    classes holds no ignored label)."""
+    from .sources.csv_table import whole_number
+
+    known = {whole_number(name): k for k, name in enumerate(names)}  # a name recorded as "2.0" is the class "2"
+    known.update((name, k) for k, name in enumerate(names))
     unknown = [name for name in ds.class_names if name not in known]
     if unknown:
         raise LeafpyError(
@@ -1189,7 +1194,7 @@ def relabel(ds: datasets.Dataset, names: Sequence[str], ignore_index: int | None
     table = np.array([known[name] for name in ds.class_names], np.int64)
     for split in ("y_train", "y_test"):
         y = np.asarray(getattr(ds, split))
-        ours = (y >= 0) & (y < len(table)) & (y != ignore_index if ignore_index is not None else True)
+        ours = (y >= 0) & (y < len(table))
         setattr(ds, split, np.where(ours, table[np.where(ours, y, 0)], y).astype(y.dtype, copy=False))
     ds.class_names, ds.num_classes = tuple(names), max(ds.num_classes, len(names))
 

@@ -475,6 +475,46 @@ def test_classes_keep_the_names_they_were_trained_under_when_the_data_changes(tm
     assert np.mean(np.array(got) == truth[:100]) > 0.85, got
 
 
+def test_class_names_recorded_as_floats_an_ignored_index_and_too_many_names(tmp_path):
+    """A run.yaml from before integer labels written as floats were one class ('0.0' recorded for '0') still
+    evaluates; a class whose index is the objective's ignore_index is still numbered by its name; more class names
+    than the objective scores is refused before training, naming both."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 1, (600, 2))
+    k = (x[:, 0] > 0.4).astype(int) + (x[:, 0] > -0.4)
+    write_table(tmp_path / "t.csv", x, [f"{v}.0" for v in k], ["a", "b"], "label")
+    (tmp_path / "run.yaml").write_text(TABLE_RUN.format(
+        path="t.csv", target="label", features=2, outputs=3, epochs=15, last="    - {name: logsm, type: LogSoftmax}",
+        objective="{name: nll, type: NegativeLogLikelihood, num_classes: 3}"))
+    assert leafpy(tmp_path, "train", "run.yaml", "--out", "run").returncode == 0
+    text = (tmp_path / "run" / "run.yaml").read_text()
+    assert "class_names: ['0', '1', '2']" in text, text
+    (tmp_path / "run" / "run.yaml").write_text(text.replace("class_names: ['0', '1', '2']",
+                                                            "class_names: ['0.0', '1.0', '2.0']"))
+    e = leafpy(tmp_path, "evaluate", "run")
+    assert e.returncode == 0, e.stderr
+    assert float(re.findall(r"held-out accuracy: ([\d.]+)%", e.stdout)[-1]) > 90.0, e.stdout
+    # ignore_index 0 names no label of a table: with class 0 gone from the data, class 1 is not taken for it
+    truth = np.array(["cat", "dog", "emu"])[k]
+    write_table(tmp_path / "n.csv", x, list(truth), ["a", "b"], "animal")
+    (tmp_path / "ign.yaml").write_text(TABLE_RUN.format(
+        path="n.csv", target="animal", features=2, outputs=3, epochs=15, last="    - {name: logsm, type: LogSoftmax}",
+        objective="{name: nll, type: NegativeLogLikelihood, num_classes: 3, ignore_index: 0}"))
+    assert leafpy(tmp_path, "train", "ign.yaml", "--out", "ign").returncode == 0
+    keep = truth != "cat"
+    write_table(tmp_path / "n.csv", x[keep], list(truth[keep]), ["a", "b"], "animal")
+    e = leafpy(tmp_path, "evaluate", "ign")
+    assert e.returncode == 0, e.stderr
+    support = _class_support(e.stdout)
+    assert support["dog"] > 0 and support["emu"] > 0, e.stdout
+    # four names for a three-way objective
+    mine = (tmp_path / "ign.yaml").read_text().replace("normalize: auto}", "normalize: auto, class_names: "
+                                                       "[ant, cat, dog, emu]}")
+    (tmp_path / "long.yaml").write_text(mine.replace(", ignore_index: 0", ""))
+    failed_cleanly(leafpy(tmp_path, "train", "long.yaml", "--out", "long"), "data.class_names names 4",
+                   "num_classes 3")
+
+
 def test_a_two_class_run_reports_scikit_learns_roc_auc_and_names_its_classes(tmp_path):
     from sklearn.datasets import load_breast_cancer
     from sklearn.metrics import roc_auc_score

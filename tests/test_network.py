@@ -322,14 +322,24 @@ def test_weight_sharing_by_name(native, rng):
 @pytest.mark.parametrize("field,values", [("lr_mult", (1.0, 2.0)), ("lr_mult", (1.0, 0.0)), ("decay_mult", (1.0, 0.0))])
 def test_layers_sharing_a_weight_with_other_multipliers_are_refused(tmp_path, field, values):
     """One weight has one update: two layers sharing it by name with other lr_mult or decay_mult (where the first
-    layer's silently won) are refused naming the weight, both layers and the field, through the command too."""
+    layer's silently won) are refused by a solver naming the weight, both layers and the field, through the command
+    too; such a network still runs, and its model file still loads and predicts."""
     cfg = lp.SequentialConfig(inputs=[("data", [2, 4])])
     for name, v in zip(("fc1", "fc2"), values):
         cfg.add_layer(lp.LayerConfig(name, lp.LinearConfig(output_size=4),
                                      params=[lp.WeightConfig(name="tied_w", **{field: v})]))
+    be = lp.backend("native")
+    net = lp.Layer.from_config(be, lp.LayerConfig("net", cfg), seed=0)
+    net.save(str(tmp_path / "tied.leaf"))
+    x = np.ones((2, 4), np.float32)
+    np.testing.assert_array_equal(lp.Layer.load(be, str(tmp_path / "tied.leaf")).forward([x])[0].to_numpy(),
+                                  net.forward([x])[0].to_numpy())
+    obj = lp.SequentialConfig(inputs=[("network_out", [2, 4]), ("target", [2, 4])])
+    obj.add_layer(lp.LayerConfig("mse", "MeanSquaredError"))
     with pytest.raises(lp.ConfigError, match=rf"layer 'fc2'.*'tied_w' has {field} {values[0]:g} in layer 'fc1'.*"
                                              rf"{values[1]:g} here"):
-        lp.Layer.from_config(lp.backend("native"), lp.LayerConfig("net", cfg), seed=0)
+        lp.Solver.from_config(be, be, lp.SolverConfig(network=lp.LayerConfig("net", cfg),
+                                                      objective=lp.LayerConfig("loss", obj)))
     from test_user_paths import failed_cleanly, leafpy
 
     (tmp_path / "run.yaml").write_text(

@@ -144,3 +144,40 @@ def test_clipping_measures_the_weights_that_move_and_a_frozen_layers_are_left_ou
         np.testing.assert_array_equal(got[1], f_b)
         np.testing.assert_allclose(got[2], w, rtol=1e-11, atol=1e-13)
         np.testing.assert_allclose(got[3], b, rtol=1e-11, atol=1e-13)
+
+
+@pytest.mark.parametrize("rule", ["momentum", "adam"])
+def test_weights_cut_off_from_the_loss_move_by_weight_decay_alone(native64, rule):
+    """fc0 -> fc1 -> fc2, whose input takes no gradient (propagate_down: False): fc0 and fc1 get none from the
+    loss, so each step their gradient is weight decay alone (Caffe clears every gradient each iteration), never
+    an earlier step's leftovers. Against the rule's formula in float64 over six steps."""
+    net = lp.SequentialConfig(inputs=[("data", [4, 3])])
+    net.add_layer(lp.LayerConfig("fc0", lp.LinearConfig(output_size=3)))
+    net.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=3)))
+    net.add_layer(lp.LayerConfig("fc2", lp.LinearConfig(output_size=2), propagate_down=[False]))
+    obj = lp.SequentialConfig(inputs=[("network_out", [4, 2]), ("target", [4, 2])])
+    obj.add_layer(lp.LayerConfig("mse", "MeanSquaredError"))
+    lr, wd, m, b1, b2, eps = 0.1, 0.1, 0.9, 0.9, 0.999, 1e-8
+    cfg = lp.SolverConfig(network=lp.LayerConfig("net", net), objective=lp.LayerConfig("loss", obj), solver=rule,
+                          base_lr=lr, momentum=m, weight_decay=wd, beta1=b1, beta2=b2, epsilon=eps, seed=0)
+    solver = lp.Solver.from_config(native64, native64, cfg)
+    names = solver.network.learnable_weights_names()
+    cut = {n: w.to_numpy().copy() for n, w in zip(names, solver.network.learnable_weights_data())
+           if n.startswith(("fc0/", "fc1/"))}
+    state = {n: [np.zeros_like(w), np.zeros_like(w)] for n, w in cut.items()}
+    rng = np.random.default_rng(0)
+    for step in range(1, 7):
+        solver.train_minibatch(rng.standard_normal((4, 3)), rng.standard_normal((4, 2)))
+        for n, w in cut.items():
+            g = wd * w  # bias too: decay_mult 1
+            h, u = state[n]
+            if rule == "momentum":
+                h[...] = m * h + lr * g
+                w -= h
+            else:
+                h[...] = b1 * h + (1 - b1) * g
+                u[...] = b2 * u + (1 - b2) * g * g
+                w -= lr * math.sqrt(1 - b2 ** step) / (1 - b1 ** step) * h / (np.sqrt(u) + eps)
+        got = dict(zip(names, (w.to_numpy() for w in solver.network.learnable_weights_data())))
+        for n, w in cut.items():
+            np.testing.assert_allclose(got[n], w, rtol=1e-10, atol=1e-12, err_msg=f"{n} after step {step}")

@@ -341,6 +341,25 @@ class Layer:
     def _weight_entries(self) -> list[tuple[SharedTensor, SharedTensor, str, WeightConfig]]:
         return list(zip(self.weights, self.weight_grads, self._weight_names, self._weight_configs))
 
+    def check_shared_multipliers(self) -> None:
+        """Layers sharing a weight by name must agree on its ``lr_mult`` and ``decay_mult`` (one weight, one update):
+        a ConfigError naming both otherwise. A Solver checks its network so; a network that is only run (a model
+        file predicting) uses the first layer's settings."""
+        first: dict[int, tuple[str, WeightConfig]] = {}
+        for layer in self._leaf_layers():
+            where = layer.worker.where if layer.worker is not None else f"layer '{layer.name}'"
+            for w, name, cfg in zip(layer.weights, layer._weight_names, layer._weight_configs):
+                owner, given = first.setdefault(id(w), (where, cfg))
+                for field in ("lr_mult", "decay_mult"):
+                    if getattr(cfg, field) != getattr(given, field):
+                        raise ConfigError(f"{where}: shared weight '{name}' has {field} {getattr(given, field):g} in "
+                                          f"{owner}, {getattr(cfg, field):g} here; give every layer sharing it the "
+                                          f"same {field}")
+
+    def _leaf_layers(self) -> list[Layer]:
+        """The layers holding weights of their own: this one (a container: its layers', nested ones included)."""
+        return [self]
+
     def input_dtype(self, k: int) -> np.dtype:
         """The dtype input k is staged in: the backend's compute dtype for data, the master dtype for ids and labels
         (inputs that take no gradient), which bfloat16 would round (ids above 256)."""
@@ -470,15 +489,10 @@ class Layer:
             full = cfg.name or f"{weight_name_part(self.name)}/{wname}"
             shared = self._registry.get(full) if cfg.name else None
             if shared is not None:
-                data, grad, owner, first = shared
+                data, grad = shared
                 if data.shape != tuple(shape):
                     raise ShapeError(f"{worker.where}: shared weight '{full}' has shape {data.shape}, "
                                      f"this layer needs {tuple(shape)}")
-                for field in ("lr_mult", "decay_mult"):  # one weight, one update: its layers must agree (Caffe's
-                    if getattr(cfg, field) != getattr(first, field):  # rule too)
-                        raise ConfigError(f"{worker.where}: shared weight '{full}' has {field} "
-                                          f"{getattr(first, field):g} in {owner}, {getattr(cfg, field):g} here; give "
-                                          f"every layer sharing it the same {field}")
             else:
                 filler = cfg.filler or worker.default_filler(i)
                 data = SharedTensor(shape, dtype)
@@ -486,7 +500,7 @@ class Layer:
                     data.set(filler.fill(tuple(shape), self._rng))
                 grad = SharedTensor(shape, dtype)
                 if cfg.name:
-                    self._registry[full] = (data, grad, worker.where, cfg)
+                    self._registry[full] = (data, grad)
             self.weights.append(data)
             self.weight_copies.append(SharedTensor(shape, self.backend.compute_dtype) if copies else None)
             self._copied_versions.append(None)

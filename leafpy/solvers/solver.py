@@ -437,7 +437,9 @@ class Solver:
 
     @network.setter
     def network(self, network: Network[Layer] | Layer) -> None:
-        self._network = _network_of("solver.network", network)
+        net = _network_of("solver.network", network)
+        net.layer.check_shared_multipliers()
+        self._network = net
 
     @property
     def objective(self) -> Network[Layer]:

@@ -109,17 +109,18 @@ def class_labels(path: str, header: Sequence[str], rows: Sequence[Sequence[str]]
     if missing is not None:
         raise LeafpyError(f"{path}: line {_line(lines, missing)}, column {target!r}: the target is missing; fill it "
                           "in or drop the row")
-    cells = [_whole(c) for c in cells]  # "1.0" (an integer column written as floats) is class "1"
+    cells = [whole_number(c) for c in cells]  # "1.0" (an integer column written as floats) is class "1"
     names = sorted(set(cells), key=lambda c: (0, int(c), "") if _integer(c) else (1, 0, c))
     index = {n: i for i, n in enumerate(names)}
     return names, np.array([index[c] for c in cells], np.int64)
 
 
-def _whole(cell: str) -> str:
+def whole_number(cell: str) -> str:
     """An integer written with a decimal point and zeros ("2.0", "-3.00") as the integer ("2", "-3"); any other
     cell as it is."""
     head, dot, tail = cell.partition(".")
-    if dot and head.lstrip("+-").isdigit() and head[:1] != "+" and (not tail or set(tail) == {"0"}):
+    digits = head[1:] if head[:1] == "-" else head
+    if dot and digits.isascii() and digits.isdecimal() and (not tail or set(tail) == {"0"}):
         return str(int(head))
     return cell
 

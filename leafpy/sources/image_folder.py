@@ -141,10 +141,12 @@ def decode(path: str, image_size: Sequence[int], channels: int) -> np.ndarray:
 def _float_top(values: np.ndarray) -> float:
     """The white of a floating-point image (Pillow's mode F, as a float TIFF): 1.0 where its values lie in [0, 1],
     255.0 where in [0, 255]; others (negative, larger, not finite) have no white leafpy can tell, and are refused."""
-    if not np.isfinite(values).all() or values.min(initial=0) < 0 or values.max(initial=0) > 255:
-        raise ValueError(f"a floating-point image with values outside [0, 1] and [0, 255] (from "
-                         f"{np.nanmin(values):g} to {np.nanmax(values):g}, or not finite); save it as 8- or 16-bit "
-                         "pixels")
+    finite = np.isfinite(values)
+    if not finite.all() or values.min(initial=0) < 0 or values.max(initial=0) > 255:
+        seen = (f"from {values[finite].min():g} to {values[finite].max():g}" if finite.any() else "none finite") + \
+            ("" if finite.all() else ", some not finite")
+        raise ValueError(f"a floating-point image with values outside [0, 1] and [0, 255] ({seen}); save it as 8- or "
+                         "16-bit pixels")
     return 1.0 if values.max(initial=0) <= 1 else 255.0
 
 

@@ -132,6 +132,8 @@ class Sequential(Layer):
         self._fan_scratch: dict[tuple[int, int], SharedTensor] = {}  # (layer, input) -> its own gradient
         self._fan_in: dict[int, list[tuple[SharedTensor, list[SharedTensor]]]] = {}
         self._zero_grads: dict[int, list[int]] = {}  # layer -> its outputs whose gradient no running reader writes
+        self._idle_grads: list[SharedTensor] = []  # weight gradients no running layer writes (the outermost's)
+        self._outermost = weight_registry is None
         if weight_registry is None:  # the outermost container: build everything for the declared shapes now
             self.network  # noqa: B018
 
@@ -262,6 +264,14 @@ class Sequential(Layer):
             for k, g in enumerate(layer.weight_grads):
                 layer.weight_beta[k] = 1.0 if id(g) in seen else 0.0
                 seen.add(id(g))
+        # the gradients of weights no running layer writes (layers cut off from the output): zeroed each backward
+        # pass, as Caffe clears every gradient, so that weight decay added into one meets no earlier step's values
+        # (the outermost container decides: it sees every layer that runs)
+        idle = {id(g): g for layer in self._leaf_layers() for g in layer.weight_grads if id(g) not in seen}
+        self._idle_grads = list(idle.values()) if self._outermost else []
+
+    def _leaf_layers(self) -> list[Layer]:
+        return [leaf for layer in self.layers for leaf in layer._leaf_layers()]
 
     def _backward_leaves(self) -> Iterator[Layer]:
         """The layers that run backward, nested containers' layers included, in the order they run."""
@@ -395,6 +405,8 @@ class Sequential(Layer):
     def run_backward(self) -> None:
         fan_in, zero = self._fan_in, self._zero_grads
         be = self.backend
+        for g in self._idle_grads:
+            be.fill(0.0, g.write(be))
         for i in range(len(self.layers) - 1, -1, -1):
             if i in fan_in:
                 self._sum_fan_in(i)
