@@ -239,18 +239,18 @@ class Sequential(Layer):
         # a layer runs backward if a gradient reaches one of its outputs: the container's last layer, and a layer
         # whose output a layer that runs backward was given a gradient for (from the last layer back: a reader that
         # was given one but is cut off from the outputs, by propagate_down after it, writes nothing)
-        last = len(self.layers) - 1
+        final = len(self.layers) - 1
         writes: dict[int, set[int]] = {}  # producer -> its outputs (tensor ids) a running reader writes a gradient of
         self._zero_grads = {}
-        for i in range(last, -1, -1):
+        for i in range(final, -1, -1):
             layer = self.layers[i]
-            reached = i == last or bool(writes.get(i))
+            reached = i == final or bool(writes.get(i))
             layer.runs_backward = reached and (layer.has_weights or any(g is not None for g in layer.input_grads))
             if layer.runs_backward:
                 for (producer, out), given in zip(sources[i], receives[i]):
                     if given is not None:
                         writes.setdefault(producer, set()).add(out)
-                if i != last:  # outputs no running reader writes the gradient of: zero, not what the buffer held
+                if i != final:  # outputs no running reader writes the gradient of: zero, not what the buffer held
                     self._zero_grads[i] = [k for k, (t, g) in enumerate(zip(layer.outputs, layer.output_grads))
                                            if g is not None and id(t) not in writes.get(i, ())]
         self._plan_fan_in(blobs)
