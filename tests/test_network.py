@@ -487,3 +487,25 @@ def test_params_on_a_container_from_python_are_refused(native):
     outer.add_layer(lp.LayerConfig("blk", inner, params=[lp.WeightConfig(lr_mult=0.0)]))
     with pytest.raises(lp.ConfigError, match="layer 'blk' .*give them to the layers inside it"):
         lp.Layer.from_config(native, lp.LayerConfig("net", outer))
+
+
+def test_a_layer_inside_a_container_is_not_run_on_its_own(native, rng):
+    """A contained layer runs as its container binds it: its own forward (or a Network of its own) would rebind it
+    to tensors of its own, and the container would go on running it on those (wrong outputs from then on, and a
+    second thread unguarded). Refused naming both layers and the way out; the network is untouched."""
+    cfg = lp.SequentialConfig(inputs=[("data", [3, 4])])
+    cfg.add_layer(lp.LayerConfig("fc0", lp.LinearConfig(output_size=5)))
+    cfg.add_layer(lp.LayerConfig("relu", "ReLU"))
+    cfg.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=2)))
+    net = lp.Layer.from_config(native, lp.LayerConfig("outer", cfg), seed=0)
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    before = net.forward([x])[0].to_numpy().copy()
+    for call in (lambda: net.layers[0].forward([x]), lambda: net.layers[2].backward([np.ones((3, 2), np.float32)]),
+                 lambda: net.layers[0].network):
+        with pytest.raises(lp.LeafpyError, match=r"layer 'fc\d' is part of layer 'outer'.*Layer.from_config"):
+            call()
+    np.testing.assert_array_equal(net.forward([x])[0].to_numpy(), before)
+    alone = lp.Layer.from_config(native, net.layers[0].config)  # the way out the message gives
+    alone.load_weights(net.layers[0].named_weights())
+    w, b = (net.named_weights()[f"fc0/{k}"] for k in ("weight", "bias"))
+    np.testing.assert_allclose(alone.forward([x])[0].to_numpy(), x @ w.T + b, rtol=1e-5, atol=1e-6)

@@ -25,7 +25,7 @@ from .. import _checks
 from .._checks import layout_hint, same_layout  # noqa: F401  (re-exported for the layer modules)
 from .._exclusive import OneCaller
 from ..backends.base import Backend, Buffer
-from ..errors import ConfigError, SerializationError, ShapeError
+from ..errors import ConfigError, LeafpyError, SerializationError, ShapeError
 from ..layer_config import (  # noqa: F401  (re-exported: layer modules import them from here)
     FILLER_TYPES,
     FillerConfig,
@@ -169,6 +169,9 @@ _UNFILLED: contextvars.ContextVar[bool] = contextvars.ContextVar("leafpy_unfille
 
 class Layer:
     """A layer instance on a backend: config, worker, and the tensors it owns."""
+
+    container: str | None = None
+    """The name of the container whose layer this is (None: an outermost layer, which a Network runs)."""
 
     def __init__(self, backend: Backend, config: LayerConfig, *, seed: int | None = None,
                  weight_registry: dict | None = None, _worker: Worker | None = None) -> None:
@@ -625,6 +628,12 @@ class Layer:
         outermost layer creates it at once, for its declared inputs)."""
         net = self.__dict__.get("_network")
         if net is None:
+            outer = self.__dict__.get("container")
+            if outer is not None:  # a network of its own would bind it to tensors of its own, off its container's
+                raise LeafpyError(
+                    f"layer '{self.name}' is part of layer '{outer}', which feeds it: run it through the network's "
+                    f"outermost layer (its forward and backward, or solver.network); for this layer alone, build a "
+                    "copy: lp.Layer.from_config(backend, layer.config), then load_weights(layer.named_weights())")
             net = self._network = Network(self)
         return net
 

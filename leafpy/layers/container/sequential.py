@@ -127,6 +127,8 @@ class Sequential(Layer):
             Layer.from_config(backend, c, seed=int(self._rng.integers(2**63)), weight_registry=self._registry)
             for c in cfg.layers
         ]
+        for layer in self.layers:
+            layer.container = self.name  # (it runs as this container binds it, never as a network's outermost)
         self._plan = self._wire()
         self._grad_pool: list[SharedTensor] = []
         self._fan_scratch: dict[tuple[int, int], SharedTensor] = {}  # (layer, input) -> its own gradient
