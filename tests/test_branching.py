@@ -245,18 +245,22 @@ def test_bad_branching_settings_are_reported(native):
         lp.Layer.from_config(native, lp.LayerConfig("net", cfg))
 
 
-def test_lrn_is_caffes_across_channel_formula(native64):
-    """y = x / (k + alpha / n * sum of x^2 over the n channels centred on each one) ** beta, written out."""
+@pytest.mark.parametrize("n", [5, 13, 10**9 + 1])  # wider than the channels; far wider (an ONNX file's LRN size)
+def test_lrn_is_caffes_across_channel_formula(native64, n):
+    """y = x / (k + alpha / n * sum of x^2 over the n channels centred on each one) ** beta, written out; a window
+    past the channels costs no more than one over all of them (zeros past the edges are not summed one by one)."""
     x = np.random.default_rng(3).standard_normal((2, 6, 2, 3)) * 2
-    n, alpha, beta, k = 5, 0.8, 0.7, 1.5
+    alpha, beta, k = 0.8, 0.7, 1.5
     layer = lp.Layer.from_config(native64, lp.LayerConfig("lrn", lp.LRNConfig(local_size=n, alpha=alpha, beta=beta,
                                                                                k=k)))
     y = layer.forward([x])[0].to_numpy()
     ref = np.empty_like(x)
+    half = (n - 1) // 2
     for c in range(6):
-        window = x[:, max(c - 2, 0):min(c + 3, 6)]
+        window = x[:, max(c - half, 0):min(c + half + 1, 6)]
         ref[:, c] = x[:, c] / (k + alpha / n * np.sum(window ** 2, axis=1)) ** beta
     np.testing.assert_allclose(y, ref, rtol=1e-12)
+    assert check_layer_gradients(layer, [x]) > 0  # and its gradient against central differences
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

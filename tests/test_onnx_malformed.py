@@ -94,6 +94,12 @@ MALFORMED_CASES = {
                        r"ONNX node 'n' \(Gemm\): input 1 \(B\) is missing; ONNX's Gemm requires it"),
     "a node without its output": (lambda: _model([helper.make_node("Relu", ["x"], [], name="n")]),
                                   r"ONNX node 'n' \(Relu\): output 0 \(Y\) is missing"),
+    "Split sizes past the axis": (lambda: _model([_node("Split", ["x", "s"], axis=1)], {"s": np.array([3, 3])}),
+                                  r"ONNX node 'n' \(Split\): split sizes \[3, 3\] for 1 outputs of an axis of 2"),
+    "Split sizes short of the axis": (lambda: _model([helper.make_node("Split", ["x", "s"], ["y", "z"], name="n",
+                                                                       axis=2)], {"s": np.array([1, 1])},
+                                                     outputs=("y", "z")),
+                                      r"ONNX node 'n' \(Split\): split sizes \[1, 1\] for 2 outputs of an axis of 8"),
     "Dropout's ratio not a scalar": (lambda: _model([_node("Dropout", ["x", "r"])],
                                                     {"r": np.array([0.1, 0.2], np.float32)}),
                                      r"ONNX node 'n' \(Dropout\): input 1 \('r'\) holds 2 values"),
@@ -193,3 +199,24 @@ def test_an_imported_network_computes_the_inference_function_from_its_first_forw
     weights = net.named_weights()
     np.testing.assert_array_equal(weights["bn/running_mean"], inits["mean"])
     np.testing.assert_array_equal(weights["bn/running_var"], inits["var"])
+
+
+@pytest.mark.parametrize("make", [
+    pytest.param(lambda: _model([_node("Gemm", ["x", "w"], transB=1)], {"w": np.ones((4, 5), np.float32)},
+                                x_shape=("N", 3)), id="weights of another shape than the input takes"),
+    pytest.param(lambda: _model([_node("Relu", ["x"])], x_shape=("N", 100_000, 100_000, 100_000)),
+                 id="a size past memory"),
+])
+def test_what_building_an_imported_network_refuses_names_the_file(tmp_path, make):
+    """Past conversion, building the network (shapes, memory, the weights' shapes) refuses a model too: those
+    errors name the file as conversion's do, in Python and through the command."""
+    path = tmp_path / "odd.onnx"
+    path.write_bytes(make().SerializeToString())
+    with pytest.raises(lp.LeafpyError) as e:
+        lp.onnx.load(str(path))
+    assert str(e.value).startswith(str(path)), e.value
+    np.savez(tmp_path / "x.npz", x=np.ones((2, 3), np.float32))
+    p = subprocess.run([sys.executable, "-m", "leafpy", "predict", "odd.onnx", "--input", "x.npz"], cwd=tmp_path,
+                       env=child_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and p.stderr.startswith("leafpy: error: odd.onnx: "), p.stderr
+    assert "Traceback" not in p.stderr

@@ -792,14 +792,16 @@ class ArrayBackend(Backend):
     # --- local response normalisation -----------------------------------------------------------------------
     def _channel_window_sum(self, v, size):
         """Sum over the ``size`` channels centred on each channel of v [N, C, S] (zeros past the edges)."""
-        xp = self.xp
         pre = (size - 1) // 2
         c = v.shape[1]
-        padded = xp.zeros((v.shape[0], c + size - 1, v.shape[2]), v.dtype)
-        padded[:, pre:pre + c] = v
-        total = xp.zeros_like(v)
-        for o in range(size):
-            total += padded[:, o:o + c]
+        total = self.xp.zeros_like(v)
+        # window position o reads channel j + o - pre: only shifts within (-c, c) read a channel (a window wider
+        # than 2c - 1 adds nothing but zeros past the edges), in the order of the positions, as a padded sum would
+        for shift in range(max(-pre, 1 - c), min(size - 1 - pre, c - 1) + 1):
+            if shift >= 0:
+                total[:, :c - shift] += v[:, shift:]
+            else:
+                total[:, -shift:] += v[:, :c + shift]
         return total
 
     def lrn(self, x, scale, out, size, alpha, beta, k):

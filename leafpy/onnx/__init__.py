@@ -18,7 +18,7 @@ import numpy as np
 
 from ..backends import backend as get_backend
 from ..backends.base import Backend
-from ..errors import ConfigError, SerializationError
+from ..errors import ConfigError, LeafpyError
 from ..layers import Layer
 from ..layers.network import Network, outermost
 
@@ -41,10 +41,10 @@ def load(path_or_model: Any, backend: str | Backend = "native", *, batch_size: i
         name = model.graph.name or "onnx"
         if isinstance(path_or_model, (str, os.PathLike)):
             name = os.path.splitext(os.path.basename(os.fspath(path_or_model)))[0] or name
-    with _naming(path_or_model):
+    with _naming(path_or_model):  # (building it too: a shape no layer can take, weights of another shape)
         config, weights = convert(model, batch_size=batch_size or DEFAULT_BATCH, name=name)
-    net = Layer.from_config(be, config)
-    net.load_weights(weights)
+        net = Layer.from_config(be, config)
+        net.load_weights(weights)
     net.preparation = _preparation(model, path_or_model)
     net.set_training(False)  # the model's function: a first forward neither drops nor moves the running statistics
     return net
@@ -73,14 +73,18 @@ def _preparation(model: Any, path_or_model: Any) -> Any:
 
 @contextlib.contextmanager
 def _naming(path_or_model: Any) -> Iterator[None]:
-    """A SerializationError (a malformed model) or ConfigError (what leafpy cannot compute) raised inside names the
-    file it was read from."""
+    """A LeafpyError raised inside (a SerializationError: a malformed model; a ConfigError: what leafpy cannot
+    compute; a ShapeError or a size past memory found building its network) names the file it was read from."""
     try:
         yield
-    except (SerializationError, ConfigError) as e:
+    except LeafpyError as e:
         if not isinstance(path_or_model, (str, os.PathLike)) or str(e).startswith(os.fspath(path_or_model)):
             raise
-        raise type(e)(f"{os.fspath(path_or_model)}: {e}") from None
+        try:
+            named = type(e)(f"{os.fspath(path_or_model)}: {e}")
+        except TypeError:  # (an error type of other arguments)
+            named = LeafpyError(f"{os.fspath(path_or_model)}: {e}")
+        raise named from None
 
 
 def to_model(layer: Layer | Network[Layer], opset: int = 17) -> Any:

@@ -899,6 +899,10 @@ def split(g: Graph, n: Node) -> None:
     if sizes is None:
         each = math.ceil(shape[axis] / k)
         sizes = [min(each, shape[axis] - i * each) for i in range(k)]
+    elif len(sizes) != k or sum(int(v) for v in sizes) != shape[axis]:
+        raise SerializationError(f"{n.where}: split sizes {list(sizes)} for {k} outputs of an axis of "
+                                 f"{shape[axis]}: ONNX needs one size per output, adding up to the axis; "
+                                 f"{MALFORMED}")
     points = np.cumsum(np.asarray(sizes, np.int64)).tolist()[:-1]
     if any(b <= a for a, b in zip([0, *points], [*points, shape[axis]])):
         raise ConfigError(f"{n.where}: split sizes {list(sizes)}: leafpy's Slice cuts pieces of at least one "
