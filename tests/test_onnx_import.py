@@ -275,7 +275,7 @@ DATA = ROOT / "tests" / "data" / "onnx"
 
 
 @pytest.mark.parametrize("name", ["torch_resnet", "torch_lstm_text", "torch_birnn_tagger", "torch_mobilenet",
-                                  "torch_window_settings"])
+                                  "torch_window_settings", "torch_bilstm_text"])
 def test_models_pytorch_exported_import_and_match_pytorch_within_1e_4(name):
     """Written by tests/data/onnx/make_torch_models.py and make_torch_vision_models.py (torch.onnx.export, opset
     17); PyTorch's outputs beside."""
@@ -288,6 +288,19 @@ def test_models_pytorch_exported_import_and_match_pytorch_within_1e_4(name):
         return
     double = np.concatenate([x, x])  # the batch the file was written with is not the only one
     np.testing.assert_allclose(net.forward([double])[0].to_numpy()[len(x):], saved["y"], atol=1e-4)
+
+
+def test_a_batch_first_bidirectional_lstm_predicts_through_the_command_at_any_batch(tmp_path):
+    """PyTorch's batch-first bidirectional LSTM (ONNX's layout 0 between Transposes and a Reshape joining the two
+    directions) exported at batch 2 with a symbolic batch: `leafpy predict` (which loads it at batch 1) gives
+    PyTorch's outputs at batch 4, and at a batch past the command's 64 at a time."""
+    saved = np.load(DATA / "torch_bilstm_text.npz")
+    for reps in (1, 20):
+        np.savez(tmp_path / "x.npz", x=np.concatenate([saved["x"]] * reps))
+        p = leafpy(tmp_path, "predict", str(DATA / "torch_bilstm_text.onnx"), "--input", "x.npz", "--out", "p.npz")
+        assert p.returncode == 0, p.stderr
+        np.testing.assert_allclose(np.load(tmp_path / "p.npz")["outputs"], np.concatenate([saved["y"]] * reps),
+                                   atol=1e-4)
 
 
 def test_a_pytorch_model_through_summary_and_predict(tmp_path):

@@ -244,7 +244,8 @@ class Graph:
     layer_names: set[str] = field(default_factory=set)
     time_major: dict[str, tuple[str, str]] = field(default_factory=dict)
     """ONNX values that are a leafpy blob seen time-major, around a layout-0 recurrent node: value -> (blob,
-    what it is: "x" [T, N, I] the blob transposed; "Y" [T, 1, N, H]; "Y_h" [1, N, H]; "steps" [T, N, H])."""
+    what it is: "x" [T, N, I] the blob transposed; "Y" [T, 1, N, H]; "Y_h" [1, N, H]; "steps" [T, N, H]; both
+    directions' steps [N, T, 2, H] as "Y2" [T, 2, N, H] and "Y2t" [T, N, 2, H])."""
 
     @property
     def opset(self) -> int:
@@ -282,6 +283,10 @@ class Graph:
         "x" and "steps" [T, N, ...], "Y" [T, 1, N, H], "Y_h" [1, N, H]."""
         blob, kind = self.time_major[name]
         shape = self.shapes[blob]
+        if kind in ("Y2", "Y2t"):  # [N, T, 2, H] seen as [T, 2, N, H] or [T, N, 2, H]
+            self.add(node, TransposeConfig(perm=(1, 2, 0, 3) if kind == "Y2" else (1, 0, 2, 3)), [blob], [name],
+                     suffix="_time_major")
+            return name
         if kind == "Y_h":
             self.add(node, ReshapeConfig(shape=(shape[0], 1, shape[1])), [blob], [name + ":directions"],
                      suffix="_directions")
@@ -756,9 +761,18 @@ def _onnx_reshape(shape: tuple[int, ...], target: Sequence[int], allowzero: int)
 
 @op("Reshape", attributes=("allowzero",))
 def reshape(g: Graph, n: Node) -> None:
-    x = g.blob(n, 0)
+    held = g.time_major.get(g.resolve(n.inputs[0])) if n.inputs else None
     target = g.const(n, 1, "shape")
     assert target is not None
+    if held is not None and held[1] == "Y2t" and target.size == 3:  # [T, N, 2, H] to [T, N, 2H]: the steps,
+        batch, steps, directions, hidden = g.shapes[held[0]]  # batch-first [N, T, 2H]
+        t, _, last = target.astype(np.int64).tolist()
+        if t in (steps, 0) and last in (-1, directions * hidden):
+            joined = f"{n.outputs[0]}:steps"
+            g.add(n, ReshapeConfig(shape=(batch, steps, directions * hidden)), [held[0]], [joined])
+            g.time_major[n.outputs[0]] = (joined, "steps")
+            return
+    x = g.blob(n, 0)
     shape = g.shape(x)
     out = _onnx_reshape(shape, target.astype(np.int64).tolist(), n.attr("allowzero", 0))
     if math.prod(out) != math.prod(shape) or not out:
@@ -1133,6 +1147,11 @@ def recurrent(g: Graph, n: Node) -> None:
         if layout == 0 and len(outs) == 1:  # read back through Squeeze (and Transpose): see squeeze(), transpose()
             g.time_major[n.outputs[k]] = (outs[0][k], "Y" if k == 0 else "Y_h")
             continue
+        if layout == 0 and k == 0:  # both directions' steps, batch-first [N, T, 2, H]: read back through Transpose,
+            joined = f"{n.outputs[0]}:joined"  # Reshape and Transpose (see transpose(), reshape())
+            _join(g, n, [o[0] for o in outs], 2, joined)
+            g.time_major[n.outputs[0]] = (joined, "Y2")
+            continue
         axis = (2, 1, 1)[k]  # Y [N, T, D, H], Y_h and Y_c [N, D, H] in layout 1
         target = n.outputs[k] if layout == 1 else f"{n.outputs[k]}:batch_first"
         _join(g, n, [o[k] for o in outs], axis, target)
@@ -1142,7 +1161,7 @@ def recurrent(g: Graph, n: Node) -> None:
 
 def _time_major_input(g: Graph, n: Node) -> bool:
     name = g.resolve(n.inputs[0]) if n.inputs else ""
-    return g.time_major.get(name, ("", ""))[1] == "x"
+    return g.time_major.get(name, ("", ""))[1] in ("x", "steps")  # [T, N, ...]: a batch-first blob transposed
 
 
 def _axes(g: Graph, n: Node) -> list[int] | None:
@@ -1166,6 +1185,9 @@ def transpose(g: Graph, n: Node) -> None:
         return
     if perm == [1, 0, 2] and held is None and len(shape) == 3:
         g.time_major[n.outputs[0]] = (name, "x")
+        return
+    if perm == [0, 2, 1, 3] and held is not None and held[1] == "Y2":
+        g.time_major[n.outputs[0]] = (held[0], "Y2t")
         return
     x = g.blob(n, 0)
     shape = g.shape(x)
@@ -1351,7 +1373,7 @@ def _fold(g: Graph, n: Node) -> bool:
     names = [g.resolve(i) for i in n.inputs if i]
     held = g.time_major.get(names[0]) if names else None
     known = {**g.input_shapes, **g.shapes}  # graph inputs not read yet included
-    if n.op == "Shape" and names and (names[0] in known or (held is not None and held[1] == "x")):
+    if n.op == "Shape" and names and (names[0] in known or (held is not None and held[1] in ("x", "steps"))):
         shape = np.array(known[names[0]] if held is None else np.array(known[held[0]])[[1, 0, 2]], np.int64)
         g.constants[n.outputs[0]] = shape[n.attr("start", 0):n.attr("end", len(shape))]
         return True

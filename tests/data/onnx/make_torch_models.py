@@ -7,7 +7,9 @@ hand; the test suite reads the files and never imports torch):
   global average pooling, a linear classifier), in inference mode;
 - torch_lstm_text.onnx: an Embedding + batch-first LSTM text classifier reading the last step;
 - torch_birnn_tagger.onnx: a time-major (batch_first=False) bidirectional LSTM, then a bidirectional GRU, and a
-  linear layer scoring every step: x [T, N, 6] -> y [T, N, 5].
+  linear layer scoring every step: x [T, N, 6] -> y [T, N, 5];
+- torch_bilstm_text.onnx: a batch-first bidirectional LSTM of two layers reading its last step, exported at batch
+  2 with a symbolic batch axis, its inputs and outputs at batch 4.
 Each NAME.onnx has NAME.npz beside it with x (the input) and y (PyTorch's output).
 """
 
@@ -78,12 +80,25 @@ def _randomize_statistics(model: nn.Module, gen: torch.Generator) -> None:
             m.running_var.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
 
 
-def write(name: str, model: nn.Module, x: torch.Tensor) -> None:
+class BiLSTMText(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(5, 7, num_layers=2, batch_first=True, bidirectional=True)
+        self.fc = nn.Linear(14, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, _ = self.lstm(x)
+        return self.fc(y[:, -1])
+
+
+def write(name: str, model: nn.Module, x: torch.Tensor, exported_with: torch.Tensor | None = None) -> None:
+    """``exported_with``: another input to export at, the batch axis left symbolic (x then runs at its own)."""
     model.eval()
     with torch.no_grad():
         y = model(x)
-    torch.onnx.export(model, (x,), str(HERE / f"{name}.onnx"), input_names=["x"], output_names=["y"],
-                      dynamo=False, opset_version=17)
+    dynamic = {"dynamic_axes": {"x": {0: "N"}, "y": {0: "N"}}} if exported_with is not None else {}
+    torch.onnx.export(model, (x if exported_with is None else exported_with,), str(HERE / f"{name}.onnx"),
+                      input_names=["x"], output_names=["y"], dynamo=False, opset_version=17, **dynamic)
     np.savez(HERE / f"{name}.npz", x=x.numpy(), y=y.numpy())
 
 
@@ -96,6 +111,15 @@ def main() -> None:
     write("torch_resnet", resnet, torch.randn(2, 3, 16, 16, generator=gen))
     write("torch_lstm_text", TextLSTM(), torch.randint(0, 50, (3, 7), generator=gen))
     write_tagger()
+    write_bilstm_text()
+
+
+def write_bilstm_text() -> None:
+    """Its own seeds, so it can be written alone."""
+    torch.manual_seed(3)
+    gen = torch.Generator().manual_seed(4)
+    write("torch_bilstm_text", BiLSTMText(), torch.randn(4, 6, 5, generator=gen),
+          exported_with=torch.randn(2, 6, 5, generator=gen))
 
 
 def write_tagger() -> None:
