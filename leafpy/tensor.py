@@ -97,13 +97,29 @@ def host_arena(tensors: Sequence[SharedTensor]) -> bool:
     return True
 
 
+def _plain_tensor(obj: Any) -> Any:
+    """A PyTorch-like tensor's values as a tensor NumPy can take (detached from autograd, on the host, bfloat16 as
+    float32, which holds each of its values exactly), or None for other objects or where that fails."""
+    if not (hasattr(obj, "detach") and hasattr(obj, "float")):
+        return None
+    try:
+        t = obj.detach()
+        t = t.cpu() if hasattr(t, "cpu") else t
+        return t.float() if "bfloat16" in str(getattr(t, "dtype", "")) else t
+    except Exception:  # another library's object with these names: not ours to guess at
+        return None
+
+
 def as_numbers(array: Any, where: str) -> np.ndarray:
     """``array`` as a NumPy array of real numbers (bool, integer or float); anything else is a ShapeError naming
     ``where``."""
     try:
         a = np.asarray(array)
-    except (ValueError, TypeError) as e:  # ragged nested lists
-        raise ShapeError(f"{where}: expected an array of numbers, got {type(array).__name__} ({e})") from None
+    except (ValueError, TypeError, RuntimeError) as e:  # ragged nested lists; a tensor NumPy cannot take as it is
+        plain = _plain_tensor(array)  # (a PyTorch tensor that requires grad, or of bfloat16: its values)
+        if plain is None:
+            raise ShapeError(f"{where}: expected an array of numbers, got {type(array).__name__} ({e})") from None
+        a = np.asarray(plain)
     if a.dtype.kind not in "biuf" and a.dtype.name != "bfloat16":  # bfloat16 (ml_dtypes): what bf16 tensors hold
         raise ShapeError(f"{where}: expected real numbers (bool, integer or float), got an array of dtype {a.dtype}")
     return a
@@ -524,7 +540,14 @@ class SharedTensor:
                              f"(a NumPy, CuPy or PyTorch array), got {type(obj).__name__}")
         kind, index = (int(v) for v in obj.__dlpack_device__())
         if kind == 1:  # kDLCPU
-            array = np.from_dlpack(obj)
+            try:
+                array = np.from_dlpack(obj)
+            except (RuntimeError, BufferError, TypeError, ValueError) as e:  # a dtype NumPy lacks, or autograd's
+                plain = _plain_tensor(obj)
+                if plain is None:
+                    raise ShapeError(f"SharedTensor.from_dlpack: cannot take this {type(obj).__name__} ({e}); give "
+                                     "float32 or float64 values (a PyTorch tensor: .detach().float())") from None
+                return cls.from_numpy(np.from_dlpack(plain), np.float32)  # a copy, as for other dtypes
             if array.dtype not in (np.float32, np.float64) or not array.flags.c_contiguous \
                     or not array.flags.writeable:
                 return cls.from_numpy(array, np.float32 if array.dtype != np.float64 else None)

@@ -51,6 +51,50 @@ def test_dlpack_round_trip_on_the_host_shares_memory():
         lp.SharedTensor.from_dlpack([1.0, 2.0])
 
 
+class _GradTensor:
+    """A stand-in for a PyTorch tensor NumPy cannot take as it is (one that requires grad: its __dlpack__ and
+    __array__ refuse), with PyTorch's detach() (its values) and float()."""
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.values, self.dtype, self.shape = values, "torch.float32", values.shape
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+    def __dlpack__(self, **kwargs):
+        raise BufferError("Can't export tensors that require gradient, use tensor.detach()")
+
+    def __array__(self, *args, **kwargs):
+        raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead.")
+
+    def __len__(self):
+        return len(self.values)
+
+    def detach(self):
+        return self.values
+
+    def float(self):
+        return self
+
+
+def test_a_tensor_that_requires_grad_is_taken_by_its_values():
+    """As from_dlpack promises for what it cannot share (a copy as float32), a tensor NumPy refuses (autograd's,
+    PyTorch's bfloat16) is taken by its values, in from_dlpack and as a network input; an object without values to
+    take is a ShapeError saying what to give."""
+    x = np.random.default_rng(2).standard_normal((4, 5)).astype(np.float32)
+    t = lp.SharedTensor.from_dlpack(_GradTensor(x))
+    assert t.dtype == np.float32
+    np.testing.assert_array_equal(t.to_numpy(), x)
+    net = _net(lp.backend("native"))
+    np.testing.assert_allclose(net.forward([_GradTensor(x)])[0].to_numpy(), _reference(net, x), rtol=1e-5, atol=1e-6)
+
+    class Opaque(_GradTensor):
+        detach = None  # type: ignore[assignment]
+
+    with pytest.raises(lp.ShapeError, match=r"cannot take this Opaque.*\.detach\(\)\.float\(\)"):
+        lp.SharedTensor.from_dlpack(Opaque(x))
+
+
 @pytest.mark.cuda
 def test_cupy_and_torch_take_gpu_tensors_without_a_copy():
     be = backend_or_skip("cuda")

@@ -206,7 +206,7 @@ def test_snapshot_is_plain_values_and_a_copy(native):
     assert not np.any(solver.snapshot()["accumulated"]["fc1/weight"] == 123.0)
 
 
-def test_restore_names_what_does_not_fit(native):
+def test_restore_names_what_does_not_fit(native, tmp_path):
     solver = _solver(native, "adam", 2)
     x, y = _batches(1)[0]
     solver.train_minibatch(x, y)
@@ -228,7 +228,28 @@ def test_restore_names_what_does_not_fit(native):
         fresh.restore({k: v for k, v in state.items() if k != "trainer_state"})
     with pytest.raises(lp.ConfigError, match=r"3 gradient-accumulation calls pending.*minibatch_size \(2\)"):
         fresh.restore({**state, "pending_calls": 3})
+    # what a checkpoint could not hold or continue from: refused here, not when the checkpoint is written or read
+    nan = {**state, "history": {**state["history"], "fc1/weight": {n: np.full((8, 6), np.nan) for n in names}}}
+    with pytest.raises(lp.ConfigError, match="history holds non-finite values"):
+        fresh.restore(nan)
+    for trainer_state, words in (({"epoch": -1}, "epoch is -1, expected a count"),
+                                 ({"loss_sum": float("nan")}, "not JSON values"),
+                                 ({"correct": 5, "scored": 2}, "5 correct predictions of 2 scored"),
+                                 ({"mine": object()}, "not JSON values")):
+        with pytest.raises(lp.ConfigError, match=words):
+            fresh.restore({**state, "trainer_state": trainer_state})
     assert fresh.iteration == 0 and fresh.snapshot()["pending_calls"] == 0  # nothing was set
+    # NumPy numbers a callback put there are JSON's numbers in the checkpoint, read back as such
+    fresh.restore({**state, "trainer_state": {"epoch": np.int64(3), "loss_sum": np.float32(1.5), "mine": [1, 2]}})
+    assert fresh.trainer_state == {"epoch": 3, "loss_sum": 1.5, "mine": [1, 2]}
+    solver.trainer_state["sample"] = np.int32(7)
+    path = str(tmp_path / "c.leaf")
+    solver.save_checkpoint(path)
+    assert lp.Solver.load_checkpoint(native, native, path).trainer_state["sample"] == 7
+    solver.trainer_state["sample"] = -7
+    with pytest.raises(lp.ConfigError, match="sample is -7"):
+        solver.save_checkpoint(path)
+    assert lp.Solver.load_checkpoint(native, native, path).trainer_state["sample"] == 7  # the good file kept
 
 
 def test_a_rule_without_state_checkpoints_and_resumes(native, tmp_path, monkeypatch):

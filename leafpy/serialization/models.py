@@ -176,20 +176,22 @@ def save_checkpoint(path: str | os.PathLike, config: Any, weights: Mapping[str, 
     (``Solver.snapshot()``: iteration, pending_calls, history, accumulated, random, trainer_state). Non-finite
     weights are refused: a checkpoint must be one to continue from."""
     check_finite(weights, os.fspath(path), CHECKPOINT_FIX)
+    history = [(f"{w}{STATE_SEPARATOR}{s}", arr) for w, per_weight in state["history"].items()
+               for s, arr in per_weight.items()]
+    acc = list(state["accumulated"].items())
+    check_finite(dict(history), os.fspath(path), CHECKPOINT_FIX)  # the rule's history too: a state to continue from
+    # (accumulated gradients may hold an inf under dynamic loss scaling: the step they make is then skipped)
+    trainer_json = trainer_state_json(state["trainer_state"], f"{os.fspath(path)}: the trainer state")
     msg, section = schema().SolverCheckpoint.new_message(), _RawSection()
     write_solver_config(msg.init("config"), config)
     _fill_layer(msg.init("network"), config.network, weights, section=section)
     msg.iteration = int(state["iteration"])
-    history = [(f"{w}{STATE_SEPARATOR}{s}", arr) for w, per_weight in state["history"].items()
-               for s, arr in per_weight.items()]
     _write_weights(msg.init("state", len(history)), history, section=section)
     msg.pendingCalls = int(state["pending_calls"])
-    acc = list(state["accumulated"].items())
     _write_weights(msg.init("accumulated", len(acc)), acc, section=section)
     msg.rngSeeds = [int(r["seed"]) for r in state["random"]]
     msg.rngCalls = [int(r["calls"]) for r in state["random"]]
-    trainer_state = state["trainer_state"]
-    msg.trainerState = json.dumps(trainer_state, sort_keys=True) if trainer_state else ""
+    msg.trainerState = trainer_json
     scaling = state.get("loss_scale")
     if scaling is not None:
         msg.lossScale = float(scaling["scale"])
@@ -213,11 +215,15 @@ def read_checkpoint(path: str | os.PathLike, config_class: type) -> SavedCheckpo
                 raise SerializationError(f"{path}: solver state {key!r} is not named '{{weight}}#{{state}}'; the "
                                          "file is damaged")
             history.setdefault(weight, {})[name] = arr
+        accumulated = _read_weights(msg.accumulated, path, raw)
+        check_finite({f"{w}{STATE_SEPARATOR}{s}": arr for w, per_weight in history.items()
+                      for s, arr in per_weight.items()}, path,
+                     "load an earlier checkpoint, or start a new run from its weights (--weights)")
         state = {
             "iteration": int(msg.iteration),
             "pending_calls": int(msg.pendingCalls),
             "history": history,
-            "accumulated": _read_weights(msg.accumulated, path, raw),
+            "accumulated": accumulated,
             "random": [{"seed": int(s), "calls": int(c)} for s, c in zip(msg.rngSeeds, msg.rngCalls)],
             "trainer_state": _read_trainer_state(str(msg.trainerState), path),
         }
@@ -265,16 +271,45 @@ TRAINER_STATE_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
 """What each entry the Trainer records in a checkpoint must be (entries of other names are kept as they are)."""
 
 
-def check_trainer_state(state: Mapping[str, Any], where: str) -> None:
-    """Refuse (SerializationError) a trainer state whose entries have the wrong type or range, or that scores more
-    correct predictions than it scored samples."""
+def trainer_state_problem(state: Mapping[str, Any]) -> str | None:
+    """What is wrong with a trainer state (an entry of the wrong type or range, more correct predictions than
+    scored samples), or None."""
     for key, (what, valid) in TRAINER_STATE_FIELDS.items():
         if key in state and not valid(state[key]):
             bound = f" in [0, {COUNT_LIMIT}]" if what == "a count" else ""
-            raise SerializationError(f"{where}: {key} is {json.dumps(state[key])[:80]}, expected {what}{bound}; the "
-                                     "file is damaged: resume from another checkpoint, or start again with "
-                                     "--weights FILE")
+            return f"{key} is {json.dumps(state[key], default=repr)[:80]}, expected {what}{bound}"
     if state.get("correct", 0) > state.get("scored", 0):
-        raise SerializationError(f"{where}: {state['correct']} correct predictions of {state.get('scored', 0)} "
-                                 "scored samples; the file is damaged: resume from another checkpoint, or start "
+        return f"{state['correct']} correct predictions of {state.get('scored', 0)} scored samples"
+    return None
+
+
+def check_trainer_state(state: Mapping[str, Any], where: str) -> None:
+    """Refuse (SerializationError) a checkpoint's trainer state that :func:`trainer_state_problem` finds wrong."""
+    problem = trainer_state_problem(state)
+    if problem is not None:
+        raise SerializationError(f"{where}: {problem}; the file is damaged: resume from another checkpoint, or start "
                                  "again with --weights FILE")
+
+
+def trainer_state_json(state: Mapping[str, Any], where: str) -> str:
+    """A trainer state as a checkpoint keeps it (JSON; NumPy numbers as Python's), refused (ConfigError) where a
+    checkpoint holding it would not load: values JSON cannot hold (NaN, objects), or what
+    :func:`trainer_state_problem` finds."""
+    if not state:
+        return ""
+    def plain(v: Any) -> Any:
+        if isinstance(v, (np.generic, np.ndarray)):
+            return v.tolist()
+        raise TypeError(f"a {type(v).__name__}")
+    try:
+        text = json.dumps(state, sort_keys=True, allow_nan=False, default=plain)
+        problem = trainer_state_problem(json.loads(text))
+    except (TypeError, ValueError) as e:
+        problem = f"not JSON values ({e})"
+    if problem is not None:
+        raise ConfigError(f"{where}: {problem}; the training loop's state must be JSON values a checkpoint can "
+                          "hold and read back (counts, finite numbers, text)")
+    if len(text) > TRAINER_STATE_LIMIT:
+        raise ConfigError(f"{where}: {len(text)} bytes of JSON, more than the {TRAINER_STATE_LIMIT} a checkpoint "
+                          "holds")
+    return text

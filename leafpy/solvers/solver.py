@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -884,6 +885,10 @@ class Solver:
         take("history", history, [], names, required=bool(self.rule.state_names))
         for n, tensors in zip(names, self.state):
             take(f"history of {n!r}", history.get(n, {}), tensors, self.rule.state_names)
+        for _, arr in assignments:  # (the rule's history: a state to continue from, as a checkpoint's must be)
+            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                raise ConfigError(f"{where}: the history holds non-finite values (NaN or inf), from which no update "
+                                  "can continue; restore a snapshot taken before")
         if calls:
             take("accumulated", state["accumulated"], self._accum, names)
         random = state["random"]
@@ -900,6 +905,10 @@ class Solver:
         if not isinstance(trainer_state, Mapping):
             raise ConfigError(f"{where}: trainer_state must be a mapping (JSON object), got "
                               f"{type(trainer_state).__name__}")
+        from ..serialization.models import trainer_state_json
+
+        text = trainer_state_json(trainer_state, f"{where}: trainer_state")  # (what a checkpoint could hold)
+        trainer_state = json.loads(text) if text else {}
         scaling = state.get("loss_scale") or {"scale": self._initial_scale(), "good_steps": 0, "skipped_steps": 0}
         scale = scaling.get("scale") if isinstance(scaling, Mapping) else None
         if not isinstance(scaling, Mapping) or isinstance(scale, bool) or not isinstance(scale, (int, float)) \
