@@ -547,7 +547,8 @@ class SharedTensor:
                 if plain is None:
                     raise ShapeError(f"SharedTensor.from_dlpack: cannot take this {type(obj).__name__} ({e}); give "
                                      "float32 or float64 values (a PyTorch tensor: .detach().float())") from None
-                return cls.from_numpy(np.from_dlpack(plain), np.float32)  # a copy, as for other dtypes
+                values = np.from_dlpack(plain)  # a copy, as for other dtypes (float64 kept, as it is shared)
+                return cls.from_numpy(values, None if values.dtype == np.float64 else np.float32)
             if array.dtype not in (np.float32, np.float64) or not array.flags.c_contiguous \
                     or not array.flags.writeable:
                 return cls.from_numpy(array, np.float32 if array.dtype != np.float64 else None)

@@ -147,10 +147,11 @@ def test_inputs_that_are_not_numbers_name_the_place(native):
     assert net.forward([[[1] * 5] * 4])[0].shape == (4, 3)  # nested lists and integers are fine
     with pytest.raises(lp.ShapeError, match=r"SharedTensor\.from_numpy: expected real numbers"):
         lp.SharedTensor.from_numpy("abc")
+    alone = lp.Layer.from_config(native, cfg.layers[0])  # one layer as the outermost
     with pytest.raises(lp.ShapeError, match=r"layer 'fc': input 0: expected real numbers"):
-        net.layers[0].forward([np.full((4, 5), "a")])
+        alone.forward([np.full((4, 5), "a")])
     with pytest.raises(lp.ShapeError, match=r"layer 'fc': input 0: expected an array of numbers, got list"):
-        net.layers[0].forward([[[1.0, 2.0], [3.0]]])
+        alone.forward([[[1.0, 2.0], [3.0]]])
     obj = lp.SequentialConfig(inputs=[("out", [4, 3]), ("label", [4, 1])])
     obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=3)))
     solver = lp.Solver.from_config(native, native, lp.SolverConfig(

@@ -85,6 +85,8 @@ def test_a_tensor_that_requires_grad_is_taken_by_its_values():
     t = lp.SharedTensor.from_dlpack(_GradTensor(x))
     assert t.dtype == np.float32
     np.testing.assert_array_equal(t.to_numpy(), x)
+    wide = lp.SharedTensor.from_dlpack(_GradTensor(x.astype(np.float64)))  # float64 stays float64, as when shared
+    assert wide.dtype == np.float64
     net = _net(lp.backend("native"))
     np.testing.assert_allclose(net.forward([_GradTensor(x)])[0].to_numpy(), _reference(net, x), rtol=1e-5, atol=1e-6)
 

@@ -461,3 +461,49 @@ def test_gather_reshape_and_dropout_mask_import_as_onnxruntime_computes_them():
     y, mask = (o.to_numpy() for o in net.forward([ids.astype(np.float32)]))
     np.testing.assert_allclose(y.reshape(want[0].shape), want[0], atol=1e-6)
     assert mask.size == want[1].size and want[1].all() and (mask == 1).all()
+
+
+def _bidirectional_lstm_graph(tail: list, out_shape: list, consts: dict) -> tuple:
+    """x [N, T, I] batch-first, Transpose to ONNX's layout 0, a bidirectional LSTM (Y [T, 2, N, H]), then ``tail``
+    reading Y and giving y: the model, and an input."""
+    t, n, i, h = 6, 4, 5, 7
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.3, name)
+             for name, shape in (("W", (2, 4 * h, i)), ("R", (2, 4 * h, h)), ("B", (2, 8 * h)))]
+    inits += [numpy_helper.from_array(np.asarray(v, np.int64), k) for k, v in consts.items()]
+    front = [helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0, 2]),
+             helper.make_node("LSTM", ["xt", "W", "R", "B"], ["Y"], hidden_size=h, direction="bidirectional")]
+    graph = helper.make_graph(front + tail, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, t, i])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model, rng.standard_normal((n, t, i)).astype(np.float32)
+
+
+@pytest.mark.parametrize("case", ["shape_then_reshape", "shape_of_y", "reshape_to_2n", "relu_of_y", "back_to_4d"])
+def test_a_bidirectional_lstms_output_read_in_other_ways_is_what_onnxruntime_computes(case):
+    """Around the batch-first reading of both directions' steps: their shape read by Shape (as exporters with
+    dynamic shapes write it), a Reshape whose middle axis is not the batch, Y read as it is, and transposed back."""
+    ort = pytest.importorskip("onnxruntime", reason="the reference is onnxruntime")
+    t, n, h = 6, 4, 7
+    tails = {
+        "shape_then_reshape": ([helper.make_node("Transpose", ["Y"], ["Yt"], perm=[0, 2, 1, 3]),
+                                helper.make_node("Shape", ["Yt"], ["s"], start=0, end=2),
+                                helper.make_node("Concat", ["s", "m1"], ["tgt"], axis=0),
+                                helper.make_node("Reshape", ["Yt", "tgt"], ["Ys"]),
+                                helper.make_node("Transpose", ["Ys"], ["y"], perm=[1, 0, 2])], [n, t, 2 * h],
+                               {"m1": [-1]}),
+        "shape_of_y": ([helper.make_node("Shape", ["Y"], ["s"], start=0, end=1),
+                        helper.make_node("Concat", ["s", "m1"], ["tgt"], axis=0),
+                        helper.make_node("Reshape", ["Y", "tgt"], ["y"])], [t, 2 * n * h], {"m1": [-1]}),
+        "reshape_to_2n": ([helper.make_node("Transpose", ["Y"], ["Yt"], perm=[0, 2, 1, 3]),
+                           helper.make_node("Reshape", ["Yt", "t3"], ["y"])], [t, 2 * n, h], {"t3": [0, 2 * n, -1]}),
+        "relu_of_y": ([helper.make_node("Relu", ["Y"], ["y"])], [t, 2, n, h], {}),
+        "back_to_4d": ([helper.make_node("Transpose", ["Y"], ["Yt"], perm=[0, 2, 1, 3]),
+                        helper.make_node("Transpose", ["Yt"], ["y"], perm=[1, 0, 2, 3])], [n, t, 2, h], {}),
+    }
+    model, x = _bidirectional_lstm_graph(*tails[case])
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = lp.onnx.load(model, batch_size=n).forward([x])[0].to_numpy()
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, atol=1e-5)

@@ -766,8 +766,10 @@ def reshape(g: Graph, n: Node) -> None:
     assert target is not None
     if held is not None and held[1] == "Y2t" and target.size == 3:  # [T, N, 2, H] to [T, N, 2H]: the steps,
         batch, steps, directions, hidden = g.shapes[held[0]]  # batch-first [N, T, 2H]
-        t, _, last = target.astype(np.int64).tolist()
-        if t in (steps, 0) and last in (-1, directions * hidden):
+        t, middle, last = target.astype(np.int64).tolist()
+        zero = 0 if not n.attr("allowzero", 0) else None  # (0: the input's size there, unless allowzero)
+        if t in (steps, zero) and middle in (batch, zero, -1) and last in (-1, directions * hidden) \
+                and [t, middle, last].count(-1) <= 1:
             joined = f"{n.outputs[0]}:steps"
             g.add(n, ReshapeConfig(shape=(batch, steps, directions * hidden)), [held[0]], [joined])
             g.time_major[n.outputs[0]] = (joined, "steps")
@@ -1373,8 +1375,9 @@ def _fold(g: Graph, n: Node) -> bool:
     names = [g.resolve(i) for i in n.inputs if i]
     held = g.time_major.get(names[0]) if names else None
     known = {**g.input_shapes, **g.shapes}  # graph inputs not read yet included
-    if n.op == "Shape" and names and (names[0] in known or (held is not None and held[1] in ("x", "steps"))):
-        shape = np.array(known[names[0]] if held is None else np.array(known[held[0]])[[1, 0, 2]], np.int64)
+    seen_as = {"x": [1, 0, 2], "steps": [1, 0, 2], "Y2": [1, 2, 0, 3], "Y2t": [1, 0, 2, 3]}  # ONNX's axes of the blob
+    if n.op == "Shape" and names and (names[0] in known or (held is not None and held[1] in seen_as)):
+        shape = np.array(known[names[0]] if held is None else np.array(known[held[0]])[seen_as[held[1]]], np.int64)
         g.constants[n.outputs[0]] = shape[n.attr("start", 0):n.attr("end", len(shape))]
         return True
     if n.op not in FOLDED or not names or any(i not in g.constants or i in g.feeds for i in names):
