@@ -64,9 +64,11 @@ def positive_int(where: str, value: Any) -> int:
 
 
 def non_negative_int(where: str, value: Any) -> int:
-    if _is_bool(value) or not isinstance(value, numbers.Integral) or not 0 <= int(value) <= INT_LIMIT:
+    """As :func:`positive_int` takes them (a whole float such as YAML's ``2.0`` too), 0 included."""
+    as_int = _integer(value)
+    if as_int is None or not 0 <= as_int <= INT_LIMIT:
         raise ConfigError(f"{where}: expected a non-negative integer up to {INT_LIMIT}, got {value!r}")
-    return int(value)
+    return as_int
 
 
 def number(where: str, value: Any, *, minimum: float | None = None, maximum: float | None = None,

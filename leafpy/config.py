@@ -249,8 +249,8 @@ def from_dict(doc: Any, source: str = "<run>") -> RunConfig:
         if value is None and key in section:
             raise ConfigError(f"{where}.{key}: expected a positive integer, got null; give a number, or leave the key "
                               "out for its default")
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-            raise ConfigError(f"{where}.{key}: expected a positive integer, got {value!r}")
+        if value is not None:  # (a whole float such as 2.0 is that integer, as in the solver section)
+            section[key] = _checks.positive_int(f"{where}.{key}", value)
     network = layer_from_dict(doc["network"], "network", data.get("batch_size"))
     if network.type != "Sequential":
         raise ConfigError(f"network.type: expected Sequential, got {network.type!r}")

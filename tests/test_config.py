@@ -172,6 +172,19 @@ def test_overrides_change_one_value_each():
             lp.config.loads(BASE, overrides=[item])
 
 
+def test_counts_written_as_whole_floats_are_those_integers_everywhere():
+    """YAML's 2.0 for a count: taken as 2 in the train, data and solver sections alike (it was refused in some and
+    taken in others); 2.5 and -1.0 are refused naming the key."""
+    run = lp.config.loads(BASE, overrides=["train={epochs: 3.0}", "data.batch_size=2.0", "solver.warmup_iter=4.0",
+                                           "solver.stepsize=5.0"])
+    assert (run.epochs, run.batch_size, run.solver.warmup_iter, run.solver.stepsize) == (3, 2, 4, 5)
+    assert type(run.epochs) is int and type(run.batch_size) is int and type(run.solver.warmup_iter) is int
+    for item, key in (("train={epochs: 2.5}", "train.epochs"), ("data.batch_size=-1.0", "data.batch_size"),
+                      ("solver.warmup_iter=0.5", "solver.warmup_iter")):
+        with pytest.raises(lp.ConfigError, match=rf"{key}: expected a (positive|non-negative) integer"):
+            lp.config.loads(BASE, overrides=[item])
+
+
 def test_unsafe_yaml_is_refused(tmp_path):
     p = tmp_path / "evil.yaml"
     p.write_text("!!python/object/apply:os.system ['echo pwned']\n")
