@@ -150,6 +150,37 @@ def test_a_branch_cut_off_from_the_output_runs_no_backward_pass(native64, dead_e
         np.testing.assert_allclose(dx, da @ W["fc0/weight"], rtol=1e-10, atol=1e-12)
 
 
+def test_a_cut_inside_a_nested_container_stops_the_layers_before_it_too(native64):
+    """data -> fc0 -> inner [fc1 -> fc2 (propagate_down False)] -> fc3: no gradient reaches fc0 or the data, so fc0
+    runs no backward pass (the container tells which of its inputs its layers write a gradient of), its weight
+    gradients are zero and the data's gradient is zero; fc2 and fc3 get theirs, as in float64 NumPy."""
+    inner = lp.SequentialConfig(inputs=[("h", [4, 3])])
+    inner.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=3)))
+    inner.add_layer(lp.LayerConfig("fc2", lp.LinearConfig(output_size=3), propagate_down=[False]))
+    cfg = lp.SequentialConfig(inputs=[("data", [4, 3])], force_backward=True)
+    cfg.add_layer(lp.LayerConfig("fc0", lp.LinearConfig(output_size=3)))
+    cfg.add_layer(lp.LayerConfig("inner", inner))
+    cfg.add_layer(lp.LayerConfig("fc3", lp.LinearConfig(output_size=2)))
+    net = lp.Layer.from_config(native64, lp.LayerConfig("net", cfg), seed=0)
+    rng = np.random.default_rng(2)
+    for w in net.learnable_weights_data():
+        w.set(rng.standard_normal(w.shape))
+    W = net.named_weights()
+    x, dy = rng.standard_normal((4, 3)), rng.standard_normal((4, 2))
+    net.forward([x])
+    dx = net.backward([dy])[0].to_numpy()
+    assert not net.layers[0].runs_backward and net.layers[1].runs_backward
+    grads = dict(zip(net.learnable_weights_names(), (g.to_numpy() for g in net.learnable_weights_gradients())))
+    h1 = (x @ W["fc0/weight"].T + W["fc0/bias"]) @ W["inner/fc1/weight"].T + W["inner/fc1/bias"]
+    g = h1 @ W["inner/fc2/weight"].T + W["inner/fc2/bias"]
+    dg = dy @ W["fc3/weight"]
+    np.testing.assert_allclose(grads["fc3/weight"], dy.T @ g, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(grads["inner/fc2/weight"], dg.T @ h1, rtol=1e-10, atol=1e-12)
+    for name in ("fc0/weight", "fc0/bias", "inner/fc1/weight", "inner/fc1/bias"):
+        np.testing.assert_array_equal(grads[name], 0.0, err_msg=name)
+    np.testing.assert_array_equal(dx, 0.0)
+
+
 def test_fan_out_matches_native(device):  # noqa: F811
     rng = np.random.default_rng(5)
     x = rng.standard_normal((3, 4)).astype(np.float32)

@@ -653,6 +653,11 @@ class Layer:
         """Which of ``n`` inputs get a gradient when this layer is the outermost: the differentiable ones."""
         return [True] * n
 
+    def writes_input_gradient(self, k: int) -> bool:
+        """Whether this layer's backward pass, when it runs, writes the gradient of input ``k`` it was given (a
+        container: where one of its layers that runs reaches that input)."""
+        return True
+
     def input_takes_gradient(self, k: int) -> bool:
         """Whether input ``k`` can take a gradient (an Embedding's ids cannot)."""
         diff = self.worker.differentiable if self.worker is not None else None

@@ -135,6 +135,7 @@ class Sequential(Layer):
         self._fan_in: dict[int, list[tuple[SharedTensor, list[SharedTensor]]]] = {}
         self._zero_grads: dict[int, list[int]] = {}  # layer -> its outputs whose gradient no running reader writes
         self._idle_grads: list[SharedTensor] = []  # weight gradients no running layer writes (the outermost's)
+        self._written_inputs: set[int] = set()  # (ids of) inputs whose gradient a running layer writes
         self._outermost = weight_registry is None
         if weight_registry is None:  # the outermost container: build everything for the declared shapes now
             self.network  # noqa: B018
@@ -249,12 +250,13 @@ class Sequential(Layer):
             reached = i == final or bool(writes.get(i))
             layer.runs_backward = reached and (layer.has_weights or any(g is not None for g in layer.input_grads))
             if layer.runs_backward:
-                for (producer, out), given in zip(sources[i], receives[i]):
-                    if given is not None:
+                for j, ((producer, out), given) in enumerate(zip(sources[i], receives[i])):
+                    if given is not None and layer.writes_input_gradient(j):
                         writes.setdefault(producer, set()).add(out)
                 if i != final:  # outputs no running reader writes the gradient of: zero, not what the buffer held
                     self._zero_grads[i] = [k for k, (t, g) in enumerate(zip(layer.outputs, layer.output_grads))
                                            if g is not None and id(t) not in writes.get(i, ())]
+        self._written_inputs = writes.get(-1, set())  # this container's inputs a layer that runs writes a gradient of
         self._plan_fan_in(blobs)
         self._share_gradients()
         last = self.layers[-1]  # the container's outputs and their gradients are its last layer's
@@ -271,6 +273,9 @@ class Sequential(Layer):
         # (the outermost container decides: it sees every layer that runs)
         idle = {id(g): g for layer in self._leaf_layers() for g in layer.weight_grads if id(g) not in seen}
         self._idle_grads = list(idle.values()) if self._outermost else []
+
+    def writes_input_gradient(self, k: int) -> bool:
+        return id(self.inputs[k]) in self._written_inputs
 
     def _leaf_layers(self) -> list[Layer]:
         return [leaf for layer in self.layers for leaf in layer._leaf_layers()]
@@ -311,7 +316,7 @@ class Sequential(Layer):
                 for j, n in enumerate(self._plan[i].inputs):
                     own = self._fan_scratch.get((i, j))
                     if n == blob and own is not None and self.layers[i].input_grads[j] is own \
-                            and self.layers[i].runs_backward:
+                            and self.layers[i].runs_backward and self.layers[i].writes_input_gradient(j):
                         parts.append(own)
             self._fan_in.setdefault(producer, []).append((target, parts))
 
