@@ -507,3 +507,30 @@ def test_a_bidirectional_lstms_output_read_in_other_ways_is_what_onnxruntime_com
     got = lp.onnx.load(model, batch_size=n).forward([x])[0].to_numpy()
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("index", [0, -1])
+@pytest.mark.parametrize("op", ["GRU", "LSTM"])
+def test_the_last_hidden_state_picked_from_y_h_is_what_onnxruntime_computes(op, index):
+    """PyTorch's `_, h = gru(x); fc(h[-1])` on a batch-first input: Transpose, the recurrent node (layout 0), a
+    Gather of index 0 or -1 on axis 0 of Y_h [1, N, H], then Gemm; at two batch sizes."""
+    ort = pytest.importorskip("onnxruntime", reason="the reference is onnxruntime")
+    t, i, h, gates = 5, 4, 6, {"GRU": 3, "LSTM": 4}[op]
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.4, name)
+             for name, shape in (("W", (1, gates * h, i)), ("R", (1, gates * h, h)), ("B", (1, 2 * gates * h)),
+                                 ("fw", (3, h)), ("fb", (3,)))]
+    inits.append(numpy_helper.from_array(np.array(index, np.int64), "k"))
+    nodes = [helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0, 2]),
+             helper.make_node(op, ["xt", "W", "R", "B"], ["", "hn"], hidden_size=h),
+             helper.make_node("Gather", ["hn", "k"], ["last"], axis=0),
+             helper.make_node("Gemm", ["last", "fw", "fb"], ["y"], transB=1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", t, i])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    net = lp.onnx.load(model)
+    for n in (2, 7):
+        x = rng.standard_normal((n, t, i)).astype(np.float32)
+        np.testing.assert_allclose(net.forward([x])[0].to_numpy(), session.run(None, {"x": x})[0], atol=1e-5)

@@ -981,6 +981,11 @@ def _pick(g: Graph, n: Node) -> bool:
     index = g.numbers(n, given, f"input 1 ({given!r}, the indices)")
     if index.size != 1:
         return False
+    held = g.time_major.get(name)
+    if held is not None and held[1] == "Y_h" and index.ndim == 0 and int(n.attr("axis", 0)) == 0 \
+            and int(index) in (0, -1):  # one direction's last h, [1, N, H] (PyTorch's h[-1]): the [N, H] blob
+        g.alias[n.outputs[0]] = held[0]
+        return True
     x = g.blob(n, 0)
     shape = g.shape(x)
     axis = int(n.attr("axis", 0)) % len(shape)
