@@ -1192,10 +1192,7 @@ def relabel(ds: datasets.Dataset, names: Sequence[str]) -> None:
             "(its run.yaml records them); evaluate or resume on data of those classes, or train a new run on this "
             "data (leafpy train RUN_FILE --out NEW_DIR); in a run file of your own, name every class of the data")
     table = np.array([known[name] for name in ds.class_names], np.int64)
-    for split in ("y_train", "y_test"):
-        y = np.asarray(getattr(ds, split))
-        ours = (y >= 0) & (y < len(table))
-        setattr(ds, split, np.where(ours, table[np.where(ours, y, 0)], y).astype(y.dtype, copy=False))
+    ds.y_train, ds.y_test = (table[np.asarray(y)] for y in (ds.y_train, ds.y_test))
     ds.class_names, ds.num_classes = tuple(names), max(ds.num_classes, len(names))
 
 

@@ -10,7 +10,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..layers.container.sequential import Sequential
 from ..layers.layer import Layer
-from ..layers.loss.negative_log_likelihood import NegativeLogLikelihoodConfig, label_weight, loss_configs
+from ..layers.loss.negative_log_likelihood import label_weight, loss_configs, loss_layers
 from ..layers.network import Network
 from ..solvers.solver import Solver
 from ..tensor import SharedTensor
@@ -77,10 +77,7 @@ class DataParallel:
         self.label_weight: float | None = None
         """What the last step's share of the objective's mean divided by, where that is its labels' weights
         (:func:`label_weight`: ignore_index, class weights); None: its samples."""
-        objective = solver.config.objective
-        layers = objective.config.layers if objective is not None and objective.type == "Sequential" else []
-        summed = [layer.name for layer in layers
-                  if isinstance(layer.config, NegativeLogLikelihoodConfig) and layer.config.reduction == "sum"]
+        summed = [layer.name for layer in loss_layers(solver.config.objective) if layer.config.reduction == "sum"]
         if summed and group.size > 1:  # the ranks' gradients are combined as means of their shares
             raise ConfigError(f"objective layer '{summed[0]}': reduction 'sum' on {group.size} ranks: the ranks "
                               "average their gradients, as a mean-reduced objective needs; use reduction: mean (and "

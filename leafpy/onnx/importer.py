@@ -225,6 +225,10 @@ class Node:
         return [k for k, o in enumerate(self.outputs) if o and graph.is_used(o)]
 
 
+SEEN_AS = {"x": (1, 0, 2), "steps": (1, 0, 2), "Y2": (1, 2, 0, 3), "Y2t": (1, 0, 2, 3)}
+"""The axes of a batch-first blob that ONNX's time-major view of it (``Graph.time_major``'s kinds) reads, in order."""
+
+
 @dataclass
 class Graph:
     """The conversion's state: constants, blob shapes, aliases, the layers and weights made so far."""
@@ -280,12 +284,11 @@ class Graph:
 
     def _time_major_blob(self, node: Node, name: str) -> str:
         """A value held time-major (see ``time_major``) as a blob of its ONNX shape, through a Transpose layer:
-        "x" and "steps" [T, N, ...], "Y" [T, 1, N, H], "Y_h" [1, N, H]."""
+        "x" and "steps" [T, N, ...], "Y" [T, 1, N, H], "Y_h" [1, N, H], "Y2" [T, 2, N, H], "Y2t" [T, N, 2, H]."""
         blob, kind = self.time_major[name]
         shape = self.shapes[blob]
         if kind in ("Y2", "Y2t"):  # [N, T, 2, H] seen as [T, 2, N, H] or [T, N, 2, H]
-            self.add(node, TransposeConfig(perm=(1, 2, 0, 3) if kind == "Y2" else (1, 0, 2, 3)), [blob], [name],
-                     suffix="_time_major")
+            self.add(node, TransposeConfig(perm=SEEN_AS[kind]), [blob], [name], suffix="_time_major")
             return name
         if kind == "Y_h":
             self.add(node, ReshapeConfig(shape=(shape[0], 1, shape[1])), [blob], [name + ":directions"],
@@ -1380,9 +1383,9 @@ def _fold(g: Graph, n: Node) -> bool:
     names = [g.resolve(i) for i in n.inputs if i]
     held = g.time_major.get(names[0]) if names else None
     known = {**g.input_shapes, **g.shapes}  # graph inputs not read yet included
-    seen_as = {"x": [1, 0, 2], "steps": [1, 0, 2], "Y2": [1, 2, 0, 3], "Y2t": [1, 0, 2, 3]}  # ONNX's axes of the blob
-    if n.op == "Shape" and names and (names[0] in known or (held is not None and held[1] in seen_as)):
-        shape = np.array(known[names[0]] if held is None else np.array(known[held[0]])[seen_as[held[1]]], np.int64)
+    if n.op == "Shape" and names and (names[0] in known or (held is not None and held[1] in SEEN_AS)):
+        shape = np.array(known[names[0]] if held is None else np.array(known[held[0]])[list(SEEN_AS[held[1]])],
+                         np.int64)
         g.constants[n.outputs[0]] = shape[n.attr("start", 0):n.attr("end", len(shape))]
         return True
     if n.op not in FOLDED or not names or any(i not in g.constants or i in g.feeds for i in names):

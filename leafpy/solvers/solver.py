@@ -742,8 +742,10 @@ class Solver:
         g_bufs = [g.read_write(be) for g in grads]
         moving = {i for run in self._update_runs(grads) for i in run}
         if len(moving) < len(g_bufs):  # a frozen weight's gradient: unscaled, but an inf there skips no step
-            be.sum_squares([g for i, g in enumerate(g_bufs) if i not in moving], self._norm.write(be), self._ws,
-                           self._scale.read(be))
+            scale = self._scale.read(be)
+            for i, g in enumerate(g_bufs):
+                if i not in moving:
+                    be.unscale(g, scale)
             g_bufs = [g_bufs[i] for i in sorted(moving)]
         scale = self._scale.read_write(be)
         be.loss_scale_update(self._sum_squares(be, g_bufs, scale), scale, self._scale_counts.read_write(be),

@@ -253,9 +253,10 @@ class Sequential(Layer):
                 for j, ((producer, out), given) in enumerate(zip(sources[i], receives[i])):
                     if given is not None and layer.writes_input_gradient(j):
                         writes.setdefault(producer, set()).add(out)
-                if i != final:  # outputs no running reader writes the gradient of: zero, not what the buffer held
-                    self._zero_grads[i] = [k for k, (t, g) in enumerate(zip(layer.outputs, layer.output_grads))
-                                           if g is not None and id(t) not in writes.get(i, ())]
+                unwritten = [k for k, (t, g) in enumerate(zip(layer.outputs, layer.output_grads))
+                             if g is not None and id(t) not in writes.get(i, ())]
+                if unwritten and i != final:  # outputs no running reader writes the gradient of: zero, not old
+                    self._zero_grads[i] = unwritten  # values
         self._written_inputs = writes.get(-1, set())  # this container's inputs a layer that runs writes a gradient of
         self._plan_fan_in(blobs)
         self._share_gradients()

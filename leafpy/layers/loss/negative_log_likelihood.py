@@ -72,13 +72,18 @@ def check_labels(where: str, labels: np.ndarray | None, num_classes: int, ignore
                          f"[0, {num_classes - 1}]{ignored}")
 
 
-def loss_configs(objective: Any) -> list[NegativeLogLikelihoodConfig]:
-    """The configs of an objective's (a LayerConfig, or None) class-label losses: NegativeLogLikelihood and
+def loss_layers(objective: Any) -> list[Any]:
+    """The LayerConfigs of an objective's (a LayerConfig, or None) class-label losses: NegativeLogLikelihood and
     SoftmaxCrossEntropy, in order."""
     if objective is None:
         return []
     layers = objective.config.layers if objective.type == "Sequential" else [objective]
-    return [layer.config for layer in layers if isinstance(layer.config, NegativeLogLikelihoodConfig)]
+    return [layer for layer in layers if isinstance(layer.config, NegativeLogLikelihoodConfig)]
+
+
+def loss_configs(objective: Any) -> list[NegativeLogLikelihoodConfig]:
+    """The configs of :func:`loss_layers`."""
+    return [layer.config for layer in loss_layers(objective)]
 
 
 def label_weight(objective: Any, labels: Any) -> float | None:
