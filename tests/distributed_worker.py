@@ -26,10 +26,12 @@ def problem(n: int = 97, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 
 def solver_config(rule: str, batch: int, accumulate: int = 1, clip: float | None = None,
-                  batch_norm: bool = False) -> lp.SolverConfig:
+                  batch_norm: bool = False, frozen: bool = False) -> lp.SolverConfig:
+    """A small classifier; ``frozen``: its first layer's weights with lr_mult 0 (fine-tuning the rest)."""
     net = lp.SequentialConfig(inputs=[("data", [batch, 6])])
     # before a BatchNorm a bias has no gradient but rounding noise (which Adam would scale up): none there
-    net.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=16, bias=not batch_norm)))
+    net.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=16, bias=not batch_norm),
+                                 params=[lp.WeightConfig(lr_mult=0.0)] * (2 if frozen else 0)))
     if batch_norm:
         net.add_layer(lp.LayerConfig("bn1", lp.BatchNormConfig(momentum=0.2)))
     net.add_layer(lp.LayerConfig("act", "TanH"))
@@ -45,11 +47,11 @@ def solver_config(rule: str, batch: int, accumulate: int = 1, clip: float | None
 
 def equivalence(out: str, rule: str, batch: int, steps: int, accumulate: int, clip: float | None,
                 backend: str = "native", batch_norm: bool = False, sync_batch_norm: bool = False,
-                precision: str = "fp32") -> None:
+                precision: str = "fp32", frozen: bool = False) -> None:
     group = dist.init()
     with dist.failing_rank_ends_the_job(group):
         be = lp.backend(backend, **({"precision": precision} if precision != "fp32" else {}))
-        solver = lp.Solver.from_config(be, be, solver_config(rule, batch, accumulate, clip, batch_norm))
+        solver = lp.Solver.from_config(be, be, solver_config(rule, batch, accumulate, clip, batch_norm, frozen))
         if group.rank != 0:  # other ranks start elsewhere: DataParallel must give them rank 0's weights
             for w in solver.network.learnable_weights_data():
                 w.set(np.full(w.shape, 0.5, np.float32))
@@ -111,7 +113,7 @@ if __name__ == "__main__":
         backend = args[args.index("--backend") + 1] if "--backend" in args else "native"
         precision = args[args.index("--precision") + 1] if "--precision" in args else "fp32"
         equivalence(args[0], args[1], int(args[2]), int(args[3]), acc, clip, backend, "--batch-norm" in args,
-                    "--sync-batch-norm" in args, precision)
+                    "--sync-batch-norm" in args, precision, "--frozen" in args)
     elif sys.argv[1] == "dropout":
         dropout_masks(sys.argv[2])
     elif sys.argv[1] == "fail":

@@ -346,3 +346,26 @@ def test_train_on_a_device_backend(tmp_path, backend):
     assert accuracy(p.stdout) >= 0.85
     e = run("evaluate", str(ROOT / "configs" / "digits_mlp.yaml"), "--weights", str(out / "model.leaf"))
     assert e.returncode == 0 and accuracy(e.stdout) == pytest.approx(accuracy(p.stdout), abs=0.01)
+
+
+def test_fine_tuning_a_head_on_a_frozen_layer_from_another_runs_model(tmp_path):
+    """The fine-tuning route a user takes: a run trains the digits MLP; a second run file freezes fc1 (lr_mult 0 on
+    its weight and bias in YAML) and trains from the first run's model with --weights. fc1 comes out exactly as the
+    first run left it, fc2 moves, and the head alone reaches a useful accuracy."""
+    mlp = ROOT / "configs" / "digits_mlp.yaml"
+    first = run("train", str(mlp), "--epochs", "2", "--out", str(tmp_path / "a"))
+    assert first.returncode == 0, first.stderr
+    frozen = tmp_path / "frozen.yaml"
+    text = mlp.read_text()
+    line = "{name: fc1, type: Linear, output_size: 128}"
+    assert line in text
+    frozen.write_text(text.replace(line, "{name: fc1, type: Linear, output_size: 128, "
+                                         "params: [{lr_mult: 0}, {lr_mult: 0}]}"))
+    second = run("train", str(frozen), "--epochs", "2", "--weights", str(tmp_path / "a" / "model.leaf"),
+                 "--out", str(tmp_path / "b"))
+    assert second.returncode == 0, second.stderr
+    assert accuracy(second.stdout) >= 0.85
+    a, b = (lp.Layer.load(lp.backend("native"), str(tmp_path / d / "model.leaf")).named_weights() for d in "ab")
+    for name in ("fc1/weight", "fc1/bias"):
+        np.testing.assert_array_equal(b[name], a[name])
+    assert not np.allclose(b["fc2/weight"], a["fc2/weight"])

@@ -41,9 +41,9 @@ def mpirun(n: int, *args: str, timeout: float = 120) -> subprocess.CompletedProc
 
 
 def single_process(rule: str, batch: int, steps: int, accumulate: int, clip: float | None,
-                   batch_norm: bool = False, precision: str = "fp32") -> list[np.ndarray]:
+                   batch_norm: bool = False, precision: str = "fp32", frozen: bool = False) -> list[np.ndarray]:
     be = lp.backend("native", **({"precision": precision} if precision != "fp32" else {}))
-    solver = lp.Solver.from_config(be, be, worker.solver_config(rule, batch, accumulate, clip, batch_norm))
+    solver = lp.Solver.from_config(be, be, worker.solver_config(rule, batch, accumulate, clip, batch_norm, frozen))
     x, y = worker.problem()
     done, epoch = 0, 0
     while done < steps * accumulate:
@@ -82,6 +82,28 @@ def test_two_ranks_at_batch_b_equal_one_process_at_2b(tmp_path, rule, accumulate
     for i in range(len(reference)):  # every rank applied the same updates
         np.testing.assert_array_equal(ranks[0][f"w{i}"], ranks[1][f"w{i}"])
     if accumulate == 1:  # buckets summed while the backward pass went on
+        assert int(ranks[0]["overlapped"]) > 0
+
+
+@needs_mpi
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_two_ranks_fine_tuning_past_a_frozen_layer_equal_one_process_at_2b(tmp_path, accumulate):
+    """fc1 frozen (lr_mult 0): it runs no backward pass and its gradients are summed across no ranks; the trained
+    layer's updates equal one process's at batch 2B, with clipping, and fc1 keeps rank 0's weights on both."""
+    steps = 12
+    run = mpirun(2, "equivalence", str(tmp_path / "w"), "momentum", "5", str(steps), "--accumulate", str(accumulate),
+                 "--clip", "0.5", "--frozen")
+    assert run.returncode == 0, run.stderr[-3000:]
+    ranks = [np.load(tmp_path / f"w.rank{r}.npz") for r in (0, 1)]
+    reference = single_process("momentum", 10, steps, accumulate, 0.5, frozen=True)
+    start = single_process("momentum", 10, 0, accumulate, 0.5, frozen=True)
+    for r in ranks:
+        for i, ref in enumerate(reference):
+            np.testing.assert_allclose(r[f"w{i}"], ref, rtol=2e-4, atol=2e-5, err_msg=f"weight {i}")
+        for i in (0, 1):  # fc1's weight and bias: rank 0's initial values, on both ranks
+            np.testing.assert_array_equal(r[f"w{i}"], start[i])
+        assert not np.allclose(r["w2"], start[2])
+    if accumulate == 1:
         assert int(ranks[0]["overlapped"]) > 0
 
 

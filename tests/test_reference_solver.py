@@ -181,3 +181,118 @@ def test_weights_cut_off_from_the_loss_move_by_weight_decay_alone(native64, rule
         got = dict(zip(names, (w.to_numpy() for w in solver.network.learnable_weights_data())))
         for n, w in cut.items():
             np.testing.assert_allclose(got[n], w, rtol=1e-10, atol=1e-12, err_msg=f"{n} after step {step}")
+
+
+def _spy(layer) -> dict:
+    """Counts of the worker's backward calls on one layer (an instance attribute over the class's method)."""
+    counts = {"backward_input": 0, "backward_parameters": 0}
+    worker = layer.worker
+    for name in counts:
+        method = getattr(worker, name)
+
+        def counted(*args, _method=method, _name=name):
+            counts[_name] += 1
+            return _method(*args)
+        setattr(worker, name, counted)
+    return counts
+
+
+def _frozen(name: str, n: int, **kw) -> lp.LayerConfig:
+    return lp.LayerConfig(name, lp.LinearConfig(output_size=n), params=[lp.WeightConfig(lr_mult=0.0)] * 2, **kw)
+
+
+def test_a_frozen_backbone_runs_no_backward_pass_and_the_head_trains_as_by_hand(native64, monkeypatch):
+    """Fine-tuning a head on a frozen backbone (lr_mult 0 on every backbone weight): as in Caffe
+    (param_propagate_down) and PyTorch (requires_grad=False), nothing flows into the backbone, so its layers run
+    no backward pass at all, their weights' gradients stay zero and the weights never move; the head's momentum
+    steps match float64 NumPy."""
+    net = lp.SequentialConfig(inputs=[("data", [5, 3])])
+    net.add_layer(_frozen("fz0", 4))
+    net.add_layer(lp.LayerConfig("relu", "ReLU"))
+    net.add_layer(_frozen("fz1", 3))
+    net.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=2)))
+    obj = lp.SequentialConfig(inputs=[("network_out", [5, 2]), ("target", [5, 2])])
+    obj.add_layer(lp.LayerConfig("mse", "MeanSquaredError"))
+    lr, m, wd = 0.1, 0.9, 0.01
+    cfg = lp.SolverConfig(network=lp.LayerConfig("net", net), objective=lp.LayerConfig("loss", obj),
+                          solver="momentum", base_lr=lr, momentum=m, weight_decay=wd, seed=0)
+    monkeypatch.setattr(native64, "replay", False)  # every step through the layers' Python, which the spies count
+    solver = lp.Solver.from_config(native64, native64, cfg)
+    spies = [_spy(layer) for layer in solver.network.layer.layers]
+    w0, b0, w1, b1, w, b = (t.to_numpy().copy() for t in solver.network.learnable_weights_data())
+    hw, hb = np.zeros_like(w), np.zeros_like(b)
+    rng = np.random.default_rng(5)
+    for _ in range(4):
+        x, t = rng.standard_normal((5, 3)), rng.standard_normal((5, 2))
+        h = np.maximum(x @ w0.T + b0, 0) @ w1.T + b1
+        dy = 2.0 * (h @ w.T + b - t) / t.size
+        hw, hb = m * hw + lr * (dy.T @ h + wd * w), m * hb + lr * (dy.sum(axis=0) + wd * b)
+        w, b = w - hw, b - hb
+        solver.train_minibatch(x, t)
+    got = [t.to_numpy() for t in solver.network.learnable_weights_data()]
+    for g, e in zip(got[:4], (w0, b0, w1, b1)):
+        np.testing.assert_array_equal(g, e)
+    np.testing.assert_allclose(got[4], w, rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(got[5], b, rtol=1e-11, atol=1e-13)
+    assert [s["backward_input"] + s["backward_parameters"] for s in spies[:3]] == [0, 0, 0], spies
+    assert spies[3] == {"backward_input": 0, "backward_parameters": 4}  # the head: its weights only
+    for g in solver.network.learnable_weights_gradients()[:4]:
+        assert not np.any(g.to_numpy())
+
+
+def test_a_frozen_layer_between_trained_ones_passes_the_gradient_on_without_weight_gradients(native64, monkeypatch):
+    """fc0 (trained) -> frozen -> fc2 (trained): the frozen layer runs its input gradient only (no weight-gradient
+    GEMM), and fc0 steps as float64 NumPy says, through the frozen weights."""
+    net = lp.SequentialConfig(inputs=[("data", [5, 3])])
+    net.add_layer(lp.LayerConfig("fc0", lp.LinearConfig(output_size=4)))
+    net.add_layer(lp.LayerConfig("tanh", "TanH"))
+    net.add_layer(_frozen("mid", 3))
+    net.add_layer(lp.LayerConfig("fc2", lp.LinearConfig(output_size=2)))
+    obj = lp.SequentialConfig(inputs=[("network_out", [5, 2]), ("target", [5, 2])])
+    obj.add_layer(lp.LayerConfig("mse", "MeanSquaredError"))
+    lr = 0.2
+    cfg = lp.SolverConfig(network=lp.LayerConfig("net", net), objective=lp.LayerConfig("loss", obj),
+                          solver="momentum", base_lr=lr, momentum=0.0, seed=0)
+    monkeypatch.setattr(native64, "replay", False)
+    solver = lp.Solver.from_config(native64, native64, cfg)
+    mid = _spy(solver.network.layer.layers[2])
+    w0, b0, wm, bm, w2, b2 = (t.to_numpy().copy() for t in solver.network.learnable_weights_data())
+    rng = np.random.default_rng(6)
+    for _ in range(3):
+        x, t = rng.standard_normal((5, 3)), rng.standard_normal((5, 2))
+        a = np.tanh(x @ w0.T + b0)
+        h = a @ wm.T + bm
+        dy = 2.0 * (h @ w2.T + b2 - t) / t.size
+        dz = (dy @ w2 @ wm) * (1 - a * a)
+        w2, b2 = w2 - lr * dy.T @ h, b2 - lr * dy.sum(axis=0)
+        w0, b0 = w0 - lr * dz.T @ x, b0 - lr * dz.sum(axis=0)
+        solver.train_minibatch(x, t)
+    got = [t.to_numpy() for t in solver.network.learnable_weights_data()]
+    for g, e in zip(got, (w0, b0, wm, bm, w2, b2)):
+        np.testing.assert_allclose(g, e, rtol=1e-11, atol=1e-13)
+    assert mid == {"backward_input": 3, "backward_parameters": 0}
+
+
+def test_a_frozen_batch_norm_between_trained_layers_still_passes_the_right_gradient(native64):
+    """BatchNorm's input gradient needs the sums its weight pass computes: with its scale and shift frozen it
+    still runs that pass, and fc0's first step is the same as with them trained (the gradient into fc0 on the
+    first step does not depend on whether BatchNorm's own weights will move)."""
+    def first_step(frozen: bool) -> list[np.ndarray]:
+        net = lp.SequentialConfig(inputs=[("data", [6, 3])])
+        net.add_layer(lp.LayerConfig("fc0", lp.LinearConfig(output_size=4)))
+        params = [lp.WeightConfig(lr_mult=0.0)] * 2 if frozen else []
+        net.add_layer(lp.LayerConfig("bn", lp.BatchNormConfig(), params=params))
+        net.add_layer(lp.LayerConfig("fc2", lp.LinearConfig(output_size=2)))
+        obj = lp.SequentialConfig(inputs=[("network_out", [6, 2]), ("target", [6, 2])])
+        obj.add_layer(lp.LayerConfig("mse", "MeanSquaredError"))
+        cfg = lp.SolverConfig(network=lp.LayerConfig("net", net), objective=lp.LayerConfig("loss", obj),
+                              solver="momentum", base_lr=0.3, momentum=0.0, seed=0)
+        solver = lp.Solver.from_config(native64, native64, cfg)
+        rng = np.random.default_rng(7)
+        solver.train_minibatch(rng.standard_normal((6, 3)), rng.standard_normal((6, 2)))
+        return [t.to_numpy() for t in solver.network.learnable_weights_data()]
+
+    frozen, trained = first_step(True), first_step(False)
+    np.testing.assert_allclose(frozen[0], trained[0], rtol=1e-12, atol=1e-14)  # fc0's weight
+    np.testing.assert_allclose(frozen[1], trained[1], rtol=1e-12, atol=1e-14)
+    assert not np.allclose(frozen[2], trained[2])  # bn's scale: frozen in one, moved in the other

@@ -84,6 +84,7 @@ class DataParallel:
                               "scale base_lr by the batch size for the same steps)")
         self._sync_batch_norm = sync_batch_norm and group.size > 1
         self._buckets: list[list[int]] | None = None
+        self._buckets_of: Any = None  # the network's parameters (one binding) the buckets were planned for
         self._in_flight: dict[int, Any] = {}
         self.overlapped = 0
         """Buckets whose sum started before the backward pass had finished (counted in the steps that ran their
@@ -228,18 +229,25 @@ class DataParallel:
             self.overlapped += 1
 
     def _bucket_plan(self, grads: list[SharedTensor]) -> list[list[int]]:
-        if self._buckets is None or sum(len(b) for b in self._buckets) != len(grads):
+        """Buckets of indices into ``grads``, the solver's gradients: those of the weights that move only (a frozen
+        weight's, lr_mult 0, is zero on every rank or unused), last layers first."""
+        params = self.solver.network.parameters()
+        if self._buckets is None or self._buckets_of is not params:
+            self._buckets_of = params
+            configs = params.configs
             buckets: list[list[int]] = [[]]
             size = 0
             # last layers first: their gradients are complete first in a backward pass
             for i in reversed(range(len(grads))):
+                if configs[i].lr_mult == 0.0:
+                    continue
                 nbytes = grads[i].size * 4
                 if buckets[-1] and size + nbytes > self.bucket_bytes:
                     buckets.append([])
                     size = 0
                 buckets[-1].append(i)
                 size += nbytes
-            self._buckets = buckets
+            self._buckets = [b for b in buckets if b]
         return self._buckets
 
     def __call__(self, grads: list[SharedTensor]) -> None:

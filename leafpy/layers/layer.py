@@ -97,6 +97,9 @@ class Worker:
     and running statistics are kept in cuDNN; otherwise it reads low-precision copies of them."""
     running_in_place: bool = False
     """Set by the Layer: the output shares the input's storage in this network."""
+    input_gradient_needs_parameter_pass: ClassVar[bool] = False
+    """``backward_input`` reads what ``backward_parameters`` computed (BatchNorm's sums): the latter runs before it
+    even where the layer's weights are frozen."""
 
     def __init__(self, config: Any, layer_name: str) -> None:
         self.config = config
@@ -290,6 +293,21 @@ class Layer:
     def has_weights(self) -> bool:
         """Whether the layer holds weights (learnable or not, as BatchNorm's running statistics)."""
         return bool(self.worker is not None and self.worker.weight_names)
+
+    @property
+    def trains_weights(self) -> bool:
+        """Whether a weight of this layer moves in training (its ``lr_mult`` is not 0). Only those get gradients: a
+        layer whose weights are all frozen computes none (Caffe's ``param_propagate_down``) and runs backward only to
+        pass gradients on to layers before it that need them."""
+        return any(cfg.lr_mult != 0.0 for cfg in self._weight_configs)
+
+    @property
+    def computes_weight_gradients(self) -> bool:
+        """Whether its backward pass writes its weights' gradients: it holds weights and trains one of them (or its
+        input gradient needs that pass, see ``Worker.input_gradient_needs_parameter_pass``)."""
+        worker = self.worker
+        return bool(self.weights) and (self.trains_weights or bool(
+            worker is not None and worker.input_gradient_needs_parameter_pass))
 
     @property
     def num_inputs(self) -> int:
@@ -604,14 +622,15 @@ class Layer:
         worker = self.worker
         assert worker is not None
         want_dx = any(g is not None for g in self.input_grads)
-        if (not self.weights and not want_dx) or self._only_a_view():
+        parameters = self.computes_weight_gradients
+        if (not parameters and not want_dx) or self._only_a_view():
             return
         x = [t.read(be) for t in self.inputs]
         # a worker that does not declare that its backward reads y gets None: a layer after it may have
         # overwritten y in place (and on a channels-last backend reading it could cost a relayout)
         y = [t.read(be) for t in self.outputs] if worker.backward_reads_output else [None] * len(self.outputs)
         dy = [t.read(be) for t in self.output_grads]
-        if self.weights:
+        if parameters:
             dw = [g.read_write(be) if b else g.write(be) for g, b in zip(self.weight_grads, self.weight_beta)]
             worker.backward_parameters(be, x, y, dy, dw, list(self.weight_beta))
         if want_dx:

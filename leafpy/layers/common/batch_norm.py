@@ -36,6 +36,7 @@ class BatchNormConfig:
 class BatchNorm(Worker):
     weight_names: tuple[str, ...] = ("weight", "bias", "running_mean", "running_var")
     untrained_weights = ("running_mean", "running_var")
+    input_gradient_needs_parameter_pass = True  # the sums backward_parameters computes
     master_precision_weights = True
     _FILLS = {"weight": 1.0, "bias": 0.0, "running_mean": 0.0, "running_var": 1.0}
 

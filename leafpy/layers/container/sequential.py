@@ -10,10 +10,12 @@ In place: a layer that can run in place (ReLU, Sigmoid, TanH, Reshape, Flatten, 
 storage when that input comes from an earlier layer, nothing else reads it, and overwriting it cannot spoil the
 earlier layer's backward pass (a layer whose backward reads its own output keeps it).
 
-Backward pruning: a blob needs a gradient if it comes from a layer with learnable weights or from a blob that
-needs one; the container's inputs need one only with ``force_backward`` (or when an enclosing container asks).
-``propagate_down: [false]`` stops the gradient into that input. A layer runs backward only if it has weights or an
-input that needs a gradient, and some gradient reaches its outputs.
+Backward pruning: a blob needs a gradient if it comes from a layer with weights that train (``lr_mult`` not 0) or
+from a blob that needs one; the container's inputs need one only with ``force_backward`` (or when an enclosing
+container asks). ``propagate_down: [false]`` stops the gradient into that input. A layer runs backward only if it
+trains a weight or has an input that needs a gradient, and some gradient reaches its outputs; a layer whose weights
+are all frozen computes no weight gradient (they stay zero), so a frozen backbone before a trained head runs no
+backward pass at all, as in Caffe.
 
 Gradient memory: a blob's gradient lives from its consumer's backward pass to its producer's, so layers whose
 gradients never live at the same time share one storage (a chain needs two). After a backward pass, only the
@@ -157,6 +159,10 @@ class Sequential(Layer):
         return any(layer.has_weights for layer in self.layers)
 
     @property
+    def trains_weights(self) -> bool:
+        return any(layer.trains_weights for layer in self.layers)
+
+    @property
     def num_inputs(self) -> int:
         return len(self.input_names)
 
@@ -235,7 +241,7 @@ class Sequential(Layer):
                 layer.bind([t for t, _, _ in entries], grads, in_place=plan.in_place)
             except ShapeError as e:
                 raise ShapeError(self._explain(e, plan, blobs)) from None
-            needs = layer.has_weights or any(g is not None for g in grads)
+            needs = layer.trains_weights or any(g is not None for g in grads)
             for n, t, g in zip(plan.outputs, layer.outputs, layer.output_grads):
                 blobs[n] = (t, g if needs else None, i)
             receives.append(grads)
@@ -248,7 +254,7 @@ class Sequential(Layer):
         for i in range(final, -1, -1):
             layer = self.layers[i]
             reached = i == final or bool(writes.get(i))
-            layer.runs_backward = reached and (layer.has_weights or any(g is not None for g in layer.input_grads))
+            layer.runs_backward = reached and (layer.trains_weights or any(g is not None for g in layer.input_grads))
             if layer.runs_backward:
                 for j, ((producer, out), given) in enumerate(zip(sources[i], receives[i])):
                     if given is not None and layer.writes_input_gradient(j):
@@ -266,14 +272,29 @@ class Sequential(Layer):
         # nested containers count too (this binding comes after theirs, so the outermost one decides for all)
         seen: set[int] = set()
         for layer in self._backward_leaves():
+            if not layer.computes_weight_gradients:
+                continue
             for k, g in enumerate(layer.weight_grads):
                 layer.weight_beta[k] = 1.0 if id(g) in seen else 0.0
                 seen.add(id(g))
-        # the gradients of weights no running layer writes (layers cut off from the output): zeroed each backward
-        # pass, as Caffe clears every gradient, so that weight decay added into one meets no earlier step's values
-        # (the outermost container decides: it sees every layer that runs)
-        idle = {id(g): g for layer in self._leaf_layers() for g in layer.weight_grads if id(g) not in seen}
-        self._idle_grads = list(idle.values()) if self._outermost else []
+        # the gradients of weights no running layer writes (layers cut off from the output, frozen weights): those
+        # of weights that move are zeroed each backward pass, as Caffe clears every gradient, so that weight decay
+        # added into one meets no earlier step's values; a frozen weight's (lr_mult 0) is zeroed here, once: nothing
+        # adds into it (the outermost container decides: it sees every layer that runs)
+        idle: dict[int, SharedTensor] = {}
+        moving: set[int] = set()
+        for leaf in self._leaf_layers():
+            for g, cfg in zip(leaf.weight_grads, leaf._weight_configs):
+                if id(g) not in seen:
+                    idle[id(g)] = g
+                    if cfg.lr_mult != 0.0:
+                        moving.add(id(g))
+        self._idle_grads = [g for k, g in idle.items() if k in moving] if self._outermost else []
+        if self._outermost:
+            be = self.backend
+            for k, g in idle.items():
+                if k not in moving:
+                    be.fill(0.0, g.write(be))
 
     def writes_input_gradient(self, k: int) -> bool:
         return id(self.inputs[k]) in self._written_inputs
