@@ -146,12 +146,15 @@ def _relaunch(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if mpiexec is None:
         raise LeafpyError("--nproc: mpiexec was not found; install it with pip install mpi4py mpich (the "
                           "dist extra; mpich's wheel holds mpiexec), or launch with your cluster's mpiexec or srun")
-    rest = list(argv)
-    i = rest.index("--nproc") if "--nproc" in rest else None
-    if i is not None:
-        del rest[i:i + 2]
-    else:
-        rest = [a for a in rest if not a.startswith("--nproc=")]
+    rest, i = list(argv), 0
+    while i < len(rest):  # --nproc N, --nproc=N, or as argparse takes it abbreviated (--np 2)
+        name = rest[i].split("=", 1)[0]
+        if len(name) >= 3 and "--nproc".startswith(name):
+            del rest[i:i + (1 if "=" in rest[i] else 2)]
+            continue
+        if rest[i] == "--":
+            break
+        i += 1
     cmd = [mpiexec, "-n", str(args.nproc), sys.executable, "-m", "leafpy", *rest]
     # mpiexec and the ranks in a session of their own: a terminal's signals (Ctrl-C; SIGHUP when it closes, which
     # ends mpiexec at once, ranks and all) reach this process alone, which passes each on as SIGTERM
@@ -874,17 +877,52 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
+    from .distributed.group import launched_size
+
+    if launched_size() > 1:
+        return _as_rank(argv)
+    return _run_command(argv)
+
+
+def _as_rank(argv: Sequence[str] | None) -> int:
+    """One rank of a job a launcher started (mpiexec, srun): it joins the job before anything can fail, so that an
+    error on one rank alone (its run file missing or different on its node, a bad argument) ends every rank, where
+    the others would wait for it at start forever."""
+    from . import distributed
+
+    try:
+        group = distributed.init()
+    except LeafpyError as e:
+        print(f"leafpy: error: {e}", file=sys.stderr)
+        return 1
+    with distributed.failing_rank_ends_the_job(group):
+        return _run_command(argv, raising=True)
+
+
+def _run_command(argv: Sequence[str] | None, *, raising: bool = False) -> int:
+    """Parse and run one command; ``raising``: a LeafpyError propagates (to a rank's failing_rank_ends_the_job)
+    instead of being printed here."""
     args = build_parser().parse_args(argv)
     if getattr(args, "epochs", None) is not None and args.epochs <= 0:
+        if raising:
+            raise LeafpyError("--epochs must be a positive integer")
         print("leafpy: error: --epochs must be a positive integer", file=sys.stderr)
         return 2
     try:
         if getattr(args, "nproc", None) is not None:
+            from .distributed.group import launched_size
+
             if args.nproc <= 0:
                 raise LeafpyError(f"--nproc: expected a positive number of processes, got {args.nproc}")
+            if launched_size() > 1:
+                raise LeafpyError(f"--nproc {args.nproc}: this process is already one of {launched_size()} ranks a "
+                                  "launcher started; drop --nproc under mpiexec or srun (or run leafpy train --nproc "
+                                  "N without a launcher)")
             return _relaunch(args, list(sys.argv[1:] if argv is None else argv))
         return args.func(args)
     except LeafpyError as e:
+        if raising:
+            raise
         print(f"leafpy: error: {e}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # the reader went away (leafpy summary ... | head): stop quietly, as SIGPIPE would

@@ -190,8 +190,8 @@ def evaluate(net: Layer | Network[Layer], objective: Layer | Network[Layer], x: 
         top = int(round(group.allreduce_sum(float(top))))
         scored = int(round(group.allreduce_sum(float(scored))))
         divisor = group.allreduce_sum(divisor)
-        if sums is not None:
-            sums = group.allreduce_(sums)
+        if cm is None:  # a rank with no held-out sample adds zeros: every rank joins the sum
+            sums = group.allreduce_(np.zeros((4, math.prod(net.outputs[0].shape[1:]))) if sums is None else sums)
         if cm is not None:
             counts = group.allreduce_(cm.matrix.astype(np.float64))
             cm.reset()

@@ -6,9 +6,11 @@ of ranks."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -349,3 +351,122 @@ def test_the_roc_auc_of_a_run_on_two_ranks_ranks_every_held_out_sample_as_one_pr
     single = leafpy("evaluate", str(tmp_path / "two"))
     assert single.returncode == 0, single.stderr
     assert f"held-out ROC AUC: {reference:.4f}" in single.stdout, single.stdout
+
+
+@needs_mpi
+@pytest.mark.parametrize("broken", ["not yaml", "missing", "epochs 0"])
+def test_a_rank_that_fails_before_training_starts_ends_the_job(tmp_path, broken):
+    """`mpiexec -n 1 leafpy train a.yaml : -n 1 leafpy train b.yaml`, rank 1's run file unreadable (a node's copy
+    damaged or missing) or its --epochs refused: every rank ends within seconds with rank 1's message (before, rank
+    0 waited at start forever and ignored SIGTERM: rank 1 had stopped before it joined the job)."""
+    good = write_run(tmp_path, 40)
+    bad, extra = str(tmp_path / "other.yaml"), []
+    if broken == "not yaml":
+        (tmp_path / "other.yaml").write_text("name: [tiny\n")
+    elif broken == "epochs 0":
+        bad, extra = good, ["--epochs", "0"]
+    cmd = [MPIEXEC, "-n", "1", sys.executable, "-m", "leafpy", "train", good, "--out", str(tmp_path / "out"), ":",
+           "-n", "1", sys.executable, "-m", "leafpy", "train", bad, "--out", str(tmp_path / "out"), *extra]
+    began = time.monotonic()
+    try:
+        done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=60)
+    finally:
+        for pid in survivors(str(tmp_path)):
+            os.kill(pid, signal.SIGKILL)
+    assert done.returncode != 0
+    assert time.monotonic() - began < 30
+    named = {"not yaml": "other.yaml: not valid YAML", "missing": "other.yaml", "epochs 0": "--epochs must be"}
+    assert "leafpy: rank 1: error: " in done.stderr and named[broken] in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+
+
+@needs_mpi
+def test_nproc_abbreviated_starts_one_job_and_is_refused_inside_a_launched_one(tmp_path):
+    """`leafpy train RUN --np 2` (argparse takes the abbreviation) is one job of two ranks (before, each rank got
+    `--np 2` again and launched a job of its own, without end); under mpiexec, --nproc is refused by name."""
+    run = write_run(tmp_path, 40)
+    try:
+        p = leafpy("train", run, "--out", str(tmp_path / "a"), "--np", "2", "--epochs", "1", timeout=60)
+    finally:  # (were the ranks to launch jobs of their own again, each in a session of its own: every one)
+        for _ in range(20):
+            found = survivors(str(tmp_path))
+            if not found:
+                break
+            for pid in found:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.count("on 2 ranks") == 1, p.stdout[:500]
+    assert (tmp_path / "a" / "model.leaf").exists()
+    cmd = [MPIEXEC, "-n", "2", sys.executable, "-m", "leafpy", "train", run, "--out", str(tmp_path / "b"),
+           "--nproc=2"]
+    try:
+        done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=60)
+    finally:
+        for pid in survivors(str(tmp_path)):
+            os.kill(pid, signal.SIGKILL)
+    assert done.returncode != 0 and "--nproc 2: this process is already one of 2 ranks" in done.stderr
+    assert not (tmp_path / "b").exists()
+
+
+@needs_mpi
+def test_a_regression_with_fewer_held_out_samples_than_ranks_scores_as_one_process(tmp_path):
+    """Two ranks, one held-out sample: the rank without a share still joins the sum of the regression's scores
+    (before, it skipped that all-reduce and the job ended in an MPI 'Message truncated' error). The MSE and MAE it
+    prints are those `leafpy evaluate` gives for the saved model in one process."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((41, 4)).astype(np.float32)
+    y = (x @ np.array([1.0, -2.0, 0.5, 3.0], np.float32))[:, None]
+    np.savez(tmp_path / "reg.npz", x_train=x[:40], y_train=y[:40], x_test=x[40:], y_test=y[40:])
+    (tmp_path / "reg.yaml").write_text(
+        f"name: reg\ndata: {{dataset: npz, path: {tmp_path / 'reg.npz'}, batch_size: 4}}\n"
+        "train: {epochs: 2, log_every: 0}\n"
+        "network: {type: Sequential, inputs: [{name: data, shape: [null, 4]}], "
+        "layers: [{name: fc, type: Linear, output_size: 1}]}\n"
+        "objective: mse\nsolver: {solver: momentum, base_lr: 0.01, momentum: 0.9, seed: 0}\n")
+    p = leafpy("train", str(tmp_path / "reg.yaml"), "--out", str(tmp_path / "run"), "--nproc", "2")
+    assert p.returncode == 0, p.stderr[-2000:]
+    e = leafpy("evaluate", str(tmp_path / "run"))
+    assert e.returncode == 0, e.stderr[-2000:]
+    scores = [re.search(r"held-out MSE ([\d.]+), MAE ([\d.]+)", out).groups() for out in (p.stdout, e.stdout)]
+    assert scores[0] == scores[1], (p.stdout[-800:], e.stdout[-800:])
+
+
+@needs_mpi
+def test_npy_data_at_another_path_on_each_rank_trains(tmp_path):
+    """`data.path` may differ between ranks (a node-local copy): also the npy dataset's {x: ..., y: ...} form of it
+    (before, its entries were compared as fields of their own and the job refused to start)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((60, 6)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    runs = []
+    for rank in (0, 1):
+        node = tmp_path / f"node{rank}"
+        node.mkdir()
+        np.save(node / "x.npy", x)
+        np.save(node / "y.npy", y)
+        (node / "run.yaml").write_text(
+            f"name: npy\ndata: {{dataset: npy, path: {{x: {node / 'x.npy'}, y: {node / 'y.npy'}}}, batch_size: 4, "
+            "test_fraction: 0.2, seed: 0}\ntrain: {epochs: 1, log_every: 0}\n"
+            "network: {type: Sequential, inputs: [{name: data, shape: [null, 6]}], "
+            "layers: [{name: fc, type: Linear, output_size: 2}, {name: logsm, type: LogSoftmax}]}\n"
+            "objective: nll\nsolver: {solver: momentum, base_lr: 0.05, momentum: 0.9, seed: 0}\n")
+        runs.append(str(node / "run.yaml"))
+    def job(out: str) -> subprocess.CompletedProcess:
+        cmd = [MPIEXEC]
+        for rank, run in enumerate(runs):
+            cmd += [":"] * rank + ["-n", "1", sys.executable, "-m", "leafpy", "train", run,
+                                   "--out", str(tmp_path / out)]
+        try:
+            return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=60)
+        finally:
+            for pid in survivors(str(tmp_path)):
+                os.kill(pid, signal.SIGKILL)
+
+    done = job("out")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "on 2 ranks" in done.stdout and (tmp_path / "out" / "model.leaf").exists()
+    np.save(tmp_path / "node1" / "y.npy", 1 - y)  # the contents still may not differ
+    done = job("again")
+    assert done.returncode != 0 and "rank 1's run differs from rank 0's at data file" in done.stderr, done.stderr

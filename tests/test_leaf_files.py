@@ -139,9 +139,12 @@ def test_a_file_leaf_wrote_computes_what_leaf_computed(tmp_path):
     np.testing.assert_allclose(again.forward([x])[0].to_numpy(), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_leafpy_to_leaf_and_back_computes_the_same(tmp_path):
+@pytest.mark.parametrize("conv", ["conv", "inception/3x3"])
+def test_leafpy_to_leaf_and_back_computes_the_same(tmp_path, conv):
+    """A layer's name may hold "/" (Caffe's "inception/3x3"): its weight "inception/3x3-0" is still Leaf's name,
+    and the filter is turned back on loading."""
     cfg = lp.SequentialConfig(inputs=[("data", [2, 2, 7, 7])])
-    cfg.add_layer(lp.LayerConfig("conv", lp.ConvolutionConfig(num_output=3, filter_shape=[3, 2], stride=[1],
+    cfg.add_layer(lp.LayerConfig(conv, lp.ConvolutionConfig(num_output=3, filter_shape=[3, 2], stride=[1],
                                                                padding=[1], bias=False)))
     cfg.add_layer(lp.LayerConfig("act", "Sigmoid"))
     cfg.add_layer(lp.LayerConfig("pool", lp.PoolingConfig(mode="max", filter_shape=[2], stride=[2])))
@@ -155,6 +158,7 @@ def test_leafpy_to_leaf_and_back_computes_the_same(tmp_path):
     loaded = lp.Layer.load(lp.backend("native"), str(tmp_path / "for_leaf.leaf"))
     np.testing.assert_allclose(loaded.forward([x])[0].to_numpy(), want, rtol=1e-6)
     leaf = json.loads(_run(tmp_path, READ_LEAF, tmp_path / "for_leaf.leaf"))
+    assert leaf["weights"][0][0] == f"{conv}-0"
     filt = np.array(leaf["weights"][0][2], np.float32).reshape(leaf["weights"][0][1])
     np.testing.assert_array_equal(filt, net.learnable_weights_data()[0].to_numpy()[..., ::-1, ::-1])
 

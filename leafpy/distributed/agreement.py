@@ -65,8 +65,13 @@ def check_same_run(group: ProcessGroup, fields: dict[str, Any]) -> None:
     for rank, other in enumerate(everyone[1:], start=1):
         for key in [*first, *(k for k in other if k not in first)]:
             mine, theirs = first.get(key, ABSENT), other.get(key, ABSENT)
-            if mine != theirs and key not in PER_RANK:
+            if mine != theirs and not _per_rank(key):
                 raise LeafpyError(_difference(rank, key, mine, theirs, first, other))
+
+
+def _per_rank(key: str) -> bool:
+    """A field of PER_RANK, or an entry of one (data.path.x of an npy dataset's {x: ..., y: ...} paths)."""
+    return any(key == name or key.startswith(name + ".") for name in PER_RANK)
 
 
 def _difference(rank: int, key: str, mine: Any, theirs: Any, first: dict, other: dict) -> str:

@@ -117,6 +117,8 @@ class failing_rank_ends_the_job:  # noqa: N801 (used as a context manager, read 
             time.sleep(self.REPORT_DELAY_S)
         if isinstance(error, LeafpyError):
             print(f"leafpy: rank {self.group.rank}: error: {error}", file=sys.stderr, flush=True)
+        elif isinstance(error, SystemExit):  # (argparse's, its message printed)
+            print(f"leafpy: rank {self.group.rank}: stopped (exit status {error.code})", file=sys.stderr, flush=True)
         elif isinstance(error, KeyboardInterrupt):
             print(f"leafpy: rank {self.group.rank}: interrupted", file=sys.stderr, flush=True)
         else:

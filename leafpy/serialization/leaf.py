@@ -52,7 +52,7 @@ def check_leaf_representable(config: LayerConfig, where: str) -> None:
             check_leaf_representable(child, where)
 
 
-LEAF_WEIGHT_NAME = re.compile(r"[^/]+-\d+")
+LEAF_WEIGHT_NAME = re.compile(r".+-\d+")  # a layer's name may hold "/" (Leaf's "conv1/relu", Caffe's "inception/3x3")
 
 
 def is_leaf_file(origin: str, saved: Mapping[str, np.ndarray]) -> bool:
