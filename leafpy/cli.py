@@ -31,7 +31,7 @@ from . import data as datasets
 from ._run_lock import RunLock
 from .backends import BACKEND_NAMES, PRECISIONS, run_backend
 from .backends import backend as get_backend
-from .errors import LeafpyError, SerializationError
+from .errors import LeafpyError
 from .layers.container.sequential import Sequential, batch_free
 from .layers.layer import Layer
 from .metrics import predictions
@@ -598,12 +598,13 @@ def _recorded_preparation(model: str) -> Any:
 
 def _preparation(run: run_config.RunConfig, weights: str) -> Any:
     """How the model reads data: as its model file records it, else as the run's data section does."""
+    from .serialization import file_kind
     from .sources import prepare
 
-    try:
-        saved = _recorded_preparation(weights)
-    except SerializationError:  # a checkpoint: its run.yaml records it
-        saved = None
+    # a checkpoint records none (its run.yaml does), nor ONNX weights; a model file's unreadable record is refused,
+    # not replaced by the run's
+    records = not weights.endswith(".onnx") and file_kind(weights) != "checkpoint"
+    saved = _recorded_preparation(weights) if records else None
     if saved is not None:
         return saved
     if run.data.get("normalize") == "auto":
@@ -704,18 +705,20 @@ def _model_from(path: str, be: Any) -> Layer:
         return onnx.load(path, be)
     if os.path.isdir(path):
         path = os.path.join(path, "model.leaf")
-    try:
+    from .serialization import file_kind
+
+    if file_kind(path) != "checkpoint":  # a model file's own errors (naming it), whatever else it might be
         return Layer.load(be, path)
-    except SerializationError as model_error:  # a checkpoint: its network
-        try:
-            net = Layer.from_config(be, saved_network_config(path))
-        except SerializationError:
-            raise model_error from None
-        load_weights(net, path)
-        beside = os.path.join(os.path.dirname(path), RUN_FILE)
-        if os.path.isfile(beside):  # the run that wrote the checkpoint records how its model reads data
-            net.preparation = _preparation(run_config.load(beside), path)
-        return net
+    config = saved_network_config(path)  # a checkpoint: its network
+    try:
+        net = Layer.from_config(be, config)
+    except LeafpyError as e:
+        raise type(e)(f"{path}: {e}") from None
+    load_weights(net, path)
+    beside = os.path.join(os.path.dirname(path), RUN_FILE)
+    if os.path.isfile(beside):  # the run that wrote the checkpoint records how its model reads data
+        net.preparation = _preparation(run_config.load(beside), path)
+    return net
 
 
 def convert_cmd(args: argparse.Namespace) -> int:

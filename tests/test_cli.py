@@ -369,3 +369,34 @@ def test_fine_tuning_a_head_on_a_frozen_layer_from_another_runs_model(tmp_path):
     for name in ("fc1/weight", "fc1/bias"):
         np.testing.assert_array_equal(b[name], a[name])
     assert not np.allclose(b["fc2/weight"], a["fc2/weight"])
+
+
+@pytest.mark.parametrize("damage,says", [
+    ("wiring", "layer 'relu' (ReLU): input blob 'nonexistent' does not exist"),
+    ("preparation", "the model's data preparation is unreadable"),
+])
+def test_a_model_file_whose_network_or_preparation_is_damaged_is_refused_by_name_in_every_command(tmp_path, damage,
+                                                                                                 says):
+    """A model file edited by hand (serialization.editable_message and encode: its checksum valid) with a layer
+    reading a blob that does not exist, or an unreadable data preparation: `summary`, `convert` and `predict`
+    refuse it naming the file, as Layer.load does (before, summary and convert read it as a checkpoint: the
+    wiring error lost the file's name, the damaged preparation was accepted)."""
+    from leafpy import serialization as s
+
+    cfg = lp.SequentialConfig(inputs=[("data", [2, 4])])
+    cfg.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=3)))
+    cfg.add_layer(lp.LayerConfig("relu", "ReLU"))
+    lp.Layer.from_config(lp.backend("native"), lp.LayerConfig("net", cfg), seed=0).save(str(tmp_path / "ok.leaf"))
+    msg = s.editable_message(tmp_path / "ok.leaf", "Layer")
+    if damage == "wiring":
+        msg.config.layerType.sequential.layers[1].inputs = ["nonexistent"]
+    else:
+        msg.preparation = "{not json"
+    bad = tmp_path / "bad.leaf"
+    bad.write_bytes(s.encode(msg, "Layer"))
+    np.savez(tmp_path / "x.npz", x=np.zeros((2, 4), np.float32))
+    for args in (["summary", str(bad)], ["convert", str(bad), str(tmp_path / "out.onnx")],
+                 ["predict", str(bad), "--input", str(tmp_path / "x.npz")]):
+        p = run(*args)
+        assert p.returncode == 1 and f"{bad}: " in p.stderr and says in p.stderr, (args, p.stdout, p.stderr)
+    assert not (tmp_path / "out.onnx").exists()

@@ -256,3 +256,57 @@ def test_isal_computes_the_checksum_zlib_does():
     data = np.random.default_rng(0).integers(0, 256, 3 << 20, dtype=np.uint8).tobytes()
     assert isal_zlib.crc32(data, 7) == zlib.crc32(data, 7)
     assert ser.fileformat._checksum(data[:36], [data[36:]]) == zlib.crc32(data) & 0xFFFFFFFF
+
+
+_NEWER: list = []
+
+
+def _newer_schema(tmp_path: Path):
+    """leafpy's schema as a newer leafpy might grow it (another file id, so both load side by side): one more layer
+    type at the end of the LayerConfig union, one more pooling mode. Loaded once per process (capnp aborts the
+    process when a file id it holds is loaded again from another path)."""
+    import re
+
+    import capnp
+
+    if _NEWER:
+        return _NEWER[0]
+    src = (Path(lp.__file__).parent / "leaf.capnp").read_text()
+    src = re.sub(r"^@0x[0-9a-f]+;", "@0xd316e0f30c445925;", src, count=1, flags=re.M)
+    start = src.index("layerType :union {")
+    end = src.index("\n  }", start)
+    last = max(int(n) for n in re.findall(r"@(\d+)", src[start:end]))
+    src = src[:end] + f"\n    newLayer @{last + 1} :Void;" + src[end:]
+    src = src.replace("  average @1;", "  average @1;\n  lp @2;", 1)
+    (tmp_path / "newer.capnp").write_text(src)
+    _NEWER.append(capnp.load(str(tmp_path / "newer.capnp")))
+    return _NEWER[0]
+
+
+@pytest.mark.parametrize("what,says", [("layer", "config.layers[0] (layer 'x'): a layer type this leafpy does not "
+                                                 "know"),
+                                       ("enum", "config.layers[0] (layer 'x').mode: a value this leafpy does not "
+                                                "know")])
+def test_a_file_of_a_newer_schema_is_refused_as_one(tmp_path, what, says):
+    """A model from a leafpy whose schema grew (a layer type, a pooling mode this one lacks), in the same file
+    format: refused naming the layer and the fix (upgrade), not as a malformed file that might be a checkpoint."""
+    newer = _newer_schema(tmp_path)
+    msg = newer.Layer.new_message(name="net")
+    cfg = msg.init("config")
+    cfg.name = "net"
+    seq = cfg.layerType.init("sequential")
+    inputs = seq.init("inputs", 1)
+    inputs[0].name, inputs[0].shape = "data", [1, 1, 4, 4]
+    layer = seq.init("layers", 1)[0]
+    layer.name = "x"
+    if what == "layer":
+        layer.layerType.newLayer = None
+    else:
+        pooling = layer.layerType.init("pooling")
+        pooling.mode, pooling.filterShape, pooling.stride = "lp", [2], [2]
+    path = tmp_path / f"{what}.leaf"
+    path.write_bytes(ser.encode(msg, "Layer"))
+    with pytest.raises(lp.SerializationError) as e:
+        lp.Layer.load(lp.backend("native"), str(path))
+    assert str(e.value).startswith(f"{path}: {says}") and "upgrade leafpy" in str(e.value), str(e.value)
+    assert "checkpoint" not in str(e.value)

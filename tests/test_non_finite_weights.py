@@ -108,3 +108,24 @@ def test_predict_and_evaluate_refuse_a_trained_model_with_a_nan_weight(tmp_path)
     for args in (("predict", "run", "--input", "new.npz"), ("evaluate", "run")):
         p = leafpy(tmp_path, *args)
         failed_cleanly(p, "model.leaf", "weight 'fc1/weight' holds 3 NaN values", "retrain")
+
+
+@pytest.mark.parametrize("edit,says", [
+    (lambda m: (setattr(m, "rngSeeds", [7, 8]), setattr(m, "rngCalls", [3])), "2 random streams' seeds but 1 draw"),
+    (lambda m: setattr(m, "lossScale", -5.0), "loss scale is -5.0, where it is positive"),
+    (lambda m: setattr(m, "lossScale", float("nan")), "loss scale is nan, where it is positive"),
+])
+def test_a_checkpoint_with_damaged_random_streams_or_loss_scale_is_refused(tmp_path, edit, says):
+    """Checkpoint fields edited by hand (checksum valid): seeds and draw counts of different lengths (zip dropped
+    the extra seed; a Dropout layer took seed 7 the run never used), a negative or NaN loss scale (read as "no
+    loss scaling") are refused as damaged, naming the file."""
+    from tests.hostile.corpus import make_checkpoint
+
+    path = tmp_path / "ckpt.leaf"
+    make_checkpoint(path)
+    msg = ser.editable_message(path, "SolverCheckpoint")
+    edit(msg)
+    path.write_bytes(ser.encode(msg, "SolverCheckpoint"))
+    with pytest.raises(lp.SerializationError) as e:
+        lp.Solver.load_checkpoint(lp.backend("native"), lp.backend("native"), str(path))
+    assert str(e.value).startswith(f"{path}: ") and says in str(e.value) and "damaged" in str(e.value)

@@ -41,6 +41,7 @@ from .fileformat import (
     check_finite,
     editable_message,
     encode,
+    file_kind,
     read_message,
     reading,
 )
@@ -91,8 +92,8 @@ __all__ = [
     "FIELD_NAMES", "UNION_MEMBERS", "read_layer_config", "read_solver_config", "schema", "write_layer_config",
     "write_solver_config",
     "CHECKPOINT_FIX", "FORMAT_VERSION", "LOAD_FIX", "MAGIC", "MALFORMED_HINT", "MAX_WORDS", "NESTING_LIMIT",
-    "RAW_ALIGN", "SAVE_FIX", "THREADED_CHECKSUM", "check_finite", "editable_message", "encode", "read_message",
-    "reading",
+    "RAW_ALIGN", "SAVE_FIX", "THREADED_CHECKSUM", "check_finite", "editable_message", "encode", "file_kind",
+    "read_message", "reading",
     "LEAF_FIELDS", "LEAF_TYPES", "LEAF_WEIGHT_NAME", "check_leaf_representable", "from_leaf", "is_leaf_file",
     "leaf_aliases", "leaf_name", "to_leaf",
     "COUNT_LIMIT", "FORMATS", "STATE_SEPARATOR", "TRAINER_STATE_FIELDS", "TRAINER_STATE_LIMIT", "SavedCheckpoint",

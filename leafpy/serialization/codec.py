@@ -149,10 +149,26 @@ def _read_value(value: Any) -> Any:
     return value
 
 
+NEWER = "the file was written by a newer leafpy, or is damaged: upgrade leafpy to read it"
+
+
+def _get(reader: Any, field: str, where: str) -> Any:
+    """``reader.field`` as a plain value (:func:`_read_value`), where an enum value this schema does not know (a
+    newer leafpy's) is a SerializationError naming it rather than capnp's own words."""
+    try:
+        return _read_value(getattr(reader, field))
+    except Exception:  # noqa: BLE001 - capnp reports an unknown enumerant as a bare KjException
+        raise SerializationError(f"{where}.{_snake(field)}: a value this leafpy does not know ({NEWER})") from None
+
+
 def read_layer_config(reader: Any, where: str = "config") -> LayerConfig:
     """The LayerConfig a capnp LayerConfig reader holds (``where`` names it in errors)."""
     name = reader.name
-    which = reader.layerType.which()
+    try:
+        which = reader.layerType.which()
+    except Exception:  # noqa: BLE001 - a union member this schema does not have
+        raise SerializationError(f"{where} (layer '{name}'): a layer type this leafpy does not know ({NEWER})") \
+            from None
     type_name = _layer_type_of(which)
     if type_name is None:
         raise SerializationError(f"{where}: unknown layer type {which!r}")
@@ -171,7 +187,7 @@ def read_layer_config(reader: Any, where: str = "config") -> LayerConfig:
         for f in dataclasses.fields(entry.config_class):
             stored = _schema_field(type_name, f.name)
             if stored in sub.schema.fieldnames:
-                value = _read_value(getattr(sub, stored))
+                value = _get(sub, stored, f"{where} (layer '{name}')")
                 if value == () and f.default is not dataclasses.MISSING:
                     continue  # an empty list (or one a file written before the field existed lacks): the default
                 kwargs[f.name] = value
@@ -180,7 +196,8 @@ def read_layer_config(reader: Any, where: str = "config") -> LayerConfig:
     for p in reader.params:
         filler = None
         if p._has("filler"):
-            filler = FillerConfig(type=_snake(str(p.filler.type)), value=p.filler.value, std=p.filler.std)
+            kind = _get(p.filler, "type", f"{where} (layer '{name}').filler")
+            filler = FillerConfig(type=_snake(str(kind)), value=p.filler.value, std=p.filler.std)
         params.append(WeightConfig(name=p.name or None, lr_mult=p.lrMult, decay_mult=p.decayMult, filler=filler))
     return LayerConfig(name, config, inputs=list(reader.inputs), outputs=list(reader.outputs), params=params,
                        propagate_down=[bool(b) for b in reader.propagateDown])

@@ -132,6 +132,19 @@ def _read_file(path: str) -> memoryview:
                              SerializationError)
 
 
+def file_kind(path: str | os.PathLike) -> str:
+    """What a file's header says it holds: "model" or "checkpoint" (a leafpy file), else "bare" (Leaf's files and
+    leafpy's before the header, which hold models; and anything else, which reading then refuses)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_HEADER.size)
+    except OSError:
+        return "bare"  # (reading it reports why)
+    if len(head) < _HEADER.size or head[:len(MAGIC)] != MAGIC:
+        return "bare"
+    return {1: "model", 2: "checkpoint"}.get(_HEADER.unpack_from(head)[2], "bare")
+
+
 def _read_message(path: str | os.PathLike, struct_name: str) -> Any:
     """The message of a leafpy file (its header checked) or of a Leaf file (a bare packed message), parsed from
     memory with limits that a hostile file cannot push past its own size."""

@@ -219,6 +219,13 @@ def read_checkpoint(path: str | os.PathLike, config_class: type) -> SavedCheckpo
         check_finite({f"{w}{STATE_SEPARATOR}{s}": arr for w, per_weight in history.items()
                       for s, arr in per_weight.items()}, path,
                      "load an earlier checkpoint, or start a new run from its weights (--weights)")
+        if len(msg.rngSeeds) != len(msg.rngCalls):
+            raise SerializationError(f"{path}: the checkpoint records {len(msg.rngSeeds)} random streams' seeds but "
+                                     f"{len(msg.rngCalls)} draw counts; the file is damaged")
+        scale = float(msg.lossScale)
+        if not (math.isfinite(scale) and scale >= 0):
+            raise SerializationError(f"{path}: the checkpoint's loss scale is {scale}, where it is positive (or 0: "
+                                     "no loss scaling); the file is damaged")
         state = {
             "iteration": int(msg.iteration),
             "pending_calls": int(msg.pendingCalls),
@@ -227,8 +234,8 @@ def read_checkpoint(path: str | os.PathLike, config_class: type) -> SavedCheckpo
             "random": [{"seed": int(s), "calls": int(c)} for s, c in zip(msg.rngSeeds, msg.rngCalls)],
             "trainer_state": _read_trainer_state(str(msg.trainerState), path),
         }
-        if msg.lossScale > 0:  # 0: a checkpoint without loss scaling
-            state["loss_scale"] = {"scale": float(msg.lossScale), "good_steps": int(msg.lossScaleGoodSteps),
+        if scale > 0:  # 0: a checkpoint without loss scaling
+            state["loss_scale"] = {"scale": scale, "good_steps": int(msg.lossScaleGoodSteps),
                                    "skipped_steps": int(msg.skippedSteps)}
     return SavedCheckpoint(config, weights, state)
 
