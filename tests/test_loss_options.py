@@ -181,3 +181,25 @@ def test_an_objective_with_reduction_none_is_refused_before_training(tmp_path):
     (tmp_path / "run.yaml").write_text(run)
     p = leafpy(tmp_path, "train", "run.yaml", "--epochs", "1", "--out", "run")
     failed_cleanly(p, "reduction 'none'", "one loss per sample", "use reduction mean")
+
+
+@pytest.mark.parametrize("backend", ["native", pytest.param("cuda", marks=pytest.mark.cuda),
+                                     pytest.param("webgpu", marks=pytest.mark.webgpu)])
+@pytest.mark.parametrize("loss", ["NegativeLogLikelihood", "SoftmaxCrossEntropy"])
+def test_a_batch_whose_every_label_is_ignored_has_a_nan_mean_and_a_zero_gradient(backend, loss):
+    """Every label ignore_index, reduction mean: the loss is NaN (0 / 0, as in PyTorch and ONNX) and the input
+    gradient is 0, as PyTorch gives it (before: NaN in class 0 for NegativeLogLikelihood, a label the samples never
+    had, and NaN everywhere for SoftmaxCrossEntropy). A counted label whose class weight is 0 still gives NaN at that
+    label, as PyTorch's does."""
+    from conftest import backend_or_skip
+
+    be = backend_or_skip(backend)
+    config_class = lp.NegativeLogLikelihoodConfig if loss == "NegativeLogLikelihood" else SoftmaxCrossEntropyConfig
+    scores = np.random.default_rng(2).standard_normal((2, 3)).astype(np.float32)
+    layer = lp.Layer.from_config(be, lp.LayerConfig("loss", config_class(num_classes=3, ignore_index=2)))
+    assert np.isnan(layer.forward([scores, np.array([[2.0], [2.0]], np.float32)])[0].to_numpy()).all()
+    np.testing.assert_array_equal(layer.backward([np.ones(1, np.float32)])[0].to_numpy(), np.zeros((2, 3)))
+    weighted = lp.Layer.from_config(be, lp.LayerConfig("loss", config_class(num_classes=3, weight=[1.0, 1.0, 0.0])))
+    weighted.forward([scores, np.array([[2.0], [2.0]], np.float32)])
+    dx = weighted.backward([np.ones(1, np.float32)])[0].to_numpy()
+    assert np.isnan(dx[:, 2]).all()

@@ -128,6 +128,27 @@ def test_an_empty_batch_and_a_scalar_input_are_shape_errors(native):
         linear.forward([np.float32(1.0)])
 
 
+@pytest.mark.parametrize("config,shape", [
+    (lp.LinearConfig(output_size=2), (0, 3)),
+    (lp.ConvolutionConfig(num_output=2, filter_shape=[3]), (0, 1, 5, 5)),
+    (lp.PoolingConfig(mode="max", filter_shape=[2], stride=[2]), (0, 1, 4, 4)),
+    (lp.PoolingConfig(mode="max", global_pooling=True), (1, 3, 0, 4)),  # (it wrote no output: zeros came back)
+    (lp.PoolingConfig(mode="average", global_pooling=True), (1, 3, 0, 4)),
+    (lp.BatchNormConfig(), (2, 0)),
+    (lp.NegativeLogLikelihoodConfig(num_classes=3), (0, 3)),
+    ("MeanSquaredError", (0, 3)),
+    ("Softmax", (0, 3)),
+])
+def test_a_layer_run_alone_refuses_an_input_without_values(native, config, shape):
+    """A layer built alone (Layer.from_config, as docs/api.md runs one) given an empty batch or an axis of 0:
+    a ShapeError naming the layer, as a Sequential gives (before: NumPy's reshape errors, IndexError,
+    ZeroDivisionError, or global max pooling's never-written output)."""
+    layer = lp.Layer.from_config(native, lp.LayerConfig("one", config))
+    inputs = [np.zeros(shape, np.float32)] + ([np.zeros((shape[0], 1), np.float32)] if layer.num_inputs > 1 else [])
+    with pytest.raises(lp.ShapeError, match=r"layer 'one' \(\w+\): input 0 has shape .*: no values; give a batch"):
+        layer.forward(inputs)
+
+
 def test_loss_before_any_step_is_an_error_and_after_a_step_is_the_nll(native, tmp_path):
     solver = small_solver(native)
     with pytest.raises(lp.LeafpyError, match="no minibatch has been trained"):

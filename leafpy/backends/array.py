@@ -1070,7 +1070,8 @@ def nll_forward(xp: Any, logp: Any, labels: Any, out: Any, weight: Any = (),
 def nll_backward(xp: Any, labels: Any, dloss: Any, dx: Any, weight: Any = (),
                  ignore_index: int | None = None, reduction: str = "mean") -> None:
     """``dx = 0; dx[i, label_i] = -w_i * dloss`` (dloss per sample for reduction none, else the one loss's,
-    divided by the sum of the weights for mean)."""
+    divided by the sum of the weights for mean); an ignored sample's gradient is 0 whatever the loss was (with
+    every label ignored the mean is NaN, its gradient 0: PyTorch's)."""
     n, c = dx.shape[:2]
     acc = xp.float64 if dx.dtype == xp.float64 else xp.float32
     rows, w = _nll_picks(xp, labels, dx.shape, weight, ignore_index, acc)
@@ -1081,6 +1082,8 @@ def nll_backward(xp: Any, labels: Any, dloss: Any, dx: Any, weight: Any = (),
     else:
         with np.errstate(invalid="ignore", divide="ignore"):
             g = -w * (dloss.reshape(()).astype(acc) / _nll_scale(xp, w, reduction))
+    if ignore_index is not None:
+        g = xp.where(labels.reshape(w.shape) != ignore_index, g, xp.zeros((), acc))
     d3[rows] = g.astype(dx.dtype)
 
 

@@ -683,7 +683,15 @@ class Layer:
         return True if diff is None or k >= len(diff) else diff[k]
 
     def accept_input(self, i: int, x: Any) -> Any:
-        """Input ``i`` (an array or SharedTensor) as this layer takes it; a ShapeError where it cannot fit."""
+        """Input ``i`` (an array or SharedTensor) as this layer takes it; a ShapeError where it cannot fit: a
+        layer run alone takes a batch of at least one sample, each with values (a container checks its declared
+        shapes, which its layers' inputs then follow)."""
+        shape = tuple(x.shape) if isinstance(x, SharedTensor) else tuple(np.shape(x))
+        if not shape or 0 in shape:
+            where = self.worker.where if self.worker is not None else f"layer '{self.name}'"
+            what = "a scalar, with no batch axis" if not shape else "no values"
+            raise ShapeError(f"{where}: input {i} has shape {shape}: {what}; give a batch of at least one sample "
+                             "([N, ...], every axis at least 1)")
         return x
 
     def input_names_for_errors(self) -> str:
