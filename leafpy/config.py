@@ -455,6 +455,9 @@ MAX_ALIASES = 100
 """Most aliases (``*name``) a run file may use."""
 MAX_EXPANSION = 200_000
 """Most values a run file's aliases may add once expanded (a "billion laughs" would add 10**9)."""
+MAX_NODES = 100_000
+"""Most values (mappings, lists and scalars) a run file may write out: each costs PyYAML about 20 us and 1 KB
+before anything is checked (a 1000-layer network with 1000 class names is about 20,000)."""
 
 
 class _TooBig(yaml.YAMLError):
@@ -462,15 +465,22 @@ class _TooBig(yaml.YAMLError):
 
 
 class _BoundedLoader(_SafeLoader):
-    """The safe loader, refusing documents nested deeper than MAX_DEPTH, with more than MAX_ALIASES aliases, or
-    whose aliases add more than MAX_EXPANSION values once expanded, before anything is built from them."""
+    """The safe loader, refusing documents of more than MAX_NODES values, nested deeper than MAX_DEPTH, with more
+    than MAX_ALIASES aliases, or whose aliases add more than MAX_EXPANSION values once expanded, before anything is
+    built from them."""
 
     def __init__(self, stream: Any) -> None:
         super().__init__(stream)
         self._depth = 0
         self._aliases = 0
+        self._nodes = 0
 
     def compose_node(self, parent, index):
+        self._nodes += 1
+        if self._nodes > MAX_NODES:
+            mark = self.peek_event().start_mark
+            raise _TooBig(f"line {mark.line + 1}: more than {MAX_NODES} values; a run file names a network, its data "
+                          "and a solver (large arrays belong in data files)")
         if self.check_event(yaml.AliasEvent):
             self._aliases += 1
             if self._aliases > MAX_ALIASES:
@@ -509,16 +519,37 @@ class _BoundedLoader(_SafeLoader):
 
 
 class _SafeDumper(yaml.SafeDumper):
-    """``yaml.safe_dump``'s dumper, knowing the loader's exponent floats: a text such as ``1e3`` (a class named so)
-    is written quoted, so that it reads back as text."""
+    """``yaml.safe_dump``'s dumper, knowing the loader's numbers too: a text such as ``1e3`` or ``0o10`` (a class
+    named so) is written quoted, so that it reads back as text."""
 
 
-for _kind in (_SafeLoader, _SafeDumper):
-    _kind.add_implicit_resolver(
-        "tag:yaml.org,2002:float",
-        re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-        list("-+0123456789."),
-    )
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_INT_12 = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$")
+"""YAML 1.2's integers (its core schema): decimal digits (``010`` is ten), ``0o`` octal, ``0x`` hexadecimal. YAML
+1.1's others (``010`` as eight, ``0b1``, ``1_000``, ``1:30`` as ninety), which PyYAML reads, are text here."""
+_FLOAT_12 = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+                       r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+"""YAML 1.2's floats (its core schema): ``1e-3`` and ``5e-4`` too, which YAML 1.1 reads as text."""
+_SafeLoader.yaml_implicit_resolvers = {  # PyYAML's YAML 1.1 numbers out, 1.2's in (integers first: 10 is no float)
+    first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT, _FLOAT)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+for _kind in (_SafeLoader, _SafeDumper):  # (the dumper keeps 1.1's too: it quotes more, which reads back the same)
+    _kind.add_implicit_resolver(_INT, _INT_12, list("-+0123456789"))
+    _kind.add_implicit_resolver(_FLOAT, _FLOAT_12, list("-+0123456789."))
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    """An integer as YAML 1.2 reads it (``010`` is ten, ``0o10`` eight); other forms (an explicit ``!!int`` tag)
+    as PyYAML does."""
+    text = str(loader.construct_scalar(node))
+    if re.fullmatch(r"[-+]?[0-9]+", text):
+        return int(text, 10)
+    if text.startswith("0o"):
+        return int(text[2:], 8)
+    return yaml.SafeLoader.construct_yaml_int(loader, node)
+
+
+_SafeLoader.add_constructor(_INT, _construct_int)
 
 
 def _yaml(text: str) -> Any:
@@ -601,8 +632,8 @@ def override(doc: Any, item: str) -> Any:
     return doc
 
 
-MAX_FILE_BYTES = 16 * 2**20
-"""Largest run file read (the shipped ones are 1-2 KB)."""
+MAX_FILE_BYTES = 4 * 2**20
+"""Largest run file read (the shipped ones are 1-2 KB; PyYAML reads about 2 MB a second)."""
 SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 """The run files installed with leafpy (``digits_lenet``, ``mnist_lenet``...)."""
 

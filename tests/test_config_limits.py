@@ -190,3 +190,32 @@ def test_a_network_whose_layers_together_exceed_the_memory_is_refused_before_all
     cfg.layers[:] = cfg.layers[:4]  # two of them fit
     net = lp.Layer.from_config(lp.backend("native"), lp.LayerConfig("fits", cfg))
     assert net.learnable_weights_names()[-1] == "fc1/bias"
+
+
+def test_a_run_file_of_millions_of_plain_values_is_refused_before_it_is_all_read(tmp_path):
+    """A 4 MB run file of a flow list (about 2 million values; 2 MB took PyYAML 24 s and 815 MB before any check)
+    is refused within seconds naming the file and the line; a file past MAX_FILE_BYTES is refused unread."""
+    path = tmp_path / "many.yaml"
+    path.write_text("class_names: [" + "1," * (lp.config.MAX_FILE_BYTES // 2 - 2000) + "1]\n" + MLP)
+    msg = quick(lambda: lp.config.load(str(path)))
+    assert msg.startswith(str(path)) and f"more than {lp.config.MAX_NODES} values" in msg, msg
+    path.write_text("#" * lp.config.MAX_FILE_BYTES + "\n" + MLP)
+    assert "larger than" in quick(lambda: lp.config.load(str(path)))
+    # a large real network still loads: a thousand layers and a thousand class names
+    layers = "".join(f"    - {{name: hidden{i}, type: Linear, output_size: 4}}\n" for i in range(1000))
+    big = MLP.replace("    - {name: flat, type: Flatten}\n", "    - {name: flat, type: Flatten}\n" + layers)
+    assert len(lp.config.loads(big, "big.yaml").network.config.layers) == 1005
+
+
+@pytest.mark.parametrize("text,value", [("010", 10), ("0o10", 8), ("0x10", 16), ("+5", 5), ("1e3", 1000.0),
+                                        ("5e-4", 0.0005), ("-.5", -0.5), (".inf", float("inf")),
+                                        ("1_6", "1_6"), ("1:30", "1:30"), ("0b101", "0b101"), ("1_000.5", "1_000.5")])
+def test_numbers_are_read_as_yaml_1_2_reads_them(text, value):
+    """The docs promise YAML 1.2's numbers: `batch_size: 010` is ten (PyYAML's YAML 1.1 made it 8), `1:30` and `1_6`
+    are text (1.1: 90 and 16); `0o10` is octal. The dumper quotes such text, so it reads back as text."""
+    import yaml
+
+    got = lp.config._yaml(f"x: {text}\n")["x"]
+    assert got == value and type(got) is type(value)
+    written = yaml.dump({"x": text}, Dumper=lp.config._SafeDumper)  # the text itself, as a run.yaml records it
+    assert lp.config._yaml(written)["x"] == text, written
