@@ -193,3 +193,18 @@ def test_a_checkpoint_with_plausible_counters_loads(native, tmp_path):
     _damaged_checkpoint(native, path, iteration=2**40)
     solver = lp.Solver.load_checkpoint(native, native, str(path))
     assert solver.iteration == 2**40 and math.isfinite(solver.learning_rate())
+
+
+def test_a_pooling_padded_far_beyond_its_input_is_refused_before_it_allocates(native):
+    """A 2 x 2 input pooled by a 10^9 window padded 10^9 - 1 (padding below the window is allowed): its output is
+    2 x 2, its padded input 2 x 10^9 on each side. Refused naming the layer and its work array (before: NumPy's bare
+    "array is too big"; a window of 2000 silently took 122 MB)."""
+    k = 10**9
+    layer = lp.Layer.from_config(native, lp.LayerConfig("pool", lp.PoolingConfig(
+        mode="max", filter_shape=[k], stride=[k], padding=[k - 1])))
+    with pytest.raises(lp.ConfigError, match=r"layer 'pool' \(Pooling\): outputs \[1, 1, 2, 2\]; work arrays "):
+        layer.forward([np.ones((1, 1, 2, 2), np.float32)])
+    small = lp.Layer.from_config(native, lp.LayerConfig("pool", lp.PoolingConfig(
+        mode="max", filter_shape=[3], stride=[2], padding=[1])))
+    x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
+    np.testing.assert_array_equal(small.forward([x])[0].to_numpy()[0, 0], [[5, 7], [13, 15]])

@@ -143,6 +143,11 @@ class Worker:
         """Indices of the weights that the next forward pass writes (running statistics in training)."""
         return ()
 
+    def work_shapes(self, input_shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """Arrays besides its outputs that the worker may allocate whose size its config, not its input, sets (a
+        pooling's padded input): declared with its outputs, so a config that asks too much is refused before."""
+        return []
+
     def forward(self, backend: Backend, x: list[Buffer], w: list[Buffer], y: list[Buffer]) -> None:
         raise NotImplementedError
 
@@ -546,7 +551,8 @@ class Layer:
         declared[0] -= self._declared_bytes
         self._declared_bytes = _checks.allocation(
             worker.where, {"weights": [] if self.weights else worker.weight_shapes(shapes),
-                           "outputs": [] if in_place else out_shapes}, np.dtype(self.backend.dtype).itemsize,
+                           "outputs": [] if in_place else out_shapes, "work arrays": worker.work_shapes(shapes)},
+            np.dtype(self.backend.dtype).itemsize,
             f"reduce the sizes in its config ({self.config.config!r}) or the input's", network=declared)
         declared[0] += self._declared_bytes
         self._create_weights(shapes)

@@ -1,6 +1,6 @@
-"""Sigmoid: 1 / (1 + exp(-x)), computed as 0.5 * (1 + tanh(x / 2)) (as Caffe does): no overflow for any x, and
-an absolute error within the precision's rounding; far in the negative tail (x below about -10 in float32) the
-relative error grows and the result reaches 0 near x = -17."""
+"""Sigmoid: 1 / (1 + exp(-x)), computed from e = exp(-|x|) as 1 / (1 + e) for x > 0 and e / (1 + e) below: no
+overflow for any x, and the small values of the negative tail keep their relative precision (the pointwise
+table's formula, one for every backend)."""
 
 from __future__ import annotations
 

@@ -71,6 +71,15 @@ class Pooling(Worker):
         n, ch = input_shapes[0][:2]
         return [(n, ch, oh, ow)]
 
+    def work_shapes(self, input_shapes):
+        """The padded input a backend may pool from: the padding before, the input, and as far after as the windows
+        reach (a padding near a huge window makes it large where the output is small)."""
+        kernel, stride, padding, _ = self.window(input_shapes[0])
+        out = self.output_shapes(input_shapes)[0]
+        extent = [max(size + p, (o - 1) * s + k) for size, o, k, s, p in
+                  zip(input_shapes[0][2:], out[2:], kernel, stride, padding)]
+        return [(*input_shapes[0][:2], *extent)] if list(extent) != list(input_shapes[0][2:]) else []
+
     def setup(self, backend, input_shapes):
         if self.config.mode == "max":
             shape = self.output_shapes(input_shapes)[0]
