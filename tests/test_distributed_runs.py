@@ -90,6 +90,22 @@ def survivors(marker: str) -> list[int]:
     return found
 
 
+def job(cmd: list[str], marker, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``cmd`` (a launcher and its ranks) run to its end; then every process naming ``marker`` (the test's own
+    directory) is killed, a launcher's children in sessions of their own too."""
+    try:
+        return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout)
+    finally:
+        for _ in range(20):
+            found = survivors(str(marker))
+            if not found:
+                break
+            for pid in found:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
+
+
 @needs_mpi
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the job's processes through /proc")
 @pytest.mark.parametrize("signum,resume_ranks", [(signal.SIGTERM, 3), (signal.SIGINT, 1)])
@@ -305,11 +321,7 @@ def test_ranks_started_with_different_runs_or_data_stop_at_once_naming_the_diffe
         cmd += [":"] * rank + ["-n", "1", sys.executable, "-m", "leafpy", "train", run, "--out",
                                str(tmp_path / f"out{rank}"), *epochs]
     began = time.monotonic()
-    try:
-        done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=60)
-    finally:
-        for pid in survivors(str(tmp_path)):
-            os.kill(pid, signal.SIGKILL)
+    done = job(cmd, tmp_path)
     assert done.returncode != 0, done.stdout[-2000:]
     assert time.monotonic() - began < 40
     assert f"rank 1's run differs from rank 0's {named}" in done.stderr, done.stderr[-3000:]
@@ -332,13 +344,8 @@ def test_the_roc_auc_of_a_run_on_two_ranks_ranks_every_held_out_sample_as_one_pr
     run.write_text(run.read_text().replace("output_size: 3", "output_size: 2").replace("[4, 3]", "[4, 2]")
                    .replace("num_classes: 3", "num_classes: 2"))
     np.savez(tmp_path / "data.npz", x_train=x[:40], y_train=y[:40], x_test=x[40:], y_test=y[40:])
-    try:
-        done = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "leafpy", "train", str(run),
-                               "--out", str(tmp_path / "two"), "--epochs", "3"], env=ENV, capture_output=True,
-                              text=True, timeout=120)
-    finally:
-        for pid in survivors(str(tmp_path)):
-            os.kill(pid, signal.SIGKILL)
+    done = job([MPIEXEC, "-n", "2", sys.executable, "-m", "leafpy", "train", str(run), "--out", str(tmp_path / "two"),
+                "--epochs", "3"], tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     history = json.loads((tmp_path / "two" / "history.json").read_text())
     history = history["epochs"] if isinstance(history, dict) else history
@@ -368,11 +375,7 @@ def test_a_rank_that_fails_before_training_starts_ends_the_job(tmp_path, broken)
     cmd = [MPIEXEC, "-n", "1", sys.executable, "-m", "leafpy", "train", good, "--out", str(tmp_path / "out"), ":",
            "-n", "1", sys.executable, "-m", "leafpy", "train", bad, "--out", str(tmp_path / "out"), *extra]
     began = time.monotonic()
-    try:
-        done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=60)
-    finally:
-        for pid in survivors(str(tmp_path)):
-            os.kill(pid, signal.SIGKILL)
+    done = job(cmd, tmp_path)
     assert done.returncode != 0
     assert time.monotonic() - began < 30
     named = {"not yaml": "other.yaml: not valid YAML", "missing": "other.yaml", "epochs 0": "--epochs must be"}
@@ -385,27 +388,15 @@ def test_nproc_abbreviated_starts_one_job_and_is_refused_inside_a_launched_one(t
     """`leafpy train RUN --np 2` (argparse takes the abbreviation) is one job of two ranks (before, each rank got
     `--np 2` again and launched a job of its own, without end); under mpiexec, --nproc is refused by name."""
     run = write_run(tmp_path, 40)
-    try:
-        p = leafpy("train", run, "--out", str(tmp_path / "a"), "--np", "2", "--epochs", "1", timeout=60)
-    finally:  # (were the ranks to launch jobs of their own again, each in a session of its own: every one)
-        for _ in range(20):
-            found = survivors(str(tmp_path))
-            if not found:
-                break
-            for pid in found:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.1)
+    # (were the ranks to launch jobs of their own again, each in a session of its own: job ends every one)
+    p = job([sys.executable, "-m", "leafpy", "train", run, "--out", str(tmp_path / "a"), "--np", "2", "--epochs", "1"],
+            tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.count("on 2 ranks") == 1, p.stdout[:500]
     assert (tmp_path / "a" / "model.leaf").exists()
     cmd = [MPIEXEC, "-n", "2", sys.executable, "-m", "leafpy", "train", run, "--out", str(tmp_path / "b"),
            "--nproc=2"]
-    try:
-        done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=60)
-    finally:
-        for pid in survivors(str(tmp_path)):
-            os.kill(pid, signal.SIGKILL)
+    done = job(cmd, tmp_path)
     assert done.returncode != 0 and "--nproc 2: this process is already one of 2 ranks" in done.stderr
     assert not (tmp_path / "b").exists()
 
@@ -453,20 +444,17 @@ def test_npy_data_at_another_path_on_each_rank_trains(tmp_path):
             "layers: [{name: fc, type: Linear, output_size: 2}, {name: logsm, type: LogSoftmax}]}\n"
             "objective: nll\nsolver: {solver: momentum, base_lr: 0.05, momentum: 0.9, seed: 0}\n")
         runs.append(str(node / "run.yaml"))
-    def job(out: str) -> subprocess.CompletedProcess:
+
+    def train(out: str) -> subprocess.CompletedProcess:
         cmd = [MPIEXEC]
         for rank, run in enumerate(runs):
             cmd += [":"] * rank + ["-n", "1", sys.executable, "-m", "leafpy", "train", run,
                                    "--out", str(tmp_path / out)]
-        try:
-            return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=60)
-        finally:
-            for pid in survivors(str(tmp_path)):
-                os.kill(pid, signal.SIGKILL)
+        return job(cmd, tmp_path)
 
-    done = job("out")
+    done = train("out")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "on 2 ranks" in done.stdout and (tmp_path / "out" / "model.leaf").exists()
     np.save(tmp_path / "node1" / "y.npy", 1 - y)  # the contents still may not differ
-    done = job("again")
+    done = train("again")
     assert done.returncode != 0 and "rank 1's run differs from rank 0's at data file" in done.stderr, done.stderr
