@@ -434,12 +434,9 @@ class EarlyStopping(Callback):
         """Refuse an accuracy to watch in a run without classes before any training, not after the first epoch;
         then take the epochs the run has trained already (a resumed run's, an earlier fit's) as if it had watched
         them, so a resumed run stops where the uninterrupted one stops."""
-        if (self.monitor in run_config.CLASS_MONITORS or self.monitor == "train_accuracy") and not trainer.classes:
-            raise ConfigError(f"EarlyStopping monitor: {self.monitor} needs classes, and this run's objective has "
-                              "none (a regression); watch test_loss or loss")
-        if self.monitor == "test_roc_auc" and trainer.classes != 2:
-            raise ConfigError(f"EarlyStopping monitor: test_roc_auc scores two classes, and this run's objective has "
-                              f"{trainer.classes}; watch test_loss or test_accuracy")
+        why = unrecorded(self.monitor, trainer.classes)
+        if why:
+            raise ConfigError(f"EarlyStopping monitor: {why}; watch test_loss or loss")
         self.best, self.waited = None, 0
         for record in trainer.history:
             if self._watch(record) and not trainer.stop_training:
@@ -465,6 +462,20 @@ class EarlyStopping(Callback):
             return False
         self.waited += 1
         return self.waited >= self.patience
+
+
+def unrecorded(monitor: str, classes: int) -> str | None:
+    """Why the epochs of a run whose objective scores ``classes`` classes (0: a regression) record no ``monitor``,
+    or None where they do (see :meth:`Scores.metrics`)."""
+    if not classes and (monitor in run_config.CLASS_MONITORS or monitor == "train_accuracy"):
+        return f"{monitor} needs classes, and this run's objective has none (a regression)"
+    if classes and monitor in run_config.REGRESSION_MONITORS:
+        return f"{monitor} scores a regression, and this run's objective has {classes} classes"
+    if monitor == "test_roc_auc" and classes != 2:
+        return f"test_roc_auc scores two classes, and this run's objective has {classes}"
+    if monitor == "test_top5_accuracy" and classes <= 5:
+        return f"test_top5_accuracy is kept with more than 5 classes, and this run's objective has {classes}"
+    return None
 
 
 class Progress(Callback):
@@ -661,6 +672,7 @@ class Trainer:
                               f"of {n} training samples; it belongs to another run (or the file is damaged)")
         self._resumed_losses = (float(state.get("loss_sum", 0.0)), int(state.get("loss_count", 0)))
         self._resumed_hits = (int(state.get("correct", 0)), int(state.get("scored", 0)))
+        self._live: tuple | None = None  # inside an epoch: (epoch, sample, loss sum and count, hits) of the last step
         built_in: list[Callback] = [Progress(log_every if log_every is not None else int(run.train.get("log_every",
                                                                                                          100)))]
         names = ("train.keep_best" if keep_best is None else "Trainer keep_best",
@@ -668,16 +680,9 @@ class Trainer:
         keep_best = run.train.get("keep_best", 0) if keep_best is None else keep_best
         monitor = run.train.get("monitor", "test_loss") if monitor is None else monitor
         run_config.check_best_epochs(keep_best, monitor, *names)
-        if keep_best and monitor == "test_roc_auc" and self.classes != 2:
-            raise ConfigError(f"train.monitor: test_roc_auc scores two classes, and this run's objective has "
-                              f"{self.classes or 'none (a regression)'}; keep the best epochs by test_macro_f1, "
-                              "test_accuracy or test_loss")
-        if keep_best and monitor in run_config.CLASS_MONITORS and not self.classes:
-            raise ConfigError(f"train.monitor: {monitor} ranks classes, and this run's objective has none (a "
-                              "regression); keep the best epochs by test_loss")
-        if keep_best and monitor in run_config.REGRESSION_MONITORS and self.classes:
-            raise ConfigError(f"train.monitor: {monitor} scores a regression, and this run's objective has classes; "
-                              f"keep the best epochs by one of {', '.join(run_config.CLASS_MONITORS)} or test_loss")
+        why = unrecorded(monitor, self.classes) if keep_best else None
+        if why:
+            raise ConfigError(f"{names[1]}: {why}; keep the best epochs by test_loss")
         self.resumed_from = resume
         """The checkpoint the run continues from (``resume``), if any."""
         files: list[Callback] = []  # after the user's callbacks: what they add to an epoch's record is written with it
@@ -865,24 +870,24 @@ class Trainer:
     def fit(self, epochs: int | None = None) -> list[dict[str, Any]]:
         """Train up to epoch ``epochs`` (default: the run's train.epochs); returns the history. On a stop signal
         a checkpoint is saved and TrainingInterrupted raised; on a NaN or infinite loss, TrainingDiverged."""
-        if epochs is not None:
-            self.epochs = _checks.non_negative_int("Trainer.fit: epochs", epochs)
+        self.epochs = self.run.epochs if epochs is None else _checks.non_negative_int("Trainer.fit: epochs", epochs)
         self.interrupted = self.stop_training = False  # (a later fit after a stop goes on; EarlyStopping decides)
-        if epochs is not None and self.epochs <= self.start_epoch:
+        if self.epochs <= self.start_epoch:
             trained = f"{self.start_epoch} epoch{'s' * (self.start_epoch != 1)}"
             trained += " and part of the next" * bool(self.start_sample)
             self.log(f"nothing to train: the run has trained {trained}, and fit trains up to epoch {self.epochs} "
                      "(fit(epochs=N) counts the epochs of the whole run; give a larger N to train further)")
         progress: tuple | None = None  # (epoch, sample, loss sum and count, hits) after the last step counted
         solver = self.solver
-        if self.out_dir is not None and self.is_root and self._describes_data:
+        if self.out_dir is not None and self.is_root and self._describes_data and self.epochs > self.start_epoch:
             run_config.save(portable(self.resolved_run(), self.out_dir), os.path.join(self.out_dir,
                                                                                      run_config.RUN_FILE))
-        for cb in self.callbacks:
-            cb.on_train_begin(self)
-        handlers = self._install_signal_handlers()
+        handlers: list[tuple[int, Any]] = []
         batches: Generator[Any, None, None] = iter_none()
-        try:
+        try:  # (on_train_end runs after an error in an on_train_begin too)
+            for cb in self.callbacks:
+                cb.on_train_begin(self)
+            handlers = self._install_signal_handlers()
             epoch = self.start_epoch
             start = self.start_sample
             for epoch in range(self.start_epoch, self.epochs):
@@ -917,7 +922,7 @@ class Trainer:
                         correct += hits
                         scored += labelled
                     seen += samples
-                    progress = (epoch, done, loss_sum, loss_count, correct, scored)
+                    progress = self._live = (epoch, done, loss_sum, loss_count, correct, scored)
                     self.samples_per_second = seen / max(time.perf_counter() - t0, 1e-9)
                     for cb in self.callbacks:
                         cb.on_batch_end(self, epoch, batch, loss)
@@ -925,7 +930,7 @@ class Trainer:
                         self._mark_position(epoch, done, loss_sum, loss_count, correct, scored)
                         self._stop_on_signal()
                 start = 0
-                progress = None
+                progress = self._live = None
                 self._resumed_losses = (0.0, 0)
                 self._resumed_hits = (0, 0)
                 elapsed = time.perf_counter() - t0
@@ -966,6 +971,10 @@ class Trainer:
                        scored: int = 0) -> None:
         if self.parallel is not None:  # (every rank, before rank 0 checkpoints) the ranks' pending gradients
             self.parallel.combine_pending_gradients()
+        self._record_position(epoch, sample, loss_sum, loss_count, correct, scored)
+
+    def _record_position(self, epoch: int, sample: int, loss_sum: float, loss_count: int, correct: int = 0,
+                         scored: int = 0) -> None:
         self.solver.trainer_state = {"epoch": epoch, "sample": sample, "loss_sum": loss_sum,
                                      "loss_count": loss_count, "correct": correct, "scored": scored,
                                      "data": dict(self.run.data), "data_digest": self.data_digest}
@@ -1045,6 +1054,12 @@ class Trainer:
         if not weights_finite(self.solver.network):
             raise TrainingDiverged(f"{path}: not written: the weights are no longer finite (the last checkpoint "
                                    "written is the last good one)")
+        if self._live is not None:  # inside an epoch (a callback's checkpoint, or one after an error): the position
+            if self.parallel is not None and self.solver._calls:  # of the weights as they are
+                raise LeafpyError(f"{path}: not written: inside an epoch of data-parallel training with gradient "
+                                  "accumulation each rank holds its own pending gradients; save checkpoints at the "
+                                  "end of an epoch (the Checkpoint callback does) or on a stop signal")
+            self._record_position(*self._live)
         self.solver.save_checkpoint(path)
 
     def save_model(self, path: str) -> None:

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -266,7 +267,12 @@ def test_ctrl_c_in_the_first_epoch_ends_the_decoding_threads_and_the_resumed_run
             proc.kill()
     assert proc.returncode == 130, err
     assert "checkpoint saved to" in out + err and len(cache_files(cache)) == 2, (out[-500:], err[-500:])
-    assert "Traceback" not in err and decode_workers() <= before, err
+    assert "Traceback" not in err, err
+    for _ in range(50):  # (a decoding process that ended may stay listed until it is reaped)
+        if decode_workers() <= before:
+            break
+        time.sleep(0.1)
+    assert decode_workers() <= before
     r = leafpy(tmp_path, "train", *args, "--set", f"data.cache_dir={cache}", "--out", "cut", "--resume",
                "cut/checkpoint.leaf")
     assert r.returncode == 0, r.stderr

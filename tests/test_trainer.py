@@ -429,3 +429,99 @@ def test_fit_to_an_epoch_the_run_has_passed_says_so_and_trains_nothing(tmp_path)
     t.fit(4)
     assert t.solver.iteration == iteration
     assert any("trained 4 epochs and part of the next, and fit trains up to epoch 4" in s for s in said), said
+
+
+def test_a_checkpoint_a_callback_saves_inside_an_epoch_resumes_where_its_weights_are(tmp_path):
+    """A callback that checkpoints every ten batches (Trainer.save_checkpoint, documented as saving the position in
+    the epoch), and the process ending later in that epoch; and a checkpoint saved after a callback's error: both
+    resume at the batch their weights were at and end bit-identical to an uninterrupted run (before, both recorded
+    the epoch's start: the resumed run made 101 updates where the whole run makes 90)."""
+    def trainer(out, callbacks=(), resume=None):
+        return lp.Trainer(lp.config.load("digits_mlp"), backend=lp.backend("native"), out_dir=str(tmp_path / out),
+                          callbacks=list(callbacks), resume=resume, log=lambda m: None, log_every=0)
+
+    def weights(t):
+        return [w.to_numpy() for w in t.solver.network.learnable_weights_data()]
+
+    whole = trainer("whole")
+    whole.fit(epochs=2)
+
+    class Every10(lp.Callback):
+        def on_batch_end(self, t, epoch, batch, loss):
+            if batch % 10 == 0:
+                t.save_checkpoint(str(tmp_path / "mid" / "mine.leaf"))
+            if (epoch, batch) == (1, 15):
+                raise RuntimeError("the process ends here")
+
+    with pytest.raises(RuntimeError, match="ends here"):
+        trainer("mid", [Every10()]).fit(epochs=2)
+    after_error = trainer("err", [Every10()])
+    with pytest.raises(RuntimeError):
+        after_error.fit(epochs=2)
+    after_error.save_checkpoint(str(tmp_path / "err" / "after.leaf"))
+    for path, sample in ((tmp_path / "mid" / "mine.leaf", 11 * 32), (tmp_path / "err" / "after.leaf", 16 * 32)):
+        resumed = trainer(path.parent.name, resume=str(path))
+        assert (resumed.start_epoch, resumed.start_sample) == (1, sample)
+        resumed.fit(epochs=2)
+        assert resumed.solver.iteration == whole.solver.iteration
+        for a, b in zip(weights(resumed), weights(whole)):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("monitor,classes,says", [
+    ("test_mse", 10, "test_mse scores a regression, and this run's objective has 10 classes"),
+    ("test_r2", 10, "test_r2 scores a regression"),
+    ("test_top5_accuracy", 3, "test_top5_accuracy is kept with more than 5 classes, and this run's objective has 3"),
+])
+def test_early_stopping_on_a_score_the_run_never_records_is_refused_before_training(tmp_path, monitor, classes,
+                                                                                     says):
+    """Before, these trained a whole epoch and then failed in on_epoch_end, before the History and Checkpoint
+    callbacks ran: nothing of the epoch was kept. keep_best by such a monitor is refused when the Trainer is made."""
+    rng = np.random.default_rng(0)
+    x = rng.random((60, 4)).astype(np.float32)
+    np.savez(tmp_path / "d.npz", x=x, y=rng.integers(0, classes, 60))
+    text = run_file(mlp(8, classes), [4], data={"dataset": "npz", "path": str(tmp_path / "d.npz"), "batch_size": 10,
+                                                "test_fraction": 0.2})
+    (tmp_path / "run.yaml").write_text(text)
+    run = lp.config.load(str(tmp_path / "run.yaml"))
+    trainer = lp.Trainer(run, out_dir=str(tmp_path / "out"), log=lambda m: None,
+                         callbacks=[lp.train.EarlyStopping(monitor=monitor)])
+    with pytest.raises(lp.ConfigError, match=f"EarlyStopping monitor: {says}"):
+        trainer.fit(1)
+    assert trainer.solver.iteration == 0
+    with pytest.raises(lp.ConfigError, match=f"Trainer monitor: {says}"):
+        lp.Trainer(run, out_dir=str(tmp_path / "best"), keep_best=2, monitor=monitor)
+
+
+def test_on_train_end_runs_after_an_error_in_on_train_begin(tmp_path):
+    """docs/training.md: on_train_end runs when fit ends, also after an error: a callback that opened something in
+    on_train_begin (a writer, a connection) closes it even when another callback's on_train_begin fails."""
+    calls = []
+
+    class Opens(lp.Callback):
+        def on_train_begin(self, trainer):
+            calls.append("open")
+
+        def on_train_end(self, trainer):
+            calls.append("close")
+
+    class Fails(lp.Callback):
+        def on_train_begin(self, trainer):
+            raise RuntimeError("cannot reach the metrics server")
+
+    trainer = lp.Trainer(lp.config.load(MLP), callbacks=[Opens(), Fails()], log=lambda m: None)
+    with pytest.raises(RuntimeError, match="metrics server"):
+        trainer.fit(1)
+    assert calls == ["open", "close"] and trainer.solver.iteration == 0
+
+
+def test_fit_without_epochs_trains_to_the_runs_epochs_after_an_earlier_fit(tmp_path):
+    """fit() trains up to train.epochs, as documented, also after a fit(epochs=1); and a fit(epochs=N) below what
+    the run has trained leaves run.yaml's epochs as they were (a later --resume would stop at N)."""
+    run = lp.config.load(MLP, ["train.epochs=3"])
+    trainer = lp.Trainer(run, out_dir=str(tmp_path), log=lambda m: None)
+    trainer.fit(epochs=1)
+    trainer.fit()
+    assert len(trainer.history) == 3
+    trainer.fit(epochs=1)
+    assert lp.config.load(str(tmp_path / "run.yaml")).epochs == 3
