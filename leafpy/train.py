@@ -45,7 +45,7 @@ from .distributed.data_parallel import shard
 from .errors import ConfigError, LeafpyError
 from .layers.container.sequential import Sequential
 from .layers.layer import Layer
-from .layers.loss.negative_log_likelihood import label_weight, loss_configs
+from .layers.loss.negative_log_likelihood import label_weight, loss_configs, summed_losses
 from .layers.network import Network
 from .metrics import ConfusionMatrix, predictions, roc_auc, top_k_hits
 from .serialization.atomic import atomic_write
@@ -166,10 +166,12 @@ def evaluate(net: Layer | Network[Layer], objective: Layer | Network[Layer], x: 
     for xb, yb in datasets.batches(x, y, batch_size, seed=None):
         out = net.forward([xb])[0]
         keep = counted(yb, ignore_index)
+        summed = summed_losses(objective.config, yb)  # an objective that sums: what its mean would divide by
         weight = label_weight(objective.config, yb)  # what the batch's mean divided by (None: its samples)
-        weight = len(xb) if weight is None else weight
+        weight = (len(xb) if weight is None else weight) if summed is None else summed
         if weight:  # (a batch of ignored samples alone has a NaN mean: none of them counts)
-            total += float(objective.forward([out, yb])[0].to_numpy().reshape(-1)[0]) * weight
+            value = float(objective.forward([out, yb])[0].to_numpy().reshape(-1)[0])
+            total += value if summed is not None else value * weight
         scored += len(xb) if keep is None else int(keep.sum())
         divisor += weight
         if cm is not None:
@@ -191,7 +193,7 @@ def evaluate(net: Layer | Network[Layer], objective: Layer | Network[Layer], x: 
         scored = int(round(group.allreduce_sum(float(scored))))
         divisor = group.allreduce_sum(divisor)
         if cm is None:  # a rank with no held-out sample adds zeros: every rank joins the sum
-            sums = group.allreduce_(np.zeros((4, math.prod(net.outputs[0].shape[1:]))) if sums is None else sums)
+            sums = group.allreduce_(np.zeros((2, math.prod(net.outputs[0].shape[1:]))) if sums is None else sums)
         if cm is not None:
             counts = group.allreduce_(cm.matrix.astype(np.float64))
             cm.reset()
@@ -203,7 +205,8 @@ def evaluate(net: Layer | Network[Layer], objective: Layer | Network[Layer], x: 
         keep = counted(targets, ignore_index)
         auc, why = roc_auc(targets, every) if keep is None else roc_auc(np.asarray(targets)[keep], every[keep])
     loss = total / divisor if divisor else float("nan")
-    return Scores(loss, cm, top_k, _regression_scores(sums, n) if sums is not None else None, auc, why)
+    regression = _regression_scores(sums, targets, preparation) if sums is not None else None
+    return Scores(loss, cm, top_k, regression, auc, why)
 
 
 def _all_scores(ranked: list[np.ndarray], share: np.ndarray, n: int, group: Any) -> np.ndarray:
@@ -222,22 +225,31 @@ def _positive_score(out: np.ndarray) -> np.ndarray:
     return a[:, 1] - a[:, 0]
 
 
-def _regression_sums(out: np.ndarray, target: np.ndarray, preparation: Any) -> np.ndarray:
-    """Per output: the sums of squared and of absolute errors, of the targets and of their squares (float64), in
-    the targets' units."""
+def _in_units(target: Any, preparation: Any) -> np.ndarray:
+    """Targets [N, ...] in their own units (float64, [N, outputs])."""
     if preparation is not None:
-        out, target = preparation.outputs(out), preparation.outputs(np.asarray(target, np.float32))
-    p = np.asarray(out, np.float64).reshape(len(out), -1)
-    t = np.asarray(target, np.float64).reshape(len(p), -1)
-    return np.stack([((t - p) ** 2).sum(0), np.abs(t - p).sum(0), t.sum(0), (t ** 2).sum(0)])
+        target = preparation.outputs(np.asarray(target, np.float32))
+    t = np.asarray(target, np.float64)
+    return t.reshape(len(t), -1)
 
 
-def _regression_scores(sums: np.ndarray, n: int) -> dict[str, float]:
-    squared, absolute, t, t2 = sums
-    spread = t2 - t * t / max(n, 1)
-    r2 = np.where(spread > 1e-12 * np.maximum(t2, 1e-300), 1 - squared / np.where(spread > 0, spread, 1),
-                  np.where(squared > 0, 0.0, 1.0))
-    size = max(n, 1) * len(squared)
+def _regression_sums(out: np.ndarray, target: np.ndarray, preparation: Any) -> np.ndarray:
+    """Per output: the sums of squared and of absolute errors (float64), in the targets' units."""
+    p = np.asarray(preparation.outputs(out) if preparation is not None else out, np.float64).reshape(len(out), -1)
+    t = _in_units(target, preparation)
+    return np.stack([((t - p) ** 2).sum(0), np.abs(t - p).sum(0)])
+
+
+def _regression_scores(sums: np.ndarray, targets: np.ndarray, preparation: Any) -> dict[str, float]:
+    """MSE, MAE and R² (scikit-learn's, uniform average over outputs) from the summed errors and every held-out
+    target (each rank has them all): their spread about their mean in two passes, exact where the targets sit far
+    from zero (1e9 + a spread of 300: a one-pass sum of squares cancels to nothing)."""
+    squared, absolute = sums
+    t = _in_units(targets, preparation)
+    n = max(len(t), 1)
+    spread = ((t - t.mean(axis=0)) ** 2).sum(axis=0) if len(t) else np.zeros_like(squared)
+    r2 = np.where(spread > 0, 1 - squared / np.where(spread > 0, spread, 1), np.where(squared > 0, 0.0, 1.0))
+    size = n * len(squared)
     return {"mse": float(squared.sum() / size), "mae": float(absolute.sum() / size), "r2": float(r2.mean())}
 
 

@@ -203,3 +203,28 @@ def test_a_batch_whose_every_label_is_ignored_has_a_nan_mean_and_a_zero_gradient
     weighted.forward([scores, np.array([[2.0], [2.0]], np.float32)])
     dx = weighted.backward([np.ones(1, np.float32)])[0].to_numpy()
     assert np.isnan(dx[:, 2]).all()
+
+
+@pytest.mark.parametrize("options,weights", [("", None), (", ignore_index: 3, weight: [1, 1, 1, 1, 1, 1, 1, 1, 1, 2]",
+                                                          (3, 9, 2.0))])
+def test_a_summing_objectives_held_out_loss_is_the_mean_whatever_the_batch_size(tmp_path, options, weights):
+    """An objective with reduction sum (the NaN-loss message suggests it): its held-out loss is the (weighted) mean
+    over the held-out samples at any evaluation batch size (before, 9.69, 2.12 and 109.03 at batch sizes 32, 7
+    and 359: each batch's sum was multiplied by its size), against float64 NumPy from the saved model."""
+    run = (ROOT / "leafpy" / "configs" / "digits_mlp.yaml").read_text().replace(
+        "objective: nll", f"objective: {{type: NegativeLogLikelihood, reduction: sum{options}}}").replace(
+        "base_lr: 0.05", "base_lr: 0.002")
+    (tmp_path / "run.yaml").write_text(run)
+    p = leafpy(tmp_path, "train", "run.yaml", "--epochs", "1", "--out", "run")
+    assert p.returncode == 0, p.stderr
+    ds = lp.data.digits(0.2, 0)
+    y = ds.y_test.astype(int)
+    picked = _mlp_log_probabilities(tmp_path / "run" / "model.leaf", ds.x_test)[np.arange(len(y)), y]
+    w = np.ones(len(y)) if weights is None else np.where(y == weights[0], 0.0, np.where(y == weights[1],
+                                                                                        weights[2], 1.0))
+    want = -(w * picked).sum() / w.sum()
+    for batch in ("7", "32", "359"):
+        e = leafpy(tmp_path, "evaluate", "run", "--set", f"data.batch_size={batch}")
+        assert e.returncode == 0, e.stderr
+        got = float(e.stdout.split("held-out loss: ")[1].split()[0])
+        assert got == pytest.approx(want, rel=1e-5), (batch, got, want)

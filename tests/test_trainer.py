@@ -525,3 +525,31 @@ def test_fit_without_epochs_trains_to_the_runs_epochs_after_an_earlier_fit(tmp_p
     assert len(trainer.history) == 3
     trainer.fit(epochs=1)
     assert lp.config.load(str(tmp_path / "run.yaml")).epochs == 3
+
+
+def test_the_r2_of_targets_far_from_zero_is_scikit_learns(tmp_path):
+    """Targets 1e6 + a spread of about 1 (a sensor's offset): the held-out R² is scikit-learn's r2_score of the
+    saved model's predictions in the targets' units (before: 0, the one-pass sum of squares cancelled to below its
+    threshold), and MSE and MAE are too."""
+    from sklearn.metrics import mean_absolute_error, mean_squared_error, r2_score
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((400, 4))
+    y = x @ rng.standard_normal((4, 2)) + 0.3 * rng.standard_normal((400, 2)) + 1e6
+    np.savez(tmp_path / "reg.npz", x=x.astype(np.float32), y=y)
+    text = run_file(mlp(16, 2, log_softmax=False), [4], objective="mse", data={
+        "dataset": "npz", "path": str(tmp_path / "reg.npz"), "batch_size": 16, "test_fraction": 0.25,
+        "normalize": "auto"}, solver={"solver": "momentum", "base_lr": 0.02, "momentum": 0.9, "seed": 0})
+    (tmp_path / "reg.yaml").write_text(text)
+    trainer = lp.Trainer(lp.config.load(str(tmp_path / "reg.yaml")), log=lambda m: None)
+    trainer.fit(3)
+    scores = trainer.evaluate().regression
+    net, prep, ds = trainer.solver.network, trainer.preparation, trainer.dataset
+    net.set_training(False)
+    out = net.forward([ds.x_test])[0].to_numpy()
+    predicted = np.asarray(prep.outputs(out), np.float64)
+    target = np.asarray(prep.outputs(np.asarray(ds.y_test, np.float32)), np.float64)
+    assert r2_score(target, predicted) > 0.5
+    assert scores["r2"] == pytest.approx(r2_score(target, predicted), rel=1e-6)
+    assert scores["mse"] == pytest.approx(mean_squared_error(target, predicted), rel=1e-6)
+    assert scores["mae"] == pytest.approx(mean_absolute_error(target, predicted), rel=1e-6)

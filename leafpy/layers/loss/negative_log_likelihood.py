@@ -94,16 +94,33 @@ def label_weight(objective: Any, labels: Any) -> float | None:
     for cfg in loss_configs(objective):
         if cfg.reduction != "mean":
             continue
-        if cfg.ignore_index is None and not cfg.weight:
-            return None
-        y = np.asarray(labels.to_numpy() if hasattr(labels, "to_numpy") else labels).reshape(-1)
-        if cfg.ignore_index is not None:
-            y = y[y != cfg.ignore_index]
-        if not cfg.weight:
-            return float(len(y))
-        k = y[(y >= 0) & (y < len(cfg.weight))].astype(np.int64)
-        return float(np.asarray(cfg.weight, np.float64)[k].sum())
+        return _counted_weight(cfg, labels)
     return None
+
+
+def summed_losses(objective: Any, labels: Any) -> float | None:
+    """For an objective that sums its losses (reduction sum): what its mean would divide by over ``labels`` (the
+    counted labels' class weights, or their number), so that a sum over batches, divided by the sum of these, is
+    the mean over all samples; None for an objective that does not sum."""
+    for cfg in loss_configs(objective):
+        if cfg.reduction == "sum":
+            weight = _counted_weight(cfg, labels)
+            return float(np.asarray(labels).reshape(-1).size) if weight is None else weight
+    return None
+
+
+def _counted_weight(cfg: NegativeLogLikelihoodConfig, labels: Any) -> float | None:
+    """The summed class weights of the labels ``cfg`` counts; None where that is their number (no ignore_index, no
+    class weights)."""
+    if cfg.ignore_index is None and not cfg.weight:
+        return None
+    y = np.asarray(labels.to_numpy() if hasattr(labels, "to_numpy") else labels).reshape(-1)
+    if cfg.ignore_index is not None:
+        y = y[y != cfg.ignore_index]
+    if not cfg.weight:
+        return float(len(y))
+    k = y[(y >= 0) & (y < len(cfg.weight))].astype(np.int64)
+    return float(np.asarray(cfg.weight, np.float64)[k].sum())
 
 
 def loss_shapes(where: str, config: NegativeLogLikelihoodConfig, scores: tuple[int, ...], labels: tuple[int, ...],
