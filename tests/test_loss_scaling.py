@@ -163,7 +163,10 @@ def test_static_scale_and_defaults(tmp_path):
 @pytest.mark.parametrize("field,value", [("loss_scale", "dynamc"), ("loss_scale", -2.0),
                                          ("loss_scale_growth_factor", 0.5), ("loss_scale_backoff_factor", 1.5),
                                          ("loss_scale_growth_interval", 0),
-                                         ("loss_scale_growth_interval", 2**24 + 1)])
+                                         ("loss_scale_growth_interval", 2**24 + 1),
+                                         # finite as Python floats, but inf and 0 in the float32 the scale is kept
+                                         # in: every step would be skipped, silently, for ever
+                                         ("loss_scale", 1e39), ("loss_scale_init", 1e39), ("loss_scale_init", 1e-46)])
 def test_bad_loss_scale_settings_are_named(field, value):
     with pytest.raises(ConfigError, match=f"solver.{field}"):
         _config(**{field: value})
@@ -473,3 +476,32 @@ def test_sum_squares_primitive(device):
     ts[3].set(bad)
     be.sum_squares([t.read_write(be) for t in ts], out.write(be), ws)
     assert np.isinf(out.to_numpy()[0])
+
+
+@pytest.mark.parametrize("saved,resumed", [("fp16", "fp32"), ("fp16", "bf16"), ("bf16", "fp16"), ("fp16", "fp16")])
+def test_a_checkpoint_inside_gradient_accumulation_resumes_in_another_precision_with_the_right_step(tmp_path, saved,
+                                                                                                  resumed):
+    """minibatch_size 2, a checkpoint after the first of the two calls (the gradients accumulated so far carry the
+    loss scale of the precision they were computed in), resumed in another precision: the update the second call
+    makes is plain SGD's on both batches, against float64 NumPy (before: 60,000 times too large from fp16 to fp32 or
+    bf16, the first batch's share divided by 65536 from bf16 to fp16)."""
+    n, k, m = 8, 4, 3
+    net = lp.SequentialConfig(inputs=[("data", [n, k])])
+    net.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=m)))
+    obj = lp.SequentialConfig(inputs=[("out", [n, m]), ("target", [n, m])])
+    obj.add_layer(lp.LayerConfig("mse", "MeanSquaredError"))
+    cfg = lp.SolverConfig(network=lp.LayerConfig("net", net), objective=lp.LayerConfig("loss", obj),
+                          solver="momentum", momentum=0.0, base_lr=0.1, seed=4, minibatch_size=2)
+    rng = np.random.default_rng(1)
+    batches = [(rng.standard_normal((n, k)), rng.standard_normal((n, m))) for _ in range(2)]
+    first = lp.backend("native", precision=saved)
+    a = lp.Solver.from_config(first, first, cfg)
+    w0, b0 = (t.to_numpy().astype(np.float64) for t in a.network.learnable_weights_data())
+    a.train_minibatch(*batches[0])
+    a.save_checkpoint(str(tmp_path / "mid.leaf"))
+    second = lp.backend("native", precision=resumed)
+    b = lp.Solver.load_checkpoint(second, second, str(tmp_path / "mid.leaf"))
+    b.train_minibatch(*batches[1])
+    grad = sum((2 * (x @ w0.T + b0 - t) / t.size).T @ x for x, t in batches) / 2
+    step = b.network.learnable_weights_data()[0].to_numpy().astype(np.float64) - w0
+    np.testing.assert_allclose(step, -0.1 * grad, rtol=0.02, atol=2e-3 * np.abs(grad).max())

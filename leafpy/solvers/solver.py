@@ -32,6 +32,8 @@ _SOLVER_TOKENS = itertools.count()
 
 
 LOSS_SCALE_MODES = ("dynamic", "none")
+SCALE_RANGE = (float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max) / 2)
+"""The loss scales float32 holds as normal numbers (half the largest: one growth must not overflow)."""
 LOSS_SCALE_MAX_INTERVAL = 2**24
 """The longest growth interval: loss scaling counts good steps on the device in float32, exact up to 2**24."""
 
@@ -145,9 +147,13 @@ class SolverConfig:
                     or not math.isfinite(scale) or scale <= 0:
                 raise ConfigError(f"solver.loss_scale: expected 'dynamic', 'none' or a positive number (a static "
                                   f"scale), got {self.loss_scale!r}")
+            if not SCALE_RANGE[0] <= scale <= SCALE_RANGE[1]:
+                raise ConfigError(f"solver.loss_scale: {scale:g} is outside float32's range "
+                                  f"[{SCALE_RANGE[0]:g}, {SCALE_RANGE[1]:g}] (the scale is kept in float32, where it "
+                                  "would be 0 or inf and every step skipped); 65536 is usual for fp16")
             s(self, "loss_scale", float(scale))
-        s(self, "loss_scale_init", _checks.number("solver.loss_scale_init", self.loss_scale_init, minimum=0.0,
-                                                  min_open=True))
+        s(self, "loss_scale_init", _checks.number("solver.loss_scale_init", self.loss_scale_init,
+                                                  minimum=SCALE_RANGE[0], maximum=SCALE_RANGE[1]))
         s(self, "loss_scale_growth_factor", _checks.number("solver.loss_scale_growth_factor",
                                                            self.loss_scale_growth_factor, minimum=1.0, min_open=True))
         s(self, "loss_scale_backoff_factor", _checks.number("solver.loss_scale_backoff_factor",
@@ -929,6 +935,14 @@ class Solver:
         self.loss_scale = float(scale) if self.loss_scaling() == "dynamic" else self._initial_scale()
         self.loss_scale_good_steps = int(scaling["good_steps"])
         self.skipped_steps = int(scaling["skipped_steps"])
+        # gradients accumulated before the state was taken carry the loss scale they were computed under (1 without
+        # loss scaling): under another scale (another precision or setting on resume) they are rescaled to it
+        saved = float(scale) if state.get("loss_scale") else 1.0
+        now = self.loss_scale if self.loss_scaling() != "none" else 1.0
+        if calls and now != saved:
+            be = self._network.backend
+            for t in self._accum:
+                be.scal(now / saved, t.read_write(be))
 
     def _random_workers(self) -> list[Any]:
         return [w for w in self._network.workers() if hasattr(w, "draws_random")]
