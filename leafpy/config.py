@@ -1,7 +1,8 @@
 """YAML run files <-> config objects.
 
 A run file has ``name``, ``data``, ``network``, ``objective``, ``solver`` and optionally ``train`` sections (see
-``configs/``). Only PyYAML's safe loader is used (with YAML 1.2's numbers: ``1e-3`` is a float). Errors name the
+``configs/``). Only PyYAML's safe loader is used (``1e-3`` is a float, as in YAML 1.2; a number YAML 1.1 and 1.2
+read differently, such as ``010``, is refused). Errors name the
 path inside the file
 (``network.layers[2].num_output``), what was expected, and the valid keys or types.
 """
@@ -455,9 +456,10 @@ MAX_ALIASES = 100
 """Most aliases (``*name``) a run file may use."""
 MAX_EXPANSION = 200_000
 """Most values a run file's aliases may add once expanded (a "billion laughs" would add 10**9)."""
-MAX_NODES = 100_000
+MAX_NODES = 1_000_000
 """Most values (mappings, lists and scalars) a run file may write out: each costs PyYAML about 20 us and 1 KB
-before anything is checked (a 1000-layer network with 1000 class names is about 20,000)."""
+before anything is checked, so a file of plain values is refused within about 20 s and 1 GB (a 1000-layer
+network with 1000 class names is about 20,000 values; the run.yaml of a table of 100,000 columns lists them all)."""
 
 
 class _TooBig(yaml.YAMLError):
@@ -519,37 +521,48 @@ class _BoundedLoader(_SafeLoader):
 
 
 class _SafeDumper(yaml.SafeDumper):
-    """``yaml.safe_dump``'s dumper, knowing the loader's numbers too: a text such as ``1e3`` or ``0o10`` (a class
-    named so) is written quoted, so that it reads back as text."""
+    """``yaml.safe_dump``'s dumper, knowing the loader's exponent floats: a text such as ``1e3`` (a class named so)
+    is written quoted, so that it reads back as text."""
 
 
 _INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
-_INT_12 = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$")
-"""YAML 1.2's integers (its core schema): decimal digits (``010`` is ten), ``0o`` octal, ``0x`` hexadecimal. YAML
-1.1's others (``010`` as eight, ``0b1``, ``1_000``, ``1:30`` as ninety), which PyYAML reads, are text here."""
-_FLOAT_12 = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
-                       r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
-"""YAML 1.2's floats (its core schema): ``1e-3`` and ``5e-4`` too, which YAML 1.1 reads as text."""
-_SafeLoader.yaml_implicit_resolvers = {  # PyYAML's YAML 1.1 numbers out, 1.2's in (integers first: 10 is no float)
-    first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT, _FLOAT)]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-for _kind in (_SafeLoader, _SafeDumper):  # (the dumper keeps 1.1's too: it quotes more, which reads back the same)
-    _kind.add_implicit_resolver(_INT, _INT_12, list("-+0123456789"))
-    _kind.add_implicit_resolver(_FLOAT, _FLOAT_12, list("-+0123456789."))
+for _kind in (_SafeLoader, _SafeDumper):
+    _kind.add_implicit_resolver(
+        _FLOAT,
+        re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+        list("-+0123456789."),
+    )
+
+
+class _Ambiguous(yaml.YAMLError):
+    pass
+
+
+def _unambiguous(loader: yaml.SafeLoader, node: yaml.ScalarNode, kind: str) -> str:
+    """A number's text, refused where YAML 1.1 (PyYAML's, which leafpy reads with: files leafpy wrote rely on it)
+    and YAML 1.2 read it differently: ``010`` (eight in 1.1, ten in 1.2), ``1_000``, ``1:30`` (ninety in 1.1) and
+    ``0b101`` (text in 1.2)."""
+    text = str(loader.construct_scalar(node))
+    digits = text.lstrip("+-")
+    octal = kind == "integer" and re.fullmatch(r"0[0-7]+", digits) and int(digits, 8) != int(digits, 10)
+    if octal or "_" in digits or ":" in digits or digits.startswith("0b"):
+        raise _Ambiguous(f"line {node.start_mark.line + 1}: {text} is read as another {kind} by YAML 1.1 than by "
+                         "YAML 1.2 (or as text); write it as a plain decimal number, or quote it for text")
+    return text
 
 
 def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
-    """An integer as YAML 1.2 reads it (``010`` is ten, ``0o10`` eight); other forms (an explicit ``!!int`` tag)
-    as PyYAML does."""
-    text = str(loader.construct_scalar(node))
-    if re.fullmatch(r"[-+]?[0-9]+", text):
-        return int(text, 10)
-    if text.startswith("0o"):
-        return int(text[2:], 8)
+    _unambiguous(loader, node, "integer")
     return yaml.SafeLoader.construct_yaml_int(loader, node)
 
 
+def _construct_float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> float:
+    _unambiguous(loader, node, "number")
+    return yaml.SafeLoader.construct_yaml_float(loader, node)
+
+
 _SafeLoader.add_constructor(_INT, _construct_int)
+_SafeLoader.add_constructor(_FLOAT, _construct_float)
 
 
 def _yaml(text: str) -> Any:
@@ -577,7 +590,7 @@ def loads(text: str, source: str = "<string>", overrides: Sequence[str] = ()) ->
         raise ConfigError(f"config.loads: overrides must be a list of 'KEY=VALUE' strings, got {overrides!r}")
     try:
         doc = _yaml(text)
-    except (_DuplicateKey, _TooBig) as e:
+    except (_DuplicateKey, _TooBig, _Ambiguous) as e:
         raise ConfigError(f"{source}: {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{source}: not valid YAML: {e}") from None
@@ -632,8 +645,8 @@ def override(doc: Any, item: str) -> Any:
     return doc
 
 
-MAX_FILE_BYTES = 4 * 2**20
-"""Largest run file read (the shipped ones are 1-2 KB; PyYAML reads about 2 MB a second)."""
+MAX_FILE_BYTES = 16 * 2**20
+"""Largest run file read (the shipped ones are 1-2 KB; a run.yaml lists a table's columns and a dataset's classes)."""
 SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 """The run files installed with leafpy (``digits_lenet``, ``mnist_lenet``...)."""
 
