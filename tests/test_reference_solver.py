@@ -296,3 +296,25 @@ def test_a_frozen_batch_norm_between_trained_layers_still_passes_the_right_gradi
     np.testing.assert_allclose(frozen[0], trained[0], rtol=1e-12, atol=1e-14)  # fc0's weight
     np.testing.assert_allclose(frozen[1], trained[1], rtol=1e-12, atol=1e-14)
     assert not np.allclose(frozen[2], trained[2])  # bn's scale: frozen in one, moved in the other
+
+
+@pytest.mark.parametrize("first,second", [(0.0, 1.0), (1.0, 0.0)])
+def test_a_weight_shared_by_a_frozen_and_a_trained_layer_gets_its_whole_gradient(native64, first, second):
+    """W shared by name between layer a (lr_mult `first`) and layer b (`second`), run by net.backward without a
+    solver (which refuses such a network): W trains where one of its layers trains it, so both layers add their
+    parts, as float64 NumPy says (before: the frozen layer's part was left out)."""
+    net = lp.SequentialConfig(inputs=[("data", [3, 4])])
+    net.add_layer(lp.LayerConfig("a", lp.LinearConfig(output_size=4, bias=False),
+                                 params=[lp.WeightConfig(name="W", lr_mult=first)]))
+    net.add_layer(lp.LayerConfig("t", "TanH"))
+    net.add_layer(lp.LayerConfig("b", lp.LinearConfig(output_size=4, bias=False),
+                                 params=[lp.WeightConfig(name="W", lr_mult=second)]))
+    layer = lp.Layer.from_config(native64, lp.LayerConfig("net", net), seed=0)
+    rng = np.random.default_rng(0)
+    x, dy = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
+    w = layer.learnable_weights_data()[0].to_numpy().copy()
+    layer.forward([x])
+    layer.backward([dy])
+    h = np.tanh(x @ w.T)
+    np.testing.assert_allclose(layer.learnable_weights_gradients()[0].to_numpy(),
+                               dy.T @ h + ((dy @ w) * (1 - h ** 2)).T @ x, rtol=1e-12, atol=1e-13)

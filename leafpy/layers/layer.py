@@ -59,6 +59,10 @@ def register_layer(name: str, config_class: type | None = None) -> Callable[[typ
     return deco
 
 
+TRAINED_SHARED = object()
+"""The key, in a network's weight registry, of the names of its shared weights that a layer trains."""
+
+
 class LoadedWeights(NamedTuple):
     """What :meth:`Layer.load_weights` left alone (with ``strict=False``)."""
 
@@ -199,6 +203,12 @@ class Layer:
                 raise ConfigError(f"layer '{self.name}' ({config.type}): {len(config.params)} params entries given, "
                                   f"but this layer has {n_w} weight{'s' * (n_w != 1)} "
                                   f"({', '.join(_worker.weight_names) or 'none'})")
+            # a weight shared by name trains where any layer sharing it trains it (each layer then computes its
+            # part of the gradient): the network's layers register the shared names they train
+            self._shared_names = [p.name for p in config.params if p.name]
+            trained = self._registry.setdefault(TRAINED_SHARED, set())
+            trained.update(p.name for p, wname in zip(config.params, _worker.weight_names)
+                           if p.name and p.lr_mult != 0.0 and wname not in _worker.untrained_weights)
         elif config.params:
             raise ConfigError(f"layer '{self.name}' ({config.type}): a container has no weights of its own, so its "
                               f"params ({len(config.params)} given) would do nothing; give them to the layers inside "
@@ -304,7 +314,9 @@ class Layer:
         """Whether a weight of this layer moves in training (its ``lr_mult`` is not 0). Only those get gradients: a
         layer whose weights are all frozen computes none (Caffe's ``param_propagate_down``) and runs backward only to
         pass gradients on to layers before it that need them."""
-        return any(cfg.lr_mult != 0.0 for cfg in self._weight_configs)
+        trained = self._registry.get(TRAINED_SHARED, ())
+        return any(cfg.lr_mult != 0.0 for cfg in self._weight_configs) or any(
+            name in trained for name in getattr(self, "_shared_names", ()))
 
     @property
     def computes_weight_gradients(self) -> bool:
