@@ -255,3 +255,31 @@ def test_a_nested_sequential_exports_as_its_layers_in_place():
         [L("block", inner), L("relu", "ReLU"), L("fc_b", lp.LinearConfig(output_size=3))], VECTOR), seed=0)
     _randomize(net, np.random.default_rng(7))
     _check(net, [np.random.default_rng(8).normal(size=(4, 5)).astype(np.float32)])
+
+
+def test_a_network_exported_after_running_at_another_batch_keeps_its_batch_open_and_its_shapes_whole():
+    """Exported from Python after a forward pass at batch 12 (declared 32): input and output both [N, ...], so
+    onnxruntime runs batch 5 without a shape warning (before: the output was declared [12, 10]). A network whose
+    first axis is not the batch (a Transpose first) exports at the size it ran at, input and output alike, and
+    passes onnx's full check (before: input [1, 4, 3] beside output [4, 2, 3])."""
+    cfg = lp.SequentialConfig(inputs=[("data", [32, 6])])
+    cfg.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=10)))
+    cfg.add_layer(lp.LayerConfig("logsm", "LogSoftmax"))
+    net = lp.Layer.from_config(lp.backend("native"), lp.LayerConfig("net", cfg), seed=0)
+    rng = np.random.default_rng(0)
+    net.forward([rng.standard_normal((12, 6)).astype(np.float32)])
+    model = lp.onnx.to_model(net)
+    dims = [[d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in (*model.graph.input, *model.graph.output)]
+    assert dims == [["N", 6], ["N", 10]]
+    x = rng.standard_normal((5, 6)).astype(np.float32)
+    np.testing.assert_allclose(_onnxruntime(model, [x])[0], net.forward([x])[0].to_numpy(), rtol=1e-5, atol=1e-6)
+    turned = lp.SequentialConfig(inputs=[("data", [1, 4, 3])])
+    turned.add_layer(lp.LayerConfig("t", TransposeConfig(perm=[1, 0, 2])))
+    turned.add_layer(lp.LayerConfig("relu", "ReLU"))
+    tnet = lp.Layer.from_config(lp.backend("native"), lp.LayerConfig("turned", turned), seed=0)
+    x2 = rng.standard_normal((2, 4, 3)).astype(np.float32)
+    want = tnet.forward([x2])[0].to_numpy()
+    model2 = lp.onnx.to_model(tnet)
+    onnx.checker.check_model(model2, full_check=True)
+    np.testing.assert_allclose(_onnxruntime(model2, [x2])[0], want, rtol=1e-6)

@@ -413,9 +413,10 @@ def to_model(layer: Layer, opset: int = 17) -> Any:
         raise ConfigError(f"layer '{layer.name}': a standalone layer exports after its first forward pass (its input "
                           "shapes are known then); or export the network holding it")
     e = Emitter(opset)
-    if layer.worker is None:
+    if layer.worker is None:  # the shapes it is bound at (its last forward pass's), which its outputs' are of
         seq: Any = layer
-        in_names, in_shapes = list(seq.input_names), [tuple(s) for s in seq.input_shapes]
+        in_names = list(seq.input_names)
+        in_shapes = [tuple(t.shape) for t in seq.inputs] if seq.inputs else [tuple(s) for s in seq.input_shapes]
     else:
         in_names = [f"input{k}" for k in range(len(layer.inputs))]
         in_shapes = [tuple(t.shape) for t in layer.inputs]
