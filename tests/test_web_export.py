@@ -239,9 +239,11 @@ def test_demo_page_classifies_a_dropped_digit_and_shows_the_time(served, lenet_r
     assert "top" in state, state
     assert len(state["top"]) == 5 and sum(p for _, p in state["top"]) <= 1.0 + 1e-5
     assert state["ms"] > 0
-    # the page averages each 12x12 block, which is one pixel of the 8-bit image: it sees the digit as stored
-    seen = (digit * 255).astype(np.uint8).astype(np.float64) / 255
-    scores = net.forward([seen.astype(np.float32)[None]])[0].to_numpy()[0].astype(np.float64)
+    # the page reads the image as leafpy reads an image file: Pillow's BILINEAR resize of its 8-bit gray, / 255
+    with Image.open(root / "demo" / "digit.png") as img:
+        seen = np.asarray(img.convert("L").resize((8, 8), Image.Resampling.BILINEAR), np.float64) / 255
+    np.testing.assert_allclose(np.asarray(state["input"]).reshape(8, 8), seen, atol=1e-6)
+    scores = net.forward([seen.astype(np.float32)[None, None]])[0].to_numpy()[0].astype(np.float64)
     want = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
     first, second = np.sort(want)[-2:][::-1]
     if first - second > 1e-3:  # the class named first is the reference's, unless two are level within rounding
@@ -254,3 +256,60 @@ def test_demo_page_classifies_a_dropped_digit_and_shows_the_time(served, lenet_r
     b.screenshot(shot)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+
+def test_demo_page_reads_a_photo_as_leafpy_does_and_shows_class_names_as_text(served, lenet_run):
+    """A 20 x 13 colour image (another shape, another aspect): the page's input is what leafpy's image loading
+    makes of the file (Pillow's L, then its BILINEAR resize; before: means of whole-pixel boxes, which could change
+    the top class); class names holding markup are shown as text, never run (before: inserted as HTML)."""
+    from PIL import Image
+
+    from leafpy.sources.prepare import Preparation
+
+    root, b = served
+    net = lp.Layer.load(lp.backend("native"), str(lenet_run / "run" / "model.leaf"))
+    net.set_training(False)
+    names = [f'<img src=x onerror="window.injected=1">{k}' if k == 0 else f"a<b{k}" for k in range(10)]
+    net.preparation = Preparation(class_names=tuple(names))
+    lp.web.export(net, root / "photo")
+    rgb = np.random.default_rng(3).integers(0, 256, (13, 20, 3), dtype=np.uint8)
+    Image.fromarray(rgb, "RGB").save(root / "photo" / "odd.png")
+    b.goto("photo/index.html?image=odd.png")
+    state = b.wait_for("(window.leafpyDemo && (window.leafpyDemo.top || window.leafpyDemo.error)) ? "
+                       "window.leafpyDemo : null")
+    assert "top" in state, state
+    with Image.open(root / "photo" / "odd.png") as img:
+        seen = np.asarray(img.convert("L").resize((8, 8), Image.Resampling.BILINEAR), np.float64) / 255
+    np.testing.assert_allclose(np.asarray(state["input"]).reshape(8, 8), seen, atol=1e-6)
+    shown = b.evaluate("Array.from(document.querySelectorAll('#top tr td:first-child'), (td) => td.textContent)")
+    assert shown == [name for name, _ in state["top"]] and set(shown) <= set(names)
+    assert b.evaluate("document.querySelectorAll('#top img').length") == 0
+    assert b.evaluate("window.injected === undefined")
+
+
+
+def test_a_regressions_outputs_come_back_in_its_targets_units_in_the_page(served):
+    """A regression trained with normalize: auto records its targets' mean and spread: the export carries them
+    (plan.json) and m.inUnits gives the outputs as `leafpy predict` does, y * std + mean per output (before: the
+    export dropped them, and the page's numbers were in standard units)."""
+    from leafpy.sources.prepare import Preparation
+
+    root, b = served
+    cfg = lp.SequentialConfig(inputs=[("data", [1, 3])])
+    cfg.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=2)))
+    net = lp.Layer.from_config(lp.backend("native"), lp.LayerConfig("reg", cfg), seed=0)
+    net.preparation = Preparation(target_mean=(159.17, -3.0), target_std=(61.23, 0.5))
+    lp.web.export(net, root / "reg")
+    assert json.loads((root / "reg" / "model" / "plan.json").read_text())["target"] == {
+        "mean": [159.17, -3.0], "std": [61.23, 0.5]}
+    x = np.array([[5, 5, 5], [10, 2, 1]], np.float32)
+    r = b.evaluate(f"""(async () => {{
+        const {{load}} = await import("/reg/leafpy.js");
+        const m = await load("/reg/model/");
+        try {{
+            const y = m.inUnits(await m.predict(new Float32Array({json.dumps(x.reshape(-1).tolist())}), [2, 3]));
+            return Array.from(y.data);
+        }} finally {{ m.destroy(); }}
+    }})()""")
+    w, bias = (t.astype(np.float64) for t in net.named_weights().values())
+    want = (x.astype(np.float64) @ w.T + bias) * np.array([61.23, 0.5]) + np.array([159.17, -3.0])
+    np.testing.assert_allclose(np.asarray(r).reshape(2, 2), want, rtol=1e-5, atol=1e-4)

@@ -175,9 +175,10 @@ def _padded(data: bytes) -> bytes:
 def _preparation(layer: Layer) -> dict:
     prep = layer.preparation
     if prep is None:
-        return {"classes": [], "normalize": None}
+        return {"classes": [], "normalize": None, "target": None}
     norm = {"mean": list(prep.mean), "std": list(prep.std)} if prep.mean else None
-    return {"classes": list(prep.class_names), "normalize": norm}
+    target = {"mean": list(prep.target_mean), "std": list(prep.target_std)} if prep.target_mean else None
+    return {"classes": list(prep.class_names), "normalize": norm, "target": target}
 
 
 def _last_type(config: Any) -> str:

@@ -5,6 +5,7 @@
 //   const m = await load("./model/");
 //   const y = await m.predict(x /* Float32Array */, [n, ...m.inputShape]);   // {data: Float32Array, shape}
 //   m.classes   // class names ([] if the run had none)
+//   m.inUnits(y) // a regression's output in its targets' units (as `leafpy predict` gives it)
 //   m.precision // "fp16" where the export has float16 plans and the adapter offers shader-f16, else "fp32"
 //
 // model/plan.json lists, per batch size, the forward pass as steps (a dispatch: shader module, entry point,
@@ -153,6 +154,7 @@ class Model {
     this.precision = precision;
     this.classes = doc.classes || [];
     this.normalization = doc.normalize || null;
+    this.targetScale = doc.target || null;
     this.inputShape = doc.input_shape;
     this.outputKind = doc.output_kind;
     this.batchSizes = doc.plans.map((p) => p.batch).sort((a, b) => a - b);
@@ -326,6 +328,21 @@ class Model {
       out[i] = (x[i] - norm.mean[c]) / norm.std[c];
     }
     return out;
+  }
+
+  /** A regression's output {data, shape} in its targets' units: y * std + mean per output, where training
+   * normalised the targets (`normalize: auto`); as given otherwise. What `leafpy predict` prints. */
+  inUnits(y) {
+    const t = this.targetScale;
+    if (!t) return {data: Float32Array.from(y.data), shape: y.shape};
+    const k = y.shape.length > 1 ? y.shape[1] : 1;
+    const inner = y.shape.slice(2).reduce((a, b) => a * b, 1);
+    const data = new Float32Array(y.data.length);
+    for (let i = 0; i < data.length; i++) {
+      const c = t.mean.length === 1 ? 0 : Math.floor(i / inner) % k;
+      data[i] = y.data[i] * t.std[c] + t.mean[c];
+    }
+    return {data, shape: y.shape};
   }
 
   /** Class probabilities per sample from an output {data, shape} of shape [N, classes]. */
