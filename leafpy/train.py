@@ -891,7 +891,7 @@ class Trainer:
                      "(fit(epochs=N) counts the epochs of the whole run; give a larger N to train further)")
         progress: tuple | None = None  # (epoch, sample, loss sum and count, hits) after the last step counted
         solver = self.solver
-        if self.out_dir is not None and self.is_root and self._describes_data and self.epochs > self.start_epoch:
+        if self.out_dir is not None and self.is_root and self._describes_data:
             run_config.save(portable(self.resolved_run(), self.out_dir), os.path.join(self.out_dir,
                                                                                      run_config.RUN_FILE))
         handlers: list[tuple[int, Any]] = []
@@ -971,7 +971,9 @@ class Trainer:
         """The run as this trainer trains it, which ``run.yaml`` records: the data section's defaults written out,
         the backend, precision and layout it runs on, and the epochs it trains to."""
         be = self.backend
-        train = {**self.run.train, "backend": be.name, "precision": be.precision, "epochs": self.epochs}
+        # (the epochs trained to: a fit to an epoch the run has passed does not lower them)
+        train = {**self.run.train, "backend": be.name, "precision": be.precision,
+                 "epochs": max(self.epochs, self.start_epoch)}
         # the layout when stated or other than the backend's default for the precision (cuda: channels-last for
         # bf16 and fp16); a default one is left to the backend that reads run.yaml (webgpu stores row-major only)
         default = be.precision in be.CHANNELS_LAST_PRECISIONS
