@@ -172,3 +172,18 @@ def test_export_command_writes_the_precisions_asked_for(tmp_path, fp16):
     assert p.returncode == 2 and "--precision" in p.stderr and "fp16" in p.stderr, p.stderr
     with pytest.raises(lp.LeafpyError, match="precision: expected one of auto, fp32, fp16, both"):
         lp.web.export(network("small", *CASES["sigmoid_tanh"]), tmp_path / "bad", precision="half")
+
+
+def test_a_layer_without_a_webgpu_kernel_is_named_when_export_refuses_it(tmp_path):
+    """A Transpose (its forward reads back to the host on webgpu): the export refuses the network naming the layer
+    and its type (before: 'this network reads data back ...', no layer named)."""
+    webgpu_offering()
+    from leafpy.layers.utility.transpose import TransposeConfig
+
+    cfg = lp.SequentialConfig(inputs=[("data", [1, 4, 3])])
+    cfg.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=3)))
+    cfg.add_layer(lp.LayerConfig("swap", TransposeConfig(perm=[1, 0])))
+    cfg.add_layer(lp.LayerConfig("relu", "ReLU"))
+    net = lp.Layer.from_config(lp.backend("native"), lp.LayerConfig("n", cfg), seed=0)
+    with pytest.raises(lp.LeafpyError, match=r"leafpy.web: layer 'swap' \(Transpose\) reads data back to the host"):
+        lp.web.export(net, tmp_path / "x")

@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     from ..backends.webgpu.encoder import Dispatch
 
 
+class HostRead(LeafpyError):
+    """A dispatch the plan cannot hold: the backend read a buffer back to the host."""
+
+
 class PlanRecorder:
     """The dispatches and uploads of one forward pass, with the raw buffers they touch (named by :meth:`plan`)."""
 
@@ -52,9 +56,9 @@ class PlanRecorder:
         self.steps.append({"write": self._ref(out.raw), "data": bytes(data)})
 
     def download(self, buf: Any) -> None:
-        raise LeafpyError("leafpy.web: this network reads data back to the host in the middle of its forward pass "
-                          "(a layer option without a WebGPU kernel), so its forward pass cannot be exported as "
-                          "dispatches; export a network whose layers all run on the GPU")
+        raise HostRead("leafpy.web: this network reads data back to the host in the middle of its forward pass "
+                       "(a layer option without a WebGPU kernel), so its forward pass cannot be exported as "
+                       "dispatches; export a network whose layers all run on the GPU")
 
     def plan(self, batch: int, names: dict[int, str], output_shape: tuple[int, ...], constants: list[bytes]) -> dict:
         """The plan for ``batch`` samples. ``names``: id(raw) -> "input", "output" or "w:NAME" for the buffers
@@ -100,6 +104,13 @@ def record(net: Layer, batch: int, constants: list[bytes]) -> tuple[dict, dict[s
     try:
         inp, out = _forward(net, x)
         be.flush()
+    except HostRead as e:
+        layer = getattr(e, "layer", None)
+        if layer is None:
+            raise
+        raise LeafpyError(f"leafpy.web: layer '{layer.name}' ({layer.config.type}) reads data back to the host in "
+                          "its forward pass (an option without a WebGPU kernel), so the network cannot be exported "
+                          "as dispatches; export a network whose layers all run on the GPU") from None
     finally:
         be.tracer = None
     names = {id(inp.buffer_on(be.key).raw): "input", id(out.buffer_on(be.key).raw): "output"}

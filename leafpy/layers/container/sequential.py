@@ -32,7 +32,7 @@ import numpy as np
 
 from ... import _checks
 from ...backends.base import Backend
-from ...errors import ConfigError, ShapeError
+from ...errors import ConfigError, LeafpyError, ShapeError
 from ...tensor import SharedTensor
 from ..layer import Layer, LayerConfig, layout_hint, register_layer, same_layout, weight_name_part
 from .wiring import Step, Traits, plan_gradients, traits_of, wire
@@ -428,7 +428,12 @@ class Sequential(Layer):
     # --- compute --------------------------------------------------------------------------------------------
     def run_forward(self) -> None:
         for layer in self.layers:
-            layer.run_forward()
+            try:
+                layer.run_forward()
+            except LeafpyError as e:  # the innermost layer that raised it, for a caller whose message needs it
+                if getattr(e, "layer", None) is None:
+                    e.layer = layer  # type: ignore[attr-defined]
+                raise
         self.ran_forward = True
 
     def run_backward(self) -> None:
