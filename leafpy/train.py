@@ -685,6 +685,7 @@ class Trainer:
         self._resumed_losses = (float(state.get("loss_sum", 0.0)), int(state.get("loss_count", 0)))
         self._resumed_hits = (int(state.get("correct", 0)), int(state.get("scored", 0)))
         self._live: tuple | None = None  # inside an epoch: (epoch, sample, loss sum and count, hits) of the last step
+        self._recorded: tuple | None = None  # the position the solver's trainer_state last recorded
         built_in: list[Callback] = [Progress(log_every if log_every is not None else int(run.train.get("log_every",
                                                                                                          100)))]
         names = ("train.keep_best" if keep_best is None else "Trainer keep_best",
@@ -992,6 +993,7 @@ class Trainer:
         self.solver.trainer_state = {"epoch": epoch, "sample": sample, "loss_sum": loss_sum,
                                      "loss_count": loss_count, "correct": correct, "scored": scored,
                                      "data": dict(self.run.data), "data_digest": self.data_digest}
+        self._recorded = (epoch, sample, loss_sum, loss_count, correct, scored)
 
     @functools.cached_property
     def data_digest(self) -> str:
@@ -1068,8 +1070,9 @@ class Trainer:
         if not weights_finite(self.solver.network):
             raise TrainingDiverged(f"{path}: not written: the weights are no longer finite (the last checkpoint "
                                    "written is the last good one)")
-        if self._live is not None:  # inside an epoch (a callback's checkpoint, or one after an error): the position
-            if self.parallel is not None and self.solver._calls:  # of the weights as they are
+        if self._live is not None and self._live != self._recorded:  # inside an epoch (a callback's checkpoint, or
+            # one after an error), where no stop signal recorded the position: that of the weights as they are
+            if self.parallel is not None and self.solver._calls:
                 raise LeafpyError(f"{path}: not written: inside an epoch of data-parallel training with gradient "
                                   "accumulation each rank holds its own pending gradients; save checkpoints at the "
                                   "end of an epoch (the Checkpoint callback does) or on a stop signal")
