@@ -71,6 +71,24 @@ def equivalence(out: str, rule: str, batch: int, steps: int, accumulate: int, cl
                  overlapped=dp.overlapped, skipped=solver.skipped_steps, **weights)
 
 
+def stop_mid_accumulation(run_path: str, out: str) -> None:
+    """A stop on rank 0 after the second call of the first epoch, as a stop signal sets it: the ranks agree on it
+    with the third call's loss and stop there (minibatch_size 2: one call pending); rank 0 writes the checkpoint."""
+    group = dist.init()
+    with dist.failing_rank_ends_the_job(group):
+        class Stop(lp.Callback):
+            def on_batch_end(self, trainer, epoch, batch, loss):
+                if group.rank == 0 and (epoch, batch) == (0, 1):
+                    trainer.interrupted = True
+
+        trainer = lp.Trainer(lp.config.load(run_path), out_dir=out, callbacks=[Stop()], group=group,
+                             log=lambda m: None)
+        try:
+            trainer.fit()
+        except lp.train.TrainingInterrupted:
+            pass
+
+
 def dropout_masks(out: str) -> None:
     """Each rank's dropout mask after two steps of a network with dropout."""
     group = dist.init()
@@ -114,6 +132,8 @@ if __name__ == "__main__":
         precision = args[args.index("--precision") + 1] if "--precision" in args else "fp32"
         equivalence(args[0], args[1], int(args[2]), int(args[3]), acc, clip, backend, "--batch-norm" in args,
                     "--sync-batch-norm" in args, precision, "--frozen" in args)
+    elif sys.argv[1] == "stop":
+        stop_mid_accumulation(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "dropout":
         dropout_masks(sys.argv[2])
     elif sys.argv[1] == "fail":

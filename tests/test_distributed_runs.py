@@ -458,3 +458,19 @@ def test_npy_data_at_another_path_on_each_rank_trains(tmp_path):
     np.save(tmp_path / "node1" / "y.npy", 1 - y)  # the contents still may not differ
     done = train("again")
     assert done.returncode != 0 and "rank 1's run differs from rank 0's at data file" in done.stderr, done.stderr
+
+
+@needs_mpi
+def test_a_stop_inside_an_epoch_with_an_accumulated_call_pending_writes_its_checkpoint(tmp_path):
+    """Two ranks, minibatch_size 2, a stop after the third call of an epoch (one call pending, each rank holding its
+    own share of it): rank 0 writes the checkpoint a stop signal writes, with the ranks' pending gradients combined
+    and the position of the stop. (A refusal meant for callbacks' own checkpoints inside such an epoch must not
+    refuse this one.)"""
+    run = write_run(tmp_path, 48, solver=ACCUMULATING)
+    done = job([MPIEXEC, "-n", "2", sys.executable, os.path.join(HERE, "distributed_worker.py"), "stop", run,
+                str(tmp_path / "out")], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    state = lp.Solver.load_checkpoint(lp.backend("native"), lp.backend("native"),
+                                      str(tmp_path / "out" / "checkpoint.leaf")).snapshot()
+    assert state["pending_calls"] == 1 and state["iteration"] == 1
+    assert (state["trainer_state"]["epoch"], state["trainer_state"]["sample"]) == (0, 3 * 4 * 2)
