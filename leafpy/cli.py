@@ -481,6 +481,27 @@ def _check_split(trained: run_config.RunConfig, run: run_config.RunConfig, weigh
                           f"include training ones; {fix}")
 
 
+def _warn_if_data_changed(weights: str, ds: Any) -> None:
+    """A warning where the data's fingerprint differs from the one the checkpoint beside ``weights`` (or ``weights``
+    itself, a checkpoint) recorded: rows or images added or changed since training re-draw the split, so the held-out
+    samples may include training ones."""
+    from .serialization import file_kind, read_checkpoint
+    from .solvers.solver import SolverConfig
+
+    beside = os.path.join(os.path.dirname(weights), "checkpoint.leaf")
+    checkpoint = weights if file_kind(weights) == "checkpoint" else beside
+    if not os.path.isfile(checkpoint) or file_kind(checkpoint) != "checkpoint":
+        return
+    try:
+        digest = read_checkpoint(checkpoint, SolverConfig).state["trainer_state"].get("data_digest")
+    except LeafpyError:
+        return  # (the weights' own loading reports a damaged file)
+    if digest is not None and digest != ds.digest() and digest not in ds.earlier_digests():
+        print(f"leafpy: warning: the {ds.name} samples or targets are not those {checkpoint} was trained on (the "
+              "files changed since): the held-out split is drawn again and may hold training samples, so these "
+              "scores can overstate the model; score it on held-out data of its own", file=sys.stderr)
+
+
 def _backend_for(args: argparse.Namespace, run: run_config.RunConfig | None) -> Any:
     return run_backend(run.train if run is not None else {}, args.backend, args.precision)
 
@@ -495,6 +516,7 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
     ds = load_data(run)
     net = Layer.from_config(be, run.network)
     load_weights(net, weights)
+    _warn_if_data_changed(weights, ds)
     objective = Layer.from_config(be.full_precision(), run.objective)  # losses in fp32 under bf16 and fp16
     prep = _preparation(run, weights)
     scores = evaluate(net, objective, ds.x_test, ds.y_test, num_classes(run), run.batch_size, preparation=prep,

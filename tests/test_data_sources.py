@@ -9,6 +9,7 @@ import io
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -1083,3 +1084,69 @@ def test_a_normalised_regression_converted_to_onnx_predicts_in_the_targets_units
     y = session.run(None, {session.get_inputs()[0].name: ((x - mean) / std).astype(np.float32)})[0][:, 0]
     y = y * prep["normalize"]["target_std"][0] + prep["normalize"]["target_mean"][0]
     np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-3)
+
+
+def test_csv_cells_keep_their_line_breaks_and_characters_as_pythons_csv_module_reads_them(tmp_path):
+    """A quoted cell over two lines ("1\\n5", "set\\nosa") and a form feed or U+2028 inside a cell: read as Python's
+    csv module reads the file (before, the lines were split by str.splitlines: "1\\n5" became 15.0 silently, "set\\nosa"
+    merged with "setosa", and a form feed in a column not even used broke the table's rows)."""
+    import leafpy as lp
+
+    rows = [["a", "note", "y"], ["1", "page\x0cbreak", "cat"], ["2", "x\u2028y", "dog"], ["3", "ok", "set\nosa"],
+            ["4", "ok", "setosa"], ["5", "ok", "cat"]]
+    with open(tmp_path / "t.csv", "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    with open(tmp_path / "t.csv", newline="") as f:
+        assert list(csv.reader(f)) == rows  # the independent reading
+    ds = lp.data.csv(tmp_path / "t.csv", "y", features=["a"], test_fraction=0.2)
+    assert sorted(ds.class_names) == ["cat", "dog", "set\nosa", "setosa"]
+    got = np.concatenate([ds.x_train.reshape(-1), ds.x_test.reshape(-1)])
+    assert sorted(float(v) for v in got) == [1.0, 2.0, 3.0, 4.0, 5.0]
+    rows[1][0] = "1\n5"
+    with open(tmp_path / "t.csv", "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    with pytest.raises(lp.LeafpyError, match=r"t.csv: line 2, column 'a': the value is '1\\n5', not a finite number"):
+        lp.data.csv(tmp_path / "t.csv", "y", features=["a"])
+
+
+def test_predict_reads_a_tsv_table_and_evaluate_warns_when_the_data_changed_since_training(tmp_path):
+    """A run trained on a tab-separated table: `leafpy predict --input new.tsv` reads it as the training table
+    (before: 'not a NumPy .npz file'). A row appended to the table after training re-draws the held-out split:
+    `leafpy evaluate` warns that its held-out samples may include training ones (the checkpoint's fingerprint of the
+    data no longer matches), and says nothing while the data are unchanged."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 3))
+    labels = ["pos" if v > 0 else "neg" for v in x[:, 0] + x[:, 1]]
+    lines = ["f0\tf1\tf2\ty"] + ["\t".join([*(f"{v:.5f}" for v in row), t]) for row, t in zip(x, labels)]
+    (tmp_path / "t.tsv").write_text("\n".join(lines) + "\n")
+    (tmp_path / "t.yaml").write_text(TABLE_RUN.format(
+        path="t.tsv", target="y", features=3, outputs=2, epochs=2, last="    - {name: logsm, type: LogSoftmax}",
+        objective="{name: nll, type: NegativeLogLikelihood, num_classes: 2}").replace(
+        "normalize: auto", "normalize: auto, delimiter: \"\\t\""))
+    assert leafpy(tmp_path, "train", "t.yaml", "--out", "run").returncode == 0
+    (tmp_path / "new.tsv").write_text("f2\tf0\tf1\n" + "\n".join(f"{r[2]:.5f}\t{r[0]:.5f}\t{r[1]:.5f}"
+                                                                 for r in x[:5]) + "\n")
+    p = leafpy(tmp_path, "predict", "run", "--input", "new.tsv", "--out", "p.csv")
+    assert p.returncode == 0, p.stderr
+    assert len(list(csv.DictReader(io.StringIO((tmp_path / "p.csv").read_text())))) == 5
+    same = leafpy(tmp_path, "evaluate", "run")
+    assert same.returncode == 0 and "warning" not in same.stderr, same.stderr
+    with open(tmp_path / "t.tsv", "a") as f:
+        f.write("0.1\t0.2\t0.3\tpos\n")
+    changed = leafpy(tmp_path, "evaluate", "run")
+    assert changed.returncode == 0, changed.stderr
+    assert "warning: the t.tsv samples or targets are not those run/checkpoint.leaf was trained on" in changed.stderr
+
+
+def test_csv_class_labels_that_read_as_one_integer_keep_one_order(tmp_path):
+    """Labels "1", "01" and "2": numbered by value, then by their text, whatever Python's hash seed (before, "01"
+    and "1" swapped numbers between two identical runs)."""
+    orders = set()
+    (tmp_path / "l.csv").write_text("a,y\n" + "".join(f"{k},{lab}\n" for k, lab in enumerate(["1", "01", "2"] * 4)))
+    for seed in ("0", "3", "11"):
+        p = subprocess.run([sys.executable, "-c", "import leafpy as lp; print(lp.data.csv('l.csv', 'y', "
+                            "features=['a']).class_names)"], cwd=tmp_path, capture_output=True, text=True,
+                           env={**child_env(), "PYTHONHASHSEED": seed})
+        assert p.returncode == 0, p.stderr
+        orders.add(p.stdout.strip())
+    assert orders == {"('01', '1', '2')"}, orders

@@ -83,7 +83,7 @@ def samples_for_prediction(data: dict, path: str, input_shape: Sequence[int]
         left_out = set(skipped)
         return (images.astype(np.float32) / np.float32(255.0), [n for i, n in enumerate(names) if i not in left_out],
                 [names[i] for i in skipped])
-    if lower.endswith(".csv"):
+    if lower.endswith((".csv", ".tsv", ".txt")):  # a table (as training read it, with the run's delimiter)
         features = data.get("features")
         if not features:
             raise ConfigError(f"--input {path}: the run records no CSV feature columns (data.features); it was "

@@ -5,6 +5,7 @@ csv module and float(): a missing, non-numeric or non-finite feature is an error
 from __future__ import annotations
 
 import csv as _csv
+import io
 import math
 import os
 from collections.abc import Sequence
@@ -39,7 +40,9 @@ def read_rows(path: str, delimiter: str = ",") -> tuple[list[str], list[list[str
             raise
         raise LeafpyError(f"{path}: cannot read the CSV file: {e.strerror or e}") from e
     try:
-        reader = _csv.reader(text.splitlines(), delimiter=delimiter, strict=True)
+        # the text as a file read with newline="": a quoted cell keeps its line breaks, and characters that
+        # str.splitlines() would break at (form feed, U+2028...) stay in their cells
+        reader = _csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
         rows, before = [], 0
         for r in reader:  # each row with the line it starts on (a quoted cell may run over lines)
             if r:
@@ -110,7 +113,7 @@ def class_labels(path: str, header: Sequence[str], rows: Sequence[Sequence[str]]
         raise LeafpyError(f"{path}: line {_line(lines, missing)}, column {target!r}: the target is missing; fill it "
                           "in or drop the row")
     cells = [whole_number(c) for c in cells]  # "1.0" (an integer column written as floats) is class "1"
-    names = sorted(set(cells), key=lambda c: (0, int(c), "") if _integer(c) else (1, 0, c))
+    names = sorted(set(cells), key=lambda c: (0, int(c), c) if _integer(c) else (1, 0, c))  # ("01" before "1")
     index = {n: i for i, n in enumerate(names)}
     return names, np.array([index[c] for c in cells], np.int64)
 
