@@ -416,3 +416,32 @@ def test_a_rewound_16_bit_solver_trains_again_as_it_trained(device_name, precisi
         np.testing.assert_allclose(again, losses[4:], rtol=1e-5, err_msg="losses after the rewind")
         for name, w in s.network.named_weights().items():
             np.testing.assert_allclose(w, trained[name], rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_input_gradients_asked_for_after_a_recorded_step_are_computed(native64):
+    """A frozen first layer (its backward pruned from the recorded step), then require_input_gradients([True])
+    after the step was recorded and replayed: the next steps record anew and give the input gradient float64 NumPy
+    gives, dy @ W_fc @ W_frozen (before: the old recording was replayed and the input gradient stayed 0); and they
+    go on replaying."""
+    net = lp.SequentialConfig(inputs=[("data", [4, 3])])
+    net.add_layer(lp.LayerConfig("frozen", lp.LinearConfig(output_size=3),
+                                 params=[lp.WeightConfig(lr_mult=0.0), lp.WeightConfig(lr_mult=0.0)]))
+    net.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=2)))
+    obj = lp.SequentialConfig(inputs=[("network_out", [4, 2]), ("target", [4, 2])])
+    obj.add_layer(lp.LayerConfig("mse", "MeanSquaredError"))
+    cfg = lp.SolverConfig(network=lp.LayerConfig("net", net), objective=lp.LayerConfig("loss", obj),
+                          solver="momentum", base_lr=0.1, momentum=0.0, seed=0)
+    solver = lp.Solver.from_config(native64, native64, cfg)
+    rng = np.random.default_rng(0)
+    for step in range(7):
+        x, t = rng.standard_normal((4, 3)), rng.standard_normal((4, 2))
+        if step == 3:
+            assert native64.replays > 0  # the step was recorded and replayed before the change
+            solver.network.require_input_gradients([True])
+        fw, fb, w, b = (v.to_numpy() for v in solver.network.learnable_weights_data())
+        solver.train_minibatch(x, t)
+        if step >= 3:
+            dy = 2 * ((x @ fw.T + fb) @ w.T + b - t) / t.size
+            np.testing.assert_allclose(solver.network.input_grads[0].to_numpy(), dy @ w @ fw, rtol=1e-12,
+                                       atol=1e-14, err_msg=f"step {step}")
+    assert native64.replays >= 3  # recorded again at step 4, replayed at 5 and 6 (and before)

@@ -617,8 +617,11 @@ class Solver:
         copies = [slot for slot in self._copy_slots() if slot is not None]
         for layer, i in copies:  # a weight set since the last update (loaded, restored) reaches its copy
             layer.refresh_copy(i)
-        be.run_step((self._token, self._generation, *phase, *(self._reducer_key() or ()))
-                    if self._replayable() else None, step)
+        # (the networks' bindings too: one rebound between steps, as require_input_gradients does, may run layers the
+        # recording pruned, which no tensor it touched would tell)
+        key = (self._token, self._generation, self._network.generation, self._objective.generation, *phase,
+               *(self._reducer_key() or ()))
+        be.run_step(key if self._replayable() else None, step)
         if update_now:
             for layer, i in copies:
                 layer.copy_updated(i)
