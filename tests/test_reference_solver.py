@@ -19,6 +19,16 @@ SETTINGS = dict(base_lr=0.05, momentum=0.8, lr_policy="multistep", gamma=0.5, st
                 beta2=0.95)
 
 
+def mse_solver(backend, net: lp.SequentialConfig, **solver) -> lp.Solver:
+    """A solver of ``net`` (one declared input [N, ...], output [N, M]) under a mean squared error objective."""
+    n = net.inputs[0][1][0]
+    out = next(layer.config.output_size for layer in reversed(net.layers) if layer.type == "Linear")
+    obj = lp.SequentialConfig(inputs=[("network_out", [n, out]), ("target", [n, out])])
+    obj.add_layer(lp.LayerConfig("mse", "MeanSquaredError"))
+    cfg = lp.SolverConfig(network=lp.LayerConfig("net", net), objective=lp.LayerConfig("loss", obj), **solver)
+    return lp.Solver.from_config(backend, backend, cfg)
+
+
 def make_solver(backend, rule):
     net = lp.SequentialConfig(inputs=[("data", [4, 3])])
     net.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=2),
@@ -120,12 +130,8 @@ def test_clipping_measures_the_weights_that_move_and_a_frozen_layers_are_left_ou
     net.add_layer(lp.LayerConfig("frozen", lp.LinearConfig(output_size=3),
                                  params=[lp.WeightConfig(lr_mult=0.0), lp.WeightConfig(lr_mult=0.0)]))
     net.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=2)))
-    obj = lp.SequentialConfig(inputs=[("network_out", [4, 2]), ("target", [4, 2])])
-    obj.add_layer(lp.LayerConfig("mse", "MeanSquaredError"))
-    cfg = lp.SolverConfig(network=lp.LayerConfig("net", net), objective=lp.LayerConfig("loss", obj),
-                          solver="momentum", base_lr=0.1, momentum=0.0, clip_gradients=0.5, seed=0,
-                          loss_scale=8.0 if scaled else None)
-    solver = lp.Solver.from_config(native64, native64, cfg)
+    solver = mse_solver(native64, net, solver="momentum", base_lr=0.1, momentum=0.0, clip_gradients=0.5, seed=0,
+                        loss_scale=8.0 if scaled else None)
     f_w, f_b, w, b = (t.to_numpy() for t in solver.network.learnable_weights_data())
     rng = np.random.default_rng(3)
     for _ in range(3):
@@ -283,11 +289,7 @@ def test_a_frozen_batch_norm_between_trained_layers_still_passes_the_right_gradi
         params = [lp.WeightConfig(lr_mult=0.0)] * 2 if frozen else []
         net.add_layer(lp.LayerConfig("bn", lp.BatchNormConfig(), params=params))
         net.add_layer(lp.LayerConfig("fc2", lp.LinearConfig(output_size=2)))
-        obj = lp.SequentialConfig(inputs=[("network_out", [6, 2]), ("target", [6, 2])])
-        obj.add_layer(lp.LayerConfig("mse", "MeanSquaredError"))
-        cfg = lp.SolverConfig(network=lp.LayerConfig("net", net), objective=lp.LayerConfig("loss", obj),
-                              solver="momentum", base_lr=0.3, momentum=0.0, seed=0)
-        solver = lp.Solver.from_config(native64, native64, cfg)
+        solver = mse_solver(native64, net, solver="momentum", base_lr=0.3, momentum=0.0, seed=0)
         rng = np.random.default_rng(7)
         solver.train_minibatch(rng.standard_normal((6, 3)), rng.standard_normal((6, 2)))
         return [t.to_numpy() for t in solver.network.learnable_weights_data()]

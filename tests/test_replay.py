@@ -13,6 +13,7 @@ import os
 import numpy as np
 import pytest
 from conftest import backend_or_skip, webgpu_offering
+from test_reference_solver import mse_solver
 
 import leafpy as lp
 from leafpy.solvers.momentum import Momentum
@@ -427,11 +428,7 @@ def test_input_gradients_asked_for_after_a_recorded_step_are_computed(native64):
     net.add_layer(lp.LayerConfig("frozen", lp.LinearConfig(output_size=3),
                                  params=[lp.WeightConfig(lr_mult=0.0), lp.WeightConfig(lr_mult=0.0)]))
     net.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=2)))
-    obj = lp.SequentialConfig(inputs=[("network_out", [4, 2]), ("target", [4, 2])])
-    obj.add_layer(lp.LayerConfig("mse", "MeanSquaredError"))
-    cfg = lp.SolverConfig(network=lp.LayerConfig("net", net), objective=lp.LayerConfig("loss", obj),
-                          solver="momentum", base_lr=0.1, momentum=0.0, seed=0)
-    solver = lp.Solver.from_config(native64, native64, cfg)
+    solver = mse_solver(native64, net, solver="momentum", base_lr=0.1, momentum=0.0, seed=0)
     rng = np.random.default_rng(0)
     for step in range(7):
         x, t = rng.standard_normal((4, 3)), rng.standard_normal((4, 2))
