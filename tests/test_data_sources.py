@@ -1150,3 +1150,18 @@ def test_csv_class_labels_that_read_as_one_integer_keep_one_order(tmp_path):
         assert p.returncode == 0, p.stderr
         orders.add(p.stdout.strip())
     assert orders == {"('01', '1', '2')"}, orders
+
+
+def test_a_column_named_like_a_number_is_refused_with_the_quotes_that_name_it(tmp_path):
+    """A table whose columns are years (`features: [2019, 2020]`, `target: 2021` in YAML are numbers): the error
+    says to quote them; quoted, they are read."""
+    import leafpy as lp
+
+    (tmp_path / "y.csv").write_text("2019,2020,2021\n" + "".join(f"{k},{k + 1},{k % 2}\n" for k in range(20)))
+    with pytest.raises(lp.ConfigError, match=r"data.features: expected a list of column names, got \[2019, 2020\] "
+                                             r"\(a column named like a number is written in quotes: '2020'\)"):
+        lp.data.csv(tmp_path / "y.csv", "2021", features=[2019, 2020])
+    with pytest.raises(lp.ConfigError, match=r"data.target: .* got 2021 \(a column named like a number"):
+        lp.data.csv(tmp_path / "y.csv", 2021)
+    ds = lp.data.csv(tmp_path / "y.csv", "2021", features=["2019", "2020"])
+    assert ds.x_train.shape[1] == 2 and sorted(ds.class_names) == ["0", "1"]

@@ -141,13 +141,18 @@ def read(path: str, target: str, *, features: Sequence[str] | None = None, delim
     """A CSV table (see ``lp.data.csv``) as :class:`Parts`."""
     path = os.fspath(path)
     header, rows, lines = read_rows(path, delimiter)
+    quote = " (a column named like a number is written in quotes: '2020')"
     if not isinstance(target, str):
-        raise ConfigError(f"data.target: expected the name of the label column, got {target!r}")
+        hint = quote if isinstance(target, (int, float)) and not isinstance(target, bool) else ""
+        raise ConfigError(f"data.target: expected the name of the label column, got {target!r}{hint}")
     column_index(path, header, target)
     if features is None:  # (columns without a name, as a spreadsheet's trailing empty one or pandas' index, are no
         features = [h for h in header if h and h != target]  # features)
     elif not isinstance(features, (list, tuple)) or not features or not all(isinstance(f, str) for f in features):
-        raise ConfigError(f"data.features: expected a list of column names, got {features!r}"[:300])
+        numeric = isinstance(features, (list, tuple)) and any(
+            isinstance(f, (int, float)) and not isinstance(f, bool) for f in features)
+        raise ConfigError(f"data.features: expected a list of column names, got {features!r}"[:300]
+                          + (quote if numeric else ""))
     if target in features:
         raise ConfigError(f"data.features: the target column {target!r} cannot be a feature too")
     x = numbers(path, header, rows, features, lines)
