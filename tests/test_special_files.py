@@ -18,7 +18,9 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs os.mkfi
     ("train", MLP, "--epochs", "1", "--out", "run", "--resume", "{fifo}"),
     ("evaluate", MLP, "--weights", "{fifo}"),
     ("predict", MLP, "--weights", "{fifo}", "--input", "{fifo}"),
-], ids=["train --weights", "train --resume", "evaluate --weights", "predict --weights"])
+    ("convert", "{fifo}", "out.onnx"),
+    ("export", "--web", "site", "{fifo}"),
+], ids=["train --weights", "train --resume", "evaluate --weights", "predict --weights", "convert", "export"])
 def test_a_fifo_given_as_a_weights_file_is_refused_without_waiting(tmp_path, args):
     fifo = tmp_path / "model.leaf"
     os.mkfifo(fifo)

@@ -135,10 +135,10 @@ def _read_file(path: str) -> memoryview:
 def file_kind(path: str | os.PathLike) -> str:
     """What a file's header says it holds: "model" or "checkpoint" (a leafpy file), else "bare" (Leaf's files and
     leafpy's before the header, which hold models; and anything else, which reading then refuses)."""
-    try:
-        with open(path, "rb") as f:
+    try:  # (a FIFO or a device is refused without blocking on it)
+        with _checks.open_regular(os.fspath(path), "a .leaf file", SerializationError) as f:
             head = f.read(_HEADER.size)
-    except OSError:
+    except (OSError, SerializationError):
         return "bare"  # (reading it reports why)
     if len(head) < _HEADER.size or head[:len(MAGIC)] != MAGIC:
         return "bare"
