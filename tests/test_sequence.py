@@ -190,6 +190,39 @@ def test_embedding_refuses_ids_out_of_range(native, bad):
         layer.forward([np.array([[0.0, 3.0, bad]])])
 
 
+def _embedding_solver(be):
+    net = lp.SequentialConfig(inputs=[("ids", [2, 3])])
+    net.add_layer(lp.LayerConfig("emb", lp.EmbeddingConfig(input_dim=10, output_dim=3)))
+    net.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=2)))
+    net.add_layer(lp.LayerConfig("lsm", "LogSoftmax"))
+    model = lp.Layer.from_config(be, lp.LayerConfig("m", net)).network
+    obj = lp.SequentialConfig(inputs=[("out", [2, 2]), ("label", [2, 1])])
+    obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=2)))
+    loss = lp.Layer.from_config(be, lp.LayerConfig("loss", obj)).network
+    return lp.Solver(model, loss, lp.SolverConfig(solver="momentum", base_lr=0.1, momentum=0.0))
+
+
+@pytest.mark.parametrize("bad", [10.0, -1.0, 2.5])
+def test_a_replayed_training_step_still_refuses_ids_out_of_range(bad):
+    """From its third call a training step is replayed (no layer's forward runs): the batch's ids are still checked
+    before the step, and the weights are left as they were."""
+    be = lp.backend("native")
+    assert be.replay
+    solver = _embedding_solver(be)
+    good, labels = np.array([[1, 2, 3], [4, 5, 6]], np.float32), np.array([[0], [1]])
+    for _ in range(4):
+        solver.train_minibatch(good, labels)
+    assert be.replays > 0
+    before = [w.to_numpy().copy() for w in solver.network.learnable_weights_data()]
+    ids = good.copy()
+    ids[1, 2] = bad
+    with pytest.raises(lp.ShapeError, match=r"layer 'emb' \(Embedding\): id 5 is .*integers in \[0, 9\]"):
+        solver.train_minibatch(ids, labels)
+    for b, w in zip(before, solver.network.learnable_weights_data()):
+        np.testing.assert_array_equal(w.to_numpy(), b)
+    solver.train_minibatch(good, labels)  # and training goes on with good ids
+
+
 def _clamps(be):
     """Ids that only a device holds are not read back per step: out of range they read and write the nearest
     row, never outside the table."""
@@ -383,6 +416,35 @@ def test_lstm_run_file_trains_to_95_percent(tmp_path):
     assert accuracy(e.stdout) == pytest.approx(acc)
     net = lp.Layer.load(lp.backend("native"), str(tmp_path / "run" / "model.leaf"))
     assert [lc.type for lc in net.config.config.layers] == ["Reshape", "LSTM", "Linear", "LogSoftmax"]
+
+
+def test_leafpy_train_refuses_one_bad_id_in_a_late_batch(tmp_path):
+    """Token ids from a file with one id past input_dim in a single sample, which lands in a step that is replayed:
+    `leafpy train` stops with the Embedding's error rather than training on the nearest row."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 30, (400, 7)).astype(np.float32)
+    y = (x[:, 0] % 3).astype(np.int64)
+    x[377, 3] = 35  # (with data seed 0 a training sample that comes after the first two steps: replayed ones)
+    np.savez(tmp_path / "tokens.npz", x=x, y=y)
+    (tmp_path / "run.yaml").write_text("""name: tokens
+data: {dataset: npz, path: tokens.npz, batch_size: 16, test_fraction: 0.2, seed: 0}
+train: {epochs: 1}
+network:
+  type: Sequential
+  inputs: [{name: ids, shape: [null, 7]}]
+  layers:
+    - {name: emb, type: Embedding, input_dim: 30, output_dim: 8}
+    - {name: fc, type: Linear, output_size: 3, axis: 1}
+    - {name: logsm, type: LogSoftmax}
+objective: nll
+solver: {solver: adam, base_lr: 0.01}
+""")
+    p = subprocess.run([sys.executable, "-m", "leafpy.cli", "train", str(tmp_path / "run.yaml"), "--out",
+                        str(tmp_path / "out")], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env=child_env())
+    assert p.returncode != 0
+    assert "layer 'emb' (Embedding): id" in p.stderr and "is 35.0; ids must be integers in [0, 29]" in p.stderr
+    assert "Traceback" not in p.stderr
 
 
 def test_lstm_benchmark_runs_small_on_native(tmp_path):

@@ -340,11 +340,14 @@ class Layer:
         """The workers of this layer and, for containers, of every layer inside, in network order."""
         return [self.worker] if self.worker is not None else []
 
-    def validate(self) -> None:
-        """Check input values that a worker can check cheaply on the host (labels in range)."""
+    def validate(self, fed: Sequence[SharedTensor] | None = None) -> None:
+        """Check input values that a worker can check cheaply on the host (labels and ids in range). ``fed``: check
+        only the inputs that are views of these tensors (the values staged from the host for a step that is about to
+        be replayed, where no layer's forward runs to check them; the other inputs hold the last step's values)."""
         check = getattr(self.worker, "validate", None)
         if check is not None:
-            check([t.peek_host() for t in self.inputs])
+            check([t.peek_host() if fed is None or any(t.shares_storage(f) for f in fed) else None
+                   for t in self.inputs])
 
     def set_training(self, training: bool = True) -> None:
         """Training mode (dropout active, BatchNorm on the batch's statistics) or inference mode; a container passes

@@ -469,6 +469,7 @@ class Solver:
         output (and writes its gradient) with no copy."""
         net, obj = self._network, self._objective
         rebound = net.feed([data])
+        net.validate(net.inputs)  # ids read straight from the batch (a replayed step runs no layer's own check)
         if not isinstance(target, SharedTensor):
             target = as_numbers(target, "Solver.train_minibatch: target")
         out, dout = net.outputs[0], net.output_grads[0]

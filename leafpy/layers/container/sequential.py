@@ -176,9 +176,9 @@ class Sequential(Layer):
     def weight_copy_slots(self):
         return [slot for layer in self.layers for slot in layer.weight_copy_slots()]
 
-    def validate(self) -> None:
+    def validate(self, fed=None) -> None:
         for layer in self.layers:
-            layer.validate()
+            layer.validate(fed)
 
     def _set_mode(self, training: bool) -> None:
         super()._set_mode(training)
