@@ -7,8 +7,12 @@ with a float64 NumPy formula.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
+from conftest import child_env
 
 import leafpy as lp
 from leafpy.layers import plan_gradients, wire
@@ -78,6 +82,58 @@ def test_wiring_errors_name_the_layer_without_building_anything():
     cfg = _seq([("data", [2, 3])], [{"name": "fc", "type": "Linear", "output_size": 2, "inputs": ["nope"]}])
     with pytest.raises(lp.ConfigError, match=r"layer 'fc' \(Linear\): input blob 'nope' does not exist"):
         wire(cfg)
+
+
+def test_a_second_writer_of_a_name_taken_over_in_place_is_refused():
+    """An in-place request (b: h -> h) takes the name over; a later layer that writes 'h' without reading it is a
+    second writer, refused as it is without the in-place request (and not wired as b's successor)."""
+    layers = [{"name": "a", "type": "ReLU", "inputs": ["data"], "outputs": ["h"]},
+              {"name": "b", "type": "TanH", "inputs": ["h"], "outputs": ["h"]},
+              {"name": "c", "type": "Sigmoid", "inputs": ["data"], "outputs": ["h"]},
+              {"name": "d", "type": "Concat", "axis": 1, "inputs": ["h", "data"]}]
+    with pytest.raises(lp.ConfigError, match=r"layer 'c' \(Sigmoid\): output blob 'h' is already written by 'b'; "
+                                             r"blob names must be unique"):
+        wire(_seq([("data", [2, 3])], layers))
+    with pytest.raises(lp.ConfigError, match=r"layer 'c' \(Sigmoid\): output blob 'h' is already written by 'a'"):
+        wire(_seq([("data", [2, 3])], layers[:1] + layers[2:]))
+    # a chain of in-place requests on one name stays allowed
+    chain = [layers[0], layers[1], {"name": "e", "type": "ReLU", "inputs": ["h"], "outputs": ["h"]}]
+    w = wire(_seq([("data", [2, 3])], chain))
+    assert [s.outputs for s in w.steps] == [["h"], ["h@b"], ["h@e"]]
+
+
+def test_leafpy_summary_refuses_a_run_file_with_a_second_writer(tmp_path):
+    """The same through a run file, as a person writes one (`leafpy summary` reads it without training)."""
+    (tmp_path / "run.yaml").write_text("""name: w
+data: {dataset: digits}
+network:
+  type: Sequential
+  inputs: [{name: data, shape: [null, 64]}]
+  layers:
+    - {name: a, type: Linear, output_size: 10, inputs: [data], outputs: [h]}
+    - {name: b, type: TanH, inputs: [h], outputs: [h]}
+    - {name: c, type: Linear, output_size: 10, inputs: [data], outputs: [h]}
+    - {name: d, type: LogSoftmax, inputs: [h]}
+objective: nll
+solver: {solver: momentum, base_lr: 0.1}
+""")
+    p = subprocess.run([sys.executable, "-m", "leafpy.cli", "summary", "run.yaml"], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path, env=child_env())
+    assert p.returncode == 1
+    assert p.stderr.strip() == ("leafpy: error: run.yaml: layer 'c' (Linear): output blob 'h' is already written by "
+                                "'b'; blob names must be unique")
+
+
+def test_a_blob_read_before_the_layer_that_writes_it_names_that_layer():
+    cfg = _seq([("data", [2, 3])], [{"name": "fc", "type": "Linear", "output_size": 3, "inputs": ["h"]},
+                                    {"name": "act", "type": "ReLU", "inputs": ["data"], "outputs": ["h"]}])
+    with pytest.raises(lp.ConfigError, match=r"layer 'fc' \(Linear\): input blob 'h' is written by layer 'act', "
+                                             r"which comes later: .*move 'fc' after"):
+        wire(cfg)
+    own = _seq([("data", [2, 3])], [{"name": "fc", "type": "Linear", "output_size": 3, "inputs": ["h"],
+                                     "outputs": ["h"]}])
+    with pytest.raises(lp.ConfigError, match=r"input blob 'h' is written by layer 'fc', which is this layer"):
+        wire(own)
 
 
 def _model_and_objective(be, n_in=4, classes=3):

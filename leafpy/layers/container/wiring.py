@@ -99,6 +99,12 @@ def wire(config: SequentialConfig, traits: Sequence[Traits] | None = None) -> Wi
         names = [renamed.get(n, n) for n in names]
         for n in names:
             if n not in producer:
+                later = next((c.name for c in layers[i:] if n in (c.outputs or ())), None)
+                if later is not None:
+                    raise ConfigError(f"layer '{lc.name}' ({lc.type}): input blob {n!r} is written by layer "
+                                      f"'{later}', {'which is this layer' if later == lc.name else 'which comes later'}"
+                                      f": a layer reads blobs written before it; move '{lc.name}' after the layer "
+                                      f"that writes {n!r}, or read another blob")
                 raise ConfigError(f"layer '{lc.name}' ({lc.type}): input blob {n!r} does not exist; available "
                                   f"blobs: {', '.join(producer) or 'none'}")
             if n in unread:
@@ -116,7 +122,7 @@ def wire(config: SequentialConfig, traits: Sequence[Traits] | None = None) -> Wi
             stem = "SEQUENTIAL_OUTPUT" if i == last else "SEQUENTIAL"
             outs = [f"{stem}_{i}"] if tr.num_outputs == 1 else [f"{stem}_{i}_{k}" for k in range(tr.num_outputs)]
         for k, o in enumerate(outs):
-            if o in renamed or (o in producer and o in names and lc.inputs):
+            if (o in renamed and renamed[o] in names) or (o in producer and o in names and lc.inputs):
                 # Leaf's (and Caffe's) in-place request: an output named as the layer's input takes that name
                 # over for the layers after it; whether it really runs in place is decided below
                 internal = f"{o}@{lc.name}"
@@ -125,7 +131,8 @@ def wire(config: SequentialConfig, traits: Sequence[Traits] | None = None) -> Wi
                 renamed[o] = internal
                 outs[k] = o = internal
             if o in producer:
-                writer = "an input" if producer[o] < 0 else repr(layers[producer[o]].name)
+                current = renamed.get(o, o)  # (the last in-place writer of a name taken over)
+                writer = "an input" if producer[current] < 0 else repr(layers[producer[current]].name)
                 raise ConfigError(f"layer '{lc.name}' ({lc.type}): output blob {o!r} is already written by "
                                   f"{writer}; blob names must be unique")
             producer[o] = i
