@@ -49,16 +49,50 @@ def test_step_and_exp_policies_underflow_to_zero_at_huge_iterations():
         assert cfg.learning_rate(2**53) == 0.0 or cfg.learning_rate(2**53) < 1e-300
 
 
-def test_inv_policy_with_a_negative_gamma_is_refused_unless_max_iter_stops_before_its_pole():
-    with pytest.raises(lp.ConfigError, match=r"solver\.gamma.*inv.*iteration 100"):
+def test_inv_policy_with_a_negative_gamma_is_refused():
+    """Its rate grows towards a pole at iteration 100; max_iter does not end training, so it is no way out."""
+    with pytest.raises(lp.ConfigError, match=r"solver\.gamma.*inv.*iteration 100.*use gamma >= 0"):
         solver_config(lr_policy="inv", gamma=-0.01, power=0.75)
-    with pytest.raises(lp.ConfigError, match=r"solver\.gamma"):
-        solver_config(lr_policy="inv", gamma=-0.01, power=0.75, max_iter=100)
-    cfg = solver_config(lr_policy="inv", gamma=-0.01, power=0.75, max_iter=99)
-    for it in (0, 50, 99):
-        assert cfg.learning_rate(it) == pytest.approx(0.01 * (1 - 0.01 * it) ** -0.75, rel=1e-12)
-    with pytest.raises(lp.ConfigError, match="inv policy has no rate at iteration 100"):
-        cfg.learning_rate(100)  # a solver trained past max_iter
+    with pytest.raises(lp.ConfigError, match=r"solver\.gamma.*inv"):
+        solver_config(lr_policy="inv", gamma=-0.01, power=0.75, max_iter=99)
+    cfg = solver_config(lr_policy="inv", gamma=0.01, power=0.75)
+    for it in (0, 50, 10**6):
+        assert cfg.learning_rate(it) == pytest.approx(0.01 * (1 + 0.01 * it) ** -0.75, rel=1e-12)
+
+
+@pytest.mark.parametrize("rule", ["adagrad", "rmsprop", "adam", "adamw", "adadelta"])
+def test_an_epsilon_float32_cannot_hold_is_refused_and_a_usual_one_keeps_unused_weights(rule):
+    """An epsilon of 1e-50 is 0 in float32: a weight whose gradient is 0 (a feature that is always 0) would take the
+    step 0/(sqrt(0) + 0) = nan. Refused, naming the field; with 1e-8 that weight does not move."""
+    with pytest.raises(lp.ConfigError, match=r"solver\.epsilon: 1e-50 is below float32's smallest normal number "
+                                             r"1\.17549e-38.*1e-8 is usual"):
+        solver_config(solver=rule, epsilon=1e-50)
+    net = lp.SequentialConfig(inputs=[("data", [4, 3])])
+    net.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=2)))
+    obj = lp.SequentialConfig(inputs=[("network_out", [4, 2]), ("target", [4, 2])])
+    obj.add_layer(lp.LayerConfig("mse", "MeanSquaredError"))
+    cfg = lp.SolverConfig(network=lp.LayerConfig("net", net), objective=lp.LayerConfig("loss", obj), solver=rule,
+                          base_lr=0.1, epsilon=1.2e-38, weight_decay=0.0, seed=0)
+    be = lp.backend("native")
+    solver = lp.Solver.from_config(be, be, cfg)
+    x = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    x[:, 0] = 0.0
+    before = np.array(solver.network.named_weights()["fc/weight"])
+    solver.train_minibatch(x, np.ones((4, 2), np.float32))
+    after = np.array(solver.network.named_weights()["fc/weight"])
+    assert np.all(np.isfinite(after))
+    np.testing.assert_array_equal(after[:, 0], before[:, 0])  # no gradient, no decay: not moved
+    if rule != "adadelta":  # (whose first steps are about sqrt(epsilon) long)
+        assert np.all(after[:, 1:] != before[:, 1:])
+
+
+def test_a_static_loss_scale_takes_numpy_numbers_and_refuses_strings():
+    assert solver_config(loss_scale=np.float32(8)).loss_scale == 8.0
+    assert solver_config(loss_scale=np.int64(1024)).loss_scale == 1024.0
+    for bad in ("8", " 8 ", "1_0", True, [8]):
+        with pytest.raises(lp.ConfigError, match=r"solver\.loss_scale: expected 'dynamic', 'none' or a positive "
+                                                 r"number"):
+            solver_config(loss_scale=bad)
 
 
 def test_poly_policy_negative_power_is_refused_and_its_end_is_zero():

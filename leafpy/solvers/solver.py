@@ -12,6 +12,7 @@ import dataclasses
 import itertools
 import json
 import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -130,21 +131,24 @@ class SolverConfig:
         s(self, "beta1", _checks.number("solver.beta1", self.beta1, minimum=0.0, maximum=1.0, max_open=True))
         s(self, "beta2", _checks.number("solver.beta2", self.beta2, minimum=0.0, maximum=1.0, max_open=True))
         s(self, "epsilon", _checks.number("solver.epsilon", self.epsilon, minimum=0.0, min_open=True))
+        if self.epsilon < SCALE_RANGE[0]:
+            raise ConfigError(f"solver.epsilon: {self.epsilon:g} is below float32's smallest normal number "
+                              f"{SCALE_RANGE[0]:g}: the update runs in float32, where it is 0 or loses its digits, "
+                              f"and a weight whose gradient is 0 would become 0/0 = nan; 1e-8 is usual")
         s(self, "rms_decay", _checks.number("solver.rms_decay", self.rms_decay, minimum=0.0, maximum=1.0,
                                             max_open=True))
         if self.seed is not None:
             s(self, "seed", _checks.non_negative_int("solver.seed", self.seed))
         scale = self.loss_scale
         if scale is not None and scale not in LOSS_SCALE_MODES:
-            if isinstance(scale, str) or (isinstance(scale, int) and not isinstance(scale, bool)):
+            if isinstance(scale, numbers.Real) and not isinstance(scale, (bool, np.bool_)):  # NumPy's too
                 try:
                     scale = float(scale)
-                except ValueError:
-                    scale = None
                 except OverflowError:  # an int beyond float's range
                     scale = math.inf
-            if scale is None or isinstance(scale, bool) or not isinstance(scale, (int, float)) \
-                    or not math.isfinite(scale) or scale <= 0:
+            else:  # (a string that is not one of the modes, a bool, a list...)
+                scale = None
+            if scale is None or not math.isfinite(scale) or scale <= 0:
                 raise ConfigError(f"solver.loss_scale: expected 'dynamic', 'none' or a positive number (a static "
                                   f"scale), got {self.loss_scale!r}")
             if not SCALE_RANGE[0] <= scale <= SCALE_RANGE[1]:
@@ -175,12 +179,10 @@ class SolverConfig:
         if policy == "poly" and power < 0:
             raise ConfigError(f"solver.power: the poly policy's rate base_lr * (1 - iteration/max_iter)^power must "
                               f"reach 0 at max_iter, so power must be >= 0, got {power!r}")
-        if policy == "inv" and gamma < 0:
-            last = self.max_iter
-            if last is None or 1.0 + gamma * last <= 0.0:
-                raise ConfigError(f"solver.gamma: the inv policy's rate base_lr * (1 + gamma*iteration)^-power has "
-                                  f"no value once 1 + gamma*iteration <= 0 (iteration {math.ceil(-1.0 / gamma)} with "
-                                  f"gamma {gamma!r}); use gamma >= 0, or a max_iter before that")
+        if policy == "inv" and gamma < 0:  # (max_iter does not end training: nothing would stop it at the pole)
+            raise ConfigError(f"solver.gamma: the inv policy's rate base_lr * (1 + gamma*iteration)^-power grows with "
+                              f"a negative gamma and has no value once 1 + gamma*iteration <= 0 (iteration "
+                              f"{math.ceil(-1.0 / gamma)} with gamma {gamma!r}); use gamma >= 0")
 
     def learning_rate(self, iteration: int) -> float:
         """The learning rate at ``iteration`` under this config's policy (Caffe's formulas, evaluated so that no
