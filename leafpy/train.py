@@ -755,7 +755,11 @@ class Trainer:
         if run.solver.seed is None and solver.config.seed is not None:  # the seed the run drew, which run.yaml keeps
             run.solver = dataclasses.replace(run.solver, seed=solver.config.seed)
         trained_seed = solver.config.seed
-        solver.reconfigure(run.solver, "the run file")
+        before = solver.config
+        changed = [n for n in solver.reconfigure(run.solver, "the run file") if n not in ("network", "objective")]
+        if changed:  # (allowed, as Caffe's resume takes the solver file's settings: said so, not done silently)
+            self.log("resumed with changed solver settings: " + ", ".join(
+                f"{n} {getattr(before, n)!r} -> {getattr(run.solver, n)!r}" for n in changed))
         trained_on = solver.trainer_state.get("data")
         digest = solver.trainer_state.get("data_digest")
         if trained_on is not None:

@@ -74,8 +74,16 @@ def test_resume_continues_where_it_stopped(tmp_path):
     p2 = run("train", DIGITS, "--out", str(out), "--epochs", "2", "--resume", str(out / "checkpoint.leaf"))
     assert p2.returncode == 0, p2.stderr
     assert "epochs 2..2" in p2.stdout and "epoch 2/2" in p2.stdout and "epoch 1/2" not in p2.stdout
+    assert "changed solver settings" not in p2.stdout
     solver = lp.Solver.load_checkpoint(lp.backend("native"), lp.backend("native"), out / "checkpoint.leaf")
     assert solver.iteration == 2 * 45
+    # a setting changed on resume is taken, as Caffe takes the solver file's, and said so
+    p3 = run("train", DIGITS, "--out", str(out), "--epochs", "3", "--resume", str(out / "checkpoint.leaf"),
+             "--set", "solver.base_lr=0.02", "--set", "solver.momentum=0.8")
+    assert p3.returncode == 0, p3.stderr
+    assert "resumed with changed solver settings: base_lr 0.05 -> 0.02, momentum 0.9 -> 0.8" in p3.stdout
+    solver = lp.Solver.load_checkpoint(lp.backend("native"), lp.backend("native"), out / "checkpoint.leaf")
+    assert solver.iteration == 3 * 45 and solver.config.base_lr == 0.02 and solver.config.momentum == 0.8
     other = run("train", str(ROOT / "configs" / "digits_mlp.yaml"), "--out", str(out), "--epochs", "3",
                 "--resume", str(out / "checkpoint.leaf"))
     assert other.returncode == 1 and "network differs" in other.stderr
