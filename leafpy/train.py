@@ -894,6 +894,14 @@ class Trainer:
             trained += " and part of the next" * bool(self.start_sample)
             self.log(f"nothing to train: the run has trained {trained}, and fit trains up to epoch {self.epochs} "
                      "(fit(epochs=N) counts the epochs of the whole run; give a larger N to train further)")
+        else:
+            calls = (self.epochs - self.start_epoch) * self.batches_per_epoch - math.ceil(
+                self.start_sample / self.global_batch)
+            k = self.solver.config.minibatch_size
+            if self.solver.pending_calls + calls < k:
+                self.log(f"warning: solver.minibatch_size {k} sums the gradients of {k} batches per update, and this "
+                         f"run trains {calls} batch{'es' * (calls != 1)} ({self.batches_per_epoch} an epoch): it "
+                         "will make no update; lower minibatch_size or train more epochs")
         progress: tuple | None = None  # (epoch, sample, loss sum and count, hits) after the last step counted
         solver = self.solver
         if self.out_dir is not None and self.is_root and self._describes_data:

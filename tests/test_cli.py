@@ -89,6 +89,19 @@ def test_resume_continues_where_it_stopped(tmp_path):
     assert other.returncode == 1 and "network differs" in other.stderr
 
 
+def test_a_run_too_short_for_one_update_says_so(tmp_path):
+    """minibatch_size sums more batches per update than the run trains (45 a digits epoch): the run warns before
+    training, and one that reaches an update does not."""
+    p = run("train", DIGITS, "--out", str(tmp_path / "a"), "--epochs", "1", "--set", "solver.minibatch_size=50")
+    assert p.returncode == 0, p.stderr
+    assert ("warning: solver.minibatch_size 50 sums the gradients of 50 batches per update, and this run trains 45 "
+            "batches (45 an epoch): it will make no update") in p.stdout
+    assert lp.Solver.load_checkpoint(lp.backend("native"), lp.backend("native"),
+                                     tmp_path / "a" / "checkpoint.leaf").iteration == 0
+    q = run("train", DIGITS, "--out", str(tmp_path / "b"), "--epochs", "2", "--set", "solver.minibatch_size=50")
+    assert q.returncode == 0 and "no update" not in q.stdout
+
+
 def test_a_run_resumed_into_another_directory_keeps_the_epochs_it_trained_before(tmp_path):
     first = run("train", DIGITS, "--out", str(tmp_path / "a"), "--epochs", "2")
     assert first.returncode == 0, first.stderr

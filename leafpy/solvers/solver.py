@@ -383,6 +383,11 @@ class Solver:
         self._update_runs(self._update_grads())  # laid out now, before views of the weights are taken
 
     @property
+    def pending_calls(self) -> int:
+        """``train_minibatch`` calls whose gradients wait for the next update (under ``minibatch_size`` > 1)."""
+        return self._calls
+
+    @property
     def loss_scale(self) -> float:
         """The factor the loss's gradient is multiplied by (1.0 without loss scaling). Kept on the device and read
         back when asked for; setting it writes the device's copy before the next step."""
