@@ -275,7 +275,7 @@ DATA = ROOT / "tests" / "data" / "onnx"
 
 
 @pytest.mark.parametrize("name", ["torch_resnet", "torch_lstm_text", "torch_birnn_tagger", "torch_mobilenet",
-                                  "torch_window_settings", "torch_bilstm_text"])
+                                  "torch_window_settings", "torch_bilstm_text", "torch_gelu_mlp"])
 def test_models_pytorch_exported_import_and_match_pytorch_within_1e_4(name):
     """Written by tests/data/onnx/make_torch_models.py and make_torch_vision_models.py (torch.onnx.export, opset
     17); PyTorch's outputs beside."""
@@ -288,6 +288,43 @@ def test_models_pytorch_exported_import_and_match_pytorch_within_1e_4(name):
         return
     double = np.concatenate([x, x])  # the batch the file was written with is not the only one
     np.testing.assert_allclose(net.forward([double])[0].to_numpy()[len(x):], saved["y"], atol=1e-4)
+
+
+def _layer_types(net) -> list[str]:
+    return [lc.type for lc in net.config.config.layers]
+
+
+def test_gelu_written_as_its_erf_formula_imports_as_one_gelu_layer(tmp_path):
+    """Below opset 20 GELU has no ONNX operator: PyTorch writes x/sqrt(2) -> Erf -> +1 -> *x -> *0.5, leafpy's own
+    export (x*(1/sqrt 2) -> Erf -> +1) * (0.5*x). Both read back as a GELU layer (Erf alone stays unsupported), with
+    PyTorch's outputs, and a leafpy network with GELU goes out and back in at the default opset."""
+    net = lp.onnx.load(str(DATA / "torch_gelu_mlp.onnx"))
+    assert "GELU" in _layer_types(net) and "Erf" not in str(_layer_types(net))
+    saved = np.load(DATA / "torch_gelu_mlp.npz")
+    np.testing.assert_allclose(net.forward([saved["x"]])[0].to_numpy(), saved["y"], atol=1e-5)
+    cfg = lp.SequentialConfig(inputs=[("data", [2, 4])], layers=[
+        lp.LayerConfig("fc", lp.LinearConfig(output_size=4), outputs=["h"]),
+        lp.LayerConfig("g", "GELU", inputs=["h"], outputs=["g"]),
+        lp.LayerConfig("add", lp.EltwiseConfig(operation="sum"), inputs=["g", "h"])])
+    mine = lp.Layer.from_config(lp.backend("native", dtype=np.float64), lp.LayerConfig("net", cfg), seed=0)
+    lp.onnx.export(mine, str(tmp_path / "m.onnx"))
+    back = lp.onnx.load(str(tmp_path / "m.onnx"))
+    assert _layer_types(back).count("GELU") == 1
+    x = np.random.default_rng(0).standard_normal((2, 4))
+    w = mine.named_weights()
+    h = x @ np.asarray(w["fc/weight"], np.float64).T + np.asarray(w["fc/bias"], np.float64)
+    from scipy.special import erf
+    expected = 0.5 * h * (1 + erf(h / np.sqrt(2))) + h  # float64, by the formula
+    np.testing.assert_allclose(back.forward([x.astype(np.float32)])[0].to_numpy(), expected, atol=1e-5)
+
+
+def test_erf_outside_the_gelu_formula_is_still_refused_by_name():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])
+    model = helper.make_model(helper.make_graph([helper.make_node("Erf", ["x"], ["y"], name="e")], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(lp.ConfigError, match=r"ONNX node 'e' \(Erf\): operator Erf is not supported"):
+        lp.onnx.load(model)
 
 
 def test_a_batch_first_bidirectional_lstm_predicts_through_the_command_at_any_batch(tmp_path):

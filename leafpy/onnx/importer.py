@@ -1321,6 +1321,92 @@ def _input_shape(vi: Any, batch_size: int) -> tuple[int, ...]:
     return tuple(shape)
 
 
+def _scalar(name: str, constants: dict[str, np.ndarray], made: dict[str, Any]) -> float | None:
+    """The value of ``name`` where it is one number: an initializer, or a Constant node's (None otherwise)."""
+    if name in constants:
+        v = constants[name]
+    elif name in made and made[name].op_type == "Constant" and made[name].domain in ("", "ai.onnx"):
+        attrs = {a.name: a for a in made[name].attribute}
+        if "value" in attrs:
+            v = to_array(attrs["value"].t)
+        elif "value_float" in attrs:
+            v = np.asarray(attrs["value_float"].f)
+        else:
+            return None
+    else:
+        return None
+    v = np.asarray(v)
+    return float(v.reshape(-1)[0]) if v.size == 1 and v.dtype.kind == "f" else None
+
+
+def fuse_gelu(nodes: list[Any], constants: dict[str, np.ndarray], outputs: set[str]) -> list[Any]:
+    """``nodes`` with each GELU written out as its erf formula, 0.5·x·(1 + erf(x/√2)) (how exporters write GELU
+    below opset 20: PyTorch's x/√2 → Erf → +1 → ·x → ·0.5, leafpy's own ·(1/√2) and (0.5·x)·(...)), replaced by one
+    Gelu node, which leafpy computes as its GELU layer. Only where every value in between has no other reader and is
+    no graph output; other uses of Erf stay unsupported."""
+    onnx = require_onnx()
+    made = {o: n for n in nodes for o in n.output if o}
+    readers: dict[str, list[Any]] = {}
+    for n in nodes:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+
+    def plain(n: Any, op: str) -> bool:
+        return n is not None and n.op_type == op and n.domain in ("", "ai.onnx") and not n.attribute
+
+    def sole(name: str) -> Any:
+        r = readers.get(name, [])
+        return r[0] if len(r) == 1 and name not in outputs else None
+
+    def split(n: Any, value: float) -> str | None:
+        """The other input of a two-input node one of whose inputs is the constant ``value``."""
+        if len(n.input) != 2:
+            return None
+        for k in (0, 1):
+            c = _scalar(n.input[k], constants, made)
+            if c is not None and abs(c - value) <= 1e-6 * abs(value):
+                return n.input[1 - k]
+        return None
+
+    replaced: dict[int, Any] = {}  # id of the formula's last node -> the Gelu node
+    dropped: set[int] = set()
+    for erf in nodes:
+        if not plain(erf, "Erf") or len(erf.input) != 1 or not erf.output or sole(erf.input[0]) is not erf:
+            continue
+        scale: Any = made.get(erf.input[0])
+        x = None
+        if plain(scale, "Div") and len(scale.input) == 2:
+            c = _scalar(scale.input[1], constants, made)
+            x = scale.input[0] if c is not None and abs(c - math.sqrt(2)) <= 1e-6 else None
+        elif plain(scale, "Mul"):
+            x = split(scale, 1 / math.sqrt(2))
+        add = sole(erf.output[0])
+        if x is None or not plain(add, "Add") or split(add, 1.0) != erf.output[0]:
+            continue
+        mul = sole(add.output[0])
+        if not plain(mul, "Mul") or len(mul.input) != 2:
+            continue
+        other = mul.input[0] if mul.input[1] == add.output[0] else mul.input[1]
+        half = made.get(other)
+        if other == x:  # PyTorch's order: (x · (1 + erf)) · 0.5
+            last = sole(mul.output[0])
+            if not plain(last, "Mul") or split(last, 0.5) != mul.output[0]:
+                continue
+            formula = [scale, erf, add, mul, last]
+        elif plain(half, "Mul") and split(half, 0.5) == x and sole(other) is mul:  # (0.5 · x) · (1 + erf)
+            last = mul
+            formula = [scale, erf, add, half, mul]
+        else:
+            continue
+        if any(id(n) in dropped for n in formula):
+            continue
+        dropped.update(id(n) for n in formula)
+        replaced[id(last)] = onnx.helper.make_node("Gelu", [x], [last.output[0]], name=erf.name or last.name)
+    if not replaced:
+        return nodes
+    return [replaced.get(id(n), n) for n in nodes if id(n) not in dropped or id(n) in replaced]
+
+
 def convert(model: Any, *, batch_size: int = 1, feeds: dict[str, np.ndarray] | None = None,
             name: str = "onnx") -> tuple[LayerConfig, dict[str, np.ndarray]]:
     """The network of ``model`` as a Sequential LayerConfig named ``name`` and its weights by name.
@@ -1344,10 +1430,11 @@ def convert(model: Any, *, batch_size: int = 1, feeds: dict[str, np.ndarray] | N
             g.input_shapes[vi.name] = tuple(np.shape(feeds[vi.name])) or (1,)
         else:
             g.input_shapes[vi.name] = _input_shape(vi, batch_size)
-    for node in graph.node:
+    nodes = fuse_gelu(list(graph.node), constants, {o.name for o in graph.output})
+    for node in nodes:
         for i in node.input:
             g.readers[i] = g.readers.get(i, 0) + 1
-    for i, proto in enumerate(graph.node):
+    for i, proto in enumerate(nodes):
         node = Node(proto, i, g.opset)
         if _fold(g, node):
             continue

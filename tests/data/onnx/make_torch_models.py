@@ -9,7 +9,9 @@ hand; the test suite reads the files and never imports torch):
 - torch_birnn_tagger.onnx: a time-major (batch_first=False) bidirectional LSTM, then a bidirectional GRU, and a
   linear layer scoring every step: x [T, N, 6] -> y [T, N, 5];
 - torch_bilstm_text.onnx: a batch-first bidirectional LSTM of two layers reading its last step, exported at batch
-  2 with a symbolic batch axis, its inputs and outputs at batch 4.
+  2 with a symbolic batch axis, its inputs and outputs at batch 4;
+- torch_gelu_mlp.onnx: Linear layers with GELU between them, exact (written below opset 20 as its erf formula,
+  x/sqrt(2) -> Erf -> +1 -> *x -> *0.5) and tanh-approximated, the first one's input also added to its output.
 Each NAME.onnx has NAME.npz beside it with x (the input) and y (PyTorch's output).
 """
 
@@ -91,6 +93,17 @@ class BiLSTMText(nn.Module):
         return self.fc(y[:, -1])
 
 
+class GeluMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(6, 16), nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc1(x)
+        h = nn.functional.gelu(h) + h
+        return self.fc3(nn.functional.gelu(self.fc2(h), approximate="tanh"))
+
+
 def write(name: str, model: nn.Module, x: torch.Tensor, exported_with: torch.Tensor | None = None) -> None:
     """``exported_with``: another input to export at, the batch axis left symbolic (x then runs at its own)."""
     model.eval()
@@ -112,6 +125,13 @@ def main() -> None:
     write("torch_lstm_text", TextLSTM(), torch.randint(0, 50, (3, 7), generator=gen))
     write_tagger()
     write_bilstm_text()
+    write_gelu_mlp()
+
+
+def write_gelu_mlp() -> None:
+    """Its own seeds, so it can be written alone."""
+    torch.manual_seed(5)
+    write("torch_gelu_mlp", GeluMLP(), torch.randn(3, 6, generator=torch.Generator().manual_seed(6)) * 2)
 
 
 def write_bilstm_text() -> None:
