@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 import pytest
+import yaml
 from conftest import child_env
 
 import leafpy as lp
@@ -122,6 +123,28 @@ solver: {solver: momentum, base_lr: 0.1}
     assert p.returncode == 1
     assert p.stderr.strip() == ("leafpy: error: run.yaml: layer 'c' (Linear): output blob 'h' is already written by "
                                 "'b'; blob names must be unique")
+
+
+def test_an_error_inside_a_nested_block_says_which_block(tmp_path):
+    """Layer names are unique within a container only: the outer network has an 'add' of its own, so an error in
+    the block's 'add' says it is inside 'block', from the configs (`leafpy summary`) and when built."""
+    inner = lp.SequentialConfig(inputs=[("h", [4, 8])], layers=[
+        lp.LayerConfig("fc", lp.LinearConfig(output_size=5), outputs=["a"]),
+        lp.LayerConfig("add", lp.EltwiseConfig(operation="sum"), inputs=["a", "h"])])
+    cfg = lp.SequentialConfig(inputs=[("data", [4, 8])], layers=[
+        lp.LayerConfig("block", inner), lp.LayerConfig("add", lp.EltwiseConfig(operation="sum"),
+                                                       inputs=["data", "data"])])
+    from leafpy.layers.container.wiring import output_shapes
+    where = r"in layer 'block' \(Sequential\): layer 'add' \(Eltwise\): shapes \(4, 5\), \(4, 8\) do not broadcast"
+    with pytest.raises(lp.ShapeError, match=where):
+        output_shapes(cfg)
+    with pytest.raises(lp.ShapeError, match=where + r".*its input 'data' comes from input of 'net'"):
+        lp.Layer.from_config(lp.backend("native"), lp.LayerConfig("net", cfg))
+    run = lp.config.layer_to_dict(lp.LayerConfig("net", cfg))
+    (tmp_path / "net.yaml").write_text(yaml.safe_dump({"name": "net", "network": run, "objective": "mse"}))
+    p = subprocess.run([sys.executable, "-m", "leafpy.cli", "summary", "net.yaml"], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path, env=child_env())
+    assert p.returncode == 1 and "in layer 'block' (Sequential): layer 'add' (Eltwise): shapes" in p.stderr, p.stderr
 
 
 def test_a_blob_read_before_the_layer_that_writes_it_names_that_layer():

@@ -240,7 +240,7 @@ class Sequential(Layer):
             try:
                 layer.bind([t for t, _, _ in entries], grads, in_place=plan.in_place)
             except ShapeError as e:
-                raise ShapeError(self._explain(e, plan, blobs)) from None
+                raise ShapeError(self._explain(e, plan, blobs, layer)) from None
             needs = layer.trains_weights or any(g is not None for g in grads)
             for n, t, g in zip(plan.outputs, layer.outputs, layer.output_grads):
                 blobs[n] = (t, g if needs else None, i)
@@ -371,14 +371,19 @@ class Sequential(Layer):
                 c.input_grads[g.k] = storage.prefix_view(c.inputs[g.k].shape, grow=True, scratch=True)
         self._grad_pool = used
 
-    def _explain(self, e: ShapeError, plan: Step, blobs: dict) -> str:
+    def _explain(self, e: ShapeError, plan: Step, blobs: dict, layer: Layer) -> str:
+        """The error with where the failing layer's inputs come from; a container's, which names a layer inside it
+        (names are unique within a container only), said to be inside it."""
         parts = []
+        container = isinstance(layer, Sequential)
+        own = "its " if container else ""
         for n in plan.inputs:
             t, _, src = blobs[n]
             origin = f"layer '{self.layers[src].name}' ({self.layers[src].config.type})" if src >= 0 else \
                 f"input of '{self.name}'"
-            parts.append(f"input {n!r} comes from {origin} with shape {t.shape}")
-        return f"{e}; " + "; ".join(parts)
+            parts.append(f"{own}input {n!r} comes from {origin} with shape {t.shape}")
+        inside = f"in layer '{layer.name}' ({layer.config.type}): " if container else ""
+        return f"{inside}{e}; " + "; ".join(parts)
 
     def _check_declared(self, shapes: list[tuple[int, ...]]) -> None:
         for i, got in enumerate(shapes):

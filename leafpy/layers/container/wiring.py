@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ...errors import ConfigError
+from ...errors import ConfigError, LeafpyError
 from ...layer_config import LayerConfig, Shape, lookup
 
 if TYPE_CHECKING:
@@ -168,8 +168,11 @@ def output_shapes(config: SequentialConfig, input_shapes: Sequence[Shape] | None
     for lc, step in zip(config.layers, steps):
         inputs = [shapes[n] for n in step.inputs]
         entry = lookup(lc.type, f"layer '{lc.name}'")
-        if entry.is_container:
-            outputs = output_shapes(lc.config, inputs)
+        if entry.is_container:  # (names are unique within a container only: an error inside says where)
+            try:
+                outputs = output_shapes(lc.config, inputs)
+            except LeafpyError as e:
+                raise type(e)(f"in layer '{lc.name}' ({lc.type}): {e}") from None
         else:
             worker = entry.impl(lc.config, lc.name)
             worker.check_inputs(inputs)
