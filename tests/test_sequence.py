@@ -186,7 +186,8 @@ def test_embedding_looks_up_rows_and_sums_the_gradients_of_repeated_ids(native64
 @pytest.mark.parametrize("bad", [6.0, -1.0, 2.5, np.nan])
 def test_embedding_refuses_ids_out_of_range(native, bad):
     layer = lp.Layer.from_config(native, lp.LayerConfig("emb", lp.EmbeddingConfig(input_dim=6, output_dim=2)))
-    with pytest.raises(lp.ShapeError, match=r"layer 'emb' \(Embedding\): id 2 is .*integers in \[0, 5\]"):
+    with pytest.raises(lp.ShapeError, match=r"layer 'emb' \(Embedding\): the id at sample 0, "
+                                             r"position 2 of the batch is .*integers in \[0, 5\]"):
         layer.forward([np.array([[0.0, 3.0, bad]])])
 
 
@@ -216,7 +217,8 @@ def test_a_replayed_training_step_still_refuses_ids_out_of_range(bad):
     before = [w.to_numpy().copy() for w in solver.network.learnable_weights_data()]
     ids = good.copy()
     ids[1, 2] = bad
-    with pytest.raises(lp.ShapeError, match=r"layer 'emb' \(Embedding\): id 5 is .*integers in \[0, 9\]"):
+    with pytest.raises(lp.ShapeError, match=r"layer 'emb' \(Embedding\): the id at sample 1, "
+                                             r"position 2 of the batch is .*integers in \[0, 9\]"):
         solver.train_minibatch(ids, labels)
     for b, w in zip(before, solver.network.learnable_weights_data()):
         np.testing.assert_array_equal(w.to_numpy(), b)
@@ -443,7 +445,8 @@ solver: {solver: adam, base_lr: 0.01}
                         str(tmp_path / "out")], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                        env=child_env())
     assert p.returncode != 0
-    assert "layer 'emb' (Embedding): id" in p.stderr and "is 35.0; ids must be integers in [0, 29]" in p.stderr
+    assert "layer 'emb' (Embedding): the id at sample" in p.stderr
+    assert ", position 3 of the batch is 35.0; ids must be integers in [0, 29]" in p.stderr
     assert "Traceback" not in p.stderr
 
 

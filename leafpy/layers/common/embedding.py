@@ -39,8 +39,9 @@ def check_ids(where: str, ids: np.ndarray | None, count: int) -> None:
         return
     i = _checks.first_non_index(ids, count)
     if i is not None:
-        raise ShapeError(f"{where}: id {i} is {float(ids.reshape(-1)[i])!r}; ids must be integers in [0, {count - 1}] "
-                         f"(input_dim={count}): raise input_dim or map the ids into range")
+        at = f"sample {i // ids.shape[1]}, position {i % ids.shape[1]}" if ids.ndim == 2 else f"sample {i}"
+        raise ShapeError(f"{where}: the id at {at} of the batch is {float(ids.reshape(-1)[i])!r}; ids must be "
+                         f"integers in [0, {count - 1}] (input_dim={count}): raise input_dim or map the ids into range")
 
 
 @register_layer("Embedding", EmbeddingConfig)
