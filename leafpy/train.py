@@ -757,9 +757,6 @@ class Trainer:
         trained_seed = solver.config.seed
         before = solver.config
         changed = [n for n in solver.reconfigure(run.solver, "the run file") if n not in ("network", "objective")]
-        if changed:  # (allowed, as Caffe's resume takes the solver file's settings: said so, not done silently)
-            self.log("resumed with changed solver settings: " + ", ".join(
-                f"{n} {getattr(before, n)!r} -> {getattr(run.solver, n)!r}" for n in changed))
         trained_on = solver.trainer_state.get("data")
         digest = solver.trainer_state.get("data_digest")
         if trained_on is not None:
@@ -784,6 +781,9 @@ class Trainer:
                               f"has {run.solver.seed}: the seed made its initial weights and the random streams the "
                               "checkpoint carries on, so run.yaml would name a seed the run never used; resume with "
                               f"seed {trained_seed} (or none), or start a new run")
+        if changed:  # (allowed, as Caffe's resume takes the solver file's settings: said so, not done silently)
+            self.log("resumed with changed solver settings: " + ", ".join(
+                f"{n} {getattr(before, n)!r} -> {getattr(run.solver, n)!r}" for n in changed))
         return solver
 
     def _start_from(self, solver: Solver, path: str) -> None:

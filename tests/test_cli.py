@@ -84,6 +84,10 @@ def test_resume_continues_where_it_stopped(tmp_path):
     assert "resumed with changed solver settings: base_lr 0.05 -> 0.02, momentum 0.9 -> 0.8" in p3.stdout
     solver = lp.Solver.load_checkpoint(lp.backend("native"), lp.backend("native"), out / "checkpoint.leaf")
     assert solver.iteration == 3 * 45 and solver.config.base_lr == 0.02 and solver.config.momentum == 0.8
+    refused = run("train", DIGITS, "--out", str(out), "--epochs", "4", "--resume", str(out / "checkpoint.leaf"),
+                  "--set", "solver.seed=5")  # a setting that may not change: refused, not announced first
+    assert refused.returncode == 1 and "solver.seed: the checkpoint" in refused.stderr
+    assert "changed solver settings" not in refused.stdout
     other = run("train", str(ROOT / "configs" / "digits_mlp.yaml"), "--out", str(out), "--epochs", "3",
                 "--resume", str(out / "checkpoint.leaf"))
     assert other.returncode == 1 and "network differs" in other.stderr

@@ -118,6 +118,24 @@ def test_the_documentation_site_builds_strictly(tmp_path):
     assert "train_minibatch" in (site / "reference/index.html").read_text()
 
 
+def test_every_page_of_the_docs_is_in_the_site_navigation():
+    """Without mkdocs installed (the strict build above then skips): a page left out of mkdocs.yml's nav fails
+    `make docs`."""
+    import yaml
+
+    def pages(entries) -> set[str]:
+        found: set[str] = set()
+        for e in entries:
+            for v in (e.values() if isinstance(e, dict) else [e]):
+                found |= pages(v) if isinstance(v, list) else {v}
+        return found
+
+    nav = pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
+    on_disk = {p.name for p in (ROOT / "docs").glob("*.md")} - {"index.md"}
+    assert on_disk - nav == set(), "pages missing from mkdocs.yml's nav"
+    assert {p for p in nav if p != "index.md"} <= on_disk
+
+
 def anchors(page: Path) -> set[str]:
     """The anchors of a page's headings, as GitHub and MkDocs make them."""
     heads = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", page.read_text(), flags=re.S), re.M)
