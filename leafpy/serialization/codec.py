@@ -236,7 +236,11 @@ def read_solver_config(reader: Any, config_class: type) -> Any:
         elif f.name == "seed":
             kwargs["seed"] = None if reader.seed < 0 else int(reader.seed)
         elif f.name == "loss_scale":
-            kwargs["loss_scale"] = str(reader.lossScale) or None
+            text = str(reader.lossScale)  # a number as its repr: read as one (SolverConfig takes numbers only)
+            try:
+                kwargs["loss_scale"] = float(text) if text and text not in ("dynamic", "none") else text or None
+            except ValueError:  # (not a number: SolverConfig refuses it, naming the field)
+                kwargs["loss_scale"] = text
         else:
             v = _read_value(getattr(reader, camel))
             if f.name in _SOLVER_OPTIONAL_ZERO and not v:
