@@ -6,8 +6,12 @@ process ever sees a ``.lock`` without its id in it (the old way, create-then-wri
 file, judge it stale and remove a live lock). A full disk fails while the temporary is written, before ``.lock``
 appears.
 
-A lock is stale when its process is gone, or (a file from elsewhere) when it holds no readable id and is older
-than ``EMPTY_STALE_S``. A stale lock is replaced, not removed: ``os.replace`` of this process's temporary over it,
+The lock holds the process id and the host name (a run in another container or on another machine sharing the
+directory has an id of its own: whether it lives cannot be told from here, so its lock is never taken over; the
+message says to remove the file if no run is using the directory). A lock is stale when its process, on this
+host, is gone or a zombie, or (a file from elsewhere) when it holds no readable id and is older than
+``EMPTY_STALE_S``; a ``.lock`` that is no regular file (a FIFO, a directory) is refused, naming it.
+A stale lock is replaced, not removed: ``os.replace`` of this process's temporary over it,
 so ``.lock`` never disappears and nobody's ``os.link`` can slip in between. Two processes could still both judge
 the same stale lock and replace it one after the other, the second removing the first's fresh lock; so judging and
 replacing happen under an exclusive ``flock`` of the directory itself, taken only for a takeover: the second
@@ -21,11 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
+from ._checks import open_regular
 from .errors import LeafpyError
 
 LOCK_NAME = ".lock"
@@ -37,6 +43,12 @@ ATTEMPTS = 20
 class _Holder(NamedTuple):
     pid: int  # 0: no readable id
     age: float  # seconds since the lock was written
+    host: str | None = None  # the host it was written on (None: a lock of an earlier leafpy, which wrote none)
+
+
+def _host() -> str:
+    """This host's name as a lock records it (no spaces: the lock's text is "PID HOST")."""
+    return "".join(socket.gethostname().split()) or "?"
 
 
 class RunLock:
@@ -77,7 +89,7 @@ class RunLock:
                               f"({e.strerror or e}); train into a directory you can write to") from e
         try:
             with os.fdopen(fd, "w") as f:
-                f.write(str(os.getpid()))
+                f.write(f"{os.getpid()} {_host()}")
             st = os.stat(tmp)
         except OSError as e:  # a full disk
             with contextlib.suppress(OSError):
@@ -120,33 +132,43 @@ class RunLock:
         while it is still the one at ``.lock``: its run may have ended, removing it, and another run taken the
         lock since; judging that run's lock by the ended run's id would take a live lock."""
         try:
-            with open(self.path, "rb") as f:
+            with open_regular(self.path, "the run directory's lock", LeafpyError) as f:  # (a FIFO never blocks)
                 st = os.fstat(f.fileno())
-                text = f.read(32)
+                text = f.read(300)
                 now = os.stat(self.path)
             if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
                 return None
             age = time.time() - st.st_mtime
         except FileNotFoundError:
             return None
+        except LeafpyError as e:  # not a regular file
+            raise LeafpyError(f"{e}; remove it if no run is using {self.directory}") from None
         except OSError:
             return _Holder(0, 0.0)  # unreadable: a live run's until the user says otherwise
+        words = text.split()
         try:
-            pid = int(text.strip())
+            pid = int(words[0]) if words else 0
         except ValueError:
             pid = 0
-        return _Holder(pid if pid > 0 else 0, age)
+        host = words[1].decode("utf-8", "replace") if len(words) > 1 else None
+        return _Holder(pid if pid > 0 else 0, age, host)
 
     def _refuse_if_held(self, holder: _Holder) -> None:
         pid = holder.pid
         if pid == 0 and holder.age < EMPTY_STALE_S:
             raise LeafpyError(f"{self.directory}: another process is taking the run directory's lock ({self.path} "
                               "holds no process id yet, or cannot be read); wait for that run, or train into another "
-                              "--out")
+                              f"--out (if no run is using the directory, remove {self.path})")
+        if pid and holder.host is not None and holder.host != _host():
+            raise LeafpyError(f"{self.directory}: a leafpy run on host {holder.host!r} (process {pid}: another machine "
+                              "or container sharing this directory) holds its lock, and whether it still runs cannot "
+                              f"be told from here; wait for it, or train into another --out (if no run is using the "
+                              f"directory, remove {self.path})")
         # our own id in it: left by an earlier process of the same id (a restarted container), which is gone
         if pid and pid != os.getpid() and _alive(pid):
             raise LeafpyError(f"{self.directory}: another leafpy run (process {pid}) is writing to this directory; "
-                              "wait for it, or train into another --out")
+                              f"wait for it, or train into another --out (if process {pid} is no leafpy run, its id "
+                              f"taken by another program since, remove {self.path})")
 
 
 @contextlib.contextmanager
@@ -173,10 +195,16 @@ def _directory_flock(directory: str) -> Iterator[None]:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs here (a zombie, ended and not yet reaped by its parent, does not)."""
     try:
         os.kill(pid, 0)
     except (ProcessLookupError, OverflowError):  # gone; an id beyond any process's
         return False
     except PermissionError:  # another user's process
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (OSError, IndexError):  # no /proc (not Linux): what kill said
         return True
-    return True

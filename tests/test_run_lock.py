@@ -76,6 +76,66 @@ def test_a_lock_not_yet_holding_its_process_id_is_not_taken_for_stale(tmp_path):
     assert not (out / ".lock").exists()
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are a POSIX thing")
+def test_a_lock_that_is_a_fifo_or_a_directory_is_refused_by_name_without_waiting(tmp_path):
+    for kind in ("fifo", "directory"):
+        out = tmp_path / kind
+        out.mkdir()
+        os.mkfifo(out / ".lock") if kind == "fifo" else (out / ".lock").mkdir()
+        p = leafpy(tmp_path, "train", MLP, "--epochs", "1", "--out", str(out))  # (a timeout if it blocked)
+        failed_cleanly(p, f"{out / '.lock'}: a {'FIFO' if kind == 'fifo' else 'directory'}, not a regular file")
+        assert f"remove it if no run is using {out}" in p.stderr
+        assert not (out / "model.leaf").exists()
+
+
+def test_a_lock_written_on_another_host_is_never_taken_over(tmp_path):
+    """A run in another container or on another machine sharing the directory: its process id means nothing here
+    (often 1, or this very process's), so its lock stands, however old, and the message says how to clear it."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".lock").write_text(f"{os.getpid()} another-container")
+    old = time.time() - 86400
+    os.utime(out / ".lock", (old, old))
+    with pytest.raises(LeafpyError, match=r"a leafpy run on host 'another-container' \(process \d+: another machine "
+                                          r"or container .*if no run is using the directory, remove .*\.lock\)"):
+        with RunLock(str(out)):
+            pass
+    assert (out / ".lock").read_text() == f"{os.getpid()} another-container"
+    (out / ".lock").write_text(str(_dead_pid()))  # an earlier leafpy's lock, an id alone: judged here as before
+    with RunLock(str(out)):
+        pid, host = (out / ".lock").read_text().split()
+        assert int(pid) == os.getpid() and host
+    assert not (out / ".lock").exists()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="process states are read from /proc")
+def test_a_lock_of_a_zombie_is_stale_and_a_live_holder_names_the_way_out(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # ended, not yet reaped
+    try:
+        for _ in range(200):
+            with open(f"/proc/{zombie.pid}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    break
+            time.sleep(0.02)
+        (out / ".lock").write_text(str(zombie.pid))
+        with RunLock(str(out)):
+            assert int((out / ".lock").read_text().split()[0]) == os.getpid()
+    finally:
+        zombie.wait()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # a live process, no leafpy
+    try:
+        (out / ".lock").write_text(str(sleeper.pid))
+        with pytest.raises(LeafpyError, match=rf"another leafpy run \(process {sleeper.pid}\) is writing .*if process "
+                                              rf"{sleeper.pid} is no leafpy run, .*remove .*\.lock"):
+            with RunLock(str(out)):
+                pass
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 def _no_file_writes() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))  # every write into a file fails, as on a full disk
 
