@@ -223,6 +223,9 @@ def train(args: argparse.Namespace) -> int:
         out_dir = out_dir_for(run, args.out, args.resume)
         continues = False
         if group.is_root:
+            if os.path.islink(out_dir) and not os.path.exists(out_dir):
+                raise LeafpyError(f"--out {out_dir}: a symbolic link to {os.readlink(out_dir)}, which does not exist; "
+                                  "create the directory it points to, or give another --out")
             if os.path.exists(out_dir) and not os.path.isdir(out_dir):
                 raise LeafpyError(f"--out {out_dir}: cannot create the output directory: a file, not a directory, is "
                                   "there; give the directory the run's files go into (it is made if missing)")
@@ -350,7 +353,7 @@ def _plot_atomic(history: list[dict], path: str) -> bool:
         image = io.BytesIO()  # drawn in memory: the only temporary file is atomic_write's
         if not _plot(history, image):
             return False
-        atomic_write(path, image.getvalue())
+        atomic_write(path, image.getvalue(), example=None)
         return True
     except (OSError, LeafpyError) as e:
         why = getattr(e, "strerror", None) or str(e)

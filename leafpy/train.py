@@ -339,13 +339,13 @@ class History(Callback):
         except TypeError as e:  # (a callback's value that is no number, text, list or mapping)
             raise ConfigError(f"the epoch record of epoch {history[-1].get('epoch')} cannot be written to "
                               f"history.json: {e}; a callback adding to it must add numbers or text") from None
-        atomic_write(os.path.join(self.directory, "history.json"), dumped.encode())
+        atomic_write(os.path.join(self.directory, "history.json"), dumped.encode(), example=None)
         keys = list(dict.fromkeys(k for h in history for k in h))
         text = io.StringIO()
         writer = csv.DictWriter(text, fieldnames=keys, lineterminator="\n")
         writer.writeheader()
         writer.writerows(history)
-        atomic_write(os.path.join(self.directory, "history.csv"), text.getvalue().encode())
+        atomic_write(os.path.join(self.directory, "history.csv"), text.getvalue().encode(), example=None)
 
 
 class Checkpoint(Callback):

@@ -127,6 +127,27 @@ def test_an_output_path_that_is_a_file_is_named_as_one(tmp_path):
     assert (tmp_path / "notes").read_text() == "mine\n"
 
 
+def test_an_output_path_that_is_a_dangling_link_is_named_as_one(tmp_path):
+    os.symlink("gone", tmp_path / "runs")
+    p = leafpy(tmp_path, "train", "digits_mlp", "--epochs", "1", "--out", "runs")
+    failed_cleanly(p, "--out runs: a symbolic link to gone, which does not exist; create the directory it points to")
+
+
+def test_a_directory_where_the_run_writes_its_history_is_named_without_a_nonsense_file_name(tmp_path):
+    """A Trainer writing into a directory where history.json is a directory: the message says to move it, not to
+    write history.json/model.leaf."""
+    import leafpy as lp
+    from leafpy import config as run_config
+
+    (tmp_path / "run" / "history.json").mkdir(parents=True)
+    run = run_config.load(str(ROOT / "configs" / "digits_mlp.yaml"))
+    trainer = lp.Trainer(run, lp.backend("native"), out_dir=str(tmp_path / "run"), log=lambda m: None)
+    with pytest.raises(lp.SerializationError, match=r"history\.json: cannot write: a directory is there; move it "
+                                                    r"away") as e:
+        trainer.fit(epochs=1)
+    assert "history.json/" not in str(e.value)
+
+
 # --- the train section ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("setting,words", [
     ("train.log_every=often", ["train.log_every", "'often'"]),

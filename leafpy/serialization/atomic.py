@@ -42,19 +42,22 @@ def remove_temporaries(directory: str, targets: Callable[[str], bool]) -> list[s
 
 
 def atomic_write(path: str | os.PathLike, data: bytes | Sequence[bytes | memoryview] | Callable[[BinaryIO], None],
-                 example: str = "model.leaf") -> None:
+                 example: str | None = "model.leaf") -> None:
     """Write ``data`` (bytes, a sequence of buffers written one after the other, or a function that writes into the
     open file) to ``path`` so that a failure at
     any point leaves the previous file intact: a temporary file beside the target, synced, then renamed over it.
     A symbolic link is written through (its target is replaced, the link stays); a target that exists but is not a
     regular file (a device, a FIFO) is refused; the file keeps the existing file's permissions, or gets those the
     umask gives a new file; the temporary file never stays. ``example``: the file name a message suggests where
-    ``path`` is a directory."""
+    ``path`` is a directory (None: a file of a fixed name, which a directory there keeps from being written)."""
     path = os.fspath(path)
     if os.path.islink(path):
         path = os.path.realpath(path)
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
+        if example is None:
+            raise SerializationError(f"{path}: cannot write: a directory is there; move it away (this file is "
+                                     "written under that name)")
         raise SerializationError(f"{path}: cannot write: it is a directory; give a file name such as "
                                  f"{os.path.join(path, example)}")
     try:
