@@ -171,6 +171,19 @@ class RunLock:
                               f"taken by another program since, remove {self.path})")
 
 
+def held_by(directory: str) -> str | None:
+    """The message of a live run's lock on ``directory`` (None where none holds it): what a message that would
+    advise acting on the directory's files says instead."""
+    lock = RunLock(directory)
+    try:
+        holder = lock._holder()
+        if holder is not None:
+            lock._refuse_if_held(holder)
+    except LeafpyError as e:
+        return str(e)
+    return None
+
+
 @contextlib.contextmanager
 def _directory_flock(directory: str) -> Iterator[None]:
     """An exclusive flock of ``directory`` for the block (waits for another process's), where one can be had."""

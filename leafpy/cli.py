@@ -28,7 +28,7 @@ import numpy as np
 from . import __version__, _checks
 from . import config as run_config
 from . import data as datasets
-from ._run_lock import RunLock
+from ._run_lock import RunLock, held_by
 from .backends import BACKEND_NAMES, PRECISIONS, run_backend
 from .backends import backend as get_backend
 from .errors import LeafpyError
@@ -239,6 +239,9 @@ def train(args: argparse.Namespace) -> int:
                 present = set(os.listdir(out_dir))  # (any of a run's files: its history or best epochs alone too)
                 held = [f for f in RUN_FILES if f in present] + sorted(f for f in present if _is_run_file(f) and
                                                                        f not in RUN_FILES)
+                live = held_by(out_dir) if held else None
+                if live:  # (its files are a live run's: --overwrite or --resume would not be the way)
+                    raise LeafpyError(live)
                 if "checkpoint.leaf" in held:
                     raise LeafpyError(f"--out {out_dir}: holds another run's files ({', '.join(held)}); continue it "
                                       f"with --resume {os.path.join(out_dir, 'checkpoint.leaf')}, train into another "
@@ -430,6 +433,10 @@ def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, n
             weights = os.path.join(target, "model.leaf")
             checkpoint = os.path.join(target, "checkpoint.leaf")
             if not os.path.exists(weights) and os.path.isfile(checkpoint):
+                live = held_by(target)
+                if live:
+                    raise LeafpyError(f"{target}: no model.leaf yet: {live.split(': ', 1)[1]}; meanwhile, give its "
+                                      f"last checkpoint: --weights {checkpoint}")
                 raise LeafpyError(f"{target}: no model.leaf yet (the run stopped before its end); give its last "
                                   f"checkpoint: --weights {checkpoint}, or finish the run: leafpy train {target} "
                                   f"--resume {checkpoint}")

@@ -136,6 +136,27 @@ def test_a_lock_of_a_zombie_is_stale_and_a_live_holder_names_the_way_out(tmp_pat
         sleeper.wait()
 
 
+def test_commands_meeting_a_live_run_say_so_rather_than_advise_on_its_files(tmp_path):
+    """A directory with a run's files and a live run's lock: train without --resume is told a run is writing there
+    (not to pass --overwrite), evaluate is told the same (not to finish the run with --resume)."""
+    first = leafpy(tmp_path, "train", MLP, "--epochs", "1", "--out", "run")
+    assert first.returncode == 0, first.stderr
+    (tmp_path / "run" / "model.leaf").unlink()  # as while a run trains: a checkpoint, no model yet
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # the live run, here
+    try:
+        (tmp_path / "run" / ".lock").write_text(str(sleeper.pid))
+        p = leafpy(tmp_path, "train", MLP, "--epochs", "1", "--out", "run")
+        failed_cleanly(p, f"another leafpy run (process {sleeper.pid}) is writing to this directory")
+        assert "--overwrite" not in p.stderr
+        e = leafpy(tmp_path, "evaluate", "run")
+        failed_cleanly(e, f"run: no model.leaf yet: another leafpy run (process {sleeper.pid}) is writing",
+                       "meanwhile, give its last checkpoint: --weights")
+        assert "--resume" not in e.stderr
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 def _no_file_writes() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))  # every write into a file fails, as on a full disk
 
