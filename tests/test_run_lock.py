@@ -188,9 +188,11 @@ def test_two_runs_started_at_once_into_one_directory(tmp_path):
 
 
 # --- what a killed save left ------------------------------------------------------------------------------------
-KILLED_SAVES = [".checkpoint.leaf.a1b2c3d4.tmp", ".history.json.zz_9x8y7.tmp", ".model.leaf.q0w9e8r7.tmp",
-                ".best-epoch2.leaf.abcdefgh.tmp", ".run.yaml.0123abcd.tmp"]
-NOT_OURS = [".notes.txt.a1b2c3d4.tmp", "checkpoint.leaf.tmp", ".checkpoint.leaf.toolong123.tmp", "mine.tmp"]
+KILLED_SAVES = [".checkpoint.leaf.leafpy-a1b2c3d4.tmp", ".history.json.leafpy-zz_9x8y7.tmp",
+                ".model.leaf.leafpy-q0w9e8r7.tmp", ".best-epoch2.leaf.leafpy-abcdefgh.tmp",
+                ".run.yaml.leafpy-0123abcd.tmp"]
+NOT_OURS = [".notes.txt.leafpy-a1b2c3d4.tmp", "checkpoint.leaf.tmp", ".checkpoint.leaf.leafpy-toolong123.tmp",
+            "mine.tmp", ".model.leaf.backup01.tmp", ".checkpoint.leaf.a1b2c3d4.tmp"]  # (a user's, unmarked: left)
 
 
 @pytest.mark.parametrize("start", ["resume", "overwrite"])

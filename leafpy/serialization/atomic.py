@@ -13,8 +13,9 @@ from typing import BinaryIO
 
 from ..errors import SerializationError
 
-_TEMPORARY = re.compile(r"\.(?P<target>.+)\.[a-z0-9_]{8}\.tmp\Z")
-"""The name of atomic_write's temporary file for a target NAME: ``.NAME.`` and tempfile's 8 random characters."""
+_TEMPORARY = re.compile(r"\.(?P<target>.+)\.leafpy-[a-z0-9_]{8}\.tmp\Z")
+"""The name of atomic_write's temporary file for a target NAME: ``.NAME.leafpy-`` and tempfile's 8 random characters
+(the mark keeps a user's ``.model.leaf.backup01.tmp`` from being taken for one)."""
 
 
 def remove_temporaries(directory: str, targets: Callable[[str], bool]) -> list[str]:
@@ -78,7 +79,8 @@ def atomic_write(path: str | os.PathLike, data: bytes | Sequence[bytes | memoryv
         os.umask(umask)
         mode = 0o666 & ~umask
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)  # _TEMPORARY
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.leafpy-", suffix=".tmp",  # _TEMPORARY
+                                   dir=directory)
     except OSError as e:
         raise SerializationError(f"{path}: cannot write: {e.strerror or e}") from e
     try:
