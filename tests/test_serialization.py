@@ -319,3 +319,22 @@ def test_a_layer_types_field_table_maps_config_fields_to_schema_fields(monkeypat
     assert list(pooling.stride) == list(cfg.config.filter_shape)
     assert list(pooling.filterShape) == list(cfg.config.stride)
     assert serialization.read_layer_config(msg.as_reader()) == cfg
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="the umask is read from /proc where it can be")
+def test_a_new_file_gets_the_umask_s_mode_without_the_umask_being_set(tmp_path, monkeypatch):
+    """Setting the umask to read it is process-wide: a file another thread created meanwhile would get mode 0o666.
+    Where the system tells it, it is read, never set."""
+    from leafpy.serialization.atomic import atomic_write
+
+    old = os.umask(0o027)
+    try:
+        def refuse(mask):
+            raise AssertionError("os.umask called")
+
+        monkeypatch.setattr(os, "umask", refuse)
+        atomic_write(tmp_path / "new.bin", b"data")
+    finally:
+        monkeypatch.undo()
+        os.umask(old)
+    assert (tmp_path / "new.bin").stat().st_mode & 0o777 == 0o640

@@ -42,6 +42,21 @@ def remove_temporaries(directory: str, targets: Callable[[str], bool]) -> list[s
     return removed
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where the system tells it (Linux's /proc/self/status): setting
+    it to read it, as os.umask does, is process-wide, and a file another thread created meanwhile would get 0o666."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o077)  # (elsewhere: read by setting it, to the most private mask meanwhile)
+    os.umask(umask)
+    return umask
+
+
 def atomic_write(path: str | os.PathLike, data: bytes | Sequence[bytes | memoryview] | Callable[[BinaryIO], None],
                  example: str | None = "model.leaf") -> None:
     """Write ``data`` (bytes, a sequence of buffers written one after the other, or a function that writes into the
@@ -75,9 +90,7 @@ def atomic_write(path: str | os.PathLike, data: bytes | Sequence[bytes | memoryv
     if st is not None:
         mode = stat.S_IMODE(st.st_mode)
     else:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
+        mode = 0o666 & ~_umask()
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.leafpy-", suffix=".tmp",  # _TEMPORARY
                                    dir=directory)
