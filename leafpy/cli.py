@@ -506,7 +506,7 @@ def _warn_if_data_changed(weights: str, ds: Any) -> None:
         digest = read_checkpoint(checkpoint, SolverConfig).state["trainer_state"].get("data_digest")
     except LeafpyError:
         return  # (the weights' own loading reports a damaged file)
-    if digest is not None and digest != ds.digest() and digest not in ds.earlier_digests():
+    if digest is not None and not ds.fingerprinted_by(digest):
         print(f"leafpy: warning: the {ds.name} samples or targets are not those {checkpoint} was trained on (the "
               "files changed since): the held-out split is drawn again and may hold training samples, so these "
               "scores can overstate the model; score it on held-out data of its own", file=sys.stderr)

@@ -84,6 +84,11 @@ class Dataset:
             found.append(h.hexdigest())
         return found
 
+    def fingerprinted_by(self, digest: str, current: str | None = None) -> bool:
+        """Whether a checkpoint's ``digest`` fingerprints this data: its fingerprint now (``current``, where the
+        caller has it already) or one an earlier leafpy gave it."""
+        return digest == (self.digest() if current is None else current) or digest in self.earlier_digests()
+
 
 def hash_array(h: Any, a: np.ndarray) -> None:
     """Add an array's dtype, shape and bytes to the hashlib object ``h`` (the bytes read once, not copied unless

@@ -772,7 +772,7 @@ class Trainer:
                     raise ConfigError(f"data.{key}: the checkpoint {resume} was trained with {trained_on.get(key)!r}, "
                                       f"this run has {run.data.get(key)!r}: resuming would train on another split or "
                                       f"data; resume with the run's own data section{own}, or start a new run")
-        if digest is not None and digest != self.data_digest and digest not in self.dataset.earlier_digests():
+        if digest is not None and not self.dataset.fingerprinted_by(digest, self.data_digest):
             raise ConfigError(f"data: the {self.dataset.name} samples or targets are not those the checkpoint "
                               f"{resume} was trained on (the files changed since): resuming would not continue that "
                               f"run; restore the data, or start a new run from its weights with --weights {resume}")

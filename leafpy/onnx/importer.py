@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, SerializationError, ShapeError
+from ..errors import ConfigError, LeafpyError, SerializationError, ShapeError
 from ..layer_config import lookup
 from ..layers import (
     BatchNormConfig,
@@ -1289,17 +1289,20 @@ def softmax_cross_entropy(g: Graph, n: Node) -> None:
     g.add(n, config, [x, labels], n.outputs[:1 + log_prob])
 
 
-@op("Constant", attributes=("value", "value_float", "value_floats", "value_int", "value_ints"))
-def constant(g: Graph, n: Node) -> None:
+def constant_value(n: Node) -> np.ndarray:
+    """The value a Constant node holds (a ConfigError where it holds none leafpy reads)."""
     if "value" in n.attrs:
-        g.constants[n.outputs[0]] = to_array(next(a.t for a in n.proto.attribute if a.name == "value"))
-        return
+        return to_array(next(a.t for a in n.proto.attribute if a.name == "value"))
     for key, dtype in (("value_float", np.float32), ("value_floats", np.float32), ("value_int", np.int64),
                        ("value_ints", np.int64)):
         if key in n.attrs:
-            g.constants[n.outputs[0]] = np.asarray(n.attrs[key], dtype)
-            return
+            return np.asarray(n.attrs[key], dtype)
     raise ConfigError(f"{n.where}: a Constant without a value leafpy reads (value, value_float(s), value_int(s))")
+
+
+@op("Constant", attributes=("value", "value_float", "value_floats", "value_int", "value_ints"))
+def constant(g: Graph, n: Node) -> None:
+    g.constants[n.outputs[0]] = constant_value(n)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1321,25 +1324,22 @@ def _input_shape(vi: Any, batch_size: int) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def _scalar(name: str, constants: dict[str, np.ndarray], made: dict[str, Any]) -> float | None:
-    """The value of ``name`` where it is one number: an initializer, or a Constant node's (None otherwise)."""
+def _scalar(name: str, constants: dict[str, np.ndarray], made: dict[str, Any], opset: int) -> float | None:
+    """The value of ``name`` where it is one number: an initializer, or a Constant node's (None otherwise; a
+    Constant leafpy cannot read is reported where it is converted)."""
     if name in constants:
-        v = constants[name]
+        v = np.asarray(constants[name])
     elif name in made and made[name].op_type == "Constant" and made[name].domain in ("", "ai.onnx"):
-        attrs = {a.name: a for a in made[name].attribute}
-        if "value" in attrs:
-            v = to_array(attrs["value"].t)
-        elif "value_float" in attrs:
-            v = np.asarray(attrs["value_float"].f)
-        else:
+        try:
+            v = constant_value(Node(made[name], 0, opset))
+        except LeafpyError:
             return None
     else:
         return None
-    v = np.asarray(v)
     return float(v.reshape(-1)[0]) if v.size == 1 and v.dtype.kind == "f" else None
 
 
-def fuse_gelu(nodes: list[Any], constants: dict[str, np.ndarray], outputs: set[str]) -> list[Any]:
+def fuse_gelu(nodes: list[Any], constants: dict[str, np.ndarray], outputs: set[str], opset: int) -> list[Any]:
     """``nodes`` with each GELU written out as its erf formula, 0.5·x·(1 + erf(x/√2)) (how exporters write GELU
     below opset 20: PyTorch's x/√2 → Erf → +1 → ·x → ·0.5, leafpy's own ·(1/√2) and (0.5·x)·(...)), replaced by one
     Gelu node, which leafpy computes as its GELU layer. Only where every value in between has no other reader and is
@@ -1363,7 +1363,7 @@ def fuse_gelu(nodes: list[Any], constants: dict[str, np.ndarray], outputs: set[s
         if len(n.input) != 2:
             return None
         for k in (0, 1):
-            c = _scalar(n.input[k], constants, made)
+            c = _scalar(n.input[k], constants, made, opset)
             if c is not None and abs(c - value) <= 1e-6 * abs(value):
                 return n.input[1 - k]
         return None
@@ -1376,7 +1376,7 @@ def fuse_gelu(nodes: list[Any], constants: dict[str, np.ndarray], outputs: set[s
         scale: Any = made.get(erf.input[0])
         x = None
         if plain(scale, "Div") and len(scale.input) == 2:
-            c = _scalar(scale.input[1], constants, made)
+            c = _scalar(scale.input[1], constants, made, opset)
             x = scale.input[0] if c is not None and abs(c - math.sqrt(2)) <= 1e-6 else None
         elif plain(scale, "Mul"):
             x = split(scale, 1 / math.sqrt(2))
@@ -1430,7 +1430,7 @@ def convert(model: Any, *, batch_size: int = 1, feeds: dict[str, np.ndarray] | N
             g.input_shapes[vi.name] = tuple(np.shape(feeds[vi.name])) or (1,)
         else:
             g.input_shapes[vi.name] = _input_shape(vi, batch_size)
-    nodes = fuse_gelu(list(graph.node), constants, {o.name for o in graph.output})
+    nodes = fuse_gelu(list(graph.node), constants, {o.name for o in graph.output}, g.opset)
     for node in nodes:
         for i in node.input:
             g.readers[i] = g.readers.get(i, 0) + 1

@@ -176,7 +176,7 @@ class Sequential(Layer):
     def weight_copy_slots(self):
         return [slot for layer in self.layers for slot in layer.weight_copy_slots()]
 
-    def validate(self, fed=None) -> None:
+    def validate(self, fed: Sequence[SharedTensor] | None = None) -> None:
         for layer in self.layers:
             layer.validate(fed)
 
