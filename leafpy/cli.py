@@ -437,7 +437,8 @@ def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, n
                 if live:
                     raise LeafpyError(f"{target}: no model.leaf yet: {live.split(': ', 1)[1]}; meanwhile, give its "
                                       f"last checkpoint: --weights {checkpoint}")
-                raise LeafpyError(f"{target}: no model.leaf yet (the run stopped before its end); give its last "
+                raise LeafpyError(f"{target}: no model.leaf (the run stopped before its end, or a Trainer without "
+                                  "save_model ran it); give its last "
                                   f"checkpoint: --weights {checkpoint}, or finish the run: leafpy train {target} "
                                   f"--resume {checkpoint}")
         run: run_config.RunConfig | None = run_config.load(run_file, overrides)
@@ -720,7 +721,8 @@ def summary_cmd(args: argparse.Namespace) -> int:
         net = Layer.from_config(be, run.network)
         _out(f"{run.name or target}: network '{net.name}'")
         if os.path.isdir(target) and not os.path.exists(os.path.join(target, "model.leaf")):
-            _out(f"(no model.leaf in {target} yet: the run stopped before its end)")
+            _out(f"(no model.leaf in {target}: the run stopped before its end, or a Trainer without save_model "
+                 "ran it)")
     _out(summary_text(net))
     if not isinstance(net, Sequential) and net.has_weights and not net.num_parameters():
         _out(f"(a bare {net.config.type} layer declares no input: its output shape and its weights, set from the "
