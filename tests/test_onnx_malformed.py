@@ -103,6 +103,14 @@ MALFORMED_CASES = {
     "Dropout's ratio not a scalar": (lambda: _model([_node("Dropout", ["x", "r"])],
                                                     {"r": np.array([0.1, 0.2], np.float32)}),
                                      r"ONNX node 'n' \(Dropout\): input 1 \('r'\) holds 2 values"),
+    "an Identity whose output is its input": (lambda: _model([helper.make_node("Identity", ["x"], ["x"], name="n"),
+                                                              _node("Relu", ["x"], name="r")]),
+                                              r"ONNX node 'n' \(Identity\): output 0 \('x'\) is also its input, a "
+                                              r"cycle"),
+    "a node giving a graph input again": (lambda: _model([helper.make_node("Identity", ["x"], ["a"], name="one"),
+                                                          helper.make_node("Identity", ["a"], ["x"], name="n"),
+                                                          _node("Relu", ["x"], name="r")]),
+                                          r"ONNX node 'n' \(Identity\): output 0 \('x'\) is already a graph input"),
 }
 
 

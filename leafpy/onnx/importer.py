@@ -259,7 +259,12 @@ class Graph:
         return self.readers.get(name, 0) > 0 or name in {o.name for o in self.model.graph.output}
 
     def resolve(self, name: str) -> str:
+        seen = set()
         while name in self.alias:
+            if name in seen:
+                raise SerializationError(f"ONNX value {name!r} names itself through Identity-like nodes (a cycle): "
+                                         f"{MALFORMED}")
+            seen.add(name)
             name = self.alias[name]
         return name
 
@@ -1434,8 +1439,10 @@ def convert(model: Any, *, batch_size: int = 1, feeds: dict[str, np.ndarray] | N
     for node in nodes:
         for i in node.input:
             g.readers[i] = g.readers.get(i, 0) + 1
+    given = {vi.name: "a graph input" for vi in graph.input} | {t: "an initializer" for t in constants}
     for i, proto in enumerate(nodes):
         node = Node(proto, i, g.opset)
+        _check_single_assignment(node, given)
         if _fold(g, node):
             continue
         entry = OPS.get(node.op) if proto.domain in ("", "ai.onnx") else None
@@ -1455,6 +1462,21 @@ def convert(model: Any, *, batch_size: int = 1, feeds: dict[str, np.ndarray] | N
     for lc in g.layers:
         seq.add_layer(lc)
     return LayerConfig(name, seq), g.weights
+
+
+def _check_single_assignment(n: Node, given: dict[str, str]) -> None:
+    """Refuse a node whose output is one of its inputs, or a value already given (a graph input, an initializer, an
+    earlier node's output): ONNX graphs give each value once, and an output that is its own input is a cycle."""
+    for k, o in enumerate(n.outputs):
+        if not o:
+            continue
+        if o in n.inputs:
+            raise SerializationError(f"{n.where}: output {k} ({o!r}) is also its input, a cycle; each value of an "
+                                     f"ONNX graph is given once: {MALFORMED}")
+        if o in given:
+            raise SerializationError(f"{n.where}: output {k} ({o!r}) is already {given[o]}; each value of an ONNX "
+                                     f"graph is given once: {MALFORMED}")
+        given[o] = f"the output of ONNX node '{n.name}' ({n.op})"
 
 
 FOLDED = frozenset({"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Expand", "Reshape", "Cast", "Slice",
