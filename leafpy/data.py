@@ -476,15 +476,7 @@ def _check_npz_memory(path: str, declared: dict[str, tuple[tuple[int, ...], np.d
 def _check_npy_header(path: str, key: str, member: Any, size: int) -> tuple[tuple[int, ...], np.dtype]:
     """The shape and dtype of an array's .npy header, refused where it declares more data than the archive holds
     for it."""
-    version = np.lib.format.read_magic(member)
-    if version == (1, 0):
-        shape, _, dtype = np.lib.format.read_array_header_1_0(member)
-    elif version in ((2, 0), (3, 0)):
-        shape, _, dtype = np.lib.format.read_array_header_2_0(member)
-    else:
-        raise SerializationError(f"{path}: {key} has .npy format version {version}, which NumPy cannot read")
-    if dtype.hasobject:
-        raise SerializationError(f"{path}: it holds arrays of Python objects ({key}); save plain arrays of numbers")
+    shape, _, dtype = mapped.read_header(member, path, key)
     _real(path, key, dtype)
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes > size:

@@ -6,6 +6,7 @@ loading it whole is refused."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,11 @@ import numpy as np
 import pytest
 from conftest import child_env
 from runs import layer, run_file
+from test_data_files import npy as npy_file
+from test_data_files import npz_with_member
 from test_user_paths import _weights, failed_cleanly, leafpy
+
+import leafpy as lp
 
 RUN = run_file([layer("pool", "Pooling", mode="average", filter_shape=[8, 8], stride=8), layer("flat", "Flatten"),
                 layer("head", "Linear", output_size=5), layer("logsm", "LogSoftmax")], [3, 64, 64], name="mapped",
@@ -81,6 +86,25 @@ def test_npy_labels_at_fault_are_named_by_their_own_file(tmp_path, labels):
                "data.path={x: samples.npy, y: labels.npy}")
     failed_cleanly(p, "labels.npy")
     assert "samples.npy" not in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("shape, words", [("(-1, 4), }", "declares shape (-1, 4), with a negative dimension"),
+                                          ("(4, 4 ", "is not a readable .npy array (TokenError")],
+                         ids=["a negative dimension", "a header cut short"])
+def test_a_damaged_npy_header_is_refused_naming_the_file(tmp_path, shape, words):
+    """NumPy's header parser takes a negative dimension (np.memmap then failed with a bare ValueError) and raises
+    tokenize's TokenError on a header cut short: both are the file's fault, named as such."""
+    x = npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': " + shape, bytes(256))
+    (tmp_path / "x.npy").write_bytes(x)
+    np.save(tmp_path / "y.npy", np.zeros(4, np.int64))
+    npz_with_member(tmp_path / "data.npz", "x.npy", x, y=np.zeros(4, np.int64))
+    (tmp_path / "run.yaml").write_text(RUN)
+    for memory_map in (True, False):
+        with pytest.raises(lp.SerializationError, match=re.escape(f"data.npz: x {words}")):
+            lp.data.npz(str(tmp_path / "data.npz"), memory_map=memory_map)
+    p = leafpy(tmp_path, "train", "run.yaml", "--out", "r", "--set", "data.dataset=npy", "--set",
+               "data.path={x: x.npy, y: y.npy}")
+    failed_cleanly(p, "x.npy: x " + words, "write it again")
 
 
 CHILD = textwrap.dedent("""

@@ -11,6 +11,7 @@ import mmap
 import os
 import struct
 import threading
+import tokenize
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -185,19 +186,35 @@ def take(x: Any, rows: np.ndarray) -> Any:
     return x.take(rows) if isinstance(x, Mapped) else x[rows]
 
 
+def read_header(fh: Any, path: str, key: str) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, Fortran order, dtype) of the .npy header at ``fh``'s position (a file, or an .npz member), refused
+    with a message naming ``path`` and ``key`` where it is damaged, holds Python objects or declares a negative
+    dimension (NumPy's header parser takes one)."""
+    try:
+        version = np.lib.format.read_magic(fh)
+        if version not in ((1, 0), (2, 0), (3, 0)):
+            raise SerializationError(f"{path}: {key} has .npy format version {version}, which NumPy cannot read; "
+                                     "write it again with np.save (or np.savez)")
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read(fh)
+    except (ValueError, SyntaxError, EOFError, tokenize.TokenError) as e:
+        if isinstance(e, LeafpyError):
+            raise
+        raise SerializationError(f"{path}: {key} is not a readable .npy array ({type(e).__name__}: {e}); write it "
+                                 "again with np.save (or np.savez)") from e
+    if dtype.hasobject:
+        raise SerializationError(f"{path}: it holds arrays of Python objects ({key}); save plain arrays of numbers")
+    if any(d < 0 for d in shape):
+        raise SerializationError(f"{path}: {key} declares shape {tuple(shape)}, with a negative dimension; the file "
+                                 "is damaged: write it again with np.save (or np.savez)")
+    return tuple(shape), fortran, dtype
+
+
 def _header(fh: Any, path: str, key: str, size: int) -> tuple[tuple[int, ...], np.dtype, int]:
     """(shape, dtype, offset of the data in the file) of the .npy header at ``fh``'s position, whose array the
     file must hold whole within ``size`` bytes from there."""
     start = fh.tell()
-    try:
-        version = np.lib.format.read_magic(fh)
-        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        shape, fortran, dtype = read(fh)
-    except (ValueError, SyntaxError, EOFError) as e:
-        raise SerializationError(f"{path}: {key} is not a readable .npy array ({e}); write it again with np.save "
-                                 "(or np.savez)") from e
-    if dtype.hasobject:
-        raise SerializationError(f"{path}: it holds arrays of Python objects ({key}); save plain arrays of numbers")
+    shape, fortran, dtype = read_header(fh, path, key)
     if fortran and len(shape) > 1:
         raise SerializationError(f"{path}: {key} is stored in Fortran order, which cannot be read a sample at a "
                                  f"time; save np.ascontiguousarray({key}) instead")
