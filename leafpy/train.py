@@ -324,6 +324,10 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} {value!r:.60} is no number or text")
 
 
+MAX_HISTORY_BYTES = 64 * 2**20
+"""Largest ``history.json`` read when a run resumes (an epoch's record is a few hundred bytes)."""
+
+
 class History(Callback):
     """The epoch records as ``history.json`` and ``history.csv`` in ``directory`` (written atomically)."""
 
@@ -811,14 +815,20 @@ class Trainer:
         path = os.path.join(os.path.dirname(resume), "history.json")
         try:
             with _checks.open_regular(path, "the run's history (JSON)") as f:
-                history = json.load(f)
+                raw = f.read(MAX_HISTORY_BYTES + 1)
+            if len(raw) > MAX_HISTORY_BYTES:
+                raise ValueError(f"larger than {MAX_HISTORY_BYTES // 2**20} MB; an epoch's record is a few hundred "
+                                 "bytes")
+            history = json.loads(raw)
             if not isinstance(history, list) or not all(isinstance(h, dict) and _checks.counter(h.get("epoch"))
                                                         for h in history):
                 raise ValueError("not a list of epoch records, each with its epoch number")
         except FileNotFoundError:
             return []
-        except (OSError, ValueError) as e:  # (a FIFO or a directory there: a ConfigError, a ValueError)
-            self.log(f"warning: {path} cannot be read ({e}); the history starts again from this epoch")
+        # (a FIFO or a directory there: a ConfigError, a ValueError; RecursionError: JSON nested past Python's limit)
+        except (OSError, ValueError, RecursionError) as e:
+            self.log(f"warning: {path} cannot be read ({str(e)[:200] or type(e).__name__}); the history starts "
+                     "again from this epoch")
             return []
         return [h for h in history if h["epoch"] <= self.start_epoch]
 

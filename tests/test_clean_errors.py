@@ -82,17 +82,26 @@ def test_null_batch_size_or_epochs_is_refused_naming_the_key(tmp_path):
     failed_cleanly(leafpy(tmp_path, "train", "run.yaml", "--out", "run"), "train.epochs", "null")
 
 
-def test_a_history_with_a_text_epoch_is_set_aside_when_resuming(trained, tmp_path):
+@pytest.mark.parametrize("history, words", [
+    (json.dumps([{"epoch": "x"}]), "not a list of epoch records"),
+    ("[" * 100_000, "maximum recursion depth"),  # (nested past Python's limit)
+    (None, "larger than 64 MB"),  # (a sparse file: nothing of it written)
+], ids=["a text epoch", "nested lists", "over the size cap"])
+def test_a_damaged_history_is_set_aside_when_resuming(trained, tmp_path, history, words):
     """A damaged history.json is not the run's state (the checkpoint is): a warning, and the history starts again,
     as for a history that is not JSON."""
     run = tmp_path / "run"
     run.mkdir()
     for name in ("run.yaml", "checkpoint.leaf"):
         (run / name).write_bytes((trained / name).read_bytes())
-    (run / "history.json").write_text(json.dumps([{"epoch": "x"}]))
+    if history is None:
+        with open(run / "history.json", "wb") as f:
+            f.truncate(64 * 2**20 + 1)
+    else:
+        (run / "history.json").write_text(history)
     p = leafpy(tmp_path, "train", "run", "--resume", "run/checkpoint.leaf", "--epochs", "2")
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
-    assert "history.json cannot be read" in p.stdout + p.stderr
+    assert "history.json cannot be read" in p.stdout + p.stderr and words in p.stdout + p.stderr
     assert [h["epoch"] for h in json.loads((run / "history.json").read_text())] == [2]
 
 
