@@ -13,6 +13,7 @@ import pytest
 from conftest import ROOT, child_env
 
 import leafpy as lp
+from leafpy.onnx import importer
 
 onnx = pytest.importorskip("onnx", reason="ONNX import tests need the onnx package (pip install 'leafpy-dl[onnx]')")
 from onnx import AttributeProto, TensorProto, helper, numpy_helper  # noqa: E402
@@ -135,6 +136,28 @@ def test_a_malformed_model_is_a_serialization_error_naming_the_node_and_attribut
 def test_a_window_leafpy_cannot_compute_is_a_config_error_naming_it(node, words):
     with pytest.raises(lp.ConfigError, match=words):
         lp.onnx.load(_model([node], FILTERS if "w" in node.input else None))
+
+
+BIG = 2**24  # values each of these folds gives (8 bytes a value counted: 128 MiB)
+GROWING_FOLDS = {
+    "ConstantOfShape": (["s"], {"s": np.array([BIG])}),
+    "Range": (["a", "b", "d"], {"a": np.array(0), "b": np.array(BIG), "d": np.array(1)}),
+    "Expand": (["v", "s"], {"v": np.ones(1, np.float32), "s": np.array([BIG])}),
+    "Add": (["u", "v"], {"u": np.ones((4096, 1), np.float32), "v": np.ones((1, 4096), np.float32)}),
+    "Gather": (["u", "i"], {"u": np.ones((1, 4096), np.float32), "i": np.zeros(4096, np.int64)}),
+}
+
+
+@pytest.mark.parametrize("op", list(GROWING_FOLDS))
+def test_a_constant_fold_past_the_memory_available_is_refused_before_it_is_computed(monkeypatch, op):
+    """Operators computed at import from constants can give far more values than the model holds (ConstantOfShape
+    of [3 * 2**28]: 3 GB from 163 bytes): refused from the inputs' values, naming the node, before it is computed."""
+    inputs, inits = GROWING_FOLDS[op]
+    model = _model([helper.make_node(op, inputs, ["c"], name="big"), _node("Relu", ["x"])], inits)
+    monkeypatch.setattr(importer, "available_memory", lambda: 2**26)
+    with pytest.raises(lp.ConfigError, match=rf"ONNX node 'big' \({op}\): computing it from its constant inputs gives "
+                                             rf"{BIG:,} values \(about 0.12 GiB\), more than the 0.06 GiB"):
+        lp.onnx.load(model)
 
 
 def test_gemm_reads_trans_b_as_it_reads_trans_a_0_or_1():

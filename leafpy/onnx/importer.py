@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .._memory import available_memory
 from ..errors import ConfigError, LeafpyError, SerializationError, ShapeError
 from ..layer_config import lookup
 from ..layers import (
@@ -1502,6 +1503,7 @@ def _fold(g: Graph, n: Node) -> bool:
     onnx = require_onnx()
     from onnx.reference import ReferenceEvaluator
 
+    _check_fold_memory(n, [g.constants[i] for i in names])
     h = onnx.helper
     values = {i: g.constants[i] for i in names}
     inputs = [h.make_tensor_value_info(i, h.np_dtype_to_tensor_dtype(v.dtype), v.shape) for i, v in values.items()]
@@ -1519,6 +1521,46 @@ def _fold(g: Graph, n: Node) -> bool:
     for o, v in zip([o for o in n.outputs if o], results):
         g.constants[o] = np.asarray(v)
     return True
+
+
+BROADCAST = frozenset({"Add", "Sub", "Mul", "Div", "Equal", "Where"})
+"""Folded operators whose output has the broadcast shape of their inputs (more values than they hold together)."""
+
+
+def _folded_size(n: Node, values: list[np.ndarray]) -> int:
+    """How many values folding ``n`` gives, from its constant inputs, for the folded operators whose output can hold
+    more than their inputs (the others give at most as many as they read); 0 where the inputs do not fit the
+    operator (the evaluator then says why)."""
+    try:
+        if n.op == "ConstantOfShape":
+            return math.prod(max(0, int(d)) for d in values[0].reshape(-1))
+        if n.op == "Expand":
+            return math.prod(np.broadcast_shapes(values[0].shape, tuple(int(d) for d in values[1].reshape(-1))))
+        if n.op == "Range":
+            start, limit, delta = (float(v.reshape(())) for v in values)
+            return max(0, math.ceil((limit - start) / delta))
+        if n.op == "Gather":
+            data, indices = values[0].shape, values[1].shape
+            axis = int(n.attr("axis", 0)) % len(data)
+            return math.prod(data[:axis] + indices + data[axis + 1:])
+        if n.op in BROADCAST:
+            return math.prod(np.broadcast_shapes(*(v.shape for v in values)))
+    except (ValueError, TypeError, ZeroDivisionError, OverflowError):
+        pass
+    return 0
+
+
+def _check_fold_memory(n: Node, values: list[np.ndarray]) -> None:
+    """Refuse, before it is computed, a folded node whose output needs more memory than this process has available
+    (8 bytes a value: the widest type these operators compute in): a few bytes of a model can declare gigabytes
+    (ConstantOfShape of [3 * 2**28])."""
+    count = _folded_size(n, values)
+    available = available_memory() if count else None
+    if available is not None and 8 * count > available:
+        raise ConfigError(f"{n.where}: computing it from its constant inputs gives {count:,} values (about "
+                          f"{8 * count / 2**30:.2f} GiB), more than the {available / 2**30:.2f} GiB of memory this "
+                          "process has available; load the model where more memory is available, or export it with "
+                          "this value computed from the network's input")
 
 
 def _finish_outputs(g: Graph) -> None:
