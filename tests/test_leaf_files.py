@@ -15,6 +15,7 @@ from scipy.signal import convolve2d
 
 import leafpy as lp
 from leafpy import serialization
+from leafpy.serialization import fileformat
 
 LEAF_STRUCTS = """
 struct Weight { name @0 :Text; tensor @1 :Tensor; }
@@ -269,3 +270,35 @@ def test_a_header_that_lies_about_sizes_is_refused_quickly(tmp_path):
     (tmp_path / "future.leaf").write_bytes(serialization._HEADER.pack(magic, 99, kind, words, length, 0) + payload)
     with pytest.raises(lp.SerializationError, match="newer leafpy"):
         lp.Layer.load(lp.backend("native"), str(tmp_path / "future.leaf"))
+
+
+def _leaf_zeros(path, n: int) -> None:
+    """A Leaf file (a bare packed message, its weights as List(Float32)) of a Linear layer's [n, n] zero weight
+    ("fc-0"): packing makes its zeros a few bytes of the file."""
+    cfg = lp.SequentialConfig(inputs=[("data", [1, n])])
+    cfg.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=n, bias=False)))
+    net = lp.Layer.from_config(lp.backend("native"), lp.LayerConfig("net", cfg))
+    net.learnable_weights_data()[0].set(np.zeros((n, n), np.float32))
+    net.save(str(path), format="leaf")
+
+
+def test_a_leaf_file_unpacking_past_the_memory_available_is_refused_before_it_is_unpacked(tmp_path, monkeypatch):
+    """Packing turns 2 KB of zero words into 2 bytes: a small file can declare gigabytes, refused from its segment
+    table before Cap'n Proto unpacks it."""
+    _leaf_zeros(tmp_path / "zeros.leaf", 1024)
+    assert (tmp_path / "zeros.leaf").stat().st_size < 2**14
+    monkeypatch.setattr(fileformat, "available_memory", lambda: 2**20)
+    with pytest.raises(lp.SerializationError, match=r"zeros\.leaf: its message unpacks to 4,\d{3},\d{3} bytes "
+                                                    r"\(4\.0 MB\), more than the 1\.0 MB of memory"):
+        lp.Layer.load(lp.backend("native"), str(tmp_path / "zeros.leaf"))
+
+
+def test_a_leaf_weight_past_the_memory_left_is_refused_naming_it(tmp_path, monkeypatch):
+    """A List(Float32) weight is converted without a Python float per value (12 times its size), once the memory
+    left after unpacking the message (here: less than it needs) is known to hold it."""
+    _leaf_zeros(tmp_path / "zeros.leaf", 1024)
+    left = iter([2**40])  # the message unpacks; then 1 MB is left
+    monkeypatch.setattr(fileformat, "available_memory", lambda: next(left, 2**20))
+    with pytest.raises(lp.SerializationError, match=r"zeros\.leaf: weight 'fc-0' declares shape \(1024, 1024\) "
+                                                    r"\(1,048,576 values, 4\.0 MB\), more than the 1\.0 MB"):
+        lp.Layer.load(lp.backend("native"), str(tmp_path / "zeros.leaf"))

@@ -23,6 +23,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from .. import _checks
+from .._memory import available_memory
 from ..errors import ConfigError, LeafpyError, SerializationError, ShapeError
 from .codec import schema
 
@@ -245,10 +246,15 @@ def _parse_parts(path: str, struct_name: str, data: memoryview,
     # the packed bytes can expand to, whatever a (hostile) header declares
     limit = min(8 * min(words, 128 * len(payload)) + 1024, MAX_WORDS)
     packed = bytes(payload)
-    missing = _packed_shortfall(packed)
+    missing, unpacked = _packed_shortfall(packed)
     if missing:
         raise SerializationError(f"{path}: not a valid leafpy/Leaf {struct_name} file (truncated, corrupted or "
                                  f"another format): {missing}")
+    available, need = available_memory(), 8 * unpacked
+    if available is not None and need > available:  # (packing turns 2 KB of zeros into 2 bytes)
+        raise SerializationError(f"{path}: its message unpacks to {need:,} bytes ({_checks._bytes(need)}), more than "
+                                 f"the {_checks._bytes(available)} of memory this process has available; the file is "
+                                 "damaged, or load it where more memory is available")
     try:
         msg = getattr(schema(), struct_name).from_bytes_packed(packed, traversal_limit_in_words=limit,
                                                                nesting_limit=NESTING_LIMIT)
@@ -258,24 +264,25 @@ def _parse_parts(path: str, struct_name: str, data: memoryview,
     return msg, origin, raw
 
 
-def _packed_shortfall(data: bytes) -> str:
+def _packed_shortfall(data: bytes) -> tuple[str, int]:
     """What is wrong with the packed message ``data`` ("" where nothing): a segment table cut short, or a packing
-    that unpacks to other than the words its segment table declares. Cap'n Proto's packed reader takes the table on
-    trust and reads segments as they are used; one that ends early, or a run of words past the last, makes its
-    reader throw as it is freed, which ends the process (C++'s terminate). Walks the packing's tags: a run of
-    literal or zero words is one step, so dense weights cost a step per 2 KB, words with zero bytes one each."""
+    that unpacks to other than the words its segment table declares; and the words it unpacks to (0 where it is
+    wrong). Cap'n Proto's packed reader takes the table on trust and reads segments as they are used; one that ends
+    early, or a run of words past the last, makes its reader throw as it is freed, which ends the process (C++'s
+    terminate). Walks the packing's tags: a run of literal or zero words is one step, so dense weights cost a step
+    per 2 KB, words with zero bytes one each."""
     n = len(data)
     head, pos, words = _packed_head(data)
     if len(head) < 8:
-        return "its segment table is cut short"
+        return "its segment table is cut short", 0
     count = int.from_bytes(head[:4], "little") + 1
     if count > MAX_SEGMENTS:
-        return f"its segment table declares {count} segments (at most {MAX_SEGMENTS})"
+        return f"its segment table declares {count} segments (at most {MAX_SEGMENTS})", 0
     table = count // 2 + 1
     if len(head) < 8 * table:
         head, pos, words = _packed_head(data, table)
         if len(head) < 8 * table:
-            return "its segment table is cut short"
+            return "its segment table is cut short", 0
     declared = table + sum(int.from_bytes(head[4 + 4 * i:8 + 4 * i], "little") for i in range(count))
     steps = _STEPS
     try:
@@ -292,14 +299,14 @@ def _packed_shortfall(data: bytes) -> str:
                 words += 1
                 pos += steps[tag]
     except IndexError:
-        return "its packing ends inside a run of words"
+        return "its packing ends inside a run of words", 0
     if pos > n:
-        return "its packing ends inside a word"
+        return "its packing ends inside a word", 0
     if words < declared:
-        return f"its segments declare {declared} words where its bytes hold {words}"
+        return f"its segments declare {declared} words where its bytes hold {words}", 0
     if words > declared:
-        return f"its packing runs {words - declared} words past its segments"
-    return ""
+        return f"its packing runs {words - declared} words past its segments", 0
+    return "", declared
 
 
 def _packed_head(data: bytes, table: int = 1) -> tuple[bytearray, int, int]:
@@ -441,7 +448,13 @@ def _read_weights(reader_list: Any, where: str, raw_section: memoryview | None =
             if len(values) != count:
                 raise SerializationError(f"{where}: weight {w.name!r} declares shape {shape} ({count} values) but "
                                          f"holds {len(values)} values")
-            data = np.asarray(values, dtype=np.float32)
+            available, need = (available_memory() if count else None), 4 * count
+            if available is not None and need > available:
+                raise SerializationError(f"{where}: weight {w.name!r} declares shape {shape} ({count:,} values, "
+                                         f"{_checks._bytes(need)}), more than the {_checks._bytes(available)} of "
+                                         "memory this process has available; the file is damaged, or load it where "
+                                         "more memory is available")
+            data = np.fromiter(values, np.float32, count=count)  # (Leaf's List(Float32); no Python list between)
         out[w.name] = data.reshape(shape)
     return out
 
