@@ -121,6 +121,34 @@ def test_a_csv_with_unnamed_trailing_columns_reads_its_named_features(tmp_path):
         lp.data.csv(str(path), "label", features=["f1", ""])
 
 
+@pytest.mark.parametrize("text", ["label\n" + "ab\n" * 10, ",label\n" + "1,ab\n" * 10],
+                         ids=["the target alone", "the target and an unnamed column"])
+def test_a_csv_without_feature_columns_is_refused(tmp_path, text):
+    """A table whose only named column is the target read as samples of no values, x [N, 0], silently."""
+    path = tmp_path / "table.csv"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=r"table\.csv: no feature columns: the header names only the target column "
+                                          r"'label'"):
+        lp.data.csv(str(path), "label")
+
+
+def test_a_csv_past_the_memory_available_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
+    """A row of two one-digit numbers (4 bytes) takes over 100 times that as Python lists and strings: the rows
+    and cells are counted against the memory available before any is built (a 20 MB table took 2.35 GB, and
+    thrashed under ulimit -v instead of failing)."""
+    from leafpy.sources import csv_table
+
+    path = tmp_path / "table.csv"
+    path.write_text("f1,label\n" + "1,2\n" * 10_000)
+    monkeypatch.setattr(csv_table, "available_memory", lambda: 2**20)
+    with pytest.raises(LeafpyError, match=r"table\.csv: 10,002 lines of up to 20,003 cells in all: reading it as a "
+                                          r"table needs about 3\.7 MB, more than the 1\.0 MB available; convert it "
+                                          r"to an \.npz file"):
+        lp.data.csv(str(path), "label")
+    monkeypatch.setattr(csv_table, "available_memory", lambda: 2**23)
+    assert lp.data.csv(str(path), "label", test_fraction=0.5).x_train.shape == (5_000, 1)
+
+
 def test_csv_class_labels_written_as_floats_are_the_integers_they_hold(tmp_path):
     """An integer label column as a tool writes floats (1.0, 2.00) names the classes 1, 2 and 10, in numeric
     order, however each row writes them; other text stays a name of its own."""

@@ -14,11 +14,17 @@ from typing import Any
 import numpy as np
 
 from .. import _checks
+from .._memory import available_memory
 from ..errors import ConfigError, LeafpyError
 from .parts import Parts
 
 MAX_BYTES = 1 << 31
 """The largest CSV file read (it is read whole)."""
+ROW_BYTES = 256
+"""What a row of a table costs as CPython holds it, beyond its cells (a list and a tuple: about 220 bytes measured),
+counted against the memory available before the table is parsed."""
+CELL_BYTES = 64
+"""What a cell costs as CPython holds it (a string and its place in its row: about 60 bytes measured)."""
 
 
 def read_rows(path: str, delimiter: str = ",") -> tuple[list[str], list[list[str]], list[int]]:
@@ -32,7 +38,10 @@ def read_rows(path: str, delimiter: str = ",") -> tuple[list[str], list[list[str
             if size > MAX_BYTES:
                 raise LeafpyError(f"{path}: {size} bytes, more than the {MAX_BYTES} a CSV table may have; convert it "
                                   "to an .npz file")
-            text = raw.read().decode("utf-8-sig")
+            data = raw.read()
+        _check_memory(path, data, delimiter)
+        text = data.decode("utf-8-sig")
+        del data
     except UnicodeDecodeError as e:
         raise LeafpyError(f"{path}: not UTF-8 text ({e}); save the table as UTF-8 CSV") from e
     except OSError as e:
@@ -66,6 +75,21 @@ def read_rows(path: str, delimiter: str = ",") -> tuple[list[str], list[list[str
     if len(rows) < 2:
         raise LeafpyError(f"{path}: a header and no rows; give one row per sample")
     return header, [r for _, r in rows[1:]], [line for line, _ in rows[1:]]
+
+
+def _check_memory(path: str, data: bytes, delimiter: str) -> None:
+    """Refuse, before it is parsed, a table whose rows and cells (at most its lines and its lines plus delimiters)
+    would take more memory than this process has available as Python objects (a row of two one-digit numbers takes
+    over 100 times its 4 bytes)."""
+    lines = data.count(b"\n") + 1
+    cells = lines + data.count(delimiter.encode("utf-8"))
+    need = 2 * len(data) + ROW_BYTES * lines + CELL_BYTES * cells
+    have = available_memory()
+    if have is not None and need > have:
+        raise LeafpyError(f"{path}: {lines:,} lines of up to {cells:,} cells in all: reading it as a table needs about "
+                          f"{_checks._bytes(need)}, more than the {_checks._bytes(have)} available; convert it to an "
+                          ".npz file (np.savez(path, x=..., y=...)) and read it with data.dataset: npz, "
+                          "memory_map: true")
 
 
 def numbers(path: str, header: Sequence[str], rows: Sequence[Sequence[str]], columns: Sequence[str],
@@ -155,6 +179,9 @@ def read(path: str, target: str, *, features: Sequence[str] | None = None, delim
                           + (quote if numeric else ""))
     if target in features:
         raise ConfigError(f"data.features: the target column {target!r} cannot be a feature too")
+    if not features:
+        raise ConfigError(f"{path}: no feature columns: the header names only the target column {target!r}; a table "
+                          "needs a column of features besides the target")
     x = numbers(path, header, rows, features, lines)
     names: list[str] = []
     if targets == "values":
