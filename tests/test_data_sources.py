@@ -368,6 +368,32 @@ def test_a_csv_table_with_class_names(tmp_path):
     failed_cleanly(leafpy(tmp_path, "train", "cancer.yaml", "--out", "run2"), "line 8", "'n/a'")
 
 
+def test_a_16_bit_image_is_scaled_a_band_at_a_time_and_one_past_the_memory_available_is_refused(tmp_path,
+                                                                                                monkeypatch):
+    """16-bit pixels are scaled to 8 bits in float64 a band of rows at a time (as a whole, with its temporaries,
+    a 171 KB PNG of 9400x9400 pixels took 2.46 GB), to the values the whole image scaled gave; an image whose
+    decoding would take more than the memory available is refused from its header, naming it."""
+    from PIL import Image
+
+    import leafpy as lp
+    from leafpy.sources import image_folder
+
+    ramp = np.arange(65536, dtype=np.uint16).reshape(256, 256)
+    Image.fromarray(ramp).save(tmp_path / "ramp.png")
+    monkeypatch.setattr(image_folder, "BAND_PIXELS", 1000)  # 3 rows a band
+    got = image_folder.decode(str(tmp_path / "ramp.png"), (256, 256), 1)[0]
+    np.testing.assert_array_equal(got, np.floor(ramp / 65535.0 * 255.0 + 0.5).astype(np.uint8))
+    for c in ("a", "b"):
+        (tmp_path / "set" / c).mkdir(parents=True)
+        Image.fromarray(np.zeros((8, 8), np.uint8)).save(tmp_path / "set" / c / "small.png")
+    Image.fromarray(ramp[:64, :64]).save(tmp_path / "set" / "b" / "wide.png")
+    monkeypatch.setattr(image_folder, "available_memory", lambda: 2**15)
+    ds = lp.data.image_folder(str(tmp_path / "set"), image_size=(8, 8), channels=1, cache_dir=None)
+    with pytest.raises(lp.LeafpyError, match=r"wide\.png: decoding its 4,096 pixels needs about 64\.0 KB, more "
+                                             r"than the 32\.0 KB available; save the image smaller"):
+        [np.asarray(x) for x in (ds.x_train, ds.x_test)]  # (decoded as they are read)
+
+
 def test_floating_point_images_are_scaled_by_their_range_and_a_turned_photo_sizes_the_folder_upright(tmp_path):
     """Pillow's mode F (a float TIFF) in [0, 1] or [0, 255] decodes to the 8-bit pixels those values mean; other
     values are refused naming the file. Without image_size, the first image's size is taken as it is shown

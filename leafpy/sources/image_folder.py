@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _checks
 from .._memory import available_memory
 from ..errors import ConfigError, LeafpyError
 from . import decoding
@@ -37,6 +38,15 @@ MAX_IMAGES = 10_000_000
 CACHE_VERSION = 2
 """Part of a cache's key: raised when decoding changes what a file gives (2: floating-point images scaled, where
 they had been clipped to black)."""
+
+WIDE_MODES = ("I;16", "I;16B", "I;16L", "I", "F")
+"""Pillow's modes of 16-bit, 32-bit integer and floating-point pixels, scaled to 8 bits as they are decoded."""
+BAND_PIXELS = 1 << 20
+"""How many pixels of such an image are scaled at a time (in float64: 8 MB)."""
+DECODE_BYTES = 16
+"""The most memory decoding an image holds at once, a pixel: its pixels as Pillow keeps them (up to 4 bytes each),
+a copy (turned upright, or handed to NumPy to scale wide pixels to 8 bits), the 8-bit result and the image
+converted to grayscale or RGB (up to 4 bytes a pixel)."""
 
 EXIF_ORIENTATION = 0x0112
 """The EXIF tag of how a photo is turned (5-8: a quarter turn, so its stored width is its height)."""
@@ -118,14 +128,11 @@ def decode(path: str, image_size: Sequence[int], channels: int) -> np.ndarray:
                 if limit and img.width * img.height > limit:  # a decoding thread's may be restored under another's)
                     raise ValueError(f"{img.width}x{img.height} pixels, more than Pillow's decompression bomb limit "
                                      f"Image.MAX_IMAGE_PIXELS ({limit})")
+                _check_decode_memory(path, img.width * img.height)
                 img.seek(0)
                 img = ImageOps.exif_transpose(img)
-                if img.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
-                    wide = np.asarray(img, dtype=np.float64)
-                    top = 65535.0 if img.mode.startswith("I;16") or wide.max(initial=0) > 255 else 255.0
-                    if img.mode == "F":  # 32-bit floats: in [0, 1] (scaled to 255) or in [0, 255]
-                        top = _float_top(wide)
-                    img = Image.fromarray(np.clip(wide * (255.0 / top) + 0.5, 0, 255).astype(np.uint8), "L")
+                if img.mode in WIDE_MODES:
+                    img = Image.fromarray(_eight_bit(img), "L")
                 img = img.convert("L" if channels == 1 else "RGB")
                 if img.size != (w, h):
                     img = img.resize((w, h), Image.Resampling.BILINEAR)
@@ -136,6 +143,33 @@ def decode(path: str, image_size: Sequence[int], channels: int) -> np.ndarray:
         raise LeafpyError(f"{path}: cannot decode the image ({type(e).__name__}: {str(e)[:200]}); remove or replace "
                           "the file, or set data.skip_unreadable: true to skip such files") from e
     return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
+
+
+def _check_decode_memory(path: str, pixels: int) -> None:
+    """Refuse, from its header, an image whose decoding would take more memory than this process has available
+    (see :data:`DECODE_BYTES`): a 171 KB PNG can hold 9400x9400 16-bit pixels."""
+    need, have = pixels * DECODE_BYTES, available_memory()
+    if have is not None and need > have:
+        raise LeafpyError(f"{path}: decoding its {pixels:,} pixels needs about {_checks._bytes(need)}, more than "
+                          f"the {_checks._bytes(have)} available; save the image smaller, or remove it")
+
+
+def _eight_bit(img: Any) -> np.ndarray:
+    """A 16-bit, 32-bit integer or floating-point image's pixels as uint8, scaled to its white (16-bit: 65535; 32-bit
+    integers: 255, or 65535 where a pixel is brighter; floats: see :func:`_float_top`) and rounded, in float64 a
+    band of rows at a time into the result (a whole image in float64, and its temporaries, took 30 bytes a pixel)."""
+    wide = np.asarray(img)  # (as Pillow holds them: uint16, int32 or float32)
+    top = 65535.0 if img.mode.startswith("I;16") or wide.max(initial=0) > 255 else 255.0
+    if img.mode == "F":  # 32-bit floats: in [0, 1] (scaled to 255) or in [0, 255]
+        top = _float_top(wide)
+    out = np.empty(wide.shape, np.uint8)
+    step = max(1, BAND_PIXELS // max(1, wide.shape[1]))
+    for start in range(0, len(wide), step):
+        band = wide[start:start + step].astype(np.float64)
+        band *= 255.0 / top
+        band += 0.5
+        out[start:start + step] = np.clip(band, 0, 255, out=band)  # (truncated, as astype(np.uint8) does)
+    return out
 
 
 def _float_top(values: np.ndarray) -> float:
