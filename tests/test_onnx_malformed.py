@@ -156,7 +156,7 @@ def test_a_constant_fold_past_the_memory_available_is_refused_before_it_is_compu
     model = _model([helper.make_node(op, inputs, ["c"], name="big"), _node("Relu", ["x"])], inits)
     monkeypatch.setattr(importer, "available_memory", lambda: 2**26)
     with pytest.raises(lp.ConfigError, match=rf"ONNX node 'big' \({op}\): computing it from its constant inputs gives "
-                                             rf"{BIG:,} values \(about 0.12 GiB\), more than the 0.06 GiB"):
+                                             rf"{BIG:,} values \(about 128\.0 MB\), more than the 64\.0 MB"):
         lp.onnx.load(model)
 
 

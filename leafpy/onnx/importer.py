@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _checks
 from .._memory import available_memory
 from ..errors import ConfigError, LeafpyError, SerializationError, ShapeError
 from ..layer_config import lookup
@@ -1558,7 +1559,7 @@ def _check_fold_memory(n: Node, values: list[np.ndarray]) -> None:
     available = available_memory() if count else None
     if available is not None and 8 * count > available:
         raise ConfigError(f"{n.where}: computing it from its constant inputs gives {count:,} values (about "
-                          f"{8 * count / 2**30:.2f} GiB), more than the {available / 2**30:.2f} GiB of memory this "
+                          f"{_checks._bytes(8 * count)}), more than the {_checks._bytes(available)} of memory this "
                           "process has available; load the model where more memory is available, or export it with "
                           "this value computed from the network's input")
 
