@@ -39,9 +39,26 @@ from .serialization import saved_network_config
 from .serialization.atomic import atomic_write, remove_temporaries
 from .train import load_weights, resolve_data, same_path
 
+_lost_output: list[str] = []
+"""Why standard output could not be written (a full disk, an I/O error), once it failed: the command goes on (a
+run keeps training and saving) with its output dropped, and ends with exit code 1 saying so."""
+
 
 def _out(msg: str = "") -> None:
-    print(msg, flush=True)
+    if _lost_output:
+        return
+    try:
+        print(msg, flush=True)
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        _lost_output.append(e.strerror or str(e))
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (what is buffered: dropped, not retried)
+        try:
+            print(f"leafpy: cannot write to standard output ({_lost_output[0]}); its output is dropped from here on",
+                  file=sys.stderr, flush=True)
+        except OSError:
+            pass
 
 
 # --- summary --------------------------------------------------------------------------------------------------
@@ -235,6 +252,13 @@ def train(args: argparse.Namespace) -> int:
                 raise LeafpyError(f"--out {out_dir}: cannot create the output directory: {e.strerror or e}") from e
             # a resumed run writes over its own files; any other run's are kept unless --overwrite
             continues = bool(args.resume) and same_path(os.path.dirname(args.resume) or ".", out_dir)
+            given = os.path.join(args.config, RUN_FILE) if os.path.isdir(args.config) else args.config
+            own = os.path.join(out_dir, RUN_FILE)
+            if not continues and os.path.isfile(given) and same_path(given, own) and \
+                    not {"checkpoint.leaf", "model.leaf", "history.json"} & set(os.listdir(out_dir)):
+                raise LeafpyError(f"--out {out_dir}: the run file {given} is where the run writes its resolved copy "
+                                  f"of the run ({RUN_FILE}), which would replace yours; keep your run file under "
+                                  "another name or in another folder, or give another --out")
             if not continues and not args.overwrite:
                 present = set(os.listdir(out_dir))  # (any of a run's files: its history or best epochs alone too)
                 held = [f for f in RUN_FILES if f in present] + sorted(f for f in present if _is_run_file(f) and
@@ -437,7 +461,7 @@ def resolve_run(target: str, overrides: Sequence[str], weights: str | None, *, n
                 if live:
                     raise LeafpyError(f"{target}: no model.leaf yet: {live.split(': ', 1)[1]}; meanwhile, give its "
                                       f"last checkpoint: --weights {checkpoint}")
-                raise LeafpyError(f"{target}: no model.leaf (the run stopped before its end, or a Trainer without "
+                raise LeafpyError(f"{target}: no model.leaf yet (the run stopped before its end, or a Trainer without "
                                   "save_model ran it); give its last "
                                   f"checkpoint: --weights {checkpoint}, or finish the run: leafpy train {target} "
                                   f"--resume {checkpoint}")
@@ -554,6 +578,7 @@ def predict_cmd(args: argparse.Namespace) -> int:
         from . import onnx
         from .sources import image_folder, prepare
 
+        _refuse_set(args, "with no run file beside it")
         suffix = os.path.splitext(args.input)[1].lower()
         if os.path.isdir(args.input) or suffix in (".csv", ".tsv", ".txt", *image_folder.EXTENSIONS):
             raise LeafpyError(f"{args.input}: {args.config} alone reads samples from an .npz file (x: [N, ...]); "
@@ -704,12 +729,20 @@ def write_predictions(path: str, outputs: np.ndarray, classes: np.ndarray | None
     atomic_write(path, data, example="predictions" + os.path.splitext(path)[1])
 
 
+def _refuse_set(args: argparse.Namespace, why: str) -> None:
+    """A command given a model file that it uses without a run file: a ``--set`` would change nothing."""
+    if args.set:
+        raise LeafpyError(f"--set {args.set[0]}: --set changes a run file, and {args.config} is used {why}; give "
+                          "the run directory or run file to change, or drop --set")
+
+
 def summary_cmd(args: argparse.Namespace) -> int:
     be = get_backend("native")
     target = args.config
     if target.endswith((".onnx", ".leaf")) and not os.path.isdir(target):
         _checks.regular_file(target, "a model (.leaf or .onnx), a checkpoint.leaf, a run file or a run directory",
                              LeafpyError)
+        _refuse_set(args, "(its saved network is shown)")
         net = _model_from(target, be)
         _out(f"{target}: network '{net.name}' (with its saved weights)")
     else:
@@ -761,6 +794,11 @@ def convert_cmd(args: argparse.Namespace) -> int:
         raise LeafpyError(f"{args.output}: name the output .onnx (an ONNX model) or .leaf (a leafpy model)")
     if not (args.input.endswith(kinds) or os.path.isdir(args.input)):
         raise LeafpyError(f"{args.input}: give an .onnx or .leaf model (or a checkpoint.leaf, or a run directory)")
+    if args.output.endswith(".onnx"):
+        from .onnx.exporter import MAX_OPSET, MIN_OPSET
+
+        if not MIN_OPSET <= args.opset <= MAX_OPSET:
+            raise LeafpyError(f"--opset {args.opset}: expected an ONNX opset from {MIN_OPSET} to {MAX_OPSET}")
     net = _model_from(args.input, get_backend("native"))
     if args.output.endswith(".onnx"):
         from . import onnx
@@ -792,8 +830,10 @@ def export_cmd(args: argparse.Namespace) -> int:
     try:
         sizes = [int(b) for b in args.batch_sizes.split(",")]
     except ValueError:
-        raise LeafpyError(f"--batch-sizes {args.batch_sizes}: expected comma-separated positive integers, e.g. "
-                          "1,8,32") from None
+        sizes = []
+    if not sizes or not all(1 <= b <= web.MAX_BATCH for b in sizes):
+        raise LeafpyError(f"--batch-sizes {args.batch_sizes}: expected comma-separated integers from 1 to "
+                          f"{web.MAX_BATCH}, e.g. 1,8,32")
     net = _model_from(args.model, get_backend("native"))
     written = web.export(net, args.web, batch_sizes=sizes, precision=args.precision)
     lacking = args.precision == "auto" and "fp16" not in written  # auto leaves fp16 out only for the adapter
@@ -804,18 +844,43 @@ def export_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _path(text: str) -> str:
+    """An argument naming a file or directory: an empty one (an unset shell variable, ``--resume "$CKPT"``) is
+    refused, where it would silently mean the default (a fresh run instead of the one to continue)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a path, got {text!r} (an unset shell variable?)")
+    return text
+
+
+def _epochs(text: str) -> int:
+    """``--epochs``: a positive integer within the run file's bound (a run.yaml recording more could not be read)."""
+    try:
+        return _checks.positive_int("--epochs", int(text))
+    except (ValueError, LeafpyError):
+        raise argparse.ArgumentTypeError(f"expected a positive integer up to {_checks.INT_LIMIT}, got {text!r}") \
+            from None
+
+
+def _seed(text: str) -> int:
+    try:
+        return _checks.non_negative_int("--seed", int(text))
+    except (ValueError, LeafpyError):
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+
+
 def _command(sub: Any, name: str, func: Any, summary: str, description: str, *, weights: bool = False,
              backend: bool = True) -> argparse.ArgumentParser:
     """A subcommand taking a run file, ``--set`` overrides and, where it runs a network, the backend."""
     c = sub.add_parser(name, help=summary, description=description)
-    c.add_argument("config", help="a YAML run file (or a shipped one's name), or a run directory that leafpy train "
-                   "wrote" + (", or a model or checkpoint file (.leaf or .onnx)" if name != "train" else ""))
+    c.add_argument("config", type=_path, help="a YAML run file (or a shipped one's name), or a run directory that "
+                   "leafpy train wrote" + (", or a model or checkpoint file (.leaf or .onnx)" if name != "train"
+                                           else ""))
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="change one value of the run file, e.g. solver.base_lr=0.01 or "
                    "network.layers.conv1.num_output=32 (repeatable)")
     if weights:
-        c.add_argument("--weights", help="a model.leaf or checkpoint.leaf file (default: the run directory's "
-                       "model.leaf)")
+        c.add_argument("--weights", type=_path, help="a model.leaf or checkpoint.leaf file (default: the run "
+                       "directory's model.leaf)")
     if backend:
         c.add_argument("--backend", choices=BACKEND_NAMES, help="default: the run's train.backend, else native")
         c.add_argument("--precision", choices=PRECISIONS, help="fp32, tf32, or mixed bf16 or fp16 (fp32 master "
@@ -824,20 +889,29 @@ def _command(sub: Any, name: str, func: Any, summary: str, description: str, *, 
     return c
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="leafpy", description="Train and evaluate leafpy networks from YAML run files.")
+class _RankParser(argparse.ArgumentParser):
+    """The parser of a rank a launcher started: a refused argument is a LeafpyError, which ends every rank with
+    its message, not a usage text and exit status 2 on one of them."""
+
+    def error(self, message: str) -> Any:
+        raise LeafpyError(f"{self.prog}: {message}")
+
+
+def build_parser(parser: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p = parser(prog="leafpy", description="Train and evaluate leafpy networks from YAML run files.")
     p.add_argument("--version", action="version", version=f"leafpy {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     t = _command(sub, "train", train, "train a run file's network", "Train a run file's network; a checkpoint is "
                  "written after each epoch, and Ctrl-C saves one and stops.")
-    t.add_argument("--epochs", type=int, help="train up to this epoch (default: the run file's train.epochs)")
-    t.add_argument("--out", help="output directory (default: the --resume checkpoint's directory, else "
+    t.add_argument("--epochs", type=_epochs, help="train up to this epoch (default: the run file's train.epochs)")
+    t.add_argument("--out", type=_path, help="output directory (default: the --resume checkpoint's directory, else "
                    "runs/NAME)")
-    t.add_argument("--resume", metavar="CHECKPOINT", help="continue from a checkpoint")
-    t.add_argument("--weights", metavar="FILE", help="start a new run from the weights of a model.leaf or "
+    t.add_argument("--resume", type=_path, metavar="CHECKPOINT", help="continue from a checkpoint")
+    t.add_argument("--weights", type=_path, metavar="FILE", help="start a new run from the weights of a model.leaf or "
                    "checkpoint.leaf, matched by name (fine-tuning: weights the file lacks keep their initial values, "
                    "weights the network lacks are ignored)")
-    t.add_argument("--seed", type=int, help="seed for weights, dropout and shuffling")
+    t.add_argument("--seed", type=_seed, help="seed for the initial weights, dropout, shuffling and the held-out "
+                   "split (solver.seed and data.seed; --set solver.seed=S keeps the run file's split)")
     t.add_argument("--overwrite", action="store_true", help="replace another run's files in --out")
     t.add_argument("--nproc", type=int, help="train data-parallel on this many local processes (under mpiexec)")
     _command(sub, "evaluate", evaluate_cmd, "held-out loss and accuracy of saved weights",
@@ -845,22 +919,22 @@ def build_parser() -> argparse.ArgumentParser:
     r = _command(sub, "predict", predict_cmd, "run saved weights on new samples",
                  "Run saved weights (a model or a checkpoint) on new samples (images, a CSV table, an .npz "
                  "file); prints the top classes by name and writes them (or the outputs) with --out.", weights=True)
-    r.add_argument("--input", required=True, help="an image, a folder of images, a CSV table with the run's "
-                   "feature columns, or an .npz file with the samples as x (np.savez(path, x=...))")
-    r.add_argument("--out", help="write the outputs (and classes) to this .npz or .csv file")
+    r.add_argument("--input", type=_path, required=True, help="an image, a folder of images, a CSV table with the "
+                   "run's feature columns, or an .npz file with the samples as x (np.savez(path, x=...))")
+    r.add_argument("--out", type=_path, help="write the outputs (and classes) to this .npz or .csv file")
     v = sub.add_parser("convert", help="convert a model between ONNX and leafpy's format",
                        description="Convert a model by the files' suffixes: .onnx -> .leaf imports an ONNX model, "
                        ".leaf (a model, a checkpoint's network or a run directory) -> .onnx exports one.")
-    v.add_argument("input", help="an .onnx or .leaf model, a checkpoint.leaf, or a run directory")
-    v.add_argument("output", help="the file to write: .onnx or .leaf")
+    v.add_argument("input", type=_path, help="an .onnx or .leaf model, a checkpoint.leaf, or a run directory")
+    v.add_argument("output", type=_path, help="the file to write: .onnx or .leaf")
     v.add_argument("--opset", type=int, default=17, help="the ONNX opset to write (13 to 23; default 17)")
     v.set_defaults(func=convert_cmd)
     e = sub.add_parser("export", help="export a model to run in a web browser (WebGPU)",
                        description="Write a static folder that runs the model in a web browser on WebGPU: "
                        "leafpy.js, index.html (a demo page) and model/ (the forward pass as dispatches, the weights, "
                        "the WGSL, class names and input normalisation).")
-    e.add_argument("--web", metavar="DIR", required=True, help="the folder to write")
-    e.add_argument("model", help="a model (.leaf or .onnx), a checkpoint.leaf, or a run directory")
+    e.add_argument("--web", type=_path, metavar="DIR", required=True, help="the folder to write")
+    e.add_argument("model", type=_path, help="a model (.leaf or .onnx), a checkpoint.leaf, or a run directory")
     e.add_argument("--batch-sizes", default="1,8,32", help="the batch sizes to record plans for, comma-separated "
                    "(1 is always added; leafpy.js splits and pads other batch sizes over them; default 1,8,32)")
     e.add_argument("--precision", choices=("auto", "fp32", "fp16", "both"), default="auto",  # web.PRECISIONS
@@ -939,12 +1013,7 @@ def _as_rank(argv: Sequence[str] | None) -> int:
 def _run_command(argv: Sequence[str] | None, *, raising: bool = False) -> int:
     """Parse and run one command; ``raising``: a LeafpyError propagates (to a rank's failing_rank_ends_the_job)
     instead of being printed here."""
-    args = build_parser().parse_args(argv)
-    if getattr(args, "epochs", None) is not None and args.epochs <= 0:
-        if raising:
-            raise LeafpyError("--epochs must be a positive integer")
-        print("leafpy: error: --epochs must be a positive integer", file=sys.stderr)
-        return 2
+    args = build_parser(_RankParser if raising else argparse.ArgumentParser).parse_args(argv)
     try:
         if getattr(args, "nproc", None) is not None:
             from .distributed.group import launched_size
@@ -956,7 +1025,11 @@ def _run_command(argv: Sequence[str] | None, *, raising: bool = False) -> int:
                                   "launcher started; drop --nproc under mpiexec or srun (or run leafpy train --nproc "
                                   "N without a launcher)")
             return _relaunch(args, list(sys.argv[1:] if argv is None else argv))
-        return args.func(args)
+        code = args.func(args)
+        if _lost_output and code == 0:
+            print(f"leafpy: error: standard output could not be written ({_lost_output[0]})", file=sys.stderr)
+            return 1
+        return code
     except LeafpyError as e:
         if raising:
             raise

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from . import _checks
+from .backends import BACKEND_NAMES
 from .backends.base import PRECISIONS
 from .errors import ConfigError, LeafpyError, SerializationError, ShapeError
 from .layers.container.sequential import SequentialConfig
@@ -86,9 +87,18 @@ def _wrap(path: str, fn: Callable[[], Any]) -> Any:
         raise ConfigError(f"{path}: {e}") from None
 
 
+def _given(d: dict, key: str, default: Any) -> Any:
+    """``d[key]``, or ``default`` where the key is missing or null (a ``false`` or ``0`` in its place is kept, for
+    the type check to refuse, not taken for the default)."""
+    value = d.get(key)
+    return default if value is None else value
+
+
 def _mapping(value: Any, path: str) -> dict:
     if not isinstance(value, dict):
-        raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__} {value!r}")
+        if value is None:
+            raise ConfigError(f"{path}: expected a mapping, got nothing (an empty document or section)")
+        raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__} {value!r}"[:300])
     return value
 
 
@@ -101,7 +111,7 @@ def _check_keys(d: dict, valid: tuple[str, ...] | list[str], path: str, what: st
 # --- layers -----------------------------------------------------------------------------------------------------
 def _params_list(d: dict, path: str) -> list:
     """A layer's ``params``: a list with one mapping per weight, in the order of the layer's weights."""
-    params = d.get("params") or []
+    params = _given(d, "params", [])
     if not isinstance(params, (list, tuple)):
         raise ConfigError(f"{path}.params: expected a list with one entry per weight (e.g. params: [{{name: w}}, "
                           f"{{name: b}}]), got {type(params).__name__} {params!r}"[:300])
@@ -116,7 +126,7 @@ def _weight_from_dict(d: Any, path: str) -> WeightConfig:
     if "filler" in d:
         f = _mapping(d["filler"], f"{path}.filler")
         _check_keys(f, ("type", "value", "std"), f"{path}.filler", "a filler")
-        d["filler"] = _wrap(f"{path}", lambda: FillerConfig(**f))
+        d["filler"] = _wrap(f"{path}.filler", lambda: FillerConfig(**f))
     return _wrap(path, lambda: WeightConfig(**d))
 
 
@@ -141,7 +151,7 @@ def layer_from_dict(d: Any, path: str = "network", batch: int | None = None) -> 
                               "weights of its own; give params to the layers inside it (in its layers)")
         _check_keys(d, ("name", "type", "inputs", "layers", "force_backward", "outputs", "propagate_down"), path,
                     "a Sequential")
-        inputs = d.get("inputs") or []
+        inputs = _given(d, "inputs", [])
         if not isinstance(inputs, list):
             raise ConfigError(f"{path}.inputs: expected a list of {{name, shape}}, got {inputs!r}")
         seq = _wrap(path, lambda: SequentialConfig(force_backward=d.get("force_backward", False)))
@@ -162,14 +172,18 @@ def layer_from_dict(d: Any, path: str = "network", batch: int | None = None) -> 
         if sources and len(sources) != len(inputs):
             raise ConfigError(f"{path}.inputs: give every input a 'from' (the blob of the enclosing container that "
                               f"feeds it) or none (wired automatically); {len(sources)} of {len(inputs)} have one")
-        layers = d.get("layers") or []
+        layers = _given(d, "layers", [])
         if not isinstance(layers, list):
             raise ConfigError(f"{path}.layers: expected a list of layers, got {layers!r}")
         for i, item in enumerate(layers):
             lc = layer_from_dict(item, f"{path}.layers[{i}]", batch)
-            _wrap(f"{path}.layers[{i}]", lambda: seq.add_layer(lc))
-        return _wrap(path, lambda: LayerConfig(name, seq, inputs=sources, outputs=d.get("outputs") or [],
-                                               propagate_down=d.get("propagate_down") or []))
+            try:
+                seq.add_layer(lc)
+            except ConfigError as e:  # (SequentialConfig's own field name: the entry in the file says more)
+                raise ConfigError(f"{path}.layers[{i}]: {str(e).removeprefix('SequentialConfig.layers: ')}") \
+                    from None
+        return _wrap(path, lambda: LayerConfig(name, seq, inputs=sources, outputs=_given(d, "outputs", []),
+                                               propagate_down=_given(d, "propagate_down", [])))
     cls = entry.config_class
     own = [f.name for f in dataclasses.fields(cls)] if cls is not None else []
     _check_keys(d, list(LAYER_KEYS) + own, path, f"a {type_name} layer")
@@ -177,8 +191,8 @@ def layer_from_dict(d: Any, path: str = "network", batch: int | None = None) -> 
     config: Any = type_name if cls is None else _wrap(path, lambda: cls(**kwargs))
     params = [_weight_from_dict(p, f"{path}.params[{i}]") for i, p in enumerate(_params_list(d, path))]
     return _wrap(path, lambda: LayerConfig(
-        name, config, inputs=d.get("inputs") or [], outputs=d.get("outputs") or [], params=params,
-        propagate_down=d.get("propagate_down") or []))
+        name, config, inputs=_given(d, "inputs", []), outputs=_given(d, "outputs", []), params=params,
+        propagate_down=_given(d, "propagate_down", [])))
 
 
 def _plain(value: Any) -> Any:
@@ -240,10 +254,14 @@ def from_dict(doc: Any, source: str = "<run>") -> RunConfig:
     for key in ("network", "objective"):
         if key not in doc:
             raise ConfigError(f"{source}: missing the '{key}' section")
-    data = dict(_mapping(doc.get("data") or {}, "data"))
+    data = dict(_mapping(_given(doc, "data", {}), "data"))
     _check_keys(data, DATA_KEYS, "data", "the data section")
-    train = dict(_mapping(doc.get("train") or {}, "train"))
+    train = dict(_mapping(_given(doc, "train", {}), "train"))
     _check_keys(train, TRAIN_KEYS, "train", "the train section")
+    for key in [k for k, v in train.items() if v is None and k != "epochs"]:
+        del train[key]  # (null: the default, as for a key left out)
+    if "backend" in train and train["backend"] not in BACKEND_NAMES:
+        raise ConfigError(f"train.backend: expected one of {', '.join(BACKEND_NAMES)}, got {train['backend']!r}")
     for section, where, key in ((data, "data", "batch_size"), (train, "train", "epochs"),
                                 (data, "data", "num_classes")):
         value = section.get(key)
@@ -258,7 +276,7 @@ def from_dict(doc: Any, source: str = "<run>") -> RunConfig:
     objective = layer_from_dict(_objective_section(doc["objective"], network), "objective", data.get("batch_size"))
     if objective.type != "Sequential":
         raise ConfigError(f"objective.type: expected Sequential, got {objective.type!r}")
-    solver_doc = dict(_mapping(doc.get("solver") or {}, "solver"))
+    solver_doc = dict(_mapping(_given(doc, "solver", {}), "solver"))
     _check_keys(solver_doc, SOLVER_KEYS, "solver", "the solver")
     name = check_run_name(doc.get("name", ""))
     solver_doc.setdefault("name", name)
@@ -332,6 +350,15 @@ def _network_output(network: LayerConfig, what: str) -> tuple[int, ...]:
 DATASETS = ("digits", "mnist", "fashion_mnist", "npz", "npy", "image_folder", "csv")
 DIGITS_IGNORES = ("path", "num_classes")
 """data keys the bundled digits dataset has no use for (a run file giving them means another dataset)."""
+DATASET_KEYS = {"digits": (), "mnist": ("path",), "fashion_mnist": ("path",),
+                "npz": ("path", "num_classes", "memory_map"), "npy": ("path", "num_classes"),
+                "image_folder": ("path", "image_size", "channels", "skip_unreadable", "cache_dir", "memory_map",
+                                 "decoding"),
+                "csv": ("path", "target", "features", "delimiter")}
+"""The data keys each dataset reads besides :data:`COMMON_DATA_KEYS` (a key another dataset reads would be
+ignored: refused, so that a value meant for one never passes unread)."""
+COMMON_DATA_KEYS = ("dataset", "batch_size", "test_fraction", "seed", "augment", "normalize", "class_names",
+                    "workers")
 
 
 def check_run_name(name: Any) -> str:
@@ -373,6 +400,16 @@ def _check_data(data: dict) -> None:
             raise ConfigError(f"data.{key}: the digits dataset is bundled with scikit-learn and has 10 classes, so "
                               f"{key} does not apply to it (got {data[key]!r}); remove it, or set data.dataset to "
                               "npz (or mnist) for your own files")
+    own = DATASET_KEYS[dataset]
+    for key in data:
+        if key not in COMMON_DATA_KEYS and key not in own:
+            takes = [k for k, keys in DATASET_KEYS.items() if key in keys]
+            got = repr(data[key])
+            got = got if len(got) <= 60 else got[:57] + "..."
+            raise ConfigError(f"data.{key}: the {dataset} dataset does not read it (got {got}; "
+                              f"{' and '.join(takes)} {'do' if len(takes) > 1 else 'does'}); remove it, or set "
+                              f"data.dataset to the dataset you mean; {dataset} reads "
+                              f"{', '.join(COMMON_DATA_KEYS[1:] + own)}")
     if data.get("test_fraction") is not None:
         _checks.number("data.test_fraction", data["test_fraction"], minimum=0.0, maximum=1.0, min_open=True,
                        max_open=True)
@@ -626,7 +663,7 @@ def override(doc: Any, item: str) -> Any:
                     node[part] = {}
                 node = node[part]
         elif isinstance(node, list):
-            if part.isdigit():
+            if part.isascii() and part.isdigit():
                 index = int(part)
                 if index >= len(node):
                     raise ConfigError(f"{where}: {here}: the list has {len(node)} entries")

@@ -181,14 +181,14 @@ class LayerConfig:
             type_name = found
             config = layer_type
         for what, names in (("inputs", inputs), ("outputs", outputs)):
-            if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
+            if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) and n for n in names):
                 raise ConfigError(f"layer '{name}'.{what}: expected a list of blob names, got {names!r}")
         given = list(params) if isinstance(params, (list, tuple)) else None
         if given is None or not all(isinstance(p, (WeightConfig, dict)) for p in given):
             raise ConfigError(f"layer '{name}'.params: expected a list of WeightConfig (one per weight, e.g. "
                               f"[lp.WeightConfig(name='w')]), got {params!r}"[:300])
         params_t = tuple(p if isinstance(p, WeightConfig) else WeightConfig(**p) for p in given)
-        if isinstance(propagate_down, bool) or not all(isinstance(p, bool) for p in propagate_down):
+        if not isinstance(propagate_down, (list, tuple)) or not all(isinstance(p, bool) for p in propagate_down):
             raise ConfigError(f"layer '{name}'.propagate_down: expected a list of booleans, got {propagate_down!r}")
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "type", type_name)

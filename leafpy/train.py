@@ -622,6 +622,8 @@ class Trainer:
         self._log = log if log is not None else (lambda msg: print(msg, flush=True))
         self._progress = log if log is not None else (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.out_dir = out_dir if out_dir is None else _checks.path("Trainer: out_dir", out_dir)
+        resume = resume if resume is None else _checks.path("Trainer: resume", resume)
+        weights = weights if weights is None else _checks.path("Trainer: weights", weights)
         if out_dir is not None and self.is_root:
             try:
                 os.makedirs(out_dir, exist_ok=True)

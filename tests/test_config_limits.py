@@ -202,7 +202,8 @@ def test_a_run_file_of_more_plain_values_than_the_limit_is_refused_while_read(tm
     msg = quick(lambda: lp.config.load(str(path)))
     assert msg.startswith(str(path)) and "more than 20000 values" in msg and "line 1" in msg, msg
     monkeypatch.undo()
-    wide = MLP.replace("data: {", "data: {features: [" + ", ".join(f"c{i}" for i in range(120_000)) + "], ")
+    wide = MLP.replace("data: {dataset: digits, ", "data: {dataset: csv, path: t.csv, target: y, features: [" +
+                       ", ".join(f"c{i}" for i in range(120_000)) + "], ")
     assert len(lp.config.loads(wide, "wide.yaml").data["features"]) == 120_000
     layers = "".join(f"    - {{name: hidden{i}, type: Linear, output_size: 4}}\n" for i in range(1000))
     big = MLP.replace("    - {name: flat, type: Flatten}\n", "    - {name: flat, type: Flatten}\n" + layers)

@@ -378,7 +378,8 @@ def test_a_rank_that_fails_before_training_starts_ends_the_job(tmp_path, broken)
     done = job(cmd, tmp_path)
     assert done.returncode != 0
     assert time.monotonic() - began < 30
-    named = {"not yaml": "other.yaml: not valid YAML", "missing": "other.yaml", "epochs 0": "--epochs must be"}
+    named = {"not yaml": "other.yaml: not valid YAML", "missing": "other.yaml",
+             "epochs 0": "argument --epochs: expected a"}
     assert "leafpy: rank 1: error: " in done.stderr and named[broken] in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
 

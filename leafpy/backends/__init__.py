@@ -92,9 +92,15 @@ def run_backend(train: dict, name: str | None = None, precision: str | None = No
     """The backend a run file's ``train`` section asks for (``backend``, ``precision``, ``channels_last``), with
     ``name`` and ``precision`` given on the command line taking their place."""
     layout = train.get("channels_last")
-    return backend(name or str(train.get("backend", "native")), **options,
-                   **precision_option(precision or str(train.get("precision", "fp32")),
-                                      None if layout is None else bool(layout)))
+    chosen = name or str(train.get("backend", "native"))
+    try:
+        return backend(chosen, **options, **precision_option(precision or str(train.get("precision", "fp32")),
+                                                              None if layout is None else bool(layout)))
+    except BackendUnavailable as e:
+        if name or chosen == "native":
+            raise
+        raise BackendUnavailable(f"{e} (the run's train.backend is {chosen!r}; --backend native runs it on the "
+                                 "CPU)") from e.__cause__
 
 
 def available_backends() -> list[str]:

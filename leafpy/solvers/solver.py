@@ -288,6 +288,17 @@ class UpdateRule:
     adding ``decay·w`` to the gradient first (L2 regularisation, Caffe's)."""
 
 
+def _check_loss(objective: Network[Layer]) -> None:
+    """An objective's first output is the loss the solver minimises: one value (an objective ending in, say, a
+    Sigmoid would train on its first element and report it as the loss)."""
+    out = objective.outputs[0]
+    if out.size != 1:
+        raise ConfigError(f"solver.objective: its output ({objective.layer.name!r}) has shape {list(out.shape)}, "
+                          "where a loss is one value; end the objective with a loss layer (NegativeLogLikelihood, "
+                          "SoftmaxCrossEntropy, MeanSquaredError), or write objective: nll, softmax_cross_entropy or "
+                          "mse in a run file")
+
+
 def _network_of(where: str, given: Network[Layer] | Layer) -> Network[Layer]:
     """The Network of ``given`` (a Network, or a Layer: the Network that runs it as the outermost layer)."""
     if isinstance(given, Network):
@@ -466,6 +477,8 @@ class Solver:
         if net.num_inputs != 2:
             raise ConfigError(f"solver.objective: expected a layer with two inputs (the network output, then "
                               f"the target), got {objective!r}")
+        if net.outputs:
+            _check_loss(net)
         net.require_input_gradients([True, False])
         self._objective = net
         self._objective_dtype: np.dtype | None = None  # what its first input is staged in (found at the next step)
@@ -494,6 +507,8 @@ class Solver:
         if obj.feed([None, target]) or rebound:
             self._seeded = False
             self._generation += 1
+        if not self._seeded:
+            _check_loss(obj)
         if not self._seeded and self.loss_scaling() == "none":  # the loss's gradient: 1 (scaled: see _seed)
             obj.output_grads[0].set(np.ones(obj.output_grads[0].shape))
             self._seeded = True
