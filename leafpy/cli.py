@@ -630,15 +630,19 @@ def predict_cmd(args: argparse.Namespace) -> int:
     if probs is not None:  # classes past the names (a network scoring more classes than the data names): numbered
         names = names[:probs.shape[1]] + [str(k) for k in range(len(names), probs.shape[1])]
     if args.out:
-        if prep.class_names and probs is not None and args.out.endswith(".csv"):
+        if prep.class_names and probs is not None and probs.ndim == 2 and args.out.endswith(".csv"):
             write_named_predictions(args.out, labels, probs, names)
         else:
             write_predictions(args.out, outputs, classes)
     _out(f"leafpy: {len(x)} samples of {args.input} through {weights}: outputs {list(outputs.shape)}")
     if classes is not None and probs is not None:
-        counts = np.bincount(classes, minlength=len(names))
+        counts = np.bincount(classes.reshape(-1), minlength=len(names))  # (outputs [N, C, d1, ...]: every position's)
         _out("predicted classes: " + ", ".join(f"{names[k]}: {n}" for k, n in enumerate(counts) if n))
-        for label, row in list(zip(labels, probs))[:20]:
+        for label, row, picked in list(zip(labels, probs, classes))[:20]:
+            if row.ndim > 1:  # a class at every position
+                _out(f"  {label}: " + " ".join(names[k] for k in picked.reshape(-1)[:20]) +
+                     " ..." * (picked.size > 20))
+                continue
             _out(f"  {label}: " + ", ".join(f"{names[k]} {row[k]:.1%}" for k in _top(row)))
         if len(labels) > 20:
             _out(f"  ... ({len(labels) - 20} more)")
@@ -672,12 +676,13 @@ def _preparation(run: run_config.RunConfig, weights: str) -> Any:
 
 
 def probabilities(outputs: np.ndarray) -> np.ndarray:
-    """Class probabilities of network outputs [N, C]: the outputs themselves where each row already is a
-    distribution (Softmax), else their softmax (log-probabilities, scores)."""
-    flat = outputs.reshape(outputs.shape[0], outputs.shape[1], -1)[:, :, 0].astype(np.float64)
-    if (flat >= 0).all() and np.allclose(flat.sum(axis=1), 1.0, atol=1e-3):
-        return flat
-    e = np.exp(flat - flat.max(axis=1, keepdims=True))
+    """Class probabilities of network outputs [N, C] (or [N, C, d1, ...]: at every position), in their shape: the
+    outputs themselves where each already is a distribution over axis 1 (Softmax), else their softmax over it
+    (log-probabilities, scores)."""
+    a = outputs.astype(np.float64)
+    if (a >= 0).all() and np.allclose(a.sum(axis=1), 1.0, atol=1e-3):
+        return a
+    e = np.exp(a - a.max(axis=1, keepdims=True))
     return np.asarray(e / e.sum(axis=1, keepdims=True))
 
 
@@ -712,11 +717,11 @@ def write_predictions(path: str, outputs: np.ndarray, classes: np.ndarray | None
     if path.endswith(".csv"):
         flat = outputs.reshape(len(outputs), -1)
         header = [f"output_{i}" for i in range(flat.shape[1])]
-        rows = flat if classes is None else np.column_stack([classes, flat])
-        if classes is not None:
-            header.insert(0, "class")
+        picked = np.zeros((len(flat), 0), np.int64) if classes is None else classes.reshape(len(classes), -1)
+        rows = np.column_stack([picked, flat])  # (a class column per position of outputs [N, C, d1, ...])
+        header[:0] = ["class"] if picked.shape[1] == 1 else [f"class_{i}" for i in range(picked.shape[1])]
         text = io.StringIO()
-        fmt = (["%d"] if classes is not None else []) + ["%.9g"] * flat.shape[1]
+        fmt = ["%d"] * picked.shape[1] + ["%.9g"] * flat.shape[1]
         np.savetxt(text, rows, fmt=fmt, delimiter=",", header=",".join(header), comments="")
         data = text.getvalue().encode()
     else:

@@ -14,12 +14,42 @@ from .errors import ShapeError
 from .tensor import SharedTensor
 
 
-def predictions(output: Any) -> np.ndarray:
-    """Class predictions (argmax over axis 1) of a network output [N, C] (SharedTensor or array)."""
+def _outputs(where: str, output: Any) -> np.ndarray:
+    """Network outputs [N, C] or [N, C, d1, ...] (SharedTensor or array) as an array."""
     a = output.to_numpy() if isinstance(output, SharedTensor) else np.asarray(output)
     if a.ndim < 2:
-        raise ShapeError(f"predictions: expected network outputs of shape [N, C], got {a.shape}")
-    return a.reshape(a.shape[0], a.shape[1], -1)[:, :, 0].argmax(axis=1)
+        raise ShapeError(f"{where}: expected network outputs of shape [N, C] (or [N, C, d1, ...]: classes at every "
+                         f"position), got {a.shape}")
+    return a
+
+
+def predictions(output: Any) -> np.ndarray:
+    """Class predictions (argmax over axis 1) of network outputs (SharedTensor or array): [N] of outputs [N, C],
+    [N, d1, ...] of outputs [N, C, d1, ...] (a class at every position, as NegativeLogLikelihood scores them)."""
+    return _outputs("predictions", output).argmax(axis=1)
+
+
+def class_scores(output: Any) -> np.ndarray:
+    """Network outputs [N, C] or [N, C, d1, ...] as one row of C scores per sample and position, [N * d1 * ...,
+    C], in the order of their targets [N, d1, ...] flattened."""
+    a = _outputs("class_scores", output)
+    return np.moveaxis(a, 1, -1).reshape(-1, a.shape[1])
+
+
+def _flat_numbers(where: str, name: str, given: Any) -> np.ndarray:
+    """``given`` (``name``s: class indices, as an array or SharedTensor) flattened, refused where not numbers."""
+    v = np.asarray(given.to_numpy() if isinstance(given, SharedTensor) else given)
+    if v.dtype.kind not in "biuf":
+        raise ShapeError(f"{where}: {name}s must be class indices (numbers), got an array of dtype {v.dtype}")
+    return v.reshape(-1)
+
+
+def _refuse_non_index(where: str, name: str, v: np.ndarray, k: int, hint: str = "") -> None:
+    """Refuse flat ``v`` (``name``s) where a value is not a class index in [0, k)."""
+    bad = _checks.first_non_index(v, k)
+    if bad is not None:
+        raise ShapeError(f"{where}: {name} {bad} is {v[bad].item()!r}; {name}s must be class indices in [0, "
+                         f"{k - 1}]{hint}")
 
 
 class ConfusionMatrix:
@@ -35,22 +65,13 @@ class ConfusionMatrix:
 
     def add(self, predictions: Any, targets: Any) -> None:
         """Add predicted and true class indices (any shapes with the same number of elements)."""
-        arrays = []
-        for name, given in (("prediction", predictions), ("target", targets)):
-            v = np.asarray(given.to_numpy() if isinstance(given, SharedTensor) else given)
-            if v.dtype.kind not in "biuf":
-                raise ShapeError(f"ConfusionMatrix.add: {name}s must be class indices (numbers), got an array of "
-                                 f"dtype {v.dtype}")
-            arrays.append(v.reshape(-1))
-        p, t = arrays
+        p, t = (_flat_numbers("ConfusionMatrix.add", name, given)
+                for name, given in (("prediction", predictions), ("target", targets)))
         if p.size != t.size:
             raise ShapeError(f"ConfusionMatrix.add: {p.size} predictions but {t.size} targets")
         k = self.num_classes
         for name, v in (("prediction", p), ("target", t)):
-            bad = _checks.first_non_index(v, k)
-            if bad is not None:
-                raise ShapeError(f"ConfusionMatrix.add: {name} {bad} is {v[bad].item()!r}; {name}s must be class "
-                                 f"indices in [0, {k - 1}] (for network outputs [N, C] use add_outputs)")
+            _refuse_non_index("ConfusionMatrix.add", name, v, k, " (for network outputs [N, C] use add_outputs)")
         p, t = p.astype(np.int64), t.astype(np.int64)
         np.add.at(self._matrix, (t, p), 1)
         if self.capacity is not None:
@@ -67,7 +88,8 @@ class ConfusionMatrix:
                 total -= drop
 
     def add_outputs(self, outputs: Any, targets: Any) -> None:
-        """Add network outputs [N, C] (their argmax is the prediction) and targets."""
+        """Add network outputs [N, C] and targets [N], or [N, C, d1, ...] and [N, d1, ...] (their argmax over axis
+        1 is the prediction)."""
         self.add(predictions(outputs), targets)
 
     @property
@@ -169,12 +191,16 @@ class ConfusionMatrix:
 
 
 def top_k_hits(outputs: Any, targets: Any, k: int) -> int:
-    """How many samples' target is among the ``k`` largest of their outputs [N, C]."""
-    a = outputs.to_numpy() if isinstance(outputs, SharedTensor) else np.asarray(outputs)
-    a = a.reshape(a.shape[0], a.shape[1], -1)[:, :, 0]
-    t = np.asarray(targets).reshape(-1).astype(np.int64)
+    """How many targets are among the ``k`` largest of their outputs: outputs [N, C] and targets [N], or [N, C, d1,
+    ...] and [N, d1, ...] (every position counts)."""
+    k = _checks.positive_int("top_k_hits: k", k)
+    a = class_scores(outputs)
+    t = _flat_numbers("top_k_hits", "target", targets)
+    if t.size != len(a):
+        raise ShapeError(f"top_k_hits: {len(a)} outputs (samples and positions) but {t.size} targets")
+    _refuse_non_index("top_k_hits", "target", t, a.shape[1])
     top = np.argpartition(-a, min(k, a.shape[1]) - 1, axis=1)[:, :k]
-    return int((top == t[:, None]).any(axis=1).sum())
+    return int((top == t.astype(np.int64)[:, None]).any(axis=1).sum())
 
 
 def roc_auc(targets: Any, scores: Any) -> tuple[float | None, str]:

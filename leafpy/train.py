@@ -47,7 +47,7 @@ from .layers.container.sequential import Sequential
 from .layers.layer import Layer
 from .layers.loss.negative_log_likelihood import label_weight, loss_configs, summed_losses
 from .layers.network import Network
-from .metrics import ConfusionMatrix, predictions, roc_auc, top_k_hits
+from .metrics import ConfusionMatrix, class_scores, predictions, roc_auc, top_k_hits
 from .serialization.atomic import atomic_write
 from .solvers.solver import Solver
 from .sources import augment, mapped, prepare
@@ -152,13 +152,16 @@ def evaluate(net: Layer | Network[Layer], objective: Layer | Network[Layer], x: 
     score at once, each rank puts its share's scores in place in a vector of all of them, summed too (exactly: the
     other ranks add zeros), so every rank scores them all as one process does. Samples labelled ``ignore_index``
     (the objective's) are left out of every score, the loss a mean over the others (weighted by their class
-    weights, as the objective weighs them)."""
+    weights, as the objective weighs them). Outputs [N, C, d1, ...] with labels [N, d1, ...] (a class at every
+    position, as NegativeLogLikelihood scores them) are scored at every position: each position is a sample of the
+    confusion matrix, the top-5 accuracy and the ROC AUC."""
     net.set_training(False)
     cm = ConfusionMatrix(classes) if classes else None
     total, top, scored, divisor = 0.0, 0, 0, 0.0
     sums: np.ndarray | None = None  # a regression's per-output sums: squared and absolute errors, targets, squares
-    ranked: list[np.ndarray] | None = [] if classes == 2 else None  # two classes: each sample's class-1 score
+    ranked: list[np.ndarray] | None = [] if classes == 2 else None  # two classes: each sample's class-1 scores
     n, targets = len(x), y
+    positions = np.asarray(y).size // max(n, 1)  # the labels of a sample: 1, or d1 * ... for outputs [N, C, d1, ...]
     share = np.arange(n)
     if group is not None and group.size > 1:
         share = np.array_split(share, group.size)[group.rank]
@@ -172,13 +175,13 @@ def evaluate(net: Layer | Network[Layer], objective: Layer | Network[Layer], x: 
         if weight:  # (a batch of ignored samples alone has a NaN mean: none of them counts)
             value = float(objective.forward([out, yb])[0].to_numpy().reshape(-1)[0])
             total += value if summed is not None else value * weight
-        scored += len(xb) if keep is None else int(keep.sum())
         divisor += weight
-        if cm is not None:
-            outputs = scores = out.to_numpy()
-            labels = np.asarray(yb).reshape(-1)
+        if cm is not None:  # (outputs [N, C, d1, ...]: every position's class counts, as the objective scores it)
+            outputs = out.to_numpy()
+            scores, labels = class_scores(outputs), np.asarray(yb).reshape(-1)
             if keep is not None:
                 scores, labels = scores[keep], labels[keep]
+            scored += len(labels)
             cm.add(predictions(scores), labels)
             top += top_k_hits(scores, labels, 5) if classes > 5 else 0
             if ranked is not None:
@@ -201,28 +204,30 @@ def evaluate(net: Layer | Network[Layer], objective: Layer | Network[Layer], x: 
     top_k = (5, top / max(scored, 1)) if cm is not None and classes > 5 else None
     auc, why = None, ""
     if ranked is not None and n:
-        every = _all_scores(ranked, share, n, group)
-        keep = counted(targets, ignore_index)
-        auc, why = roc_auc(targets, every) if keep is None else roc_auc(np.asarray(targets)[keep], every[keep])
+        every = _all_scores(ranked, share, (n, positions), group)
+        labels, keep = np.asarray(targets).reshape(-1), counted(targets, ignore_index)
+        auc, why = roc_auc(labels, every) if keep is None else roc_auc(labels[keep], every[keep])
     loss = total / divisor if divisor else float("nan")
     regression = _regression_scores(sums, targets, preparation) if sums is not None else None
     return Scores(loss, cm, top_k, regression, auc, why)
 
 
-def _all_scores(ranked: list[np.ndarray], share: np.ndarray, n: int, group: Any) -> np.ndarray:
-    """Every held-out sample's score, in order, from this rank's (its ``share`` of the ``n`` samples) and, with
-    several ranks, the others' (summed into place: each rank's zeros elsewhere leave the others' scores exact)."""
-    scores = np.zeros(n, np.float64)
+def _all_scores(ranked: list[np.ndarray], share: np.ndarray, shape: tuple[int, int], group: Any) -> np.ndarray:
+    """Every held-out sample's scores (``shape``: samples, positions), flattened in the order of their labels, from
+    this rank's (its ``share`` of the samples) and, with several ranks, the others' (summed into place: each rank's
+    zeros elsewhere leave the others' scores exact)."""
+    scores = np.zeros(shape, np.float64)
     if ranked:
         scores[share] = np.concatenate(ranked)
-    return group.allreduce_(scores) if group is not None and group.size > 1 else scores
+    return (group.allreduce_(scores) if group is not None and group.size > 1 else scores).reshape(-1)
 
 
 def _positive_score(out: np.ndarray) -> np.ndarray:
-    """Two-class outputs [N, 2] (log-probabilities, probabilities or logits) as one score per sample that ranks
-    the samples as class 1's probability does: output 1 less output 0 (float64)."""
-    a = np.asarray(out, np.float64).reshape(len(out), 2, -1)[:, :, 0]
-    return a[:, 1] - a[:, 0]
+    """Two-class outputs [N, 2] or [N, 2, d1, ...] (log-probabilities, probabilities or logits) as a score per
+    sample and position, [N, 1] or [N, d1 * ...], that ranks them as class 1's probability does: output 1 less
+    output 0 (float64). The ROC AUC ranks every position of every sample together."""
+    a = np.asarray(out, np.float64)
+    return (a[:, 1] - a[:, 0]).reshape(len(a), -1)
 
 
 def _in_units(target: Any, preparation: Any) -> np.ndarray:
@@ -944,10 +949,12 @@ class Trainer:
                     out = self._train_step(xb, yb)
                     hits, labelled = 0, len(xb)
                     if self.running is not None and len(yb):  # (a rank may have no share of a last batch)
-                        predicted, labels = predictions(out), np.asarray(yb).reshape(-1)
+                        # (outputs [N, C, d1, ...]: a prediction and a label at every position)
+                        predicted, labels = predictions(out).reshape(-1), np.asarray(yb).reshape(-1)
                         keep = counted(labels, self.ignore_index)
                         if keep is not None:
-                            predicted, labels, labelled = predicted[keep], labels[keep], int(keep.sum())
+                            predicted, labels = predicted[keep], labels[keep]
+                        labelled = len(labels)
                         self.running.add(predicted, labels)
                         hits = int(np.count_nonzero(predicted == labels))
                     loss, samples, hits, labelled, stop = self._batch_loss(solver.loss(), len(xb), hits, labelled)

@@ -262,6 +262,39 @@ def test_confusion_matrix():
         cm.add([3], [0])
 
 
+def test_predictions_and_top_k_hits_of_a_class_at_every_position():
+    """Outputs [N, C, d1, d2] (NegativeLogLikelihood's per-position scores): lp.predictions is the argmax over
+    axis 1 at every position, [N, d1, d2], and top_k_hits counts every position's target (before: position 0
+    alone)."""
+    rng = np.random.default_rng(0)
+    out = rng.standard_normal((6, 4, 3, 2))
+    targets = rng.integers(0, 4, (6, 3, 2))
+    np.testing.assert_array_equal(lp.predictions(out), out.argmax(axis=1))
+    top2 = np.argsort(-out, axis=1)[:, :2]
+    assert lp.metrics.top_k_hits(out, targets, 2) == int((top2 == targets[:, None]).any(axis=1).sum())
+    assert lp.metrics.top_k_hits(out, targets, 1) == int((out.argmax(axis=1) == targets).sum())
+    cm = lp.ConfusionMatrix(4)
+    cm.add_outputs(out, targets)
+    assert cm.samples == 36 and cm.accuracy() == pytest.approx(np.mean(out.argmax(axis=1) == targets))
+
+
+def test_top_k_hits_refuses_targets_that_are_not_class_indices_and_a_k_below_1():
+    """Targets 1.7 and 2.9 are no classes (before: truncated to 1 and 2, counted as hits), nor is 3 of three
+    classes; k 0 or -1 asks for nothing (before: 0 hits)."""
+    out = np.array([[0.1, 0.5, 0.4], [0.2, 0.3, 0.5]])
+    assert lp.metrics.top_k_hits(out, [1, 2], 1) == 2 and lp.metrics.top_k_hits(out, [1.0, 0.0], 1) == 1
+    with pytest.raises(lp.ShapeError, match="top_k_hits: target 0 is 1.7; targets must be class indices in"):
+        lp.metrics.top_k_hits(out, [1.7, 2.9], 1)
+    with pytest.raises(lp.ShapeError, match="target 1 is 3; targets must be class indices in \\[0, 2\\]"):
+        lp.metrics.top_k_hits(out, [1, 3], 5)
+    with pytest.raises(lp.ShapeError, match="2 outputs .* but 3 targets"):
+        lp.metrics.top_k_hits(out, [1, 2, 0], 1)
+    for k in (0, -1):
+        with pytest.raises(lp.ConfigError, match=f"top_k_hits: k: expected a positive integer, got {k}"):
+            lp.metrics.top_k_hits(out, [1, 2], k)
+
+
+
 # --- real data ------------------------------------------------------------------------------------------------
 def train_digits(net_cfg, epochs, batch=32, lr=0.05):
     ds = lp.data.digits(test_fraction=0.2, seed=0)

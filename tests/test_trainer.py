@@ -11,7 +11,7 @@ import subprocess
 import numpy as np
 import pytest
 from conftest import child_env, terminal_signals
-from runs import mlp, run_file
+from runs import layer, mlp, run_file
 from test_cli import ROOT, accuracy, leafpy_cmd, run
 
 import leafpy as lp
@@ -553,3 +553,51 @@ def test_the_r2_of_targets_far_from_zero_is_scikit_learns(tmp_path):
     assert scores["r2"] == pytest.approx(r2_score(target, predicted), rel=1e-6)
     assert scores["mse"] == pytest.approx(mean_squared_error(target, predicted), rel=1e-6)
     assert scores["mae"] == pytest.approx(mean_absolute_error(target, predicted), rel=1e-6)
+
+
+# --- a class at every position ------------------------------------------------------------------------------------
+def _per_position_run(classes, positions=5, features=8, batch=16):
+    """A Linear at every position of [N, positions, features], transposed to scores [N, classes, positions] and
+    a LogSoftmax over the classes; NegativeLogLikelihood of labels [N, positions]."""
+    layers = [layer("fc", "Linear", output_size=classes, axis=-1), layer("t", "Transpose", perm=[0, 2, 1]),
+              layer("logsm", "LogSoftmax", axis=1)]
+    text = run_file(layers, [positions, features], data={"batch_size": batch, "seed": 0}, train={"epochs": 2},
+                    solver={"solver": "adam", "base_lr": 0.05, "seed": 0}, objective={
+                        "type": "Sequential", "inputs": [{"name": "network_out", "shape": [batch, classes, positions]},
+                                                         {"name": "label", "shape": [batch, positions]}],
+                        "layers": [layer("nll", "NegativeLogLikelihood", num_classes=classes)]})
+    return lp.config.loads(text)
+
+
+@pytest.mark.parametrize("classes", [2, 7])
+def test_a_class_at_every_position_is_trained_and_scored_at_every_position(classes):
+    """Scores [N, C, 5] and labels [N, 5] (NegativeLogLikelihood's per-position form): lp.Trainer trains and
+    evaluates the run, and its held-out accuracy, confusion matrix, top-5 accuracy (7 classes) and ROC AUC (2
+    classes) are those of every position, as NumPy and scikit-learn compute them from the network's outputs
+    (before: evaluation failed, 'ConfusionMatrix.add: 16 predictions but 80 targets', as lp.predictions took
+    position 0 alone)."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((120, 5, 8)).astype(np.float32)
+    y = np.argmax(x[:, :, :classes], axis=2).astype(np.int64)  # [N, 5]
+    ds = lp.data.Dataset("positions", x[:80], y[:80], x[80:], y[80:], classes)
+    trainer = lp.Trainer(_per_position_run(classes), backend=lp.backend("native"), dataset=ds, log=lambda m: None)
+    history = trainer.fit()
+    net = trainer.solver.network
+    net.set_training(False)
+    out = net.forward([ds.x_test])[0].to_numpy().astype(np.float64)  # [40, C, 5]
+    predicted = out.argmax(axis=1)
+    assert lp.predictions(out).shape == (40, 5)
+    assert history[-1]["test_accuracy"] == pytest.approx(np.mean(predicted == ds.y_test), abs=1e-12)
+    assert history[-1]["test_accuracy"] > 0.6 and 0 < history[-1]["train_accuracy"] <= 1
+    expected = np.zeros((classes, classes), np.int64)
+    np.add.at(expected, (ds.y_test.reshape(-1), predicted.reshape(-1)), 1)
+    np.testing.assert_array_equal(trainer.evaluate().matrix.matrix, expected)
+    if classes == 7:
+        top5 = (np.argsort(-out, axis=1)[:, :5] == ds.y_test[:, None, :]).any(axis=1)
+        assert history[-1]["test_top5_accuracy"] == pytest.approx(top5.mean(), abs=1e-12)
+    else:
+        pytest.importorskip("sklearn", reason="scikit-learn's roc_auc_score is the independent reference")
+        from sklearn.metrics import roc_auc_score
+
+        reference = roc_auc_score(ds.y_test.reshape(-1), (out[:, 1] - out[:, 0]).reshape(-1))
+        assert history[-1]["test_roc_auc"] == pytest.approx(reference, abs=1e-9)
