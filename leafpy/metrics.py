@@ -219,9 +219,15 @@ def roc_auc(targets: Any, scores: Any) -> tuple[float | None, str]:
 
 def regression_scores(predicted: np.ndarray, target: np.ndarray) -> dict[str, float]:
     """Mean squared error, mean absolute error and R² (per output, averaged, as scikit-learn's
-    ``uniform_average``; an output whose targets are constant scores 1 when predicted exactly, else 0)."""
-    p = np.asarray(predicted, np.float64).reshape(len(predicted), -1)
-    t = np.asarray(target, np.float64).reshape(len(target), -1)
+    ``uniform_average``; an output whose targets are constant scores 1 when predicted exactly, else 0) of
+    ``predicted`` and ``target`` [N, ...], one sample per row in the same layout ([N] and [N, 1] are one)."""
+    p, t = np.asarray(predicted, np.float64), np.asarray(target, np.float64)
+    if p.ndim == 0 or t.ndim == 0 or len(p) != len(t) or not _checks.same_layout(t.shape[1:], p.shape[1:]):
+        hint = _checks.layout_hint(t.shape, p.shape, "target", first=1) if p.ndim and t.ndim else ""
+        raise ShapeError(f"regression_scores: expected predicted and target values of one layout, [N, ...] each "
+                         f"(targets [N] for predictions [N, 1]), got predicted of shape {p.shape} and target of shape "
+                         f"{t.shape}{hint}")
+    p, t = p.reshape(len(p), -1), t.reshape(len(t), -1)
     residual = ((t - p) ** 2).sum(axis=0)
     total = ((t - t.mean(axis=0)) ** 2).sum(axis=0)
     r2 = np.where(total > 0, 1 - residual / np.where(total > 0, total, 1), np.where(residual > 0, 0.0, 1.0))

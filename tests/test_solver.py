@@ -294,6 +294,24 @@ def test_top_k_hits_refuses_targets_that_are_not_class_indices_and_a_k_below_1()
             lp.metrics.top_k_hits(out, [1, 2], k)
 
 
+def test_regression_scores_refuse_predictions_and_targets_of_other_layouts():
+    """Predictions [4] and targets [1, 4] (one sample of four values) are not four samples (before: broadcast to
+    [4, 4], MSE 3.5 where the four pairs' is 0.25), nor are [4, 2] and [4, 1]; [4] and [4, 1] are one layout, and
+    score as scikit-learn does."""
+    pytest.importorskip("sklearn", reason="scikit-learn's regression metrics are the independent reference")
+    from sklearn.metrics import mean_absolute_error, mean_squared_error, r2_score
+
+    p, t = np.array([1.0, 2, 3, 4]), np.array([1.0, 2, 3, 5])
+    scores = lp.metrics.regression_scores(p, t[:, None])
+    assert scores == pytest.approx({"mse": mean_squared_error(t, p), "mae": mean_absolute_error(t, p),
+                                    "r2": r2_score(t, p)})
+    with pytest.raises(lp.ShapeError, match=r"predicted of shape \(4,\) and target of shape \(1, 4\)"):
+        lp.metrics.regression_scores(p, t[None, :])
+    with pytest.raises(lp.ShapeError, match=r"predicted of shape \(4, 2\) and target of shape \(4, 1\)"):
+        lp.metrics.regression_scores(np.zeros((4, 2)), np.zeros((4, 1)))
+    with pytest.raises(lp.ShapeError, match=r"predicted of shape \(3,\) and target of shape \(4,\)"):
+        lp.metrics.regression_scores(p[:3], t)
+
 
 # --- real data ------------------------------------------------------------------------------------------------
 def train_digits(net_cfg, epochs, batch=32, lr=0.05):
