@@ -18,7 +18,7 @@ import numpy as np
 
 from . import _checks
 from ._memory import available_memory
-from .errors import ConfigError, LeafpyError, SerializationError
+from .errors import ConfigError, LeafpyError, SerializationError, ShapeError
 from .sources import csv_table, mapped
 from .sources import image_folder as _images
 from .sources.mapped import open_npz
@@ -43,6 +43,31 @@ class Dataset:
     """Files left out because they could not be read (image folders with ``skip_unreadable``)."""
     feature_names: tuple[str, ...] = ()
     """The columns the samples were read from (CSV tables)."""
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Refuse splits whose samples and targets differ in number (sample i is paired with target i: one too
+        many would pair the rest with the wrong targets), or that are not arrays of numbers [N, ...]; a list (or
+        anything NumPy converts) becomes an array. The Trainer checks its dataset again, as it may have changed."""
+        for key in ("x_train", "y_train", "x_test", "y_test"):
+            a = given = getattr(self, key)
+            if not isinstance(a, (np.ndarray, mapped.Mapped)):
+                try:
+                    a = np.asarray(a)
+                except (TypeError, ValueError) as e:  # (a ragged list)
+                    raise ShapeError(f"Dataset {self.name!r}: {key}: expected an array [N, ...] (a NumPy array, or "
+                                     f"a list of samples of one shape), got {type(given).__name__}: {e}") from None
+                setattr(self, key, a)
+            if a.ndim == 0 or a.dtype.kind not in "biuf":
+                raise ShapeError(f"Dataset {self.name!r}: {key}: expected an array of numbers [N, ...], one entry "
+                                 f"per sample, got {type(given).__name__} of shape {a.shape} and dtype {a.dtype}")
+        for x_key, y_key in (("x_train", "y_train"), ("x_test", "y_test")):
+            n, m = len(getattr(self, x_key)), len(getattr(self, y_key))
+            if n != m:
+                raise ShapeError(f"Dataset {self.name!r}: {x_key} holds {n} samples and {y_key} {m} targets; give "
+                                 f"one target per sample ({y_key}[i] is the target of {x_key}[i])")
 
     @property
     def input_shape(self) -> tuple[int, ...]:

@@ -637,6 +637,8 @@ class Trainer:
         if dataset is not None and not isinstance(dataset, datasets.Dataset):
             raise ConfigError(f"Trainer: dataset: expected an lp.data.Dataset (lp.data.Dataset(name, x_train, y_train, "
                               f"x_test, y_test, num_classes)), got {type(dataset).__name__}")
+        if dataset is not None:
+            dataset.check()  # (as when it was made: its arrays may have been replaced since)
         self.dataset = dataset if dataset is not None else load_data(run)
         self._describes_data = dataset is None
         self.preparation = prepare.from_dict(run.data)

@@ -142,6 +142,31 @@ def test_a_trainer_dataset_that_is_not_a_dataset_or_has_no_held_out_samples_is_r
         lp.Trainer(run, backend=lp.backend("native"), dataset=_tiny_dataset(n_test=0))
 
 
+def test_a_trainer_dataset_whose_samples_and_targets_differ_in_number_is_refused_naming_both():
+    """One target too many trained on pairs shifted by one, too few failed with a raw IndexError mid-epoch, a
+    y_test of another length only at the first evaluation, an x_train list with a raw TypeError: a Dataset
+    refuses the first three when it is made, and the Trainer a dataset changed since; lists become arrays, and
+    train as the arrays do."""
+    run = lp.config.load("digits_mlp", ["train.epochs=1", "solver.seed=0"])
+    x, y = _tiny_dataset().x_train, _tiny_dataset().y_train
+    for given, says in (((x, np.append(y, 0), x, y), "x_train holds 60 samples and y_train 61 targets"),
+                        ((x, y[:59], x, y), "x_train holds 60 samples and y_train 59 targets"),
+                        ((x, y, x[:20], y[:19]), "x_test holds 20 samples and y_test 19 targets")):
+        with pytest.raises(lp.ShapeError, match=f"Dataset 'tiny': {says}; give one target per sample"):
+            lp.data.Dataset("tiny", *given, 10)
+    with pytest.raises(lp.ShapeError, match="Dataset 'tiny': x_test: expected an array of numbers .* got str"):
+        lp.data.Dataset("tiny", x, y, "x", y, 10)
+    changed = _tiny_dataset()
+    changed.y_train = np.append(changed.y_train, 0)
+    with pytest.raises(lp.ShapeError, match="x_train holds 60 samples and y_train 61 targets"):
+        lp.Trainer(run, backend=lp.backend("native"), dataset=changed)
+    ds = _tiny_dataset()
+    listed = lp.data.Dataset("tiny", ds.x_train.tolist(), ds.y_train.tolist(), ds.x_test, ds.y_test, 10)
+    histories = [lp.Trainer(run, backend=lp.backend("native"), dataset=d, log=lambda m: None).fit()
+                 for d in (ds, listed)]
+    assert [h["test_loss"] for h in histories[0]] == pytest.approx([h["test_loss"] for h in histories[1]])
+
+
 # --- documentation -----------------------------------------------------------------------------------------------
 def _public_members():
     import inspect
