@@ -442,3 +442,42 @@ def test_input_gradients_asked_for_after_a_recorded_step_are_computed(native64):
             np.testing.assert_allclose(solver.network.input_grads[0].to_numpy(), dy @ w @ fw, rtol=1e-12,
                                        atol=1e-14, err_msg=f"step {step}")
     assert native64.replays >= 3  # recorded again at step 4, replayed at 5 and 6 (and before)
+
+
+def test_ids_a_step_computes_are_checked_on_every_native_step():
+    """An Embedding reading ids that the step computes (a Slice of a record of ids and features): each native step
+    refuses an id past its table as the first steps do; a replayed one, which runs no layer's check, clamped it and
+    trained on. The steps before the bad batch equal those of a backend that never replays."""
+    n, t, v = 8, 4, 10
+    net = lp.SequentialConfig(inputs=[("data", [n, 2 * t])])
+    net.add_layer(lp.LayerConfig("split", lp.SliceConfig(axis=1, slice_points=[t]), inputs=["data"],
+                                 outputs=["ids", "rest"]))
+    net.add_layer(lp.LayerConfig("emb", lp.EmbeddingConfig(input_dim=v, output_dim=3), inputs=["ids"],
+                                 outputs=["e"]))
+    net.add_layer(lp.LayerConfig("flat", "Flatten", inputs=["e"], outputs=["f"]))
+    net.add_layer(lp.LayerConfig("cat", lp.ConcatConfig(axis=1), inputs=["f", "rest"], outputs=["c"]))
+    net.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=5), inputs=["c"], outputs=["z"]))
+    net.add_layer(lp.LayerConfig("logsm", "LogSoftmax", inputs=["z"], outputs=["out"]))
+    obj = lp.SequentialConfig(inputs=[("out", [n, 5]), ("label", [n])])
+    obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=5)))
+    cfg = lp.SolverConfig(network=lp.LayerConfig("net", net), objective=lp.LayerConfig("loss", obj),
+                          solver="momentum", base_lr=0.1, momentum=0.9, seed=0)
+    rng = np.random.default_rng(0)
+    batches = [rng.integers(0, v, (n, 2 * t)).astype(np.float32) for _ in range(5)]
+    labels = rng.integers(0, 5, n)
+    batches[3][2, 1] = 25.0
+    losses = {}
+    for replay in (True, False):
+        be = lp.backend("native", dtype="float32")  # (a backend of its own: options make a new instance)
+        be.replay = replay
+        solver = lp.Solver.from_config(be, be, cfg)
+        losses[replay] = []
+        for x in batches[:3]:
+            solver.train_minibatch(x, labels)
+            losses[replay].append(solver.loss())
+        with pytest.raises(lp.ShapeError, match=r"layer 'emb' \(Embedding\): the id at sample 2, position 1 of the "
+                                                r"batch is 25\.0"):
+            solver.train_minibatch(batches[3], labels)
+        solver.train_minibatch(batches[4], labels)
+        losses[replay].append(solver.loss())
+    np.testing.assert_allclose(losses[True], losses[False], rtol=1e-6)

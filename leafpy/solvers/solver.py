@@ -26,7 +26,7 @@ from ..errors import ConfigError, LeafpyError, SerializationError, ShapeError
 from ..layers.container.sequential import batch_free
 from ..layers.layer import Layer, LayerConfig, WeightConfig
 from ..layers.network import Network
-from ..tensor import SharedTensor, as_numbers, recording
+from ..tensor import HOST, SharedTensor, as_numbers, recording
 
 LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid", "cosine")
 _SOLVER_TOKENS = itertools.count()
@@ -565,7 +565,19 @@ class Solver:
         sums through the host (see gradient_reducer), nor a loss-scaled step of a rule that cannot skip on the
         device (UpdateRule.skips_on_device)."""
         scaled_ok = self.loss_scaling() == "none" or self.rule.skips_on_device
-        return scaled_ok and self._reducer_key() is not None
+        return scaled_ok and self._reducer_key() is not None and not self._checks_computed()
+
+    def _checks_computed(self) -> bool:
+        """Whether a layer checks ids or labels that the step computes in host memory (Layer.checks_computed; a
+        device's computed ids are clamped on the device, replayed or not): such a step runs its layers' passes,
+        and their checks, every time (found once for each binding)."""
+        net, obj = self._network, self._objective
+        binding = (self._generation, net.generation, obj.generation)
+        found = getattr(self, "_computed_checks", None)
+        if found is None or found[0] != binding:
+            found = self._computed_checks = (binding, any(
+                n.backend.key == HOST and n.layer.checks_computed(n.inputs) for n in (net, obj)))
+        return found[1]
 
     def _reducer_key(self) -> tuple | None:
         """The gradient reducer's part of a recorded step's key (() without one), None where it cannot be recorded."""

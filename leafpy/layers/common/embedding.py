@@ -48,6 +48,7 @@ def check_ids(where: str, ids: np.ndarray | None, count: int) -> None:
 class Embedding(Worker):
     weight_names = ("weight",)
     differentiable = (False,)
+    checked_inputs = (0,)
 
     def check_inputs(self, input_shapes):
         super().check_inputs(input_shapes)

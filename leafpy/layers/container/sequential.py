@@ -144,7 +144,9 @@ class Sequential(Layer):
 
     backward_hook: Callable[[int], None] | None = None
     """Called with a layer's index as soon as its backward pass has run (data-parallel training starts summing
-    the gradients that are complete then, while the rest of the backward pass runs)."""
+    the gradients that are complete then, while the rest of the backward pass runs). A training step the backend
+    replays (from a solver's third step on; ``backend.replay``) runs no layer's Python, so it calls no hook either:
+    what a hook launches is part of the recording (set ``backend.replay = False`` for a hook that must run)."""
 
     # --- wiring ---------------------------------------------------------------------------------------------
     def _wire(self) -> list[Step]:
@@ -179,6 +181,9 @@ class Sequential(Layer):
     def validate(self, fed: Sequence[SharedTensor] | None = None) -> None:
         for layer in self.layers:
             layer.validate(fed)
+
+    def checks_computed(self, fed: Sequence[SharedTensor]) -> bool:
+        return any(layer.checks_computed(fed) for layer in self.layers)
 
     def _set_mode(self, training: bool) -> None:
         super()._set_mode(training)

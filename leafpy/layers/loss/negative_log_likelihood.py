@@ -144,6 +144,7 @@ class LossWorker(Worker):
 
     num_inputs = 2
     differentiable = (True, False)
+    checked_inputs = (1,)
 
     def validate(self, host_inputs: list[np.ndarray | None]) -> None:
         check_labels(self.where, host_inputs[1], self.config.num_classes, self.config.ignore_index)
