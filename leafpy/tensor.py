@@ -249,12 +249,15 @@ class SharedTensor:
 
     def resize(self, shape: Sequence[int]) -> None:
         """Change the shape; when the size changes the data reads as zeros (buffers are reallocated only to grow,
-        so a batch that shrinks and grows back keeps its memory)."""
+        so a batch that shrinks and grows back keeps its memory). Where no buffer holds the storage yet, it takes
+        exactly the new size: a size no buffer was made for (a declared batch larger than any fed, a batch whose
+        buffer could not be allocated) is not allocated later for a smaller one (a view that needs more grows the
+        storage again when it is resized)."""
         new = _as_shape(shape)
         n = math.prod(new)
         if n != self.size:
             st = self._st
-            if n > st.size:
+            if n > st.size or not st.copies:
                 st.copies.clear()
                 st.layouts.clear()
                 st.size = n
@@ -534,7 +537,8 @@ class SharedTensor:
     def from_dlpack(cls, obj: Any) -> SharedTensor:
         """A tensor over ``obj``'s memory (NumPy, CuPy, PyTorch... anything with ``__dlpack__``), without a copy
         when it is contiguous float32 or float64: on the host it becomes the host copy, on an NVIDIA GPU the copy
-        of leafpy's cuda backend for that device. Other dtypes and layouts are copied (as float32)."""
+        of leafpy's cuda backend for that device. Other layouts are copied (float64 staying float64), other dtypes
+        copied as float32."""
         if not hasattr(obj, "__dlpack_device__"):
             raise ShapeError(f"SharedTensor.from_dlpack: expected an object with __dlpack__ and __dlpack_device__ "
                              f"(a NumPy, CuPy or PyTorch array), got {type(obj).__name__}")

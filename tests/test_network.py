@@ -509,3 +509,80 @@ def test_a_layer_inside_a_container_is_not_run_on_its_own(native, rng):
     alone.load_weights(net.layers[0].named_weights())
     w, b = (net.named_weights()[f"fc0/{k}"] for k in ("weight", "bias"))
     np.testing.assert_allclose(alone.forward([x])[0].to_numpy(), x @ w.T + b, rtol=1e-5, atol=1e-6)
+
+
+def _fc_net(batch):
+    cfg = lp.SequentialConfig(inputs=[("data", [batch, 100])])
+    cfg.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=3)))
+    return lp.Layer.from_config(lp.backend("native"), lp.LayerConfig("n", cfg), seed=0)
+
+
+def test_a_declared_batch_larger_than_any_fed_is_never_allocated():
+    """The declared batch is a placeholder ("any batch size works"): a network declared for 10**7 samples and fed
+    two allocates two samples' input, not the 4 GB the declaration would take."""
+    import tracemalloc
+
+    net = _fc_net(10**7)
+    x = np.random.default_rng(0).random((2, 100)).astype(np.float32)
+    tracemalloc.start()
+    try:
+        out = np.asarray(net.forward([x])[0])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 50 * 2**20, peak
+    w, b = (np.asarray(t) for t in net.learnable_weights_data())
+    np.testing.assert_allclose(out, x.astype(np.float64) @ w.T + b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_batch_whose_input_could_not_be_allocated_leaves_the_network_usable(monkeypatch):
+    """A batch too large for memory is refused where its input buffer is allocated; the next ordinary batch
+    allocates its own size again (the refused size was kept as the storage's and every later batch failed)."""
+    import leafpy.tensor as tensor_module
+
+    class LimitedNumpy:  # NumPy, with allocations of more than a million elements refused as a full machine would
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+        @staticmethod
+        def zeros(n, dtype=float):
+            if n > 10**6:
+                raise MemoryError(f"Unable to allocate {n} elements")
+            return np.zeros(n, dtype)
+
+        empty = zeros
+
+    net = _fc_net(8)
+    x = np.random.default_rng(1).random((8, 100)).astype(np.float32)
+    before = np.asarray(net.forward([x])[0]).copy()
+    monkeypatch.setattr(tensor_module, "np", LimitedNumpy())
+    with pytest.raises(MemoryError):
+        net.forward([np.broadcast_to(np.float32(1), (10**5, 100))])
+    np.testing.assert_array_equal(np.asarray(net.forward([x])[0]), before)
+
+
+def test_backward_takes_output_gradients_as_forward_takes_inputs():
+    """Output gradients as users have them (a PyTorch tensor that requires grad, bfloat16, a big-endian array, a
+    list) give the float64 reference's weight gradient; a ragged list is a ShapeError naming the gradient."""
+    torch = pytest.importorskip("torch")
+    net = _fc_net(4)
+    x = np.random.default_rng(2).random((4, 100)).astype(np.float32)
+    g = np.arange(12, dtype=np.float32).reshape(4, 3) / 8  # (exact in bfloat16)
+    want = g.astype(np.float64).T @ x
+    for given in (torch.tensor(g, requires_grad=True), torch.tensor(g, dtype=torch.bfloat16), g.astype(">f4"),
+                  g.tolist()):
+        net.forward([x])
+        net.backward([given])
+        np.testing.assert_allclose(np.asarray(net.learnable_weights_gradients()[0]), want, rtol=1e-5)
+    with pytest.raises(lp.ShapeError, match="output gradient 0: expected an array of numbers"):
+        net.backward([[[1.0, 2.0, 3.0], [1.0]]])
+    with pytest.raises(lp.ShapeError, match=r"expected 1 input \(data\), got 2 \(shapes a ragged list, \(4, 100\)\)"):
+        net.forward([[[1.0, 2.0], [3.0]], x])
+
+
+def test_labels_past_float32s_exact_integers_are_refused():
+    with pytest.raises(lp.ConfigError, match=r"num_classes: at most 16777216 classes"):
+        lp.NegativeLogLikelihoodConfig(num_classes=2**24 + 2)
+    with pytest.raises(lp.ConfigError, match=r"ignore_index: expected an integer label to ignore from -2\*\*24"):
+        lp.NegativeLogLikelihoodConfig(num_classes=10, ignore_index=2**24 + 1)
+    assert lp.NegativeLogLikelihoodConfig(num_classes=2**24, ignore_index=-100).num_classes == 2**24

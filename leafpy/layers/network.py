@@ -95,6 +95,16 @@ def outermost(given: L | Network[L]) -> L:
     return given.layer if isinstance(given, Network) else given
 
 
+def _shape_text(x: Any) -> str:
+    """An input's shape for a message: ragged nested lists have none (NumPy refuses to make an array of them)."""
+    if _is_tensor(x):
+        return str(tuple(x.shape))
+    try:
+        return str(np.shape(x))
+    except (ValueError, TypeError):
+        return f"a ragged {type(x).__name__}"
+
+
 def _is_tensor(x: Any) -> bool:
     return isinstance(x, SharedTensor)
 
@@ -206,7 +216,7 @@ class Network(Generic[L]):
         declared = self._declared
         n = self.num_inputs if declared else len(inputs)  # a single layer's worker checks the count when bound
         if len(inputs) != n:
-            shapes = ", ".join(str(x.shape if _is_tensor(x) else np.shape(x)) for x in inputs)
+            shapes = ", ".join(_shape_text(x) for x in inputs)
             names = self.layer.input_names_for_errors()
             raise ShapeError(f"layer '{self.name}' ({self.layer.config.type}): expected {n} input{'s' * (n != 1)}"
                              f"{names}, got {len(inputs)} (shapes {shapes or 'none'})")
@@ -316,7 +326,9 @@ class Network(Generic[L]):
             raise ShapeError(f"{self._where}: backward expected {len(targets)} output gradients, got "
                              f"{len(output_grads)}")
         for i, (g, t) in enumerate(zip(output_grads, targets)):
-            shape = tuple(g.shape if _is_tensor(g) else np.shape(g))
+            if not _is_tensor(g):  # (what forward takes: a torch tensor, a list, a big-endian array...)
+                g = as_numbers(g, f"{self._where}: output gradient {i}")
+            shape = tuple(g.shape)
             if shape != t.shape and not (math.prod(shape) == t.size and same_layout(shape, t.shape)):
                 raise ShapeError(f"{self._where}: output gradient {i} must have shape {t.shape}, "
                                  f"got {shape}{layout_hint(shape, t.shape, 'g')}")

@@ -20,6 +20,10 @@ REDUCTIONS = ("mean", "sum", "none")
 """The loss layers' reductions over samples (and positions)."""
 
 
+MAX_LABELS = 2**24
+"""Labels travel as float32, which holds every integer up to this exactly."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class NegativeLogLikelihoodConfig:
     num_classes: int
@@ -32,6 +36,9 @@ class NegativeLogLikelihoodConfig:
     def __post_init__(self) -> None:
         where = type(self).__name__
         object.__setattr__(self, "num_classes", _checks.positive_int(f"{where}.num_classes", self.num_classes))
+        if self.num_classes > MAX_LABELS:
+            raise ConfigError(f"{where}.num_classes: at most {MAX_LABELS} classes (labels travel as float32, exact up "
+                              f"to 2**24), got {self.num_classes}")
         _checks.choice(f"{where}.reduction", self.reduction, REDUCTIONS)
         object.__setattr__(self, "ignore_index", _ignore_index(f"{where}.ignore_index", self.ignore_index))
         object.__setattr__(self, "weight", _class_weights(f"{where}.weight", self.weight, self.num_classes))
@@ -43,8 +50,9 @@ def _ignore_index(where: str, value: object) -> int | None:
     if value is None:
         return None
     index = _checks._integer(value)
-    if index is None or abs(index) > _checks.INT_LIMIT:
-        raise ConfigError(f"{where}: expected an integer label to ignore (or none), got {value!r}")
+    if index is None or abs(index) > MAX_LABELS:
+        raise ConfigError(f"{where}: expected an integer label to ignore from -2**24 to 2**24 (labels travel as "
+                          f"float32, exact within them), or none, got {value!r}")
     return index
 
 
