@@ -294,13 +294,18 @@ def _layer_types(net) -> list[str]:
     return [lc.type for lc in net.config.config.layers]
 
 
-def test_gelu_written_as_its_erf_formula_imports_as_one_gelu_layer(tmp_path):
+def test_gelu_written_as_its_erf_or_tanh_formula_imports_as_one_gelu_layer(tmp_path):
     """Below opset 20 GELU has no ONNX operator: PyTorch writes x/sqrt(2) -> Erf -> +1 -> *x -> *0.5, leafpy's own
     export (x*(1/sqrt 2) -> Erf -> +1) * (0.5*x). Both read back as a GELU layer (Erf alone stays unsupported), with
     PyTorch's outputs, and a leafpy network with GELU goes out and back in at the default opset."""
     net = lp.onnx.load(str(DATA / "torch_gelu_mlp.onnx"))
     assert "GELU" in _layer_types(net) and "Erf" not in str(_layer_types(net))
     saved = np.load(DATA / "torch_gelu_mlp.npz")
+    # the tanh form, 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), is a GELU layer too: its constants are no
+    # trainable weights that training would turn into another function
+    assert _layer_types(net).count("GELU") == 2 and "TanH" not in _layer_types(net)
+    assert sorted(c.config.approximate for c in net.config.config.layers if c.type == "GELU") == ["none", "tanh"]
+    assert all(v.size > 1 for v in net.named_weights().values())
     np.testing.assert_allclose(net.forward([saved["x"]])[0].to_numpy(), saved["y"], atol=1e-5)
     cfg = lp.SequentialConfig(inputs=[("data", [2, 4])], layers=[
         lp.LayerConfig("fc", lp.LinearConfig(output_size=4), outputs=["h"]),
@@ -310,12 +315,31 @@ def test_gelu_written_as_its_erf_formula_imports_as_one_gelu_layer(tmp_path):
     lp.onnx.export(mine, str(tmp_path / "m.onnx"))
     back = lp.onnx.load(str(tmp_path / "m.onnx"))
     assert _layer_types(back).count("GELU") == 1
+    tanh_cfg = lp.SequentialConfig(inputs=[("data", [2, 4])], layers=[
+        lp.LayerConfig("g", lp.GELUConfig(approximate="tanh"))])
+    lp.onnx.export(lp.Layer.from_config(lp.backend("native"), lp.LayerConfig("net", tanh_cfg)),
+                   str(tmp_path / "t.onnx"), opset=17)
+    assert [c.config.approximate for c in lp.onnx.load(str(tmp_path / "t.onnx")).config.config.layers] == ["tanh"]
     x = np.random.default_rng(0).standard_normal((2, 4))
     w = mine.named_weights()
     h = x @ np.asarray(w["fc/weight"], np.float64).T + np.asarray(w["fc/bias"], np.float64)
     from scipy.special import erf
     expected = 0.5 * h * (1 + erf(h / np.sqrt(2))) + h  # float64, by the formula
     np.testing.assert_allclose(back.forward([x.astype(np.float32)])[0].to_numpy(), expected, atol=1e-5)
+
+
+def test_a_constant_index_along_the_first_axis_of_a_computed_value_is_refused_saying_why():
+    """PyTorch's h_n[-1] of a two-layer LSTM, or y[-1] of a time-major one, is a Gather along axis 0 of a computed
+    value: refused naming the index and the axis and what to export instead (the message spoke of an embedding
+    table that must be constant)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Gather", ["r", "i"], ["y"], name="pick", axis=0)]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], initializer=[
+        helper.make_tensor("i", TensorProto.INT64, [], [-1])]), opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(lp.ConfigError, match=r"ONNX node 'pick' \(Gather\): takes index \[-1\] along axis 0 of a "
+                                             r"computed value.*export the last step of a batch-first output"):
+        lp.onnx.load(model)
 
 
 def test_erf_outside_the_gelu_formula_is_still_refused_by_name():

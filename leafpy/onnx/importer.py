@@ -1016,6 +1016,13 @@ def gather(g: Graph, n: Node) -> None:
     Reshape (and a Transpose, for an axis after the first) giving ONNX's output shape."""
     if _pick(g, n):
         return
+    name, given = g.resolve(n.inputs[0]), g.resolve(n.inputs[1]) if n.has_input(1) else ""
+    if name not in g.constants and given in g.constants and given not in g.feeds:  # (what _pick did not take)
+        raise ConfigError(f"{n.where}: takes index {g.constants[given].reshape(-1).tolist()[:4]} along axis "
+                          f"{int(n.attr('axis', 0))} of a computed value, where leafpy takes one constant index on an "
+                          "axis after the first (y[:, -1]); the first axis is the batch, or for a recurrent layer's "
+                          "h_n of several layers or directions (h_n[-1]) or a time-major output (y[-1]) the layers "
+                          "or steps: export the last step of a batch-first output instead (y[:, -1])")
     table = g.const(n, 0, "table")
     assert table is not None
     axis = n.require("axis", lambda v: -table.ndim <= v < table.ndim, f"an axis of the table (shape {table.shape})",
@@ -1348,9 +1355,10 @@ def _scalar(name: str, constants: dict[str, np.ndarray], made: dict[str, Any], o
 
 def fuse_gelu(nodes: list[Any], constants: dict[str, np.ndarray], outputs: set[str], opset: int) -> list[Any]:
     """``nodes`` with each GELU written out as its erf formula, 0.5·x·(1 + erf(x/√2)) (how exporters write GELU
-    below opset 20: PyTorch's x/√2 → Erf → +1 → ·x → ·0.5, leafpy's own ·(1/√2) and (0.5·x)·(...)), replaced by one
-    Gelu node, which leafpy computes as its GELU layer. Only where every value in between has no other reader and is
-    no graph output; other uses of Erf stay unsupported."""
+    below opset 20: PyTorch's x/√2 → Erf → +1 → ·x → ·0.5, leafpy's own ·(1/√2) and (0.5·x)·(...)), or as its tanh
+    form, 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), replaced by one Gelu node (``approximate="tanh"`` for the
+    second), which leafpy computes as its GELU layer (the formula's constants as weights would be trained). Only
+    where every value in between has no other reader and is no graph output; other uses of Erf stay unsupported."""
     onnx = require_onnx()
     made = {o: n for n in nodes for o in n.output if o}
     readers: dict[str, list[Any]] = {}
@@ -1409,6 +1417,60 @@ def fuse_gelu(nodes: list[Any], constants: dict[str, np.ndarray], outputs: set[s
             continue
         dropped.update(id(n) for n in formula)
         replaced[id(last)] = onnx.helper.make_node("Gelu", [x], [last.output[0]], name=erf.name or last.name)
+
+    def of(name: str, reader: Any, op: str) -> Any:
+        """The node making ``name`` where it is a plain ``op`` whose output only ``reader`` reads."""
+        n = made.get(name) if name is not None else None
+        return n if plain(n, op) and sole(name) is reader else None
+
+    def cubed(name: str, reader: Any) -> tuple[str, list[Any]] | None:
+        """(x, its nodes) where ``name`` is x·(x·x) or (x·x)·x made for ``reader`` alone (PyTorch's and leafpy's)."""
+        cube = of(name, reader, "Mul")
+        if cube is None or len(cube.input) != 2:
+            return None
+        for k in (0, 1):
+            square = of(cube.input[1 - k], cube, "Mul")
+            if square is not None and list(square.input) == [cube.input[k]] * 2:
+                return cube.input[k], [square, cube]
+        return None
+
+    for tanh in nodes:  # the tanh form, 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), as GELU(approximate="tanh")
+        if not plain(tanh, "Tanh") or len(tanh.input) != 1 or not tanh.output:
+            continue
+        scale = of(tanh.input[0], tanh, "Mul")
+        inner = of(split(scale, math.sqrt(2 / math.pi)), scale, "Add") if scale is not None else None
+        if inner is None or len(inner.input) != 2:
+            continue
+        x, found = None, []
+        for k in (0, 1):
+            term = of(inner.input[1 - k], inner, "Mul")
+            cube = cubed(split(term, 0.044715), term) if term is not None else None
+            if cube is not None and cube[0] == inner.input[k]:
+                x, found = inner.input[k], [*cube[1], term]
+                break
+        add = sole(tanh.output[0])
+        if x is None or not plain(add, "Add") or split(add, 1.0) != tanh.output[0]:
+            continue
+        mul = sole(add.output[0])
+        if not plain(mul, "Mul") or len(mul.input) != 2:
+            continue
+        other = mul.input[0] if mul.input[1] == add.output[0] else mul.input[1]
+        half = made.get(other)
+        if other == x:  # PyTorch's order: 0.5 · (x · (1 + tanh))
+            last = sole(mul.output[0])
+            if not plain(last, "Mul") or split(last, 0.5) != mul.output[0]:
+                continue
+            formula = [*found, inner, scale, tanh, add, mul, last]
+        elif plain(half, "Mul") and split(half, 0.5) == x and sole(other) is mul:  # (0.5 · x) · (1 + tanh)
+            last = mul
+            formula = [*found, inner, scale, tanh, add, half, mul]
+        else:
+            continue
+        if any(id(n) in dropped for n in formula):
+            continue
+        dropped.update(id(n) for n in formula)
+        replaced[id(last)] = onnx.helper.make_node("Gelu", [x], [last.output[0]], name=tanh.name or last.name,
+                                                   approximate="tanh")
     if not replaced:
         return nodes
     return [replaced.get(id(n), n) for n in nodes if id(n) not in dropped or id(n) in replaced]
