@@ -822,3 +822,41 @@ def test_a_resumed_command_run_with_the_loss_as_one_call_equals_the_uninterrupte
     whole, cut = (lp.Layer.load(lp.backend("native"), str(tmp_path / d / "model.leaf")) for d in ("whole", "cut"))
     for a, b in zip(whole.learnable_weights_data(), cut.learnable_weights_data()):
         np.testing.assert_array_equal(a.to_numpy(), b.to_numpy())
+
+
+def test_threads_reaching_a_rules_first_update_together_share_one_built_loop(monkeypatch, tmp_path):
+    """Threads each training a solver of their own reach an update rule's first large update together: one builds
+    its loop, the others wait for it (a second thread found the module half made, with no kernel yet, and raised
+    an AttributeError); every thread gets the same kernel."""
+    import threading
+    import time
+
+    monkeypatch.setenv("LEAFPY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(compiled, "_LOOPS", {})
+    built = []
+    make = compiled._cached_kernel
+
+    def slow(source):  # the window in which a second thread met the half-made module, widened
+        built.append(source)
+        time.sleep(0.3)
+        return make(source)
+
+    monkeypatch.setattr(compiled, "_cached_kernel", slow)
+    rule = updates.TABLE["adamw"]
+    got, errors = [], []
+    barrier = threading.Barrier(4)
+
+    def first_update():
+        barrier.wait()
+        try:
+            got.append(compiled.update_loop(rule))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=first_update) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(built) == 1
+    assert len(got) == 4 and all(g is got[0] for g in got) and got[0][1] is not None

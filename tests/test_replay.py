@@ -202,9 +202,10 @@ def test_a_capture_that_fails_midway_runs_none_of_its_work():
     assert be.recorder.steps[("failing capture", id(t))].eager
 
 
-def test_a_native_step_that_fails_while_recorded_raises_once_and_runs_as_it_is_after():
+def test_a_native_step_that_fails_while_recorded_raises_once_and_is_recorded_at_its_next_call():
     """On native a step's calls run while they are recorded: a step that raises then has run its work once, as an
-    eager step would have, and the error reaches the caller; the step is never recorded and runs as it is after."""
+    eager step would have, and the error reaches the caller. The failure was the step's (a refused batch, Ctrl-C),
+    not the recording's: the next call records it, and the one after replays it (it ran eagerly for good)."""
     be = lp.backend("native")
     t = lp.SharedTensor.from_numpy(np.ones(1000, np.float32))
     calls = [0]
@@ -222,7 +223,11 @@ def test_a_native_step_that_fails_while_recorded_raises_once_and_runs_as_it_is_a
     be.run_step(key, step)
     assert calls[0] == 3
     np.testing.assert_allclose(t.to_numpy(), np.full(1000, 8.0), rtol=1e-6)  # three doublings, none twice
-    assert be.recorder.steps[key].eager
+    assert not be.recorder.steps[key].eager
+    replays = be.replays
+    be.run_step(key, step)
+    assert calls[0] == 3 and be.replays == replays + 1  # the recording ran, not the step's Python
+    np.testing.assert_allclose(t.to_numpy(), np.full(1000, 16.0), rtol=1e-6)
 
 
 def test_native_replays_the_primitive_calls_with_the_same_results():
@@ -481,3 +486,48 @@ def test_ids_a_step_computes_are_checked_on_every_native_step():
         solver.train_minibatch(batches[4], labels)
         losses[replay].append(solver.loss())
     np.testing.assert_allclose(losses[True], losses[False], rtol=1e-6)
+
+
+def _dropout_mlp() -> lp.SolverConfig:
+    net = lp.SequentialConfig(inputs=[("data", [16, 20])])
+    net.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=32)))
+    net.add_layer(lp.LayerConfig("drop", lp.DropoutConfig(ratio=0.5)))
+    net.add_layer(lp.LayerConfig("fc2", lp.LinearConfig(output_size=4)))
+    net.add_layer(lp.LayerConfig("logsm", "LogSoftmax"))
+    obj = lp.SequentialConfig(inputs=[("o", [16, 4]), ("label", [16, 1])])
+    obj.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=4)))
+    return lp.SolverConfig(network=lp.LayerConfig("mlp", net), objective=lp.LayerConfig("loss", obj),
+                           solver="momentum", base_lr=0.1, momentum=0.9, seed=0)
+
+
+@pytest.mark.parametrize("interrupted", [0, 1])
+def test_a_step_interrupted_before_its_update_leaves_no_trace(interrupted):
+    """Ctrl-C after a step's forward and backward, before its update (in its first run, in the run recorded; a
+    replayed step runs no function put on the backend, which the test's Ctrl-C is): the weights, the iteration and
+    the Dropout draws stay as they were, so training the batch again gives the uninterrupted run bit for bit (the
+    mask's draw was used up), and the steps after it replay."""
+    rng = np.random.default_rng(0)
+    batches = [(rng.random((16, 20), dtype=np.float32), rng.integers(0, 4, 16)) for _ in range(7)]
+    be = lp.backend("native", dtype="float32")
+    reference = lp.Solver.from_config(be, be, _dropout_mlp())
+    for x, y in batches:
+        reference.train_minibatch(x, y)
+    solver = lp.Solver.from_config(be, be, _dropout_mlp())
+    replays = be.replays
+    for step, (x, y) in enumerate(batches):
+        if step == interrupted:
+            before = solver.network.named_weights()
+            be.solver_update = lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt())
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    solver.train_minibatch(x, y)
+            finally:
+                del be.solver_update
+            assert solver.iteration == step
+            for name, w in solver.network.named_weights().items():
+                np.testing.assert_array_equal(w, before[name])
+        solver.train_minibatch(x, y)
+    # the steps after replay: all calls but the first run and the one recorded (again, after a recorded one failed)
+    assert be.replays - replays == len(batches) + 1 - 2 - (interrupted == 1)
+    for name, w in solver.network.named_weights().items():
+        np.testing.assert_array_equal(w, reference.network.named_weights()[name])

@@ -142,18 +142,27 @@ def update_loop(rule: Any) -> tuple[Any, Any] | None:
     if k is None:
         return None
     if rule not in _LOOPS:
-        sources = updates.loop_sources(rule)
-        if sources is None:
-            _LOOPS[rule] = None
-        else:
-            space: dict[str, Any] = {"np": np, "math": math}
-            exec(compile(sources[0], f"<update rule {rule.name}: prepare>", "exec"), space)
-            kernel = _cached_kernel(sources[1])
-            if kernel is None:  # no cache directory to write: compiled in this process only
-                exec(compile(sources[1], f"<update rule {rule.name}: kernel>", "exec"), space)
-                kernel = importlib.import_module("numba").njit(**_LOOP_OPTIONS)(space["kernel"])
-            _LOOPS[rule] = (space["prepare"], kernel)
+        with _BUILDING:  # (threads each with a solver of their own reach their first update together)
+            if rule not in _LOOPS:
+                _LOOPS[rule] = _build_loop(rule)
     return _LOOPS[rule]
+
+
+_BUILDING = threading.Lock()
+"""Held while an update loop is built: a second thread would find its module half made (no kernel yet)."""
+
+
+def _build_loop(rule: Any) -> tuple[Any, Any] | None:
+    sources = updates.loop_sources(rule)
+    if sources is None:
+        return None
+    space: dict[str, Any] = {"np": np, "math": math}
+    exec(compile(sources[0], f"<update rule {rule.name}: prepare>", "exec"), space)
+    kernel = _cached_kernel(sources[1])
+    if kernel is None:  # no cache directory to write: compiled in this process only
+        exec(compile(sources[1], f"<update rule {rule.name}: kernel>", "exec"), space)
+        kernel = importlib.import_module("numba").njit(**_LOOP_OPTIONS)(space["kernel"])
+    return space["prepare"], kernel
 
 
 _LOOP_OPTIONS = {"nogil": True, "boundscheck": False, "error_model": "numpy"}

@@ -183,6 +183,7 @@ class NativeBackend(ArrayBackend):
             step()
         except BaseException as e:  # the step ran partly: raised from run_step, never run a second time
             self._threads.capture_error = e
+            entry.failed = True
             return None, True
         finally:
             self._threads.calls = None

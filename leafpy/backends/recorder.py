@@ -40,13 +40,14 @@ class RecordedStep:
     """One key's recording: the backend's recording object, the tensors it touches (weakly: a deleted solver's
     step is dropped, not kept alive) with the buffer handles baked in, and backend extras (cuda: a memory pool)."""
 
-    __slots__ = ("recording", "tensors", "eager", "extra")
+    __slots__ = ("recording", "tensors", "eager", "extra", "failed")
 
     def __init__(self) -> None:
         self.recording: Any = None
         self.tensors: list[tuple[weakref.ref, bool, Any]] = []
         self.eager = False  # the step cannot be recorded: always run it as it is
         self.extra: Any = None
+        self.failed = False  # set by a backend's capture where the step itself raised (a refused batch, Ctrl-C)
 
     def dead(self) -> bool:
         return any(ref() is None for ref, _, _ in self.tensors)
@@ -101,7 +102,8 @@ class StepRecorder:
                 recording, ran = None, False
                 self.error = f"{type(e).__name__}: {e}"
         if recording is None:
-            entry.eager = True
+            entry.eager = not entry.failed  # (a step that raised is recorded again at its next call)
+            entry.failed = False
             if not ran:
                 step()
             return

@@ -656,7 +656,12 @@ class Solver:
         # recording pruned, which no tensor it touched would tell)
         key = (self._token, self._generation, self._network.generation, self._objective.generation, *phase,
                *(self._reducer_key() or ()))
-        be.run_step(key if self._replayable() else None, step)
+        try:
+            be.run_step(key if self._replayable() else None, step)
+        except BaseException:  # (Ctrl-C, a layer's refusal) before the update: retrying the batch draws the same
+            for worker in workers:
+                worker.after_step(ran=False)
+            raise
         if update_now:
             for layer, i in copies:
                 layer.copy_updated(i)

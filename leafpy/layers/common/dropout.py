@@ -42,6 +42,7 @@ class Dropout(Worker):
         self.stream = 0
         """Which sequence of masks this layer draws: data-parallel training gives each rank its own (its rank)."""
         self._drawn = False  # before_step has written this step's seed
+        self._step_drawn = False  # ... and its step has not ended (after_step takes the draw back if it failed)
 
     def setup(self, backend, input_shapes):
         shape = tuple(input_shapes[0])
@@ -58,12 +59,12 @@ class Dropout(Worker):
             self.calls += 1
             draw = (self.seed * 1_000_003 + self.calls + self.stream * 1_000_000_007) % 2**31
             backend.upload(np.array([draw], np.uint32), self.draw)
-            self._drawn = True
+            self._drawn = self._step_drawn = True
 
     def after_step(self, ran: bool) -> None:
-        if self._drawn and not ran:
+        if self._step_drawn and not ran:  # (forward used the draw, but the step did not finish: taken back)
             self.calls -= 1
-        self._drawn = False
+        self._drawn = self._step_drawn = False
 
     def forward(self, backend, x, w, y):
         if self._active():
