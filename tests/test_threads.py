@@ -172,3 +172,27 @@ def test_two_threads_running_forward_get_their_own_outputs_or_a_refusal(native, 
         t.join()
     assert all(len(o) == 300 and "mixed" not in o for o in outcomes)
     assert any("own" in o for o in outcomes)
+
+
+def test_a_layer_inside_a_training_network_is_refused_to_another_thread(native, tmp_path):
+    """A layer inside the network (solver.network.layer.layers[i]) is the network's: saving it, loading weights
+    into it or switching its mode from another thread while a step runs is refused as the network's own calls are
+    (its own guard let a save write weights a step apart, a file whose checksum then failed), and so are
+    lp.onnx.export and named_weights of the network."""
+    solver = _solver(native)
+    x, y = _batch(0)
+    blocking = _Blocking(x)
+    inner = solver.network.layer.layers[0]
+    before = {k: v.copy() for k, v in inner.named_weights().items()}
+    raised = _while_inside(lambda: solver.train_minibatch(blocking, y), blocking,
+                           lambda: inner.save(str(tmp_path / "fc1.leaf")),
+                           lambda: inner.load_weights({k: v + 1 for k, v in before.items()}),
+                           lambda: inner.set_training(False),
+                           lambda: lp.onnx.export(solver.network, str(tmp_path / "m.onnx")),
+                           lambda: solver.network.named_weights())
+    assert all(isinstance(e, lp.LeafpyError) and "layer 'mlp'" in str(e) and "thread 'first'" in str(e)
+               for e in raised), raised
+    assert not (tmp_path / "fc1.leaf").exists() and not (tmp_path / "m.onnx").exists()
+    assert inner.training
+    inner.save(str(tmp_path / "fc1.leaf"))  # the thread that trains is done: the layer serves this one
+    assert lp.Layer.load(native, str(tmp_path / "fc1.leaf")).config.type == "Linear"  # (its checksum holds)

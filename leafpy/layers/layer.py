@@ -425,7 +425,9 @@ class Layer:
     def named_weights(self) -> dict[str, np.ndarray]:
         """Every weight as a host copy, by name, in network order (the names of :meth:`learnable_weights_names`,
         e.g. ``"conv1/weight"``; a weight shared by several layers appears once). What :meth:`save` writes."""
-        return {name: t.to_numpy() for name, t in zip(self.learnable_weights_names(), self.learnable_weights_data())}
+        with self.exclusive("named_weights"):  # (another thread's step would leave some weights a step ahead)
+            return {name: t.to_numpy() for name, t in zip(self.learnable_weights_names(),
+                                                          self.learnable_weights_data())}
 
     def _host_weights(self) -> dict[str, np.ndarray]:
         """:meth:`named_weights` without copies where the host holds the current values (views of the buffers:

@@ -91,7 +91,10 @@ def to_model(layer: Layer | Network[Layer], opset: int = 17) -> Any:
     """``layer`` (or a Network's layer) as an onnx.ModelProto at ``opset`` (13 or later)."""
     from .exporter import to_model as build
 
-    return build(outermost(layer), opset)
+    layer = outermost(layer)
+    guard = getattr(layer, "exclusive", None)
+    with guard("lp.onnx.export") if guard is not None else contextlib.nullcontext():  # (no step half applied)
+        return build(layer, opset)
 
 
 def export(layer: Layer | Network[Layer], path: str | os.PathLike, opset: int = 17) -> None:

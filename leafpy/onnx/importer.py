@@ -1418,12 +1418,14 @@ def fuse_gelu(nodes: list[Any], constants: dict[str, np.ndarray], outputs: set[s
         dropped.update(id(n) for n in formula)
         replaced[id(last)] = onnx.helper.make_node("Gelu", [x], [last.output[0]], name=erf.name or last.name)
 
-    def of(name: str, reader: Any, op: str) -> Any:
+    def of(name: str | None, reader: Any, op: str) -> Any:
         """The node making ``name`` where it is a plain ``op`` whose output only ``reader`` reads."""
-        n = made.get(name) if name is not None else None
+        if name is None:
+            return None
+        n = made.get(name)
         return n if plain(n, op) and sole(name) is reader else None
 
-    def cubed(name: str, reader: Any) -> tuple[str, list[Any]] | None:
+    def cubed(name: str | None, reader: Any) -> tuple[str, list[Any]] | None:
         """(x, its nodes) where ``name`` is x·(x·x) or (x·x)·x made for ``reader`` alone (PyTorch's and leafpy's)."""
         cube = of(name, reader, "Mul")
         if cube is None or len(cube.input) != 2:

@@ -131,6 +131,7 @@ class Sequential(Layer):
         ]
         for layer in self.layers:
             layer.container = self.name  # (it runs as this container binds it, never as a network's outermost)
+            _share_guard(layer, self.exclusive)
         self._plan = self._wire()
         self._grad_pool: list[SharedTensor] = []
         self._fan_scratch: dict[tuple[int, int], SharedTensor] = {}  # (layer, input) -> its own gradient
@@ -470,3 +471,12 @@ class Sequential(Layer):
 
 def _differentiable(layer: Layer, j: int) -> bool:
     return layer.input_takes_gradient(j)
+
+
+def _share_guard(layer: Layer, guard: Any) -> None:
+    """A layer inside a container takes the container's one-thread guard, its layers too: a call on it (save,
+    load_weights, set_training) from another thread while the network runs is refused as a call on the network is
+    (each layer's own guard let another thread write a torn file or change a layer mid-step)."""
+    layer.exclusive = guard
+    for inner in getattr(layer, "layers", ()):
+        _share_guard(inner, guard)
