@@ -1168,6 +1168,14 @@ class Trainer:
             self.interrupted = True
         return bool(agreed)
 
+    def stop(self) -> None:
+        """Ask a running :meth:`fit` to stop after its current batch, as a stop signal does (a checkpoint, then
+        TrainingInterrupted). For another thread to call: a ``fit`` running in a thread other than the main one gets
+        no signal (Python delivers them to the main thread; it installs no handlers there), so Ctrl-C does not reach
+        it, and the thread that handles Ctrl-C calls this."""
+        self.signal_name = "Trainer.stop"
+        self.interrupted = True
+
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.interrupted = True
         self.signal_name = signal.Signals(signum).name

@@ -601,3 +601,47 @@ def test_a_class_at_every_position_is_trained_and_scored_at_every_position(class
 
         reference = roc_auc_score(ds.y_test.reshape(-1), (out[:, 1] - out[:, 0]).reshape(-1))
         assert history[-1]["test_roc_auc"] == pytest.approx(reference, abs=1e-9)
+
+
+def test_a_fit_in_another_thread_stops_when_asked_and_resumes_as_the_uninterrupted_run(tmp_path):
+    """trainer.fit() in a thread of its own gets no signal (Python delivers them to the main thread): the main
+    thread's trainer.stop() ends it after the batch it is in, with a checkpoint, and the resumed run equals the
+    uninterrupted one bit for bit."""
+    import threading
+
+    be = lp.backend("native")
+    whole = lp.Trainer(_small_run(batch=32), be, out_dir=str(tmp_path / "a"), log=lambda m: None)
+    whole.fit(2)
+
+    class Pause(lp.Callback):  # the fit waits after its 5th batch until the main thread has asked it to stop
+        def __init__(self):
+            self.reached, self.asked, self.seen = threading.Event(), threading.Event(), 0
+
+        def on_batch_end(self, trainer, epoch, batch, loss):
+            self.seen += 1
+            if self.seen == 5:
+                self.reached.set()
+                assert self.asked.wait(30)
+
+    pause = Pause()
+    parted = lp.Trainer(_small_run(batch=32), be, out_dir=str(tmp_path / "b"), callbacks=[pause], log=lambda m: None)
+    raised = []
+
+    def fit():
+        try:
+            parted.fit(2)
+        except lp.train.TrainingInterrupted as e:
+            raised.append(e)
+
+    t = threading.Thread(target=fit)
+    t.start()
+    assert pause.reached.wait(60)
+    parted.stop()
+    pause.asked.set()
+    t.join(60)
+    assert raised and "interrupted (Trainer.stop)" in str(raised[0]) and parted.solver.iteration == 5
+    resumed = lp.Trainer(_small_run(batch=32), be, out_dir=str(tmp_path / "b"),
+                         resume=str(tmp_path / "b" / "checkpoint.leaf"), log=lambda m: None)
+    resumed.fit(2)
+    for a, b in zip(whole.solver.network.learnable_weights_data(), resumed.solver.network.learnable_weights_data()):
+        np.testing.assert_array_equal(a.to_numpy(), b.to_numpy())
