@@ -44,6 +44,21 @@ _lost_output: list[str] = []
 run keeps training and saving) with its output dropped, and ends with exit code 1 saying so."""
 
 
+_saved_stdout: list[int] = []
+
+
+def _restore_stdout() -> None:
+    """Standard output's descriptor as it was before :func:`_out` sent it to /dev/null (what is buffered goes
+    there first, not back to the device that refused it)."""
+    try:
+        sys.stdout.flush()
+    except OSError:
+        pass
+    if _saved_stdout:
+        os.dup2(_saved_stdout[0], sys.stdout.fileno())
+        os.close(_saved_stdout.pop())
+
+
 def _out(msg: str = "") -> None:
     if _lost_output:
         return
@@ -53,6 +68,8 @@ def _out(msg: str = "") -> None:
         raise
     except OSError as e:
         _lost_output.append(e.strerror or str(e))
+        if not _saved_stdout:
+            _saved_stdout.append(os.dup(sys.stdout.fileno()))
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (what is buffered: dropped, not retried)
         try:
             print(f"leafpy: cannot write to standard output ({_lost_output[0]}); its output is dropped from here on",
@@ -254,11 +271,12 @@ def train(args: argparse.Namespace) -> int:
             continues = bool(args.resume) and same_path(os.path.dirname(args.resume) or ".", out_dir)
             given = os.path.join(args.config, RUN_FILE) if os.path.isdir(args.config) else args.config
             own = os.path.join(out_dir, RUN_FILE)
-            if not continues and os.path.isfile(given) and same_path(given, own) and \
+            if not continues and not args.overwrite and os.path.isfile(given) and same_path(given, own) and \
                     not {"checkpoint.leaf", "model.leaf", "history.json"} & set(os.listdir(out_dir)):
                 raise LeafpyError(f"--out {out_dir}: the run file {given} is where the run writes its resolved copy "
-                                  f"of the run ({RUN_FILE}), which would replace yours; keep your run file under "
-                                  "another name or in another folder, or give another --out")
+                                  f"of the run ({RUN_FILE}), which would replace it (a file of your own: its comments "
+                                  "and short forms); keep it under another name or in another folder, give another "
+                                  "--out, or pass --overwrite to train there all the same")
             if not continues and not args.overwrite:
                 present = set(os.listdir(out_dir))  # (any of a run's files: its history or best epochs alone too)
                 held = [f for f in RUN_FILES if f in present] + sorted(f for f in present if _is_run_file(f) and
@@ -1019,6 +1037,7 @@ def _run_command(argv: Sequence[str] | None, *, raising: bool = False) -> int:
     """Parse and run one command; ``raising``: a LeafpyError propagates (to a rank's failing_rank_ends_the_job)
     instead of being printed here."""
     args = build_parser(_RankParser if raising else argparse.ArgumentParser).parse_args(argv)
+    _lost_output.clear()
     try:
         if getattr(args, "nproc", None) is not None:
             from .distributed.group import launched_size
@@ -1043,6 +1062,9 @@ def _run_command(argv: Sequence[str] | None, *, raising: bool = False) -> int:
     except BrokenPipeError:  # the reader went away (leafpy summary ... | head): stop quietly, as SIGPIPE would
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
         return 128 + 13
+    finally:
+        if _lost_output:  # standard output back where it was, for what the process does after this command
+            _restore_stdout()
 
 
 if __name__ == "__main__":

@@ -222,7 +222,8 @@ def regression_scores(predicted: np.ndarray, target: np.ndarray) -> dict[str, fl
     ``uniform_average``; an output whose targets are constant scores 1 when predicted exactly, else 0) of
     ``predicted`` and ``target`` [N, ...], one sample per row in the same layout ([N] and [N, 1] are one)."""
     p, t = np.asarray(predicted, np.float64), np.asarray(target, np.float64)
-    if p.ndim == 0 or t.ndim == 0 or len(p) != len(t) or not _checks.same_layout(t.shape[1:], p.shape[1:]):
+    if p.ndim == 0 or t.ndim == 0 or len(p) != len(t) or \
+            _checks._strip_trailing_ones(t.shape[1:]) != _checks._strip_trailing_ones(p.shape[1:]):
         hint = _checks.layout_hint(t.shape, p.shape, "target", first=1) if p.ndim and t.ndim else ""
         raise ShapeError(f"regression_scores: expected predicted and target values of one layout, [N, ...] each "
                          f"(targets [N] for predictions [N, 1]), got predicted of shape {p.shape} and target of shape "

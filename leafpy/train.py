@@ -686,6 +686,7 @@ class Trainer:
         self.epochs = run.epochs
         self.stop_training = False
         self.interrupted = False
+        self._stop_asked = False  # stop() was called, before the fit that it ends began, or during it
         self.running = ConfusionMatrix(self.classes, capacity=10 * self.batch_size) if self.classes else None
         self.samples_per_second = 0.0
         self.position_batches = 0
@@ -902,12 +903,20 @@ class Trainer:
         return self.solver.train_minibatch(xb, yb)
 
     # a diverging run is reported once, by TrainingDiverged with the first non-finite layer, not by NumPy's warnings
-    @np.errstate(over="ignore", invalid="ignore", divide="ignore")
     def fit(self, epochs: int | None = None) -> list[dict[str, Any]]:
         """Train up to epoch ``epochs`` (default: the run's train.epochs); returns the history. On a stop signal
-        a checkpoint is saved and TrainingInterrupted raised; on a NaN or infinite loss, TrainingDiverged."""
+        (or :meth:`stop`) a checkpoint is saved and TrainingInterrupted raised; on a NaN or infinite loss,
+        TrainingDiverged."""
+        try:
+            return self._fit(epochs)
+        finally:
+            self._stop_asked = False  # (a stop asked during this fit is spent: a later fit goes on)
+
+    @np.errstate(over="ignore", invalid="ignore", divide="ignore")
+    def _fit(self, epochs: int | None) -> list[dict[str, Any]]:
         self.epochs = self.run.epochs if epochs is None else _checks.non_negative_int("Trainer.fit: epochs", epochs)
-        self.interrupted = self.stop_training = False  # (a later fit after a stop goes on; EarlyStopping decides)
+        # a later fit after a stop goes on (EarlyStopping decides again), unless stop() came before this fit began
+        self.interrupted, self.stop_training = self._stop_asked, False
         if self.epochs <= self.start_epoch:
             trained = f"{self.start_epoch} epoch{'s' * (self.start_epoch != 1)}"
             trained += " and part of the next" * bool(self.start_sample)
@@ -1174,7 +1183,7 @@ class Trainer:
         no signal (Python delivers them to the main thread; it installs no handlers there), so Ctrl-C does not reach
         it, and the thread that handles Ctrl-C calls this."""
         self.signal_name = "Trainer.stop"
-        self.interrupted = True
+        self._stop_asked = self.interrupted = True
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.interrupted = True

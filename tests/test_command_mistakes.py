@@ -100,19 +100,37 @@ def test_set_on_a_model_used_without_a_run_file_is_refused(capsys, tmp_path):
     assert code == 1 and "--set changes a run file" in err, out
 
 
-def test_a_run_file_named_run_yaml_in_the_output_directory_is_never_replaced(capsys, tmp_path, monkeypatch):
+def test_a_run_file_named_run_yaml_in_the_output_directory_is_replaced_only_with_overwrite(capsys, tmp_path,
+                                                                                            monkeypatch):
     monkeypatch.chdir(tmp_path)
     text = yaml.safe_dump(run_doc()) + "# my notes on this run\n"
     (tmp_path / "run.yaml").write_text(text)
-    for extra in ([], ["--overwrite"]):
-        code, _, err = leafpy(capsys, "train", "run.yaml", "--out", ".", "--epochs", "1", *extra)
-        assert code == 1 and "which would replace yours" in err
-        assert (tmp_path / "run.yaml").read_text() == text
-    # a finished run's directory trains again there with --overwrite (its run.yaml is leafpy's own)
+    code, _, err = leafpy(capsys, "train", "run.yaml", "--out", ".", "--epochs", "1")
+    assert code == 1 and "which would replace it (a file of your own" in err
+    assert (tmp_path / "run.yaml").read_text() == text
+    # a finished run's directory, and one whose run failed before its first checkpoint (its run.yaml alone, the
+    # resolved one leafpy wrote), train again there with --overwrite
     code, _, err = leafpy(capsys, "train", "digits_mlp", "--out", "r", "--epochs", "1")
     assert code == 0, err
     code, _, err = leafpy(capsys, "train", "r", "--out", "r", "--epochs", "1", "--overwrite")
     assert code == 0, err
+    code, _, err = leafpy(capsys, "train", "digits_mlp", "--out", "nan", "--epochs", "1", "--set", "solver.base_lr=1e6")
+    assert code == 1 and sorted(os.listdir("nan")) == ["run.yaml"], err
+    code, _, err = leafpy(capsys, "train", "nan", "--overwrite", "--epochs", "1", "--set", "solver.base_lr=0.05")
+    assert code == 0, err
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
+def test_after_a_command_whose_output_was_lost_the_next_one_prints(tmp_path):
+    """Standard output full for one command run in a process (cli.main), then writable again: the next command
+    prints and succeeds (the first left standard output on /dev/null and every later command failing)."""
+    script = ("import os, sys\nfrom leafpy import cli\nsaved = os.dup(1)\n"
+              "os.dup2(os.open('/dev/full', os.O_WRONLY), 1)\nfirst = cli.main(['summary', 'digits_mlp'])\n"
+              "os.dup2(saved, 1)\nsecond = cli.main(['summary', 'digits_mlp'])\n"
+              "print('codes', first, second)\n")
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, env=child_env(),
+                       timeout=300)
+    assert "codes 1 0" in p.stdout and "total parameters" in p.stdout, (p.stdout, p.stderr)
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")

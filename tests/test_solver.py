@@ -405,3 +405,11 @@ def test_clipping_zero_gradients_is_quiet_and_leaves_them_zero():
     g = np.full(4, 3.0, np.float32)
     be.clip_to_norm(g, np.array([36.0], np.float32), 2.0)  # norm 6 > 2: scaled by 1/3
     np.testing.assert_allclose(g, np.full(4, 1.0), rtol=1e-6)
+
+
+def test_regression_scores_refuse_a_flat_row_against_a_grid_either_way():
+    p, t = np.zeros((5, 8)), np.zeros((5, 2, 4))
+    for a, b in ((p, t), (t, p)):
+        with pytest.raises(lp.ShapeError, match="regression_scores: expected predicted and target values of one"):
+            lp.metrics.regression_scores(a, b)
+    assert lp.metrics.regression_scores(np.arange(4.0), np.arange(4.0)[:, None])["mse"] == 0.0

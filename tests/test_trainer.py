@@ -645,3 +645,15 @@ def test_a_fit_in_another_thread_stops_when_asked_and_resumes_as_the_uninterrupt
     resumed.fit(2)
     for a, b in zip(whole.solver.network.learnable_weights_data(), resumed.solver.network.learnable_weights_data()):
         np.testing.assert_array_equal(a.to_numpy(), b.to_numpy())
+
+
+def test_a_stop_asked_before_fit_begins_is_kept_and_spent_by_that_fit(tmp_path):
+    """trainer.stop() from another thread may land before its fit has begun: that fit stops after its first batch
+    (a stop landing then was dropped, and the fit trained to the end); the fit after it trains on."""
+    trainer = lp.Trainer(_small_run(batch=32), lp.backend("native"), out_dir=str(tmp_path / "a"),
+                         log=lambda m: None)
+    trainer.stop()
+    with pytest.raises(lp.train.TrainingInterrupted, match="interrupted \\(Trainer.stop\\) at iteration 1"):
+        trainer.fit(1)
+    trainer.fit(1)
+    assert trainer.solver.iteration == -(-len(trainer.dataset.x_train) // 32)
