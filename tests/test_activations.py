@@ -369,3 +369,26 @@ def test_leafpy_train_with_gelu_and_silu_learns_the_digits(tmp_path):
     assert float(m.group(1)) >= 93.0, p.stdout
     saved = lp.config.load(tmp_path / "run" / "run.yaml")
     assert [lc.type for lc in saved.network.config.layers][2:5] == ["GELU", "Linear", "SiLU"]
+
+
+@pytest.mark.parametrize("device", [pytest.param("webgpu", marks=pytest.mark.webgpu),
+                                    pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("kind", ["Softmax", "LogSoftmax"])
+def test_rows_of_values_below_minus_3e38_have_their_own_maximum(device, kind):
+    """Rows of 100 classes (the long-row kernel) whose values all lie between float32's lowest and -3e38: the
+    distribution of the float64 formula (webgpu started each thread's maximum at -3e38, every exp underflowed, and
+    the rows came out NaN and inf)."""
+    from conftest import backend_or_skip
+
+    be = backend_or_skip(device)
+    x = np.full((2, 100), -3.2e38, np.float32)
+    x[:, ::2] = -3.3e38
+    x[1] = np.linspace(-3.39e38, -3.1e38, 100, dtype=np.float32)
+    z = x.astype(np.float64) - x.astype(np.float64).max(1, keepdims=True)
+    want = z - np.log(np.exp(z).sum(1, keepdims=True))
+    got = lp.Layer.from_config(be, lp.LayerConfig("l", kind)).forward([x])[0].to_numpy()
+    assert np.isfinite(got).all()
+    if kind == "Softmax":
+        np.testing.assert_allclose(got, np.exp(want), atol=1e-6)
+    else:  # (the log-probabilities of the values 1e37 below the maximum are -1e37: relative to their size)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)

@@ -74,7 +74,7 @@ fn softmax_rows(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let row = wid.x + wid.y * 65535u;
     let classes = select(0u, p.classes, row < p.count);  // a workgroup past the last row reads and writes nothing
     let t = lid.x;
-    var m = -3.0e38;
+    var m = -3.4028234e38;  // float32's lowest: a row whose values all lie below -3e38 has its own maximum
     for (var k = t; k < classes; k = k + 256u) { m = max(m, a[p.a_offset + at(row, k)]); }
     m = reduce_workgroup(lane, m, true);
     var s = 0.0;
