@@ -1385,6 +1385,33 @@ def fuse_gelu(nodes: list[Any], constants: dict[str, np.ndarray], outputs: set[s
 
     replaced: dict[int, Any] = {}  # id of the formula's last node -> the Gelu node
     dropped: set[int] = set()
+
+    def halved(x: str, core: Any, before: list[Any], **attributes: Any) -> None:
+        """Where ``core``'s output (erf's or tanh's) goes on as 0.5·x·(1 + it), in PyTorch's order (x·(1 + it))·0.5
+        or leafpy's (0.5·x)·(1 + it), every node from ``before`` on becomes one Gelu node."""
+        add = sole(core.output[0])
+        if not plain(add, "Add") or split(add, 1.0) != core.output[0]:
+            return
+        mul = sole(add.output[0])
+        if not plain(mul, "Mul") or len(mul.input) != 2:
+            return
+        other = mul.input[0] if mul.input[1] == add.output[0] else mul.input[1]
+        half = made.get(other)
+        if other == x:
+            last = sole(mul.output[0])
+            if not plain(last, "Mul") or split(last, 0.5) != mul.output[0]:
+                return
+            formula = [*before, core, add, mul, last]
+        elif plain(half, "Mul") and split(half, 0.5) == x and sole(other) is mul:
+            last = mul
+            formula = [*before, core, add, half, mul]
+        else:
+            return
+        if any(id(n) in dropped for n in formula):
+            return
+        dropped.update(id(n) for n in formula)
+        replaced[id(last)] = onnx.helper.make_node("Gelu", [x], [last.output[0]], name=core.name or last.name,
+                                                   **attributes)
     for erf in nodes:
         if not plain(erf, "Erf") or len(erf.input) != 1 or not erf.output or sole(erf.input[0]) is not erf:
             continue
@@ -1395,28 +1422,8 @@ def fuse_gelu(nodes: list[Any], constants: dict[str, np.ndarray], outputs: set[s
             x = scale.input[0] if c is not None and abs(c - math.sqrt(2)) <= 1e-6 else None
         elif plain(scale, "Mul"):
             x = split(scale, 1 / math.sqrt(2))
-        add = sole(erf.output[0])
-        if x is None or not plain(add, "Add") or split(add, 1.0) != erf.output[0]:
-            continue
-        mul = sole(add.output[0])
-        if not plain(mul, "Mul") or len(mul.input) != 2:
-            continue
-        other = mul.input[0] if mul.input[1] == add.output[0] else mul.input[1]
-        half = made.get(other)
-        if other == x:  # PyTorch's order: (x · (1 + erf)) · 0.5
-            last = sole(mul.output[0])
-            if not plain(last, "Mul") or split(last, 0.5) != mul.output[0]:
-                continue
-            formula = [scale, erf, add, mul, last]
-        elif plain(half, "Mul") and split(half, 0.5) == x and sole(other) is mul:  # (0.5 · x) · (1 + erf)
-            last = mul
-            formula = [scale, erf, add, half, mul]
-        else:
-            continue
-        if any(id(n) in dropped for n in formula):
-            continue
-        dropped.update(id(n) for n in formula)
-        replaced[id(last)] = onnx.helper.make_node("Gelu", [x], [last.output[0]], name=erf.name or last.name)
+        if x is not None:
+            halved(x, erf, [scale])
 
     def of(name: str | None, reader: Any, op: str) -> Any:
         """The node making ``name`` where it is a plain ``op`` whose output only ``reader`` reads."""
@@ -1450,29 +1457,8 @@ def fuse_gelu(nodes: list[Any], constants: dict[str, np.ndarray], outputs: set[s
             if cube is not None and cube[0] == inner.input[k]:
                 x, found = inner.input[k], [*cube[1], term]
                 break
-        add = sole(tanh.output[0])
-        if x is None or not plain(add, "Add") or split(add, 1.0) != tanh.output[0]:
-            continue
-        mul = sole(add.output[0])
-        if not plain(mul, "Mul") or len(mul.input) != 2:
-            continue
-        other = mul.input[0] if mul.input[1] == add.output[0] else mul.input[1]
-        half = made.get(other)
-        if other == x:  # PyTorch's order: 0.5 · (x · (1 + tanh))
-            last = sole(mul.output[0])
-            if not plain(last, "Mul") or split(last, 0.5) != mul.output[0]:
-                continue
-            formula = [*found, inner, scale, tanh, add, mul, last]
-        elif plain(half, "Mul") and split(half, 0.5) == x and sole(other) is mul:  # (0.5 · x) · (1 + tanh)
-            last = mul
-            formula = [*found, inner, scale, tanh, add, half, mul]
-        else:
-            continue
-        if any(id(n) in dropped for n in formula):
-            continue
-        dropped.update(id(n) for n in formula)
-        replaced[id(last)] = onnx.helper.make_node("Gelu", [x], [last.output[0]], name=tanh.name or last.name,
-                                                   approximate="tanh")
+        if x is not None:
+            halved(x, tanh, [*found, inner, scale], approximate="tanh")
     if not replaced:
         return nodes
     return [replaced.get(id(n), n) for n in nodes if id(n) not in dropped or id(n) in replaced]
