@@ -62,8 +62,10 @@ def _trained_run(ns: dict, tmp: Path) -> None:
 
 # the other pages with examples: what each needs first (beyond the README's names), and what it must leave
 PRELUDES = {
-    "threads.md": (lambda ns, tmp: exec("import threading", ns),
-                   lambda ns, tmp: ns["y"].shape == (64, 10)),
+    "threads.md": (lambda ns, tmp: (exec("import threading", ns), ns.update(trainer=ns["lp"].Trainer(
+                       ns["lp"].config.load("digits_mlp", ["train.epochs=1"]), backend=ns["lp"].backend("native"),
+                       log=lambda m: None))),
+                   lambda ns, tmp: ns["y"].shape == (64, 10) and ns["trainer"].solver.iteration > 0),
     "distributed.md": (lambda ns, tmp: (run_blocks(ROOT / "docs/distributed-training.md", ns),
                                         ns.update(run=ns["lp"].config.load("digits_mlp"), y=ns["labels"])),
                        lambda ns, tmp: ns["group"].size == 1),
