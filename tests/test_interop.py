@@ -122,3 +122,13 @@ def test_cupy_and_torch_take_gpu_tensors_without_a_copy():
     assert tt.is_cuda and tt.data_ptr() == g.data.ptr
     t2 = lp.SharedTensor.from_dlpack(torch.from_numpy(x).cuda())
     np.testing.assert_allclose(t2.to_numpy(), x)
+
+
+def test_from_dlpack_copies_a_big_endian_array_as_its_values():
+    """DLPack has no byte order: an array read from a big-endian file ('>f4', '>f8') is taken as a copy of its
+    values (it was refused as if it were not float32), keeping float64 as float64."""
+    for dtype, want in ((">f4", np.float32), (">f8", np.float64)):
+        given = np.arange(6, dtype=dtype).reshape(2, 3) / 4
+        t = lp.SharedTensor.from_dlpack(given)
+        assert t.dtype == want
+        np.testing.assert_array_equal(t.to_numpy(), given.astype(np.float64))
