@@ -1191,3 +1191,24 @@ def test_a_column_named_like_a_number_is_refused_with_the_quotes_that_name_it(tm
         lp.data.csv(tmp_path / "y.csv", 2021)
     ds = lp.data.csv(tmp_path / "y.csv", "2021", features=["2019", "2020"])
     assert ds.x_train.shape[1] == 2 and sorted(ds.class_names) == ["0", "1"]
+
+
+@pytest.mark.parametrize("damage", ["nested", "huge", "out of range", "repeated"])
+def test_a_damaged_image_cache_list_is_decoded_again(tmp_path, damage):
+    """The cache's list of skipped files (KEY.json beside KEY.npy) damaged, or written by something else: the folder
+    is decoded again, with its own images (a list nested past Python's recursion limit raised RecursionError; one
+    far longer than the folder's files could need is not read whole; indices out of range or repeated are no
+    list leafpy writes)."""
+    import leafpy as lp
+
+    write_digits(tmp_path / "digits", 3)
+    cache = tmp_path / "cache"
+    first = lp.data.image_folder(tmp_path / "digits", channels=1, image_size=[8, 8], cache_dir=str(cache),
+                                 test_fraction=0.5, skip_unreadable=True)  # (decoded whole at once: cached now)
+    (listing,) = cache.glob("*.json")
+    listing.write_text({"nested": "[" * 100_000, "huge": '{"skipped": []}' + " " * 10_000_000,
+                        "out of range": '{"skipped": [999]}', "repeated": '{"skipped": [0, 0]}'}[damage])
+    again = lp.data.image_folder(tmp_path / "digits", channels=1, image_size=[8, 8], cache_dir=str(cache),
+                                 test_fraction=0.5, skip_unreadable=True)
+    np.testing.assert_array_equal(again.x_train, first.x_train)
+    np.testing.assert_array_equal(again.y_train, first.y_train)

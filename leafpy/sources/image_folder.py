@@ -308,14 +308,20 @@ def _cached(files: Sequence[str], image_size: Sequence[int], channels: int, skip
             key: str) -> tuple[np.ndarray, list[int]] | None:
     """The cached images (memory-mapped) and files skipped, or None (no cache yet, or a damaged one)."""
     shape = (channels, int(image_size[0]), int(image_size[1]))
+    cap = 64 + 24 * len(files)  # {"skipped": [...]}: at most every file's index
     try:
         with open(os.path.join(cache_dir, key + ".json")) as f:
-            skipped = [int(i) for i in json.load(f)["skipped"]]
+            text = f.read(cap + 1)
+        if len(text) > cap:
+            return None
+        skipped = [int(i) for i in json.loads(text)["skipped"]]
+        if skipped != sorted(set(skipped)) or (skipped and not 0 <= skipped[0] <= skipped[-1] < len(files)):
+            return None
         images = np.load(os.path.join(cache_dir, key + ".npy"), mmap_mode="r", allow_pickle=False)
         if images.dtype == np.uint8 and images.shape == (len(files) - len(skipped), *shape) \
                 and (skip_unreadable or not skipped):
             return images, skipped
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         pass
     return None
 
