@@ -875,20 +875,19 @@ def _path(text: str) -> str:
     return text
 
 
-def _epochs(text: str) -> int:
-    """``--epochs``: a positive integer within the run file's bound (a run.yaml recording more could not be read)."""
-    try:
-        return _checks.positive_int("--epochs", int(text))
-    except (ValueError, LeafpyError):
-        raise argparse.ArgumentTypeError(f"expected a positive integer up to {_checks.INT_LIMIT}, got {text!r}") \
-            from None
+def _integer(check: Any, expected: str) -> Any:
+    """An argparse type: an integer that ``check`` (one of _checks' counts) takes, within the run file's bound (a
+    run.yaml recording more could not be read)."""
+    def parse(text: str) -> int:
+        try:
+            return check("argument", int(text))
+        except (ValueError, LeafpyError):
+            raise argparse.ArgumentTypeError(f"expected {expected} up to {_checks.INT_LIMIT}, got {text!r}") from None
+    return parse
 
 
-def _seed(text: str) -> int:
-    try:
-        return _checks.non_negative_int("--seed", int(text))
-    except (ValueError, LeafpyError):
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+_epochs = _integer(_checks.positive_int, "a positive integer")
+_seed = _integer(_checks.non_negative_int, "a non-negative integer")
 
 
 def _command(sub: Any, name: str, func: Any, summary: str, description: str, *, weights: bool = False,

@@ -542,8 +542,8 @@ class SharedTensor:
         if not hasattr(obj, "__dlpack_device__"):
             raise ShapeError(f"SharedTensor.from_dlpack: expected an object with __dlpack__ and __dlpack_device__ "
                              f"(a NumPy, CuPy or PyTorch array), got {type(obj).__name__}")
-        if isinstance(obj, np.ndarray) and not obj.dtype.isnative:  # (DLPack has no byte order: a copy, as other
-            obj = obj.astype(obj.dtype.newbyteorder("="))            # layouts get)
+        if isinstance(obj, np.ndarray) and not obj.dtype.isnative:  # DLPack has no byte order: a copy, as
+            obj = obj.astype(obj.dtype.newbyteorder("="))  # other layouts get
         kind, index = (int(v) for v in obj.__dlpack_device__())
         if kind == 1:  # kDLCPU
             try:

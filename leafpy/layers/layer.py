@@ -90,8 +90,8 @@ class Worker:
     backward methods get None for each output in ``y``."""
     differentiable: ClassVar[tuple[bool, ...] | None] = None
     """Per input: whether it can take a gradient (None: all)."""
-    checked_inputs: ClassVar[tuple[int, ...]] = ()
-    """The inputs the worker's ``validate`` checks on the host (ids, labels), where it has one."""
+    checked_inputs: ClassVar[tuple[int, ...] | None] = None
+    """The inputs the worker's ``validate`` checks on the host (ids, labels), where it has one (None: all)."""
     weight_names: tuple[str, ...] = ()  # a worker without some optional weight (a bias) sets its own
     untrained_weights: ClassVar[tuple[str, ...]] = ()
     """Weights kept with the model but not trained (running statistics): their lr_mult and decay_mult are 0."""
@@ -356,8 +356,10 @@ class Layer:
         computed within the step (ids from a Slice): where the host holds it (the native backend), its own pass
         refuses a bad value, and a replayed step, which runs no layer's check, would take it."""
         w = self.worker
-        return w is not None and any(not any(self.inputs[i].shares_storage(f) for f in fed)
-                                     for i in w.checked_inputs)
+        if w is None or getattr(w, "validate", None) is None:
+            return False
+        checked = range(len(self.inputs)) if w.checked_inputs is None else w.checked_inputs
+        return any(not any(self.inputs[i].shares_storage(f) for f in fed) for i in checked)
 
     def set_training(self, training: bool = True) -> None:
         """Training mode (dropout active, BatchNorm on the batch's statistics) or inference mode; a container passes

@@ -370,6 +370,7 @@ class Solver:
         self._worker_list: list[Any] = []
         self._norm = SharedTensor((1,), dtype)
         self._generation = 0
+        self._computed_checks: tuple[tuple, bool] | None = None  # (binding, what _checks_computed found for it)
         self._has_loss = False
         self.gradient_reducer: Callable[[list[SharedTensor]], None] | None = None
         """Called with the gradients just before each update (data-parallel training sums them across ranks there:
@@ -573,7 +574,7 @@ class Solver:
         and their checks, every time (found once for each binding)."""
         net, obj = self._network, self._objective
         binding = (self._generation, net.generation, obj.generation)
-        found = getattr(self, "_computed_checks", None)
+        found = self._computed_checks
         if found is None or found[0] != binding:
             found = self._computed_checks = (binding, any(
                 n.backend.key == HOST and n.layer.checks_computed(n.inputs) for n in (net, obj)))
