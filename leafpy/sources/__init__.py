@@ -88,6 +88,6 @@ def samples_for_prediction(data: dict, path: str, input_shape: Sequence[int]
         if not features:
             raise ConfigError(f"--input {path}: the run records no CSV feature columns (data.features); it was "
                               "not trained on a CSV table, give an .npz file")
-        header, rows, lines = csv_table.read_rows(path, data.get("delimiter", ","))
-        return csv_table.numbers(path, header, rows, features, lines), [f"line {line}" for line in lines], []
+        table = csv_table.scan(path, data.get("delimiter", ","), features)
+        return table.x, [f"line {line}" for line in table.lines.tolist()], []
     return None
