@@ -228,6 +228,7 @@ def read(path: str, target: str, *, features: Sequence[str] | None = None, delim
         if target in features:
             raise ConfigError(f"data.features: the target column {target!r} cannot be a feature too")
     table = scan(path, delimiter, features, target, targets)
+    assert table.y is not None  # (a target was asked for)
     if features is None:
         features = [h for h in table.header if h and h != target]
     return Parts(os.path.basename(path), table.x, table.y, len(table.class_names), None, tuple(table.class_names),
