@@ -559,9 +559,10 @@ def _mapped_samples(path: str, key: str, x: np.ndarray) -> mapped.Mapped:
 def _labels(path: str, key: str, y: np.ndarray, n: int, x_key: str, ignore_index: int | None = None) -> np.ndarray:
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
-    if y.shape != (n,):
+    if y.ndim == 0 or y.shape[0] != n or 0 in y.shape:
         raise SerializationError(f"{path}: {key} must be class indices of shape [{n}] or [{n}, 1] (one per sample "
-                                 f"of {x_key}), got shape {y.shape}")
+                                 f"of {x_key}), or [{n}, d1, ...] (one per position, for an objective that scores "
+                                 f"a class at every position), got shape {y.shape}")
     _real(path, key, y.dtype)
     with np.errstate(invalid="ignore"):  # NaN or huge labels: reported below, not warned about
         labels = y.astype(np.int64)

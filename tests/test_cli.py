@@ -425,3 +425,46 @@ def test_a_model_file_whose_network_or_preparation_is_damaged_is_refused_by_name
         p = run(*args)
         assert p.returncode == 1 and f"{bad}: " in p.stderr and says in p.stderr, (args, p.stdout, p.stderr)
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_labels_at_every_position_in_an_npz_train_evaluate_and_predict(tmp_path):
+    """An npz file whose labels are [N, 5], a class at each of 5 positions, for a run whose NegativeLogLikelihood
+    scores [N, C, 5] (before: refused, 'y must be class indices of shape [N] or [N, 1]', though Python's Trainer
+    trained the same arrays): leafpy train, evaluate and predict take it, and the held-out accuracy printed is
+    the fraction of the held-out positions whose class in predict's table equals the label."""
+    import yaml
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((160, 5, 8)).astype(np.float32)
+    y = np.argmax(x[:, :, :3], axis=2).astype(np.int64)
+    np.savez(tmp_path / "positions.npz", x_train=x[:120], y_train=y[:120], x_test=x[120:], y_test=y[120:])
+    np.savez(tmp_path / "held_out.npz", x=x[120:])
+
+    def layer(name, kind, **options):
+        return {"name": name, "type": kind, **options}
+
+    run_yaml = tmp_path / "run.yaml"
+    run_yaml.write_text(yaml.safe_dump({
+        "name": "positions",
+        "data": {"dataset": "npz", "path": str(tmp_path / "positions.npz"), "batch_size": 16, "seed": 0},
+        "network": {"type": "Sequential", "inputs": [{"name": "data", "shape": [None, 5, 8]}],
+                    "layers": [layer("fc", "Linear", output_size=3, axis=-1), layer("t", "Transpose", perm=[0, 2, 1]),
+                               layer("logsm", "LogSoftmax", axis=1)]},
+        "objective": {"type": "Sequential", "inputs": [{"name": "network_out", "shape": [16, 3, 5]},
+                                                       {"name": "label", "shape": [16, 5]}],
+                      "layers": [layer("nll", "NegativeLogLikelihood", num_classes=3)]},
+        "solver": {"solver": "adam", "base_lr": 0.05, "seed": 0},
+        "train": {"epochs": 3}}, sort_keys=False))
+    out = tmp_path / "out"
+    done = run("train", str(run_yaml), "--backend", "native", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    done = run("evaluate", str(out))
+    assert done.returncode == 0, done.stderr
+    printed = float(re.search(r"held-out accuracy: ([\d.]+)%", done.stdout).group(1)) / 100
+    done = run("predict", str(out), "--input", str(tmp_path / "held_out.npz"), "--out", str(tmp_path / "p.csv"))
+    assert done.returncode == 0, done.stderr
+    table = np.loadtxt(tmp_path / "p.csv", delimiter=",", skiprows=1)
+    classes = table[:, :5].astype(np.int64)  # class_0 .. class_4, then the outputs
+    assert classes.shape == (40, 5)
+    assert printed == pytest.approx(np.mean(classes == y[120:]), abs=5e-5)
+    assert printed > 0.6
