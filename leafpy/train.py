@@ -834,13 +834,22 @@ class Trainer:
                                                         for h in history):
                 raise ValueError("not a list of epoch records, each with its epoch number")
         except FileNotFoundError:
-            return []
+            history = []
         # (a FIFO or a directory there: a ConfigError, a ValueError; RecursionError: JSON nested past Python's limit)
         except (OSError, ValueError, RecursionError) as e:
             self.log(f"warning: {path} cannot be read ({str(e)[:200] or type(e).__name__}); the history starts "
                      "again from this epoch")
             return []
-        return [h for h in history if h["epoch"] <= self.start_epoch]
+        kept = [h for h in history if h["epoch"] <= self.start_epoch]
+        missing = sorted(set(range(1, self.start_epoch + 1)) - {h["epoch"] for h in kept})
+        if missing:  # (EarlyStopping and keep_best would count from here as if nothing came before)
+            which = (f"epoch {missing[0]}" if len(missing) == 1 else
+                     f"epochs {missing[0]}-{missing[-1]}" if len(missing) == missing[-1] - missing[0] + 1 else
+                     f"{len(missing)} of the epochs 1-{self.start_epoch}")
+            self.log(f"warning: {path} " + ("is missing" if not history else f"has no record of {which}")
+                     + f": the checkpoint is after epoch {self.start_epoch}, and EarlyStopping and keep_best see "
+                     "only the epochs recorded (copy the run's history.json beside the checkpoint to keep them)")
+        return kept
 
     def log(self, msg: str) -> None:
         """Print a line through the Trainer's ``log`` (rank 0 only)."""

@@ -129,6 +129,33 @@ def test_a_run_resumed_into_another_directory_keeps_the_epochs_it_trained_before
     assert e.returncode == 0 and accuracy(e.stdout) == accuracy(run("evaluate", str(tmp_path / "a")).stdout)
 
 
+def test_a_checkpoint_resumed_without_its_history_says_so(tmp_path):
+    """A checkpoint copied alone to another directory resumed with no word that the epochs before it had no record
+    there, so EarlyStopping and keep_best counted from the resume as if nothing came before (an early-stopped run
+    went on five epochs past where the uninterrupted one stopped). The resume says which epochs have no record."""
+    import shutil
+
+    first = run("train", DIGITS, "--out", str(tmp_path / "a"), "--epochs", "2")
+    assert first.returncode == 0, first.stderr
+    (tmp_path / "moved").mkdir()
+    shutil.copy(tmp_path / "a" / "checkpoint.leaf", tmp_path / "moved")
+    p = run("train", DIGITS, "--out", str(tmp_path / "b"), "--epochs", "3",
+            "--resume", str(tmp_path / "moved" / "checkpoint.leaf"))
+    assert p.returncode == 0, p.stderr
+    assert "moved/history.json is missing: the checkpoint is after epoch 2, and EarlyStopping and keep_best see " \
+           "only the epochs recorded" in p.stdout + p.stderr
+    history = json.loads((tmp_path / "a" / "history.json").read_text())
+    (tmp_path / "moved" / "history.json").write_text(json.dumps(history[1:]))  # epoch 2's record alone
+    q = run("train", DIGITS, "--out", str(tmp_path / "c"), "--epochs", "3",
+            "--resume", str(tmp_path / "moved" / "checkpoint.leaf"))
+    assert q.returncode == 0, q.stderr
+    assert "moved/history.json has no record of epoch 1: the checkpoint is after epoch 2" in q.stdout + q.stderr
+    shutil.copy(tmp_path / "a" / "history.json", tmp_path / "moved")
+    r = run("train", DIGITS, "--out", str(tmp_path / "d"), "--epochs", "3",
+            "--resume", str(tmp_path / "moved" / "checkpoint.leaf"))
+    assert r.returncode == 0 and "history.json" not in r.stdout + r.stderr
+
+
 def test_a_run_without_a_solver_seed_records_the_one_it_drew_and_its_run_yaml_trains_it_again(tmp_path):
     text = (ROOT / "configs" / "digits_mlp.yaml").read_text()
     assert ", seed: 0}" in text
