@@ -174,6 +174,11 @@ def test_leafpy_to_leaf_and_back_computes_the_same(tmp_path, conv):
                                                                        bias=False))), "group 3"),
     (lambda c: c.add_layer(lp.LayerConfig("conv", lp.ConvolutionConfig(num_output=2, filter_shape=[2],
                                                                        dilation=[2], bias=False))), "dilation"),
+    # (Linear's axis and Reshape's whole_shape were written, and read by Leaf as a Linear over the last axis folded
+    # with the batch and a Reshape of each sample: another function)
+    (lambda c: c.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=2, bias=False, axis=-1))), "axis -1"),
+    (lambda c: c.add_layer(lp.LayerConfig("r", lp.ReshapeConfig(shape=[4, 24], whole_shape=True))),
+     "whole_shape True"),
 ])
 def test_what_leaf_cannot_represent_is_refused(tmp_path, change, what):
     cfg = lp.SequentialConfig(inputs=[("data", [2, 3, 4, 4])])

@@ -21,7 +21,7 @@ LEAF_TYPES = {"Convolution", "Linear", "Pooling", "LogSoftmax", "Softmax", "ReLU
 """The layer types Leaf 0.2.1 had."""
 LEAF_FIELDS = {"Convolution": ("num_output", "filter_shape", "stride", "padding", "bias"),
                "Pooling": ("mode", "filter_shape", "stride", "padding"), "Softmax": (), "LogSoftmax": (),
-               "NegativeLogLikelihood": ("num_classes",)}
+               "NegativeLogLikelihood": ("num_classes",), "Linear": ("output_size", "bias"), "Reshape": ("shape",)}
 """Of those types' settings, the ones Leaf had: the others (group, dilation, pad_end, ceil_mode, ...) must keep their
 defaults in a Leaf file."""
 
