@@ -586,3 +586,29 @@ def test_labels_past_float32s_exact_integers_are_refused():
     with pytest.raises(lp.ConfigError, match=r"ignore_index: expected an integer label to ignore from -2\*\*24"):
         lp.NegativeLogLikelihoodConfig(num_classes=10, ignore_index=2**24 + 1)
     assert lp.NegativeLogLikelihoodConfig(num_classes=2**24, ignore_index=-100).num_classes == 2**24
+
+
+def test_a_refused_batch_leaves_the_network_as_it_was(native, tmp_path):
+    """A batch a whole-shape Reshape cannot take is refused; the network was left bound part way to it, so the next
+    call at the batch that worked raised a bare ValueError from matmul, and an ONNX export wrote the refused shape.
+    Now the next call computes what the first did (x @ W.T + b in float64) and the export has the working batch."""
+    cfg = lp.SequentialConfig(inputs=[("x", [1, 4])])
+    cfg.add_layer(lp.LayerConfig("fc", lp.LinearConfig(output_size=4)))
+    cfg.add_layer(lp.LayerConfig("flat", lp.ReshapeConfig(shape=[1, 4], whole_shape=True)))
+    net = lp.Layer.from_config(native, lp.LayerConfig("net", cfg), seed=0)
+    x = np.random.default_rng(3).standard_normal((6, 4)).astype(np.float32)
+    w, b = (t.to_numpy().astype(np.float64) for t in net.learnable_weights_data())
+    want = x[:1].astype(np.float64) @ w.T + b
+    np.testing.assert_allclose(net.forward([x[:1]])[0].to_numpy(), want, rtol=1e-6)
+    for _ in range(2):
+        with pytest.raises(lp.ShapeError, match="cannot reshape"):
+            net.forward([x])
+        np.testing.assert_allclose(net.forward([x[:1]])[0].to_numpy(), want, rtol=1e-6)
+        net.forward([x[1:2]])
+    with pytest.raises(lp.ShapeError, match="cannot reshape"):
+        net.forward([x[:3]])
+    assert net.inputs[0].shape == (1, 4)
+    onnx = pytest.importorskip("onnx", reason="the exported file is read with onnx")
+    lp.onnx.export(net, str(tmp_path / "net.onnx"))
+    dims = onnx.load(str(tmp_path / "net.onnx")).graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_value for d in dims] == [1, 4]

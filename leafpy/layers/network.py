@@ -222,8 +222,36 @@ class Network(Generic[L]):
                              f"{names}, got {len(inputs)} (shapes {shapes or 'none'})")
         if len(self._own) != n:
             self._own = [None] * n
-        layer, be = self.layer, self.backend
+        be = self.backend
         tensors: list[SharedTensor] = []
+        resized: list[tuple[SharedTensor, tuple[int, ...]]] = []  # (own input, its shape before this call)
+        try:
+            self._stage_inputs(inputs, tensors, resized)
+            if self._bound != [(id(t), t.shape) for t in tensors]:
+                self._bind(tensors)
+                rebound = True
+            else:
+                rebound = False
+        except BaseException:  # a refused batch leaves the network as it was: its inputs' shapes and binding
+            self._restore(resized)
+            raise
+        for t in tensors:  # uploads happen here, before any step (a recorded step cannot upload)
+            t.read(be)
+        return rebound
+
+    def _restore(self, resized: list[tuple[SharedTensor, tuple[int, ...]]]) -> None:
+        for own, shape in resized:
+            own.resize(shape)
+        if not resized or self._bound is None:
+            return
+        try:  # (the layers may have been bound part way to the refused shapes)
+            self._bind(list(self.inputs))
+        except Exception:  # noqa: BLE001 - bound again at the next call
+            self._bound = None
+
+    def _stage_inputs(self, inputs: Sequence[Any], tensors: list[SharedTensor],
+                      resized: list[tuple[SharedTensor, tuple[int, ...]]]) -> None:
+        layer, be = self.layer, self.backend
         for i, x in enumerate(inputs):
             if i in self._connected:
                 tensors.append(self._connected[i][0])
@@ -236,24 +264,17 @@ class Network(Generic[L]):
             if own is None:  # data in the compute dtype; ids and labels in the master dtype
                 own = self._own[i] = self._input_tensor(shape, layer.input_dtype(i))
             elif own.shape != shape:
+                resized.append((own, own.shape))
                 own.resize(shape)
             if _is_tensor(x):
                 be.cast(x.read(be), own.write(be))
             else:
                 own.set(x)
             tensors.append(own)
-        if declared:
+        if self._declared:
             batch = {t.shape[0] for t in tensors}
             if len(batch) > 1:
                 raise ShapeError(f"{self._where}: inputs have different batch sizes {[t.shape for t in tensors]}")
-        if self._bound != [(id(t), t.shape) for t in tensors]:
-            self._bind(tensors)
-            rebound = True
-        else:
-            rebound = False
-        for t in tensors:  # uploads happen here, before any step (a recorded step cannot upload)
-            t.read(be)
-        return rebound
 
     @staticmethod
     def _input_tensor(shape: Sequence[int], dtype: Any) -> SharedTensor:
