@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from ..layers import Layer, LayerConfig
+from ..layers import Layer
 from ._proto import require_onnx, unique_name
 from .importer import GATES_TO_ONNX, reorder_gates
 
@@ -389,15 +389,19 @@ def _emit_container(e: Emitter, seq: Any, ins: list[str], outs: list[str]) -> No
         emit_layer(e, child, [names[b] for b in step.inputs], [names[b] for b in step.outputs])
 
 
-def _fixes_first_axis(config: LayerConfig) -> bool:
-    """Whether a layer of ``config`` (a container: any of its layers) moves the first axis or fixes its size (a
-    Transpose of axis 0, a Reshape of the whole shape not inferring its first entry): then the first axis is no
-    batch, and the exported inputs keep its size."""
-    c = config.config
-    if config.type == "Sequential":
-        return any(_fixes_first_axis(lc) for lc in c.layers)
-    return (config.type == "Transpose" and c.perm[0] != 0) or (config.type == "Reshape" and c.whole_shape
-                                                                and c.shape[0] != -1)
+def _fixes_first_axis(layer: Layer) -> bool:
+    """Whether ``layer`` (a container: any of its layers) moves the first axis or fixes its size (a Transpose of
+    axis 0, a Reshape of the whole shape not inferring its first entry, a Flatten from axis 0, a Slice or Concat
+    along axis 0, whose pieces have fixed sizes): then the first axis is no batch, and the exported inputs keep
+    its size."""
+    c = layer.config.config
+    kind = layer.config.type
+    if kind == "Sequential":
+        return any(_fixes_first_axis(child) for child in layer.layers)
+    if kind in ("Slice", "Concat"):
+        return bool(layer.inputs) and c.axis % len(input_shape(layer)) == 0
+    return ((kind == "Transpose" and c.perm[0] != 0) or (kind == "Reshape" and c.whole_shape and c.shape[0] != -1)
+            or (kind == "Flatten" and c.axis == 0))
 
 
 PREPARATION_KEY = "leafpy.preparation"
@@ -425,11 +429,13 @@ def to_model(layer: Layer, opset: int = 17) -> Any:
     emit_layer(e, layer, in_names, out_names)
     h = onnx.helper
     float_t = onnx.TensorProto.FLOAT
-    open_batch = "N" if not _fixes_first_axis(layer.config) else None
+    open_batch = "N" if not _fixes_first_axis(layer) else None
     inputs = [h.make_tensor_value_info(n, float_t, [open_batch or s[0], *s[1:]]) for n, s in zip(in_names, in_shapes)]
     batch = in_shapes[0][0] if in_shapes and in_shapes[0] and open_batch else None
-    outputs = [h.make_tensor_value_info(n, float_t, ["N" if i == 0 and d == batch else d
-                                                     for i, d in enumerate(t.shape)])
+    # an output's first axis is the batch's, or with an open batch one that follows it (a Flatten from axis 2, a
+    # Reshape of the whole shape inferring its first entry): no number then
+    outputs = [h.make_tensor_value_info(n, float_t, [("N" if d == batch else f"{n}_{i}") if i == 0 and batch
+                                                     else d for i, d in enumerate(t.shape)])
                for n, t in zip(out_names, layer.outputs)]
     graph = h.make_graph(e.nodes, layer.name, inputs, outputs, e.initializers)
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", opset)], producer_name="leafpy")
