@@ -318,3 +318,24 @@ def test_an_exported_graph_declares_only_the_sizes_its_batch_leaves_fixed(tmp_pa
             assert not d.HasField("dim_value") or d.dim_value == real
         back = lp.onnx.load(path, batch_size=batch)
         np.testing.assert_allclose(back.forward([x])[0].to_numpy().reshape(want.shape), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("pad_end", [0, 1, 2])
+def test_a_deconvolution_padded_past_its_stride_runs_in_onnxruntime(pad_end):
+    """leafpy takes a Deconvolution's output_padding below the stride or the dilation (as PyTorch does); ONNX
+    runtimes take it below the stride only, so such a layer exported a ConvTranspose onnxruntime refused. The same
+    rows are now exported as less padding cut from the end, and rows past the whole transposed convolution as zeros
+    plus the bias; the values are PyTorch's conv_transpose2d's in float64."""
+    torch = pytest.importorskip("torch", reason="PyTorch's conv_transpose2d is the reference")
+    c = lp.DeconvolutionConfig(num_output=2, filter_shape=[3], stride=[1, 2], dilation=[2, 1], padding=[1, 0],
+                               pad_end=[pad_end, 0], output_padding=[1, 1])
+    net = lp.Layer.from_config(lp.backend("native"), _net([L("up", c)], [("x", [2, 3, 4, 5])]), seed=0)
+    _randomize(net, np.random.default_rng(2))
+    x = np.random.default_rng(3).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    w = {k: torch.tensor(v, dtype=torch.float64) for k, v in net.named_weights().items()}
+    full = torch.nn.functional.conv_transpose2d(torch.tensor(x, dtype=torch.float64), w["up/weight"], w["up/bias"],
+                                                stride=(1, 2), dilation=(2, 1), output_padding=(1, 1)).numpy()
+    want = full[:, :, 1:full.shape[2] - pad_end, :]  # padding 1 at the start, pad_end at the end of the rows
+    np.testing.assert_allclose(net.forward([x])[0].to_numpy(), want, rtol=1e-5, atol=1e-5)
+    got = _onnxruntime(lp.onnx.to_model(net), [x])[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -97,8 +97,29 @@ def _conv(e: Emitter, layer: Layer, ins: list[str], outs: list[str]) -> None:
 def _deconv(e: Emitter, layer: Layer, ins: list[str], outs: list[str]) -> None:
     """ConvTranspose: the same weight layout [C, num_output / group, kh, kw]."""
     c = layer.config.config
-    e.node("ConvTranspose", _with_weights(e, layer, ins[0]), outs, name=layer.name, dilations=list(c.dilation),
-           group=c.group, output_padding=list(c.output_padding), **_window_attrs(c))
+    attrs = _window_attrs(c)
+    spatial = len(c.filter_shape)
+    output_padding = list(c.output_padding) or [0] * spatial
+    extra = [0] * spatial  # rows past the whole transposed convolution: the bias alone
+    for i, (op, stride) in enumerate(zip(output_padding, c.stride)):
+        if op >= stride:  # (leafpy takes it below the dilation too; ONNX runtimes only below the stride) the same
+            end = attrs["pads"][spatial + i]  # rows, as less padding cut from the end and zeros past it
+            attrs["pads"][spatial + i] = max(end - op, 0)
+            extra[i], output_padding[i] = max(op - end, 0), 0
+    if not any(extra):
+        e.node("ConvTranspose", _with_weights(e, layer, ins[0]), outs, name=layer.name, dilations=list(c.dilation),
+               group=c.group, output_padding=output_padding, **attrs)
+        return
+    w = weights_of(layer)
+    y = e.node("ConvTranspose", [ins[0], e.const(f"{layer.name}/weight", w["weight"])], name=f"{layer.name}/conv",
+               dilations=list(c.dilation), group=c.group, output_padding=output_padding, **attrs)[0]
+    pads = e.const(f"{layer.name}/extra", [0] * (2 + spatial) + [0, 0, *extra], np.int64)
+    if "bias" not in w:
+        e.node("Pad", [y, pads], outs, name=layer.name)
+        return
+    y = e.node("Pad", [y, pads], name=f"{layer.name}/extra")[0]
+    bias = e.const(f"{layer.name}/bias", w["bias"].reshape(-1, *[1] * spatial))
+    e.node("Add", [y, bias], outs, name=layer.name)
 
 
 @emits("Pooling")
