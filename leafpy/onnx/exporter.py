@@ -222,14 +222,21 @@ def _gelu(e: Emitter, layer: Layer, ins: list[str], outs: list[str]) -> None:
 
 @emits("Softplus")
 def _softplus(e: Emitter, layer: Layer, ins: list[str], outs: list[str]) -> None:
-    """log(1 + exp(beta x)) / beta; leafpy's threshold (x itself above it) differs by under exp(-threshold)."""
-    beta = layer.config.config.beta
-    if beta == 1.0:
-        e.node("Softplus", ins, outs, name=layer.name)
-        return
-    scaled = e.node("Mul", [ins[0], e.const(f"{layer.name}/beta", beta)], name=layer.name)[0]
-    sp = e.node("Softplus", [scaled], name=layer.name)[0]
-    e.node("Mul", [sp, e.const(f"{layer.name}/inv_beta", 1.0 / beta)], outs, name=layer.name)
+    """log(1 + exp(beta x)) / beta. leafpy's threshold (x itself where beta x passes it) differs from that by under
+    exp(-threshold): nothing in float32 from the default 20 up, so it is written only below 20, as a Where."""
+    c, n = layer.config.config, layer.name
+    beta, exact = c.beta, c.threshold < SOFTPLUS_THRESHOLD
+    scaled = ins[0] if beta == 1.0 else e.node("Mul", [ins[0], e.const(f"{n}/beta", beta)], name=n)[0]
+    sp = e.node("Softplus", [scaled], outs if beta == 1.0 and not exact else None, name=n)[0]
+    if beta != 1.0:
+        sp = e.node("Mul", [sp, e.const(f"{n}/inv_beta", 1.0 / beta)], None if exact else outs, name=n)[0]
+    if exact:
+        above = e.node("Greater", [scaled, e.const(f"{n}/threshold", c.threshold)], name=n)[0]
+        e.node("Where", [above, ins[0], sp], outs, name=n)
+
+
+SOFTPLUS_THRESHOLD = 20.0
+"""Softplus's default threshold, from which exp(-threshold) is below float32's resolution."""
 
 
 @emits("Clip")
