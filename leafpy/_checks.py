@@ -14,7 +14,7 @@ import mmap
 import numbers
 import os
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -23,6 +23,13 @@ from .errors import ConfigError
 
 INT_LIMIT = 2**63 - 1
 """The largest integer a config holds (NumPy's shapes and the file format's counts are 64-bit)."""
+
+
+
+def listed(value: object) -> bool:
+    """Whether a setting given as a list is one: a list, tuple or other ordered collection, not text, a mapping (a
+    YAML ``{}``) or a set (no order)."""
+    return hasattr(value, "__iter__") and not isinstance(value, (str, bytes, Mapping, set, frozenset))
 
 
 def _is_bool(value: Any) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -142,7 +142,7 @@ MAX_ELEMENTS = 1 << 60
 def _as_shape(shape: Sequence[int] | int) -> tuple[int, ...]:
     if isinstance(shape, (int, np.integer)) and not isinstance(shape, (bool, np.bool_)):
         shape = (int(shape),)
-    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__") or not all(
+    if isinstance(shape, (str, bytes, Mapping)) or not hasattr(shape, "__iter__") or not all(
             isinstance(d, (int, np.integer)) and not isinstance(d, (bool, np.bool_)) for d in shape):
         raise ShapeError(f"tensor shape: expected a tuple of integer dimensions, got {shape!r}"[:300])
     out = tuple(int(d) for d in shape)

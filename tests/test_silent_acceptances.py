@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import leafpy as lp
+from leafpy.layers.common.matmul import MatMulConfig
 from tests.hostile.corpus import edited_checkpoint, make_checkpoint, npz_oddities
 from tests.test_user_paths import failed_cleanly, leafpy
 
@@ -55,3 +56,30 @@ def test_a_prefix_view_larger_than_the_tensor_is_refused_and_keeps_its_data():
         t.prefix_view((10,))
     np.testing.assert_array_equal(t.to_numpy(), np.arange(6, dtype=np.float32))
     np.testing.assert_array_equal(t.prefix_view((2, 2)).to_numpy(), [[0, 1], [2, 3]])
+
+
+@pytest.mark.parametrize("build,words", [
+    (lambda: lp.ReshapeConfig(shape=[2, 0, 5]), r"ReshapeConfig\.shape\[1\]: expected a positive integer or -1"),
+    (lambda: lp.EltwiseConfig(coeff={}), "EltwiseConfig.coeff: expected a list of numbers"),
+    (lambda: lp.EltwiseConfig(weight_shape={}), "EltwiseConfig.weight_shape: expected a list"),
+    (lambda: MatMulConfig(weight_shape={}), r"MatMulConfig\.weight_shape: expected \[\]"),
+    (lambda: lp.SliceConfig(axis=1, slice_points={2}), "SliceConfig.slice_points: expected a list"),
+], ids=["Reshape 0", "Eltwise coeff {}", "Eltwise weight_shape {}", "MatMul weight_shape {}", "Slice a set"])
+def test_settings_that_meant_something_else_are_refused(build, words):
+    """A Reshape entry 0 was taken as -1 (inferred: [2, 0, 5] gave [2, 12, 5]), and an empty mapping (YAML's {})
+    where a list belongs as the empty list; a set has no order to cut at."""
+    with pytest.raises(lp.ConfigError, match=words):
+        build()
+
+
+def test_a_reshape_to_zero_in_a_run_file_is_refused_and_a_saved_inferred_entry_loads_back(tmp_path):
+    text = ("network: {type: Sequential, inputs: [{name: data, shape: [2, 3, 4, 5]}], "
+            "layers: [{name: r, type: Reshape, shape: [%s]}]}\nobjective: mse\n")
+    with pytest.raises(lp.ConfigError, match=r"network\.layers\[0\]\.shape\[1\]: expected a positive integer or -1"):
+        lp.config.loads(text % "2, 0, 5")
+    net = lp.Layer.from_config(lp.backend("native"), lp.config.loads(text % "2, -1, 5").network, seed=0)
+    net.save(str(tmp_path / "m.leaf"))
+    back = lp.Layer.load(lp.backend("native"), str(tmp_path / "m.leaf"))
+    assert back.config == net.config
+    x = np.arange(120, dtype=np.float32).reshape(2, 3, 4, 5)
+    np.testing.assert_array_equal(back.forward([x])[0].to_numpy(), x.reshape(2, 12, 5))

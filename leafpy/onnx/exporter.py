@@ -425,7 +425,8 @@ def _fixes_first_axis(layer: Layer) -> bool:
     c = layer.config.config
     kind = layer.config.type
     if kind == "Sequential":
-        return any(_fixes_first_axis(child) for child in layer.layers)
+        container: Any = layer  # (a Sequential: its layers)
+        return any(_fixes_first_axis(child) for child in container.layers)
     if kind in ("Slice", "Concat"):
         return bool(layer.inputs) and c.axis % len(input_shape(layer)) == 0
     return ((kind == "Transpose" and c.perm[0] != 0) or (kind == "Reshape" and c.whole_shape and c.shape[0] != -1)

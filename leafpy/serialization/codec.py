@@ -190,6 +190,8 @@ def read_layer_config(reader: Any, where: str = "config") -> LayerConfig:
                 value = _get(sub, stored, f"{where} (layer '{name}')")
                 if value == () and f.default is not dataclasses.MISSING:
                     continue  # an empty list (or one a file written before the field existed lacks): the default
+                if (type_name, f.name) == ("Reshape", "shape") and isinstance(value, tuple):
+                    value = tuple(-1 if d == 0 else d for d in value)  # files store an inferred entry as 0
                 kwargs[f.name] = value
         config = entry.config_class(**kwargs)
     params = []

@@ -85,7 +85,7 @@ class SliceConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "axis", _axis("SliceConfig.axis", self.axis))
         points = self.slice_points
-        if isinstance(points, (str, bytes)) or not hasattr(points, "__iter__"):
+        if not _checks.listed(points):
             raise ConfigError(f"SliceConfig.slice_points: expected a list of indices along the axis, got {points!r}")
         points = tuple(_checks.positive_int(f"SliceConfig.slice_points[{i}]", p) for i, p in enumerate(points))
         if not points:

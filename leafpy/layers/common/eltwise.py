@@ -36,12 +36,12 @@ class EltwiseConfig:
     def __post_init__(self) -> None:
         s = object.__setattr__
         shape = self.weight_shape
-        if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+        if not _checks.listed(shape):
             raise ConfigError(f"EltwiseConfig.weight_shape: expected a list of positive integers, got {shape!r}")
         s(self, "weight_shape", tuple(_checks.positive_int(f"EltwiseConfig.weight_shape[{i}]", d)
                                       for i, d in enumerate(shape)))
         s(self, "operation", _checks.choice("EltwiseConfig.operation", self.operation, ELTWISE_OPERATIONS))
-        if isinstance(self.coeff, (str, bytes)) or not hasattr(self.coeff, "__iter__"):
+        if not _checks.listed(self.coeff):
             raise ConfigError(f"EltwiseConfig.coeff: expected a list of numbers (one per input), got {self.coeff!r}")
         s(self, "coeff", tuple(_checks.number(f"EltwiseConfig.coeff[{i}]", c) for i, c in enumerate(self.coeff)))
         if self.coeff and self.operation != "sum":

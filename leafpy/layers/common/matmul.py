@@ -37,7 +37,7 @@ class MatMulConfig:
 
     def __post_init__(self) -> None:
         shape = self.weight_shape
-        if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__") or len(shape) == 1:
+        if not _checks.listed(shape) or len(shape) == 1:
             raise ConfigError(f"MatMulConfig.weight_shape: expected [] (b is the second input) or the shape of b, "
                               f"[K, P] or [..., K, P], got {shape!r}")
         object.__setattr__(self, "weight_shape", tuple(_checks.positive_int(f"MatMulConfig.weight_shape[{i}]", d)

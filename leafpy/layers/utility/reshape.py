@@ -23,13 +23,14 @@ class ReshapeConfig:
             raise _checks.ConfigError(f"ReshapeConfig.whole_shape: expected true (shape is the whole output shape) "
                                       f"or false (its first entry is the batch, kept), got {self.whole_shape!r}")
         shape = self.shape
-        if isinstance(shape, (str, bytes)) or not hasattr(shape, "__len__") or not shape:
+        if not _checks.listed(shape) or not hasattr(shape, "__len__") or not shape:
             raise _checks.ConfigError(f"ReshapeConfig.shape: expected a non-empty list of integers, got {shape!r}")
         out = []
         for i, d in enumerate(shape):
-            if isinstance(d, bool) or not isinstance(d, int) or d < -1:
-                raise _checks.ConfigError(f"ReshapeConfig.shape[{i}]: expected a positive integer or -1, got {d!r}")
-            out.append(-1 if d == 0 else int(d))  # files store an inferred dimension (a -1 batch entry too) as 0
+            if isinstance(d, bool) or not isinstance(d, int) or d < -1 or d == 0:
+                raise _checks.ConfigError(f"ReshapeConfig.shape[{i}]: expected a positive integer or -1 (inferred), "
+                                          f"got {d!r}")
+            out.append(int(d))
         if out[1:].count(-1) > 1 or (self.whole_shape and out.count(-1) > 1):
             raise _checks.ConfigError(f"ReshapeConfig.shape: at most one -1 after the batch dimension, got {out}")
         object.__setattr__(self, "shape", tuple(out))

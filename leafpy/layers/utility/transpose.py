@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ... import _checks
 from ...errors import ConfigError, ShapeError
 from ..layer import Worker, register_layer
 
@@ -16,7 +17,7 @@ class TransposeConfig:
 
     def __post_init__(self) -> None:
         perm = self.perm
-        if isinstance(perm, (str, bytes)) or not hasattr(perm, "__len__") or not all(
+        if not _checks.listed(perm) or not hasattr(perm, "__len__") or not all(
                 isinstance(p, int) and not isinstance(p, bool) for p in perm) or sorted(perm) != list(range(len(perm))):
             raise ConfigError(f"TransposeConfig.perm: expected every axis 0 .. k-1 once, in the order wanted "
                               f"(e.g. [1, 0, 2]), got {perm!r}")
