@@ -342,3 +342,25 @@ def test_a_deconvolution_padded_past_its_stride_runs_in_onnxruntime(pad_end):
     np.testing.assert_allclose(net.forward([x])[0].to_numpy(), want, rtol=1e-5, atol=1e-5)
     got = _onnxruntime(lp.onnx.to_model(net), [x])[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_loss_with_its_log_probabilities_loads_back_at_any_batch():
+    """SoftmaxCrossEntropy with log_prob exports the loss (reshaped to [1]) and the log-probabilities [N, C]; the
+    import made the reshape a layer of its own, so the graph's two outputs came from two layers and were joined
+    into one flattened row cut apart again at the import's sizes: outputs (1, 1) and (1, 24) for (1,) and (6, 4),
+    and any other batch refused. A reshape that changes nothing is no layer now: the loaded network gives the
+    outputs onnxruntime gives, at every batch."""
+    cfg = lp.SequentialConfig(inputs=[("x", [6, 4]), ("label", [6, 1])])
+    cfg.add_layer(L("sce", SCE(num_classes=4, log_prob=True), inputs=["x", "label"], outputs=["loss", "log_prob"]))
+    net = lp.Layer.from_config(lp.backend("native"), lp.LayerConfig("net", cfg), seed=0)
+    model = lp.onnx.to_model(net)
+    back = lp.onnx.load(model)
+    rng = np.random.default_rng(6)
+    for batch in (6, 1, 3):
+        x = rng.standard_normal((batch, 4)).astype(np.float32)
+        labels = rng.integers(0, 4, (batch, 1)).astype(np.float32)
+        want = _onnxruntime(model, [x, labels])
+        got = [t.to_numpy() for t in back.forward([x, labels])]
+        assert [g.shape for g in got] == [w.shape for w in want] == [(1,), (batch, 4)]
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)

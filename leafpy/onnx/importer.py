@@ -792,6 +792,9 @@ def reshape(g: Graph, n: Node) -> None:
     if 0 in out:
         raise ConfigError(f"{n.where}: reshaping {shape} to {target.tolist()} gives {out}: leafpy's tensors have no "
                           "empty axes")
+    if list(out) == list(shape):  # no change (a loss's [1] kept [1]; the batch entry kept, as the Reshape layer would
+        g.alias[n.outputs[0]] = x  # keep it): no layer, so the graph's outputs stay the layer's own
+        return
     # the batch kept where it stays first; else the whole shape (the first axis of this graph is no batch, or the
     # network then runs at this batch size only)
     whole = out[0] != shape[0]
