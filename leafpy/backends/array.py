@@ -295,19 +295,26 @@ class ArrayBackend(Backend):
         mean[...] = x3.sum(axis=(0, 2)) / count
         t = self._bn_work(x3)
         xp.subtract(x3, self._channel(mean), out=t)  # two passes: no cancellation when |mean| >> std
+        # the corrected two-pass form: the first mean's rounding (a float32 sum of values of |mean|: 1e-4 at 1e3,
+        # a percent of a 1e-2 spread) comes back as the deviations' mean, small and exact enough to add
+        correction = t.sum(axis=(0, 2)) / count
         t *= t
-        var[...] = t.sum(axis=(0, 2)) / count
+        var[...] = xp.maximum(t.sum(axis=(0, 2)) / count - correction * correction, 0)
+        mean += correction
 
     def _bn_scale(self, var, gamma, eps):
         a = 1.0 / self.xp.sqrt(var + eps)
         return a * gamma if gamma is not None else a
 
     def batch_norm(self, x, mean, var, gamma, beta, y, eps):
+        # (x - mean) scale + beta, centred first: x scale + (beta - mean scale) adds two terms of |mean| scale that
+        # cancel, losing float32's precision where |mean| >> std (1e3 + 1e-2 noise: errors 3x PyTorch's)
         scale = self._bn_scale(var, gamma, eps)
-        shift = -mean * scale if beta is None else beta - mean * scale
         y3 = self._per_channel(y)
-        self.xp.multiply(self._per_channel(x), self._channel(scale), out=y3)
-        y3 += self._channel(shift)
+        self.xp.subtract(self._per_channel(x), self._channel(mean), out=y3)
+        y3 *= self._channel(scale)
+        if beta is not None:
+            y3 += self._channel(beta)
 
     def batch_norm_grad_sums(self, x, dy, mean, var, sum_dy, sum_dy_xhat, eps):
         xp, dy3 = self.xp, self._per_channel(dy)
@@ -324,12 +331,14 @@ class ArrayBackend(Backend):
         if not batch_stats:
             xp.multiply(dy3, self._channel(a), out=dx3)
             return
-        # dx = a dy + b x + k, with b = -a sum_dy_xhat / (m sqrt(var + eps)) and k = -a sum_dy / m - b mean
+        # dx = a dy + b (x - mean) + k, with b = -a sum_dy_xhat / (m sqrt(var + eps)) and k = -a sum_dy / m (x
+        # centred first, as in the forward pass: b x and b mean cancel where |mean| >> std)
         m = dx3.shape[0] * dx3.shape[2]
         b = -a * sum_dy_xhat / (m * xp.sqrt(var + eps))
-        k = -a * sum_dy / m - b * mean
+        k = -a * sum_dy / m
         t = self._bn_work(dx3)
-        xp.multiply(self._per_channel(x), self._channel(b), out=t)
+        xp.subtract(self._per_channel(x), self._channel(mean), out=t)
+        t *= self._channel(b)
         xp.multiply(dy3, self._channel(a), out=dx3)
         dx3 += t
         dx3 += self._channel(k)
