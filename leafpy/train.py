@@ -360,7 +360,8 @@ class History(Callback):
 class Checkpoint(Callback):
     """``checkpoint.leaf`` after every epoch (the last), and with ``keep_best`` > 0 the best epochs by the held-out
     ``monitor`` (``test_accuracy``: higher is better; ``test_loss``: lower) as ``best-epoch{E}.leaf``, keeping
-    that many. Only finite weights are ever written, so the last checkpoint is always a good one."""
+    that many. Only finite weights are ever written, and an epoch whose training or held-out loss is not finite
+    writes nothing (a warning says so), so the last checkpoint is always a good one."""
 
     def __init__(self, directory: str, *, keep_best: int = 0, monitor: str = "test_loss") -> None:
         self.directory = directory
@@ -401,6 +402,13 @@ class Checkpoint(Callback):
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         if not trainer.is_root:
             return
+        unsound = non_finite_losses(record)
+        if unsound:  # (finite weights that score inf are no good either: the files stay as they were)
+            kept = (f"{self.path} keeps the last epoch whose losses were finite" if os.path.exists(self.path) else
+                    f"no checkpoint is written ({self.path} is written after an epoch whose losses are finite)")
+            trainer.log(f"warning: epoch {record.get('epoch')}'s {unsound}: {kept}" + ", and no best epoch is kept"
+                        * (self.keep_best > 0) + "; the run is diverging: try a smaller base_lr or clip_gradients")
+            return
         trainer.save_checkpoint(self.path)
         score = self._score(record)
         if self.keep_best <= 0 or score is None:
@@ -428,6 +436,14 @@ class Checkpoint(Callback):
             except OSError:
                 pass
         del self.best[self.keep_best:]
+
+
+def non_finite_losses(record: dict[str, Any]) -> str:
+    """The epoch record's losses (training, held-out) that are not finite numbers, as words ("held-out loss inf"),
+    or "" where both are finite."""
+    words = {"loss": "training loss", "test_loss": "held-out loss"}
+    return " and ".join(f"{words[k]} {record[k]}" for k in words
+                        if isinstance(record.get(k), (int, float)) and not math.isfinite(record[k]))
 
 
 def same_path(a: str, b: str) -> bool:

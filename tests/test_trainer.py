@@ -230,6 +230,36 @@ def test_a_diverged_run_never_replaces_a_good_checkpoint(tmp_path):
     assert all(np.all(np.isfinite(w.to_numpy())) for w in good.network.learnable_weights_data())
 
 
+def _held_out_nll(run_dir, weights):
+    """The MLP's (digits_mlp's) held-out NLL in float64 NumPy, from weights by name, on the run's held-out split."""
+    ds = lp.train.load_data(lp.config.load(str(run_dir / "run.yaml")))
+    x = np.asarray(ds.x_test, np.float64).reshape(len(ds.x_test), -1)
+    h = np.maximum(x @ weights["fc1/weight"].astype(np.float64).T + weights["fc1/bias"], 0.0)
+    z = h @ weights["fc2/weight"].astype(np.float64).T + weights["fc2/bias"]
+    top = z.max(axis=1, keepdims=True)
+    log_p = z - top - np.log(np.exp(z - top).sum(axis=1, keepdims=True))
+    return float(-log_p[np.arange(len(z)), np.asarray(ds.y_test).reshape(-1)].mean())
+
+
+def test_an_epoch_with_an_infinite_held_out_loss_leaves_the_last_checkpoint_as_it_was(tmp_path):
+    """A growing rate (exp, gamma 1.15) takes digits_mlp's weights where the held-out loss is inf after epoch 2
+    though every training batch's loss is finite; the next step diverges. checkpoint.leaf keeps epoch 1's weights,
+    which the divergence message calls the last good checkpoint: their held-out loss (NumPy) is epoch 1's, finite."""
+    p = run("train", MLP, "--epochs", "6", "--out", str(tmp_path / "run"), "--set", "solver.lr_policy=exp",
+            "--set", "solver.gamma=1.15")
+    assert p.returncode == 1, p.stdout + p.stderr
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    assert [np.isfinite(r["test_loss"]) for r in history] == [True, False], history
+    assert "warning: epoch 2's held-out loss inf" in p.stdout and "keeps the last epoch whose losses were finite" \
+        in p.stdout, p.stdout
+    assert f"The last good checkpoint is {tmp_path / 'run' / 'checkpoint.leaf'}" in p.stderr, p.stderr
+    be = lp.backend("native")
+    good = lp.Solver.load_checkpoint(be, be, str(tmp_path / "run" / "checkpoint.leaf"))
+    assert good.trainer_state["epoch"] == 1 and good.iteration == 45
+    weights = {k: np.asarray(v) for k, v in good.network.named_weights().items()}
+    assert _held_out_nll(tmp_path / "run", weights) == pytest.approx(history[0]["test_loss"], rel=1e-4)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_and_sighup_save_a_checkpoint_like_ctrl_c(tmp_path, sig):
     env = child_env()
