@@ -258,6 +258,21 @@ def _regression_scores(sums: np.ndarray, targets: np.ndarray, preparation: Any) 
     return {"mse": float(squared.sum() / size), "mae": float(absolute.sum() / size), "r2": float(r2.mean())}
 
 
+def resumed_losses(state: dict[str, Any], summed: bool = False) -> tuple[float, int, float]:
+    """The epoch's loss sums a checkpoint's trainer state recorded (zeros at the start of an epoch): the batches'
+    losses each times its weight (its samples, or its counted labels' weights; an objective that sums: its sums)
+    summed, the batches, and their weights summed. A checkpoint of an older leafpy (no ``loss_weight``) summed the
+    batches' losses alone: those were full batches (only an epoch's last batch is short), so their mean times the
+    samples consumed stands for their weighted sum (``summed``: an objective that sums, whose sum it is)."""
+    loss_sum, loss_count = float(state.get("loss_sum", 0.0)), int(state.get("loss_count", 0))
+    if "loss_weight" in state:
+        return loss_sum, loss_count, float(state["loss_weight"])
+    if not loss_count:
+        return 0.0, 0, 0.0
+    samples = float(state.get("sample", 0))
+    return (loss_sum if summed else loss_sum / loss_count * samples), loss_count, samples
+
+
 def first_non_finite(net: Layer | Network[Layer], xb: np.ndarray) -> str:
     """The first layer (in network order) whose output is NaN or infinite for this batch (run in inference mode,
     so BatchNorm's running statistics are not moved by the diagnosis)."""
@@ -712,9 +727,9 @@ class Trainer:
         if self.start_sample > n:
             raise ConfigError(f"--resume {resume}: the checkpoint stopped at sample {self.start_sample} of an epoch "
                               f"of {n} training samples; it belongs to another run (or the file is damaged)")
-        self._resumed_losses = (float(state.get("loss_sum", 0.0)), int(state.get("loss_count", 0)))
+        self._resumed_losses = resumed_losses(state, any(c.reduction == "sum" for c in loss_configs(run.objective)))
         self._resumed_hits = (int(state.get("correct", 0)), int(state.get("scored", 0)))
-        self._live: tuple | None = None  # inside an epoch: (epoch, sample, loss sum and count, hits) of the last step
+        self._live: tuple | None = None  # inside an epoch: (epoch, sample, losses, hits) of the last step
         self._recorded: tuple | None = None  # the position the solver's trainer_state last recorded
         built_in: list[Callback] = [Progress(log_every if log_every is not None else int(run.train.get("log_every",
                                                                                                          100)))]
@@ -955,7 +970,7 @@ class Trainer:
                 self.log(f"warning: solver.minibatch_size {k} sums the gradients of {k} batches per update, and this "
                          f"run trains {calls} batch{'es' * (calls != 1)} ({self.batches_per_epoch} an epoch): it "
                          "will make no update; lower minibatch_size or train more epochs")
-        progress: tuple | None = None  # (epoch, sample, loss sum and count, hits) after the last step counted
+        progress: tuple | None = None  # (epoch, sample, losses, hits) after the last step counted
         solver = self.solver
         if self.out_dir is not None and self.is_root and self._describes_data:
             run_config.save(portable(self.resolved_run(), self.out_dir), os.path.join(self.out_dir,
@@ -971,7 +986,10 @@ class Trainer:
             for epoch in range(self.start_epoch, self.epochs):
                 if self.stop_training:
                     break
-                loss_sum, loss_count = self._resumed_losses if start else (0.0, 0)
+                # the epoch's loss is a mean over its samples (as the held-out loss is): each batch's loss weighs
+                # what its mean divided by (its samples, or its counted labels' weights); a resumed epoch goes on
+                # from the sums it was interrupted with
+                loss_sum, loss_count, loss_weight = self._resumed_losses if start else (0.0, 0, 0.0)
                 # the epoch's training accuracy counts every sample of the epoch (the progress bar's, the last ten
                 # batches); a resumed epoch goes on from the counts it was interrupted with
                 correct, scored = self._resumed_hits if start else (0, 0)
@@ -993,31 +1011,33 @@ class Trainer:
                         labelled = len(labels)
                         self.running.add(predicted, labels)
                         hits = int(np.count_nonzero(predicted == labels))
-                    loss, samples, hits, labelled, stop = self._batch_loss(solver.loss(), len(xb), hits, labelled)
+                    loss, weighed, weight, samples, hits, labelled, stop = self._batch_loss(
+                        solver.loss(), len(xb), hits, labelled, yb)
                     if not math.isfinite(loss):
                         self._diverged(loss, xb, yb)
-                    loss_sum += loss
+                    loss_sum += weighed
                     loss_count += 1
+                    loss_weight += weight
                     if self.running is not None:
                         correct += hits
                         scored += labelled
                     seen += samples
-                    progress = self._live = (epoch, done, loss_sum, loss_count, correct, scored)
+                    progress = self._live = (epoch, done, (loss_sum, loss_count, loss_weight), correct, scored)
                     self.samples_per_second = seen / max(time.perf_counter() - t0, 1e-9)
                     for cb in self.callbacks:
                         cb.on_batch_end(self, epoch, batch, loss)
                     if stop if stop is not None else self._stop_requested():
-                        self._mark_position(epoch, done, loss_sum, loss_count, correct, scored)
+                        self._mark_position(epoch, done, (loss_sum, loss_count, loss_weight), correct, scored)
                         self._stop_on_signal()
                 start = 0
                 progress = self._live = None
-                self._resumed_losses = (0.0, 0)
+                self._resumed_losses = (0.0, 0, 0.0)
                 self._resumed_hits = (0, 0)
                 elapsed = time.perf_counter() - t0
-                record = self._epoch_record(epoch, loss_sum / max(loss_count, 1), elapsed, seen,
+                record = self._epoch_record(epoch, loss_sum / loss_weight if loss_weight else 0.0, elapsed, seen,
                                             correct / scored if scored else None)
                 self.history.append(record)
-                self._mark_position(epoch + 1, 0, 0.0, 0)
+                self._mark_position(epoch + 1, 0, (0.0, 0, 0.0))
                 self.start_epoch, self.start_sample = epoch + 1, 0  # a later fit goes on from here
                 for cb in self.callbacks:
                     cb.on_epoch_end(self, record)
@@ -1027,7 +1047,7 @@ class Trainer:
         finally:
             if progress is not None:  # stopped inside an epoch (a signal, an error): a later fit goes on from there
                 self.start_epoch, self.start_sample = progress[0], progress[1]
-                self._resumed_losses, self._resumed_hits = progress[2:4], progress[4:6]
+                self._resumed_losses, self._resumed_hits = progress[2], progress[3:5]
             batches.close()  # (its worker threads end)
             for sig, previous in handlers:
                 signal.signal(sig, previous)
@@ -1049,18 +1069,21 @@ class Trainer:
             train["channels_last"] = be.channels_last
         return dataclasses.replace(self.run, train=train)
 
-    def _mark_position(self, epoch: int, sample: int, loss_sum: float, loss_count: int, correct: int = 0,
+    def _mark_position(self, epoch: int, sample: int, losses: tuple[float, int, float], correct: int = 0,
                        scored: int = 0) -> None:
         if self.parallel is not None:  # (every rank, before rank 0 checkpoints) the ranks' pending gradients
             self.parallel.combine_pending_gradients()
-        self._record_position(epoch, sample, loss_sum, loss_count, correct, scored)
+        self._record_position(epoch, sample, losses, correct, scored)
 
-    def _record_position(self, epoch: int, sample: int, loss_sum: float, loss_count: int, correct: int = 0,
+    def _record_position(self, epoch: int, sample: int, losses: tuple[float, int, float], correct: int = 0,
                          scored: int = 0) -> None:
+        """Record the position in the epoch in the solver's trainer state, which checkpoints keep: ``losses`` is
+        (the batches' losses each times its weight, summed; the batches; their weights, summed)."""
+        loss_sum, loss_count, loss_weight = losses
         self.solver.trainer_state = {"epoch": epoch, "sample": sample, "loss_sum": loss_sum,
-                                     "loss_count": loss_count, "correct": correct, "scored": scored,
-                                     "data": dict(self.run.data), "data_digest": self.data_digest}
-        self._recorded = (epoch, sample, loss_sum, loss_count, correct, scored)
+                                     "loss_count": loss_count, "loss_weight": loss_weight, "correct": correct,
+                                     "scored": scored, "data": dict(self.run.data), "data_digest": self.data_digest}
+        self._recorded = (epoch, sample, losses, correct, scored)
 
     @functools.cached_property
     def data_digest(self) -> str:
@@ -1168,9 +1191,12 @@ class Trainer:
             installed.append((sig, previous))
         return installed
 
-    def _batch_loss(self, loss: float, samples: int, hits: int, labelled: int
-                    ) -> tuple[float, int, int, int, bool | None]:
-        """The loss of the whole (global) batch, its samples, its correct predictions (``hits``: this rank's), its
+    def _batch_loss(self, loss: float, samples: int, hits: int, labelled: int, yb: np.ndarray
+                    ) -> tuple[float, float, float, int, int, int, bool | None]:
+        """The loss of the whole (global) batch, that loss times its weight and its weight (what the epoch's mean
+        over its samples sums: the samples, or the counted labels' weights where the objective's mean divides by
+        those; for an objective that sums, its sum and the samples it would divide by), its samples, its correct
+        predictions (``hits``: this rank's), its
         samples whose labels count (``labelled``: this rank's; not those labelled ignore_index) and, with several
         ranks, whether to stop after it. The ranks' losses are combined weighted by their samples (by their labels'
         weights where the objective's mean divides by those: ignore_index, class weights; one
@@ -1179,14 +1205,19 @@ class Trainer:
         on all, so every rank stops at the same step. None for the stop with one process: it checks its own flag
         after the batch's callbacks."""
         if self.world == 1:
-            return loss, samples, hits, labelled, None
+            summed = summed_losses(self.run.objective, yb)
+            if summed is not None:
+                return loss, loss, summed, samples, hits, labelled, None
+            counted_weight = label_weight(self.run.objective, yb)
+            weight = float(samples) if counted_weight is None else counted_weight
+            return loss, loss * weight, weight, samples, hits, labelled, None
         weight = self.parallel.label_weight  # (the step's own, None: its samples)
         weight = float(samples) if weight is None else weight
         sums = np.array([loss * weight if weight else 0.0, float(samples), float(hits),
                          1.0 if self.interrupted else 0.0, float(labelled), weight])
         self.group.allreduce_(sums)
-        return (float(sums[0] / sums[5]) if sums[5] else math.nan, int(sums[1]), int(sums[2]), int(sums[4]),
-                self._agreed_stop(sums[3] > 0))
+        return (float(sums[0] / sums[5]) if sums[5] else math.nan, float(sums[0]), float(sums[5]), int(sums[1]),
+                int(sums[2]), int(sums[4]), self._agreed_stop(sums[3] > 0))
 
     def _stop_requested(self) -> bool:
         """Whether to stop here: this process got a stop signal or, with several ranks, any rank did (all ranks

@@ -144,6 +144,65 @@ def test_interrupted_anywhere_and_resumed_equals_uninterrupted(tmp_path, batch, 
     for a, b in zip(whole.solver.network.learnable_weights_data(), resumed.solver.network.learnable_weights_data()):
         np.testing.assert_array_equal(a.to_numpy(), b.to_numpy())  # bit for bit: the promise of a resume
     assert [h["epoch"] for h in resumed.history] == [1, 2, 3]
+    assert [h["loss"] for h in resumed.history] == [h["loss"] for h in whole.history]  # (bit for bit too)
+
+
+def _frozen_run(tmp_path, batch):
+    """A run of 80 training samples (3 classes) whose weights never move (base_lr 0)."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", x=rng.normal(size=(100, 4)).astype(np.float32), y=np.arange(100) % 3)
+    data = {"dataset": "npz", "path": str(tmp_path / "d.npz"), "batch_size": batch, "test_fraction": 0.2, "seed": 0}
+    (tmp_path / "frozen.yaml").write_text(run_file(mlp(3), [4], data=data, solver={
+        "solver": "momentum", "base_lr": 0.0, "momentum": 0.0, "seed": 0}))
+    return lp.config.load(str(tmp_path / "frozen.yaml"))
+
+
+def _training_nll(trainer):
+    """The mean NLL of the trainer's network over its training samples, in float64 NumPy."""
+    w = trainer.solver.network.named_weights()
+    x, y = np.asarray(trainer.dataset.x_train, np.float64), np.asarray(trainer.dataset.y_train).reshape(-1)
+    z = x @ w["fc1/weight"].astype(np.float64).T + w["fc1/bias"]
+    log_p = z - z.max(axis=1, keepdims=True)
+    log_p -= np.log(np.exp(log_p).sum(axis=1, keepdims=True))
+    return float(-log_p[np.arange(len(y)), y].mean())
+
+
+def test_the_epochs_training_loss_is_a_mean_over_its_samples(tmp_path):
+    """80 training samples at batch 79: a batch of 79 and one of 1. The epoch's loss weighs each batch by its
+    samples, as the held-out loss does: with weights that do not move, it is the NLL over the training samples
+    (the mean of the two batches' means was 1.4749 here, the samples' 1.2104)."""
+    t = lp.Trainer(_frozen_run(tmp_path, 79), lp.backend("native"), log=lambda m: None)
+    history = t.fit(2)
+    assert [r["loss"] for r in history] == pytest.approx([_training_nll(t)] * 2, rel=1e-6)
+
+
+def test_a_checkpoint_inside_an_epoch_from_before_loss_weight_resumes_to_the_mean_over_samples(tmp_path):
+    """A checkpoint saved inside an epoch by a leafpy that summed the batches' means (loss_sum, loss_count, no
+    loss_weight) resumes to the epoch's mean over its samples: its batches were full ones (30 of 80 samples here;
+    the epoch's last batch, 20, is short). A checkpoint of this leafpy resumes to the same loss."""
+    losses = []
+
+    class StopAfterOne(lp.Callback):
+        def on_batch_end(self, trainer, epoch, batch, loss):
+            losses.append(loss)
+            trainer.interrupted = True
+
+    t = lp.Trainer(_frozen_run(tmp_path, 30), lp.backend("native"), out_dir=str(tmp_path / "run"),
+                   callbacks=[StopAfterOne()], log=lambda m: None)
+    with pytest.raises(lp.train.TrainingInterrupted):
+        t.fit(1)
+    path = str(tmp_path / "run" / "checkpoint.leaf")
+    be = lp.backend("native")
+    for older in (False, True):
+        if older:
+            solver = lp.Solver.load_checkpoint(be, be, path)
+            state = {k: v for k, v in solver.trainer_state.items() if k != "loss_weight"}
+            solver.trainer_state = {**state, "loss_sum": losses[0], "loss_count": 1}
+            solver.save_checkpoint(path)
+        assert ("loss_weight" in lp.Solver.load_checkpoint(be, be, path).trainer_state) is not older
+        resumed = lp.Trainer(_frozen_run(tmp_path, 30), be, resume=path, log=lambda m: None)
+        assert resumed.start_sample == 30
+        assert resumed.fit(1)[-1]["loss"] == pytest.approx(_training_nll(resumed), rel=1e-6)
 
 
 def test_ctrl_c_in_the_command_then_resume_equals_an_uninterrupted_run(tmp_path):

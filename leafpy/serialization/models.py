@@ -272,6 +272,8 @@ TRAINER_STATE_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "scored": ("a count", lambda v: _checks.counter(v, COUNT_LIMIT)),
     "loss_sum": ("a finite number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
                  and math.isfinite(v)),
+    "loss_weight": ("a finite number >= 0", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+                    and math.isfinite(v) and v >= 0),
     "data": ("an object (the run's data section)", lambda v: isinstance(v, dict)),
     "data_digest": ("a text", lambda v: isinstance(v, str)),
 }
