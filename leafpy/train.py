@@ -970,6 +970,7 @@ class Trainer:
                 self.log(f"warning: solver.minibatch_size {k} sums the gradients of {k} batches per update, and this "
                          f"run trains {calls} batch{'es' * (calls != 1)} ({self.batches_per_epoch} an epoch): it "
                          "will make no update; lower minibatch_size or train more epochs")
+            self._warn_zero_rate((self.solver.pending_calls + calls) // k)
         progress: tuple | None = None  # (epoch, sample, losses, hits) after the last step counted
         solver = self.solver
         if self.out_dir is not None and self.is_root and self._describes_data:
@@ -1054,6 +1055,23 @@ class Trainer:
             for cb in self.callbacks:
                 cb.on_train_end(self)
         return self.history
+
+    def _warn_zero_rate(self, updates: int) -> None:
+        """A warning line where the schedule's rate is 0 for the whole of this fit's ``updates`` updates, or from
+        an iteration before its last on (max_iter ends no run: those updates change nothing)."""
+        first = self.solver.iteration
+        found = self.solver.config.zero_rate(first, first + updates - 1)
+        if found is None:
+            return
+        at, why = found
+        last = first + updates
+        per_epoch = self.batches_per_epoch / self.solver.config.minibatch_size
+        if at == first or (at == first + 1 and self.solver.config.learning_rate(first) == 0.0):
+            self.log(f"warning: the learning rate is 0 for the whole run (iterations {first}..{last - 1}): {why}")
+        else:
+            self.log(f"warning: the learning rate is 0 from iteration {at} on, and this run trains to iteration "
+                     f"{last} ({per_epoch:g} updates an epoch): its last {last - at} updates are made at rate 0 "
+                     f"(max_iter ends no run): {why}")
 
     def resolved_run(self) -> run_config.RunConfig:
         """The run as this trainer trains it, which ``run.yaml`` records: the data section's defaults written out,

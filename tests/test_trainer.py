@@ -289,6 +289,40 @@ def test_a_diverged_run_never_replaces_a_good_checkpoint(tmp_path):
     assert all(np.all(np.isfinite(w.to_numpy())) for w in good.network.learnable_weights_data())
 
 
+@pytest.mark.parametrize("settings,first_zero", [
+    (["lr_policy=poly", "max_iter=10", "power=1"], 10),  # 0.05 * (1 - min(it, 10) / 10)
+    (["lr_policy=cosine", "max_iter=30", "warmup_iter=100", "warmup_factor=0.1"], 0),  # warms up to the rate at 100
+    (["lr_policy=cosine", "max_iter=135"], None),  # 0 at iteration 135, after the run's last (134)
+])
+def test_a_schedule_whose_rate_falls_to_0_before_the_runs_end_says_so(tmp_path, settings, first_zero):
+    """max_iter ends no run (PyTorch's schedulers do not either): a poly or cosine (min_lr 0) schedule shorter than
+    the run, or whose warm-up passes max_iter, trains at rate 0, and a warning line says so when training starts.
+    Three epochs of digits_mlp are 135 updates; the first zero is the formula's, computed here in NumPy."""
+    p = run("train", MLP, "--epochs", "3", "--out", str(tmp_path / "run"),
+            *[a for s in settings for a in ("--set", f"solver.{s}")])
+    assert p.returncode == 0, p.stderr
+    it = np.arange(135, dtype=np.float64)
+    if "lr_policy=poly" in settings:
+        rates = 0.05 * (1 - np.minimum(it, 10) / 10)
+    else:
+        last = 30 if "max_iter=30" in settings else 135
+        cos = lambda t: 0.05 * (1 + np.cos(np.pi * np.minimum(t, last) / last)) / 2  # noqa: E731
+        rates = np.where(it < 100, cos(100) * (0.1 + 0.9 * it / 100), cos(it)) if last == 30 else cos(it)
+    zeros = np.flatnonzero(np.isclose(rates, 0.0, rtol=0, atol=1e-15))
+    assert (zeros[0] if len(zeros) else None) == first_zero
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    assert [r["learning_rate"] for r in history] == pytest.approx(list(rates[[44, 89, 134]]), abs=1e-12)
+    if first_zero is None:
+        assert "learning rate is 0" not in p.stdout, p.stdout
+    elif first_zero == 0:
+        assert "warning: the learning rate is 0 for the whole run (iterations 0..134): the cosine policy reaches " \
+               "min_lr 0 at max_iter 30, and the warm-up rises to the rate at warmup_iter 100" in p.stdout, p.stdout
+    else:
+        said = f"warning: the learning rate is 0 from iteration {first_zero} on, and this run trains to iteration " \
+               f"135 (45 updates an epoch): its last {135 - first_zero} updates are made at rate 0"
+        assert said in p.stdout, p.stdout
+
+
 def _held_out_nll(run_dir, weights):
     """The MLP's (digits_mlp's) held-out NLL in float64 NumPy, from weights by name, on the run's held-out split."""
     ds = lp.train.load_data(lp.config.load(str(run_dir / "run.yaml")))

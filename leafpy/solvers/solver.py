@@ -224,9 +224,42 @@ class SolverConfig:
             rate = base / (1.0 + math.exp(z)) if z <= 0 else base * math.exp(-z) / (1.0 + math.exp(-z))
         if not math.isfinite(rate):
             raise ConfigError(f"solver: the {policy} policy's learning rate exceeds the largest float at iteration "
-                              f"{it} (base_lr {base!r}, gamma {gamma!r}, power {self.power!r}); use a gamma <= 1 "
-                              "or stop earlier (max_iter)")
+                              f"{it} (base_lr {base!r}, gamma {gamma!r}, power {self.power!r}); use a gamma <= 1, "
+                              "or train fewer epochs (max_iter ends no run)")
         return rate
+
+    def zero_rate(self, first: int, last: int) -> tuple[int, str] | None:
+        """Where the rate of iterations ``first``..``last`` (a run's) falls to 0 and stays there: (the first such
+        iteration, why, with the setting to change), or None where the rate at ``last`` is not 0, or base_lr is 0
+        (a rate of 0 asked for). max_iter ends no run, so a cosine policy with min_lr 0 or a poly policy trains at
+        0 past it, and a warm-up past max_iter rises to 0; a falling rate may also underflow. Such rates, once 0,
+        stay 0, so the first zero is found by bisection (a warm-up from warmup_factor 0 is 0 at iteration 0 alone:
+        not found unless every iteration's is 0)."""
+        def zero(it: int) -> bool:
+            try:
+                return self.learning_rate(it) == 0.0
+            except ConfigError:  # (a rate past the largest float: an error when the run reaches it)
+                return False
+
+        if self.base_lr == 0.0 or last < first or not zero(last):
+            return None
+        lo, hi = first, last
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if zero(mid) else (mid + 1, hi)
+        policy, end = self.lr_policy, self.max_iter
+        if policy in ("cosine", "poly") and end is not None and (lo >= end or self.warmup_iter >= end):
+            why = f"the {policy} policy reaches {'min_lr 0' if policy == 'cosine' else '0'} at max_iter {end}"
+            fixes = []
+            if self.warmup_iter >= end:
+                why += f", and the warm-up rises to the rate at warmup_iter {self.warmup_iter}, past it"
+                fixes.append("warmup_iter below max_iter")
+            if last + 1 > end:
+                fixes.append(f"max_iter to the run's iterations ({last + 1})")
+            return lo, f"{why}; set {' and '.join(fixes)}" + (", or min_lr above 0" if policy == "cosine" else "")
+        return lo, (f"the {policy} policy's rate reaches 0 there (base_lr {self.base_lr!r}, gamma {self.gamma!r}, "
+                    f"power {self.power!r}: a factor of 0, or a rate below the smallest float); check the "
+                    "schedule's settings")
 
 
 def _times_power(base: float, x: float, p: float) -> float:
