@@ -570,8 +570,9 @@ class Progress(Callback):
             return
         updated, self.seen = trainer.solver.iteration != self.seen, trainer.solver.iteration
         if self.log_every and updated and trainer.solver.iteration % self.log_every == 0:
-            trainer.progress(f"iteration {trainer.solver.iteration}: loss {loss:.4f}, "
-                             f"lr {trainer.solver.learning_rate():.3g}{_scaling_text(trainer.solver)}")
+            solver = trainer.solver  # (the rate its last update used, as the epoch line's: the next one's may differ)
+            trainer.progress(f"iteration {solver.iteration}: loss {loss:.4f}, "
+                             f"lr {solver.config.learning_rate(solver.iteration - 1):.3g}{_scaling_text(solver)}")
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         self.close()

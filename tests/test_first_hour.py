@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import yaml
 from conftest import backend_or_skip, child_env
+from runs import mlp, run_file
 from test_user_paths import ROOT, failed_cleanly, leafpy
 
 import leafpy as lp
@@ -80,6 +81,26 @@ def test_the_trainers_log_receives_the_progress_lines(tmp_path, k):
     updates = 2 * trainer.batches_per_epoch // k
     assert [int(line.split()[1].rstrip(":")) for line in iterations] == list(range(10, updates + 1, 10))
     assert any(line.startswith("epoch 2/2") for line in lines)
+
+
+def test_a_progress_line_reports_the_rate_its_last_update_used(tmp_path):
+    """A step policy that halves the rate every 10 updates, and a progress line every 10: the line after update 10
+    reports the rate of updates 1-10 (0.1), as the epoch line and the history do, not the next one's (0.05)."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", x=rng.normal(size=(100, 4)).astype(np.float32), y=np.arange(100) % 3)
+    (tmp_path / "step.yaml").write_text(run_file(
+        mlp(3), [4], data={"dataset": "npz", "path": str(tmp_path / "d.npz"), "batch_size": 8, "test_fraction": 0.2,
+                           "seed": 0},
+        solver={"solver": "momentum", "base_lr": 0.1, "momentum": 0.0, "lr_policy": "step", "stepsize": 10,
+                "gamma": 0.5, "seed": 0}))
+    run = lp.config.load(str(tmp_path / "step.yaml"))
+    lines: list[str] = []
+    history = lp.Trainer(run, lp.backend("native"), log=lines.append, log_every=5).fit(epochs=2)  # 10 updates an epoch
+    used = {it: 0.1 * 0.5 ** ((it - 1) // 10) for it in (5, 10, 15, 20)}  # the rate of update `it` (iteration it - 1)
+    reported = {int(line.split()[1].rstrip(":")): float(line.split("lr ")[1]) for line in lines
+                if line.startswith("iteration ")}
+    assert reported == pytest.approx(used)
+    assert [r["learning_rate"] for r in history] == pytest.approx([used[10], used[20]])
 
 
 def test_progress_lines_go_to_stderr_without_a_log(capsys):
