@@ -300,7 +300,7 @@ def train(args: argparse.Namespace) -> int:
             return _train(args, run, be, out_dir, group, replace=args.overwrite and not continues)
 
 
-RUN_FILES = ("model.leaf", "checkpoint.leaf", RUN_FILE, "history.json", "history.csv", "training.png")
+RUN_FILES = ("model.leaf", "checkpoint.leaf", RUN_FILE, "history.json", "history.csv", "training.png", "confusion.csv")
 """The files a training run writes into its directory, besides its best-epochE.leaf checkpoints."""
 
 
@@ -382,8 +382,8 @@ def _train(args: argparse.Namespace, run: run_config.RunConfig, be: Any, out_dir
     if not group.is_root:
         return 0
     if final.matrix is not None:
-        _out("\nconfusion matrix on the held-out set:")
-        _out(final.matrix.table(trainer.preparation.class_names))
+        _matrix(final.matrix, trainer.preparation.class_names, os.path.join(out_dir, "confusion.csv"), always=False,
+                before="\n")
     if history and _plot_atomic(history, os.path.join(out_dir, "training.png")):
         _out(f"plot: {os.path.join(out_dir, 'training.png')}")
     _out(f"model: {model_path}  checkpoint: {ckpt_path}  run: {os.path.join(out_dir, RUN_FILE)}")
@@ -407,10 +407,42 @@ def _plot_atomic(history: list[dict], path: str) -> bool:
         return False
 
 
+SUMMARISED_CLASSES = 20
+"""Past this many classes, ``train`` and ``evaluate`` print a summary of the confusion matrix and the per-class
+scores (the most frequent confusions, macro and weighted F1) and write the whole matrix to a CSV file."""
+
+
+def _matrix(matrix: Any, class_names: Sequence[str], path: str | None, *, always: bool, before: str = "") -> None:
+    """The held-out confusion matrix: printed whole (``before`` it: a line's start) up to SUMMARISED_CLASSES classes;
+    past them, a summary printed and the matrix written to ``path`` as CSV (None: not written; ``always``: written
+    at any number of classes)."""
+    if path is not None and (always or matrix.num_classes > SUMMARISED_CLASSES):
+        atomic_write(path, matrix.csv(class_names).encode(), example="confusion.csv")
+    if matrix.num_classes <= SUMMARISED_CLASSES:
+        if before:
+            _out(f"{before}confusion matrix on the held-out set:")
+        _out(matrix.table(class_names))
+        return
+    where = (f"written to {path} (rows: targets, columns: predictions)" if path is not None else
+             "write it with --confusion FILE.csv")
+    _out(f"{before}confusion matrix on the held-out set: {matrix.num_classes} classes, too many to print; {where}")
+    names = [str(n) for n in class_names][:matrix.num_classes]
+    name = lambda k: names[k] if k < len(names) else str(k)  # noqa: E731
+    found = matrix.confusions(10)
+    if found:
+        _out("most frequent confusions (target -> prediction: samples):")
+        for t, p, n in found:
+            _out(f"  {name(t)} -> {name(p)}: {n}")
+    _out(f"accuracy {matrix.accuracy():.2%} of {matrix.samples} samples")
+
+
 def _report(scores: Any, class_names: Sequence[str] = ()) -> None:
-    """The held-out scores: loss; per class precision, recall and F1, macro and weighted F1, accuracy and top-5
-    accuracy; or a regression's MSE, MAE and R² in the targets' units."""
-    if scores.matrix is not None:
+    """The held-out scores: loss; per class precision, recall and F1 (past SUMMARISED_CLASSES classes, not listed),
+    macro and weighted F1, accuracy and top-5 accuracy; or a regression's MSE, MAE and R² in the targets' units."""
+    if scores.matrix is not None and scores.matrix.num_classes > SUMMARISED_CLASSES:
+        _out(f"macro F1 {scores.matrix.macro_f1():.4f}, weighted F1 {scores.matrix.weighted_f1():.4f} (per-class "
+             f"precision, recall and F1 of {scores.matrix.num_classes} classes: not listed)")
+    elif scores.matrix is not None:
         _out(scores.matrix.report(class_names))
     _out(f"held-out loss: {scores.loss:.6g}")
     if scores.matrix is not None:
@@ -577,7 +609,10 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
     _out(f"leafpy: {weights} on the held-out split of {ds.name} ({len(ds.x_test)} samples, seed "
          f"{run.data.get('seed', 0)})")
     if scores.matrix is not None:
-        _out(scores.matrix.table(prep.class_names))
+        _matrix(scores.matrix, prep.class_names, args.confusion, always=True)
+    elif args.confusion:
+        raise LeafpyError(f"--confusion {args.confusion}: the run has no classes (a regression), so no confusion "
+                          "matrix; leave --confusion out")
     _report(scores, prep.class_names)
     return 0
 
@@ -936,8 +971,10 @@ def build_parser(parser: type[argparse.ArgumentParser] = argparse.ArgumentParser
                    "split (solver.seed and data.seed; --set solver.seed=S keeps the run file's split)")
     t.add_argument("--overwrite", action="store_true", help="replace another run's files in --out")
     t.add_argument("--nproc", type=int, help="train data-parallel on this many local processes (under mpiexec)")
-    _command(sub, "evaluate", evaluate_cmd, "held-out loss and accuracy of saved weights",
-             "Evaluate saved weights (a model or a checkpoint) on the run's held-out data.", weights=True)
+    a = _command(sub, "evaluate", evaluate_cmd, "held-out loss and accuracy of saved weights",
+                 "Evaluate saved weights (a model or a checkpoint) on the run's held-out data.", weights=True)
+    a.add_argument("--confusion", type=_path, metavar="FILE.csv", help="write the whole confusion matrix to this CSV "
+                   f"file (past {SUMMARISED_CLASSES} classes only a summary is printed)")
     r = _command(sub, "predict", predict_cmd, "run saved weights on new samples",
                  "Run saved weights (a model or a checkpoint) on new samples (images, a CSV table, an .npz "
                  "file); prints the top classes by name and writes them (or the outputs) with --out.", weights=True)

@@ -155,6 +155,32 @@ class ConfusionMatrix:
         lines.append(f"macro F1 {self.macro_f1():.4f}, weighted F1 {self.weighted_f1():.4f}")
         return "\n".join(lines)
 
+    def confusions(self, count: int = 10) -> list[tuple[int, int, int]]:
+        """The ``count`` most frequent confusions, as (target, prediction, samples), most samples first (ties by
+        target, then prediction); pairs with no sample are left out."""
+        count = _checks.non_negative_int("ConfusionMatrix.confusions: count", count)
+        off = self._matrix.copy()
+        np.fill_diagonal(off, 0)
+        flat = off.reshape(-1)
+        found = np.flatnonzero(flat)
+        top = found[np.lexsort((found, -flat[found]))][:count]
+        k = self.num_classes
+        return [(int(i // k), int(i % k), int(flat[i])) for i in top]
+
+    def csv(self, class_names: Sequence[str] = ()) -> str:
+        """The matrix as CSV text: a header ``target\\pred`` and the classes, then a row per target class with its
+        counts per prediction; classes named by ``class_names`` (those past the names by their numbers)."""
+        import csv
+        import io
+
+        names = [str(n) for n in class_names][:self.num_classes]
+        names += [str(k) for k in range(len(names), self.num_classes)]
+        text = io.StringIO()
+        writer = csv.writer(text, lineterminator="\n")
+        writer.writerow(["target\\pred", *names])
+        writer.writerows([name, *map(int, row)] for name, row in zip(names, self._matrix))
+        return text.getvalue()
+
     def add_counts(self, counts: Any) -> None:
         """Add another matrix's counts (rows targets, columns predictions): e.g. the sum of every rank's."""
         c = np.asarray(counts, dtype=np.int64)

@@ -495,3 +495,43 @@ def test_labels_at_every_position_in_an_npz_train_evaluate_and_predict(tmp_path)
     assert classes.shape == (40, 5)
     assert printed == pytest.approx(np.mean(classes == y[120:]), abs=5e-5)
     assert printed > 0.6
+
+
+def test_many_classes_print_a_summary_and_write_the_whole_confusion_matrix(tmp_path):
+    """Past 20 classes (30 here) train prints the most frequent confusions, the accuracy and macro and weighted F1
+    instead of the matrix and a row per class (1000 classes printed 5 MB), and writes the matrix to the run's
+    confusion.csv; evaluate writes it with --confusion. Checked against predictions made in NumPy."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "many.npz", x=rng.normal(size=(600, 4)).astype(np.float32), y=np.arange(600) % 30)
+    (tmp_path / "many.yaml").write_text(
+        f"name: many\ndata: {{dataset: npz, path: {tmp_path / 'many.npz'}, batch_size: 16, test_fraction: 0.5, "
+        "seed: 0}\ntrain: {epochs: 1}\nnetwork:\n  type: Sequential\n  inputs: [{name: data, shape: [null, 4]}]\n"
+        "  layers: [{name: fc1, type: Linear, output_size: 30}, {name: logsm, type: LogSoftmax}]\nobjective: nll\n"
+        "solver: {solver: momentum, base_lr: 0.1, momentum: 0.9, seed: 0}\n")
+    out = tmp_path / "run"
+    p = run("train", str(tmp_path / "many.yaml"), "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    be = lp.backend("native")
+    w = lp.Layer.load(be, str(out / "model.leaf")).named_weights()
+    ds = lp.train.load_data(lp.config.load(str(out / "run.yaml")))
+    x, y = np.asarray(ds.x_test, np.float64), np.asarray(ds.y_test).reshape(-1)
+    predicted = (x @ w["fc1/weight"].astype(np.float64).T + w["fc1/bias"]).argmax(axis=1)
+    want = np.zeros((30, 30), np.int64)
+    np.add.at(want, (y, predicted), 1)
+    rows = [line.split(",") for line in (out / "confusion.csv").read_text().splitlines()]
+    assert rows[0] == ["target\\pred", *map(str, range(30))] and [r[0] for r in rows[1:]] == list(map(str, range(30)))
+    np.testing.assert_array_equal(np.array([r[1:] for r in rows[1:]], np.int64), want)
+    off = want - np.diag(np.diag(want))
+    pairs = sorted((-off[t, q], t, q) for t in range(30) for q in range(30) if off[t, q])[:10]
+    listed = [f"  {t} -> {q}: {-n}" for n, t, q in pairs]
+    assert f"30 classes, too many to print; written to {out / 'confusion.csv'}" in p.stdout, p.stdout
+    assert "\n".join(listed) in p.stdout, p.stdout
+    assert f"accuracy {np.mean(predicted == y):.2%} of {len(y)} samples" in p.stdout
+    assert "target\\pred" not in p.stdout and not re.search(r"^ *class +precision", p.stdout, re.M), p.stdout
+    assert len(p.stdout.splitlines()) < 40, p.stdout
+    e = run("evaluate", str(out), "--confusion", str(tmp_path / "c.csv"))
+    assert e.returncode == 0, e.stderr
+    assert (tmp_path / "c.csv").read_text() == (out / "confusion.csv").read_text()
+    assert "\n".join(listed) in e.stdout and len(e.stdout.splitlines()) < 30, e.stdout
+    plain = run("evaluate", str(out))
+    assert "too many to print; write it with --confusion FILE.csv" in plain.stdout, plain.stdout
