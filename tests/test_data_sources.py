@@ -425,6 +425,33 @@ def test_floating_point_images_are_scaled_by_their_range_and_a_turned_photo_size
     np.testing.assert_allclose(np.asarray(ds.x_train[0])[0], shown / 255.0, atol=1e-6)
 
 
+def test_a_cielab_image_decodes_in_grayscale_as_its_rgb_decode_turned_gray(tmp_path):
+    """An image Pillow holds as CIELAB (a LAB TIFF), which it converts to RGB but not straight to grayscale, gives
+    channels 1 the gray of its RGB decode (Pillow's own conversions), as channels 3 gives that RGB."""
+    from PIL import Image
+
+    import leafpy as lp
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for c in ("a", "b"):
+            (tmp_path / split / c).mkdir(parents=True)
+            for i in range(2):
+                rgb = Image.fromarray(rng.integers(0, 256, (6, 7, 3), dtype=np.uint8))
+                rgb.convert("LAB").save(tmp_path / split / c / f"{i}.tif")
+    files = sorted((tmp_path / "train").glob("*/*.tif"))
+    with Image.open(files[0]) as img:
+        assert img.mode == "LAB"
+    folders = {"train": str(tmp_path / "train"), "test": str(tmp_path / "test")}
+    for channels, mode in ((3, "RGB"), (1, "L")):
+        ds = lp.data.image_folder(folders, channels=channels, cache_dir=None)
+        for got, f in zip(np.asarray(ds.x_train), files):
+            with Image.open(f) as img:
+                want = np.asarray(img.convert("RGB").convert(mode), np.float32) / 255.0
+            want = want[None] if want.ndim == 2 else want.transpose(2, 0, 1)
+            np.testing.assert_allclose(got, want, atol=1e-6)
+
+
 def test_predict_skips_unreadable_images_as_the_run_does_and_refuses_images_for_a_table_run(tmp_path):
     from PIL import Image
 

@@ -41,6 +41,9 @@ they had been clipped to black)."""
 
 WIDE_MODES = ("I;16", "I;16B", "I;16L", "I", "F")
 """Pillow's modes of 16-bit, 32-bit integer and floating-point pixels, scaled to 8 bits as they are decoded."""
+VIA_RGB = ("LAB",)
+"""Pillow's modes it converts to RGB but not straight to grayscale (CIELAB): converted to RGB first, so their gray
+is that of the image's RGB decode."""
 BAND_PIXELS = 1 << 20
 """How many pixels of such an image are scaled at a time (in float64: 8 MB)."""
 DECODE_BYTES = 16
@@ -133,6 +136,8 @@ def decode(path: str, image_size: Sequence[int], channels: int) -> np.ndarray:
                 img = ImageOps.exif_transpose(img)
                 if img.mode in WIDE_MODES:
                     img = Image.fromarray(_eight_bit(img), "L")
+                if channels == 1 and img.mode in VIA_RGB:
+                    img = img.convert("RGB")
                 img = img.convert("L" if channels == 1 else "RGB")
                 if img.size != (w, h):
                     img = img.resize((w, h), Image.Resampling.BILINEAR)
