@@ -425,6 +425,45 @@ def test_floating_point_images_are_scaled_by_their_range_and_a_turned_photo_size
     np.testing.assert_allclose(np.asarray(ds.x_train[0])[0], shown / 255.0, atol=1e-6)
 
 
+def test_32_bit_integer_images_are_scaled_in_range_and_refused_or_skipped_outside_it(tmp_path):
+    """Pillow's mode I (a 32-bit integer TIFF) with values in [0, 255] decodes with 255 white, with brighter ones up
+    to 65535 with 65535 white; one with values outside [0, 65535] has no white (it was clipped: -5000 black,
+    1000000 white) and is a file that cannot be decoded: named, or skipped with data.skip_unreadable."""
+    from PIL import Image
+
+    import leafpy as lp
+
+    rng = np.random.default_rng(0)
+    for c in ("a", "b"):
+        (tmp_path / "photos" / c).mkdir(parents=True)
+    files = {"a/0.tif": rng.integers(0, 256, (8, 8)), "a/1.tif": rng.integers(0, 65536, (8, 8)),
+             "b/0.tif": rng.integers(0, 256, (8, 8)), "b/1.tif": rng.integers(0, 65536, (8, 8)),
+             "a/dark.tif": rng.integers(-5000, 256, (8, 8)), "b/bright.tif": rng.integers(0, 1_000_000, (8, 8))}
+    for name, values in files.items():
+        Image.fromarray(values.astype(np.int32), "I").save(tmp_path / "photos" / name)
+        with Image.open(tmp_path / "photos" / name) as img:
+            assert img.mode == "I"
+    (tmp_path / "run.yaml").write_text(
+        "name: img\ndata: {dataset: image_folder, path: photos, image_size: [8, 8], channels: 1, batch_size: 2, "
+        "test_fraction: 0.25, cache_dir: null}\ntrain: {epochs: 1}\nnetwork: {type: Sequential, inputs: [{name: "
+        "data, shape: [null, 1, 8, 8]}], layers: [{name: f, type: Flatten}, {name: fc, type: Linear, output_size: 2},"
+        " {name: sm, type: LogSoftmax}]}\nobjective: nll\nsolver: {solver: momentum, base_lr: 0.01, momentum: 0.9}\n")
+    p = leafpy(tmp_path, "train", "run.yaml", "--out", "out")
+    failed_cleanly(p, "32-bit integer", "[0, 65535]", "skip_unreadable")
+    assert re.search(r"(dark|bright)\.tif: cannot decode", p.stderr), p.stderr  # (whichever a batch meets first)
+    p = leafpy(tmp_path, "train", "run.yaml", "--set", "data.skip_unreadable=true", "--out", "skipping")
+    assert p.returncode == 0, p.stderr
+    assert "skipped 2 unreadable files" in p.stdout and "dark.tif" in p.stdout and "bright.tif" in p.stdout, p.stdout
+    q = leafpy(tmp_path, "predict", "skipping", "--input", "photos/b", "--set", "data.skip_unreadable=false")
+    failed_cleanly(q, "bright.tif", "32-bit integer", f"to {files['b/bright.tif'].max()})")
+    ds = lp.data.image_folder({"train": str(tmp_path / "photos"), "test": str(tmp_path / "photos")}, channels=1,
+                              cache_dir=None, skip_unreadable=True)  # (a given split: the files in order)
+    for got, name in zip(np.asarray(ds.x_train), ["a/0.tif", "a/1.tif", "b/0.tif", "b/1.tif"]):
+        values = files[name]
+        top = 255.0 if values.max() <= 255 else 65535.0
+        np.testing.assert_allclose(got[0] * 255.0, np.floor(values * 255.0 / top + 0.5), atol=1e-3)
+
+
 def test_a_cielab_image_decodes_in_grayscale_as_its_rgb_decode_turned_gray(tmp_path):
     """An image Pillow holds as CIELAB (a LAB TIFF), which it converts to RGB but not straight to grayscale, gives
     channels 1 the gray of its RGB decode (Pillow's own conversions), as channels 3 gives that RGB."""

@@ -35,9 +35,10 @@ EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 MAX_IMAGES = 10_000_000
 """The most images one folder may hold."""
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 """Part of a cache's key: raised when decoding changes what a file gives (2: floating-point images scaled, where
-they had been clipped to black)."""
+they had been clipped to black; 3: 32-bit integer images outside [0, 65535] refused, where they had been
+clipped)."""
 
 WIDE_MODES = ("I;16", "I;16B", "I;16L", "I", "F")
 """Pillow's modes of 16-bit, 32-bit integer and floating-point pixels, scaled to 8 bits as they are decoded."""
@@ -161,9 +162,12 @@ def _check_decode_memory(path: str, pixels: int) -> None:
 
 def _eight_bit(img: Any) -> np.ndarray:
     """A 16-bit, 32-bit integer or floating-point image's pixels as uint8, scaled to its white (16-bit: 65535; 32-bit
-    integers: 255, or 65535 where a pixel is brighter; floats: see :func:`_float_top`) and rounded, in float64 a
-    band of rows at a time into the result (a whole image in float64, and its temporaries, took 30 bytes a pixel)."""
+    integers: 255, or 65535 where a pixel is brighter, refused outside [0, 65535]; floats: see :func:`_float_top`)
+    and rounded, in float64 a band of rows at a time into the result (a whole image in float64, and its temporaries,
+    took 30 bytes a pixel)."""
     wide = np.asarray(img)  # (as Pillow holds them: uint16, int32 or float32)
+    if img.mode == "I":
+        _check_integers(wide)
     top = 65535.0 if img.mode.startswith("I;16") or wide.max(initial=0) > 255 else 255.0
     if img.mode == "F":  # 32-bit floats: in [0, 1] (scaled to 255) or in [0, 255]
         top = _float_top(wide)
@@ -175,6 +179,15 @@ def _eight_bit(img: Any) -> np.ndarray:
         band += 0.5
         out[start:start + step] = np.clip(band, 0, 255, out=band)  # (truncated, as astype(np.uint8) does)
     return out
+
+
+def _check_integers(values: np.ndarray) -> None:
+    """Refuse a 32-bit integer image (Pillow's mode I) with values outside [0, 65535]: they have no white leafpy can
+    tell (clipped, a negative pixel would be black and one past 65535 white)."""
+    low, high = int(values.min(initial=0)), int(values.max(initial=0))
+    if low < 0 or high > 65535:
+        raise ValueError(f"a 32-bit integer image with values outside [0, 65535] (from {low} to {high}); save it as "
+                         "8- or 16-bit pixels")
 
 
 def _float_top(values: np.ndarray) -> float:
