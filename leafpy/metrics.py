@@ -144,9 +144,7 @@ class ConfusionMatrix:
     def report(self, class_names: Sequence[str] = ()) -> str:
         """Per class precision, recall, F1 and support, then macro and weighted F1, as a table."""
         precision, recall, f1, support = self._rates()
-        # classes past the names given (a network scoring more classes than the data names) by their numbers
-        names = [str(n) for n in class_names][:self.num_classes]
-        names += [str(k) for k in range(len(names), self.num_classes)]
+        names = self._names(class_names)
         w = max(11, *(len(n) for n in names))
         lines = [f"{'class':>{w}} {'precision':>10} {'recall':>8} {'f1':>8} {'support':>8}"]
         for k in range(self.num_classes):
@@ -173,13 +171,18 @@ class ConfusionMatrix:
         import csv
         import io
 
-        names = [str(n) for n in class_names][:self.num_classes]
-        names += [str(k) for k in range(len(names), self.num_classes)]
+        names = self._names(class_names)
         text = io.StringIO()
         writer = csv.writer(text, lineterminator="\n")
         writer.writerow(["target\\pred", *names])
         writer.writerows([name, *map(int, row)] for name, row in zip(names, self._matrix))
         return text.getvalue()
+
+    def _names(self, class_names: Sequence[str]) -> list[str]:
+        """Each class's name from ``class_names``; the classes past them (a network scoring more classes than the
+        data names) by their numbers."""
+        names = [str(n) for n in class_names][:self.num_classes]
+        return names + [str(k) for k in range(len(names), self.num_classes)]
 
     def add_counts(self, counts: Any) -> None:
         """Add another matrix's counts (rows targets, columns predictions): e.g. the sum of every rank's."""
@@ -200,9 +203,10 @@ class ConfusionMatrix:
 
     def table(self, class_names: Sequence[str] = ()) -> str:
         """The matrix (rows: targets, columns: predictions) with each class's recall, its classes named by
-        ``class_names`` where given (else numbered), and the accuracy."""
+        ``class_names`` where given (the classes past them numbered), and the accuracy of the predictions counted
+        (one a sample, or one at every position of a sample)."""
         k = self.num_classes
-        names = [str(n) for n in class_names][:k] if len(class_names) >= k else [str(c) for c in range(k)]
+        names = self._names(class_names)
         width = max(5, len(str(int(self._matrix.max(initial=0)))) + 1, *(len(n) + 1 for n in names))
         left = max(11, *(len(n) for n in names))
         corner = "target\\pred"
@@ -212,7 +216,7 @@ class ConfusionMatrix:
             # a class with no samples has no recall: a dash, not 0%
             recall = f"{row[t] / row.sum():>8.1%}" if row.sum() else f"{'-':>8}"
             lines.append(f"{names[t]:>{left}} " + "".join(f"{v:>{width}}" for v in row) + recall)
-        lines.append(f"accuracy {self.accuracy():.2%} of {self.samples} samples")
+        lines.append(f"accuracy {self.accuracy():.2%} of {self.samples} predictions")
         return "\n".join(lines)
 
 

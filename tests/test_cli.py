@@ -488,6 +488,8 @@ def test_labels_at_every_position_in_an_npz_train_evaluate_and_predict(tmp_path)
     done = run("evaluate", str(out))
     assert done.returncode == 0, done.stderr
     printed = float(re.search(r"held-out accuracy: ([\d.]+)%", done.stdout).group(1)) / 100
+    # the matrix counts 200 predictions, 5 of each of the 40 held-out samples (it said '200 samples')
+    assert "(40 samples" in done.stdout and re.search(r"\naccuracy [\d.]+% of 200 predictions\n", done.stdout)
     done = run("predict", str(out), "--input", str(tmp_path / "held_out.npz"), "--out", str(tmp_path / "p.csv"))
     assert done.returncode == 0, done.stderr
     table = np.loadtxt(tmp_path / "p.csv", delimiter=",", skiprows=1)

@@ -797,6 +797,13 @@ def test_an_image_folder_of_fewer_classes_than_the_network_scores_trains_and_rep
                "--set", "data.batch_size=4", "--epochs", "1", "--out", "run")
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
     assert re.search(r"class2 +\d", p.stdout) and re.search(r"\n +9 +0\.000", p.stdout), p.stdout
+    # the confusion matrix names the three too, as its header and its rows (it numbered all ten)
+    table = p.stdout[p.stdout.index("target\\pred"):].splitlines()
+    assert table[0].split() == ["target\\pred", "class0", "class1", "class2", *map(str, range(3, 10)), "recall"]
+    assert [r.split()[0] for r in table[1:11]] == ["class0", "class1", "class2", *map(str, range(3, 10))]
+    held_out = int(re.search(r"(\d+) held-out samples", p.stdout).group(1))
+    assert sum(int(v) for r in table[1:11] for v in r.split()[1:11]) == held_out
+    assert re.match(rf"accuracy [\d.]+% of {held_out} predictions$", table[11]), table[11]
     # two class folders: each prediction's three best classes name the two and number the third
     import shutil
 

@@ -245,7 +245,7 @@ def test_confusion_matrix():
     cm.add([0, 1, 2, 2], [0, 1, 1, 2])
     assert cm.accuracy() == 0.75 and cm.samples == 4
     assert cm.matrix[1, 2] == 1
-    assert "accuracy 75.00% of 4 samples" in str(cm)
+    assert "accuracy 75.00% of 4 predictions" in str(cm)
     # the recall column: correct / the class's samples; a class without samples shows a dash, not 0%
     rows = str(cm).splitlines()[1:4]
     assert [r.split()[-1] for r in rows] == ["100.0%", "50.0%", "100.0%"]
