@@ -464,6 +464,43 @@ def test_32_bit_integer_images_are_scaled_in_range_and_refused_or_skipped_outsid
         np.testing.assert_allclose(got[0] * 255.0, np.floor(values * 255.0 / top + 0.5), atol=1e-3)
 
 
+def test_a_linked_subfolder_of_a_class_counts_once_and_a_link_cycle_ends(tmp_path):
+    """A class folder's subfolder that is a link counts as a subfolder does (it was ignored, while a linked class
+    folder was followed): in training, in predict's folder and in the cache's key, which changes when an image is
+    added behind the link; a link back into a folder already walked (a cycle) adds nothing."""
+    from PIL import Image
+
+    for folder, n in (("photos/a", 4), ("photos/b", 2), ("extra", 3)):
+        (tmp_path / folder).mkdir(parents=True)
+        for i in range(n):
+            Image.fromarray(np.full((8, 8), 20 * i + 100 * (folder == "extra"), np.uint8)).save(
+                tmp_path / folder / f"{i}.png")
+    os.symlink(os.path.join("..", "..", "extra"), tmp_path / "photos" / "b" / "more")
+    os.symlink(".", tmp_path / "extra" / "again")  # extra/again/again/... is extra
+    os.symlink(".", tmp_path / "photos" / "a" / "self")
+    (tmp_path / "run.yaml").write_text(
+        "name: img\ndata: {dataset: image_folder, path: photos, image_size: [8, 8], channels: 1, batch_size: 3, "
+        f"test_fraction: 0.34, cache_dir: {tmp_path / 'cache'}}}\ntrain: {{epochs: 1}}\nnetwork: {{type: Sequential, "
+        "inputs: [{name: data, shape: [null, 1, 8, 8]}], layers: [{name: f, type: Flatten}, {name: fc, type: Linear, "
+        "output_size: 2}, {name: sm, type: LogSoftmax}]}\nobjective: nll\nsolver: {solver: momentum, base_lr: 0.01, "
+        "momentum: 0.9}\n")
+    p = leafpy(tmp_path, "train", "run.yaml", "--out", "run")
+    assert p.returncode == 0, p.stderr
+    assert "6 training and 3 held-out samples" in p.stdout, p.stdout  # a: 4, b: 2 + the 3 behind the link
+    q = leafpy(tmp_path, "predict", "run", "--input", "photos/b", "--out", "p.csv")
+    assert q.returncode == 0, q.stderr
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "p.csv").read_text())))
+    assert sorted(r["input"] for r in rows) == ["0.png", "1.png", *(os.path.join("more", f"{i}.png") for i in range(3))]
+    assert len(list((tmp_path / "cache").glob("*.npy"))) == 1
+    assert leafpy(tmp_path, "train", "run.yaml", "--out", "again").returncode == 0
+    assert len(list((tmp_path / "cache").glob("*.npy"))) == 1  # the same files: the same key
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(tmp_path / "extra" / "3.png")
+    p = leafpy(tmp_path, "train", "run.yaml", "--out", "added")
+    assert p.returncode == 0, p.stderr
+    assert sum(map(int, re.search(r"(\d+) training and (\d+) held-out samples", p.stdout).groups())) == 10, p.stdout
+    assert len(list((tmp_path / "cache").glob("*.npy"))) == 2  # an image added behind the link: another key
+
+
 def test_a_cielab_image_decodes_in_grayscale_as_its_rgb_decode_turned_gray(tmp_path):
     """An image Pillow holds as CIELAB (a LAB TIFF), which it converts to RGB but not straight to grayscale, gives
     channels 1 the gray of its RGB decode (Pillow's own conversions), as channels 3 gives that RGB."""

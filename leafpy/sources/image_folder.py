@@ -95,14 +95,25 @@ def list_classes(root: str) -> tuple[list[str], list[str], np.ndarray]:
 
 
 def image_files(folder: str) -> list[str]:
-    """The images under ``folder`` (its subfolders too), sorted by path."""
+    """The images under ``folder`` (its subfolders too, linked ones as well), sorted by path. A folder met again
+    (a link to one already walked, or a link cycle) is walked once."""
     out = []
-    for dirpath, dirnames, filenames in os.walk(folder):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+    walked = {os.path.realpath(folder)}
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        dirnames[:] = [d for d in sorted(dirnames) if not d.startswith(".") and _first_visit(dirpath, d, walked)]
         out += [os.path.join(dirpath, f) for f in sorted(filenames) if is_image(f)]
         if len(out) > MAX_IMAGES:
             raise LeafpyError(f"{folder}: more than {MAX_IMAGES} images; split the data into several folders")
     return sorted(out)
+
+
+def _first_visit(parent: str, name: str, walked: set[str]) -> bool:
+    """Whether the folder ``parent/name`` leads somewhere not walked yet (then counted as walked)."""
+    real = os.path.realpath(os.path.join(parent, name))
+    if real in walked:
+        return False
+    walked.add(real)
+    return True
 
 
 def check_memory(files: Sequence[str], image_size: Sequence[int], channels: int, mapped: bool = False) -> None:
