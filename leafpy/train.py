@@ -1299,6 +1299,12 @@ def load_data(run: run_config.RunConfig) -> datasets.Dataset:
                 raise LeafpyError(f"data: the {ds.name} labels go up to {ds.num_classes - 1}{given}, but objective "
                                   f"layer '{layer.name}' has num_classes {n}; set it (and the network's output size) "
                                   f"to {ds.num_classes}")
+        scored = num_classes(run)
+        if len(recorded) > scored:  # (data that names its classes was refused above: its count includes these)
+            raise ConfigError(f"data.class_names: {len(recorded)} names ({', '.join(map(repr, recorded[:8]))}"
+                              f"{' ...' * (len(recorded) > 8)}) for the {scored} classes the objective scores "
+                              f"(num_classes {scored}); name each class once (class k the k-th), or set num_classes "
+                              f"(and the network's output size) to {len(recorded)}")
     else:
         inputs = run.objective.config.inputs
         target_name, target = inputs[-1]

@@ -651,6 +651,29 @@ def test_class_names_recorded_as_floats_an_ignored_index_and_too_many_names(tmp_
                    "num_classes 3")
 
 
+def test_more_class_names_than_the_objective_scores_are_refused_for_numbered_data(tmp_path):
+    """An npz file's classes are numbered; data.class_names naming three of a two-way objective's classes is
+    refused before anything is written, as too few names are (the third name was dropped from the reports and
+    recorded in run.yaml); two names train and name the classes."""
+    rng = np.random.default_rng(0)
+    x = rng.random((40, 4)).astype(np.float32)
+    np.savez(tmp_path / "d.npz", x=x, y=(x[:, 0] > 0.5).astype(np.int64))
+    (tmp_path / "run.yaml").write_text(
+        "name: cn\ndata: {dataset: npz, path: d.npz, batch_size: 8, test_fraction: 0.25, class_names: [cat, dog, "
+        "bird]}\ntrain: {epochs: 1}\nnetwork: {type: Sequential, inputs: [{name: data, shape: [null, 4]}], layers: "
+        "[{name: fc, type: Linear, output_size: 2}, {name: sm, type: LogSoftmax}]}\nobjective: nll\nsolver: "
+        "{solver: momentum, base_lr: 0.05, momentum: 0.9}\n")
+    failed_cleanly(leafpy(tmp_path, "train", "run.yaml", "--out", "run"), "data.class_names: 3 names",
+                   "'bird'", "num_classes 2", "set num_classes")
+    assert not (tmp_path / "run" / "run.yaml").exists()
+    failed_cleanly(leafpy(tmp_path, "train", "run.yaml", "--set", "data.class_names=[cat]", "--out", "run"),
+                   "data.class_names: 1 names for 2 classes")
+    p = leafpy(tmp_path, "train", "run.yaml", "--set", "data.class_names=[cat, dog]", "--out", "run")
+    assert p.returncode == 0, p.stderr
+    held_out = int(re.search(r"(\d+) held-out samples", p.stdout).group(1))
+    assert set(_class_support(p.stdout)) == {"cat", "dog"} and sum(_class_support(p.stdout).values()) == held_out
+
+
 def test_a_two_class_run_reports_scikit_learns_roc_auc_and_names_its_classes(tmp_path):
     from sklearn.datasets import load_breast_cancer
     from sklearn.metrics import roc_auc_score
