@@ -621,7 +621,7 @@ def predict_cmd(args: argparse.Namespace) -> int:
     from . import sources
     from .train import check_samples, num_classes
 
-    if args.out and not args.out.endswith((".npz", ".csv")):
+    if args.out and not args.out.lower().endswith((".npz", ".csv")):  # (case does not matter, as for --input)
         raise LeafpyError(f"--out {args.out}: predictions are written as .npz or .csv; name the file so")
     beside = os.path.join(os.path.dirname(args.config), RUN_FILE)
     if args.weights is None and (args.config.endswith(".onnx") or (args.config.endswith(".leaf")
@@ -683,7 +683,7 @@ def predict_cmd(args: argparse.Namespace) -> int:
     if probs is not None:  # classes past the names (a network scoring more classes than the data names): numbered
         names = names[:probs.shape[1]] + [str(k) for k in range(len(names), probs.shape[1])]
     if args.out:
-        if prep.class_names and probs is not None and probs.ndim == 2 and args.out.endswith(".csv"):
+        if prep.class_names and probs is not None and probs.ndim == 2 and args.out.lower().endswith(".csv"):
             write_named_predictions(args.out, labels, probs, names)
         else:
             write_predictions(args.out, outputs, classes)
@@ -766,8 +766,9 @@ def _forward_batches(net: Layer, x: np.ndarray, batch: int, be: Any) -> np.ndarr
 
 
 def write_predictions(path: str, outputs: np.ndarray, classes: np.ndarray | None) -> None:
-    """``outputs`` (and ``classes``) into an .npz file, or a .csv file of one row per sample (atomically)."""
-    if path.endswith(".csv"):
+    """``outputs`` (and ``classes``) into an .npz file, or a .csv file of one row per sample (atomically); the
+    suffix in any case."""
+    if path.lower().endswith(".csv"):
         flat = outputs.reshape(len(outputs), -1)
         header = [f"output_{i}" for i in range(flat.shape[1])]
         picked = np.zeros((len(flat), 0), np.int64) if classes is None else classes.reshape(len(classes), -1)

@@ -322,6 +322,15 @@ def test_predict_writes_classes_and_outputs(tmp_path):
     assert (tmp_path / "p.csv").read_text().startswith("class,output_0,output_1,output_2\n")
     np.testing.assert_array_equal(table[:, 0], want.argmax(axis=1))
     np.testing.assert_allclose(table[:, 1:], want, rtol=1e-5, atol=1e-5)
+    # the suffix in capitals, as --input takes them (they were refused: 'written as .npz or .csv')
+    for out in ("P.NPZ", "P.Csv"):
+        p = run("predict", str(run_file), "--weights", str(model), "--input", str(tmp_path / "new.npz"),
+                "--out", str(tmp_path / out))
+        assert p.returncode == 0, p.stderr
+    with np.load(tmp_path / "P.NPZ") as f:
+        np.testing.assert_allclose(f["outputs"], want, rtol=1e-5, atol=1e-5)
+    assert (tmp_path / "P.Csv").read_text().startswith("class,output_0,output_1,output_2\n")
+    np.testing.assert_allclose(np.loadtxt(tmp_path / "P.Csv", delimiter=",", skiprows=1), table, atol=1e-6)
     p = run("predict", str(run_file), "--weights", str(model), "--input", str(tmp_path / "new.npz"),
             "--out", str(tmp_path / "p.txt"))
     assert p.returncode == 1 and "predictions are written as .npz or .csv" in p.stderr
