@@ -1288,6 +1288,14 @@ def test_predict_reads_a_tsv_table_and_evaluate_warns_when_the_data_changed_sinc
     p = leafpy(tmp_path, "predict", "run", "--input", "new.tsv", "--out", "p.csv")
     assert p.returncode == 0, p.stderr
     assert len(list(csv.DictReader(io.StringIO((tmp_path / "p.csv").read_text())))) == 5
+    # the same rows split by commas: the header read as one cell, and the message names both delimiters
+    (tmp_path / "new.csv").write_text((tmp_path / "new.tsv").read_text().replace("\t", ","))
+    wrong = leafpy(tmp_path, "predict", "run", "--input", "new.csv")
+    failed_cleanly(wrong, "no column 'f0'", "'f2,f0,f1'", "split by ','", "data.delimiter '\\t'")
+    commas = leafpy(tmp_path, "predict", "run", "--input", "new.csv", "--set", "data.delimiter=','", "--out", "c.csv")
+    assert commas.returncode == 0, commas.stderr
+    np.testing.assert_allclose(np.loadtxt(tmp_path / "c.csv", delimiter=",", skiprows=1, usecols=[2, 4]),
+                               np.loadtxt(tmp_path / "p.csv", delimiter=",", skiprows=1, usecols=[2, 4]), atol=1e-6)
     same = leafpy(tmp_path, "evaluate", "run")
     assert same.returncode == 0 and "warning" not in same.stderr, same.stderr
     with open(tmp_path / "t.tsv", "a") as f:

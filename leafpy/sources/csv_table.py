@@ -86,7 +86,7 @@ def scan(path: str, delimiter: str, features: Sequence[str] | None, target: str 
             header_line, cells = first
             header = [h.strip() for h in cells]
             _check_header(path, header_line, header)
-            where, t = _columns(path, header, features, target)
+            where, t = _columns(path, header, features, target, delimiter)
             return _read(path, rows, header, where, t, targets, delimiter, have)
     except OSError as e:
         if isinstance(e, LeafpyError):
@@ -94,15 +94,15 @@ def scan(path: str, delimiter: str, features: Sequence[str] | None, target: str 
         raise LeafpyError(f"{path}: cannot read the CSV file: {e.strerror or e}") from e
 
 
-def _columns(path: str, header: list[str], features: Sequence[str] | None, target: str | None
+def _columns(path: str, header: list[str], features: Sequence[str] | None, target: str | None, delimiter: str
              ) -> tuple[list[int], int | None]:
-    t = None if target is None else column_index(path, header, target)
+    t = None if target is None else column_index(path, header, target, delimiter)
     if features is None:  # (columns without a name, as a spreadsheet's trailing empty one or pandas' index, are no
         features = [h for h in header if h and h != target]  # features)
         if not features:
             raise ConfigError(f"{path}: no feature columns: the header names only the target column {target!r}; a "
                               "table needs a column of features besides the target")
-    return [column_index(path, header, c) for c in features], t
+    return [column_index(path, header, c, delimiter) for c in features], t
 
 
 def _read(path: str, rows: Iterator[tuple[int, list[str]]], header: list[str], where: list[int], t: int | None,
@@ -184,13 +184,30 @@ def _class_name(path: str, header: Sequence[str], line: int, k: int, text: str) 
     return whole_number(cell)  # "1.0" (an integer column written as floats) is class "1"
 
 
-def column_index(path: str, header: Sequence[str], name: Any) -> int:
+def column_index(path: str, header: Sequence[str], name: Any, delimiter: str) -> int:
+    """Where ``name`` is in ``header``, read with ``delimiter`` (data.delimiter); a name not there is refused,
+    naming the header (and, for a header of one cell holding another common delimiter, the one it was read with)."""
     if name == "":
         raise ConfigError(f"{path}: '' names no column (columns without a name in the header are not read); name "
                           "the column in the header row")
     if name not in header:
-        raise ConfigError(f"{path}: no column {name!r}; the header has {', '.join(map(repr, header))}"[:500])
+        raise ConfigError(f"{path}: no column {name!r}; the header has {', '.join(map(repr, header))}"[:500]
+                          + _delimiter_hint(header, delimiter))
     return list(header).index(name)
+
+
+DELIMITERS = (",", ";", "\t", "|")
+"""The delimiters a header of one cell is looked at for (one of them in it: the table's delimiter is another)."""
+
+
+def _delimiter_hint(header: Sequence[str], delimiter: str) -> str:
+    """A hint for a header read as one cell that holds another common delimiter than ``delimiter``, else ""."""
+    found = [d for d in DELIMITERS if d != delimiter and len(header) == 1 and d in header[0]]
+    if not found:
+        return ""
+    return (f" (one cell: the table's cells seem to be split by {found[0]!r}, but it is read with data.delimiter "
+            f"{delimiter!r}; write the table with {delimiter!r} between cells, or set data.delimiter to "
+            f"{found[0]!r})")
 
 
 def whole_number(cell: str) -> str:
