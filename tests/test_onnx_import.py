@@ -275,7 +275,7 @@ DATA = ROOT / "tests" / "data" / "onnx"
 
 
 @pytest.mark.parametrize("name", ["torch_resnet", "torch_lstm_text", "torch_birnn_tagger", "torch_mobilenet",
-                                  "torch_window_settings", "torch_bilstm_text", "torch_gelu_mlp"])
+                                  "torch_window_settings", "torch_bilstm_text", "torch_gelu_mlp", "torch_stacked_hn"])
 def test_models_pytorch_exported_import_and_match_pytorch_within_1e_4(name):
     """Written by tests/data/onnx/make_torch_models.py and make_torch_vision_models.py (torch.onnx.export, opset
     17); PyTorch's outputs beside."""

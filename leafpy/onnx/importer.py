@@ -252,6 +252,10 @@ class Graph:
     """ONNX values that are a leafpy blob seen time-major, around a layout-0 recurrent node: value -> (blob,
     what it is: "x" [T, N, I] the blob transposed; "Y" [T, 1, N, H]; "Y_h" [1, N, H]; "steps" [T, N, H]; both
     directions' steps [N, T, 2, H] as "Y2" [T, 2, N, H] and "Y2t" [T, N, 2, H])."""
+    stacked: dict[str, list[str]] = field(default_factory=dict)
+    """ONNX values that join one-direction last states ("Y_h" values of ``time_major``) along axis 0, as PyTorch
+    writes a stacked recurrent network's h_n [layers, N, H]: value -> those values, in order (made a blob only
+    where something reads it whole; h_n[k] is the k-th state's blob)."""
 
     @property
     def opset(self) -> int:
@@ -284,6 +288,11 @@ class Graph:
             return name
         if name in self.time_major:
             return self._time_major_blob(node, name)
+        if name in self.stacked:
+            states = [self._time_major_blob(node, state) if state not in self.shapes else state
+                      for state in self.stacked[name]]
+            self.add(node, ConcatConfig(axis=0), states, [name], suffix="_states")
+            return name
         if name in self.constants:
             raise ConfigError(f"{node.where}: input {k} ({name!r}) is a constant; leafpy computes this operator on "
                               "computed tensors (a constant operand here needs broadcasting, not supported yet)")
@@ -906,6 +915,11 @@ def eltwise(g: Graph, n: Node) -> None:
 
 @op("Concat", attributes=("axis",))
 def concat(g: Graph, n: Node) -> None:
+    states = [g.resolve(name) for name in n.inputs]
+    if int(n.attr("axis")) == 0 and len(states) > 1 and all(g.time_major.get(s, ("", ""))[1] == "Y_h"
+                                                            for s in states):
+        g.stacked[n.outputs[0]] = states  # a stacked network's h_n: no layer until something reads it whole
+        return
     blobs = [g.blob(n, k) for k in range(len(n.inputs))]
     g.add(n, ConcatConfig(axis=int(n.attr("axis"))), blobs, [n.outputs[0]])
 
@@ -994,6 +1008,13 @@ def _pick(g: Graph, n: Node) -> bool:
     index = g.numbers(n, given, f"input 1 ({given!r}, the indices)")
     if index.size != 1:
         return False
+    if name in g.stacked and int(n.attr("axis", 0)) == 0:  # h_n[k] of a stacked network: the k-th layer's state
+        states = g.stacked[name]
+        k = int(index.reshape(-1)[0])
+        if not -len(states) <= k < len(states):
+            raise ConfigError(f"{n.where}: index {k} of the {len(states)} layers' last states")
+        g.alias[n.outputs[0]] = g.time_major[states[k]][0] if index.ndim == 0 else states[k]
+        return True
     held = g.time_major.get(name)
     if held is not None and held[1] == "Y_h" and index.ndim == 0 and int(n.attr("axis", 0)) == 0 \
             and int(index) in (0, -1):  # one direction's last h, [1, N, H] (PyTorch's h[-1]): the [N, H] blob

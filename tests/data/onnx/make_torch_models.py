@@ -10,6 +10,8 @@ hand; the test suite reads the files and never imports torch):
   linear layer scoring every step: x [T, N, 6] -> y [T, N, 5];
 - torch_bilstm_text.onnx: a batch-first bidirectional LSTM of two layers reading its last step, exported at batch
   2 with a symbolic batch axis, its inputs and outputs at batch 4;
+- torch_stacked_hn.onnx: an LSTM of two layers and a GRU of two layers side by side, classifying from each one's
+  last layer's final state h_n[-1] (the pattern most PyTorch text classifiers use), batch symbolic, run at batch 5;
 - torch_gelu_mlp.onnx: Linear layers with GELU between them, exact (written below opset 20 as its erf formula,
   x/sqrt(2) -> Erf -> +1 -> *x -> *0.5) and tanh-approximated, the first one's input also added to its output.
 Each NAME.onnx has NAME.npz beside it with x (the input) and y (PyTorch's output).
@@ -93,6 +95,19 @@ class BiLSTMText(nn.Module):
         return self.fc(y[:, -1])
 
 
+class StackedFinalState(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(6, 9, num_layers=2, batch_first=True)
+        self.gru = nn.GRU(6, 5, num_layers=2, batch_first=True)
+        self.fc = nn.Linear(14, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _, (h, _) = self.lstm(x)
+        _, g = self.gru(x)
+        return self.fc(torch.cat([h[-1], g[-1]], dim=1))
+
+
 class GeluMLP(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -126,6 +141,15 @@ def main() -> None:
     write_tagger()
     write_bilstm_text()
     write_gelu_mlp()
+    write_stacked_final_state()
+
+
+def write_stacked_final_state() -> None:
+    """Its own seeds, so it can be written alone."""
+    torch.manual_seed(7)
+    gen = torch.Generator().manual_seed(8)
+    write("torch_stacked_hn", StackedFinalState(), torch.randn(5, 4, 6, generator=gen),
+          exported_with=torch.randn(2, 4, 6, generator=gen))
 
 
 def write_gelu_mlp() -> None:
