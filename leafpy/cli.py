@@ -59,6 +59,16 @@ def _restore_stdout() -> None:
         os.close(_saved_stdout.pop())
 
 
+def _to_devnull(fd: int) -> None:
+    """Point ``fd`` at the null device (the descriptor opened for it closed again: a process running commands in a
+    loop keeps no more descriptors than it had)."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
 def _out(msg: str = "") -> None:
     if _lost_output:
         return
@@ -70,7 +80,7 @@ def _out(msg: str = "") -> None:
         _lost_output.append(e.strerror or str(e))
         if not _saved_stdout:
             _saved_stdout.append(os.dup(sys.stdout.fileno()))
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (what is buffered: dropped, not retried)
+        _to_devnull(sys.stdout.fileno())  # (what is buffered: dropped, not retried)
         try:
             print(f"leafpy: cannot write to standard output ({_lost_output[0]}); its output is dropped from here on",
                   file=sys.stderr, flush=True)
@@ -1097,7 +1107,7 @@ def _run_command(argv: Sequence[str] | None, *, raising: bool = False) -> int:
         print(f"leafpy: error: {e}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # the reader went away (leafpy summary ... | head): stop quietly, as SIGPIPE would
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        _to_devnull(sys.stdout.fileno())  # nothing left to flush at exit
         return 128 + 13
     finally:
         if _lost_output:  # standard output back where it was, for what the process does after this command

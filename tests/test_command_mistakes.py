@@ -133,6 +133,22 @@ def test_after_a_command_whose_output_was_lost_the_next_one_prints(tmp_path):
     assert "codes 1 0" in p.stdout and "total parameters" in p.stdout, (p.stdout, p.stderr)
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full") or not os.path.isdir("/proc/self/fd"),
+                    reason="no /dev/full or /proc/self/fd on this system")
+def test_commands_run_in_a_loop_with_standard_output_full_keep_no_descriptors():
+    """Each command whose standard output was full opened the null device for it and never closed that: 200
+    commands run by cli.main in one process left 200 more descriptors open."""
+    script = ("import os\nfrom leafpy import cli\nos.dup2(os.open('/dev/full', os.O_WRONLY), 1)\n"
+              "cli.main(['summary', 'digits_mlp'])\nbefore = len(os.listdir('/proc/self/fd'))\n"
+              "codes = {cli.main(['summary', 'digits_mlp']) for _ in range(50)}\n"
+              "import sys\nprint('codes', codes, 'descriptors', before, len(os.listdir('/proc/self/fd')), "
+              "file=sys.stderr)\n")
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, env=child_env(),
+                       timeout=300)
+    words = p.stderr.split("descriptors ")[-1].split()
+    assert "codes {1}" in p.stderr and words[0] == words[1], p.stderr[-2000:]
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
 def test_a_full_standard_output_drops_the_output_not_the_run(tmp_path):
     with open("/dev/full", "w") as full:
