@@ -40,7 +40,7 @@ class RecordedStep:
     """One key's recording: the backend's recording object, the tensors it touches (weakly: a deleted solver's
     step is dropped, not kept alive) with the buffer handles baked in, and backend extras (cuda: a memory pool)."""
 
-    __slots__ = ("recording", "tensors", "eager", "extra", "failed")
+    __slots__ = ("recording", "tensors", "eager", "extra", "failed", "released", "__weakref__")
 
     def __init__(self) -> None:
         self.recording: Any = None
@@ -48,9 +48,31 @@ class RecordedStep:
         self.eager = False  # the step cannot be recorded: always run it as it is
         self.extra: Any = None
         self.failed = False  # set by a backend's capture where the step itself raised (a refused batch, Ctrl-C)
+        self.released = False
 
     def dead(self) -> bool:
-        return any(ref() is None for ref, _, _ in self.tensors)
+        return self.released or any(ref() is None for ref, _, _ in self.tensors)
+
+    def release(self, _gone: Any = None) -> None:
+        """A tensor the recording touches was deleted (its solver is gone): let go of the recording and the buffers
+        it holds (a native recording holds its operands' arrays, a cuda one its memory), rather than keep them
+        until another step is recorded (a deleted solver's weights, gradients and update state stayed alive)."""
+        self.released = True
+        self.recording = None
+        self.tensors = []
+        self.extra = None
+
+
+def _releaser(entry: RecordedStep) -> Callable[[Any], None]:
+    """The callback of the references to a recording's tensors: the entry's release, held weakly (the references
+    must not keep the entry alive)."""
+    method = weakref.WeakMethod(entry.release)
+
+    def gone(_tensor: Any) -> None:
+        bound = method()
+        if bound is not None:
+            bound()
+    return gone
 
 
 class StepRecorder:
@@ -95,6 +117,7 @@ class StepRecorder:
     def _record(self, entry: RecordedStep, step: Step) -> None:
         be = self.backend
         entry.recording = None
+        entry.released = False
         with recording_accesses() as accesses:
             try:
                 recording, ran = be.capture(entry, step)
@@ -107,7 +130,8 @@ class StepRecorder:
             if not ran:
                 step()
             return
-        entry.tensors = [(weakref.ref(t), w, be.handle(t.buffer_on(be.key)))
+        gone = _releaser(entry)
+        entry.tensors = [(weakref.ref(t, gone), w, be.handle(t.buffer_on(be.key)))
                          for t, w in SharedTensor.touched(accesses)]
         entry.recording = recording
         if not ran:
