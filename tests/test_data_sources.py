@@ -112,6 +112,35 @@ def test_an_image_folder_memory_mapped_from_its_cache_trains_as_one_held_in_memo
     assert np.array_equal(np.asarray(ds.x_train), whole.x_train)
 
 
+def test_a_killed_decodes_temporary_cache_file_is_removed_by_the_next_run(tmp_path):
+    """A decode into the cache (memory_map: true) writes a temporary file as large as the folder's images; a process
+    killed meanwhile (SIGKILL, out of memory) runs no clean-up, and each such kill left one for good. The next run
+    on this host removes those whose process has ended, and leaves another host's and a running process's."""
+    import signal
+
+    write_digits(tmp_path / "digits", 6, odd=False)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    killed = subprocess.run([sys.executable, "-c",
+                             "import os, signal\nfrom leafpy.sources import decoding\n"
+                             f"decoding.temporary_map({str(cache)!r}, (60, 1, 8, 8))\n"
+                             "os.kill(os.getpid(), signal.SIGKILL)\n"], cwd=ROOT, timeout=120)
+    assert killed.returncode == -signal.SIGKILL
+    left = os.listdir(cache)
+    assert len(left) == 1 and left[0].startswith(".tmp-cache-"), left
+    from leafpy._run_lock import _host
+
+    running = f".tmp-cache-{_host()}-{os.getpid()}-abc"  # this process: still running
+    (cache / running).write_bytes(b"x")
+    (cache / ".tmp-cache-elsewhere-1-abc").write_bytes(b"x")  # another host's
+    p = leafpy(tmp_path, "train", *MLP[:-2], "--epochs", "1", "--set", "data.dataset=image_folder", "--set",
+               "data.path=digits", "--set", f"data.cache_dir={cache}", "--set", "data.memory_map=true", "--out", "run")
+    assert p.returncode == 0, p.stderr
+    names = sorted(os.listdir(cache))
+    assert left[0] not in names and running in names and ".tmp-cache-elsewhere-1-abc" in names, names
+    assert sum(n.endswith(".npy") for n in names) == 1
+
+
 def test_a_corrupt_image_is_named_or_skipped_and_listed(tmp_path):
     write_digits(tmp_path / "digits", per_class=6, odd=False)
     (tmp_path / "digits" / "four" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")

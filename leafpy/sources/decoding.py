@@ -390,12 +390,45 @@ def processes_pay(decode: Callable[[Sequence[str]], list], files: Sequence[str],
     return _faster(decode, processes.map, files, results) and not processes.failed
 
 
+TEMPORARY = ".tmp-cache-"
+"""How the image cache's temporary files begin: then the host and the process writing them (see
+:func:`temporary_prefix`), so a later run can tell one whose writer was killed (SIGKILL, out of memory: no clean-up
+ran) from one being written."""
+
+
+def temporary_prefix() -> str:
+    from .._run_lock import _host
+
+    return f"{TEMPORARY}{_host()}-{os.getpid()}-"
+
+
+def remove_dead_temporaries(directory: str) -> list[str]:
+    """Remove the cache's temporary files in ``directory`` that a process of this host wrote and ended without
+    removing (a killed decode leaves one as large as its folder's images); the names removed. Those of another
+    host, or of a process still running, are left."""
+    from .._run_lock import _alive, _host
+
+    removed: list[str] = []
+    mine = f"{TEMPORARY}{_host()}-"
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        pid, dash, _ = name[len(mine):].partition("-") if name.startswith(mine) else ("", "", "")
+        if dash and pid.isdecimal() and pid.isascii() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, name))
+                removed.append(name)
+    return removed
+
+
 def temporary_map(directory: str, shape: tuple[int, ...]) -> tuple[np.ndarray, str]:
     """A uint8 array of ``shape`` mapped from a new temporary ``.npy`` file in ``directory`` (OSError where it
     cannot be made), and its path."""
     import tempfile
 
-    fd, path = tempfile.mkstemp(dir=directory, prefix=".tmp-decoding-")
+    fd, path = tempfile.mkstemp(dir=directory, prefix=temporary_prefix())
     os.close(fd)
     try:
         return np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=shape), path

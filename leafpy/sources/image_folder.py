@@ -322,6 +322,7 @@ def cached_decode(files: Sequence[str], image_size: Sequence[int], channels: int
     decoded first."""
     key = cache_key(files, image_size, channels)
     if cache_dir is not None:
+        decoding.remove_dead_temporaries(cache_dir)
         found = _cached(files, image_size, channels, skip_unreadable, cache_dir, key)
         if found is not None:
             return (found[0] if mapped else np.array(found[0])), found[1]
@@ -409,7 +410,7 @@ def _decoder(files: Sequence[str], image_size: Sequence[int], channels: int, cac
 
 def _replace(directory: str, target: str, write: Any) -> None:
     """Write a cache file through a temporary one beside it, so a reader never sees half of it."""
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=decoding.temporary_prefix())
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
