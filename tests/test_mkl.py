@@ -431,7 +431,9 @@ def test_the_momentum_update_is_the_same_to_the_bit_wherever_the_arrays_lie():
         np.testing.assert_array_equal(r, results[0])
 
 
-def _mlp_losses(be, steps=5):
+def _mlp_losses(be, steps=5, kept=None):
+    """(the losses, fc1's weight) of a few steps; ``kept``: a list the solver is added to (a deleted solver's
+    recorded steps let go of their recordings)."""
     cfg = lp.SequentialConfig(inputs=[("data", [32, 64])])
     cfg.add_layer(lp.LayerConfig("fc1", lp.LinearConfig(output_size=300)))
     cfg.add_layer(lp.LayerConfig("relu1", "ReLU"))
@@ -440,6 +442,8 @@ def _mlp_losses(be, steps=5):
     rng = np.random.default_rng(12)
     x, y = rng.standard_normal((32, 64), dtype=np.float32), rng.integers(0, 10, 32)
     losses, solver = _trained(be, cfg, x, y, steps, base_lr=0.1, weight_decay=1e-3, seed=2)
+    if kept is not None:
+        kept.append(solver)
     return losses, solver.network.learnable_weights_data()[0].to_numpy()
 
 
@@ -477,7 +481,8 @@ def test_a_replayed_step_runs_its_products_as_calls_worked_out_once_with_the_eag
         return be
 
     eager, replayed = backend(False), backend(True)
-    (expect, w_expect), (got, w_got) = _mlp_losses(eager, steps=8), _mlp_losses(replayed, steps=8)
+    kept: list = []
+    (expect, w_expect), (got, w_got) = _mlp_losses(eager, steps=8), _mlp_losses(replayed, steps=8, kept=kept)
     assert replayed.replays >= 5 and eager.replays == 0
     np.testing.assert_array_equal(got, expect)
     np.testing.assert_array_equal(w_got, w_expect)
