@@ -1289,6 +1289,7 @@ def load_data(run: run_config.RunConfig) -> datasets.Dataset:
                        input_shape=run.network.config.inputs[0][1][1:], ignore_index=ignored_label(run))
     check_samples(run, ds.input_shape, f"data: the {ds.name} samples")
     if classes:
+        _check_labels(run, ds)
         recorded = tuple(run.data.get("class_names") or ())
         if ds.class_names and recorded and tuple(ds.class_names) != recorded:
             relabel(ds, [str(n) for n in recorded])  # (numbered as the run names them, before the check below)
@@ -1314,6 +1315,28 @@ def load_data(run: run_config.RunConfig) -> datasets.Dataset:
                               f"[{target[0]}, {', '.join(map(str, ds.target_shape))}] in objective.inputs")
     prepare_data(run, ds, classes)
     return ds
+
+
+def _check_labels(run: run_config.RunConfig, ds: datasets.Dataset) -> None:
+    """The data's class labels per sample (none: one class index; [d1, ...]: one at every position) are what the
+    objective's label input takes, before any training (a batch of another shape is refused in its first step,
+    naming no file)."""
+    inputs = run.objective.config.inputs
+    if len(inputs) < 2:
+        return
+    name, declared = inputs[-1]
+    per_sample = math.prod(declared[1:]) == 1
+    given = tuple(ds.target_shape)
+    if math.prod(given) == math.prod(declared[1:]) and (per_sample or len(given) == len(declared) - 1):
+        return
+    if per_sample:
+        raise ConfigError(f"data: the {ds.name} labels have shape {list(given)} per sample, but the objective takes "
+                          f"one class index per sample (its input {name!r} is declared {list(declared)}); one-hot "
+                          "rows? give the class indices (y.argmax(axis=1)); labels at every position need the "
+                          f"objective's {name!r} declared [{declared[0]}, {', '.join(map(str, given))}]")
+    raise ConfigError(f"data: the {ds.name} labels have shape {list(given)} per sample, but the objective's input "
+                      f"{name!r} is declared {list(declared)}; give labels of shape {list(declared[1:])} per sample, "
+                      f"or declare [{declared[0]}, {', '.join(map(str, given)) or '1'}] in objective.inputs")
 
 
 def prepare_data(run: run_config.RunConfig, ds: datasets.Dataset, classes: bool) -> None:

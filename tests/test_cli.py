@@ -546,3 +546,18 @@ def test_many_classes_print_a_summary_and_write_the_whole_confusion_matrix(tmp_p
     assert "\n".join(listed) in e.stdout and len(e.stdout.splitlines()) < 30, e.stdout
     plain = run("evaluate", str(out))
     assert "too many to print; write it with --confusion FILE.csv" in plain.stdout, plain.stdout
+
+
+def test_labels_of_another_shape_than_the_objective_takes_are_refused_naming_the_file(tmp_path):
+    """One-hot rows [N, 3] for an objective taking one class index per sample were refused in the first step as
+    "input 'label' must have shape [N, 1], got (16, 3)", naming neither the file nor the likely mistake."""
+    x = np.random.default_rng(0).random((60, 40), dtype=np.float32)
+    np.savez(tmp_path / "onehot.npz", x=x, y=np.eye(3)[np.arange(60) % 3])
+    (tmp_path / "run.yaml").write_text(
+        f"data: {{dataset: npz, path: {tmp_path / 'onehot.npz'}, batch_size: 16}}\n"
+        "network: {type: Sequential, inputs: [{name: data, shape: [16, 40]}], layers: [{name: fc, type: Linear, "
+        "output_size: 3}, {name: sm, type: LogSoftmax}]}\nobjective: nll\ntrain: {epochs: 1}\n")
+    done = run("train", str(tmp_path / "run.yaml"), "--backend", "native", "--out", str(tmp_path / "out"))
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "onehot.npz labels have shape [3] per sample, but the objective takes one class index per sample" in \
+        done.stderr and "y.argmax(axis=1)" in done.stderr, done.stderr

@@ -133,11 +133,14 @@ def test_a_killed_decodes_temporary_cache_file_is_removed_by_the_next_run(tmp_pa
     running = f".tmp-cache-{_host()}-{os.getpid()}-abc"  # this process: still running
     (cache / running).write_bytes(b"x")
     (cache / ".tmp-cache-elsewhere-1-abc").write_bytes(b"x")  # another host's
+    named_alike = f".tmp-cache-{_host()}-4000000-{os.getpid()}-abcd1234"  # host "<this host>-4000000"'s
+    (cache / named_alike).write_bytes(b"x")
     p = leafpy(tmp_path, "train", *MLP[:-2], "--epochs", "1", "--set", "data.dataset=image_folder", "--set",
                "data.path=digits", "--set", f"data.cache_dir={cache}", "--set", "data.memory_map=true", "--out", "run")
     assert p.returncode == 0, p.stderr
     names = sorted(os.listdir(cache))
     assert left[0] not in names and running in names and ".tmp-cache-elsewhere-1-abc" in names, names
+    assert named_alike in names
     assert sum(n.endswith(".npy") for n in names) == 1
 
 

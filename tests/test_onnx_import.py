@@ -595,3 +595,21 @@ def test_the_last_hidden_state_picked_from_y_h_is_what_onnxruntime_computes(op, 
     for n in (2, 7):
         x = rng.standard_normal((n, t, i)).astype(np.float32)
         np.testing.assert_allclose(net.forward([x])[0].to_numpy(), session.run(None, {"x": x})[0], atol=1e-5)
+
+
+def test_a_stacked_networks_h_n_given_whole_as_a_graph_output_imports():
+    """h_n of a stacked LSTM [layers, N, H] as an output of the graph beside the classifier's (PyTorch's model
+    returning (logits, h_n)): the import, which joins the layers' last states only where something reads them
+    whole, called the graph malformed. Both outputs now come out with onnxruntime's values (a network's outputs of
+    different batch axes come side by side in one row each, as for any such graph: reshaped here to ONNX's)."""
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime computes the reference outputs")
+    model = onnx.load(str(DATA / "torch_stacked_hn.onnx"))
+    model.graph.output.append(onnx.helper.make_tensor_value_info("/lstm/Concat_1_output_0", onnx.TensorProto.FLOAT,
+                                                                 [2, "N", 9]))
+    x = np.load(DATA / "torch_stacked_hn.npz")["x"].astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    net = lp.onnx.load(model, batch_size=len(x))
+    got = [t.to_numpy() for t in net.forward([x])]
+    assert [g.size for g in got] == [w.size for w in want] == [15, 90]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.reshape(w.shape), w, atol=1e-5)

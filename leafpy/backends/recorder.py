@@ -40,7 +40,7 @@ class RecordedStep:
     """One key's recording: the backend's recording object, the tensors it touches (weakly: a deleted solver's
     step is dropped, not kept alive) with the buffer handles baked in, and backend extras (cuda: a memory pool)."""
 
-    __slots__ = ("recording", "tensors", "eager", "extra", "failed", "released", "__weakref__")
+    __slots__ = ("recording", "tensors", "eager", "extra", "failed", "released", "generation", "__weakref__")
 
     def __init__(self) -> None:
         self.recording: Any = None
@@ -49,14 +49,19 @@ class RecordedStep:
         self.extra: Any = None
         self.failed = False  # set by a backend's capture where the step itself raised (a refused batch, Ctrl-C)
         self.released = False
+        self.generation = 0  # counts the recordings made: a tensor of an older one going away releases nothing
 
     def dead(self) -> bool:
         return self.released or any(ref() is None for ref, _, _ in self.tensors)
 
-    def release(self, _gone: Any = None) -> None:
+    def release(self, generation: int) -> None:
         """A tensor the recording touches was deleted (its solver is gone): let go of the recording and the buffers
         it holds (a native recording holds its operands' arrays, a cuda one its memory), rather than keep them
-        until another step is recorded (a deleted solver's weights, gradients and update state stayed alive)."""
+        until another step is recorded (a deleted solver's weights, gradients and update state stayed alive).
+        ``generation``: the recording the tensor belonged to (a tensor of an earlier one, released while the step
+        is recorded again, must not release the new one)."""
+        if generation != self.generation:
+            return
         self.released = True
         self.recording = None
         self.tensors = []
@@ -64,14 +69,15 @@ class RecordedStep:
 
 
 def _releaser(entry: RecordedStep) -> Callable[[Any], None]:
-    """The callback of the references to a recording's tensors: the entry's release, held weakly (the references
-    must not keep the entry alive)."""
+    """The callback of the references to a recording's tensors: the entry's release of this recording, held weakly
+    (the references must not keep the entry alive). It may run in any thread, from the garbage collector."""
     method = weakref.WeakMethod(entry.release)
+    generation = entry.generation
 
     def gone(_tensor: Any) -> None:
         bound = method()
         if bound is not None:
-            bound()
+            bound(generation)
     return gone
 
 
@@ -117,6 +123,7 @@ class StepRecorder:
     def _record(self, entry: RecordedStep, step: Step) -> None:
         be = self.backend
         entry.recording = None
+        entry.generation += 1  # (before the capture: a tensor of the previous recording may go meanwhile)
         entry.released = False
         with recording_accesses() as accesses:
             try:
@@ -140,6 +147,9 @@ class StepRecorder:
     def _launch(self, entry: RecordedStep) -> bool:
         """Launch a recording; False (nothing launched) where a tensor it touches has another buffer now."""
         be = self.backend
+        recording = entry.recording  # (read once: a release from another thread may clear it meanwhile)
+        if recording is None:
+            return False
         key, handle_of = be.key, be.handle  # (looked up once: this runs for every tensor of every replayed step)
         stale = []
         written = []
@@ -156,7 +166,7 @@ class StepRecorder:
                 written.append(t)
         for t in stale:  # host data changed (weights set, the learning rate): upload into the same buffer
             t.read(be)
-        be.launch(entry.recording)
+        be.launch(recording)
         for t in written:
             t.mark_fresh_only(key)
         return True

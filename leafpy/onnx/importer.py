@@ -1646,7 +1646,7 @@ def _finish_outputs(g: Graph) -> None:
     are one value (an Identity of another output, or one name twice) are each given."""
     for k, o in enumerate(g.model.graph.output):
         name = g.resolve(o.name)
-        if name in g.shapes or name in g.input_shapes or name in g.time_major:
+        if name in g.shapes or name in g.input_shapes or name in g.time_major or name in g.stacked:
             continue
         if not o.name:
             raise SerializationError(f"ONNX graph output {k} has no name: {MALFORMED}")

@@ -409,14 +409,15 @@ def remove_dead_temporaries(directory: str) -> list[str]:
     from .._run_lock import _alive, _host
 
     removed: list[str] = []
-    mine = f"{TEMPORARY}{_host()}-"
+    mine = f"{TEMPORARY}{_host()}"
     try:
         names = os.listdir(directory)
     except OSError:
         return removed
     for name in names:
-        pid, dash, _ = name[len(mine):].partition("-") if name.startswith(mine) else ("", "", "")
-        if dash and pid.isdecimal() and pid.isascii() and not _alive(int(pid)):
+        # (read from the right: a host named like this one and "-1234" is another host, not this one's pid 1234)
+        writer, pid, rest = name.rsplit("-", 2) if name.count("-") >= 4 else ("", "", "")
+        if writer == mine and rest and pid.isdecimal() and pid.isascii() and not _alive(int(pid)):
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(directory, name))
                 removed.append(name)
