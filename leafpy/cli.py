@@ -436,14 +436,13 @@ def _matrix(matrix: Any, class_names: Sequence[str], path: str | None, *, always
     where = (f"written to {path} (rows: targets, columns: predictions)" if path is not None else
              "write it with --confusion FILE.csv")
     _out(f"{before}confusion matrix on the held-out set: {matrix.num_classes} classes, too many to print; {where}")
-    names = [str(n) for n in class_names][:matrix.num_classes]
-    name = lambda k: names[k] if k < len(names) else str(k)  # noqa: E731
+    names = matrix.names(class_names)
     found = matrix.confusions(10)
     if found:
-        _out("most frequent confusions (target -> prediction: samples):")
+        _out("most frequent confusions (target -> prediction: count):")
         for t, p, n in found:
-            _out(f"  {name(t)} -> {name(p)}: {n}")
-    _out(f"accuracy {matrix.accuracy():.2%} of {matrix.samples} samples")
+            _out(f"  {names[t]} -> {names[p]}: {n}")
+    _out(f"accuracy {matrix.accuracy():.2%} of {matrix.samples} predictions")
 
 
 def _report(scores: Any, class_names: Sequence[str] = ()) -> None:
@@ -606,6 +605,9 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
 
     run, weights = resolve_run(args.config, args.set, args.weights)
     assert run is not None and weights is not None  # resolve_run raises otherwise
+    if args.confusion and not num_classes(run):  # (before the data is read and scored)
+        raise LeafpyError(f"--confusion {args.confusion}: the run has no classes (a regression), so no confusion "
+                          "matrix; leave --confusion out")
     be = _backend_for(args, run)
     resolve_data(run)
     ds = load_data(run)
@@ -620,9 +622,6 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
          f"{run.data.get('seed', 0)})")
     if scores.matrix is not None:
         _matrix(scores.matrix, prep.class_names, args.confusion, always=True)
-    elif args.confusion:
-        raise LeafpyError(f"--confusion {args.confusion}: the run has no classes (a regression), so no confusion "
-                          "matrix; leave --confusion out")
     _report(scores, prep.class_names)
     return 0
 

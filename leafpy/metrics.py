@@ -144,7 +144,7 @@ class ConfusionMatrix:
     def report(self, class_names: Sequence[str] = ()) -> str:
         """Per class precision, recall, F1 and support, then macro and weighted F1, as a table."""
         precision, recall, f1, support = self._rates()
-        names = self._names(class_names)
+        names = self.names(class_names)
         w = max(11, *(len(n) for n in names))
         lines = [f"{'class':>{w}} {'precision':>10} {'recall':>8} {'f1':>8} {'support':>8}"]
         for k in range(self.num_classes):
@@ -171,14 +171,14 @@ class ConfusionMatrix:
         import csv
         import io
 
-        names = self._names(class_names)
+        names = self.names(class_names)
         text = io.StringIO()
         writer = csv.writer(text, lineterminator="\n")
         writer.writerow(["target\\pred", *names])
         writer.writerows([name, *map(int, row)] for name, row in zip(names, self._matrix))
         return text.getvalue()
 
-    def _names(self, class_names: Sequence[str]) -> list[str]:
+    def names(self, class_names: Sequence[str] = ()) -> list[str]:
         """Each class's name from ``class_names``; the classes past them (a network scoring more classes than the
         data names) by their numbers."""
         names = [str(n) for n in class_names][:self.num_classes]
@@ -206,7 +206,7 @@ class ConfusionMatrix:
         ``class_names`` where given (the classes past them numbered), and the accuracy of the predictions counted
         (one a sample, or one at every position of a sample)."""
         k = self.num_classes
-        names = self._names(class_names)
+        names = self.names(class_names)
         width = max(5, len(str(int(self._matrix.max(initial=0)))) + 1, *(len(n) + 1 for n in names))
         left = max(11, *(len(n) for n in names))
         corner = "target\\pred"

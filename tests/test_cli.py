@@ -383,6 +383,10 @@ def test_train_a_regression_objective(tmp_path):
     assert final == pytest.approx(mse, rel=1e-4)
     e = run("evaluate", str(run_file), "--weights", str(tmp_path / "run" / "model.leaf"))
     assert e.returncode == 0 and f"held-out loss: {final:.6g}" in e.stdout, e.stdout
+    # (refused before the held-out split is scored and printed)
+    e = run("evaluate", str(run_file), "--weights", str(tmp_path / "run" / "model.leaf"), "--confusion",
+            str(tmp_path / "c.csv"))
+    assert e.returncode == 1 and "the run has no classes (a regression)" in e.stderr and "held-out" not in e.stdout
     p = run("predict", str(run_file), "--weights", str(tmp_path / "run" / "model.leaf"), "--input",
             str(tmp_path / "curve.npz"), "--out", str(tmp_path / "p.csv"))
     assert p.returncode == 0 and "predicted classes" not in p.stdout, p.stderr
@@ -537,7 +541,7 @@ def test_many_classes_print_a_summary_and_write_the_whole_confusion_matrix(tmp_p
     listed = [f"  {t} -> {q}: {-n}" for n, t, q in pairs]
     assert f"30 classes, too many to print; written to {out / 'confusion.csv'}" in p.stdout, p.stdout
     assert "\n".join(listed) in p.stdout, p.stdout
-    assert f"accuracy {np.mean(predicted == y):.2%} of {len(y)} samples" in p.stdout
+    assert f"accuracy {np.mean(predicted == y):.2%} of {len(y)} predictions" in p.stdout
     assert "target\\pred" not in p.stdout and not re.search(r"^ *class +precision", p.stdout, re.M), p.stdout
     assert len(p.stdout.splitlines()) < 40, p.stdout
     e = run("evaluate", str(out), "--confusion", str(tmp_path / "c.csv"))

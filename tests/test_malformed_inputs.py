@@ -343,3 +343,23 @@ def test_a_model_file_alone_asked_to_read_a_table_or_images_says_what_it_reads(t
     p = leafpy("predict", str(alone), "--input", str(tmp_path / given))
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
     assert "alone reads samples from an .npz file" in p.stderr and "run directory" in p.stderr, p.stderr
+
+
+def test_a_wide_csv_table_reads_its_columns_by_name_in_one_pass(tmp_path):
+    """Columns are found by name through one table of the header (each was a scan of it: a million columns took
+    hours), and a block of rows holds at most BLOCK_VALUES values: 5,000 columns read as NumPy's text reader reads
+    them, in blocks of 838 rows."""
+    from leafpy.sources import csv_table
+
+    assert csv_table.BLOCK_VALUES // 5_000 == 838
+    rng = np.random.default_rng(4)
+    x = rng.integers(-50, 50, (3, 5_000))
+    path = tmp_path / "wide.csv"
+    path.write_text(",".join(f"c{j}" for j in range(5_000)) + ",label\n"
+                    + "".join(",".join(map(str, row)) + f",{k}\n" for k, row in enumerate(x)))
+    ds = lp.data.csv(str(path), "label", test_fraction=0.34)
+    got = np.concatenate([np.asarray(ds.x_train), np.asarray(ds.x_test)])
+    reference = np.loadtxt(path, delimiter=",", skiprows=1)
+    assert got.shape == (3, 5_000) and ds.feature_names[-1] == "c4999"
+    np.testing.assert_array_equal(np.sort(got[:, 0]), np.sort(reference[:, 0]))
+    assert {tuple(r) for r in got.astype(int).tolist()} == {tuple(r) for r in reference[:, :-1].astype(int).tolist()}

@@ -22,7 +22,9 @@ from ..errors import ConfigError, LeafpyError
 from .parts import Parts
 
 BLOCK_ROWS = 1 << 14
-"""Rows parsed into one block of the arrays before the next is started (the blocks are joined at the end)."""
+"""Rows parsed into one block of the arrays before the next is started (the blocks are joined at the end); fewer
+for a wide table, so that a block holds at most BLOCK_VALUES values."""
+BLOCK_VALUES = 1 << 22
 CLASS_BYTES = 200
 """What a distinct class name costs as it is kept while the table is read (a string and its place in a dict)."""
 
@@ -96,13 +98,14 @@ def scan(path: str, delimiter: str, features: Sequence[str] | None, target: str 
 
 def _columns(path: str, header: list[str], features: Sequence[str] | None, target: str | None, delimiter: str
              ) -> tuple[list[int], int | None]:
-    t = None if target is None else column_index(path, header, target, delimiter)
+    places = _places(header)
+    t = None if target is None else column_index(path, header, target, delimiter, places)
     if features is None:  # (columns without a name, as a spreadsheet's trailing empty one or pandas' index, are no
         features = [h for h in header if h and h != target]  # features)
         if not features:
             raise ConfigError(f"{path}: no feature columns: the header names only the target column {target!r}; a "
                               "table needs a column of features besides the target")
-    return [column_index(path, header, c, delimiter) for c in features], t
+    return [column_index(path, header, c, delimiter, places) for c in features], t
 
 
 def _read(path: str, rows: Iterator[tuple[int, list[str]]], header: list[str], where: list[int], t: int | None,
@@ -112,9 +115,10 @@ def _read(path: str, rows: Iterator[tuple[int, list[str]]], header: list[str], w
     blocks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     codes: dict[str, int] = {}  # class name -> its index in order of first appearance
     n = 0
-    x = np.empty((BLOCK_ROWS, len(where)), np.float32)
-    y = np.empty(BLOCK_ROWS, np.float32 if targets == "values" else np.int64)
-    lines = np.empty(BLOCK_ROWS, np.int64)
+    block = max(1, min(BLOCK_ROWS, BLOCK_VALUES // max(len(where), 1)))
+    x = np.empty((block, len(where)), np.float32)
+    y = np.empty(block, np.float32 if targets == "values" else np.int64)
+    lines = np.empty(block, np.int64)
     i = 0
     for line, r in rows:
         if len(r) != width:
@@ -129,7 +133,7 @@ def _read(path: str, rows: Iterator[tuple[int, list[str]]], header: list[str], w
             else:
                 y[i] = codes.setdefault(_class_name(path, header, line, t, r[t]), len(codes))
         i += 1
-        if i == BLOCK_ROWS:
+        if i == block:
             n += i
             # the blocks and their joined copy (twice the arrays, at the end) within what was available
             if have is not None and 2 * n * row_bytes + CLASS_BYTES * len(codes) > have:
@@ -184,16 +188,26 @@ def _class_name(path: str, header: Sequence[str], line: int, k: int, text: str) 
     return whole_number(cell)  # "1.0" (an integer column written as floats) is class "1"
 
 
-def column_index(path: str, header: Sequence[str], name: Any, delimiter: str) -> int:
+def column_index(path: str, header: Sequence[str], name: Any, delimiter: str,
+                 places: dict[str, int] | None = None) -> int:
     """Where ``name`` is in ``header``, read with ``delimiter`` (data.delimiter); a name not there is refused,
-    naming the header (and, for a header of one cell holding another common delimiter, the one it was read with)."""
+    naming the header (and, for a header of one cell holding another common delimiter, the one it was read with).
+    ``places``: each name's first column (:func:`_places`), for a wide header looked up many times."""
     if name == "":
         raise ConfigError(f"{path}: '' names no column (columns without a name in the header are not read); name "
                           "the column in the header row")
-    if name not in header:
-        raise ConfigError(f"{path}: no column {name!r}; the header has {', '.join(map(repr, header))}"[:500]
+    at = (places if places is not None else _places(header)).get(name)
+    if at is None:
+        raise ConfigError(f"{path}: no column {name!r}; the header has {', '.join(map(repr, header[:50]))}"[:500]
                           + _delimiter_hint(header, delimiter))
-    return list(header).index(name)
+    return at
+
+
+def _places(header: Sequence[str]) -> dict[str, int]:
+    places: dict[str, int] = {}
+    for k, name in enumerate(header):
+        places.setdefault(name, k)
+    return places
 
 
 DELIMITERS = (",", ";", "\t", "|")
