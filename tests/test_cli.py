@@ -565,3 +565,37 @@ def test_labels_of_another_shape_than_the_objective_takes_are_refused_naming_the
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "onehot.npz labels have shape [3] per sample, but the objective takes one class index per sample" in \
         done.stderr and "y.argmax(axis=1)" in done.stderr, done.stderr
+
+
+def test_a_regression_of_targets_with_two_axes_normalises_them_per_channel(tmp_path):
+    """Targets [N, 2, 3] under normalize: auto: their statistics were taken per value (six), the scaling then took
+    one per channel (two) and refused the run ("6 means ... but the samples have shape [2, 3]"). They are per
+    channel (axis 1), as the samples' are and as the web page gives predictions back: the recorded means are
+    NumPy's over the training split, and predict gives outputs in the targets' units."""
+    import yaml
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((90, 4)).astype(np.float32)
+    y = (x[:, :1, None] * np.array([1.0, 2.0, 3.0]) + np.array([[100.0], [50.0]])).astype(np.float32)  # [90, 2, 3]
+    np.savez(tmp_path / "two_axes.npz", x_train=x[:60], y_train=y[:60], x_test=x[60:], y_test=y[60:])
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump({
+        "data": {"dataset": "npz", "path": str(tmp_path / "two_axes.npz"), "batch_size": 10, "normalize": "auto"},
+        "network": {"type": "Sequential", "inputs": [{"name": "data", "shape": [10, 4]}],
+                    "layers": [{"name": "fc", "type": "Linear", "output_size": 6},
+                               {"name": "r", "type": "Reshape", "shape": [-1, 2, 3]}]},
+        "objective": {"type": "Sequential", "inputs": [{"name": "out", "shape": [10, 2, 3]},
+                                                       {"name": "target", "shape": [10, 2, 3]}],
+                      "layers": [{"name": "mse", "type": "MeanSquaredError"}]},
+        "solver": {"solver": "adam", "base_lr": 0.05, "seed": 0}, "train": {"epochs": 30}}))
+    done = run("train", str(tmp_path / "run.yaml"), "--backend", "native", "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    recorded = yaml.safe_load((tmp_path / "out" / "run.yaml").read_text())["data"]["normalize"]
+    np.testing.assert_allclose(recorded["target_mean"], y[:60].mean(axis=(0, 2)), rtol=1e-5)
+    np.testing.assert_allclose(recorded["target_std"], y[:60].std(axis=(0, 2)), rtol=1e-4)
+    np.savez(tmp_path / "new.npz", x=x[60:])
+    done = run("predict", str(tmp_path / "out"), "--input", str(tmp_path / "new.npz"), "--out", str(tmp_path / "p.npz"))
+    assert done.returncode == 0, done.stderr
+    with np.load(tmp_path / "p.npz") as p:
+        outputs = p["outputs"]
+    assert outputs.shape == (30, 2, 3)
+    assert np.abs(outputs - y[60:]).mean() < 0.1 * np.abs(y[60:] - y[60:].mean(axis=0)).mean()  # in units, learned

@@ -152,3 +152,24 @@ def test_a_summed_objective_on_two_ranks_is_refused_naming_the_layer(tmp_path):
     assert two.returncode != 0 and "Traceback" not in two.stderr, two.stderr
     assert "objective layer 'nll': reduction 'sum' on 2 ranks" in two.stderr, two.stderr
     assert not (tmp_path / "two" / "model.leaf").exists()
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_an_ignored_label_whose_row_holds_minus_infinity_counts_nothing(reduction):
+    """The ignored label's loss was the weight 0 times the row's entry at class 0, and 0 * -inf is NaN: one masked
+    row (log-probability -inf) made the batch's loss NaN, which a run takes for divergence. An ignored label counts
+    nothing whatever its row holds: the loss is log 2 from the other row (PyTorch's value), its gradient 0."""
+    import leafpy as lp
+
+    cfg = lp.SequentialConfig(inputs=[("logp", [2, 2]), ("label", [2, 1])])
+    cfg.add_layer(lp.LayerConfig("nll", lp.NegativeLogLikelihoodConfig(num_classes=2, ignore_index=-1,
+                                                                       reduction=reduction)))
+    net = lp.Layer.from_config(lp.backend("native"), lp.LayerConfig("objective", cfg), seed=0)
+    net.require_input_gradients([True, False])
+    logp = np.array([[-np.inf, 0.0], [np.log(0.5), np.log(0.5)]], np.float32)
+    loss = net.forward([logp, np.array([[-1], [0]], np.float32)])[0].to_numpy()
+    want = {"mean": [np.log(2)], "sum": [np.log(2)], "none": [0.0, np.log(2)]}[reduction]
+    np.testing.assert_allclose(loss.reshape(-1), want, rtol=1e-6)
+    dx = net.backward([np.ones(loss.shape, np.float32)])[0].to_numpy()
+    np.testing.assert_array_equal(dx[0], [0.0, 0.0])
+    assert np.isfinite(dx).all()

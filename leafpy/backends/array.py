@@ -1068,7 +1068,10 @@ def nll_forward(xp: Any, logp: Any, labels: Any, out: Any, weight: Any = (),
     n, c = logp.shape[:2]
     acc = xp.float64 if logp.dtype == xp.float64 else xp.float32
     rows, w = _nll_picks(xp, labels, logp.shape, weight, ignore_index, acc)
-    losses = -w * logp.reshape(n, c, -1)[rows].astype(acc, copy=False)
+    with np.errstate(invalid="ignore"):  # (an ignored label's 0 * -inf: set to 0 below)
+        losses = -w * logp.reshape(n, c, -1)[rows].astype(acc, copy=False)
+    if ignore_index is not None:  # an ignored label's loss is 0 whatever its row holds (0 * -inf is NaN)
+        losses = xp.where(labels.reshape(w.shape) != ignore_index, losses, xp.zeros((), acc))
     if reduction == "none":
         out[...] = losses.reshape(out.shape)
         return

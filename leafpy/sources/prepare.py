@@ -23,8 +23,8 @@ MAX_TEXT = 1 << 20
 @dataclass(frozen=True)
 class Preparation:
     """Class names (empty: numbered classes or a regression) and the normalisation ``(x - mean) / std`` per input
-    channel or feature (``mean``/``std`` empty: none), and per target value for a regression (``target_mean``,
-    ``target_std``): predictions are given back as ``y * target_std + target_mean``."""
+    channel or feature (``mean``/``std`` empty: none), and per target channel (axis 1) for a regression
+    (``target_mean``, ``target_std``): predictions are given back as ``y * target_std + target_mean``."""
 
     class_names: tuple[str, ...] = ()
     mean: tuple[float, ...] = ()
@@ -209,7 +209,10 @@ def resolve(data: dict, x_train: np.ndarray, y_train: np.ndarray | None, class_n
         mean, std = channel_statistics(x_train)
         extra: dict[str, Any] = {}
         if y_train is not None:
-            extra = dict(zip(("target_mean", "target_std"), channel_statistics(y_train.reshape(len(y_train), -1))))
+            # per channel (axis 1), as the samples' and as targets are scaled and given back (targets [N, 2, 3]:
+            # two channels; they were six values, which the scaling then refused)
+            targets = y_train if y_train.ndim >= 2 else y_train.reshape(len(y_train), -1)
+            extra = dict(zip(("target_mean", "target_std"), channel_statistics(targets)))
         given = Preparation((), mean, std, **extra)
     prep = Preparation(tuple(class_names), given.mean, given.std, given.target_mean, given.target_std)
     if prep.mean:
