@@ -31,12 +31,14 @@ CLASS_BYTES = 200
 
 class Table(NamedTuple):
     """What :func:`scan` read: the header, the features [N, F] (float32), the target (int64 class indices, float32
-    [N, 1] values, or None where none was asked for), the class names (sorted) and the line each row starts on."""
+    [N, 1] values, or None where none was asked for), the class names (sorted), the line each row starts on and the
+    features' column names, in the order of x's columns."""
     header: list[str]
     x: np.ndarray
     y: np.ndarray | None
     class_names: list[str]
     lines: np.ndarray
+    features: list[str]
 
 
 def _check_delimiter(delimiter: Any) -> None:
@@ -157,7 +159,7 @@ def _read(path: str, rows: Iterator[tuple[int, list[str]]], header: list[str], w
         order = np.empty(len(codes), np.int64)
         order[[codes[c] for c in names]] = np.arange(len(names))
         out_y = order[ys]
-    return Table(header, xs, out_y, names, at)
+    return Table(header, xs, out_y, names, at, [header[k] for k in where])
 
 
 def _too_big(path: str, rows: int, row_bytes: int, have: int) -> None:
@@ -260,7 +262,5 @@ def read(path: str, target: str, *, features: Sequence[str] | None = None, delim
             raise ConfigError(f"data.features: the target column {target!r} cannot be a feature too")
     table = scan(path, delimiter, features, target, targets)
     assert table.y is not None  # (a target was asked for)
-    if features is None:
-        features = [h for h in table.header if h and h != target]
     return Parts(os.path.basename(path), table.x, table.y, len(table.class_names), None, tuple(table.class_names),
-                 (), tuple(features))
+                 (), tuple(table.features))
